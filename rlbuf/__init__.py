@@ -1,0 +1,45 @@
+"""rlbuf: typed, fast, correct replay and rollout buffers for PyTorch RL, built on TorchRL."""
+
+from rlbuf.batches import ReplayBatch
+from rlbuf.errors import (
+    BatchSizeError,
+    BufferFullError,
+    CheckpointError,
+    ConfigError,
+    DeviceError,
+    DtypeError,
+    EmptyBufferError,
+    MissingFieldError,
+    NonFiniteError,
+    PriorityError,
+    RlbufError,
+    RolloutIncompleteError,
+    ShapeError,
+    StoredIndexError,
+)
+from rlbuf.replay import ReplayBuffer, Transition
+from rlbuf.spec import FieldSpec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchSizeError",
+    "BufferFullError",
+    "CheckpointError",
+    "ConfigError",
+    "DeviceError",
+    "DtypeError",
+    "EmptyBufferError",
+    "FieldSpec",
+    "MissingFieldError",
+    "NonFiniteError",
+    "PriorityError",
+    "ReplayBatch",
+    "ReplayBuffer",
+    "RlbufError",
+    "RolloutIncompleteError",
+    "ShapeError",
+    "StoredIndexError",
+    "Transition",
+    "__version__",
+]

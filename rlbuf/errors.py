@@ -1,0 +1,79 @@
+"""Exception classes: one per kind of mistake, all raised before any buffer state changes.
+
+Every class derives from :class:`RlbufError` and from the built-in exception a user would
+expect (``ValueError``, ``TypeError`` ...), so ``except ValueError`` keeps working.
+
+Example:
+    >>> import torch
+    >>> from rlbuf import ReplayBuffer, ShapeError
+    >>> buf = ReplayBuffer(10, obs_shape=(3,), action_shape=(1,))
+    >>> try:
+    ...     buf.add(torch.zeros(4), torch.zeros(1), 1.0, torch.zeros(3), False)
+    ... except ShapeError as error:
+    ...     print(error)
+    obs: expected shape (3,) or (1, 3), got (4,)
+    >>> len(buf)
+    0
+"""
+
+from __future__ import annotations
+
+
+class RlbufError(Exception):
+    """Base class of every error rlbuf raises on purpose."""
+
+
+class ShapeError(RlbufError, ValueError):
+    """A field's shape differs from the one the buffer was built for."""
+
+
+class DtypeError(RlbufError, TypeError):
+    """A field's dtype cannot be stored without losing meaning (e.g. float into uint8)."""
+
+
+class DeviceError(RlbufError, ValueError):
+    """A tensor lives on a device the buffer cannot take it from."""
+
+
+class NonFiniteError(RlbufError, ValueError):
+    """A reward, value or priority is NaN or infinite."""
+
+
+class MissingFieldError(RlbufError, KeyError):
+    """A required field is absent, or an unknown extra field was given."""
+
+    def __str__(self) -> str:
+        # KeyError quotes its message; ours is a sentence.
+        return str(self.args[0]) if self.args else ""
+
+
+class EmptyBufferError(RlbufError, RuntimeError):
+    """Sampling or reading from a buffer that holds nothing."""
+
+
+class BatchSizeError(RlbufError, ValueError):
+    """A batch size that is not positive, or larger than what is stored."""
+
+
+class StoredIndexError(RlbufError, IndexError):
+    """An index that points outside the stored transitions."""
+
+
+class PriorityError(RlbufError, ValueError):
+    """Priorities of the wrong length, negative, or for a buffer that is not prioritized."""
+
+
+class BufferFullError(RlbufError, RuntimeError):
+    """Adding to a rollout buffer that already holds ``num_steps`` steps."""
+
+
+class RolloutIncompleteError(RlbufError, RuntimeError):
+    """Asking for advantages or minibatches before the rollout is complete."""
+
+
+class ConfigError(RlbufError, ValueError):
+    """Constructor options that contradict each other or the platform."""
+
+
+class CheckpointError(RlbufError):
+    """A checkpoint that is missing, truncated, corrupted, of another version or kind."""

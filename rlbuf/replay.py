@@ -1,0 +1,437 @@
+"""ReplayBuffer: the off-policy buffer (DQN, SAC, TD3), uniform or prioritized.
+
+Example:
+    >>> import torch
+    >>> from rlbuf import ReplayBuffer
+    >>> buf = ReplayBuffer(1000, obs_shape=(4,), action_shape=(), action_dtype=torch.int64,
+    ...                    num_envs=2, seed=0)
+    >>> for _ in range(10):
+    ...     buf.add(obs=torch.randn(2, 4), action=torch.tensor([0, 1]), reward=torch.ones(2),
+    ...             next_obs=torch.randn(2, 4), terminated=torch.tensor([False, True]),
+    ...             truncated=torch.tensor([False, False]))
+    >>> len(buf)
+    20
+    >>> batch = buf.sample(8)
+    >>> target = batch.reward + 0.99 * (~batch.terminated) * torch.zeros(8)  # [8], no broadcast
+    >>> target.shape
+    torch.Size([8])
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple, overload
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.data import RandomSampler, TensorDictReplayBuffer
+from torchrl.data.replay_buffers.samplers import Sampler
+
+from rlbuf._core import RowRing, check_extras, deliver
+from rlbuf._sumtree import SumTreeSampler
+from rlbuf.batches import ReplayBatch
+from rlbuf.errors import ConfigError, EmptyBufferError, MissingFieldError, PriorityError, ShapeError
+from rlbuf.spec import ExtraFields, FieldSpec
+from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device
+
+_FIXED = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+
+
+class Transition(NamedTuple):
+    """One env step of ``num_envs`` rows, for ``ReplayBuffer.add(transition)``.
+
+    Example:
+        >>> import torch
+        >>> step = Transition(torch.zeros(3), torch.zeros(1), 1.0, torch.ones(3), False)
+        >>> step.truncated
+        False
+    """
+
+    obs: Any
+    action: Any
+    reward: Any
+    next_obs: Any
+    terminated: Any
+    truncated: Any = False
+    extras: Mapping[str, Any] | None = None
+
+
+def _shape(shape: Sequence[int] | int, name: str) -> tuple[int, ...]:
+    if isinstance(shape, int):
+        return (shape,)
+    try:
+        return tuple(int(d) for d in shape)
+    except TypeError:
+        raise ConfigError(f"{name}: expected a tuple of ints, got {shape!r}") from None
+
+
+def replay_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], obs_dtype: torch.dtype,
+                 action_dtype: torch.dtype, extra_fields: ExtraFields | None) -> tuple[FieldSpec, ...]:
+    """The stored fields of a replay buffer, in TorchRL keys.
+
+    Example:
+        >>> [s.describe() for s in replay_specs((3,), (1,), torch.float32, torch.float32, None)][:3]
+        ['obs: (3,) float32', 'action: (1,) float32', 'reward: () float32']
+    """
+    specs = [
+        FieldSpec("obs", "observation", obs_shape, obs_dtype),
+        FieldSpec("action", "action", action_shape, action_dtype),
+        FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True),
+        FieldSpec("next_obs", ("next", "observation"), obs_shape, obs_dtype),
+        FieldSpec("terminated", ("next", "terminated"), (), torch.bool),
+        FieldSpec("truncated", ("next", "truncated"), (), torch.bool),
+        FieldSpec("done", ("next", "done"), (), torch.bool),
+    ]
+    reserved = {s.name for s in specs} | {"index", "weight", "extras", "observation", "next"}
+    for name, (shape, dtype) in (extra_fields or {}).items():
+        if name in reserved or not name.isidentifier():
+            raise ConfigError(f"extra_fields: {name!r} is reserved or not an identifier")
+        specs.append(FieldSpec(name, name, _shape(shape, f"extra_fields[{name!r}]"), dtype))
+    return tuple(specs)
+
+
+class ReplayBuffer:
+    """A ring buffer of transitions for off-policy RL, backed by TorchRL.
+
+    Args:
+        capacity: transitions kept; the oldest are overwritten first once full.
+        obs_shape: shape of one observation.
+        action_shape: shape of one action (``()`` for a discrete action index).
+        num_envs: rows per :meth:`add` (one per vectorised env).
+        prioritized: prioritized experience replay (sum tree), with ``alpha`` and ``beta``.
+        alpha: priority exponent.
+        beta: importance-sampling exponent.
+        storage: ``"memory"`` (RAM or GPU) or ``"memmap"`` (disk files, larger than RAM).
+        scratch_dir: directory for memmap files (a temporary one, removed on close, by default).
+        storing_device: where transitions are stored.
+        device: where sampled batches are delivered (defaults to ``storing_device``).
+        seed: seeds the buffer's own generator; sampling never touches the global RNG.
+        extra_fields: ``{"name": (shape, dtype)}`` stored with every transition.
+        obs_dtype: stored observation dtype (``torch.uint8`` for images: 1 byte per value).
+        action_dtype: stored action dtype.
+
+    Raises:
+        ConfigError: contradictory or invalid options.
+
+    Example:
+        >>> buf = ReplayBuffer(100, obs_shape=(84, 84, 4), action_shape=(), obs_dtype=torch.uint8,
+        ...                    action_dtype=torch.int64, seed=0)
+        >>> buf
+        ReplayBuffer(size=0/100, storage=memory, storing_device=cpu, device=cpu, prioritized=False, fields=[obs: (84, 84, 4) uint8, action: () int64, reward: () float32, next_obs: (84, 84, 4) uint8, terminated: () bool, truncated: () bool, done: () bool])
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        obs_shape: Sequence[int] | int,
+        action_shape: Sequence[int] | int,
+        num_envs: int = 1,
+        prioritized: bool = False,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        storage: StorageKind = "memory",
+        scratch_dir: str | Path | None = None,
+        storing_device: DeviceLike = "cpu",
+        device: DeviceLike | None = None,
+        seed: int | None = None,
+        extra_fields: ExtraFields | None = None,
+        obs_dtype: torch.dtype = torch.float32,
+        action_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs <= 0:
+            raise ConfigError(f"num_envs: expected a positive int, got {num_envs!r}")
+        if prioritized and not (alpha >= 0 and beta >= 0):
+            raise ConfigError(f"alpha, beta: expected non-negative numbers, got alpha={alpha}, beta={beta}")
+        self._storing_device = resolve_device(storing_device, name="storing_device")
+        self._device = resolve_device(device, name="device", default=self._storing_device)
+        self._num_envs = num_envs
+        self._prioritized = prioritized
+        self._storage_kind = storage
+        specs = replay_specs(_shape(obs_shape, "obs_shape"), _shape(action_shape, "action_shape"),
+                             obs_dtype, action_dtype, extra_fields)
+        self._extra_specs = {s.name: s for s in specs[len(_FIXED) + 1:]}
+        self._input_names = (*_FIXED, *self._extra_specs)
+        built = build_storage(storage, capacity, specs, storing_device=self._storing_device,
+                              scratch_dir=scratch_dir)
+        sampler: Sampler = SumTreeSampler(capacity, alpha=alpha, beta=beta) if prioritized else RandomSampler()
+        self._seed = secrets.randbits(63) if seed is None else int(seed)
+        generator = torch.Generator(device=self._storing_device).manual_seed(self._seed)
+        self._ring = RowRing(specs, built, sampler, rows_per_add=num_envs,
+                             storing_device=self._storing_device, generator=generator,
+                             derived={"done": _done})
+        self._ones: torch.Tensor | None = None
+
+    # -- properties --------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._ring)
+
+    @property
+    def size(self) -> int:
+        """Transitions stored now (same as ``len(buffer)``)."""
+        return len(self._ring)
+
+    @property
+    def capacity(self) -> int:
+        """Transitions the buffer holds at most."""
+        return self._ring.capacity
+
+    @property
+    def is_full(self) -> bool:
+        """Whether the next add overwrites the oldest transition."""
+        return len(self._ring) == self._ring.capacity
+
+    @property
+    def num_envs(self) -> int:
+        """Rows per :meth:`add`."""
+        return self._num_envs
+
+    @property
+    def prioritized(self) -> bool:
+        """Whether sampling follows priorities."""
+        return self._prioritized
+
+    @property
+    def storing_device(self) -> torch.device:
+        """Where transitions are stored."""
+        return self._storing_device
+
+    @property
+    def device(self) -> torch.device:
+        """Where sampled batches are delivered."""
+        return self._device
+
+    @property
+    def fields(self) -> tuple[FieldSpec, ...]:
+        """The stored fields (name, TorchRL key, shape, dtype)."""
+        return self._ring.specs
+
+    @property
+    def torchrl(self) -> TensorDictReplayBuffer:
+        """The underlying TorchRL ``TensorDictReplayBuffer`` (for collectors, losses, Ray).
+
+        It sees every transition added through rlbuf, and what it writes rlbuf sees.
+        """
+        return self._ring.rb
+
+    def __repr__(self) -> str:
+        fields = ", ".join(s.describe() for s in self._ring.specs)
+        return (f"ReplayBuffer(size={len(self)}/{self.capacity}, storage={self._storage_kind}, "
+                f"storing_device={self._storing_device}, device={self._device}, "
+                f"prioritized={self._prioritized}, fields=[{fields}])")
+
+    # -- writing -----------------------------------------------------------------------------
+    def add(
+        self,
+        obs: Any,
+        action: Any = None,
+        reward: Any = None,
+        next_obs: Any = None,
+        terminated: Any = None,
+        truncated: Any = None,
+        **extras: Any,
+    ) -> None:
+        """Store one env step: ``num_envs`` transitions (the env dim may be omitted if 1).
+
+        Accepts torch tensors (CPU or the storing device), numpy arrays and, for a single
+        env, Python numbers. Values are converted to the stored dtype when the conversion
+        stays within its kind (float64 → float32 is fine, float → uint8 is refused).
+
+        Args:
+            obs: observations ``[num_envs, *obs_shape]``; or a :class:`Transition`.
+            action: actions ``[num_envs, *action_shape]``.
+            reward: rewards ``[num_envs]``, finite.
+            next_obs: observations after the step (the final observation for a truncated
+                episode, not the reset one).
+            terminated: the MDP ended the episode (no bootstrap) ``[num_envs]`` bool.
+            truncated: a time limit cut the episode ``[num_envs]`` bool; ``None`` = False.
+            **extras: one value per declared extra field.
+
+        Raises:
+            ShapeError, DtypeError, DeviceError, NonFiniteError, MissingFieldError: before
+                anything is stored.
+        """
+        if isinstance(obs, Transition):
+            if action is not None or extras:
+                raise ConfigError("add: pass either a Transition or the fields, not both")
+            obs, action, reward, next_obs, terminated, truncated, given = obs
+            extras = dict(given or {})
+        if truncated is None:
+            truncated = False if self._num_envs == 1 else torch.zeros(self._num_envs, dtype=torch.bool)
+        values = {"obs": obs, "action": action, "reward": reward, "next_obs": next_obs,
+                  "terminated": terminated, "truncated": truncated, **extras}
+        if len(values) != len(self._input_names) or extras.keys() - self._extra_specs.keys():
+            check_extras(self._extra_specs, extras)
+        for name in _FIXED[:5]:
+            if values[name] is None:
+                raise MissingFieldError(f"{name}: a value is required")
+        self._write_step(values)
+
+    def _write_step(self, values: dict[str, Any]) -> None:
+        ring = self._ring
+        n = self._num_envs
+        if ring.stage(values, n, lead_omitted_ok=n == 1):
+            return
+        ring.write_tensors({name: _rows_tensor(ring.by_name[name], value, n) for name, value in values.items()}, n)
+
+    def extend(self, td: TensorDictBase) -> None:
+        """Store a TensorDict in TorchRL layout, e.g. a collector's ``[num_envs, T]`` batch.
+
+        Reads ``"observation"``, ``"action"``, ``("next", "observation")``,
+        ``("next", "reward")``, ``("next", "terminated")`` and ``("next", "truncated")``
+        (derived as ``done & ~terminated`` when absent) plus the extra fields; every batch
+        dim is flattened, row-major. Other keys are ignored.
+
+        Raises:
+            MissingFieldError, ShapeError, DtypeError, DeviceError, NonFiniteError: before
+                anything is stored.
+        """
+        rows = int(td.batch_size.numel())
+        lead = tuple(td.batch_size)
+        tensors: dict[str, torch.Tensor] = {}
+        for spec in self._ring.specs:
+            if spec.name in ("truncated", "done"):
+                continue
+            tensors[spec.name] = _read_td(td, spec, lead)
+        tensors["truncated"] = _truncated_from(td, lead, tensors["terminated"])
+        for name, value in tensors.items():
+            tensors[name] = value.reshape(rows, *self._ring.by_name[name].shape)
+        self._ring.write_tensors(tensors, rows)
+
+    def clear(self) -> None:
+        """Remove every transition (priorities too); capacity and options stay."""
+        self._ring.clear()
+
+    def close(self) -> None:
+        """Release the storage's scratch directory if rlbuf created it (memmap)."""
+        self._ring.close()
+
+    def __enter__(self) -> ReplayBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading -----------------------------------------------------------------------------
+    def sample(self, batch_size: int) -> ReplayBatch:
+        """Draw ``batch_size`` transitions (with replacement), delivered on ``device``.
+
+        Uniform, or proportional to ``priority ** alpha`` with importance weights when
+        prioritized. Uses the buffer's own generator: identically seeded buffers fed the
+        same data draw the same batches.
+
+        Raises:
+            BatchSizeError: ``batch_size`` is not a positive int.
+            EmptyBufferError: nothing is stored.
+        """
+        ring = self._ring
+        ring.require_rows(batch_size, without_replacement=False)
+        ring.flush()
+        if self._prioritized:
+            index, info = ring.rb._sampler.sample(ring.rb._storage, batch_size)
+            weight = info["priority_weight"].to(torch.float32)
+        else:
+            index = torch.randint(0, len(ring), (batch_size,), generator=ring.generator,
+                                  device=self._storing_device)
+            weight = None
+        return self._batch(index, weight)
+
+    def sample_all(self) -> ReplayBatch:
+        """Every stored transition, oldest first.
+
+        Raises:
+            EmptyBufferError: nothing is stored.
+        """
+        if len(self._ring) == 0:
+            raise EmptyBufferError("sample_all: the buffer is empty; add transitions first")
+        return self._batch(self._ring.chronological_index(), None)
+
+    @overload
+    def sample_by_index(self, index: Any, fields: None = None) -> ReplayBatch: ...
+
+    @overload
+    def sample_by_index(self, index: Any, fields: Sequence[str]) -> dict[str, torch.Tensor]: ...
+
+    def sample_by_index(self, index: Any, fields: Sequence[str] | None = None) -> ReplayBatch | dict[str, torch.Tensor]:
+        """The transitions at storage positions ``index`` (e.g. ``batch.index``).
+
+        Args:
+            index: positions in ``[0, len(buffer))``: an int, a sequence or a tensor.
+            fields: return only these fields, as a dict of tensors.
+
+        Raises:
+            StoredIndexError: a position outside what is stored.
+            MissingFieldError: an unknown field name.
+        """
+        positions = self._ring.as_index(index)
+        if fields is None:
+            return self._batch(positions, None)
+        self._ring.check_field_names(fields)
+        return deliver(self._ring.gather(positions, fields), self._device)
+
+    def _batch(self, index: torch.Tensor, weight: torch.Tensor | None) -> ReplayBatch:
+        columns = self._ring.gather(index)
+        columns["index"] = index
+        if weight is None:
+            weight = torch.ones(index.shape[0], device=self._storing_device)
+        columns["weight"] = weight
+        columns = deliver(columns, self._device)
+        extras = {name: columns[name] for name in self._extra_specs}
+        return ReplayBatch(columns["obs"], columns["action"], columns["reward"], columns["next_obs"],
+                           columns["terminated"], columns["truncated"], columns["done"],
+                           columns["index"], columns["weight"], extras)
+
+    # -- priorities --------------------------------------------------------------------------
+    def update_priority(self, index: Any, priority: Any) -> None:
+        """Set the priorities of the transitions at ``index`` (e.g. ``|TD error|``).
+
+        Raises:
+            PriorityError: the buffer is not prioritized, lengths differ, or a priority is
+                negative or not finite.
+            StoredIndexError: a position outside what is stored.
+        """
+        if not self._prioritized:
+            raise PriorityError("update_priority: this buffer is not prioritized (build it with prioritized=True)")
+        positions = self._ring.as_index(index)
+        values = torch.as_tensor(priority).detach().reshape(-1).to("cpu", torch.float64)
+        if values.numel() != positions.numel():
+            raise PriorityError(f"priority: expected {positions.numel()} values (one per index), got {values.numel()}")
+        if not bool(torch.isfinite(values).all()) or bool((values < 0).any()):
+            raise PriorityError("priority: expected finite, non-negative values")
+        self._ring.rb.update_priority(positions, values)
+
+
+def _done(columns: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    return columns["terminated"].to(torch.bool) | columns["truncated"].to(torch.bool)
+
+
+def _rows_tensor(spec: FieldSpec, value: Any, rows: int) -> torch.Tensor:
+    tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    if rows == 1 and tuple(tensor.shape) == spec.shape:
+        tensor = tensor.unsqueeze(0)
+    return tensor
+
+
+def _read_td(td: TensorDictBase, spec: FieldSpec, lead: tuple[int, ...]) -> torch.Tensor:
+    value = td.get(spec.key, None)
+    if value is None:
+        raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
+    if tuple(value.shape) != (*lead, *spec.td_shape):
+        raise ShapeError(f"{spec.name}: expected shape {(*lead, *spec.td_shape)} at key {spec.key!r}, "
+                         f"got {tuple(value.shape)}")
+    return value
+
+
+def _truncated_from(td: TensorDictBase, lead: tuple[int, ...], terminated: torch.Tensor) -> torch.Tensor:
+    truncated = td.get(("next", "truncated"), None)
+    if truncated is None:
+        done = td.get(("next", "done"), None)
+        if done is None:
+            return torch.zeros_like(terminated, dtype=torch.bool)
+        return done.to(torch.bool) & ~terminated.to(torch.bool)
+    if tuple(truncated.shape) != (*lead, 1):
+        raise ShapeError(f"truncated: expected shape {(*lead, 1)} at key ('next', 'truncated'), got {tuple(truncated.shape)}")
+    return truncated
+

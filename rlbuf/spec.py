@@ -1,0 +1,172 @@
+"""FieldSpec: the shape, dtype and TorchRL key of one stored field, and its validation.
+
+A buffer is described by an ordered tuple of :class:`FieldSpec`. Each spec knows how a user
+hands the field in (``shape``, per row) and how TorchRL lays it out (``key`` and
+``td_shape``: scalars such as the reward carry a trailing ``1`` in TorchRL tensordicts).
+
+Example:
+    >>> import torch
+    >>> from rlbuf.spec import FieldSpec
+    >>> spec = FieldSpec("reward", ("next", "reward"), (), torch.float32)
+    >>> spec.td_shape
+    (1,)
+    >>> spec.describe()
+    'reward: () float32'
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+import numpy as np
+import torch
+
+from rlbuf.errors import ConfigError, DeviceError, DtypeError, NonFiniteError, ShapeError
+
+NestedKey: TypeAlias = str | tuple[str, ...]
+ExtraFields: TypeAlias = Mapping[str, tuple[tuple[int, ...], torch.dtype]]
+
+_NUMPY_DTYPES: dict[torch.dtype, np.dtype[Any]] = {
+    torch.float16: np.dtype(np.float16),
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+    torch.uint8: np.dtype(np.uint8),
+    torch.int8: np.dtype(np.int8),
+    torch.int16: np.dtype(np.int16),
+    torch.int32: np.dtype(np.int32),
+    torch.int64: np.dtype(np.int64),
+    torch.bool: np.dtype(np.bool_),
+}
+_TORCH_DTYPES = {v: k for k, v in _NUMPY_DTYPES.items()}
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
+    """The numpy dtype that holds ``dtype`` bit for bit.
+
+    Raises:
+        ConfigError: ``dtype`` has no numpy equivalent (e.g. ``torch.bfloat16``).
+
+    Example:
+        >>> numpy_dtype(torch.uint8)
+        dtype('uint8')
+    """
+    try:
+        return _NUMPY_DTYPES[dtype]
+    except KeyError:
+        raise ConfigError(f"dtype {dtype} is not supported; use one of {sorted(map(str, _NUMPY_DTYPES))}") from None
+
+
+def _shape_str(shape: tuple[int, ...] | torch.Size) -> str:
+    return str(tuple(shape))
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """One stored field: user name, TorchRL key, per-row shape and dtype.
+
+    Args:
+        name: the name users see (``"obs"``, ``"reward"``, an extra field's name).
+        key: the TorchRL tensordict key (``"observation"``, ``("next", "reward")``).
+        shape: the shape of one row as users pass it (``()`` for a scalar per step).
+        dtype: the stored dtype.
+        finite: whether values must be finite (rewards, values, log-probs).
+
+    Example:
+        >>> spec = FieldSpec("obs", "observation", (84, 84, 4), torch.uint8)
+        >>> spec.np_dtype
+        dtype('uint8')
+    """
+
+    name: str
+    key: NestedKey
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    finite: bool = False
+    np_dtype: np.dtype[Any] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if any((not isinstance(d, int)) or d < 0 for d in self.shape):
+            raise ConfigError(f"{self.name}: shape must be a tuple of non-negative ints, got {self.shape!r}")
+        object.__setattr__(self, "np_dtype", numpy_dtype(self.dtype))
+
+    @property
+    def td_shape(self) -> tuple[int, ...]:
+        """The per-row shape in TorchRL layout: scalars get a trailing 1."""
+        return self.shape if self.shape else (1,)
+
+    def describe(self) -> str:
+        """A short ``name: shape dtype`` description for reprs and messages."""
+        return f"{self.name}: {_shape_str(self.shape)} {str(self.dtype).removeprefix('torch.')}"
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable description (used by checkpoints)."""
+        key = list(self.key) if isinstance(self.key, tuple) else self.key
+        return {"name": self.name, "key": key, "shape": list(self.shape),
+                "dtype": str(self.dtype).removeprefix("torch."), "finite": self.finite}
+
+    def check_dtype(self, dtype: torch.dtype | np.dtype[Any]) -> None:
+        """Raise :class:`DtypeError` unless ``dtype`` converts to the stored dtype within its kind.
+
+        Floats of any precision go into float fields; integers and bools into integer or
+        float fields; a float never goes into an integer or bool field (it would be
+        truncated silently).
+        """
+        if isinstance(dtype, np.dtype):
+            ok = np.can_cast(dtype, self.np_dtype, casting="same_kind")
+        else:
+            ok = torch.can_cast(dtype, self.dtype)
+        if not ok:
+            raise DtypeError(f"{self.name}: expected dtype {self.dtype} (or one that converts to it "
+                             f"without changing kind), got {dtype}")
+
+    def check_tensor(self, value: torch.Tensor, lead: tuple[int, ...], devices: tuple[torch.device, ...]) -> None:
+        """Validate a tensor holding rows of this field, with leading dims ``lead``.
+
+        Raises:
+            ShapeError, DtypeError, DeviceError, NonFiniteError: with the field named.
+        """
+        expected = (*lead, *self.shape)
+        if tuple(value.shape) != expected:
+            raise ShapeError(f"{self.name}: expected shape {_shape_str(expected)}, got {_shape_str(value.shape)}")
+        if value.dtype is not self.dtype:
+            self.check_dtype(value.dtype)
+        if value.device not in devices:
+            allowed = " or ".join(str(d) for d in devices)
+            raise DeviceError(f"{self.name}: expected a tensor on {allowed}, got one on {value.device}")
+        if self.finite and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise NonFiniteError(f"{self.name}: expected finite values, got NaN or inf")
+
+
+def check_finite_rows(spec: FieldSpec, rows: np.ndarray[Any, Any]) -> None:
+    """Raise :class:`NonFiniteError` if any value in ``rows`` is NaN or infinite.
+
+    Example:
+        >>> spec = FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True)
+        >>> check_finite_rows(spec, np.array([1.0, float("nan")]))
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.NonFiniteError: reward: expected finite values, got nan at row 1
+    """
+    # A sum is finite whenever every term is (short of overflow), and costs far less than
+    # an element-wise check; the exact check only runs to name the bad row.
+    if math.isfinite(float(rows.sum())):
+        return
+    flat = rows.reshape(rows.shape[0], -1) if rows.ndim else rows.reshape(1, 1)
+    bad_rows = np.flatnonzero(~np.isfinite(flat).all(axis=1))
+    if bad_rows.size:
+        row = int(bad_rows[0])
+        shown = flat[row].tolist()
+        raise NonFiniteError(f"{spec.name}: expected finite values, got {shown[0] if len(shown) == 1 else shown} at row {row}")
+
+
+def torch_dtype(np_dtype: np.dtype[Any]) -> torch.dtype:
+    """The torch dtype for a numpy dtype.
+
+    Example:
+        >>> torch_dtype(np.dtype("float32"))
+        torch.float32
+    """
+    return _TORCH_DTYPES[np_dtype]

@@ -1,0 +1,145 @@
+"""Building TorchRL storages and samplers from rlbuf's simple options, and resolving devices.
+
+``storage="memory"`` gives a :class:`torchrl.data.LazyTensorStorage` on the storing device,
+``storage="memmap"`` a :class:`torchrl.data.LazyMemmapStorage` in a scratch directory (a
+temporary one by default, removed when the buffer is closed or collected). The storage is
+initialised eagerly from the buffer's field specs, so every leaf tensor exists up front.
+
+Example:
+    >>> import torch
+    >>> from rlbuf.spec import FieldSpec
+    >>> specs = (FieldSpec("obs", "observation", (3,), torch.float32),)
+    >>> built = build_storage("memory", 8, specs, storing_device=torch.device("cpu"))
+    >>> built.storage._storage["observation"].shape
+    torch.Size([8, 3])
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeAlias
+
+import torch
+from tensordict import TensorDict
+from torchrl.data import LazyMemmapStorage, LazyTensorStorage
+from torchrl.data.replay_buffers.storages import TensorStorage
+
+from rlbuf.errors import ConfigError
+from rlbuf.spec import FieldSpec
+
+StorageKind: TypeAlias = Literal["memory", "memmap"]
+DeviceLike: TypeAlias = torch.device | str | int
+
+
+def resolve_device(device: DeviceLike | None, *, name: str, default: torch.device | None = None) -> torch.device:
+    """Turn a device option into a :class:`torch.device`, checking that it exists here.
+
+    Raises:
+        ConfigError: the device is malformed, or CUDA is asked for on a machine without it.
+
+    Example:
+        >>> resolve_device("cpu", name="device")
+        device(type='cpu')
+    """
+    if device is None:
+        if default is None:
+            raise ConfigError(f"{name}: a device is required")
+        return default
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ConfigError(f"{name}: not a device: {device!r} ({error})") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{name}: {resolved} was asked for, but CUDA is not available on this machine")
+        if resolved.index is None:
+            resolved = torch.device("cuda", torch.cuda.current_device())
+    return resolved
+
+
+@dataclass
+class BuiltStorage:
+    """A TorchRL storage and the scratch directory rlbuf created for it (if any)."""
+
+    storage: TensorStorage
+    scratch_dir: Path | None
+    owns_scratch_dir: bool
+
+
+def template(specs: Sequence[FieldSpec]) -> TensorDict:
+    """One zero row of every field, in TorchRL layout (batch size ``[]``).
+
+    Example:
+        >>> row = template((FieldSpec("reward", ("next", "reward"), (), torch.float32),))
+        >>> row["next", "reward"].shape
+        torch.Size([1])
+    """
+    row = TensorDict({}, batch_size=[])
+    for spec in specs:
+        row.set(spec.key, torch.zeros(spec.td_shape, dtype=spec.dtype))
+    return row
+
+
+def build_storage(
+    kind: StorageKind,
+    capacity: int,
+    specs: Sequence[FieldSpec],
+    *,
+    storing_device: torch.device,
+    scratch_dir: str | Path | None = None,
+) -> BuiltStorage:
+    """Create and initialise the TorchRL storage for ``capacity`` rows of ``specs``.
+
+    Args:
+        kind: ``"memory"`` (RAM or GPU) or ``"memmap"`` (files on disk, CPU only).
+        capacity: number of rows.
+        specs: the fields to store.
+        storing_device: where the data lives.
+        scratch_dir: directory for memmap files; a fresh temporary one when ``None``.
+
+    Raises:
+        ConfigError: an unknown kind, a memmap storage on a non-CPU device, or a
+            non-positive capacity.
+    """
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
+        raise ConfigError(f"capacity: expected a positive int, got {capacity!r}")
+    storage: TensorStorage
+    owns = False
+    directory: Path | None = None
+    if kind == "memory":
+        if scratch_dir is not None:
+            raise ConfigError("scratch_dir: only used with storage='memmap'")
+        storage = LazyTensorStorage(capacity, device=storing_device)
+    elif kind == "memmap":
+        if storing_device.type != "cpu":
+            raise ConfigError(f"storing_device: storage='memmap' keeps data in files on the CPU, got {storing_device}")
+        if scratch_dir is None:
+            directory = Path(tempfile.mkdtemp(prefix="rlbuf-"))
+            owns = True
+        else:
+            directory = Path(scratch_dir)
+            directory.mkdir(parents=True, exist_ok=True)
+        storage = LazyMemmapStorage(capacity, scratch_dir=str(directory), device="cpu", existsok=True)
+    else:
+        raise ConfigError(f"storage: expected 'memory' or 'memmap', got {kind!r}")
+    storage._init(template(specs))
+    return BuiltStorage(storage, directory, owns)
+
+
+def remove_when_collected(owner: Any, directory: Path) -> weakref.finalize:  # type: ignore[type-arg]
+    """Remove ``directory`` when ``owner`` is garbage-collected, or when the finalizer is called.
+
+    Example:
+        >>> import tempfile
+        >>> class Owner: ...
+        >>> owner, path = Owner(), Path(tempfile.mkdtemp())
+        >>> remove = remove_when_collected(owner, path)
+        >>> remove(); path.exists()
+        False
+    """
+    return weakref.finalize(owner, shutil.rmtree, str(directory), ignore_errors=True)
