@@ -19,6 +19,7 @@ from rlbuf.errors import (
 )
 from rlbuf.replay import ReplayBuffer, Transition
 from rlbuf.spec import FieldSpec
+from rlbuf.stats import EpisodeStats
 
 __version__ = "0.1.0"
 
@@ -30,6 +31,7 @@ __all__ = [
     "DeviceError",
     "DtypeError",
     "EmptyBufferError",
+    "EpisodeStats",
     "FieldSpec",
     "MissingFieldError",
     "NonFiniteError",

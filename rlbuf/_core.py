@@ -29,7 +29,6 @@ from torchrl.data.replay_buffers.samplers import Sampler
 
 from rlbuf.errors import (
     BatchSizeError,
-    DeviceError,
     EmptyBufferError,
     MissingFieldError,
     ShapeError,
@@ -136,7 +135,10 @@ class RowRing:
         self.rb = rb
         self.capacity = int(built.storage.max_size)
         self.scratch_dir = built.scratch_dir
-        self._remove_scratch = remove_when_collected(self, built.scratch_dir) if built.owns_scratch_dir else None
+        self._remove_scratch = (
+            remove_when_collected(self, built.scratch_dir)
+            if built.owns_scratch_dir and built.scratch_dir is not None else None
+        )
         leaves = built.storage._storage
         # Leaves viewed in user shape: a reward leaf of TorchRL shape [C, 1] is used as [C].
         self.leaves = {s.name: _plain(leaves.get(s.key)).view(self.capacity, *s.shape) for s in self.specs}
@@ -360,9 +362,3 @@ def check_extras(expected: Mapping[str, FieldSpec], given: Mapping[str, Any]) ->
     for name in expected:
         if name not in given:
             raise MissingFieldError(f"{name}: missing; this buffer stores it with every row")
-
-
-def device_error(name: str, got: torch.device, allowed: Sequence[torch.device]) -> DeviceError:
-    """A :class:`DeviceError` naming the field and the devices it may come from."""
-    return DeviceError(f"{name}: expected a tensor on {' or '.join(map(str, allowed))}, got one on {got}")
-

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from tensordict import TensorDict
@@ -131,15 +130,3 @@ class DistillationBatch(_ExtrasAccess):
         for name, value in self.extras.items():
             td.set(name, value)
         return td
-
-
-def split_extras(columns: dict[str, torch.Tensor], fixed: tuple[str, ...]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
-    """Split gathered columns into the fixed fields (in order) and the extras."""
-    values = [columns[name] for name in fixed]
-    extras = {name: value for name, value in columns.items() if name not in fixed}
-    return values, extras
-
-
-def no_extras() -> dict[str, Any]:
-    """An empty extras mapping (a fresh dict each call)."""
-    return {}

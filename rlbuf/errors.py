@@ -11,7 +11,7 @@ Example:
     ...     buf.add(torch.zeros(4), torch.zeros(1), 1.0, torch.zeros(3), False)
     ... except ShapeError as error:
     ...     print(error)
-    obs: expected shape (3,) or (1, 3), got (4,)
+    obs: expected shape (1, 3) or (3,), got (4,)
     >>> len(buf)
     0
 """

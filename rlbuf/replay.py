@@ -415,7 +415,7 @@ def _rows_tensor(spec: FieldSpec, value: Any, rows: int) -> torch.Tensor:
 
 
 def _read_td(td: TensorDictBase, spec: FieldSpec, lead: tuple[int, ...]) -> torch.Tensor:
-    value = td.get(spec.key, None)
+    value: torch.Tensor | None = td.get(spec.key, None)
     if value is None:
         raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
     if tuple(value.shape) != (*lead, *spec.td_shape):
@@ -425,9 +425,9 @@ def _read_td(td: TensorDictBase, spec: FieldSpec, lead: tuple[int, ...]) -> torc
 
 
 def _truncated_from(td: TensorDictBase, lead: tuple[int, ...], terminated: torch.Tensor) -> torch.Tensor:
-    truncated = td.get(("next", "truncated"), None)
+    truncated: torch.Tensor | None = td.get(("next", "truncated"), None)
     if truncated is None:
-        done = td.get(("next", "done"), None)
+        done: torch.Tensor | None = td.get(("next", "done"), None)
         if done is None:
             return torch.zeros_like(terminated, dtype=torch.bool)
         return done.to(torch.bool) & ~terminated.to(torch.bool)

@@ -40,7 +40,6 @@ _NUMPY_DTYPES: dict[torch.dtype, np.dtype[Any]] = {
     torch.int64: np.dtype(np.int64),
     torch.bool: np.dtype(np.bool_),
 }
-_TORCH_DTYPES = {v: k for k, v in _NUMPY_DTYPES.items()}
 
 
 def numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
@@ -160,13 +159,3 @@ def check_finite_rows(spec: FieldSpec, rows: np.ndarray[Any, Any]) -> None:
         row = int(bad_rows[0])
         shown = flat[row].tolist()
         raise NonFiniteError(f"{spec.name}: expected finite values, got {shown[0] if len(shown) == 1 else shown} at row {row}")
-
-
-def torch_dtype(np_dtype: np.dtype[Any]) -> torch.dtype:
-    """The torch dtype for a numpy dtype.
-
-    Example:
-        >>> torch_dtype(np.dtype("float32"))
-        torch.float32
-    """
-    return _TORCH_DTYPES[np_dtype]

@@ -1,0 +1,643 @@
+"""Episode statistics over vectorised environments: returns, lengths, custom metrics, end reasons.
+
+:class:`EpisodeStats` is fed one env step at a time (buffers call :meth:`EpisodeStats.update`
+from their ``add``) and keeps the last ``window`` finished episodes for :meth:`EpisodeStats.summary`.
+
+Example:
+    >>> import torch
+    >>> from rlbuf.stats import EpisodeStats
+    >>> stats = EpisodeStats(num_envs=2)
+    >>> stats.update(torch.tensor([1.0, 2.0]), torch.tensor([False, True]))
+    >>> stats.update(torch.tensor([1.0, 2.0]), torch.tensor([True, False]))
+    >>> stats.recent_returns()
+    [2.0, 2.0]
+    >>> stats.summary()["length"]
+    {'mean': 1.5, 'std': 0.5, 'min': 1, 'max': 2, 'count': 2}
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias, TypeVar
+
+import numpy as np
+import torch
+
+from rlbuf.errors import CheckpointError, ConfigError, DtypeError, NonFiniteError, ShapeError
+
+__all__ = ["EpisodeStats"]
+
+_ArrayT = TypeVar("_ArrayT", torch.Tensor, "np.ndarray[Any, Any]")
+
+_Values: TypeAlias = "torch.Tensor | np.ndarray[Any, Any] | Sequence[float] | float"
+"""Per-env values: a ``[num_envs]`` tensor, array or sequence; a bare number when ``num_envs == 1``."""
+
+_Reasons: TypeAlias = "Sequence[str | None] | Mapping[int, str | None]"
+"""Per-env end reasons: one entry per env, or env index -> reason."""
+
+_StatSummary: TypeAlias = "dict[str, float | int | None]"
+"""``mean``, ``std``, ``min``, ``max`` (``None`` when ``count`` is 0) and ``count``."""
+
+# numpy dtype kinds accepted per field: float, signed int, unsigned int, bool.
+_REWARD_KINDS = "fiu"
+_METRIC_KINDS = "fiub"
+# Keys that summary() uses itself; a metric of that name would overwrite them.
+_RESERVED = frozenset({"return", "length", "reasons", "episodes"})
+_STATE_KEYS = (
+    "num_envs",
+    "window",
+    "episodes_finished",
+    "running_return",
+    "running_length",
+    "returns",
+    "lengths",
+    "reasons",
+    "metrics",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Episode:
+    episode_return: float
+    length: int
+    reason: str
+    metrics: dict[str, float]
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ConfigError(f"{name}: expected a positive int, got {value!r}")
+    return int(value)
+
+
+def _as_cpu_array(name: str, value: object) -> np.ndarray[Any, Any]:
+    """One field as a numpy array on the CPU, copying only when it lives on another device."""
+    if isinstance(value, torch.Tensor):
+        if value.requires_grad:
+            value = value.detach()
+        if not value.is_cpu:
+            value = value.cpu()
+        if value.dtype == torch.bfloat16:
+            value = value.float()  # numpy has no bfloat16
+        try:
+            return value.numpy()
+        except (TypeError, RuntimeError) as error:
+            raise DtypeError(f"{name}: expected numeric values, got {value.dtype}") from error
+    return np.asarray(value)
+
+
+def _kind(value: torch.Tensor | np.ndarray[Any, Any]) -> str:
+    """The numpy dtype kind of a tensor or array, without moving the tensor."""
+    if isinstance(value, np.ndarray):
+        return str(value.dtype.kind)
+    if value.dtype == torch.bool:
+        return "b"
+    if value.dtype.is_floating_point:
+        return "f"
+    if value.dtype.is_complex:
+        return "c"
+    return "i" if value.dtype.is_signed else "u"
+
+
+class EpisodeStats:
+    """Track episode returns, lengths, custom metrics and end reasons over ``num_envs`` envs.
+
+    Each env accumulates a running return and length; when its episode ends (terminated or
+    truncated) a record of it joins a ring of the last ``window`` finished episodes. Running
+    episodes carry over between calls, so episodes may span any number of rollouts.
+
+    Args:
+        num_envs: Number of vectorised environments stepped together.
+        window: How many finished episodes to keep for :meth:`summary`.
+
+    Raises:
+        ConfigError: ``num_envs`` or ``window`` is not a positive int.
+
+    Example:
+        >>> from rlbuf.stats import EpisodeStats
+        >>> stats = EpisodeStats(num_envs=1, window=10)
+        >>> for reward, terminated in [(1.0, False), (0.5, True)]:
+        ...     stats.update(reward, terminated)
+        >>> stats.episodes_finished, stats.recent_returns(), stats.recent_lengths()
+        (1, [1.5], [2])
+    """
+
+    def __init__(self, num_envs: int, *, window: int = 100) -> None:
+        self._num_envs = _positive_int("num_envs", num_envs)
+        self._window = _positive_int("window", window)
+        self._shape = torch.Size([self._num_envs])
+        self._expected = f"({self._num_envs},)" + (" or ()" if self._num_envs == 1 else "")
+        # float64 so long episodes of small float32 rewards do not lose precision.
+        self._running_return = torch.zeros(self._num_envs, dtype=torch.float64)
+        self._running_length = torch.zeros(self._num_envs, dtype=torch.int64)
+        # The hot path works on numpy views of these tensors: same memory, less per-call overhead.
+        self._return_view: np.ndarray[Any, Any] = self._running_return.numpy()
+        self._length_view: np.ndarray[Any, Any] = self._running_length.numpy()
+        self._episodes: deque[_Episode] = deque(maxlen=self._window)
+        self._finished = 0
+
+    @property
+    def num_envs(self) -> int:
+        """Number of environments this tracker was built for.
+
+        Returns:
+            ``num_envs`` as given to the constructor.
+
+        Example:
+            >>> EpisodeStats(3).num_envs
+            3
+        """
+        return self._num_envs
+
+    @property
+    def window(self) -> int:
+        """How many finished episodes are kept.
+
+        Returns:
+            ``window`` as given to the constructor.
+
+        Example:
+            >>> EpisodeStats(3, window=5).window
+            5
+        """
+        return self._window
+
+    @property
+    def episodes_finished(self) -> int:
+        """Total number of episodes finished since construction or :meth:`reset`.
+
+        Returns:
+            The count, including episodes that have left the window.
+
+        Example:
+            >>> stats = EpisodeStats(2, window=1)
+            >>> stats.update([1.0, 1.0], [True, True])
+            >>> stats.episodes_finished, len(stats.recent_returns())
+            (2, 1)
+        """
+        return self._finished
+
+    def update(
+        self,
+        reward: _Values,
+        terminated: _Values,
+        truncated: _Values | None = None,
+        *,
+        metrics: Mapping[str, _Values] | None = None,
+        reasons: _Reasons | None = None,
+    ) -> None:
+        """Record one env step for all ``num_envs`` envs.
+
+        Inputs are moved to the CPU once. Every input is checked before any state changes,
+        so a call that raises leaves the tracker as it was.
+
+        Args:
+            reward: ``[num_envs]`` rewards (float or int dtype, finite); a number when
+                ``num_envs == 1``.
+            terminated: ``[num_envs]`` bools: the episode reached a terminal state.
+            truncated: ``[num_envs]`` bools: the episode was cut short (e.g. a time limit);
+                ``None`` means no env was truncated.
+            metrics: Name -> ``[num_envs]`` values (float, int or bool, e.g. a score or a
+                success flag), read only for the envs whose episode ends at this step.
+            reasons: Why each ending episode ended: a sequence of ``num_envs`` entries or a
+                mapping env index -> reason. Only entries of envs that end now are read; a
+                missing or ``None`` entry defaults to ``"terminated"`` or ``"truncated"``
+                (``"terminated"`` when both flags are set).
+
+        Raises:
+            ShapeError: A field is not ``[num_envs]``, or ``reasons`` has the wrong length or an
+                env index out of range.
+            DtypeError: A field has an unusable dtype, or a reason is not a str.
+            NonFiniteError: A reward is NaN or infinite, or a metric of an ending env is.
+            ConfigError: A metric name is not a str or is one of ``summary``'s own keys
+                (``return``, ``length``, ``reasons``, ``episodes``).
+
+        Example:
+            >>> import numpy as np
+            >>> stats = EpisodeStats(3)
+            >>> stats.update(
+            ...     np.array([1.0, 2.0, 3.0]),
+            ...     np.array([True, False, False]),
+            ...     np.array([False, True, False]),
+            ...     metrics={"score": np.array([10, 20, 30])},
+            ...     reasons={1: "time_limit"},
+            ... )
+            >>> stats.summary()["reasons"]
+            {'terminated': 1, 'time_limit': 1}
+            >>> stats.summary()["score"]["mean"]
+            15.0
+        """
+        if (
+            self._num_envs == 1
+            and type(reward) is float
+            and terminated is False
+            and (truncated is None or truncated is False)
+            and metrics is None
+            and reasons is None
+            and math.isfinite(reward)
+        ):
+            # One gymnasium env mid-episode: plain Python in, no array to build
+            # (measured ~0.4 us against ~5 us for the general path).
+            self._return_view[0] += reward
+            self._length_view[0] += 1
+            return
+        reward_a = self._check_shape("reward", _as_cpu_array("reward", reward))
+        if reward_a.dtype.kind not in _REWARD_KINDS:
+            raise DtypeError(f"reward: expected a float or int dtype, got {reward_a.dtype}")
+        if reward_a.dtype.kind == "f" and not np.isfinite(reward_a).all():
+            env = int(np.flatnonzero(~np.isfinite(reward_a))[0])
+            raise NonFiniteError(
+                f"reward: expected finite values, got {reward_a[env]} at env {env}"
+            )
+        terminated_a = self._check_flag("terminated", terminated)
+        done = terminated_a
+        if truncated is not None:
+            done = terminated_a | self._check_flag("truncated", truncated)
+        checked_metrics = self._check_metrics(metrics) if metrics else None
+        if reasons is not None:
+            self._check_reasons(reasons)
+
+        if not done.any():
+            np.add(self._return_view, reward_a, out=self._return_view)
+            self._length_view += 1
+            return
+
+        # Rare path: some episodes end. Read and check what they need before changing anything.
+        index = np.flatnonzero(done)
+        envs: list[int] = index.tolist()
+        ended_terminated: list[bool] = terminated_a[index].tolist()
+        ended_metrics = self._ended_metrics(checked_metrics, index) if checked_metrics else {}
+        ended_reasons = [
+            self._reason(reasons, env, was_terminated)
+            for env, was_terminated in zip(envs, ended_terminated, strict=True)
+        ]
+
+        np.add(self._return_view, reward_a, out=self._return_view)
+        self._length_view += 1
+        returns: list[float] = self._return_view[index].tolist()
+        lengths: list[int] = self._length_view[index].tolist()
+        self._return_view[index] = 0.0
+        self._length_view[index] = 0
+        for i, (episode_return, length, reason) in enumerate(
+            zip(returns, lengths, ended_reasons, strict=True)
+        ):
+            values = {name: column[i] for name, column in ended_metrics.items()}
+            self._episodes.append(_Episode(episode_return, length, reason, values))
+        self._finished += len(envs)
+
+    def summary(self, last: int | None = None) -> dict[str, Any]:
+        """Mean, std, min and max of returns, lengths and metrics over recent finished episodes.
+
+        ``std`` is the population standard deviation (divides by ``count``, no Bessel
+        correction): it describes the episodes in the window, and one episode gives ``0.0``.
+        With no finished episodes every statistic is ``None`` and ``count`` is 0, so the result
+        holds no NaN and is JSON-serialisable as is. A metric appears once at least one of the
+        summarised episodes has it; its ``count`` says how many do.
+
+        Args:
+            last: Summarise the last ``last`` finished episodes; ``None`` means the whole window.
+                Larger than what is kept means everything kept.
+
+        Returns:
+            ``{"return": s, "length": s, <metric>: s, ..., "reasons": {reason: count},
+            "episodes": episodes_finished}`` where each ``s`` is ``{"mean", "std", "min",
+            "max", "count"}`` of plain Python floats (ints for length min/max and counts).
+
+        Raises:
+            ConfigError: ``last`` is not a positive int.
+
+        Example:
+            >>> stats = EpisodeStats(1)
+            >>> stats.summary()["return"]
+            {'mean': None, 'std': None, 'min': None, 'max': None, 'count': 0}
+            >>> for reward in [1.0, 3.0]:
+            ...     stats.update(reward, True)
+            >>> stats.summary()
+            ... # doctest: +NORMALIZE_WHITESPACE
+            {'return': {'mean': 2.0, 'std': 1.0, 'min': 1.0, 'max': 3.0, 'count': 2},
+             'length': {'mean': 1.0, 'std': 0.0, 'min': 1, 'max': 1, 'count': 2},
+             'reasons': {'terminated': 2}, 'episodes': 2}
+            >>> stats.summary(last=1)["return"]["mean"]
+            3.0
+        """
+        count = self._window if last is None else _positive_int("last", last)
+        episodes = list(self._episodes)[-count:]
+        result: dict[str, Any] = {
+            "return": _describe([e.episode_return for e in episodes]),
+            "length": _describe([e.length for e in episodes]),
+        }
+        names: dict[str, None] = {}
+        for episode in episodes:
+            names.update(dict.fromkeys(episode.metrics))
+        for name in names:
+            result[name] = _describe([e.metrics[name] for e in episodes if name in e.metrics])
+        result["reasons"] = dict(Counter(e.reason for e in episodes))
+        result["episodes"] = self._finished
+        return result
+
+    def recent_returns(self, k: int | None = None) -> list[float]:
+        """Returns of the last ``k`` finished episodes, oldest first.
+
+        Args:
+            k: How many; ``None`` means all kept (at most ``window``).
+
+        Returns:
+            A list of floats.
+
+        Raises:
+            ConfigError: ``k`` is not a positive int.
+
+        Example:
+            >>> stats = EpisodeStats(2)
+            >>> stats.update([1.0, 2.0], [True, True])
+            >>> stats.recent_returns(), stats.recent_returns(1)
+            ([1.0, 2.0], [2.0])
+        """
+        return [e.episode_return for e in self._recent(k)]
+
+    def recent_lengths(self, k: int | None = None) -> list[int]:
+        """Lengths (steps) of the last ``k`` finished episodes, oldest first.
+
+        Args:
+            k: How many; ``None`` means all kept (at most ``window``).
+
+        Returns:
+            A list of ints.
+
+        Raises:
+            ConfigError: ``k`` is not a positive int.
+
+        Example:
+            >>> stats = EpisodeStats(2)
+            >>> stats.update([1.0, 2.0], [False, True])
+            >>> stats.update([1.0, 2.0], [True, True])
+            >>> stats.recent_lengths()
+            [1, 2, 1]
+        """
+        return [e.length for e in self._recent(k)]
+
+    def reset(self) -> None:
+        """Forget running episodes and all finished ones, as if newly built.
+
+        Example:
+            >>> stats = EpisodeStats(1)
+            >>> stats.update(1.0, True)
+            >>> stats.reset()
+            >>> stats.episodes_finished, stats.recent_returns()
+            (0, [])
+        """
+        self._running_return.zero_()
+        self._running_length.zero_()
+        self._episodes.clear()
+        self._finished = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume, as plain tensors, lists, strings and numbers.
+
+        Returns:
+            ``num_envs``, ``window``, ``episodes_finished`` (ints); ``running_return``
+            (float64 ``[num_envs]``) and ``running_length`` (int64 ``[num_envs]``) tensors;
+            ``returns``, ``lengths``, ``reasons`` lists of the kept episodes, oldest first;
+            ``metrics``: name -> list aligned with ``returns`` (``None`` where an episode
+            lacks that metric). The tensors are copies.
+
+        Example:
+            >>> stats = EpisodeStats(1)
+            >>> stats.update(2.0, False, True, metrics={"score": 7})
+            >>> state = stats.state_dict()
+            >>> state["returns"], state["reasons"], state["metrics"]
+            ([2.0], ['truncated'], {'score': [7.0]})
+        """
+        names: dict[str, None] = {}
+        for episode in self._episodes:
+            names.update(dict.fromkeys(episode.metrics))
+        return {
+            "num_envs": self._num_envs,
+            "window": self._window,
+            "episodes_finished": self._finished,
+            "running_return": self._running_return.clone(),
+            "running_length": self._running_length.clone(),
+            "returns": [e.episode_return for e in self._episodes],
+            "lengths": [e.length for e in self._episodes],
+            "reasons": [e.reason for e in self._episodes],
+            "metrics": {name: [e.metrics.get(name) for e in self._episodes] for name in names},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned; this tracker's own ``window`` is kept.
+
+        When the saved history is longer than this tracker's ``window``, its newest episodes
+        are kept. The state is fully checked before anything changes.
+
+        Args:
+            state: A mapping as returned by :meth:`state_dict`.
+
+        Raises:
+            CheckpointError: A key is missing, ``num_envs`` differs, or a value has the wrong
+                type, shape or length.
+
+        Example:
+            >>> stats = EpisodeStats(1)
+            >>> stats.update(1.0, True)
+            >>> stats.update(0.5, False)
+            >>> resumed = EpisodeStats(1)
+            >>> resumed.load_state_dict(stats.state_dict())
+            >>> resumed.update(0.5, True)
+            >>> resumed.recent_returns()
+            [1.0, 1.0]
+        """
+        for key in _STATE_KEYS:
+            if key not in state:
+                raise CheckpointError(f"stats state: missing key {key!r}")
+        if state["num_envs"] != self._num_envs:
+            raise CheckpointError(
+                f"stats state: expected num_envs={self._num_envs}, got {state['num_envs']!r}"
+            )
+        running_return = self._state_tensor(state, "running_return", torch.float64)
+        running_length = self._state_tensor(state, "running_length", torch.int64)
+        returns, lengths, reasons = state["returns"], state["lengths"], state["reasons"]
+        metrics = state["metrics"]
+        n = _state_list("returns", returns, (int, float))
+        for key, value, kinds in (("lengths", lengths, (int,)), ("reasons", reasons, (str,))):
+            if _state_list(key, value, kinds) != n:
+                raise CheckpointError(f"stats state: {key}: expected length {n}, got {len(value)}")
+        if not isinstance(metrics, Mapping):
+            raise CheckpointError(
+                f"stats state: metrics: expected a mapping, got {type(metrics).__name__}"
+            )
+        for name, column in metrics.items():
+            if not isinstance(name, str) or name in _RESERVED:
+                raise CheckpointError(f"stats state: metrics: invalid name {name!r}")
+            if _state_list(f"metrics[{name!r}]", column, (int, float, type(None))) != n:
+                raise CheckpointError(
+                    f"stats state: metrics[{name!r}]: expected length {n}, got {len(column)}"
+                )
+        finished = state["episodes_finished"]
+        if isinstance(finished, bool) or not isinstance(finished, int) or finished < n:
+            raise CheckpointError(
+                f"stats state: episodes_finished: expected an int >= {n}, got {finished!r}"
+            )
+
+        episodes = [
+            _Episode(
+                float(returns[i]),
+                int(lengths[i]),
+                str(reasons[i]),
+                {
+                    name: float(column[i])
+                    for name, column in metrics.items()
+                    if column[i] is not None
+                },
+            )
+            for i in range(n)
+        ]
+        self._running_return.copy_(running_return)
+        self._running_length.copy_(running_length)
+        self._episodes.clear()
+        self._episodes.extend(episodes)
+        self._finished = finished
+
+    def __repr__(self) -> str:
+        """Constructor arguments and counts, e.g. for logs.
+
+        Returns:
+            A one-line description.
+
+        Example:
+            >>> EpisodeStats(4, window=50)
+            EpisodeStats(num_envs=4, window=50, episodes_finished=0, kept=0)
+        """
+        return (
+            f"EpisodeStats(num_envs={self._num_envs}, window={self._window}, "
+            f"episodes_finished={self._finished}, kept={len(self._episodes)})"
+        )
+
+    def _check_shape(self, name: str, value: _ArrayT) -> _ArrayT:
+        if value.shape == self._shape:
+            return value
+        if self._num_envs == 1 and value.ndim == 0:
+            return value.reshape(1)
+        raise ShapeError(f"{name}: expected shape {self._expected}, got {tuple(value.shape)}")
+
+    def _check_flag(self, name: str, value: _Values) -> np.ndarray[Any, Any]:
+        flag = self._check_shape(name, _as_cpu_array(name, value))
+        if flag.dtype != np.bool_:
+            raise DtypeError(f"{name}: expected dtype bool, got {flag.dtype}")
+        return flag
+
+    def _check_metrics(
+        self, metrics: Mapping[str, _Values]
+    ) -> dict[str, torch.Tensor | np.ndarray[Any, Any]]:
+        # Tensors are only checked here and moved to the CPU when an episode ends.
+        checked: dict[str, torch.Tensor | np.ndarray[Any, Any]] = {}
+        for name, value in metrics.items():
+            if not isinstance(name, str) or name in _RESERVED:
+                raise ConfigError(
+                    f"metrics: name {name!r} is not allowed; expected a str other than "
+                    f"{sorted(_RESERVED)}"
+                )
+            field = f"metrics[{name!r}]"
+            array: torch.Tensor | np.ndarray[Any, Any]
+            if isinstance(value, torch.Tensor):
+                array = self._check_shape(field, value)
+            else:
+                array = self._check_shape(field, np.asarray(value))
+            if _kind(array) not in _METRIC_KINDS:
+                raise DtypeError(f"{field}: expected a float, int or bool dtype, got {array.dtype}")
+            checked[name] = array
+        return checked
+
+    def _check_reasons(self, reasons: _Reasons) -> None:
+        if isinstance(reasons, Mapping):
+            for env in reasons:
+                if (
+                    isinstance(env, bool)
+                    or not isinstance(env, int | np.integer)
+                    or not 0 <= env < self._num_envs
+                ):
+                    raise ShapeError(
+                        f"reasons: expected env indices in [0, {self._num_envs}), got {env!r}"
+                    )
+        elif isinstance(reasons, str) or not isinstance(reasons, Sequence | np.ndarray):
+            raise DtypeError(
+                f"reasons: expected a sequence of {self._num_envs} str or None, or a mapping "
+                f"env index -> str, got {type(reasons).__name__}"
+            )
+        elif len(reasons) != self._num_envs:
+            raise ShapeError(f"reasons: expected length {self._num_envs}, got {len(reasons)}")
+
+    @staticmethod
+    def _reason(reasons: _Reasons | None, env: int, terminated: bool) -> str:
+        reason = None
+        if isinstance(reasons, Mapping):
+            reason = reasons.get(env)
+        elif reasons is not None:
+            reason = reasons[env]
+        if reason is None:
+            return "terminated" if terminated else "truncated"
+        if not isinstance(reason, str):
+            raise DtypeError(f"reasons[{env}]: expected str or None, got {type(reason).__name__}")
+        return str(reason)
+
+    @staticmethod
+    def _ended_metrics(
+        metrics: dict[str, torch.Tensor | np.ndarray[Any, Any]], index: np.ndarray[Any, Any]
+    ) -> dict[str, list[float]]:
+        ended = {}
+        for name, value in metrics.items():
+            field = f"metrics[{name!r}]"
+            column = _as_cpu_array(field, value)[index].astype(np.float64)
+            if not np.isfinite(column).all():
+                i = int(np.flatnonzero(~np.isfinite(column))[0])
+                raise NonFiniteError(
+                    f"{field}: expected finite values for ending episodes, "
+                    f"got {column[i]} at env {int(index[i])}"
+                )
+            ended[name] = column.tolist()
+        return ended
+
+    def _recent(self, k: int | None) -> list[_Episode]:
+        episodes = list(self._episodes)
+        return episodes if k is None else episodes[-_positive_int("k", k) :]
+
+    def _state_tensor(self, state: Mapping[str, Any], key: str, dtype: torch.dtype) -> torch.Tensor:
+        try:
+            tensor = torch.as_tensor(state[key]).to("cpu")
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise CheckpointError(
+                f"stats state: {key}: expected a tensor, got {state[key]!r}"
+            ) from error
+        if tensor.shape != self._shape:
+            raise CheckpointError(
+                f"stats state: {key}: expected shape ({self._num_envs},), got {tuple(tensor.shape)}"
+            )
+        if tensor.dtype == torch.bool or (dtype == torch.int64 and tensor.dtype.is_floating_point):
+            raise CheckpointError(f"stats state: {key}: expected dtype {dtype}, got {tensor.dtype}")
+        return tensor.to(dtype)
+
+
+def _state_list(key: str, value: object, kinds: tuple[type, ...]) -> int:
+    if not isinstance(value, list):
+        raise CheckpointError(f"stats state: {key}: expected a list, got {type(value).__name__}")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, kinds):
+            raise CheckpointError(f"stats state: {key}: unexpected item {item!r}")
+    return len(value)
+
+
+def _describe(values: Sequence[float] | Sequence[int]) -> _StatSummary:
+    count = len(values)
+    if count == 0:
+        return {"mean": None, "std": None, "min": None, "max": None, "count": 0}
+    mean = math.fsum(values) / count
+    variance = math.fsum((v - mean) ** 2 for v in values) / count
+    return {
+        "mean": mean,
+        "std": math.sqrt(variance),
+        "min": min(values),
+        "max": max(values),
+        "count": count,
+    }

@@ -1,0 +1,26 @@
+"""Shared fixtures: storages and devices to parametrize over, and a quiet TorchRL logger."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+logging.getLogger("torchrl").setLevel(logging.WARNING)
+torch.set_num_threads(1)
+
+STORAGES = ["memory", "memmap"]
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+@pytest.fixture(params=STORAGES)
+def storage(request: pytest.FixtureRequest) -> str:
+    """Each storage kind rlbuf offers."""
+    return str(request.param)
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> str:
+    """Each training device available here (CUDA only where a GPU is present)."""
+    return str(request.param)
