@@ -1,6 +1,7 @@
 """rlbuf: typed, fast, correct replay and rollout buffers for PyTorch RL, built on TorchRL."""
 
-from rlbuf.batches import ReplayBatch
+from rlbuf.batches import ReplayBatch, RolloutBatch
+from rlbuf.epochs import EpochIterator
 from rlbuf.errors import (
     BatchSizeError,
     BufferFullError,
@@ -18,6 +19,7 @@ from rlbuf.errors import (
     StoredIndexError,
 )
 from rlbuf.replay import ReplayBuffer, Transition
+from rlbuf.rollout import RolloutBuffer
 from rlbuf.spec import FieldSpec
 from rlbuf.stats import EpisodeStats
 
@@ -32,6 +34,7 @@ __all__ = [
     "DtypeError",
     "EmptyBufferError",
     "EpisodeStats",
+    "EpochIterator",
     "FieldSpec",
     "MissingFieldError",
     "NonFiniteError",
@@ -39,6 +42,8 @@ __all__ = [
     "ReplayBatch",
     "ReplayBuffer",
     "RlbufError",
+    "RolloutBatch",
+    "RolloutBuffer",
     "RolloutIncompleteError",
     "ShapeError",
     "StoredIndexError",

@@ -130,3 +130,59 @@ class DistillationBatch(_ExtrasAccess):
         for name, value in self.extras.items():
             td.set(name, value)
         return td
+
+
+@dataclass(slots=True, frozen=True)
+class RolloutBatch(_ExtrasAccess):
+    """A minibatch (or the whole rollout, flattened ``T*N``) from a :class:`~rlbuf.RolloutBuffer`.
+
+    Attributes:
+        obs: observations ``[B, *obs_shape]``.
+        privileged_obs: privileged observations for an asymmetric critic, or ``None``.
+        action: actions ``[B, *action_shape]``.
+        reward: rewards ``[B]``.
+        terminated: episode ended by the MDP at this step ``[B]`` bool.
+        truncated: episode cut by a time limit at this step ``[B]`` bool.
+        value: value estimates at collection time ``[B]``.
+        log_prob: log-probabilities of the actions at collection time ``[B]``.
+        advantage: GAE advantages ``[B]``.
+        returns: value targets (``advantage + value``) ``[B]``.
+        extras: extra fields and tensors attached with ``set_extras`` (also attributes).
+    """
+
+    obs: torch.Tensor
+    privileged_obs: torch.Tensor | None
+    action: torch.Tensor
+    reward: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    value: torch.Tensor
+    log_prob: torch.Tensor
+    advantage: torch.Tensor
+    returns: torch.Tensor
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.obs.shape[0])
+
+    def to_tensordict(self) -> TensorDict:
+        """The batch in TorchRL layout (``"state_value"``, ``"advantage"``, ``"value_target"`` ...)."""
+        td = TensorDict({
+            "observation": self.obs,
+            "action": self.action,
+            "state_value": _torchrl_layout(self.value, 1),
+            "sample_log_prob": self.log_prob,
+            "advantage": _torchrl_layout(self.advantage, 1),
+            "value_target": _torchrl_layout(self.returns, 1),
+            "next": {
+                "reward": _torchrl_layout(self.reward, 1),
+                "terminated": _torchrl_layout(self.terminated, 1),
+                "truncated": _torchrl_layout(self.truncated, 1),
+                "done": _torchrl_layout(self.terminated | self.truncated, 1),
+            },
+        }, batch_size=[len(self)], device=self.obs.device)
+        if self.privileged_obs is not None:
+            td.set("privileged_observation", self.privileged_obs)
+        for name, value in self.extras.items():
+            td.set(name, value)
+        return td

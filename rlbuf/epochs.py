@@ -1,0 +1,203 @@
+"""EpochIterator: minibatches that cover every stored row exactly once per epoch.
+
+Shared by every buffer (``buffer.epochs(...)``, ``RolloutBuffer.minibatches(...)``). The
+permutation of each epoch is drawn on the device the rows are gathered on, with the buffer's
+own generator. The iterator knows how many batches are left (``len``), and its
+``state_dict()`` records the epoch, the position and the permutation, so a run checkpointed
+mid-epoch resumes at the next batch.
+
+``n_epochs=0`` means no epochs at all: every batch is drawn at random, with replacement,
+forever (iteration-based training).
+
+Example:
+    >>> import torch
+    >>> seen = []
+    >>> it = EpochIterator(10, lambda index: index, batch_size=4, n_epochs=2,
+    ...                    generator=torch.Generator().manual_seed(0))
+    >>> len(it)
+    6
+    >>> for index in it:
+    ...     seen.append(index)
+    >>> [len(i) for i in seen]
+    [4, 4, 2, 4, 4, 2]
+    >>> sorted(torch.cat(seen[:3]).tolist()) == list(range(10))
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+import torch
+
+from rlbuf.errors import BatchSizeError, CheckpointError, ConfigError, EmptyBufferError
+
+BatchT = TypeVar("BatchT")
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise BatchSizeError(f"{name}: expected a positive int, got {value!r}")
+    return value
+
+
+def batch_bounds(size: int, *, batch_size: int | None = None, num_batches: int | None = None,
+                 drop_last: bool = False) -> list[tuple[int, int]]:
+    """Start and stop of each batch in one epoch over ``size`` rows.
+
+    Give ``batch_size`` (the last batch may be smaller unless ``drop_last``) or
+    ``num_batches`` (exactly that many batches, sizes differing by at most one, every row
+    covered).
+
+    Raises:
+        BatchSizeError: neither or both given, a non-positive value, or more than ``size``.
+
+    Example:
+        >>> batch_bounds(10, batch_size=4)
+        [(0, 4), (4, 8), (8, 10)]
+        >>> batch_bounds(10, num_batches=3)
+        [(0, 4), (4, 7), (7, 10)]
+    """
+    if (batch_size is None) == (num_batches is None):
+        raise BatchSizeError("give exactly one of batch_size and num_minibatches")
+    if size <= 0:
+        raise EmptyBufferError("cannot iterate over an empty buffer: add data first")
+    if batch_size is not None:
+        _positive("batch_size", batch_size)
+        if batch_size > size:
+            raise BatchSizeError(f"batch_size: expected at most {size} (the rows stored), got {batch_size}")
+        stops = list(range(batch_size, size + 1, batch_size))
+        if size % batch_size and not drop_last:
+            stops.append(size)
+        return [(stop - batch_size if stop % batch_size == 0 else stop - size % batch_size, stop) for stop in stops]
+    assert num_batches is not None
+    _positive("num_minibatches", num_batches)
+    if num_batches > size:
+        raise BatchSizeError(f"num_minibatches: expected at most {size} (the rows stored), got {num_batches}")
+    base, extra = divmod(size, num_batches)
+    bounds, start = [], 0
+    for i in range(num_batches):
+        stop = start + base + (1 if i < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+class EpochIterator(Generic[BatchT], Iterator[BatchT]):
+    """Iterates minibatches over ``size`` rows for ``n_epochs`` epochs.
+
+    Args:
+        size: rows covered by each epoch (the rows present when the iterator was made).
+        make_batch: turns a long tensor of row positions into a batch.
+        batch_size: rows per batch (or give ``num_batches``).
+        num_batches: batches per epoch (or give ``batch_size``).
+        n_epochs: passes over the data; ``0`` = random batches with replacement, forever.
+        drop_last: drop the last, smaller batch of each epoch.
+        shuffle: draw a fresh permutation each epoch (else rows in storage order).
+        generator: the random generator (its device is where permutations are drawn).
+
+    Raises:
+        BatchSizeError, EmptyBufferError, ConfigError: invalid sizes.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        make_batch: Callable[[torch.Tensor], BatchT],
+        *,
+        batch_size: int | None = None,
+        num_batches: int | None = None,
+        n_epochs: int = 1,
+        drop_last: bool = False,
+        shuffle: bool = True,
+        generator: torch.Generator,
+    ) -> None:
+        if isinstance(n_epochs, bool) or not isinstance(n_epochs, int) or n_epochs < 0:
+            raise ConfigError(f"n_epochs: expected an int >= 0, got {n_epochs!r}")
+        self._bounds = batch_bounds(size, batch_size=batch_size, num_batches=num_batches, drop_last=drop_last)
+        self._size = size
+        self._make_batch = make_batch
+        self._n_epochs = n_epochs
+        self._shuffle = shuffle
+        self._generator = generator
+        self._device = generator.device
+        self._epoch = 0
+        self._position = 0
+        self._permutation: torch.Tensor | None = None
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Batches in one epoch."""
+        return len(self._bounds)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to (0-based)."""
+        return self._epoch
+
+    def __len__(self) -> int:
+        """Batches left to iterate.
+
+        Raises:
+            TypeError: with ``n_epochs=0`` there is no end.
+        """
+        if self._n_epochs == 0:
+            raise TypeError("an EpochIterator with n_epochs=0 never ends and has no length")
+        return (self._n_epochs - self._epoch) * len(self._bounds) - self._position
+
+    def __iter__(self) -> EpochIterator[BatchT]:
+        return self
+
+    def __next__(self) -> BatchT:
+        if self._n_epochs == 0:
+            start, stop = self._bounds[0]
+            index = torch.randint(0, self._size, (stop - start,), generator=self._generator, device=self._device)
+            return self._make_batch(index)
+        if self._epoch >= self._n_epochs:
+            raise StopIteration
+        if self._permutation is None:
+            self._permutation = (
+                torch.randperm(self._size, generator=self._generator, device=self._device)
+                if self._shuffle else torch.arange(self._size, device=self._device)
+            )
+        start, stop = self._bounds[self._position]
+        batch = self._make_batch(self._permutation[start:stop])
+        self._position += 1
+        if self._position == len(self._bounds):
+            self._epoch += 1
+            self._position = 0
+            self._permutation = None
+        return batch
+
+    def next_batch(self) -> BatchT:
+        """The next batch.
+
+        Raises:
+            StopIteration: every epoch is done.
+        """
+        return self.__next__()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Epoch, position, permutation and generator state: enough to resume at the next batch."""
+        return {
+            "size": self._size, "epoch": self._epoch, "position": self._position,
+            "n_epochs": self._n_epochs, "batches_per_epoch": len(self._bounds),
+            "permutation": None if self._permutation is None else self._permutation.cpu().clone(),
+            "generator": self._generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict` taken from an iterator with the same options.
+
+        Raises:
+            CheckpointError: the state belongs to an iterator over other sizes or epochs.
+        """
+        for key, mine in (("size", self._size), ("n_epochs", self._n_epochs), ("batches_per_epoch", len(self._bounds))):
+            if state.get(key) != mine:
+                raise CheckpointError(f"epoch iterator: {key} is {mine} here but {state.get(key)} in the saved state")
+        self._epoch = int(state["epoch"])
+        self._position = int(state["position"])
+        permutation = state["permutation"]
+        self._permutation = None if permutation is None else permutation.to(self._device)
+        self._generator.set_state(state["generator"])

@@ -1,0 +1,546 @@
+"""RolloutBuffer: the on-policy buffer (PPO, A2C) with GAE that treats timeouts correctly.
+
+Storage is preallocated ``[num_steps, num_envs, ...]`` (a TorchRL storage of
+``num_steps * num_envs`` rows, row ``t * num_envs + n``). Fill it step by step with
+:meth:`RolloutBuffer.add` or in one go with :meth:`RolloutBuffer.extend` from a TorchRL
+collector, compute advantages, then iterate shuffled minibatches on the training device.
+
+Example:
+    >>> import torch
+    >>> from rlbuf import RolloutBuffer
+    >>> buf = RolloutBuffer(num_steps=4, num_envs=2, obs_shape=(3,), action_shape=(), seed=0)
+    >>> for t in range(4):
+    ...     buf.add(obs=torch.randn(2, 3), action=torch.zeros(2), reward=torch.ones(2),
+    ...             terminated=torch.tensor([t == 3, False]), value=torch.zeros(2),
+    ...             log_prob=torch.zeros(2))
+    >>> buf.compute_returns_and_advantages(last_value=torch.zeros(2), gamma=0.99, gae_lambda=0.95)
+    >>> [batch.advantage.shape for batch in buf.minibatches(num_minibatches=2)]
+    [torch.Size([4]), torch.Size([4])]
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+from torchrl.data import SamplerWithoutReplacement, TensorDictReplayBuffer
+
+from rlbuf._core import RowRing, check_extras, deliver
+from rlbuf.batches import RolloutBatch
+from rlbuf.epochs import EpochIterator, batch_bounds
+from rlbuf.errors import (
+    BufferFullError,
+    ConfigError,
+    MissingFieldError,
+    RolloutIncompleteError,
+    ShapeError,
+)
+from rlbuf.gae import compute_gae
+from rlbuf.replay import _shape
+from rlbuf.spec import ExtraFields, FieldSpec
+from rlbuf.stats import EpisodeStats
+from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device
+
+_STEP_FIELDS = ("obs", "action", "reward", "terminated", "truncated", "value", "log_prob", "bootstrap_value")
+_COMPUTED = ("advantage", "returns")
+_LOG_PROB_KEYS = ("sample_log_prob", "action_log_prob")
+_BUILT_IN = frozenset((*_STEP_FIELDS, *_COMPUTED, "done", "privileged_obs"))
+
+
+def rollout_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], privileged_obs_shape: tuple[int, ...] | None,
+                  obs_dtype: torch.dtype, action_dtype: torch.dtype,
+                  extra_fields: ExtraFields | None) -> tuple[FieldSpec, ...]:
+    """The stored fields of a rollout buffer, in TorchRL keys.
+
+    Example:
+        >>> [s.name for s in rollout_specs((3,), (), None, torch.float32, torch.int64, None)]
+        ['obs', 'action', 'reward', 'terminated', 'truncated', 'value', 'log_prob', 'bootstrap_value', 'advantage', 'returns', 'done']
+    """
+    specs = [
+        FieldSpec("obs", "observation", obs_shape, obs_dtype),
+        FieldSpec("action", "action", action_shape, action_dtype),
+        FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True),
+        FieldSpec("terminated", ("next", "terminated"), (), torch.bool),
+        FieldSpec("truncated", ("next", "truncated"), (), torch.bool),
+        FieldSpec("value", "state_value", (), torch.float32, finite=True),
+        FieldSpec("log_prob", "sample_log_prob", (), torch.float32, finite=True),
+        FieldSpec("bootstrap_value", ("next", "state_value"), (), torch.float32, finite=True),
+        FieldSpec("advantage", "advantage", (), torch.float32),
+        FieldSpec("returns", "value_target", (), torch.float32),
+        FieldSpec("done", ("next", "done"), (), torch.bool),
+    ]
+    if privileged_obs_shape is not None:
+        specs.insert(1, FieldSpec("privileged_obs", "privileged_observation", privileged_obs_shape, torch.float32))
+    reserved = {s.name for s in specs} | {"extras", "index", "observation", "next"}
+    for name, (shape, dtype) in (extra_fields or {}).items():
+        if name in reserved or not name.isidentifier():
+            raise ConfigError(f"extra_fields: {name!r} is reserved or not an identifier")
+        specs.append(FieldSpec(name, name, _shape(shape, f"extra_fields[{name!r}]"), dtype))
+    return tuple(specs)
+
+
+def _zeros_column(columns: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    return torch.zeros(columns["reward"].shape[0], dtype=torch.float32, device=columns["reward"].device)
+
+
+def _done(columns: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    return columns["terminated"].to(torch.bool) | columns["truncated"].to(torch.bool)
+
+
+class RolloutBuffer:
+    """A preallocated ``[num_steps, num_envs]`` rollout for on-policy RL, backed by TorchRL.
+
+    Args:
+        num_steps: steps per rollout (T).
+        num_envs: parallel environments (N).
+        obs_shape: shape of one observation.
+        action_shape: shape of one action (``()`` for a discrete index).
+        privileged_obs_shape: shape of privileged (critic-only) observations, if any.
+        storage: ``"memory"`` or ``"memmap"``.
+        scratch_dir: directory for memmap files.
+        storing_device: where the rollout is stored.
+        device: where minibatches are delivered (defaults to ``storing_device``).
+        seed: seeds the buffer's generator (minibatch shuffling); the global RNG is untouched.
+        extra_fields: ``{"name": (shape, dtype)}`` passed to :meth:`add` with every step.
+        obs_dtype: stored observation dtype (``torch.uint8`` for images).
+        action_dtype: stored action dtype (``torch.int64`` for discrete actions).
+        stats: an :class:`~rlbuf.EpisodeStats` fed with every step added.
+
+    Raises:
+        ConfigError: invalid options.
+
+    Example:
+        >>> buf = RolloutBuffer(24, 4096, obs_shape=(48,), action_shape=(12,))
+        >>> buf
+        RolloutBuffer(steps=0/24, num_envs=4096, storage=memory, storing_device=cpu, device=cpu, advantages=False, fields=[obs: (48,) float32, action: (12,) float32, reward: () float32, terminated: () bool, truncated: () bool, value: () float32, log_prob: () float32])
+    """
+
+    def __init__(
+        self,
+        num_steps: int,
+        num_envs: int,
+        *,
+        obs_shape: Sequence[int] | int,
+        action_shape: Sequence[int] | int,
+        privileged_obs_shape: Sequence[int] | int | None = None,
+        storage: StorageKind = "memory",
+        scratch_dir: str | Path | None = None,
+        storing_device: DeviceLike = "cpu",
+        device: DeviceLike | None = None,
+        seed: int | None = None,
+        extra_fields: ExtraFields | None = None,
+        obs_dtype: torch.dtype = torch.float32,
+        action_dtype: torch.dtype = torch.float32,
+        stats: EpisodeStats | None = None,
+    ) -> None:
+        for name, count in (("num_steps", num_steps), ("num_envs", num_envs)):
+            if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
+                raise ConfigError(f"{name}: expected a positive int, got {count!r}")
+        if stats is not None and stats.num_envs != num_envs:
+            raise ConfigError(f"stats: built for {stats.num_envs} envs, this buffer has num_envs={num_envs}")
+        self._num_steps = num_steps
+        self._num_envs = num_envs
+        self._storage_kind = storage
+        self._storing_device = resolve_device(storing_device, name="storing_device")
+        self._device = resolve_device(device, name="device", default=self._storing_device)
+        self._stats = stats
+        privileged = None if privileged_obs_shape is None else _shape(privileged_obs_shape, "privileged_obs_shape")
+        specs = rollout_specs(_shape(obs_shape, "obs_shape"), _shape(action_shape, "action_shape"), privileged,
+                              obs_dtype, action_dtype, extra_fields)
+        self._has_privileged = privileged is not None
+        self._extra_specs = {s.name: s for s in specs if s.name not in _BUILT_IN}
+        built = build_storage(storage, num_steps * num_envs, specs, storing_device=self._storing_device,
+                              scratch_dir=scratch_dir)
+        self._seed = secrets.randbits(63) if seed is None else int(seed)
+        generator = torch.Generator(device=self._storing_device).manual_seed(self._seed)
+        self._ring = RowRing(specs, built, SamplerWithoutReplacement(), rows_per_add=num_envs,
+                             storing_device=self._storing_device, generator=generator,
+                             derived={"advantage": _zeros_column, "returns": _zeros_column, "done": _done})
+        self._shuffle_generator = torch.Generator(device=self._device).manual_seed(self._seed + 1)
+        self._attached: dict[str, torch.Tensor] = {}
+        self._advantages_ready = False
+
+    # -- properties --------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Steps stored (each step holds ``num_envs`` rows)."""
+        return len(self._ring) // self._num_envs
+
+    @property
+    def num_steps(self) -> int:
+        """Steps per rollout (T)."""
+        return self._num_steps
+
+    @property
+    def num_envs(self) -> int:
+        """Parallel environments (N)."""
+        return self._num_envs
+
+    @property
+    def size(self) -> int:
+        """Rows stored (steps × envs)."""
+        return len(self._ring)
+
+    @property
+    def capacity(self) -> int:
+        """Rows the rollout holds (``num_steps * num_envs``)."""
+        return self._ring.capacity
+
+    @property
+    def is_full(self) -> bool:
+        """Whether all ``num_steps`` steps are stored."""
+        return len(self._ring) == self._ring.capacity
+
+    @property
+    def advantages_ready(self) -> bool:
+        """Whether advantages and returns are computed for the stored rollout."""
+        return self._advantages_ready
+
+    @property
+    def storing_device(self) -> torch.device:
+        """Where the rollout is stored."""
+        return self._storing_device
+
+    @property
+    def device(self) -> torch.device:
+        """Where minibatches are delivered."""
+        return self._device
+
+    @property
+    def fields(self) -> tuple[FieldSpec, ...]:
+        """The stored fields."""
+        return self._ring.specs
+
+    @property
+    def stats(self) -> EpisodeStats | None:
+        """The episode statistics fed by this buffer, if any."""
+        return self._stats
+
+    @property
+    def torchrl(self) -> TensorDictReplayBuffer:
+        """The underlying TorchRL buffer (rows in ``[T, N]`` order, row ``t * num_envs + n``)."""
+        return self._ring.rb
+
+    def __repr__(self) -> str:
+        shown = [s for s in self._ring.specs if s.name not in (*_COMPUTED, "bootstrap_value", "done")]
+        fields = ", ".join(s.describe() for s in shown)
+        return (f"RolloutBuffer(steps={len(self)}/{self._num_steps}, num_envs={self._num_envs}, "
+                f"storage={self._storage_kind}, storing_device={self._storing_device}, device={self._device}, "
+                f"advantages={self._advantages_ready}, fields=[{fields}])")
+
+    def view(self, name: str) -> torch.Tensor:
+        """A stored field as a ``[num_steps, num_envs, ...]`` view of the storage (no copy).
+
+        Raises:
+            MissingFieldError: no such field.
+        """
+        self._ring.check_field_names([name])
+        self._ring.flush()
+        spec = self._ring.by_name[name]
+        return self._ring.leaves[name].view(self._num_steps, self._num_envs, *spec.shape)
+
+    # -- writing -----------------------------------------------------------------------------
+    def add(
+        self,
+        obs: Any,
+        action: Any,
+        reward: Any,
+        terminated: Any,
+        value: Any,
+        log_prob: Any,
+        truncated: Any = None,
+        privileged_obs: Any = None,
+        bootstrap_value: Any = None,
+        **extras: Any,
+    ) -> None:
+        """Store one step for all ``num_envs`` envs.
+
+        Args:
+            obs: observations ``[num_envs, *obs_shape]`` the action was taken from.
+            action: actions ``[num_envs, *action_shape]``.
+            reward: rewards ``[num_envs]``.
+            terminated: the MDP ended the episode at this step ``[num_envs]`` bool.
+            value: V(obs) ``[num_envs]``.
+            log_prob: log-probability of ``action`` ``[num_envs]``.
+            truncated: a time limit ended the episode ``[num_envs]`` bool (``None`` = none).
+            privileged_obs: critic-only observations, if the buffer has them.
+            bootstrap_value: V(final observation) ``[num_envs]``, read where ``truncated``:
+                required whenever an env is truncated at this step.
+            **extras: one value per declared extra field.
+
+        Raises:
+            BufferFullError: ``num_steps`` steps are already stored (call :meth:`clear`).
+            MissingFieldError: ``bootstrap_value`` missing at a truncation, or an extra missing.
+            ShapeError, DtypeError, DeviceError, NonFiniteError: before anything is stored.
+        """
+        if self.is_full:
+            raise BufferFullError(f"add: the rollout already holds {self._num_steps} steps; call clear() first")
+        n = self._num_envs
+        if truncated is None:
+            truncated = np.zeros(n, np.bool_)
+        if bootstrap_value is None:
+            if _any_true(truncated):
+                raise MissingFieldError("bootstrap_value: required at a step where an env is truncated: pass "
+                                        "V(final observation) so the timeout bootstraps instead of counting as a death")
+            bootstrap_value = np.zeros(n, np.float32)
+        if self._has_privileged and privileged_obs is None:
+            raise MissingFieldError("privileged_obs: this buffer stores privileged observations with every step")
+        if not self._has_privileged and privileged_obs is not None:
+            raise MissingFieldError("privileged_obs: this buffer was built without privileged_obs_shape")
+        check_extras(self._extra_specs, extras)
+        values = {"obs": obs, "action": action, "reward": reward, "terminated": terminated, "truncated": truncated,
+                  "value": value, "log_prob": log_prob, "bootstrap_value": bootstrap_value, **extras}
+        if self._has_privileged:
+            values["privileged_obs"] = privileged_obs
+        ring = self._ring
+        if not ring.stage(values, n, lead_omitted_ok=n == 1):
+            ring.write_tensors({name: _rows(v, ring.by_name[name].shape, n) for name, v in values.items()}, n)
+        self._advantages_ready = False
+        if self._stats is not None:
+            self._stats.update(reward, terminated, truncated)
+
+    def extend(self, td: TensorDictBase) -> None:
+        """Store a whole rollout from a TorchRL collector: batch ``[num_envs, T]`` (time last).
+
+        Reads ``"observation"``, ``"action"``, ``("next", "reward")``,
+        ``("next", "terminated")``, ``("next", "truncated")``, ``"state_value"``,
+        ``"sample_log_prob"`` (or ``"action_log_prob"``) and ``("next", "state_value")``
+        (the bootstrap for truncated steps); ``"advantage"`` and ``"value_target"`` too when
+        a :class:`~rlbuf.GAE` transform already wrote them. A single env may pass ``[T]``.
+
+        Raises:
+            BufferFullError: more steps than the rollout has room for.
+            MissingFieldError, ShapeError, DtypeError, NonFiniteError: before anything is stored.
+        """
+        batch = tuple(td.batch_size)
+        if len(batch) == 1 and self._num_envs == 1:
+            td = td.unsqueeze(0)
+            batch = tuple(td.batch_size)
+        if len(batch) != 2 or batch[0] != self._num_envs:
+            raise ShapeError(f"td: expected batch size ({self._num_envs}, T), got {batch}")
+        steps = batch[1]
+        if len(self) + steps > self._num_steps:
+            raise BufferFullError(f"extend: {steps} steps do not fit; {self._num_steps - len(self)} of "
+                                  f"{self._num_steps} left")
+        time_major = td.transpose(0, 1)
+        rows = steps * self._num_envs
+        columns: dict[str, torch.Tensor] = {}
+        for spec in self._ring.input_specs:
+            value = _read_rollout_key(time_major, spec)
+            if value is None:
+                raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
+            received = (value.shape[1], value.shape[0], *value.shape[2:]) if value.dim() >= 2 else tuple(value.shape)
+            if tuple(received) not in ((self._num_envs, steps, *spec.td_shape), (self._num_envs, steps, *spec.shape)):
+                raise ShapeError(f"{spec.name}: expected shape {(self._num_envs, steps, *spec.td_shape)} at key "
+                                 f"{spec.key!r}, got {tuple(received)}")
+            columns[spec.name] = value.reshape(rows, *spec.shape)
+        truncated_steps = columns["truncated"].to(torch.bool)
+        if bool(truncated_steps.any()) and time_major.get(("next", "state_value"), None) is None:
+            raise MissingFieldError("bootstrap_value: the rollout has truncated steps but no ('next', 'state_value')")
+        self._ring.write_tensors(columns, rows)
+        computed = [td.get(spec.key, None) for spec in (self._ring.by_name["advantage"], self._ring.by_name["returns"])]
+        if all(c is not None for c in computed) and self.is_full:
+            start = len(self._ring) - rows
+            for name, tensor in zip(_COMPUTED, computed, strict=True):
+                assert tensor is not None
+                flat = tensor.transpose(0, 1).reshape(rows)
+                self._ring.leaves[name][start:start + rows].copy_(flat)
+            self._advantages_ready = True
+        else:
+            self._advantages_ready = False
+        if self._stats is not None:
+            for t in range(steps):
+                self._stats.update(columns["reward"].view(steps, -1)[t], columns["terminated"].view(steps, -1)[t],
+                                   columns["truncated"].view(steps, -1)[t])
+
+    def clear(self) -> None:
+        """Empty the rollout (for the next one); extras attached with :meth:`set_extras` go too."""
+        self._ring.clear()
+        self._attached.clear()
+        self._advantages_ready = False
+
+    def close(self) -> None:
+        """Release the scratch directory rlbuf created (memmap storage)."""
+        self._ring.close()
+
+    def __enter__(self) -> RolloutBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def set_extras(self, mapping: Mapping[str, torch.Tensor]) -> None:
+        """Attach algorithm tensors aligned with the rollout, ``[num_steps, num_envs, ...]``.
+
+        They are delivered with every minibatch (``batch.extras[name]``, ``batch.name``)
+        until :meth:`clear`. Names of stored fields (e.g. ``"advantage"``) overwrite that
+        field instead, e.g. to supply custom advantages.
+
+        Raises:
+            ShapeError: a tensor not shaped ``[num_steps, num_envs, ...]`` (or a stored
+                field's exact shape).
+        """
+        checked: dict[str, torch.Tensor] = {}
+        for name, tensor in mapping.items():
+            if not isinstance(tensor, torch.Tensor):
+                raise ShapeError(f"{name}: expected a tensor, got {type(tensor).__name__}")
+            lead = (self._num_steps, self._num_envs)
+            if name in self._ring.by_name:
+                spec = self._ring.by_name[name]
+                spec.check_tensor(tensor, lead, (tensor.device,))
+            elif tuple(tensor.shape[:2]) != lead:
+                raise ShapeError(f"{name}: expected shape ({self._num_steps}, {self._num_envs}, ...), "
+                                 f"got {tuple(tensor.shape)}")
+            checked[name] = tensor
+        for name, tensor in checked.items():
+            if name in self._ring.by_name:
+                self.view(name).copy_(tensor)
+                if name in _COMPUTED:
+                    self._advantages_ready = True
+            else:
+                self._attached[name] = tensor.detach().reshape(self.capacity, *tensor.shape[2:]).to(self._storing_device)
+
+    # -- advantages --------------------------------------------------------------------------
+    def compute_returns_and_advantages(
+        self, last_value: torch.Tensor, *, gamma: float = 0.99, gae_lambda: float = 0.95,
+        normalize_advantages: bool = False,
+    ) -> None:
+        """Compute GAE advantages and returns for the full rollout, in place.
+
+        A terminated step does not bootstrap; a truncated step bootstraps from its
+        ``bootstrap_value`` (V of the final observation); the λ-trace never crosses an
+        episode boundary; the last step bootstraps from ``last_value`` unless terminated.
+
+        Args:
+            last_value: V(observation after the last step) ``[num_envs]``.
+            gamma: discount.
+            gae_lambda: GAE λ.
+            normalize_advantages: standardise the stored advantages over the whole rollout
+                (returns are computed before, from the raw advantages).
+
+        Raises:
+            RolloutIncompleteError: fewer than ``num_steps`` steps stored.
+            ShapeError, DeviceError, NonFiniteError: a bad ``last_value``.
+        """
+        if not self.is_full:
+            raise RolloutIncompleteError(f"compute_returns_and_advantages: the rollout holds {len(self)} of "
+                                         f"{self._num_steps} steps; fill it first")
+        last = torch.as_tensor(last_value)
+        if tuple(last.shape) != (self._num_envs,):
+            raise ShapeError(f"last_value: expected shape ({self._num_envs},), got {tuple(last.shape)}")
+        last = last.detach().to(self._storing_device, torch.float32)
+        advantage, returns = compute_gae(
+            self.view("reward"), self.view("value"), self.view("terminated"), self.view("truncated"), last,
+            gamma=gamma, gae_lambda=gae_lambda, bootstrap_value=self.view("bootstrap_value"),
+        )
+        if normalize_advantages:
+            advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+        self.view("advantage").copy_(advantage)
+        self.view("returns").copy_(returns)
+        self._advantages_ready = True
+
+    # -- reading -----------------------------------------------------------------------------
+    def get_all_data(self) -> RolloutBatch:
+        """The whole rollout flattened to ``num_steps * num_envs`` rows (``t * num_envs + n``).
+
+        On the storing device these are views of the storage (no copy): clone what must
+        outlive the next :meth:`clear`.
+
+        Raises:
+            RolloutIncompleteError: the rollout is not full or advantages are not computed.
+        """
+        self._require_ready("get_all_data")
+        self._ring.flush()
+        return self._batch(dict(self._ring.leaves) | self._attached)
+
+    def minibatches(
+        self, batch_size: int | None = None, *, num_minibatches: int | None = None, n_epochs: int = 1,
+        shuffle: bool = True, drop_last: bool = False,
+    ) -> EpochIterator[RolloutBatch]:
+        """Shuffled minibatches on the training device, each row exactly once per epoch.
+
+        The rollout is moved to the training device once, then every epoch draws a fresh
+        permutation there and gathers each minibatch with ``index_select``.
+
+        Args:
+            batch_size: rows per minibatch (or give ``num_minibatches``).
+            num_minibatches: minibatches per epoch, sizes differing by at most one.
+            n_epochs: passes over the rollout.
+            shuffle: fresh permutation each epoch (else storage order).
+            drop_last: drop a last, smaller minibatch.
+
+        Raises:
+            RolloutIncompleteError: the rollout is not full or advantages are not computed.
+            BatchSizeError: a size ≤ 0 or larger than the rollout.
+        """
+        self._require_ready("minibatches")
+        self._ring.flush()
+        columns = deliver(dict(self._ring.leaves) | self._attached, self._device)
+
+        def make_batch(index: torch.Tensor) -> RolloutBatch:
+            return self._batch({name: column.index_select(0, index) for name, column in columns.items()})
+
+        return EpochIterator(self.capacity, make_batch, batch_size=batch_size, num_batches=num_minibatches,
+                             n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle,
+                             generator=self._shuffle_generator)
+
+    def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
+        """Minibatches per epoch for ``batch_size``."""
+        return len(batch_bounds(self.capacity, batch_size=batch_size, drop_last=drop_last))
+
+    def _require_ready(self, what: str) -> None:
+        if not self.is_full:
+            raise RolloutIncompleteError(f"{what}: the rollout holds {len(self)} of {self._num_steps} steps")
+        if not self._advantages_ready:
+            raise RolloutIncompleteError(f"{what}: call compute_returns_and_advantages() (or extend with a GAE-"
+                                         f"transformed rollout, or set_extras advantage/returns) first")
+
+    def _batch(self, columns: dict[str, torch.Tensor]) -> RolloutBatch:
+        extras = {name: columns[name] for name in (*self._extra_specs, *self._attached)}
+        return RolloutBatch(columns["obs"], columns.get("privileged_obs"), columns["action"], columns["reward"],
+                            columns["terminated"], columns["truncated"], columns["value"], columns["log_prob"],
+                            columns["advantage"], columns["returns"], extras)
+
+
+def _any_true(flags: Any) -> bool:
+    if isinstance(flags, torch.Tensor):
+        return bool(flags.any())
+    return bool(np.any(flags))
+
+
+def _rows(value: Any, shape: tuple[int, ...], rows: int) -> torch.Tensor:
+    tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    if rows == 1 and tuple(tensor.shape) == shape:
+        tensor = tensor.unsqueeze(0)
+    return tensor
+
+
+def _read_rollout_key(td: TensorDictBase, spec: FieldSpec) -> torch.Tensor | None:
+    if spec.name == "log_prob":
+        for key in _LOG_PROB_KEYS:
+            value: torch.Tensor | None = td.get(key, None)
+            if value is not None:
+                return value
+        return None
+    if spec.name == "truncated":
+        truncated: torch.Tensor | None = td.get(spec.key, None)
+        if truncated is None:
+            done: torch.Tensor | None = td.get(("next", "done"), None)
+            terminated: torch.Tensor | None = td.get(("next", "terminated"), None)
+            if done is not None and terminated is not None:
+                return done.to(torch.bool) & ~terminated.to(torch.bool)
+            reward: torch.Tensor = td.get(("next", "reward"))
+            return torch.zeros(reward.shape, dtype=torch.bool, device=reward.device)
+        return truncated
+    if spec.name == "bootstrap_value":
+        bootstrap: torch.Tensor | None = td.get(spec.key, None)
+        if bootstrap is None:
+            reward_: torch.Tensor = td.get(("next", "reward"))
+            return torch.zeros(reward_.shape, dtype=torch.float32, device=reward_.device)
+        return bootstrap
+    found: torch.Tensor | None = td.get(spec.key, None)
+    return found

@@ -1,0 +1,93 @@
+"""EpochIterator and batch_bounds: every row exactly once per epoch, reshuffled, resumable."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlbuf.epochs import EpochIterator, batch_bounds
+from rlbuf.errors import BatchSizeError, CheckpointError, ConfigError, EmptyBufferError
+
+
+def iterator(size: int, seed: int = 0, **kwargs: object) -> EpochIterator[torch.Tensor]:
+    return EpochIterator(size, lambda index: index, generator=torch.Generator().manual_seed(seed), **kwargs)  # type: ignore[arg-type]
+
+
+@settings(max_examples=60, deadline=None)
+@given(size=st.integers(1, 200), data=st.data(), n_epochs=st.integers(1, 4), drop_last=st.booleans(),
+       by_count=st.booleans())
+def test_each_row_once_per_epoch(size: int, data: st.DataObject, n_epochs: int, drop_last: bool, by_count: bool) -> None:
+    if by_count:
+        count = data.draw(st.integers(1, size))
+        it, per_epoch = iterator(size, num_batches=count, n_epochs=n_epochs), count
+        drop_last = False
+    else:
+        batch = data.draw(st.integers(1, size))
+        it = iterator(size, batch_size=batch, n_epochs=n_epochs, drop_last=drop_last)
+        per_epoch = size // batch if drop_last or size % batch == 0 else size // batch + 1
+    assert len(it) == per_epoch * n_epochs
+    batches = list(it)
+    assert len(batches) == per_epoch * n_epochs and len(it) == 0
+    for epoch in range(n_epochs):
+        rows = torch.cat(batches[epoch * per_epoch:(epoch + 1) * per_epoch]).tolist()
+        assert len(rows) == len(set(rows))                       # nothing duplicated
+        if not drop_last:
+            assert sorted(rows) == list(range(size))             # nothing lost
+    if by_count:
+        sizes = {len(b) for b in batches}
+        assert max(sizes) - min(sizes) <= 1
+
+
+def test_epochs_are_reshuffled_and_len_counts_down() -> None:
+    it = iterator(64, batch_size=64, n_epochs=3)
+    first = it.next_batch()
+    assert len(it) == 2
+    second = next(it)
+    assert not torch.equal(first, second) and sorted(first.tolist()) == sorted(second.tolist())
+
+
+def test_no_shuffle_is_storage_order() -> None:
+    assert torch.cat(list(iterator(7, batch_size=3, shuffle=False))).tolist() == list(range(7))
+
+
+def test_zero_epochs_draws_random_batches_forever() -> None:
+    it = iterator(10, batch_size=8, n_epochs=0)
+    batches = [it.next_batch() for _ in range(50)]
+    assert all(len(b) == 8 for b in batches)
+    assert torch.cat(batches).max() < 10
+    with pytest.raises(TypeError, match="never ends"):
+        len(it)
+
+
+def test_state_dict_resumes_at_the_next_batch_mid_epoch() -> None:
+    original = iterator(50, seed=3, batch_size=8, n_epochs=3)
+    for _ in range(9):
+        original.next_batch()
+    state = original.state_dict()
+    resumed = iterator(50, seed=99, batch_size=8, n_epochs=3)
+    resumed.load_state_dict(state)
+    assert len(resumed) == len(original)
+    assert all(torch.equal(a, b) for a, b in zip(original, resumed, strict=True))
+    with pytest.raises(CheckpointError, match="size is 40 here but 50"):
+        iterator(40, batch_size=8, n_epochs=3).load_state_dict(state)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"size": 10}, BatchSizeError, "exactly one"),
+    ({"size": 10, "batch_size": 0}, BatchSizeError, "batch_size: expected a positive int, got 0"),
+    ({"size": 10, "batch_size": 11}, BatchSizeError, "batch_size: expected at most 10 (the rows stored), got 11"),
+    ({"size": 10, "num_batches": 11}, BatchSizeError, "num_minibatches: expected at most 10"),
+    ({"size": 0, "batch_size": 1}, EmptyBufferError, "empty"),
+])
+def test_bad_sizes(kwargs: dict[str, int], error: type[Exception], message: str) -> None:
+    size = kwargs.pop("size")
+    with pytest.raises(error) as raised:
+        batch_bounds(size, **kwargs)
+    assert message in str(raised.value)
+
+
+def test_bad_epoch_count() -> None:
+    with pytest.raises(ConfigError, match="n_epochs"):
+        iterator(4, batch_size=2, n_epochs=-1)

@@ -1,0 +1,267 @@
+"""RolloutBuffer: filling, GAE semantics, minibatches, extras, extend from TorchRL, bad input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+from rlbuf import (
+    BatchSizeError,
+    BufferFullError,
+    DtypeError,
+    EpisodeStats,
+    MissingFieldError,
+    NonFiniteError,
+    RolloutBuffer,
+    RolloutIncompleteError,
+    ShapeError,
+)
+
+T, N = 5, 3
+
+
+def make(storage: str = "memory", **kwargs: Any) -> RolloutBuffer:
+    kwargs.setdefault("obs_shape", (2,))
+    kwargs.setdefault("action_shape", ())
+    kwargs.setdefault("seed", 0)
+    return RolloutBuffer(kwargs.pop("num_steps", T), kwargs.pop("num_envs", N), storage=storage, **kwargs)  # type: ignore[arg-type]
+
+
+def step_data(t: int, n: int = N) -> dict[str, Any]:
+    ids = torch.arange(n, dtype=torch.float32) + 100 * t
+    return {
+        "obs": ids[:, None].expand(n, 2).clone(), "action": ids.clone(), "reward": ids / 100,
+        "terminated": torch.tensor([t == 2] + [False] * (n - 1)), "value": torch.full((n,), 0.5),
+        "log_prob": -ids / 1000, "truncated": torch.tensor([False] * (n - 1) + [t == 3]),
+        "bootstrap_value": torch.full((n,), 2.0),
+    }
+
+
+def fill(buf: RolloutBuffer) -> None:
+    for t in range(buf.num_steps):
+        buf.add(**step_data(t, buf.num_envs))
+
+
+def reference_gae(reward: torch.Tensor, value: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor,
+                  bootstrap: torch.Tensor, last_value: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
+    steps = reward.shape[0]
+    advantage = torch.zeros_like(reward, dtype=torch.float64)
+    running = torch.zeros(reward.shape[1], dtype=torch.float64)
+    for t in reversed(range(steps)):
+        next_value = last_value if t == steps - 1 else value[t + 1]
+        next_value = torch.where(truncated[t], bootstrap[t], next_value).double()
+        delta = reward[t] + gamma * next_value * (~terminated[t]) - value[t]
+        running = delta + gamma * lam * (~(terminated[t] | truncated[t])) * running
+        advantage[t] = running
+    return advantage.float()
+
+
+def test_step_wise_adds_fill_a_time_major_layout(storage: str) -> None:
+    buf = make(storage)
+    assert len(buf) == 0 and not buf.is_full
+    fill(buf)
+    assert len(buf) == T and buf.is_full and buf.size == T * N
+    assert buf.view("obs").shape == (T, N, 2)
+    assert buf.view("action")[:, 1].tolist() == [100.0 * t + 1 for t in range(T)]
+    with pytest.raises(BufferFullError, match="already holds 5 steps"):
+        buf.add(**step_data(0))
+    buf.clear()
+    assert len(buf) == 0
+    buf.add(**step_data(7))
+    assert buf.view("action")[0, 0] == 700
+
+
+def test_gae_bootstraps_timeouts_and_not_terminations(storage: str) -> None:
+    buf = make(storage)
+    fill(buf)
+    last_value = torch.tensor([1.0, -1.0, 3.0])
+    buf.compute_returns_and_advantages(last_value, gamma=0.9, gae_lambda=0.8)
+    expected = reference_gae(buf.view("reward"), buf.view("value"), buf.view("terminated"), buf.view("truncated"),
+                             buf.view("bootstrap_value"), last_value, 0.9, 0.8)
+    assert torch.allclose(buf.view("advantage"), expected, atol=1e-6)
+    assert torch.allclose(buf.view("returns"), expected + buf.view("value"), atol=1e-6)
+    # env 2 is truncated at t=3: its delta uses the bootstrap value 2.0, and the trace stops there
+    r, v = buf.view("reward")[3, 2], 0.5
+    assert torch.isclose(buf.view("advantage")[3, 2], r + 0.9 * 2.0 - v)
+    # env 0 terminates at t=2: no bootstrap at all
+    assert torch.isclose(buf.view("advantage")[2, 0], buf.view("reward")[2, 0] - v)
+
+
+def test_normalized_advantages_have_zero_mean_unit_std() -> None:
+    buf = make()
+    fill(buf)
+    buf.compute_returns_and_advantages(torch.zeros(N), normalize_advantages=True)
+    advantage = buf.get_all_data().advantage
+    assert abs(float(advantage.mean())) < 1e-5 and abs(float(advantage.std()) - 1) < 1e-4
+
+
+def test_get_all_data_flattens_step_major(storage: str) -> None:
+    buf = make(storage)
+    fill(buf)
+    buf.compute_returns_and_advantages(torch.zeros(N))
+    data = buf.get_all_data()
+    assert data.obs.shape == (T * N, 2) and data.returns.shape == (T * N,)
+    assert data.action.tolist() == [100.0 * t + n for t in range(T) for n in range(N)]
+    assert data.privileged_obs is None
+
+
+@pytest.mark.parametrize("n_epochs", [1, 3])
+def test_minibatches_cover_every_row_once_per_epoch(storage: str, device: str, n_epochs: int) -> None:
+    buf = make(storage, device=device)
+    fill(buf)
+    buf.compute_returns_and_advantages(torch.zeros(N))
+    batches = list(buf.minibatches(4, n_epochs=n_epochs))
+    per_epoch = buf.num_batches(4)
+    assert per_epoch == 4 and len(batches) == per_epoch * n_epochs
+    for epoch in range(n_epochs):
+        actions = torch.cat([b.action for b in batches[epoch * per_epoch:(epoch + 1) * per_epoch]])
+        assert sorted(actions.tolist()) == sorted(buf.get_all_data().action.tolist())
+    first = batches[0]
+    assert first.obs.device.type == device
+    # fields of a row stay together after shuffling
+    assert torch.equal(first.obs[:, 0], first.action) and torch.allclose(first.log_prob, -first.action / 1000)
+
+
+def test_minibatches_by_count_and_their_length() -> None:
+    buf = make()
+    fill(buf)
+    buf.compute_returns_and_advantages(torch.zeros(N))
+    it = buf.minibatches(num_minibatches=4, n_epochs=2)
+    assert len(it) == 8
+    sizes = [len(b) for b in it]
+    assert sum(sizes) == 2 * T * N and max(sizes) - min(sizes) <= 1
+
+
+def test_identical_seeds_shuffle_identically() -> None:
+    a, b = make(seed=5), make(seed=5)
+    for buf in (a, b):
+        fill(buf)
+        buf.compute_returns_and_advantages(torch.zeros(N))
+    assert all(torch.equal(x.action, y.action) for x, y in zip(a.minibatches(4, n_epochs=2), b.minibatches(4, n_epochs=2), strict=True))
+
+
+def test_extend_from_a_collector_layout_equals_step_wise_adds() -> None:
+    step_wise = make()
+    fill(step_wise)
+    steps = [step_data(t) for t in range(T)]
+
+    def stack(name: str) -> torch.Tensor:
+        return torch.stack([s[name] for s in steps], dim=1)   # [N, T, ...]: time last
+
+    td = TensorDict({
+        "observation": stack("obs"), "action": stack("action"), "state_value": stack("value")[..., None],
+        "action_log_prob": stack("log_prob"),
+        "next": {"reward": stack("reward")[..., None], "terminated": stack("terminated")[..., None],
+                 "truncated": stack("truncated")[..., None], "state_value": stack("bootstrap_value")[..., None]},
+    }, batch_size=[N, T])
+    extended = make()
+    extended.extend(td)
+    for name in ("obs", "action", "reward", "terminated", "truncated", "value", "log_prob", "bootstrap_value"):
+        assert torch.equal(extended.view(name), step_wise.view(name)), name
+    with pytest.raises(BufferFullError):
+        extended.extend(td)
+
+
+def test_extend_keeps_advantages_written_by_a_transform() -> None:
+    td = TensorDict({
+        "observation": torch.zeros(N, T, 2), "action": torch.zeros(N, T), "state_value": torch.zeros(N, T, 1),
+        "sample_log_prob": torch.zeros(N, T), "advantage": torch.arange(N * T, dtype=torch.float32).reshape(N, T, 1),
+        "value_target": torch.ones(N, T, 1),
+        "next": {"reward": torch.zeros(N, T, 1), "terminated": torch.zeros(N, T, 1, dtype=torch.bool)},
+    }, batch_size=[N, T])
+    buf = make()
+    buf.extend(td)
+    assert buf.advantages_ready
+    assert torch.equal(buf.view("advantage"), td["advantage"].squeeze(-1).T)
+
+
+def test_set_extras_attaches_aligned_tensors_and_overrides_fields() -> None:
+    buf = make()
+    fill(buf)
+    with pytest.raises(RolloutIncompleteError):
+        buf.get_all_data()
+    custom = torch.arange(T * N, dtype=torch.float32).reshape(T, N)
+    buf.set_extras({"advantage": custom, "returns": custom, "old_mu": torch.zeros(T, N, 4)})
+    batch = next(iter(buf.minibatches(T * N, shuffle=False)))
+    assert batch.advantage.tolist() == custom.flatten().tolist()
+    assert batch.old_mu.shape == (T * N, 4) and batch.extras["old_mu"].shape == (T * N, 4)
+    with pytest.raises(ShapeError, match=r"old_mu: expected shape \(5, 3, ...\), got \(3, 5\)"):
+        buf.set_extras({"old_mu": torch.zeros(N, T)})
+    with pytest.raises(ShapeError, match=r"advantage: expected shape \(5, 3\), got \(5, 3, 1\)"):
+        buf.set_extras({"advantage": torch.zeros(T, N, 1)})
+
+
+def test_privileged_obs_and_extra_fields_are_stored_per_step() -> None:
+    buf = make(privileged_obs_shape=(6,), extra_fields={"mask": ((), torch.bool)})
+    for t in range(T):
+        buf.add(**step_data(t), privileged_obs=torch.full((N, 6), float(t)), mask=torch.ones(N, dtype=torch.bool))
+    buf.compute_returns_and_advantages(torch.zeros(N))
+    data = buf.get_all_data()
+    assert data.privileged_obs is not None and data.privileged_obs[-1].tolist() == [4.0] * 6
+    assert data.mask.all()
+    with pytest.raises(MissingFieldError, match="privileged_obs"):
+        make(privileged_obs_shape=(6,)).add(**step_data(0), mask=None)
+
+
+def test_uint8_observations_and_integer_actions() -> None:
+    buf = make(obs_shape=(8, 8), obs_dtype=torch.uint8, action_dtype=torch.int64)
+    frame = np.full((N, 8, 8), 255, np.uint8)
+    for _ in range(T):
+        buf.add(frame, np.arange(N), np.ones(N, np.float32), np.zeros(N, bool), np.zeros(N, np.float32), np.zeros(N, np.float32))
+    assert buf.view("obs").dtype == torch.uint8 and int(buf.view("obs").max()) == 255
+    assert buf.view("action").dtype == torch.int64
+
+
+def test_stats_are_fed_by_adds() -> None:
+    stats = EpisodeStats(N)
+    buf = make(stats=stats)
+    fill(buf)
+    summary = stats.summary()
+    assert summary["episodes"] == 2      # env 0 terminated at t=2, env 2 truncated at t=3
+    assert summary["reasons"] == {"terminated": 1, "truncated": 1}
+
+
+def before(buf: RolloutBuffer) -> tuple[int, torch.Tensor]:
+    return len(buf), buf.view("obs").clone()
+
+
+@pytest.mark.parametrize(("change", "error", "message"), [
+    ({"obs": torch.zeros(N, 3)}, ShapeError, "obs: expected shape (3, 2), got (3, 3)"),
+    ({"reward": torch.zeros(N, 1)}, ShapeError, "reward: expected shape (3,), got (3, 1)"),
+    ({"value": torch.tensor([0.0, float("nan"), 0.0])}, NonFiniteError, "value: expected finite values"),
+    ({"reward": torch.tensor([0.0, float("inf"), 0.0])}, NonFiniteError, "reward"),
+    ({"terminated": torch.zeros(N)}, DtypeError, "terminated: expected dtype torch.bool"),
+    ({"bootstrap_value": None}, MissingFieldError, "bootstrap_value: required"),
+])
+def test_bad_step_changes_nothing(change: dict[str, Any], error: type[Exception], message: str) -> None:
+    buf = make()
+    buf.add(**step_data(0))
+    state = before(buf)
+    data = step_data(3)            # env 2 truncated at this step
+    data.update(change)
+    with pytest.raises(error) as raised:
+        buf.add(**data)
+    assert message in str(raised.value)
+    after = before(buf)
+    assert after[0] == state[0] and torch.equal(after[1], state[1])
+
+
+def test_advantages_and_minibatches_need_a_full_rollout() -> None:
+    buf = make()
+    buf.add(**step_data(0))
+    with pytest.raises(RolloutIncompleteError, match="holds 1 of 5 steps"):
+        buf.compute_returns_and_advantages(torch.zeros(N))
+    with pytest.raises(RolloutIncompleteError):
+        buf.minibatches(2)
+    for t in range(1, T):
+        buf.add(**step_data(t))
+    with pytest.raises(ShapeError, match=r"last_value: expected shape \(3,\), got \(3, 1\)"):
+        buf.compute_returns_and_advantages(torch.zeros(N, 1))
+    buf.compute_returns_and_advantages(torch.zeros(N))
+    for bad in (0, -1, T * N + 1):
+        with pytest.raises(BatchSizeError):
+            buf.minibatches(bad)
