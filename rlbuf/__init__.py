@@ -1,6 +1,7 @@
 """rlbuf: typed, fast, correct replay and rollout buffers for PyTorch RL, built on TorchRL."""
 
-from rlbuf.batches import ReplayBatch, RolloutBatch
+from rlbuf.batches import DistillationBatch, ReplayBatch, RolloutBatch
+from rlbuf.distill import DistillationBuffer
 from rlbuf.epochs import EpochIterator
 from rlbuf.errors import (
     BatchSizeError,
@@ -31,6 +32,8 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "DeviceError",
+    "DistillationBatch",
+    "DistillationBuffer",
     "DtypeError",
     "EmptyBufferError",
     "EpisodeStats",

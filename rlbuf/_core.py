@@ -246,6 +246,16 @@ class RowRing:
             self.staged = 0
             self.write(columns, n)
 
+    def add(self, values: Mapping[str, Any], rows: int) -> None:
+        """Validate and store one add of ``rows`` rows: staged when small, written directly otherwise.
+
+        With one row per add, the leading row dim may be omitted.
+        """
+        if self.stage(values, rows, lead_omitted_ok=rows == 1):
+            return
+        self.write_tensors({name: _as_rows(value, self.by_name[name].shape, rows) for name, value in values.items()},
+                           rows)
+
     def write_tensors(self, values: Mapping[str, torch.Tensor], rows: int) -> None:
         """Validate ``rows`` rows given as tensors and write them now (derived fields are computed)."""
         for spec in self.input_specs:
@@ -335,6 +345,13 @@ class RowRing:
         unknown = [name for name in names if name not in self.by_name]
         if unknown:
             raise MissingFieldError(f"fields: unknown {unknown}; stored fields are {list(self.by_name)}")
+
+
+def _as_rows(value: Any, shape: tuple[int, ...], rows: int) -> torch.Tensor:
+    tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    if rows == 1 and tuple(tensor.shape) == shape:
+        tensor = tensor.unsqueeze(0)
+    return tensor
 
 
 def deliver(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

@@ -77,8 +77,9 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
 
     The trees are one ``(2, 2 * P)`` CPU tensor (``P`` the next power of two >= ``max_capacity``): row 0
     the sum tree, row 1 the min tree; node 1 is the root, node ``k`` has children ``2k`` and ``2k + 1``,
-    leaves are nodes ``P .. P + max_capacity - 1``. Updates and draws loop over the ``log2(P)`` levels, vectorised
-    over the batch (numpy kernels on the tensor's memory: 3-4x faster than torch ops at these sizes).
+    leaves are nodes ``P .. P + max_capacity - 1``. Updates and draws loop over the ``log2(P)`` levels,
+    vectorised over the batch, with numpy kernels on the tensor's memory (2-3x faster than torch ops
+    on 256-element batches here).
 
     Args:
         max_capacity: number of items the storage holds when full.
@@ -351,18 +352,19 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
             raise PriorityError(
                 f"priority: expected {count} values (one per index), got {raw.shape[0]}"
             )
-        kept = flat_index >= 0
-        if not kept.all():
-            flat_index, raw = flat_index[kept], raw[kept]
-        if flat_index.shape[0] == 0:
+        if count == 0:
             return
-        too_large = flat_index >= self._max_capacity
-        if too_large.any():
+        if flat_index.max() >= self._max_capacity:
             raise StoredIndexError(
                 f"index: expected values in [0, {self._max_capacity}) (or negative to skip),"
-                f" got {int(flat_index[too_large][0])}"
+                f" got {int(flat_index.max())}"
             )
         leaf_value = _checked_leaf_values(raw, self._eps, self._alpha, _DTYPES[self.dtype])
+        if flat_index.min() < 0:
+            kept = flat_index >= 0
+            flat_index, raw, leaf_value = flat_index[kept], raw[kept], leaf_value[kept]
+            if flat_index.shape[0] == 0:
+                return
 
         self._track_max_priority(flat_index, raw)
         if flat_index.shape[0] > 1:
@@ -502,6 +504,10 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         node = leaf + self._num_leaves
         sums.put(node, value)
         mins.put(node, value)
+        if leaf.shape[0] * self._depth > 2 * self._num_leaves:
+            # Walking up costs batch * depth; rebuilding every level costs 2 * P and gives the same tree.
+            self._rebuild()
+            return
         for _ in range(self._depth):
             node >>= 1
             pair = sum_pairs.take(node, axis=0)
@@ -642,22 +648,22 @@ def _checked_leaf_values(
     raw: npt.NDArray[np.float64], eps: float, alpha: float, dtype: type[np.floating[Any]]
 ) -> _FloatArray:
     """``(raw + eps) ** alpha`` in the tree's dtype, after checking every raw priority."""
-    bad = ~np.isfinite(raw)
-    if bad.any():
-        position = int(np.flatnonzero(bad)[0])
-        raise _NonFinitePriorityError(
-            f"priority: expected finite values, got {raw[position]} at position {position}"
-        )
-    negative = raw < 0
-    if negative.any():
-        position = int(np.flatnonzero(negative)[0])
+    # min/max first: two reductions in the common all-valid case (a NaN makes the min NaN).
+    if not (raw.min() >= 0 and raw.max() < np.inf):
+        bad = ~np.isfinite(raw)
+        if bad.any():
+            position = int(np.flatnonzero(bad)[0])
+            raise _NonFinitePriorityError(
+                f"priority: expected finite values, got {raw[position]} at position {position}"
+            )
+        position = int(np.flatnonzero(raw < 0)[0])
         raise PriorityError(
             f"priority: expected values >= 0, got {raw[position]} at position {position}"
         )
     with np.errstate(over="ignore"):
-        value: _FloatArray = ((raw + eps) ** alpha).astype(dtype)
-    overflow = ~np.isfinite(value)
-    if overflow.any():
+        value: _FloatArray = np.power(raw + eps, alpha).astype(dtype, copy=False)
+    if not value.max() < np.inf:
+        overflow = ~np.isfinite(value)
         position = int(np.flatnonzero(overflow)[0])
         raise PriorityError(
             f"priority: expected (p + eps) ** alpha to fit in {np.dtype(dtype)},"

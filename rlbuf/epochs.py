@@ -88,7 +88,8 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
     """Iterates minibatches over ``size`` rows for ``n_epochs`` epochs.
 
     Args:
-        size: rows covered by each epoch (the rows present when the iterator was made).
+        size: rows covered by each epoch, or a callable read at the start of every epoch
+            (so an epoch covers the rows present when it starts).
         make_batch: turns a long tensor of row positions into a batch.
         batch_size: rows per batch (or give ``num_batches``).
         num_batches: batches per epoch (or give ``batch_size``).
@@ -103,7 +104,7 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
 
     def __init__(
         self,
-        size: int,
+        size: int | Callable[[], int],
         make_batch: Callable[[torch.Tensor], BatchT],
         *,
         batch_size: int | None = None,
@@ -115,8 +116,10 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
     ) -> None:
         if isinstance(n_epochs, bool) or not isinstance(n_epochs, int) or n_epochs < 0:
             raise ConfigError(f"n_epochs: expected an int >= 0, got {n_epochs!r}")
-        self._bounds = batch_bounds(size, batch_size=batch_size, num_batches=num_batches, drop_last=drop_last)
-        self._size = size
+        self._size_of: Callable[[], int] = size if callable(size) else (lambda: size)
+        self._split: dict[str, Any] = {"batch_size": batch_size, "num_batches": num_batches, "drop_last": drop_last}
+        self._size = self._size_of()
+        self._bounds = batch_bounds(self._size, **self._split)
         self._make_batch = make_batch
         self._n_epochs = n_epochs
         self._shuffle = shuffle
@@ -157,6 +160,8 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
         if self._epoch >= self._n_epochs:
             raise StopIteration
         if self._permutation is None:
+            if self._position == 0:
+                self._start_epoch()
             self._permutation = (
                 torch.randperm(self._size, generator=self._generator, device=self._device)
                 if self._shuffle else torch.arange(self._size, device=self._device)
@@ -170,6 +175,12 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
             self._permutation = None
         return batch
 
+    def _start_epoch(self) -> None:
+        size = self._size_of()
+        if size != self._size:
+            self._bounds = batch_bounds(size, **self._split)
+            self._size = size
+
     def next_batch(self) -> BatchT:
         """The next batch.
 
@@ -182,7 +193,7 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
         """Epoch, position, permutation and generator state: enough to resume at the next batch."""
         return {
             "size": self._size, "epoch": self._epoch, "position": self._position,
-            "n_epochs": self._n_epochs, "batches_per_epoch": len(self._bounds),
+            "n_epochs": self._n_epochs, **self._split,
             "permutation": None if self._permutation is None else self._permutation.cpu().clone(),
             "generator": self._generator.get_state(),
         }
@@ -193,9 +204,11 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
         Raises:
             CheckpointError: the state belongs to an iterator over other sizes or epochs.
         """
-        for key, mine in (("size", self._size), ("n_epochs", self._n_epochs), ("batches_per_epoch", len(self._bounds))):
+        for key, mine in (("n_epochs", self._n_epochs), *self._split.items()):
             if state.get(key) != mine:
                 raise CheckpointError(f"epoch iterator: {key} is {mine} here but {state.get(key)} in the saved state")
+        self._size = int(state["size"])
+        self._bounds = batch_bounds(self._size, **self._split)
         self._epoch = int(state["epoch"])
         self._position = int(state["position"])
         permutation = state["permutation"]

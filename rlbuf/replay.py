@@ -19,22 +19,22 @@ Example:
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, overload
+from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDictBase
-from torchrl.data import RandomSampler, TensorDictReplayBuffer
+from torchrl.data import RandomSampler
 from torchrl.data.replay_buffers.samplers import Sampler
 
-from rlbuf._core import RowRing, check_extras, deliver
+from rlbuf._base import RingBuffer, as_shape, extra_specs, positive_int
+from rlbuf._core import check_extras
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.batches import ReplayBatch
-from rlbuf.errors import ConfigError, EmptyBufferError, MissingFieldError, PriorityError, ShapeError
+from rlbuf.errors import ConfigError, MissingFieldError, PriorityError, ShapeError
 from rlbuf.spec import ExtraFields, FieldSpec
-from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device
+from rlbuf.storage import DeviceLike, StorageKind
 
 _FIXED = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 
@@ -58,15 +58,6 @@ class Transition(NamedTuple):
     extras: Mapping[str, Any] | None = None
 
 
-def _shape(shape: Sequence[int] | int, name: str) -> tuple[int, ...]:
-    if isinstance(shape, int):
-        return (shape,)
-    try:
-        return tuple(int(d) for d in shape)
-    except TypeError:
-        raise ConfigError(f"{name}: expected a tuple of ints, got {shape!r}") from None
-
-
 def replay_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], obs_dtype: torch.dtype,
                  action_dtype: torch.dtype, extra_fields: ExtraFields | None) -> tuple[FieldSpec, ...]:
     """The stored fields of a replay buffer, in TorchRL keys.
@@ -85,14 +76,10 @@ def replay_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], obs_
         FieldSpec("done", ("next", "done"), (), torch.bool),
     ]
     reserved = {s.name for s in specs} | {"index", "weight", "extras", "observation", "next"}
-    for name, (shape, dtype) in (extra_fields or {}).items():
-        if name in reserved or not name.isidentifier():
-            raise ConfigError(f"extra_fields: {name!r} is reserved or not an identifier")
-        specs.append(FieldSpec(name, name, _shape(shape, f"extra_fields[{name!r}]"), dtype))
-    return tuple(specs)
+    return (*specs, *extra_specs(extra_fields, reserved))
 
 
-class ReplayBuffer:
+class ReplayBuffer(RingBuffer[ReplayBatch]):
     """A ring buffer of transitions for off-policy RL, backed by TorchRL.
 
     Args:
@@ -141,86 +128,25 @@ class ReplayBuffer:
         obs_dtype: torch.dtype = torch.float32,
         action_dtype: torch.dtype = torch.float32,
     ) -> None:
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs <= 0:
-            raise ConfigError(f"num_envs: expected a positive int, got {num_envs!r}")
         if prioritized and not (alpha >= 0 and beta >= 0):
             raise ConfigError(f"alpha, beta: expected non-negative numbers, got alpha={alpha}, beta={beta}")
-        self._storing_device = resolve_device(storing_device, name="storing_device")
-        self._device = resolve_device(device, name="device", default=self._storing_device)
-        self._num_envs = num_envs
         self._prioritized = prioritized
-        self._storage_kind = storage
-        specs = replay_specs(_shape(obs_shape, "obs_shape"), _shape(action_shape, "action_shape"),
+        specs = replay_specs(as_shape(obs_shape, "obs_shape"), as_shape(action_shape, "action_shape"),
                              obs_dtype, action_dtype, extra_fields)
         self._extra_specs = {s.name: s for s in specs[len(_FIXED) + 1:]}
         self._input_names = (*_FIXED, *self._extra_specs)
-        built = build_storage(storage, capacity, specs, storing_device=self._storing_device,
-                              scratch_dir=scratch_dir)
-        sampler: Sampler = SumTreeSampler(capacity, alpha=alpha, beta=beta) if prioritized else RandomSampler()
-        self._seed = secrets.randbits(63) if seed is None else int(seed)
-        generator = torch.Generator(device=self._storing_device).manual_seed(self._seed)
-        self._ring = RowRing(specs, built, sampler, rows_per_add=num_envs,
-                             storing_device=self._storing_device, generator=generator,
-                             derived={"done": _done})
-        self._ones: torch.Tensor | None = None
-
-    # -- properties --------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return len(self._ring)
-
-    @property
-    def size(self) -> int:
-        """Transitions stored now (same as ``len(buffer)``)."""
-        return len(self._ring)
-
-    @property
-    def capacity(self) -> int:
-        """Transitions the buffer holds at most."""
-        return self._ring.capacity
-
-    @property
-    def is_full(self) -> bool:
-        """Whether the next add overwrites the oldest transition."""
-        return len(self._ring) == self._ring.capacity
-
-    @property
-    def num_envs(self) -> int:
-        """Rows per :meth:`add`."""
-        return self._num_envs
+        sampler: Sampler = (SumTreeSampler(positive_int("capacity", capacity), alpha=alpha, beta=beta)
+                            if prioritized else RandomSampler())
+        self._setup(specs, capacity, sampler, num_envs=num_envs, storage=storage, scratch_dir=scratch_dir,
+                    storing_device=storing_device, device=device, seed=seed, derived={"done": _done})
 
     @property
     def prioritized(self) -> bool:
         """Whether sampling follows priorities."""
         return self._prioritized
 
-    @property
-    def storing_device(self) -> torch.device:
-        """Where transitions are stored."""
-        return self._storing_device
-
-    @property
-    def device(self) -> torch.device:
-        """Where sampled batches are delivered."""
-        return self._device
-
-    @property
-    def fields(self) -> tuple[FieldSpec, ...]:
-        """The stored fields (name, TorchRL key, shape, dtype)."""
-        return self._ring.specs
-
-    @property
-    def torchrl(self) -> TensorDictReplayBuffer:
-        """The underlying TorchRL ``TensorDictReplayBuffer`` (for collectors, losses, Ray).
-
-        It sees every transition added through rlbuf, and what it writes rlbuf sees.
-        """
-        return self._ring.rb
-
-    def __repr__(self) -> str:
-        fields = ", ".join(s.describe() for s in self._ring.specs)
-        return (f"ReplayBuffer(size={len(self)}/{self.capacity}, storage={self._storage_kind}, "
-                f"storing_device={self._storing_device}, device={self._device}, "
-                f"prioritized={self._prioritized}, fields=[{fields}])")
+    def _repr_options(self) -> str:
+        return f", prioritized={self._prioritized}"
 
     # -- writing -----------------------------------------------------------------------------
     def add(
@@ -267,14 +193,7 @@ class ReplayBuffer:
         for name in _FIXED[:5]:
             if values[name] is None:
                 raise MissingFieldError(f"{name}: a value is required")
-        self._write_step(values)
-
-    def _write_step(self, values: dict[str, Any]) -> None:
-        ring = self._ring
-        n = self._num_envs
-        if ring.stage(values, n, lead_omitted_ok=n == 1):
-            return
-        ring.write_tensors({name: _rows_tensor(ring.by_name[name], value, n) for name, value in values.items()}, n)
+        self._ring.add(values, self._num_envs)
 
     def extend(self, td: TensorDictBase) -> None:
         """Store a TensorDict in TorchRL layout, e.g. a collector's ``[num_envs, T]`` batch.
@@ -300,20 +219,6 @@ class ReplayBuffer:
             tensors[name] = value.reshape(rows, *self._ring.by_name[name].shape)
         self._ring.write_tensors(tensors, rows)
 
-    def clear(self) -> None:
-        """Remove every transition (priorities too); capacity and options stay."""
-        self._ring.clear()
-
-    def close(self) -> None:
-        """Release the storage's scratch directory if rlbuf created it (memmap)."""
-        self._ring.close()
-
-    def __enter__(self) -> ReplayBuffer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- reading -----------------------------------------------------------------------------
     def sample(self, batch_size: int) -> ReplayBatch:
         """Draw ``batch_size`` transitions (with replacement), delivered on ``device``.
@@ -338,50 +243,14 @@ class ReplayBuffer:
             weight = None
         return self._batch(index, weight)
 
-    def sample_all(self) -> ReplayBatch:
-        """Every stored transition, oldest first.
-
-        Raises:
-            EmptyBufferError: nothing is stored.
-        """
-        if len(self._ring) == 0:
-            raise EmptyBufferError("sample_all: the buffer is empty; add transitions first")
-        return self._batch(self._ring.chronological_index(), None)
-
-    @overload
-    def sample_by_index(self, index: Any, fields: None = None) -> ReplayBatch: ...
-
-    @overload
-    def sample_by_index(self, index: Any, fields: Sequence[str]) -> dict[str, torch.Tensor]: ...
-
-    def sample_by_index(self, index: Any, fields: Sequence[str] | None = None) -> ReplayBatch | dict[str, torch.Tensor]:
-        """The transitions at storage positions ``index`` (e.g. ``batch.index``).
-
-        Args:
-            index: positions in ``[0, len(buffer))``: an int, a sequence or a tensor.
-            fields: return only these fields, as a dict of tensors.
-
-        Raises:
-            StoredIndexError: a position outside what is stored.
-            MissingFieldError: an unknown field name.
-        """
-        positions = self._ring.as_index(index)
-        if fields is None:
-            return self._batch(positions, None)
-        self._ring.check_field_names(fields)
-        return deliver(self._ring.gather(positions, fields), self._device)
-
-    def _batch(self, index: torch.Tensor, weight: torch.Tensor | None) -> ReplayBatch:
-        columns = self._ring.gather(index)
-        columns["index"] = index
+    def _make_batch(self, columns: dict[str, torch.Tensor]) -> ReplayBatch:
+        weight = columns.get("weight")
         if weight is None:
-            weight = torch.ones(index.shape[0], device=self._storing_device)
-        columns["weight"] = weight
-        columns = deliver(columns, self._device)
+            weight = torch.ones(columns["index"].shape[0], device=columns["index"].device)
         extras = {name: columns[name] for name in self._extra_specs}
         return ReplayBatch(columns["obs"], columns["action"], columns["reward"], columns["next_obs"],
                            columns["terminated"], columns["truncated"], columns["done"],
-                           columns["index"], columns["weight"], extras)
+                           columns["index"], weight, extras)
 
     # -- priorities --------------------------------------------------------------------------
     def update_priority(self, index: Any, priority: Any) -> None:
@@ -405,13 +274,6 @@ class ReplayBuffer:
 
 def _done(columns: Mapping[str, torch.Tensor]) -> torch.Tensor:
     return columns["terminated"].to(torch.bool) | columns["truncated"].to(torch.bool)
-
-
-def _rows_tensor(spec: FieldSpec, value: Any, rows: int) -> torch.Tensor:
-    tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-    if rows == 1 and tuple(tensor.shape) == spec.shape:
-        tensor = tensor.unsqueeze(0)
-    return tensor
 
 
 def _read_td(td: TensorDictBase, spec: FieldSpec, lead: tuple[int, ...]) -> torch.Tensor:

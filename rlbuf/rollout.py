@@ -30,6 +30,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data import SamplerWithoutReplacement, TensorDictReplayBuffer
 
+from rlbuf._base import as_shape as _shape
 from rlbuf._core import RowRing, check_extras, deliver
 from rlbuf.batches import RolloutBatch
 from rlbuf.epochs import EpochIterator, batch_bounds
@@ -41,7 +42,6 @@ from rlbuf.errors import (
     ShapeError,
 )
 from rlbuf.gae import compute_gae
-from rlbuf.replay import _shape
 from rlbuf.spec import ExtraFields, FieldSpec
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device
@@ -296,9 +296,7 @@ class RolloutBuffer:
                   "value": value, "log_prob": log_prob, "bootstrap_value": bootstrap_value, **extras}
         if self._has_privileged:
             values["privileged_obs"] = privileged_obs
-        ring = self._ring
-        if not ring.stage(values, n, lead_omitted_ok=n == 1):
-            ring.write_tensors({name: _rows(v, ring.by_name[name].shape, n) for name, v in values.items()}, n)
+        self._ring.add(values, self._num_envs)
         self._advantages_ready = False
         if self._stats is not None:
             self._stats.update(reward, terminated, truncated)
@@ -510,13 +508,6 @@ def _any_true(flags: Any) -> bool:
     if isinstance(flags, torch.Tensor):
         return bool(flags.any())
     return bool(np.any(flags))
-
-
-def _rows(value: Any, shape: tuple[int, ...], rows: int) -> torch.Tensor:
-    tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-    if rows == 1 and tuple(tensor.shape) == shape:
-        tensor = tensor.unsqueeze(0)
-    return tensor
 
 
 def _read_rollout_key(td: TensorDictBase, spec: FieldSpec) -> torch.Tensor | None:

@@ -70,8 +70,20 @@ def test_state_dict_resumes_at_the_next_batch_mid_epoch() -> None:
     resumed.load_state_dict(state)
     assert len(resumed) == len(original)
     assert all(torch.equal(a, b) for a, b in zip(original, resumed, strict=True))
-    with pytest.raises(CheckpointError, match="size is 40 here but 50"):
-        iterator(40, batch_size=8, n_epochs=3).load_state_dict(state)
+    with pytest.raises(CheckpointError, match="batch_size is 4 here but 8"):
+        iterator(50, batch_size=4, n_epochs=3).load_state_dict(state)
+
+
+def test_each_epoch_covers_the_rows_present_when_it_starts() -> None:
+    rows = [6]
+    it: EpochIterator[torch.Tensor] = EpochIterator(lambda: rows[0], lambda index: index, batch_size=4, n_epochs=2,
+                                                    generator=torch.Generator().manual_seed(0))
+    first = it.next_batch()
+    rows[0] = 10                    # data added during the first epoch
+    first_epoch = torch.cat([first, it.next_batch()])
+    assert sorted(first_epoch.tolist()) == list(range(6))
+    second_epoch = torch.cat(list(it))
+    assert sorted(second_epoch.tolist()) == list(range(10))
 
 
 @pytest.mark.parametrize(("kwargs", "error", "message"), [
