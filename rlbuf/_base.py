@@ -90,7 +90,7 @@ class RingBuffer(Generic[BatchT]):
         generator = torch.Generator(device=self._storing_device).manual_seed(self._seed)
         self._ring = RowRing(specs, built, sampler, rows_per_add=num_envs, storing_device=self._storing_device,
                              generator=generator, derived=derived)
-        self._epoch_generator = torch.Generator(device=self._storing_device).manual_seed(self._seed + 1)
+        self._epoch_generator = torch.Generator().manual_seed(self._seed + 1)
 
     # -- sizes and devices -----------------------------------------------------------------
     def __len__(self) -> int:
@@ -219,11 +219,14 @@ class RingBuffer(Generic[BatchT]):
             BatchSizeError: ``batch_size`` ≤ 0 or larger than what is stored.
             EmptyBufferError: nothing is stored.
         """
-        seed = int(torch.randint(0, 2**62, (1,), generator=self._epoch_generator, device=self._storing_device))
-        generator = torch.Generator(device=self._storing_device).manual_seed(seed)
         self._ring.flush()
         return EpochIterator(lambda: len(self._ring), self._batch, batch_size=batch_size, n_epochs=n_epochs,
-                             drop_last=drop_last, shuffle=shuffle, generator=generator)
+                             drop_last=drop_last, shuffle=shuffle, generator=self._iterator_generator(self._storing_device))
+
+    def _iterator_generator(self, device: torch.device) -> torch.Generator:
+        """A fresh generator on ``device`` for one iterator, seeded from the buffer's epoch generator."""
+        seed = int(torch.randint(0, 2**62, (1,), generator=self._epoch_generator))
+        return torch.Generator(device=device).manual_seed(seed)
 
     def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
         """Batches per epoch over what is stored now.

@@ -20,7 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,10 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 from tensordict import TensorDictBase
-from torchrl.data import SamplerWithoutReplacement, TensorDictReplayBuffer
+from torchrl.data import SamplerWithoutReplacement
 
-from rlbuf._base import as_shape as _shape
-from rlbuf._core import RowRing, check_extras, deliver
+from rlbuf._base import RingBuffer, as_shape, positive_int
+from rlbuf._core import check_extras, deliver
 from rlbuf.batches import RolloutBatch
 from rlbuf.epochs import EpochIterator, batch_bounds
 from rlbuf.errors import (
@@ -44,7 +43,7 @@ from rlbuf.errors import (
 from rlbuf.gae import compute_gae
 from rlbuf.spec import ExtraFields, FieldSpec
 from rlbuf.stats import EpisodeStats
-from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device
+from rlbuf.storage import DeviceLike, StorageKind
 
 _STEP_FIELDS = ("obs", "action", "reward", "terminated", "truncated", "value", "log_prob", "bootstrap_value")
 _COMPUTED = ("advantage", "returns")
@@ -80,7 +79,7 @@ def rollout_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], pri
     for name, (shape, dtype) in (extra_fields or {}).items():
         if name in reserved or not name.isidentifier():
             raise ConfigError(f"extra_fields: {name!r} is reserved or not an identifier")
-        specs.append(FieldSpec(name, name, _shape(shape, f"extra_fields[{name!r}]"), dtype))
+        specs.append(FieldSpec(name, name, as_shape(shape, f"extra_fields[{name!r}]"), dtype))
     return tuple(specs)
 
 
@@ -92,7 +91,7 @@ def _done(columns: Mapping[str, torch.Tensor]) -> torch.Tensor:
     return columns["terminated"].to(torch.bool) | columns["truncated"].to(torch.bool)
 
 
-class RolloutBuffer:
+class RolloutBuffer(RingBuffer[RolloutBatch]):
     """A preallocated ``[num_steps, num_envs]`` rollout for on-policy RL, backed by TorchRL.
 
     Args:
@@ -138,62 +137,33 @@ class RolloutBuffer:
         action_dtype: torch.dtype = torch.float32,
         stats: EpisodeStats | None = None,
     ) -> None:
-        for name, count in (("num_steps", num_steps), ("num_envs", num_envs)):
-            if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
-                raise ConfigError(f"{name}: expected a positive int, got {count!r}")
+        positive_int("num_steps", num_steps)
+        positive_int("num_envs", num_envs)
         if stats is not None and stats.num_envs != num_envs:
             raise ConfigError(f"stats: built for {stats.num_envs} envs, this buffer has num_envs={num_envs}")
         self._num_steps = num_steps
-        self._num_envs = num_envs
-        self._storage_kind = storage
-        self._storing_device = resolve_device(storing_device, name="storing_device")
-        self._device = resolve_device(device, name="device", default=self._storing_device)
         self._stats = stats
-        privileged = None if privileged_obs_shape is None else _shape(privileged_obs_shape, "privileged_obs_shape")
-        specs = rollout_specs(_shape(obs_shape, "obs_shape"), _shape(action_shape, "action_shape"), privileged,
+        privileged = None if privileged_obs_shape is None else as_shape(privileged_obs_shape, "privileged_obs_shape")
+        specs = rollout_specs(as_shape(obs_shape, "obs_shape"), as_shape(action_shape, "action_shape"), privileged,
                               obs_dtype, action_dtype, extra_fields)
         self._has_privileged = privileged is not None
         self._extra_specs = {s.name: s for s in specs if s.name not in _BUILT_IN}
-        built = build_storage(storage, num_steps * num_envs, specs, storing_device=self._storing_device,
-                              scratch_dir=scratch_dir)
-        self._seed = secrets.randbits(63) if seed is None else int(seed)
-        generator = torch.Generator(device=self._storing_device).manual_seed(self._seed)
-        self._ring = RowRing(specs, built, SamplerWithoutReplacement(), rows_per_add=num_envs,
-                             storing_device=self._storing_device, generator=generator,
-                             derived={"advantage": _zeros_column, "returns": _zeros_column, "done": _done})
-        self._shuffle_generator = torch.Generator(device=self._device).manual_seed(self._seed + 1)
+        self._setup(specs, num_steps * num_envs, SamplerWithoutReplacement(), num_envs=num_envs, storage=storage,
+                    scratch_dir=scratch_dir, storing_device=storing_device, device=device, seed=seed,
+                    derived={"advantage": _zeros_column, "returns": _zeros_column, "done": _done})
         self._attached: dict[str, torch.Tensor] = {}
         self._advantages_ready = False
 
     # -- properties --------------------------------------------------------------------------
-    def __len__(self) -> int:
-        """Steps stored (each step holds ``num_envs`` rows)."""
-        return len(self._ring) // self._num_envs
-
     @property
     def num_steps(self) -> int:
         """Steps per rollout (T)."""
         return self._num_steps
 
     @property
-    def num_envs(self) -> int:
-        """Parallel environments (N)."""
-        return self._num_envs
-
-    @property
-    def size(self) -> int:
-        """Rows stored (steps × envs)."""
-        return len(self._ring)
-
-    @property
-    def capacity(self) -> int:
-        """Rows the rollout holds (``num_steps * num_envs``)."""
-        return self._ring.capacity
-
-    @property
-    def is_full(self) -> bool:
-        """Whether all ``num_steps`` steps are stored."""
-        return len(self._ring) == self._ring.capacity
+    def steps(self) -> int:
+        """Steps stored so far (each step holds ``num_envs`` rows)."""
+        return len(self._ring) // self._num_envs
 
     @property
     def advantages_ready(self) -> bool:
@@ -201,34 +171,14 @@ class RolloutBuffer:
         return self._advantages_ready
 
     @property
-    def storing_device(self) -> torch.device:
-        """Where the rollout is stored."""
-        return self._storing_device
-
-    @property
-    def device(self) -> torch.device:
-        """Where minibatches are delivered."""
-        return self._device
-
-    @property
-    def fields(self) -> tuple[FieldSpec, ...]:
-        """The stored fields."""
-        return self._ring.specs
-
-    @property
     def stats(self) -> EpisodeStats | None:
         """The episode statistics fed by this buffer, if any."""
         return self._stats
 
-    @property
-    def torchrl(self) -> TensorDictReplayBuffer:
-        """The underlying TorchRL buffer (rows in ``[T, N]`` order, row ``t * num_envs + n``)."""
-        return self._ring.rb
-
     def __repr__(self) -> str:
         shown = [s for s in self._ring.specs if s.name not in (*_COMPUTED, "bootstrap_value", "done")]
         fields = ", ".join(s.describe() for s in shown)
-        return (f"RolloutBuffer(steps={len(self)}/{self._num_steps}, num_envs={self._num_envs}, "
+        return (f"RolloutBuffer(steps={self.steps}/{self._num_steps}, num_envs={self._num_envs}, "
                 f"storage={self._storage_kind}, storing_device={self._storing_device}, device={self._device}, "
                 f"advantages={self._advantages_ready}, fields=[{fields}])")
 
@@ -321,8 +271,8 @@ class RolloutBuffer:
         if len(batch) != 2 or batch[0] != self._num_envs:
             raise ShapeError(f"td: expected batch size ({self._num_envs}, T), got {batch}")
         steps = batch[1]
-        if len(self) + steps > self._num_steps:
-            raise BufferFullError(f"extend: {steps} steps do not fit; {self._num_steps - len(self)} of "
+        if self.steps + steps > self._num_steps:
+            raise BufferFullError(f"extend: {steps} steps do not fit; {self._num_steps - self.steps} of "
                                   f"{self._num_steps} left")
         time_major = td.transpose(0, 1)
         rows = steps * self._num_envs
@@ -357,19 +307,9 @@ class RolloutBuffer:
 
     def clear(self) -> None:
         """Empty the rollout (for the next one); extras attached with :meth:`set_extras` go too."""
-        self._ring.clear()
+        super().clear()
         self._attached.clear()
         self._advantages_ready = False
-
-    def close(self) -> None:
-        """Release the scratch directory rlbuf created (memmap storage)."""
-        self._ring.close()
-
-    def __enter__(self) -> RolloutBuffer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def set_extras(self, mapping: Mapping[str, torch.Tensor]) -> None:
         """Attach algorithm tensors aligned with the rollout, ``[num_steps, num_envs, ...]``.
@@ -425,7 +365,7 @@ class RolloutBuffer:
             ShapeError, DeviceError, NonFiniteError: a bad ``last_value``.
         """
         if not self.is_full:
-            raise RolloutIncompleteError(f"compute_returns_and_advantages: the rollout holds {len(self)} of "
+            raise RolloutIncompleteError(f"compute_returns_and_advantages: the rollout holds {self.steps} of "
                                          f"{self._num_steps} steps; fill it first")
         last = torch.as_tensor(last_value)
         if tuple(last.shape) != (self._num_envs,):
@@ -453,7 +393,7 @@ class RolloutBuffer:
         """
         self._require_ready("get_all_data")
         self._ring.flush()
-        return self._batch(dict(self._ring.leaves) | self._attached)
+        return self._make_batch(dict(self._ring.leaves) | self._attached)
 
     def minibatches(
         self, batch_size: int | None = None, *, num_minibatches: int | None = None, n_epochs: int = 1,
@@ -480,24 +420,29 @@ class RolloutBuffer:
         columns = deliver(dict(self._ring.leaves) | self._attached, self._device)
 
         def make_batch(index: torch.Tensor) -> RolloutBatch:
-            return self._batch({name: column.index_select(0, index) for name, column in columns.items()})
+            return self._make_batch({name: column.index_select(0, index) for name, column in columns.items()})
 
         return EpochIterator(self.capacity, make_batch, batch_size=batch_size, num_batches=num_minibatches,
                              n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle,
-                             generator=self._shuffle_generator)
+                             generator=self._iterator_generator(self._device))
 
     def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
-        """Minibatches per epoch for ``batch_size``."""
+        """Minibatches per epoch for ``batch_size`` over the full rollout."""
         return len(batch_bounds(self.capacity, batch_size=batch_size, drop_last=drop_last))
 
     def _require_ready(self, what: str) -> None:
         if not self.is_full:
-            raise RolloutIncompleteError(f"{what}: the rollout holds {len(self)} of {self._num_steps} steps")
+            raise RolloutIncompleteError(f"{what}: the rollout holds {self.steps} of {self._num_steps} steps")
         if not self._advantages_ready:
             raise RolloutIncompleteError(f"{what}: call compute_returns_and_advantages() (or extend with a GAE-"
                                          f"transformed rollout, or set_extras advantage/returns) first")
 
-    def _batch(self, columns: dict[str, torch.Tensor]) -> RolloutBatch:
+    def _batch(self, index: torch.Tensor, weight: torch.Tensor | None = None) -> RolloutBatch:
+        columns = self._ring.gather(index)
+        columns.update({name: tensor.index_select(0, index) for name, tensor in self._attached.items()})
+        return self._make_batch(deliver(columns, self._device))
+
+    def _make_batch(self, columns: dict[str, torch.Tensor]) -> RolloutBatch:
         extras = {name: columns[name] for name in (*self._extra_specs, *self._attached)}
         return RolloutBatch(columns["obs"], columns.get("privileged_obs"), columns["action"], columns["reward"],
                             columns["terminated"], columns["truncated"], columns["value"], columns["log_prob"],

@@ -62,15 +62,15 @@ def reference_gae(reward: torch.Tensor, value: torch.Tensor, terminated: torch.T
 
 def test_step_wise_adds_fill_a_time_major_layout(storage: str) -> None:
     buf = make(storage)
-    assert len(buf) == 0 and not buf.is_full
+    assert len(buf) == 0 and buf.steps == 0 and not buf.is_full
     fill(buf)
-    assert len(buf) == T and buf.is_full and buf.size == T * N
+    assert buf.steps == T and buf.is_full and buf.size == len(buf) == buf.capacity == T * N
     assert buf.view("obs").shape == (T, N, 2)
     assert buf.view("action")[:, 1].tolist() == [100.0 * t + 1 for t in range(T)]
     with pytest.raises(BufferFullError, match="already holds 5 steps"):
         buf.add(**step_data(0))
     buf.clear()
-    assert len(buf) == 0
+    assert len(buf) == 0 and buf.steps == 0
     buf.add(**step_data(7))
     assert buf.view("action")[0, 0] == 700
 
@@ -134,6 +134,15 @@ def test_minibatches_by_count_and_their_length() -> None:
     assert len(it) == 8
     sizes = [len(b) for b in it]
     assert sum(sizes) == 2 * T * N and max(sizes) - min(sizes) <= 1
+
+
+def test_sample_by_index_epochs_and_sample_all_work_on_rollouts(storage: str) -> None:
+    buf = make(storage)
+    fill(buf)
+    buf.compute_returns_and_advantages(torch.zeros(N))
+    assert buf.sample_by_index([4]).action.tolist() == [101.0]
+    assert buf.sample_all().action.tolist() == buf.get_all_data().action.tolist()
+    assert sorted(torch.cat([b.action for b in buf.epochs(4)]).tolist()) == sorted(buf.get_all_data().action.tolist())
 
 
 def test_identical_seeds_shuffle_identically() -> None:
@@ -226,7 +235,7 @@ def test_stats_are_fed_by_adds() -> None:
 
 
 def before(buf: RolloutBuffer) -> tuple[int, torch.Tensor]:
-    return len(buf), buf.view("obs").clone()
+    return buf.steps, buf.view("obs").clone()
 
 
 @pytest.mark.parametrize(("change", "error", "message"), [
