@@ -7,21 +7,54 @@ gathered columns into its typed batch in :meth:`RingBuffer._make_batch`.
 from __future__ import annotations
 
 import secrets
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, overload
 
 import torch
 from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from rlbuf._core import RowRing, deliver
+from rlbuf.checkpoint import load_state, save_state
 from rlbuf.epochs import EpochIterator, batch_bounds
-from rlbuf.errors import ConfigError, EmptyBufferError
+from rlbuf.errors import CheckpointError, ConfigError, EmptyBufferError
 from rlbuf.spec import FieldSpec
 from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device
 
 BatchT = TypeVar("BatchT")
+BufferT = TypeVar("BufferT", bound="RingBuffer[Any]")
+_NOT_OPTIONS = ("self", "__class__", "stats", "scratch_dir")
+
+
+class MetadataOnlyWarning(UserWarning):
+    """A checkpoint saved with ``data=False`` was loaded: the buffer is empty."""
+
+
+def _option_to_json(value: Any) -> Any:
+    if isinstance(value, torch.dtype):
+        return "dtype:" + str(value).removeprefix("torch.")
+    if isinstance(value, torch.device):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _option_to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_option_to_json(v) for v in value]
+    return value
+
+
+def _option_from_json(value: Any) -> Any:
+    if isinstance(value, str) and value.startswith("dtype:"):
+        dtype = getattr(torch, value.removeprefix("dtype:"), None)
+        if not isinstance(dtype, torch.dtype):
+            raise CheckpointError(f"options: unknown dtype {value!r}")
+        return dtype
+    if isinstance(value, dict):
+        return {k: _option_from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_option_from_json(v) for v in value]
+    return value
 
 
 def positive_int(name: str, value: object) -> int:
@@ -64,8 +97,14 @@ def extra_specs(extra_fields: Mapping[str, tuple[Sequence[int] | int, torch.dtyp
 class RingBuffer(Generic[BatchT]):
     """Shared machinery of the ring buffers; not used directly."""
 
-    _kind: ClassVar[str]
     _ring: RowRing
+    _options: dict[str, Any]
+    _current_epochs: EpochIterator[BatchT] | None = None
+    _current_epochs_call: tuple[str, dict[str, Any]] | None = None
+
+    def _record_options(self, arguments: Mapping[str, Any]) -> None:
+        """Keep the constructor arguments (JSON form) so a checkpoint can rebuild this buffer."""
+        self._options = {k: _option_to_json(v) for k, v in arguments.items() if k not in _NOT_OPTIONS}
 
     def _setup(
         self,
@@ -220,8 +259,25 @@ class RingBuffer(Generic[BatchT]):
             EmptyBufferError: nothing is stored.
         """
         self._ring.flush()
-        return EpochIterator(lambda: len(self._ring), self._batch, batch_size=batch_size, n_epochs=n_epochs,
-                             drop_last=drop_last, shuffle=shuffle, generator=self._iterator_generator(self._storing_device))
+        iterator = EpochIterator(lambda: len(self._ring), self._batch, batch_size=batch_size, n_epochs=n_epochs,
+                                 drop_last=drop_last, shuffle=shuffle,
+                                 generator=self._iterator_generator(self._storing_device))
+        return self._track_epochs(iterator, "epochs", batch_size=batch_size, n_epochs=n_epochs,
+                                  drop_last=drop_last, shuffle=shuffle)
+
+    def _track_epochs(self, iterator: EpochIterator[BatchT], method: str, **arguments: Any) -> EpochIterator[BatchT]:
+        self._current_epochs = iterator
+        self._current_epochs_call = (method, arguments)
+        return iterator
+
+    @property
+    def current_epochs(self) -> EpochIterator[BatchT] | None:
+        """The iterator made by the last ``epochs()``/``minibatches()`` call, saved with checkpoints.
+
+        After :meth:`load` it is the restored iterator, resuming at the batch after the
+        one the original had reached when it was saved.
+        """
+        return self._current_epochs
 
     def _iterator_generator(self, device: torch.device) -> torch.Generator:
         """A fresh generator on ``device`` for one iterator, seeded from the buffer's epoch generator."""
@@ -241,3 +297,123 @@ class RingBuffer(Generic[BatchT]):
             (3, 2)
         """
         return len(batch_bounds(len(self._ring), batch_size=batch_size, drop_last=drop_last))
+
+    # -- state and checkpoints -------------------------------------------------------------
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        return None
+
+    def state_dict(self, *, data: bool = True) -> dict[str, Any]:
+        """Everything needed to continue exactly: options, data, cursor, RNG, sampler, iterator.
+
+        Field tensors are views of the storage (no copy). Values are JSON types or tensors.
+
+        Args:
+            data: include the stored rows (``False``: options and counters only).
+        """
+        ring = self._ring
+        ring.flush()
+        size = len(ring)
+        iterator = None
+        if self._current_epochs is not None and self._current_epochs_call is not None:
+            method, arguments = self._current_epochs_call
+            iterator = {"method": method, "arguments": arguments, "state": self._current_epochs.state_dict()}
+        return {
+            "kind": type(self).__name__,
+            "options": self._options,
+            "spec": [spec.to_json() for spec in ring.specs],
+            "data": data,
+            "size": size,
+            "cursor": int(ring.rb._writer._cursor),
+            "write_count": int(ring.rb._writer._write_count),
+            "fields": {name: leaf[:size] for name, leaf in ring.leaves.items()} if data else {},
+            "rng": {"sample": ring.generator.get_state(), "epochs": self._epoch_generator.get_state()},
+            "sampler": ring.rb._sampler.state_dict() if data else {},
+            "iterator": iterator if data else None,
+            "extra": self._extra_state() if data else {},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict` taken from a buffer with the same fields and capacity.
+
+        Raises:
+            CheckpointError: another kind of buffer, other fields, or inconsistent counts.
+        """
+        ring = self._ring
+        if state.get("kind") != type(self).__name__:
+            raise CheckpointError(f"state: holds a {state.get('kind')}, not a {type(self).__name__}")
+        mine = [spec.to_json() for spec in ring.specs]
+        if state.get("spec") != mine:
+            raise CheckpointError(f"state: fields {state.get('spec')} differ from this buffer's {mine}")
+        size, cursor, count = int(state["size"]), int(state["cursor"]), int(state["write_count"])
+        if not (0 <= size <= self.capacity and 0 <= cursor < self.capacity and count >= size):
+            raise CheckpointError(f"state: size {size}, cursor {cursor}, write count {count} do not fit capacity "
+                                  f"{self.capacity}")
+        if not state.get("data", True):
+            self.clear()
+            return
+        fields = state["fields"]
+        for name in ring.leaves:
+            if name not in fields or tuple(fields[name].shape) != (size, *ring.by_name[name].shape):
+                shape = None if name not in fields else tuple(fields[name].shape)
+                raise CheckpointError(f"state: field {name!r} has shape {shape}, expected "
+                                      f"{(size, *ring.by_name[name].shape)}")
+        self.clear()
+        for name, leaf in ring.leaves.items():
+            leaf[:size].copy_(fields[name])
+        rb = ring.rb
+        rb._writer._cursor = cursor
+        rb._writer._write_count = count
+        rb._storage._len = size
+        rb._sampler.load_state_dict(state["sampler"])
+        self._load_extra_state(state["extra"])
+        iterator = state.get("iterator")
+        if iterator is not None:
+            made = getattr(self, iterator["method"])(**iterator["arguments"])
+            made.load_state_dict(iterator["state"])
+        ring.generator.set_state(state["rng"]["sample"])
+        self._epoch_generator.set_state(state["rng"]["epochs"])
+
+    def save(self, path: str | Path, *, data: bool = True) -> None:
+        """Write a checkpoint directory at ``path`` (atomically; see :mod:`rlbuf.checkpoint`).
+
+        Args:
+            path: the checkpoint directory (replaced whole if it already is one).
+            data: include the stored rows; ``False`` saves options and counters only.
+
+        Raises:
+            CheckpointError: the disk is full, or ``path`` is something else than a checkpoint.
+        """
+        save_state(self.state_dict(data=data), path)
+
+    @classmethod
+    def load(cls: type[BufferT], path: str | Path, *, device: DeviceLike | None = None,
+             storing_device: DeviceLike | None = None) -> BufferT:
+        """Rebuild a buffer from a checkpoint; the next samples and batches equal the original's.
+
+        Args:
+            path: a directory written by :meth:`save`.
+            device: training device to use instead of the saved one.
+            storing_device: storing device to use instead of the saved one.
+
+        Raises:
+            CheckpointError: a missing, truncated, corrupted, wrong-version or wrong-kind
+                checkpoint (checked before any tensor is read).
+        """
+        state = load_state(path, kind=cls.__name__)
+        options = _option_from_json(state["options"])
+        if device is not None:
+            options["device"] = device
+        if storing_device is not None:
+            options["storing_device"] = storing_device
+        try:
+            buffer = cls(**options)
+        except (TypeError, ValueError) as error:
+            raise CheckpointError(f"{path}: cannot rebuild the buffer from its options: {error}") from error
+        buffer.load_state_dict(state)
+        if not state.get("data", True):
+            warnings.warn(f"{path}: saved with data=False (options and counters only): the loaded buffer is empty; "
+                          f"the original held {state['size']} rows", MetadataOnlyWarning, stacklevel=2)
+        return buffer

@@ -1,26 +1,28 @@
-"""The ring of rows every rlbuf buffer stores: validation, staging, writing, gathering.
+"""The ring of rows every rlbuf buffer stores: validation, cheap adds, writing, gathering.
 
 TorchRL owns the storage, the writer's cursor and the sampler. rlbuf owns the fast paths:
 
-* Small adds are validated and copied into a numpy *staging block* (one numpy assignment per
-  field is several times cheaper than a torch one), and the block is written into the
-  TorchRL storage in one slice assignment per field when it fills up, or before anything
-  reads the buffer. The staged count only moves once every field of an add has passed
-  validation, so a rejected add leaves nothing behind.
-* Block writes go straight into the storage's leaf tensors and then update TorchRL's own
-  bookkeeping (writer cursor and write count, storage length, sampler), exactly as
+* A small add is validated field by field (shape, dtype, device, finiteness) and only then
+  written, with one numpy assignment per field (several times cheaper than a torch one),
+  straight into the storage at the position after the pending rows. TorchRL's bookkeeping
+  (cursor, write count, length, sampler) is brought up to date in one step when anything
+  reads the buffer. A rejected add writes nothing.
+* Bulk writes (``extend``, large adds) copy each field into the storage with one slice
+  assignment and then update the same bookkeeping exactly as
   ``TensorDictReplayBuffer.extend`` would; a test proves both paths leave identical state.
-* Gathers use ``index_select`` on cached leaf views (about 4x faster than ``tensor[idx]``).
+* Gathers use ``index_select`` on cached leaf views (about 4x faster than ``tensor[idx]``),
+  or numpy ``take`` for large rows such as images (fewer page faults on big outputs).
 
-The TorchRL buffer handed to users (``buffer.torchrl``) flushes the staged rows before any
+The TorchRL buffer handed to users (``buffer.torchrl``) commits the pending rows before any
 of its own reads and writes, so TorchRL code sees every row rlbuf accepted.
 """
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -42,7 +44,7 @@ _CPU = torch.device("cpu")
 
 
 class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
-    """TorchRL's ``TensorDictReplayBuffer`` that first writes rlbuf's staged rows.
+    """TorchRL's ``TensorDictReplayBuffer`` that first commits rlbuf's pending rows.
 
     Every public read or write of TorchRL's API calls the owner's flush first, so a
     collector or loss holding ``buffer.torchrl`` sees exactly what the rlbuf facade holds.
@@ -50,45 +52,45 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
 
     _flush_owner: weakref.ReferenceType[RowRing] | None = None
 
-    def _flush_staged(self) -> None:
+    def _flush_pending(self) -> None:
         owner = self._flush_owner() if self._flush_owner is not None else None
         if owner is not None:
             owner.flush()
 
     def __len__(self) -> int:
-        self._flush_staged()
+        self._flush_pending()
         return int(super().__len__())
 
     def sample(self, *args: Any, **kwargs: Any) -> Any:
-        self._flush_staged()
+        self._flush_pending()
         return super().sample(*args, **kwargs)
 
     def extend(self, *args: Any, **kwargs: Any) -> Any:
-        self._flush_staged()
+        self._flush_pending()
         return super().extend(*args, **kwargs)
 
     def add(self, *args: Any, **kwargs: Any) -> Any:
-        self._flush_staged()
+        self._flush_pending()
         return super().add(*args, **kwargs)
 
     def __getitem__(self, index: Any) -> Any:
-        self._flush_staged()
+        self._flush_pending()
         return super().__getitem__(index)
 
     def update_priority(self, *args: Any, **kwargs: Any) -> Any:
-        self._flush_staged()
+        self._flush_pending()
         return super().update_priority(*args, **kwargs)
 
     def empty(self, *args: Any, **kwargs: Any) -> Any:
-        self._flush_staged()
+        self._flush_pending()
         return super().empty(*args, **kwargs)
 
     def state_dict(self) -> Any:
-        self._flush_staged()
+        self._flush_pending()
         return super().state_dict()
 
     def dumps(self, path: Any) -> Any:
-        self._flush_staged()
+        self._flush_pending()
         return super().dumps(path)
 
 
@@ -97,17 +99,43 @@ def _plain(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.as_subclass(torch.Tensor) if type(tensor) is not torch.Tensor else tensor
 
 
+class _FieldPlan(NamedTuple):
+    """Everything the hot add path needs about one input field, computed once."""
+
+    spec: FieldSpec
+    row_shape: tuple[int, ...]
+    single_shape: tuple[int, ...] | None
+    np_dtype: np.dtype[Any]
+    scalar_types: tuple[type, ...]
+    is_scalar: bool
+
+
+def _scalar_types(spec: FieldSpec) -> tuple[type, ...]:
+    if spec.shape != ():
+        return ()
+    if spec.np_dtype.kind == "b":
+        return (bool, np.bool_)
+    if spec.np_dtype.kind in "iu":
+        return (bool, int, np.bool_, np.integer)
+    return (bool, int, float, np.bool_, np.integer, np.floating)
+
+
 class RowRing:
-    """A ring of ``capacity`` rows of ``specs`` in a TorchRL buffer, with staged writes.
+    """A ring of ``capacity`` rows of ``specs`` in a TorchRL buffer, with cheap small adds.
+
+    On a CPU storage an add is validated, then written straight into numpy views of the
+    storage at the position after the pending rows; only TorchRL's bookkeeping (cursor,
+    length, sampler) waits for :meth:`flush`. On a GPU storage adds are copied into a numpy
+    staging block that :meth:`flush` writes to the device in one copy per field.
 
     Args:
         specs: the stored fields, in order.
         built: the initialised TorchRL storage (see :func:`rlbuf.storage.build_storage`).
         sampler: the TorchRL sampler.
-        rows_per_add: rows each ``stage`` call carries (``num_envs``).
+        rows_per_add: rows each add carries (``num_envs``).
         storing_device: where the storage lives.
         generator: the buffer's random generator (TorchRL's ``set_rng``).
-        derived: fields computed from the others when rows are written (e.g. ``done``
+        derived: fields computed from the others when rows are committed (e.g. ``done``
             from ``terminated | truncated``), never passed in by callers.
     """
 
@@ -142,27 +170,38 @@ class RowRing:
         leaves = built.storage._storage
         # Leaves viewed in user shape: a reward leaf of TorchRL shape [C, 1] is used as [C].
         self.leaves = {s.name: _plain(leaves.get(s.key)).view(self.capacity, *s.shape) for s in self.specs}
-        block = max(_BLOCK_ROWS, rows_per_add) if rows_per_add < _BLOCK_ROWS else 0
-        self.block_rows = min(block, self.capacity)
-        self.stage_arrays = {s.name: np.empty((self.block_rows, *s.shape), s.np_dtype) for s in self.input_specs}
-        self.staged = 0
+        self.write_through = storing_device.type == "cpu"
+        if self.write_through:
+            self.pending_limit = self.capacity
+            self.targets = {s.name: self.leaves[s.name].numpy() for s in self.input_specs}
+        else:
+            self.pending_limit = min(_BLOCK_ROWS, self.capacity) if rows_per_add <= _BLOCK_ROWS else 0
+            self.targets = {s.name: np.empty((self.pending_limit, *s.shape), s.np_dtype) for s in self.input_specs}
+        self.plans = tuple(
+            _FieldPlan(s, (rows_per_add, *s.shape), s.shape if rows_per_add == 1 else None, s.np_dtype,
+                       _scalar_types(s), s.shape == ())
+            for s in self.input_specs
+        )
+        self._target_list = [self.targets[s.name] for s in self.input_specs]
+        self.pending = 0
+        self._pending_start = 0
         self.accepted_devices: tuple[torch.device, ...] = (
             (storing_device,) if storing_device.type == "cpu" else (storing_device, _CPU)
         )
 
     # -- state -----------------------------------------------------------------------------
     def __len__(self) -> int:
-        return min(int(self.rb._storage._len) + self.staged, self.capacity)
+        return min(int(self.rb._storage._len) + self.pending, self.capacity)
 
     @property
     def cursor(self) -> int:
-        """Storage position the next row goes to (staged rows included)."""
-        return (int(self.rb._writer._cursor) + self.staged) % self.capacity
+        """Storage position the next row goes to (pending rows included)."""
+        return (int(self.rb._writer._cursor) + self.pending) % self.capacity
 
     @property
     def write_count(self) -> int:
-        """Rows ever written (staged rows included)."""
-        return int(self.rb._writer._write_count) + self.staged
+        """Rows ever written (pending rows included)."""
+        return int(self.rb._writer._write_count) + self.pending
 
     def close(self) -> None:
         """Remove the scratch directory rlbuf created, if any."""
@@ -170,91 +209,84 @@ class RowRing:
             self._remove_scratch()
 
     def clear(self) -> None:
-        """Drop every row, staged or stored."""
-        self.staged = 0
+        """Drop every row, pending or stored."""
+        self.pending = 0
         self.rb.empty()
 
     # -- writing ---------------------------------------------------------------------------
-    def stage(self, values: Mapping[str, Any], rows: int, lead_omitted_ok: bool) -> bool:
-        """Validate one add of ``rows`` rows and copy it into the staging block.
+    def add(self, values: Sequence[Any], rows: int) -> None:
+        """Validate and store one add of ``rows`` rows (``values`` in ``input_specs`` order).
 
-        Returns ``False`` without staging anything when the add is larger than a block or
-        a value is a tensor on a non-CPU device: the caller then writes it directly.
-        Raises on invalid input, leaving the staged count unchanged.
+        With one row per add, the leading row dim may be omitted. Nothing is written unless
+        every value passes validation.
         """
-        if rows > self.block_rows:
+        if self._stage(values, rows):
+            return
+        by_name = {spec.name: _as_rows(value, spec.shape, rows) for spec, value in zip(self.input_specs, values, strict=True)}
+        self.write_tensors(by_name, rows)
+
+    def _stage(self, values: Sequence[Any], rows: int) -> bool:
+        """The fast path; ``False`` (nothing done) when it does not apply: GPU tensors, a big add."""
+        if rows > self.pending_limit:
             return False
-        start = self.staged
-        if start + rows > self.block_rows:
+        if self.pending + rows > self.pending_limit:
             self.flush()
-            start = 0
-        stop = start + rows
-        for spec in self.input_specs:
-            value = values[spec.name]
-            target = self.stage_arrays[spec.name]
-            if type(value) is torch.Tensor or isinstance(value, torch.Tensor):
-                if value.device.type != "cpu":
+        arrays: list[Any] = []
+        append = arrays.append
+        for plan, value in zip(self.plans, values, strict=True):
+            if type(value) is np.ndarray:
+                array = value
+            elif isinstance(value, torch.Tensor):
+                if not value.is_cpu:
                     return False
-                value = value.detach().numpy()
-            if isinstance(value, np.ndarray):
-                shape = value.shape
-                if shape != (rows, *spec.shape) and not (lead_omitted_ok and shape == spec.shape):
-                    expected = f"{(rows, *spec.shape)}" + (f" or {spec.shape}" if lead_omitted_ok else "")
-                    raise ShapeError(f"{spec.name}: expected shape {expected}, got {shape}")
-                if value.dtype != spec.np_dtype:
-                    spec.check_dtype(value.dtype)
-                target[start:stop] = value
+                array = value.numpy() if not value.requires_grad else value.detach().numpy()
+            elif plan.single_shape is not None and isinstance(value, plan.scalar_types):
+                if plan.spec.finite and not math.isfinite(value):
+                    check_finite_rows(plan.spec, np.asarray([value]))
+                append(value)
+                continue
             else:
-                self._stage_scalar(spec, value, target, start, stop, rows, lead_omitted_ok)
-            if spec.finite:
-                check_finite_rows(spec, target[start:stop])
-        self.staged = stop
+                array = _other_input(plan, value)
+            shape = array.shape
+            if shape != plan.row_shape and shape != plan.single_shape:
+                raise ShapeError(_shape_message(plan, shape))
+            if array.dtype is not plan.np_dtype and array.dtype != plan.np_dtype:
+                plan.spec.check_dtype(array.dtype)
+            if plan.spec.finite and array.dtype.kind == "f":
+                total = array.item() if array.size == 1 else array.sum()
+                if not math.isfinite(total):
+                    check_finite_rows(plan.spec, array.reshape(rows, -1))
+            append(array)
+        write_through = self.write_through
+        if self.pending == 0 and write_through:
+            self._pending_start = int(self.rb._writer._cursor)
+        position = (self._pending_start + self.pending) % self.capacity if write_through else self.pending
+        if rows == 1:
+            # One row: integer indexing is the cheapest numpy write; scalars go in as Python numbers.
+            for plan, target, array in zip(self.plans, self._target_list, arrays, strict=True):
+                target[position] = array.item() if plan.is_scalar and type(array) is np.ndarray else array
+        elif position + rows <= self.capacity:
+            for target, array in zip(self._target_list, arrays, strict=True):
+                target[position:position + rows] = array
+        else:
+            first = self.capacity - position
+            for target, array in zip(self._target_list, arrays, strict=True):
+                target[position:] = array[:first]
+                target[:rows - first] = array[first:]
+        self.pending += rows
         return True
 
-    @staticmethod
-    def _stage_scalar(spec: FieldSpec, value: Any, target: np.ndarray[Any, Any], start: int, stop: int,
-                      rows: int, lead_omitted_ok: bool) -> None:
-        if isinstance(value, (bool, int, float, np.generic)) and not isinstance(value, np.void):
-            if spec.shape != () or not lead_omitted_ok:
-                expected = (rows, *spec.shape)
-                raise ShapeError(f"{spec.name}: expected shape {expected}, got a scalar {value!r}")
-            np_value = np.asarray(value)
-            if np_value.dtype != spec.np_dtype:
-                spec.check_dtype(np_value.dtype)
-            target[start] = value
-            return
-        if isinstance(value, (list, tuple)):
-            array = np.asarray(value)
-            if array.dtype == np.float64 and spec.np_dtype.kind == "f":
-                array = array.astype(spec.np_dtype)
-            shape = array.shape
-            if shape != (rows, *spec.shape) and not (lead_omitted_ok and shape == spec.shape):
-                raise ShapeError(f"{spec.name}: expected shape {(rows, *spec.shape)}, got {shape}")
-            if array.dtype != spec.np_dtype:
-                spec.check_dtype(array.dtype)
-            target[start:stop] = array
-            return
-        if value is None:
-            raise MissingFieldError(f"{spec.name}: a value is required")
-        raise ShapeError(f"{spec.name}: expected a tensor, numpy array or number, got {type(value).__name__}")
-
     def flush(self) -> None:
-        """Write the staged rows into the TorchRL storage."""
-        n = self.staged
-        if n:
-            columns = {name: torch.from_numpy(array[:n]) for name, array in self.stage_arrays.items()}
-            self.staged = 0
-            self.write(columns, n)
-
-    def add(self, values: Mapping[str, Any], rows: int) -> None:
-        """Validate and store one add of ``rows`` rows: staged when small, written directly otherwise.
-
-        With one row per add, the leading row dim may be omitted.
-        """
-        if self.stage(values, rows, lead_omitted_ok=rows == 1):
+        """Commit the pending rows: TorchRL's bookkeeping (and, on a GPU storage, the copy)."""
+        n = self.pending
+        if not n:
             return
-        self.write_tensors({name: _as_rows(value, self.by_name[name].shape, rows) for name, value in values.items()},
-                           rows)
+        self.pending = 0
+        if self.write_through:
+            with self.rb._replay_lock, self.rb._write_lock:
+                self._commit(n)
+        else:
+            self.write({name: torch.from_numpy(target[:n]) for name, target in self.targets.items()}, n)
 
     def write_tensors(self, values: Mapping[str, torch.Tensor], rows: int) -> None:
         """Validate ``rows`` rows given as tensors and write them now (derived fields are computed)."""
@@ -264,17 +296,13 @@ class RowRing:
         self.write(values, rows)
 
     def write(self, columns: Mapping[str, torch.Tensor], n: int) -> None:
-        """Write ``n`` validated rows at the cursor, oldest overwritten first.
+        """Write ``n`` validated rows of the input fields at the cursor, oldest overwritten first.
 
         Keeps TorchRL's writer, storage and sampler bookkeeping exactly as its own
         ``extend`` would leave it.
         """
         rb = self.rb
         capacity = self.capacity
-        if self.derived:
-            columns = dict(columns)
-            for name, derive in self.derived.items():
-                columns[name] = derive(columns)
         if n > capacity:
             # Only the newest `capacity` rows survive; writing them in order keeps the cursor right.
             skipped = n - capacity
@@ -283,22 +311,36 @@ class RowRing:
             columns = {name: column[skipped:] for name, column in columns.items()}
             n = capacity
         with rb._replay_lock, rb._write_lock:
-            writer, storage = rb._writer, rb._storage
-            cursor = int(writer._cursor)
+            cursor = int(rb._writer._cursor)
             first = min(n, capacity - cursor)
             for name, column in columns.items():
                 leaf = self.leaves[name]
                 leaf[cursor:cursor + first].copy_(column[:first], non_blocking=True)
                 if first < n:
                     leaf[:n - first].copy_(column[first:], non_blocking=True)
-            index = torch.arange(cursor, cursor + n, device=self.storing_device) % capacity
-            storage._set_last_cursor(index)
-            storage._len = min(int(storage._len) + n, capacity)
-            storage._bump_mutation_revision()
-            writer._cursor = (cursor + n) % capacity
-            writer._write_count = int(writer._write_count) + n
-            writer._mark_update_entities(index)
-            rb._sampler.extend(index)
+            self._commit(n)
+
+    def _commit(self, n: int) -> None:
+        """Derive computed fields over the ``n`` rows after the cursor and advance TorchRL's state."""
+        rb, capacity = self.rb, self.capacity
+        writer, storage = rb._writer, rb._storage
+        cursor = int(writer._cursor)
+        if self.derived:
+            segments = [(cursor, min(cursor + n, capacity))]
+            if cursor + n > capacity:
+                segments.append((0, cursor + n - capacity))
+            for start, stop in segments:
+                views = {name: leaf[start:stop] for name, leaf in self.leaves.items()}
+                for name, derive in self.derived.items():
+                    views[name].copy_(derive(views))
+        index = torch.arange(cursor, cursor + n, device=self.storing_device) % capacity
+        storage._set_last_cursor(index)
+        storage._len = min(int(storage._len) + n, capacity)
+        storage._bump_mutation_revision()
+        writer._cursor = (cursor + n) % capacity
+        writer._write_count = int(writer._write_count) + n
+        writer._mark_update_entities(index)
+        rb._sampler.extend(index)
 
     # -- reading ---------------------------------------------------------------------------
     def require_rows(self, batch_size: int, *, without_replacement: bool) -> None:
@@ -345,6 +387,25 @@ class RowRing:
         unknown = [name for name in names if name not in self.by_name]
         if unknown:
             raise MissingFieldError(f"fields: unknown {unknown}; stored fields are {list(self.by_name)}")
+
+
+def _shape_message(plan: _FieldPlan, got: tuple[int, ...]) -> str:
+    expected = str(plan.row_shape) + (f" or {plan.single_shape}" if plan.single_shape is not None else "")
+    return f"{plan.spec.name}: expected shape {expected}, got {got}"
+
+
+def _other_input(plan: _FieldPlan, value: Any) -> np.ndarray[Any, Any]:
+    """Lists and scalars that the fast checks did not take, as arrays (or a specific error)."""
+    if value is None:
+        raise MissingFieldError(f"{plan.spec.name}: a value is required")
+    if isinstance(value, (list, tuple, bool, int, float, np.generic)):
+        array = np.asarray(value)
+        if array.dtype == np.float64 and plan.np_dtype.kind == "f":
+            array = array.astype(plan.np_dtype)
+        if array.shape == () and plan.single_shape is None:
+            raise ShapeError(f"{plan.spec.name}: expected shape {plan.row_shape}, got a scalar {value!r}")
+        return array
+    raise ShapeError(f"{plan.spec.name}: expected a tensor, numpy array or number, got {type(value).__name__}")
 
 
 def _as_rows(value: Any, shape: tuple[int, ...], rows: int) -> torch.Tensor:

@@ -79,6 +79,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         obs_dtype: torch.dtype = torch.float32,
         action_dtype: torch.dtype = torch.float32,
     ) -> None:
+        self._record_options(locals())
         fixed = [FieldSpec("obs", "observation", as_shape(obs_shape, "obs_shape"), obs_dtype),
                  FieldSpec("expert_action", "expert_action", as_shape(action_shape, "action_shape"), action_dtype)]
         extras = extra_specs(extra_fields, {"obs", "expert_action", "index", "extras", "observation"})
@@ -99,7 +100,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         """
         check_extras(self._extra_specs, extras)
         values = {"obs": obs, "expert_action": expert_action, **extras}
-        self._ring.add(values, self._num_envs)
+        self._ring.add(tuple(values[spec.name] for spec in self._ring.input_specs), self._num_envs)
 
     def sample(self, batch_size: int) -> DistillationBatch:
         """Draw ``batch_size`` rows uniformly (with replacement), delivered on ``device``.

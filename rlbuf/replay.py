@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 from torchrl.data import RandomSampler
@@ -128,15 +129,16 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         obs_dtype: torch.dtype = torch.float32,
         action_dtype: torch.dtype = torch.float32,
     ) -> None:
+        self._record_options(locals())
         if prioritized and not (alpha >= 0 and beta >= 0):
             raise ConfigError(f"alpha, beta: expected non-negative numbers, got alpha={alpha}, beta={beta}")
         self._prioritized = prioritized
         specs = replay_specs(as_shape(obs_shape, "obs_shape"), as_shape(action_shape, "action_shape"),
                              obs_dtype, action_dtype, extra_fields)
         self._extra_specs = {s.name: s for s in specs[len(_FIXED) + 1:]}
-        self._input_names = (*_FIXED, *self._extra_specs)
         sampler: Sampler = (SumTreeSampler(positive_int("capacity", capacity), alpha=alpha, beta=beta)
                             if prioritized else RandomSampler())
+        self._no_truncation = np.zeros(num_envs, np.bool_)
         self._setup(specs, capacity, sampler, num_envs=num_envs, storage=storage, scratch_dir=scratch_dir,
                     storing_device=storing_device, device=device, seed=seed, derived={"done": _done})
 
@@ -185,14 +187,13 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             obs, action, reward, next_obs, terminated, truncated, given = obs
             extras = dict(given or {})
         if truncated is None:
-            truncated = False if self._num_envs == 1 else torch.zeros(self._num_envs, dtype=torch.bool)
-        values = {"obs": obs, "action": action, "reward": reward, "next_obs": next_obs,
-                  "terminated": terminated, "truncated": truncated, **extras}
-        if len(values) != len(self._input_names) or extras.keys() - self._extra_specs.keys():
+            truncated = False if self._num_envs == 1 else self._no_truncation
+        if len(extras) != len(self._extra_specs) or (extras and extras.keys() != self._extra_specs.keys()):
             check_extras(self._extra_specs, extras)
-        for name in _FIXED[:5]:
-            if values[name] is None:
-                raise MissingFieldError(f"{name}: a value is required")
+        if extras:
+            values = (obs, action, reward, next_obs, terminated, truncated, *(extras[n] for n in self._extra_specs))
+        else:
+            values = (obs, action, reward, next_obs, terminated, truncated)
         self._ring.add(values, self._num_envs)
 
     def extend(self, td: TensorDictBase) -> None:

@@ -137,6 +137,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         action_dtype: torch.dtype = torch.float32,
         stats: EpisodeStats | None = None,
     ) -> None:
+        self._record_options(locals())
         positive_int("num_steps", num_steps)
         positive_int("num_envs", num_envs)
         if stats is not None and stats.num_envs != num_envs:
@@ -246,7 +247,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                   "value": value, "log_prob": log_prob, "bootstrap_value": bootstrap_value, **extras}
         if self._has_privileged:
             values["privileged_obs"] = privileged_obs
-        self._ring.add(values, self._num_envs)
+        self._ring.add(tuple(values[spec.name] for spec in self._ring.input_specs), self._num_envs)
         self._advantages_ready = False
         if self._stats is not None:
             self._stats.update(reward, terminated, truncated)
@@ -422,13 +423,25 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         def make_batch(index: torch.Tensor) -> RolloutBatch:
             return self._make_batch({name: column.index_select(0, index) for name, column in columns.items()})
 
-        return EpochIterator(self.capacity, make_batch, batch_size=batch_size, num_batches=num_minibatches,
-                             n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle,
-                             generator=self._iterator_generator(self._device))
+        iterator = EpochIterator(self.capacity, make_batch, batch_size=batch_size, num_batches=num_minibatches,
+                                 n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle,
+                                 generator=self._iterator_generator(self._device))
+        return self._track_epochs(iterator, "minibatches", batch_size=batch_size, num_minibatches=num_minibatches,
+                                  n_epochs=n_epochs, shuffle=shuffle, drop_last=drop_last)
 
     def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
         """Minibatches per epoch for ``batch_size`` over the full rollout."""
         return len(batch_bounds(self.capacity, batch_size=batch_size, drop_last=drop_last))
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"attached": dict(self._attached), "advantages_ready": self._advantages_ready,
+                "stats": None if self._stats is None else self._stats.state_dict()}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        self._attached = {name: tensor.to(self._storing_device).clone() for name, tensor in state["attached"].items()}
+        self._advantages_ready = bool(state["advantages_ready"])
+        if self._stats is not None and state["stats"] is not None:
+            self._stats.load_state_dict(state["stats"])
 
     def _require_ready(self, what: str) -> None:
         if not self.is_full:

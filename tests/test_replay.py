@@ -213,10 +213,10 @@ def test_sample_by_index_and_fields(storage: str) -> None:
         buf.sample_by_index([0], fields=["rewards"])
 
 
-def test_sample_reads_staged_rows_and_torchrl_sees_them() -> None:
+def test_pending_rows_are_seen_by_rlbuf_and_torchrl_reads() -> None:
     buf = make()
     add_ids(buf, range(3))
-    assert buf._ring.staged == 3          # still staged: nothing read yet
+    assert buf._ring.pending == 3         # written, bookkeeping pending: nothing read yet
     assert len(buf.torchrl) == 3          # a TorchRL read flushes first
     td = buf.torchrl.sample(5)
     assert set(td["next", "reward"].flatten().tolist()) <= {0.0, 1000.0, 2000.0}

@@ -1,0 +1,308 @@
+"""Checkpoint format: a directory of raw tensor files and a JSON manifest; never a pickle.
+
+Layout::
+
+    path/
+      manifest.json        format, versions, kind, options, spec, counts, state (JSON), and
+                           for every tensor file its dtype, shape, size and SHA-256
+      tensors/<name>.bin   raw little-endian tensor bytes, one file per tensor
+
+Saving writes into a temporary sibling directory (files fsynced, the manifest last), then
+swaps it into place atomically (``renameat2(RENAME_EXCHANGE)`` on Linux), so a save killed at
+any moment leaves the previous checkpoint whole. Loading verifies the manifest, the format
+version, that the directory holds exactly the listed files, and every checksum, before a
+single tensor is read; it never unpickles anything (TorchRL 0.14.1's own ``loads`` unpickles
+a ``prefetch.pkl``: such a file makes rlbuf refuse the checkpoint).
+
+Example:
+    >>> import tempfile, torch
+    >>> from pathlib import Path
+    >>> path = Path(tempfile.mkdtemp()) / "ckpt"
+    >>> save_state({"kind": "Demo", "x": torch.arange(3), "note": "hi"}, path)
+    >>> state = load_state(path, kind="Demo")
+    >>> state["x"].tolist(), state["note"]
+    ([0, 1, 2], 'hi')
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlbuf.errors import CheckpointError
+from rlbuf.spec import numpy_dtype
+
+FORMAT = "rlbuf-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+TENSOR_DIR = "tensors"
+_CHUNK = 32 << 20
+_MAX_MANIFEST_BYTES = 64 << 20
+_TENSOR = "__tensor__"
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.bool,
+)}
+
+
+def _versions() -> dict[str, str]:
+    import tensordict
+    import torchrl
+
+    from rlbuf import __version__
+
+    return {"rlbuf": __version__, "torchrl": torchrl.__version__, "tensordict": tensordict.__version__,
+            "torch": torch.__version__}
+
+
+# -- encoding ---------------------------------------------------------------------------------
+def _encode(value: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """JSON for ``value``; tensors are replaced by references and collected in ``tensors``."""
+    if isinstance(value, torch.Tensor):
+        name = _SAFE_NAME.sub("_", key).strip("._") or "tensor"
+        candidate, counter = name, 1
+        while f"{TENSOR_DIR}/{candidate}.bin" in tensors:
+            counter += 1
+            candidate = f"{name}_{counter}"
+        relpath = f"{TENSOR_DIR}/{candidate}.bin"
+        tensors[relpath] = value
+        return {_TENSOR: relpath}
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise CheckpointError(f"{key}: state keys must be strings")
+        return {k: _encode(v, f"{key}.{k}", tensors) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encode(v, f"{key}.{i}", tensors) for i, v in enumerate(value)]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    raise CheckpointError(f"{key}: cannot store a {type(value).__name__} in a checkpoint")
+
+
+def _decode(value: Any, read: Callable[[str], torch.Tensor]) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {_TENSOR}:
+            return read(value[_TENSOR])
+        return {k: _decode(v, read) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v, read) for v in value]
+    return value
+
+
+# -- writing ----------------------------------------------------------------------------------
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_tensor(tensor: torch.Tensor, target: Path) -> dict[str, Any]:
+    """Write ``tensor`` as raw bytes in chunks (never the whole of a memmap in RAM); return its entry."""
+    flat = tensor.detach().reshape(-1) if tensor.is_contiguous() else tensor.detach().contiguous().reshape(-1)
+    digest = hashlib.sha256()
+    rows_per_chunk = max(1, _CHUNK // max(1, flat.element_size()))
+    with open(target, "wb") as file:
+        for start in range(0, flat.numel(), rows_per_chunk):
+            chunk = flat[start:start + rows_per_chunk]
+            if chunk.device.type != "cpu":
+                chunk = chunk.cpu()
+            raw = memoryview(chunk.as_subclass(torch.Tensor).numpy()).cast("B")
+            digest.update(raw)
+            file.write(raw)
+        file.flush()
+        os.fsync(file.fileno())
+    return {"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape),
+            "bytes": flat.numel() * flat.element_size(), "sha256": digest.hexdigest()}
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux ``renameat2``); ``False`` where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    result = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
+    if result != 0:
+        code = ctypes.get_errno()
+        if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+            return False
+        raise OSError(code, os.strerror(code), str(b))
+    return True
+
+
+def _check_replaceable(path: Path) -> None:
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: exists and is not a directory; refusing to overwrite it")
+    if any(path.iterdir()) and not (path / MANIFEST).is_file():
+        raise CheckpointError(f"{path}: exists and is not an rlbuf checkpoint (no {MANIFEST}); refusing to overwrite it")
+
+
+def save_state(state: dict[str, Any], path: str | Path) -> None:
+    """Write ``state`` (JSON values and tensors) as a checkpoint directory at ``path``, atomically.
+
+    Raises:
+        CheckpointError: the target is not a checkpoint directory, the state holds something
+            that is not JSON or a tensor, or the disk is full / unwritable (the previous
+            checkpoint at ``path``, if any, is left whole).
+    """
+    path = Path(path)
+    _check_replaceable(path)
+    tensors: dict[str, torch.Tensor] = {}
+    encoded = _encode(state, "state", tensors)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:12]}"
+    try:
+        (staging / TENSOR_DIR).mkdir(parents=True)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            futures = {rel: pool.submit(_write_tensor, tensor, staging / rel) for rel, tensor in tensors.items()}
+            files = {rel: future.result() for rel, future in futures.items()}
+        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "versions": _versions(),
+                    "state": encoded, "files": files}
+        with open(staging / MANIFEST, "w", encoding="utf-8") as file:
+            json.dump(manifest, file, indent=1)
+            file.flush()
+            os.fsync(file.fileno())
+        _fsync_dir(staging / TENSOR_DIR)
+        _fsync_dir(staging)
+        if path.exists():
+            if not _exchange(staging, path):
+                aside = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:12]}"
+                os.rename(path, aside)
+                os.rename(staging, path)
+                staging = aside
+        else:
+            os.rename(staging, path)
+        _fsync_dir(path.parent)
+    except OSError as error:
+        reason = "the disk is full" if error.errno == errno.ENOSPC else f"{error.strerror or error}"
+        raise CheckpointError(f"{path}: saving failed: {reason}; the previous checkpoint, if any, is untouched") from error
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+# -- reading ----------------------------------------------------------------------------------
+def _read_manifest(path: Path) -> dict[str, Any]:
+    manifest_path = path / MANIFEST
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a checkpoint directory")
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{manifest_path}: missing (an interrupted save, or not an rlbuf checkpoint)")
+    if manifest_path.stat().st_size > _MAX_MANIFEST_BYTES:
+        raise CheckpointError(f"{manifest_path}: larger than {_MAX_MANIFEST_BYTES} bytes; refusing to read it")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{manifest_path}: not valid JSON ({error})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{manifest_path}: not an rlbuf checkpoint manifest")
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(f"{manifest_path}: format version {version!r}; this rlbuf reads version {FORMAT_VERSION}")
+    if not isinstance(manifest.get("files"), dict) or not isinstance(manifest.get("state"), dict):
+        raise CheckpointError(f"{manifest_path}: malformed (no 'files' or 'state' table)")
+    return manifest
+
+
+def _safe_file(root: Path, relpath: object) -> Path:
+    if not isinstance(relpath, str) or not relpath or relpath.startswith(("/", "\\")) or "\\" in relpath:
+        raise CheckpointError(f"{root / MANIFEST}: file name {relpath!r} is not a relative path inside the checkpoint")
+    parts = relpath.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise CheckpointError(f"{root / MANIFEST}: file name {relpath!r} escapes the checkpoint directory")
+    target = root.joinpath(*parts)
+    if target.is_symlink() or not target.resolve().is_relative_to(root.resolve()):
+        raise CheckpointError(f"{target}: a link or a path outside the checkpoint; refusing it")
+    return target
+
+
+def _verify_files(root: Path, files: dict[str, Any]) -> dict[str, Path]:
+    targets = {rel: _safe_file(root, rel) for rel in files}
+    present = {p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir()}
+    unexpected = sorted(present - set(files) - {MANIFEST})
+    if unexpected:
+        raise CheckpointError(f"{root}: unexpected file {unexpected[0]!r} (rlbuf never writes it, and a pickle or "
+                              f".pt file could run code when loaded); refusing the checkpoint")
+    for rel, entry in files.items():
+        target = targets[rel]
+        if not isinstance(entry, dict) or entry.get("dtype") not in _DTYPES or not isinstance(entry.get("shape"), list):
+            raise CheckpointError(f"{target}: malformed manifest entry {entry!r}")
+        if not target.is_file():
+            raise CheckpointError(f"{target}: missing")
+        dtype = _DTYPES[entry["dtype"]]
+        expected = int(np.prod(entry["shape"], dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        size = target.stat().st_size
+        if size != expected or entry.get("bytes") != expected:
+            raise CheckpointError(f"{target}: {size} bytes, expected {expected} (truncated or corrupted)")
+        digest = hashlib.sha256()
+        with open(target, "rb") as file:
+            while chunk := file.read(_CHUNK):
+                digest.update(chunk)
+        if digest.hexdigest() != entry.get("sha256"):
+            raise CheckpointError(f"{target}: SHA-256 mismatch (corrupted)")
+    return targets
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """The verified manifest of a checkpoint (format, version, listed files and checksums).
+
+    Raises:
+        CheckpointError: naming the file and the problem.
+    """
+    root = Path(path)
+    manifest = _read_manifest(root)
+    _verify_files(root, manifest["files"])
+    return manifest
+
+
+def load_state(path: str | Path, *, kind: str) -> dict[str, Any]:
+    """Verify a checkpoint completely, then return its state with file-backed tensors.
+
+    Tensors are copy-on-write memory maps of the files, so loading a memmap buffer never
+    needs the whole of it in RAM.
+
+    Raises:
+        CheckpointError: a missing, truncated, corrupted, wrong-version or wrong-kind checkpoint.
+    """
+    root = Path(path)
+    manifest = _read_manifest(root)
+    found = manifest["state"].get("kind")
+    if found != kind:
+        raise CheckpointError(f"{root / MANIFEST}: holds a {found}, not a {kind}")
+    targets = _verify_files(root, manifest["files"])
+    files = manifest["files"]
+
+    def read(relpath: str) -> torch.Tensor:
+        if relpath not in files:
+            raise CheckpointError(f"{root / MANIFEST}: the state refers to {relpath!r}, which is not listed")
+        entry = files[relpath]
+        dtype = _DTYPES[entry["dtype"]]
+        shape = tuple(int(d) for d in entry["shape"])
+        if entry["bytes"] == 0:
+            return torch.empty(shape, dtype=dtype)
+        array = np.memmap(targets[relpath], dtype=numpy_dtype(dtype), mode="c", shape=shape)
+        return torch.from_numpy(array)
+
+    state = _decode(manifest["state"], read)
+    state["versions"] = manifest.get("versions", {})
+    return state  # type: ignore[no-any-return]
