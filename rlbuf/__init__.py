@@ -19,6 +19,7 @@ from rlbuf.errors import (
     ShapeError,
     StoredIndexError,
 )
+from rlbuf.gae import GAE
 from rlbuf.replay import ReplayBuffer, Transition
 from rlbuf.rollout import RolloutBuffer
 from rlbuf.spec import FieldSpec
@@ -27,6 +28,7 @@ from rlbuf.stats import EpisodeStats
 __version__ = "0.1.0"
 
 __all__ = [
+    "GAE",
     "BatchSizeError",
     "BufferFullError",
     "CheckpointError",

@@ -21,6 +21,7 @@ from rlbuf.checkpoint import load_state, save_state
 from rlbuf.epochs import EpochIterator, batch_bounds
 from rlbuf.errors import CheckpointError, ConfigError, EmptyBufferError
 from rlbuf.spec import FieldSpec
+from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device
 
 BatchT = TypeVar("BatchT")
@@ -99,8 +100,26 @@ class RingBuffer(Generic[BatchT]):
 
     _ring: RowRing
     _options: dict[str, Any]
+    _stats: EpisodeStats | None = None
     _current_epochs: EpochIterator[BatchT] | None = None
     _current_epochs_call: tuple[str, dict[str, Any]] | None = None
+
+    def _attach_stats(self, stats: EpisodeStats | None, num_envs: int) -> None:
+        if stats is not None and stats.num_envs != num_envs:
+            raise ConfigError(f"stats: built for {stats.num_envs} envs, this buffer has num_envs={num_envs}")
+        self._stats = stats
+
+    @property
+    def stats(self) -> EpisodeStats | None:
+        """The episode statistics this buffer feeds with every step added, if any."""
+        return self._stats
+
+    def _feed_stats_from_rollout(self, reward: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor) -> None:
+        """Feed ``[num_envs, T]`` (time last) tensors to the stats, one step at a time."""
+        if self._stats is None:
+            return
+        for t in range(reward.shape[1]):
+            self._stats.update(reward[:, t], terminated[:, t], truncated[:, t])
 
     def _record_options(self, arguments: Mapping[str, Any]) -> None:
         """Keep the constructor arguments (JSON form) so a checkpoint can rebuild this buffer."""
@@ -300,10 +319,11 @@ class RingBuffer(Generic[BatchT]):
 
     # -- state and checkpoints -------------------------------------------------------------
     def _extra_state(self) -> dict[str, Any]:
-        return {}
+        return {"stats": None if self._stats is None else self._stats.state_dict()}
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
-        return None
+        if self._stats is not None and state.get("stats") is not None:
+            self._stats.load_state_dict(state["stats"])
 
     def state_dict(self, *, data: bool = True) -> dict[str, Any]:
         """Everything needed to continue exactly: options, data, cursor, RNG, sampler, iterator.

@@ -241,7 +241,7 @@ class RowRing:
                     return False
                 array = value.numpy() if not value.requires_grad else value.detach().numpy()
             elif plan.single_shape is not None and isinstance(value, plan.scalar_types):
-                if plan.spec.finite and not math.isfinite(value):
+                if plan.spec.finite and not math.isfinite(value):  # type: ignore[arg-type]
                     check_finite_rows(plan.spec, np.asarray([value]))
                 append(value)
                 continue

@@ -35,6 +35,7 @@ from rlbuf._sumtree import SumTreeSampler
 from rlbuf.batches import ReplayBatch
 from rlbuf.errors import ConfigError, MissingFieldError, PriorityError, ShapeError
 from rlbuf.spec import ExtraFields, FieldSpec
+from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
 
 _FIXED = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
@@ -99,6 +100,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         extra_fields: ``{"name": (shape, dtype)}`` stored with every transition.
         obs_dtype: stored observation dtype (``torch.uint8`` for images: 1 byte per value).
         action_dtype: stored action dtype.
+        stats: an :class:`~rlbuf.EpisodeStats` fed with every step added (returns, lengths).
 
     Raises:
         ConfigError: contradictory or invalid options.
@@ -128,8 +130,10 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         extra_fields: ExtraFields | None = None,
         obs_dtype: torch.dtype = torch.float32,
         action_dtype: torch.dtype = torch.float32,
+        stats: EpisodeStats | None = None,
     ) -> None:
         self._record_options(locals())
+        self._attach_stats(stats, num_envs)
         if prioritized and not (alpha >= 0 and beta >= 0):
             raise ConfigError(f"alpha, beta: expected non-negative numbers, got alpha={alpha}, beta={beta}")
         self._prioritized = prioritized
@@ -195,6 +199,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         else:
             values = (obs, action, reward, next_obs, terminated, truncated)
         self._ring.add(values, self._num_envs)
+        if self._stats is not None:
+            self._stats.update(reward, terminated, truncated)
 
     def extend(self, td: TensorDictBase) -> None:
         """Store a TensorDict in TorchRL layout, e.g. a collector's ``[num_envs, T]`` batch.
@@ -216,9 +222,14 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                 continue
             tensors[spec.name] = _read_td(td, spec, lead)
         tensors["truncated"] = _truncated_from(td, lead, tensors["terminated"])
+        if self._stats is not None and not (len(lead) == 2 and lead[0] == self._num_envs):
+            raise ShapeError(f"td: a buffer with stats needs batch size ({self._num_envs}, T) to tell envs "
+                             f"apart, got {lead}")
         for name, value in tensors.items():
             tensors[name] = value.reshape(rows, *self._ring.by_name[name].shape)
         self._ring.write_tensors(tensors, rows)
+        if self._stats is not None:
+            self._feed_stats_from_rollout(*(tensors[n].view(lead) for n in ("reward", "terminated", "truncated")))
 
     # -- reading -----------------------------------------------------------------------------
     def sample(self, batch_size: int) -> ReplayBatch:

@@ -140,10 +140,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         self._record_options(locals())
         positive_int("num_steps", num_steps)
         positive_int("num_envs", num_envs)
-        if stats is not None and stats.num_envs != num_envs:
-            raise ConfigError(f"stats: built for {stats.num_envs} envs, this buffer has num_envs={num_envs}")
+        self._attach_stats(stats, num_envs)
         self._num_steps = num_steps
-        self._stats = stats
         privileged = None if privileged_obs_shape is None else as_shape(privileged_obs_shape, "privileged_obs_shape")
         specs = rollout_specs(as_shape(obs_shape, "obs_shape"), as_shape(action_shape, "action_shape"), privileged,
                               obs_dtype, action_dtype, extra_fields)
@@ -170,11 +168,6 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
     def advantages_ready(self) -> bool:
         """Whether advantages and returns are computed for the stored rollout."""
         return self._advantages_ready
-
-    @property
-    def stats(self) -> EpisodeStats | None:
-        """The episode statistics fed by this buffer, if any."""
-        return self._stats
 
     def __repr__(self) -> str:
         shown = [s for s in self._ring.specs if s.name not in (*_COMPUTED, "bootstrap_value", "done")]
@@ -301,10 +294,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             self._advantages_ready = True
         else:
             self._advantages_ready = False
-        if self._stats is not None:
-            for t in range(steps):
-                self._stats.update(columns["reward"].view(steps, -1)[t], columns["terminated"].view(steps, -1)[t],
-                                   columns["truncated"].view(steps, -1)[t])
+        self._feed_stats_from_rollout(td["next", "reward"].reshape(self._num_envs, steps),
+                                      columns["terminated"].view(steps, -1).T, columns["truncated"].view(steps, -1).T)
 
     def clear(self) -> None:
         """Empty the rollout (for the next one); extras attached with :meth:`set_extras` go too."""
@@ -434,14 +425,13 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         return len(batch_bounds(self.capacity, batch_size=batch_size, drop_last=drop_last))
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"attached": dict(self._attached), "advantages_ready": self._advantages_ready,
-                "stats": None if self._stats is None else self._stats.state_dict()}
+        return {**super()._extra_state(), "attached": dict(self._attached),
+                "advantages_ready": self._advantages_ready}
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         self._attached = {name: tensor.to(self._storing_device).clone() for name, tensor in state["attached"].items()}
         self._advantages_ready = bool(state["advantages_ready"])
-        if self._stats is not None and state["stats"] is not None:
-            self._stats.load_state_dict(state["stats"])
+        super()._load_extra_state(state)
 
     def _require_ready(self, what: str) -> None:
         if not self.is_full:

@@ -534,3 +534,24 @@ def test_extend_from_a_cartpole_collector_stores_exactly_what_it_produced() -> N
     assert torch.equal(stored.terminated, everything["next", "terminated"].squeeze(-1))
     assert torch.equal(stored.truncated, everything["next", "truncated"].squeeze(-1))
     assert stored.terminated.any()  # CartPole under a random policy falls within 256 steps
+
+
+def test_stats_are_fed_by_adds_and_extends() -> None:
+    from rlbuf import EpisodeStats
+
+    stats = EpisodeStats(2)
+    buf = make(num_envs=2, stats=stats)
+    for step in range(3):
+        buf.add(torch.zeros(2, 3), torch.zeros(2, 2), torch.ones(2), torch.zeros(2, 3),
+                torch.tensor([step == 1, False]), torch.tensor([False, step == 2]))
+    assert stats.summary()["episodes"] == 2
+    assert stats.recent_returns() == [2.0, 3.0]
+    td = TensorDict({
+        "observation": torch.zeros(2, 4, 3), "action": torch.zeros(2, 4, 2), ("next", "observation"): torch.zeros(2, 4, 3),
+        ("next", "reward"): torch.ones(2, 4, 1), ("next", "terminated"): torch.zeros(2, 4, 1, dtype=torch.bool),
+        ("next", "truncated"): torch.tensor([[False, False, False, True]] * 2)[..., None],
+    }, batch_size=[2, 4])
+    buf.extend(td)
+    assert stats.recent_returns() == [2.0, 3.0, 5.0, 4.0]
+    with pytest.raises(ShapeError, match="needs batch size"):
+        buf.extend(td.reshape(-1))

@@ -1,0 +1,806 @@
+"""Generalized Advantage Estimation that bootstraps timeouts and never crosses an episode boundary.
+
+For step ``t`` of a rollout of ``T`` steps and ``N`` envs::
+
+    next_v[t] = bootstrap_value[t]  if truncated[t]
+                value[t + 1]        elif t < T - 1
+                last_value          otherwise
+    delta[t]     = reward[t] + gamma * next_v[t] * (1 - terminated[t]) - value[t]
+    advantage[t] = delta[t] + gamma * gae_lambda * (1 - done[t]) * advantage[t + 1]
+    returns[t]   = advantage[t] + value[t]
+
+with ``done = terminated | truncated``. A timeout (truncated, not terminated) bootstraps from
+V(final observation); a termination does not; the lambda-trace stops at both. With ``next_value``
+(TorchRL's ``("next", "state_value")``) the first three lines become ``next_v = next_value``.
+
+Two implementations give the same numbers (both accumulate in float64):
+
+- ``"torch"``: device-agnostic tensor ops. Short rollouts run one fused ``addcmul_`` per step;
+  long ones a log-depth doubling scan (the trace coefficient is either ``gamma * gae_lambda`` or 0).
+- ``"native"``: one pass of a small C kernel, for CPU tensors. It is compiled on first use
+  (about 0.1 s with the system C compiler) into a private temporary directory, loaded with
+  :mod:`ctypes` and the files deleted; nothing is cached on disk. ``backend="auto"`` uses it for
+  CPU rollouts of at least 4096 elements when a compiler works, and the torch path otherwise.
+  Set the environment variable ``RLBUF_DISABLE_NATIVE=1`` to never compile.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.envs.transforms import Transform
+
+from rlbuf.errors import (
+    ConfigError,
+    DeviceError,
+    DtypeError,
+    MissingFieldError,
+    NonFiniteError,
+    ShapeError,
+)
+
+__all__ = ["GAE", "compute_gae"]
+
+Backend = Literal["auto", "native", "torch"]
+
+_FLOAT_DTYPES = (torch.float32, torch.float64)
+# Below this many elements the torch path costs tens of microseconds: not worth a compiler run.
+_NATIVE_MIN_NUMEL = 4096
+
+
+def compute_gae(
+    reward: torch.Tensor,
+    value: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor | None,
+    last_value: torch.Tensor | None,
+    *,
+    gamma: float,
+    gae_lambda: float,
+    bootstrap_value: torch.Tensor | None = None,
+    next_value: torch.Tensor | None = None,
+    time_dim: int = 0,
+    backend: Backend = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Compute GAE advantages and returns of a rollout, bootstrapping timeouts from ``bootstrap_value``.
+
+    Inputs are ``[T, N]`` with ``time_dim=0`` (the layout of step-wise adds) or ``[N, T]`` with
+    ``time_dim=1`` or ``-1`` (TorchRL collectors); neither layout is copied into the other.
+    All inputs are validated before anything is computed. Outputs carry no gradient.
+
+    Args:
+        reward: rewards, float32 or float64, ``[T, N]`` or ``[N, T]``.
+        value: V(observation) of each step, same shape and dtype as ``reward``.
+        terminated: bool, same shape; True where the episode ended for good (no bootstrap).
+        truncated: bool, same shape, or None for no truncation; True where the episode was cut
+            off (time limit), so the return bootstraps from ``bootstrap_value``.
+        last_value: V(observation after the last step), shape ``[N]``; may be None when
+            ``next_value`` is given.
+        gamma: discount factor in [0, 1].
+        gae_lambda: GAE lambda in [0, 1].
+        bootstrap_value: V(final observation) of truncated steps, same shape as ``reward``;
+            read only where ``truncated`` (and not ``terminated``) is True.
+        next_value: V(next observation) of every step, same shape as ``reward``; when given it
+            replaces ``value[t + 1]``, ``last_value`` and ``bootstrap_value``.
+        time_dim: 0 for ``[T, N]`` inputs, 1 or -1 for ``[N, T]``.
+        backend: ``"auto"``, ``"native"`` (C kernel, CPU only) or ``"torch"``; see the module doc.
+
+    Returns:
+        ``(advantage, returns)``, contiguous, in the layout and dtype of ``reward``, with
+        ``returns == advantage + value`` exactly.
+
+    Raises:
+        DtypeError: a tensor of the wrong dtype (floats: float32/float64 matching ``reward``;
+            flags: bool), or not a tensor.
+        ShapeError: a tensor of the wrong shape; the message names the field and both shapes.
+        DeviceError: tensors on different devices, or ``backend="native"`` off the CPU.
+        NonFiniteError: NaN or inf in ``reward``, ``value``, ``last_value``, ``next_value``, or
+            in ``bootstrap_value`` where it is read.
+        ConfigError: ``gamma``/``gae_lambda`` outside [0, 1], a bad ``time_dim`` or ``backend``,
+            a truncated step with neither ``bootstrap_value`` nor ``next_value``, no
+            ``last_value`` without ``next_value``, or ``backend="native"`` with no C compiler.
+
+    Example:
+        >>> import torch
+        >>> from rlbuf.gae import compute_gae
+        >>> reward = torch.ones(3, 1)
+        >>> value = torch.zeros(3, 1)
+        >>> terminated = torch.tensor([[False], [False], [True]])
+        >>> advantage, returns = compute_gae(
+        ...     reward, value, terminated, None, torch.zeros(1), gamma=0.5, gae_lambda=1.0
+        ... )
+        >>> advantage.squeeze(1).tolist()
+        [1.75, 1.5, 1.0]
+        >>> truncated = torch.tensor([[False], [True], [False]])  # timeout after step 1
+        >>> advantage, _ = compute_gae(
+        ...     reward, value, torch.zeros(3, 1, dtype=torch.bool), truncated, torch.zeros(1),
+        ...     gamma=0.5, gae_lambda=1.0, bootstrap_value=torch.full((3, 1), 4.0),
+        ... )
+        >>> advantage.squeeze(1).tolist()  # step 1 bootstraps 0.5 * 4; the trace stops there
+        [2.5, 3.0, 1.0]
+    """
+    if time_dim not in (0, 1, -1):
+        raise ConfigError(f"time_dim: expected 0, 1 or -1, got {time_dim!r}")
+    if backend not in ("auto", "native", "torch"):
+        raise ConfigError(f"backend: expected 'auto', 'native' or 'torch', got {backend!r}")
+    _check_unit_interval("gamma", gamma)
+    _check_unit_interval("gae_lambda", gae_lambda)
+    _check_float("reward", reward, None)
+    if reward.dim() != 2:
+        layout = "[T, N]" if time_dim == 0 else "[N, T]"
+        raise ShapeError(
+            f"reward: expected a 2-D tensor {layout} (time_dim={time_dim}), got shape {tuple(reward.shape)}"
+        )
+    # Everything below works on [T, N] views; for time_dim=1 these are transposes, not copies.
+    time_major = time_dim == 0
+    shape = tuple(reward.shape)
+    num_steps, num_envs = shape if time_major else shape[::-1]
+    if num_steps == 0:
+        raise ShapeError(f"reward: expected at least one step, got shape {shape}")
+    dtype, device = reward.dtype, reward.device
+    _check_like("value", value, shape, dtype, device)
+    _check_flag("terminated", terminated, shape, device)
+    if truncated is not None:
+        _check_flag("truncated", truncated, shape, device)
+    for name, tensor in (("bootstrap_value", bootstrap_value), ("next_value", next_value)):
+        if tensor is not None:
+            _check_like(name, tensor, shape, dtype, device)
+    if last_value is not None:
+        _check_like("last_value", last_value, (num_envs,), dtype, device)
+    elif next_value is None:
+        raise ConfigError("last_value: required unless next_value is given, got None")
+
+    def steps_first(tensor: torch.Tensor | None) -> torch.Tensor | None:
+        return tensor if tensor is None or time_major else tensor.t()
+
+    views = _Rollout(
+        reward=reward if time_major else reward.t(),
+        value=value if time_major else value.t(),
+        terminated=terminated if time_major else terminated.t(),
+        truncated=steps_first(truncated),
+        last_value=last_value,
+        bootstrap_value=steps_first(bootstrap_value),
+        next_value=steps_first(next_value),
+    )
+    if next_value is None and views.truncated is not None and bootstrap_value is None:
+        # Only the truncation flags are scanned here; values are checked by the kernels.
+        timeouts = int(torch.count_nonzero(views.truncated & ~views.terminated))
+        if timeouts:
+            raise ConfigError(
+                f"bootstrap_value: required because truncated marks {timeouts} step(s) that did "
+                "not terminate; pass V(final observation) of those steps as bootstrap_value, "
+                "or pass next_value"
+            )
+        views.truncated = None
+
+    advantage = torch.empty(shape, dtype=dtype, device=device)
+    returns = torch.empty(shape, dtype=dtype, device=device)
+    if advantage.numel() == 0:
+        return advantage, returns
+    advantage_tn = advantage if time_major else advantage.t()
+    returns_tn = returns if time_major else returns.t()
+    if _use_native(backend, device, num_steps * num_envs):
+        _gae_native(views, gamma, gae_lambda, advantage_tn, returns_tn)
+    else:
+        with torch.no_grad():
+            _check_finite_torch(views)
+            advantage_tn.copy_(_gae_torch(views, gamma, gae_lambda))
+            torch.add(advantage_tn, views.value, out=returns_tn)
+    return advantage, returns
+
+
+class GAE(Transform):  # type: ignore[misc]
+    """A TorchRL transform writing GAE ``"advantage"`` and ``"value_target"`` into a rollout.
+
+    It reads a TensorDict rollout in TorchRL layout: batch ``[N, T]`` (time last, as collectors
+    produce) or ``[T]`` (one env), with ``("next", "reward")``, ``value_key``,
+    ``("next", value_key)``, ``("next", "terminated")`` and ``("next", "truncated")``. Entries
+    may carry a trailing singleton dim (``[N, T, 1]``). A missing ``terminated`` is taken from
+    ``("next", "done")``; a missing ``truncated`` is ``done & ~terminated``, or all False without
+    ``done``. Timeouts bootstrap from ``("next", value_key)``, terminations do not, and the
+    lambda-trace stops at both. The outputs have the layout of ``value_key``'s entry.
+
+    Use it as a collector ``postproc=``, call it on a rollout (``gae(td)`` or ``gae.forward(td)``),
+    or append it to a replay buffer whose samples are whole rollouts. It works on whole rollouts
+    only, so it refuses to sit inside an environment.
+
+    Args:
+        gamma: discount factor in [0, 1].
+        lmbda: GAE lambda in [0, 1].
+        value_key: key of V(observation); ``("next", value_key)`` holds V(next observation).
+        advantage_key: key the advantages are written to.
+        value_target_key: key the returns (``advantage + value``) are written to.
+        time_dim: batch dim that is time for a 2-D batch: -1 or 1 (TorchRL layout), or 0.
+
+    Raises:
+        ConfigError: ``gamma`` or ``lmbda`` outside [0, 1], or a bad ``time_dim``.
+
+    Example:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from rlbuf.gae import GAE
+        >>> N, T = 2, 3
+        >>> td = TensorDict(
+        ...     {
+        ...         "state_value": torch.zeros(N, T, 1),
+        ...         "next": {
+        ...             "reward": torch.ones(N, T, 1),
+        ...             "state_value": torch.zeros(N, T, 1),
+        ...             "terminated": torch.zeros(N, T, 1, dtype=torch.bool),
+        ...             "truncated": torch.zeros(N, T, 1, dtype=torch.bool),
+        ...         },
+        ...     },
+        ...     batch_size=[N, T],
+        ... )
+        >>> td = GAE(gamma=0.5, lmbda=1.0)(td)
+        >>> td["advantage"][0].squeeze(-1).tolist()
+        [1.75, 1.5, 1.0]
+        >>> td["value_target"].shape
+        torch.Size([2, 3, 1])
+    """
+
+    def __init__(
+        self,
+        gamma: float,
+        lmbda: float,
+        *,
+        value_key: str = "state_value",
+        advantage_key: str = "advantage",
+        value_target_key: str = "value_target",
+        time_dim: int = -1,
+    ) -> None:
+        _check_unit_interval("gamma", gamma)
+        _check_unit_interval("lmbda", lmbda)
+        if time_dim not in (0, 1, -1):
+            raise ConfigError(f"time_dim: expected 0, 1 or -1, got {time_dim!r}")
+        super().__init__(
+            in_keys=[("next", "reward"), value_key, ("next", value_key), ("next", "terminated")],
+            out_keys=[advantage_key, value_target_key],
+        )
+        self.value_key = value_key
+        self.advantage_key = advantage_key
+        self.value_target_key = value_target_key
+        self.gamma = float(gamma)
+        self.lmbda = float(lmbda)
+        self.time_dim = time_dim
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Write advantages and value targets into a rollout and return it.
+
+        Args:
+            tensordict: a rollout with batch ``[N, T]`` (time at ``time_dim``) or ``[T]``.
+
+        Returns:
+            The same TensorDict, with ``advantage_key`` and ``value_target_key`` set.
+
+        Raises:
+            MissingFieldError: a required entry is absent.
+            ShapeError: a batch that is not 1-D or 2-D, or an entry whose shape is neither
+                the batch shape nor the batch shape plus a trailing 1.
+            DtypeError, DeviceError, NonFiniteError: as :func:`compute_gae` raises them.
+
+        Example:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from rlbuf.gae import GAE
+            >>> td = TensorDict(
+            ...     {
+            ...         "state_value": torch.zeros(3),
+            ...         ("next", "reward"): torch.ones(3),
+            ...         ("next", "state_value"): torch.zeros(3),
+            ...         ("next", "done"): torch.tensor([False, True, False]),
+            ...     },
+            ...     batch_size=[3],
+            ... )
+            >>> GAE(gamma=0.5, lmbda=1.0).forward(td)["advantage"].tolist()
+            [1.5, 1.0, 1.0]
+        """
+        batch = tuple(tensordict.batch_size)
+        if len(batch) not in (1, 2):
+            raise ShapeError(
+                f"tensordict: expected batch [N, T] or [T], got batch_size {batch}"
+            )
+        value_entry = self._get(tensordict, self.value_key)
+        reward = self._get(tensordict, ("next", "reward"))
+        next_value = self._get(tensordict, ("next", self.value_key))
+        done = tensordict.get(("next", "done"), None)
+        terminated = tensordict.get(("next", "terminated"), None)
+        if terminated is None:
+            terminated = self._get(tensordict, ("next", "done"))
+        truncated = tensordict.get(("next", "truncated"), None)
+        if truncated is None and done is not None:
+            truncated = done & ~terminated
+        fields: dict[str | tuple[str, ...], torch.Tensor | None] = {
+            self.value_key: value_entry,
+            ("next", "reward"): reward,
+            ("next", self.value_key): next_value,
+            ("next", "terminated"): terminated,
+            ("next", "truncated"): truncated,
+        }
+        flat = {key: _batch_only(key, entry, batch) for key, entry in fields.items()}
+        if len(batch) == 1:
+            time_dim = 0
+            flat = {key: None if entry is None else entry.unsqueeze(1) for key, entry in flat.items()}
+        else:
+            time_dim = self.time_dim
+        advantage, returns = compute_gae(
+            _required(flat[("next", "reward")]),
+            _required(flat[self.value_key]),
+            _required(flat[("next", "terminated")]),
+            flat[("next", "truncated")],
+            None,
+            gamma=self.gamma,
+            gae_lambda=self.lmbda,
+            next_value=flat[("next", self.value_key)],
+            time_dim=time_dim,
+        )
+        tensordict.set(self.advantage_key, advantage.reshape(value_entry.shape))
+        tensordict.set(self.value_target_key, returns.reshape(value_entry.shape))
+        return tensordict
+
+    def _call(self, next_tensordict: TensorDictBase) -> TensorDictBase:
+        raise ConfigError(
+            "GAE: works on whole rollouts; use it as a collector postproc, a replay-buffer "
+            "transform, or call it on a rollout, not inside an environment"
+        )
+
+    @staticmethod
+    def _get(tensordict: TensorDictBase, key: str | tuple[str, ...]) -> torch.Tensor:
+        entry = tensordict.get(key, None)
+        if entry is None:
+            raise MissingFieldError(f"{key!r}: required by GAE, missing from the rollout")
+        if not isinstance(entry, torch.Tensor):
+            raise DtypeError(f"{key!r}: expected a tensor, got {type(entry).__name__}")
+        return entry
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(gamma={self.gamma}, lmbda={self.lmbda}, "
+            f"value_key={self.value_key!r}, advantage_key={self.advantage_key!r}, "
+            f"value_target_key={self.value_target_key!r}, time_dim={self.time_dim})"
+        )
+
+
+def _batch_only(
+    key: str | tuple[str, ...], entry: torch.Tensor | None, batch: tuple[int, ...]
+) -> torch.Tensor | None:
+    """Drop a trailing singleton dim so the entry has exactly the batch shape."""
+    if entry is None:
+        return None
+    shape = tuple(entry.shape)
+    if shape == batch:
+        return entry
+    if shape == (*batch, 1):
+        return entry.squeeze(-1)
+    raise ShapeError(f"{key!r}: expected shape {batch} or {(*batch, 1)}, got {shape}")
+
+
+def _required(entry: torch.Tensor | None) -> torch.Tensor:
+    assert entry is not None  # _get() made sure of it
+    return entry
+
+
+class _Rollout:
+    """The inputs of one GAE computation as ``[T, N]`` views (strided for time_dim=1)."""
+
+    __slots__ = (
+        "bootstrap_value",
+        "last_value",
+        "next_value",
+        "reward",
+        "terminated",
+        "truncated",
+        "value",
+    )
+
+    def __init__(
+        self,
+        *,
+        reward: torch.Tensor,
+        value: torch.Tensor,
+        terminated: torch.Tensor,
+        truncated: torch.Tensor | None,
+        last_value: torch.Tensor | None,
+        bootstrap_value: torch.Tensor | None,
+        next_value: torch.Tensor | None,
+    ) -> None:
+        self.reward = reward
+        self.value = value
+        self.terminated = terminated
+        self.truncated = truncated
+        self.last_value = last_value
+        self.bootstrap_value = bootstrap_value
+        self.next_value = next_value
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_unit_interval(name: str, number: float) -> None:
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        raise ConfigError(f"{name}: expected a float in [0, 1], got {number!r}")
+    if not 0.0 <= number <= 1.0:
+        raise ConfigError(f"{name}: expected a float in [0, 1], got {number!r}")
+
+
+def _check_float(name: str, tensor: object, dtype: torch.dtype | None) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise DtypeError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if dtype is None:
+        if tensor.dtype not in _FLOAT_DTYPES:
+            raise DtypeError(f"{name}: expected dtype torch.float32 or torch.float64, got {tensor.dtype}")
+    elif tensor.dtype != dtype:
+        raise DtypeError(f"{name}: expected dtype {dtype} (the dtype of reward), got {tensor.dtype}")
+
+
+def _check_like(
+    name: str, tensor: object, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> None:
+    _check_float(name, tensor, dtype)
+    assert isinstance(tensor, torch.Tensor)
+    _check_shape_device(name, tensor, shape, device)
+
+
+def _check_flag(name: str, tensor: object, shape: tuple[int, ...], device: torch.device) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise DtypeError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype != torch.bool:
+        raise DtypeError(f"{name}: expected dtype torch.bool, got {tensor.dtype}")
+    _check_shape_device(name, tensor, shape, device)
+
+
+def _check_shape_device(
+    name: str, tensor: torch.Tensor, shape: tuple[int, ...], device: torch.device
+) -> None:
+    if tuple(tensor.shape) != shape:
+        raise ShapeError(f"{name}: expected shape {shape}, got {tuple(tensor.shape)}")
+    if tensor.device != device:
+        raise DeviceError(f"{name}: expected device {device} (the device of reward), got {tensor.device}")
+
+
+def _non_finite_error(name: str, tensor: torch.Tensor, step: int, env: int) -> NonFiniteError:
+    return NonFiniteError(
+        f"{name}: expected finite values, got {tensor[step, env].item()} at step {step}, env {env}"
+    )
+
+
+def _check_finite_torch(views: _Rollout) -> None:
+    """Raise NonFiniteError for NaN/inf in any input value that the computation reads."""
+    read: list[tuple[str, torch.Tensor]] = [("reward", views.reward), ("value", views.value)]
+    if views.next_value is not None:
+        read.append(("next_value", views.next_value))
+    else:
+        assert views.last_value is not None
+        read.append(("last_value", views.last_value.unsqueeze(0)))
+        if views.truncated is not None and views.bootstrap_value is not None:
+            timeout = views.truncated & ~views.terminated
+            read.append(("bootstrap_value", torch.where(timeout, views.bootstrap_value, 0.0)))
+    for name, tensor in read:
+        # A sum is one cheap pass and is non-finite whenever an element is; it can also
+        # overflow on huge finite values, so the exact element check confirms.
+        if not bool(torch.isfinite(tensor.sum())):
+            bad = torch.nonzero(~torch.isfinite(tensor))
+            if len(bad):
+                step, env = (int(i) for i in bad[0])
+                if name == "last_value":
+                    raise NonFiniteError(
+                        f"last_value: expected finite values, got {tensor[0, env].item()} at env {env}"
+                    )
+                raise _non_finite_error(name, tensor, step, env)
+
+
+# ----------------------------------------------------------------------------- torch path
+
+
+def _gae_torch(views: _Rollout, gamma: float, gae_lambda: float) -> torch.Tensor:
+    """Advantages as a float64 time-major ``[T, N]`` tensor, with tensor ops on any device."""
+    num_steps, num_envs = views.reward.shape
+    f64 = torch.float64
+    device = views.reward.device
+    if views.next_value is not None:
+        next_v = views.next_value.to(f64)
+    else:
+        assert views.last_value is not None
+        next_v = torch.empty((num_steps, num_envs), dtype=f64, device=device)
+        next_v[:-1] = views.value[1:]
+        next_v[-1] = views.last_value
+        if views.truncated is not None and views.bootstrap_value is not None:
+            next_v = torch.where(views.truncated, views.bootstrap_value.to(f64), next_v)
+    # delta = reward + gamma * next_v * (1 - terminated) - value, in that order of operations;
+    # where() rather than a product, so values past a termination are never read.
+    delta = torch.empty((num_steps, num_envs), dtype=f64, device=device)
+    torch.add(views.reward, torch.where(views.terminated, 0.0, next_v * gamma), out=delta)
+    delta.sub_(views.value)
+    done = views.terminated if views.truncated is None else views.terminated | views.truncated
+    trace = (~done).to(f64).mul_(gamma * gae_lambda)
+    if _doubling_is_cheaper(num_steps, num_envs):
+        return _scan_doubling(delta, trace)
+    return _scan_steps(delta, trace)
+
+
+def _doubling_is_cheaper(num_steps: int, num_envs: int) -> bool:
+    """Compare rough costs: ~4 us per tensor op plus ~1.5 ns per float64 element."""
+    per_op, per_element = 4.0, 1.5e-3
+    steps = (num_steps - 1) * (per_op + per_element * num_envs)
+    levels = math.ceil(math.log2(max(num_steps, 2)))
+    doubling = 3 * levels * (per_op + per_element * num_steps * num_envs)
+    return doubling < steps
+
+
+def _scan_steps(delta: torch.Tensor, trace: torch.Tensor) -> torch.Tensor:
+    """advantage[t] = delta[t] + trace[t] * advantage[t + 1], one fused op per step, in place."""
+    rows = delta.unbind(0)
+    coefs = trace.unbind(0)
+    for t in range(len(rows) - 2, -1, -1):
+        rows[t].addcmul_(coefs[t], rows[t + 1])
+    return delta
+
+
+def _scan_doubling(delta: torch.Tensor, trace: torch.Tensor) -> torch.Tensor:
+    """The same recurrence as :func:`_scan_steps` in ``ceil(log2 T)`` rounds of whole-tensor ops.
+
+    After the round with offset ``k``, ``advantage[i]`` sums ``delta`` over ``[i, i + 2k)`` with
+    the products of ``trace`` as weights, and ``coef[i]`` is the product of ``trace`` over the
+    same window (zero once the window crosses an episode boundary).
+    """
+    num_steps = delta.shape[0]
+    advantage = delta
+    coef = trace
+    offset = 1
+    while offset < num_steps:
+        advantage[: num_steps - offset] += coef[: num_steps - offset] * advantage[offset:]
+        if 2 * offset < num_steps:
+            coef = coef[: num_steps - 2 * offset] * coef[offset : num_steps - offset]
+        offset *= 2
+    return advantage
+
+
+# ----------------------------------------------------------------------------- native path
+
+# One template, instantiated for float and double (REAL, NAME). Views are (address, time stride,
+# env stride) triples in elements, address 0 when absent, in the order of _KERNEL_VIEWS.
+# Accumulation is in double for both. Non-finite inputs are flagged in the same pass (status 1);
+# the caller then locates and reports them, and the fresh outputs are dropped.
+_C_TEMPLATE = r"""
+/* NaN or inf: x - x is NaN for those and 0 otherwise (no -ffast-math, so it is not folded). */
+static int NAME_bad(REAL x) { return (x - x) != 0; }
+
+/* Every row contiguous along envs: step by step, vectorisable across envs. */
+static int NAME_rows(int64_t T, int64_t N, const int64_t *v, double g, double c, double *carry) {
+    const int64_t *rw = v, *vl = v + 3, *te = v + 6, *tr = v + 9, *lv = v + 12, *bs = v + 15,
+                  *nx = v + 18, *ad = v + 21, *rt = v + 24;
+    int bad = 0;
+    if (!nx[0])
+        for (int64_t n = 0; n < N; ++n) bad |= NAME_bad(((const REAL *)(intptr_t)lv[0])[n]);
+    for (int64_t t = T - 1; t >= 0; --t) {
+        const REAL *restrict r_t = (const REAL *)(intptr_t)rw[0] + t * rw[1];
+        const REAL *restrict v_t = (const REAL *)(intptr_t)vl[0] + t * vl[1];
+        const uint8_t *restrict te_t = (const uint8_t *)(intptr_t)te[0] + t * te[1];
+        const uint8_t *restrict tr_t = tr[0] ? (const uint8_t *)(intptr_t)tr[0] + t * tr[1] : te_t;
+        const REAL *restrict next_t =
+            nx[0] ? (const REAL *)(intptr_t)nx[0] + t * nx[1]
+            : t == T - 1 ? (const REAL *)(intptr_t)lv[0]
+            : (const REAL *)(intptr_t)vl[0] + (t + 1) * vl[1];
+        REAL *restrict a_t = (REAL *)(intptr_t)ad[0] + t * ad[1];
+        REAL *restrict g_t = (REAL *)(intptr_t)rt[0] + t * rt[1];
+        const double c_t = t == T - 1 ? 0.0 : c;
+        int bad_t = 0;
+        if (bs[0] && !nx[0]) {
+            const REAL *restrict b_t = (const REAL *)(intptr_t)bs[0] + t * bs[1];
+            for (int64_t n = 0; n < N; ++n) {
+                /* Every load unconditional and every choice a select: the loop vectorises. */
+                const REAL r = r_t[n], value = v_t[n], b = b_t[n], x = next_t[n];
+                const int term = te_t[n], stop = term | tr_t[n], boot = stop & !term;
+                const double prev = carry[n];
+                bad_t |= NAME_bad(r) | NAME_bad(value) | (boot & NAME_bad(b));
+                const double next = boot ? (double)b : (double)x;
+                const double delta = ((double)r + (term ? 0.0 : g * next)) - (double)value;
+                const double a = delta + (stop ? 0.0 : c_t * prev);
+                carry[n] = a;
+                a_t[n] = (REAL)a;
+                g_t[n] = (REAL)a + value;
+            }
+        } else {
+            for (int64_t n = 0; n < N; ++n) {
+                const REAL r = r_t[n], value = v_t[n], x = next_t[n];
+                const int term = te_t[n], stop = term | tr_t[n];
+                const double prev = carry[n];
+                bad_t |= NAME_bad(r) | NAME_bad(value) | NAME_bad(x);
+                const double delta = ((double)r + (term ? 0.0 : g * (double)x)) - (double)value;
+                const double a = delta + (stop ? 0.0 : c_t * prev);
+                carry[n] = a;
+                a_t[n] = (REAL)a;
+                g_t[n] = (REAL)a + value;
+            }
+        }
+        bad |= bad_t;
+    }
+    return bad;
+}
+
+#define AT(view, type, t, n) \
+    (((type *)(intptr_t)(view)[0])[(t) * (view)[1] + (n) * (view)[2]])
+
+/* Any strides: env by env, sequential in time (TorchRL's [N, T] layout reads contiguously). */
+static int NAME_envs(int64_t T, int64_t N, const int64_t *v, double g, double c) {
+    const int64_t *rw = v, *vl = v + 3, *te = v + 6, *tr = v + 9, *lv = v + 12, *bs = v + 15,
+                  *nx = v + 18, *ad = v + 21, *rt = v + 24;
+    int bad = 0;
+    for (int64_t n = 0; n < N; ++n) {
+        double carry = 0.0;
+        for (int64_t t = T - 1; t >= 0; --t) {
+            const int term = AT(te, const uint8_t, t, n);
+            const int trunc = tr[0] ? AT(tr, const uint8_t, t, n) : 0;
+            const REAL reward = AT(rw, const REAL, t, n), value = AT(vl, const REAL, t, n);
+            REAL next;
+            if (nx[0]) next = AT(nx, const REAL, t, n);
+            else if (trunc && !term && bs[0]) next = AT(bs, const REAL, t, n);
+            else if (t == T - 1) next = AT(lv, const REAL, 0, n);
+            else next = AT(vl, const REAL, t + 1, n);
+            bad |= NAME_bad(reward) | NAME_bad(value) | (!term && NAME_bad(next));
+            const double delta = ((double)reward + (term ? 0.0 : g * (double)next)) - (double)value;
+            carry = delta + ((term | trunc) || t == T - 1 ? 0.0 : c * carry);
+            AT(ad, REAL, t, n) = (REAL)carry;
+            AT(rt, REAL, t, n) = (REAL)carry + value;
+        }
+    }
+    return bad;
+}
+
+#undef AT
+
+/* 0: done; 1: a non-finite input was read (outputs are garbage); -1: out of memory. */
+int NAME(int64_t T, int64_t N, const int64_t *v, double g, double lambda) {
+    int rows = 1;
+    for (int k = 0; k < 9; ++k)
+        if (v[3 * k] && v[3 * k + 2] != 1) rows = 0;
+    if (!rows) return NAME_envs(T, N, v, g, g * lambda);
+    double *carry = calloc((size_t)(N > 0 ? N : 1), sizeof(double));
+    if (!carry) return -1;
+    const int bad = NAME_rows(T, N, v, g, g * lambda, carry);
+    free(carry);
+    return bad;
+}
+"""
+
+_C_SOURCE = (
+    "#include <stdint.h>\n#include <stdlib.h>\n"
+    + _C_TEMPLATE.replace("NAME", "rlbuf_gae_f32").replace("REAL", "float")
+    + _C_TEMPLATE.replace("NAME", "rlbuf_gae_f64").replace("REAL", "double")
+)
+
+_VIEW_NAMES = (
+    "reward",
+    "value",
+    "terminated",
+    "truncated",
+    "last_value",
+    "bootstrap_value",
+    "next_value",
+)
+
+
+_native_lock = threading.Lock()
+_native_kernels_loaded: dict[torch.dtype, Callable[..., int]] | None = None  # None: not tried yet
+_native_error = ""
+
+
+def _native_kernels() -> dict[torch.dtype, Callable[..., int]]:
+    """Compile and load the C kernels on first call; ``{}`` (with the reason kept) on failure."""
+    global _native_kernels_loaded, _native_error
+    with _native_lock:
+        if _native_kernels_loaded is None:
+            try:
+                _native_kernels_loaded = _compile_kernels()
+            except (OSError, subprocess.SubprocessError, ConfigError) as error:
+                _native_kernels_loaded = {}
+                _native_error = str(error)
+        return _native_kernels_loaded
+
+
+def _compile_kernels() -> dict[torch.dtype, Callable[..., int]]:
+    if os.environ.get("RLBUF_DISABLE_NATIVE", "").lower() not in ("", "0", "false", "no"):
+        raise ConfigError("native GAE disabled by RLBUF_DISABLE_NATIVE")
+    if sys.platform == "win32":
+        raise ConfigError("native GAE is not built on Windows")
+    compiler = shlex.split(os.environ.get("CC", "cc")) or ["cc"]
+    if shutil.which(compiler[0]) is None:
+        raise ConfigError(f"native GAE needs a C compiler; {compiler[0]!r} not found")
+    # A private directory that is removed right after loading: the mapping outlives the file,
+    # and no compiled code is left behind for anyone to swap.
+    with tempfile.TemporaryDirectory(prefix="rlbuf-gae-") as scratch:
+        source = os.path.join(scratch, "gae.c")
+        library = os.path.join(scratch, "gae.so")
+        with open(source, "w") as file:
+            file.write(_C_SOURCE)
+        subprocess.run(
+            # -fno-trapping-math lets the selects in the loops vectorise; results are unchanged.
+            [*compiler, "-O3", "-fno-trapping-math", "-std=c99", "-shared", "-fPIC", "-o", library, source],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        lib = ctypes.CDLL(library)
+    kernels = {}
+    for dtype, name in ((torch.float32, "rlbuf_gae_f32"), (torch.float64, "rlbuf_gae_f64")):
+        kernel = getattr(lib, name)
+        kernel.restype = ctypes.c_int
+        kernel.argtypes = [
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.POINTER(ctypes.c_int64),
+            ctypes.c_double,
+            ctypes.c_double,
+            ctypes.POINTER(ctypes.c_int64),
+        ]
+        kernels[dtype] = kernel
+    return kernels
+
+
+def _use_native(backend: Backend, device: torch.device, numel: int) -> bool:
+    if backend == "torch":
+        return False
+    if backend == "native":
+        if device.type != "cpu":
+            raise DeviceError(f"backend: 'native' runs on the CPU, got tensors on {device}")
+        if not _native_kernels():
+            raise ConfigError(f"backend: 'native' is unavailable: {_native_error}")
+        return True
+    return device.type == "cpu" and numel >= _NATIVE_MIN_NUMEL and bool(_native_kernels())
+
+
+def _gae_native(
+    views: _Rollout, gamma: float, gae_lambda: float, advantage: torch.Tensor, returns: torch.Tensor
+) -> None:
+    """Fill ``advantage`` and ``returns`` (``[T, N]`` views) with one pass of the C kernel."""
+    num_steps, num_envs = views.reward.shape
+    descriptors: list[int] = []
+    for tensor in (
+        views.reward,
+        views.value,
+        views.terminated,
+        views.truncated,
+        None if views.last_value is None else views.last_value.unsqueeze(0),
+        views.bootstrap_value,
+        views.next_value,
+        advantage,
+        returns,
+    ):
+        if tensor is None or tensor.numel() == 0:
+            descriptors += (0, 0, 0)
+        else:
+            descriptors += (tensor.data_ptr(), *tensor.stride())
+    where = (ctypes.c_int64 * 2)()
+    status = _native_kernels()[views.reward.dtype](
+        num_steps,
+        num_envs,
+        (ctypes.c_int64 * 27)(*descriptors),
+        gamma,
+        gae_lambda,
+        where,
+    )
+    if status == 0:
+        return
+    if status < 0:
+        raise MemoryError(f"native GAE: could not allocate {num_envs} doubles")
+    name = _VIEW_NAMES[status - 1]
+    step, env = where[0], where[1]
+    if name == "last_value":
+        assert views.last_value is not None
+        raise NonFiniteError(
+            f"last_value: expected finite values, got {views.last_value[env].item()} at env {env}"
+        )
+    tensor = getattr(views, name)
+    raise _non_finite_error(name, tensor, step, env)
