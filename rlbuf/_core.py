@@ -162,6 +162,9 @@ class RowRing:
         rb._flush_owner = weakref.ref(self)
         rb.set_rng(generator)
         self.rb = rb
+        # TorchRL's own re-entrant buffer lock guards rlbuf's pending rows too, so adds, extends
+        # and samples from several threads (rlbuf's or TorchRL's API) never interleave a row.
+        self.lock = rb._replay_lock
         self.capacity = int(built.storage.max_size)
         self.scratch_dir = built.scratch_dir
         self._remove_scratch = (
@@ -226,8 +229,9 @@ class RowRing:
         With one row per add, the leading row dim may be omitted. Nothing is written unless
         every value passes validation.
         """
-        if self._stage(values, rows):
-            return
+        with self.lock:
+            if self._stage(values, rows):
+                return
         by_name = {spec.name: _as_rows(value, spec.shape, rows) for spec, value in zip(self.input_specs, values, strict=True)}
         self.write_tensors(by_name, rows)
 
@@ -284,22 +288,23 @@ class RowRing:
 
     def flush(self) -> None:
         """Commit the pending rows: TorchRL's bookkeeping (and, on a GPU storage, the copy)."""
-        n = self.pending
-        if not n:
+        if not self.pending:
             return
-        self.pending = 0
-        if self.write_through:
-            with self.rb._replay_lock, self.rb._write_lock:
-                self._commit(n)
-        else:
-            self.write({name: torch.from_numpy(target[:n]) for name, target in self.targets.items()}, n)
+        with self.lock:
+            n, self.pending = self.pending, 0
+            if self.write_through:
+                with self.rb._write_lock:  # not re-entrant when the buffer is shared across processes
+                    self._commit(n)
+            else:
+                self.write({name: torch.from_numpy(target[:n]) for name, target in self.targets.items()}, n)
 
     def write_tensors(self, values: Mapping[str, torch.Tensor], rows: int) -> None:
         """Validate ``rows`` rows given as tensors and write them now (derived fields are computed)."""
         for spec in self.input_specs:
             spec.check_tensor(values[spec.name], (rows,), self.accepted_devices)
-        self.flush()
-        self.write(values, rows)
+        with self.lock:
+            self.flush()
+            self.write(values, rows)
 
     def write(self, columns: Mapping[str, torch.Tensor], n: int) -> None:
         """Write ``n`` validated rows of the input fields at the cursor, oldest overwritten first.
@@ -309,14 +314,14 @@ class RowRing:
         """
         rb = self.rb
         capacity = self.capacity
-        if n > capacity:
-            # Only the newest `capacity` rows survive; writing them in order keeps the cursor right.
-            skipped = n - capacity
-            rb._writer._cursor = (int(rb._writer._cursor) + skipped) % capacity
-            rb._writer._write_count = int(rb._writer._write_count) + skipped
-            columns = {name: column[skipped:] for name, column in columns.items()}
-            n = capacity
         with rb._replay_lock, rb._write_lock:
+            if n > capacity:
+                # Only the newest `capacity` rows survive; writing them in order keeps the cursor right.
+                skipped = n - capacity
+                rb._writer._cursor = (int(rb._writer._cursor) + skipped) % capacity
+                rb._writer._write_count = int(rb._writer._write_count) + skipped
+                columns = {name: column[skipped:] for name, column in columns.items()}
+                n = capacity
             cursor = int(rb._writer._cursor)
             first = min(n, capacity - cursor)
             for name, column in columns.items():
@@ -384,13 +389,14 @@ class RowRing:
 
     def gather(self, index: torch.Tensor, names: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
         """The rows at ``index`` (storage positions) of the named fields."""
-        self.flush()
         leaves, wide = self.leaves, self._wide_rows
-        if not wide:
-            return {name: leaves[name].index_select(0, index) for name in (names or leaves)}
-        positions = index.numpy()
-        return {name: torch.from_numpy(wide[name].take(positions, axis=0)) if name in wide
-                else leaves[name].index_select(0, index) for name in (names or leaves)}
+        with self.lock:
+            self.flush()
+            if not wide:
+                return {name: leaves[name].index_select(0, index) for name in (names or leaves)}
+            positions = index.numpy()
+            return {name: torch.from_numpy(wide[name].take(positions, axis=0)) if name in wide
+                    else leaves[name].index_select(0, index) for name in (names or leaves)}
 
     def check_field_names(self, names: Sequence[str]) -> None:
         """Raise :class:`MissingFieldError` for names that are not stored fields."""
