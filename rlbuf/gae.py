@@ -13,15 +13,16 @@ with ``done = terminated | truncated``. A timeout (truncated, not terminated) bo
 V(final observation); a termination does not; the lambda-trace stops at both. With ``next_value``
 (TorchRL's ``("next", "state_value")``) the first three lines become ``next_v = next_value``.
 
-Two implementations give the same numbers (both accumulate in float64):
+Two implementations agree to rounding (both accumulate in float64, so float32 rollouts lose
+nothing to a long scan):
 
 - ``"torch"``: device-agnostic tensor ops. Short rollouts run one fused ``addcmul_`` per step;
   long ones a log-depth doubling scan (the trace coefficient is either ``gamma * gae_lambda`` or 0).
-- ``"native"``: one pass of a small C kernel, for CPU tensors. It is compiled on first use
-  (about 0.1 s with the system C compiler) into a private temporary directory, loaded with
-  :mod:`ctypes` and the files deleted; nothing is cached on disk. ``backend="auto"`` uses it for
-  CPU rollouts of at least 4096 elements when a compiler works, and the torch path otherwise.
-  Set the environment variable ``RLBUF_DISABLE_NATIVE=1`` to never compile.
+- ``"native"``: one pass of a small C kernel over CPU tensors, in either layout. It is compiled
+  on first use (about half a second with the system C compiler) into a private temporary
+  directory, loaded with :mod:`ctypes` and the files deleted; nothing is cached on disk.
+  ``backend="auto"`` uses it for CPU rollouts of at least 4096 elements when a compiler works,
+  and the torch path otherwise. Set ``RLBUF_DISABLE_NATIVE=1`` in the environment to never compile.
 """
 
 from __future__ import annotations
@@ -73,12 +74,15 @@ def compute_gae(
     next_value: torch.Tensor | None = None,
     time_dim: int = 0,
     backend: Backend = "auto",
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Compute GAE advantages and returns of a rollout, bootstrapping timeouts from ``bootstrap_value``.
 
     Inputs are ``[T, N]`` with ``time_dim=0`` (the layout of step-wise adds) or ``[N, T]`` with
     ``time_dim=1`` or ``-1`` (TorchRL collectors); neither layout is copied into the other.
-    All inputs are validated before anything is computed. Outputs carry no gradient.
+    Shapes, dtypes, devices and options are validated before anything is computed; NaN and inf
+    are caught just before (torch path) or during (C kernel) the one pass over the values, and
+    bad input never returns a result. Outputs carry no gradient.
 
     Args:
         reward: rewards, float32 or float64, ``[T, N]`` or ``[N, T]``.
@@ -96,6 +100,9 @@ def compute_gae(
             replaces ``value[t + 1]``, ``last_value`` and ``bootstrap_value``.
         time_dim: 0 for ``[T, N]`` inputs, 1 or -1 for ``[N, T]``.
         backend: ``"auto"``, ``"native"`` (C kernel, CPU only) or ``"torch"``; see the module doc.
+        out: ``(advantage, returns)`` tensors shaped like ``reward`` to write into instead of
+            fresh ones (e.g. a buffer's own columns); if computing fails midway they may hold
+            partial results.
 
     Returns:
         ``(advantage, returns)``, contiguous, in the layout and dtype of ``reward``, with
@@ -185,8 +192,13 @@ def compute_gae(
             )
         views.truncated = None
 
-    advantage = torch.empty(shape, dtype=dtype, device=device)
-    returns = torch.empty(shape, dtype=dtype, device=device)
+    if out is None:
+        advantage = torch.empty(shape, dtype=dtype, device=device)
+        returns = torch.empty(shape, dtype=dtype, device=device)
+    else:
+        advantage, returns = out
+        _check_like("out[0] (advantage)", advantage, shape, dtype, device)
+        _check_like("out[1] (returns)", returns, shape, dtype, device)
     if advantage.numel() == 0:
         return advantage, returns
     advantage_tn = advantage if time_major else advantage.t()
@@ -476,6 +488,10 @@ def _non_finite_error(name: str, tensor: torch.Tensor, step: int, env: int) -> N
     )
 
 
+def _sum_is_finite(tensor: torch.Tensor) -> bool:
+    return bool(torch.isfinite(tensor.sum()))
+
+
 def _check_finite_torch(views: _Rollout) -> None:
     """Raise NonFiniteError for NaN/inf in any input value that the computation reads."""
     read: list[tuple[str, torch.Tensor]] = [("reward", views.reward), ("value", views.value)]
@@ -484,13 +500,15 @@ def _check_finite_torch(views: _Rollout) -> None:
     else:
         assert views.last_value is not None
         read.append(("last_value", views.last_value.unsqueeze(0)))
-        if views.truncated is not None and views.bootstrap_value is not None:
+        bootstrap = views.bootstrap_value
+        # Bootstrap values count only at timeouts; masking costs a pass, so only when needed.
+        if views.truncated is not None and bootstrap is not None and not _sum_is_finite(bootstrap):
             timeout = views.truncated & ~views.terminated
-            read.append(("bootstrap_value", torch.where(timeout, views.bootstrap_value, 0.0)))
+            read.append(("bootstrap_value", torch.where(timeout, bootstrap, 0.0)))
     for name, tensor in read:
         # A sum is one cheap pass and is non-finite whenever an element is; it can also
         # overflow on huge finite values, so the exact element check confirms.
-        if not bool(torch.isfinite(tensor.sum())):
+        if not _sum_is_finite(tensor):
             bad = torch.nonzero(~torch.isfinite(tensor))
             if len(bad):
                 step, env = (int(i) for i in bad[0])
@@ -509,22 +527,28 @@ def _gae_torch(views: _Rollout, gamma: float, gae_lambda: float) -> torch.Tensor
     num_steps, num_envs = views.reward.shape
     f64 = torch.float64
     device = views.reward.device
+
+    def mask(flags: torch.Tensor) -> torch.Tensor:
+        # bool -> float through a uint8 view: on CPU several times faster than bool -> float.
+        return flags.view(torch.uint8).to(f64)
+
+    # Time-major work tensors whatever the input layout, so each step is a contiguous row.
+    delta = torch.empty((num_steps, num_envs), dtype=f64, device=device)
     if views.next_value is not None:
-        next_v = views.next_value.to(f64)
+        delta.copy_(views.next_value)
     else:
         assert views.last_value is not None
-        next_v = torch.empty((num_steps, num_envs), dtype=f64, device=device)
-        next_v[:-1] = views.value[1:]
-        next_v[-1] = views.last_value
+        delta[:-1] = views.value[1:]
+        delta[-1] = views.last_value
         if views.truncated is not None and views.bootstrap_value is not None:
-            next_v = torch.where(views.truncated, views.bootstrap_value.to(f64), next_v)
-    # delta = reward + gamma * next_v * (1 - terminated) - value, in that order of operations;
-    # where() rather than a product, so values past a termination are never read.
-    delta = torch.empty((num_steps, num_envs), dtype=f64, device=device)
-    torch.add(views.reward, torch.where(views.terminated, 0.0, next_v * gamma), out=delta)
-    delta.sub_(views.value)
-    done = views.terminated if views.truncated is None else views.terminated | views.truncated
-    trace = (~done).to(f64).mul_(gamma * gae_lambda)
+            # Bootstrap values are read at timeouts only (NaN elsewhere must not leak in).
+            timeout = views.truncated & ~views.terminated
+            delta = torch.where(timeout, views.bootstrap_value.to(f64), delta)
+    # delta = reward + gamma * next_v * (1 - terminated) - value; next_v is finite here, so the
+    # product by the 0/1 mask equals the definition exactly.
+    delta.mul_(mask(~views.terminated)).mul_(gamma).add_(views.reward.to(f64)).sub_(views.value.to(f64))
+    stop = views.terminated if views.truncated is None else views.terminated | views.truncated
+    trace = mask(~stop).mul_(gamma * gae_lambda)
     if _doubling_is_cheaper(num_steps, num_envs):
         return _scan_doubling(delta, trace)
     return _scan_steps(delta, trace)
@@ -569,97 +593,106 @@ def _scan_doubling(delta: torch.Tensor, trace: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- native path
 
-# One template, instantiated for float and double (REAL, NAME). Views are (address, time stride,
-# env stride) triples in elements, address 0 when absent, in the order of _KERNEL_VIEWS.
-# Accumulation is in double for both. Non-finite inputs are flagged in the same pass (status 1);
-# the caller then locates and reports them, and the fresh outputs are dropped.
+# One template, instantiated for float and double (REAL, NAME). The kernel gets 9 views as
+# (address, time stride, env stride) triples, strides in elements, address 0 when absent:
+# reward, value, terminated, truncated, last_value (time stride 0), bootstrap_value, next_value,
+# advantage, returns; all but last_value are [T, N] views. Accumulation is in double for both
+# dtypes. Non-finite inputs are flagged in the same pass (status 1); the caller then locates and
+# reports them and drops the fresh outputs, so nothing is returned from bad input.
 _C_TEMPLATE = r"""
 /* NaN or inf: x - x is NaN for those and 0 otherwise (no -ffast-math, so it is not folded). */
 static int NAME_bad(REAL x) { return (x - x) != 0; }
 
-/* Every row contiguous along envs: step by step, vectorisable across envs. */
+/* One step of every env, rows contiguous along envs. Kept out of line with plain restrict
+   parameters, every load unconditional and every choice a select, so that it vectorises. */
+RLBUF_VECTOR static int NAME_step(int64_t N, const REAL *restrict r_t, const REAL *restrict v_t,
+                     const REAL *restrict next_t, const REAL *restrict b_t,
+                     const uint8_t *restrict te_t, const uint8_t *restrict tr_t,
+                     REAL *restrict a_t, REAL *restrict g_t, double *restrict carry,
+                     double g, double c_t) {
+    int bad = 0;
+    for (int64_t n = 0; n < N; ++n) {
+        const REAL r = r_t[n], value = v_t[n], b = b_t[n], x = next_t[n];
+        const int term = te_t[n] != 0, trunc = tr_t[n] != 0;
+        const int stop = term | trunc, boot = trunc & !term;
+        const double prev = carry[n];
+        bad |= NAME_bad(r) | NAME_bad(value) | NAME_bad(x) | (boot & NAME_bad(b));
+        const double next = boot ? (double)b : (double)x;
+        const double delta = ((double)r + (term ? 0.0 : g * next)) - (double)value;
+        const double a = delta + (stop ? 0.0 : c_t * prev);
+        carry[n] = a;
+        a_t[n] = (REAL)a;
+        g_t[n] = (REAL)a + value;
+    }
+    return bad;
+}
+
 static int NAME_rows(int64_t T, int64_t N, const int64_t *v, double g, double c, double *carry) {
     const int64_t *rw = v, *vl = v + 3, *te = v + 6, *tr = v + 9, *lv = v + 12, *bs = v + 15,
                   *nx = v + 18, *ad = v + 21, *rt = v + 24;
     int bad = 0;
-    if (!nx[0])
-        for (int64_t n = 0; n < N; ++n) bad |= NAME_bad(((const REAL *)(intptr_t)lv[0])[n]);
     for (int64_t t = T - 1; t >= 0; --t) {
-        const REAL *restrict r_t = (const REAL *)(intptr_t)rw[0] + t * rw[1];
-        const REAL *restrict v_t = (const REAL *)(intptr_t)vl[0] + t * vl[1];
-        const uint8_t *restrict te_t = (const uint8_t *)(intptr_t)te[0] + t * te[1];
-        const uint8_t *restrict tr_t = tr[0] ? (const uint8_t *)(intptr_t)tr[0] + t * tr[1] : te_t;
-        const REAL *restrict next_t =
-            nx[0] ? (const REAL *)(intptr_t)nx[0] + t * nx[1]
-            : t == T - 1 ? (const REAL *)(intptr_t)lv[0]
-            : (const REAL *)(intptr_t)vl[0] + (t + 1) * vl[1];
-        REAL *restrict a_t = (REAL *)(intptr_t)ad[0] + t * ad[1];
-        REAL *restrict g_t = (REAL *)(intptr_t)rt[0] + t * rt[1];
-        const double c_t = t == T - 1 ? 0.0 : c;
-        int bad_t = 0;
-        if (bs[0] && !nx[0]) {
-            const REAL *restrict b_t = (const REAL *)(intptr_t)bs[0] + t * bs[1];
-            for (int64_t n = 0; n < N; ++n) {
-                /* Every load unconditional and every choice a select: the loop vectorises. */
-                const REAL r = r_t[n], value = v_t[n], b = b_t[n], x = next_t[n];
-                const int term = te_t[n], stop = term | tr_t[n], boot = stop & !term;
-                const double prev = carry[n];
-                bad_t |= NAME_bad(r) | NAME_bad(value) | (boot & NAME_bad(b));
-                const double next = boot ? (double)b : (double)x;
-                const double delta = ((double)r + (term ? 0.0 : g * next)) - (double)value;
-                const double a = delta + (stop ? 0.0 : c_t * prev);
-                carry[n] = a;
-                a_t[n] = (REAL)a;
-                g_t[n] = (REAL)a + value;
-            }
-        } else {
-            for (int64_t n = 0; n < N; ++n) {
-                const REAL r = r_t[n], value = v_t[n], x = next_t[n];
-                const int term = te_t[n], stop = term | tr_t[n];
-                const double prev = carry[n];
-                bad_t |= NAME_bad(r) | NAME_bad(value) | NAME_bad(x);
-                const double delta = ((double)r + (term ? 0.0 : g * (double)x)) - (double)value;
-                const double a = delta + (stop ? 0.0 : c_t * prev);
-                carry[n] = a;
-                a_t[n] = (REAL)a;
-                g_t[n] = (REAL)a + value;
-            }
-        }
-        bad |= bad_t;
+        const REAL *v_t = (const REAL *)(intptr_t)vl[0] + t * vl[1];
+        const uint8_t *te_t = (const uint8_t *)(intptr_t)te[0] + t * te[1];
+        const REAL *next_t = nx[0] ? (const REAL *)(intptr_t)nx[0] + t * nx[1]
+                           : t == T - 1 ? (const REAL *)(intptr_t)lv[0]
+                           : v_t + vl[1];
+        /* Without truncation flags (or bootstrap values) there is nothing to bootstrap from:
+           point both at rows that make the selects pick the plain next value. */
+        const uint8_t *tr_t = tr[0] ? (const uint8_t *)(intptr_t)tr[0] + t * tr[1] : te_t;
+        const REAL *b_t = bs[0] && !nx[0] ? (const REAL *)(intptr_t)bs[0] + t * bs[1] : next_t;
+        bad |= NAME_step(N, (const REAL *)(intptr_t)rw[0] + t * rw[1], v_t, next_t, b_t, te_t,
+                         tr_t, (REAL *)(intptr_t)ad[0] + t * ad[1],
+                         (REAL *)(intptr_t)rt[0] + t * rt[1], carry, g, t == T - 1 ? 0.0 : c);
     }
     return bad;
 }
 
-#define AT(view, type, t, n) \
-    (((type *)(intptr_t)(view)[0])[(t) * (view)[1] + (n) * (view)[2]])
-
-/* Any strides: env by env, sequential in time (TorchRL's [N, T] layout reads contiguously). */
+/* Any strides: env by env, sequential in time (TorchRL's [N, T] layout reads each env
+   contiguously). Pointers walk back one step at a time; no index arithmetic in the loop. */
 static int NAME_envs(int64_t T, int64_t N, const int64_t *v, double g, double c) {
     const int64_t *rw = v, *vl = v + 3, *te = v + 6, *tr = v + 9, *lv = v + 12, *bs = v + 15,
                   *nx = v + 18, *ad = v + 21, *rt = v + 24;
+    const int use_next = nx[0] != 0, use_boot = bs[0] && !nx[0] && tr[0];
+    /* Absent flags and values walk a present row instead; the selects ignore what they read. */
+    const int64_t sr = rw[1], sv = vl[1], ste = te[1], str = tr[0] ? tr[1] : te[1],
+                  snx = use_next ? nx[1] : sv, sbs = use_boot ? bs[1] : sv, sad = ad[1], srt = rt[1];
     int bad = 0;
     for (int64_t n = 0; n < N; ++n) {
-        double carry = 0.0;
+#define LAST(view, type) ((type *)(intptr_t)(view)[0] + (T - 1) * (view)[1] + n * (view)[2])
+        const REAL *r = LAST(rw, const REAL), *val = LAST(vl, const REAL);
+        const uint8_t *term_p = LAST(te, const uint8_t);
+        const uint8_t *trunc_p = tr[0] ? LAST(tr, const uint8_t) : term_p;
+        const REAL *next_p = use_next ? LAST(nx, const REAL) : val;
+        const REAL *boot_p = use_boot ? LAST(bs, const REAL) : val;
+        REAL *adv = LAST(ad, REAL), *ret = LAST(rt, REAL);
+#undef LAST
+        /* x: V(next observation) of step t, unless step t is a timeout. */
+        REAL x = use_next ? *next_p : ((const REAL *)(intptr_t)lv[0])[n * lv[2]];
+        double carry = 0.0, trace = 0.0;
         for (int64_t t = T - 1; t >= 0; --t) {
-            const int term = AT(te, const uint8_t, t, n);
-            const int trunc = tr[0] ? AT(tr, const uint8_t, t, n) : 0;
-            const REAL reward = AT(rw, const REAL, t, n), value = AT(vl, const REAL, t, n);
-            REAL next;
-            if (nx[0]) next = AT(nx, const REAL, t, n);
-            else if (trunc && !term && bs[0]) next = AT(bs, const REAL, t, n);
-            else if (t == T - 1) next = AT(lv, const REAL, 0, n);
-            else next = AT(vl, const REAL, t + 1, n);
-            bad |= NAME_bad(reward) | NAME_bad(value) | (!term && NAME_bad(next));
+            const int term = *term_p != 0, stop = term | (*trunc_p != 0);
+            const int boot = use_boot && stop && !term;
+            const REAL reward = *r, value = *val, b = *boot_p;
+            const REAL next = boot ? b : x;
+            /* The same values are checked as in the row loop. */
+            bad |= NAME_bad(reward) | NAME_bad(value) | NAME_bad(x) | (boot && NAME_bad(b));
             const double delta = ((double)reward + (term ? 0.0 : g * (double)next)) - (double)value;
-            carry = delta + ((term | trunc) || t == T - 1 ? 0.0 : c * carry);
-            AT(ad, REAL, t, n) = (REAL)carry;
-            AT(rt, REAL, t, n) = (REAL)carry + value;
+            carry = delta + (stop ? 0.0 : trace * carry);
+            trace = c;
+            *adv = (REAL)carry;
+            *ret = (REAL)carry + value;
+            r -= sr; val -= sv; term_p -= ste; trunc_p -= str; boot_p -= sbs; adv -= sad; ret -= srt;
+            if (use_next) {
+                next_p -= snx;
+                x = t ? *next_p : 0;
+            } else {
+                x = value;
+            }
         }
     }
     return bad;
 }
-
-#undef AT
 
 /* 0: done; 1: a non-finite input was read (outputs are garbage); -1: out of memory. */
 int NAME(int64_t T, int64_t N, const int64_t *v, double g, double lambda) {
@@ -675,22 +708,23 @@ int NAME(int64_t T, int64_t N, const int64_t *v, double g, double lambda) {
 }
 """
 
+_C_HEADER = r"""
+#include <stdint.h>
+#include <stdlib.h>
+
+/* One copy of the step loop per x86-64 level (AVX-512, AVX2, SSE2), picked when loaded. */
+#if defined(RLBUF_TARGET_CLONES) && defined(__x86_64__)
+#define RLBUF_VECTOR __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define RLBUF_VECTOR
+#endif
+"""
+
 _C_SOURCE = (
-    "#include <stdint.h>\n#include <stdlib.h>\n"
+    _C_HEADER
     + _C_TEMPLATE.replace("NAME", "rlbuf_gae_f32").replace("REAL", "float")
     + _C_TEMPLATE.replace("NAME", "rlbuf_gae_f64").replace("REAL", "double")
 )
-
-_VIEW_NAMES = (
-    "reward",
-    "value",
-    "terminated",
-    "truncated",
-    "last_value",
-    "bootstrap_value",
-    "next_value",
-)
-
 
 _native_lock = threading.Lock()
 _native_kernels_loaded: dict[torch.dtype, Callable[..., int]] | None = None  # None: not tried yet
@@ -725,13 +759,22 @@ def _compile_kernels() -> dict[torch.dtype, Callable[..., int]]:
         library = os.path.join(scratch, "gae.so")
         with open(source, "w") as file:
             file.write(_C_SOURCE)
-        subprocess.run(
-            # -fno-trapping-math lets the selects in the loops vectorise; results are unchanged.
-            [*compiler, "-O3", "-fno-trapping-math", "-std=c99", "-shared", "-fPIC", "-o", library, source],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+        # -fno-trapping-math lets the selects in the loops vectorise, results unchanged;
+        # -ffp-contract=off keeps every multiply and add rounded as the torch path rounds them.
+        command = [
+            *compiler, "-O3", "-fno-trapping-math", "-ffp-contract=off", "-std=c99", "-shared", "-fPIC"
+        ]
+        try:
+            subprocess.run(
+                [*command, "-DRLBUF_TARGET_CLONES", "-o", library, source],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+        except subprocess.CalledProcessError:  # a compiler or libc without target_clones
+            subprocess.run(
+                [*command, "-o", library, source], check=True, capture_output=True, timeout=120
+            )
         lib = ctypes.CDLL(library)
     kernels = {}
     for dtype, name in ((torch.float32, "rlbuf_gae_f32"), (torch.float64, "rlbuf_gae_f64")):
@@ -743,7 +786,6 @@ def _compile_kernels() -> dict[torch.dtype, Callable[..., int]]:
             ctypes.POINTER(ctypes.c_int64),
             ctypes.c_double,
             ctypes.c_double,
-            ctypes.POINTER(ctypes.c_int64),
         ]
         kernels[dtype] = kernel
     return kernels
@@ -767,40 +809,18 @@ def _gae_native(
     """Fill ``advantage`` and ``returns`` (``[T, N]`` views) with one pass of the C kernel."""
     num_steps, num_envs = views.reward.shape
     descriptors: list[int] = []
-    for tensor in (
-        views.reward,
-        views.value,
-        views.terminated,
-        views.truncated,
-        None if views.last_value is None else views.last_value.unsqueeze(0),
-        views.bootstrap_value,
-        views.next_value,
-        advantage,
-        returns,
-    ):
-        if tensor is None or tensor.numel() == 0:
-            descriptors += (0, 0, 0)
-        else:
-            descriptors += (tensor.data_ptr(), *tensor.stride())
-    where = (ctypes.c_int64 * 2)()
-    status = _native_kernels()[views.reward.dtype](
-        num_steps,
-        num_envs,
-        (ctypes.c_int64 * 27)(*descriptors),
-        gamma,
-        gae_lambda,
-        where,
-    )
+    for tensor in (views.reward, views.value, views.terminated, views.truncated):
+        descriptors += (0, 0, 0) if tensor is None else (tensor.data_ptr(), *tensor.stride())
+    last = views.last_value
+    descriptors += (0, 0, 0) if last is None else (last.data_ptr(), 0, last.stride(0))
+    for tensor in (views.bootstrap_value, views.next_value, advantage, returns):
+        descriptors += (0, 0, 0) if tensor is None else (tensor.data_ptr(), *tensor.stride())
+    kernel = _native_kernels()[views.reward.dtype]
+    status = kernel(num_steps, num_envs, (ctypes.c_int64 * 27)(*descriptors), gamma, gae_lambda)
     if status == 0:
         return
     if status < 0:
         raise MemoryError(f"native GAE: could not allocate {num_envs} doubles")
-    name = _VIEW_NAMES[status - 1]
-    step, env = where[0], where[1]
-    if name == "last_value":
-        assert views.last_value is not None
-        raise NonFiniteError(
-            f"last_value: expected finite values, got {views.last_value[env].item()} at env {env}"
-        )
-    tensor = getattr(views, name)
-    raise _non_finite_error(name, tensor, step, env)
+    # The kernel only flags non-finite input; the torch check names the field and the place.
+    _check_finite_torch(views)
+    raise NonFiniteError("reward/value: expected finite values, got NaN or inf")

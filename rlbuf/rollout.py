@@ -37,6 +37,7 @@ from rlbuf.errors import (
     BufferFullError,
     ConfigError,
     MissingFieldError,
+    NonFiniteError,
     RolloutIncompleteError,
     ShapeError,
 )
@@ -363,14 +364,19 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         if tuple(last.shape) != (self._num_envs,):
             raise ShapeError(f"last_value: expected shape ({self._num_envs},), got {tuple(last.shape)}")
         last = last.detach().to(self._storing_device, torch.float32)
-        advantage, returns = compute_gae(
-            self.view("reward"), self.view("value"), self.view("terminated"), self.view("truncated"), last,
-            gamma=gamma, gae_lambda=gae_lambda, bootstrap_value=self.view("bootstrap_value"),
+        if not bool(torch.isfinite(last).all()):
+            raise NonFiniteError("last_value: expected finite values, got NaN or inf")
+        self._ring.flush()
+        columns = {name: self._ring.leaves[name].view(self._num_steps, self._num_envs) for name in (
+            "reward", "value", "terminated", "truncated", "bootstrap_value", "advantage", "returns")}
+        self._advantages_ready = False
+        advantage, _ = compute_gae(
+            columns["reward"], columns["value"], columns["terminated"], columns["truncated"], last,
+            gamma=gamma, gae_lambda=gae_lambda, bootstrap_value=columns["bootstrap_value"],
+            out=(columns["advantage"], columns["returns"]),
         )
         if normalize_advantages:
-            advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
-        self.view("advantage").copy_(advantage)
-        self.view("returns").copy_(returns)
+            advantage.sub_(advantage.mean()).div_(advantage.std() + 1e-8)
         self._advantages_ready = True
 
     # -- reading -----------------------------------------------------------------------------
