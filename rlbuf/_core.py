@@ -20,12 +20,15 @@ of its own reads and writes, so TorchRL code sees every row rlbuf accepted.
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+import torch.multiprocessing
 from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
 
@@ -93,6 +96,47 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
     def dumps(self, path: Any) -> Any:
         self._flush_pending()
         return super().dumps(path)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled for a worker process: commit pending rows, put RAM storage in shared memory
+        # (so workers write where the learner reads) and let the owner re-derive its numpy views
+        # of the moved memory. The worker gets no owner: it writes through TorchRL directly.
+        owner = self._flush_owner() if self._flush_owner is not None else None
+        if owner is not None:
+            owner.flush()
+            owner.share_storage()
+        _prepare_process_sharing()
+        state = dict(super().__getstate__())
+        state.pop("_flush_owner", None)
+        return state
+
+
+def _rebuild_generator(device: str, state: bytes) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+    return generator
+
+
+def _reduce_generator(generator: torch.Generator) -> tuple[Any, tuple[str, bytes]]:
+    # The state travels as bytes: sharing it as a tensor fails in spawned processes under torch 2.13.
+    return _rebuild_generator, (str(generator.device), generator.get_state().numpy().tobytes())
+
+
+def _prepare_process_sharing() -> None:
+    """Make a buffer sendable to worker processes under torch 2.13.
+
+    Generators go by value (torch cannot send one to a spawned process, and TorchRL's storage,
+    writer and sampler all hold the buffer's generator), and tensors go through the
+    ``file_system`` sharing strategy (the default ``file_descriptor`` one fails to rebuild some
+    of TorchRL's small bookkeeping tensors in the child).
+    """
+    if torch.Generator not in ForkingPickler._extra_reducers:  # type: ignore[attr-defined]
+        ForkingPickler.register(torch.Generator, _reduce_generator)
+    if torch.multiprocessing.get_sharing_strategy() != "file_system":  # type: ignore[no-untyped-call]
+        warnings.warn("rlbuf: switching torch.multiprocessing's sharing strategy to 'file_system' so this "
+                      "buffer can be sent to worker processes (torch 2.13's 'file_descriptor' strategy fails "
+                      "on TorchRL's storage bookkeeping)", RuntimeWarning, stacklevel=3)
+        torch.multiprocessing.set_sharing_strategy("file_system")  # type: ignore[no-untyped-call]
 
 
 def _plain(tensor: torch.Tensor) -> torch.Tensor:
@@ -175,23 +219,18 @@ class RowRing:
         # Leaves viewed in user shape: a reward leaf of TorchRL shape [C, 1] is used as [C].
         self.leaves = {s.name: _plain(leaves.get(s.key)).view(self.capacity, *s.shape) for s in self.specs}
         self.write_through = storing_device.type == "cpu"
-        # Large CPU rows (images) gather faster with numpy's take: its big outputs fault in fewer pages.
-        self._wide_rows = {
-            s.name: self.leaves[s.name].numpy() for s in self.specs
-            if self.write_through and self.leaves[s.name][0].numel() * self.leaves[s.name].element_size() >= _WIDE_ROW_BYTES
-        }
         if self.write_through:
             self.pending_limit = self.capacity
-            self.targets = {s.name: self.leaves[s.name].numpy() for s in self.input_specs}
         else:
             self.pending_limit = min(_BLOCK_ROWS, self.capacity) if rows_per_add <= _BLOCK_ROWS else 0
             self.targets = {s.name: np.empty((self.pending_limit, *s.shape), s.np_dtype) for s in self.input_specs}
+            self._target_list = [self.targets[s.name] for s in self.input_specs]
+        self._derive_numpy_views()
         self.plans = tuple(
             _FieldPlan(s, (rows_per_add, *s.shape), s.shape if rows_per_add == 1 else None, s.np_dtype,
                        _scalar_types(s), s.shape == ())
             for s in self.input_specs
         )
-        self._target_list = [self.targets[s.name] for s in self.input_specs]
         self.pending = 0
         self._pending_start = 0
         self.accepted_devices: tuple[torch.device, ...] = (
@@ -217,6 +256,28 @@ class RowRing:
         if self._remove_scratch is not None:
             self._remove_scratch()
 
+    def share_storage(self) -> None:
+        """Place a RAM storage in shared memory and mark the buffer shared across processes.
+
+        Moving memory invalidates numpy views of it, so they are derived again.
+        """
+        storage = self.rb._storage._storage
+        if self.storing_device.type == "cpu" and not storage.is_memmap() and not storage.is_shared():
+            storage.share_memory_()
+        if not getattr(self.rb, "shared", False):
+            self.rb.share()
+        self._derive_numpy_views()
+
+    def _derive_numpy_views(self) -> None:
+        if self.write_through:
+            self.targets = {s.name: self.leaves[s.name].numpy() for s in self.input_specs}
+            self._target_list = [self.targets[s.name] for s in self.input_specs]
+        # Large CPU rows (images) gather faster with numpy's take: its big outputs fault in fewer pages.
+        self._wide_rows = {
+            s.name: self.leaves[s.name].numpy() for s in self.specs
+            if self.write_through and self.leaves[s.name][0].numel() * self.leaves[s.name].element_size() >= _WIDE_ROW_BYTES
+        }
+
     def clear(self) -> None:
         """Drop every row, pending or stored."""
         self.pending = 0
@@ -236,8 +297,9 @@ class RowRing:
         self.write_tensors(by_name, rows)
 
     def _stage(self, values: Sequence[Any], rows: int) -> bool:
-        """The fast path; ``False`` (nothing done) when it does not apply: GPU tensors, a big add."""
-        if rows > self.pending_limit:
+        """The fast path; ``False`` (nothing done) when it does not apply: GPU tensors, a big add,
+        or a buffer shared with writer processes (whose cursor moves under the shared lock only)."""
+        if rows > self.pending_limit or self.rb.shared:
             return False
         if self.pending + rows > self.pending_limit:
             self.flush()
@@ -389,14 +451,19 @@ class RowRing:
 
     def gather(self, index: torch.Tensor, names: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
         """The rows at ``index`` (storage positions) of the named fields."""
-        leaves, wide = self.leaves, self._wide_rows
         with self.lock:
             self.flush()
-            if not wide:
-                return {name: leaves[name].index_select(0, index) for name in (names or leaves)}
-            positions = index.numpy()
-            return {name: torch.from_numpy(wide[name].take(positions, axis=0)) if name in wide
-                    else leaves[name].index_select(0, index) for name in (names or leaves)}
+            # Writer processes of a shared buffer hold this lock while they write a row.
+            with self.rb._write_lock:
+                return self._select(index, names)
+
+    def _select(self, index: torch.Tensor, names: Sequence[str] | None) -> dict[str, torch.Tensor]:
+        leaves, wide = self.leaves, self._wide_rows
+        if not wide:
+            return {name: leaves[name].index_select(0, index) for name in (names or leaves)}
+        positions = index.numpy()
+        return {name: torch.from_numpy(wide[name].take(positions, axis=0)) if name in wide
+                else leaves[name].index_select(0, index) for name in (names or leaves)}
 
     def check_field_names(self, names: Sequence[str]) -> None:
         """Raise :class:`MissingFieldError` for names that are not stored fields."""

@@ -1,0 +1,61 @@
+"""Worker processes write into a buffer's TorchRL side while the learner samples from rlbuf."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from rlbuf import ReplayBuffer
+
+WORKERS, CHUNKS, ROWS = 2, 40, 16
+
+
+def _rows(uid: torch.Tensor) -> TensorDict:
+    n = uid.numel()
+    return TensorDict({
+        "observation": uid[:, None].expand(n, 3).clone(), "action": uid[:, None].expand(n, 2).clone(),
+        ("next", "observation"): uid[:, None].expand(n, 3) + 0.5, ("next", "reward"): uid[:, None].clone(),
+        ("next", "terminated"): (uid % 2 == 0)[:, None], ("next", "truncated"): torch.zeros(n, 1, dtype=torch.bool),
+        ("next", "done"): (uid % 2 == 0)[:, None],
+    }, batch_size=[n])
+
+
+def _write(rb: Any, worker: int, started: Any) -> None:
+    started.wait()
+    for chunk in range(CHUNKS):
+        first = worker * 1_000_000 + chunk * ROWS
+        rb.extend(_rows(torch.arange(first, first + ROWS, dtype=torch.float32)))
+
+
+@pytest.mark.parametrize("storage", ["memory", "memmap"])
+def test_worker_processes_write_every_row_once_and_samples_are_never_torn(storage: str) -> None:
+    buf = ReplayBuffer(WORKERS * CHUNKS * ROWS, obs_shape=(3,), action_shape=(2,), storage=storage, seed=0)  # type: ignore[arg-type]
+    buf.extend(_rows(torch.tensor([-2.0])))          # one row from the learner before workers start
+    context = mp.get_context("spawn")
+    started = context.Event()
+    workers = [context.Process(target=_write, args=(buf.torchrl, w, started)) for w in range(WORKERS)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)     # the one-time sharing-strategy notice
+        for worker in workers:
+            worker.start()
+    started.set()
+    samples = 0
+    while any(worker.is_alive() for worker in workers) or samples == 0:
+        batch = buf.sample(128)
+        assert torch.equal(batch.obs[:, 0], batch.reward)                  # all fields of a row
+        assert torch.equal(batch.next_obs[:, 1], batch.reward + 0.5)       # come from one write
+        assert torch.equal(batch.terminated, batch.reward % 2 == 0)
+        samples += 1
+    for worker in workers:
+        worker.join(timeout=60)
+        assert worker.exitcode == 0
+    stored = buf.sample_all().reward
+    expected = {-2.0} | {float(w * 1_000_000 + i) for w in range(WORKERS) for i in range(CHUNKS * ROWS)}
+    assert len(buf) == buf.capacity            # ring full: the learner's first row was overwritten
+    ids = stored.tolist()
+    assert len(set(ids)) == len(ids) and set(ids) <= expected and len(expected - set(ids)) == 1
