@@ -428,6 +428,9 @@ class RingBuffer(Generic[BatchT]):
             options["device"] = device
         if storing_device is not None:
             options["storing_device"] = storing_device
+        saved_stats = state.get("extra", {}).get("stats")
+        if saved_stats is not None:
+            options["stats"] = EpisodeStats(int(saved_stats["num_envs"]), window=int(saved_stats["window"]))
         try:
             buffer = cls(**options)
         except (TypeError, ValueError) as error:

@@ -128,6 +128,9 @@ def build_storage(
     else:
         raise ConfigError(f"storage: expected 'memory' or 'memmap', got {kind!r}")
     storage._init(template(specs))
+    # TorchRL writes only these keys when something (a collector's `replay_buffer=`) extends the
+    # storage with a richer tensordict: collector metadata, root-level flags and so on are dropped.
+    storage._storage_keys = [spec.key for spec in specs]
     return BuiltStorage(storage, directory, owns)
 
 

@@ -426,13 +426,13 @@ def test_bad_extend_raises_before_writing() -> None:
     add_ids(buf, range(2))
     before = snapshot(buf)
     td = TensorDict({"observation": torch.zeros(4, 3), "action": torch.zeros(4, 2),
-                     ("next", "observation"): torch.zeros(4, 3), ("next", "reward"): torch.zeros(4),
+                     ("next", "observation"): torch.zeros(4, 3), ("next", "reward"): torch.zeros(4, 2),
                      ("next", "terminated"): torch.zeros(4, 1, dtype=torch.bool)}, batch_size=[4])
-    with pytest.raises(ShapeError, match=r"reward: expected shape \(4, 1\)"):
+    with pytest.raises(ShapeError, match=r"reward: expected shape \(4, 1\) at key \('next', 'reward'\), got \(4, 2\)"):
         buf.extend(td)
     with pytest.raises(MissingFieldError, match="action"):
         buf.extend(td.exclude("action"))
-    td["next", "reward"] = torch.full((4, 1), float("nan"))
+    td["next", "reward"] = torch.full((4,), float("nan"))          # [B] is accepted as well as [B, 1]
     with pytest.raises(NonFiniteError):
         buf.extend(td)
     assert same_snapshot(snapshot(buf), before)
@@ -555,3 +555,29 @@ def test_stats_are_fed_by_adds_and_extends() -> None:
     assert stats.recent_returns() == [2.0, 3.0, 5.0, 4.0]
     with pytest.raises(ShapeError, match="needs batch size"):
         buf.extend(td.reshape(-1))
+
+
+def test_a_collector_writes_into_buffer_torchrl_directly() -> None:
+    from torchrl.collectors import Collector
+    from torchrl.envs import GymEnv
+    from torchrl.envs.utils import RandomPolicy
+
+    def run(direct: bool) -> ReplayBuffer:
+        torch.manual_seed(0)
+        env = GymEnv("CartPole-v1")
+        env.set_seed(0)
+        buf = ReplayBuffer(500, obs_shape=(4,), action_shape=(2,), action_dtype=torch.int64, seed=0)
+        collector = Collector(env, RandomPolicy(env.action_spec), frames_per_batch=50, total_frames=200,
+                              replay_buffer=buf.torchrl if direct else None)
+        for td in collector:
+            if not direct:
+                buf.extend(td)
+        collector.shutdown()
+        return buf
+
+    direct, extended = run(True), run(False)
+    assert len(direct) == len(extended) == 200
+    a, b = direct.sample_all().to_tensordict(), extended.sample_all().to_tensordict()
+    for key in ("observation", "action", ("next", "observation"), ("next", "reward"), ("next", "terminated"),
+                ("next", "truncated"), ("next", "done")):
+        assert torch.equal(a[key], b[key]), key
