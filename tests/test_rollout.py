@@ -235,7 +235,8 @@ def test_stats_are_fed_by_adds() -> None:
 
 
 def before(buf: RolloutBuffer) -> tuple[int, torch.Tensor]:
-    return buf.steps, buf.view("obs").clone()
+    """The filled steps only: the rest of a preallocated rollout is uninitialised memory."""
+    return buf.steps, buf.view("obs")[:buf.steps].clone()
 
 
 @pytest.mark.parametrize(("change", "error", "message"), [
