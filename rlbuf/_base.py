@@ -208,8 +208,12 @@ class RingBuffer(Generic[BatchT]):
 
     # -- lifecycle -------------------------------------------------------------------------
     def clear(self) -> None:
-        """Remove every row (and priorities); capacity and options stay."""
+        """Remove every row (and priorities); capacity and options stay.
+
+        An iterator from ``epochs()``/``minibatches()`` is forgotten (it is not checkpointed).
+        """
         self._ring.clear()
+        self._current_epochs = self._current_epochs_call = None
 
     def close(self) -> None:
         """Release the storage's scratch directory if rlbuf created it (memmap)."""

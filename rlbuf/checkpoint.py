@@ -7,12 +7,15 @@ Layout::
                            for every tensor file its dtype, shape, size and SHA-256
       tensors/<name>.bin   raw little-endian tensor bytes, one file per tensor
 
-Saving writes into a temporary sibling directory (files fsynced, the manifest last), then
-swaps it into place atomically (``renameat2(RENAME_EXCHANGE)`` on Linux), so a save killed at
-any moment leaves the previous checkpoint whole. Loading verifies the manifest, the format
-version, that the directory holds exactly the listed files, and every checksum, before a
-single tensor is read; it never unpickles anything (TorchRL 0.14.1's own ``loads`` unpickles
-a ``prefetch.pkl``: such a file makes rlbuf refuse the checkpoint).
+Saving writes into a temporary sibling directory ``.<name>.tmp-<hex>`` (files fsynced, the
+manifest last), then swaps it into place atomically (``renameat2(RENAME_EXCHANGE)`` on Linux),
+so a save killed at any moment leaves the previous checkpoint whole. A temporary sibling left
+by a killed save is never loaded (it is either unfinished or the superseded checkpoint; rename
+it to load it anyway). Saving replaces only an empty directory or an rlbuf checkpoint. Loading
+verifies the manifest, the format version, that the directory holds exactly the listed files,
+and every checksum, before a single tensor is read; it never unpickles anything (TorchRL
+0.14.1's own ``loads`` unpickles a ``prefetch.pkl``: such a file makes rlbuf refuse the
+checkpoint). Files are written, and checksums verified, on up to four threads.
 
 Example:
     >>> import tempfile, torch
@@ -49,10 +52,12 @@ FORMAT = "rlbuf-checkpoint"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 TENSOR_DIR = "tensors"
-_CHUNK = 32 << 20
+_CHUNK = 4 << 20  # hashed, then written while still in cache
+_THREADS = max(1, min(4, os.cpu_count() or 1))
 _MAX_MANIFEST_BYTES = 64 << 20
 _TENSOR = "__tensor__"
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+_TEMP_NAME = re.compile(r"\..+\.(tmp|old)-[0-9a-f]{12}")
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
     torch.bool,
@@ -113,21 +118,44 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _writeback_starter() -> Callable[[int, int, int], object]:
+    """``sync_file_range(fd, offset, count, SYNC_FILE_RANGE_WRITE)`` where Linux has it, else a no-op.
+
+    It starts writing a chunk to disk without waiting, so the disk works while the next chunk
+    is hashed and the final fsync (which still makes the file durable) has less left to do.
+    """
+    try:
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError, TypeError):
+        return lambda fd, offset, count: None
+    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    sync_file_range_write = 2
+    return lambda fd, offset, count: function(fd, offset, count, sync_file_range_write)
+
+
+_start_writeback = _writeback_starter()
+
+
 def _write_tensor(tensor: torch.Tensor, target: Path) -> dict[str, Any]:
     """Write ``tensor`` as raw bytes in chunks (never the whole of a memmap in RAM); return its entry."""
     flat = tensor.detach().reshape(-1) if tensor.is_contiguous() else tensor.detach().contiguous().reshape(-1)
     digest = hashlib.sha256()
     rows_per_chunk = max(1, _CHUNK // max(1, flat.element_size()))
-    with open(target, "wb") as file:
+    with open(target, "wb", buffering=0) as file:
+        fd, offset = file.fileno(), 0
         for start in range(0, flat.numel(), rows_per_chunk):
             chunk = flat[start:start + rows_per_chunk]
             if chunk.device.type != "cpu":
                 chunk = chunk.cpu()
-            raw = memoryview(chunk.as_subclass(torch.Tensor).numpy()).cast("B")
+            raw = chunk.as_subclass(torch.Tensor).numpy().data.cast("B")
             digest.update(raw)
-            file.write(raw)
-        file.flush()
-        os.fsync(file.fileno())
+            written = 0
+            while written < len(raw):  # an unbuffered write may take part of the chunk
+                written += file.write(raw[written:])
+            _start_writeback(fd, offset, len(raw))
+            offset += len(raw)
+        os.fsync(fd)
     return {"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape),
             "bytes": flat.numel() * flat.element_size(), "sha256": digest.hexdigest()}
 
@@ -150,12 +178,31 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def _check_replaceable(path: Path) -> None:
+    """Refuse to replace anything but nothing, an empty directory, or an rlbuf checkpoint."""
     if not path.exists():
         return
     if not path.is_dir():
         raise CheckpointError(f"{path}: exists and is not a directory; refusing to overwrite it")
-    if any(path.iterdir()) and not (path / MANIFEST).is_file():
-        raise CheckpointError(f"{path}: exists and is not an rlbuf checkpoint (no {MANIFEST}); refusing to overwrite it")
+    if not any(path.iterdir()):
+        return
+    manifest = path / MANIFEST
+    try:
+        ours = (manifest.stat().st_size <= _MAX_MANIFEST_BYTES
+                and json.loads(manifest.read_text(encoding="utf-8")).get("format") == FORMAT)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        ours = False
+    if not ours:
+        raise CheckpointError(f"{path}: exists and is not an rlbuf checkpoint (no {MANIFEST} of format {FORMAT!r}); "
+                              f"refusing to overwrite it")
+
+
+def _remove(staging: Path) -> None:
+    """Remove a staging directory, or the superseded checkpoint swapped into it: manifest first."""
+    if staging.is_symlink():  # the swap moved a symlinked target path here; the link goes, not its target
+        staging.unlink()
+        return
+    (staging / MANIFEST).unlink(missing_ok=True)
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def save_state(state: dict[str, Any], path: str | Path) -> None:
@@ -174,9 +221,10 @@ def save_state(state: dict[str, Any], path: str | Path) -> None:
     staging = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:12]}"
     try:
         (staging / TENSOR_DIR).mkdir(parents=True)
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            futures = {rel: pool.submit(_write_tensor, tensor, staging / rel) for rel, tensor in tensors.items()}
-            files = {rel: future.result() for rel, future in futures.items()}
+        largest_first = sorted(tensors, key=lambda rel: -tensors[rel].numel() * tensors[rel].element_size())
+        with ThreadPoolExecutor(max_workers=_THREADS) as pool:
+            futures = {rel: pool.submit(_write_tensor, tensors[rel], staging / rel) for rel in largest_first}
+            files = {rel: futures[rel].result() for rel in tensors}
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "versions": _versions(),
                     "state": encoded, "files": files}
         with open(staging / MANIFEST, "w", encoding="utf-8") as file:
@@ -186,10 +234,14 @@ def save_state(state: dict[str, Any], path: str | Path) -> None:
         _fsync_dir(staging / TENSOR_DIR)
         _fsync_dir(staging)
         if path.exists():
-            if not _exchange(staging, path):
+            if not _exchange(staging, path):  # two renames: a crash between them leaves no checkpoint at path
                 aside = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:12]}"
                 os.rename(path, aside)
-                os.rename(staging, path)
+                try:
+                    os.rename(staging, path)
+                except OSError:
+                    os.rename(aside, path)
+                    raise
                 staging = aside
         else:
             os.rename(staging, path)
@@ -198,12 +250,16 @@ def save_state(state: dict[str, Any], path: str | Path) -> None:
         reason = "the disk is full" if error.errno == errno.ENOSPC else f"{error.strerror or error}"
         raise CheckpointError(f"{path}: saving failed: {reason}; the previous checkpoint, if any, is untouched") from error
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove(staging)
 
 
 # -- reading ----------------------------------------------------------------------------------
 def _read_manifest(path: Path) -> dict[str, Any]:
     manifest_path = path / MANIFEST
+    if _TEMP_NAME.fullmatch(path.name):
+        checkpoint = path.parent / path.name[1:].rsplit(".", 1)[0]
+        raise CheckpointError(f"{path}: left by an interrupted save (unfinished, or the checkpoint it replaced); the "
+                              f"checkpoint is {checkpoint} (rename this directory to load it anyway)")
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a checkpoint directory")
     if not manifest_path.is_file():
@@ -236,6 +292,15 @@ def _safe_file(root: Path, relpath: object) -> Path:
     return target
 
 
+def _sha256(target: Path) -> str:
+    digest = hashlib.sha256()
+    buffer = memoryview(bytearray(_CHUNK))  # reused: a fresh buffer per read costs more than the hash
+    with open(target, "rb", buffering=0) as file:
+        while count := file.readinto(buffer):
+            digest.update(buffer[:count])
+    return digest.hexdigest()
+
+
 def _verify_files(root: Path, files: dict[str, Any]) -> dict[str, Path]:
     targets = {rel: _safe_file(root, rel) for rel in files}
     present = {p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir()}
@@ -254,12 +319,12 @@ def _verify_files(root: Path, files: dict[str, Any]) -> dict[str, Path]:
         size = target.stat().st_size
         if size != expected or entry.get("bytes") != expected:
             raise CheckpointError(f"{target}: {size} bytes, expected {expected} (truncated or corrupted)")
-        digest = hashlib.sha256()
-        with open(target, "rb") as file:
-            while chunk := file.read(_CHUNK):
-                digest.update(chunk)
-        if digest.hexdigest() != entry.get("sha256"):
-            raise CheckpointError(f"{target}: SHA-256 mismatch (corrupted)")
+    largest_first = sorted(files, key=lambda rel: -int(files[rel]["bytes"]))
+    with ThreadPoolExecutor(max_workers=_THREADS) as pool:
+        digests = dict(zip(largest_first, pool.map(_sha256, (targets[rel] for rel in largest_first)), strict=True))
+    for rel, entry in files.items():
+        if digests[rel] != entry.get("sha256"):
+            raise CheckpointError(f"{targets[rel]}: SHA-256 mismatch (corrupted)")
     return targets
 
 
