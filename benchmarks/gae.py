@@ -29,6 +29,7 @@ from torchrl.objectives.value.functional import (
     vec_generalized_advantage_estimate,
 )
 
+from rlbuf import _gae_native as rlbuf_gae_native
 from rlbuf import gae as rlbuf_gae
 
 GAMMA, LAMBDA = 0.99, 0.95
@@ -148,9 +149,9 @@ def time_peers(peers: dict[str, Callable[[], object]], rounds: int) -> dict[str,
 def main() -> None:
     torch.set_num_threads(1)
     start = time.perf_counter()
-    native = bool(rlbuf_gae._native_kernels())
+    native = bool(rlbuf_gae_native._native_kernels())
     compile_ms = (time.perf_counter() - start) * 1e3
-    status = f"compiled in {compile_ms:.0f} ms" if native else f"unavailable: {rlbuf_gae._native_error}"
+    status = f"compiled in {compile_ms:.0f} ms" if native else f"unavailable: {rlbuf_gae_native._native_error}"
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; native kernel {status}")
     cases = [
         # (shape name, T, N, rounds, baseline peer)

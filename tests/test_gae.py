@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
+from rlbuf import _gae_native as native_module
 from rlbuf import gae as gae_module
 from rlbuf.errors import (
     ConfigError,
@@ -20,11 +21,11 @@ from rlbuf.errors import (
 )
 from rlbuf.gae import GAE, compute_gae
 
-NATIVE = bool(gae_module._native_kernels())
+NATIVE = bool(native_module._native_kernels())
 BACKENDS = [
     "torch",
     pytest.param(
-        "native", marks=pytest.mark.skipif(not NATIVE, reason=f"no native GAE: {gae_module._native_error}")
+        "native", marks=pytest.mark.skipif(not NATIVE, reason=f"no native GAE: {native_module._native_error}")
     ),
 ]
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -464,8 +465,8 @@ def test_native_backend_refuses_other_devices() -> None:
 
 def test_native_can_be_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLBUF_DISABLE_NATIVE", "1")
-    monkeypatch.setattr(gae_module, "_native_kernels_loaded", None)
-    assert gae_module._native_kernels() == {}
+    monkeypatch.setattr(native_module, "_native_kernels_loaded", None)
+    assert native_module._native_kernels() == {}
     with pytest.raises(ConfigError, match=r"backend: 'native' is unavailable: .*RLBUF_DISABLE_NATIVE"):
         call(backend="native")
     big = make_rollout(64, 64)  # large enough for "auto" to want native: falls back to torch
