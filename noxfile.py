@@ -1,10 +1,12 @@
-"""nox sessions: `tests` (lint, type check, tests, doctests, README/docs examples) and `demo`.
+"""nox sessions: `tests` (lint, types, tests, doctests, doc examples), `demo`, `demos-full`, `docs`.
 
 Every session installs through constraints-cpu.txt, which pins the CPU torch wheel present on
 these machines, so no session downloads a CUDA build.
 """
 
 from __future__ import annotations
+
+import time
 
 import nox
 
@@ -15,10 +17,10 @@ PYTHON = "3.11"
 CONSTRAINTS = ("-c", "constraints-cpu.txt")
 
 
-def _install(session: nox.Session, extras: str) -> None:
+def _install(session: nox.Session, extras: str = "") -> None:
     # torch first, alone and pinned: pip then never considers a CUDA build for it.
     session.install(*CONSTRAINTS, "torch")
-    session.install(*CONSTRAINTS, "-e", f".[{extras}]")
+    session.install(*CONSTRAINTS, "-e", f".[{extras}]" if extras else ".")
 
 
 @nox.session(python=PYTHON)
@@ -32,9 +34,24 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
-    """The main job: a short replay-buffer training loop (see examples/)."""
-    _install(session, "demo")
-    session.run("python", "examples/replay_quickstart.py", *session.posargs)
+    """The main job: PPO on CartPole-v1 until the last 20 episodes average 475 (under a minute).
+
+    Extra arguments go to the command: `nox -s demo -- --seed 2 --out runs/ppo`.
+    """
+    _install(session)
+    session.run("rlbuf", "demo", "ppo", *session.posargs)
+
+
+@nox.session(name="demos-full", python=PYTHON)
+def demos_full(session: nox.Session) -> None:
+    """Every demo with its default budget: PPO, DQN, DQN with PER, and distillation of the PPO run."""
+    _install(session)
+    runs = f"runs/full-{time.strftime('%Y%m%d-%H%M%S')}"
+    session.run("rlbuf", "demo", "ppo", "--out", f"{runs}/ppo", *session.posargs)
+    session.run("rlbuf", "demo", "dqn", "--out", f"{runs}/dqn", *session.posargs)
+    session.run("rlbuf", "demo", "dqn", "--prioritized", "--out", f"{runs}/dqn-per", *session.posargs)
+    session.run("rlbuf", "demo", "distill", "--teacher", f"{runs}/ppo", "--out", f"{runs}/distill", *session.posargs)
+    session.log(f"all outputs in {runs}/ (curve.png, summary.json, model.pt, checkpoints/ in each)")
 
 
 @nox.session(python=PYTHON)
@@ -43,3 +60,20 @@ def bench(session: nox.Session) -> None:
     _install(session, "dev,bench")
     for name in session.posargs or ["replay"]:
         session.run("python", f"benchmarks/{name}.py")
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """Build the documentation site into site/, warnings as errors: `nox -s docs`.
+
+    The API reference is read from the source by griffe (static analysis), so neither rlbuf
+    nor torch is installed here: only the `docs` extra. The code blocks of the pages are run
+    by the `tests` session (tests/test_docs.py).
+    """
+    import tomllib
+
+    with open("pyproject.toml", "rb") as file:
+        requirements = tomllib.load(file)["project"]["optional-dependencies"]["docs"]
+    session.install(*requirements)
+    session.run("mkdocs", "build", "--strict", "--site-dir", "site", *session.posargs,
+                env={"NO_MKDOCS_2_WARNING": "1"})

@@ -1,0 +1,200 @@
+"""``rlbuf inspect``: a checkpoint's manifest as a table (or JSON), every file's checksum verified.
+
+PATH may be a buffer checkpoint (written by ``buffer.save``), a demo checkpoint (its
+``buffer/`` is inspected, and the SHA-256 of its ``state.pt`` checked) or a demo output folder
+(its newest checkpoint). Nothing is unpickled: only JSON is parsed and files are hashed.
+
+Example:
+    >>> import tempfile, torch
+    >>> from pathlib import Path
+    >>> from rlbuf import ReplayBuffer
+    >>> buf = ReplayBuffer(8, obs_shape=(2,), action_shape=(), action_dtype=torch.int64, seed=0)
+    >>> buf.add(torch.zeros(2), 1, 0.5, torch.ones(2), False)
+    >>> path = Path(tempfile.mkdtemp()) / "ckpt"
+    >>> buf.save(path)
+    >>> report = inspect_checkpoint(path)
+    >>> report["ok"], report["kind"], report["size"], report["capacity"]
+    (True, 'ReplayBuffer', 1, 8)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from rlbuf.checkpoint import MANIFEST, read_manifest
+from rlbuf.errors import CheckpointError
+
+_CHUNK = 1 << 20
+
+
+def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Describe and verify a checkpoint; never raises for a damaged one (``ok`` says).
+
+    Returns:
+        ``{"path", "ok", "error", "kind", "size", "capacity", "storage", "storing_device",
+        "device", "fields": [{name, key, shape, dtype}], "versions", "format_version",
+        "files": [{path, dtype, shape, bytes, status}], "demo"}``; ``status`` is ``ok``,
+        ``failed`` (size or SHA-256 differ) or ``missing``. ``demo`` (frames, state file
+        status) is set for demo checkpoints.
+
+    Example:
+        >>> inspect_checkpoint("/nonexistent")["error"]
+        '/nonexistent: not a checkpoint directory, demo checkpoint or demo output folder'
+    """
+    root = Path(path)
+    report: dict[str, Any] = {"path": str(root), "ok": False, "error": None, "demo": None, "files": []}
+    buffer_dir = _buffer_dir(root)
+    if buffer_dir is None:
+        report["error"] = f"{root}: not a checkpoint directory, demo checkpoint or demo output folder"
+        return report
+    if buffer_dir != root:
+        report["demo"] = _demo_part(buffer_dir.parent)
+    report["path"] = str(buffer_dir)
+    try:
+        manifest = json.loads((buffer_dir / MANIFEST).read_text(encoding="utf-8"))
+        if not isinstance(manifest, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as error:
+        report["error"] = f"{buffer_dir / MANIFEST}: unreadable ({error})"
+        return report
+    state: dict[str, Any] = manifest["state"] if isinstance(manifest.get("state"), dict) else {}
+    options: dict[str, Any] = state["options"] if isinstance(state.get("options"), dict) else {}
+    report.update({
+        "kind": state.get("kind"),
+        "format_version": manifest.get("format_version"),
+        "versions": manifest.get("versions"),
+        "size": state.get("size"),
+        "capacity": _capacity(options),
+        "storage": options.get("storage"),
+        "storing_device": options.get("storing_device"),
+        "device": options.get("device") or options.get("storing_device"),
+        "fields": [{"name": s.get("name"), "key": s.get("key"), "shape": s.get("shape"), "dtype": s.get("dtype")}
+                   for s in state.get("spec", []) if isinstance(s, dict)],
+        "files": [_check_file(buffer_dir, rel, entry) for rel, entry in sorted((manifest.get("files") or {}).items())],
+    })
+    try:
+        read_manifest(buffer_dir)
+    except CheckpointError as error:
+        report["error"] = str(error)
+    demo_ok = report["demo"] is None or report["demo"]["state_status"] == "ok"
+    if report["error"] is None and not demo_ok:
+        report["error"] = f"{buffer_dir.parent / 'state.pt'}: {report['demo']['state_status']} (SHA-256 mismatch)"
+    report["ok"] = report["error"] is None
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report of :func:`inspect_checkpoint` as a readable table.
+
+    Example:
+        >>> print(format_report(inspect_checkpoint("/nonexistent")))
+        checkpoint  /nonexistent
+        status      FAILED: /nonexistent: not a checkpoint directory, demo checkpoint or demo output folder
+    """
+    lines = [f"checkpoint  {report['path']}"]
+    if "kind" in report:
+        versions = report.get("versions") or {}
+        lines += [
+            f"kind        {report['kind']}  (format version {report['format_version']})",
+            f"size        {report['size']} / {report['capacity']} rows",
+            f"storage     {report['storage']}  (storing device {report['storing_device']}, "
+            f"device {report['device']})",
+            "versions    " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        ]
+    if report["demo"] is not None:
+        demo = report["demo"]
+        lines.append(f"demo        {demo['demo']} at {demo['frames']} frames  (state.pt: {demo['state_status']})")
+    if report.get("fields"):
+        lines += ["", "fields", *_table(["name", "key", "shape", "dtype"],
+                                        [[f["name"], _key(f["key"]), _shape(f["shape"]), f["dtype"]]
+                                         for f in report["fields"]])]
+    if report["files"]:
+        lines += ["", "files", *_table(["file", "dtype", "shape", "bytes", "checksum"],
+                                       [[f["path"], f["dtype"], _shape(f["shape"]), f["bytes"], f["status"]]
+                                        for f in report["files"]])]
+    if "kind" in report:
+        lines.append("")
+    lines.append("status      " + ("ok" if report["ok"] else f"FAILED: {report['error']}"))
+    return "\n".join(lines)
+
+
+def inspect_main(path: str, *, as_json: bool) -> int:
+    """Print the report for ``path``; return 0 when the checkpoint is whole, else 1.
+
+    Example:
+        >>> inspect_main("/nonexistent", as_json=False)
+        checkpoint  /nonexistent
+        status      FAILED: /nonexistent: not a checkpoint directory, demo checkpoint or demo output folder
+        1
+    """
+    report = inspect_checkpoint(path)
+    print(json.dumps(report, indent=1) if as_json else format_report(report))
+    return 0 if report["ok"] else 1
+
+
+def _buffer_dir(root: Path) -> Path | None:
+    if (root / MANIFEST).is_file():
+        return root
+    if (root / "buffer" / MANIFEST).is_file():
+        return root / "buffer"
+    checkpoints = sorted((root / "checkpoints").glob("frames-*")) if (root / "checkpoints").is_dir() else []
+    if checkpoints and (checkpoints[-1] / "buffer" / MANIFEST).is_file():
+        return checkpoints[-1] / "buffer"
+    return None
+
+
+def _demo_part(checkpoint: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads((checkpoint / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {"demo": None, "frames": None, "state_status": "missing meta.json"}
+    state = checkpoint / "state.pt"
+    status = "missing" if not state.is_file() else "ok" if _sha256(state) == meta.get("state_sha256") else "failed"
+    return {"demo": meta.get("demo"), "frames": meta.get("frames"), "state_status": status}
+
+
+def _capacity(options: dict[str, Any]) -> Any:
+    if "capacity" in options:
+        return options["capacity"]
+    if "num_steps" in options and "num_envs" in options:
+        return options["num_steps"] * options["num_envs"]
+    return None
+
+
+def _check_file(root: Path, rel: str, entry: Any) -> dict[str, Any]:
+    entry = entry if isinstance(entry, dict) else {}
+    target = root / rel
+    if ".." in Path(rel).parts or not target.is_file():
+        status = "missing"
+    elif target.stat().st_size != entry.get("bytes") or _sha256(target) != entry.get("sha256"):
+        status = "failed"
+    else:
+        status = "ok"
+    return {"path": rel, "dtype": entry.get("dtype"), "shape": entry.get("shape"), "bytes": entry.get("bytes"),
+            "status": status}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _key(key: Any) -> str:
+    return ".".join(key) if isinstance(key, list) else str(key)
+
+
+def _shape(shape: Any) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")" if isinstance(
+        shape, list) else str(shape)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    cells = [header, *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]

@@ -1,0 +1,104 @@
+"""The ``rlbuf`` command (also ``python -m rlbuf``): demo training runs and checkpoint inspection.
+
+::
+
+    rlbuf demo ppo [options]        PPO on CartPole-v1 (rlbuf demo ppo --help for the options)
+    rlbuf demo dqn [--prioritized]  double DQN on CartPole-v1
+    rlbuf demo distill [--teacher DIR]  DAgger from a PPO teacher into a smaller student
+    rlbuf inspect PATH [--json]     a checkpoint's manifest, sizes, fields and checksums
+
+Example:
+    >>> options = build_parser().parse_args(["demo", "dqn", "--prioritized", "--seed", "2"])
+    >>> options.demo, options.prioritized, options.seed
+    ('dqn', True, 2)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rlbuf.demos import DEMOS
+from rlbuf.errors import RlbufError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``rlbuf`` command, with a ``--help`` on every command.
+
+    Example:
+        >>> build_parser().parse_args(["inspect", "ckpt", "--json"]).json
+        True
+    """
+    from rlbuf.demos._run import add_arguments
+
+    parser = argparse.ArgumentParser(prog="rlbuf", description="rlbuf: typed, fast RL buffers over TorchRL.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser("demo", help="train a demo agent on CartPole-v1",
+                               description="Train a demo agent on CartPole-v1. Every demo writes a learning "
+                                           "curve, a JSON summary, the final networks and checkpoints to --out, "
+                                           "and continues a killed run with --resume.")
+    demos = demo.add_subparsers(dest="demo", required=True, metavar="DEMO")
+    for name, description in DEMOS.items():
+        module = importlib.import_module(f"rlbuf.demos.{name}")
+        sub = demos.add_parser(name, help=description, description=(module.__doc__ or "").replace("``", ""),
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+        add_arguments(sub, module.Args)
+
+    inspect = commands.add_parser("inspect", help="show and verify a checkpoint",
+                                  description="Print a checkpoint's manifest as a table: kind, sizes, devices, "
+                                              "fields, versions and the checksum of every file. PATH is a buffer "
+                                              "checkpoint (buffer.save), a demo checkpoint, or a demo output "
+                                              "folder (its newest checkpoint). Exits with 1 if it is damaged.")
+    inspect.add_argument("path", metavar="PATH", help="checkpoint directory or demo output folder")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``rlbuf`` command; return its exit status (0 ok, 1 failed, 2 bad usage).
+
+    Example:
+        >>> main(["inspect", "/nonexistent", "--json"])  # doctest: +ELLIPSIS
+        {..."ok": false...}
+        1
+    """
+    options = build_parser().parse_args(argv)
+    if options.command == "inspect":
+        from rlbuf._inspect import inspect_main
+
+        return inspect_main(options.path, as_json=options.json)
+    return _demo(options)
+
+
+def _demo(options: argparse.Namespace) -> int:
+    from rlbuf.demos._run import WINDOW, resolve_args
+
+    module = importlib.import_module(f"rlbuf.demos.{options.demo}")
+    given: dict[str, Any] = {k: v for k, v in vars(options).items() if k not in ("command", "demo")}
+    try:
+        args = resolve_args(module.Args, given, options.demo)
+        summary: dict[str, Any] = module.run(args)
+    except RlbufError as error:
+        print(f"rlbuf demo {options.demo}: {error}", file=sys.stderr)
+        return 1
+    recent = summary[f"mean_return_last_{WINDOW}"]
+    reached = summary["reached_target"]
+    print(f"{options.demo}: {summary['status']} after {summary['frames']} frames in {summary['seconds']:.1f} s; "
+          f"mean return of the last {WINDOW} episodes: {'-' if recent is None else f'{recent:.1f}'}")
+    if reached is not None:
+        print(f"  reached {summary['target_return']:g} at {reached['frames']} frames, {reached['seconds']:.1f} s")
+    for key in ("teacher_return", "student_return"):
+        if key in summary:
+            print(f"  {key.replace('_', ' ')}: {summary[key]:.1f}")
+    out = Path(summary["outputs"]["summary"]).parent.resolve()
+    print(f"outputs in {out}/: curve.png, summary.json, model.pt, checkpoints/ (rlbuf inspect {out})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

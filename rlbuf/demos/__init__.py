@@ -1,0 +1,20 @@
+"""Demo training runs on CartPole-v1, one module per algorithm, run by ``rlbuf demo <name>``.
+
+- :mod:`rlbuf.demos.ppo`: PPO with a TorchRL collector, the RolloutBuffer, GAE and EpisodeStats.
+- :mod:`rlbuf.demos.dqn`: double DQN with a target network and the ReplayBuffer (``--prioritized``).
+- :mod:`rlbuf.demos.distill`: DAgger from a PPO teacher to a smaller student via the DistillationBuffer.
+
+Each module has an ``Args`` dataclass (its options) and ``run(args)``; :mod:`rlbuf.demos._run`
+holds what they share (output folder, progress bar, curve, summary, checkpoints and resume).
+
+Example:
+    >>> sorted(DEMOS)
+    ['distill', 'dqn', 'ppo']
+"""
+
+DEMOS = {
+    "ppo": "PPO on CartPole-v1: TorchRL collector + RolloutBuffer + GAE transform + EpisodeStats",
+    "dqn": "double DQN on CartPole-v1 with a target network and the ReplayBuffer (--prioritized: PER)",
+    "distill": "DAgger on CartPole-v1: a PPO teacher labels a smaller student's states in a DistillationBuffer",
+}
+"""Demo name -> one line of what it does."""

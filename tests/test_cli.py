@@ -1,0 +1,124 @@
+"""The `rlbuf` command: help on every command, `python -m rlbuf`, and `rlbuf inspect`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlbuf import ReplayBuffer, RolloutBuffer
+from rlbuf.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("argv", [[], ["demo"], ["demo", "ppo"], ["demo", "dqn"], ["demo", "distill"], ["inspect"]])
+def test_every_command_has_help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: rlbuf")
+    if argv[:1] == ["demo"] and len(argv) == 2:
+        for option in ("--seed", "--device", "--storage {memory,memmap}", "--out", "--checkpoint-every", "--resume",
+                       "--stop-after-frames", "--frames"):
+            assert option in text
+
+
+def test_dqn_help_offers_prioritized_replay(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", "dqn", "--help"])
+    assert "--prioritized, --no-prioritized" in capsys.readouterr().out
+
+
+def test_python_dash_m_rlbuf() -> None:
+    result = subprocess.run([sys.executable, "-m", "rlbuf", "--help"], capture_output=True, text=True, cwd=ROOT,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert "demo" in result.stdout and "inspect" in result.stdout
+
+
+def test_bad_usage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "ppo", "--storage", "tape"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'tape'" in capsys.readouterr().err
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    buffer = ReplayBuffer(16, obs_shape=(3,), action_shape=(), action_dtype=torch.int64, prioritized=True, seed=0)
+    for step in range(5):
+        buffer.add(torch.randn(3), step % 2, 1.0, torch.randn(3), step == 4)
+    buffer.save(tmp_path / "ckpt")
+    return tmp_path / "ckpt"
+
+
+def test_inspect_prints_a_table(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(checkpoint)]) == 0
+    text = capsys.readouterr().out
+    assert "kind        ReplayBuffer" in text
+    assert "size        5 / 16 rows" in text
+    assert "storing device cpu" in text
+    assert "torchrl 0.14" in text
+    assert ["next_obs", "next.observation", "(3,)", "float32"] in [line.split() for line in text.splitlines()]
+    assert "tensors/state.fields.action.bin" in text
+    assert text.rstrip().endswith("status      ok")
+    assert "failed" not in text
+
+
+def test_inspect_json(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(checkpoint), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is True and report["error"] is None
+    assert report["kind"] == "ReplayBuffer" and report["capacity"] == 16
+    assert {f["name"]: f["shape"] for f in report["fields"]}["obs"] == [3]
+    assert {f["status"] for f in report["files"]} == {"ok"}
+
+
+def test_inspect_rollout_capacity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    RolloutBuffer(4, 2, obs_shape=(3,), action_shape=()).save(tmp_path / "rollout")
+    assert main(["inspect", str(tmp_path / "rollout"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["capacity"] == 8
+
+
+def test_inspect_flags_a_corrupted_file(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = checkpoint / "tensors" / "state.fields.reward.bin"
+    data = bytearray(target.read_bytes())
+    data[0] ^= 0xFF
+    target.write_bytes(bytes(data))
+    assert main(["inspect", str(checkpoint)]) == 1
+    text = capsys.readouterr().out
+    assert "tensors/state.fields.reward.bin" in text
+    row = next(line for line in text.splitlines() if "state.fields.reward.bin" in line)
+    assert row.rstrip().endswith("failed")
+    assert "status      FAILED:" in text and "SHA-256 mismatch" in text
+    assert main(["inspect", str(checkpoint), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False
+    assert {f["path"]: f["status"] for f in report["files"]}["tensors/state.fields.reward.bin"] == "failed"
+
+
+def test_inspect_flags_a_missing_file_and_a_bad_manifest(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (checkpoint / "tensors" / "state.fields.obs.bin").unlink()
+    assert main(["inspect", str(checkpoint), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert {f["path"]: f["status"] for f in report["files"]}["tensors/state.fields.obs.bin"] == "missing"
+    (checkpoint / "manifest.json").write_text("{not json")
+    assert main(["inspect", str(checkpoint)]) == 1
+    assert "manifest.json: unreadable" in capsys.readouterr().out
+
+
+def test_inspect_refuses_what_is_not_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(tmp_path)]) == 1
+    assert "not a checkpoint directory, demo checkpoint or demo output folder" in capsys.readouterr().out
+
+
+def test_inspect_refuses_an_unexpected_pickle(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (checkpoint / "prefetch.pkl").write_bytes(b"\x80\x04N.")
+    assert main(["inspect", str(checkpoint)]) == 1
+    assert "unexpected file 'prefetch.pkl'" in capsys.readouterr().out
