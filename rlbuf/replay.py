@@ -151,6 +151,31 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         """Whether sampling follows priorities."""
         return self._prioritized
 
+    @property
+    def beta(self) -> float:
+        """The importance-sampling exponent; anneal it towards 1 by setting it between samples.
+
+        Raises:
+            PriorityError: the buffer is not prioritized.
+
+        Example:
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), prioritized=True, beta=0.4)
+            >>> buf.beta = 0.7
+            >>> buf.beta
+            0.7
+        """
+        return float(self._sum_tree().beta)
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        self._sum_tree().beta = value
+
+    def _sum_tree(self) -> SumTreeSampler:
+        sampler = self._ring.rb._sampler
+        if not isinstance(sampler, SumTreeSampler):
+            raise PriorityError("beta: this buffer is not prioritized (build it with prioritized=True)")
+        return sampler
+
     def _repr_options(self) -> str:
         return f", prioritized={self._prioritized}"
 

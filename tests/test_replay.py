@@ -581,3 +581,15 @@ def test_a_collector_writes_into_buffer_torchrl_directly() -> None:
     for key in ("observation", "action", ("next", "observation"), ("next", "reward"), ("next", "terminated"),
                 ("next", "truncated"), ("next", "done")):
         assert torch.equal(a[key], b[key]), key
+
+
+def test_beta_can_be_annealed_and_changes_the_weights() -> None:
+    buf = make(capacity=4, prioritized=True, alpha=1.0, beta=0.0, seed=0)
+    add_ids(buf, range(4))
+    buf.update_priority([0, 1, 2, 3], [1.0, 2.0, 4.0, 8.0])
+    assert torch.equal(buf.sample(16).weight, torch.ones(16))       # beta 0: no correction
+    buf.beta = 1.0
+    batch = buf.sample(64)
+    assert torch.allclose(batch.weight, 1.0 / torch.tensor([1.0, 2.0, 4.0, 8.0])[batch.index], atol=1e-5)
+    with pytest.raises(PriorityError, match="not prioritized"):
+        make().beta = 0.5
