@@ -19,10 +19,12 @@ of its own reads and writes, so TorchRL code sees every row rlbuf accepted.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from multiprocessing.context import get_spawning_popen  # type: ignore[attr-defined]
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, NamedTuple
 
@@ -102,7 +104,7 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         # (so workers write where the learner reads) and let the owner re-derive its numpy views
         # of the moved memory. The worker gets no owner: it writes through TorchRL directly.
         owner = self._flush_owner() if self._flush_owner is not None else None
-        if owner is not None:
+        if owner is not None and get_spawning_popen() is not None:
             owner.flush()
             owner.share_storage()
         _prepare_process_sharing()
@@ -211,8 +213,9 @@ class RowRing:
         self.lock = rb._replay_lock
         self.capacity = int(built.storage.max_size)
         self.scratch_dir = built.scratch_dir
+        # Tied to the TorchRL buffer: someone may keep `buffer.torchrl` after dropping the facade.
         self._remove_scratch = (
-            remove_when_collected(self, built.scratch_dir)
+            remove_when_collected(rb, built.scratch_dir)
             if built.owns_scratch_dir and built.scratch_dir is not None else None
         )
         leaves = built.storage._storage
@@ -236,6 +239,12 @@ class RowRing:
         self.accepted_devices: tuple[torch.device, ...] = (
             (storing_device,) if storing_device.type == "cpu" else (storing_device, _CPU)
         )
+
+    def __del__(self) -> None:
+        # Someone may keep `buffer.torchrl` after dropping the facade: commit what it accepted.
+        if getattr(self, "pending", 0):
+            with contextlib.suppress(Exception):  # nothing may be raised from a finalizer
+                self.flush()
 
     # -- state -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -280,8 +289,9 @@ class RowRing:
 
     def clear(self) -> None:
         """Drop every row, pending or stored."""
-        self.pending = 0
-        self.rb.empty()
+        with self.lock:
+            self.pending = 0
+            self.rb.empty()
 
     # -- writing ---------------------------------------------------------------------------
     def add(self, values: Sequence[Any], rows: int) -> None:
@@ -315,6 +325,7 @@ class RowRing:
             elif plan.single_shape is not None and isinstance(value, plan.scalar_types):
                 if plan.spec.finite and not math.isfinite(value):  # type: ignore[arg-type]
                     check_finite_rows(plan.spec, np.asarray([value]))
+                plan.spec.check_scalar(value)  # type: ignore[arg-type]
                 append(value)
                 continue
             else:
@@ -324,6 +335,8 @@ class RowRing:
                 raise ShapeError(_shape_message(plan, shape))
             if array.dtype is not plan.np_dtype and array.dtype != plan.np_dtype:
                 plan.spec.check_dtype(array.dtype)
+                if array.dtype.itemsize > plan.np_dtype.itemsize or array.dtype.kind != plan.np_dtype.kind:
+                    plan.spec.check_range(array)
             if plan.spec.finite and array.dtype.kind == "f":
                 total = array.item() if array.size == 1 else array.sum()
                 if not math.isfinite(total):

@@ -110,10 +110,11 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
             EmptyBufferError: nothing is stored.
         """
         ring = self._ring
-        ring.require_rows(batch_size, without_replacement=False)
-        ring.flush()
-        index = torch.randint(0, len(ring), (batch_size,), generator=ring.generator, device=self._storing_device)
-        return self._batch(index)
+        with ring.lock:
+            ring.require_rows(batch_size, without_replacement=False)
+            ring.flush()
+            index = torch.randint(0, len(ring), (batch_size,), generator=ring.generator, device=self._storing_device)
+            return self._batch(index)
 
     def _make_batch(self, columns: dict[str, torch.Tensor]) -> DistillationBatch:
         return DistillationBatch(columns["obs"], columns["expert_action"], columns["index"],

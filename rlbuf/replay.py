@@ -71,11 +71,11 @@ def replay_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], obs_
     specs = [
         FieldSpec("obs", "observation", obs_shape, obs_dtype),
         FieldSpec("action", "action", action_shape, action_dtype),
-        FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True),
+        FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True, trailing_one=True),
         FieldSpec("next_obs", ("next", "observation"), obs_shape, obs_dtype),
-        FieldSpec("terminated", ("next", "terminated"), (), torch.bool),
-        FieldSpec("truncated", ("next", "truncated"), (), torch.bool),
-        FieldSpec("done", ("next", "done"), (), torch.bool),
+        FieldSpec("terminated", ("next", "terminated"), (), torch.bool, trailing_one=True),
+        FieldSpec("truncated", ("next", "truncated"), (), torch.bool, trailing_one=True),
+        FieldSpec("done", ("next", "done"), (), torch.bool, trailing_one=True),
     ]
     reserved = {s.name for s in specs} | {"index", "weight", "extras", "observation", "next"}
     return (*specs, *extra_specs(extra_fields, reserved))
@@ -269,16 +269,17 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             EmptyBufferError: nothing is stored.
         """
         ring = self._ring
-        ring.require_rows(batch_size, without_replacement=False)
-        ring.flush()
-        if self._prioritized:
-            index, info = ring.rb._sampler.sample(ring.rb._storage, batch_size)
-            weight = info["priority_weight"].to(torch.float32)
-        else:
-            index = torch.randint(0, len(ring), (batch_size,), generator=ring.generator,
-                                  device=self._storing_device)
-            weight = None
-        return self._batch(index, weight)
+        with ring.lock:  # index, weights and rows from one consistent state, whatever other threads add
+            ring.require_rows(batch_size, without_replacement=False)
+            ring.flush()
+            if self._prioritized:
+                index, info = ring.rb._sampler.sample(ring.rb._storage, batch_size)
+                weight = info["priority_weight"].to(torch.float32)
+            else:
+                index = torch.randint(0, len(ring), (batch_size,), generator=ring.generator,
+                                      device=self._storing_device)
+                weight = None
+            return self._batch(index, weight)
 
     def _make_batch(self, columns: dict[str, torch.Tensor]) -> ReplayBatch:
         weight = columns.get("weight")

@@ -64,15 +64,15 @@ def rollout_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], pri
     specs = [
         FieldSpec("obs", "observation", obs_shape, obs_dtype),
         FieldSpec("action", "action", action_shape, action_dtype),
-        FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True),
-        FieldSpec("terminated", ("next", "terminated"), (), torch.bool),
-        FieldSpec("truncated", ("next", "truncated"), (), torch.bool),
-        FieldSpec("value", "state_value", (), torch.float32, finite=True),
+        FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True, trailing_one=True),
+        FieldSpec("terminated", ("next", "terminated"), (), torch.bool, trailing_one=True),
+        FieldSpec("truncated", ("next", "truncated"), (), torch.bool, trailing_one=True),
+        FieldSpec("value", "state_value", (), torch.float32, finite=True, trailing_one=True),
         FieldSpec("log_prob", "sample_log_prob", (), torch.float32, finite=True),
-        FieldSpec("bootstrap_value", ("next", "state_value"), (), torch.float32, finite=True),
-        FieldSpec("advantage", "advantage", (), torch.float32),
-        FieldSpec("returns", "value_target", (), torch.float32),
-        FieldSpec("done", ("next", "done"), (), torch.bool),
+        FieldSpec("bootstrap_value", ("next", "state_value"), (), torch.float32, finite=True, trailing_one=True),
+        FieldSpec("advantage", "advantage", (), torch.float32, trailing_one=True),
+        FieldSpec("returns", "value_target", (), torch.float32, trailing_one=True),
+        FieldSpec("done", ("next", "done"), (), torch.bool, trailing_one=True),
     ]
     if privileged_obs_shape is not None:
         specs.insert(1, FieldSpec("privileged_obs", "privileged_observation", privileged_obs_shape, torch.float32))

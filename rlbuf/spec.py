@@ -7,7 +7,7 @@ hands the field in (``shape``, per row) and how TorchRL lays it out (``key`` and
 Example:
     >>> import torch
     >>> from rlbuf.spec import FieldSpec
-    >>> spec = FieldSpec("reward", ("next", "reward"), (), torch.float32)
+    >>> spec = FieldSpec("reward", ("next", "reward"), (), torch.float32, trailing_one=True)
     >>> spec.td_shape
     (1,)
     >>> spec.describe()
@@ -42,6 +42,11 @@ _NUMPY_DTYPES: dict[torch.dtype, np.dtype[Any]] = {
 }
 
 
+def numpy_dtype_or_none(dtype: torch.dtype) -> np.dtype[Any] | None:
+    """The numpy dtype for ``dtype``, or ``None`` where numpy has none (``bfloat16``, complex halves)."""
+    return _NUMPY_DTYPES.get(dtype)
+
+
 def numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
     """The numpy dtype that holds ``dtype`` bit for bit.
 
@@ -72,6 +77,8 @@ class FieldSpec:
         shape: the shape of one row as users pass it (``()`` for a scalar per step).
         dtype: the stored dtype.
         finite: whether values must be finite (rewards, values, log-probs).
+        trailing_one: a scalar that TorchRL stores with a trailing 1 (``("next", "reward")``,
+            the done flags, ``"state_value"``); actions and log-probs have none.
 
     Example:
         >>> spec = FieldSpec("obs", "observation", (84, 84, 4), torch.uint8)
@@ -84,6 +91,7 @@ class FieldSpec:
     shape: tuple[int, ...]
     dtype: torch.dtype
     finite: bool = False
+    trailing_one: bool = False
     np_dtype: np.dtype[Any] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -93,8 +101,8 @@ class FieldSpec:
 
     @property
     def td_shape(self) -> tuple[int, ...]:
-        """The per-row shape in TorchRL layout: scalars get a trailing 1."""
-        return self.shape if self.shape else (1,)
+        """The per-row shape in TorchRL layout (rewards and flags get a trailing 1)."""
+        return (1,) if self.trailing_one and not self.shape else self.shape
 
     def describe(self) -> str:
         """A short ``name: shape dtype`` description for reprs and messages."""
@@ -109,17 +117,71 @@ class FieldSpec:
     def check_dtype(self, dtype: torch.dtype | np.dtype[Any]) -> None:
         """Raise :class:`DtypeError` unless ``dtype`` converts to the stored dtype within its kind.
 
-        Floats of any precision go into float fields; integers and bools into integer or
-        float fields; a float never goes into an integer or bool field (it would be
-        truncated silently).
+        One rule for numpy and torch inputs: floats of any precision go into float fields;
+        integers and bools into integer or float fields; only bools into bool fields; a float
+        never goes into an integer field (it would be truncated silently). Narrowing integer
+        conversions are range-checked by :meth:`check_range`.
+
+        Example:
+            >>> FieldSpec("obs", "observation", (2,), torch.uint8).check_dtype(torch.float32)
+            Traceback (most recent call last):
+            ...
+            rlbuf.errors.DtypeError: obs: expected dtype torch.uint8 (or one that converts to it without changing kind), got torch.float32
         """
-        if isinstance(dtype, np.dtype):
-            ok = np.can_cast(dtype, self.np_dtype, casting="same_kind")
-        else:
-            ok = torch.can_cast(dtype, self.dtype)
+        kind = (np.dtype(dtype) if isinstance(dtype, np.dtype) else numpy_dtype_or_none(dtype))
+        target = self.np_dtype.kind
+        ok = kind is not None and (
+            kind.kind == "b" if target == "b"
+            else kind.kind in "biu" if target in "iu"
+            else kind.kind in "biuf" if target == "f"
+            else False
+        )
         if not ok:
             raise DtypeError(f"{self.name}: expected dtype {self.dtype} (or one that converts to it "
                              f"without changing kind), got {dtype}")
+
+    def check_range(self, values: np.ndarray[Any, Any] | torch.Tensor) -> None:
+        """Raise :class:`DtypeError` if integer ``values`` do not fit the stored integer dtype.
+
+        Example:
+            >>> FieldSpec("action", "action", (), torch.uint8).check_range(np.array([3, 300]))
+            Traceback (most recent call last):
+            ...
+            rlbuf.errors.DtypeError: action: values in [3, 300] do not fit torch.uint8 [0, 255]
+        """
+        if self.np_dtype.kind not in "iu" or values.dtype in (torch.bool, np.bool_):
+            return
+        info = np.iinfo(self.np_dtype)
+        if isinstance(values, torch.Tensor):
+            if values.numel() == 0 or values.is_floating_point():
+                return
+            low, high = int(values.min()), int(values.max())
+        else:
+            if values.size == 0 or values.dtype.kind not in "iu":
+                return
+            low, high = int(values.min()), int(values.max())
+        if low < info.min or high > info.max:
+            raise DtypeError(f"{self.name}: values in [{low}, {high}] do not fit {self.dtype} [{info.min}, {info.max}]")
+
+    def check_scalar(self, value: float | int | bool) -> None:
+        """Raise :class:`DtypeError` if a Python number does not fit the stored dtype.
+
+        Example:
+            >>> FieldSpec("action", "action", (), torch.int32).check_scalar(2**40)
+            Traceback (most recent call last):
+            ...
+            rlbuf.errors.DtypeError: action: 1099511627776 does not fit torch.int32
+        """
+        kind = self.np_dtype.kind
+        if kind in "iu":
+            info = np.iinfo(self.np_dtype)
+            fits = info.min <= value <= info.max
+        elif kind == "f":
+            fits = not math.isfinite(value) or abs(value) <= np.finfo(self.np_dtype).max
+        else:
+            fits = True
+        if not fits:
+            raise DtypeError(f"{self.name}: {value!r} does not fit {self.dtype}")
 
     def check_tensor(self, value: torch.Tensor, lead: tuple[int, ...], devices: tuple[torch.device, ...]) -> None:
         """Validate a tensor holding rows of this field, with leading dims ``lead``.
@@ -132,6 +194,8 @@ class FieldSpec:
             raise ShapeError(f"{self.name}: expected shape {_shape_str(expected)}, got {_shape_str(value.shape)}")
         if value.dtype is not self.dtype:
             self.check_dtype(value.dtype)
+            if value.dtype.itemsize > self.dtype.itemsize or value.dtype.is_signed != self.dtype.is_signed:
+                self.check_range(value)
         if value.device not in devices:
             allowed = " or ".join(str(d) for d in devices)
             raise DeviceError(f"{self.name}: expected a tensor on {allowed}, got one on {value.device}")

@@ -100,7 +100,8 @@ def build_storage(
         capacity: number of rows.
         specs: the fields to store.
         storing_device: where the data lives.
-        scratch_dir: directory for memmap files; a fresh temporary one when ``None``.
+        scratch_dir: where to put the memmap files: a fresh subdirectory of it (a fresh
+            temporary directory when ``None``), removed when the buffer is closed or collected.
 
     Raises:
         ConfigError: an unknown kind, a memmap storage on a non-CPU device, or a
@@ -118,12 +119,11 @@ def build_storage(
     elif kind == "memmap":
         if storing_device.type != "cpu":
             raise ConfigError(f"storing_device: storage='memmap' keeps data in files on the CPU, got {storing_device}")
-        if scratch_dir is None:
-            directory = Path(tempfile.mkdtemp(prefix="rlbuf-"))
-            owns = True
-        else:
-            directory = Path(scratch_dir)
-            directory.mkdir(parents=True, exist_ok=True)
+        if scratch_dir is not None:
+            Path(scratch_dir).mkdir(parents=True, exist_ok=True)
+        # A fresh directory per buffer (inside scratch_dir when given): two buffers never share files.
+        directory = Path(tempfile.mkdtemp(prefix="rlbuf-", dir=scratch_dir))
+        owns = True
         storage = LazyMemmapStorage(capacity, scratch_dir=str(directory), device="cpu", existsok=True)
     else:
         raise ConfigError(f"storage: expected 'memory' or 'memmap', got {kind!r}")

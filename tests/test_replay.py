@@ -169,11 +169,28 @@ def test_memmap_scratch_dir_is_removed_on_close() -> None:
     assert not directory.exists()
 
 
-def test_memmap_in_a_given_directory_keeps_it(tmp_path: Any) -> None:
-    with make(storage="memmap", scratch_dir=tmp_path / "rb") as buf:
-        add_ids(buf, range(2))
-        assert any((tmp_path / "rb").iterdir())
-    assert (tmp_path / "rb").exists()
+def test_memmap_buffers_get_their_own_directory_inside_scratch_dir(tmp_path: Any) -> None:
+    with make(storage="memmap", scratch_dir=tmp_path / "rb") as first, make(storage="memmap", scratch_dir=tmp_path / "rb") as second:
+        add_ids(first, range(2))
+        add_ids(second, range(5, 7))
+        assert first._ring.scratch_dir != second._ring.scratch_dir
+        assert first._ring.scratch_dir is not None and first._ring.scratch_dir.parent == tmp_path / "rb"
+        assert first.sample_all().reward.tolist() == [0.0, 1000.0]      # no shared files
+    assert (tmp_path / "rb").exists() and not any((tmp_path / "rb").iterdir())
+
+
+def test_memmap_files_live_as_long_as_the_torchrl_buffer() -> None:
+    import gc
+
+    buf = make(storage="memmap")
+    add_ids(buf, range(3))
+    directory, torchrl_buffer = buf._ring.scratch_dir, buf.torchrl
+    del buf
+    gc.collect()
+    assert directory is not None and directory.exists() and len(torchrl_buffer) == 3
+    del torchrl_buffer
+    gc.collect()
+    assert not directory.exists()
 
 
 def test_repr_shows_kind_size_devices_and_fields() -> None:
