@@ -6,6 +6,7 @@ gathered columns into its typed batch in :meth:`RingBuffer._make_batch`.
 
 from __future__ import annotations
 
+import inspect
 import secrets
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,7 @@ from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device
 BatchT = TypeVar("BatchT")
 BufferT = TypeVar("BufferT", bound="RingBuffer[Any]")
 _NOT_OPTIONS = ("self", "__class__", "stats", "scratch_dir")
+_ITERATOR_METHODS = ("epochs", "minibatches")
 
 
 class MetadataOnlyWarning(UserWarning):
@@ -347,6 +349,8 @@ class RingBuffer(Generic[BatchT]):
         return {
             "kind": type(self).__name__,
             "options": self._options,
+            "capacity": self.capacity,
+            "sampler_kind": type(ring.rb._sampler).__name__,
             "spec": [spec.to_json() for spec in ring.specs],
             "data": data,
             "size": size,
@@ -371,8 +375,17 @@ class RingBuffer(Generic[BatchT]):
         mine = [spec.to_json() for spec in ring.specs]
         if state.get("spec") != mine:
             raise CheckpointError(f"state: fields {state.get('spec')} differ from this buffer's {mine}")
+        if state.get("capacity") != self.capacity:
+            raise CheckpointError(f"state: capacity {state.get('capacity')}, this buffer's is {self.capacity}")
+        sampler = type(ring.rb._sampler).__name__
+        if state.get("sampler_kind") != sampler:
+            raise CheckpointError(f"state: sampled by a {state.get('sampler_kind')}, this buffer by a {sampler}")
+        iterator = state.get("iterator")
+        if iterator is not None and iterator.get("method") not in _ITERATOR_METHODS:
+            raise CheckpointError(f"state: unknown iterator method {iterator.get('method')!r}")
         size, cursor, count = int(state["size"]), int(state["cursor"]), int(state["write_count"])
-        if not (0 <= size <= self.capacity and 0 <= cursor < self.capacity and count >= size):
+        if not (0 <= size <= self.capacity and 0 <= cursor < self.capacity and count >= size
+                and (size == self.capacity or cursor == size % self.capacity)):
             raise CheckpointError(f"state: size {size}, cursor {cursor}, write count {count} do not fit capacity "
                                   f"{self.capacity}")
         if not state.get("data", True):
@@ -393,12 +406,16 @@ class RingBuffer(Generic[BatchT]):
         rb._storage._len = size
         rb._sampler.load_state_dict(state["sampler"])
         self._load_extra_state(state["extra"])
-        iterator = state.get("iterator")
         if iterator is not None:
             made = getattr(self, iterator["method"])(**iterator["arguments"])
             made.load_state_dict(iterator["state"])
-        ring.generator.set_state(state["rng"]["sample"])
-        self._epoch_generator.set_state(state["rng"]["epochs"])
+        try:
+            ring.generator.set_state(state["rng"]["sample"])
+            self._epoch_generator.set_state(state["rng"]["epochs"])
+        except RuntimeError:
+            warnings.warn("state: the random generators were saved on another device type; sampling goes on "
+                          "from this buffer's own seed, so it will not repeat the original's draws",
+                          RuntimeWarning, stacklevel=2)
 
     def save(self, path: str | Path, *, data: bool = True) -> None:
         """Write a checkpoint directory at ``path`` (atomically; see :mod:`rlbuf.checkpoint`).
@@ -428,6 +445,10 @@ class RingBuffer(Generic[BatchT]):
         """
         state = load_state(path, kind=cls.__name__)
         options = _option_from_json(state["options"])
+        accepted = set(inspect.signature(cls.__init__).parameters) - {"self", *_NOT_OPTIONS}
+        if not isinstance(options, dict) or set(options) - accepted:
+            unknown = sorted(set(options) - accepted) if isinstance(options, dict) else options
+            raise CheckpointError(f"{path}: options {unknown} are not options of {cls.__name__}")
         if device is not None:
             options["device"] = device
         if storing_device is not None:

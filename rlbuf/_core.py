@@ -24,7 +24,7 @@ import math
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from multiprocessing.context import get_spawning_popen  # type: ignore[attr-defined]
+from multiprocessing.context import get_spawning_popen
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, NamedTuple
 

@@ -855,3 +855,40 @@ def test_a_memmap_buffer_loads_into_a_new_scratch_dir_and_never_writes_to_the_ch
     loaded.close()
     assert not scratch.exists()
     close_all([buf, again])
+
+
+def test_state_of_another_capacity_or_sampler_is_refused_before_anything_changes() -> None:
+    small = ReplayBuffer(4, obs_shape=(3,), action_shape=(2,), seed=0)
+    big = ReplayBuffer(10, obs_shape=(3,), action_shape=(2,), seed=0)
+    prioritized = ReplayBuffer(4, obs_shape=(3,), action_shape=(2,), seed=0, prioritized=True)
+    for _ in range(6):
+        small.add(torch.ones(3), torch.ones(2), 1.0, torch.ones(3), False)
+    big.add(torch.zeros(3), torch.zeros(2), 0.0, torch.zeros(3), False)
+    with pytest.raises(CheckpointError, match="capacity 4, this buffer's is 10"):
+        big.load_state_dict(small.state_dict())
+    with pytest.raises(CheckpointError, match="sampled by a RandomSampler"):
+        prioritized.load_state_dict(small.state_dict())
+    assert len(big) == 1 and len(prioritized) == 0
+
+
+def _rewrite_manifest(path: Path, change: Any) -> None:
+    manifest = json.loads((path / "manifest.json").read_text())
+    change(manifest["state"])
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_crafted_manifest_cannot_call_other_methods_or_pass_other_options(tmp_path: Path) -> None:
+    buf = ReplayBuffer(8, obs_shape=(3,), action_shape=(2,), seed=0)
+    for _ in range(4):
+        buf.add(torch.ones(3), torch.ones(2), 1.0, torch.ones(3), False)
+    buf.epochs(2)
+    buf.save(tmp_path / "a")
+    _rewrite_manifest(tmp_path / "a", lambda state: state["iterator"].update(
+        method="save", arguments={"path": str(tmp_path / "written")}))
+    with pytest.raises(CheckpointError, match="unknown iterator method 'save'"):
+        ReplayBuffer.load(tmp_path / "a")
+    assert not (tmp_path / "written").exists()
+    buf.save(tmp_path / "b")
+    _rewrite_manifest(tmp_path / "b", lambda state: state["options"].update(scratch_dir="/"))
+    with pytest.raises(CheckpointError, match=r"options \['scratch_dir'\] are not options of ReplayBuffer"):
+        ReplayBuffer.load(tmp_path / "b")
