@@ -119,7 +119,16 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
         self._size_of: Callable[[], int] = size if callable(size) else (lambda: size)
         self._split: dict[str, Any] = {"batch_size": batch_size, "num_batches": num_batches, "drop_last": drop_last}
         self._size = self._size_of()
-        self._bounds = batch_bounds(self._size, **self._split)
+        if n_epochs == 0:
+            # Random batches with replacement: any positive size, drawn over the rows stored now.
+            if batch_size is None:
+                raise BatchSizeError("n_epochs=0 draws random batches: give batch_size")
+            _positive("batch_size", batch_size)
+            if self._size <= 0:
+                raise EmptyBufferError("cannot draw from an empty buffer: add data first")
+            self._bounds = [(0, batch_size)]
+        else:
+            self._bounds = batch_bounds(self._size, **self._split)
         self._make_batch = make_batch
         self._n_epochs = n_epochs
         self._shuffle = shuffle
@@ -154,8 +163,8 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
 
     def __next__(self) -> BatchT:
         if self._n_epochs == 0:
-            start, stop = self._bounds[0]
-            index = torch.randint(0, self._size, (stop - start,), generator=self._generator, device=self._device)
+            size = self._size_of()
+            index = torch.randint(0, size, (self._bounds[0][1],), generator=self._generator, device=self._device)
             return self._make_batch(index)
         if self._epoch >= self._n_epochs:
             raise StopIteration
@@ -208,7 +217,8 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
             if state.get(key) != mine:
                 raise CheckpointError(f"epoch iterator: {key} is {mine} here but {state.get(key)} in the saved state")
         self._size = int(state["size"])
-        self._bounds = batch_bounds(self._size, **self._split)
+        if self._n_epochs:
+            self._bounds = batch_bounds(self._size, **self._split)
         self._epoch = int(state["epoch"])
         self._position = int(state["position"])
         permutation = state["permutation"]

@@ -133,6 +133,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         stats: EpisodeStats | None = None,
     ) -> None:
         self._record_options(locals())
+        positive_int("num_envs", num_envs)
         self._attach_stats(stats, num_envs)
         if prioritized and not (alpha >= 0 and beta >= 0):
             raise ConfigError(f"alpha, beta: expected non-negative numbers, got alpha={alpha}, beta={beta}")
@@ -324,14 +325,21 @@ def _read_td(td: TensorDictBase, spec: FieldSpec, lead: tuple[int, ...]) -> torc
     return value
 
 
-def _truncated_from(td: TensorDictBase, lead: tuple[int, ...], terminated: torch.Tensor) -> torch.Tensor:
-    truncated: torch.Tensor | None = td.get(("next", "truncated"), None)
-    if truncated is None:
-        done: torch.Tensor | None = td.get(("next", "done"), None)
-        if done is None:
-            return torch.zeros_like(terminated, dtype=torch.bool)
-        return done.to(torch.bool) & ~terminated.to(torch.bool)
-    if tuple(truncated.shape) != (*lead, 1):
-        raise ShapeError(f"truncated: expected shape {(*lead, 1)} at key ('next', 'truncated'), got {tuple(truncated.shape)}")
-    return truncated
+def _flag(td: TensorDictBase, key: tuple[str, str], lead: tuple[int, ...]) -> torch.Tensor | None:
+    """A done-type flag at ``key`` as a ``[*lead]`` tensor (TorchRL's trailing 1 optional), or None."""
+    value: torch.Tensor | None = td.get(key, None)
+    if value is None:
+        return None
+    if tuple(value.shape) not in (lead, (*lead, 1)):
+        raise ShapeError(f"{key[1]}: expected shape {(*lead, 1)} at key {key!r}, got {tuple(value.shape)}")
+    return value.reshape(lead)
 
+
+def _truncated_from(td: TensorDictBase, lead: tuple[int, ...], terminated: torch.Tensor) -> torch.Tensor:
+    truncated = _flag(td, ("next", "truncated"), lead)
+    if truncated is not None:
+        return truncated
+    done = _flag(td, ("next", "done"), lead)
+    if done is None:
+        return torch.zeros(lead, dtype=torch.bool, device=terminated.device)
+    return done.to(torch.bool) & ~terminated.reshape(lead).to(torch.bool)

@@ -271,27 +271,37 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                                   f"{self._num_steps} left")
         time_major = td.transpose(0, 1)
         rows = steps * self._num_envs
+        def rows_of(spec: FieldSpec, value: torch.Tensor) -> torch.Tensor:
+            received = (value.shape[1], value.shape[0], *value.shape[2:]) if value.dim() >= 2 else tuple(value.shape)
+            if tuple(received) not in ((self._num_envs, steps, *spec.td_shape), (self._num_envs, steps, *spec.shape)):
+                raise ShapeError(f"{spec.name}: expected shape {(self._num_envs, steps, *spec.td_shape)} at key "
+                                 f"{spec.key!r}, got {tuple(received)}")
+            return value.reshape(rows, *spec.shape)
+
         columns: dict[str, torch.Tensor] = {}
         for spec in self._ring.input_specs:
             value = _read_rollout_key(time_major, spec)
             if value is None:
                 raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
-            received = (value.shape[1], value.shape[0], *value.shape[2:]) if value.dim() >= 2 else tuple(value.shape)
-            if tuple(received) not in ((self._num_envs, steps, *spec.td_shape), (self._num_envs, steps, *spec.shape)):
-                raise ShapeError(f"{spec.name}: expected shape {(self._num_envs, steps, *spec.td_shape)} at key "
-                                 f"{spec.key!r}, got {tuple(received)}")
-            columns[spec.name] = value.reshape(rows, *spec.shape)
+            columns[spec.name] = rows_of(spec, value)
         truncated_steps = columns["truncated"].to(torch.bool)
         if bool(truncated_steps.any()) and time_major.get(("next", "state_value"), None) is None:
             raise MissingFieldError("bootstrap_value: the rollout has truncated steps but no ('next', 'state_value')")
+        # Advantages a GAE transform already wrote are kept when they cover the whole rollout.
+        computed: dict[str, torch.Tensor] = {}
+        if self.steps == 0 and steps == self._num_steps:
+            for name in _COMPUTED:
+                spec = self._ring.by_name[name]
+                value = time_major.get(spec.key, None)
+                if value is not None:
+                    computed[name] = rows_of(spec, value)
+                    spec.check_tensor(computed[name], (rows,), (computed[name].device,))
+                    if not bool(torch.isfinite(computed[name]).all()):
+                        raise NonFiniteError(f"{name}: expected finite values at key {spec.key!r}, got NaN or inf")
         self._ring.write_tensors(columns, rows)
-        computed = [td.get(spec.key, None) for spec in (self._ring.by_name["advantage"], self._ring.by_name["returns"])]
-        if all(c is not None for c in computed) and self.is_full:
-            start = len(self._ring) - rows
-            for name, tensor in zip(_COMPUTED, computed, strict=True):
-                assert tensor is not None
-                flat = tensor.transpose(0, 1).reshape(rows)
-                self._ring.leaves[name][start:start + rows].copy_(flat)
+        if len(computed) == len(_COMPUTED):
+            for name, tensor in computed.items():
+                self._ring.leaves[name].copy_(tensor)
             self._advantages_ready = True
         else:
             self._advantages_ready = False
@@ -308,18 +318,25 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         """Attach algorithm tensors aligned with the rollout, ``[num_steps, num_envs, ...]``.
 
         They are delivered with every minibatch (``batch.extras[name]``, ``batch.name``)
-        until :meth:`clear`. Names of stored fields (e.g. ``"advantage"``) overwrite that
-        field instead, e.g. to supply custom advantages.
+        until :meth:`clear`. ``advantage`` and ``returns`` (given together) replace the
+        computed ones instead, e.g. to supply custom advantages; other stored fields are refused.
 
         Raises:
             ShapeError: a tensor not shaped ``[num_steps, num_envs, ...]`` (or a stored
                 field's exact shape).
+            MissingFieldError: only one of advantage/returns, or another stored field.
         """
+        given = set(mapping)
+        if given & set(_COMPUTED) and not set(_COMPUTED) <= given:
+            raise MissingFieldError("set_extras: advantage and returns go together (both, or neither)")
         checked: dict[str, torch.Tensor] = {}
         for name, tensor in mapping.items():
             if not isinstance(tensor, torch.Tensor):
                 raise ShapeError(f"{name}: expected a tensor, got {type(tensor).__name__}")
             lead = (self._num_steps, self._num_envs)
+            if name in self._ring.by_name and name not in _COMPUTED:
+                raise MissingFieldError(f"{name}: a stored step field; set_extras attaches new tensors or replaces "
+                                        f"advantage and returns")
             if name in self._ring.by_name:
                 spec = self._ring.by_name[name]
                 spec.check_tensor(tensor, lead, (tensor.device,))

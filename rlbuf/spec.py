@@ -130,7 +130,8 @@ class FieldSpec:
         """
         kind = (np.dtype(dtype) if isinstance(dtype, np.dtype) else numpy_dtype_or_none(dtype))
         target = self.np_dtype.kind
-        ok = kind is not None and (
+        # Rewards, values and log-probabilities are quantities: a bool there is a mix-up of arguments.
+        ok = kind is not None and not (self.finite and kind.kind == "b") and (
             kind.kind == "b" if target == "b"
             else kind.kind in "biu" if target in "iu"
             else kind.kind in "biuf" if target == "f"
@@ -172,6 +173,8 @@ class FieldSpec:
             ...
             rlbuf.errors.DtypeError: action: 1099511627776 does not fit torch.int32
         """
+        if self.finite and isinstance(value, (bool, np.bool_)):
+            raise DtypeError(f"{self.name}: expected a number, got the bool {value!r}")
         kind = self.np_dtype.kind
         if kind in "iu":
             info = np.iinfo(self.np_dtype)

@@ -61,6 +61,15 @@ def test_zero_epochs_draws_random_batches_forever() -> None:
         len(it)
 
 
+def test_zero_epochs_sees_rows_added_later_and_allows_batches_larger_than_the_data() -> None:
+    rows = [4]
+    it: EpochIterator[torch.Tensor] = EpochIterator(lambda: rows[0], lambda index: index, batch_size=16, n_epochs=0,
+                                                    generator=torch.Generator().manual_seed(0))
+    assert int(it.next_batch().max()) < 4
+    rows[0] = 100
+    assert int(torch.cat([it.next_batch() for _ in range(20)]).max()) >= 4
+
+
 def test_state_dict_resumes_at_the_next_batch_mid_epoch() -> None:
     original = iterator(50, seed=3, batch_size=8, n_epochs=3)
     for _ in range(9):

@@ -201,7 +201,11 @@ def test_set_extras_attaches_aligned_tensors_and_overrides_fields() -> None:
     with pytest.raises(ShapeError, match=r"old_mu: expected shape \(5, 3, ...\), got \(3, 5\)"):
         buf.set_extras({"old_mu": torch.zeros(N, T)})
     with pytest.raises(ShapeError, match=r"advantage: expected shape \(5, 3\), got \(5, 3, 1\)"):
-        buf.set_extras({"advantage": torch.zeros(T, N, 1)})
+        buf.set_extras({"advantage": torch.zeros(T, N, 1), "returns": torch.zeros(T, N)})
+    with pytest.raises(MissingFieldError, match="advantage and returns go together"):
+        buf.set_extras({"advantage": custom})
+    with pytest.raises(MissingFieldError, match="terminated: a stored step field"):
+        buf.set_extras({"terminated": torch.zeros(T, N, dtype=torch.bool)})
 
 
 def test_privileged_obs_and_extra_fields_are_stored_per_step() -> None:
@@ -275,3 +279,27 @@ def test_advantages_and_minibatches_need_a_full_rollout() -> None:
     for bad in (0, -1, T * N + 1):
         with pytest.raises(BatchSizeError):
             buf.minibatches(bad)
+
+
+def test_extend_validates_precomputed_advantages_before_storing_anything() -> None:
+    td = TensorDict({
+        "observation": torch.zeros(N, T, 2), "action": torch.zeros(N, T), "state_value": torch.zeros(N, T, 1),
+        "sample_log_prob": torch.zeros(N, T), "advantage": torch.full((N, T, 1), float("nan")),
+        "value_target": torch.ones(N, T, 1),
+        "next": {"reward": torch.zeros(N, T, 1), "terminated": torch.zeros(N, T, 1, dtype=torch.bool)},
+    }, batch_size=[N, T])
+    buf = make()
+    with pytest.raises(NonFiniteError, match="advantage"):
+        buf.extend(td)
+    td["advantage"] = torch.zeros(N, T, 2)
+    with pytest.raises(ShapeError, match="advantage"):
+        buf.extend(td)
+    assert buf.steps == 0
+
+
+def test_a_bool_reward_is_refused_before_the_stats_see_it() -> None:
+    stats = EpisodeStats(1)
+    buf = make(num_envs=1, stats=stats)
+    with pytest.raises(DtypeError, match="reward: expected a number, got the bool True"):
+        buf.add(torch.zeros(2), 0.0, True, False, 0.0, 0.0)
+    assert buf.steps == 0 and stats.summary()["episodes"] == 0
