@@ -1,5 +1,6 @@
 """rlbuf: typed, fast, correct replay and rollout buffers for PyTorch RL, built on TorchRL."""
 
+from rlbuf._base import MetadataOnlyWarning
 from rlbuf.batches import DistillationBatch, ReplayBatch, RolloutBatch
 from rlbuf.distill import DistillationBuffer
 from rlbuf.epochs import EpochIterator
@@ -41,6 +42,7 @@ __all__ = [
     "EpisodeStats",
     "EpochIterator",
     "FieldSpec",
+    "MetadataOnlyWarning",
     "MissingFieldError",
     "NonFiniteError",
     "PriorityError",

@@ -11,7 +11,7 @@ import secrets
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, Self, TypeVar, overload
 
 import torch
 from torchrl.data import TensorDictReplayBuffer
@@ -221,7 +221,7 @@ class RingBuffer(Generic[BatchT]):
         """Release the storage's scratch directory if rlbuf created it (memmap)."""
         self._ring.close()
 
-    def __enter__(self) -> RingBuffer[BatchT]:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -422,7 +422,8 @@ class RingBuffer(Generic[BatchT]):
 
         Args:
             path: the checkpoint directory (replaced whole if it already is one).
-            data: include the stored rows; ``False`` saves options and counters only.
+            data: include the stored rows; ``False`` saves the options (and, for
+                ``rlbuf inspect``, the counts) only: loading it gives an empty buffer.
 
         Raises:
             CheckpointError: the disk is full, or ``path`` is something else than a checkpoint.

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -429,15 +430,15 @@ class RowRing:
         rb._sampler.extend(index)
 
     # -- reading ---------------------------------------------------------------------------
-    def require_rows(self, batch_size: int, *, without_replacement: bool) -> None:
-        """Check that ``batch_size`` rows can be drawn; flushes nothing."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise BatchSizeError(f"batch_size: expected a positive int, got {batch_size!r}")
+    def require_rows(self, batch_size: int, *, without_replacement: bool) -> int:
+        """Check that ``batch_size`` rows can be drawn and return it as an int; flushes nothing."""
+        batch_size = as_count("batch_size", batch_size)
         size = len(self)
         if size == 0:
             raise EmptyBufferError("cannot sample from an empty buffer: add transitions first")
         if without_replacement and batch_size > size:
             raise BatchSizeError(f"batch_size: expected at most {size} (the rows stored), got {batch_size}")
+        return batch_size
 
     def as_index(self, index: Any) -> torch.Tensor:
         """Validate stored-row positions and return them as a long tensor on the storing device."""
@@ -483,6 +484,23 @@ class RowRing:
         unknown = [name for name in names if name not in self.by_name]
         if unknown:
             raise MissingFieldError(f"fields: unknown {unknown}; stored fields are {list(self.by_name)}")
+
+
+def as_count(name: str, value: object) -> int:
+    """``value`` as a positive int (numpy and 0-d integer tensors welcome), else :class:`BatchSizeError`.
+
+    Example:
+        >>> import numpy as np
+        >>> as_count("batch_size", np.int64(32))
+        32
+    """
+    try:
+        count = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        count = None
+    if count is None or isinstance(value, bool) or count <= 0:
+        raise BatchSizeError(f"{name}: expected a positive int, got {value!r}")
+    return count
 
 
 def _shape_message(plan: _FieldPlan, got: tuple[int, ...]) -> str:

@@ -212,7 +212,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                 anything is stored.
         """
         if isinstance(obs, Transition):
-            if action is not None or extras:
+            if any(v is not None for v in (action, reward, next_obs, terminated, truncated)) or extras:
                 raise ConfigError("add: pass either a Transition or the fields, not both")
             obs, action, reward, next_obs, terminated, truncated, given = obs
             extras = dict(given or {})
@@ -271,7 +271,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         """
         ring = self._ring
         with ring.lock:  # index, weights and rows from one consistent state, whatever other threads add
-            ring.require_rows(batch_size, without_replacement=False)
+            batch_size = ring.require_rows(batch_size, without_replacement=False)
             ring.flush()
             if self._prioritized:
                 index, info = ring.rb._sampler.sample(ring.rb._storage, batch_size)

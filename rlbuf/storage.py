@@ -16,10 +16,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import shutil
 import tempfile
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
@@ -75,7 +77,7 @@ def template(specs: Sequence[FieldSpec]) -> TensorDict:
     """One zero row of every field, in TorchRL layout (batch size ``[]``).
 
     Example:
-        >>> row = template((FieldSpec("reward", ("next", "reward"), (), torch.float32),))
+        >>> row = template((FieldSpec("reward", ("next", "reward"), (), torch.float32, trailing_one=True),))
         >>> row["next", "reward"].shape
         torch.Size([1])
     """
@@ -127,11 +129,24 @@ def build_storage(
         storage = LazyMemmapStorage(capacity, scratch_dir=str(directory), device="cpu", existsok=True)
     else:
         raise ConfigError(f"storage: expected 'memory' or 'memmap', got {kind!r}")
-    storage._init(template(specs))
+    with _quiet_torchrl_logger():
+        storage._init(template(specs))
     # TorchRL writes only these keys when something (a collector's `replay_buffer=`) extends the
     # storage with a richer tensordict: collector metadata, root-level flags and so on are dropped.
     storage._storage_keys = [spec.key for spec in specs]
     return BuiltStorage(storage, directory, owns)
+
+
+@contextlib.contextmanager
+def _quiet_torchrl_logger() -> Iterator[None]:
+    """Silence TorchRL's INFO line about initialising a storage: rlbuf builds one per buffer."""
+    logger = logging.getLogger("torchrl")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def remove_when_collected(owner: Any, directory: Path) -> weakref.finalize:  # type: ignore[type-arg]

@@ -610,3 +610,11 @@ def test_beta_can_be_annealed_and_changes_the_weights() -> None:
     assert torch.allclose(batch.weight, 1.0 / torch.tensor([1.0, 2.0, 4.0, 8.0])[batch.index], atol=1e-5)
     with pytest.raises(PriorityError, match="not prioritized"):
         make().beta = 0.5
+
+
+def test_batch_sizes_may_be_numpy_or_tensor_integers_and_transition_excludes_keywords() -> None:
+    buf = make()
+    add_ids(buf, range(3))
+    assert len(buf.sample(np.int64(4))) == len(buf.sample(torch.tensor(4))) == 4
+    with pytest.raises(ConfigError, match="either a Transition or the fields"):
+        buf.add(Transition(torch.zeros(3), torch.zeros(2), 1.0, torch.zeros(3), False), reward=5.0)
