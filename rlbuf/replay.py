@@ -319,7 +319,7 @@ def _read_td(td: TensorDictBase, spec: FieldSpec, lead: tuple[int, ...]) -> torc
     value: torch.Tensor | None = td.get(spec.key, None)
     if value is None:
         raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
-    if tuple(value.shape) not in ((*lead, *spec.td_shape), (*lead, *spec.shape)):
+    if not spec.fits_rows(value.shape, lead):
         raise ShapeError(f"{spec.name}: expected shape {(*lead, *spec.td_shape)} at key {spec.key!r}, "
                          f"got {tuple(value.shape)}")
     return value

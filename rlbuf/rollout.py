@@ -273,7 +273,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         rows = steps * self._num_envs
         def rows_of(spec: FieldSpec, value: torch.Tensor) -> torch.Tensor:
             received = (value.shape[1], value.shape[0], *value.shape[2:]) if value.dim() >= 2 else tuple(value.shape)
-            if tuple(received) not in ((self._num_envs, steps, *spec.td_shape), (self._num_envs, steps, *spec.shape)):
+            if not spec.fits_rows(received, (self._num_envs, steps)):
                 raise ShapeError(f"{spec.name}: expected shape {(self._num_envs, steps, *spec.td_shape)} at key "
                                  f"{spec.key!r}, got {tuple(received)}")
             return value.reshape(rows, *spec.shape)

@@ -104,6 +104,18 @@ class FieldSpec:
         """The per-row shape in TorchRL layout (rewards and flags get a trailing 1)."""
         return (1,) if self.trailing_one and not self.shape else self.shape
 
+    def fits_rows(self, shape: tuple[int, ...] | torch.Size, lead: tuple[int, ...]) -> bool:
+        """Whether a tensordict entry of ``shape`` holds rows ``lead`` of this field.
+
+        Scalars may come with or without TorchRL's trailing 1.
+
+        Example:
+            >>> FieldSpec("action", "action", (), torch.int64).fits_rows((8, 1), (8,))
+            True
+        """
+        shape = tuple(shape)
+        return shape == (*lead, *self.shape) or (not self.shape and shape == (*lead, 1))
+
     def describe(self) -> str:
         """A short ``name: shape dtype`` description for reprs and messages."""
         return f"{self.name}: {_shape_str(self.shape)} {str(self.dtype).removeprefix('torch.')}"
