@@ -26,7 +26,7 @@ def _install(session: nox.Session, extras: str = "") -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """Lint, strict type check, the test suite, doctests, and every README/docs example."""
-    _install(session, "dev")
+    _install(session, "dev,ray")
     session.run("ruff", "check", "rlbuf", "tests", "benchmarks", "noxfile.py")
     session.run("mypy", "rlbuf")
     session.run("pytest", "-q", "-p", "no:cacheprovider", "tests", "--doctest-modules", "rlbuf", *session.posargs)

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 import torch.multiprocessing
+from tensordict import is_tensor_collection
 from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
 
@@ -72,9 +73,9 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         self._flush_pending()
         return super().sample(*args, **kwargs)
 
-    def extend(self, *args: Any, **kwargs: Any) -> Any:
+    def extend(self, data: Any, *args: Any, **kwargs: Any) -> Any:
         self._flush_pending()
-        return super().extend(*args, **kwargs)
+        return super().extend(_with_done(data, self._storage), *args, **kwargs)
 
     def add(self, *args: Any, **kwargs: Any) -> Any:
         self._flush_pending()
@@ -112,6 +113,22 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         state = dict(super().__getstate__())
         state.pop("_flush_owner", None)
         return state
+
+
+def _with_done(data: Any, storage: Any) -> Any:
+    """``data`` with ``("next", "done")`` derived from terminated | truncated when the storage keeps
+    a done flag and the incoming tensordict has none (TorchRL would leave stale values there)."""
+    keys = storage._storage_keys or ()
+    if not is_tensor_collection(data) or ("next", "done") not in keys or data.get(("next", "done"), None) is not None:
+        return data
+    terminated = data.get(("next", "terminated"), None)
+    if terminated is None:
+        return data
+    truncated = data.get(("next", "truncated"), None)
+    done = terminated.to(torch.bool) if truncated is None else terminated.to(torch.bool) | truncated.to(torch.bool)
+    data = data.copy()
+    data.set(("next", "done"), done)
+    return data
 
 
 def _rebuild_generator(device: str, state: bytes) -> torch.Generator:

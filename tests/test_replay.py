@@ -618,3 +618,15 @@ def test_batch_sizes_may_be_numpy_or_tensor_integers_and_transition_excludes_key
     assert len(buf.sample(np.int64(4))) == len(buf.sample(torch.tensor(4))) == 4
     with pytest.raises(ConfigError, match="either a Transition or the fields"):
         buf.add(Transition(torch.zeros(3), torch.zeros(2), 1.0, torch.zeros(3), False), reward=5.0)
+
+
+def test_torchrl_side_extends_without_done_get_it_derived() -> None:
+    buf = make()
+    td = TensorDict({
+        "observation": torch.zeros(3, 3), "action": torch.zeros(3, 2), ("next", "observation"): torch.zeros(3, 3),
+        ("next", "reward"): torch.zeros(3, 1), ("next", "terminated"): torch.tensor([[True], [False], [False]]),
+        ("next", "truncated"): torch.tensor([[False], [True], [False]]),
+    }, batch_size=[3])
+    buf.torchrl.extend(td)
+    assert buf.sample_all().done.tolist() == [True, True, False]
+    assert ("next", "done") not in td.keys(include_nested=True)       # the caller's tensordict is untouched

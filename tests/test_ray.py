@@ -1,0 +1,268 @@
+"""A ReplayBuffer in a Ray actor: remote writers lose nothing, dead writers lose only their own
+unsent data, the remote state checkpoints like a local buffer, and closing stops the actor."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+ray = pytest.importorskip("ray")
+
+from rlbuf import (  # noqa: E402
+    ConfigError,
+    EmptyBufferError,
+    ReplayBatch,
+    ReplayBuffer,
+    ShapeError,
+    Transition,
+)
+from rlbuf.checkpoint import save_state  # noqa: E402
+from rlbuf.ray import RemoteReplayBuffer, RemoteReplayBufferHandle  # noqa: E402
+
+CHUNKS, ROWS = 12, 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster() -> Iterator[None]:
+    """One local Ray instance for the module, on loopback, shut down at the end."""
+    # Workers cannot import this test module by name: send its functions by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    yield
+    try:
+        # Ray's state API needs the dashboard; the GCS table is the way to list actors without it.
+        alive = [a for a in ray._private.state.actors().values() if a["State"] == "ALIVE"]
+        assert not alive, f"actors left alive: {[a['ActorClassName'] for a in alive]}"
+    finally:
+        ray.shutdown()
+
+
+def _rows(uid: torch.Tensor) -> TensorDict:
+    """Rows whose every field is derived from a unique id, so a torn row cannot pass."""
+    n = uid.numel()
+    return TensorDict({
+        "observation": uid[:, None].expand(n, 3).clone(), "action": uid[:, None].expand(n, 2).clone(),
+        ("next", "observation"): uid[:, None].expand(n, 3) + 0.5, ("next", "reward"): uid[:, None].clone(),
+        ("next", "terminated"): (uid % 2 == 0)[:, None], ("next", "truncated"): torch.zeros(n, 1, dtype=torch.bool),
+        "step_count": torch.zeros(n, 1, dtype=torch.int64),    # a key the buffer does not store
+    }, batch_size=[n])
+
+
+def _chunk(worker: int, chunk: int) -> TensorDict:
+    first = worker * 1_000_000 + chunk * ROWS
+    return _rows(torch.arange(first, first + ROWS, dtype=torch.float32))
+
+
+def _check_rows(batch: ReplayBatch) -> None:
+    assert torch.equal(batch.obs[:, 0], batch.reward)
+    assert torch.equal(batch.action[:, 1], batch.reward)
+    assert torch.equal(batch.next_obs[:, 2], batch.reward + 0.5)
+    assert torch.equal(batch.terminated, batch.reward % 2 == 0)
+
+
+def _new_buffer(capacity: int = 4096, **options: Any) -> RemoteReplayBuffer:
+    # num_cpus=0: the 2-CPU test cluster stays free for the writers.
+    return RemoteReplayBuffer(capacity, obs_shape=(3,), action_shape=(2,), seed=0,
+                              actor_options={"num_cpus": 0}, **options)
+
+
+@ray.remote(num_cpus=0.5)
+def extend_chunks(buffer: RemoteReplayBufferHandle, worker: int, chunks: int, fail_after: int | None = None) -> int:
+    for chunk in range(chunks):
+        if chunk == fail_after:
+            raise RuntimeError(f"writer {worker} crashed after {chunk} chunks")
+        buffer.extend(_chunk(worker, chunk))
+    return chunks
+
+
+@ray.remote(num_cpus=0.5)
+def add_steps(buffer: RemoteReplayBufferHandle, worker: int, steps: int) -> int:
+    for step in range(steps):
+        uid = float(worker * 1_000_000 + step)
+        buffer.add(torch.full((3,), uid), torch.full((2,), uid), uid, torch.full((3,), uid + 0.5), step % 2 == 0)
+    return steps
+
+
+@ray.remote(num_cpus=0)
+class EndlessWriter:
+    def run(self, buffer: RemoteReplayBufferHandle, worker: int) -> None:
+        chunk = 0
+        while True:
+            buffer.extend(_chunk(worker, chunk))
+            chunk += 1
+
+
+def _ids(buffer: RemoteReplayBuffer, worker: int) -> list[int]:
+    reward = buffer.sample_all().reward
+    mine = reward[(reward >= worker * 1_000_000) & (reward < (worker + 1) * 1_000_000)]
+    return sorted(int(uid) - worker * 1_000_000 for uid in mine.tolist())
+
+
+def test_two_remote_writers_store_every_transition_exactly_once() -> None:
+    with _new_buffer() as buffer:
+        writers = [extend_chunks.remote(buffer, 1, CHUNKS), add_steps.remote(buffer.handle, 2, CHUNKS * ROWS)]
+        pending, samples = writers, 0
+        while pending or samples == 0:
+            _, pending = ray.wait(pending, timeout=0.05)
+            if len(buffer):
+                _check_rows(buffer.sample(64))          # the learner samples while writers write
+                samples += 1
+        assert ray.get(writers) == [CHUNKS, CHUNKS * ROWS]
+        stored = buffer.sample_all()
+        _check_rows(stored)
+        ids = stored.reward.tolist()
+        expected = {float(w * 1_000_000 + i) for w in (1, 2) for i in range(CHUNKS * ROWS)}
+        assert len(ids) == len(buffer) == len(expected) and set(ids) == expected
+
+
+def test_a_writer_that_raises_loses_only_its_unsent_chunks() -> None:
+    with _new_buffer() as buffer:
+        crashing = extend_chunks.remote(buffer, 1, CHUNKS, fail_after=5)
+        healthy = extend_chunks.remote(buffer, 2, CHUNKS)
+        with pytest.raises(RuntimeError, match="crashed after 5 chunks"):
+            ray.get(crashing)
+        ray.get(healthy)
+        assert _ids(buffer, 1) == list(range(5 * ROWS))
+        assert _ids(buffer, 2) == list(range(CHUNKS * ROWS))
+
+
+def test_a_killed_writer_leaves_whole_chunks_and_the_buffer_keeps_serving() -> None:
+    with _new_buffer(capacity=1 << 16) as buffer:
+        writer = EndlessWriter.remote()           # type: ignore[attr-defined]
+        running = writer.run.remote(buffer, 3)
+        while len(buffer) < 3 * ROWS:
+            ray.wait([running], timeout=0.05)
+        ray.kill(writer)
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(running)
+        ids = _ids(buffer, 3)
+        assert ids == list(range(len(ids))) and len(ids) % ROWS == 0      # whole chunks, in order
+        _check_rows(buffer.sample(32))
+        buffer.extend(_chunk(4, 0))
+        assert _ids(buffer, 4) == list(range(ROWS))
+
+
+def test_errors_reach_the_caller_as_rlbuf_errors_and_close_stops_the_actor() -> None:
+    with pytest.raises(ConfigError, match="capacity"):
+        _new_buffer(capacity=-1)                  # the actor is stopped again (checked at module end)
+    buffer = _new_buffer()
+    handle = buffer.handle
+    with pytest.raises(EmptyBufferError):
+        buffer.sample(4)
+    with pytest.raises(ShapeError, match=r"obs: expected shape \(1, 3\) or \(3,\), got \(4,\)"):
+        buffer.add(torch.zeros(4), torch.zeros(2), 1.0, torch.zeros(3), False)
+    with pytest.raises(ShapeError):               # the same from a writer's handle
+        handle.add(torch.zeros(4), torch.zeros(2), 1.0, torch.zeros(3), False)
+    assert len(buffer) == 0
+    buffer.add(Transition(torch.ones(3), torch.ones(2), 1.0, torch.full((3,), 1.5), False))
+    buffer.extend(_chunk(1, 0))
+    assert len(handle) == ROWS + 1
+    _check_rows(buffer.sample_all())
+    buffer.close()
+    buffer.close()                                # again: nothing happens
+    assert buffer.closed and repr(buffer) == "RemoteReplayBuffer(closed)"
+    with pytest.raises(ray.exceptions.RayActorError):
+        len(handle)                               # the actor is gone, not just forgotten
+    with pytest.raises(RuntimeError, match="closed"):
+        buffer.sample(1)
+
+
+def test_save_on_the_remote_buffer_then_load_here_equals_its_contents(tmp_path: Path, device: str) -> None:
+    with _new_buffer(capacity=64, prioritized=True, device=device) as buffer:
+        for chunk in range(10):                   # 80 rows into 64: the ring wraps
+            buffer.extend(_chunk(1, chunk))
+        batch = buffer.sample(16)
+        assert batch.obs.device.type == batch.weight.device.type == torch.device(device).type
+        buffer.update_priority(batch.index, torch.arange(1.0, 17.0))
+        buffer.save(tmp_path / "remote")          # written by the actor (same machine here)
+        save_state(buffer.state_dict(), tmp_path / "fetched")   # copied here, written here
+        remote_all = buffer.sample_all()
+        for path in ("remote", "fetched"):
+            local = ReplayBuffer.load(tmp_path / path)
+            local_all = local.sample_all()
+            for name in ("obs", "action", "reward", "next_obs", "terminated", "truncated", "index"):
+                assert torch.equal(getattr(local_all, name).cpu(), getattr(remote_all, name).cpu()), name
+        expected = local.sample(32)               # exact resume: the next draw is the same
+        got = buffer.sample(32)
+        assert torch.equal(got.index.cpu(), expected.index) and torch.equal(got.weight.cpu(), expected.weight)
+        with RemoteReplayBuffer.load(tmp_path / "remote", actor_options={"num_cpus": 0}) as copy:
+            assert torch.equal(copy.sample_all().reward, remote_all.reward.cpu())
+
+
+@ray.remote(num_cpus=0.5)
+def collect(buffer: RemoteReplayBufferHandle, seed: int, steps: int, chunk: int = 64) -> int:
+    """The collector of docs/scale.md: CartPole steps sent in batches of ``chunk``."""
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=seed)
+    rows = []
+    for _ in range(steps):
+        action = env.action_space.sample()
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        rows.append((obs, action, reward, next_obs, terminated, truncated))
+        obs = env.reset()[0] if terminated or truncated else next_obs
+        if len(rows) == chunk:
+            buffer.extend(to_tensordict(rows))
+            rows = []
+    return steps
+
+
+def to_tensordict(rows: list[tuple[Any, ...]]) -> TensorDict:
+    obs, action, reward, next_obs, terminated, truncated = (torch.as_tensor(np.array(c)) for c in zip(*rows, strict=True))
+    return TensorDict({
+        "observation": obs, "action": action, ("next", "observation"): next_obs,
+        ("next", "reward"): reward.float(), ("next", "terminated"): terminated,
+        ("next", "truncated"): truncated,
+    }, batch_size=[len(rows)])
+
+
+def test_ray_collectors_fill_the_buffer() -> None:
+    """docs/scale.md's examples: Ray tasks, and TorchRL's RayCollector through ``buffer.torchrl``."""
+    from torchrl.collectors import RandomPolicy
+    from torchrl.collectors.distributed import RayCollector
+    from torchrl.data import RayReplayBuffer
+    from torchrl.envs import GymEnv
+
+    with RemoteReplayBuffer(10_000, obs_shape=(4,), action_shape=(), action_dtype=torch.int64, seed=0,
+                            actor_options={"num_cpus": 0}) as buffer:
+        assert ray.get([collect.remote(buffer, seed, 128) for seed in range(2)]) == [128, 128]
+        assert len(buffer) == 256
+
+        make_env = partial(GymEnv, "CartPole-v1", categorical_action_encoding=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)         # "no policy weights to sync": a random policy
+            collector = RayCollector([make_env, make_env], RandomPolicy(make_env().full_action_spec),
+                                     collector_class="single", frames_per_batch=64, total_frames=256, sync=True,
+                                     replay_buffer=buffer.torchrl, remote_configs={"num_cpus": 0.5, "memory": 0})
+            try:
+                for nothing in collector:
+                    assert nothing is None                       # the collectors wrote into the actor
+            finally:
+                collector.shutdown()
+        rows = buffer.sample_all()
+        assert len(rows) == 512 and torch.equal(rows.reward, torch.ones(512))
+        assert torch.equal(rows.done, rows.terminated | rows.truncated) and bool(rows.terminated.any())
+        # Rows arrive in whole, ordered batches (64 rows from a task, 32 from each RayCollector
+        # worker): inside one, a step's next_obs is the next row's obs unless the episode ended.
+        within = (torch.arange(511) % 32 != 31) & ~rows.done[:-1]
+        assert torch.equal(rows.next_obs[:-1][within], rows.obs[1:][within])
+
+        rb = buffer.torchrl
+        assert isinstance(rb, RayReplayBuffer)
+        td = rb.sample(8)                                        # TorchRL's layout
+        assert td["next", "reward"].shape == (8, 1) and td["observation"].shape == (8, 4)
+        client = rb.client()                                     # TorchRL's picklable writer, in a task
+        ray.get(ray.remote(num_cpus=0.5)(lambda c: c.extend(td.exclude("index", "priority_weight"))).remote(client))
+        assert len(rb) == len(buffer) == 512 + 8
+        with pytest.raises(ShapeError):                          # rlbuf's validation behind TorchRL's API
+            rb.extend(td.set("observation", torch.zeros(8, 3)))
+        assert "size=520/10000" in repr(buffer)
