@@ -97,6 +97,11 @@ def extra_specs(extra_fields: Mapping[str, tuple[Sequence[int] | int, torch.dtyp
     return specs
 
 
+def done_of(columns: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """``terminated | truncated``: the derived ``done`` column of every buffer that stores both."""
+    return columns["terminated"].to(torch.bool) | columns["truncated"].to(torch.bool)
+
+
 class RingBuffer(Generic[BatchT]):
     """Shared machinery of the ring buffers; not used directly."""
 

@@ -29,7 +29,7 @@ from tensordict import TensorDictBase
 from torchrl.data import RandomSampler
 from torchrl.data.replay_buffers.samplers import Sampler
 
-from rlbuf._base import RingBuffer, as_shape, extra_specs, positive_int
+from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs, positive_int
 from rlbuf._core import check_extras
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.batches import ReplayBatch
@@ -145,7 +145,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                             if prioritized else RandomSampler())
         self._no_truncation = np.zeros(num_envs, np.bool_)
         self._setup(specs, capacity, sampler, num_envs=num_envs, storage=storage, scratch_dir=scratch_dir,
-                    storing_device=storing_device, device=device, seed=seed, derived={"done": _done})
+                    storing_device=storing_device, device=device, seed=seed, derived={"done": done_of})
 
     @property
     def prioritized(self) -> bool:
@@ -309,10 +309,6 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         if not bool(torch.isfinite(values).all()) or bool((values < 0).any()):
             raise PriorityError("priority: expected finite, non-negative values")
         self._ring.rb.update_priority(positions, values)
-
-
-def _done(columns: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    return columns["terminated"].to(torch.bool) | columns["truncated"].to(torch.bool)
 
 
 def _read_td(td: TensorDictBase, spec: FieldSpec, lead: tuple[int, ...]) -> torch.Tensor:

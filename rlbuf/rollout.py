@@ -29,13 +29,12 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data import SamplerWithoutReplacement
 
-from rlbuf._base import RingBuffer, as_shape, positive_int
+from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs, positive_int
 from rlbuf._core import check_extras, deliver
 from rlbuf.batches import RolloutBatch
 from rlbuf.epochs import EpochIterator, batch_bounds
 from rlbuf.errors import (
     BufferFullError,
-    ConfigError,
     MissingFieldError,
     NonFiniteError,
     RolloutIncompleteError,
@@ -77,19 +76,11 @@ def rollout_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], pri
     if privileged_obs_shape is not None:
         specs.insert(1, FieldSpec("privileged_obs", "privileged_observation", privileged_obs_shape, torch.float32))
     reserved = {s.name for s in specs} | {"extras", "index", "observation", "next"}
-    for name, (shape, dtype) in (extra_fields or {}).items():
-        if name in reserved or not name.isidentifier():
-            raise ConfigError(f"extra_fields: {name!r} is reserved or not an identifier")
-        specs.append(FieldSpec(name, name, as_shape(shape, f"extra_fields[{name!r}]"), dtype))
-    return tuple(specs)
+    return (*specs, *extra_specs(extra_fields, reserved))
 
 
 def _zeros_column(columns: Mapping[str, torch.Tensor]) -> torch.Tensor:
     return torch.zeros(columns["reward"].shape[0], dtype=torch.float32, device=columns["reward"].device)
-
-
-def _done(columns: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    return columns["terminated"].to(torch.bool) | columns["truncated"].to(torch.bool)
 
 
 class RolloutBuffer(RingBuffer[RolloutBatch]):
@@ -150,7 +141,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         self._extra_specs = {s.name: s for s in specs if s.name not in _BUILT_IN}
         self._setup(specs, num_steps * num_envs, SamplerWithoutReplacement(), num_envs=num_envs, storage=storage,
                     scratch_dir=scratch_dir, storing_device=storing_device, device=device, seed=seed,
-                    derived={"advantage": _zeros_column, "returns": _zeros_column, "done": _done})
+                    derived={"advantage": _zeros_column, "returns": _zeros_column, "done": done_of})
         self._attached: dict[str, torch.Tensor] = {}
         self._advantages_ready = False
 
