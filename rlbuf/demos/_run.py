@@ -186,7 +186,7 @@ def setup(args: RunArgs, demo: str) -> Path:
     if args.resume is None and (out / "config.json").exists():
         raise ConfigError(f"--out {out}: already holds a run; pass --resume {out} to continue it, or another --out")
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "config.json", {"demo": demo, **dataclasses.asdict(args)})
+    _write_json(out / "config.json", {"demo": demo, **dataclasses.asdict(args), "out": str(out)})
     return out
 
 
@@ -310,7 +310,10 @@ class Progress:
                 "resumed_at": self.resumed_at}
 
     def close(self) -> None:
-        """Close the bar."""
+        """Close the bar (at 100 % when the run stopped early, at its target)."""
+        if self.bar.total is not None and self.bar.n < self.bar.total:
+            self.bar.total = self.bar.n
+            self.bar.refresh()
         self.bar.close()
 
 
