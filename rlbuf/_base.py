@@ -218,6 +218,14 @@ class RingBuffer(Generic[BatchT]):
         """Remove every row (and priorities); capacity and options stay.
 
         An iterator from ``epochs()``/``minibatches()`` is forgotten (it is not checkpointed).
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> buf.clear()
+            >>> len(buf), buf.capacity
+            (0, 10)
         """
         self._ring.clear()
         self._current_epochs = self._current_epochs_call = None
@@ -248,6 +256,14 @@ class RingBuffer(Generic[BatchT]):
 
         Raises:
             EmptyBufferError: nothing is stored.
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(3, obs_shape=(1,), action_shape=())
+            >>> for r in range(5):
+            ...     buf.add(torch.zeros(1), 0.0, float(r), torch.zeros(1), False)
+            >>> buf.sample_all().reward.tolist()
+            [2.0, 3.0, 4.0]
         """
         if len(self._ring) == 0:
             raise EmptyBufferError("sample_all: the buffer is empty; add data first")
@@ -269,6 +285,16 @@ class RingBuffer(Generic[BatchT]):
         Raises:
             StoredIndexError: a position outside what is stored.
             MissingFieldError: an unknown field name.
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
+            >>> for r in range(4):
+            ...     buf.add(torch.zeros(1), 0.0, float(r), torch.zeros(1), False)
+            >>> buf.sample_by_index([3, 1]).reward.tolist()
+            [3.0, 1.0]
+            >>> buf.sample_by_index(2, fields=["reward"])["reward"].tolist()
+            [2.0]
         """
         positions = self._ring.as_index(index)
         if fields is None:
@@ -287,6 +313,14 @@ class RingBuffer(Generic[BatchT]):
         Raises:
             BatchSizeError: ``batch_size`` ≤ 0 or larger than what is stored.
             EmptyBufferError: nothing is stored.
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
+            >>> for _ in range(5):
+            ...     buf.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False)
+            >>> [len(batch) for batch in buf.epochs(2, n_epochs=2)]
+            [2, 2, 1, 2, 2, 1]
         """
         self._ring.flush()
         iterator = EpochIterator(lambda: len(self._ring), self._batch, batch_size=batch_size, n_epochs=n_epochs,
@@ -343,6 +377,16 @@ class RingBuffer(Generic[BatchT]):
 
         Args:
             data: include the stored rows (``False``: options and counters only).
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> state = buf.state_dict()
+            >>> state["kind"], state["size"], state["fields"]["reward"].tolist()
+            ('ReplayBuffer', 1, [1.0])
+            >>> buf.state_dict(data=False)["fields"]
+            {}
         """
         ring = self._ring
         ring.flush()
@@ -373,6 +417,15 @@ class RingBuffer(Generic[BatchT]):
 
         Raises:
             CheckpointError: another kind of buffer, other fields, or inconsistent counts.
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> copy = ReplayBuffer(10, obs_shape=(1,), action_shape=())
+            >>> copy.load_state_dict(buf.state_dict())
+            >>> len(copy), copy.sample_all().reward.tolist()
+            (1, [1.0])
         """
         ring = self._ring
         if state.get("kind") != type(self).__name__:
@@ -432,6 +485,16 @@ class RingBuffer(Generic[BatchT]):
 
         Raises:
             CheckpointError: the disk is full, or ``path`` is something else than a checkpoint.
+
+        Example:
+            >>> import os, tempfile
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
+            >>> buf.save(path)
+            >>> os.path.isdir(path)
+            True
         """
         save_state(self.state_dict(data=data), path)
 
@@ -448,6 +511,17 @@ class RingBuffer(Generic[BatchT]):
         Raises:
             CheckpointError: a missing, truncated, corrupted, wrong-version or wrong-kind
                 checkpoint (checked before any tensor is read).
+
+        Example:
+            >>> import os, tempfile
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
+            >>> buf.save(path)
+            >>> restored = ReplayBuffer.load(path)
+            >>> len(restored), torch.equal(restored.sample(4).index, buf.sample(4).index)
+            (1, True)
         """
         state = load_state(path, kind=cls.__name__)
         options = _option_from_json(state["options"])

@@ -80,7 +80,16 @@ class ReplayBatch(_ExtrasAccess):
         return int(self.obs.shape[0])
 
     def to_tensordict(self) -> TensorDict:
-        """The batch in TorchRL layout (``"observation"``, ``("next", "reward")`` of shape ``[B, 1]`` ...)."""
+        """The batch in TorchRL layout (``"observation"``, ``("next", "reward")`` of shape ``[B, 1]`` ...).
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(8, obs_shape=(2,), action_shape=(), seed=0)
+            >>> buf.add(torch.ones(2), 0.0, 1.0, torch.zeros(2), False)
+            >>> td = buf.sample(4).to_tensordict()
+            >>> td["next", "done"].shape, td["priority_weight"].tolist()
+            (torch.Size([4, 1]), [1.0, 1.0, 1.0, 1.0])
+        """
         n = len(self)
         td = TensorDict({
             "observation": self.obs,
@@ -124,7 +133,15 @@ class DistillationBatch(_ExtrasAccess):
         return int(self.obs.shape[0])
 
     def to_tensordict(self) -> TensorDict:
-        """The batch as a TensorDict (``"observation"``, ``"expert_action"``, extras)."""
+        """The batch as a TensorDict (``"observation"``, ``"expert_action"``, extras).
+
+        Example:
+            >>> from rlbuf import DistillationBuffer
+            >>> buf = DistillationBuffer(8, obs_shape=(2,), action_shape=(), seed=0)
+            >>> buf.add(torch.ones(2), 0.0)
+            >>> sorted(buf.sample(3).to_tensordict().keys())
+            ['expert_action', 'index', 'observation']
+        """
         td = TensorDict({"observation": self.obs, "expert_action": self.expert_action, "index": self.index},
                         batch_size=[len(self)], device=self.obs.device)
         for name, value in self.extras.items():
@@ -166,7 +183,18 @@ class RolloutBatch(_ExtrasAccess):
         return int(self.obs.shape[0])
 
     def to_tensordict(self) -> TensorDict:
-        """The batch in TorchRL layout (``"state_value"``, ``"advantage"``, ``"value_target"`` ...)."""
+        """The batch in TorchRL layout (``"state_value"``, ``"advantage"``, ``"value_target"`` ...).
+
+        Example:
+            >>> from rlbuf import RolloutBuffer
+            >>> buf = RolloutBuffer(1, 2, obs_shape=(3,), action_shape=())
+            >>> buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]),
+            ...         torch.zeros(2), torch.zeros(2))
+            >>> buf.compute_returns_and_advantages(torch.zeros(2))
+            >>> td = buf.get_all_data().to_tensordict()
+            >>> td["advantage"].shape, td["next", "done"].shape
+            (torch.Size([2, 1]), torch.Size([2, 1]))
+        """
         td = TensorDict({
             "observation": self.obs,
             "action": self.action,

@@ -97,6 +97,12 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
 
         Raises:
             ShapeError, DtypeError, DeviceError, MissingFieldError: before anything is stored.
+
+        Example:
+            >>> buf = DistillationBuffer(10, obs_shape=(3,), action_shape=(), action_dtype=torch.int64, num_envs=2)
+            >>> buf.add(torch.zeros(2, 3), torch.tensor([0, 1]))
+            >>> len(buf), buf.sample_all().expert_action.tolist()
+            (2, [0, 1])
         """
         check_extras(self._extra_specs, extras)
         values = {"obs": obs, "expert_action": expert_action, **extras}
@@ -108,6 +114,13 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         Raises:
             BatchSizeError: ``batch_size`` is not a positive int.
             EmptyBufferError: nothing is stored.
+
+        Example:
+            >>> buf = DistillationBuffer(10, obs_shape=(3,), action_shape=(2,), seed=0)
+            >>> buf.add(torch.zeros(3), torch.ones(2))
+            >>> obs, expert_action = buf.sample(4)
+            >>> obs.shape, expert_action.shape
+            (torch.Size([4, 3]), torch.Size([4, 2]))
         """
         ring = self._ring
         with ring.lock:

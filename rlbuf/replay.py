@@ -47,8 +47,8 @@ class Transition(NamedTuple):
     Example:
         >>> import torch
         >>> step = Transition(torch.zeros(3), torch.zeros(1), 1.0, torch.ones(3), False)
-        >>> step.truncated
-        False
+        >>> step.truncated is None          # no time limit hit: False for every env
+        True
     """
 
     obs: Any
@@ -56,7 +56,7 @@ class Transition(NamedTuple):
     reward: Any
     next_obs: Any
     terminated: Any
-    truncated: Any = False
+    truncated: Any = None
     extras: Mapping[str, Any] | None = None
 
 
@@ -210,6 +210,13 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         Raises:
             ShapeError, DtypeError, DeviceError, NonFiniteError, MissingFieldError: before
                 anything is stored.
+
+        Example:
+            >>> buf = ReplayBuffer(10, obs_shape=(3,), action_shape=(), num_envs=2, seed=0)
+            >>> buf.add(obs=torch.zeros(2, 3), action=torch.zeros(2), reward=torch.ones(2),
+            ...         next_obs=torch.zeros(2, 3), terminated=torch.tensor([False, True]))
+            >>> len(buf)
+            2
         """
         if isinstance(obs, Transition):
             if any(v is not None for v in (action, reward, next_obs, terminated, truncated)) or extras:
@@ -239,6 +246,16 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         Raises:
             MissingFieldError, ShapeError, DtypeError, DeviceError, NonFiniteError: before
                 anything is stored.
+
+        Example:
+            >>> from tensordict import TensorDict
+            >>> td = TensorDict({"observation": torch.zeros(2, 5, 3), "action": torch.zeros(2, 5),
+            ...                  "next": {"observation": torch.zeros(2, 5, 3), "reward": torch.ones(2, 5, 1),
+            ...                           "terminated": torch.zeros(2, 5, 1, dtype=torch.bool)}}, batch_size=[2, 5])
+            >>> buf = ReplayBuffer(100, obs_shape=(3,), action_shape=(), seed=0)
+            >>> buf.extend(td)
+            >>> len(buf)
+            10
         """
         rows = int(td.batch_size.numel())
         lead = tuple(td.batch_size)
@@ -268,6 +285,13 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         Raises:
             BatchSizeError: ``batch_size`` is not a positive int.
             EmptyBufferError: nothing is stored.
+
+        Example:
+            >>> buf = ReplayBuffer(10, obs_shape=(3,), action_shape=(), seed=0)
+            >>> buf.add(torch.zeros(3), 0.0, 1.0, torch.ones(3), False)
+            >>> batch = buf.sample(4)
+            >>> batch.obs.shape, batch.reward.tolist(), batch.weight.tolist()
+            (torch.Size([4, 3]), [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0])
         """
         ring = self._ring
         with ring.lock:  # index, weights and rows from one consistent state, whatever other threads add
@@ -299,6 +323,14 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             PriorityError: the buffer is not prioritized, lengths differ, or a priority is
                 negative or not finite.
             StoredIndexError: a position outside what is stored.
+
+        Example:
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), prioritized=True, seed=0)
+            >>> for _ in range(4):
+            ...     buf.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False)
+            >>> buf.update_priority([0, 1, 2, 3], [0.0, 0.0, 1.0, 0.0])
+            >>> buf.sample(5).index.tolist()
+            [2, 2, 2, 2, 2]
         """
         if not self._prioritized:
             raise PriorityError("update_priority: this buffer is not prioritized (build it with prioritized=True)")

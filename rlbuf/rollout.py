@@ -173,6 +173,11 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
 
         Raises:
             MissingFieldError: no such field.
+
+        Example:
+            >>> buf = RolloutBuffer(3, 2, obs_shape=(4,), action_shape=())
+            >>> buf.view("obs").shape, buf.view("reward").shape
+            (torch.Size([3, 2, 4]), torch.Size([3, 2]))
         """
         self._ring.check_field_names([name])
         self._ring.flush()
@@ -212,6 +217,14 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             BufferFullError: ``num_steps`` steps are already stored (call :meth:`clear`).
             MissingFieldError: ``bootstrap_value`` missing at a truncation, or an extra missing.
             ShapeError, DtypeError, DeviceError, NonFiniteError: before anything is stored.
+
+        Example:
+            >>> buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=())
+            >>> buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]),
+            ...         torch.zeros(2), torch.zeros(2), truncated=torch.tensor([True, False]),
+            ...         bootstrap_value=torch.tensor([0.5, 0.0]))
+            >>> buf.steps, buf.is_full
+            (1, False)
         """
         if self.is_full:
             raise BufferFullError(f"add: the rollout already holds {self._num_steps} steps; call clear() first")
@@ -249,6 +262,17 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         Raises:
             BufferFullError: more steps than the rollout has room for.
             MissingFieldError, ShapeError, DtypeError, NonFiniteError: before anything is stored.
+
+        Example:
+            >>> from tensordict import TensorDict
+            >>> td = TensorDict({"observation": torch.zeros(2, 4, 3), "action": torch.zeros(2, 4),
+            ...                  "state_value": torch.zeros(2, 4, 1), "sample_log_prob": torch.zeros(2, 4),
+            ...                  "next": {"reward": torch.ones(2, 4, 1),
+            ...                           "terminated": torch.zeros(2, 4, 1, dtype=torch.bool)}}, batch_size=[2, 4])
+            >>> buf = RolloutBuffer(4, 2, obs_shape=(3,), action_shape=())
+            >>> buf.extend(td)
+            >>> buf.steps, buf.advantages_ready
+            (4, False)
         """
         batch = tuple(td.batch_size)
         if len(batch) == 1 and self._num_envs == 1:
@@ -316,6 +340,17 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             ShapeError: a tensor not shaped ``[num_steps, num_envs, ...]`` (or a stored
                 field's exact shape).
             MissingFieldError: only one of advantage/returns, or another stored field.
+
+        Example:
+            >>> buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=())
+            >>> for _ in range(2):
+            ...     buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]),
+            ...             torch.zeros(2), torch.zeros(2))
+            >>> buf.set_extras({"advantage": torch.ones(2, 2), "returns": torch.ones(2, 2),
+            ...                 "old_logits": torch.zeros(2, 2, 5)})
+            >>> batch = buf.get_all_data()
+            >>> batch.old_logits.shape, batch.advantage.tolist()
+            (torch.Size([4, 5]), [1.0, 1.0, 1.0, 1.0])
         """
         given = set(mapping)
         if given & set(_COMPUTED) and not set(_COMPUTED) <= given:
@@ -364,6 +399,15 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         Raises:
             RolloutIncompleteError: fewer than ``num_steps`` steps stored.
             ShapeError, DeviceError, NonFiniteError: a bad ``last_value``.
+
+        Example:
+            >>> buf = RolloutBuffer(2, 1, obs_shape=(1,), action_shape=())
+            >>> for _ in range(2):
+            ...     buf.add(torch.zeros(1, 1), torch.zeros(1), torch.ones(1), torch.tensor([False]),
+            ...             torch.zeros(1), torch.zeros(1))
+            >>> buf.compute_returns_and_advantages(torch.zeros(1), gamma=0.5, gae_lambda=1.0)
+            >>> buf.view("returns").flatten().tolist()
+            [1.5, 1.0]
         """
         if not self.is_full:
             raise RolloutIncompleteError(f"compute_returns_and_advantages: the rollout holds {self.steps} of "
@@ -396,6 +440,16 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
 
         Raises:
             RolloutIncompleteError: the rollout is not full or advantages are not computed.
+
+        Example:
+            >>> buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=())
+            >>> for _ in range(2):
+            ...     buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]),
+            ...             torch.zeros(2), torch.zeros(2))
+            >>> buf.compute_returns_and_advantages(torch.zeros(2))
+            >>> data = buf.get_all_data()
+            >>> len(data), data.obs.shape
+            (4, torch.Size([4, 3]))
         """
         self._require_ready("get_all_data")
         self._ring.flush()
@@ -420,6 +474,15 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         Raises:
             RolloutIncompleteError: the rollout is not full or advantages are not computed.
             BatchSizeError: a size ≤ 0 or larger than the rollout.
+
+        Example:
+            >>> buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=(), seed=0)
+            >>> for _ in range(2):
+            ...     buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]),
+            ...             torch.zeros(2), torch.zeros(2))
+            >>> buf.compute_returns_and_advantages(torch.zeros(2))
+            >>> [len(batch) for batch in buf.minibatches(3, n_epochs=2)]
+            [3, 1, 3, 1]
         """
         self._require_ready("minibatches")
         self._ring.flush()

@@ -630,3 +630,9 @@ def test_torchrl_side_extends_without_done_get_it_derived() -> None:
     buf.torchrl.extend(td)
     assert buf.sample_all().done.tolist() == [True, True, False]
     assert ("next", "done") not in td.keys(include_nested=True)       # the caller's tensordict is untouched
+
+
+def test_a_transition_without_truncated_works_for_several_envs() -> None:
+    buf = make(num_envs=2)
+    buf.add(Transition(torch.zeros(2, 3), torch.zeros(2, 2), torch.ones(2), torch.zeros(2, 3), torch.tensor([True, False])))
+    assert buf.sample_all().truncated.tolist() == [False, False]
