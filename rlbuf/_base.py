@@ -21,7 +21,7 @@ from rlbuf._core import RowRing, deliver
 from rlbuf.checkpoint import load_state, save_state
 from rlbuf.epochs import EpochIterator, batch_bounds
 from rlbuf.errors import CheckpointError, ConfigError, EmptyBufferError
-from rlbuf.spec import FieldSpec
+from rlbuf.spec import FieldSpec, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device
 
@@ -57,13 +57,6 @@ def _option_from_json(value: Any) -> Any:
         return {k: _option_from_json(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_option_from_json(v) for v in value]
-    return value
-
-
-def positive_int(name: str, value: object) -> int:
-    """``value`` if it is a positive int, else :class:`ConfigError` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{name}: expected a positive int, got {value!r}")
     return value
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import operator
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -43,7 +42,7 @@ from rlbuf.errors import (
     ShapeError,
     StoredIndexError,
 )
-from rlbuf.spec import FieldSpec, check_finite_rows
+from rlbuf.spec import FieldSpec, check_finite_rows, positive_int
 from rlbuf.storage import BuiltStorage, remove_when_collected
 
 _BLOCK_ROWS = 256
@@ -220,7 +219,6 @@ class RowRing:
         self.input_specs = tuple(s for s in self.specs if s.name not in self.derived)
         self.by_name = {spec.name: spec for spec in self.specs}
         self.storing_device = storing_device
-        self.rows_per_add = rows_per_add
         self.generator = generator
         rb = FlushingReplayBuffer(storage=built.storage, sampler=sampler, batch_size=None, generator=generator)
         rb._flush_owner = weakref.ref(self)
@@ -449,7 +447,7 @@ class RowRing:
     # -- reading ---------------------------------------------------------------------------
     def require_rows(self, batch_size: int, *, without_replacement: bool) -> int:
         """Check that ``batch_size`` rows can be drawn and return it as an int; flushes nothing."""
-        batch_size = as_count("batch_size", batch_size)
+        batch_size = positive_int("batch_size", batch_size, BatchSizeError)
         size = len(self)
         if size == 0:
             raise EmptyBufferError("cannot sample from an empty buffer: add transitions first")
@@ -501,23 +499,6 @@ class RowRing:
         unknown = [name for name in names if name not in self.by_name]
         if unknown:
             raise MissingFieldError(f"fields: unknown {unknown}; stored fields are {list(self.by_name)}")
-
-
-def as_count(name: str, value: object) -> int:
-    """``value`` as a positive int (numpy and 0-d integer tensors welcome), else :class:`BatchSizeError`.
-
-    Example:
-        >>> import numpy as np
-        >>> as_count("batch_size", np.int64(32))
-        32
-    """
-    try:
-        count = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        count = None
-    if count is None or isinstance(value, bool) or count <= 0:
-        raise BatchSizeError(f"{name}: expected a positive int, got {value!r}")
-    return count
 
 
 def _shape_message(plan: _FieldPlan, got: tuple[int, ...]) -> str:

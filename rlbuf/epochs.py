@@ -31,8 +31,8 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from rlbuf._core import as_count
 from rlbuf.errors import BatchSizeError, CheckpointError, ConfigError, EmptyBufferError
+from rlbuf.spec import positive_int
 
 BatchT = TypeVar("BatchT")
 
@@ -62,7 +62,7 @@ def batch_bounds(size: int, *, batch_size: int | None = None, num_batches: int |
     if size <= 0:
         raise EmptyBufferError("cannot iterate over an empty buffer: add data first")
     if batch_size is not None:
-        batch_size = as_count("batch_size", batch_size)
+        batch_size = positive_int("batch_size", batch_size, BatchSizeError)
         if batch_size > size:
             raise BatchSizeError(f"batch_size: expected at most {size} (the rows stored), got {batch_size}")
         stops = list(range(batch_size, size + 1, batch_size))
@@ -70,7 +70,7 @@ def batch_bounds(size: int, *, batch_size: int | None = None, num_batches: int |
             stops.append(size)
         return [(stop - batch_size if stop % batch_size == 0 else stop - size % batch_size, stop) for stop in stops]
     assert num_batches is not None
-    num_batches = as_count("num_minibatches", num_batches)
+    num_batches = positive_int("num_minibatches", num_batches, BatchSizeError)
     if num_batches > size:
         raise BatchSizeError(f"num_minibatches: expected at most {size} (the rows stored), got {num_batches}")
     base, extra = divmod(size, num_batches)
@@ -121,7 +121,7 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
             # Random batches with replacement: any positive size, drawn over the rows stored now.
             if batch_size is None:
                 raise BatchSizeError("n_epochs=0 draws random batches: give batch_size")
-            batch_size = as_count("batch_size", batch_size)
+            batch_size = positive_int("batch_size", batch_size, BatchSizeError)
             if self._size <= 0:
                 raise EmptyBufferError("cannot draw from an empty buffer: add data first")
             self._bounds = [(0, batch_size)]

@@ -29,12 +29,12 @@ from tensordict import TensorDictBase
 from torchrl.data import RandomSampler
 from torchrl.data.replay_buffers.samplers import Sampler
 
-from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs, positive_int
+from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs
 from rlbuf._core import check_extras
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.batches import ReplayBatch
 from rlbuf.errors import ConfigError, MissingFieldError, PriorityError, ShapeError
-from rlbuf.spec import ExtraFields, FieldSpec
+from rlbuf.spec import ExtraFields, FieldSpec, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
 

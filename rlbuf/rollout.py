@@ -29,7 +29,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data import SamplerWithoutReplacement
 
-from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs, positive_int
+from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs
 from rlbuf._core import check_extras, deliver
 from rlbuf.batches import RolloutBatch
 from rlbuf.epochs import EpochIterator, batch_bounds
@@ -41,7 +41,7 @@ from rlbuf.errors import (
     ShapeError,
 )
 from rlbuf.gae import compute_gae
-from rlbuf.spec import ExtraFields, FieldSpec
+from rlbuf.spec import ExtraFields, FieldSpec, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
 

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -24,7 +25,14 @@ from typing import Any, TypeAlias
 import numpy as np
 import torch
 
-from rlbuf.errors import ConfigError, DeviceError, DtypeError, NonFiniteError, ShapeError
+from rlbuf.errors import (
+    ConfigError,
+    DeviceError,
+    DtypeError,
+    NonFiniteError,
+    RlbufError,
+    ShapeError,
+)
 
 NestedKey: TypeAlias = str | tuple[str, ...]
 ExtraFields: TypeAlias = Mapping[str, tuple[tuple[int, ...], torch.dtype]]
@@ -61,6 +69,26 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
         return _NUMPY_DTYPES[dtype]
     except KeyError:
         raise ConfigError(f"dtype {dtype} is not supported; use one of {sorted(map(str, _NUMPY_DTYPES))}") from None
+
+
+def positive_int(name: str, value: object, error: type[RlbufError] = ConfigError) -> int:
+    """``value`` as a positive int (numpy and 0-d integer tensors welcome), else ``error`` naming ``name``.
+
+    Example:
+        >>> positive_int("batch_size", np.int64(32))
+        32
+        >>> positive_int("capacity", 0)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: capacity: expected a positive int, got 0
+    """
+    try:
+        count = None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        count = None
+    if count is None or count <= 0:
+        raise error(f"{name}: expected a positive int, got {value!r}")
+    return count
 
 
 def _shape_str(shape: tuple[int, ...] | torch.Size) -> str:

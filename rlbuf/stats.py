@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from rlbuf.errors import CheckpointError, ConfigError, DtypeError, NonFiniteError, ShapeError
+from rlbuf.spec import positive_int
 
 __all__ = ["EpisodeStats"]
 
@@ -65,12 +66,6 @@ class _Episode:
     length: int
     reason: str
     metrics: dict[str, float]
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ConfigError(f"{name}: expected a positive int, got {value!r}")
-    return int(value)
 
 
 def _as_cpu_array(name: str, value: object) -> np.ndarray[Any, Any]:
@@ -126,8 +121,8 @@ class EpisodeStats:
     """
 
     def __init__(self, num_envs: int, *, window: int = 100) -> None:
-        self._num_envs = _positive_int("num_envs", num_envs)
-        self._window = _positive_int("window", window)
+        self._num_envs = positive_int("num_envs", num_envs)
+        self._window = positive_int("window", window)
         self._shape = torch.Size([self._num_envs])
         self._expected = f"({self._num_envs},)" + (" or ()" if self._num_envs == 1 else "")
         # float64 so long episodes of small float32 rewards do not lose precision.
@@ -323,7 +318,7 @@ class EpisodeStats:
             >>> stats.summary(last=1)["return"]["mean"]
             3.0
         """
-        count = self._window if last is None else _positive_int("last", last)
+        count = self._window if last is None else positive_int("last", last)
         episodes = list(self._episodes)[-count:]
         result: dict[str, Any] = {
             "return": _describe([e.episode_return for e in episodes]),
@@ -601,7 +596,7 @@ class EpisodeStats:
 
     def _recent(self, k: int | None) -> list[_Episode]:
         episodes = list(self._episodes)
-        return episodes if k is None else episodes[-_positive_int("k", k) :]
+        return episodes if k is None else episodes[-positive_int("k", k) :]
 
     def _state_tensor(self, state: Mapping[str, Any], key: str, dtype: torch.dtype) -> torch.Tensor:
         try:

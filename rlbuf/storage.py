@@ -7,7 +7,7 @@ initialised eagerly from the buffer's field specs, so every leaf tensor exists u
 
 Example:
     >>> import torch
-    >>> from rlbuf.spec import FieldSpec
+    >>> from rlbuf.spec import FieldSpec, positive_int
     >>> specs = (FieldSpec("obs", "observation", (3,), torch.float32),)
     >>> built = build_storage("memory", 8, specs, storing_device=torch.device("cpu"))
     >>> built.storage._storage["observation"].shape
@@ -32,7 +32,7 @@ from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.storages import TensorStorage
 
 from rlbuf.errors import ConfigError
-from rlbuf.spec import FieldSpec
+from rlbuf.spec import FieldSpec, positive_int
 
 StorageKind: TypeAlias = Literal["memory", "memmap"]
 DeviceLike: TypeAlias = torch.device | str | int
@@ -109,8 +109,7 @@ def build_storage(
         ConfigError: an unknown kind, a memmap storage on a non-CPU device, or a
             non-positive capacity.
     """
-    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
-        raise ConfigError(f"capacity: expected a positive int, got {capacity!r}")
+    capacity = positive_int("capacity", capacity)
     storage: TensorStorage
     owns = False
     directory: Path | None = None
