@@ -48,8 +48,9 @@ from rlbuf.spec import FieldSpec, as_array, check_finite_rows, positive_int
 from rlbuf.storage import BuiltStorage, remove_when_collected
 
 _BLOCK_ROWS = 256
-# A drawn batch larger than the machine's RAM can only fail later, inside torch: refuse it up front.
-_MAX_BATCH_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 2**40
+# Batches above this size are checked against the memory free now: one that cannot fit would only
+# fail later, inside torch (or get the process killed).
+_SMALL_BATCH_BYTES = 64 * 2**20
 _WIDE_ROW_BYTES = 4096
 _CPU = torch.device("cpu")
 
@@ -463,9 +464,12 @@ class RowRing:
             raise EmptyBufferError("cannot sample from an empty buffer: add transitions first")
         if without_replacement and batch_size > size:
             raise BatchSizeError(f"batch_size: expected at most {size} (the rows stored), got {batch_size}")
-        if batch_size > _MAX_BATCH_BYTES // _row_bytes(self.specs):
-            raise BatchSizeError(f"batch_size: {batch_size} rows of {_row_bytes(self.specs)} bytes do not fit in "
-                                 f"this machine's memory ({_MAX_BATCH_BYTES} bytes)")
+        if batch_size * _row_bytes(self.specs) > _SMALL_BATCH_BYTES:
+            # The batch, its index and a copy on the way must fit in the memory free now.
+            needed = batch_size * (_row_bytes(self.specs) + 8) * 2
+            if needed > _free_memory():
+                raise BatchSizeError(f"batch_size: {batch_size} rows need about {needed} bytes, more than the "
+                                     f"{_free_memory()} bytes of memory free now")
         return batch_size
 
     def as_index(self, index: Any) -> torch.Tensor:
@@ -530,6 +534,16 @@ class RowRing:
         unknown = [name for name in names if not isinstance(name, str) or name not in self.by_name]
         if unknown:
             raise MissingFieldError(f"fields: unknown {unknown}; stored fields are {list(self.by_name)}")
+
+
+def _free_memory() -> int:
+    """Bytes of memory available now (``MemAvailable`` on Linux, physical memory elsewhere)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 @functools.lru_cache(maxsize=64)
