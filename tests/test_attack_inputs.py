@@ -40,7 +40,7 @@ from rlbuf import (
 )
 from rlbuf.epochs import EpochIterator
 
-EXAMPLES = int(os.environ.get("RLBUF_ATTACK_EXAMPLES", "40"))
+EXAMPLES = int(os.environ.get("RLBUF_ATTACK_EXAMPLES", "30"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 # Errors about the buffer's state rather than about an argument: they name no field.
@@ -410,6 +410,7 @@ def test_refused_epochs_and_minibatches_leave_the_resume_sequence_unchanged() ->
     reference, attacked = make_rollout("full"), make_rollout("full")
     for buf in (reference, attacked):
         buf.compute_returns_and_advantages(torch.zeros(2))
+        buf.set_extras({"row": torch.arange(6).reshape(3, 2)})
     for bad in ({"batch_size": 0}, {"batch_size": 100}, {"num_minibatches": 7}, {"n_epochs": -1},
                 {"batch_size": 2, "shuffle": "yes"}):
         with pytest.raises(RlbufError):
@@ -417,7 +418,7 @@ def test_refused_epochs_and_minibatches_leave_the_resume_sequence_unchanged() ->
         if "num_minibatches" not in bad:
             with pytest.raises(RlbufError):
                 attacked.epochs(**{"batch_size": 2, **bad})
-    assert [b.index.tolist() for b in reference.minibatches(2)] == [b.index.tolist() for b in attacked.minibatches(2)]
+    assert [b.row.tolist() for b in reference.minibatches(2)] == [b.row.tolist() for b in attacked.minibatches(2)]
 
 
 def test_a_refused_gae_call_keeps_the_advantages_computed_before() -> None:
@@ -452,9 +453,9 @@ def test_rewards_that_would_be_stored_as_inf_are_refused_everywhere(value: Any) 
     with pytest.raises((rlbuf.DtypeError, rlbuf.NonFiniteError), match="expert_value"):
         distill.add(torch.zeros(3), torch.zeros(2), expert_value=value)
     if isinstance(value, torch.Tensor):
-        td = TensorDict({"observation": torch.zeros(1, 3), "action": torch.zeros(1), "cost": torch.zeros(1),
-                         "next": {"observation": torch.zeros(1, 3), "reward": value.reshape(1, 1),
-                                  "terminated": torch.zeros(1, 1, dtype=torch.bool)}}, batch_size=[1])
+        td = TensorDict({"observation": torch.zeros(1, 1, 3), "action": torch.zeros(1, 1), "cost": torch.zeros(1, 1),
+                         "next": {"observation": torch.zeros(1, 1, 3), "reward": value.reshape(1, 1, 1),
+                                  "terminated": torch.zeros(1, 1, 1, dtype=torch.bool)}}, batch_size=[1, 1])
         with pytest.raises(rlbuf.DtypeError, match="reward"):
             replay.extend(td)
 
