@@ -31,7 +31,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from rlbuf.errors import BatchSizeError, CheckpointError, EmptyBufferError
+from rlbuf.errors import BatchSizeError, CheckpointError, EmptyBufferError, RlbufError
 from rlbuf.spec import as_flag, as_int, positive_int
 
 BatchT = TypeVar("BatchT")
@@ -238,11 +238,21 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
         for key, mine in (("n_epochs", self._n_epochs), *self._split.items()):
             if state.get(key) != mine:
                 raise CheckpointError(f"epoch iterator: {key} is {mine} here but {state.get(key)} in the saved state")
-        self._size = int(state["size"])
-        if self._n_epochs:
-            self._bounds = batch_bounds(self._size, **self._split)
-        self._epoch = int(state["epoch"])
-        self._position = int(state["position"])
-        permutation = state["permutation"]
+        # Everything is checked, and the generator's state tried on a copy, before anything is assigned.
+        try:
+            size = as_int("size", state.get("size"), minimum=0)
+            epoch = as_int("epoch", state.get("epoch"), minimum=0)
+            position = as_int("position", state.get("position"), minimum=0)
+            bounds = batch_bounds(size, **self._split) if self._n_epochs else self._bounds
+            if position >= len(bounds):
+                raise CheckpointError(f"position: {position} is past the {len(bounds)} batches of an epoch")
+            permutation = state.get("permutation")
+            if permutation is not None and not (isinstance(permutation, torch.Tensor)
+                                                and tuple(permutation.shape) == (size,)):
+                raise CheckpointError(f"permutation: expected a tensor of shape ({size},)")
+            torch.Generator(device=self._device).set_state(state["generator"])
+        except (RlbufError, KeyError, TypeError, RuntimeError) as error:
+            raise CheckpointError(f"epoch iterator: {error}") from error
+        self._size, self._bounds, self._epoch, self._position = size, bounds, epoch, position
         self._permutation = None if permutation is None else permutation.to(self._device)
         self._generator.set_state(state["generator"])

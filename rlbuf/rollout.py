@@ -304,6 +304,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             if value is None:
                 raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
             columns[spec.name] = rows_of(spec, value)
+            # Checked here too: the truncation flags are read below, before write_tensors checks the rest.
+            spec.check_tensor(columns[spec.name], (rows,), self._ring.accepted_devices)
         truncated_steps = columns["truncated"].to(torch.bool)
         if bool(truncated_steps.any()) and time_major.get(("next", "state_value"), None) is None:
             raise MissingFieldError("bootstrap_value: the rollout has truncated steps but no ('next', 'state_value')")
@@ -315,7 +317,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                 value = time_major.get(spec.key, None)
                 if value is not None:
                     computed[name] = rows_of(spec, value)
-                    spec.check_tensor(computed[name], (rows,), (computed[name].device,))
+                    spec.check_tensor(computed[name], (rows,), self._ring.accepted_devices)
                     if not bool(torch.isfinite(computed[name]).all()):
                         raise NonFiniteError(f"{name}: expected finite values at key {spec.key!r}, got NaN or inf")
         self._ring.write_tensors(columns, rows)

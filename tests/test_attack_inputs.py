@@ -43,6 +43,8 @@ from rlbuf.epochs import EpochIterator
 EXAMPLES = int(os.environ.get("RLBUF_ATTACK_EXAMPLES", "30"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# Tensordicts are slow to build: the extend properties draw fewer examples per run.
+FUZZ_TD = settings(FUZZ, max_examples=max(10, EXAMPLES // 3))
 # Errors about the buffer's state rather than about an argument: they name no field.
 STATE_ERRORS = (EmptyBufferError, BufferFullError, RolloutIncompleteError)
 
@@ -229,7 +231,7 @@ _TD_KEYS = {"obs": "observation", "action": "action", "cost": "cost", "next_obs"
 
 
 @pytest.mark.parametrize("kind", REPLAY_KINDS[:4], ids=lambda k: "-".join(str(v) for v in k.values()))
-@FUZZ
+@FUZZ_TD
 @given(data=st.data())
 def test_replay_extend_refuses_hostile_tensordicts_without_change(kind: dict[str, Any], data: st.DataObject) -> None:
     buf = make_replay(**kind)
@@ -289,6 +291,34 @@ def test_rollout_buffer_refuses_hostile_input_without_change(state: str, data: s
     cases = rollout_cases(buf)
     name = data.draw(st.sampled_from(sorted(cases)), label="method")
     attempt(buf, cases[name], data.draw(HOSTILE, label="value"))
+
+
+_ROLLOUT_TD_KEYS = {"obs": "observation", "action": "action", "cost": "cost", "value": "state_value",
+                    "log_prob": "sample_log_prob", "reward": ("next", "reward"), "terminated": ("next", "terminated"),
+                    "truncated": ("next", "truncated"), "bootstrap_value": ("next", "state_value"),
+                    "advantage": "advantage", "returns": "value_target"}
+
+
+@pytest.mark.parametrize("state", ["empty", "partial"])
+@FUZZ_TD
+@given(data=st.data())
+def test_rollout_extend_refuses_hostile_tensordicts_without_change(state: str, data: st.DataObject) -> None:
+    buf = make_rollout(state)
+    steps = 3 - buf.steps
+    field = data.draw(st.sampled_from(sorted(_ROLLOUT_TD_KEYS)), label="field")
+    shape = data.draw(st.sampled_from([(2, steps), (2, steps, 1), (2, steps, 3), (2, steps, 2)]))
+    value = _tensor(shape, data.draw(st.sampled_from(_DTYPES)), data.draw(st.sampled_from(_FILLS)),
+                    data.draw(st.sampled_from(["cpu", "cpu", "meta"])))
+    td = TensorDict({"observation": torch.zeros(2, steps, 3), "action": torch.zeros(2, steps),
+                     "cost": torch.zeros(2, steps), "state_value": torch.zeros(2, steps, 1),
+                     "sample_log_prob": torch.zeros(2, steps), "advantage": torch.zeros(2, steps, 1),
+                     "value_target": torch.zeros(2, steps, 1),
+                     "next": {"reward": torch.ones(2, steps, 1), "terminated": torch.zeros(2, steps, 1, dtype=torch.bool),
+                              "truncated": torch.zeros(2, steps, 1, dtype=torch.bool),
+                              "state_value": torch.zeros(2, steps, 1)}}, batch_size=[2, steps])
+    td.set(_ROLLOUT_TD_KEYS[field], value)
+    names = (field, "td", "bootstrap_value") if field == "truncated" else (field, "td")
+    attempt(buf, Case(buf.extend, names), td)
 
 
 # -- DistillationBuffer --------------------------------------------------------------------
