@@ -528,7 +528,7 @@ class EpisodeStats:
             if isinstance(value, torch.Tensor):
                 array = self._check_shape(field, value)
             else:
-                array = self._check_shape(field, np.asarray(value))
+                array = self._check_shape(field, as_array(field, value))
             if _kind(array) not in _METRIC_KINDS:
                 raise DtypeError(f"{field}: expected a float, int or bool dtype, got {array.dtype}")
             checked[name] = array

@@ -508,7 +508,7 @@ BAD_UPDATES: list[tuple[dict[str, Any], type[RlbufError], str]] = [
     (
         {"metrics": {"score": np.array(["x"] * 4)}},
         DtypeError,
-        "metrics['score']: expected a float, int or bool dtype",
+        "metrics['score']: expected bool, int or float values",
     ),
     ({"metrics": {"return": torch.zeros(4)}}, ConfigError, "metrics: name 'return' is not allowed"),
     ({"metrics": {3: torch.zeros(4)}}, ConfigError, "metrics: name 3 is not allowed"),
