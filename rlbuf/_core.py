@@ -538,11 +538,10 @@ class RowRing:
 
 def _free_memory() -> int:
     """Bytes of memory available now (``MemAvailable`` on Linux, physical memory elsewhere)."""
-    with contextlib.suppress(OSError, ValueError):
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo", encoding="ascii") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 

@@ -178,7 +178,7 @@ def attempt(target: Any, case: Case, value: Any, checked: Any = None) -> None:
         return
     except StopIteration:
         return
-    except BaseException as error:  # noqa: BLE001 - the point of the test
+    except BaseException as error:
         pytest.fail(f"foreign exception {type(error).__name__}: {error} for {value!r:.200}")
     if not isinstance(checked, (EpisodeStats, EpochIterator)):
         check_invariants(checked)
@@ -407,7 +407,7 @@ def test_constructors_refuse_hostile_options_by_name(data: st.DataObject) -> Non
         if option in shown:
             assert option in str(error), str(error)
         return
-    except BaseException as error:  # noqa: BLE001
+    except BaseException as error:
         pytest.fail(f"foreign exception {type(error).__name__}: {error} for {option}={value!r:.200}")
     check_invariants(buf)
 
