@@ -163,6 +163,13 @@ class Case:
     names: tuple[str, ...]
 
 
+def field_cases(prefix: str, method: Callable[..., Any], good: dict[str, Any],
+                also: dict[str, tuple[str, ...]] | None = None) -> dict[str, Case]:
+    """One case per keyword of ``method``: ``good`` arguments with that one replaced by the hostile value."""
+    return {f"{prefix}.{f}": Case(lambda v, f=f: method(**{**good, f: v}), (f, *(also or {}).get(f, ())))
+            for f in good}
+
+
 def attempt(target: Any, case: Case, value: Any, checked: Any = None) -> None:
     """Call, and check the promise: a named rlbuf error and no change, or success and invariants."""
     checked = target if checked is None else checked
@@ -184,6 +191,12 @@ def attempt(target: Any, case: Case, value: Any, checked: Any = None) -> None:
         check_invariants(checked)
 
 
+def attack(data: st.DataObject, target: Any, cases: dict[str, Case]) -> None:
+    """Draw one method and one hostile value, and :func:`attempt` the call."""
+    name = data.draw(st.sampled_from(sorted(cases)), label="method")
+    attempt(target, cases[name], data.draw(HOSTILE, label="value"))
+
+
 # -- ReplayBuffer --------------------------------------------------------------------------
 def replay_cases(buf: ReplayBuffer) -> dict[str, Case]:
     n = buf.num_envs
@@ -191,13 +204,10 @@ def replay_cases(buf: ReplayBuffer) -> dict[str, Case]:
                                 next_obs=torch.ones(n, 3), terminated=torch.zeros(n, dtype=torch.bool),
                                 truncated=torch.zeros(n, dtype=torch.bool), cost=torch.ones(n))
 
-    def add_with(field: str) -> Case:
-        return Case(lambda v: buf.add(**{**good, field: v}), (field,))
-
     def beta(v: Any) -> None:
         buf.beta = v
 
-    cases = {f"add.{f}": add_with(f) for f in good}
+    cases = field_cases("add", buf.add, good)
     cases |= {
         "add.unknown_extra": Case(lambda v: buf.add(**good, bogus=v), ("bogus",)),
         "sample": Case(lambda v: buf.sample(v), ("batch_size",)),
@@ -220,10 +230,7 @@ def replay_cases(buf: ReplayBuffer) -> dict[str, Case]:
 @given(data=st.data())
 def test_replay_buffer_refuses_hostile_input_without_change(kind: dict[str, Any], data: st.DataObject) -> None:
     buf = make_replay(**kind)
-    cases = replay_cases(buf)
-    name = data.draw(st.sampled_from(sorted(cases)), label="method")
-    value = data.draw(HOSTILE, label="value")
-    attempt(buf, cases[name], value)
+    attack(data, buf, replay_cases(buf))
 
 
 _TD_KEYS = {"obs": "observation", "action": "action", "cost": "cost", "next_obs": ("next", "observation"),
@@ -254,11 +261,7 @@ def rollout_cases(buf: RolloutBuffer) -> dict[str, Case]:
                                 log_prob=torch.zeros(2), truncated=torch.zeros(2, dtype=torch.bool),
                                 bootstrap_value=torch.zeros(2), cost=torch.ones(2))
 
-    def add_with(field: str) -> Case:
-        names = (field, "bootstrap_value") if field == "truncated" else (field,)
-        return Case(lambda v: buf.add(**{**good, field: v}), names)
-
-    cases = {f"add.{f}": add_with(f) for f in good}
+    cases = field_cases("add", buf.add, good, also={"truncated": ("bootstrap_value",)})
     cases |= {
         "add.privileged_obs": Case(lambda v: buf.add(**good, privileged_obs=v), ("privileged_obs",)),
         "compute.last_value": Case(lambda v: buf.compute_returns_and_advantages(v), ("last_value",)),
@@ -288,9 +291,7 @@ def rollout_cases(buf: RolloutBuffer) -> dict[str, Case]:
 @given(data=st.data())
 def test_rollout_buffer_refuses_hostile_input_without_change(state: str, data: st.DataObject) -> None:
     buf = make_rollout(state)
-    cases = rollout_cases(buf)
-    name = data.draw(st.sampled_from(sorted(cases)), label="method")
-    attempt(buf, cases[name], data.draw(HOSTILE, label="value"))
+    attack(data, buf, rollout_cases(buf))
 
 
 _ROLLOUT_TD_KEYS = {"obs": "observation", "action": "action", "cost": "cost", "value": "state_value",
@@ -322,20 +323,21 @@ def test_rollout_extend_refuses_hostile_tensordicts_without_change(state: str, d
 
 
 # -- DistillationBuffer --------------------------------------------------------------------
+def distill_cases(buf: DistillationBuffer) -> dict[str, Case]:
+    good: dict[str, Any] = dict(obs=torch.ones(3), expert_action=torch.ones(2), expert_value=torch.ones(1))
+    return field_cases("add", buf.add, good) | {
+        "sample": Case(lambda v: buf.sample(v), ("batch_size",)),
+        "sample_by_index": Case(lambda v: buf.sample_by_index(v), ("index",)),
+        "epochs": Case(lambda v: buf.epochs(v), ("batch_size",)),
+    }
+
+
 @pytest.mark.parametrize("state", ["empty", "partial", "full"])
 @FUZZ
 @given(data=st.data())
 def test_distillation_buffer_refuses_hostile_input_without_change(state: str, data: st.DataObject) -> None:
     buf = make_distill(state)
-    good: dict[str, Any] = dict(obs=torch.ones(3), expert_action=torch.ones(2), expert_value=torch.ones(1))
-    cases = {f"add.{f}": Case(lambda v, f=f: buf.add(**{**good, f: v}), (f,)) for f in good}
-    cases |= {
-        "sample": Case(lambda v: buf.sample(v), ("batch_size",)),
-        "sample_by_index": Case(lambda v: buf.sample_by_index(v), ("index",)),
-        "epochs": Case(lambda v: buf.epochs(v), ("batch_size",)),
-    }
-    name = data.draw(st.sampled_from(sorted(cases)), label="method")
-    attempt(buf, cases[name], data.draw(HOSTILE, label="value"))
+    attack(data, buf, distill_cases(buf))
 
 
 # -- EpisodeStats and EpochIterator --------------------------------------------------------
@@ -346,7 +348,7 @@ def test_episode_stats_refuses_hostile_input_without_change(data: st.DataObject)
     stats.update(np.ones(2), np.array([False, True]))
     good: dict[str, Any] = dict(reward=np.ones(2), terminated=np.array([True, False]),
                                 truncated=np.array([False, False]))
-    cases = {f"update.{f}": Case(lambda v, f=f: stats.update(**{**good, f: v}), (f,)) for f in good}
+    cases = field_cases("update", stats.update, good)
     cases |= {
         "update.metrics": Case(lambda v: stats.update(**good, metrics={"score": v}), ("score", "metrics")),
         "update.reasons": Case(lambda v: stats.update(**good, reasons=v), ("reasons",)),
@@ -354,8 +356,7 @@ def test_episode_stats_refuses_hostile_input_without_change(data: st.DataObject)
         "recent_returns": Case(lambda v: stats.recent_returns(v), ("k",)),
         "recent_lengths": Case(lambda v: stats.recent_lengths(v), ("k",)),
     }
-    name = data.draw(st.sampled_from(sorted(cases)), label="method")
-    attempt(stats, cases[name], data.draw(HOSTILE, label="value"))
+    attack(data, stats, cases)
 
 
 @FUZZ
@@ -513,8 +514,6 @@ def test_stress_every_buffer_kind(data: st.DataObject) -> None:
         cases = rollout_cases(buf)
     else:
         buf = make_distill(data.draw(st.sampled_from(["empty", "partial", "full"])))
-        cases = {"sample": Case(lambda v: buf.sample(v), ("batch_size",)),
-                 "sample_by_index": Case(lambda v: buf.sample_by_index(v), ("index",))}
+        cases = distill_cases(buf)
     for _ in range(data.draw(st.integers(1, 5))):
-        name = data.draw(st.sampled_from(sorted(cases)))
-        attempt(buf, cases[name], data.draw(HOSTILE))
+        attack(data, buf, cases)
