@@ -228,6 +228,7 @@ class FieldSpec:
     finite: bool = False
     trailing_one: bool = False
     np_dtype: np.dtype[Any] = field(init=False, compare=False, repr=False)
+    float_max: float = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in self.shape):
@@ -236,6 +237,9 @@ class FieldSpec:
             raise ConfigError(f"{self.name}: dtype {self.dtype!r} is not supported; use one of "
                               f"{sorted(map(str, _NUMPY_DTYPES))}")
         object.__setattr__(self, "np_dtype", numpy_dtype(self.dtype))
+        # The largest finite value a float field holds (read on every narrowing conversion).
+        object.__setattr__(self, "float_max", float(np.finfo(self.np_dtype).max) if self.dtype.is_floating_point
+                           else 0.0)
 
     @property
     def td_shape(self) -> tuple[int, ...]:
@@ -310,21 +314,26 @@ class FieldSpec:
             rlbuf.errors.DtypeError: reward: values up to 1e+300 in magnitude do not fit torch.float32 (largest 3.4028234663852886e+38)
         """
         target = self.np_dtype.kind
-        if target not in "iuf" or values.dtype in (torch.bool, np.bool_):
+        if target not in "iuf":
             return
         if isinstance(values, torch.Tensor):
-            if values.numel() == 0:
+            count = values.numel()
+            if values.dtype is torch.bool or count == 0:
                 return
             is_float = values.is_floating_point()
         else:
-            if values.size == 0 or values.dtype.kind not in "iuf":
+            kind = values.dtype.kind
+            count = values.size
+            if kind not in "iuf" or count == 0:
                 return
-            is_float = values.dtype.kind == "f"
+            is_float = kind == "f"
         array = values
         if target == "f":
-            largest = float(np.finfo(self.np_dtype).max)
+            largest = self.float_max
             if is_float:
-                peak = float(array.abs().max()) if isinstance(array, torch.Tensor) else float(np.abs(array).max())
+                # One value (a reward of one env) is read as a Python float: several times cheaper.
+                peak = (abs(float(array.item())) if count == 1
+                        else float(array.abs().max()) if isinstance(array, torch.Tensor) else float(np.abs(array).max()))
                 if not peak <= largest:  # NaN or inf somewhere (allowed here), or a real overflow
                     peak = _largest_finite(array)
             else:
