@@ -73,7 +73,7 @@ def as_shape(shape: Sequence[int] | int, name: str) -> tuple[int, ...]:
         ((4,), (84, 84))
     """
     if not isinstance(shape, (str, bytes, Mapping)):
-        if isinstance(shape, (Sequence, np.ndarray, torch.Size)):
+        if isinstance(shape, (Sequence, torch.Size)) or (isinstance(shape, np.ndarray) and shape.ndim == 1):
             with contextlib.suppress(ConfigError):
                 return tuple(as_int(name, d, minimum=0) for d in shape)
         else:

@@ -488,6 +488,9 @@ class RowRing:
         else:
             values = as_array("index", index, StoredIndexError)
             kind = values.dtype.kind
+            if kind == "f" and values.size and isinstance(index, (int, list, tuple)) and bool(
+                    (np.abs(values) >= 2**63).any()):  # Python ints too large for int64 came as floats
+                raise StoredIndexError(f"index: expected positions in [0, {len(self)}), got {_short_index(index)}")
         count = values.numel() if isinstance(values, torch.Tensor) else values.size
         if kind not in "iu" and count:
             raise StoredIndexError(f"index: expected integer positions, got dtype {values.dtype}")
@@ -549,6 +552,11 @@ def _free_memory() -> int:
 def _row_bytes(specs: tuple[FieldSpec, ...]) -> int:
     """Bytes one row of ``specs`` takes (at least 1)."""
     return max(1, sum(math.prod(s.shape) * s.np_dtype.itemsize for s in specs))
+
+
+def _short_index(index: Any) -> str:
+    text = repr(index)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _shape_message(plan: _FieldPlan, got: tuple[int, ...]) -> str:

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 from collections.abc import Mapping
@@ -177,14 +178,21 @@ def as_array(name: str, value: object, error: type[RlbufError] | None = None) ->
                                     f"{_short(value)}") from None
     except (TypeError, OverflowError):
         raise (error or DtypeError)(f"{name}: expected numbers, got {_short(value)}") from None
+    if array.dtype.kind == "O" and _all_ints(array):
+        # Ints beyond int64/uint64 are numbers still: as floats, like a Python int stored in a float
+        # column (an integer column's range check refuses them); beyond float64 they are refused.
+        with contextlib.suppress(OverflowError):
+            array = np.asarray(value, dtype=np.float64)
+        if array.dtype.kind == "O":
+            raise (error or DtypeError)(f"{name}: expected numbers that fit float64, got {_short(value)}")
     if array.dtype.kind not in _ARRAY_KINDS:
-        what = "numbers too large for any dtype" if array.dtype.kind == "O" and _all_ints(array) else array.dtype
-        raise (error or DtypeError)(f"{name}: expected bool, int or float values, got {what}: {_short(value)}")
+        raise (error or DtypeError)(f"{name}: expected bool, int or float values, got {array.dtype}: "
+                                    f"{_short(value)}")
     return array
 
 
 def _all_ints(array: np.ndarray[Any, Any]) -> bool:
-    return all(isinstance(item, int) for item in array.reshape(-1).tolist())
+    return all(isinstance(item, int) and not isinstance(item, bool) for item in array.reshape(-1).tolist())
 
 
 def _largest_finite(values: np.ndarray[Any, Any] | torch.Tensor) -> float:
