@@ -6,6 +6,7 @@ gathered columns into its typed batch in :meth:`RingBuffer._make_batch`.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import secrets
 import warnings
@@ -13,15 +14,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, Self, TypeVar, overload
 
+import numpy as np
 import torch
 from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from rlbuf._core import RowRing, deliver
 from rlbuf.checkpoint import load_state, save_state
-from rlbuf.epochs import EpochIterator, batch_bounds
+from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
 from rlbuf.errors import CheckpointError, ConfigError, EmptyBufferError
-from rlbuf.spec import FieldSpec, positive_int
+from rlbuf.spec import FieldSpec, as_flag, as_int, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device
 
@@ -61,31 +63,72 @@ def _option_from_json(value: Any) -> Any:
 
 
 def as_shape(shape: Sequence[int] | int, name: str) -> tuple[int, ...]:
-    """A shape option as a tuple of ints (an int means a 1-D shape).
+    """A shape option as a tuple of non-negative ints (an int means a 1-D shape).
+
+    Raises:
+        ConfigError: anything else (``(3.5,)``, ``True``, ``"84"``, a negative size).
 
     Example:
         >>> as_shape(4, "obs_shape"), as_shape([84, 84], "obs_shape")
         ((4,), (84, 84))
     """
-    if isinstance(shape, int):
-        return (shape,)
-    try:
-        return tuple(int(d) for d in shape)
-    except TypeError:
-        raise ConfigError(f"{name}: expected a tuple of ints, got {shape!r}") from None
+    if not isinstance(shape, (str, bytes, Mapping)):
+        if isinstance(shape, (Sequence, torch.Size)) or (isinstance(shape, np.ndarray) and shape.ndim == 1):
+            with contextlib.suppress(ConfigError):
+                return tuple(as_int(name, d, minimum=0) for d in shape)
+        else:
+            with contextlib.suppress(ConfigError):
+                return (as_int(name, shape, minimum=0),)
+    raise ConfigError(f"{name}: expected a tuple of non-negative ints, got {shape!r}")
+
+
+# Names every batch uses for its own attributes, and TorchRL's private keys ("_weight", "_data").
+BATCH_NAMES = {"index": "an attribute of every batch", "weight": "an attribute of every batch",
+                "extras": "an attribute of every batch"}
 
 
 def extra_specs(extra_fields: Mapping[str, tuple[Sequence[int] | int, torch.dtype]] | None,
-                reserved: set[str]) -> list[FieldSpec]:
+                builtin: Sequence[FieldSpec], reserved: Mapping[str, str] | None = None) -> list[FieldSpec]:
     """Field specs for user-declared extra fields, stored at their own top-level key.
 
+    A name may not alias a built-in field: neither its rlbuf name nor the top-level part of its
+    TorchRL key (``"state_value"``, ``"next"`` ...), derived from ``builtin`` itself.
+
+    Args:
+        extra_fields: ``{"name": (shape, dtype)}`` as the user passed it.
+        builtin: the buffer's own fields.
+        reserved: further names this buffer refuses, with the reason shown in the error.
+
     Raises:
-        ConfigError: a name that is reserved or not an identifier.
+        ConfigError: a malformed declaration, or a name that is reserved or not an identifier.
+
+    Example:
+        >>> fixed = [FieldSpec("value", "state_value", (), torch.float32)]
+        >>> extra_specs({"state_value": ((), torch.float32)}, fixed)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: extra_fields: 'state_value' is reserved: the TorchRL key of the built-in field 'value'; choose another name
     """
+    taken = dict(BATCH_NAMES)
+    for spec in builtin:
+        top = spec.key if isinstance(spec.key, str) else spec.key[0]
+        taken.setdefault(top, f"the TorchRL key of the built-in field {spec.name!r}")
+        taken[spec.name] = "a built-in field"
+    taken.update(reserved or {})
+    if extra_fields is None:
+        return []
+    if not isinstance(extra_fields, Mapping):
+        raise ConfigError(f"extra_fields: expected a dict {{name: (shape, dtype)}}, got {type(extra_fields).__name__}")
     specs = []
-    for name, (shape, dtype) in (extra_fields or {}).items():
-        if name in reserved or not name.isidentifier():
-            raise ConfigError(f"extra_fields: {name!r} is reserved or not an identifier")
+    for name, declared in extra_fields.items():
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+            raise ConfigError(f"extra_fields: {name!r} is not a public identifier (letters, digits, '_'; "
+                              f"not starting with '_')")
+        if name in taken:
+            raise ConfigError(f"extra_fields: {name!r} is reserved: {taken[name]}; choose another name")
+        if not isinstance(declared, (tuple, list)) or len(declared) != 2:
+            raise ConfigError(f"extra_fields[{name!r}]: expected (shape, dtype), got {declared!r}")
+        shape, dtype = declared
         specs.append(FieldSpec(name, name, as_shape(shape, f"extra_fields[{name!r}]"), dtype))
     return specs
 
@@ -140,11 +183,13 @@ class RingBuffer(Generic[BatchT]):
         derived: Mapping[str, Callable[[Mapping[str, torch.Tensor]], torch.Tensor]] | None = None,
     ) -> None:
         self._num_envs = positive_int("num_envs", num_envs)
+        # The epoch generator is seeded with seed + 1: both seeds must be valid torch seeds.
+        checked_seed = None if seed is None else as_int("seed", seed, minimum=0, maximum=2**63 - 2)
         self._storage_kind = storage
         self._storing_device = resolve_device(storing_device, name="storing_device")
         self._device = resolve_device(device, name="device", default=self._storing_device)
         built = build_storage(storage, capacity, specs, storing_device=self._storing_device, scratch_dir=scratch_dir)
-        self._seed = secrets.randbits(63) if seed is None else int(seed)
+        self._seed = secrets.randbits(62) if checked_seed is None else checked_seed
         generator = torch.Generator(device=self._storing_device).manual_seed(self._seed)
         self._ring = RowRing(specs, built, sampler, rows_per_add=num_envs, storing_device=self._storing_device,
                              generator=generator, derived=derived)
@@ -316,11 +361,14 @@ class RingBuffer(Generic[BatchT]):
             [2, 2, 1, 2, 2, 1]
         """
         self._ring.flush()
-        iterator = EpochIterator(lambda: len(self._ring), self._batch, batch_size=batch_size, n_epochs=n_epochs,
-                                 drop_last=drop_last, shuffle=shuffle,
+        # Validate before the epoch generator draws the iterator's seed: a refused call changes nothing.
+        options = check_epoch_options(len(self._ring), batch_size=batch_size, n_epochs=n_epochs,
+                                      drop_last=drop_last, shuffle=shuffle)
+        self._ring.require_rows(options["batch_size"], without_replacement=False)
+        iterator = EpochIterator(lambda: len(self._ring), self._batch, **options,
                                  generator=self._iterator_generator(self._storing_device))
-        return self._track_epochs(iterator, "epochs", batch_size=batch_size, n_epochs=n_epochs,
-                                  drop_last=drop_last, shuffle=shuffle)
+        options.pop("num_batches")
+        return self._track_epochs(iterator, "epochs", **options)
 
     def _track_epochs(self, iterator: EpochIterator[BatchT], method: str, **arguments: Any) -> EpochIterator[BatchT]:
         self._current_epochs = iterator
@@ -353,7 +401,7 @@ class RingBuffer(Generic[BatchT]):
             >>> buf.num_batches(2), buf.num_batches(2, drop_last=True)
             (3, 2)
         """
-        return len(batch_bounds(len(self._ring), batch_size=batch_size, drop_last=drop_last))
+        return len(batch_bounds(len(self._ring), batch_size=batch_size, drop_last=as_flag("drop_last", drop_last)))
 
     # -- state and checkpoints -------------------------------------------------------------
     def _extra_state(self) -> dict[str, Any]:

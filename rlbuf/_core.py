@@ -20,7 +20,9 @@ of its own reads and writes, so TorchRL code sees every row rlbuf accepted.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import os
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -42,10 +44,13 @@ from rlbuf.errors import (
     ShapeError,
     StoredIndexError,
 )
-from rlbuf.spec import FieldSpec, check_finite_rows, positive_int
+from rlbuf.spec import FieldSpec, as_array, check_finite_rows, positive_int
 from rlbuf.storage import BuiltStorage, remove_when_collected
 
 _BLOCK_ROWS = 256
+# Batches above this size are checked against the memory free now: one that cannot fit would only
+# fail later, inside torch (or get the process killed).
+_SMALL_BATCH_BYTES = 64 * 2**20
 _WIDE_ROW_BYTES = 4096
 _CPU = torch.device("cpu")
 
@@ -337,11 +342,14 @@ class RowRing:
             elif isinstance(value, torch.Tensor):
                 if not value.is_cpu:
                     return False
-                array = value.numpy() if not value.requires_grad else value.detach().numpy()
+                try:
+                    array = value.numpy() if not value.requires_grad else value.detach().numpy()
+                except TypeError:  # no numpy twin (bfloat16, complex32 ...): the checked conversion decides
+                    array = _tensor_input(plan, value)
             elif plan.single_shape is not None and isinstance(value, plan.scalar_types):
+                plan.spec.check_scalar(value)  # type: ignore[arg-type]
                 if plan.spec.finite and not math.isfinite(value):  # type: ignore[arg-type]
                     check_finite_rows(plan.spec, np.asarray([value]))
-                plan.spec.check_scalar(value)  # type: ignore[arg-type]
                 append(value)
                 continue
             else:
@@ -446,28 +454,56 @@ class RowRing:
 
     # -- reading ---------------------------------------------------------------------------
     def require_rows(self, batch_size: int, *, without_replacement: bool) -> int:
-        """Check that ``batch_size`` rows can be drawn and return it as an int; flushes nothing."""
+        """Check that ``batch_size`` rows can be drawn and return it as an int; flushes nothing.
+
+        A batch that could not fit in this machine's memory is refused before anything is drawn.
+        """
         batch_size = positive_int("batch_size", batch_size, BatchSizeError)
         size = len(self)
         if size == 0:
             raise EmptyBufferError("cannot sample from an empty buffer: add transitions first")
         if without_replacement and batch_size > size:
             raise BatchSizeError(f"batch_size: expected at most {size} (the rows stored), got {batch_size}")
+        if batch_size * _row_bytes(self.specs) > _SMALL_BATCH_BYTES:
+            # The batch, its index and a copy on the way must fit in the memory free now.
+            needed = batch_size * (_row_bytes(self.specs) + 8) * 2
+            if needed > _free_memory():
+                raise BatchSizeError(f"batch_size: {batch_size} rows need about {needed} bytes, more than the "
+                                     f"{_free_memory()} bytes of memory free now")
         return batch_size
 
     def as_index(self, index: Any) -> torch.Tensor:
-        """Validate stored-row positions and return them as a long tensor on the storing device."""
-        tensor = torch.as_tensor(index)
-        if tensor.is_floating_point() or tensor.dtype is torch.bool:
-            raise StoredIndexError(f"index: expected integer positions, got dtype {tensor.dtype}")
-        tensor = tensor.reshape(-1).to(self.storing_device, torch.long)
+        """Validate stored-row positions and return them as a long tensor on the storing device.
+
+        Accepts an int, a sequence of ints, or an integer array or tensor (CPU or the storing
+        device); anything else (``None``, a slice, floats, bools, ``2**64``) is refused.
+        """
+        values: torch.Tensor | np.ndarray[Any, Any]
+        if isinstance(index, torch.Tensor) and index.device.type not in ("cpu", "meta"):
+            if index.device != self.storing_device:
+                raise StoredIndexError(f"index: expected a tensor on cpu or {self.storing_device}, "
+                                       f"got one on {index.device}")
+            values = index.detach()
+            kind = "f" if values.is_floating_point() or values.is_complex() else "b" if values.dtype is torch.bool else "i"
+        else:
+            values = as_array("index", index, StoredIndexError)
+            kind = values.dtype.kind
+            if kind == "f" and values.size and isinstance(index, (int, list, tuple)) and bool(
+                    (np.abs(values) >= 2**63).any()):  # Python ints too large for int64 came as floats
+                raise StoredIndexError(f"index: expected positions in [0, {len(self)}), got {_short_index(index)}")
+        count = values.numel() if isinstance(values, torch.Tensor) else values.size
+        if kind not in "iu" and count:
+            raise StoredIndexError(f"index: expected integer positions, got dtype {values.dtype}")
         size = len(self)
         if size == 0:
             raise EmptyBufferError("cannot read from an empty buffer: add transitions first")
-        if tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= size):
-            raise StoredIndexError(f"index: expected positions in [0, {size}), got values in "
-                                   f"[{int(tensor.min())}, {int(tensor.max())}]")
-        return tensor
+        if count:
+            low, high = int(values.min()), int(values.max())
+            if low < 0 or high >= size:
+                raise StoredIndexError(f"index: expected positions in [0, {size}), got values in [{low}, {high}]")
+        if isinstance(values, np.ndarray):
+            values = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
+        return values.reshape(-1).to(self.storing_device, torch.long)
 
     def chronological_index(self) -> torch.Tensor:
         """Storage positions of every stored row, oldest first."""
@@ -496,9 +532,31 @@ class RowRing:
 
     def check_field_names(self, names: Sequence[str]) -> None:
         """Raise :class:`MissingFieldError` for names that are not stored fields."""
-        unknown = [name for name in names if name not in self.by_name]
+        if isinstance(names, (str, bytes)) or not isinstance(names, (Sequence, set, frozenset)):
+            raise MissingFieldError(f"fields: expected a list of field names, got {names!r}")
+        unknown = [name for name in names if not isinstance(name, str) or name not in self.by_name]
         if unknown:
             raise MissingFieldError(f"fields: unknown {unknown}; stored fields are {list(self.by_name)}")
+
+
+def _free_memory() -> int:
+    """Bytes of memory available now (``MemAvailable`` on Linux, physical memory elsewhere)."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo", encoding="ascii") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+@functools.lru_cache(maxsize=64)
+def _row_bytes(specs: tuple[FieldSpec, ...]) -> int:
+    """Bytes one row of ``specs`` takes (at least 1)."""
+    return max(1, sum(math.prod(s.shape) * s.np_dtype.itemsize for s in specs))
+
+
+def _short_index(index: Any) -> str:
+    text = repr(index)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _shape_message(plan: _FieldPlan, got: tuple[int, ...]) -> str:
@@ -510,14 +568,21 @@ def _other_input(plan: _FieldPlan, value: Any) -> np.ndarray[Any, Any]:
     """Lists and scalars that the fast checks did not take, as arrays (or a specific error)."""
     if value is None:
         raise MissingFieldError(f"{plan.spec.name}: a value is required")
-    if isinstance(value, (list, tuple, bool, int, float, np.generic)):
-        array = np.asarray(value)
-        if array.dtype == np.float64 and plan.np_dtype.kind == "f":
-            array = array.astype(plan.np_dtype)
-        if array.shape == () and plan.single_shape is None:
-            raise ShapeError(f"{plan.spec.name}: expected shape {plan.row_shape}, got a scalar {value!r}")
-        return array
-    raise ShapeError(f"{plan.spec.name}: expected a tensor, numpy array or number, got {type(value).__name__}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        plan.spec.check_scalar(value)  # a Python number too large for any numpy dtype is named here
+    array = as_array(plan.spec.name, value)
+    if array.dtype == np.float64 and plan.np_dtype.kind == "f":
+        plan.spec.check_range(array)
+        array = array.astype(plan.np_dtype)
+    if array.shape == () and plan.single_shape is None:
+        raise ShapeError(f"{plan.spec.name}: expected shape {plan.row_shape}, got a scalar {value!r}")
+    return array
+
+
+def _tensor_input(plan: _FieldPlan, value: torch.Tensor) -> np.ndarray[Any, Any]:
+    """A CPU tensor whose dtype numpy lacks: bfloat16 into a float field exactly, anything else refused."""
+    plan.spec.check_dtype(value.dtype)
+    return as_array(plan.spec.name, value)
 
 
 def _as_rows(value: Any, shape: tuple[int, ...], rows: int) -> torch.Tensor:

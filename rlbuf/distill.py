@@ -82,7 +82,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         self._record_options(locals())
         fixed = [FieldSpec("obs", "observation", as_shape(obs_shape, "obs_shape"), obs_dtype),
                  FieldSpec("expert_action", "expert_action", as_shape(action_shape, "action_shape"), action_dtype)]
-        extras = extra_specs(extra_fields, {"obs", "expert_action", "index", "extras", "observation"})
+        extras = extra_specs(extra_fields, fixed)
         self._extra_specs = {s.name: s for s in extras}
         self._setup((*fixed, *extras), capacity, RandomSampler(), num_envs=num_envs, storage=storage,
                     scratch_dir=scratch_dir, storing_device=storing_device, device=device, seed=seed)

@@ -31,13 +31,10 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from rlbuf.errors import BatchSizeError, CheckpointError, ConfigError, EmptyBufferError
-from rlbuf.spec import positive_int
+from rlbuf.errors import BatchSizeError, CheckpointError, EmptyBufferError, RlbufError
+from rlbuf.spec import as_flag, as_int, positive_int
 
 BatchT = TypeVar("BatchT")
-
-
-
 
 
 def batch_bounds(size: int, *, batch_size: int | None = None, num_batches: int | None = None,
@@ -82,6 +79,38 @@ def batch_bounds(size: int, *, batch_size: int | None = None, num_batches: int |
     return bounds
 
 
+def check_epoch_options(size: int, *, batch_size: int | None = None, num_batches: int | None = None,
+                        n_epochs: int = 1, drop_last: bool = False, shuffle: bool = True) -> dict[str, Any]:
+    """Validate an iterator's options over ``size`` rows and return them normalised (plain ints and bools).
+
+    Buffers call it before drawing the iterator's generator, so a refused call changes nothing.
+
+    Raises:
+        BatchSizeError, EmptyBufferError, ConfigError: the field named.
+
+    Example:
+        >>> check_epoch_options(10, batch_size=4, n_epochs=2)
+        {'batch_size': 4, 'num_batches': None, 'n_epochs': 2, 'drop_last': False, 'shuffle': True}
+    """
+    n_epochs = as_int("n_epochs", n_epochs, minimum=0)
+    options: dict[str, Any] = {"batch_size": batch_size, "num_batches": num_batches, "n_epochs": n_epochs,
+                               "drop_last": as_flag("drop_last", drop_last), "shuffle": as_flag("shuffle", shuffle)}
+    if n_epochs == 0:
+        # Random batches with replacement: any positive size, drawn over the rows stored now.
+        if batch_size is None or num_batches is not None:
+            raise BatchSizeError("n_epochs=0 draws random batches: give batch_size (and not num_minibatches)")
+        options["batch_size"] = positive_int("batch_size", batch_size, BatchSizeError)
+        if size <= 0:
+            raise EmptyBufferError("cannot draw from an empty buffer: add data first")
+        return options
+    batch_bounds(size, batch_size=batch_size, num_batches=num_batches, drop_last=options["drop_last"])
+    if batch_size is not None:
+        options["batch_size"] = positive_int("batch_size", batch_size, BatchSizeError)
+    else:
+        options["num_batches"] = positive_int("num_minibatches", num_batches, BatchSizeError)
+    return options
+
+
 class EpochIterator(Generic[BatchT], Iterator[BatchT]):
     """Iterates minibatches over ``size`` rows for ``n_epochs`` epochs.
 
@@ -112,21 +141,14 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
         shuffle: bool = True,
         generator: torch.Generator,
     ) -> None:
-        if isinstance(n_epochs, bool) or not isinstance(n_epochs, int) or n_epochs < 0:
-            raise ConfigError(f"n_epochs: expected an int >= 0, got {n_epochs!r}")
         self._size_of: Callable[[], int] = size if callable(size) else (lambda: size)
-        self._split: dict[str, Any] = {"batch_size": batch_size, "num_batches": num_batches, "drop_last": drop_last}
         self._size = self._size_of()
-        if n_epochs == 0:
-            # Random batches with replacement: any positive size, drawn over the rows stored now.
-            if batch_size is None:
-                raise BatchSizeError("n_epochs=0 draws random batches: give batch_size")
-            batch_size = positive_int("batch_size", batch_size, BatchSizeError)
-            if self._size <= 0:
-                raise EmptyBufferError("cannot draw from an empty buffer: add data first")
-            self._bounds = [(0, batch_size)]
-        else:
-            self._bounds = batch_bounds(self._size, **self._split)
+        options = check_epoch_options(self._size, batch_size=batch_size, num_batches=num_batches, n_epochs=n_epochs,
+                                      drop_last=drop_last, shuffle=shuffle)
+        batch_size, num_batches, n_epochs = options["batch_size"], options["num_batches"], options["n_epochs"]
+        drop_last, shuffle = options["drop_last"], options["shuffle"]
+        self._split: dict[str, Any] = {"batch_size": batch_size, "num_batches": num_batches, "drop_last": drop_last}
+        self._bounds = [(0, batch_size)] if n_epochs == 0 else batch_bounds(self._size, **self._split)
         self._make_batch = make_batch
         self._n_epochs = n_epochs
         self._shuffle = shuffle
@@ -162,6 +184,8 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
     def __next__(self) -> BatchT:
         if self._n_epochs == 0:
             size = self._size_of()
+            if size <= 0:
+                raise EmptyBufferError("cannot draw from an empty buffer: add data first")
             index = torch.randint(0, size, (self._bounds[0][1],), generator=self._generator, device=self._device)
             return self._make_batch(index)
         if self._epoch >= self._n_epochs:
@@ -214,11 +238,21 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
         for key, mine in (("n_epochs", self._n_epochs), *self._split.items()):
             if state.get(key) != mine:
                 raise CheckpointError(f"epoch iterator: {key} is {mine} here but {state.get(key)} in the saved state")
-        self._size = int(state["size"])
-        if self._n_epochs:
-            self._bounds = batch_bounds(self._size, **self._split)
-        self._epoch = int(state["epoch"])
-        self._position = int(state["position"])
-        permutation = state["permutation"]
+        # Everything is checked, and the generator's state tried on a copy, before anything is assigned.
+        try:
+            size = as_int("size", state.get("size"), minimum=0)
+            epoch = as_int("epoch", state.get("epoch"), minimum=0)
+            position = as_int("position", state.get("position"), minimum=0)
+            bounds = batch_bounds(size, **self._split) if self._n_epochs else self._bounds
+            if position >= len(bounds):
+                raise CheckpointError(f"position: {position} is past the {len(bounds)} batches of an epoch")
+            permutation = state.get("permutation")
+            if permutation is not None and not (isinstance(permutation, torch.Tensor)
+                                                and tuple(permutation.shape) == (size,)):
+                raise CheckpointError(f"permutation: expected a tensor of shape ({size},)")
+            torch.Generator(device=self._device).set_state(state["generator"])
+        except (RlbufError, KeyError, TypeError, RuntimeError) as error:
+            raise CheckpointError(f"epoch iterator: {error}") from error
+        self._size, self._bounds, self._epoch, self._position = size, bounds, epoch, position
         self._permutation = None if permutation is None else permutation.to(self._device)
         self._generator.set_state(state["generator"])

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -34,10 +35,11 @@ from rlbuf._core import check_extras
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.batches import ReplayBatch
 from rlbuf.errors import ConfigError, MissingFieldError, PriorityError, ShapeError
-from rlbuf.spec import ExtraFields, FieldSpec, positive_int
+from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
 
+_MAX_PRIORITY = 1e100
 _FIXED = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 
 
@@ -77,8 +79,7 @@ def replay_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], obs_
         FieldSpec("truncated", ("next", "truncated"), (), torch.bool, trailing_one=True),
         FieldSpec("done", ("next", "done"), (), torch.bool, trailing_one=True),
     ]
-    reserved = {s.name for s in specs} | {"index", "weight", "extras", "observation", "next"}
-    return (*specs, *extra_specs(extra_fields, reserved))
+    return (*specs, *extra_specs(extra_fields, specs))
 
 
 class ReplayBuffer(RingBuffer[ReplayBatch]):
@@ -135,8 +136,11 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._record_options(locals())
         positive_int("num_envs", num_envs)
         self._attach_stats(stats, num_envs)
-        if prioritized and not (alpha >= 0 and beta >= 0):
-            raise ConfigError(f"alpha, beta: expected non-negative numbers, got alpha={alpha}, beta={beta}")
+        prioritized = as_flag("prioritized", prioritized)
+        for name, exponent in (("alpha", alpha), ("beta", beta)):
+            if isinstance(exponent, bool) or not isinstance(exponent, (int, float, np.integer, np.floating)) or not (
+                    0 <= exponent < math.inf):
+                raise ConfigError(f"{name}: expected a finite number >= 0, got {exponent!r}")
         self._prioritized = prioritized
         specs = replay_specs(as_shape(obs_shape, "obs_shape"), as_shape(action_shape, "action_shape"),
                              obs_dtype, action_dtype, extra_fields)
@@ -335,11 +339,15 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         if not self._prioritized:
             raise PriorityError("update_priority: this buffer is not prioritized (build it with prioritized=True)")
         positions = self._ring.as_index(index)
-        values = torch.as_tensor(priority).detach().reshape(-1).to("cpu", torch.float64)
+        array = as_array("priority", priority, PriorityError)
+        if array.dtype.kind == "b":
+            raise PriorityError(f"priority: expected numbers, got dtype {array.dtype}")
+        values = torch.from_numpy(array.astype(np.float64)).reshape(-1)
         if values.numel() != positions.numel():
             raise PriorityError(f"priority: expected {positions.numel()} values (one per index), got {values.numel()}")
-        if not bool(torch.isfinite(values).all()) or bool((values < 0).any()):
-            raise PriorityError("priority: expected finite, non-negative values")
+        # Priorities are summed in float64: a bound far below its range keeps every total finite.
+        if not bool(torch.isfinite(values).all()) or bool((values < 0).any()) or bool((values > _MAX_PRIORITY).any()):
+            raise PriorityError(f"priority: expected finite, non-negative values up to {_MAX_PRIORITY:g}")
         self._ring.rb.update_priority(positions, values)
 
 

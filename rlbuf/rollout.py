@@ -29,19 +29,21 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data import SamplerWithoutReplacement
 
-from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs
+from rlbuf._base import BATCH_NAMES, RingBuffer, as_shape, done_of, extra_specs
 from rlbuf._core import check_extras, deliver
 from rlbuf.batches import RolloutBatch
-from rlbuf.epochs import EpochIterator, batch_bounds
+from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
 from rlbuf.errors import (
     BufferFullError,
+    DeviceError,
     MissingFieldError,
     NonFiniteError,
+    RlbufError,
     RolloutIncompleteError,
     ShapeError,
 )
 from rlbuf.gae import compute_gae
-from rlbuf.spec import ExtraFields, FieldSpec, positive_int
+from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, check_finite_rows, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
 
@@ -75,8 +77,11 @@ def rollout_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], pri
     ]
     if privileged_obs_shape is not None:
         specs.insert(1, FieldSpec("privileged_obs", "privileged_observation", privileged_obs_shape, torch.float32))
-    reserved = {s.name for s in specs} | {"extras", "index", "observation", "next"}
-    return (*specs, *extra_specs(extra_fields, reserved))
+    reserved = {key: "a key rlbuf reads log-probabilities from" for key in _LOG_PROB_KEYS}
+    if privileged_obs_shape is None:
+        reserved["privileged_obs"] = "a built-in field (declare it with privileged_obs_shape, not as an extra)"
+        reserved["privileged_observation"] = "the TorchRL key of the built-in field 'privileged_obs'"
+    return (*specs, *extra_specs(extra_fields, specs, reserved))
 
 
 def _zeros_column(columns: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -299,6 +304,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             if value is None:
                 raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
             columns[spec.name] = rows_of(spec, value)
+            # Checked here too: the truncation flags are read below, before write_tensors checks the rest.
+            spec.check_tensor(columns[spec.name], (rows,), self._ring.accepted_devices)
         truncated_steps = columns["truncated"].to(torch.bool)
         if bool(truncated_steps.any()) and time_major.get(("next", "state_value"), None) is None:
             raise MissingFieldError("bootstrap_value: the rollout has truncated steps but no ('next', 'state_value')")
@@ -310,7 +317,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                 value = time_major.get(spec.key, None)
                 if value is not None:
                     computed[name] = rows_of(spec, value)
-                    spec.check_tensor(computed[name], (rows,), (computed[name].device,))
+                    spec.check_tensor(computed[name], (rows,), self._ring.accepted_devices)
                     if not bool(torch.isfinite(computed[name]).all()):
                         raise NonFiniteError(f"{name}: expected finite values at key {spec.key!r}, got NaN or inf")
         self._ring.write_tensors(columns, rows)
@@ -352,13 +359,20 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> batch.old_logits.shape, batch.advantage.tolist()
             (torch.Size([4, 5]), [1.0, 1.0, 1.0, 1.0])
         """
+        if not isinstance(mapping, Mapping):
+            raise MissingFieldError(f"set_extras: expected a dict of tensors, got {type(mapping).__name__}")
         given = set(mapping)
         if given & set(_COMPUTED) and not set(_COMPUTED) <= given:
             raise MissingFieldError("set_extras: advantage and returns go together (both, or neither)")
         checked: dict[str, torch.Tensor] = {}
         for name, tensor in mapping.items():
+            if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or name in BATCH_NAMES:
+                raise MissingFieldError(f"set_extras: {name!r} is not a usable name (a public identifier, not one "
+                                        f"of {sorted(BATCH_NAMES)})")
             if not isinstance(tensor, torch.Tensor):
                 raise ShapeError(f"{name}: expected a tensor, got {type(tensor).__name__}")
+            if tensor.device.type == "meta":
+                raise DeviceError(f"{name}: got a tensor on the meta device (it holds no values)")
             lead = (self._num_steps, self._num_envs)
             if name in self._ring.by_name and name not in _COMPUTED:
                 raise MissingFieldError(f"{name}: a stored step field; set_extras attaches new tensors or replaces "
@@ -366,7 +380,9 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             if name in self._ring.by_name:
                 spec = self._ring.by_name[name]
                 spec.check_tensor(tensor, lead, (tensor.device,))
-            elif tuple(tensor.shape[:2]) != lead:
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                    raise NonFiniteError(f"{name}: expected finite values, got NaN or inf")
+            elif tensor.dim() < 2 or tuple(tensor.shape[:2]) != lead:
                 raise ShapeError(f"{name}: expected shape ({self._num_steps}, {self._num_envs}, ...), "
                                  f"got {tuple(tensor.shape)}")
             checked[name] = tensor
@@ -412,23 +428,36 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         if not self.is_full:
             raise RolloutIncompleteError(f"compute_returns_and_advantages: the rollout holds {self.steps} of "
                                          f"{self._num_steps} steps; fill it first")
-        last = torch.as_tensor(last_value)
-        if tuple(last.shape) != (self._num_envs,):
-            raise ShapeError(f"last_value: expected shape ({self._num_envs},), got {tuple(last.shape)}")
-        last = last.detach().to(self._storing_device, torch.float32)
+        normalize = as_flag("normalize_advantages", normalize_advantages)
+        spec = FieldSpec("last_value", "last_value", (self._num_envs,), torch.float32, finite=True)
+        if isinstance(last_value, torch.Tensor) and last_value.device.type not in ("cpu", "meta"):
+            spec.check_tensor(last_value, (), self._ring.accepted_devices)
+            last = last_value.detach()
+        else:
+            array = as_array("last_value", last_value)
+            if tuple(array.shape) != (self._num_envs,):
+                raise ShapeError(f"last_value: expected shape ({self._num_envs},), got {tuple(array.shape)}")
+            spec.check_dtype(array.dtype)
+            spec.check_range(array)
+            check_finite_rows(spec, array.reshape(1, -1))
+            last = torch.from_numpy(array)
+        last = last.to(self._storing_device, torch.float32)
         if not bool(torch.isfinite(last).all()):
             raise NonFiniteError("last_value: expected finite values, got NaN or inf")
         self._ring.flush()
         columns = {name: self._ring.leaves[name].view(self._num_steps, self._num_envs) for name in (
             "reward", "value", "terminated", "truncated", "bootstrap_value", "advantage", "returns")}
-        self._advantages_ready = False
+        # compute_gae checks every argument (gamma, gae_lambda ...) before it writes into `out`, and the
+        # stored inputs are finite: a refused call leaves the advantages computed before, and their flag.
         advantage, _ = compute_gae(
             columns["reward"], columns["value"], columns["terminated"], columns["truncated"], last,
             gamma=gamma, gae_lambda=gae_lambda, bootstrap_value=columns["bootstrap_value"],
             out=(columns["advantage"], columns["returns"]),
         )
-        if normalize_advantages:
-            advantage.sub_(advantage.mean()).div_(advantage.std() + 1e-8)
+        if normalize:
+            # One row has no spread (its std is NaN): it is only centred.
+            spread = advantage.std() if advantage.numel() > 1 else torch.zeros((), device=advantage.device)
+            advantage.sub_(advantage.mean()).div_(spread + 1e-8)
         self._advantages_ready = True
 
     # -- reading -----------------------------------------------------------------------------
@@ -485,21 +514,25 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             [3, 1, 3, 1]
         """
         self._require_ready("minibatches")
+        # Validate before the epoch generator draws the iterator's seed: a refused call changes nothing.
+        options = check_epoch_options(self.capacity, batch_size=batch_size, num_batches=num_minibatches,
+                                      n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle)
+        if options["n_epochs"] == 0:
+            self._ring.require_rows(options["batch_size"], without_replacement=False)
         self._ring.flush()
         columns = deliver(dict(self._ring.leaves) | self._attached, self._device)
 
         def make_batch(index: torch.Tensor) -> RolloutBatch:
             return self._make_batch({name: column.index_select(0, index) for name, column in columns.items()})
 
-        iterator = EpochIterator(self.capacity, make_batch, batch_size=batch_size, num_batches=num_minibatches,
-                                 n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle,
-                                 generator=self._iterator_generator(self._device))
-        return self._track_epochs(iterator, "minibatches", batch_size=batch_size, num_minibatches=num_minibatches,
-                                  n_epochs=n_epochs, shuffle=shuffle, drop_last=drop_last)
+        iterator = EpochIterator(self.capacity, make_batch, **options, generator=self._iterator_generator(self._device))
+        return self._track_epochs(iterator, "minibatches", batch_size=options["batch_size"],
+                                  num_minibatches=options["num_batches"], n_epochs=options["n_epochs"],
+                                  shuffle=options["shuffle"], drop_last=options["drop_last"])
 
     def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
         """Minibatches per epoch for ``batch_size`` over the full rollout."""
-        return len(batch_bounds(self.capacity, batch_size=batch_size, drop_last=drop_last))
+        return len(batch_bounds(self.capacity, batch_size=batch_size, drop_last=as_flag("drop_last", drop_last)))
 
     def _extra_state(self) -> dict[str, Any]:
         return {**super()._extra_state(), "attached": dict(self._attached),
@@ -530,9 +563,13 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
 
 
 def _any_true(flags: Any) -> bool:
-    if isinstance(flags, torch.Tensor):
-        return bool(flags.any())
-    return bool(np.any(flags))
+    """Whether any flag is set; ``False`` for what is no flags at all (the validation of ``add`` names it)."""
+    try:
+        if isinstance(flags, torch.Tensor):
+            return flags.device.type != "meta" and bool(flags.any())
+        return bool(np.any(as_array("truncated", flags)))
+    except (RlbufError, TypeError, ValueError, RuntimeError):
+        return False
 
 
 def _read_rollout_key(td: TensorDictBase, spec: FieldSpec) -> torch.Tensor | None:

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 from collections.abc import Mapping
@@ -71,6 +72,32 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
         raise ConfigError(f"dtype {dtype} is not supported; use one of {sorted(map(str, _NUMPY_DTYPES))}") from None
 
 
+def as_int(name: str, value: object, *, minimum: int = 1, maximum: int | None = None,
+           error: type[RlbufError] = ConfigError) -> int:
+    """``value`` as an int in ``[minimum, maximum]``, else ``error`` naming ``name``: the one check of integer options.
+
+    Python, numpy and 0-d integer tensor values are welcome; bools, floats (even ``2.0``) and
+    strings are refused, so a mix-up of arguments never passes as a count.
+
+    Example:
+        >>> as_int("seed", np.int64(7), minimum=0)
+        7
+        >>> as_int("seed", True, minimum=0)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: seed: expected an int >= 0, got True
+    """
+    try:
+        number = None if isinstance(value, (bool, np.bool_)) else operator.index(value)  # type: ignore[arg-type]
+    except (TypeError, RuntimeError, ValueError):
+        number = None
+    if number is None or number < minimum or (maximum is not None and number > maximum):
+        expected = (f"an int in [{minimum}, {maximum}]" if maximum is not None
+                    else "a positive int" if minimum == 1 else f"an int >= {minimum}")
+        raise error(f"{name}: expected {expected}, got {_short(value)}")
+    return number
+
+
 def positive_int(name: str, value: object, error: type[RlbufError] = ConfigError) -> int:
     """``value`` as a positive int (numpy and 0-d integer tensors welcome), else ``error`` naming ``name``.
 
@@ -82,13 +109,101 @@ def positive_int(name: str, value: object, error: type[RlbufError] = ConfigError
         ...
         rlbuf.errors.ConfigError: capacity: expected a positive int, got 0
     """
+    return as_int(name, value, error=error)
+
+
+def as_flag(name: str, value: object) -> bool:
+    """``value`` as a bool (Python or numpy), else :class:`ConfigError` naming ``name``.
+
+    Example:
+        >>> as_flag("shuffle", np.bool_(True))
+        True
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"{name}: expected True or False, got {_short(value)}")
+    return bool(value)
+
+
+def _short(value: object) -> str:
+    """``repr(value)`` cut to a readable length (a 10**400 or a huge list stays legible)."""
     try:
-        count = None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        count = None
-    if count is None or count <= 0:
-        raise error(f"{name}: expected a positive int, got {value!r}")
-    return count
+        text = repr(value)
+    except Exception:  # a hostile __repr__ must not hide the real message
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+_ARRAY_KINDS = "biuf"
+
+
+def as_array(name: str, value: object, error: type[RlbufError] | None = None) -> np.ndarray[Any, Any]:
+    """Any user value (tensor, array, list, number) as a numeric numpy array, or an rlbuf error naming ``name``.
+
+    The one conversion for values that are not already tensors of the right dtype: ragged
+    lists, strings, objects, complex numbers, numbers too large for any dtype, generators and
+    meta tensors are refused here. ``bfloat16`` tensors convert exactly to ``float32``.
+
+    Args:
+        name: the field named in errors.
+        value: what the user passed.
+        error: raise this class for every refusal (e.g. ``StoredIndexError`` for indices);
+            by default ``ShapeError`` for a bad structure, ``DtypeError`` for a bad type,
+            ``DeviceError`` for a tensor without data.
+
+    Example:
+        >>> as_array("reward", [1, 2.5])
+        array([1. , 2.5])
+        >>> as_array("obs", [[1, 2], [3]])
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ShapeError: obs: expected a rectangular array, got a ragged sequence [[1, 2], [3]]
+    """
+    if isinstance(value, torch.Tensor):
+        if value.device.type == "meta":
+            raise (error or DeviceError)(f"{name}: got a tensor on the meta device (it holds no values)")
+        tensor = value.detach()
+        if tensor.dtype is torch.bfloat16:
+            tensor = tensor.float()  # exact: every bfloat16 is a float32
+        if numpy_dtype_or_none(tensor.dtype) is None:
+            raise (error or DtypeError)(f"{name}: expected a bool, int or float dtype, got {tensor.dtype}")
+        return tensor.cpu().numpy()
+    if value is None or isinstance(value, (str, bytes, Mapping)) or not isinstance(
+            value, (np.ndarray, np.generic, list, tuple, int, float)):
+        raise (error or ShapeError)(f"{name}: expected a tensor, numpy array or number, got "
+                                    f"{type(value).__name__}")
+    try:
+        array = np.asarray(value)
+    except ValueError:
+        raise (error or ShapeError)(f"{name}: expected a rectangular array, got a ragged sequence "
+                                    f"{_short(value)}") from None
+    except (TypeError, OverflowError):
+        raise (error or DtypeError)(f"{name}: expected numbers, got {_short(value)}") from None
+    if array.dtype.kind == "O" and _all_ints(array):
+        # Ints beyond int64/uint64 are numbers still: as floats, like a Python int stored in a float
+        # column (an integer column's range check refuses them); beyond float64 they are refused.
+        with contextlib.suppress(OverflowError):
+            array = np.asarray(value, dtype=np.float64)
+        if array.dtype.kind == "O":
+            raise (error or DtypeError)(f"{name}: expected numbers that fit float64, got {_short(value)}")
+    if array.dtype.kind not in _ARRAY_KINDS:
+        raise (error or DtypeError)(f"{name}: expected bool, int or float values, got {array.dtype}: "
+                                    f"{_short(value)}")
+    return array
+
+
+def _all_ints(array: np.ndarray[Any, Any]) -> bool:
+    return all(isinstance(item, int) and not isinstance(item, bool) for item in array.reshape(-1).tolist())
+
+
+def _largest_finite(values: np.ndarray[Any, Any] | torch.Tensor) -> float:
+    """The largest magnitude among the finite entries of float ``values`` (0 if none)."""
+    if isinstance(values, torch.Tensor):
+        magnitude = values.abs()
+        finite = magnitude[torch.isfinite(magnitude)]
+        return float(finite.max()) if finite.numel() else 0.0
+    magnitude_np = np.abs(values)
+    finite_np = magnitude_np[np.isfinite(magnitude_np)]
+    return float(finite_np.max()) if finite_np.size else 0.0
 
 
 def _shape_str(shape: tuple[int, ...] | torch.Size) -> str:
@@ -121,11 +236,18 @@ class FieldSpec:
     finite: bool = False
     trailing_one: bool = False
     np_dtype: np.dtype[Any] = field(init=False, compare=False, repr=False)
+    float_max: float = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if any((not isinstance(d, int)) or d < 0 for d in self.shape):
+        if any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in self.shape):
             raise ConfigError(f"{self.name}: shape must be a tuple of non-negative ints, got {self.shape!r}")
+        if not isinstance(self.dtype, torch.dtype) or self.dtype not in _NUMPY_DTYPES:
+            raise ConfigError(f"{self.name}: dtype {self.dtype!r} is not supported; use one of "
+                              f"{sorted(map(str, _NUMPY_DTYPES))}")
         object.__setattr__(self, "np_dtype", numpy_dtype(self.dtype))
+        # The largest finite value a float field holds (read on every narrowing conversion).
+        object.__setattr__(self, "float_max", float(np.finfo(self.np_dtype).max) if self.dtype.is_floating_point
+                           else 0.0)
 
     @property
     def td_shape(self) -> tuple[int, ...]:
@@ -168,7 +290,8 @@ class FieldSpec:
             ...
             rlbuf.errors.DtypeError: obs: expected dtype torch.uint8 (or one that converts to it without changing kind), got torch.float32
         """
-        kind = (np.dtype(dtype) if isinstance(dtype, np.dtype) else numpy_dtype_or_none(dtype))
+        kind = (np.dtype(dtype) if isinstance(dtype, np.dtype)
+                else np.dtype(np.float32) if dtype is torch.bfloat16 else numpy_dtype_or_none(dtype))
         target = self.np_dtype.kind
         # Rewards, values and log-probabilities are quantities: a bool there is a mix-up of arguments.
         ok = kind is not None and not (self.finite and kind.kind == "b") and (
@@ -182,25 +305,55 @@ class FieldSpec:
                              f"without changing kind), got {dtype}")
 
     def check_range(self, values: np.ndarray[Any, Any] | torch.Tensor) -> None:
-        """Raise :class:`DtypeError` if integer ``values`` do not fit the stored integer dtype.
+        """Raise :class:`DtypeError` if ``values`` do not fit the stored dtype's range.
+
+        Integers must fit an integer field; finite numbers must stay finite in a float field
+        (``1e300`` would be stored as ``inf``). NaN and inf given as such are left to the
+        finiteness check of the fields that require finite values.
 
         Example:
             >>> FieldSpec("action", "action", (), torch.uint8).check_range(np.array([3, 300]))
             Traceback (most recent call last):
             ...
             rlbuf.errors.DtypeError: action: values in [3, 300] do not fit torch.uint8 [0, 255]
+            >>> FieldSpec("reward", "reward", (), torch.float32).check_range(np.array([1e300]))
+            Traceback (most recent call last):
+            ...
+            rlbuf.errors.DtypeError: reward: values up to 1e+300 in magnitude do not fit torch.float32 (largest 3.4028234663852886e+38)
         """
-        if self.np_dtype.kind not in "iu" or values.dtype in (torch.bool, np.bool_):
+        target = self.np_dtype.kind
+        if target not in "iuf":
+            return
+        if isinstance(values, torch.Tensor):
+            count = values.numel()
+            if values.dtype is torch.bool or count == 0:
+                return
+            is_float = values.is_floating_point()
+        else:
+            kind = values.dtype.kind
+            count = values.size
+            if kind not in "iuf" or count == 0:
+                return
+            is_float = kind == "f"
+        array = values
+        if target == "f":
+            largest = self.float_max
+            if is_float:
+                # One value (a reward of one env) is read as a Python float: several times cheaper.
+                peak = (abs(float(array.item())) if count == 1
+                        else float(array.abs().max()) if isinstance(array, torch.Tensor) else float(np.abs(array).max()))
+                if not peak <= largest:  # NaN or inf somewhere (allowed here), or a real overflow
+                    peak = _largest_finite(array)
+            else:
+                peak = float(max(abs(int(array.min())), abs(int(array.max()))))
+            if peak > largest:
+                raise DtypeError(f"{self.name}: values up to {peak:.4g} in magnitude do not fit {self.dtype} "
+                                 f"(largest {largest})")
+            return
+        if is_float:
             return
         info = np.iinfo(self.np_dtype)
-        if isinstance(values, torch.Tensor):
-            if values.numel() == 0 or values.is_floating_point():
-                return
-            low, high = int(values.min()), int(values.max())
-        else:
-            if values.size == 0 or values.dtype.kind not in "iu":
-                return
-            low, high = int(values.min()), int(values.max())
+        low, high = int(array.min()), int(array.max())
         if low < info.min or high > info.max:
             raise DtypeError(f"{self.name}: values in [{low}, {high}] do not fit {self.dtype} [{info.min}, {info.max}]")
 
@@ -220,11 +373,13 @@ class FieldSpec:
             info = np.iinfo(self.np_dtype)
             fits = info.min <= value <= info.max
         elif kind == "f":
-            fits = not math.isfinite(value) or abs(value) <= np.finfo(self.np_dtype).max
+            # Python compares a huge int with a float exactly (no OverflowError, unlike float(value)).
+            fits = (isinstance(value, (float, np.floating)) and not math.isfinite(value)) or (
+                abs(value) <= float(np.finfo(self.np_dtype).max))
         else:
             fits = True
         if not fits:
-            raise DtypeError(f"{self.name}: {value!r} does not fit {self.dtype}")
+            raise DtypeError(f"{self.name}: {_short(value)} does not fit {self.dtype}")
 
     def check_tensor(self, value: torch.Tensor, lead: tuple[int, ...], devices: tuple[torch.device, ...]) -> None:
         """Validate a tensor holding rows of this field, with leading dims ``lead``.
@@ -235,13 +390,12 @@ class FieldSpec:
         expected = (*lead, *self.shape)
         if tuple(value.shape) != expected:
             raise ShapeError(f"{self.name}: expected shape {_shape_str(expected)}, got {_shape_str(value.shape)}")
-        if value.dtype is not self.dtype:
-            self.check_dtype(value.dtype)
-            if value.dtype.itemsize > self.dtype.itemsize or value.dtype.is_signed != self.dtype.is_signed:
-                self.check_range(value)
         if value.device not in devices:
             allowed = " or ".join(str(d) for d in devices)
             raise DeviceError(f"{self.name}: expected a tensor on {allowed}, got one on {value.device}")
+        if value.dtype is not self.dtype:
+            self.check_dtype(value.dtype)
+            self.check_range(value)
         if self.finite and value.is_floating_point() and not bool(torch.isfinite(value).all()):
             raise NonFiniteError(f"{self.name}: expected finite values, got NaN or inf")
 

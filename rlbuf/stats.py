@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from rlbuf.errors import CheckpointError, ConfigError, DtypeError, NonFiniteError, ShapeError
-from rlbuf.spec import positive_int
+from rlbuf.spec import as_array, positive_int
 
 __all__ = ["EpisodeStats"]
 
@@ -69,19 +69,8 @@ class _Episode:
 
 
 def _as_cpu_array(name: str, value: object) -> np.ndarray[Any, Any]:
-    """One field as a numpy array on the CPU, copying only when it lives on another device."""
-    if isinstance(value, torch.Tensor):
-        if value.requires_grad:
-            value = value.detach()
-        if not value.is_cpu:
-            value = value.cpu()
-        if value.dtype == torch.bfloat16:
-            value = value.float()  # numpy has no bfloat16
-        try:
-            return value.numpy()
-        except (TypeError, RuntimeError) as error:
-            raise DtypeError(f"{name}: expected numeric values, got {value.dtype}") from error
-    return np.asarray(value)
+    """One field as a numpy array on the CPU (the checked conversion of [`rlbuf.spec`][rlbuf.spec])."""
+    return as_array(name, value)
 
 
 def _kind(value: torch.Tensor | np.ndarray[Any, Any]) -> str:
@@ -539,7 +528,7 @@ class EpisodeStats:
             if isinstance(value, torch.Tensor):
                 array = self._check_shape(field, value)
             else:
-                array = self._check_shape(field, np.asarray(value))
+                array = self._check_shape(field, as_array(field, value))
             if _kind(array) not in _METRIC_KINDS:
                 raise DtypeError(f"{field}: expected a float, int or bool dtype, got {array.dtype}")
             checked[name] = array

@@ -477,9 +477,9 @@ BAD_UPDATES: list[tuple[dict[str, Any], type[RlbufError], str]] = [
     (
         {"reward": torch.zeros(4, dtype=torch.complex64)},
         DtypeError,
-        "reward: expected a float or int dtype, got complex64",
+        "reward: expected a bool, int or float dtype, got torch.complex64",
     ),
-    ({"reward": ["a", "b", "c", "d"]}, DtypeError, "reward: expected a float or int dtype"),
+    ({"reward": ["a", "b", "c", "d"]}, DtypeError, "reward: expected bool, int or float values, got <U1"),
     (
         {"terminated": torch.zeros(4)},
         DtypeError,
@@ -508,7 +508,7 @@ BAD_UPDATES: list[tuple[dict[str, Any], type[RlbufError], str]] = [
     (
         {"metrics": {"score": np.array(["x"] * 4)}},
         DtypeError,
-        "metrics['score']: expected a float, int or bool dtype",
+        "metrics['score']: expected bool, int or float values",
     ),
     ({"metrics": {"return": torch.zeros(4)}}, ConfigError, "metrics: name 'return' is not allowed"),
     ({"metrics": {3: torch.zeros(4)}}, ConfigError, "metrics: name 3 is not allowed"),
