@@ -19,10 +19,8 @@ of its own reads and writes, so TorchRL code sees every row rlbuf accepted.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.context import get_spawning_popen
 from multiprocessing.reduction import ForkingPickler
@@ -53,58 +51,63 @@ _CPU = torch.device("cpu")
 class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
     """TorchRL's ``TensorDictReplayBuffer`` that first commits rlbuf's pending rows.
 
-    Every public read or write of TorchRL's API calls the owner's flush first, so a
-    collector or loss holding ``buffer.torchrl`` sees exactly what the rlbuf facade holds.
+    Every public read or write of TorchRL's API takes the buffer's lock, commits the owner's
+    pending rows and runs TorchRL's own method, all under that one lock: a collector or loss
+    holding ``buffer.torchrl`` sees exactly what the rlbuf facade holds, and its writes never
+    interleave with rlbuf's (one commit protocol for both).
     """
 
-    _flush_owner: weakref.ReferenceType[RowRing] | None = None
+    # A strong reference (a cycle the garbage collector breaks): the ring lives as long as
+    # `buffer.torchrl` does, so no finalizer has to commit rows at interpreter exit.
+    _flush_owner: RowRing | None = None
 
-    def _flush_pending(self) -> None:
-        owner = self._flush_owner() if self._flush_owner is not None else None
-        if owner is not None:
-            owner.flush()
+    def _locked(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        with self._replay_lock:
+            if self._flush_owner is not None:
+                self._flush_owner.flush()
+            return method(*args, **kwargs)
 
     def __len__(self) -> int:
-        self._flush_pending()
-        return int(super().__len__())
+        return int(self._locked(super().__len__))
 
     def sample(self, *args: Any, **kwargs: Any) -> Any:
-        self._flush_pending()
-        return super().sample(*args, **kwargs)
+        return self._locked(super().sample, *args, **kwargs)
 
     def extend(self, data: Any, *args: Any, **kwargs: Any) -> Any:
-        self._flush_pending()
-        return super().extend(_with_done(data, self._storage), *args, **kwargs)
+        return self._locked(super().extend, _with_done(data, self._storage), *args, **kwargs)
 
     def add(self, *args: Any, **kwargs: Any) -> Any:
-        self._flush_pending()
-        return super().add(*args, **kwargs)
+        return self._locked(super().add, *args, **kwargs)
 
     def __getitem__(self, index: Any) -> Any:
-        self._flush_pending()
-        return super().__getitem__(index)
+        return self._locked(super().__getitem__, index)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self._locked(super().__setitem__, index, value)
 
     def update_priority(self, *args: Any, **kwargs: Any) -> Any:
-        self._flush_pending()
-        return super().update_priority(*args, **kwargs)
+        return self._locked(super().update_priority, *args, **kwargs)
 
     def empty(self, *args: Any, **kwargs: Any) -> Any:
-        self._flush_pending()
-        return super().empty(*args, **kwargs)
+        return self._locked(super().empty, *args, **kwargs)
 
     def state_dict(self) -> Any:
-        self._flush_pending()
-        return super().state_dict()
+        return self._locked(super().state_dict)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._locked(super().load_state_dict, *args, **kwargs)
 
     def dumps(self, path: Any) -> Any:
-        self._flush_pending()
-        return super().dumps(path)
+        return self._locked(super().dumps, path)
+
+    def loads(self, path: Any) -> Any:
+        return self._locked(super().loads, path)
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled for a worker process: commit pending rows, put RAM storage in shared memory
         # (so workers write where the learner reads) and let the owner re-derive its numpy views
         # of the moved memory. The worker gets no owner: it writes through TorchRL directly.
-        owner = self._flush_owner() if self._flush_owner is not None else None
+        owner = self._flush_owner
         if owner is not None and get_spawning_popen() is not None:
             owner.flush()
             owner.share_storage()
@@ -221,7 +224,7 @@ class RowRing:
         self.storing_device = storing_device
         self.generator = generator
         rb = FlushingReplayBuffer(storage=built.storage, sampler=sampler, batch_size=None, generator=generator)
-        rb._flush_owner = weakref.ref(self)
+        rb._flush_owner = self
         rb.set_rng(generator)
         self.rb = rb
         # TorchRL's own re-entrant buffer lock guards rlbuf's pending rows too, so adds, extends
@@ -255,12 +258,6 @@ class RowRing:
         self.accepted_devices: tuple[torch.device, ...] = (
             (storing_device,) if storing_device.type == "cpu" else (storing_device, _CPU)
         )
-
-    def __del__(self) -> None:
-        # Someone may keep `buffer.torchrl` after dropping the facade: commit what it accepted.
-        if getattr(self, "pending", 0):
-            with contextlib.suppress(Exception):  # nothing may be raised from a finalizer
-                self.flush()
 
     # -- state -----------------------------------------------------------------------------
     def __len__(self) -> int:
