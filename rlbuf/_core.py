@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.context import get_spawning_popen
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -44,6 +44,7 @@ from rlbuf.spec import FieldSpec, check_finite_rows, positive_int
 from rlbuf.storage import BuiltStorage, remove_when_collected
 
 _BLOCK_ROWS = 256
+CapturedT = TypeVar("CapturedT")
 _WIDE_ROW_BYTES = 4096
 _CPU = torch.device("cpu")
 
@@ -61,10 +62,14 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
     # `buffer.torchrl` does, so no finalizer has to commit rows at interpreter exit.
     _flush_owner: RowRing | None = None
 
-    def _locked(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def _locked(self, method: Callable[..., Any], *args: Any, rewrites: bool = False, **kwargs: Any) -> Any:
         with self._replay_lock:
-            if self._flush_owner is not None:
-                self._flush_owner.flush()
+            owner = self._flush_owner
+            if owner is not None:
+                owner.flush()
+                # Rows changed without a write count: a snapshot in progress re-copies them all.
+                if rewrites:
+                    owner.generation += 1
             return method(*args, **kwargs)
 
     def __len__(self) -> int:
@@ -83,25 +88,25 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         return self._locked(super().__getitem__, index)
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        self._locked(super().__setitem__, index, value)
+        self._locked(super().__setitem__, index, value, rewrites=True)
 
     def update_priority(self, *args: Any, **kwargs: Any) -> Any:
         return self._locked(super().update_priority, *args, **kwargs)
 
     def empty(self, *args: Any, **kwargs: Any) -> Any:
-        return self._locked(super().empty, *args, **kwargs)
+        return self._locked(super().empty, *args, rewrites=True, **kwargs)
 
     def state_dict(self) -> Any:
         return self._locked(super().state_dict)
 
     def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self._locked(super().load_state_dict, *args, **kwargs)
+        return self._locked(super().load_state_dict, *args, rewrites=True, **kwargs)
 
     def dumps(self, path: Any) -> Any:
         return self._locked(super().dumps, path)
 
     def loads(self, path: Any) -> Any:
-        return self._locked(super().loads, path)
+        return self._locked(super().loads, path, rewrites=True)
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled for a worker process: commit pending rows, put RAM storage in shared memory
@@ -187,6 +192,52 @@ def _scalar_types(spec: FieldSpec) -> tuple[type, ...]:
     return (bool, int, float, np.bool_, np.integer, np.floating)
 
 
+class RowSink(Protocol):
+    """Where a snapshot's rows go: copied without the lock, then patched under it."""
+
+    def copy(self, leaves: Mapping[str, torch.Tensor], size: int) -> None:
+        """Copy rows ``[0, size)`` of every leaf while writers may run."""
+
+    def patch(self, leaves: Mapping[str, torch.Tensor], segments: Sequence[tuple[int, int]],
+              size: int) -> Mapping[str, Any]:
+        """Under the lock: re-copy ``segments``, keep ``size`` rows, return the rows of the snapshot."""
+
+
+class RowCopies:
+    """A [`RowSink`][rlbuf._core.RowSink] into fresh tensors (``state_dict``)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, torch.Tensor] = {}
+
+    def copy(self, leaves: Mapping[str, torch.Tensor], size: int) -> None:
+        """Clone rows ``[0, size)`` of every leaf."""
+        self.rows = {name: leaf[:size].clone() for name, leaf in leaves.items()}
+
+    def patch(self, leaves: Mapping[str, torch.Tensor], segments: Sequence[tuple[int, int]],
+              size: int) -> dict[str, torch.Tensor]:
+        """Re-copy ``segments`` into the clones, grown or cut to ``size`` rows."""
+        for name, leaf in leaves.items():
+            rows = self.rows[name]
+            if rows.shape[0] != size:
+                resized = leaf.new_empty((size, *leaf.shape[1:]))
+                kept = min(size, rows.shape[0])
+                resized[:kept] = rows[:kept]
+                rows = self.rows[name] = resized
+            for start, stop in segments:
+                rows[start:stop] = leaf[start:stop]
+        return self.rows
+
+
+class Snapshot(NamedTuple):
+    """One write count's rows and counters, and what the caller captured under the same lock."""
+
+    size: int
+    cursor: int
+    write_count: int
+    rows: Mapping[str, Any]
+    captured: Any
+
+
 class RowRing:
     """A ring of ``capacity`` rows of ``specs`` in a TorchRL buffer, with cheap small adds.
 
@@ -255,6 +306,7 @@ class RowRing:
         )
         self.pending = 0
         self._pending_start = 0
+        self.generation = 0  # bumped when rows change without a write: clear, load, TorchRL's __setitem__
         self.accepted_devices: tuple[torch.device, ...] = (
             (storing_device,) if storing_device.type == "cpu" else (storing_device, _CPU)
         )
@@ -305,6 +357,46 @@ class RowRing:
         with self.lock:
             self.pending = 0
             self.rb.empty()
+
+    def counters(self) -> tuple[int, int, int]:
+        """``(size, cursor, write_count)`` of the committed rows; call with the locks held."""
+        writer = self.rb._writer
+        return min(int(self.rb._storage._len), self.capacity), int(writer._cursor), int(writer._write_count)
+
+    def snapshot(self, sink: RowSink | None, capture: Callable[[], CapturedT]) -> Snapshot:
+        """A consistent snapshot of one write count, without stopping writers for the whole copy.
+
+        The rows are copied into ``sink`` while writers run; then, under the lock that every
+        write takes (rlbuf's, TorchRL's and worker processes'), only the rows written since
+        the copy began are copied again and ``capture()`` reads the rest of the state. When
+        more than ``capacity`` rows were written meanwhile, or rows changed without a write
+        (``clear``, a load, TorchRL's ``__setitem__``), every row is copied again.
+
+        Args:
+            sink: where the rows go (``None``: counters and ``capture()`` only).
+            capture: called under the lock; its result is returned as ``captured``.
+        """
+        with self.lock:
+            self.flush()
+            with self.rb._write_lock:
+                size, cursor, count = self.counters()
+                generation = self.generation
+        if sink is not None:
+            sink.copy(self.leaves, size)
+        with self.lock:
+            self.flush()
+            with self.rb._write_lock:
+                new_size, new_cursor, new_count = self.counters()
+                written = new_count - count
+                if self.generation != generation or not 0 <= written < self.capacity or new_size < size:
+                    segments = [(0, new_size)]
+                else:
+                    segments = [(cursor, min(cursor + written, self.capacity))]
+                    if cursor + written > self.capacity:
+                        segments.append((0, cursor + written - self.capacity))
+                    segments = [(start, stop) for start, stop in segments if stop > start]
+                rows = {} if sink is None else sink.patch(self.leaves, segments, new_size)
+                return Snapshot(new_size, new_cursor, new_count, rows, capture())
 
     # -- writing ---------------------------------------------------------------------------
     def add(self, values: Sequence[Any], rows: int) -> None:
