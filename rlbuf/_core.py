@@ -19,7 +19,10 @@ of its own reads and writes, so TorchRL code sees every row rlbuf accepted.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import weakref
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.context import get_spawning_popen
@@ -29,9 +32,11 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import numpy as np
 import torch
 import torch.multiprocessing
-from tensordict import is_tensor_collection
+from tensordict import MemoryMappedTensor, is_tensor_collection
 from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
+from torchrl.data.replay_buffers.storages import Storage
+from torchrl.data.replay_buffers.writers import Writer
 
 from rlbuf.errors import (
     BatchSizeError,
@@ -43,6 +48,7 @@ from rlbuf.errors import (
 from rlbuf.spec import FieldSpec, check_finite_rows, positive_int
 from rlbuf.storage import BuiltStorage, remove_when_collected
 
+_SHM_DIR = "/dev/shm"  # where torch's file_system sharing strategy keeps its files on Linux
 _BLOCK_ROWS = 256
 CapturedT = TypeVar("CapturedT")
 _WIDE_ROW_BYTES = 4096
@@ -117,8 +123,12 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
             owner.flush()
             owner.share_storage()
         _prepare_process_sharing()
+        if get_spawning_popen() is not None:
+            _release_shared_memory_with(self)
         state = dict(super().__getstate__())
         state.pop("_flush_owner", None)
+        state.pop("_rlbuf_shm_release", None)
+        state.pop("_rlbuf_shm_files", None)
         return state
 
 
@@ -136,6 +146,46 @@ def _with_done(data: Any, storage: Any) -> Any:
     data = data.copy()
     data.set(("next", "done"), done)
     return data
+
+
+def _shared_tensors(obj: Any, found: list[torch.Tensor], depth: int = 0) -> None:
+    """CPU tensors a pickled buffer carries: its storage's leaves and the bookkeeping of TorchRL's parts."""
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type == "cpu" and not isinstance(obj, MemoryMappedTensor):
+            found.append(obj)
+        return
+    if is_tensor_collection(obj):
+        for leaf in obj.values(include_nested=True, leaves_only=True):
+            _shared_tensors(leaf, found, depth)
+        return
+    if depth < 3 and isinstance(obj, (dict, Sampler, Writer, Storage)):
+        for value in list((obj if isinstance(obj, dict) else vars(obj)).values()):
+            _shared_tensors(value, found, depth + 1)
+
+
+def _release_shared_memory_with(rb: FlushingReplayBuffer) -> None:
+    """Put ``rb``'s CPU tensors in shared memory now and unlink their ``/dev/shm`` files when ``rb`` goes.
+
+    Worker processes seldom free what they received before they exit, so torch's reference
+    counts never reach zero and the files would stay until the learner exits. Unlinking a
+    name keeps every existing mapping valid (a worker still running keeps writing).
+    """
+    tensors: list[torch.Tensor] = []
+    _shared_tensors(vars(rb), tensors)
+    names = rb.__dict__.setdefault("_rlbuf_shm_files", set())
+    for tensor in tensors:
+        with contextlib.suppress(RuntimeError):  # a storage torch cannot share by file name
+            if not tensor.is_shared():
+                tensor.share_memory_()
+            names.add(os.fsdecode(tensor.untyped_storage()._share_filename_cpu_()[1]))
+    if names and "_rlbuf_shm_release" not in rb.__dict__:
+        rb.__dict__["_rlbuf_shm_release"] = weakref.finalize(rb, _unlink_shm_files, names)
+
+
+def _unlink_shm_files(names: set[str]) -> None:
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(_SHM_DIR + name)
 
 
 def _rebuild_generator(device: str, state: bytes) -> torch.Generator:

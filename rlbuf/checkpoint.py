@@ -487,6 +487,20 @@ def _is_count(value: object) -> bool:
     return type(value) is int and value >= 0
 
 
+def inside_checkpoint(root: Path, relpath: object) -> Path | None:
+    """The file ``relpath`` names inside checkpoint ``root``, or ``None`` when it is absolute,
+    leaves the directory (``..``) or is a link.
+
+    Example:
+        >>> inside_checkpoint(Path("/tmp/ckpt"), "/etc/passwd") is None
+        True
+    """
+    try:
+        return _safe_file(root, relpath)
+    except (CheckpointError, OSError, ValueError):
+        return None
+
+
 def _sha256(target: Path) -> str:
     digest = hashlib.sha256()
     buffer = memoryview(bytearray(_CHUNK))  # reused: a fresh buffer per read costs more than the hash
