@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import weakref
+import sys
 import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.context import get_spawning_popen
 from multiprocessing.reduction import ForkingPickler
@@ -32,11 +32,9 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import numpy as np
 import torch
 import torch.multiprocessing
-from tensordict import MemoryMappedTensor, is_tensor_collection
+from tensordict import is_tensor_collection
 from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
-from torchrl.data.replay_buffers.storages import Storage
-from torchrl.data.replay_buffers.writers import Writer
 
 from rlbuf.errors import (
     BatchSizeError,
@@ -48,7 +46,6 @@ from rlbuf.errors import (
 from rlbuf.spec import FieldSpec, check_finite_rows, positive_int
 from rlbuf.storage import BuiltStorage, remove_when_collected
 
-_SHM_DIR = "/dev/shm"  # where torch's file_system sharing strategy keeps its files on Linux
 _BLOCK_ROWS = 256
 CapturedT = TypeVar("CapturedT")
 _WIDE_ROW_BYTES = 4096
@@ -64,13 +61,16 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
     interleave with rlbuf's (one commit protocol for both).
     """
 
-    # A strong reference (a cycle the garbage collector breaks): the ring lives as long as
-    # `buffer.torchrl` does, so no finalizer has to commit rows at interpreter exit.
-    _flush_owner: RowRing | None = None
+    # A weak reference: a reference cycle would leave tensors to the garbage collector, and
+    # torch 2.13 aborts (THPVariable_clear) when it clears some of them.
+    _flush_owner: weakref.ReferenceType[RowRing] | None = None
+
+    def _owner(self) -> RowRing | None:
+        return self._flush_owner() if self._flush_owner is not None else None
 
     def _locked(self, method: Callable[..., Any], *args: Any, rewrites: bool = False, **kwargs: Any) -> Any:
         with self._replay_lock:
-            owner = self._flush_owner
+            owner = self._owner()
             if owner is not None:
                 owner.flush()
                 # Rows changed without a write count: a snapshot in progress re-copies them all.
@@ -87,8 +87,8 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
     def extend(self, data: Any, *args: Any, **kwargs: Any) -> Any:
         return self._locked(super().extend, _with_done(data, self._storage), *args, **kwargs)
 
-    def add(self, *args: Any, **kwargs: Any) -> Any:
-        return self._locked(super().add, *args, **kwargs)
+    def add(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._locked(super().add, _with_done(data, self._storage), *args, **kwargs)
 
     def __getitem__(self, index: Any) -> Any:
         return self._locked(super().__getitem__, index)
@@ -118,17 +118,13 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         # Pickled for a worker process: commit pending rows, put RAM storage in shared memory
         # (so workers write where the learner reads) and let the owner re-derive its numpy views
         # of the moved memory. The worker gets no owner: it writes through TorchRL directly.
-        owner = self._flush_owner
+        owner = self._owner()
         if owner is not None and get_spawning_popen() is not None:
             owner.flush()
             owner.share_storage()
         _prepare_process_sharing()
-        if get_spawning_popen() is not None:
-            _release_shared_memory_with(self)
         state = dict(super().__getstate__())
         state.pop("_flush_owner", None)
-        state.pop("_rlbuf_shm_release", None)
-        state.pop("_rlbuf_shm_files", None)
         return state
 
 
@@ -146,46 +142,6 @@ def _with_done(data: Any, storage: Any) -> Any:
     data = data.copy()
     data.set(("next", "done"), done)
     return data
-
-
-def _shared_tensors(obj: Any, found: list[torch.Tensor], depth: int = 0) -> None:
-    """CPU tensors a pickled buffer carries: its storage's leaves and the bookkeeping of TorchRL's parts."""
-    if isinstance(obj, torch.Tensor):
-        if obj.device.type == "cpu" and not isinstance(obj, MemoryMappedTensor):
-            found.append(obj)
-        return
-    if is_tensor_collection(obj):
-        for leaf in obj.values(include_nested=True, leaves_only=True):
-            _shared_tensors(leaf, found, depth)
-        return
-    if depth < 3 and isinstance(obj, (dict, Sampler, Writer, Storage)):
-        for value in list((obj if isinstance(obj, dict) else vars(obj)).values()):
-            _shared_tensors(value, found, depth + 1)
-
-
-def _release_shared_memory_with(rb: FlushingReplayBuffer) -> None:
-    """Put ``rb``'s CPU tensors in shared memory now and unlink their ``/dev/shm`` files when ``rb`` goes.
-
-    Worker processes seldom free what they received before they exit, so torch's reference
-    counts never reach zero and the files would stay until the learner exits. Unlinking a
-    name keeps every existing mapping valid (a worker still running keeps writing).
-    """
-    tensors: list[torch.Tensor] = []
-    _shared_tensors(vars(rb), tensors)
-    names = rb.__dict__.setdefault("_rlbuf_shm_files", set())
-    for tensor in tensors:
-        with contextlib.suppress(RuntimeError):  # a storage torch cannot share by file name
-            if not tensor.is_shared():
-                tensor.share_memory_()
-            names.add(os.fsdecode(tensor.untyped_storage()._share_filename_cpu_()[1]))
-    if names and "_rlbuf_shm_release" not in rb.__dict__:
-        rb.__dict__["_rlbuf_shm_release"] = weakref.finalize(rb, _unlink_shm_files, names)
-
-
-def _unlink_shm_files(names: set[str]) -> None:
-    for name in names:
-        with contextlib.suppress(OSError):
-            os.unlink(_SHM_DIR + name)
 
 
 def _rebuild_generator(device: str, state: bytes) -> torch.Generator:
@@ -325,7 +281,7 @@ class RowRing:
         self.storing_device = storing_device
         self.generator = generator
         rb = FlushingReplayBuffer(storage=built.storage, sampler=sampler, batch_size=None, generator=generator)
-        rb._flush_owner = self
+        rb._flush_owner = weakref.ref(self)
         rb.set_rng(generator)
         self.rb = rb
         # TorchRL's own re-entrant buffer lock guards rlbuf's pending rows too, so adds, extends
@@ -360,6 +316,14 @@ class RowRing:
         self.accepted_devices: tuple[torch.device, ...] = (
             (storing_device,) if storing_device.type == "cpu" else (storing_device, _CPU)
         )
+
+    def __del__(self) -> None:
+        # Someone may keep `buffer.torchrl` after dropping the facade: commit what it accepted.
+        # Not at interpreter exit: nobody reads any more, and torch 2.13 aborts (exit status
+        # 134, THPVariable_clear) when tensors are made while modules are torn down.
+        if getattr(self, "pending", 0) and not sys.is_finalizing():
+            with contextlib.suppress(Exception):  # nothing may be raised from a finalizer
+                self.flush()
 
     # -- state -----------------------------------------------------------------------------
     def __len__(self) -> int:

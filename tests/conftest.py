@@ -24,3 +24,13 @@ def storage(request: pytest.FixtureRequest) -> str:
 def device(request: pytest.FixtureRequest) -> str:
     """Each training device available here (CUDA only where a GPU is present)."""
     return str(request.param)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run ``stress`` tests only when asked for (``-m stress``, as ``nox -s stress`` does)."""
+    if "stress" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="stress test: run with -m stress")
+    for item in items:
+        if "stress" in item.keywords:
+            item.add_marker(skip)
