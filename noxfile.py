@@ -1,4 +1,4 @@
-"""nox sessions: `tests` (lint, types, tests, doctests, doc examples), `demo`, `demos-full`, `docs`.
+"""nox sessions: `tests` (lint, types, tests, doctests, doc examples), `stress`, `demo`, `demos-full`, `docs`.
 
 Every session installs through constraints-cpu.txt, which pins the CPU torch wheel present on
 these machines, so no session downloads a CUDA build.
@@ -77,3 +77,14 @@ def docs(session: nox.Session) -> None:
     session.install(*requirements)
     session.run("mkdocs", "build", "--strict", "--site-dir", "site", *session.posargs,
                 env={"NO_MKDOCS_2_WARNING": "1"})
+
+
+@nox.session(python=PYTHON)
+def stress(session: nox.Session) -> None:
+    """Long repetitions of the attack suites (races, SIGKILL during saves): `nox -s stress`.
+
+    RLBUF_STRESS_REPEATS sets the repetitions (default 20), e.g.
+    `RLBUF_STRESS_REPEATS=100 nox -s stress`; extra arguments go to pytest.
+    """
+    _install(session, "dev")
+    session.run("pytest", "-q", "-s", "-p", "no:cacheprovider", "-m", "stress", "tests", *session.posargs)

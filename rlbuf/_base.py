@@ -7,7 +7,9 @@ gathered columns into its typed batch in :meth:`RingBuffer._make_batch`.
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
+import math
 import secrets
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -19,7 +21,7 @@ import torch
 from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
 
-from rlbuf._core import RowRing, deliver
+from rlbuf._core import RowCopies, RowRing, RowSink, deliver
 from rlbuf.checkpoint import load_state, save_state
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
 from rlbuf.errors import CheckpointError, ConfigError, EmptyBufferError
@@ -407,14 +409,58 @@ class RingBuffer(Generic[BatchT]):
     def _extra_state(self) -> dict[str, Any]:
         return {"stats": None if self._stats is None else self._stats.state_dict()}
 
+    def _check_extra_state(self, state: Mapping[str, Any]) -> None:
+        """Raise ``CheckpointError`` unless :meth:`_load_extra_state` would succeed with ``state``; change nothing."""
+        saved = state.get("stats")
+        if self._stats is None or saved is None:
+            return
+        trial = copy.deepcopy(self._stats)
+        _refusing("stats state", trial.load_state_dict, saved)
+        reason = _stats_problem(trial.state_dict())
+        if reason:
+            raise CheckpointError(f"stats state: {reason}")
+
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         if self._stats is not None and state.get("stats") is not None:
             self._stats.load_state_dict(state["stats"])
 
+    def _snapshot(self, sink: RowSink | None, *, data: bool) -> dict[str, Any]:
+        """The state of one write count (see [`RowRing.snapshot`][rlbuf._core.RowRing.snapshot]): rows into ``sink``."""
+        ring = self._ring
+
+        def capture() -> dict[str, Any]:
+            iterator = None
+            if data and self._current_epochs is not None and self._current_epochs_call is not None:
+                method, arguments = self._current_epochs_call
+                iterator = {"method": method, "arguments": dict(arguments), "state": self._current_epochs.state_dict()}
+            return copy.deepcopy({
+                "rng": {"sample": ring.generator.get_state(), "epochs": self._epoch_generator.get_state()},
+                "sampler": ring.rb._sampler.state_dict() if data else {},
+                "iterator": iterator,
+                "extra": self._extra_state() if data else {},
+            })
+
+        snapshot = ring.snapshot(sink if data else None, capture)
+        return {
+            "kind": type(self).__name__,
+            "options": self._options,
+            "capacity": self.capacity,
+            "sampler_kind": type(ring.rb._sampler).__name__,
+            "spec": [spec.to_json() for spec in ring.specs],
+            "data": data,
+            "size": snapshot.size,
+            "cursor": snapshot.cursor,
+            "write_count": snapshot.write_count,
+            "fields": dict(snapshot.rows),
+            **snapshot.captured,
+        }
+
     def state_dict(self, *, data: bool = True) -> dict[str, Any]:
         """Everything needed to continue exactly: options, data, cursor, RNG, sampler, iterator.
 
-        Field tensors are views of the storage (no copy). Values are JSON types or tensors.
+        A consistent snapshot of one write count, also while other threads or worker
+        processes write: field tensors are copies (rows written during the call are copied
+        again under the buffer's lock). Values are JSON types or tensors.
 
         Args:
             data: include the stored rows (``False``: options and counters only).
@@ -429,46 +475,43 @@ class RingBuffer(Generic[BatchT]):
             >>> buf.state_dict(data=False)["fields"]
             {}
         """
-        ring = self._ring
-        ring.flush()
-        size = len(ring)
-        iterator = None
-        if self._current_epochs is not None and self._current_epochs_call is not None:
-            method, arguments = self._current_epochs_call
-            iterator = {"method": method, "arguments": arguments, "state": self._current_epochs.state_dict()}
-        return {
-            "kind": type(self).__name__,
-            "options": self._options,
-            "capacity": self.capacity,
-            "sampler_kind": type(ring.rb._sampler).__name__,
-            "spec": [spec.to_json() for spec in ring.specs],
-            "data": data,
-            "size": size,
-            "cursor": int(ring.rb._writer._cursor),
-            "write_count": int(ring.rb._writer._write_count),
-            "fields": {name: leaf[:size] for name, leaf in ring.leaves.items()} if data else {},
-            "rng": {"sample": ring.generator.get_state(), "epochs": self._epoch_generator.get_state()},
-            "sampler": ring.rb._sampler.state_dict() if data else {},
-            "iterator": iterator if data else None,
-            "extra": self._extra_state() if data else {},
-        }
+        return self._snapshot(RowCopies(), data=data)
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a :meth:`state_dict` taken from a buffer with the same fields and capacity.
+    def check_valid(self) -> tuple[bool, str]:
+        """Check this buffer's invariants: ``(True, "")``, or ``(False, reason)``.
 
-        Raises:
-            CheckpointError: another kind of buffer, other fields, or inconsistent counts.
+        Counts fit the capacity, must-be-finite fields are finite, derived fields (``done``)
+        equal what they derive from, priorities are finite and non-negative, episode
+        statistics are consistent. Checked after every load and in the tests.
 
         Example:
             >>> from rlbuf import ReplayBuffer
-            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
             >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
-            >>> copy = ReplayBuffer(10, obs_shape=(1,), action_shape=())
-            >>> copy.load_state_dict(buf.state_dict())
-            >>> len(copy), copy.sample_all().reward.tolist()
-            (1, [1.0])
+            >>> buf.check_valid()
+            (True, '')
         """
         ring = self._ring
+        with ring.lock:
+            ring.flush()
+            with ring.rb._write_lock:
+                size, cursor, count = ring.counters()
+                reason = _counts_problem(size, cursor, count, self.capacity)
+                reason = reason or _rows_problem(ring, {name: leaf[:size] for name, leaf in ring.leaves.items()})
+                reason = reason or _sampler_problem(ring.rb._sampler.state_dict())
+        if not reason and self._stats is not None:
+            reason = _stats_problem(self._stats.state_dict())
+        return not reason, reason
+
+    def _validated(self, state: Mapping[str, Any]) -> tuple[int, int, int]:
+        """Check every part of a :meth:`state_dict` against this buffer; change nothing.
+
+        Returns:
+            ``(size, cursor, write_count)``.
+        """
+        ring = self._ring
+        if not isinstance(state, Mapping):
+            raise CheckpointError(f"state: expected a mapping, got {type(state).__name__}")
         if state.get("kind") != type(self).__name__:
             raise CheckpointError(f"state: holds a {state.get('kind')}, not a {type(self).__name__}")
         mine = [spec.to_json() for spec in ring.specs]
@@ -479,35 +522,104 @@ class RingBuffer(Generic[BatchT]):
         sampler = type(ring.rb._sampler).__name__
         if state.get("sampler_kind") != sampler:
             raise CheckpointError(f"state: sampled by a {state.get('sampler_kind')}, this buffer by a {sampler}")
-        iterator = state.get("iterator")
-        if iterator is not None and iterator.get("method") not in _ITERATOR_METHODS:
-            raise CheckpointError(f"state: unknown iterator method {iterator.get('method')!r}")
-        size, cursor, count = int(state["size"]), int(state["cursor"]), int(state["write_count"])
-        if not (0 <= size <= self.capacity and 0 <= cursor < self.capacity and count >= size
-                and (size == self.capacity or cursor == size % self.capacity)):
-            raise CheckpointError(f"state: size {size}, cursor {cursor}, write count {count} do not fit capacity "
-                                  f"{self.capacity}")
-        if not state.get("data", True):
+        size, cursor, count = (_saved_count(state, key) for key in ("size", "cursor", "write_count"))
+        reason = _counts_problem(size, cursor, count, self.capacity)
+        if reason:
+            raise CheckpointError(f"state: {reason}")
+        if state.get("data", True) is not True:
+            if state.get("data") is not False:
+                raise CheckpointError(f"state: data must be true or false, got {state.get('data')!r}")
+            return size, cursor, count
+        fields = state.get("fields")
+        if not isinstance(fields, Mapping) or set(fields) != set(ring.leaves):
+            names = sorted(fields) if isinstance(fields, Mapping) else fields
+            raise CheckpointError(f"state: fields {names}, expected {sorted(ring.leaves)}")
+        for name in ring.leaves:
+            spec, value = ring.by_name[name], fields[name]
+            expected = (size, *spec.shape)
+            if not isinstance(value, torch.Tensor) or value.dtype != spec.dtype or tuple(value.shape) != expected:
+                got = (value.dtype, tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
+                raise CheckpointError(f"state: field {name!r} is {got}, expected {spec.dtype} of shape {expected}")
+        reason = _rows_problem(ring, fields)
+        if reason:
+            raise CheckpointError(f"state: {reason}")
+        trial = copy.deepcopy(ring.rb._sampler)
+        _refusing("sampler state", trial.load_state_dict, state.get("sampler"))
+        reason = _sampler_problem(trial.state_dict())
+        if reason:
+            raise CheckpointError(f"sampler state: {reason}")
+        extra = state.get("extra")
+        if not isinstance(extra, Mapping):
+            raise CheckpointError(f"state: extra must be a mapping, got {type(extra).__name__}")
+        self._check_extra_state(extra)
+        self._check_iterator(state.get("iterator"), size)
+        rng = state.get("rng")
+        if not isinstance(rng, Mapping) or not all(_is_generator_state(rng.get(k)) for k in ("sample", "epochs")):
+            raise CheckpointError("state: rng must hold 'sample' and 'epochs' generator states (uint8 tensors)")
+        return size, cursor, count
+
+    def _check_iterator(self, iterator: Any, size: int) -> None:
+        """Build the saved iterator on the side (a throwaway generator) to check its state."""
+        if iterator is None:
+            return
+        if not isinstance(iterator, Mapping) or iterator.get("method") not in _ITERATOR_METHODS:
+            method = iterator.get("method") if isinstance(iterator, Mapping) else iterator
+            raise CheckpointError(f"state: unknown iterator method {method!r}")
+        arguments, saved = iterator.get("arguments"), iterator.get("state")
+        if not isinstance(arguments, Mapping) or not isinstance(saved, Mapping):
+            raise CheckpointError("state: the iterator needs 'arguments' and 'state' tables")
+        known = set(inspect.signature(getattr(self, iterator["method"])).parameters)
+        if set(arguments) - known:
+            raise CheckpointError(f"state: iterator arguments {sorted(set(arguments) - known)} are not arguments of "
+                                  f"{iterator['method']}()")
+        split = {("num_batches" if key == "num_minibatches" else key): value for key, value in arguments.items()}
+        rows = size if iterator["method"] == "epochs" else self.capacity
+        device = self._storing_device if iterator["method"] == "epochs" else self._device
+        trial = _refusing("iterator state", EpochIterator, rows, lambda index: index, **split,
+                          generator=torch.Generator(device=device))
+        _refusing("iterator state", trial.load_state_dict, dict(saved))
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict` taken from a buffer with the same fields and capacity.
+
+        Every part is checked first (counts, field dtypes and shapes, finite values, derived
+        fields, sampler, statistics, iterator, generator states): a refused state leaves the
+        buffer exactly as it was.
+
+        Raises:
+            CheckpointError: another kind of buffer, other fields, or inconsistent values.
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> copy = ReplayBuffer(10, obs_shape=(1,), action_shape=())
+            >>> copy.load_state_dict(buf.state_dict())
+            >>> len(copy), copy.sample_all().reward.tolist()
+            (1, [1.0])
+        """
+        size, cursor, count = self._validated(state)
+        ring = self._ring
+        if state.get("data") is False:
             self.clear()
             return
-        fields = state["fields"]
-        for name in ring.leaves:
-            if name not in fields or tuple(fields[name].shape) != (size, *ring.by_name[name].shape):
-                shape = None if name not in fields else tuple(fields[name].shape)
-                raise CheckpointError(f"state: field {name!r} has shape {shape}, expected "
-                                      f"{(size, *ring.by_name[name].shape)}")
-        self.clear()
-        for name, leaf in ring.leaves.items():
-            leaf[:size].copy_(fields[name])
-        rb = ring.rb
-        rb._writer._cursor = cursor
-        rb._writer._write_count = count
-        rb._storage._len = size
-        rb._sampler.load_state_dict(state["sampler"])
-        self._load_extra_state(state["extra"])
+        with ring.lock:
+            self.clear()
+            fields = state["fields"]
+            for name, leaf in ring.leaves.items():
+                leaf[:size].copy_(fields[name])
+            rb = ring.rb
+            with rb._write_lock:
+                rb._writer._cursor = cursor
+                rb._writer._write_count = count
+                rb._storage._len = size
+            rb._sampler.load_state_dict(state["sampler"])
+            ring.generation += 1
+        self._load_extra_state(dict(state["extra"]))
+        iterator = state.get("iterator")
         if iterator is not None:
             made = getattr(self, iterator["method"])(**iterator["arguments"])
-            made.load_state_dict(iterator["state"])
+            made.load_state_dict(dict(iterator["state"]))
         try:
             ring.generator.set_state(state["rng"]["sample"])
             self._epoch_generator.set_state(state["rng"]["epochs"])
@@ -537,7 +649,7 @@ class RingBuffer(Generic[BatchT]):
             >>> os.path.isdir(path)
             True
         """
-        save_state(self.state_dict(data=data), path)
+        save_state(lambda files: self._snapshot(files, data=data), path)
 
     @classmethod
     def load(cls: type[BufferT], path: str | Path, *, device: DeviceLike | None = None,
@@ -564,6 +676,20 @@ class RingBuffer(Generic[BatchT]):
             >>> len(restored), torch.equal(restored.sample(4).index, buf.sample(4).index)
             (1, True)
         """
+        try:
+            buffer = cls._load(path, device=device, storing_device=storing_device)
+        except CheckpointError:
+            raise
+        except Exception as error:  # a damaged checkpoint may fail anywhere; only CheckpointError escapes
+            raise CheckpointError(f"{path}: cannot load: {type(error).__name__}: {error}") from error
+        valid, reason = buffer.check_valid()
+        if not valid:
+            raise CheckpointError(f"{path}: the loaded buffer is inconsistent: {reason}")
+        return buffer
+
+    @classmethod
+    def _load(cls: type[BufferT], path: str | Path, *, device: DeviceLike | None,
+              storing_device: DeviceLike | None) -> BufferT:
         state = load_state(path, kind=cls.__name__)
         options = _option_from_json(state["options"])
         accepted = set(inspect.signature(cls.__init__).parameters) - {"self", *_NOT_OPTIONS}
@@ -584,5 +710,70 @@ class RingBuffer(Generic[BatchT]):
         buffer.load_state_dict(state)
         if not state.get("data", True):
             warnings.warn(f"{path}: saved with data=False (options and counters only): the loaded buffer is empty; "
-                          f"the original held {state['size']} rows", MetadataOnlyWarning, stacklevel=2)
+                          f"the original held {state['size']} rows", MetadataOnlyWarning, stacklevel=3)
         return buffer
+
+
+def _refusing(what: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)``, any failure turned into a ``CheckpointError`` about ``what``."""
+    try:
+        return function(*args, **kwargs)
+    except CheckpointError as error:
+        raise CheckpointError(f"{what}: {error}") from error
+    except Exception as error:  # a damaged state may fail anywhere; only CheckpointError may escape
+        raise CheckpointError(f"{what}: {type(error).__name__}: {error}") from error
+
+
+def _saved_count(state: Mapping[str, Any], key: str) -> int:
+    value = state.get(key)
+    if type(value) is not int or value < 0:
+        raise CheckpointError(f"state: {key} must be an int >= 0, got {value!r}")
+    return value
+
+
+def _counts_problem(size: int, cursor: int, count: int, capacity: int) -> str:
+    if 0 <= size <= capacity and 0 <= cursor < capacity and count >= size and (
+            size == capacity or cursor == size % capacity):
+        return ""
+    return f"size {size}, cursor {cursor}, write count {count} do not fit capacity {capacity}"
+
+
+def _rows_problem(ring: RowRing, fields: Mapping[str, torch.Tensor]) -> str:
+    """Non-finite values in must-be-finite fields, or a ``done`` that is not ``terminated | truncated``."""
+    for spec in ring.specs:
+        column = fields[spec.name]
+        if spec.finite and column.is_floating_point() and not bool(torch.isfinite(column).all()):
+            return f"field {spec.name!r} holds non-finite values"
+    # Other derived columns (a rollout's advantage) start as zeros and are computed later.
+    if ring.derived.get("done") is done_of and not torch.equal(done_of(fields), fields["done"].to(torch.bool)):
+        return "field 'done' differs from terminated | truncated"
+    return ""
+
+
+def _sampler_problem(state: Mapping[str, Any]) -> str:
+    """NaN or negative priorities (``inf`` only marks never-written items of a minimum tree)."""
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            if bool(torch.isnan(value).any()) or bool((value < 0).any()):
+                return f"{key} holds NaN or negative values"
+            if key == "sum_leaves" and not bool(torch.isfinite(value).all()):
+                return f"{key} holds infinite values"
+        elif isinstance(value, float) and not math.isfinite(value):
+            return f"{key} is {value}"
+    return ""
+
+
+def _stats_problem(state: Mapping[str, Any]) -> str:
+    lengths = [*state["running_length"].tolist(), *state["lengths"]]
+    if any(type(n) is not int or n < 0 for n in lengths):
+        return "episode lengths must be ints >= 0"
+    returns = [*state["running_return"].tolist(), *state["returns"]]
+    if not all(isinstance(r, (int, float)) and math.isfinite(r) for r in returns):
+        return "episode returns must be finite"
+    if type(state["episodes_finished"]) is not int or state["episodes_finished"] < len(state["lengths"]):
+        return "episodes_finished must be an int >= the episodes kept"
+    return ""
+
+
+def _is_generator_state(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1

@@ -23,12 +23,13 @@ import contextlib
 import functools
 import math
 import os
+import sys
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.context import get_spawning_popen
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -51,6 +52,7 @@ _BLOCK_ROWS = 256
 # Batches above this size are checked against the memory free now: one that cannot fit would only
 # fail later, inside torch (or get the process killed).
 _SMALL_BATCH_BYTES = 64 * 2**20
+CapturedT = TypeVar("CapturedT")
 _WIDE_ROW_BYTES = 4096
 _CPU = torch.device("cpu")
 
@@ -58,58 +60,70 @@ _CPU = torch.device("cpu")
 class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
     """TorchRL's ``TensorDictReplayBuffer`` that first commits rlbuf's pending rows.
 
-    Every public read or write of TorchRL's API calls the owner's flush first, so a
-    collector or loss holding ``buffer.torchrl`` sees exactly what the rlbuf facade holds.
+    Every public read or write of TorchRL's API takes the buffer's lock, commits the owner's
+    pending rows and runs TorchRL's own method, all under that one lock: a collector or loss
+    holding ``buffer.torchrl`` sees exactly what the rlbuf facade holds, and its writes never
+    interleave with rlbuf's (one commit protocol for both).
     """
 
+    # A weak reference: a reference cycle would leave tensors to the garbage collector, and
+    # torch 2.13 aborts (THPVariable_clear) when it clears some of them.
     _flush_owner: weakref.ReferenceType[RowRing] | None = None
 
-    def _flush_pending(self) -> None:
-        owner = self._flush_owner() if self._flush_owner is not None else None
-        if owner is not None:
-            owner.flush()
+    def _owner(self) -> RowRing | None:
+        return self._flush_owner() if self._flush_owner is not None else None
+
+    def _locked(self, method: Callable[..., Any], *args: Any, rewrites: bool = False, **kwargs: Any) -> Any:
+        with self._replay_lock:
+            owner = self._owner()
+            if owner is not None:
+                owner.flush()
+                # Rows changed without a write count: a snapshot in progress re-copies them all.
+                if rewrites:
+                    owner.generation += 1
+            return method(*args, **kwargs)
 
     def __len__(self) -> int:
-        self._flush_pending()
-        return int(super().__len__())
+        return int(self._locked(super().__len__))
 
     def sample(self, *args: Any, **kwargs: Any) -> Any:
-        self._flush_pending()
-        return super().sample(*args, **kwargs)
+        return self._locked(super().sample, *args, **kwargs)
 
     def extend(self, data: Any, *args: Any, **kwargs: Any) -> Any:
-        self._flush_pending()
-        return super().extend(_with_done(data, self._storage), *args, **kwargs)
+        return self._locked(super().extend, _with_done(data, self._storage), *args, **kwargs)
 
-    def add(self, *args: Any, **kwargs: Any) -> Any:
-        self._flush_pending()
-        return super().add(*args, **kwargs)
+    def add(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._locked(super().add, _with_done(data, self._storage), *args, **kwargs)
 
     def __getitem__(self, index: Any) -> Any:
-        self._flush_pending()
-        return super().__getitem__(index)
+        return self._locked(super().__getitem__, index)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self._locked(super().__setitem__, index, value, rewrites=True)
 
     def update_priority(self, *args: Any, **kwargs: Any) -> Any:
-        self._flush_pending()
-        return super().update_priority(*args, **kwargs)
+        return self._locked(super().update_priority, *args, **kwargs)
 
     def empty(self, *args: Any, **kwargs: Any) -> Any:
-        self._flush_pending()
-        return super().empty(*args, **kwargs)
+        return self._locked(super().empty, *args, rewrites=True, **kwargs)
 
     def state_dict(self) -> Any:
-        self._flush_pending()
-        return super().state_dict()
+        return self._locked(super().state_dict)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._locked(super().load_state_dict, *args, rewrites=True, **kwargs)
 
     def dumps(self, path: Any) -> Any:
-        self._flush_pending()
-        return super().dumps(path)
+        return self._locked(super().dumps, path)
+
+    def loads(self, path: Any) -> Any:
+        return self._locked(super().loads, path, rewrites=True)
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled for a worker process: commit pending rows, put RAM storage in shared memory
         # (so workers write where the learner reads) and let the owner re-derive its numpy views
         # of the moved memory. The worker gets no owner: it writes through TorchRL directly.
-        owner = self._flush_owner() if self._flush_owner is not None else None
+        owner = self._owner()
         if owner is not None and get_spawning_popen() is not None:
             owner.flush()
             owner.share_storage()
@@ -189,6 +203,52 @@ def _scalar_types(spec: FieldSpec) -> tuple[type, ...]:
     return (bool, int, float, np.bool_, np.integer, np.floating)
 
 
+class RowSink(Protocol):
+    """Where a snapshot's rows go: copied without the lock, then patched under it."""
+
+    def copy(self, leaves: Mapping[str, torch.Tensor], size: int) -> None:
+        """Copy rows ``[0, size)`` of every leaf while writers may run."""
+
+    def patch(self, leaves: Mapping[str, torch.Tensor], segments: Sequence[tuple[int, int]],
+              size: int) -> Mapping[str, Any]:
+        """Under the lock: re-copy ``segments``, keep ``size`` rows, return the rows of the snapshot."""
+
+
+class RowCopies:
+    """A [`RowSink`][rlbuf._core.RowSink] into fresh tensors (``state_dict``)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, torch.Tensor] = {}
+
+    def copy(self, leaves: Mapping[str, torch.Tensor], size: int) -> None:
+        """Clone rows ``[0, size)`` of every leaf."""
+        self.rows = {name: leaf[:size].clone() for name, leaf in leaves.items()}
+
+    def patch(self, leaves: Mapping[str, torch.Tensor], segments: Sequence[tuple[int, int]],
+              size: int) -> dict[str, torch.Tensor]:
+        """Re-copy ``segments`` into the clones, grown or cut to ``size`` rows."""
+        for name, leaf in leaves.items():
+            rows = self.rows[name]
+            if rows.shape[0] != size:
+                resized = leaf.new_empty((size, *leaf.shape[1:]))
+                kept = min(size, rows.shape[0])
+                resized[:kept] = rows[:kept]
+                rows = self.rows[name] = resized
+            for start, stop in segments:
+                rows[start:stop] = leaf[start:stop]
+        return self.rows
+
+
+class Snapshot(NamedTuple):
+    """One write count's rows and counters, and what the caller captured under the same lock."""
+
+    size: int
+    cursor: int
+    write_count: int
+    rows: Mapping[str, Any]
+    captured: Any
+
+
 class RowRing:
     """A ring of ``capacity`` rows of ``specs`` in a TorchRL buffer, with cheap small adds.
 
@@ -257,13 +317,16 @@ class RowRing:
         )
         self.pending = 0
         self._pending_start = 0
+        self.generation = 0  # bumped when rows change without a write: clear, load, TorchRL's __setitem__
         self.accepted_devices: tuple[torch.device, ...] = (
             (storing_device,) if storing_device.type == "cpu" else (storing_device, _CPU)
         )
 
     def __del__(self) -> None:
         # Someone may keep `buffer.torchrl` after dropping the facade: commit what it accepted.
-        if getattr(self, "pending", 0):
+        # Not at interpreter exit: nobody reads any more, and torch 2.13 aborts (exit status
+        # 134, THPVariable_clear) when tensors are made while modules are torn down.
+        if getattr(self, "pending", 0) and not sys.is_finalizing():
             with contextlib.suppress(Exception):  # nothing may be raised from a finalizer
                 self.flush()
 
@@ -313,6 +376,46 @@ class RowRing:
         with self.lock:
             self.pending = 0
             self.rb.empty()
+
+    def counters(self) -> tuple[int, int, int]:
+        """``(size, cursor, write_count)`` of the committed rows; call with the locks held."""
+        writer = self.rb._writer
+        return min(int(self.rb._storage._len), self.capacity), int(writer._cursor), int(writer._write_count)
+
+    def snapshot(self, sink: RowSink | None, capture: Callable[[], CapturedT]) -> Snapshot:
+        """A consistent snapshot of one write count, without stopping writers for the whole copy.
+
+        The rows are copied into ``sink`` while writers run; then, under the lock that every
+        write takes (rlbuf's, TorchRL's and worker processes'), only the rows written since
+        the copy began are copied again and ``capture()`` reads the rest of the state. When
+        more than ``capacity`` rows were written meanwhile, or rows changed without a write
+        (``clear``, a load, TorchRL's ``__setitem__``), every row is copied again.
+
+        Args:
+            sink: where the rows go (``None``: counters and ``capture()`` only).
+            capture: called under the lock; its result is returned as ``captured``.
+        """
+        with self.lock:
+            self.flush()
+            with self.rb._write_lock:
+                size, cursor, count = self.counters()
+                generation = self.generation
+        if sink is not None:
+            sink.copy(self.leaves, size)
+        with self.lock:
+            self.flush()
+            with self.rb._write_lock:
+                new_size, new_cursor, new_count = self.counters()
+                written = new_count - count
+                if self.generation != generation or not 0 <= written < self.capacity or new_size < size:
+                    segments = [(0, new_size)]
+                else:
+                    segments = [(cursor, min(cursor + written, self.capacity))]
+                    if cursor + written > self.capacity:
+                        segments.append((0, cursor + written - self.capacity))
+                    segments = [(start, stop) for start, stop in segments if stop > start]
+                rows = {} if sink is None else sink.patch(self.leaves, segments, new_size)
+                return Snapshot(new_size, new_cursor, new_count, rows, capture())
 
     # -- writing ---------------------------------------------------------------------------
     def add(self, values: Sequence[Any], rows: int) -> None:

@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rlbuf.checkpoint import MANIFEST, read_manifest
+from rlbuf.checkpoint import MANIFEST, inside_checkpoint, parse_manifest, read_manifest
 from rlbuf.errors import CheckpointError
 
 _CHUNK = 1 << 20
@@ -37,7 +37,8 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         ``{"path", "ok", "error", "kind", "size", "capacity", "storage", "storing_device",
         "device", "fields": [{name, key, shape, dtype}], "versions", "format_version",
         "files": [{path, dtype, shape, bytes, status}], "demo"}``; ``status`` is ``ok``,
-        ``failed`` (size or SHA-256 differ) or ``missing``. ``demo`` (frames, state file
+        ``failed`` (size or SHA-256 differ), ``missing``, or ``outside`` (a path outside the
+        checkpoint or a link: never read). ``demo`` (frames, state file
         status) is set for demo checkpoints.
 
     Example:
@@ -54,14 +55,32 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         report["demo"] = _demo_part(buffer_dir.parent)
     report["path"] = str(buffer_dir)
     try:
-        manifest = json.loads((buffer_dir / MANIFEST).read_text(encoding="utf-8"))
+        manifest = parse_manifest((buffer_dir / MANIFEST).read_text(encoding="utf-8"), buffer_dir / MANIFEST)
         if not isinstance(manifest, dict):
             raise ValueError("not a JSON object")
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, CheckpointError) as error:
         report["error"] = f"{buffer_dir / MANIFEST}: unreadable ({error})"
         return report
+    try:
+        _describe(report, buffer_dir, manifest)
+    except Exception as error:  # documented as never raising: a forged manifest is reported, not raised
+        report["error"] = f"{buffer_dir / MANIFEST}: malformed ({type(error).__name__}: {error})"
+        return report
+    try:
+        read_manifest(buffer_dir)
+    except CheckpointError as error:
+        report["error"] = str(error)
+    demo_ok = report["demo"] is None or report["demo"]["state_status"] == "ok"
+    if report["error"] is None and not demo_ok:
+        report["error"] = f"{buffer_dir.parent / 'state.pt'}: {report['demo']['state_status']} (SHA-256 mismatch)"
+    report["ok"] = report["error"] is None
+    return report
+
+
+def _describe(report: dict[str, Any], buffer_dir: Path, manifest: dict[str, Any]) -> None:
     state: dict[str, Any] = manifest["state"] if isinstance(manifest.get("state"), dict) else {}
     options: dict[str, Any] = state["options"] if isinstance(state.get("options"), dict) else {}
+    files: dict[str, Any] = manifest["files"] if isinstance(manifest.get("files"), dict) else {}
     report.update({
         "kind": state.get("kind"),
         "format_version": manifest.get("format_version"),
@@ -72,18 +91,9 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         "storing_device": options.get("storing_device"),
         "device": options.get("device") or options.get("storing_device"),
         "fields": [{"name": s.get("name"), "key": s.get("key"), "shape": s.get("shape"), "dtype": s.get("dtype")}
-                   for s in state.get("spec", []) if isinstance(s, dict)],
-        "files": [_check_file(buffer_dir, rel, entry) for rel, entry in sorted((manifest.get("files") or {}).items())],
+                   for s in _as_list(state.get("spec")) if isinstance(s, dict)],
+        "files": [_check_file(buffer_dir, str(rel), entry) for rel, entry in sorted(files.items())],
     })
-    try:
-        read_manifest(buffer_dir)
-    except CheckpointError as error:
-        report["error"] = str(error)
-    demo_ok = report["demo"] is None or report["demo"]["state_status"] == "ok"
-    if report["error"] is None and not demo_ok:
-        report["error"] = f"{buffer_dir.parent / 'state.pt'}: {report['demo']['state_status']} (SHA-256 mismatch)"
-    report["ok"] = report["error"] is None
-    return report
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -148,8 +158,10 @@ def _buffer_dir(root: Path) -> Path | None:
 
 def _demo_part(checkpoint: Path) -> dict[str, Any]:
     try:
-        meta = json.loads((checkpoint / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        meta = parse_manifest((checkpoint / "meta.json").read_text(encoding="utf-8"), checkpoint / "meta.json")
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError, CheckpointError):
         return {"demo": None, "frames": None, "state_status": "missing meta.json"}
     state = checkpoint / "state.pt"
     status = "missing" if not state.is_file() else "ok" if _sha256(state) == meta.get("state_sha256") else "failed"
@@ -166,8 +178,10 @@ def _capacity(options: dict[str, Any]) -> Any:
 
 def _check_file(root: Path, rel: str, entry: Any) -> dict[str, Any]:
     entry = entry if isinstance(entry, dict) else {}
-    target = root / rel
-    if ".." in Path(rel).parts or not target.is_file():
+    target = inside_checkpoint(root, rel)
+    if target is None:
+        status = "outside"  # never read: an absolute path, `..` or a link
+    elif not target.is_file():
         status = "missing"
     elif target.stat().st_size != entry.get("bytes") or _sha256(target) != entry.get("sha256"):
         status = "failed"
@@ -198,3 +212,7 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     cells = [header, *[[str(c) for c in row] for row in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     return ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+
+
+def _as_list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []

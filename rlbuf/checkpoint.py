@@ -31,16 +31,17 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -58,6 +59,7 @@ _MAX_MANIFEST_BYTES = 64 << 20
 _TENSOR = "__tensor__"
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 _TEMP_NAME = re.compile(r"\..+\.(tmp|old)-[0-9a-f]{12}")
+_MAX_DEPTH = 64  # the state rlbuf writes nests about 6 deep
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
     torch.bool,
@@ -75,8 +77,16 @@ def _versions() -> dict[str, str]:
 
 
 # -- encoding ---------------------------------------------------------------------------------
+class RowFile(NamedTuple):
+    """A tensor file already written by [`RowFiles`][rlbuf.checkpoint.RowFiles] (its path in the checkpoint)."""
+
+    relpath: str
+
+
 def _encode(value: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
     """JSON for ``value``; tensors are replaced by references and collected in ``tensors``."""
+    if isinstance(value, RowFile):
+        return {_TENSOR: value.relpath}
     if isinstance(value, torch.Tensor):
         name = _SAFE_NAME.sub("_", key).strip("._") or "tensor"
         candidate, counter = name, 1
@@ -188,8 +198,8 @@ def _check_replaceable(path: Path) -> None:
     manifest = path / MANIFEST
     try:
         ours = (manifest.stat().st_size <= _MAX_MANIFEST_BYTES
-                and json.loads(manifest.read_text(encoding="utf-8")).get("format") == FORMAT)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+                and parse_manifest(manifest.read_text(encoding="utf-8"), manifest).get("format") == FORMAT)
+    except (OSError, UnicodeDecodeError, CheckpointError, AttributeError):
         ours = False
     if not ours:
         raise CheckpointError(f"{path}: exists and is not an rlbuf checkpoint (no {MANIFEST} of format {FORMAT!r}); "
@@ -205,26 +215,168 @@ def _remove(staging: Path) -> None:
     shutil.rmtree(staging, ignore_errors=True)
 
 
-def save_state(state: dict[str, Any], path: str | Path) -> None:
+class RowFiles:
+    """The row tensors of a checkpoint, copied while writers run and patched under their lock.
+
+    :meth:`copy` writes every field's rows without any lock (hashing them from memory); rows
+    that writers change meanwhile are then re-copied by :meth:`patch`, which the buffer calls
+    under its lock with the storage positions written since the copy began. :meth:`finish`
+    makes the files durable and re-hashes the patched ones from disk.
+    """
+
+    def __init__(self, staging: Path, prefix: str) -> None:
+        self._staging, self._prefix = staging, prefix
+        self.entries: dict[str, dict[str, Any]] = {}
+        self._patched: set[str] = set()
+
+    def _relpath(self, name: str) -> str:
+        return f"{TENSOR_DIR}/{_SAFE_NAME.sub('_', f'{self._prefix}.{name}')}.bin"
+
+    def copy(self, leaves: Mapping[str, torch.Tensor], size: int) -> None:
+        """Write rows ``[0, size)`` of every leaf (no lock held: rows may change meanwhile)."""
+        with ThreadPoolExecutor(max_workers=_THREADS) as pool:
+            futures = {self._relpath(name): pool.submit(_write_tensor, leaf[:size], self._staging / self._relpath(name))
+                       for name, leaf in leaves.items()}
+            self.entries.update({rel: future.result() for rel, future in futures.items()})
+
+    def patch(self, leaves: Mapping[str, torch.Tensor], segments: Sequence[tuple[int, int]],
+              size: int) -> dict[str, RowFile]:
+        """Re-copy the rows of ``segments`` (storage positions) and cut the files at ``size`` rows.
+
+        Returns:
+            name -> the file reference to put in the state.
+        """
+        refs = {}
+        for name, leaf in leaves.items():
+            rel = self._relpath(name)
+            row_bytes = leaf[0].numel() * leaf.element_size()
+            entry = self.entries[rel]
+            if segments or entry["shape"][0] != size:
+                with open(self._staging / rel, "r+b", buffering=0) as file:
+                    for start, stop in segments:
+                        rows = leaf[start:stop]
+                        raw = (rows if rows.device.type == "cpu" else rows.cpu()).as_subclass(torch.Tensor)
+                        file.seek(start * row_bytes)
+                        file.write(raw.contiguous().numpy().data.cast("B"))
+                    file.truncate(size * row_bytes)
+                entry.update(shape=[size, *leaf.shape[1:]], bytes=size * row_bytes, sha256=None)
+                self._patched.add(rel)
+            refs[name] = RowFile(rel)
+        return refs
+
+    def finish(self) -> None:
+        """Make the files durable; re-hash, from disk, the ones :meth:`patch` changed."""
+        for rel in self._patched:
+            with open(self._staging / rel, "rb+") as file:
+                os.fsync(file.fileno())
+            self.entries[rel]["sha256"] = _sha256(self._staging / rel)
+
+
+def _lock_path(path: Path, token: str) -> Path:
+    return path.parent / f".{path.name}.lock-{token}"
+
+
+def _take_lock(path: Path, token: str) -> int:
+    """An flock-ed lock file that marks this save's temporary siblings as in use.
+
+    It appears already locked (made under another name, then renamed), so a concurrent
+    cleanup never sees it unlocked.
+    """
+    lock = _lock_path(path, token)
+    making = lock.with_name(lock.name + ".new")
+    fd = os.open(making, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, str(os.getpid()).encode())
+    os.rename(making, lock)
+    return fd
+
+
+def remove_stale_saves(path: str | Path) -> list[Path]:
+    """Remove what saves to ``path`` killed mid-way left behind; return what was removed.
+
+    A temporary sibling ``.<name>.tmp-<hex>`` / ``.<name>.old-<hex>`` is stale when the lock
+    file of its save (``.<name>.lock-<hex>``) is gone or no longer locked (its process died:
+    the kernel drops an flock with the process). A save in progress keeps its lock, so its
+    files are never touched.
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "ckpt"
+        >>> (path.parent / ".ckpt.tmp-0123456789ab").mkdir()
+        >>> [p.name for p in remove_stale_saves(path)]
+        ['.ckpt.tmp-0123456789ab']
+    """
+    path = Path(path)
+    pattern = re.compile(re.escape(f".{path.name}.") + r"(tmp|old|lock)-([0-9a-f]{12})")
+    removed: list[Path] = []
+    try:
+        siblings = sorted(path.parent.iterdir())
+    except OSError:
+        return removed
+    for sibling in siblings:
+        match = pattern.fullmatch(sibling.name)
+        if match is None:
+            continue
+        lock = _lock_path(path, match.group(2))
+        try:
+            fd = os.open(lock, os.O_RDONLY)
+        except FileNotFoundError:
+            fd = -1
+        except OSError:
+            continue
+        try:
+            if fd >= 0:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue  # a live save holds it
+            if match.group(1) == "lock":
+                lock.unlink(missing_ok=True)
+            else:
+                _remove(sibling)
+            removed.append(sibling)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    return removed
+
+
+def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], path: str | Path) -> None:
     """Write ``state`` (JSON values and tensors) as a checkpoint directory at ``path``, atomically.
+
+    The new checkpoint is written to a temporary sibling, fsynced, read back and verified
+    (every checksum) before it replaces the previous one, so a failure at any point leaves the
+    previous checkpoint whole. Stale siblings of saves killed earlier are removed first.
+
+    Args:
+        state: the state, or a function that writes the row files through the
+            [`RowFiles`][rlbuf.checkpoint.RowFiles] it is given and returns the state
+            (referring to them with [`RowFile`][rlbuf.checkpoint.RowFile]).
+        path: the checkpoint directory.
 
     Raises:
         CheckpointError: the target is not a checkpoint directory, the state holds something
-            that is not JSON or a tensor, or the disk is full / unwritable (the previous
-            checkpoint at ``path``, if any, is left whole).
+            that is not JSON or a tensor, the disk is full / unwritable, or what was written
+            does not read back (the previous checkpoint at ``path``, if any, is left whole).
     """
     path = Path(path)
     _check_replaceable(path)
-    tensors: dict[str, torch.Tensor] = {}
-    encoded = _encode(state, "state", tensors)
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:12]}"
+    remove_stale_saves(path)
+    token = uuid.uuid4().hex[:12]
+    staging = path.parent / f".{path.name}.tmp-{token}"
+    lock_fd = _take_lock(path, token)
     try:
         (staging / TENSOR_DIR).mkdir(parents=True)
+        rows = RowFiles(staging, "state.fields")
+        made = state(rows) if callable(state) else state
+        rows.finish()
+        tensors: dict[str, torch.Tensor] = {}
+        encoded = _encode(made, "state", tensors)
         largest_first = sorted(tensors, key=lambda rel: -tensors[rel].numel() * tensors[rel].element_size())
         with ThreadPoolExecutor(max_workers=_THREADS) as pool:
             futures = {rel: pool.submit(_write_tensor, tensors[rel], staging / rel) for rel in largest_first}
-            files = {rel: futures[rel].result() for rel in tensors}
+            files = {**rows.entries, **{rel: futures[rel].result() for rel in tensors}}
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "versions": _versions(),
                     "state": encoded, "files": files}
         with open(staging / MANIFEST, "w", encoding="utf-8") as file:
@@ -233,9 +385,11 @@ def save_state(state: dict[str, Any], path: str | Path) -> None:
             os.fsync(file.fileno())
         _fsync_dir(staging / TENSOR_DIR)
         _fsync_dir(staging)
+        if _verify_files(staging, _read_manifest(staging, staging=True)["files"]).keys() != files.keys():
+            raise CheckpointError(f"{path}: the written checkpoint does not list the files it was given")
         if path.exists():
             if not _exchange(staging, path):  # two renames: a crash between them leaves no checkpoint at path
-                aside = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:12]}"
+                aside = path.parent / f".{path.name}.old-{token}"
                 os.rename(path, aside)
                 try:
                     os.rename(staging, path)
@@ -249,14 +403,50 @@ def save_state(state: dict[str, Any], path: str | Path) -> None:
     except OSError as error:
         reason = "the disk is full" if error.errno == errno.ENOSPC else f"{error.strerror or error}"
         raise CheckpointError(f"{path}: saving failed: {reason}; the previous checkpoint, if any, is untouched") from error
+    except CheckpointError as error:
+        raise CheckpointError(f"{error}; the previous checkpoint at {path}, if any, is untouched") from error
     finally:
         _remove(staging)
+        _lock_path(path, token).unlink(missing_ok=True)
+        os.close(lock_fd)
 
 
 # -- reading ----------------------------------------------------------------------------------
-def _read_manifest(path: Path) -> dict[str, Any]:
+def _check_depth(value: Any, where: Path) -> None:
+    """Refuse JSON nested deeper than any rlbuf manifest (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > _MAX_DEPTH:
+            raise CheckpointError(f"{where}: nested deeper than {_MAX_DEPTH} levels; not an rlbuf manifest")
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+
+
+def parse_manifest(text: str, where: Path) -> Any:
+    """JSON of a manifest; malformed or absurdly nested JSON raises ``CheckpointError``.
+
+    Example:
+        >>> parse_manifest("[" * 100_000, Path("m.json"))
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.CheckpointError: m.json: not valid JSON (nested too deeply)
+    """
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise CheckpointError(f"{where}: not valid JSON (nested too deeply)") from None
+    except ValueError as error:
+        raise CheckpointError(f"{where}: not valid JSON ({error})") from None
+    _check_depth(value, where)
+    return value
+
+
+def _read_manifest(path: Path, *, staging: bool = False) -> dict[str, Any]:
     manifest_path = path / MANIFEST
-    if _TEMP_NAME.fullmatch(path.name):
+    if _TEMP_NAME.fullmatch(path.name) and not staging:
         checkpoint = path.parent / path.name[1:].rsplit(".", 1)[0]
         raise CheckpointError(f"{path}: left by an interrupted save (unfinished, or the checkpoint it replaced); the "
                               f"checkpoint is {checkpoint} (rename this directory to load it anyway)")
@@ -267,9 +457,10 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     if manifest_path.stat().st_size > _MAX_MANIFEST_BYTES:
         raise CheckpointError(f"{manifest_path}: larger than {_MAX_MANIFEST_BYTES} bytes; refusing to read it")
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{manifest_path}: not valid JSON ({error})") from None
+        text = manifest_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{manifest_path}: unreadable ({error})") from None
+    manifest = parse_manifest(text, manifest_path)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"{manifest_path}: not an rlbuf checkpoint manifest")
     version = manifest.get("format_version")
@@ -292,6 +483,24 @@ def _safe_file(root: Path, relpath: object) -> Path:
     return target
 
 
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+def inside_checkpoint(root: Path, relpath: object) -> Path | None:
+    """The file ``relpath`` names inside checkpoint ``root``, or ``None`` when it is absolute,
+    leaves the directory (``..``) or is a link.
+
+    Example:
+        >>> inside_checkpoint(Path("/tmp/ckpt"), "/etc/passwd") is None
+        True
+    """
+    try:
+        return _safe_file(root, relpath)
+    except (CheckpointError, OSError, ValueError):
+        return None
+
+
 def _sha256(target: Path) -> str:
     digest = hashlib.sha256()
     buffer = memoryview(bytearray(_CHUNK))  # reused: a fresh buffer per read costs more than the hash
@@ -310,8 +519,9 @@ def _verify_files(root: Path, files: dict[str, Any]) -> dict[str, Path]:
                               f".pt file could run code when loaded); refusing the checkpoint")
     for rel, entry in files.items():
         target = targets[rel]
-        if not isinstance(entry, dict) or entry.get("dtype") not in _DTYPES or not isinstance(entry.get("shape"), list):
-            raise CheckpointError(f"{target}: malformed manifest entry {entry!r}")
+        if (not isinstance(entry, dict) or entry.get("dtype") not in _DTYPES or not isinstance(entry.get("shape"), list)
+                or not all(_is_count(d) for d in entry["shape"]) or not _is_count(entry.get("bytes"))):
+            raise CheckpointError(f"{target}: malformed manifest entry {str(entry)[:200]}")
         if not target.is_file():
             raise CheckpointError(f"{target}: missing")
         dtype = _DTYPES[entry["dtype"]]

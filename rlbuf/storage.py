@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import os
 import shutil
 import tempfile
 import weakref
@@ -110,6 +112,8 @@ def build_storage(
             non-positive capacity.
     """
     capacity = positive_int("capacity", capacity)
+    if kind in ("memory", "memmap"):
+        check_room(kind, capacity, specs, storing_device=storing_device, scratch_dir=scratch_dir)
     storage: TensorStorage
     owns = False
     directory: Path | None = None
@@ -134,6 +138,60 @@ def build_storage(
     # storage with a richer tensordict: collector metadata, root-level flags and so on are dropped.
     storage._storage_keys = [spec.key for spec in specs]
     return BuiltStorage(storage, directory, owns)
+
+
+def row_bytes(specs: Sequence[FieldSpec]) -> int:
+    """Bytes one stored row takes.
+
+    Example:
+        >>> row_bytes((FieldSpec("obs", "observation", (3,), torch.float32),))
+        12
+    """
+    return sum(math.prod(spec.td_shape) * torch.empty((), dtype=spec.dtype).element_size() for spec in specs)
+
+
+def _available_ram() -> int:
+    """Memory the kernel can give without swapping (``MemAvailable``), else the free pages."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo", encoding="ascii") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_room(kind: StorageKind, capacity: int, specs: Sequence[FieldSpec], *, storing_device: torch.device,
+               scratch_dir: str | Path | None = None) -> None:
+    """Refuse a storage the machine cannot hold, before anything is allocated.
+
+    RAM (available memory) for ``memory`` on the CPU, GPU memory for ``memory`` on CUDA, free
+    disk of the scratch directory for ``memmap``.
+
+    Raises:
+        ConfigError: naming the bytes needed and the bytes available.
+
+    Example:
+        >>> specs = (FieldSpec("obs", "observation", (1024,), torch.float32),)
+        >>> check_room("memory", 10**12, specs, storing_device=torch.device("cpu"))
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: capacity: 1000000000000 rows of 4096 bytes need 4096000000000000 bytes, ...
+    """
+    needed = capacity * row_bytes(specs)
+    if kind == "memmap":
+        directory = Path(scratch_dir) if scratch_dir is not None else Path(tempfile.gettempdir())
+        while not directory.exists() and directory != directory.parent:
+            directory = directory.parent
+        available, where = shutil.disk_usage(directory).free, f"free on the disk of {directory}"
+    elif storing_device.type == "cuda":
+        available, where = torch.cuda.mem_get_info(storing_device)[0], f"free on {storing_device}"
+    elif storing_device.type == "cpu":
+        available, where = _available_ram(), "of RAM available"
+    else:
+        return
+    if needed > available:
+        raise ConfigError(f"capacity: {capacity} rows of {row_bytes(specs)} bytes need {needed} bytes, but only "
+                          f"{available} bytes are {where}; lower capacity"
+                          + (" or use storage='memmap'" if kind == "memory" and storing_device.type == "cpu" else ""))
 
 
 @contextlib.contextmanager

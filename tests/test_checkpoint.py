@@ -456,7 +456,8 @@ def version_at(path: Path) -> int:
 
 
 def leftovers(path: Path) -> list[Path]:
-    return sorted(p for p in path.parent.iterdir() if p.name.startswith(f".{path.name}."))
+    """Temporary directories of killed saves (their lock files are not checkpoints)."""
+    return sorted(p for p in path.parent.iterdir() if p.name.startswith(f".{path.name}.") and p.is_dir())
 
 
 @pytest.fixture(scope="module")
