@@ -29,7 +29,6 @@ from torchrl.objectives.value.functional import (
     vec_generalized_advantage_estimate,
 )
 
-from rlbuf import _gae_native as rlbuf_gae_native
 from rlbuf import gae as rlbuf_gae
 
 GAMMA, LAMBDA = 0.99, 0.95
@@ -149,10 +148,10 @@ def time_peers(peers: dict[str, Callable[[], object]], rounds: int) -> dict[str,
 def main() -> None:
     torch.set_num_threads(1)
     start = time.perf_counter()
-    native = bool(rlbuf_gae_native._native_kernels())
-    compile_ms = (time.perf_counter() - start) * 1e3
-    status = f"compiled in {compile_ms:.0f} ms" if native else f"unavailable: {rlbuf_gae_native._native_error}"
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; native kernel {status}")
+    rlbuf_peer(make_rollout(2, 2, torch.float32), 0, "numba")()
+    first_ms = (time.perf_counter() - start) * 1e3
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; "
+          f"first numba call (import, compile or cache load) {first_ms:.0f} ms")
     cases = [
         # (shape name, T, N, rounds, baseline peer)
         ("T=24 N=4096", 24, 4096, 300, "SB3 RolloutBuffer"),
