@@ -485,32 +485,34 @@ def _check_out(
     _check_like("out[0] (advantage)", advantage, shape, dtype, device)
     _check_like("out[1] (returns)", returns, shape, dtype, device)
     assert isinstance(advantage, torch.Tensor) and isinstance(returns, torch.Tensor)
-    if _shares_memory(advantage, returns):
+    out_spans = {label: _byte_span(tensor) for label, tensor in (("advantage", advantage), ("returns", returns))}
+    if _overlap(out_spans["advantage"], out_spans["returns"]):
         raise ConfigError("out: expected two separate tensors, got advantage and returns sharing memory")
-    for label, tensor in (("out[0] (advantage)", advantage), ("out[1] (returns)", returns)):
-        for name, other in inputs.items():
-            if other is not None and _shares_memory(tensor, other):
+    in_spans = {name: _byte_span(tensor) for name, tensor in inputs.items() if tensor is not None}
+    for (label, span), index in zip(out_spans.items(), (0, 1), strict=True):
+        for name, other in in_spans.items():
+            if _overlap(span, other):
                 raise ConfigError(
-                    f"{label}: expected a tensor of its own, got one sharing memory with {name}"
+                    f"out[{index}] ({label}): expected a tensor of its own, got one sharing memory with {name}"
                 )
     return advantage, returns
 
 
-def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors' spans of one storage overlap (a conservative test for strided views)."""
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-    a_start, a_end = _byte_span(a)
-    b_start, b_end = _byte_span(b)
-    return a_start < b_end and b_start < a_end
-
-
 def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
+    """The addresses a tensor's elements lie between (end exclusive); empty for no elements.
+
+    Live allocations never interleave, so two tensors whose spans meet share memory, whether
+    or not they are views of one storage (a conservative test for strided views).
+    """
+    if tensor.numel() == 0:
+        return 0, 0
     last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
     start = tensor.data_ptr()
     return start, start + (last + 1) * tensor.element_size()
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
 
 
 def _check_float(name: str, tensor: object, dtype: torch.dtype | None) -> None:
