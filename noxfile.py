@@ -1,4 +1,5 @@
-"""nox sessions: `tests` (lint, types, tests, doctests, doc examples), `stress`, `demo`, `demos-full`, `docs`.
+"""nox sessions: `tests` (lint, types, tests, doctests, doc examples), `stress`, `demo`, `demos-full`, `docs`,
+`bench`, and `compat` (the tests against TorchRL's and tensordict's nightly builds).
 
 Every session installs through constraints-cpu.txt, which pins the CPU torch wheel present on
 these machines, so no session downloads a CUDA build.
@@ -6,7 +7,9 @@ these machines, so no session downloads a CUDA build.
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 import nox
 
@@ -88,3 +91,37 @@ def stress(session: nox.Session) -> None:
     """
     _install(session, "dev")
     session.run("pytest", "-q", "-s", "-p", "no:cacheprovider", "-m", "stress", "tests", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def compat(session: nox.Session) -> None:
+    """The test suite against the nightly builds of TorchRL and tensordict (not part of CI).
+
+    Installs `torchrl-nightly` and `tensordict-nightly` from PyPI with the CPU torch still pinned
+    by constraints-cpu.txt (so no CUDA build is pulled), rlbuf's other dependencies, then rlbuf
+    itself with `--no-deps` (its `torchrl<0.15` pin would refuse the nightlies), and runs the tests.
+    A TorchRL change that breaks an assumption of rlbuf fails in tests/test_torchrl_seam.py first.
+    Extra arguments go to pytest: `nox -s compat -- -x tests/test_replay.py`.
+    """
+    import tomllib
+
+    torch_pin = next(line for line in Path("constraints-cpu.txt").read_text().splitlines()
+                     if line.startswith("torch=="))
+    pin = Path(session.create_tmp()) / "torch-only.txt"
+    pin.write_text(f"{torch_pin}\n")
+    session.install("-c", str(pin), "torch")
+    try:
+        session.install("-c", str(pin), "torchrl-nightly", "tensordict-nightly")
+    except nox.command.CommandFailed:
+        session.error(f"torchrl-nightly/tensordict-nightly do not install next to the pinned CPU {torch_pin} "
+                      "(pip's message above says what they require, e.g. a newer torch); "
+                      "not pulling a CUDA build of torch to find out")
+    with open("pyproject.toml", "rb") as file:
+        project = tomllib.load(file)["project"]
+    ours = ("torch", "torchrl", "tensordict")
+    requirements = [r for r in project["dependencies"] if re.split(r"[<>=!~ \[;]", r, maxsplit=1)[0] not in ours]
+    session.install("-c", str(pin), *requirements, *project["optional-dependencies"]["test"])
+    session.install("--no-deps", "-e", ".")
+    session.run("python", "-c", "import torch, torchrl, tensordict; "
+                "print('torch', torch.__version__, '| torchrl', torchrl.__version__, '| tensordict', tensordict.__version__)")
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or ["tests"]))

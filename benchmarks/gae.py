@@ -9,27 +9,29 @@ Peers get their inputs in their own layout, prepared outside the timed region (T
 its next values precomputed, which its API requires). SB3 and the ApexRL-style loop fold timeouts
 into ``done`` (they bootstrap at collection time instead), so they do slightly less work than
 rlbuf, which reads ``bootstrap_value`` at truncated steps. One thread, one process, medians of
-interleaved repeats.
+interleaved repeats. rlbuf is timed returning fresh tensors and writing into preallocated ones
+(``out=``, what ``RolloutBuffer`` does): fresh tensors of this size are new pages from the OS
+whenever the allocator has given the last ones back, which large-allocating peers in the same
+rounds (TorchRL's ``vec_gae``) make frequent.
 
 Run: ``PYTHONPATH=. python benchmarks/gae.py``
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
 import torch
+from _timing import time_interleaved
 from stable_baselines3.common.buffers import RolloutBuffer
 from torchrl.objectives.value.functional import (
     generalized_advantage_estimate,
     vec_generalized_advantage_estimate,
 )
 
-from rlbuf import _gae_native as rlbuf_gae_native
 from rlbuf import gae as rlbuf_gae
 
 GAMMA, LAMBDA = 0.99, 0.95
@@ -99,9 +101,12 @@ def torchrl_peer(ro: dict[str, torch.Tensor], fn: Callable[..., object]) -> Call
     return lambda: fn(GAMMA, LAMBDA, value, nxt, reward, done, terminated)
 
 
-def rlbuf_peer(ro: dict[str, torch.Tensor], time_dim: int, backend: rlbuf_gae.Backend) -> Callable[[], object]:
+def rlbuf_peer(ro: dict[str, torch.Tensor], time_dim: int, backend: rlbuf_gae.Backend,
+               into: bool = False) -> Callable[[], object]:
     names = ("reward", "value", "terminated", "truncated", "bootstrap_value")
     tensors = {k: ro[k] if time_dim == 0 else ro[k].t().contiguous() for k in names}
+    # into=True: write into preallocated tensors (out=), as RolloutBuffer does with its columns.
+    out = (torch.empty_like(tensors["reward"]), torch.empty_like(tensors["reward"])) if into else None
 
     def run() -> tuple[torch.Tensor, torch.Tensor]:
         return rlbuf_gae.compute_gae(
@@ -115,6 +120,7 @@ def rlbuf_peer(ro: dict[str, torch.Tensor], time_dim: int, backend: rlbuf_gae.Ba
             bootstrap_value=tensors["bootstrap_value"],
             time_dim=time_dim,
             backend=backend,
+            out=out,
         )
 
     return run
@@ -134,25 +140,13 @@ def check(ro: dict[str, torch.Tensor], peers: dict[str, Callable[[], object]]) -
             torch.testing.assert_close(adv.double(), adv_ref, rtol=1e-5, atol=1e-5)
 
 
-def time_peers(peers: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    for run in peers.values():
-        run()
-    samples: dict[str, list[float]] = {name: [] for name in peers}
-    for _ in range(rounds):
-        for name, run in peers.items():
-            start = time.perf_counter()
-            run()
-            samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(s) for name, s in samples.items()}
-
-
 def main() -> None:
     torch.set_num_threads(1)
     start = time.perf_counter()
-    native = bool(rlbuf_gae_native._native_kernels())
-    compile_ms = (time.perf_counter() - start) * 1e3
-    status = f"compiled in {compile_ms:.0f} ms" if native else f"unavailable: {rlbuf_gae_native._native_error}"
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; native kernel {status}")
+    rlbuf_peer(make_rollout(2, 2, torch.float32), 0, "numba")()
+    first_ms = (time.perf_counter() - start) * 1e3
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; "
+          f"first numba call (import, compile or cache load) {first_ms:.0f} ms")
     cases = [
         # (shape name, T, N, rounds, baseline peer)
         ("T=24 N=4096", 24, 4096, 300, "SB3 RolloutBuffer"),
@@ -171,11 +165,13 @@ def main() -> None:
                 "ApexRL-style loop": apexrl_peer(ro),
                 "rlbuf [T, N]": rlbuf_peer(ro, 0, "auto"),
                 "rlbuf [N, T]": rlbuf_peer(ro, 1, "auto"),
+                "rlbuf [T, N] out=": rlbuf_peer(ro, 0, "auto", into=True),
+                "rlbuf [N, T] out=": rlbuf_peer(ro, 1, "auto", into=True),
                 "rlbuf [T, N] torch path": rlbuf_peer(ro, 0, "torch"),
                 "rlbuf [N, T] torch path": rlbuf_peer(ro, 1, "torch"),
             }
             check(ro, peers)
-            medians = time_peers(peers, rounds)
+            medians = time_interleaved(peers, repeats=rounds, number=1)
             sb3, vec = medians["SB3 RolloutBuffer"], medians["torchrl vec_gae"]
             for name, med in medians.items():
                 dname = str(dtype).removeprefix("torch.")

@@ -1,32 +1,73 @@
-"""rlbuf: typed, fast, correct replay and rollout buffers for PyTorch RL, built on TorchRL."""
+"""rlbuf: typed, fast, correct replay and rollout buffers for PyTorch RL, built on TorchRL.
 
-from rlbuf._base import MetadataOnlyWarning
-from rlbuf.batches import DistillationBatch, ReplayBatch, RolloutBatch
-from rlbuf.distill import DistillationBuffer
-from rlbuf.epochs import EpochIterator
-from rlbuf.errors import (
-    BatchSizeError,
-    BufferFullError,
-    CheckpointError,
-    ConfigError,
-    DeviceError,
-    DtypeError,
-    EmptyBufferError,
-    MissingFieldError,
-    NonFiniteError,
-    PriorityError,
-    RlbufError,
-    RolloutIncompleteError,
-    ShapeError,
-    StoredIndexError,
-)
-from rlbuf.gae import GAE
-from rlbuf.replay import ReplayBuffer, Transition
-from rlbuf.rollout import RolloutBuffer
-from rlbuf.spec import FieldSpec
-from rlbuf.stats import EpisodeStats
+Public names are imported on first use (PEP 562), so ``import rlbuf`` and the ``rlbuf`` command
+do not pay for torch and TorchRL until something needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlbuf._base import MetadataOnlyWarning
+    from rlbuf.batches import DistillationBatch, ReplayBatch, RolloutBatch
+    from rlbuf.distill import DistillationBuffer
+    from rlbuf.epochs import EpochIterator
+    from rlbuf.errors import (
+        BatchSizeError,
+        BufferFullError,
+        CheckpointError,
+        ConfigError,
+        DeviceError,
+        DtypeError,
+        EmptyBufferError,
+        MissingFieldError,
+        NonFiniteError,
+        PriorityError,
+        RlbufError,
+        RolloutIncompleteError,
+        ShapeError,
+        StoredIndexError,
+    )
+    from rlbuf.gae import GAE
+    from rlbuf.replay import ReplayBuffer, Transition
+    from rlbuf.rollout import RolloutBuffer
+    from rlbuf.spec import FieldSpec
+    from rlbuf.stats import EpisodeStats
 
 __version__ = "0.1.0"
+
+# Public name -> the module that defines it. A new public name goes here, in the TYPE_CHECKING
+# imports above (for type checkers and IDEs) and in __all__.
+_MODULE_OF = {
+    "MetadataOnlyWarning": "rlbuf._base",
+    "DistillationBatch": "rlbuf.batches",
+    "ReplayBatch": "rlbuf.batches",
+    "RolloutBatch": "rlbuf.batches",
+    "DistillationBuffer": "rlbuf.distill",
+    "EpochIterator": "rlbuf.epochs",
+    "BatchSizeError": "rlbuf.errors",
+    "BufferFullError": "rlbuf.errors",
+    "CheckpointError": "rlbuf.errors",
+    "ConfigError": "rlbuf.errors",
+    "DeviceError": "rlbuf.errors",
+    "DtypeError": "rlbuf.errors",
+    "EmptyBufferError": "rlbuf.errors",
+    "MissingFieldError": "rlbuf.errors",
+    "NonFiniteError": "rlbuf.errors",
+    "PriorityError": "rlbuf.errors",
+    "RlbufError": "rlbuf.errors",
+    "RolloutIncompleteError": "rlbuf.errors",
+    "ShapeError": "rlbuf.errors",
+    "StoredIndexError": "rlbuf.errors",
+    "GAE": "rlbuf.gae",
+    "ReplayBuffer": "rlbuf.replay",
+    "Transition": "rlbuf.replay",
+    "RolloutBuffer": "rlbuf.rollout",
+    "FieldSpec": "rlbuf.spec",
+    "EpisodeStats": "rlbuf.stats",
+}
 
 __all__ = [
     "GAE",
@@ -57,3 +98,16 @@ __all__ = [
     "Transition",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rlbuf' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

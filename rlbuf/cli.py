@@ -7,6 +7,9 @@
     rlbuf demo distill [--teacher DIR]  DAgger from a PPO teacher into a smaller student
     rlbuf inspect PATH [--json]     a checkpoint's manifest, sizes, fields and checksums
 
+Only what a command needs is imported: ``rlbuf --help`` and ``rlbuf inspect`` never import torch
+or TorchRL, and ``rlbuf demo NAME`` imports that demo's module alone.
+
 Example:
     >>> options = build_parser().parse_args(["demo", "dqn", "--prioritized", "--seed", "2"])
     >>> options.demo, options.prioritized, options.seed
@@ -18,7 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +29,23 @@ from rlbuf.demos import DEMOS
 from rlbuf.errors import RlbufError
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(demos: Iterable[str] | None = None) -> argparse.ArgumentParser:
     """The argument parser of the ``rlbuf`` command, with a ``--help`` on every command.
+
+    Args:
+        demos: the demos whose options are added, which imports their modules (torch, TorchRL);
+            None for all of them. The others are listed by name and description only.
+
+    Returns:
+        The parser.
 
     Example:
         >>> build_parser().parse_args(["inspect", "ckpt", "--json"]).json
         True
+        >>> build_parser(demos=[]).parse_args(["demo", "ppo"]).demo
+        'ppo'
     """
-    from rlbuf.demos._run import add_arguments
-
+    with_options = set(DEMOS if demos is None else demos)
     parser = argparse.ArgumentParser(prog="rlbuf", description="rlbuf: typed, fast RL buffers over TorchRL.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -42,11 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
                                description="Train a demo agent on CartPole-v1. Every demo writes a learning "
                                            "curve, a JSON summary, the final networks and checkpoints to --out, "
                                            "and continues a killed run with --resume.")
-    demos = demo.add_subparsers(dest="demo", required=True, metavar="DEMO")
+    subparsers = demo.add_subparsers(dest="demo", required=True, metavar="DEMO")
     for name, description in DEMOS.items():
+        if name not in with_options:
+            subparsers.add_parser(name, help=description, description=description)
+            continue
+        from rlbuf.demos._run import add_arguments
+
         module = importlib.import_module(f"rlbuf.demos.{name}")
-        sub = demos.add_parser(name, help=description, description=(module.__doc__ or "").replace("``", ""),
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+        sub = subparsers.add_parser(name, help=description, description=(module.__doc__ or "").replace("``", ""),
+                                    formatter_class=argparse.RawDescriptionHelpFormatter)
         add_arguments(sub, module.Args)
 
     inspect = commands.add_parser("inspect", help="show and verify a checkpoint",
@@ -67,7 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         {..."ok": false...}
         1
     """
-    options = build_parser().parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    # Only the demo being run needs its options (and its imports).
+    wanted = args[1:2] if args[:1] == ["demo"] else []
+    options = build_parser(demos=wanted).parse_args(args)
     if options.command == "inspect":
         from rlbuf._inspect import inspect_main
 

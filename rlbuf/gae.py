@@ -16,23 +16,27 @@ V(final observation); a termination does not; the lambda-trace stops at both. Wi
 Two implementations agree to rounding (both accumulate in float64, so float32 rollouts lose
 nothing to a long scan):
 
+- ``"numba"``: one pass of a kernel compiled by numba over CPU tensors, in either layout
+  (see `rlbuf._gae_numba`). numba is imported on the first call that uses it, and compiles
+  the kernel once per dtype (its disk cache spares later processes most of that second).
 - ``"torch"``: device-agnostic tensor ops. Short rollouts run one fused ``addcmul_`` per step;
   long ones a log-depth doubling scan (the trace coefficient is either ``gamma * gae_lambda`` or 0).
-- ``"native"``: one pass of a small C kernel over CPU tensors, in either layout, compiled on
-  first use (see :mod:`rlbuf._gae_native`). ``backend="auto"`` uses it for CPU rollouts of at
-  least 4096 elements when a compiler works, and the torch path otherwise. Set
-  ``RLBUF_DISABLE_NATIVE=1`` in the environment to never compile.
+
+``backend="auto"`` runs the numba kernel for CPU rollouts of at least 4096 elements and the torch
+path otherwise (other devices, and small rollouts, where the first call's compile would cost more
+than it saves).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+from typing import Literal
 
 import torch
 from tensordict import TensorDictBase
 from torchrl.envs.transforms import Transform
 
-from rlbuf._gae_native import Backend, _gae_native, _use_native
 from rlbuf.errors import (
     ConfigError,
     DeviceError,
@@ -46,6 +50,12 @@ __all__ = ["GAE", "compute_gae"]
 
 
 _FLOAT_DTYPES = (torch.float32, torch.float64)
+
+Backend = Literal["auto", "numba", "torch"]
+
+# Below this many elements the torch path takes tens of microseconds: not worth numba's import
+# and first compile.
+_NUMBA_MIN_NUMEL = 4096
 
 
 def compute_gae(
@@ -86,10 +96,10 @@ def compute_gae(
         next_value: V(next observation) of every step, same shape as ``reward``; when given it
             replaces ``value[t + 1]``, ``last_value`` and ``bootstrap_value``.
         time_dim: 0 for ``[T, N]`` inputs, 1 or -1 for ``[N, T]``.
-        backend: ``"auto"``, ``"native"`` (C kernel, CPU only) or ``"torch"``; see the module doc.
+        backend: ``"auto"``, ``"numba"`` (CPU only) or ``"torch"``; see the module doc.
         out: ``(advantage, returns)`` tensors shaped like ``reward`` to write into instead of
-            fresh ones (e.g. a buffer's own columns); if computing fails midway they may hold
-            partial results.
+            fresh ones (e.g. a buffer's own columns); they must not share memory with each
+            other or with an input. If computing fails midway they may hold partial results.
 
     Returns:
         ``(advantage, returns)``, contiguous, in the layout and dtype of ``reward``, with
@@ -97,14 +107,16 @@ def compute_gae(
 
     Raises:
         DtypeError: a tensor of the wrong dtype (floats: float32/float64 matching ``reward``;
-            flags: bool), or not a tensor.
+            flags: bool), not a tensor, or not a dense (strided) tensor.
         ShapeError: a tensor of the wrong shape; the message names the field and both shapes.
-        DeviceError: tensors on different devices, or ``backend="native"`` off the CPU.
+        DeviceError: tensors on different devices, tensors on the ``meta`` device (no data),
+            or ``backend="numba"`` off the CPU.
         NonFiniteError: NaN or inf in ``reward``, ``value``, ``last_value``, ``next_value``, or
             in ``bootstrap_value`` where it is read.
-        ConfigError: ``gamma``/``gae_lambda`` outside [0, 1], a bad ``time_dim`` or ``backend``,
-            a truncated step with neither ``bootstrap_value`` nor ``next_value``, no
-            ``last_value`` without ``next_value``, or ``backend="native"`` with no C compiler.
+        ConfigError: ``gamma``/``gae_lambda`` not a number in [0, 1] (NaN included), a bad
+            ``time_dim`` or ``backend``, a truncated step with neither ``bootstrap_value`` nor
+            ``next_value``, no ``last_value`` without ``next_value``, or ``out`` that is not two
+            tensors or shares memory with an input or with itself.
 
     Example:
         >>> import torch
@@ -125,13 +137,14 @@ def compute_gae(
         >>> advantage.squeeze(1).tolist()  # step 1 bootstraps 0.5 * 4; the trace stops there
         [2.5, 3.0, 1.0]
     """
-    if time_dim not in (0, 1, -1):
-        raise ConfigError(f"time_dim: expected 0, 1 or -1, got {time_dim!r}")
-    if backend not in ("auto", "native", "torch"):
-        raise ConfigError(f"backend: expected 'auto', 'native' or 'torch', got {backend!r}")
-    _check_unit_interval("gamma", gamma)
-    _check_unit_interval("gae_lambda", gae_lambda)
+    _check_time_dim(time_dim)
+    if not isinstance(backend, str) or backend not in ("auto", "numba", "torch"):
+        raise ConfigError(f"backend: expected 'auto', 'numba' or 'torch', got {backend!r}")
+    gamma = _check_unit_interval("gamma", gamma)
+    gae_lambda = _check_unit_interval("gae_lambda", gae_lambda)
     _check_float("reward", reward, None)
+    if reward.device.type == "meta":
+        raise DeviceError("reward: expected a tensor with data (cpu, cuda, ...), got a tensor on meta")
     if reward.dim() != 2:
         layout = "[T, N]" if time_dim == 0 else "[N, T]"
         raise ShapeError(
@@ -183,15 +196,19 @@ def compute_gae(
         advantage = torch.empty(shape, dtype=dtype, device=device)
         returns = torch.empty(shape, dtype=dtype, device=device)
     else:
-        advantage, returns = out
-        _check_like("out[0] (advantage)", advantage, shape, dtype, device)
-        _check_like("out[1] (returns)", returns, shape, dtype, device)
+        inputs = {
+            "reward": reward, "value": value, "terminated": terminated, "truncated": truncated,
+            "last_value": last_value, "bootstrap_value": bootstrap_value, "next_value": next_value,
+        }
+        advantage, returns = _check_out(out, shape, dtype, device, inputs)
     if advantage.numel() == 0:
         return advantage, returns
     advantage_tn = advantage if time_major else advantage.t()
     returns_tn = returns if time_major else returns.t()
-    if _use_native(backend, device, num_steps * num_envs):
-        if not _gae_native(views, gamma, gae_lambda, advantage_tn, returns_tn):
+    if _use_numba(backend, device, num_steps * num_envs):
+        from rlbuf._gae_numba import gae_numba
+
+        if not gae_numba(views, gamma, gae_lambda, advantage_tn, returns_tn):
             # The kernel only flags non-finite input; the torch check names the field and the place.
             _check_finite_torch(views)
             raise NonFiniteError("reward/value: expected finite values, got NaN or inf")
@@ -227,7 +244,7 @@ class GAE(Transform):  # type: ignore[misc]
         time_dim: batch dim that is time for a 2-D batch: -1 or 1 (TorchRL layout), or 0.
 
     Raises:
-        ConfigError: ``gamma`` or ``lmbda`` outside [0, 1], or a bad ``time_dim``.
+        ConfigError: ``gamma`` or ``lmbda`` not a number in [0, 1], or a bad ``time_dim``.
 
     Example:
         >>> import torch
@@ -263,10 +280,9 @@ class GAE(Transform):  # type: ignore[misc]
         value_target_key: str = "value_target",
         time_dim: int = -1,
     ) -> None:
-        _check_unit_interval("gamma", gamma)
-        _check_unit_interval("lmbda", lmbda)
-        if time_dim not in (0, 1, -1):
-            raise ConfigError(f"time_dim: expected 0, 1 or -1, got {time_dim!r}")
+        gamma = _check_unit_interval("gamma", gamma)
+        lmbda = _check_unit_interval("lmbda", lmbda)
+        _check_time_dim(time_dim)
         super().__init__(
             in_keys=[("next", "reward"), value_key, ("next", value_key), ("next", "terminated")],
             out_keys=[advantage_key, value_target_key],
@@ -430,16 +446,79 @@ class _Rollout:
 # ----------------------------------------------------------------------------- validation
 
 
-def _check_unit_interval(name: str, number: float) -> None:
-    if isinstance(number, bool) or not isinstance(number, (int, float)):
+def _use_numba(backend: Backend, device: torch.device, numel: int) -> bool:
+    if backend == "torch":
+        return False
+    if backend == "numba":
+        if device.type != "cpu":
+            raise DeviceError(f"backend: 'numba' runs on the CPU, got tensors on {device}")
+        return True
+    return device.type == "cpu" and numel >= _NUMBA_MIN_NUMEL
+
+
+def _check_time_dim(time_dim: object) -> None:
+    if isinstance(time_dim, bool) or time_dim not in (0, 1, -1):
+        raise ConfigError(f"time_dim: expected 0, 1 or -1, got {time_dim!r}")
+
+
+def _check_unit_interval(name: str, number: object) -> float:
+    """The number as a float; NaN and inf fail the range test like any other outsider."""
+    if isinstance(number, bool) or not isinstance(number, numbers.Real):
         raise ConfigError(f"{name}: expected a float in [0, 1], got {number!r}")
-    if not 0.0 <= number <= 1.0:
+    value = float(number)
+    if not 0.0 <= value <= 1.0:
         raise ConfigError(f"{name}: expected a float in [0, 1], got {number!r}")
+    return value
+
+
+def _check_out(
+    out: object,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    inputs: dict[str, torch.Tensor | None],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both output tensors, checked like inputs and for memory shared with anything else."""
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise ConfigError(f"out: expected a tuple (advantage, returns) of two tensors, got {out!r}")
+    advantage, returns = out
+    _check_like("out[0] (advantage)", advantage, shape, dtype, device)
+    _check_like("out[1] (returns)", returns, shape, dtype, device)
+    assert isinstance(advantage, torch.Tensor) and isinstance(returns, torch.Tensor)
+    out_spans = {label: _byte_span(tensor) for label, tensor in (("advantage", advantage), ("returns", returns))}
+    if _overlap(out_spans["advantage"], out_spans["returns"]):
+        raise ConfigError("out: expected two separate tensors, got advantage and returns sharing memory")
+    in_spans = {name: _byte_span(tensor) for name, tensor in inputs.items() if tensor is not None}
+    for (label, span), index in zip(out_spans.items(), (0, 1), strict=True):
+        for name, other in in_spans.items():
+            if _overlap(span, other):
+                raise ConfigError(
+                    f"out[{index}] ({label}): expected a tensor of its own, got one sharing memory with {name}"
+                )
+    return advantage, returns
+
+
+def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
+    """The addresses a tensor's elements lie between (end exclusive); empty for no elements.
+
+    Live allocations never interleave, so two tensors whose spans meet share memory, whether
+    or not they are views of one storage (a conservative test for strided views).
+    """
+    if tensor.numel() == 0:
+        return 0, 0
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
+    start = tensor.data_ptr()
+    return start, start + (last + 1) * tensor.element_size()
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
 
 
 def _check_float(name: str, tensor: object, dtype: torch.dtype | None) -> None:
     if not isinstance(tensor, torch.Tensor):
         raise DtypeError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
+    _check_dense(name, tensor)
     if dtype is None:
         if tensor.dtype not in _FLOAT_DTYPES:
             raise DtypeError(f"{name}: expected dtype torch.float32 or torch.float64, got {tensor.dtype}")
@@ -458,9 +537,15 @@ def _check_like(
 def _check_flag(name: str, tensor: object, shape: tuple[int, ...], device: torch.device) -> None:
     if not isinstance(tensor, torch.Tensor):
         raise DtypeError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
+    _check_dense(name, tensor)
     if tensor.dtype != torch.bool:
         raise DtypeError(f"{name}: expected dtype torch.bool, got {tensor.dtype}")
     _check_shape_device(name, tensor, shape, device)
+
+
+def _check_dense(name: str, tensor: torch.Tensor) -> None:
+    if tensor.layout != torch.strided:
+        raise DtypeError(f"{name}: expected a dense (strided) tensor, got layout {tensor.layout}")
 
 
 def _check_shape_device(

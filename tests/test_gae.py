@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
-from rlbuf import _gae_native as native_module
 from rlbuf import gae as gae_module
 from rlbuf.errors import (
     ConfigError,
@@ -21,13 +20,7 @@ from rlbuf.errors import (
 )
 from rlbuf.gae import GAE, compute_gae
 
-NATIVE = bool(native_module._native_kernels())
-BACKENDS = [
-    "torch",
-    pytest.param(
-        "native", marks=pytest.mark.skipif(not NATIVE, reason=f"no native GAE: {native_module._native_error}")
-    ),
-]
+BACKENDS = ["torch", "numba"]
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 
@@ -128,7 +121,7 @@ def next_values(ro: dict[str, torch.Tensor]) -> torch.Tensor:
     lam=st.floats(0.0, 1.0),
     dtype=st.sampled_from([torch.float32, torch.float64]),
     time_dim=st.sampled_from([0, 1, -1]),
-    backend=st.sampled_from(["torch", "native"] if NATIVE else ["torch"]),
+    backend=st.sampled_from(BACKENDS),
 )
 def test_matches_reference(
     num_steps: int, num_envs: int, seed: int, p_term: float, p_trunc: float, gamma: float,
@@ -164,19 +157,18 @@ def test_step_scan_and_doubling_scan_agree(num_steps: int, num_envs: int, seed: 
 
 @pytest.mark.parametrize("time_dim", [0, 1])
 @pytest.mark.parametrize("num_steps,num_envs", [(24, 300), (300, 3), (64, 64)])
-@pytest.mark.skipif(not NATIVE, reason="no native GAE")
-def test_native_and_torch_paths_agree(time_dim: int, num_steps: int, num_envs: int) -> None:
+def test_numba_and_torch_paths_agree(time_dim: int, num_steps: int, num_envs: int) -> None:
     for dtype in (torch.float32, torch.float64):
         ro = make_rollout(num_steps, num_envs, seed=num_steps, dtype=dtype)
-        native = run_gae(ro, 0.99, 0.95, time_dim=time_dim, backend="native")
+        compiled = run_gae(ro, 0.99, 0.95, time_dim=time_dim, backend="numba")
         eager = run_gae(ro, 0.99, 0.95, time_dim=time_dim, backend="torch")
-        torch.testing.assert_close(native, eager, rtol=1e-6 if dtype == torch.float32 else 1e-12, atol=1e-6)
-        if dtype == torch.float64:  # the native float64 loop rounds exactly like the definition
-            np.testing.assert_allclose(native[0].numpy(), reference_of(ro, 0.99, 0.95)[0], rtol=1e-14, atol=1e-14)
+        torch.testing.assert_close(compiled, eager, rtol=1e-6 if dtype == torch.float32 else 1e-12, atol=1e-6)
+        if dtype == torch.float64:  # the kernel's float64 loop rounds exactly like the definition
+            np.testing.assert_allclose(compiled[0].numpy(), reference_of(ro, 0.99, 0.95)[0], rtol=1e-14, atol=1e-14)
 
 
-@pytest.mark.skipif(not NATIVE, reason="no native GAE")
-def test_native_reads_any_strides() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reads_any_strides(backend: str) -> None:
     ro = make_rollout(30, 20, seed=3)
     adv_ref, ret_ref = reference_of(ro, 0.9, 0.8)
     # Every input a strided view: every other column of a wider tensor, or a transpose.
@@ -184,7 +176,7 @@ def test_native_reads_any_strides() -> None:
     wide["reward"] = ro["reward"].t().contiguous().t()
     advantage, returns = compute_gae(
         wide["reward"], wide["value"], wide["terminated"], wide["truncated"], wide["last_value"],
-        gamma=0.9, gae_lambda=0.8, bootstrap_value=wide["bootstrap_value"], backend="native",
+        gamma=0.9, gae_lambda=0.8, bootstrap_value=wide["bootstrap_value"], backend=backend,
     )
     np.testing.assert_allclose(advantage.numpy(), adv_ref, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(returns.numpy(), ret_ref, rtol=1e-12, atol=1e-12)
@@ -390,7 +382,25 @@ def call(**changes: object) -> tuple[torch.Tensor, torch.Tensor]:
         ({"gamma": 1.5}, ConfigError, "gamma: expected a float in [0, 1], got 1.5"),
         ({"gae_lambda": -0.1}, ConfigError, "gae_lambda: expected a float in [0, 1], got -0.1"),
         ({"time_dim": 2}, ConfigError, "time_dim: expected 0, 1 or -1, got 2"),
-        ({"backend": "cuda"}, ConfigError, "backend: expected 'auto', 'native' or 'torch'"),
+        ({"backend": "cuda"}, ConfigError, "backend: expected 'auto', 'numba' or 'torch'"),
+        ({"backend": None}, ConfigError, "backend: expected 'auto', 'numba' or 'torch', got None"),
+        ({"time_dim": True}, ConfigError, "time_dim: expected 0, 1 or -1, got True"),
+        ({"gamma": float("nan")}, ConfigError, "gamma: expected a float in [0, 1], got nan"),
+        ({"gamma": float("inf")}, ConfigError, "gamma: expected a float in [0, 1], got inf"),
+        ({"gae_lambda": float("nan")}, ConfigError, "gae_lambda: expected a float in [0, 1], got nan"),
+        ({"gamma": "0.99"}, ConfigError, "gamma: expected a float in [0, 1], got '0.99'"),
+        ({"gamma": True}, ConfigError, "gamma: expected a float in [0, 1], got True"),
+        ({"gae_lambda": torch.tensor(0.9)}, ConfigError, "gae_lambda: expected a float in [0, 1], got tensor(0.9000)"),
+        ({"reward": torch.zeros(4, 3, dtype=torch.complex64)}, DtypeError, "reward: expected dtype torch.float32 or torch.float64, got torch.complex64"),
+        ({"reward": torch.zeros(4, 3, dtype=torch.bfloat16)}, DtypeError, "reward: expected dtype torch.float32 or torch.float64, got torch.bfloat16"),
+        ({"bootstrap_value": torch.zeros(4, 3, dtype=torch.complex128)}, DtypeError, "bootstrap_value: expected dtype torch.float32 (the dtype of reward), got torch.complex128"),
+        ({"reward": torch.zeros(4, 3).to_sparse()}, DtypeError, "reward: expected a dense (strided) tensor, got layout torch.sparse_coo"),
+        ({"terminated": torch.zeros(4, 3, dtype=torch.bool).to_sparse()}, DtypeError, "terminated: expected a dense (strided) tensor"),
+        ({"reward": torch.zeros(4, 3, device="meta")}, DeviceError, "reward: expected a tensor with data (cpu, cuda, ...), got a tensor on meta"),
+        ({"out": torch.zeros(4, 3)}, ConfigError, "out: expected a tuple (advantage, returns) of two tensors"),
+        ({"out": (torch.zeros(4, 3),)}, ConfigError, "out: expected a tuple (advantage, returns) of two tensors"),
+        ({"out": (torch.zeros(4, 3), torch.zeros(4, 3, dtype=torch.float64))}, DtypeError, "out[1] (returns): expected dtype torch.float32"),
+        ({"out": (torch.zeros(3, 4), torch.zeros(4, 3))}, ShapeError, "out[0] (advantage): expected shape (4, 3), got (3, 4)"),
         ({"last_value": None}, ConfigError, "last_value: required unless next_value is given"),
         (
             {"bootstrap_value": None, "truncated": torch.tensor([[False] * 3, [True, False, False]] * 2)},
@@ -455,23 +465,62 @@ def test_bootstrap_value_is_checked_only_where_read(backend: str) -> None:
         call(truncated=truncated, bootstrap_value=bootstrap, backend=backend)
 
 
-@pytest.mark.skipif(not NATIVE, reason="no native GAE")
-def test_native_backend_refuses_other_devices() -> None:
+def test_numba_backend_is_cpu_only_and_auto_picks_by_device_and_size() -> None:
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    with pytest.raises(DeviceError, match="backend: 'numba' runs on the CPU, got tensors on cuda"):
+        gae_module._use_numba("numba", cuda, 10**6)
+    assert gae_module._use_numba("numba", cpu, 1)
+    assert not gae_module._use_numba("auto", cuda, 10**6)
+    assert not gae_module._use_numba("auto", cpu, gae_module._NUMBA_MIN_NUMEL - 1)
+    assert gae_module._use_numba("auto", cpu, gae_module._NUMBA_MIN_NUMEL)
+    assert not gae_module._use_numba("torch", cpu, 10**6)
+
+
+def test_all_tensors_on_meta_are_refused() -> None:
     meta = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in good_args().items()}
-    meta["backend"] = "native"
-    with pytest.raises(DeviceError, match="backend: 'native' runs on the CPU, got tensors on meta"):
+    with pytest.raises(DeviceError, match="reward: expected a tensor with data"):
         call(**meta)
 
 
-def test_native_can_be_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RLBUF_DISABLE_NATIVE", "1")
-    monkeypatch.setattr(native_module, "_native_kernels_loaded", None)
-    assert native_module._native_kernels() == {}
-    with pytest.raises(ConfigError, match=r"backend: 'native' is unavailable: .*RLBUF_DISABLE_NATIVE"):
-        call(backend="native")
-    big = make_rollout(64, 64)  # large enough for "auto" to want native: falls back to torch
-    advantage, _ = run_gae(big, 0.99, 0.95, backend="auto")
-    np.testing.assert_allclose(advantage.numpy(), reference_of(big, 0.99, 0.95)[0], rtol=1e-10, atol=1e-10)
+def test_number_types_of_gamma_and_lambda() -> None:
+    expected, _ = call()
+    same, _ = call(gamma=np.float32(0.99), gae_lambda=np.float64(0.95))
+    torch.testing.assert_close(same, expected)
+    ones, _ = call(gamma=1, gae_lambda=1)
+    reference, _ = call(gamma=1.0, gae_lambda=1.0)
+    assert torch.equal(ones, reference)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_sharing_memory_is_refused_and_left_untouched(backend: str) -> None:
+    args = good_args()
+    reward, value = args["reward"], args["value"]
+    assert isinstance(reward, torch.Tensor) and isinstance(value, torch.Tensor)
+    both = torch.full((4, 3), 7.0)
+    with pytest.raises(ConfigError, match="out: expected two separate tensors, got advantage and returns sharing memory"):
+        call(out=(both, both), backend=backend)
+    columns = torch.full((4, 3, 2), 7.0)  # two views of one tensor, overlapping in memory
+    with pytest.raises(ConfigError, match="out: expected two separate tensors"):
+        call(out=(columns[..., 0], columns.flatten()[:12].view(4, 3)), backend=backend)
+    before = reward.clone()
+    with pytest.raises(ConfigError, match=r"out\[0\] \(advantage\): expected a tensor of its own, got one sharing memory with reward"):
+        call(reward=reward, value=value, out=(reward, torch.empty(4, 3)), backend=backend)
+    assert torch.equal(reward, before)
+    with pytest.raises(ConfigError, match=r"out\[1\] \(returns\): .* sharing memory with value"):
+        call(reward=reward, value=value, out=(torch.empty(4, 3), value.view(4, 3)), backend=backend)
+    assert torch.equal(both, torch.full((4, 3), 7.0))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_receives_the_result_in_either_layout(backend: str) -> None:
+    expected = call(backend=backend)
+    out = (torch.empty(4, 3), torch.empty(4, 3))
+    got = call(out=out, backend=backend)
+    assert got[0] is out[0] and got[1] is out[1]
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    strided = (torch.empty(3, 4).t(), torch.empty(3, 4).t())  # [4, 3] views, not contiguous
+    got = call(out=strided, backend=backend)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
 # ----------------------------------------------------------------------------- the transform
