@@ -87,16 +87,19 @@ def docs(session: nox.Session) -> None:
 GPU_EXTRAS = ("test", "gpu")
 
 
-def _options(posargs: list[str], defaults: dict[str, str | None]) -> tuple[dict[str, str | None], list[str]]:
-    """``--name value`` options named in ``defaults`` out of ``posargs``, and the other arguments."""
-    options, rest, args = dict(defaults), [], list(posargs)
+def _options(posargs: list[str], defaults: dict[str, str | None],
+             flags: tuple[str, ...] = ()) -> tuple[dict[str, str | None], list[str]]:
+    """``--name value`` options named in ``defaults`` and ``flags`` (set to ``"yes"``) out of
+    ``posargs``, and the other arguments in order."""
+    options: dict[str, str | None] = {**defaults, **dict.fromkeys(flags)}
+    rest, args = [], list(posargs)
     while args:
         arg = args.pop(0)
         name, _, value = arg.partition("=")
-        if name in defaults and name != "--rehearse":
-            options[name] = value or (args.pop(0) if args else None)
-        elif arg == "--rehearse":
+        if arg in flags:
             options[arg] = "yes"
+        elif name in defaults:
+            options[name] = value or (args.pop(0) if args else None)
         else:
             rest.append(arg)
     return options, rest
@@ -187,7 +190,7 @@ def gpu(session: nox.Session) -> None:
     benchmark). `--rehearse` runs the same steps on a machine without CUDA: the CUDA tests are
     skipped and the benchmark runs `--device cpu --quick`.
     """
-    options, bench_args = _options(session.posargs, {"--wheels": None, "--rehearse": None})
+    options, bench_args = _options(session.posargs, {"--wheels": None}, flags=("--rehearse",))
     problem = _cuda_problem()
     if problem is not None and not (options["--rehearse"] and problem.startswith("CUDA is not available")):
         session.error(problem)
