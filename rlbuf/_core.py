@@ -441,7 +441,9 @@ class RowRing:
                 views = {name: leaf[start:stop] for name, leaf in self.leaves.items()}
                 for name, derive in self.derived.items():
                     views[name].copy_(derive(views))
-        index = torch.arange(cursor, cursor + n, device=self.storing_device) % capacity
+        # On the CPU whatever the storing device: TorchRL reads the last position with .item() and
+        # the sum tree works in numpy, so a CUDA index would cost a sync and copies per commit.
+        index = torch.arange(cursor, cursor + n) % capacity
         storage._set_last_cursor(index)
         storage._len = min(int(storage._len) + n, capacity)
         storage._bump_mutation_revision()

@@ -205,6 +205,19 @@ def test_cuda_storage_stores_what_a_cpu_storage_stores(num_envs: int, steps: int
 
 
 @gpu
+def test_sampling_a_cuda_replay_never_waits_for_the_gpu() -> None:
+    buf = ReplayBuffer(1000, obs_shape=(OBS,), action_shape=(ACT,), num_envs=100, storing_device="cuda", seed=0)
+    fill_replay([buf], 10)
+    buf.sample(8)  # commits the staged rows
+    torch.cuda.set_sync_debug_mode("error")  # any host-device synchronisation raises
+    try:
+        batch = buf.sample(256)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert batch.obs.is_cuda and batch.weight.is_cuda
+
+
+@gpu
 def test_cuda_distillation_buffer_stores_and_delivers_on_the_gpu() -> None:
     on_gpu = DistillationBuffer(50, obs_shape=(OBS,), action_shape=(ACT,), num_envs=4, storing_device="cuda", seed=0)
     on_cpu = DistillationBuffer(50, obs_shape=(OBS,), action_shape=(ACT,), num_envs=4, seed=0)
