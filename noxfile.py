@@ -1,13 +1,16 @@
 """nox sessions: `tests` (lint, types, tests, doctests, doc examples), `stress`, `demo`, `demos-full`, `docs`,
-`bench`, and `compat` (the tests against TorchRL's and tensordict's nightly builds).
+`bench`, `compat` (the tests against TorchRL's and tensordict's nightly builds); on a GPU machine `gpu`,
+fed by `gpu-wheels` on a networked one (see docs/devices.md).
 
-Every session installs through constraints-cpu.txt, which pins the CPU torch wheel present on
-these machines, so no session downloads a CUDA build.
+Every session but `gpu` installs through constraints-cpu.txt, which pins the CPU torch wheel
+present on these machines, so no session downloads a CUDA build; `gpu` reuses the GPU machine's.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -125,3 +128,134 @@ def compat(session: nox.Session) -> None:
     session.run("python", "-c", "import torch, torchrl, tensordict; "
                 "print('torch', torch.__version__, '| torchrl', torchrl.__version__, '| tensordict', tensordict.__version__)")
     session.run("pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or ["tests"]))
+
+
+# -- GPU machine ----------------------------------------------------------------------------------
+GPU_EXTRAS = ("test", "gpu")
+
+
+def _options(posargs: list[str], defaults: dict[str, str | None],
+             flags: tuple[str, ...] = ()) -> tuple[dict[str, str | None], list[str]]:
+    """``--name value`` options named in ``defaults`` and ``flags`` (set to ``"yes"``) out of
+    ``posargs``, and the other arguments in order."""
+    options: dict[str, str | None] = {**defaults, **dict.fromkeys(flags)}
+    rest, args = [], list(posargs)
+    while args:
+        arg = args.pop(0)
+        name, _, value = arg.partition("=")
+        if arg in flags:
+            options[arg] = "yes"
+        elif name in defaults:
+            options[name] = value or (args.pop(0) if args else None)
+        else:
+            rest.append(arg)
+    return options, rest
+
+
+def _project_requirements(extras: tuple[str, ...]) -> list[str]:
+    """rlbuf's dependencies and those of ``extras`` (``rlbuf[x]`` inside an extra expanded)."""
+    import tomllib
+
+    with open("pyproject.toml", "rb") as file:
+        pyproject = tomllib.load(file)
+    project, pending, seen = pyproject["project"], list(extras), set()
+    requirements = [*project["dependencies"], *pyproject["build-system"]["requires"]]
+    while pending:
+        extra = pending.pop()
+        if extra not in seen:
+            seen.add(extra)
+            for requirement in project["optional-dependencies"][extra]:
+                if requirement.startswith("rlbuf["):
+                    pending.extend(requirement.removeprefix("rlbuf[").removesuffix("]").split(","))
+                else:
+                    requirements.append(requirement)
+    return requirements
+
+
+def _comes_with_torch(name: str) -> bool:
+    """Packages the GPU machine's own CUDA build of torch provides (never downloaded or installed)."""
+    name = name.lower().replace("_", "-")
+    return name in ("torch", "triton") or name.startswith(("nvidia-", "cuda-"))
+
+
+@nox.session(name="gpu-wheels", python=False)
+def gpu_wheels(session: nox.Session) -> None:
+    """On a networked machine, download the wheels `nox -s gpu` installs on an offline GPU machine.
+
+    `nox -s gpu-wheels -- .whl` resolves rlbuf's dependencies with the test and gpu extras, its
+    build requirements and nox itself for CPython 3.12 on manylinux x86_64, next to the GPU
+    machine's torch 2.11 (so every version chosen works with it), and downloads them all but
+    torch and its CUDA libraries. Change the target with `--python-version`, `--torch`
+    (a release prefix) and `--platform`.
+    """
+    options, rest = _options(session.posargs, {"--python-version": "3.12", "--torch": "2.11",
+                                               "--platform": "manylinux_2_28_x86_64"})
+    if len(rest) != 1:
+        session.error("usage: nox -s gpu-wheels -- DIR [--python-version 3.12] [--torch 2.11] "
+                      "[--platform manylinux_2_28_x86_64]")
+    target = Path(rest[0]).resolve()
+    binary = ["--only-binary=:all:", "--python-version", str(options["--python-version"]),
+              "--platform", str(options["--platform"])]
+    scratch = Path(session.create_tmp())
+    report = scratch / "resolution.json"
+    session.run(sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                "--target", str(scratch / "unused"), "--report", str(report), *binary,
+                *_project_requirements(GPU_EXTRAS), f"torch=={options['--torch']}.*", "nox")
+    resolved = [item["metadata"] for item in json.loads(report.read_text())["install"]]
+    pins = [f"{meta['name']}=={meta['version']}" for meta in resolved if not _comes_with_torch(meta["name"])]
+    session.run(sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(target),
+                *binary, *pins)
+    session.log(f"{len(pins)} wheels in {target} (torch {options['--torch']} and its CUDA libraries left out). "
+                f"On the GPU machine: python3 -m pip install --no-index --find-links {rest[0]} nox, then "
+                f"python3 -m nox -s gpu -- --wheels {rest[0]}")
+
+
+def _cuda_problem() -> str | None:
+    """Why this machine cannot run the `gpu` session (the torch nox runs with, as the session sees it)."""
+    try:
+        import torch
+    except ImportError:
+        return (f"`nox -s gpu` reuses the machine's CUDA build of torch, but {sys.executable} cannot import "
+                f"torch: run nox with the Python that has it (python3 -m nox -s gpu ...)")
+    if not torch.cuda.is_available():
+        return (f"CUDA is not available to torch {torch.__version__} at {sys.executable}: `nox -s gpu` runs "
+                f"the CUDA tests and the GPU benchmarks and needs a GPU. On a machine without one, run "
+                f"`nox -s tests` and `python benchmarks/gpu.py --device cpu`, or rehearse this session's "
+                f"steps with `nox -s gpu -- --rehearse`")
+    return None
+
+
+# A venv with --system-site-packages sees the machine's torch (a CUDA build that pip must never
+# replace) while everything installed here stays out of the machine's own environment.
+@nox.session(venv_params=["--system-site-packages"])
+def gpu(session: nox.Session) -> None:
+    """The CUDA tests and the GPU benchmarks, on a GPU machine: `python3 -m nox -s gpu -- --wheels .whl`.
+
+    Reuses the machine's torch; installs rlbuf and its other dependencies from the wheel folder
+    made by `nox -s gpu-wheels` (`--wheels DIR`, offline) or from the package index. Runs every
+    test marked `gpu` and `benchmarks/gpu.py --device cuda` (other arguments go to the
+    benchmark). `--rehearse` runs the same steps on a machine without CUDA: the CUDA tests are
+    skipped and the benchmark runs `--device cpu --quick`.
+    """
+    options, bench_args = _options(session.posargs, {"--wheels": None}, flags=("--rehearse",))
+    problem = _cuda_problem()
+    if problem is not None and not (options["--rehearse"] and problem.startswith("CUDA is not available")):
+        session.error(problem)
+    import torch
+
+    if sys.prefix != sys.base_prefix:
+        # nox itself runs in a virtualenv, whose packages --system-site-packages does not reach:
+        # point the session's venv at the directory holding this torch instead.
+        site_packages = next(Path(session.virtualenv.location).glob("lib/python*/site-packages"))
+        (site_packages / "machine-torch.pth").write_text(f"{Path(torch.__file__).parents[1]}\n")
+    wheels = options["--wheels"]
+    index = ["--no-index", "--find-links", str(Path(wheels).resolve())] if wheels else []
+    session.install(*index, "-e", f".[{','.join(GPU_EXTRAS)}]")
+    session.run("python", "-c", "import sys, torch, torchrl, tensordict; "
+                "print(f'torch {torch.__version__} (CUDA {torch.version.cuda}) from {torch.__file__}; "
+                "torchrl {torchrl.__version__}; tensordict {tensordict.__version__}; "
+                "device: {torch.cuda.get_device_name() if torch.cuda.is_available() else None}'); "
+                f"sys.exit(0 if torch.__version__ == {torch.__version__!r} else 'the session sees another torch')")
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rs", "tests")
+    device = ["--device", "cpu", "--quick"] if problem is not None else ["--device", "cuda"]
+    session.run("python", "benchmarks/gpu.py", *device, *bench_args)

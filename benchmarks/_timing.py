@@ -14,13 +14,15 @@ from collections.abc import Callable, Mapping, Sequence
 
 
 def time_interleaved(peers: Mapping[str, Callable[[], object]], *, repeats: int,
-                     number: int) -> dict[str, float]:
+                     number: int, sync: Callable[[], object] = lambda: None) -> dict[str, float]:
     """Median seconds per call of each peer.
 
     Args:
         peers: the callables to time, by name.
         repeats: rounds; each round times every peer once, in a rotating order.
         number: calls per peer per round; one round's time divided by it is one sample.
+        sync: waits for queued device work (``torch.cuda.synchronize``), called before each
+            round starts and before it is stopped, so a round counts the work it launched.
 
     Returns:
         The median over rounds of each peer's seconds per call.
@@ -37,9 +39,11 @@ def time_interleaved(peers: Mapping[str, Callable[[], object]], *, repeats: int,
             shift = round_ % len(names)
             for name in names[shift:] + names[:shift]:
                 call = peers[name]
+                sync()
                 start = time.perf_counter()
                 for _ in range(number):
                     call()
+                sync()
                 samples[name].append((time.perf_counter() - start) / number)
     finally:
         if gc_was_enabled:

@@ -190,6 +190,8 @@ class RingBuffer(Generic[BatchT]):
         self._storage_kind = storage
         self._storing_device = resolve_device(storing_device, name="storing_device")
         self._device = resolve_device(device, name="device", default=self._storing_device)
+        # CPU rows for a CUDA learner are gathered into page-locked memory: one host copy, not two.
+        self._pinned_delivery = self._storing_device.type == "cpu" and self._device.type == "cuda"
         built = build_storage(storage, capacity, specs, storing_device=self._storing_device, scratch_dir=scratch_dir)
         self._seed = secrets.randbits(62) if checked_seed is None else checked_seed
         generator = torch.Generator(device=self._storing_device).manual_seed(self._seed)
@@ -285,7 +287,7 @@ class RingBuffer(Generic[BatchT]):
         raise NotImplementedError
 
     def _batch(self, index: torch.Tensor, weight: torch.Tensor | None = None) -> BatchT:
-        columns = self._ring.gather(index)
+        columns = self._ring.gather(index, pinned=self._pinned_delivery)
         columns["index"] = index
         if weight is not None:
             columns["weight"] = weight
@@ -577,7 +579,11 @@ class RingBuffer(Generic[BatchT]):
         device = self._storing_device if iterator["method"] == "epochs" else self._device
         trial = _refusing("iterator state", EpochIterator, rows, lambda index: index, **split,
                           generator=torch.Generator(device=device))
-        _refusing("iterator state", trial.load_state_dict, dict(saved))
+        saved = dict(saved)
+        own = trial.state_dict()["generator"]
+        if isinstance(saved.get("generator"), torch.Tensor) and saved["generator"].numel() != own.numel():
+            saved["generator"] = own  # saved on another device type: load_state_dict warns and reseeds
+        _refusing("iterator state", trial.load_state_dict, saved)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a :meth:`state_dict` taken from a buffer with the same fields and capacity.
@@ -616,14 +622,20 @@ class RingBuffer(Generic[BatchT]):
             rb._sampler.load_state_dict(state["sampler"])
             ring.generation += 1
         self._load_extra_state(dict(state["extra"]))
+        rng_moved = False
         iterator = state.get("iterator")
         if iterator is not None:
             made = getattr(self, iterator["method"])(**iterator["arguments"])
-            made.load_state_dict(dict(iterator["state"]))
+            saved, own = dict(iterator["state"]), made.state_dict()["generator"]
+            # A generator state saved on another device type (CUDA vs CPU) has another size.
+            rng_moved = saved["generator"].numel() != own.numel()
+            made.load_state_dict({**saved, "generator": own} if rng_moved else saved)
         try:
-            ring.generator.set_state(state["rng"]["sample"])
             self._epoch_generator.set_state(state["rng"]["epochs"])
+            ring.generator.set_state(state["rng"]["sample"])
         except RuntimeError:
+            rng_moved = True
+        if rng_moved:
             warnings.warn("state: the random generators were saved on another device type; sampling goes on "
                           "from this buffer's own seed, so it will not repeat the original's draws",
                           RuntimeWarning, stacklevel=2)

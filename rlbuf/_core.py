@@ -182,6 +182,12 @@ def _plain(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.as_subclass(torch.Tensor) if type(tensor) is not torch.Tensor else tensor
 
 
+def _writes_through(storing_device: torch.device) -> bool:
+    """Whether adds are written straight into the storage (memory numpy can address, i.e. the CPU)
+    rather than staged in a numpy block that one device copy per field commits."""
+    return storing_device.type == "cpu"
+
+
 class _FieldPlan(NamedTuple):
     """Everything the hot add path needs about one input field, computed once."""
 
@@ -302,7 +308,7 @@ class RowRing:
         leaves = built.storage._storage
         # Leaves viewed in user shape: a reward leaf of TorchRL shape [C, 1] is used as [C].
         self.leaves = {s.name: _plain(leaves.get(s.key)).view(self.capacity, *s.shape) for s in self.specs}
-        self.write_through = storing_device.type == "cpu"
+        self.write_through = _writes_through(storing_device)
         if self.write_through:
             self.pending_limit = self.capacity
         else:
@@ -546,7 +552,9 @@ class RowRing:
                 views = {name: leaf[start:stop] for name, leaf in self.leaves.items()}
                 for name, derive in self.derived.items():
                     views[name].copy_(derive(views))
-        index = torch.arange(cursor, cursor + n, device=self.storing_device) % capacity
+        # On the CPU whatever the storing device: TorchRL reads the last position with .item() and
+        # the sum tree works in numpy, so a CUDA index would cost a sync and copies per commit.
+        index = torch.arange(cursor, cursor + n) % capacity
         storage._set_last_cursor(index)
         storage._len = min(int(storage._len) + n, capacity)
         storage._bump_mutation_revision()
@@ -617,12 +625,17 @@ class RowRing:
             positions = (positions + int(self.rb._writer._cursor)) % self.capacity
         return positions
 
-    def gather(self, index: torch.Tensor, names: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
-        """The rows at ``index`` (storage positions) of the named fields."""
+    def gather(self, index: torch.Tensor, names: Sequence[str] | None = None, *,
+               pinned: bool = False) -> dict[str, torch.Tensor]:
+        """The rows at ``index`` (storage positions) of the named fields; with ``pinned``, gathered
+        straight into page-locked memory (CPU storage only), ready for a non-blocking copy to CUDA."""
         with self.lock:
             self.flush()
             # Writer processes of a shared buffer hold this lock while they write a row.
             with self.rb._write_lock:
+                if pinned:
+                    return {name: gather_rows(self.leaves[name], self._wide_rows.get(name), index, pin_memory=True)
+                            for name in (names or self.leaves)}
                 return self._select(index, names)
 
     def _select(self, index: torch.Tensor, names: Sequence[str] | None) -> dict[str, torch.Tensor]:
@@ -660,6 +673,27 @@ def _row_bytes(specs: tuple[FieldSpec, ...]) -> int:
 def _short_index(index: Any) -> str:
     text = repr(index)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def gather_rows(leaf: torch.Tensor, wide: np.ndarray[Any, Any] | None, index: torch.Tensor, *,
+                pin_memory: bool) -> torch.Tensor:
+    """The rows of a CPU ``leaf`` at ``index``, in a new tensor (page-locked with ``pin_memory``).
+
+    Gathering into the pinned tensor saves the copy that ``pin_memory()`` of a gathered batch
+    costs. ``wide`` is the leaf's numpy view when its rows are large (numpy ``take`` is faster).
+
+    Example:
+        >>> leaf = torch.arange(12.0).view(6, 2)
+        >>> gather_rows(leaf, None, torch.tensor([4, 1]), pin_memory=False).tolist()
+        [[8.0, 9.0], [2.0, 3.0]]
+    """
+    out = torch.empty((index.numel(), *leaf.shape[1:]), dtype=leaf.dtype, pin_memory=pin_memory)
+    if wide is not None:
+        # Positions are validated already; "clip" lets numpy write into `out` unbuffered.
+        np.take(wide, index.numpy(), axis=0, out=out.numpy(), mode="clip")
+    else:
+        torch.index_select(leaf, 0, index, out=out)
+    return out
 
 
 def _shape_message(plan: _FieldPlan, got: tuple[int, ...]) -> str:
@@ -701,7 +735,8 @@ def deliver(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str,
     if first.device == device:
         return tensors
     pin = first.device.type == "cpu" and device.type == "cuda"
-    return {name: (t.pin_memory() if pin else t).to(device, non_blocking=pin) for name, t in tensors.items()}
+    return {name: (t.pin_memory() if pin and not t.is_pinned() else t).to(device, non_blocking=pin)
+            for name, t in tensors.items()}
 
 
 def check_extras(expected: Mapping[str, FieldSpec], given: Mapping[str, Any]) -> None:

@@ -11,7 +11,8 @@ logging.getLogger("torchrl").setLevel(logging.WARNING)
 torch.set_num_threads(1)
 
 STORAGES = ["memory", "memmap"]
-DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+# The CUDA case carries the `gpu` mark, so `pytest -m gpu` (the `gpu` nox session) runs it.
+DEVICES = ["cpu", *([pytest.param("cuda", marks=pytest.mark.gpu)] if torch.cuda.is_available() else [])]
 
 
 @pytest.fixture(params=STORAGES)

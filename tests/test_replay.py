@@ -506,6 +506,7 @@ def test_config_errors() -> None:
 
 
 # -- devices -------------------------------------------------------------------------------
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cpu_storage_delivers_pinned_batches_on_cuda() -> None:
     buf = make(device="cuda", num_envs=2)
@@ -516,6 +517,7 @@ def test_cpu_storage_delivers_pinned_batches_on_cuda() -> None:
     assert torch.equal(batch.obs.cpu()[:, 0], batch.reward.cpu())
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_storage_takes_cpu_and_cuda_inputs() -> None:
     buf = make(storing_device="cuda", num_envs=2)
