@@ -19,6 +19,7 @@ from rlbuf.errors import (
     RolloutIncompleteError,
     ShapeError,
     StoredIndexError,
+    StreamError,
 )
 from rlbuf.gae import GAE
 from rlbuf.replay import ReplayBuffer, Transition
@@ -54,6 +55,7 @@ __all__ = [
     "RolloutIncompleteError",
     "ShapeError",
     "StoredIndexError",
+    "StreamError",
     "Transition",
     "__version__",
 ]
