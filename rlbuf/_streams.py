@@ -8,8 +8,11 @@ order (an add may carry any subset of envs), so every row keeps links to its nei
 * a row is named by its *serial*, the number of rows written before it; it lives at position
   ``serial % capacity`` and is still stored while ``serial >= write_count - size``. Links hold
   serials, so a link to an overwritten row is recognised instead of followed.
-* ``prev``: the serial of the previous row of the same env in the same episode (-1 at an
-  episode start); ``next``: the serial of the next one (-1 until it is added, or when the row
+* ``back``: the serials of the ``frame_stack - 1`` rows before it in the same env and episode
+  (the older frames of its stack), oldest first; a slot before the episode start holds
+  ``-1 - start`` (``start``: the serial of the episode's first row, whose frame pads the stack
+  with ``padding_type="reset"``). Kept at write time, so a sample reads one row of links.
+* ``next``: the serial of the next row of the same env (-1 until it is added, or when the row
   ends its episode).
 * the observation that ends an episode (the real final observation, which the env replaced by a
   reset) is kept aside in :class:`FinalFrames`, one slot per stored row that ended an episode.
@@ -51,7 +54,11 @@ import torch
 from rlbuf.errors import CheckpointError, StreamError
 
 PaddingType = Literal["reset", "zero"]
-STREAM_BYTES = 26  # per row: prev, next and final-slot links (int64) and two flags
+
+
+def stream_bytes(frame_stack: int) -> int:
+    """Bytes of bookkeeping per row: back, next and final-slot links (int64) and two flags."""
+    return 8 * (frame_stack - 1) + 8 + 8 + 2
 _Ints = npt.NDArray[np.int64]
 _Bools = npt.NDArray[np.bool_]
 
@@ -168,7 +175,7 @@ class Streams:
         self.frame_stack = frame_stack
         self.padding_type = padding_type
         self.n_step = n_step
-        self.prev = np.full(capacity, -1, np.int64)
+        self.back = np.full((capacity, frame_stack - 1), -1, np.int64)
         self.next = np.full(capacity, -1, np.int64)
         self.terminated = np.zeros(capacity, np.bool_)
         self.truncated = np.zeros(capacity, np.bool_)
@@ -198,7 +205,7 @@ class Streams:
         continued = ((np.flatnonzero(inherited), self.expected, env_ids), (np.flatnonzero(following), next_obs, previous))
         for rows, source, at in continued:
             if rows.size:
-                bad = _differs(obs[rows], source[at[rows]])
+                bad = _differs(_take(obs, rows), _take(source, at[rows]))
                 if bad.any():
                     env = int(env_ids[rows[bad.argmax()]])
                     raise StreamError(
@@ -214,8 +221,9 @@ class Streams:
                               f"{self.frame_stack}, newest frame last), as gymnasium's FrameStackObservation gives")
         rows = np.flatnonzero(starts)
         if rows.size:
-            first_frames = obs[rows, :-1]
-            pad = obs[rows, -1:].expand_as(first_frames) if self.padding_type == "reset" else torch.zeros_like(first_frames)
+            stacks = _take(obs, rows)
+            first_frames = stacks[:, :-1]
+            pad = stacks[:, -1:].expand_as(first_frames) if self.padding_type == "reset" else torch.zeros_like(first_frames)
             bad = _differs(first_frames, pad)
             if bad.any():
                 env = int(env_ids[rows[bad.argmax()]])
@@ -238,7 +246,6 @@ class Streams:
         positions = serials[kept] % self.capacity
         released = self.final_slot[positions]
         self.finals.release(released[released >= 0])
-        self.prev[positions] = links[kept]
         self.next[positions] = -1
         self.terminated[positions] = terminated[kept]
         self.truncated[positions] = truncated[kept]
@@ -246,6 +253,8 @@ class Streams:
         stored_links = links[kept]
         linked = stored_links >= oldest
         self.next[stored_links[linked] % self.capacity] = serials[kept][linked]
+        if self.frame_stack > 1:
+            self._record_back(serials, links, kept, previous, oldest)
         ending = kept[ended[kept]]
         if ending.size:
             frames = next_obs[ending, -1] if self.frame_stack > 1 else next_obs[ending]
@@ -255,9 +264,27 @@ class Streams:
         self.last[envs] = np.where(ended[newest], -1, serials[newest])
         self.expected[torch.from_numpy(envs)] = next_obs[torch.from_numpy(newest)].to(self.expected.dtype)
 
+    def _record_back(self, serials: _Ints, links: _Ints, kept: _Ints, previous: _Ints, oldest: int) -> None:
+        """Fill ``back`` of the kept rows, a row after the one it links to (rows of one env come in rounds)."""
+        rounds = np.zeros(len(serials), np.int64)
+        for row in np.flatnonzero(previous >= 0).tolist():
+            rounds[row] = rounds[previous[row]] + 1
+        for round_ in range(int(rounds[kept].max()) + 1 if kept.size else 0):
+            rows = kept[rounds[kept] == round_]
+            own, link = serials[rows], links[rows]
+            back = np.empty((len(rows), self.frame_stack - 1), np.int64)
+            start = link < 0
+            back[start] = (-1 - own[start])[:, None]
+            gone = ~start & (link < oldest)  # the row before is overwritten: this one can never be complete
+            back[gone] = link[gone][:, None]
+            live = ~(start | gone)
+            back[live, :-1] = self.back[link[live] % self.capacity, 1:]
+            back[live, -1] = link[live]
+            self.back[own % self.capacity] = back
+
     def clear(self) -> None:
         """Forget every row and every open episode."""
-        self.prev.fill(-1)
+        self.back.fill(-1)
         self.next.fill(-1)
         self.terminated.fill(False)
         self.truncated.fill(False)
@@ -274,17 +301,15 @@ class Streams:
         rows = np.empty((count, stack + n_step), np.int64)
         padded = np.zeros((count, stack + n_step), np.bool_)
         rows[:, stack - 1] = positions
-        complete = np.ones(count, np.bool_)
-        row = positions
-        started = np.zeros(count, np.bool_)
-        for slot in range(stack - 2, -1, -1):
-            link = self.prev[row]
-            started = started | (link < 0)
-            gone = ~started & (link < oldest)
-            complete &= ~gone
-            row = np.where(started | gone, row, link % capacity)
-            rows[:, slot] = row
-            padded[:, slot] = started
+        if stack > 1:
+            back = self.back[positions]
+            before = back < 0
+            serials = np.where(before, -1 - back, back)
+            complete = (serials >= oldest).all(axis=1)
+            rows[:, :stack - 1] = serials % capacity
+            padded[:, :stack - 1] = before
+        else:
+            complete = np.ones(count, np.bool_)
         row = positions
         steps = np.zeros(count, np.int64)
         ended = np.zeros(count, np.bool_)
@@ -319,10 +344,16 @@ class Streams:
             chain: the walk of the sampled rows (all complete).
             gather: ``gather(positions) -> frames`` reading the ring at a 1-D position array.
         """
-        stack = self.frame_stack
+        stack, n_step = self.frame_stack, self.n_step
         count = len(chain.steps)
-        offsets = chain.steps[:, None] + np.arange(stack)
-        next_rows = np.take_along_axis(chain.rows, offsets, axis=1)
+        next_rows = chain.rows[:, n_step:n_step + stack]
+        next_padded = chain.padded[:, n_step:n_step + stack]
+        short = np.flatnonzero(chain.steps < n_step)  # episodes that ended within the n steps
+        if short.size:
+            offsets = chain.steps[short, None] + np.arange(stack)
+            next_rows, next_padded = next_rows.copy(), next_padded.copy()
+            next_rows[short] = np.take_along_axis(chain.rows[short], offsets, axis=1)
+            next_padded[short] = np.take_along_axis(chain.padded[short], offsets, axis=1)
         both = gather(np.concatenate((chain.rows[:, :stack].reshape(-1), next_rows.reshape(-1))))
         both = both.view(2, count, stack, *frames.shape[1:])
         obs, next_obs = both[0], both[1]
@@ -330,7 +361,6 @@ class Streams:
             ended = np.flatnonzero(chain.ended)
             next_obs[torch.from_numpy(ended), -1] = self.finals.take(chain.final_slot[ended]).to(next_obs.device)
         if self.padding_type == "zero" and stack > 1:
-            next_padded = np.take_along_axis(chain.padded, offsets, axis=1)
             obs[torch.from_numpy(chain.padded[:, :stack]).to(obs.device)] = 0
             next_obs[torch.from_numpy(next_padded).to(obs.device)] = 0
         if stack == 1:
@@ -341,7 +371,7 @@ class Streams:
     def state_dict(self) -> dict[str, Any]:
         """Links, flags, open episodes and final observations, as tensors (for checkpoints)."""
         return {
-            "prev": torch.from_numpy(self.prev.copy()), "next": torch.from_numpy(self.next.copy()),
+            "back": torch.from_numpy(self.back.copy()), "next": torch.from_numpy(self.next.copy()),
             "terminated": torch.from_numpy(self.terminated.copy()),
             "truncated": torch.from_numpy(self.truncated.copy()),
             "final_slot": torch.from_numpy(self.final_slot.copy()), "last": torch.from_numpy(self.last.copy()),
@@ -354,7 +384,7 @@ class Streams:
         Raises:
             CheckpointError: arrays of the wrong length, or links that do not fit.
         """
-        arrays = {"prev": self.prev, "next": self.next, "terminated": self.terminated, "truncated": self.truncated,
+        arrays = {"back": self.back, "next": self.next, "terminated": self.terminated, "truncated": self.truncated,
                   "final_slot": self.final_slot, "last": self.last}
         for name, array in arrays.items():
             value = state.get(name)
@@ -392,8 +422,17 @@ def _last_in_call(env_ids: _Ints) -> _Ints:
     return np.sort(len(env_ids) - 1 - reversed_first)
 
 
+def _take(tensor: torch.Tensor, rows: _Ints) -> torch.Tensor:
+    """``tensor[rows]`` without a copy when ``rows`` are all the rows in order."""
+    if len(rows) == len(tensor) and (len(rows) == 0 or (rows[0] == 0 and rows[-1] == len(rows) - 1)):
+        return tensor
+    return tensor.index_select(0, torch.from_numpy(rows))
+
+
 def _differs(a: torch.Tensor, b: torch.Tensor) -> npt.NDArray[np.bool_]:
     """Per row, whether ``a`` and ``b`` differ anywhere (NaN equals NaN: a stored NaN rebuilds as NaN)."""
+    if torch.equal(a, b):
+        return np.zeros(len(a), np.bool_)
     same = (a == b) | (a.isnan() & b.isnan()) if a.is_floating_point() else a == b
     result: npt.NDArray[np.bool_] = ~same.reshape(len(a), -1).all(dim=1).numpy()
     return result

@@ -33,7 +33,7 @@ from torchrl.data.replay_buffers.samplers import Sampler
 from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs
 from rlbuf._compact import CompactLayout, layout_options
 from rlbuf._core import check_extras
-from rlbuf._streams import STREAM_BYTES, PaddingType
+from rlbuf._streams import PaddingType, stream_bytes
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.batches import ReplayBatch
 from rlbuf.epochs import EpochIterator
@@ -129,7 +129,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         >>> buf = ReplayBuffer(100, obs_shape=(4, 84, 84), action_shape=(), obs_dtype=torch.uint8,
         ...                    action_dtype=torch.int64, frame_stack=4, n_step=3, seed=0)
         >>> buf
-        ReplayBuffer(size=0/100, storage=memory, storing_device=cpu, device=cpu, prioritized=False, compact=True, frame_stack=4, n_step=3, bytes_per_transition~7.097 kB, fields=[obs: (84, 84) uint8, action: () int64, reward: () float32, terminated: () bool, truncated: () bool, done: () bool])
+        ReplayBuffer(size=0/100, storage=memory, storing_device=cpu, device=cpu, prioritized=False, compact=True, frame_stack=4, n_step=3, bytes_per_transition~7.113 kB, fields=[obs: (84, 84) uint8, action: () int64, reward: () float32, terminated: () bool, truncated: () bool, done: () bool])
     """
 
     def __init__(
@@ -328,7 +328,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             >>> ReplayBuffer.bytes_per_transition(**atari, compact=False)
             56463.0
             >>> ReplayBuffer.bytes_per_transition(**atari, frame_stack=4, episode_length=1000)
-            7104.056
+            7120.056
         """
         full = as_shape(obs_shape, "obs_shape")
         compact = layout_options(full, frame_stack=frame_stack, padding_type="reset", n_step=n_step, gamma=0.99,
@@ -340,7 +340,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         if prioritized:
             total += _PRIORITY_BYTES
         if compact:
-            total += STREAM_BYTES
+            total += stream_bytes(frame_stack)
             if episode_length is not None:
                 total += math.prod(stored) * obs_dtype.itemsize / episode_length
         return total
