@@ -191,13 +191,11 @@ class CompactLayout:
         def frames(positions: npt.NDArray[np.int64]) -> torch.Tensor:
             return ring.gather(torch.from_numpy(positions).to(device), ["obs"])["obs"]
 
-        columns = ring.gather(index, ["action", *self.extra_names])
+        columns = ring.gather(index, ["action", *(("reward",) if self.n_step == 1 else ()), *self.extra_names])
         columns["obs"], columns["next_obs"] = self.streams.stacks(ring.leaves["obs"], chain, frames)
         start = self.frame_stack - 1
         steps = torch.from_numpy(chain.steps).to(device)
-        if self.n_step == 1:
-            columns["reward"] = ring.gather(index, ["reward"])["reward"]
-        else:
+        if self.n_step > 1:
             rows = torch.from_numpy(chain.rows[:, start:start + self.n_step].reshape(-1)).to(device)
             rewards = ring.gather(rows, ["reward"])["reward"].view(len(index), self.n_step)
             columns["reward"] = nstep_return(rewards, steps, self.gamma)

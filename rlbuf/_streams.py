@@ -355,16 +355,19 @@ class Streams:
             next_rows[short] = np.take_along_axis(chain.rows[short], offsets, axis=1)
             next_padded[short] = np.take_along_axis(chain.padded[short], offsets, axis=1)
         both = gather(np.concatenate((chain.rows[:, :stack].reshape(-1), next_rows.reshape(-1))))
-        both = both.view(2, count, stack, *frames.shape[1:])
+        both = both.view(2, count, *((stack,) if stack > 1 else ()), *frames.shape[1:])
         obs, next_obs = both[0], both[1]
         if chain.ended.any():
             ended = np.flatnonzero(chain.ended)
-            next_obs[torch.from_numpy(ended), -1] = self.finals.take(chain.final_slot[ended]).to(next_obs.device)
+            final = self.finals.take(chain.final_slot[ended]).to(next_obs.device)
+            at = torch.from_numpy(ended).to(next_obs.device)
+            if stack > 1:
+                next_obs[at, -1] = final
+            else:
+                next_obs[at] = final
         if self.padding_type == "zero" and stack > 1:
             obs[torch.from_numpy(chain.padded[:, :stack]).to(obs.device)] = 0
             next_obs[torch.from_numpy(next_padded).to(obs.device)] = 0
-        if stack == 1:
-            return obs.squeeze(1), next_obs.squeeze(1)
         return obs, next_obs
 
     # -- state -------------------------------------------------------------------------------
