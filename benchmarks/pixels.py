@@ -110,7 +110,7 @@ def build_rlbuf(capacity: int, storage: str, *, compact: bool, num_envs: int = 4
                        action_dtype=torch.int64, num_envs=num_envs, storage=storage,  # type: ignore[arg-type]
                        frame_stack=STACK if compact else 1, compact=compact, seed=0)
     for parts in chunks(capacity, num_envs, seed=1):
-        def column(name: str) -> torch.Tensor:
+        def column(name: str, parts: list[dict[str, Any]] = parts) -> torch.Tensor:
             return torch.from_numpy(np.stack([p[name] for p in parts]))
         buf.extend(TensorDict({"observation": column("obs"), "action": column("action"),
                                "next": {"observation": column("next_obs"), "reward": column("reward"),
@@ -182,7 +182,7 @@ def sample_peers(ours: dict[str, Callable[[int], Any]], peer: str, sample: Calla
     """Median seconds of ``sample(32)``/``sample(256)``, by (group, name, batch): rlbuf's interleaved with one peer."""
     result = {}
     for batch in (32, 256):
-        peers = {name: (lambda f=f: f(batch)) for name, f in {**ours, peer: sample}.items()}
+        peers = {name: (lambda f=f, batch=batch: f(batch)) for name, f in {**ours, peer: sample}.items()}
         number = 20 if batch == 32 else 5
         for name, seconds in time_interleaved(peers, repeats=repeats, number=number).items():
             result[(peer, name, batch)] = seconds

@@ -305,7 +305,7 @@ class Streams:
             back = self.back[positions]
             before = back < 0
             serials = np.where(before, -1 - back, back)
-            complete = (serials >= oldest).all(axis=1)
+            complete: _Bools = np.asarray((serials >= oldest).all(axis=1))
             rows[:, :stack - 1] = serials % capacity
             padded[:, :stack - 1] = before
         else:

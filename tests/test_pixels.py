@@ -310,3 +310,13 @@ def test_bytes_per_transition_of_atari_stacks_is_one_frame() -> None:
     compact = ReplayBuffer.bytes_per_transition(**atari, frame_stack=4, n_step=3, episode_length=500)
     assert frame < compact <= 1.02 * frame
     assert ReplayBuffer.bytes_per_transition(**atari, compact=False) > 8 * frame
+
+
+def test_repr_and_inspect_show_the_estimate(tmp_path: Path) -> None:
+    from rlbuf._inspect import format_report, inspect_checkpoint
+
+    buf = ReplayBuffer(10, obs_shape=(4, 84, 84), action_shape=(), obs_dtype=torch.uint8,
+                       action_dtype=torch.int64, frame_stack=4)
+    assert "compact=True, frame_stack=4, n_step=1, bytes_per_transition~7.113 kB" in repr(buf)
+    buf.save(tmp_path / "ckpt")
+    assert "memory      about 7,113 bytes per row (estimate)" in format_report(inspect_checkpoint(tmp_path / "ckpt"))
