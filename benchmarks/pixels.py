@@ -41,6 +41,7 @@ import argparse
 import gc
 import logging
 import os
+import shutil
 import tempfile
 import time
 import tracemalloc
@@ -61,6 +62,8 @@ from rlbuf import ReplayBuffer
 
 STACK, SIDE = 4, 84
 FRAME_BYTES = SIDE * SIDE
+ATARI: dict[str, Any] = {"obs_shape": (STACK, SIDE, SIDE), "action_shape": (), "obs_dtype": torch.uint8,
+                         "action_dtype": torch.int64}
 
 
 class Stream:
@@ -206,7 +209,7 @@ def main() -> None:
     big, big_bytes = build_rlbuf(args.size, "memmap", compact=True)
     print(f"rlbuf memmap {args.size:,} transitions filled in {time.perf_counter() - start:.0f} s; "
           f"{big_bytes:,.0f} B/transition ({big_bytes / FRAME_BYTES:.3f} frames); estimate "
-          f"{ReplayBuffer.bytes_per_transition(obs_shape=(STACK, SIDE, SIDE), action_shape=(), obs_dtype=torch.uint8, action_dtype=torch.int64, frame_stack=STACK, episode_length=1000):,.0f} B")
+          f"{ReplayBuffer.bytes_per_transition(**ATARI, frame_stack=STACK, episode_length=1000):,.0f} B", flush=True)
     small, small_bytes = build_rlbuf(args.peer_size, "memory", compact=True)
     ours = {f"rlbuf-mmap-{args.size // 1000}k": big.sample, f"rlbuf-mem-{args.peer_size // 1000}k": small.sample}
     memory = {f"rlbuf-mmap-{args.size // 1000}k": big_bytes, f"rlbuf-mem-{args.peer_size // 1000}k": small_bytes}
@@ -218,12 +221,17 @@ def main() -> None:
         "cpprb": lambda: build_cpprb(args.peer_size),
         "rlbuf-classic": lambda: build_rlbuf(args.peer_size, "memory", compact=False),
     }
-    for name in args.peers.split(","):
-        peer, memory[name] = builders[name]()
-        print(f"{name}: filled, {memory[name]:,.0f} B/transition", flush=True)
-        times.update(sample_peers(ours, name, peer.sample, args.repeats))
-        del peer
-        gc.collect()
+    try:
+        for name in args.peers.split(","):
+            peer, memory[name] = builders[name]()
+            print(f"{name}: filled, {memory[name]:,.0f} B/transition", flush=True)
+            times.update(sample_peers(ours, name, peer.sample, args.repeats))
+            del peer
+            gc.collect()
+    finally:
+        big.close()
+        small.close()
+        shutil.rmtree(scratch, ignore_errors=True)
     print(f"\nbytes per transition and sample µs (medians; rlbuf's rows interleaved with each peer, "
           f"{args.repeats} rounds; noisy shared machine)")
     print(f"{'':24}{'B/transition':>14}{'÷ frame':>9}{'sample 32':>11}{'sample 256':>12}")

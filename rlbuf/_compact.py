@@ -159,8 +159,9 @@ class CompactLayout:
         Raises:
             EmptyBufferError: none is complete yet.
         """
-        index = self.ring.chronological_index()
-        complete = self.walk(index.cpu().numpy()).complete
+        with self.ring.lock:
+            index = self.ring.chronological_index()
+            complete = self.walk(index.cpu().numpy()).complete
         if not complete.any():
             raise EmptyBufferError(_NOTHING_COMPLETE)
         return index[torch.from_numpy(complete).to(index.device)]
@@ -176,6 +177,10 @@ class CompactLayout:
         if names is not None and any(name not in known for name in names):
             unknown = [name for name in names if name not in known]
             raise MissingFieldError(f"fields: unknown {unknown}; fields are {list(known)}")
+        with self.ring.lock:  # the streams and the rows they point to, from one consistent state
+            return self._columns(index, names)
+
+    def _columns(self, index: torch.Tensor, names: Sequence[str] | None) -> dict[str, torch.Tensor]:
         ring = self.ring
         ring.flush()
         sampled, self._sampled = self._sampled, None

@@ -66,18 +66,19 @@ class Envs:
         return torch.from_numpy(array if self.frame_stack > 1 else array[0])
 
     def step(self) -> list[Step]:
-        steps = []
-        for env in range(self.num_envs):
-            obs = self._obs(self.stacks[env])
-            self.stacks[env].append(self._frame())
-            next_obs = self._obs(self.stacks[env])
-            ends = self.rng.random() < self.end_chance
-            terminated = bool(ends and self.rng.random() < 0.5)
-            steps.append(Step(env, obs, int(self.rng.integers(0, 4)), float(self.rng.integers(-8, 8)) / 4,
-                              next_obs, terminated, ends and not terminated))
-            if ends:
-                self.stacks[env] = self._reset()
-        return steps
+        return [self.step_one(env) for env in range(self.num_envs)]
+
+    def step_one(self, env: int) -> Step:
+        obs = self._obs(self.stacks[env])
+        self.stacks[env].append(self._frame())
+        next_obs = self._obs(self.stacks[env])
+        ends = self.rng.random() < self.end_chance
+        terminated = bool(ends and self.rng.random() < 0.5)
+        step = Step(env, obs, int(self.rng.integers(0, 4)), float(self.rng.integers(-8, 8)) / 4, next_obs,
+                    terminated, ends and not terminated)
+        if ends:
+            self.stacks[env] = self._reset()
+        return step
 
 
 def reference(steps: list[Step], capacity: int, frame_stack: int, n_step: int,
@@ -320,3 +321,41 @@ def test_repr_and_inspect_show_the_estimate(tmp_path: Path) -> None:
     assert "compact=True, frame_stack=4, n_step=1, bytes_per_transition~7.113 kB" in repr(buf)
     buf.save(tmp_path / "ckpt")
     assert "memory      about 7,113 bytes per row (estimate)" in format_report(inspect_checkpoint(tmp_path / "ckpt"))
+
+
+@settings(max_examples=30, deadline=None)
+@given(scenario=scenarios(), calls=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=5), min_size=1,
+                                            max_size=12))
+def test_rows_of_any_subset_of_envs_in_any_interleaving_are_followed_per_env(
+        scenario: dict[str, Any], calls: list[list[int]]) -> None:
+    """The stream bookkeeping takes an env id per row (an add may carry any envs' steps, an env twice)."""
+    num_envs = scenario["num_envs"]
+    envs = Envs(num_envs, scenario["frame_stack"], scenario["padding_type"], scenario["end_chance"],
+                np.random.default_rng(scenario["seed"]))
+    obs_shape = (scenario["frame_stack"], *FRAME) if scenario["frame_stack"] > 1 else FRAME
+    capacity = scenario["capacity"]
+    buf = ReplayBuffer(capacity, obs_shape=obs_shape, action_shape=(), num_envs=num_envs, obs_dtype=torch.uint8,
+                       frame_stack=scenario["frame_stack"], padding_type=scenario["padding_type"],
+                       n_step=scenario["n_step"], gamma=scenario["gamma"], compact=True, seed=0)
+    compact = buf._compact
+    assert compact is not None
+    written: list[Step] = []
+    for call in calls:
+        steps = [envs.step_one(env % num_envs) for env in call]
+        written += steps
+        rows = len(steps)
+
+        def store(frames: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor,
+                  steps: list[Step] = steps, rows: int = rows) -> None:
+            buf._ring.write_tensors({"obs": frames, "action": torch.tensor([float(s.action) for s in steps]),
+                                     "reward": torch.tensor([s.reward for s in steps]),
+                                     "terminated": terminated, "truncated": truncated}, rows)
+
+        compact.write(torch.stack([s.obs for s in steps]), torch.stack([s.next_obs for s in steps]),
+                      torch.tensor([s.terminated for s in steps]), torch.tensor([s.truncated for s in steps]),
+                      np.array([s.env for s in steps], np.int64), store)
+        expected = reference(written, capacity, scenario["frame_stack"], scenario["n_step"], scenario["gamma"])
+        if expected:
+            everything = buf.sample_all()
+            assert sorted(serial_of(p, len(written), capacity) for p in everything.index.tolist()) == sorted(expected)
+            check_batch(everything, expected, len(written), capacity)
