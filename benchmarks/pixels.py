@@ -31,7 +31,12 @@ each one's sample times are interleaved with rlbuf's (same process, rotating ord
 see ``_timing.py``); ratios are rlbuf's time divided by the peer's (below 1: rlbuf is faster).
 The machine this ran on is shared and noisy: read the ratios, not the µs.
 
+``--layouts`` instead compares rlbuf's two layouts without frame stacks or n-step (``compact=True``
+against the default ``compact=False``), sampling 17-float observations and single ``4×84×84``
+uint8 observations: the measurement behind the choice of default layout.
+
     PYTHONPATH=. python benchmarks/pixels.py --quick                 # smoke run, ~1 minute
+    PYTHONPATH=. python benchmarks/pixels.py --layouts               # ~1 minute
     PYTHONPATH=. python benchmarks/pixels.py --peer-size 100000 --size 1000000
 """
 
@@ -192,6 +197,28 @@ def sample_peers(ours: dict[str, Callable[[int], Any]], peer: str, sample: Calla
     return result
 
 
+def compare_layouts(repeats: int) -> None:
+    """Sample time of compact=True ÷ compact=False, for small vectors and unstacked images."""
+    print("compact ÷ classic layout, sample µs (medians, interleaved; noisy shared machine)")
+    for name, shape, dtype in (("17 float32", (17,), torch.float32), ("4x84x84 uint8", (STACK, SIDE, SIDE), torch.uint8)):
+        buffers = {}
+        for compact in (False, True):
+            buf = ReplayBuffer(20_000, obs_shape=shape, action_shape=(), obs_dtype=dtype, num_envs=4, compact=compact,
+                               seed=0)
+            generator = torch.Generator().manual_seed(0)
+            obs = (torch.rand(4, *shape, generator=generator) * 255).to(dtype)
+            for _ in range(5000):
+                next_obs = (torch.rand(4, *shape, generator=generator) * 255).to(dtype)
+                buf.add(obs, torch.zeros(4), torch.ones(4), next_obs, torch.rand(4, generator=generator) < 0.001)
+                obs = next_obs
+            buffers["compact" if compact else "classic"] = buf
+        for batch in (32, 256):
+            medians = time_interleaved({k: (lambda b=b, batch=batch: b.sample(batch)) for k, b in buffers.items()},
+                                       repeats=repeats, number=20)
+            print(f"  {name:14} sample {batch:>3}: classic {medians['classic'] * 1e6:8.0f}, compact "
+                  f"{medians['compact'] * 1e6:8.0f}, ratio {medians['compact'] / medians['classic']:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--peer-size", type=int, default=100_000)
@@ -199,7 +226,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="small buffers, few repeats")
     parser.add_argument("--peers", default="sb3,sb3-optimized,torchrl,cpprb,rlbuf-classic")
+    parser.add_argument("--layouts", action="store_true", help="only compare rlbuf's two layouts")
     args = parser.parse_args()
+    if args.layouts:
+        torch.set_num_threads(1)
+        compare_layouts(args.repeats)
+        return
     if args.quick:
         args.peer_size, args.size, args.repeats = 4000, 20_000, 5
     torch.set_num_threads(1)

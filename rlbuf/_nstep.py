@@ -38,5 +38,5 @@ def nstep_return(rewards: torch.Tensor, steps: torch.Tensor, gamma: float) -> to
 
 def nstep_discount(steps: torch.Tensor, terminated: torch.Tensor, gamma: float) -> torch.Tensor:
     """``gamma**m``, or 0 where the episode terminated within the ``m`` steps (float32 ``[B]``)."""
-    discount = torch.pow(torch.tensor(gamma, dtype=torch.float64), steps.to(torch.float64))
-    return torch.where(terminated, torch.zeros_like(discount), discount).to(torch.float32)
+    discount = (gamma ** steps.to(torch.float64)).to(torch.float32)
+    return discount.masked_fill_(terminated, 0.0)
