@@ -359,3 +359,18 @@ def test_rows_of_any_subset_of_envs_in_any_interleaving_are_followed_per_env(
             everything = buf.sample_all()
             assert sorted(serial_of(p, len(written), capacity) for p in everything.index.tolist()) == sorted(expected)
             check_batch(everything, expected, len(written), capacity)
+
+
+def test_a_collector_batch_whose_next_observation_breaks_the_stream_is_refused() -> None:
+    buf = ReplayBuffer(10, obs_shape=(3,), action_shape=(), num_envs=2, compact=True)
+    obs = torch.arange(12, dtype=torch.float32).reshape(2, 2, 3)
+    next_obs = obs + 100  # not the next step's observation, and no episode ended
+    td = TensorDict({"observation": obs, "action": torch.zeros(2, 2),
+                     "next": {"observation": next_obs, "reward": torch.zeros(2, 2),
+                              "terminated": torch.zeros(2, 2, dtype=torch.bool)}}, batch_size=[2, 2])
+    with pytest.raises(StreamError, match="obs: env 0's observation differs from the next_obs"):
+        buf.extend(td)
+    assert len(buf) == 0
+    td["next", "observation"][:, 0] = obs[:, 1]  # consistent now: step 1 follows step 0 in each env
+    buf.extend(td)
+    assert torch.equal(buf.sample_all().next_obs, torch.stack([obs[0, 1], obs[1, 1]]))
