@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         RolloutIncompleteError,
         ShapeError,
         StoredIndexError,
+        StreamError,
     )
     from rlbuf.gae import GAE
     from rlbuf.replay import ReplayBuffer, Transition
@@ -61,6 +62,7 @@ _MODULE_OF = {
     "RolloutIncompleteError": "rlbuf.errors",
     "ShapeError": "rlbuf.errors",
     "StoredIndexError": "rlbuf.errors",
+    "StreamError": "rlbuf.errors",
     "GAE": "rlbuf.gae",
     "ReplayBuffer": "rlbuf.replay",
     "Transition": "rlbuf.replay",
@@ -95,6 +97,7 @@ __all__ = [
     "RolloutIncompleteError",
     "ShapeError",
     "StoredIndexError",
+    "StreamError",
     "Transition",
     "__version__",
 ]

@@ -286,8 +286,20 @@ class RingBuffer(Generic[BatchT]):
     def _make_batch(self, columns: dict[str, torch.Tensor]) -> BatchT:
         raise NotImplementedError
 
+    def _gather(self, index: torch.Tensor, names: Sequence[str] | None = None, *,
+                pinned: bool = False) -> dict[str, torch.Tensor]:
+        """The columns at storage positions ``index`` (a buffer that rebuilds fields overrides it);
+        with ``pinned``, gathered into page-locked memory where the layout allows."""
+        if names is not None:
+            self._ring.check_field_names(names)
+        return self._ring.gather(index, names, pinned=pinned)
+
+    def _readable_index(self) -> torch.Tensor:
+        """Positions ``sample_all`` returns, oldest first: every stored row unless overridden."""
+        return self._ring.chronological_index()
+
     def _batch(self, index: torch.Tensor, weight: torch.Tensor | None = None) -> BatchT:
-        columns = self._ring.gather(index, pinned=self._pinned_delivery)
+        columns = self._gather(index, pinned=self._pinned_delivery)
         columns["index"] = index
         if weight is not None:
             columns["weight"] = weight
@@ -309,7 +321,7 @@ class RingBuffer(Generic[BatchT]):
         """
         if len(self._ring) == 0:
             raise EmptyBufferError("sample_all: the buffer is empty; add data first")
-        return self._batch(self._ring.chronological_index())
+        return self._batch(self._readable_index())
 
     @overload
     def sample_by_index(self, index: Any, fields: None = None) -> BatchT: ...
@@ -341,8 +353,7 @@ class RingBuffer(Generic[BatchT]):
         positions = self._ring.as_index(index)
         if fields is None:
             return self._batch(positions)
-        self._ring.check_field_names(fields)
-        return deliver(self._ring.gather(positions, fields), self._device)
+        return deliver(self._gather(positions, fields), self._device)
 
     def epochs(self, batch_size: int, n_epochs: int = 1, *, drop_last: bool = False,
                shuffle: bool = True) -> EpochIterator[BatchT]:

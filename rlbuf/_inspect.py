@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rlbuf.checkpoint import MANIFEST, inside_checkpoint, parse_manifest, read_manifest
-from rlbuf.errors import CheckpointError
+from rlbuf.errors import CheckpointError, RlbufError
 
 _CHUNK = 1 << 20
 
@@ -87,6 +87,7 @@ def _describe(report: dict[str, Any], buffer_dir: Path, manifest: dict[str, Any]
         "versions": manifest.get("versions"),
         "size": state.get("size"),
         "capacity": _capacity(options),
+        "bytes_per_transition": _bytes_per_transition(state.get("kind"), options),
         "storage": options.get("storage"),
         "storing_device": options.get("storing_device"),
         "device": options.get("device") or options.get("storing_device"),
@@ -110,6 +111,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines += [
             f"kind        {report['kind']}  (format version {report['format_version']})",
             f"size        {report['size']} / {report['capacity']} rows",
+            *([f"memory      about {report['bytes_per_transition']:,.0f} bytes per row (estimate)"]
+              if report.get("bytes_per_transition") else []),
             f"storage     {report['storage']}  (storing device {report['storing_device']}, "
             f"device {report['device']})",
             "versions    " + ", ".join(f"{k} {v}" for k, v in versions.items()),
@@ -166,6 +169,21 @@ def _demo_part(checkpoint: Path) -> dict[str, Any]:
     state = checkpoint / "state.pt"
     status = "missing" if not state.is_file() else "ok" if _sha256(state) == meta.get("state_sha256") else "failed"
     return {"demo": meta.get("demo"), "frames": meta.get("frames"), "state_status": status}
+
+
+def _bytes_per_transition(kind: Any, options: dict[str, Any]) -> float | None:
+    """ReplayBuffer.bytes_per_transition of a replay checkpoint's options (``None`` for other kinds)."""
+    if kind != "ReplayBuffer":
+        return None
+    from rlbuf._base import _option_from_json
+    from rlbuf.replay import ReplayBuffer
+
+    names = ("obs_shape", "action_shape", "obs_dtype", "action_dtype", "extra_fields", "prioritized", "frame_stack",
+             "n_step", "compact")
+    try:
+        return ReplayBuffer.bytes_per_transition(**{k: _option_from_json(options[k]) for k in names if k in options})
+    except (RlbufError, TypeError, ValueError):
+        return None
 
 
 def _capacity(options: dict[str, Any]) -> Any:

@@ -62,6 +62,9 @@ class ReplayBatch(_ExtrasAccess):
         done: ``terminated | truncated`` ``[B]`` bool.
         index: storage positions of the rows, for :meth:`ReplayBuffer.update_priority`.
         weight: importance-sampling weights (ones when the buffer is not prioritized).
+        discount: what multiplies the value of ``next_obs`` in a TD target ``[B]``:
+            ``gamma ** m`` for a transition of ``m`` steps (``m = 1`` unless ``n_step > 1``),
+            0 when the episode terminated within them.
         extras: the buffer's extra fields by name (also readable as attributes).
     """
 
@@ -74,6 +77,7 @@ class ReplayBatch(_ExtrasAccess):
     done: torch.Tensor
     index: torch.Tensor
     weight: torch.Tensor
+    discount: torch.Tensor
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __len__(self) -> int:

@@ -75,5 +75,9 @@ class ConfigError(RlbufError, ValueError):
     """Constructor options that contradict each other or the platform."""
 
 
+class StreamError(RlbufError, ValueError):
+    """An observation that does not continue its env's stream in a buffer that stores ``next_obs`` once."""
+
+
 class CheckpointError(RlbufError):
     """A checkpoint that is missing, truncated, corrupted, of another version or kind."""

@@ -40,7 +40,8 @@ from rlbuf.errors import RlbufError
 from rlbuf.replay import ReplayBuffer, Transition
 from rlbuf.storage import DeviceLike, resolve_device
 
-_BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "done", "index", "weight")
+_BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "done", "index", "weight",
+                 "discount")
 
 
 class ReplayBufferHost:

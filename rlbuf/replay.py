@@ -27,20 +27,24 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 from tensordict import TensorDictBase
-from torchrl.data import RandomSampler
+from torchrl.data import RandomSampler, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs
+from rlbuf._compact import CompactLayout, layout_options
 from rlbuf._core import check_extras
+from rlbuf._streams import PaddingType, stream_bytes
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.batches import ReplayBatch
-from rlbuf.errors import ConfigError, MissingFieldError, PriorityError, ShapeError
+from rlbuf.epochs import EpochIterator
+from rlbuf.errors import CheckpointError, ConfigError, MissingFieldError, PriorityError, ShapeError
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
 
 _MAX_PRIORITY = 1e100
 _FIXED = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+_PRIORITY_BYTES = 32  # the sum tree's sum and min nodes: two float64 pairs per row
 
 
 class Transition(NamedTuple):
@@ -63,8 +67,9 @@ class Transition(NamedTuple):
 
 
 def replay_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], obs_dtype: torch.dtype,
-                 action_dtype: torch.dtype, extra_fields: ExtraFields | None) -> tuple[FieldSpec, ...]:
-    """The stored fields of a replay buffer, in TorchRL keys.
+                 action_dtype: torch.dtype, extra_fields: ExtraFields | None, *,
+                 next_obs: bool = True) -> tuple[FieldSpec, ...]:
+    """The stored fields of a replay buffer, in TorchRL keys (``next_obs=False``: the compact layout).
 
     Example:
         >>> [s.describe() for s in replay_specs((3,), (1,), torch.float32, torch.float32, None)][:3]
@@ -74,12 +79,13 @@ def replay_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], obs_
         FieldSpec("obs", "observation", obs_shape, obs_dtype),
         FieldSpec("action", "action", action_shape, action_dtype),
         FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True, trailing_one=True),
-        FieldSpec("next_obs", ("next", "observation"), obs_shape, obs_dtype),
+        *([FieldSpec("next_obs", ("next", "observation"), obs_shape, obs_dtype)] if next_obs else []),
         FieldSpec("terminated", ("next", "terminated"), (), torch.bool, trailing_one=True),
         FieldSpec("truncated", ("next", "truncated"), (), torch.bool, trailing_one=True),
         FieldSpec("done", ("next", "done"), (), torch.bool, trailing_one=True),
     ]
-    return (*specs, *extra_specs(extra_fields, specs))
+    reserved = {"next_obs": "the next observation of every batch", "discount": "an attribute of every batch"}
+    return (*specs, *extra_specs(extra_fields, specs, reserved))
 
 
 class ReplayBuffer(RingBuffer[ReplayBatch]):
@@ -102,15 +108,29 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         obs_dtype: stored observation dtype (``torch.uint8`` for images: 1 byte per value).
         action_dtype: stored action dtype.
         stats: an :class:`~rlbuf.EpisodeStats` fed with every step added (returns, lengths).
+        frame_stack: ``k`` for stacked observations ``obs_shape=(k, *frame)`` (gymnasium's
+            ``FrameStackObservation``, newest frame last): each frame is stored once and the
+            stacks are rebuilt when sampled. Needs the compact layout.
+        padding_type: how the env pads an episode's first stack: ``"reset"`` (its first
+            frame repeated) or ``"zero"``, as in ``FrameStackObservation``.
+        n_step: transitions of up to ``n_step`` steps: ``batch.reward`` is their discounted
+            reward sum and ``batch.next_obs`` the observation they bootstrap from (never past
+            an episode's end). Needs the compact layout.
+        gamma: the discount of n-step returns and of ``batch.discount``.
+        compact: store ``next_obs`` once (it is the next row's ``obs`` of the same env; only
+            observations that end an episode are kept aside), halving the memory of
+            observations. Steps must then be added in each env's order, with every episode end
+            marked. ``None``: compact when ``frame_stack > 1`` or ``n_step > 1``.
+            See [Pixels and memory](../pixels.md).
 
     Raises:
         ConfigError: contradictory or invalid options.
 
     Example:
-        >>> buf = ReplayBuffer(100, obs_shape=(84, 84, 4), action_shape=(), obs_dtype=torch.uint8,
-        ...                    action_dtype=torch.int64, seed=0)
+        >>> buf = ReplayBuffer(100, obs_shape=(4, 84, 84), action_shape=(), obs_dtype=torch.uint8,
+        ...                    action_dtype=torch.int64, frame_stack=4, n_step=3, seed=0)
         >>> buf
-        ReplayBuffer(size=0/100, storage=memory, storing_device=cpu, device=cpu, prioritized=False, fields=[obs: (84, 84, 4) uint8, action: () int64, reward: () float32, next_obs: (84, 84, 4) uint8, terminated: () bool, truncated: () bool, done: () bool])
+        ReplayBuffer(size=0/100, storage=memory, storing_device=cpu, device=cpu, prioritized=False, compact=True, frame_stack=4, n_step=3, bytes_per_transition~7.113 kB, fields=[obs: (84, 84) uint8, action: () int64, reward: () float32, terminated: () bool, truncated: () bool, done: () bool])
     """
 
     def __init__(
@@ -132,9 +152,18 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         obs_dtype: torch.dtype = torch.float32,
         action_dtype: torch.dtype = torch.float32,
         stats: EpisodeStats | None = None,
+        frame_stack: int = 1,
+        padding_type: PaddingType = "reset",
+        n_step: int = 1,
+        gamma: float = 0.99,
+        compact: bool | None = None,
     ) -> None:
         self._record_options(locals())
         positive_int("num_envs", num_envs)
+        full_obs_shape = as_shape(obs_shape, "obs_shape")
+        compact = layout_options(full_obs_shape, frame_stack=frame_stack, padding_type=padding_type, n_step=n_step,
+                                 gamma=gamma, compact=compact)
+        self._gamma = float(gamma)
         self._attach_stats(stats, num_envs)
         prioritized = as_flag("prioritized", prioritized)
         for name, exponent in (("alpha", alpha), ("beta", beta)):
@@ -142,14 +171,87 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                     0 <= exponent < math.inf):
                 raise ConfigError(f"{name}: expected a finite number >= 0, got {exponent!r}")
         self._prioritized = prioritized
-        specs = replay_specs(as_shape(obs_shape, "obs_shape"), as_shape(action_shape, "action_shape"),
-                             obs_dtype, action_dtype, extra_fields)
-        self._extra_specs = {s.name: s for s in specs[len(_FIXED) + 1:]}
+        stored_obs_shape = full_obs_shape[1:] if frame_stack > 1 else full_obs_shape
+        specs = replay_specs(stored_obs_shape, as_shape(action_shape, "action_shape"),
+                             obs_dtype, action_dtype, extra_fields, next_obs=not compact)
+        self._extra_specs = {s.name: s for s in specs if s.name not in (*_FIXED, "done")}
         sampler: Sampler = (SumTreeSampler(positive_int("capacity", capacity), alpha=alpha, beta=beta)
                             if prioritized else RandomSampler())
         self._no_truncation = np.zeros(num_envs, np.bool_)
         self._setup(specs, capacity, sampler, num_envs=num_envs, storage=storage, scratch_dir=scratch_dir,
                     storing_device=storing_device, device=device, seed=seed, derived={"done": done_of})
+        self._compact = CompactLayout(self._ring, full_obs_shape, obs_dtype, num_envs=num_envs, frame_stack=frame_stack,
+                                      padding_type=padding_type, n_step=n_step, gamma=self._gamma,
+                                      extra_names=list(self._extra_specs)) if compact else None
+        self._row_bytes = self.bytes_per_transition(
+            obs_shape=full_obs_shape, action_shape=action_shape, obs_dtype=obs_dtype, action_dtype=action_dtype,
+            extra_fields=extra_fields, prioritized=prioritized, frame_stack=frame_stack, n_step=n_step, compact=compact)
+
+    @property
+    def compact(self) -> bool:
+        """Whether ``next_obs`` is stored once (the compact layout; see the ``compact`` option)."""
+        return self._compact is not None
+
+    @property
+    def torchrl(self) -> TensorDictReplayBuffer:
+        """The underlying TorchRL ``TensorDictReplayBuffer`` (for collectors, losses, Ray).
+
+        Raises:
+            ConfigError: the buffer is compact: its rows hold no ``("next", "observation")``,
+                and TorchRL code writing into it would bypass each env's stream.
+        """
+        if self._compact is not None:
+            raise ConfigError("torchrl: this buffer stores next_obs once (compact layout), which TorchRL's own "
+                              "reads and writes do not know; build it with compact=False (and frame_stack=1, "
+                              "n_step=1) to hand it to TorchRL, or use its extend() and sample()")
+        return self._ring.rb
+
+    def clear(self) -> None:
+        """Remove every row, priority and open episode; capacity and options stay.
+
+        Example:
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), compact=True)
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False)
+            >>> buf.clear()
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False)   # a new stream: any obs may start it
+            >>> len(buf)
+            1
+        """
+        super().clear()
+        if self._compact is not None:
+            self._compact.clear()
+
+    def epochs(self, batch_size: int, n_epochs: int = 1, *, drop_last: bool = False,
+               shuffle: bool = True) -> EpochIterator[ReplayBatch]:
+        """Minibatches that visit every stored row once per epoch (see ``RingBuffer.epochs``).
+
+        Raises:
+            ConfigError: the buffer is compact (its newest rows are not complete
+                transitions yet): use :meth:`sample`.
+
+        Example:
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False)
+            >>> [len(batch) for batch in buf.epochs(1)]
+            [1]
+        """
+        if self._compact is not None:
+            raise ConfigError("epochs: not available for a compact buffer (next_obs stored once, frame_stack or "
+                              "n_step), whose newest rows are not complete transitions yet; use sample()")
+        return super().epochs(batch_size, n_epochs, drop_last=drop_last, shuffle=shuffle)
+
+    def _extra_state(self) -> dict[str, Any]:
+        state = super()._extra_state()
+        if self._compact is not None:
+            state["streams"] = self._compact.state_dict()
+        return state
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        super()._load_extra_state(state)
+        if self._compact is not None:
+            if not isinstance(state.get("streams"), dict):
+                raise CheckpointError("state: a compact buffer's checkpoint must hold its streams, found none")
+            self._compact.load_state_dict(state["streams"])
 
     @property
     def prioritized(self) -> bool:
@@ -182,7 +284,70 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         return sampler
 
     def _repr_options(self) -> str:
-        return f", prioritized={self._prioritized}"
+        layout = ""
+        if self._compact is not None:
+            layout = f", compact=True, frame_stack={self._compact.frame_stack}, n_step={self._compact.n_step}"
+        return f", prioritized={self._prioritized}{layout}, bytes_per_transition~{_human_bytes(self._row_bytes)}"
+
+    @classmethod
+    def bytes_per_transition(
+        cls,
+        *,
+        obs_shape: Sequence[int] | int,
+        action_shape: Sequence[int] | int,
+        obs_dtype: torch.dtype = torch.float32,
+        action_dtype: torch.dtype = torch.float32,
+        extra_fields: ExtraFields | None = None,
+        prioritized: bool = False,
+        frame_stack: int = 1,
+        n_step: int = 1,
+        compact: bool | None = None,
+        episode_length: float | None = None,
+    ) -> float:
+        """Estimated bytes one stored transition takes, to size a buffer for a machine.
+
+        Counts the stored fields, the priority tree, the stream bookkeeping of the compact
+        layout and, given the mean ``episode_length``, the final observations kept aside
+        (one per episode). Memory of a buffer is about ``capacity`` times this (on disk with
+        ``storage="memmap"``, except final observations, which stay in RAM).
+
+        Args:
+            obs_shape: as for the constructor (the whole stack with ``frame_stack > 1``).
+            action_shape: as for the constructor.
+            obs_dtype: as for the constructor.
+            action_dtype: as for the constructor.
+            extra_fields: as for the constructor.
+            prioritized: as for the constructor.
+            frame_stack: as for the constructor.
+            n_step: as for the constructor.
+            compact: as for the constructor.
+            episode_length: mean steps per episode (``None``: final observations not counted).
+
+        Raises:
+            ConfigError: invalid or contradictory options.
+
+        Example:
+            >>> atari = dict(obs_shape=(4, 84, 84), action_shape=(), obs_dtype=torch.uint8,
+            ...              action_dtype=torch.int64)
+            >>> ReplayBuffer.bytes_per_transition(**atari, compact=False)
+            56463.0
+            >>> ReplayBuffer.bytes_per_transition(**atari, frame_stack=4, episode_length=1000)
+            7120.056
+        """
+        full = as_shape(obs_shape, "obs_shape")
+        compact = layout_options(full, frame_stack=frame_stack, padding_type="reset", n_step=n_step, gamma=0.99,
+                                 compact=compact)
+        stored = full[1:] if frame_stack > 1 else full
+        specs = replay_specs(stored, as_shape(action_shape, "action_shape"), obs_dtype, action_dtype, extra_fields,
+                             next_obs=not compact)
+        total = float(sum(math.prod(s.shape) * s.dtype.itemsize for s in specs))
+        if prioritized:
+            total += _PRIORITY_BYTES
+        if compact:
+            total += stream_bytes(frame_stack)
+            if episode_length is not None:
+                total += math.prod(stored) * obs_dtype.itemsize / episode_length
+        return total
 
     # -- writing -----------------------------------------------------------------------------
     def add(
@@ -231,11 +396,16 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             truncated = False if self._num_envs == 1 else self._no_truncation
         if len(extras) != len(self._extra_specs) or (extras and extras.keys() != self._extra_specs.keys()):
             check_extras(self._extra_specs, extras)
-        if extras:
+        if self._compact is not None:
+            extra_values = tuple(extras[n] for n in self._extra_specs)
+            self._compact.write(obs, next_obs, terminated, truncated, self._compact.all_envs,
+                                lambda frames, done, cut: self._ring.add(
+                                    (frames, action, reward, done, cut, *extra_values), self._num_envs))
+        elif extras:
             values = (obs, action, reward, next_obs, terminated, truncated, *(extras[n] for n in self._extra_specs))
+            self._ring.add(values, self._num_envs)
         else:
-            values = (obs, action, reward, next_obs, terminated, truncated)
-        self._ring.add(values, self._num_envs)
+            self._ring.add((obs, action, reward, next_obs, terminated, truncated), self._num_envs)
         if self._stats is not None:
             self._stats.update(reward, terminated, truncated)
 
@@ -264,8 +434,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         rows = int(td.batch_size.numel())
         lead = tuple(td.batch_size)
         tensors: dict[str, torch.Tensor] = {}
+        compact = self._compact
         for spec in self._ring.specs:
-            if spec.name in ("truncated", "done"):
+            if spec.name in ("truncated", "done") or (compact is not None and spec.name == "obs"):
                 continue
             tensors[spec.name] = _read_td(td, spec, lead)
         tensors["truncated"] = _truncated_from(td, lead, tensors["terminated"])
@@ -274,7 +445,14 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                              f"apart, got {lead}")
         for name, value in tensors.items():
             tensors[name] = value.reshape(rows, *self._ring.by_name[name].shape)
-        self._ring.write_tensors(tensors, rows)
+        if compact is None:
+            self._ring.write_tensors(tensors, rows)
+        else:
+            obs, next_obs = (_read_td(td, spec, lead).reshape(rows, *spec.shape)
+                             for spec in (compact.obs_spec, compact.next_obs_spec))
+            compact.write(obs, next_obs, tensors["terminated"], tensors["truncated"], compact.env_ids_of(lead),
+                          lambda frames, done, cut: self._ring.write_tensors(
+                              {**tensors, "obs": frames, "terminated": done, "truncated": cut}, rows))
         if self._stats is not None:
             self._feed_stats_from_rollout(*(tensors[n].view(lead) for n in ("reward", "terminated", "truncated")))
 
@@ -301,23 +479,40 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         with ring.lock:  # index, weights and rows from one consistent state, whatever other threads add
             batch_size = ring.require_rows(batch_size, without_replacement=False)
             ring.flush()
-            if self._prioritized:
-                index, info = ring.rb._sampler.sample(ring.rb._storage, batch_size)
-                weight = info["priority_weight"].to(torch.float32)
-            else:
-                index = torch.randint(0, len(ring), (batch_size,), generator=ring.generator,
-                                      device=self._storing_device)
-                weight = None
-            return self._batch(index, weight)
+            if self._compact is not None:
+                return self._batch(*self._compact.draw(batch_size, self._draw))
+            return self._batch(*self._draw(batch_size))
+
+    def _draw(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Positions (and importance weights when prioritized) of ``batch_size`` stored rows."""
+        ring = self._ring
+        if self._prioritized:
+            index, info = ring.rb._sampler.sample(ring.rb._storage, batch_size)
+            return index, info["priority_weight"].to(torch.float32)
+        return torch.randint(0, len(ring), (batch_size,), generator=ring.generator, device=self._storing_device), None
+
+    def _gather(self, index: torch.Tensor, names: Sequence[str] | None = None, *,
+                pinned: bool = False) -> dict[str, torch.Tensor]:
+        if self._compact is None:
+            return super()._gather(index, names, pinned=pinned)
+        return self._compact.columns(index, names)
+
+    def _readable_index(self) -> torch.Tensor:
+        if self._compact is None:
+            return super()._readable_index()
+        return self._compact.complete_index()
 
     def _make_batch(self, columns: dict[str, torch.Tensor]) -> ReplayBatch:
         weight = columns.get("weight")
         if weight is None:
             weight = torch.ones(columns["index"].shape[0], device=columns["index"].device)
         extras = {name: columns[name] for name in self._extra_specs}
+        discount = columns.get("discount")
+        if discount is None:
+            discount = torch.where(columns["terminated"], 0.0, self._gamma).to(torch.float32)
         return ReplayBatch(columns["obs"], columns["action"], columns["reward"], columns["next_obs"],
                            columns["terminated"], columns["truncated"], columns["done"],
-                           columns["index"], weight, extras)
+                           columns["index"], weight, discount, extras)
 
     # -- priorities --------------------------------------------------------------------------
     def update_priority(self, index: Any, priority: Any) -> None:
@@ -349,6 +544,14 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         if not bool(torch.isfinite(values).all()) or bool((values < 0).any()) or bool((values > _MAX_PRIORITY).any()):
             raise PriorityError(f"priority: expected finite, non-negative values up to {_MAX_PRIORITY:g}")
         self._ring.rb.update_priority(positions, values)
+
+
+def _human_bytes(count: float) -> str:
+    for unit in ("B", "kB", "MB"):
+        if count < 1000:
+            return f"{count:.4g} {unit}"
+        count /= 1000
+    return f"{count:.4g} GB"
 
 
 def _read_td(td: TensorDictBase, spec: FieldSpec, lead: tuple[int, ...]) -> torch.Tensor:

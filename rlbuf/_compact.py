@@ -1,0 +1,273 @@
+"""The compact layout of a ReplayBuffer: rows without ``next_obs``, transitions rebuilt when sampled.
+
+Each row stores one observation (with ``frame_stack=k``: the newest frame of the stack) and
+the step's action, reward and flags; :mod:`rlbuf._streams` follows each env's stream to find a
+row's older frames and its next rows, and :mod:`rlbuf._nstep` turns those into n-step rewards
+and discounts. What ``sample`` returns is exactly what a buffer storing whole transitions
+(with ``reward``/``discount`` of the n-step target) would return.
+
+Example:
+    >>> import torch
+    >>> from rlbuf import ReplayBuffer
+    >>> buf = ReplayBuffer(8, obs_shape=(2, 1), action_shape=(), frame_stack=2, seed=0)
+    >>> for t in range(3):
+    ...     buf.add(torch.tensor([[max(t - 1, 0)], [t]]), 0.0, 1.0, torch.tensor([[t], [t + 1]]), False)
+    >>> buf.sample_all().obs[:, :, 0].tolist()    # the third row waits for the row after it
+    [[0.0, 0.0], [0.0, 1.0]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from rlbuf._core import RowRing
+from rlbuf._nstep import nstep_discount, nstep_return
+from rlbuf._streams import Chain, PaddingType, Streams
+from rlbuf.errors import (
+    ConfigError,
+    EmptyBufferError,
+    MissingFieldError,
+    PriorityError,
+    ShapeError,
+    StoredIndexError,
+)
+from rlbuf.spec import FieldSpec, positive_int
+
+# Draws of rows that turn out incomplete are replaced by new draws; these bound the rounds.
+_REDRAW_ROUNDS = 64
+_MAX_ROUNDS = 4096
+_COMPUTED = ("obs", "next_obs", "reward", "terminated", "truncated", "done", "discount")
+
+Draw = Callable[[int], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+class CompactLayout:
+    """Writes steps into a ring of single observations and rebuilds sampled transitions.
+
+    Args:
+        ring: the buffer's ring (its ``obs`` field holds one frame per row).
+        obs_shape: one observation as added (``(k, *frame)`` with ``frame_stack=k``).
+        obs_dtype: the stored observation dtype.
+        num_envs: envs whose steps are added.
+        frame_stack: frames per observation.
+        padding_type: how an episode's first stack is padded (``"reset"`` or ``"zero"``).
+        n_step: steps per transition at most.
+        gamma: the discount of the n-step return.
+        extra_names: the buffer's extra fields.
+    """
+
+    def __init__(self, ring: RowRing, obs_shape: tuple[int, ...], obs_dtype: torch.dtype, *, num_envs: int,
+                 frame_stack: int, padding_type: PaddingType, n_step: int, gamma: float,
+                 extra_names: Sequence[str]) -> None:
+        self.ring = ring
+        self.frame_stack = frame_stack
+        self.n_step = n_step
+        self.gamma = gamma
+        self.extra_names = tuple(extra_names)
+        self.obs_spec = FieldSpec("obs", "observation", obs_shape, obs_dtype)
+        self.next_obs_spec = FieldSpec("next_obs", ("next", "observation"), obs_shape, obs_dtype)
+        self.streams = Streams(ring.capacity, num_envs, obs_shape, obs_dtype, frame_stack=frame_stack,
+                               padding_type=padding_type, n_step=n_step, storing_device=ring.storing_device)
+        self.all_envs = np.arange(num_envs, dtype=np.int64)
+        self._sampled: tuple[torch.Tensor, Chain] | None = None
+
+    # -- writing -----------------------------------------------------------------------------
+    def write(self, obs: Any, next_obs: Any, terminated: Any, truncated: Any, env_ids: npt.NDArray[np.int64],
+              store: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]) -> None:
+        """Check steps against their envs' streams, store them with ``store(frames, terminated,
+        truncated)`` (which validates the other fields and writes the ring), then link them.
+
+        Raises:
+            ShapeError, DtypeError, DeviceError, MissingFieldError, StreamError: before anything
+                is stored.
+        """
+        ring = self.ring
+        rows = len(env_ids)
+        obs_rows = _rows(self.obs_spec, obs, rows, ring.accepted_devices)
+        next_rows = _rows(self.next_obs_spec, next_obs, rows, ring.accepted_devices)
+        terminated_rows = _rows(ring.by_name["terminated"], terminated, rows, ring.accepted_devices).to(torch.bool)
+        truncated_rows = _rows(ring.by_name["truncated"], truncated, rows, ring.accepted_devices).to(torch.bool)
+        terminated_np, truncated_np = terminated_rows.numpy(), truncated_rows.numpy()
+        with ring.lock:
+            self.streams.check(obs_rows, next_rows, env_ids, terminated_np, truncated_np)
+            first = ring.write_count
+            store(obs_rows[:, -1] if self.frame_stack > 1 else obs_rows, terminated_rows, truncated_rows)
+            self.streams.record(env_ids, first, next_rows, terminated_np, truncated_np,
+                                write_count=ring.write_count, size=len(ring))
+
+    def env_ids_of(self, lead: tuple[int, ...]) -> npt.NDArray[np.int64]:
+        """The env of each row of a tensordict of batch size ``lead``, flattened row-major.
+
+        Raises:
+            ShapeError: a batch size that does not tell envs apart.
+        """
+        num_envs = len(self.all_envs)
+        if len(lead) == 2 and lead[0] == num_envs:
+            return np.repeat(self.all_envs, lead[1])
+        if len(lead) == 1 and num_envs == 1:
+            return np.zeros(lead[0], np.int64)
+        raise ShapeError(f"td: a buffer that stores next_obs once follows each env's stream, so it needs batch "
+                         f"size ({num_envs}, T) (time last, as TorchRL collectors give)"
+                         f"{' or (T,)' if num_envs == 1 else ''}, got {lead}")
+
+    def clear(self) -> None:
+        """Forget every stream (the ring is cleared by its owner)."""
+        self.streams.clear()
+        self._sampled = None
+
+    # -- reading -----------------------------------------------------------------------------
+    def walk(self, positions: npt.NDArray[np.int64]) -> Chain:
+        """The rows of the transitions at ``positions`` (the ring must be flushed)."""
+        return self.streams.walk(positions, write_count=self.ring.write_count, size=len(self.ring))
+
+    def draw(self, batch_size: int, draw: Draw) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``batch_size`` positions of complete transitions from ``draw``, redrawing incomplete ones.
+
+        Redraws keep the distribution of ``draw`` restricted to complete transitions (uniform, or
+        proportional to priority).
+
+        Raises:
+            EmptyBufferError: no transition is complete yet.
+            PriorityError: complete transitions hold (almost) none of the priority mass.
+        """
+        index, weight = draw(batch_size)
+        chain = self.walk(index.cpu().numpy())
+        for round_ in range(_MAX_ROUNDS):
+            missing = ~chain.complete
+            if not missing.any():
+                self._sampled = (index, chain)
+                return index, weight
+            if round_ == _REDRAW_ROUNDS and not self.walk(self.ring.chronological_index().cpu().numpy()).complete.any():
+                raise EmptyBufferError(_NOTHING_COMPLETE)
+            more, more_weight = draw(int(missing.sum()))
+            where = torch.from_numpy(missing).to(index.device)
+            index[where] = more
+            if weight is not None and more_weight is not None:
+                weight[where] = more_weight
+            chain.merge(missing, self.walk(more.cpu().numpy()))
+        raise PriorityError(f"sample: complete transitions hold almost none of the priority mass ({_MAX_ROUNDS} "
+                            "rounds of draws found none); update their priorities")
+
+    def complete_index(self) -> torch.Tensor:
+        """Positions of every complete transition, oldest first.
+
+        Raises:
+            EmptyBufferError: none is complete yet.
+        """
+        with self.ring.lock:
+            index = self.ring.chronological_index()
+            complete = self.walk(index.cpu().numpy()).complete
+        if not complete.any():
+            raise EmptyBufferError(_NOTHING_COMPLETE)
+        return index[torch.from_numpy(complete).to(index.device)]
+
+    def columns(self, index: torch.Tensor, names: Sequence[str] | None) -> dict[str, torch.Tensor]:
+        """The batch columns of the transitions at ``index``, on the storing device.
+
+        Raises:
+            StoredIndexError: a transition that is not complete.
+            MissingFieldError: an unknown field name.
+        """
+        known = (*_COMPUTED, "action", *self.extra_names)
+        if names is not None and any(name not in known for name in names):
+            unknown = [name for name in names if name not in known]
+            raise MissingFieldError(f"fields: unknown {unknown}; fields are {list(known)}")
+        with self.ring.lock:  # the streams and the rows they point to, from one consistent state
+            return self._columns(index, names)
+
+    def _columns(self, index: torch.Tensor, names: Sequence[str] | None) -> dict[str, torch.Tensor]:
+        ring = self.ring
+        ring.flush()
+        sampled, self._sampled = self._sampled, None
+        chain = sampled[1] if sampled is not None and sampled[0] is index else self.walk(index.cpu().numpy())
+        if not chain.complete.all():
+            position = int(index[torch.from_numpy(~chain.complete).to(index.device)][0])
+            raise StoredIndexError(
+                f"index: the transition at position {position} is not complete: the observations after it "
+                f"(up to n_step={self.n_step}) are not added yet, or the oldest frames of its stack "
+                f"(frame_stack={self.frame_stack}) were overwritten")
+        device = index.device
+
+        def frames(positions: npt.NDArray[np.int64]) -> torch.Tensor:
+            return ring.gather(torch.from_numpy(positions).to(device), ["obs"])["obs"]
+
+        columns = ring.gather(index, ["action", *(("reward",) if self.n_step == 1 else ()), *self.extra_names])
+        columns["obs"], columns["next_obs"] = self.streams.stacks(ring.leaves["obs"], chain, frames)
+        start = self.frame_stack - 1
+        steps = torch.from_numpy(chain.steps).to(device)
+        if self.n_step > 1:
+            rows = torch.from_numpy(chain.rows[:, start:start + self.n_step].reshape(-1)).to(device)
+            rewards = ring.gather(rows, ["reward"])["reward"].view(len(index), self.n_step)
+            columns["reward"] = nstep_return(rewards, steps, self.gamma)
+        terminated = torch.from_numpy(chain.terminated).to(device)
+        truncated = torch.from_numpy(chain.truncated).to(device)
+        columns["terminated"], columns["truncated"] = terminated, truncated
+        columns["done"] = terminated | truncated
+        columns["discount"] = nstep_discount(steps, terminated, self.gamma)
+        if names is None:
+            return columns
+        return {name: columns[name] for name in names}
+
+    # -- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The stream bookkeeping (for checkpoints)."""
+        return self.streams.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.streams.load_state_dict(state)
+
+
+_NOTHING_COMPLETE = ("sample: no transition is complete yet: each needs the observation after it (n_step of them "
+                     "with n_step > 1) unless its episode ended; add more steps first")
+
+
+def _rows(spec: FieldSpec, value: Any, rows: int, devices: tuple[torch.device, ...]) -> torch.Tensor:
+    """``rows`` rows of ``spec`` from a tensor, array, list or number, checked, on the CPU in the stored dtype."""
+    if value is None:
+        raise MissingFieldError(f"{spec.name}: a value is required")
+    tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
+    if rows == 1 and tuple(tensor.shape) == spec.shape:
+        tensor = tensor.unsqueeze(0)
+    spec.check_tensor(tensor, (rows,), devices)
+    return tensor.detach().to("cpu", spec.dtype)
+
+
+def layout_options(obs_shape: tuple[int, ...], *, frame_stack: int, padding_type: str, n_step: int, gamma: float,
+                   compact: bool | None) -> bool:
+    """Check a ReplayBuffer's layout options and return whether it is compact.
+
+    Raises:
+        ConfigError: an invalid or contradictory option.
+
+    Example:
+        >>> layout_options((4, 84, 84), frame_stack=4, padding_type="reset", n_step=1, gamma=0.99, compact=None)
+        True
+        >>> layout_options((4, 84, 84), frame_stack=3, padding_type="reset", n_step=1, gamma=0.99, compact=None)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: obs_shape: with frame_stack=3 the first dim holds the stack, expected (3, ...), got (4, 84, 84)
+    """
+    positive_int("frame_stack", frame_stack)
+    positive_int("n_step", n_step)
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 <= gamma <= 1:
+        raise ConfigError(f"gamma: expected a number in [0, 1], got {gamma!r}")
+    if padding_type not in ("reset", "zero"):
+        raise ConfigError(f"padding_type: expected 'reset' or 'zero' (gymnasium's FrameStackObservation modes), "
+                          f"got {padding_type!r}")
+    if frame_stack > 1 and (not obs_shape or obs_shape[0] != frame_stack):
+        raise ConfigError(f"obs_shape: with frame_stack={frame_stack} the first dim holds the stack, expected "
+                          f"({frame_stack}, ...), got {obs_shape}")
+    if compact is None:
+        return frame_stack > 1 or n_step > 1
+    if not isinstance(compact, bool):
+        raise ConfigError(f"compact: expected True, False or None, got {compact!r}")
+    if not compact and (frame_stack > 1 or n_step > 1):
+        raise ConfigError(f"compact: frame_stack={frame_stack} and n_step={n_step} follow each env's stream and need "
+                          "compact=True (or None), got compact=False")
+    return compact

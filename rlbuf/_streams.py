@@ -1,0 +1,441 @@
+"""Each env's stream of rows in a replay ring: which row follows which, and where episodes end.
+
+A compact replay buffer stores one observation per row (or, with frame stacks, one frame) and
+no ``next_obs``: the next observation of a row is the observation of the next row *of the same
+env*, found by following that env's stream. Rows of several envs interleave in the ring in any
+order (an add may carry any subset of envs), so every row keeps links to its neighbours:
+
+* a row is named by its *serial*, the number of rows written before it; it lives at position
+  ``serial % capacity`` and is still stored while ``serial >= write_count - size``. Links hold
+  serials, so a link to an overwritten row is recognised instead of followed.
+* ``back``: the serials of the ``frame_stack - 1`` rows before it in the same env and episode
+  (the older frames of its stack), oldest first; a slot before the episode start holds
+  ``-1 - start`` (``start``: the serial of the episode's first row, whose frame pads the stack
+  with ``padding_type="reset"``). Kept at write time, so a sample reads one row of links.
+* ``next``: the serial of the next row of the same env (-1 until it is added, or when the row
+  ends its episode).
+* the observation that ends an episode (the real final observation, which the env replaced by a
+  reset) is kept aside in :class:`FinalFrames`, one slot per stored row that ended an episode.
+
+From these, :meth:`Streams.walk` finds for each sampled row the rows that make up its
+transition: ``frame_stack - 1`` rows back (the older frames of its stack, padded at an episode
+start) and up to ``n_step`` rows forward (the n-step return and the observation it bootstraps
+from). A row is *complete* when all of them are still stored: one whose oldest frames were
+overwritten, or whose next rows are not added yet (and whose episode has not ended), is not.
+
+Adds are checked before anything is stored (:meth:`Streams.check`): a row's observation must
+be the ``next_obs`` given with the previous row of its env unless that row ended the episode,
+and a stack must be the previous one shifted by one frame (an episode's first stack: padded as
+gymnasium's ``FrameStackObservation`` pads it). So what ``sample`` rebuilds is exactly what was
+added.
+
+Example:
+    >>> import numpy as np, torch
+    >>> streams = Streams(4, 1, (1,), torch.float32, frame_stack=1, padding_type="reset", n_step=1,
+    ...                   storing_device=torch.device("cpu"))
+    >>> obs, next_obs = torch.tensor([[0.0], [1.0]]), torch.tensor([[1.0], [2.0]])
+    >>> env, no = np.zeros(2, np.int64), np.zeros(2, np.bool_)
+    >>> streams.check(obs, next_obs, env, no, no)
+    >>> streams.record(env, 0, next_obs, no, no, write_count=2, size=2)
+    >>> chain = streams.walk(np.array([0, 1]), write_count=2, size=2)
+    >>> chain.complete.tolist()                   # row 1 waits for the row after it
+    [True, False]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from rlbuf.errors import CheckpointError, StreamError
+
+PaddingType = Literal["reset", "zero"]
+
+
+def stream_bytes(frame_stack: int) -> int:
+    """Bytes of bookkeeping per row: back, next and final-slot links (int64) and two flags."""
+    return 8 * (frame_stack - 1) + 8 + 8 + 2
+_Ints = npt.NDArray[np.int64]
+_Bools = npt.NDArray[np.bool_]
+
+
+class FinalFrames:
+    """Final observations (or their newest frame) kept aside, in reusable slots that grow on demand.
+
+    Example:
+        >>> finals = FinalFrames((2,), torch.float32, torch.device("cpu"))
+        >>> slots = finals.put(torch.ones(3, 2))
+        >>> finals.release(slots[:1]); finals.put(torch.zeros(1, 2)).tolist()   # a freed slot is reused
+        [0]
+    """
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+        self.frames = torch.zeros((0, *shape), dtype=dtype, device=device)
+        self.top = 0
+        self.free: list[int] = []
+
+    def put(self, values: torch.Tensor) -> _Ints:
+        """Store ``values`` (one per row) and return their slots."""
+        count = int(values.shape[0])
+        reused = [self.free.pop() for _ in range(min(count, len(self.free)))]
+        fresh = count - len(reused)
+        if self.top + fresh > self.frames.shape[0]:
+            grown = torch.zeros((max(16, 2 * self.frames.shape[0], self.top + fresh), *self.frames.shape[1:]),
+                                dtype=self.frames.dtype, device=self.frames.device)
+            grown[:self.top] = self.frames[:self.top]
+            self.frames = grown
+        slots = np.array(reused + list(range(self.top, self.top + fresh)), np.int64)
+        self.top += fresh
+        if count:
+            self.frames[torch.from_numpy(slots).to(self.frames.device)] = values.to(self.frames.device)
+        return slots
+
+    def release(self, slots: _Ints) -> None:
+        """Free ``slots`` for reuse (their rows were overwritten)."""
+        self.free.extend(int(s) for s in slots)
+
+    def take(self, slots: _Ints) -> torch.Tensor:
+        """The frames in ``slots``."""
+        return self.frames.index_select(0, torch.from_numpy(slots).to(self.frames.device))
+
+    def clear(self) -> None:
+        """Forget every frame (the memory is given back)."""
+        self.frames = self.frames[:0].clone()
+        self.top = 0
+        self.free = []
+
+    def state_dict(self) -> dict[str, Any]:
+        """The used slots and the free list, as tensors."""
+        return {"frames": self.frames[:self.top].cpu(), "free": torch.tensor(self.free, dtype=torch.int64)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`."""
+        frames = state["frames"]
+        if tuple(frames.shape[1:]) != tuple(self.frames.shape[1:]) or frames.dtype != self.frames.dtype:
+            raise CheckpointError(f"state: final observations of shape {tuple(frames.shape[1:])} {frames.dtype}, "
+                                  f"expected {tuple(self.frames.shape[1:])} {self.frames.dtype}")
+        self.frames = frames.to(self.frames.device).clone()
+        self.top = int(frames.shape[0])
+        self.free = [int(s) for s in state["free"].tolist()]
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """The rows that make up the transitions of some sampled rows (see :meth:`Streams.walk`).
+
+    Attributes:
+        complete: every row needed is stored ``[B]``.
+        rows: positions ``[B, frame_stack + n_step]``: the stack of the sampled row (oldest
+            first, the sampled row at ``frame_stack - 1``), then the rows after it.
+        padded: slots of ``rows`` before the episode start ``[B, frame_stack + n_step]``.
+        steps: ``m``, the steps to the observation the transition bootstraps from ``[B]``.
+        ended: the episode ended within those steps (``next_obs`` is a final observation) ``[B]``.
+        terminated: it ended by termination ``[B]``; truncated: by truncation ``[B]``.
+        final_slot: where the final observation is kept, for ended rows (else -1) ``[B]``.
+    """
+
+    complete: _Bools
+    rows: _Ints
+    padded: _Bools
+    steps: _Ints
+    ended: _Bools
+    terminated: _Bools
+    truncated: _Bools
+    final_slot: _Ints
+
+    def merge(self, where: _Bools, other: Chain) -> None:
+        """Replace the entries at ``where`` by those of ``other`` (walked for those rows only)."""
+        for name in Chain.__slots__:
+            getattr(self, name)[where] = getattr(other, name)
+
+
+class Streams:
+    """Per-env stream bookkeeping of a ring of ``capacity`` rows (see the module docstring).
+
+    Args:
+        capacity: rows in the ring.
+        num_envs: envs whose rows are added.
+        obs_shape: one observation as added (with the stack dim first when ``frame_stack > 1``).
+        obs_dtype: the stored observation dtype.
+        frame_stack: frames per observation (1: observations are not stacks).
+        padding_type: how an episode's first stack is padded: ``"reset"`` repeats its first
+            frame, ``"zero"`` uses zeros (gymnasium's ``FrameStackObservation`` options).
+        n_step: rows a transition spans at most.
+        storing_device: where final observations are kept.
+    """
+
+    def __init__(self, capacity: int, num_envs: int, obs_shape: tuple[int, ...], obs_dtype: torch.dtype, *,
+                 frame_stack: int, padding_type: PaddingType, n_step: int, storing_device: torch.device) -> None:
+        self.capacity = capacity
+        self.num_envs = num_envs
+        self.frame_stack = frame_stack
+        self.padding_type = padding_type
+        self.n_step = n_step
+        self.back = np.full((capacity, frame_stack - 1), -1, np.int64)
+        self.next = np.full(capacity, -1, np.int64)
+        self.terminated = np.zeros(capacity, np.bool_)
+        self.truncated = np.zeros(capacity, np.bool_)
+        self.final_slot = np.full(capacity, -1, np.int64)
+        # Per env: the serial of its newest row while that row's episode is open (else -1), and
+        # the next_obs given with it, which the env's next observation must equal.
+        self.last = np.full(num_envs, -1, np.int64)
+        self.expected = torch.zeros((num_envs, *obs_shape), dtype=obs_dtype)
+        frame_shape = obs_shape[1:] if frame_stack > 1 else obs_shape
+        self.finals = FinalFrames(frame_shape, obs_dtype, storing_device)
+
+    # -- writing -----------------------------------------------------------------------------
+    def check(self, obs: torch.Tensor, next_obs: torch.Tensor, env_ids: _Ints, terminated: _Bools,
+              truncated: _Bools) -> None:
+        """Raise :class:`StreamError` unless rows ``obs``/``next_obs`` continue their envs' streams.
+
+        Rows are in the order they happened; ``env_ids`` may repeat (several steps of one env).
+        Changes nothing.
+        """
+        ended = terminated | truncated
+        previous = _previous_in_call(env_ids)
+        first = previous < 0
+        inherited = first & (self.last[env_ids] >= 0)
+        following = ~first
+        following[following] = ~ended[previous[following]]
+        starts = ~(inherited | following)
+        continued = ((np.flatnonzero(inherited), self.expected, env_ids), (np.flatnonzero(following), next_obs, previous))
+        for rows, source, at in continued:
+            if rows.size:
+                bad = _differs(_take(obs, rows), _take(source, at[rows]))
+                if bad.any():
+                    env = int(env_ids[rows[bad.argmax()]])
+                    raise StreamError(
+                        f"obs: env {env}'s observation differs from the next_obs added with its previous step, "
+                        "whose episode did not end; a buffer that stores next_obs once follows each env's stream "
+                        "(mark the end of every episode with terminated or truncated, or build it with compact=False)")
+        if self.frame_stack == 1:
+            return
+        shifted = _differs(next_obs[:, :-1], obs[:, 1:])
+        if shifted.any():
+            env = int(env_ids[shifted.argmax()])
+            raise StreamError(f"next_obs: env {env}'s stack is not obs shifted by one frame (frame_stack="
+                              f"{self.frame_stack}, newest frame last), as gymnasium's FrameStackObservation gives")
+        rows = np.flatnonzero(starts)
+        if rows.size:
+            stacks = _take(obs, rows)
+            first_frames = stacks[:, :-1]
+            pad = stacks[:, -1:].expand_as(first_frames) if self.padding_type == "reset" else torch.zeros_like(first_frames)
+            bad = _differs(first_frames, pad)
+            if bad.any():
+                env = int(env_ids[rows[bad.argmax()]])
+                what = "its first frame" if self.padding_type == "reset" else "zeros"
+                raise StreamError(f"obs: env {env} starts an episode (its previous step ended one, or it is its "
+                                  f"first step here), expected the older frames of its stack to be {what} "
+                                  f"(padding_type={self.padding_type!r}), got other frames")
+
+    def record(self, env_ids: _Ints, first_serial: int, next_obs: torch.Tensor, terminated: _Bools,
+               truncated: _Bools, *, write_count: int, size: int) -> None:
+        """Note rows of serials ``first_serial, first_serial + 1, ...``, already written and checked."""
+        count = len(env_ids)
+        serials = first_serial + np.arange(count, dtype=np.int64)
+        ended = terminated | truncated
+        previous = _previous_in_call(env_ids)
+        links = np.where(previous >= 0, serials[np.maximum(previous, 0)], self.last[env_ids])
+        links[(previous >= 0) & ended[np.maximum(previous, 0)]] = -1
+        oldest = write_count - size
+        kept = np.flatnonzero(serials >= oldest)
+        positions = serials[kept] % self.capacity
+        released = self.final_slot[positions]
+        self.finals.release(released[released >= 0])
+        self.next[positions] = -1
+        self.terminated[positions] = terminated[kept]
+        self.truncated[positions] = truncated[kept]
+        self.final_slot[positions] = -1
+        stored_links = links[kept]
+        linked = stored_links >= oldest
+        self.next[stored_links[linked] % self.capacity] = serials[kept][linked]
+        if self.frame_stack > 1:
+            self._record_back(serials, links, kept, previous, oldest)
+        ending = kept[ended[kept]]
+        if ending.size:
+            frames = next_obs[ending, -1] if self.frame_stack > 1 else next_obs[ending]
+            self.final_slot[serials[ending] % self.capacity] = self.finals.put(frames)
+        newest = _last_in_call(env_ids)
+        envs = env_ids[newest]
+        self.last[envs] = np.where(ended[newest], -1, serials[newest])
+        self.expected[torch.from_numpy(envs)] = next_obs[torch.from_numpy(newest)].to(self.expected.dtype)
+
+    def _record_back(self, serials: _Ints, links: _Ints, kept: _Ints, previous: _Ints, oldest: int) -> None:
+        """Fill ``back`` of the kept rows, a row after the one it links to (rows of one env come in rounds)."""
+        rounds = np.zeros(len(serials), np.int64)
+        for row in np.flatnonzero(previous >= 0).tolist():
+            rounds[row] = rounds[previous[row]] + 1
+        for round_ in range(int(rounds[kept].max()) + 1 if kept.size else 0):
+            rows = kept[rounds[kept] == round_]
+            own, link = serials[rows], links[rows]
+            back = np.empty((len(rows), self.frame_stack - 1), np.int64)
+            start = link < 0
+            back[start] = (-1 - own[start])[:, None]
+            gone = ~start & (link < oldest)  # the row before is overwritten: this one can never be complete
+            back[gone] = link[gone][:, None]
+            live = ~(start | gone)
+            back[live, :-1] = self.back[link[live] % self.capacity, 1:]
+            back[live, -1] = link[live]
+            self.back[own % self.capacity] = back
+
+    def clear(self) -> None:
+        """Forget every row and every open episode."""
+        self.back.fill(-1)
+        self.next.fill(-1)
+        self.terminated.fill(False)
+        self.truncated.fill(False)
+        self.final_slot.fill(-1)
+        self.last.fill(-1)
+        self.finals.clear()
+
+    # -- reading -----------------------------------------------------------------------------
+    def walk(self, positions: _Ints, *, write_count: int, size: int) -> Chain:
+        """The rows making up the transitions of the rows at ``positions`` (see :class:`Chain`)."""
+        capacity, stack, n_step = self.capacity, self.frame_stack, self.n_step
+        count = len(positions)
+        oldest = write_count - size
+        rows = np.empty((count, stack + n_step), np.int64)
+        padded = np.zeros((count, stack + n_step), np.bool_)
+        rows[:, stack - 1] = positions
+        if stack > 1:
+            back = self.back[positions]
+            before = back < 0
+            serials = np.where(before, -1 - back, back)
+            complete: _Bools = np.asarray((serials >= oldest).all(axis=1))
+            rows[:, :stack - 1] = serials % capacity
+            padded[:, :stack - 1] = before
+        else:
+            complete = np.ones(count, np.bool_)
+        row = positions
+        steps = np.zeros(count, np.int64)
+        ended = np.zeros(count, np.bool_)
+        terminated = np.zeros(count, np.bool_)
+        truncated = np.zeros(count, np.bool_)
+        final_slot = np.full(count, -1, np.int64)
+        walking = complete.copy()
+        for step in range(1, n_step + 1):
+            row_terminated, row_truncated = self.terminated[row], self.truncated[row]
+            ends = walking & (row_terminated | row_truncated)
+            steps[ends] = step
+            ended |= ends
+            terminated |= ends & row_terminated
+            truncated |= ends & row_truncated
+            final_slot[ends] = self.final_slot[row[ends]]
+            walking &= ~ends
+            link = self.next[row]
+            missing = walking & (link < 0)
+            complete &= ~missing
+            walking &= ~missing
+            row = np.where(walking, link % capacity, row)
+            rows[:, stack - 1 + step] = row
+        steps[walking] = n_step
+        return Chain(complete, rows, padded, steps, ended, terminated, truncated, final_slot)
+
+    def stacks(self, frames: torch.Tensor, chain: Chain,
+               gather: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``obs`` and ``next_obs`` of complete transitions, rebuilt from stored frames.
+
+        Args:
+            frames: the stored frames (one per row), for shape and dtype.
+            chain: the walk of the sampled rows (all complete).
+            gather: ``gather(positions) -> frames`` reading the ring at a 1-D position array.
+        """
+        stack, n_step = self.frame_stack, self.n_step
+        count = len(chain.steps)
+        next_rows = chain.rows[:, n_step:n_step + stack]
+        next_padded = chain.padded[:, n_step:n_step + stack]
+        short = np.flatnonzero(chain.steps < n_step)  # episodes that ended within the n steps
+        if short.size:
+            offsets = chain.steps[short, None] + np.arange(stack)
+            next_rows, next_padded = next_rows.copy(), next_padded.copy()
+            next_rows[short] = np.take_along_axis(chain.rows[short], offsets, axis=1)
+            next_padded[short] = np.take_along_axis(chain.padded[short], offsets, axis=1)
+        both = gather(np.concatenate((chain.rows[:, :stack].reshape(-1), next_rows.reshape(-1))))
+        both = both.view(2, count, *((stack,) if stack > 1 else ()), *frames.shape[1:])
+        obs, next_obs = both[0], both[1]
+        if chain.ended.any():
+            ended = np.flatnonzero(chain.ended)
+            final = self.finals.take(chain.final_slot[ended]).to(next_obs.device)
+            at = torch.from_numpy(ended).to(next_obs.device)
+            if stack > 1:
+                next_obs[at, -1] = final
+            else:
+                next_obs[at] = final
+        if self.padding_type == "zero" and stack > 1:
+            obs[torch.from_numpy(chain.padded[:, :stack]).to(obs.device)] = 0
+            next_obs[torch.from_numpy(next_padded).to(obs.device)] = 0
+        return obs, next_obs
+
+    # -- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Links, flags, open episodes and final observations, as tensors (for checkpoints)."""
+        return {
+            "back": torch.from_numpy(self.back.copy()), "next": torch.from_numpy(self.next.copy()),
+            "terminated": torch.from_numpy(self.terminated.copy()),
+            "truncated": torch.from_numpy(self.truncated.copy()),
+            "final_slot": torch.from_numpy(self.final_slot.copy()), "last": torch.from_numpy(self.last.copy()),
+            "expected": self.expected.clone(), "finals": self.finals.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` of a buffer with the same options.
+
+        Raises:
+            CheckpointError: arrays of the wrong length, or links that do not fit.
+        """
+        arrays = {"back": self.back, "next": self.next, "terminated": self.terminated, "truncated": self.truncated,
+                  "final_slot": self.final_slot, "last": self.last}
+        for name, array in arrays.items():
+            value = state.get(name)
+            if not isinstance(value, torch.Tensor) or tuple(value.shape) != array.shape:
+                shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
+                raise CheckpointError(f"state: stream {name!r} has shape {shape}, expected {array.shape}")
+        expected = state.get("expected")
+        if not isinstance(expected, torch.Tensor) or expected.shape != self.expected.shape:
+            raise CheckpointError(f"state: stream 'expected' does not have shape {tuple(self.expected.shape)}")
+        self.finals.load_state_dict(state["finals"])
+        slots = state["final_slot"]
+        if slots.numel() and int(slots.max()) >= self.finals.top:
+            raise CheckpointError(f"state: a final observation slot {int(slots.max())} beyond the "
+                                  f"{self.finals.top} saved")
+        for name, array in arrays.items():
+            array[:] = state[name].numpy()
+        self.expected.copy_(expected)
+
+
+def _previous_in_call(env_ids: _Ints) -> _Ints:
+    """For each row, the index of the previous row of the same env in this call, or -1."""
+    previous = np.full(len(env_ids), -1, np.int64)
+    if len(np.unique(env_ids)) == len(env_ids):
+        return previous
+    seen: dict[int, int] = {}
+    for row, env in enumerate(env_ids.tolist()):
+        previous[row] = seen.get(env, -1)
+        seen[env] = row
+    return previous
+
+
+def _last_in_call(env_ids: _Ints) -> _Ints:
+    """Indices of the last row of each env present in this call."""
+    reversed_first = np.unique(env_ids[::-1], return_index=True)[1]
+    return np.sort(len(env_ids) - 1 - reversed_first)
+
+
+def _take(tensor: torch.Tensor, rows: _Ints) -> torch.Tensor:
+    """``tensor[rows]`` without a copy when ``rows`` are all the rows in order."""
+    if len(rows) == len(tensor) and (len(rows) == 0 or (rows[0] == 0 and rows[-1] == len(rows) - 1)):
+        return tensor
+    return tensor.index_select(0, torch.from_numpy(rows))
+
+
+def _differs(a: torch.Tensor, b: torch.Tensor) -> npt.NDArray[np.bool_]:
+    """Per row, whether ``a`` and ``b`` differ anywhere (NaN equals NaN: a stored NaN rebuilds as NaN)."""
+    if torch.equal(a, b):
+        return np.zeros(len(a), np.bool_)
+    same = (a == b) | (a.isnan() & b.isnan()) if a.is_floating_point() else a == b
+    result: npt.NDArray[np.bool_] = ~same.reshape(len(a), -1).all(dim=1).numpy()
+    return result
