@@ -53,10 +53,10 @@ class ReplayBatch(_ExtrasAccess):
     broadcast silently against a ``[batch_size]`` Q-value.
 
     Attributes:
-        obs: observations ``[B, *obs_shape]``.
+        obs: observations ``[B, *obs_shape]`` (a ``TensorDict`` of batch size ``[B]`` for dict observations).
         action: actions ``[B, *action_shape]``.
         reward: rewards ``[B]``.
-        next_obs: next observations ``[B, *obs_shape]``.
+        next_obs: next observations ``[B, *obs_shape]`` (a ``TensorDict`` like ``obs``).
         terminated: episode ended by the MDP (no bootstrap) ``[B]`` bool.
         truncated: episode cut by a time limit (bootstrap from ``next_obs``) ``[B]`` bool.
         done: ``terminated | truncated`` ``[B]`` bool.
@@ -65,10 +65,10 @@ class ReplayBatch(_ExtrasAccess):
         extras: the buffer's extra fields by name (also readable as attributes).
     """
 
-    obs: torch.Tensor
+    obs: torch.Tensor | TensorDict
     action: torch.Tensor
     reward: torch.Tensor
-    next_obs: torch.Tensor
+    next_obs: torch.Tensor | TensorDict
     terminated: torch.Tensor
     truncated: torch.Tensor
     done: torch.Tensor
@@ -114,18 +114,18 @@ class DistillationBatch(_ExtrasAccess):
     """A batch from a :class:`~rlbuf.DistillationBuffer`; unpacks as ``obs, expert_action = batch``.
 
     Attributes:
-        obs: observations ``[B, *obs_shape]``.
+        obs: observations ``[B, *obs_shape]`` (a ``TensorDict`` for dict observations).
         expert_action: the expert's actions ``[B, *action_shape]``.
         index: storage positions of the rows.
         extras: extra fields (e.g. ``expert_logits``), also readable as attributes.
     """
 
-    obs: torch.Tensor
+    obs: torch.Tensor | TensorDict
     expert_action: torch.Tensor
     index: torch.Tensor
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    def __iter__(self) -> Iterator[torch.Tensor]:
+    def __iter__(self) -> Iterator[torch.Tensor | TensorDict]:
         yield self.obs
         yield self.expert_action
 
@@ -154,8 +154,9 @@ class RolloutBatch(_ExtrasAccess):
     """A minibatch (or the whole rollout, flattened ``T*N``) from a :class:`~rlbuf.RolloutBuffer`.
 
     Attributes:
-        obs: observations ``[B, *obs_shape]``.
-        privileged_obs: privileged observations for an asymmetric critic, or ``None``.
+        obs: observations ``[B, *obs_shape]`` (a ``TensorDict`` for dict observations).
+        privileged_obs: privileged observations for an asymmetric critic (stored at its own key,
+            ``"privileged_observation"``), or ``None``.
         action: actions ``[B, *action_shape]``.
         reward: rewards ``[B]``.
         terminated: episode ended by the MDP at this step ``[B]`` bool.
@@ -167,7 +168,7 @@ class RolloutBatch(_ExtrasAccess):
         extras: extra fields and tensors attached with ``set_extras`` (also attributes).
     """
 
-    obs: torch.Tensor
+    obs: torch.Tensor | TensorDict
     privileged_obs: torch.Tensor | None
     action: torch.Tensor
     reward: torch.Tensor

@@ -31,6 +31,7 @@ from torchrl.data.replay_buffers.samplers import Sampler
 
 from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs
 from rlbuf._core import check_extras
+from rlbuf._obs import Layout, ObsDtype, ObsShape, record_layout, torchrl_env_key
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.batches import ReplayBatch
 from rlbuf.errors import ConfigError, MissingFieldError, PriorityError, ShapeError
@@ -60,19 +61,20 @@ class Transition(NamedTuple):
     extras: Mapping[str, Any] | None = None
 
 
-def replay_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], obs_dtype: torch.dtype,
+def replay_specs(obs_shape: Any, action_shape: tuple[int, ...], obs_dtype: Any,
                  action_dtype: torch.dtype, extra_fields: ExtraFields | None) -> tuple[FieldSpec, ...]:
-    """The stored fields of a replay buffer, in TorchRL keys.
+    """The stored fields of a replay buffer, in TorchRL keys (one per leaf of a dict observation).
 
     Example:
         >>> [s.describe() for s in replay_specs((3,), (1,), torch.float32, torch.float32, None)][:3]
         ['obs: (3,) float32', 'action: (1,) float32', 'reward: () float32']
     """
+    obs = Layout.parse(obs_shape, obs_dtype)
     specs = [
-        FieldSpec("obs", "observation", obs_shape, obs_dtype),
+        *obs.specs("obs", "observation"),
         FieldSpec("action", "action", action_shape, action_dtype),
         FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True, trailing_one=True),
-        FieldSpec("next_obs", ("next", "observation"), obs_shape, obs_dtype),
+        *obs.specs("next_obs", ("next", "observation")),
         FieldSpec("terminated", ("next", "terminated"), (), torch.bool, trailing_one=True),
         FieldSpec("truncated", ("next", "truncated"), (), torch.bool, trailing_one=True),
         FieldSpec("done", ("next", "done"), (), torch.bool, trailing_one=True),
@@ -86,7 +88,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
 
     Args:
         capacity: transitions kept; the oldest are overwritten first once full.
-        obs_shape: shape of one observation.
+        obs_shape: shape of one observation; for dict observations a (nested) mapping of
+            shapes, a TorchRL ``Composite`` spec or a gymnasium ``Dict`` space (see
+            [structured observations](structured.md)): batches then give ``batch.obs`` as a ``TensorDict``.
         action_shape: shape of one action (``()`` for a discrete action index).
         num_envs: rows per :meth:`add` (one per vectorised env).
         prioritized: prioritized experience replay (sum tree), with ``alpha`` and ``beta``.
@@ -98,7 +102,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         device: where sampled batches are delivered (defaults to ``storing_device``).
         seed: seeds the buffer's own generator; sampling never touches the global RNG.
         extra_fields: ``{"name": (shape, dtype)}`` stored with every transition.
-        obs_dtype: stored observation dtype (``torch.uint8`` for images: 1 byte per value).
+        obs_dtype: stored observation dtype (``torch.uint8`` for images: 1 byte per value); for
+            dict observations one dtype or a mapping by key (keys left out: float32).
         action_dtype: stored action dtype.
         stats: an :class:`~rlbuf.EpisodeStats` fed with every step added (returns, lengths).
 
@@ -116,7 +121,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self,
         capacity: int,
         *,
-        obs_shape: Sequence[int] | int,
+        obs_shape: ObsShape,
         action_shape: Sequence[int] | int,
         num_envs: int = 1,
         prioritized: bool = False,
@@ -128,19 +133,19 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         device: DeviceLike | None = None,
         seed: int | None = None,
         extra_fields: ExtraFields | None = None,
-        obs_dtype: torch.dtype = torch.float32,
+        obs_dtype: ObsDtype = torch.float32,
         action_dtype: torch.dtype = torch.float32,
         stats: EpisodeStats | None = None,
     ) -> None:
         self._record_options(locals())
+        self._obs = record_layout(self._options, obs_shape, obs_dtype)
         positive_int("num_envs", num_envs)
         self._attach_stats(stats, num_envs)
         if prioritized and not (alpha >= 0 and beta >= 0):
             raise ConfigError(f"alpha, beta: expected non-negative numbers, got alpha={alpha}, beta={beta}")
         self._prioritized = prioritized
-        specs = replay_specs(as_shape(obs_shape, "obs_shape"), as_shape(action_shape, "action_shape"),
-                             obs_dtype, action_dtype, extra_fields)
-        self._extra_specs = {s.name: s for s in specs[len(_FIXED) + 1:]}
+        specs = replay_specs(obs_shape, as_shape(action_shape, "action_shape"), obs_dtype, action_dtype, extra_fields)
+        self._extra_specs = {s.name: s for s in specs[len(_FIXED) + 1 + 2 * (len(self._obs.leaves) - 1):]}
         sampler: Sampler = (SumTreeSampler(positive_int("capacity", capacity), alpha=alpha, beta=beta)
                             if prioritized else RandomSampler())
         self._no_truncation = np.zeros(num_envs, np.bool_)
@@ -227,7 +232,10 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             truncated = False if self._num_envs == 1 else self._no_truncation
         if len(extras) != len(self._extra_specs) or (extras and extras.keys() != self._extra_specs.keys()):
             check_extras(self._extra_specs, extras)
-        if extras:
+        if self._obs.structured:
+            values = (*self._obs.split("obs", obs), action, reward, *self._obs.split("next_obs", next_obs),
+                      terminated, truncated, *(extras[n] for n in self._extra_specs))
+        elif extras:
             values = (obs, action, reward, next_obs, terminated, truncated, *(extras[n] for n in self._extra_specs))
         else:
             values = (obs, action, reward, next_obs, terminated, truncated)
@@ -311,7 +319,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         if weight is None:
             weight = torch.ones(columns["index"].shape[0], device=columns["index"].device)
         extras = {name: columns[name] for name in self._extra_specs}
-        return ReplayBatch(columns["obs"], columns["action"], columns["reward"], columns["next_obs"],
+        obs = self._obs
+        return ReplayBatch(obs.assemble("obs", columns), columns["action"], columns["reward"],
+                           obs.assemble("next_obs", columns),
                            columns["terminated"], columns["truncated"], columns["done"],
                            columns["index"], weight, extras)
 
@@ -345,6 +355,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
 
 def _read_td(td: TensorDictBase, spec: FieldSpec, lead: tuple[int, ...]) -> torch.Tensor:
     value: torch.Tensor | None = td.get(spec.key, None)
+    env_key = torchrl_env_key(spec.key)
+    if value is None and env_key is not None:
+        value = td.get(env_key, None)
     if value is None:
         raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
     if not spec.fits_rows(value.shape, lead):

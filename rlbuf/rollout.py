@@ -31,6 +31,7 @@ from torchrl.data import SamplerWithoutReplacement
 
 from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs
 from rlbuf._core import check_extras, deliver
+from rlbuf._obs import Layout, ObsDtype, ObsShape, leaf_names, record_layout, torchrl_env_key
 from rlbuf.batches import RolloutBatch
 from rlbuf.epochs import EpochIterator, batch_bounds
 from rlbuf.errors import (
@@ -51,8 +52,8 @@ _LOG_PROB_KEYS = ("sample_log_prob", "action_log_prob")
 _BUILT_IN = frozenset((*_STEP_FIELDS, *_COMPUTED, "done", "privileged_obs"))
 
 
-def rollout_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], privileged_obs_shape: tuple[int, ...] | None,
-                  obs_dtype: torch.dtype, action_dtype: torch.dtype,
+def rollout_specs(obs_shape: Any, action_shape: tuple[int, ...], privileged_obs_shape: tuple[int, ...] | None,
+                  obs_dtype: Any, action_dtype: torch.dtype,
                   extra_fields: ExtraFields | None) -> tuple[FieldSpec, ...]:
     """The stored fields of a rollout buffer, in TorchRL keys.
 
@@ -61,7 +62,7 @@ def rollout_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], pri
         ['obs', 'action', 'reward', 'terminated', 'truncated', 'value', 'log_prob', 'bootstrap_value', 'advantage', 'returns', 'done']
     """
     specs = [
-        FieldSpec("obs", "observation", obs_shape, obs_dtype),
+        *Layout.parse(obs_shape, obs_dtype).specs("obs", "observation"),
         FieldSpec("action", "action", action_shape, action_dtype),
         FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True, trailing_one=True),
         FieldSpec("terminated", ("next", "terminated"), (), torch.bool, trailing_one=True),
@@ -74,7 +75,7 @@ def rollout_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], pri
         FieldSpec("done", ("next", "done"), (), torch.bool, trailing_one=True),
     ]
     if privileged_obs_shape is not None:
-        specs.insert(1, FieldSpec("privileged_obs", "privileged_observation", privileged_obs_shape, torch.float32))
+        specs.insert(specs.index(next(s for s in specs if s.name == "action")), FieldSpec("privileged_obs", "privileged_observation", privileged_obs_shape, torch.float32))
     reserved = {s.name for s in specs} | {"extras", "index", "observation", "next"}
     return (*specs, *extra_specs(extra_fields, reserved))
 
@@ -89,7 +90,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
     Args:
         num_steps: steps per rollout (T).
         num_envs: parallel environments (N).
-        obs_shape: shape of one observation.
+        obs_shape: shape of one observation, or a (nested) mapping of shapes, a TorchRL
+            ``Composite`` or a gymnasium ``Dict`` space for dict observations.
         action_shape: shape of one action (``()`` for a discrete index).
         privileged_obs_shape: shape of privileged (critic-only) observations, if any.
         storage: ``"memory"`` or ``"memmap"``.
@@ -98,7 +100,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         device: where minibatches are delivered (defaults to ``storing_device``).
         seed: seeds the buffer's generator (minibatch shuffling); the global RNG is untouched.
         extra_fields: ``{"name": (shape, dtype)}`` passed to :meth:`add` with every step.
-        obs_dtype: stored observation dtype (``torch.uint8`` for images).
+        obs_dtype: stored observation dtype (``torch.uint8`` for images), or a mapping by key.
         action_dtype: stored action dtype (``torch.int64`` for discrete actions).
         stats: an :class:`~rlbuf.EpisodeStats` fed with every step added.
 
@@ -116,7 +118,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         num_steps: int,
         num_envs: int,
         *,
-        obs_shape: Sequence[int] | int,
+        obs_shape: ObsShape,
         action_shape: Sequence[int] | int,
         privileged_obs_shape: Sequence[int] | int | None = None,
         storage: StorageKind = "memory",
@@ -125,20 +127,21 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         device: DeviceLike | None = None,
         seed: int | None = None,
         extra_fields: ExtraFields | None = None,
-        obs_dtype: torch.dtype = torch.float32,
+        obs_dtype: ObsDtype = torch.float32,
         action_dtype: torch.dtype = torch.float32,
         stats: EpisodeStats | None = None,
     ) -> None:
         self._record_options(locals())
+        self._obs = record_layout(self._options, obs_shape, obs_dtype)
         positive_int("num_steps", num_steps)
         positive_int("num_envs", num_envs)
         self._attach_stats(stats, num_envs)
         self._num_steps = num_steps
         privileged = None if privileged_obs_shape is None else as_shape(privileged_obs_shape, "privileged_obs_shape")
-        specs = rollout_specs(as_shape(obs_shape, "obs_shape"), as_shape(action_shape, "action_shape"), privileged,
+        specs = rollout_specs(obs_shape, as_shape(action_shape, "action_shape"), privileged,
                               obs_dtype, action_dtype, extra_fields)
         self._has_privileged = privileged is not None
-        self._extra_specs = {s.name: s for s in specs if s.name not in _BUILT_IN}
+        self._extra_specs = {s.name: s for s in specs if s.name not in _BUILT_IN and not s.name.startswith("obs[")}
         self._setup(specs, num_steps * num_envs, SamplerWithoutReplacement(), num_envs=num_envs, storage=storage,
                     scratch_dir=scratch_dir, storing_device=storing_device, device=device, seed=seed,
                     derived={"advantage": _zeros_column, "returns": _zeros_column, "done": done_of})
@@ -241,7 +244,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         if not self._has_privileged and privileged_obs is not None:
             raise MissingFieldError("privileged_obs: this buffer was built without privileged_obs_shape")
         check_extras(self._extra_specs, extras)
-        values = {"obs": obs, "action": action, "reward": reward, "terminated": terminated, "truncated": truncated,
+        values = {**dict(zip(leaf_names("obs", self._obs), self._obs.split("obs", obs), strict=True)), "action": action, "reward": reward, "terminated": terminated, "truncated": truncated,
                   "value": value, "log_prob": log_prob, "bootstrap_value": bootstrap_value, **extras}
         if self._has_privileged:
             values["privileged_obs"] = privileged_obs
@@ -524,7 +527,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
 
     def _make_batch(self, columns: dict[str, torch.Tensor]) -> RolloutBatch:
         extras = {name: columns[name] for name in (*self._extra_specs, *self._attached)}
-        return RolloutBatch(columns["obs"], columns.get("privileged_obs"), columns["action"], columns["reward"],
+        return RolloutBatch(self._obs.assemble("obs", columns), columns.get("privileged_obs"), columns["action"], columns["reward"],
                             columns["terminated"], columns["truncated"], columns["value"], columns["log_prob"],
                             columns["advantage"], columns["returns"], extras)
 
@@ -559,4 +562,7 @@ def _read_rollout_key(td: TensorDictBase, spec: FieldSpec) -> torch.Tensor | Non
             return torch.zeros(reward_.shape, dtype=torch.float32, device=reward_.device)
         return bootstrap
     found: torch.Tensor | None = td.get(spec.key, None)
+    env_key = torchrl_env_key(spec.key)
+    if found is None and env_key is not None:
+        found = td.get(env_key, None)
     return found
