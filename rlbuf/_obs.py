@@ -252,7 +252,7 @@ class Layout:
 
     def _refuse_unknown(self, name: str, value: Any, path: Path) -> None:
         children = {leaf.path[len(path)] for leaf in self.leaves if leaf.path[:len(path)] == path and len(leaf.path) > len(path)}
-        for key in value.keys():
+        for key in tuple(value.keys()):  # iterating a TensorDict walks its batch dim, not its keys
             if key not in children:
                 raise MissingFieldError(f"{leaf_name(name, (*path, key))}: not a key of this buffer's {name}; "
                                         f"keys are {sorted(children)}")
