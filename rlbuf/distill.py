@@ -54,7 +54,8 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         seed: seeds the buffer's generator; the global RNG is untouched.
         extra_fields: ``{"name": (shape, dtype)}``, e.g. ``expert_logits``, ``expert_value``,
             or privileged observations for teacher-student setups.
-        obs_dtype: stored observation dtype, or a mapping by key (keys left out: float32).
+        obs_dtype: stored observation dtype, or a mapping by key. Unset: the spec's or space's
+            dtype, else float32.
         action_dtype: stored expert-action dtype.
 
     Raises:
@@ -78,7 +79,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         device: DeviceLike | None = None,
         seed: int | None = None,
         extra_fields: ExtraFields | None = None,
-        obs_dtype: ObsDtype = torch.float32,
+        obs_dtype: ObsDtype | None = None,
         action_dtype: torch.dtype = torch.float32,
     ) -> None:
         self._record_options(locals())

@@ -103,7 +103,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         seed: seeds the buffer's own generator; sampling never touches the global RNG.
         extra_fields: ``{"name": (shape, dtype)}`` stored with every transition.
         obs_dtype: stored observation dtype (``torch.uint8`` for images: 1 byte per value); for
-            dict observations one dtype or a mapping by key (keys left out: float32).
+            dict observations one dtype or a mapping by key. Unset: the spec's or space's dtype, else float32.
         action_dtype: stored action dtype.
         stats: an :class:`~rlbuf.EpisodeStats` fed with every step added (returns, lengths).
 
@@ -133,7 +133,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         device: DeviceLike | None = None,
         seed: int | None = None,
         extra_fields: ExtraFields | None = None,
-        obs_dtype: ObsDtype = torch.float32,
+        obs_dtype: ObsDtype | None = None,
         action_dtype: torch.dtype = torch.float32,
         stats: EpisodeStats | None = None,
     ) -> None:

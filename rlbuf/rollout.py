@@ -101,6 +101,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         seed: seeds the buffer's generator (minibatch shuffling); the global RNG is untouched.
         extra_fields: ``{"name": (shape, dtype)}`` passed to :meth:`add` with every step.
         obs_dtype: stored observation dtype (``torch.uint8`` for images), or a mapping by key.
+            Unset: the spec's or space's dtype, else float32.
         action_dtype: stored action dtype (``torch.int64`` for discrete actions).
         stats: an :class:`~rlbuf.EpisodeStats` fed with every step added.
 
@@ -127,7 +128,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         device: DeviceLike | None = None,
         seed: int | None = None,
         extra_fields: ExtraFields | None = None,
-        obs_dtype: ObsDtype = torch.float32,
+        obs_dtype: ObsDtype | None = None,
         action_dtype: torch.dtype = torch.float32,
         stats: EpisodeStats | None = None,
     ) -> None:
