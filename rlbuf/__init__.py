@@ -23,6 +23,7 @@ from rlbuf.errors import (
 from rlbuf.gae import GAE
 from rlbuf.replay import ReplayBuffer, Transition
 from rlbuf.rollout import RolloutBuffer
+from rlbuf.sequences import SequenceBatch
 from rlbuf.spec import FieldSpec
 from rlbuf.stats import EpisodeStats
 
@@ -52,6 +53,7 @@ __all__ = [
     "RolloutBatch",
     "RolloutBuffer",
     "RolloutIncompleteError",
+    "SequenceBatch",
     "ShapeError",
     "StoredIndexError",
     "Transition",

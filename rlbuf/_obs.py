@@ -307,11 +307,21 @@ def hidden_state_key(path: Path) -> str:
     return "_".join(("recurrent_state", *path))
 
 
-def check_flat(layout: Layout, option: str) -> None:
-    """Refuse nested mappings where only one level is supported (hidden states)."""
+def hidden_state_layout(shape: Any) -> Layout:
+    """The layout of a ``hidden_state_shape`` option: one shape or a flat mapping of shapes, float32.
+
+    Raises:
+        ConfigError: a malformed shape or nested keys.
+
+    Example:
+        >>> [leaf.path for leaf in hidden_state_layout({"h": (1, 8), "c": (1, 8)}).leaves]
+        [('h',), ('c',)]
+    """
+    layout = Layout.parse(shape, torch.float32, option="hidden_state_shape", dtype_option="hidden_state_shape")
     deep = [leaf.path for leaf in layout.leaves if len(leaf.path) > 1]
     if deep:
-        raise ConfigError(f"{option}: expected a shape or a flat mapping of shapes, got nested keys {deep}")
+        raise ConfigError(f"hidden_state_shape: expected a shape or a flat mapping of shapes, got nested keys {deep}")
+    return layout
 
 
 def record_layout(options: MutableMapping[str, Any], shape: Any, dtype: Any, *, option: str = "obs_shape",

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import torch
 from tensordict import TensorDict
 
+from rlbuf._obs import hidden_state_key
+
 
 def _torchrl_layout(value: torch.Tensor, batch_ndim: int) -> torch.Tensor:
     return value.unsqueeze(-1) if value.dim() == batch_ndim else value
@@ -166,6 +168,8 @@ class RolloutBatch(_ExtrasAccess):
         advantage: GAE advantages ``[B]``.
         returns: value targets (``advantage + value``) ``[B]``.
         extras: extra fields and tensors attached with ``set_extras`` (also attributes).
+        hidden_state: the policy's hidden state stored with each step ``[B, *shape]`` (a
+            ``TensorDict`` for ``{"h": ..., "c": ...}``), or ``None`` without hidden states.
     """
 
     obs: torch.Tensor | TensorDict
@@ -179,6 +183,7 @@ class RolloutBatch(_ExtrasAccess):
     advantage: torch.Tensor
     returns: torch.Tensor
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    hidden_state: torch.Tensor | TensorDict | None = None
 
     def __len__(self) -> int:
         return int(self.obs.shape[0])
@@ -212,6 +217,11 @@ class RolloutBatch(_ExtrasAccess):
         }, batch_size=[len(self)], device=self.obs.device)
         if self.privileged_obs is not None:
             td.set("privileged_observation", self.privileged_obs)
+        if isinstance(self.hidden_state, torch.Tensor):
+            td.set(hidden_state_key(()), self.hidden_state)
+        elif self.hidden_state is not None:
+            for key, value in self.hidden_state.items():
+                td.set(hidden_state_key((key,)), value)
         for name, value in self.extras.items():
             td.set(name, value)
         return td

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast, overload
 
 import numpy as np
 import torch
@@ -31,7 +31,16 @@ from torchrl.data import SamplerWithoutReplacement
 
 from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs
 from rlbuf._core import check_extras, deliver
-from rlbuf._obs import Layout, ObsDtype, ObsShape, leaf_names, record_layout, torchrl_env_key
+from rlbuf._obs import (
+    Layout,
+    ObsDtype,
+    ObsShape,
+    hidden_state_key,
+    hidden_state_layout,
+    leaf_names,
+    record_layout,
+    torchrl_env_key,
+)
 from rlbuf.batches import RolloutBatch
 from rlbuf.epochs import EpochIterator, batch_bounds
 from rlbuf.errors import (
@@ -42,6 +51,7 @@ from rlbuf.errors import (
     ShapeError,
 )
 from rlbuf.gae import compute_gae
+from rlbuf.sequences import SequenceBatch, Trajectories, gather_padded, split_trajectories
 from rlbuf.spec import ExtraFields, FieldSpec, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
@@ -76,7 +86,7 @@ def rollout_specs(obs_shape: Any, action_shape: tuple[int, ...], privileged_obs_
     ]
     if privileged_obs_shape is not None:
         specs.insert(specs.index(next(s for s in specs if s.name == "action")), FieldSpec("privileged_obs", "privileged_observation", privileged_obs_shape, torch.float32))
-    reserved = {s.name for s in specs} | {"extras", "index", "observation", "next"}
+    reserved = {s.name for s in specs} | {"extras", "index", "observation", "next", "hidden_state"}
     return (*specs, *extra_specs(extra_fields, reserved))
 
 
@@ -93,7 +103,13 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         obs_shape: shape of one observation, or a (nested) mapping of shapes, a TorchRL
             ``Composite`` or a gymnasium ``Dict`` space for dict observations.
         action_shape: shape of one action (``()`` for a discrete index).
-        privileged_obs_shape: shape of privileged (critic-only) observations, if any.
+        privileged_obs_shape: shape of privileged (critic-only) observations, if any: a second
+            observation key (``"privileged_observation"``), flat.
+        hidden_state_shape: the recurrent policy's hidden state per env and step, e.g.
+            ``(layers, 256)`` for a GRU or ``{"h": (layers, 256), "c": (layers, 256)}`` for an
+            LSTM (float32; stored at TorchRL's ``"recurrent_state"``/``"recurrent_state_h"`` keys).
+            Pass it to :meth:`add` as ``hidden_state=``; sequence minibatches give it at each
+            trajectory's start.
         storage: ``"memory"`` or ``"memmap"``.
         scratch_dir: directory for memmap files.
         storing_device: where the rollout is stored.
@@ -122,6 +138,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         obs_shape: ObsShape,
         action_shape: Sequence[int] | int,
         privileged_obs_shape: Sequence[int] | int | None = None,
+        hidden_state_shape: Sequence[int] | int | Mapping[str, Sequence[int] | int] | None = None,
         storage: StorageKind = "memory",
         scratch_dir: str | Path | None = None,
         storing_device: DeviceLike = "cpu",
@@ -143,6 +160,9 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                               obs_dtype, action_dtype, extra_fields)
         self._has_privileged = privileged is not None
         self._extra_specs = {s.name: s for s in specs if s.name not in _BUILT_IN and not s.name.startswith("obs[")}
+        self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
+        if self._hidden is not None:
+            specs = (*specs, *self._hidden.specs("hidden_state", hidden_state_key))
         self._setup(specs, num_steps * num_envs, SamplerWithoutReplacement(), num_envs=num_envs, storage=storage,
                     scratch_dir=scratch_dir, storing_device=storing_device, device=device, seed=seed,
                     derived={"advantage": _zeros_column, "returns": _zeros_column, "done": done_of})
@@ -200,6 +220,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         truncated: Any = None,
         privileged_obs: Any = None,
         bootstrap_value: Any = None,
+        hidden_state: Any = None,
         **extras: Any,
     ) -> None:
         """Store one step for all ``num_envs`` envs.
@@ -215,6 +236,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             privileged_obs: critic-only observations, if the buffer has them.
             bootstrap_value: V(final observation) ``[num_envs]``, read where ``truncated``:
                 required whenever an env is truncated at this step.
+            hidden_state: the policy's hidden state the action was computed from
+                ``[num_envs, *shape]`` (a dict for ``{"h": ..., "c": ...}``), if the buffer has one.
             **extras: one value per declared extra field.
 
         Raises:
@@ -244,7 +267,13 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             raise MissingFieldError("privileged_obs: this buffer stores privileged observations with every step")
         if not self._has_privileged and privileged_obs is not None:
             raise MissingFieldError("privileged_obs: this buffer was built without privileged_obs_shape")
+        if (self._hidden is None) != (hidden_state is None):
+            raise MissingFieldError("hidden_state: this buffer stores one with every step" if hidden_state is None
+                                    else "hidden_state: this buffer was built without hidden_state_shape")
         check_extras(self._extra_specs, extras)
+        if self._hidden is not None:
+            extras = {**extras, **dict(zip(leaf_names("hidden_state", self._hidden),
+                                           self._hidden.split("hidden_state", hidden_state), strict=True))}
         values = {**dict(zip(leaf_names("obs", self._obs), self._obs.split("obs", obs), strict=True)), "action": action, "reward": reward, "terminated": terminated, "truncated": truncated,
                   "value": value, "log_prob": log_prob, "bootstrap_value": bootstrap_value, **extras}
         if self._has_privileged:
@@ -459,25 +488,46 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         self._ring.flush()
         return self._make_batch(dict(self._ring.leaves) | self._attached)
 
+    @overload
     def minibatches(
         self, batch_size: int | None = None, *, num_minibatches: int | None = None, n_epochs: int = 1,
-        shuffle: bool = True, drop_last: bool = False,
-    ) -> EpochIterator[RolloutBatch]:
+        shuffle: bool = True, drop_last: bool = False, sequences: Literal[False] = False,
+    ) -> EpochIterator[RolloutBatch]: ...
+
+    @overload
+    def minibatches(
+        self, batch_size: int | None = None, *, num_minibatches: int | None = None, n_epochs: int = 1,
+        shuffle: bool = True, drop_last: bool = False, sequences: Literal[True],
+    ) -> EpochIterator[SequenceBatch]: ...
+
+    def minibatches(
+        self, batch_size: int | None = None, *, num_minibatches: int | None = None, n_epochs: int = 1,
+        shuffle: bool = True, drop_last: bool = False, sequences: bool = False,
+    ) -> EpochIterator[RolloutBatch] | EpochIterator[SequenceBatch]:
         """Shuffled minibatches on the training device, each row exactly once per epoch.
 
         The rollout is moved to the training device once, then every epoch draws a fresh
         permutation there and gathers each minibatch with ``index_select``.
 
+        With ``sequences=True`` (recurrent policies) the unit is a trajectory instead of a row:
+        each env's rollout is split at episode ends (``terminated | truncated``) and at the
+        rollout's end, and each minibatch is a [`SequenceBatch`][rlbuf.SequenceBatch] of whole
+        trajectories padded to ``[L, B, ...]`` with a ``mask`` and the hidden state stored at
+        each trajectory's first step. Trajectories are shuffled across envs; ``batch_size`` then
+        counts trajectories, and ``num_minibatches`` splits them into that many minibatches.
+        With ``shuffle=False`` they come env by env, in time order (rsl_rl's order).
+
         Args:
-            batch_size: rows per minibatch (or give ``num_minibatches``).
+            batch_size: rows (trajectories with ``sequences``) per minibatch, or give ``num_minibatches``.
             num_minibatches: minibatches per epoch, sizes differing by at most one.
             n_epochs: passes over the rollout.
             shuffle: fresh permutation each epoch (else storage order).
             drop_last: drop a last, smaller minibatch.
+            sequences: minibatches of padded trajectories instead of rows.
 
         Raises:
             RolloutIncompleteError: the rollout is not full or advantages are not computed.
-            BatchSizeError: a size ≤ 0 or larger than the rollout.
+            BatchSizeError: a size ≤ 0 or larger than the rollout (than its trajectories).
 
         Example:
             >>> buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=(), seed=0)
@@ -487,19 +537,51 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf.compute_returns_and_advantages(torch.zeros(2))
             >>> [len(batch) for batch in buf.minibatches(3, n_epochs=2)]
             [3, 1, 3, 1]
+            >>> batch = next(iter(buf.minibatches(num_minibatches=1, sequences=True)))
+            >>> batch.obs.shape, batch.mask.shape
+            (torch.Size([2, 2, 3]), torch.Size([2, 2]))
         """
         self._require_ready("minibatches")
         self._ring.flush()
         columns = deliver(dict(self._ring.leaves) | self._attached, self._device)
+        arguments = {"batch_size": batch_size, "num_minibatches": num_minibatches, "n_epochs": n_epochs,
+                     "shuffle": shuffle, "drop_last": drop_last}
+        generator = self._iterator_generator(self._device)
+        if sequences:
+            trajectories = split_trajectories(columns["done"].view(self._num_steps, self._num_envs))
+
+            def make_sequences(index: torch.Tensor) -> SequenceBatch:
+                return self._make_sequence_batch(columns, trajectories, index)
+
+            sequence_iterator = EpochIterator(len(trajectories), make_sequences, batch_size=batch_size,
+                                              num_batches=num_minibatches, n_epochs=n_epochs, drop_last=drop_last,
+                                              shuffle=shuffle, generator=generator)
+            self._track_epochs(cast(Any, sequence_iterator), "minibatches", **arguments, sequences=True)
+            return sequence_iterator
 
         def make_batch(index: torch.Tensor) -> RolloutBatch:
             return self._make_batch({name: column.index_select(0, index) for name, column in columns.items()})
 
         iterator = EpochIterator(self.capacity, make_batch, batch_size=batch_size, num_batches=num_minibatches,
-                                 n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle,
-                                 generator=self._iterator_generator(self._device))
-        return self._track_epochs(iterator, "minibatches", batch_size=batch_size, num_minibatches=num_minibatches,
-                                  n_epochs=n_epochs, shuffle=shuffle, drop_last=drop_last)
+                                 n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle, generator=generator)
+        return self._track_epochs(iterator, "minibatches", **arguments)
+
+    def _make_sequence_batch(self, columns: Mapping[str, torch.Tensor], trajectories: Trajectories,
+                             index: torch.Tensor) -> SequenceBatch:
+        rows, mask = trajectories.rows(index, num_envs=self._num_envs)
+        hidden_names = () if self._hidden is None else leaf_names("hidden_state", self._hidden)
+        padded = gather_padded({name: column for name, column in columns.items() if name not in hidden_names},
+                               rows, mask)
+        hidden = None
+        if self._hidden is not None:
+            first = trajectories.first_rows(index, num_envs=self._num_envs)
+            hidden = self._hidden.assemble("hidden_state", {name: columns[name].index_select(0, first)
+                                                            for name in hidden_names})
+        extras = {name: padded[name] for name in (*self._extra_specs, *self._attached)}
+        return SequenceBatch(self._obs.assemble("obs", padded, batch_dims=2), padded.get("privileged_obs"),
+                             padded["action"], padded["reward"], padded["terminated"], padded["truncated"],
+                             padded["value"], padded["log_prob"], padded["advantage"], padded["returns"], mask,
+                             hidden, trajectories.env[index], trajectories.start[index], extras)
 
     def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
         """Minibatches per epoch for ``batch_size`` over the full rollout."""
@@ -528,9 +610,10 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
 
     def _make_batch(self, columns: dict[str, torch.Tensor]) -> RolloutBatch:
         extras = {name: columns[name] for name in (*self._extra_specs, *self._attached)}
-        return RolloutBatch(self._obs.assemble("obs", columns), columns.get("privileged_obs"), columns["action"], columns["reward"],
-                            columns["terminated"], columns["truncated"], columns["value"], columns["log_prob"],
-                            columns["advantage"], columns["returns"], extras)
+        hidden = None if self._hidden is None else self._hidden.assemble("hidden_state", columns)
+        return RolloutBatch(self._obs.assemble("obs", columns), columns.get("privileged_obs"), columns["action"],
+                            columns["reward"], columns["terminated"], columns["truncated"], columns["value"],
+                            columns["log_prob"], columns["advantage"], columns["returns"], extras, hidden)
 
 
 def _any_true(flags: Any) -> bool:
