@@ -23,7 +23,7 @@ from rlbuf.errors import (
 from rlbuf.gae import GAE
 from rlbuf.replay import ReplayBuffer, Transition
 from rlbuf.rollout import RolloutBuffer
-from rlbuf.sequences import SequenceBatch
+from rlbuf.sequences import ReplaySequenceBatch, SequenceBatch
 from rlbuf.spec import FieldSpec
 from rlbuf.stats import EpisodeStats
 
@@ -49,6 +49,7 @@ __all__ = [
     "PriorityError",
     "ReplayBatch",
     "ReplayBuffer",
+    "ReplaySequenceBatch",
     "RlbufError",
     "RolloutBatch",
     "RolloutBuffer",

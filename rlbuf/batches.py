@@ -65,6 +65,7 @@ class ReplayBatch(_ExtrasAccess):
         index: storage positions of the rows, for :meth:`ReplayBuffer.update_priority`.
         weight: importance-sampling weights (ones when the buffer is not prioritized).
         extras: the buffer's extra fields by name (also readable as attributes).
+        hidden_state: the hidden state stored with each transition, or ``None`` without one.
     """
 
     obs: torch.Tensor | TensorDict
@@ -77,6 +78,7 @@ class ReplayBatch(_ExtrasAccess):
     index: torch.Tensor
     weight: torch.Tensor
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    hidden_state: torch.Tensor | TensorDict | None = None
 
     def __len__(self) -> int:
         return int(self.obs.shape[0])

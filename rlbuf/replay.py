@@ -30,11 +30,21 @@ from torchrl.data import RandomSampler
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs
-from rlbuf._core import check_extras
-from rlbuf._obs import Layout, ObsDtype, ObsShape, record_layout, torchrl_env_key
+from rlbuf._core import check_extras, deliver
+from rlbuf._obs import (
+    Layout,
+    ObsDtype,
+    ObsShape,
+    hidden_state_key,
+    hidden_state_layout,
+    leaf_names,
+    record_layout,
+    torchrl_env_key,
+)
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.batches import ReplayBatch
-from rlbuf.errors import ConfigError, MissingFieldError, PriorityError, ShapeError
+from rlbuf.errors import BatchSizeError, ConfigError, MissingFieldError, PriorityError, ShapeError
+from rlbuf.sequences import ReplaySequenceBatch, burn_in_steps, sequence_flags, sequence_starts
 from rlbuf.spec import ExtraFields, FieldSpec, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
@@ -106,6 +116,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             dict observations one dtype or a mapping by key. Unset: the spec's or space's dtype, else float32.
         action_dtype: stored action dtype.
         stats: an :class:`~rlbuf.EpisodeStats` fed with every step added (returns, lengths).
+        hidden_state_shape: a recurrent policy's hidden state stored with every step, e.g.
+            ``{"h": (layers, 256), "c": (layers, 256)}`` (float32, TorchRL's
+            ``"recurrent_state_h"`` keys); :meth:`sample_sequences` gives it at each sequence start.
 
     Raises:
         ConfigError: contradictory or invalid options.
@@ -136,6 +149,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         obs_dtype: ObsDtype | None = None,
         action_dtype: torch.dtype = torch.float32,
         stats: EpisodeStats | None = None,
+        hidden_state_shape: Sequence[int] | int | Mapping[str, Sequence[int] | int] | None = None,
     ) -> None:
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
@@ -146,6 +160,10 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._prioritized = prioritized
         specs = replay_specs(obs_shape, as_shape(action_shape, "action_shape"), obs_dtype, action_dtype, extra_fields)
         self._extra_specs = {s.name: s for s in specs[len(_FIXED) + 1 + 2 * (len(self._obs.leaves) - 1):]}
+        self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
+        if self._hidden is not None:
+            specs = (*specs, *self._hidden.specs("hidden_state", hidden_state_key))
+        self._interleaved = True
         sampler: Sampler = (SumTreeSampler(positive_int("capacity", capacity), alpha=alpha, beta=beta)
                             if prioritized else RandomSampler())
         self._no_truncation = np.zeros(num_envs, np.bool_)
@@ -194,6 +212,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         next_obs: Any = None,
         terminated: Any = None,
         truncated: Any = None,
+        hidden_state: Any = None,
         **extras: Any,
     ) -> None:
         """Store one env step: ``num_envs`` transitions (the env dim may be omitted if 1).
@@ -210,6 +229,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                 episode, not the reset one).
             terminated: the MDP ended the episode (no bootstrap) ``[num_envs]`` bool.
             truncated: a time limit cut the episode ``[num_envs]`` bool; ``None`` = False.
+            hidden_state: the policy's hidden state the action was computed from, if the buffer
+                stores one (``[num_envs, *shape]``, a dict for ``{"h": ..., "c": ...}``).
             **extras: one value per declared extra field.
 
         Raises:
@@ -228,13 +249,18 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                 raise ConfigError("add: pass either a Transition or the fields, not both")
             obs, action, reward, next_obs, terminated, truncated, given = obs
             extras = dict(given or {})
+            hidden_state = extras.pop("hidden_state", None)
         if truncated is None:
             truncated = False if self._num_envs == 1 else self._no_truncation
         if len(extras) != len(self._extra_specs) or (extras and extras.keys() != self._extra_specs.keys()):
             check_extras(self._extra_specs, extras)
-        if self._obs.structured:
+        if (self._hidden is None) != (hidden_state is None):
+            raise MissingFieldError("hidden_state: this buffer stores one with every step" if hidden_state is None
+                                    else "hidden_state: this buffer was built without hidden_state_shape")
+        if self._obs.structured or self._hidden is not None:
+            hidden = () if self._hidden is None else self._hidden.split("hidden_state", hidden_state)
             values = (*self._obs.split("obs", obs), action, reward, *self._obs.split("next_obs", next_obs),
-                      terminated, truncated, *(extras[n] for n in self._extra_specs))
+                      terminated, truncated, *(extras[n] for n in self._extra_specs), *hidden)
         elif extras:
             values = (obs, action, reward, next_obs, terminated, truncated, *(extras[n] for n in self._extra_specs))
         else:
@@ -267,6 +293,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         """
         rows = int(td.batch_size.numel())
         lead = tuple(td.batch_size)
+        # Rows of one env stay num_envs apart (what sample_sequences reads) only for [..., num_envs] batches.
+        interleaved = self._num_envs == 1 or (bool(lead) and lead[-1] == self._num_envs)
         tensors: dict[str, torch.Tensor] = {}
         for spec in self._ring.specs:
             if spec.name in ("truncated", "done"):
@@ -279,6 +307,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         for name, value in tensors.items():
             tensors[name] = value.reshape(rows, *self._ring.by_name[name].shape)
         self._ring.write_tensors(tensors, rows)
+        self._interleaved = self._interleaved and interleaved
         if self._stats is not None:
             self._feed_stats_from_rollout(*(tensors[n].view(lead) for n in ("reward", "terminated", "truncated")))
 
@@ -320,10 +349,101 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             weight = torch.ones(columns["index"].shape[0], device=columns["index"].device)
         extras = {name: columns[name] for name in self._extra_specs}
         obs = self._obs
+        hidden = None if self._hidden is None else self._hidden.assemble("hidden_state", columns)
         return ReplayBatch(obs.assemble("obs", columns), columns["action"], columns["reward"],
                            obs.assemble("next_obs", columns),
                            columns["terminated"], columns["truncated"], columns["done"],
-                           columns["index"], weight, extras)
+                           columns["index"], weight, extras, hidden)
+
+    def sample_sequences(self, batch_size: int, length: int, *, burn_in: int = 0) -> ReplaySequenceBatch:
+        """Draw ``batch_size`` sequences of ``burn_in + length`` consecutive steps of one env each.
+
+        Starts are uniform over every stored step that has ``burn_in + length - 1`` steps of
+        its env after it; a sequence never crosses the write cursor (no overwritten or stale
+        rows). It may run on past an episode's end (into the env's next episode) so that every
+        step, late or in a short episode, can be drawn: ``mask`` turns False after the end,
+        ``is_first`` marks episode starts. Steps of one env are ``num_envs`` rows apart as
+        :meth:`add` writes them; :meth:`extend` keeps that only for batches shaped
+        ``(..., num_envs)`` (time first).
+
+        Args:
+            batch_size: sequences ``B``.
+            length: steps per sequence after the burn-in.
+            burn_in: leading steps for warming up a recurrent state.
+
+        Returns:
+            A [`ReplaySequenceBatch`][rlbuf.ReplaySequenceBatch] with ``[B, burn_in + length]`` fields.
+
+        Raises:
+            BatchSizeError: a size that is not a positive int (``burn_in``: negative), or
+                fewer stored steps per env than ``burn_in + length``.
+            EmptyBufferError: nothing is stored.
+            ConfigError: rows were extended env-major (a collector's ``(num_envs, T)``),
+                so steps of one env are not ``num_envs`` rows apart.
+
+        Example:
+            >>> buf = ReplayBuffer(100, obs_shape=(1,), action_shape=(), num_envs=2, seed=0)
+            >>> for t in range(10):
+            ...     buf.add(torch.full((2, 1), float(t)), torch.zeros(2), torch.zeros(2),
+            ...             torch.full((2, 1), t + 1.0), torch.tensor([t == 4, False]))
+            >>> batch = buf.sample_sequences(4, 3, burn_in=2)
+            >>> batch.obs.shape, batch.mask.shape
+            (torch.Size([4, 5, 1]), torch.Size([4, 5]))
+            >>> bool((batch.obs[:, 1:] - batch.obs[:, :-1] == 1).all())   # consecutive steps
+            True
+        """
+        ring = self._ring
+        with ring.lock:
+            batch_size = ring.require_rows(batch_size, without_replacement=False)
+            span = positive_int("length", length, BatchSizeError) + burn_in_steps(burn_in)
+            if not self._interleaved:
+                raise ConfigError("sample_sequences: rows were extended env-major (batch size (num_envs, T)); "
+                                  "steps of one env are not num_envs rows apart. Extend time-major batches "
+                                  "(T, num_envs) or add step by step, then clear() and refill")
+            ring.flush()
+            size, write_count, n = len(ring), ring.write_count, self._num_envs
+            starts = sequence_starts(write_count=write_count, size=size, num_envs=n, span=span,
+                                     batch_size=batch_size, generator=ring.generator)
+            serials = starts.unsqueeze(1) + n * torch.arange(span, device=starts.device)
+            index = (serials % self.capacity).reshape(-1)
+            previous = starts - n
+            stored_before = previous >= write_count - size
+            previous_done = ring.gather(torch.where(stored_before, previous, starts) % self.capacity, ["done"])["done"]
+            first_is_first = torch.where(stored_before, previous_done, previous < 0)
+            columns = {name: column.view(batch_size, span, *column.shape[1:])
+                       for name, column in ring.gather(index).items()}
+            mask, is_first = sequence_flags(columns["done"], first_is_first)
+            columns |= {"mask": mask, "is_first": is_first, "index": index.view(batch_size, span)}
+            if self._hidden is not None:
+                columns |= {name: columns[name][:, 0] for name in leaf_names("hidden_state", self._hidden)}
+            columns = deliver(columns, self._device)
+        obs = self._obs
+        hidden = None if self._hidden is None else self._hidden.assemble("hidden_state", columns)
+        return ReplaySequenceBatch(obs.assemble("obs", columns, batch_dims=2), columns["action"], columns["reward"],
+                                   obs.assemble("next_obs", columns, batch_dims=2), columns["terminated"],
+                                   columns["truncated"], columns["done"], columns["mask"], columns["is_first"], hidden,
+                                   columns["index"], span - int(length),
+                                   {name: columns[name] for name in self._extra_specs})
+
+    def clear(self) -> None:
+        """Remove every row (and priorities); capacity and options stay.
+
+        Example:
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> buf.clear()
+            >>> len(buf)
+            0
+        """
+        super().clear()
+        self._interleaved = True
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {**super()._extra_state(), "interleaved": self._interleaved}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        self._interleaved = bool(state.get("interleaved", True))
+        super()._load_extra_state(state)
 
     # -- priorities --------------------------------------------------------------------------
     def update_priority(self, index: Any, priority: Any) -> None:

@@ -1,4 +1,4 @@
-"""Sequences for recurrent policies: rollouts split into padded trajectories, and their batches.
+"""Sequences for recurrent policies: padded rollout trajectories and replay sequences, and their batches.
 
 [`RolloutBuffer.minibatches(..., sequences=True)`][rlbuf.RolloutBuffer.minibatches] splits each
 env's rollout at episode ends (``done = terminated | truncated``) into trajectories, and every
@@ -6,6 +6,9 @@ minibatch pads its trajectories to ``[L, B, ...]`` (time first, as ``torch.nn.LS
 them), with a ``mask`` that is False on padding and the stored hidden state at each
 trajectory's first step. This is what rsl_rl's recurrent mini-batch generator gives, with
 every field padded (not only observations) and trajectories shuffled across envs.
+
+[`ReplayBuffer.sample_sequences`][rlbuf.ReplayBuffer.sample_sequences] draws ``[B, S]``
+sequences of consecutive steps of one env from the replay ring (R2D2, DreamerV3).
 
 Example:
     >>> import torch
@@ -20,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -27,6 +31,7 @@ import torch
 from tensordict import TensorDict
 
 from rlbuf.batches import _ExtrasAccess, _torchrl_layout
+from rlbuf.errors import BatchSizeError
 
 
 @dataclass(frozen=True)
@@ -165,3 +170,108 @@ class SequenceBatch(_ExtrasAccess):
         for name, value in self.extras.items():
             td.set(name, value)
         return td.transpose(0, 1)
+
+
+@dataclass(slots=True, frozen=True)
+class ReplaySequenceBatch(_ExtrasAccess):
+    """Sequences of consecutive steps of one env each, from [`ReplayBuffer.sample_sequences`][rlbuf.ReplayBuffer.sample_sequences].
+
+    Batch first: every field is ``[B, burn_in + length, ...]``; the first ``burn_in`` steps
+    are for warming up a recurrent state. A sequence never crosses the ring's write cursor,
+    but it may run past the end of an episode into the env's next one: ``mask`` is False from
+    the step after the first episode end on (R2D2-style losses average over ``mask``), and
+    ``is_first`` marks each episode's first step (DreamerV3-style models reset their state there).
+
+    Attributes:
+        obs: observations ``[B, S, *obs_shape]`` (a ``TensorDict`` for dict observations).
+        action: actions ``[B, S, *action_shape]``.
+        reward: rewards ``[B, S]``.
+        next_obs: next observations ``[B, S, *obs_shape]``.
+        terminated: ``[B, S]`` bool.
+        truncated: ``[B, S]`` bool.
+        done: ``terminated | truncated`` ``[B, S]`` bool.
+        mask: True while the sequence is still in its first step's episode ``[B, S]``.
+        is_first: True at an episode's first step ``[B, S]`` (at step 0: when the env's
+            previous row ended an episode or the env had none; False when unknown because
+            that row was overwritten).
+        hidden_state: the hidden state stored with each sequence's first step ``[B, *shape]``,
+            or ``None`` when the buffer stores none.
+        index: storage positions of the steps ``[B, S]``.
+        burn_in: how many leading steps are burn-in.
+        extras: extra fields ``[B, S, ...]`` (also readable as attributes).
+    """
+
+    obs: torch.Tensor | TensorDict
+    action: torch.Tensor
+    reward: torch.Tensor
+    next_obs: torch.Tensor | TensorDict
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    done: torch.Tensor
+    mask: torch.Tensor
+    is_first: torch.Tensor
+    hidden_state: torch.Tensor | TensorDict | None
+    index: torch.Tensor
+    burn_in: int
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        """Sequences in the batch (``B``)."""
+        return int(self.mask.shape[0])
+
+
+def burn_in_steps(value: object) -> int:
+    """``burn_in`` as an int ≥ 0, else :class:`BatchSizeError`.
+
+    Example:
+        >>> burn_in_steps(-1)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.BatchSizeError: burn_in: expected an int >= 0, got -1
+    """
+    try:
+        steps = None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        steps = None
+    if steps is None or steps < 0:
+        raise BatchSizeError(f"burn_in: expected an int >= 0, got {value!r}")
+    return steps
+
+
+def sequence_starts(*, write_count: int, size: int, num_envs: int, span: int, batch_size: int,
+                    generator: torch.Generator) -> torch.Tensor:
+    """Serials (rows written before) of ``batch_size`` sequence starts drawn uniformly.
+
+    Rows of one env follow each other ``num_envs`` serials apart, so a sequence of ``span``
+    steps starting at serial ``s`` is ``s, s + num_envs, ...``; it must lie between the oldest
+    stored row and the newest one, never across the write cursor.
+
+    Raises:
+        BatchSizeError: fewer stored steps per env than ``span``.
+
+    Example:
+        >>> starts = sequence_starts(write_count=12, size=8, num_envs=2, span=3, batch_size=4,
+        ...                          generator=torch.Generator().manual_seed(0))
+        >>> bool(((starts >= 4) & (starts + 2 * 2 < 12)).all())
+        True
+    """
+    oldest = write_count - size
+    choices = write_count - (span - 1) * num_envs - oldest
+    if choices <= 0:
+        raise BatchSizeError(f"length: burn_in + length = {span} steps per sequence, but the buffer holds "
+                             f"{size // num_envs} steps per env")
+    return oldest + torch.randint(0, choices, (batch_size,), generator=generator, device=generator.device)
+
+
+def sequence_flags(done: torch.Tensor, first_is_first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mask`` and ``is_first`` ``[B, S]`` from the ``done`` flags of the steps ``[B, S]``.
+
+    Example:
+        >>> done = torch.tensor([[False, True, False, False]])
+        >>> mask, is_first = sequence_flags(done, torch.tensor([True]))
+        >>> mask.tolist(), is_first.tolist()
+        ([[True, True, False, False]], [[True, False, True, False]])
+    """
+    ended_before = done.cumsum(1) - done.to(torch.int64)
+    is_first = torch.cat((first_is_first.unsqueeze(1), done[:, :-1]), dim=1)
+    return ended_before == 0, is_first

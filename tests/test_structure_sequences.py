@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
-from rlbuf import RolloutBuffer, SequenceBatch
-from rlbuf.errors import ConfigError, MissingFieldError, ShapeError
+from rlbuf import ReplayBuffer, RolloutBuffer, SequenceBatch
+from rlbuf.errors import BatchSizeError, ConfigError, MissingFieldError, ShapeError
 from rlbuf.sequences import split_trajectories
 
 T, N, LAYERS, H = 12, 4, 2, 3
@@ -222,3 +222,98 @@ def test_extend_reads_torchrl_recurrent_state_keys() -> None:
     batch = next(iter(buf.minibatches(num_minibatches=1, sequences=True, shuffle=False)))
     assert batch.hidden_state is not None
     assert batch.hidden_state["h"].flatten(1).tolist() == [[0.0, 1.0], [6.0, 7.0]]
+
+
+# -- ReplayBuffer.sample_sequences -------------------------------------------------------------
+
+def replay_with_steps(capacity: int, num_envs: int, steps: int, done_every: int = 0,
+                      **kwargs: Any) -> ReplayBuffer:
+    """Observation = env * 1000 + step; env e's episode ends every ``done_every`` steps (offset by e)."""
+    buf = ReplayBuffer(capacity, obs_shape=(1,), action_shape=(), num_envs=num_envs, seed=0, **kwargs)
+    envs = torch.arange(num_envs, dtype=torch.float32)
+    for t in range(steps):
+        done = (torch.tensor([(t + e) % done_every == done_every - 1 for e in range(num_envs)])
+                if done_every else torch.zeros(num_envs, dtype=torch.bool))
+        extra = {"hidden_state": {"h": (envs * 1000 + t).view(num_envs, 1, 1).expand(num_envs, 1, 2)}} \
+            if "hidden_state_shape" in kwargs else {}
+        buf.add((envs * 1000 + t).unsqueeze(1), torch.zeros(num_envs), torch.zeros(num_envs),
+                (envs * 1000 + t + 1).unsqueeze(1), done, **extra)
+    return buf
+
+
+@settings(max_examples=30, deadline=None)
+@given(capacity=st.integers(6, 40), num_envs=st.integers(1, 3), steps=st.integers(2, 30),
+       span=st.integers(1, 4), done_every=st.integers(0, 5))
+def test_sequences_are_consecutive_steps_of_one_env_within_what_is_stored(
+        capacity: int, num_envs: int, steps: int, span: int, done_every: int) -> None:
+    buf = replay_with_steps(capacity, num_envs, steps, done_every)
+    stored_steps = len(buf) // num_envs
+    if stored_steps < span:
+        with pytest.raises(BatchSizeError, match="steps per env"):
+            buf.sample_sequences(4, span)
+        return
+    batch = buf.sample_sequences(8, span - 1, burn_in=1) if span > 1 else buf.sample_sequences(8, 1)
+    obs = batch.obs[..., 0]  # type: ignore[index]
+    env, step = obs // 1000, obs % 1000
+    assert (env == env[:, :1]).all() and (step[:, 1:] - step[:, :-1] == 1).all()
+    serial = step * num_envs + env  # rows written before this one: every row is still stored
+    assert (serial >= steps * num_envs - len(buf)).all() and (step <= steps - 1).all()
+    done = batch.done
+    for b in range(len(batch)):
+        ended = done[b].nonzero()
+        first_end = int(ended[0]) if len(ended) else span
+        assert batch.mask[b, :first_end + 1].all() and not batch.mask[b, first_end + 1:].any()
+        assert torch.equal(batch.is_first[b, 1:], done[b, :-1])
+
+
+def test_is_first_at_a_sequence_start_follows_the_previous_row() -> None:
+    buf = replay_with_steps(100, 2, 10, done_every=3)
+    batch = buf.sample_sequences(64, 2)
+    step, env = batch.obs[:, 0, 0] % 1000, batch.obs[:, 0, 0] // 1000  # type: ignore[index]
+    expected = (step == 0) | ((step - 1 + env) % 3 == 2)
+    assert torch.equal(batch.is_first[:, 0], expected)
+
+
+def test_sequences_carry_the_hidden_state_of_their_first_step() -> None:
+    buf = replay_with_steps(50, 2, 20, hidden_state_shape={"h": (1, 2)})
+    batch = buf.sample_sequences(16, 4, burn_in=3)
+    assert batch.burn_in == 3 and batch.obs.shape == (16, 7, 1)
+    assert batch.hidden_state is not None
+    torch.testing.assert_close(batch.hidden_state["h"][:, 0, 0], batch.obs[:, 0, 0])  # type: ignore[index]
+    assert buf.sample(3).hidden_state["h"].shape == (3, 1, 2)  # type: ignore[index]
+
+
+def test_refused_sequence_calls_change_nothing() -> None:
+    buf = replay_with_steps(20, 2, 5)
+    state = buf.state_dict()
+    for bad in ({"batch_size": 0, "length": 2}, {"batch_size": 2, "length": 0},
+                {"batch_size": 2, "length": 2, "burn_in": -1}, {"batch_size": 2, "length": 9}):
+        with pytest.raises(BatchSizeError):
+            buf.sample_sequences(**bad)
+    assert torch.equal(buf.state_dict()["rng"]["sample"], state["rng"]["sample"])
+
+
+def test_env_major_extends_are_refused_and_time_major_ones_work() -> None:
+    def rollout(lead: tuple[int, int]) -> TensorDict:
+        return TensorDict({"observation": torch.zeros(*lead, 1), "action": torch.zeros(lead),
+                           "next": {"observation": torch.zeros(*lead, 1), "reward": torch.zeros(lead),
+                                    "terminated": torch.zeros(lead, dtype=torch.bool)}}, batch_size=list(lead))
+    buf = ReplayBuffer(100, obs_shape=(1,), action_shape=(), num_envs=2)
+    buf.extend(rollout((5, 2)))
+    assert buf.sample_sequences(2, 3).obs.shape == (2, 3, 1)
+    buf.extend(rollout((2, 5)))
+    with pytest.raises(ConfigError, match="env-major"):
+        buf.sample_sequences(2, 3)
+    buf.clear()
+    buf.extend(rollout((5, 2)))
+    assert len(buf.sample_sequences(2, 3)) == 2
+
+
+def test_sequence_sampling_resumes_exactly_after_a_checkpoint(tmp_path: Any) -> None:
+    buf = replay_with_steps(30, 3, 25, done_every=4)
+    buf.sample_sequences(4, 2)
+    buf.save(tmp_path / "ckpt")
+    restored = ReplayBuffer.load(tmp_path / "ckpt")
+    mine, theirs = buf.sample_sequences(8, 3, burn_in=1), restored.sample_sequences(8, 3, burn_in=1)
+    assert torch.equal(mine.index, theirs.index) and torch.equal(mine.mask, theirs.mask)
+    assert torch.equal(mine.is_first, theirs.is_first)
