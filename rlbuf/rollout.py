@@ -51,7 +51,7 @@ from rlbuf.errors import (
     ShapeError,
 )
 from rlbuf.gae import compute_gae
-from rlbuf.sequences import SequenceBatch, Trajectories, gather_padded, split_trajectories
+from rlbuf.sequences import PaddedTrajectories, SequenceBatch
 from rlbuf.spec import ExtraFields, FieldSpec, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
@@ -548,10 +548,13 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                      "shuffle": shuffle, "drop_last": drop_last}
         generator = self._iterator_generator(self._device)
         if sequences:
-            trajectories = split_trajectories(columns["done"].view(self._num_steps, self._num_envs))
+            hidden_names = () if self._hidden is None else leaf_names("hidden_state", self._hidden)
+            trajectories = PaddedTrajectories(
+                {name: column for name, column in columns.items() if name not in ("done", "bootstrap_value")},
+                columns["done"].view(self._num_steps, self._num_envs), first_step=hidden_names)
 
             def make_sequences(index: torch.Tensor) -> SequenceBatch:
-                return self._make_sequence_batch(columns, trajectories, index)
+                return self._make_sequence_batch(*trajectories.select(index))
 
             sequence_iterator = EpochIterator(len(trajectories), make_sequences, batch_size=batch_size,
                                               num_batches=num_minibatches, n_epochs=n_epochs, drop_last=drop_last,
@@ -566,22 +569,14 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                                  n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle, generator=generator)
         return self._track_epochs(iterator, "minibatches", **arguments)
 
-    def _make_sequence_batch(self, columns: Mapping[str, torch.Tensor], trajectories: Trajectories,
-                             index: torch.Tensor) -> SequenceBatch:
-        rows, mask = trajectories.rows(index, num_envs=self._num_envs)
-        hidden_names = () if self._hidden is None else leaf_names("hidden_state", self._hidden)
-        padded = gather_padded({name: column for name, column in columns.items() if name not in hidden_names},
-                               rows, mask)
-        hidden = None
-        if self._hidden is not None:
-            first = trajectories.first_rows(index, num_envs=self._num_envs)
-            hidden = self._hidden.assemble("hidden_state", {name: columns[name].index_select(0, first)
-                                                            for name in hidden_names})
+    def _make_sequence_batch(self, padded: dict[str, torch.Tensor], mask: torch.Tensor, first: dict[str, torch.Tensor],
+                             env: torch.Tensor, start: torch.Tensor) -> SequenceBatch:
+        hidden = None if self._hidden is None else self._hidden.assemble("hidden_state", first)
         extras = {name: padded[name] for name in (*self._extra_specs, *self._attached)}
         return SequenceBatch(self._obs.assemble("obs", padded, batch_dims=2), padded.get("privileged_obs"),
                              padded["action"], padded["reward"], padded["terminated"], padded["truncated"],
                              padded["value"], padded["log_prob"], padded["advantage"], padded["returns"], mask,
-                             hidden, trajectories.env[index], trajectories.start[index], extras)
+                             hidden, env, start, extras)
 
     def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
         """Minibatches per epoch for ``batch_size`` over the full rollout."""

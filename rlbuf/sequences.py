@@ -24,7 +24,7 @@ Example:
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -90,6 +90,44 @@ def gather_padded(columns: Mapping[str, torch.Tensor], rows: torch.Tensor, mask:
         value = column.index_select(0, flat).view(*rows.shape, *column.shape[1:])
         out[name] = value.masked_fill_(padding.view(*rows.shape, *(1,) * (column.dim() - 1)), 0)
     return out
+
+
+class PaddedTrajectories:
+    """Every trajectory of a ``[T, N]`` rollout, padded once; minibatches are then column gathers.
+
+    Args:
+        columns: the rollout's columns, row ``t * N + n``.
+        done: episode ends ``[T, N]``.
+        first_step: columns read at each trajectory's first step only (hidden states).
+
+    Example:
+        >>> done = torch.tensor([[False, False], [True, False], [False, False]])
+        >>> padded = PaddedTrajectories({"x": torch.arange(6.0)}, done, first_step=())
+        >>> columns, mask, first, env, start = padded.select(torch.tensor([2, 1]))
+        >>> columns["x"].tolist(), mask.tolist(), env.tolist(), start.tolist()
+        ([[1.0, 4.0], [3.0, 0.0], [5.0, 0.0]], [[True, True], [True, False], [True, False]], [1, 0], [0, 2])
+    """
+
+    def __init__(self, columns: Mapping[str, torch.Tensor], done: torch.Tensor, *, first_step: Sequence[str]) -> None:
+        self.trajectories = split_trajectories(done)
+        every = torch.arange(len(self.trajectories), device=done.device)
+        rows, self.mask = self.trajectories.rows(every, num_envs=done.shape[1])
+        self.padded = gather_padded({name: column for name, column in columns.items() if name not in first_step},
+                                    rows, self.mask)
+        first = self.trajectories.first_rows(every, num_envs=done.shape[1])
+        self.first = {name: columns[name].index_select(0, first) for name in first_step}
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    def select(self, index: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[str, torch.Tensor],
+                                                   torch.Tensor, torch.Tensor]:
+        """Trajectories ``index``: padded columns ``[L, B, ...]``, mask, first-step columns, env, start."""
+        steps = int(self.trajectories.length[index].max())
+        columns = {name: padded[:steps].index_select(1, index) for name, padded in self.padded.items()}
+        first = {name: value.index_select(0, index) for name, value in self.first.items()}
+        return (columns, self.mask[:steps].index_select(1, index), first, self.trajectories.env[index],
+                self.trajectories.start[index])
 
 
 @dataclass(slots=True, frozen=True)

@@ -68,36 +68,45 @@ def make_envs(num_envs: int) -> gym.vector.SyncVectorEnv:
 
 
 class LSTMPolicy(nn.Module):
-    """One LSTM layer shared by an actor head (2 logits) and a critic head, time-major.
+    """An actor and a critic, each an LSTM layer then a ReLU layer; time-major inputs.
+
+    Their states travel together: ``h`` and ``c`` are ``[2, batch, hidden]``, the actor's at
+    index 0 and the critic's at 1 (separate LSTMs keep the value loss from swamping the
+    actor's memory, as in SB3-contrib's RecurrentPPO with ``enable_critic_lstm``).
 
     Example:
         >>> policy = LSTMPolicy(2, 16)
         >>> state = policy.initial_state(3)
         >>> logits, value, state = policy(torch.zeros(5, 3, 2), state)
         >>> logits.shape, value.shape, state[0].shape
-        (torch.Size([5, 3, 2]), torch.Size([5, 3]), torch.Size([1, 3, 16]))
+        (torch.Size([5, 3, 2]), torch.Size([5, 3]), torch.Size([2, 3, 16]))
     """
+
+    obs_scale: torch.Tensor
 
     def __init__(self, inputs: int, hidden: int, obs_scale: torch.Tensor | None = None) -> None:
         super().__init__()
         self.hidden = hidden
-        # Observations scaled to about [-1, 1]: the pole angle's step-to-step changes, from which
-        # the LSTM infers the velocity, are otherwise too small for its initial weights.
+        # Observations scaled to about unit size: the pole angle's step-to-step changes, from
+        # which the LSTM infers the velocity, are otherwise small next to its initial weights.
         self.register_buffer("obs_scale", torch.ones(inputs) if obs_scale is None else obs_scale)
-        self.lstm = nn.LSTM(inputs, hidden)
-        self.actor = nn.Linear(hidden, 2)
-        self.critic = nn.Linear(hidden, 1)
-        nn.init.orthogonal_(self.actor.weight, 0.01)
-        nn.init.zeros_(self.actor.bias)
+        self.actor_lstm = nn.LSTM(inputs, hidden)
+        self.critic_lstm = nn.LSTM(inputs, hidden)
+        self.actor = nn.Sequential(nn.Linear(hidden, 64), nn.ReLU(), nn.Linear(64, 2))
+        self.critic = nn.Sequential(nn.Linear(hidden, 64), nn.ReLU(), nn.Linear(64, 1))
 
     def initial_state(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Zero ``(h, c)``, each ``[1, batch, hidden]``."""
-        return torch.zeros(1, batch, self.hidden), torch.zeros(1, batch, self.hidden)
+        """Zero ``(h, c)``, each ``[2, batch, hidden]`` (actor, critic)."""
+        return torch.zeros(2, batch, self.hidden), torch.zeros(2, batch, self.hidden)
 
     def forward(self, obs: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
                 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        out, state = self.lstm(obs * self.obs_scale, state)
-        return self.actor(out), self.critic(out).squeeze(-1), state
+        h, c = state
+        x = obs * self.obs_scale
+        actor_out, (actor_h, actor_c) = self.actor_lstm(x, (h[:1], c[:1]))
+        critic_out, (critic_h, critic_c) = self.critic_lstm(x, (h[1:], c[1:]))
+        state = (torch.cat((actor_h, critic_h)), torch.cat((actor_c, critic_c)))
+        return self.actor(actor_out), self.critic(critic_out).squeeze(-1), state
 
 
 def run(args: Any) -> dict[str, Any]:
@@ -107,11 +116,11 @@ def run(args: Any) -> dict[str, Any]:
 
     # -- setup: envs, network, buffer ---------------------------------------------------------------
     envs = make_envs(args.num_envs)
-    policy = LSTMPolicy(2, args.hidden, obs_scale=1 / torch.tensor([2.4, 0.2095]))  # CartPole's failure limits
+    policy = LSTMPolicy(2, args.hidden, obs_scale=1 / torch.tensor([1.0, 0.1]))  # about the spread seen in play
     optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr, eps=1e-5)
     stats = EpisodeStats(args.num_envs)
     buffer = RolloutBuffer(args.num_steps, args.num_envs, obs_shape=(2,), action_shape=(), action_dtype=torch.int64,
-                           hidden_state_shape={"h": (1, args.hidden), "c": (1, args.hidden)},
+                           hidden_state_shape={"h": (2, args.hidden), "c": (2, args.hidden)},
                            storage=args.storage, seed=args.seed, stats=stats)
 
     frames, saved = 0, _run.resume(args, out, buffer)
@@ -146,7 +155,7 @@ def run(args: Any) -> dict[str, Any]:
                 truncated_t = torch.as_tensor(truncated)
                 bootstrap = torch.zeros(args.num_envs)
                 if truncated_t.any():  # V(final observation), from the state after this step
-                    final = torch.as_tensor(np.stack([o if t else np.zeros(2, np.float32)
+                    final = torch.as_tensor(np.stack([o if t else np.zeros_like(next_obs[0])
                                                       for o, t in zip(infos["final_obs"], truncated, strict=True)]))
                     bootstrap = policy(final.unsqueeze(0), next_state)[1][0] * truncated_t
                 buffer.add(obs, action, torch.as_tensor(reward, dtype=torch.float32), torch.as_tensor(terminated),
