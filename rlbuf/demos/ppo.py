@@ -62,6 +62,20 @@ class Args(RunArgs):
                                  "(rlbuf.demos.ppo_recurrent)")
     hide_velocities: bool = arg(False, "observe only cart position and pole angle (the MLP then falls short of 475)")
 
+    def __post_init__(self) -> None:
+        # The LSTM learns best with shorter rollouts, fewer updates and a longer horizon (as in
+        # rl-baselines3-zoo's RecurrentPPO on CartPoleNoVel): options left at the MLP's defaults
+        # take the recurrent ones.
+        if self.recurrent:
+            for name, value in RECURRENT_DEFAULTS.items():
+                if getattr(self, name) == MLP_DEFAULTS[name]:
+                    setattr(self, name, value)
+
+
+MLP_DEFAULTS = {"num_steps": 64, "num_minibatches": 4, "epochs": 10, "gamma": 0.99, "gae_lambda": 0.95}
+RECURRENT_DEFAULTS = {"num_steps": 32, "num_minibatches": 1, "epochs": 4, "gamma": 0.999, "gae_lambda": 0.98}
+"""``--recurrent``'s defaults for the options ``MLP_DEFAULTS`` lists (the fields' defaults)."""
+
 
 def make_env(num_envs: int, hide_velocities: bool = False) -> GymWrapper:
     """``num_envs`` CartPole-v1 envs in one gymnasium ``SyncVectorEnv``, as a TorchRL env.
