@@ -26,7 +26,7 @@ from typing import Any, Literal, cast, overload
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torchrl.data import SamplerWithoutReplacement
 
 from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs
@@ -192,8 +192,11 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                 f"storage={self._storage_kind}, storing_device={self._storing_device}, device={self._device}, "
                 f"advantages={self._advantages_ready}, fields=[{fields}])")
 
-    def view(self, name: str) -> torch.Tensor:
+    def view(self, name: str) -> torch.Tensor | TensorDict:
         """A stored field as a ``[num_steps, num_envs, ...]`` view of the storage (no copy).
+
+        Dict observations: ``view("obs")`` is a ``TensorDict`` of views, and each key is a
+        field of its own (``view('obs["camera"]')``).
 
         Raises:
             MissingFieldError: no such field.
@@ -203,6 +206,11 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf.view("obs").shape, buf.view("reward").shape
             (torch.Size([3, 2, 4]), torch.Size([3, 2]))
         """
+        if name == "obs" and self._obs.structured:
+            self._ring.flush()
+            views = {leaf: self._ring.leaves[leaf].view(self._num_steps, self._num_envs, *self._ring.by_name[leaf].shape)
+                     for leaf in leaf_names("obs", self._obs)}
+            return self._obs.assemble("obs", views, batch_dims=2)
         self._ring.check_field_names([name])
         self._ring.flush()
         spec = self._ring.by_name[name]
@@ -274,7 +282,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         if self._hidden is not None:
             extras = {**extras, **dict(zip(leaf_names("hidden_state", self._hidden),
                                            self._hidden.split("hidden_state", hidden_state), strict=True))}
-        values = {**dict(zip(leaf_names("obs", self._obs), self._obs.split("obs", obs), strict=True)), "action": action, "reward": reward, "terminated": terminated, "truncated": truncated,
+        values = {**dict(zip(leaf_names("obs", self._obs), self._obs.split("obs", obs), strict=True)),
+                  "action": action, "reward": reward, "terminated": terminated, "truncated": truncated,
                   "value": value, "log_prob": log_prob, "bootstrap_value": bootstrap_value, **extras}
         if self._has_privileged:
             values["privileged_obs"] = privileged_obs

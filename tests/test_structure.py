@@ -203,6 +203,7 @@ def test_rollout_buffer_with_dict_observations() -> None:
         assert isinstance(batch.obs, TensorDict) and len(batch) == batch.obs.batch_size[0]
         torch.testing.assert_close(batch.obs["proprio"][:, 0], batch.privileged_obs[:, 0])  # type: ignore[index]
     assert buf.get_all_data().to_tensordict()["observation", "camera"].dtype is torch.uint8
+    assert buf.view("obs")["proprio"][:, :, 0].tolist() == [[float(t)] * N for t in range(4)]
     bad = make_obs()
     bad["proprio"] = torch.zeros(N, 4)
     buf.clear()
