@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from rlbuf.gae import GAE
     from rlbuf.replay import ReplayBuffer, Transition
     from rlbuf.rollout import RolloutBuffer
+    from rlbuf.sequences import ReplaySequenceBatch, SequenceBatch
     from rlbuf.spec import FieldSpec
     from rlbuf.stats import EpisodeStats
 
@@ -63,6 +64,8 @@ _MODULE_OF = {
     "ShapeError": "rlbuf.errors",
     "StoredIndexError": "rlbuf.errors",
     "StreamError": "rlbuf.errors",
+    "ReplaySequenceBatch": "rlbuf.sequences",
+    "SequenceBatch": "rlbuf.sequences",
     "GAE": "rlbuf.gae",
     "ReplayBuffer": "rlbuf.replay",
     "Transition": "rlbuf.replay",
@@ -91,10 +94,12 @@ __all__ = [
     "PriorityError",
     "ReplayBatch",
     "ReplayBuffer",
+    "ReplaySequenceBatch",
     "RlbufError",
     "RolloutBatch",
     "RolloutBuffer",
     "RolloutIncompleteError",
+    "SequenceBatch",
     "ShapeError",
     "StoredIndexError",
     "StreamError",

@@ -565,13 +565,18 @@ class RingBuffer(Generic[BatchT]):
         if not isinstance(extra, Mapping):
             raise CheckpointError(f"state: extra must be a mapping, got {type(extra).__name__}")
         self._check_extra_state(extra)
-        self._check_iterator(state.get("iterator"), size)
+        self._check_iterator(state.get("iterator"), size, state["fields"])
         rng = state.get("rng")
         if not isinstance(rng, Mapping) or not all(_is_generator_state(rng.get(k)) for k in ("sample", "epochs")):
             raise CheckpointError("state: rng must hold 'sample' and 'epochs' generator states (uint8 tensors)")
         return size, cursor, count
 
-    def _check_iterator(self, iterator: Any, size: int) -> None:
+    def _iterator_rows(self, method: str, arguments: Mapping[str, Any], size: int,
+                       fields: Mapping[str, torch.Tensor]) -> int:
+        """Rows a saved iterator runs over (``fields``: the state's validated columns)."""
+        return size if method == "epochs" else self.capacity
+
+    def _check_iterator(self, iterator: Any, size: int, fields: Mapping[str, torch.Tensor]) -> None:
         """Build the saved iterator on the side (a throwaway generator) to check its state."""
         if iterator is None:
             return
@@ -585,8 +590,9 @@ class RingBuffer(Generic[BatchT]):
         if set(arguments) - known:
             raise CheckpointError(f"state: iterator arguments {sorted(set(arguments) - known)} are not arguments of "
                                   f"{iterator['method']}()")
-        split = {("num_batches" if key == "num_minibatches" else key): value for key, value in arguments.items()}
-        rows = size if iterator["method"] == "epochs" else self.capacity
+        split = {("num_batches" if key == "num_minibatches" else key): value for key, value in arguments.items()
+                 if key != "sequences"}
+        rows = self._iterator_rows(iterator["method"], arguments, size, fields)
         device = self._storing_device if iterator["method"] == "epochs" else self._device
         trial = _refusing("iterator state", EpochIterator, rows, lambda index: index, **split,
                           generator=torch.Generator(device=device))

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import torch
 from tensordict import TensorDict
 
+from rlbuf._obs import hidden_state_key
+
 
 def _torchrl_layout(value: torch.Tensor, batch_ndim: int) -> torch.Tensor:
     return value.unsqueeze(-1) if value.dim() == batch_ndim else value
@@ -53,10 +55,10 @@ class ReplayBatch(_ExtrasAccess):
     broadcast silently against a ``[batch_size]`` Q-value.
 
     Attributes:
-        obs: observations ``[B, *obs_shape]``.
+        obs: observations ``[B, *obs_shape]`` (a ``TensorDict`` of batch size ``[B]`` for dict observations).
         action: actions ``[B, *action_shape]``.
         reward: rewards ``[B]``.
-        next_obs: next observations ``[B, *obs_shape]``.
+        next_obs: next observations ``[B, *obs_shape]`` (a ``TensorDict`` like ``obs``).
         terminated: episode ended by the MDP (no bootstrap) ``[B]`` bool.
         truncated: episode cut by a time limit (bootstrap from ``next_obs``) ``[B]`` bool.
         done: ``terminated | truncated`` ``[B]`` bool.
@@ -66,12 +68,13 @@ class ReplayBatch(_ExtrasAccess):
             ``gamma ** m`` for a transition of ``m`` steps (``m = 1`` unless ``n_step > 1``),
             0 when the episode terminated within them.
         extras: the buffer's extra fields by name (also readable as attributes).
+        hidden_state: the hidden state stored with each transition, or ``None`` without one.
     """
 
-    obs: torch.Tensor
+    obs: torch.Tensor | TensorDict
     action: torch.Tensor
     reward: torch.Tensor
-    next_obs: torch.Tensor
+    next_obs: torch.Tensor | TensorDict
     terminated: torch.Tensor
     truncated: torch.Tensor
     done: torch.Tensor
@@ -79,6 +82,7 @@ class ReplayBatch(_ExtrasAccess):
     weight: torch.Tensor
     discount: torch.Tensor
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    hidden_state: torch.Tensor | TensorDict | None = None
 
     def __len__(self) -> int:
         return int(self.obs.shape[0])
@@ -118,18 +122,18 @@ class DistillationBatch(_ExtrasAccess):
     """A batch from a :class:`~rlbuf.DistillationBuffer`; unpacks as ``obs, expert_action = batch``.
 
     Attributes:
-        obs: observations ``[B, *obs_shape]``.
+        obs: observations ``[B, *obs_shape]`` (a ``TensorDict`` for dict observations).
         expert_action: the expert's actions ``[B, *action_shape]``.
         index: storage positions of the rows.
         extras: extra fields (e.g. ``expert_logits``), also readable as attributes.
     """
 
-    obs: torch.Tensor
+    obs: torch.Tensor | TensorDict
     expert_action: torch.Tensor
     index: torch.Tensor
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    def __iter__(self) -> Iterator[torch.Tensor]:
+    def __iter__(self) -> Iterator[torch.Tensor | TensorDict]:
         yield self.obs
         yield self.expert_action
 
@@ -158,8 +162,9 @@ class RolloutBatch(_ExtrasAccess):
     """A minibatch (or the whole rollout, flattened ``T*N``) from a :class:`~rlbuf.RolloutBuffer`.
 
     Attributes:
-        obs: observations ``[B, *obs_shape]``.
-        privileged_obs: privileged observations for an asymmetric critic, or ``None``.
+        obs: observations ``[B, *obs_shape]`` (a ``TensorDict`` for dict observations).
+        privileged_obs: privileged observations for an asymmetric critic (stored at its own key,
+            ``"privileged_observation"``), or ``None``.
         action: actions ``[B, *action_shape]``.
         reward: rewards ``[B]``.
         terminated: episode ended by the MDP at this step ``[B]`` bool.
@@ -169,9 +174,11 @@ class RolloutBatch(_ExtrasAccess):
         advantage: GAE advantages ``[B]``.
         returns: value targets (``advantage + value``) ``[B]``.
         extras: extra fields and tensors attached with ``set_extras`` (also attributes).
+        hidden_state: the policy's hidden state stored with each step ``[B, *shape]`` (a
+            ``TensorDict`` for ``{"h": ..., "c": ...}``), or ``None`` without hidden states.
     """
 
-    obs: torch.Tensor
+    obs: torch.Tensor | TensorDict
     privileged_obs: torch.Tensor | None
     action: torch.Tensor
     reward: torch.Tensor
@@ -182,6 +189,7 @@ class RolloutBatch(_ExtrasAccess):
     advantage: torch.Tensor
     returns: torch.Tensor
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    hidden_state: torch.Tensor | TensorDict | None = None
 
     def __len__(self) -> int:
         return int(self.obs.shape[0])
@@ -215,6 +223,11 @@ class RolloutBatch(_ExtrasAccess):
         }, batch_size=[len(self)], device=self.obs.device)
         if self.privileged_obs is not None:
             td.set("privileged_observation", self.privileged_obs)
+        if isinstance(self.hidden_state, torch.Tensor):
+            td.set(hidden_state_key(()), self.hidden_state)
+        elif self.hidden_state is not None:
+            for key, value in self.hidden_state.items():
+                td.set(hidden_state_key((key,)), value)
         for name, value in self.extras.items():
             td.set(name, value)
         return td

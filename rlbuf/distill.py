@@ -32,6 +32,7 @@ from torchrl.data import RandomSampler
 
 from rlbuf._base import RingBuffer, as_shape, extra_specs
 from rlbuf._core import check_extras
+from rlbuf._obs import ObsDtype, ObsShape, leaf_names, record_layout
 from rlbuf.batches import DistillationBatch
 from rlbuf.spec import ExtraFields, FieldSpec
 from rlbuf.storage import DeviceLike, StorageKind
@@ -42,7 +43,8 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
 
     Args:
         capacity: rows kept; the oldest are overwritten first once full.
-        obs_shape: shape of one observation.
+        obs_shape: shape of one observation, or a (nested) mapping of shapes, a TorchRL
+            ``Composite`` or a gymnasium ``Dict`` space for dict observations.
         action_shape: shape of one expert action (``()`` for a discrete index).
         num_envs: rows per :meth:`add`.
         storage: ``"memory"`` or ``"memmap"``.
@@ -52,7 +54,8 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         seed: seeds the buffer's generator; the global RNG is untouched.
         extra_fields: ``{"name": (shape, dtype)}``, e.g. ``expert_logits``, ``expert_value``,
             or privileged observations for teacher-student setups.
-        obs_dtype: stored observation dtype.
+        obs_dtype: stored observation dtype, or a mapping by key. Unset: the spec's or space's
+            dtype, else float32.
         action_dtype: stored expert-action dtype.
 
     Raises:
@@ -67,7 +70,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         self,
         capacity: int,
         *,
-        obs_shape: Sequence[int] | int,
+        obs_shape: ObsShape,
         action_shape: Sequence[int] | int,
         num_envs: int = 1,
         storage: StorageKind = "memory",
@@ -76,11 +79,12 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         device: DeviceLike | None = None,
         seed: int | None = None,
         extra_fields: ExtraFields | None = None,
-        obs_dtype: torch.dtype = torch.float32,
+        obs_dtype: ObsDtype | None = None,
         action_dtype: torch.dtype = torch.float32,
     ) -> None:
         self._record_options(locals())
-        fixed = [FieldSpec("obs", "observation", as_shape(obs_shape, "obs_shape"), obs_dtype),
+        self._obs = record_layout(self._options, obs_shape, obs_dtype)
+        fixed = [*self._obs.specs("obs", "observation"),
                  FieldSpec("expert_action", "expert_action", as_shape(action_shape, "action_shape"), action_dtype)]
         extras = extra_specs(extra_fields, fixed)
         self._extra_specs = {s.name: s for s in extras}
@@ -105,7 +109,8 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
             (2, [0, 1])
         """
         check_extras(self._extra_specs, extras)
-        values = {"obs": obs, "expert_action": expert_action, **extras}
+        values = {**dict(zip(leaf_names("obs", self._obs), self._obs.split("obs", obs), strict=True)),
+                  "expert_action": expert_action, **extras}
         self._ring.add(tuple(values[spec.name] for spec in self._ring.input_specs), self._num_envs)
 
     def sample(self, batch_size: int) -> DistillationBatch:
@@ -130,5 +135,5 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
             return self._batch(index)
 
     def _make_batch(self, columns: dict[str, torch.Tensor]) -> DistillationBatch:
-        return DistillationBatch(columns["obs"], columns["expert_action"], columns["index"],
+        return DistillationBatch(self._obs.assemble("obs", columns), columns["expert_action"], columns["index"],
                                  {name: columns[name] for name in self._extra_specs})

@@ -32,12 +32,30 @@ from torchrl.data.replay_buffers.samplers import Sampler
 
 from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs
 from rlbuf._compact import CompactLayout, layout_options
-from rlbuf._core import check_extras
+from rlbuf._core import check_extras, deliver
+from rlbuf._obs import (
+    Layout,
+    ObsDtype,
+    ObsShape,
+    hidden_state_key,
+    hidden_state_layout,
+    leaf_names,
+    record_layout,
+    torchrl_env_key,
+)
 from rlbuf._streams import PaddingType, stream_bytes
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.batches import ReplayBatch
 from rlbuf.epochs import EpochIterator
-from rlbuf.errors import CheckpointError, ConfigError, MissingFieldError, PriorityError, ShapeError
+from rlbuf.errors import (
+    BatchSizeError,
+    CheckpointError,
+    ConfigError,
+    MissingFieldError,
+    PriorityError,
+    ShapeError,
+)
+from rlbuf.sequences import ReplaySequenceBatch, burn_in_steps, sequence_flags, sequence_starts
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
@@ -66,20 +84,22 @@ class Transition(NamedTuple):
     extras: Mapping[str, Any] | None = None
 
 
-def replay_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], obs_dtype: torch.dtype,
+def replay_specs(obs_shape: Any, action_shape: tuple[int, ...], obs_dtype: Any,
                  action_dtype: torch.dtype, extra_fields: ExtraFields | None, *,
                  next_obs: bool = True) -> tuple[FieldSpec, ...]:
-    """The stored fields of a replay buffer, in TorchRL keys (``next_obs=False``: the compact layout).
+    """The stored fields of a replay buffer, in TorchRL keys (one per leaf of a dict observation;
+    ``next_obs=False``: the compact layout).
 
     Example:
         >>> [s.describe() for s in replay_specs((3,), (1,), torch.float32, torch.float32, None)][:3]
         ['obs: (3,) float32', 'action: (1,) float32', 'reward: () float32']
     """
+    obs = Layout.parse(obs_shape, obs_dtype)
     specs = [
-        FieldSpec("obs", "observation", obs_shape, obs_dtype),
+        *obs.specs("obs", "observation"),
         FieldSpec("action", "action", action_shape, action_dtype),
         FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True, trailing_one=True),
-        *([FieldSpec("next_obs", ("next", "observation"), obs_shape, obs_dtype)] if next_obs else []),
+        *(obs.specs("next_obs", ("next", "observation")) if next_obs else []),
         FieldSpec("terminated", ("next", "terminated"), (), torch.bool, trailing_one=True),
         FieldSpec("truncated", ("next", "truncated"), (), torch.bool, trailing_one=True),
         FieldSpec("done", ("next", "done"), (), torch.bool, trailing_one=True),
@@ -93,7 +113,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
 
     Args:
         capacity: transitions kept; the oldest are overwritten first once full.
-        obs_shape: shape of one observation.
+        obs_shape: shape of one observation; for dict observations a (nested) mapping of
+            shapes, a TorchRL ``Composite`` spec or a gymnasium ``Dict`` space (see
+            [structured observations](structured.md)): batches then give ``batch.obs`` as a ``TensorDict``.
         action_shape: shape of one action (``()`` for a discrete action index).
         num_envs: rows per :meth:`add` (one per vectorised env).
         prioritized: prioritized experience replay (sum tree), with ``alpha`` and ``beta``.
@@ -105,7 +127,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         device: where sampled batches are delivered (defaults to ``storing_device``).
         seed: seeds the buffer's own generator; sampling never touches the global RNG.
         extra_fields: ``{"name": (shape, dtype)}`` stored with every transition.
-        obs_dtype: stored observation dtype (``torch.uint8`` for images: 1 byte per value).
+        obs_dtype: stored observation dtype (``torch.uint8`` for images: 1 byte per value); for
+            dict observations one dtype or a mapping by key. Unset: the spec's or space's dtype, else float32.
         action_dtype: stored action dtype.
         stats: an :class:`~rlbuf.EpisodeStats` fed with every step added (returns, lengths).
         frame_stack: ``k`` for stacked observations ``obs_shape=(k, *frame)`` (gymnasium's
@@ -122,6 +145,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             observations. Steps must then be added in each env's order, with every episode end
             marked. ``None``: compact when ``frame_stack > 1`` or ``n_step > 1``.
             See [Pixels and memory](../pixels.md).
+        hidden_state_shape: a recurrent policy's hidden state stored with every step, e.g.
+            ``{"h": (layers, 256), "c": (layers, 256)}`` (float32, TorchRL's
+            ``"recurrent_state_h"`` keys); :meth:`sample_sequences` gives it at each sequence start.
 
     Raises:
         ConfigError: contradictory or invalid options.
@@ -137,7 +163,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self,
         capacity: int,
         *,
-        obs_shape: Sequence[int] | int,
+        obs_shape: ObsShape,
         action_shape: Sequence[int] | int,
         num_envs: int = 1,
         prioritized: bool = False,
@@ -149,7 +175,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         device: DeviceLike | None = None,
         seed: int | None = None,
         extra_fields: ExtraFields | None = None,
-        obs_dtype: torch.dtype = torch.float32,
+        obs_dtype: ObsDtype | None = None,
         action_dtype: torch.dtype = torch.float32,
         stats: EpisodeStats | None = None,
         frame_stack: int = 1,
@@ -157,12 +183,24 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         n_step: int = 1,
         gamma: float = 0.99,
         compact: bool | None = None,
+        hidden_state_shape: Sequence[int] | int | Mapping[str, Sequence[int] | int] | None = None,
     ) -> None:
         self._record_options(locals())
+        self._obs = record_layout(self._options, obs_shape, obs_dtype)
         positive_int("num_envs", num_envs)
-        full_obs_shape = as_shape(obs_shape, "obs_shape")
-        compact = layout_options(full_obs_shape, frame_stack=frame_stack, padding_type=padding_type, n_step=n_step,
-                                 gamma=gamma, compact=compact)
+        if (compact is True or frame_stack != 1 or n_step != 1) and (self._obs.structured
+                                                                   or hidden_state_shape is not None):
+            raise ConfigError("compact, frame_stack, n_step: the compact layout stores single-tensor observations "
+                              "without hidden states; got " + ("a dict observation" if self._obs.structured
+                                                               else "hidden_state_shape"))
+        # A dict observation gets here only with frame_stack == n_step == 1 (checked above).
+        single = None if self._obs.structured else self._obs.leaves[0]
+        compact = layout_options(() if single is None else single.shape, frame_stack=frame_stack,
+                                 padding_type=padding_type, n_step=n_step, gamma=gamma, compact=compact)
+        stored_obs_shape: Any = obs_shape
+        if single is not None:
+            stored_obs_shape = single.shape[1:] if frame_stack > 1 else single.shape
+            obs_dtype = single.dtype
         self._gamma = float(gamma)
         self._attach_stats(stats, num_envs)
         prioritized = as_flag("prioritized", prioritized)
@@ -171,20 +209,24 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                     0 <= exponent < math.inf):
                 raise ConfigError(f"{name}: expected a finite number >= 0, got {exponent!r}")
         self._prioritized = prioritized
-        stored_obs_shape = full_obs_shape[1:] if frame_stack > 1 else full_obs_shape
         specs = replay_specs(stored_obs_shape, as_shape(action_shape, "action_shape"),
                              obs_dtype, action_dtype, extra_fields, next_obs=not compact)
-        self._extra_specs = {s.name: s for s in specs if s.name not in (*_FIXED, "done")}
+        self._extra_specs = {s.name: s for s in specs if s.name in (extra_fields or {})}
+        self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
+        if self._hidden is not None:
+            specs = (*specs, *self._hidden.specs("hidden_state", hidden_state_key))
+        self._interleaved = True
         sampler: Sampler = (SumTreeSampler(positive_int("capacity", capacity), alpha=alpha, beta=beta)
                             if prioritized else RandomSampler())
         self._no_truncation = np.zeros(num_envs, np.bool_)
         self._setup(specs, capacity, sampler, num_envs=num_envs, storage=storage, scratch_dir=scratch_dir,
                     storing_device=storing_device, device=device, seed=seed, derived={"done": done_of})
-        self._compact = CompactLayout(self._ring, full_obs_shape, obs_dtype, num_envs=num_envs, frame_stack=frame_stack,
-                                      padding_type=padding_type, n_step=n_step, gamma=self._gamma,
+        single_obs = self._obs.leaves[0]
+        self._compact = CompactLayout(self._ring, single_obs.shape, single_obs.dtype, num_envs=num_envs,
+                                      frame_stack=frame_stack, padding_type=padding_type, n_step=n_step, gamma=self._gamma,
                                       extra_names=list(self._extra_specs)) if compact else None
         self._row_bytes = self.bytes_per_transition(
-            obs_shape=full_obs_shape, action_shape=action_shape, obs_dtype=obs_dtype, action_dtype=action_dtype,
+            obs_shape=obs_shape, action_shape=action_shape, obs_dtype=obs_dtype, action_dtype=action_dtype,
             extra_fields=extra_fields, prioritized=prioritized, frame_stack=frame_stack, n_step=n_step, compact=compact)
 
     @property
@@ -218,6 +260,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             1
         """
         super().clear()
+        self._interleaved = True
         if self._compact is not None:
             self._compact.clear()
 
@@ -241,12 +284,13 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         return super().epochs(batch_size, n_epochs, drop_last=drop_last, shuffle=shuffle)
 
     def _extra_state(self) -> dict[str, Any]:
-        state = super()._extra_state()
+        state = {**super()._extra_state(), "interleaved": self._interleaved}
         if self._compact is not None:
             state["streams"] = self._compact.state_dict()
         return state
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
+        self._interleaved = bool(state.get("interleaved", True))
         super()._load_extra_state(state)
         if self._compact is not None:
             if not isinstance(state.get("streams"), dict):
@@ -293,9 +337,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
     def bytes_per_transition(
         cls,
         *,
-        obs_shape: Sequence[int] | int,
+        obs_shape: ObsShape,
         action_shape: Sequence[int] | int,
-        obs_dtype: torch.dtype = torch.float32,
+        obs_dtype: ObsDtype | None = None,
         action_dtype: torch.dtype = torch.float32,
         extra_fields: ExtraFields | None = None,
         prioritized: bool = False,
@@ -334,19 +378,24 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             >>> ReplayBuffer.bytes_per_transition(**atari, frame_stack=4, episode_length=1000)
             7120.056
         """
-        full = as_shape(obs_shape, "obs_shape")
-        compact = layout_options(full, frame_stack=frame_stack, padding_type="reset", n_step=n_step, gamma=0.99,
-                                 compact=compact)
-        stored = full[1:] if frame_stack > 1 else full
-        specs = replay_specs(stored, as_shape(action_shape, "action_shape"), obs_dtype, action_dtype, extra_fields,
-                             next_obs=not compact)
+        obs = Layout.parse(obs_shape, obs_dtype)
+        single = None if obs.structured else obs.leaves[0]
+        if single is None and (compact is True or frame_stack != 1 or n_step != 1):
+            raise ConfigError("compact, frame_stack, n_step: the compact layout stores single-tensor observations; "
+                              "got a dict observation")
+        compact = layout_options(() if single is None else single.shape, frame_stack=frame_stack,
+                                 padding_type="reset", n_step=n_step, gamma=0.99, compact=compact)
+        stored: Any = obs_shape if single is None else single.shape[1:] if frame_stack > 1 else single.shape
+        specs = replay_specs(stored, as_shape(action_shape, "action_shape"), obs_dtype if single is None
+                             else single.dtype, action_dtype, extra_fields, next_obs=not compact)
         total = float(sum(math.prod(s.shape) * s.dtype.itemsize for s in specs))
         if prioritized:
             total += _PRIORITY_BYTES
         if compact:
             total += stream_bytes(frame_stack)
             if episode_length is not None:
-                total += math.prod(stored) * obs_dtype.itemsize / episode_length
+                assert single is not None  # compact layouts hold single-tensor observations
+                total += math.prod(stored) * single.dtype.itemsize / episode_length
         return total
 
     # -- writing -----------------------------------------------------------------------------
@@ -358,6 +407,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         next_obs: Any = None,
         terminated: Any = None,
         truncated: Any = None,
+        hidden_state: Any = None,
         **extras: Any,
     ) -> None:
         """Store one env step: ``num_envs`` transitions (the env dim may be omitted if 1).
@@ -374,6 +424,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                 episode, not the reset one).
             terminated: the MDP ended the episode (no bootstrap) ``[num_envs]`` bool.
             truncated: a time limit cut the episode ``[num_envs]`` bool; ``None`` = False.
+            hidden_state: the policy's hidden state the action was computed from, if the buffer
+                stores one (``[num_envs, *shape]``, a dict for ``{"h": ..., "c": ...}``).
             **extras: one value per declared extra field.
 
         Raises:
@@ -392,15 +444,23 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                 raise ConfigError("add: pass either a Transition or the fields, not both")
             obs, action, reward, next_obs, terminated, truncated, given = obs
             extras = dict(given or {})
+            hidden_state = extras.pop("hidden_state", None)
         if truncated is None:
             truncated = False if self._num_envs == 1 else self._no_truncation
         if len(extras) != len(self._extra_specs) or (extras and extras.keys() != self._extra_specs.keys()):
             check_extras(self._extra_specs, extras)
+        if (self._hidden is None) != (hidden_state is None):
+            raise MissingFieldError("hidden_state: this buffer stores one with every step" if hidden_state is None
+                                    else "hidden_state: this buffer was built without hidden_state_shape")
         if self._compact is not None:
             extra_values = tuple(extras[n] for n in self._extra_specs)
             self._compact.write(obs, next_obs, terminated, truncated, self._compact.all_envs,
                                 lambda frames, done, cut: self._ring.add(
                                     (frames, action, reward, done, cut, *extra_values), self._num_envs))
+        elif self._obs.structured or self._hidden is not None:
+            hidden = () if self._hidden is None else self._hidden.split("hidden_state", hidden_state)
+            self._ring.add((*self._obs.split("obs", obs), action, reward, *self._obs.split("next_obs", next_obs),
+                            terminated, truncated, *(extras[n] for n in self._extra_specs), *hidden), self._num_envs)
         elif extras:
             values = (obs, action, reward, next_obs, terminated, truncated, *(extras[n] for n in self._extra_specs))
             self._ring.add(values, self._num_envs)
@@ -433,6 +493,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         """
         rows = int(td.batch_size.numel())
         lead = tuple(td.batch_size)
+        # Rows of one env stay num_envs apart (what sample_sequences reads) only for [..., num_envs] batches.
+        interleaved = self._num_envs == 1 or (bool(lead) and lead[-1] == self._num_envs)
         tensors: dict[str, torch.Tensor] = {}
         compact = self._compact
         for spec in self._ring.specs:
@@ -453,6 +515,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             compact.write(obs, next_obs, tensors["terminated"], tensors["truncated"], compact.env_ids_of(lead),
                           lambda frames, done, cut: self._ring.write_tensors(
                               {**tensors, "obs": frames, "terminated": done, "truncated": cut}, rows))
+        self._interleaved = self._interleaved and interleaved
         if self._stats is not None:
             self._feed_stats_from_rollout(*(tensors[n].view(lead) for n in ("reward", "terminated", "truncated")))
 
@@ -510,9 +573,85 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         discount = columns.get("discount")
         if discount is None:
             discount = torch.where(columns["terminated"], 0.0, self._gamma).to(torch.float32)
-        return ReplayBatch(columns["obs"], columns["action"], columns["reward"], columns["next_obs"],
+        obs = self._obs
+        hidden = None if self._hidden is None else self._hidden.assemble("hidden_state", columns)
+        return ReplayBatch(obs.assemble("obs", columns), columns["action"], columns["reward"],
+                           obs.assemble("next_obs", columns),
                            columns["terminated"], columns["truncated"], columns["done"],
-                           columns["index"], weight, discount, extras)
+                           columns["index"], weight, discount, extras, hidden)
+
+    def sample_sequences(self, batch_size: int, length: int, *, burn_in: int = 0) -> ReplaySequenceBatch:
+        """Draw ``batch_size`` sequences of ``burn_in + length`` consecutive steps of one env each.
+
+        Starts are uniform over every stored step that has ``burn_in + length - 1`` steps of
+        its env after it; a sequence never crosses the write cursor (no overwritten or stale
+        rows). It may run on past an episode's end (into the env's next episode) so that every
+        step, late or in a short episode, can be drawn: ``mask`` turns False after the end,
+        ``is_first`` marks episode starts. Steps of one env are ``num_envs`` rows apart as
+        :meth:`add` writes them; :meth:`extend` keeps that only for batches shaped
+        ``(..., num_envs)`` (time first).
+
+        Args:
+            batch_size: sequences ``B``.
+            length: steps per sequence after the burn-in.
+            burn_in: leading steps for warming up a recurrent state.
+
+        Returns:
+            A [`ReplaySequenceBatch`][rlbuf.ReplaySequenceBatch] with ``[B, burn_in + length]`` fields.
+
+        Raises:
+            BatchSizeError: a size that is not a positive int (``burn_in``: negative), or
+                fewer stored steps per env than ``burn_in + length``.
+            EmptyBufferError: nothing is stored.
+            ConfigError: rows were extended env-major (a collector's ``(num_envs, T)``),
+                so steps of one env are not ``num_envs`` rows apart.
+
+        Example:
+            >>> buf = ReplayBuffer(100, obs_shape=(1,), action_shape=(), num_envs=2, seed=0)
+            >>> for t in range(10):
+            ...     buf.add(torch.full((2, 1), float(t)), torch.zeros(2), torch.zeros(2),
+            ...             torch.full((2, 1), t + 1.0), torch.tensor([t == 4, False]))
+            >>> batch = buf.sample_sequences(4, 3, burn_in=2)
+            >>> batch.obs.shape, batch.mask.shape
+            (torch.Size([4, 5, 1]), torch.Size([4, 5]))
+            >>> bool((batch.obs[:, 1:] - batch.obs[:, :-1] == 1).all())   # consecutive steps
+            True
+        """
+        if self._compact is not None:
+            raise ConfigError("sample_sequences: not available for a compact buffer (next_obs stored once, "
+                              "frame_stack or n_step); build it with compact=False")
+        ring = self._ring
+        with ring.lock:
+            batch_size = ring.require_rows(batch_size, without_replacement=False)
+            span = positive_int("length", length, BatchSizeError) + burn_in_steps(burn_in)
+            if not self._interleaved:
+                raise ConfigError("sample_sequences: rows were extended env-major (batch size (num_envs, T)); "
+                                  "steps of one env are not num_envs rows apart. Extend time-major batches "
+                                  "(T, num_envs) or add step by step, then clear() and refill")
+            ring.flush()
+            size, write_count, n = len(ring), ring.write_count, self._num_envs
+            starts = sequence_starts(write_count=write_count, size=size, num_envs=n, span=span,
+                                     batch_size=batch_size, generator=ring.generator)
+            serials = starts.unsqueeze(1) + n * torch.arange(span, device=starts.device)
+            index = (serials % self.capacity).reshape(-1)
+            previous = starts - n
+            stored_before = previous >= write_count - size
+            previous_done = ring.gather(torch.where(stored_before, previous, starts) % self.capacity, ["done"])["done"]
+            first_is_first = torch.where(stored_before, previous_done, previous < 0)
+            columns = {name: column.view(batch_size, span, *column.shape[1:])
+                       for name, column in ring.gather(index).items()}
+            mask, is_first = sequence_flags(columns["done"], first_is_first)
+            columns |= {"mask": mask, "is_first": is_first, "index": index.view(batch_size, span)}
+            if self._hidden is not None:
+                columns |= {name: columns[name][:, 0] for name in leaf_names("hidden_state", self._hidden)}
+            columns = deliver(columns, self._device)
+        obs = self._obs
+        hidden = None if self._hidden is None else self._hidden.assemble("hidden_state", columns)
+        return ReplaySequenceBatch(obs.assemble("obs", columns, batch_dims=2), columns["action"], columns["reward"],
+                                   obs.assemble("next_obs", columns, batch_dims=2), columns["terminated"],
+                                   columns["truncated"], columns["done"], columns["mask"], columns["is_first"], hidden,
+                                   columns["index"], span - int(length),
+                                   {name: columns[name] for name in self._extra_specs})
 
     # -- priorities --------------------------------------------------------------------------
     def update_priority(self, index: Any, priority: Any) -> None:
@@ -556,6 +695,9 @@ def _human_bytes(count: float) -> str:
 
 def _read_td(td: TensorDictBase, spec: FieldSpec, lead: tuple[int, ...]) -> torch.Tensor:
     value: torch.Tensor | None = td.get(spec.key, None)
+    env_key = torchrl_env_key(spec.key)
+    if value is None and env_key is not None:
+        value = td.get(env_key, None)
     if value is None:
         raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
     if not spec.fits_rows(value.shape, lead):

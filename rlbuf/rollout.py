@@ -22,15 +22,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast, overload
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torchrl.data import SamplerWithoutReplacement
 
 from rlbuf._base import BATCH_NAMES, RingBuffer, as_shape, done_of, extra_specs
 from rlbuf._core import check_extras, deliver
+from rlbuf._obs import (
+    Layout,
+    ObsDtype,
+    ObsShape,
+    hidden_state_key,
+    hidden_state_layout,
+    leaf_names,
+    record_layout,
+    torchrl_env_key,
+)
 from rlbuf.batches import RolloutBatch
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
 from rlbuf.errors import (
@@ -43,6 +53,7 @@ from rlbuf.errors import (
     ShapeError,
 )
 from rlbuf.gae import compute_gae
+from rlbuf.sequences import PaddedTrajectories, SequenceBatch, split_trajectories
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, check_finite_rows, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
@@ -53,8 +64,8 @@ _LOG_PROB_KEYS = ("sample_log_prob", "action_log_prob")
 _BUILT_IN = frozenset((*_STEP_FIELDS, *_COMPUTED, "done", "privileged_obs"))
 
 
-def rollout_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], privileged_obs_shape: tuple[int, ...] | None,
-                  obs_dtype: torch.dtype, action_dtype: torch.dtype,
+def rollout_specs(obs_shape: Any, action_shape: tuple[int, ...], privileged_obs_shape: tuple[int, ...] | None,
+                  obs_dtype: Any, action_dtype: torch.dtype,
                   extra_fields: ExtraFields | None) -> tuple[FieldSpec, ...]:
     """The stored fields of a rollout buffer, in TorchRL keys.
 
@@ -63,7 +74,7 @@ def rollout_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], pri
         ['obs', 'action', 'reward', 'terminated', 'truncated', 'value', 'log_prob', 'bootstrap_value', 'advantage', 'returns', 'done']
     """
     specs = [
-        FieldSpec("obs", "observation", obs_shape, obs_dtype),
+        *Layout.parse(obs_shape, obs_dtype).specs("obs", "observation"),
         FieldSpec("action", "action", action_shape, action_dtype),
         FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True, trailing_one=True),
         FieldSpec("terminated", ("next", "terminated"), (), torch.bool, trailing_one=True),
@@ -76,8 +87,11 @@ def rollout_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], pri
         FieldSpec("done", ("next", "done"), (), torch.bool, trailing_one=True),
     ]
     if privileged_obs_shape is not None:
-        specs.insert(1, FieldSpec("privileged_obs", "privileged_observation", privileged_obs_shape, torch.float32))
+        action_at = specs.index(next(s for s in specs if s.name == "action"))
+        specs.insert(action_at, FieldSpec("privileged_obs", "privileged_observation", privileged_obs_shape,
+                                          torch.float32))
     reserved = {key: "a key rlbuf reads log-probabilities from" for key in _LOG_PROB_KEYS}
+    reserved["hidden_state"] = "the recurrent state field (declare it with hidden_state_shape)"
     if privileged_obs_shape is None:
         reserved["privileged_obs"] = "a built-in field (declare it with privileged_obs_shape, not as an extra)"
         reserved["privileged_observation"] = "the TorchRL key of the built-in field 'privileged_obs'"
@@ -94,16 +108,24 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
     Args:
         num_steps: steps per rollout (T).
         num_envs: parallel environments (N).
-        obs_shape: shape of one observation.
+        obs_shape: shape of one observation, or a (nested) mapping of shapes, a TorchRL
+            ``Composite`` or a gymnasium ``Dict`` space for dict observations.
         action_shape: shape of one action (``()`` for a discrete index).
-        privileged_obs_shape: shape of privileged (critic-only) observations, if any.
+        privileged_obs_shape: shape of privileged (critic-only) observations, if any: a second
+            observation key (``"privileged_observation"``), flat.
+        hidden_state_shape: the recurrent policy's hidden state per env and step, e.g.
+            ``(layers, 256)`` for a GRU or ``{"h": (layers, 256), "c": (layers, 256)}`` for an
+            LSTM (float32; stored at TorchRL's ``"recurrent_state"``/``"recurrent_state_h"`` keys).
+            Pass it to :meth:`add` as ``hidden_state=``; sequence minibatches give it at each
+            trajectory's start.
         storage: ``"memory"`` or ``"memmap"``.
         scratch_dir: directory for memmap files.
         storing_device: where the rollout is stored.
         device: where minibatches are delivered (defaults to ``storing_device``).
         seed: seeds the buffer's generator (minibatch shuffling); the global RNG is untouched.
         extra_fields: ``{"name": (shape, dtype)}`` passed to :meth:`add` with every step.
-        obs_dtype: stored observation dtype (``torch.uint8`` for images).
+        obs_dtype: stored observation dtype (``torch.uint8`` for images), or a mapping by key.
+            Unset: the spec's or space's dtype, else float32.
         action_dtype: stored action dtype (``torch.int64`` for discrete actions).
         stats: an :class:`~rlbuf.EpisodeStats` fed with every step added.
 
@@ -121,29 +143,34 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         num_steps: int,
         num_envs: int,
         *,
-        obs_shape: Sequence[int] | int,
+        obs_shape: ObsShape,
         action_shape: Sequence[int] | int,
         privileged_obs_shape: Sequence[int] | int | None = None,
+        hidden_state_shape: Sequence[int] | int | Mapping[str, Sequence[int] | int] | None = None,
         storage: StorageKind = "memory",
         scratch_dir: str | Path | None = None,
         storing_device: DeviceLike = "cpu",
         device: DeviceLike | None = None,
         seed: int | None = None,
         extra_fields: ExtraFields | None = None,
-        obs_dtype: torch.dtype = torch.float32,
+        obs_dtype: ObsDtype | None = None,
         action_dtype: torch.dtype = torch.float32,
         stats: EpisodeStats | None = None,
     ) -> None:
         self._record_options(locals())
+        self._obs = record_layout(self._options, obs_shape, obs_dtype)
         positive_int("num_steps", num_steps)
         positive_int("num_envs", num_envs)
         self._attach_stats(stats, num_envs)
         self._num_steps = num_steps
         privileged = None if privileged_obs_shape is None else as_shape(privileged_obs_shape, "privileged_obs_shape")
-        specs = rollout_specs(as_shape(obs_shape, "obs_shape"), as_shape(action_shape, "action_shape"), privileged,
+        specs = rollout_specs(obs_shape, as_shape(action_shape, "action_shape"), privileged,
                               obs_dtype, action_dtype, extra_fields)
         self._has_privileged = privileged is not None
-        self._extra_specs = {s.name: s for s in specs if s.name not in _BUILT_IN}
+        self._extra_specs = {s.name: s for s in specs if s.name not in _BUILT_IN and not s.name.startswith("obs[")}
+        self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
+        if self._hidden is not None:
+            specs = (*specs, *self._hidden.specs("hidden_state", hidden_state_key))
         self._setup(specs, num_steps * num_envs, SamplerWithoutReplacement(), num_envs=num_envs, storage=storage,
                     scratch_dir=scratch_dir, storing_device=storing_device, device=device, seed=seed,
                     derived={"advantage": _zeros_column, "returns": _zeros_column, "done": done_of})
@@ -173,8 +200,11 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                 f"storage={self._storage_kind}, storing_device={self._storing_device}, device={self._device}, "
                 f"advantages={self._advantages_ready}, fields=[{fields}])")
 
-    def view(self, name: str) -> torch.Tensor:
+    def view(self, name: str) -> torch.Tensor | TensorDict:
         """A stored field as a ``[num_steps, num_envs, ...]`` view of the storage (no copy).
+
+        Dict observations: ``view("obs")`` is a ``TensorDict`` of views, and each key is a
+        field of its own (``view('obs["camera"]')``).
 
         Raises:
             MissingFieldError: no such field.
@@ -184,6 +214,11 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf.view("obs").shape, buf.view("reward").shape
             (torch.Size([3, 2, 4]), torch.Size([3, 2]))
         """
+        if name == "obs" and self._obs.structured:
+            self._ring.flush()
+            views = {leaf: self._ring.leaves[leaf].view(self._num_steps, self._num_envs, *self._ring.by_name[leaf].shape)
+                     for leaf in leaf_names("obs", self._obs)}
+            return self._obs.assemble("obs", views, batch_dims=2)
         self._ring.check_field_names([name])
         self._ring.flush()
         spec = self._ring.by_name[name]
@@ -201,6 +236,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         truncated: Any = None,
         privileged_obs: Any = None,
         bootstrap_value: Any = None,
+        hidden_state: Any = None,
         **extras: Any,
     ) -> None:
         """Store one step for all ``num_envs`` envs.
@@ -216,6 +252,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             privileged_obs: critic-only observations, if the buffer has them.
             bootstrap_value: V(final observation) ``[num_envs]``, read where ``truncated``:
                 required whenever an env is truncated at this step.
+            hidden_state: the policy's hidden state the action was computed from
+                ``[num_envs, *shape]`` (a dict for ``{"h": ..., "c": ...}``), if the buffer has one.
             **extras: one value per declared extra field.
 
         Raises:
@@ -245,8 +283,15 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             raise MissingFieldError("privileged_obs: this buffer stores privileged observations with every step")
         if not self._has_privileged and privileged_obs is not None:
             raise MissingFieldError("privileged_obs: this buffer was built without privileged_obs_shape")
+        if (self._hidden is None) != (hidden_state is None):
+            raise MissingFieldError("hidden_state: this buffer stores one with every step" if hidden_state is None
+                                    else "hidden_state: this buffer was built without hidden_state_shape")
         check_extras(self._extra_specs, extras)
-        values = {"obs": obs, "action": action, "reward": reward, "terminated": terminated, "truncated": truncated,
+        if self._hidden is not None:
+            extras = {**extras, **dict(zip(leaf_names("hidden_state", self._hidden),
+                                           self._hidden.split("hidden_state", hidden_state), strict=True))}
+        values = {**dict(zip(leaf_names("obs", self._obs), self._obs.split("obs", obs), strict=True)),
+                  "action": action, "reward": reward, "terminated": terminated, "truncated": truncated,
                   "value": value, "log_prob": log_prob, "bootstrap_value": bootstrap_value, **extras}
         if self._has_privileged:
             values["privileged_obs"] = privileged_obs
@@ -484,25 +529,46 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         self._ring.flush()
         return self._make_batch(dict(self._ring.leaves) | self._attached)
 
+    @overload
     def minibatches(
         self, batch_size: int | None = None, *, num_minibatches: int | None = None, n_epochs: int = 1,
-        shuffle: bool = True, drop_last: bool = False,
-    ) -> EpochIterator[RolloutBatch]:
+        shuffle: bool = True, drop_last: bool = False, sequences: Literal[False] = False,
+    ) -> EpochIterator[RolloutBatch]: ...
+
+    @overload
+    def minibatches(
+        self, batch_size: int | None = None, *, num_minibatches: int | None = None, n_epochs: int = 1,
+        shuffle: bool = True, drop_last: bool = False, sequences: Literal[True],
+    ) -> EpochIterator[SequenceBatch]: ...
+
+    def minibatches(
+        self, batch_size: int | None = None, *, num_minibatches: int | None = None, n_epochs: int = 1,
+        shuffle: bool = True, drop_last: bool = False, sequences: bool = False,
+    ) -> EpochIterator[RolloutBatch] | EpochIterator[SequenceBatch]:
         """Shuffled minibatches on the training device, each row exactly once per epoch.
 
         The rollout is moved to the training device once, then every epoch draws a fresh
         permutation there and gathers each minibatch with ``index_select``.
 
+        With ``sequences=True`` (recurrent policies) the unit is a trajectory instead of a row:
+        each env's rollout is split at episode ends (``terminated | truncated``) and at the
+        rollout's end, and each minibatch is a [`SequenceBatch`][rlbuf.SequenceBatch] of whole
+        trajectories padded to ``[L, B, ...]`` with a ``mask`` and the hidden state stored at
+        each trajectory's first step. Trajectories are shuffled across envs; ``batch_size`` then
+        counts trajectories, and ``num_minibatches`` splits them into that many minibatches.
+        With ``shuffle=False`` they come env by env, in time order (rsl_rl's order).
+
         Args:
-            batch_size: rows per minibatch (or give ``num_minibatches``).
+            batch_size: rows (trajectories with ``sequences``) per minibatch, or give ``num_minibatches``.
             num_minibatches: minibatches per epoch, sizes differing by at most one.
             n_epochs: passes over the rollout.
             shuffle: fresh permutation each epoch (else storage order).
             drop_last: drop a last, smaller minibatch.
+            sequences: minibatches of padded trajectories instead of rows.
 
         Raises:
             RolloutIncompleteError: the rollout is not full or advantages are not computed.
-            BatchSizeError: a size ≤ 0 or larger than the rollout.
+            BatchSizeError: a size ≤ 0 or larger than the rollout (than its trajectories).
 
         Example:
             >>> buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=(), seed=0)
@@ -512,8 +578,13 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf.compute_returns_and_advantages(torch.zeros(2))
             >>> [len(batch) for batch in buf.minibatches(3, n_epochs=2)]
             [3, 1, 3, 1]
+            >>> batch = next(iter(buf.minibatches(num_minibatches=1, sequences=True)))
+            >>> batch.obs.shape, batch.mask.shape
+            (torch.Size([2, 2, 3]), torch.Size([2, 2]))
         """
         self._require_ready("minibatches")
+        if as_flag("sequences", sequences):
+            return self._sequence_minibatches(batch_size, num_minibatches, n_epochs, shuffle, drop_last)
         # Validate before the epoch generator draws the iterator's seed: a refused call changes nothing.
         options = check_epoch_options(self.capacity, batch_size=batch_size, num_batches=num_minibatches,
                                       n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle)
@@ -529,6 +600,44 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         return self._track_epochs(iterator, "minibatches", batch_size=options["batch_size"],
                                   num_minibatches=options["num_batches"], n_epochs=options["n_epochs"],
                                   shuffle=options["shuffle"], drop_last=options["drop_last"])
+
+    def _iterator_rows(self, method: str, arguments: Mapping[str, Any], size: int,
+                       fields: Mapping[str, torch.Tensor]) -> int:
+        if method == "minibatches" and arguments.get("sequences"):
+            return len(split_trajectories(fields["done"].view(self._num_steps, self._num_envs)))
+        return super()._iterator_rows(method, arguments, size, fields)
+
+    def _sequence_minibatches(self, batch_size: int | None, num_minibatches: int | None, n_epochs: int,
+                              shuffle: bool, drop_last: bool) -> EpochIterator[SequenceBatch]:
+        """``minibatches(sequences=True)``: minibatches of whole padded trajectories."""
+        self._ring.flush()
+        columns = deliver(dict(self._ring.leaves) | self._attached, self._device)
+        hidden_names = () if self._hidden is None else leaf_names("hidden_state", self._hidden)
+        trajectories = PaddedTrajectories(
+            {name: column for name, column in columns.items() if name not in ("done", "bootstrap_value")},
+            columns["done"].view(self._num_steps, self._num_envs), first_step=hidden_names)
+        # Validate over the trajectories before the epoch generator draws: a refused call changes nothing.
+        options = check_epoch_options(len(trajectories), batch_size=batch_size, num_batches=num_minibatches,
+                                      n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle)
+
+        def make_sequences(index: torch.Tensor) -> SequenceBatch:
+            return self._make_sequence_batch(*trajectories.select(index))
+
+        iterator = EpochIterator(len(trajectories), make_sequences, **options,
+                                 generator=self._iterator_generator(self._device))
+        self._track_epochs(cast(Any, iterator), "minibatches", batch_size=options["batch_size"],
+                           num_minibatches=options["num_batches"], n_epochs=options["n_epochs"],
+                           shuffle=options["shuffle"], drop_last=options["drop_last"], sequences=True)
+        return iterator
+
+    def _make_sequence_batch(self, padded: dict[str, torch.Tensor], mask: torch.Tensor, first: dict[str, torch.Tensor],
+                             env: torch.Tensor, start: torch.Tensor) -> SequenceBatch:
+        hidden = None if self._hidden is None else self._hidden.assemble("hidden_state", first)
+        extras = {name: padded[name] for name in (*self._extra_specs, *self._attached)}
+        return SequenceBatch(self._obs.assemble("obs", padded, batch_dims=2), padded.get("privileged_obs"),
+                             padded["action"], padded["reward"], padded["terminated"], padded["truncated"],
+                             padded["value"], padded["log_prob"], padded["advantage"], padded["returns"], mask,
+                             hidden, env, start, extras)
 
     def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
         """Minibatches per epoch for ``batch_size`` over the full rollout."""
@@ -557,9 +666,10 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
 
     def _make_batch(self, columns: dict[str, torch.Tensor]) -> RolloutBatch:
         extras = {name: columns[name] for name in (*self._extra_specs, *self._attached)}
-        return RolloutBatch(columns["obs"], columns.get("privileged_obs"), columns["action"], columns["reward"],
-                            columns["terminated"], columns["truncated"], columns["value"], columns["log_prob"],
-                            columns["advantage"], columns["returns"], extras)
+        hidden = None if self._hidden is None else self._hidden.assemble("hidden_state", columns)
+        return RolloutBatch(self._obs.assemble("obs", columns), columns.get("privileged_obs"), columns["action"],
+                            columns["reward"], columns["terminated"], columns["truncated"], columns["value"],
+                            columns["log_prob"], columns["advantage"], columns["returns"], extras, hidden)
 
 
 def _any_true(flags: Any) -> bool:
@@ -596,4 +706,7 @@ def _read_rollout_key(td: TensorDictBase, spec: FieldSpec) -> torch.Tensor | Non
             return torch.zeros(reward_.shape, dtype=torch.float32, device=reward_.device)
         return bootstrap
     found: torch.Tensor | None = td.get(spec.key, None)
+    env_key = torchrl_env_key(spec.key)
+    if found is None and env_key is not None:
+        found = td.get(env_key, None)
     return found

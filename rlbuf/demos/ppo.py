@@ -17,6 +17,7 @@ Example (not run here: each trains for 10 to 30 seconds)::
     rlbuf demo ppo --out runs/ppo            # stops once the last 20 episodes average >= 475
     rlbuf demo ppo --frames 50000 --storage memmap --checkpoint-every 10000
     rlbuf demo ppo --resume runs/ppo         # continue a killed run from its newest checkpoint
+    rlbuf demo ppo --recurrent               # LSTM policy, CartPole without velocities
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from torchrl.envs import GymWrapper
 from torchrl.modules import ProbabilisticActor, ValueOperator
 
 from rlbuf import GAE, EpisodeStats, RolloutBuffer
-from rlbuf.demos import _run
+from rlbuf.demos import _run, ppo_recurrent
 from rlbuf.demos._run import RunArgs, arg
+from rlbuf.demos.ppo_recurrent import HideVelocities
 
 
 @dataclass
@@ -55,10 +57,27 @@ class Args(RunArgs):
     ent_coef: float = arg(0.0, "entropy bonus coefficient")
     vf_coef: float = arg(0.5, "value loss coefficient")
     max_grad_norm: float = arg(0.5, "gradient norm clip")
-    hidden: int = arg(64, "hidden units of the actor's and critic's two layers")
+    hidden: int = arg(64, "hidden units of the actor's and critic's two layers (the LSTM's with --recurrent)")
+    recurrent: bool = arg(False, "an LSTM policy on CartPole without velocities, trained on sequence minibatches "
+                                 "(rlbuf.demos.ppo_recurrent)")
+    hide_velocities: bool = arg(False, "observe only cart position and pole angle (the MLP then falls short of 475)")
+
+    def __post_init__(self) -> None:
+        # The LSTM learns best with shorter rollouts, fewer updates and a longer horizon (as in
+        # rl-baselines3-zoo's RecurrentPPO on CartPoleNoVel): options left at the MLP's defaults
+        # take the recurrent ones.
+        if self.recurrent:
+            for name, value in RECURRENT_DEFAULTS.items():
+                if getattr(self, name) == MLP_DEFAULTS[name]:
+                    setattr(self, name, value)
 
 
-def make_env(num_envs: int) -> GymWrapper:
+MLP_DEFAULTS = {"num_steps": 64, "num_minibatches": 4, "epochs": 10, "gamma": 0.99, "gae_lambda": 0.95}
+RECURRENT_DEFAULTS = {"num_steps": 32, "num_minibatches": 1, "epochs": 4, "gamma": 0.999, "gae_lambda": 0.98}
+"""``--recurrent``'s defaults for the options ``MLP_DEFAULTS`` lists (the fields' defaults)."""
+
+
+def make_env(num_envs: int, hide_velocities: bool = False) -> GymWrapper:
     """``num_envs`` CartPole-v1 envs in one gymnasium ``SyncVectorEnv``, as a TorchRL env.
 
     Done envs are reset by TorchRL (autoreset disabled in gymnasium), so ``("next",
@@ -68,7 +87,10 @@ def make_env(num_envs: int) -> GymWrapper:
         >>> make_env(2).batch_size
         torch.Size([2])
     """
-    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * num_envs,
+    def one() -> gym.Env[Any, Any]:
+        return HideVelocities(gym.make("CartPole-v1")) if hide_velocities else gym.make("CartPole-v1")
+
+    envs = gym.vector.SyncVectorEnv([one] * num_envs,
                                     autoreset_mode=gym.vector.AutoresetMode.DISABLED)
     return GymWrapper(envs, categorical_action_encoding=True)
 
@@ -103,20 +125,23 @@ def make_actor(net: nn.Module, env: GymWrapper) -> ProbabilisticActor:
 
 def run(args: Args) -> dict[str, Any]:
     """Train PPO as ``args`` say; write curve, summary, model and checkpoints; return the summary."""
+    if args.recurrent:
+        return ppo_recurrent.run(args)
     out = _run.setup(args, "ppo")
     device = torch.device(args.device)
     frames_per_batch = args.num_envs * args.num_steps
 
     # -- setup: envs, networks, buffer --------------------------------------------------------
-    env = make_env(args.num_envs)
-    actor_net = mlp(4, args.hidden, 2, 0.01).to(device)
-    critic_net = mlp(4, args.hidden, 1, 1.0).to(device)
+    env = make_env(args.num_envs, args.hide_velocities)
+    obs_size = 2 if args.hide_velocities else 4
+    actor_net = mlp(obs_size, args.hidden, 2, 0.01).to(device)
+    critic_net = mlp(obs_size, args.hidden, 1, 1.0).to(device)
     actor = make_actor(actor_net, env)
     critic = ValueOperator(critic_net, in_keys=["observation"])
     optimizer = torch.optim.Adam([*actor_net.parameters(), *critic_net.parameters()], lr=args.lr, eps=1e-5, fused=True)
     gae = GAE(gamma=args.gamma, lmbda=args.gae_lambda)
     stats = EpisodeStats(args.num_envs)
-    buffer = RolloutBuffer(args.num_steps, args.num_envs, obs_shape=(4,), action_shape=(), action_dtype=torch.int64,
+    buffer = RolloutBuffer(args.num_steps, args.num_envs, obs_shape=(obs_size,), action_shape=(), action_dtype=torch.int64,
                            storage=args.storage, storing_device=device, seed=args.seed, stats=stats)
 
     frames, saved = 0, _run.resume(args, out, buffer)

@@ -1,0 +1,341 @@
+"""Structured fields: dict (and nested dict) observations and hidden states, stored leaf by leaf.
+
+A structured field (``obs``, ``next_obs``, ``hidden_state``) is either one tensor or a nested
+mapping of named tensors. :class:`Layout` is its description: the leaves, each a path of keys
+with a per-row shape and dtype. It is read from a shape (``(4,)``), a mapping of shapes
+(``{"camera": (3, 64, 64), "proprio": (12,)}``), a TorchRL ``Composite`` spec or a gymnasium
+``Dict`` space, and it turns into one [`FieldSpec`][rlbuf.spec.FieldSpec] per leaf, stored at a
+nested TorchRL key (``("observation", "camera")``, ``("next", "observation", "camera")``).
+Adds are split into leaves here, and batches are assembled back into a ``TensorDict`` here.
+
+Example:
+    >>> import torch
+    >>> layout = Layout.parse({"camera": (3, 8, 8), "proprio": (12,)}, {"camera": torch.uint8})
+    >>> [spec.describe() for spec in layout.specs("obs", "observation")]
+    ['obs["camera"]: (3, 8, 8) uint8', 'obs["proprio"]: (12,) float32']
+    >>> layout.specs("obs", "observation")[0].key
+    ('observation', 'camera')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import numpy as np
+import torch
+from tensordict import TensorDict, is_tensor_collection
+
+from rlbuf.errors import ConfigError, MissingFieldError, ShapeError
+from rlbuf.spec import FieldSpec, NestedKey
+
+Path = tuple[str, ...]
+ObsShape: TypeAlias = "Sequence[int] | int | Mapping[str, Any] | Any"
+"""A shape, a (nested) mapping of shapes, a TorchRL ``Composite`` or a gymnasium ``Dict`` space."""
+ObsDtype: TypeAlias = "torch.dtype | Mapping[str, Any]"
+"""One dtype, or a (nested) mapping of dtypes by observation key."""
+_FLOAT_DEFAULT = torch.float32
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One stored tensor of a structured field: its path of keys, per-row shape and dtype."""
+
+    path: Path
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def leaf_name(name: str, path: Path) -> str:
+    """The name a leaf's field goes by in messages: ``obs["sensors"]["imu"]`` (or ``obs``).
+
+    Example:
+        >>> leaf_name("obs", ("sensors", "imu")), leaf_name("obs", ())
+        ('obs["sensors"]["imu"]', 'obs')
+    """
+    return name + "".join(f'["{key}"]' for key in path)
+
+
+def _is_gym_dict(value: Any) -> bool:
+    spaces = getattr(value, "spaces", None)
+    return isinstance(spaces, Mapping) and type(value).__name__ == "Dict"
+
+
+def _is_composite(value: Any) -> bool:
+    return type(value).__name__ == "Composite" and hasattr(value, "items") and hasattr(value, "shape")
+
+
+def _torch_dtype(dtype: Any, where: str) -> torch.dtype:
+    """A torch dtype from a torch or numpy dtype; float64 becomes float32 (the buffers' default)."""
+    if isinstance(dtype, torch.dtype):
+        return _FLOAT_DEFAULT if dtype is torch.float64 else dtype
+    try:
+        converted = torch.from_numpy(np.zeros((), dtype=np.dtype(dtype))).dtype
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: cannot store dtype {dtype!r}") from None
+    return _FLOAT_DEFAULT if converted is torch.float64 else converted
+
+
+def _shape(value: Any, where: str) -> tuple[int, ...]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,)
+    try:
+        shape = tuple(int(d) for d in value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected a tuple of ints, got {value!r}") from None
+    if any(d < 0 for d in shape):
+        raise ConfigError(f"{where}: expected non-negative sizes, got {shape}")
+    return shape
+
+
+def _where(option: str, path: Path) -> str:
+    return option + "".join(f"[{key!r}]" for key in path)
+
+
+def _leaves_of(value: Any, path: Path, option: str) -> list[tuple[Path, tuple[int, ...], torch.dtype | None]]:
+    """(path, shape, dtype or None) of every leaf of a shape mapping, Composite spec or gymnasium Dict."""
+    if _is_gym_dict(value):
+        items: Any = value.spaces.items()
+    elif _is_composite(value) or isinstance(value, Mapping):
+        items = value.items()
+    else:
+        shape = getattr(value, "shape", value)
+        dtype = getattr(value, "dtype", None)
+        if dtype is not None and not isinstance(value, (torch.Tensor, np.ndarray)):
+            return [(path, _shape(shape, _where(option, path)), _torch_dtype(dtype, _where(option, path)))]
+        return [(path, _shape(value, _where(option, path)), None)]
+    out: list[tuple[Path, tuple[int, ...], torch.dtype | None]] = []
+    for key, sub in items:
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"{_where(option, path)}: keys must be non-empty strings, got {key!r}")
+        out.extend(_leaves_of(sub, (*path, key), option))
+    if not out:
+        raise ConfigError(f"{_where(option, path)}: expected at least one key, got an empty mapping")
+    return out
+
+
+def _dtype_at(dtypes: Any, path: Path, option: str) -> torch.dtype | None:
+    node = dtypes
+    for depth, key in enumerate(path):
+        if not isinstance(node, Mapping):
+            raise ConfigError(f"{_where(option, path[:depth])}: expected a mapping of dtypes to match the shapes, "
+                              f"got {node!r}")
+        if key not in node:
+            return None
+        node = node[key]
+    if not isinstance(node, torch.dtype):
+        raise ConfigError(f"{_where(option, path)}: expected a torch dtype, got {node!r}")
+    return node
+
+
+def _dtype_paths(dtypes: Mapping[str, Any], path: Path = ()) -> list[Path]:
+    paths: list[Path] = []
+    for key, sub in dtypes.items():
+        paths.extend(_dtype_paths(sub, (*path, key)) if isinstance(sub, Mapping) else [(*path, key)])
+    return paths
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The leaves of a structured field; ``structured`` is False for a single tensor.
+
+    Build one with :meth:`Layout.parse`.
+    """
+
+    leaves: tuple[Leaf, ...]
+    structured: bool
+
+    @classmethod
+    def parse(cls, shape: Any, dtype: Any = None, *, option: str = "obs_shape",
+              dtype_option: str = "obs_dtype", default_dtype: torch.dtype = _FLOAT_DEFAULT) -> Layout:
+        """Read a shape, a (nested) mapping of shapes, a TorchRL ``Composite`` or a gymnasium ``Dict``.
+
+        ``dtype`` is one dtype for every leaf, or a mapping with the same nesting; leaves it
+        does not name take the spec's or space's dtype, else ``default_dtype``.
+
+        Raises:
+            ConfigError: a malformed shape, an unknown key in ``dtype``, or a dtype mapping
+                for a single-tensor field.
+
+        Example:
+            >>> Layout.parse((4,), torch.uint8).leaves
+            (Leaf(path=(), shape=(4,), dtype=torch.uint8),)
+            >>> Layout.parse({"a": 2}, {"b": torch.uint8})
+            Traceback (most recent call last):
+            ...
+            rlbuf.errors.ConfigError: obs_dtype: keys [('b',)] are not observation keys [('a',)]
+        """
+        structured = isinstance(shape, Mapping) or _is_gym_dict(shape) or _is_composite(shape)
+        found = _leaves_of(shape, (), option)
+        if not structured:
+            path, leaf_shape, own = found[0]
+            if isinstance(dtype, Mapping):
+                raise ConfigError(f"{dtype_option}: a mapping of dtypes needs a mapping of shapes in {option}")
+            chosen = dtype if dtype is not None else own if own is not None else default_dtype
+            if not isinstance(chosen, torch.dtype):
+                raise ConfigError(f"{dtype_option}: expected a torch dtype, got {chosen!r}")
+            return cls((Leaf((), leaf_shape, chosen),), False)
+        if isinstance(dtype, Mapping):
+            known = {path for path, _, _ in found}
+            unknown = [path for path in _dtype_paths(dtype) if path not in known]
+            if unknown:
+                raise ConfigError(f"{dtype_option}: keys {unknown} are not observation keys {sorted(known)}")
+        leaves = []
+        for path, leaf_shape, own in found:
+            if isinstance(dtype, Mapping):
+                chosen = _dtype_at(dtype, path, dtype_option)
+            elif dtype is not None:
+                if not isinstance(dtype, torch.dtype):
+                    raise ConfigError(f"{dtype_option}: expected a torch dtype or a mapping of them, got {dtype!r}")
+                chosen = dtype
+            else:
+                chosen = None
+            leaves.append(Leaf(path, leaf_shape, chosen or own or default_dtype))
+        return cls(tuple(leaves), True)
+
+    def specs(self, name: str, key: NestedKey | Callable[[Path], NestedKey]) -> list[FieldSpec]:
+        """One field spec per leaf, at ``key`` + the leaf's path (or at ``key(path)``)."""
+        def key_of(path: Path) -> NestedKey:
+            if callable(key):
+                return key(path)
+            if not path:
+                return key
+            return (*((key,) if isinstance(key, str) else key), *path)
+        return [FieldSpec(leaf_name(name, leaf.path), key_of(leaf.path), leaf.shape, leaf.dtype)
+                for leaf in self.leaves]
+
+    def options(self) -> tuple[Any, Any]:
+        """``(shape, dtype)`` as plain constructor options (nested dicts), e.g. for checkpoints."""
+        if not self.structured:
+            return self.leaves[0].shape, self.leaves[0].dtype
+        shapes: dict[str, Any] = {}
+        dtypes: dict[str, Any] = {}
+        for leaf in self.leaves:
+            shape_node, dtype_node = shapes, dtypes
+            for key in leaf.path[:-1]:
+                shape_node = shape_node.setdefault(key, {})
+                dtype_node = dtype_node.setdefault(key, {})
+            shape_node[leaf.path[-1]] = leaf.shape
+            dtype_node[leaf.path[-1]] = leaf.dtype
+        return shapes, dtypes
+
+    def split(self, name: str, value: Any) -> list[Any]:
+        """The per-leaf values of one add, in leaf order (a single-tensor field passes through).
+
+        Raises:
+            MissingFieldError: a key missing from, or unknown to, a structured value.
+            ShapeError: something else than a mapping or TensorDict for a structured field.
+
+        Example:
+            >>> layout = Layout.parse({"a": (2,), "b": {"c": ()}})
+            >>> layout.split("obs", {"a": [1.0, 2.0], "b": {"c": 3.0}})
+            [[1.0, 2.0], 3.0]
+        """
+        if not self.structured:
+            return [value]
+        if value is None:
+            raise MissingFieldError(f"{name}: a value is required")
+        if not (isinstance(value, Mapping) or is_tensor_collection(value)):
+            raise ShapeError(f"{name}: expected a dict or TensorDict with keys "
+                             f"{[leaf_name('', leaf.path) for leaf in self.leaves]}, got {type(value).__name__}")
+        out = []
+        for leaf in self.leaves:
+            node = value
+            for depth, key in enumerate(leaf.path):
+                if not (isinstance(node, Mapping) or is_tensor_collection(node)) or key not in node:
+                    raise MissingFieldError(f"{leaf_name(name, leaf.path[:depth + 1])}: missing")
+                node = node[key]
+            out.append(node)
+        self._refuse_unknown(name, value, ())
+        return out
+
+    def _refuse_unknown(self, name: str, value: Any, path: Path) -> None:
+        children = {leaf.path[len(path)] for leaf in self.leaves if leaf.path[:len(path)] == path and len(leaf.path) > len(path)}
+        for key in tuple(value.keys()):  # iterating a TensorDict walks its batch dim, not its keys
+            if key not in children:
+                raise MissingFieldError(f"{leaf_name(name, (*path, key))}: not a key of this buffer's {name}; "
+                                        f"keys are {sorted(children)}")
+            sub = value[key]
+            if isinstance(sub, Mapping) or is_tensor_collection(sub):
+                self._refuse_unknown(name, sub, (*path, key))
+
+    def assemble(self, name: str, columns: Mapping[str, torch.Tensor], batch_dims: int = 1) -> torch.Tensor | TensorDict:
+        """The leaves' columns as one value: the tensor itself, or a nested ``TensorDict``.
+
+        Example:
+            >>> layout = Layout.parse({"a": (2,), "b": {"c": ()}})
+            >>> td = layout.assemble("obs", {'obs["a"]': torch.zeros(5, 2), 'obs["b"]["c"]': torch.zeros(5)})
+            >>> td["b", "c"].shape, td.batch_size
+            (torch.Size([5]), torch.Size([5]))
+        """
+        if not self.structured:
+            return columns[name]
+        first = columns[leaf_name(name, self.leaves[0].path)]
+        td = TensorDict({}, batch_size=first.shape[:batch_dims], device=first.device)
+        for leaf in self.leaves:
+            td.set(leaf.path, columns[leaf_name(name, leaf.path)])
+        return td
+
+
+
+def leaf_names(name: str, layout: Layout) -> list[str]:
+    """Field names of a layout's leaves (``['obs']`` for a single tensor)."""
+    return [leaf_name(name, leaf.path) for leaf in layout.leaves]
+
+
+def torchrl_env_key(key: NestedKey) -> NestedKey | None:
+    """Where a TorchRL ``GymEnv`` puts a dict observation's leaf: at the top level, without ``"observation"``.
+
+    Example:
+        >>> torchrl_env_key(("next", "observation", "camera")), torchrl_env_key("action")
+        (('next', 'camera'), None)
+    """
+    if isinstance(key, str) or "observation" not in key or key[-1] == "observation":
+        return None
+    stripped = tuple(k for k in key if k != "observation")
+    return stripped[0] if len(stripped) == 1 else stripped
+
+
+def hidden_state_key(path: Path) -> str:
+    """TorchRL's recurrent-state keys: ``recurrent_state`` (a GRU) or ``recurrent_state_h`` (an LSTM's ``h``).
+
+    Example:
+        >>> hidden_state_key(()), hidden_state_key(("h",))
+        ('recurrent_state', 'recurrent_state_h')
+    """
+    return "_".join(("recurrent_state", *path))
+
+
+def hidden_state_layout(shape: Any) -> Layout:
+    """The layout of a ``hidden_state_shape`` option: one shape or a flat mapping of shapes, float32.
+
+    Raises:
+        ConfigError: a malformed shape or nested keys.
+
+    Example:
+        >>> [leaf.path for leaf in hidden_state_layout({"h": (1, 8), "c": (1, 8)}).leaves]
+        [('h',), ('c',)]
+    """
+    layout = Layout.parse(shape, torch.float32, option="hidden_state_shape", dtype_option="hidden_state_shape")
+    deep = [leaf.path for leaf in layout.leaves if len(leaf.path) > 1]
+    if deep:
+        raise ConfigError(f"hidden_state_shape: expected a shape or a flat mapping of shapes, got nested keys {deep}")
+    return layout
+
+
+def record_layout(options: MutableMapping[str, Any], shape: Any, dtype: Any, *, option: str = "obs_shape",
+                  dtype_option: str = "obs_dtype") -> Layout:
+    """Parse a structured option and keep its plain form in the buffer's recorded ``options``.
+
+    A ``Composite`` spec or a gymnasium space is not JSON: checkpoints keep nested dicts of
+    shapes and dtypes instead, which rebuild the same buffer.
+    """
+    from rlbuf._base import _option_to_json
+
+    layout = Layout.parse(shape, dtype, option=option, dtype_option=dtype_option)
+    if layout.structured:
+        plain_shape, plain_dtype = layout.options()
+        options[option] = _option_to_json(plain_shape)
+        options[dtype_option] = _option_to_json(plain_dtype)
+    return layout

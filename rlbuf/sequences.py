@@ -1,0 +1,315 @@
+"""Sequences for recurrent policies: padded rollout trajectories and replay sequences, and their batches.
+
+[`RolloutBuffer.minibatches(..., sequences=True)`][rlbuf.RolloutBuffer.minibatches] splits each
+env's rollout at episode ends (``done = terminated | truncated``) into trajectories, and every
+minibatch pads its trajectories to ``[L, B, ...]`` (time first, as ``torch.nn.LSTM`` reads
+them), with a ``mask`` that is False on padding and the stored hidden state at each
+trajectory's first step. This is what rsl_rl's recurrent mini-batch generator gives, with
+every field padded (not only observations) and trajectories shuffled across envs.
+
+[`ReplayBuffer.sample_sequences`][rlbuf.ReplayBuffer.sample_sequences] draws ``[B, S]``
+sequences of consecutive steps of one env from the replay ring (R2D2, DreamerV3).
+
+Example:
+    >>> import torch
+    >>> done = torch.tensor([[False, False], [True, False], [False, False]])   # [T=3, N=2]
+    >>> trajectories = split_trajectories(done)
+    >>> trajectories.env.tolist(), trajectories.start.tolist(), trajectories.length.tolist()
+    ([0, 0, 1], [0, 2, 0], [2, 1, 3])
+    >>> rows, mask = trajectories.rows(torch.tensor([0, 2]), num_envs=2)
+    >>> rows.tolist(), mask.tolist()
+    ([[0, 1], [2, 3], [2, 5]], [[True, True], [True, True], [False, True]])
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from tensordict import TensorDict
+
+from rlbuf.batches import _ExtrasAccess, _torchrl_layout
+from rlbuf.errors import BatchSizeError
+
+
+@dataclass(frozen=True)
+class Trajectories:
+    """The trajectories of a ``[T, N]`` rollout: env, first step and length of each, env by env."""
+
+    env: torch.Tensor
+    start: torch.Tensor
+    length: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.env.shape[0])
+
+    def rows(self, index: torch.Tensor, *, num_envs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Storage rows ``[L, B]`` (row ``t * num_envs + n``) of trajectories ``index``, and their mask.
+
+        ``L`` is the longest selected trajectory; padded positions repeat the trajectory's
+        last row (so every row is valid to gather) and have mask False.
+        """
+        start, length, env = self.start[index], self.length[index], self.env[index]
+        steps = int(length.max())
+        offset = torch.arange(steps, device=index.device).unsqueeze(1)
+        mask = offset < length
+        time = start + torch.minimum(offset, length - 1)
+        return time * num_envs + env, mask
+
+    def first_rows(self, index: torch.Tensor, *, num_envs: int) -> torch.Tensor:
+        """The storage row of each selected trajectory's first step."""
+        return self.start[index] * num_envs + self.env[index]
+
+
+def split_trajectories(done: torch.Tensor) -> Trajectories:
+    """Split a ``[T, N]`` rollout at ``done`` into trajectories, env 0's first, each env's in time order.
+
+    The last step of every env ends a trajectory (it is cut by the rollout's end). The order is
+    rsl_rl's ``split_and_pad_trajectories`` order.
+
+    Example:
+        >>> split_trajectories(torch.tensor([[True], [False]])).length.tolist()
+        [1, 1]
+    """
+    steps = done.shape[0]
+    ends = done.to(torch.bool).clone()
+    ends[-1] = True
+    flat_ends = ends.T.reshape(-1).nonzero().squeeze(1)
+    flat_starts = torch.cat((flat_ends.new_zeros(1), flat_ends[:-1] + 1))
+    return Trajectories(flat_starts // steps, flat_starts % steps, flat_ends - flat_starts + 1)
+
+
+def gather_padded(columns: Mapping[str, torch.Tensor], rows: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each column's ``rows`` as ``[L, B, ...]``, zero (False) where ``mask`` is False."""
+    flat = rows.reshape(-1)
+    padding = ~mask
+    out = {}
+    for name, column in columns.items():
+        value = column.index_select(0, flat).view(*rows.shape, *column.shape[1:])
+        out[name] = value.masked_fill_(padding.view(*rows.shape, *(1,) * (column.dim() - 1)), 0)
+    return out
+
+
+class PaddedTrajectories:
+    """Every trajectory of a ``[T, N]`` rollout, padded once; minibatches are then column gathers.
+
+    Args:
+        columns: the rollout's columns, row ``t * N + n``.
+        done: episode ends ``[T, N]``.
+        first_step: columns read at each trajectory's first step only (hidden states).
+
+    Example:
+        >>> done = torch.tensor([[False, False], [True, False], [False, False]])
+        >>> padded = PaddedTrajectories({"x": torch.arange(6.0)}, done, first_step=())
+        >>> columns, mask, first, env, start = padded.select(torch.tensor([2, 1]))
+        >>> columns["x"].tolist(), mask.tolist(), env.tolist(), start.tolist()
+        ([[1.0, 4.0], [3.0, 0.0], [5.0, 0.0]], [[True, True], [True, False], [True, False]], [1, 0], [0, 2])
+    """
+
+    def __init__(self, columns: Mapping[str, torch.Tensor], done: torch.Tensor, *, first_step: Sequence[str]) -> None:
+        self.trajectories = split_trajectories(done)
+        every = torch.arange(len(self.trajectories), device=done.device)
+        rows, self.mask = self.trajectories.rows(every, num_envs=done.shape[1])
+        self.padded = gather_padded({name: column for name, column in columns.items() if name not in first_step},
+                                    rows, self.mask)
+        first = self.trajectories.first_rows(every, num_envs=done.shape[1])
+        self.first = {name: columns[name].index_select(0, first) for name in first_step}
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
+
+    def select(self, index: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[str, torch.Tensor],
+                                                   torch.Tensor, torch.Tensor]:
+        """Trajectories ``index``: padded columns ``[L, B, ...]``, mask, first-step columns, env, start."""
+        steps = int(self.trajectories.length[index].max())
+        columns = {name: padded[:steps].index_select(1, index) for name, padded in self.padded.items()}
+        first = {name: value.index_select(0, index) for name, value in self.first.items()}
+        return (columns, self.mask[:steps].index_select(1, index), first, self.trajectories.env[index],
+                self.trajectories.start[index])
+
+
+@dataclass(slots=True, frozen=True)
+class SequenceBatch(_ExtrasAccess):
+    """A minibatch of whole trajectories, time first and padded: ``[L, B, ...]`` with a ``mask``.
+
+    ``B`` trajectories (from any envs, in shuffled order), each padded to the longest one's
+    length ``L``. Padded positions hold zeros (False for flags) and have ``mask`` False: average
+    losses over ``mask`` (``(loss * batch.mask).sum() / batch.mask.sum()``), or pick the valid
+    steps with ``batch.advantage[batch.mask]``.
+
+    Attributes:
+        obs: observations ``[L, B, *obs_shape]`` (a ``TensorDict`` for dict observations).
+        privileged_obs: privileged observations ``[L, B, ...]``, or ``None``.
+        action: actions ``[L, B, *action_shape]``.
+        reward: rewards ``[L, B]``.
+        terminated: ``[L, B]`` bool.
+        truncated: ``[L, B]`` bool.
+        value: values at collection time ``[L, B]``.
+        log_prob: log-probabilities at collection time ``[L, B]``.
+        advantage: GAE advantages ``[L, B]``.
+        returns: value targets ``[L, B]``.
+        mask: True on real steps, False on padding ``[L, B]``.
+        hidden_state: the stored hidden state at each trajectory's first step ``[B, *shape]``
+            (a ``TensorDict`` for ``{"h": ..., "c": ...}``), or ``None`` without hidden states.
+        env: the env each trajectory comes from ``[B]``.
+        start: the rollout step each trajectory starts at ``[B]``.
+        extras: extra fields, padded like the rest (also readable as attributes).
+    """
+
+    obs: torch.Tensor | TensorDict
+    privileged_obs: torch.Tensor | None
+    action: torch.Tensor
+    reward: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    value: torch.Tensor
+    log_prob: torch.Tensor
+    advantage: torch.Tensor
+    returns: torch.Tensor
+    mask: torch.Tensor
+    hidden_state: torch.Tensor | TensorDict | None
+    env: torch.Tensor
+    start: torch.Tensor
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        """Trajectories in the batch (``B``)."""
+        return int(self.mask.shape[1])
+
+    def to_tensordict(self) -> TensorDict:
+        """The batch in TorchRL's sequence layout: batch size ``[B, L]`` (time last), with ``"mask"``.
+
+        Example:
+            >>> from rlbuf import RolloutBuffer
+            >>> buf = RolloutBuffer(3, 2, obs_shape=(1,), action_shape=(), seed=0)
+            >>> for t in range(3):
+            ...     buf.add(torch.zeros(2, 1), torch.zeros(2), torch.ones(2), torch.tensor([t == 1, False]),
+            ...             torch.zeros(2), torch.zeros(2))
+            >>> buf.compute_returns_and_advantages(torch.zeros(2))
+            >>> td = next(iter(buf.minibatches(num_minibatches=1, sequences=True, shuffle=False))).to_tensordict()
+            >>> td.batch_size, td["mask"].tolist()
+            (torch.Size([3, 3]), [[True, True, False], [True, False, False], [True, True, True]])
+        """
+        steps, width = self.mask.shape
+        def scalar(value: torch.Tensor) -> torch.Tensor:
+            return _torchrl_layout(value, 2)
+
+        td = TensorDict({
+            "observation": self.obs, "action": self.action, "state_value": scalar(self.value),
+            "sample_log_prob": self.log_prob, "advantage": scalar(self.advantage),
+            "value_target": scalar(self.returns), "mask": self.mask,
+            "next": {"reward": scalar(self.reward), "terminated": scalar(self.terminated),
+                     "truncated": scalar(self.truncated), "done": scalar(self.terminated | self.truncated)},
+        }, batch_size=[steps, width], device=self.mask.device)
+        if self.privileged_obs is not None:
+            td.set("privileged_observation", self.privileged_obs)
+        for name, value in self.extras.items():
+            td.set(name, value)
+        return td.transpose(0, 1)
+
+
+@dataclass(slots=True, frozen=True)
+class ReplaySequenceBatch(_ExtrasAccess):
+    """Sequences of consecutive steps of one env each, from [`ReplayBuffer.sample_sequences`][rlbuf.ReplayBuffer.sample_sequences].
+
+    Batch first: every field is ``[B, burn_in + length, ...]``; the first ``burn_in`` steps
+    are for warming up a recurrent state. A sequence never crosses the ring's write cursor,
+    but it may run past the end of an episode into the env's next one: ``mask`` is False from
+    the step after the first episode end on (R2D2-style losses average over ``mask``), and
+    ``is_first`` marks each episode's first step (DreamerV3-style models reset their state there).
+
+    Attributes:
+        obs: observations ``[B, S, *obs_shape]`` (a ``TensorDict`` for dict observations).
+        action: actions ``[B, S, *action_shape]``.
+        reward: rewards ``[B, S]``.
+        next_obs: next observations ``[B, S, *obs_shape]``.
+        terminated: ``[B, S]`` bool.
+        truncated: ``[B, S]`` bool.
+        done: ``terminated | truncated`` ``[B, S]`` bool.
+        mask: True while the sequence is still in its first step's episode ``[B, S]``.
+        is_first: True at an episode's first step ``[B, S]`` (at step 0: when the env's
+            previous row ended an episode or the env had none; False when unknown because
+            that row was overwritten).
+        hidden_state: the hidden state stored with each sequence's first step ``[B, *shape]``,
+            or ``None`` when the buffer stores none.
+        index: storage positions of the steps ``[B, S]``.
+        burn_in: how many leading steps are burn-in.
+        extras: extra fields ``[B, S, ...]`` (also readable as attributes).
+    """
+
+    obs: torch.Tensor | TensorDict
+    action: torch.Tensor
+    reward: torch.Tensor
+    next_obs: torch.Tensor | TensorDict
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    done: torch.Tensor
+    mask: torch.Tensor
+    is_first: torch.Tensor
+    hidden_state: torch.Tensor | TensorDict | None
+    index: torch.Tensor
+    burn_in: int
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        """Sequences in the batch (``B``)."""
+        return int(self.mask.shape[0])
+
+
+def burn_in_steps(value: object) -> int:
+    """``burn_in`` as an int ≥ 0, else :class:`BatchSizeError`.
+
+    Example:
+        >>> burn_in_steps(-1)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.BatchSizeError: burn_in: expected an int >= 0, got -1
+    """
+    try:
+        steps = None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        steps = None
+    if steps is None or steps < 0:
+        raise BatchSizeError(f"burn_in: expected an int >= 0, got {value!r}")
+    return steps
+
+
+def sequence_starts(*, write_count: int, size: int, num_envs: int, span: int, batch_size: int,
+                    generator: torch.Generator) -> torch.Tensor:
+    """Serials (rows written before) of ``batch_size`` sequence starts drawn uniformly.
+
+    Rows of one env follow each other ``num_envs`` serials apart, so a sequence of ``span``
+    steps starting at serial ``s`` is ``s, s + num_envs, ...``; it must lie between the oldest
+    stored row and the newest one, never across the write cursor.
+
+    Raises:
+        BatchSizeError: fewer stored steps per env than ``span``.
+
+    Example:
+        >>> starts = sequence_starts(write_count=12, size=8, num_envs=2, span=3, batch_size=4,
+        ...                          generator=torch.Generator().manual_seed(0))
+        >>> bool(((starts >= 4) & (starts + 2 * 2 < 12)).all())
+        True
+    """
+    oldest = write_count - size
+    choices = write_count - (span - 1) * num_envs - oldest
+    if choices <= 0:
+        raise BatchSizeError(f"length: burn_in + length = {span} steps per sequence, but the buffer holds "
+                             f"{size // num_envs} steps per env")
+    return oldest + torch.randint(0, choices, (batch_size,), generator=generator, device=generator.device)
+
+
+def sequence_flags(done: torch.Tensor, first_is_first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mask`` and ``is_first`` ``[B, S]`` from the ``done`` flags of the steps ``[B, S]``.
+
+    Example:
+        >>> done = torch.tensor([[False, True, False, False]])
+        >>> mask, is_first = sequence_flags(done, torch.tensor([True]))
+        >>> mask.tolist(), is_first.tolist()
+        ([[True, True, False, False]], [[True, False, True, False]])
+    """
+    ended_before = done.cumsum(1) - done.to(torch.int64)
+    is_first = torch.cat((first_is_first.unsqueeze(1), done[:, :-1]), dim=1)
+    return ended_before == 0, is_first

@@ -1,0 +1,52 @@
+"""The recurrent PPO demo runs end to end on a tiny budget and resumes exactly (it must run, not learn)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+
+from rlbuf.cli import main
+from rlbuf.demos.ppo import MLP_DEFAULTS, RECURRENT_DEFAULTS, Args
+from rlbuf.demos.ppo_recurrent import HideVelocities, make_envs
+
+
+def recurrent(out: Path, *extra: str) -> int:
+    return main(["demo", "ppo", "--recurrent", "--out", str(out), "--frames", "1024", "--num-envs", "4",
+                 "--num-steps", "16", "--hidden", "16", "--checkpoint-every", "512", "--no-progress",
+                 "--no-stop-at-target", *extra])
+
+
+def parameters(out: Path) -> dict[str, torch.Tensor]:
+    saved: dict[str, torch.Tensor] = torch.load(out / "model.pt", weights_only=True)["policy"]
+    return saved
+
+
+def test_recurrent_demo_runs_and_resumes_exactly(tmp_path: Path) -> None:
+    assert recurrent(tmp_path / "whole") == 0
+    summary = json.loads((tmp_path / "whole" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["frames"] == 1024 and summary["args"]["recurrent"]
+    assert summary["episodes"] > 0
+    assert recurrent(tmp_path / "split", "--stop-after-frames", "512") == 0
+    assert main(["demo", "ppo", "--resume", str(tmp_path / "split"), "--no-progress"]) == 0
+    whole, resumed = parameters(tmp_path / "whole"), parameters(tmp_path / "split")
+    assert whole.keys() == resumed.keys()
+    assert all(torch.equal(whole[key], resumed[key]) for key in whole)
+
+
+def test_velocities_are_hidden() -> None:
+    envs = make_envs(2)
+    obs, _ = envs.reset(seed=0)
+    assert obs.shape == (2, 2)
+    full, _ = HideVelocities(__import__("gymnasium").make("CartPole-v1")).env.reset(seed=0)
+    assert obs[0].tolist() == [float(full[0]), float(full[2])]
+
+
+def test_recurrent_defaults_replace_only_the_mlp_defaults() -> None:
+    fields = {field.name: field.default for field in dataclasses.fields(Args)}
+    assert {name: fields[name] for name in MLP_DEFAULTS} == MLP_DEFAULTS
+    args = Args(recurrent=True, epochs=7)
+    assert args.epochs == 7 and args.num_steps == RECURRENT_DEFAULTS["num_steps"]
+    assert Args().num_steps == MLP_DEFAULTS["num_steps"]

@@ -1,0 +1,319 @@
+"""Hidden states and sequence minibatches for recurrent PPO, checked against rsl_rl's generator."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tensordict import TensorDict
+
+from rlbuf import ReplayBuffer, RolloutBuffer, SequenceBatch
+from rlbuf.errors import BatchSizeError, ConfigError, MissingFieldError, ShapeError
+from rlbuf.sequences import split_trajectories
+
+T, N, LAYERS, H = 12, 4, 2, 3
+
+
+def rollout_data(seed: int = 0, done_rate: float = 0.2) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    done = torch.rand(T, N, generator=g) < done_rate
+    truncated = done & (torch.rand(T, N, generator=g) < 0.5)
+    return {
+        "proprio": torch.randn(T, N, 5, generator=g),
+        "camera": torch.randint(0, 255, (T, N, 2, 2), generator=g).to(torch.uint8),
+        "action": torch.randn(T, N, 2, generator=g),
+        "reward": torch.randn(T, N, generator=g),
+        "terminated": done & ~truncated,
+        "truncated": truncated,
+        "value": torch.randn(T, N, generator=g),
+        "log_prob": torch.randn(T, N, generator=g),
+        # rsl_rl's layout: [T, layers, N, H].
+        "h": torch.randn(T, LAYERS, N, H, generator=g),
+        "c": torch.randn(T, LAYERS, N, H, generator=g),
+    }
+
+
+def filled_buffer(data: dict[str, torch.Tensor], **kwargs: Any) -> RolloutBuffer:
+    buf = RolloutBuffer(T, N, obs_shape={"proprio": (5,), "camera": (2, 2)}, obs_dtype={"camera": torch.uint8},
+                        action_shape=(2,), hidden_state_shape={"h": (LAYERS, H), "c": (LAYERS, H)}, seed=0, **kwargs)
+    for t in range(T):
+        buf.add({"proprio": data["proprio"][t], "camera": data["camera"][t]}, data["action"][t], data["reward"][t],
+                data["terminated"][t], data["value"][t], data["log_prob"][t], truncated=data["truncated"][t],
+                bootstrap_value=torch.zeros(N),
+                hidden_state={"h": data["h"][t].transpose(0, 1), "c": data["c"][t].transpose(0, 1)})
+    buf.compute_returns_and_advantages(torch.zeros(N))
+    return buf
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.lists(st.booleans(), min_size=3, max_size=3), min_size=1, max_size=8))
+def test_trajectories_cover_every_step_once_and_end_only_at_done(flags: list[list[bool]]) -> None:
+    done = torch.tensor(flags)
+    steps = done.shape[0]
+    trajectories = split_trajectories(done)
+    covered = torch.zeros_like(done, dtype=torch.int64)
+    for env, start, length in zip(trajectories.env.tolist(), trajectories.start.tolist(),
+                                  trajectories.length.tolist(), strict=True):
+        covered[start:start + length, env] += 1
+        inside = done[start:start + length - 1, env]
+        assert not inside.any(), "a trajectory crosses an episode end"
+        assert start + length == steps or done[start + length - 1, env]
+    assert bool((covered == 1).all())
+
+
+def test_sequence_minibatches_hold_whole_trajectories_with_their_first_hidden_state() -> None:
+    data = rollout_data()
+    buf = filled_buffer(data)
+    done = data["terminated"] | data["truncated"]
+    seen: list[tuple[int, int]] = []
+    batches = list(buf.minibatches(num_minibatches=3, sequences=True, n_epochs=2))
+    assert len(batches) == 6
+    for batch in batches:
+        assert isinstance(batch, SequenceBatch)
+        steps, width = batch.mask.shape
+        assert batch.obs["camera"].shape == (steps, width, 2, 2) and batch.action.shape == (steps, width, 2)
+        assert batch.hidden_state is not None and batch.hidden_state["h"].shape == (width, LAYERS, H)
+        assert steps == int(batch.mask.sum(0).max())
+        for b, (env, start) in enumerate(zip(batch.env.tolist(), batch.start.tolist(), strict=True)):
+            length = int(batch.mask[:, b].sum())
+            assert batch.mask[:length, b].all()
+            seen.append((env, start))
+            torch.testing.assert_close(batch.obs["proprio"][:length, b], data["proprio"][start:start + length, env])
+            torch.testing.assert_close(batch.reward[:length, b], data["reward"][start:start + length, env])
+            assert not (batch.terminated | batch.truncated)[:length - 1, b].any()
+            assert start + length == T or done[start + length - 1, env]
+            torch.testing.assert_close(batch.hidden_state["h"][b], data["h"][start, :, env])
+            torch.testing.assert_close(batch.hidden_state["c"][b], data["c"][start, :, env])
+            assert batch.action[length:, b].eq(0).all() and batch.obs["camera"][length:, b].eq(0).all()
+    trajectories = split_trajectories(done)
+    everything = sorted(zip(trajectories.env.tolist(), trajectories.start.tolist(), strict=True))
+    assert sorted(seen[:len(seen) // 2]) == everything == sorted(seen[len(seen) // 2:])
+
+
+def test_sequence_minibatches_are_shuffled_by_trajectory() -> None:
+    buf = filled_buffer(rollout_data())
+    unshuffled = torch.cat([b.env * T + b.start for b in buf.minibatches(num_minibatches=2, sequences=True,
+                                                                          shuffle=False)])
+    shuffled = torch.cat([b.env * T + b.start for b in buf.minibatches(num_minibatches=2, sequences=True)])
+    assert unshuffled.tolist() == sorted(unshuffled.tolist())
+    assert shuffled.tolist() != unshuffled.tolist() and sorted(shuffled.tolist()) == unshuffled.tolist()
+
+
+def test_batch_size_counts_trajectories() -> None:
+    buf = filled_buffer(rollout_data())
+    count = len(split_trajectories(buf.view("done")))
+    sizes = [len(batch) for batch in buf.minibatches(5, sequences=True)]
+    assert sum(sizes) == count and max(sizes) == 5
+
+
+def _rsl_rl_storage(data: dict[str, torch.Tensor]) -> Any:
+    rollout_storage = pytest.importorskip("rsl_rl.storage.rollout_storage")
+    first = TensorDict({"proprio": data["proprio"][0], "camera": data["camera"][0]}, batch_size=[N])
+    storage = rollout_storage.RolloutStorage("rl", N, T, first, (2,))
+    for t in range(T):
+        step = rollout_storage.RolloutStorage.Transition()
+        step.observations = TensorDict({"proprio": data["proprio"][t], "camera": data["camera"][t]}, batch_size=[N])
+        step.actions = data["action"][t]
+        step.rewards = data["reward"][t]
+        step.dones = (data["terminated"][t] | data["truncated"][t]).to(torch.uint8)
+        step.values = data["value"][t].unsqueeze(1)
+        step.actions_log_prob = data["log_prob"][t]
+        step.distribution_params = (data["action"][t],)
+        step.hidden_states = ((data["h"][t], data["c"][t]), None)
+        storage.add_transition(step)
+    return storage
+
+
+@pytest.mark.parametrize("num_minibatches", [1, 2])
+def test_same_trajectories_masks_and_initial_states_as_rsl_rl(num_minibatches: int) -> None:
+    data = rollout_data(seed=3)
+    storage = _rsl_rl_storage(data)
+    utils = pytest.importorskip("rsl_rl.utils")
+    theirs = list(storage.recurrent_mini_batch_generator(num_minibatches, num_epochs=1))
+    mine = list(filled_buffer(data).minibatches(num_minibatches=num_minibatches, sequences=True, shuffle=False))
+
+    def padded_to_t(value: torch.Tensor) -> torch.Tensor:
+        pad = torch.zeros(T - value.shape[0], *value.shape[1:], dtype=value.dtype)
+        return torch.cat((value, pad))
+
+    # rsl_rl splits minibatches by env, rlbuf by trajectory count: compare the trajectories in order.
+    their_obs = torch.cat([b.observations["proprio"] for b in theirs], dim=1)
+    their_masks = torch.cat([b.masks for b in theirs], dim=1)
+    their_h = torch.cat([b.hidden_states[0][0] for b in theirs], dim=1)
+    their_c = torch.cat([b.hidden_states[0][1] for b in theirs], dim=1)
+    my_obs = torch.cat([padded_to_t(b.obs["proprio"]) for b in mine], dim=1)
+    my_masks = torch.cat([padded_to_t(b.mask) for b in mine], dim=1)
+    assert torch.equal(my_masks, their_masks)
+    assert torch.equal(my_obs, their_obs)
+    assert torch.equal(torch.cat([b.hidden_state["h"] for b in mine]).transpose(0, 1), their_h)  # type: ignore[index]
+    assert torch.equal(torch.cat([b.hidden_state["c"] for b in mine]).transpose(0, 1), their_c)  # type: ignore[index]
+    # rsl_rl pads only observations; rlbuf pads every field the same way.
+    their_actions, _ = utils.split_and_pad_trajectories(data["action"], storage.dones)
+    assert torch.equal(torch.cat([padded_to_t(b.action) for b in mine], dim=1), their_actions)
+
+
+def test_exact_resume_mid_epoch_with_sequence_minibatches(tmp_path: Any) -> None:
+    buf = filled_buffer(rollout_data())
+    iterator = buf.minibatches(num_minibatches=3, n_epochs=3, sequences=True)
+    for _ in range(4):
+        next(iterator)
+    buf.save(tmp_path / "ckpt")
+    restored = RolloutBuffer.load(tmp_path / "ckpt")
+    resumed = restored.current_epochs
+    assert resumed is not None and len(resumed) == len(iterator) == 5
+    for mine, theirs in zip(iterator, resumed, strict=True):
+        assert isinstance(theirs, SequenceBatch)
+        assert torch.equal(mine.env, theirs.env) and torch.equal(mine.start, theirs.start)
+        assert torch.equal(mine.mask, theirs.mask) and torch.equal(mine.advantage, theirs.advantage)
+        assert (mine.hidden_state == theirs.hidden_state).all()  # type: ignore[operator]
+
+
+def test_row_minibatches_carry_the_hidden_state_of_each_step() -> None:
+    data = rollout_data()
+    buf = filled_buffer(data)
+    whole = buf.get_all_data()
+    assert whole.hidden_state is not None
+    torch.testing.assert_close(whole.hidden_state["h"], data["h"].permute(0, 2, 1, 3).reshape(T * N, LAYERS, H))
+    td = whole.to_tensordict()
+    assert td["recurrent_state_h"].shape == (T * N, LAYERS, H)
+
+
+def test_a_gru_hidden_state_is_one_tensor_at_torchrl_key() -> None:
+    buf = RolloutBuffer(2, 1, obs_shape=(3,), action_shape=(), hidden_state_shape=(1, 4))
+    assert [spec.key for spec in buf.fields if spec.name == "hidden_state"] == ["recurrent_state"]
+    for _ in range(2):
+        buf.add(torch.zeros(1, 3), torch.zeros(1), torch.ones(1), torch.tensor([False]), torch.zeros(1),
+                torch.zeros(1), hidden_state=torch.ones(1, 1, 4))
+    buf.compute_returns_and_advantages(torch.zeros(1))
+    batch = next(iter(buf.minibatches(num_minibatches=1, sequences=True)))
+    assert isinstance(batch.hidden_state, torch.Tensor) and batch.hidden_state.shape == (1, 1, 4)
+
+
+def test_hidden_state_inputs_are_validated_by_key() -> None:
+    buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=(), hidden_state_shape={"h": (1, 4), "c": (1, 4)})
+    args = (torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]), torch.zeros(2),
+            torch.zeros(2))
+    with pytest.raises(MissingFieldError, match="hidden_state: this buffer stores one"):
+        buf.add(*args)
+    with pytest.raises(MissingFieldError, match=r'hidden_state\["c"\]: missing'):
+        buf.add(*args, hidden_state={"h": torch.zeros(2, 1, 4)})
+    with pytest.raises(ShapeError, match=r'hidden_state\["c"\]: expected shape \(2, 1, 4\), got \(2, 4\)'):
+        buf.add(*args, hidden_state={"h": torch.zeros(2, 1, 4), "c": torch.zeros(2, 4)})
+    assert buf.steps == 0
+    plain = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=())
+    with pytest.raises(MissingFieldError, match="built without hidden_state_shape"):
+        plain.add(*args, hidden_state=torch.zeros(2, 1, 4))
+    with pytest.raises(ConfigError, match="nested keys"):
+        RolloutBuffer(2, 2, obs_shape=(3,), action_shape=(), hidden_state_shape={"a": {"h": (1, 4)}})
+
+
+def test_extend_reads_torchrl_recurrent_state_keys() -> None:
+    td = TensorDict({"observation": torch.zeros(2, 3, 1), "action": torch.zeros(2, 3), "state_value": torch.zeros(2, 3, 1),
+                     "sample_log_prob": torch.zeros(2, 3), "recurrent_state_h": torch.arange(12.0).view(2, 3, 1, 2),
+                     "recurrent_state_c": torch.zeros(2, 3, 1, 2),
+                     "next": {"reward": torch.ones(2, 3, 1), "terminated": torch.zeros(2, 3, 1, dtype=torch.bool)}},
+                    batch_size=[2, 3])
+    buf = RolloutBuffer(3, 2, obs_shape=(1,), action_shape=(), hidden_state_shape={"h": (1, 2), "c": (1, 2)})
+    buf.extend(td)
+    buf.compute_returns_and_advantages(torch.zeros(2))
+    batch = next(iter(buf.minibatches(num_minibatches=1, sequences=True, shuffle=False)))
+    assert batch.hidden_state is not None
+    assert batch.hidden_state["h"].flatten(1).tolist() == [[0.0, 1.0], [6.0, 7.0]]
+
+
+# -- ReplayBuffer.sample_sequences -------------------------------------------------------------
+
+def replay_with_steps(capacity: int, num_envs: int, steps: int, done_every: int = 0,
+                      **kwargs: Any) -> ReplayBuffer:
+    """Observation = env * 1000 + step; env e's episode ends every ``done_every`` steps (offset by e)."""
+    buf = ReplayBuffer(capacity, obs_shape=(1,), action_shape=(), num_envs=num_envs, seed=0, **kwargs)
+    envs = torch.arange(num_envs, dtype=torch.float32)
+    for t in range(steps):
+        done = (torch.tensor([(t + e) % done_every == done_every - 1 for e in range(num_envs)])
+                if done_every else torch.zeros(num_envs, dtype=torch.bool))
+        extra = {"hidden_state": {"h": (envs * 1000 + t).view(num_envs, 1, 1).expand(num_envs, 1, 2)}} \
+            if "hidden_state_shape" in kwargs else {}
+        buf.add((envs * 1000 + t).unsqueeze(1), torch.zeros(num_envs), torch.zeros(num_envs),
+                (envs * 1000 + t + 1).unsqueeze(1), done, **extra)
+    return buf
+
+
+@settings(max_examples=30, deadline=None)
+@given(capacity=st.integers(6, 40), num_envs=st.integers(1, 3), steps=st.integers(2, 30),
+       span=st.integers(1, 4), done_every=st.integers(0, 5))
+def test_sequences_are_consecutive_steps_of_one_env_within_what_is_stored(
+        capacity: int, num_envs: int, steps: int, span: int, done_every: int) -> None:
+    buf = replay_with_steps(capacity, num_envs, steps, done_every)
+    stored_steps = len(buf) // num_envs
+    if stored_steps < span:
+        with pytest.raises(BatchSizeError, match="steps per env"):
+            buf.sample_sequences(4, span)
+        return
+    batch = buf.sample_sequences(8, span - 1, burn_in=1) if span > 1 else buf.sample_sequences(8, 1)
+    obs = batch.obs[..., 0]  # type: ignore[index]
+    env, step = obs // 1000, obs % 1000
+    assert (env == env[:, :1]).all() and (step[:, 1:] - step[:, :-1] == 1).all()
+    serial = step * num_envs + env  # rows written before this one: every row is still stored
+    assert (serial >= steps * num_envs - len(buf)).all() and (step <= steps - 1).all()
+    done = batch.done
+    for b in range(len(batch)):
+        ended = done[b].nonzero()
+        first_end = int(ended[0]) if len(ended) else span
+        assert batch.mask[b, :first_end + 1].all() and not batch.mask[b, first_end + 1:].any()
+        assert torch.equal(batch.is_first[b, 1:], done[b, :-1])
+
+
+def test_is_first_at_a_sequence_start_follows_the_previous_row() -> None:
+    buf = replay_with_steps(100, 2, 10, done_every=3)
+    batch = buf.sample_sequences(64, 2)
+    step, env = batch.obs[:, 0, 0] % 1000, batch.obs[:, 0, 0] // 1000  # type: ignore[index]
+    expected = (step == 0) | ((step - 1 + env) % 3 == 2)
+    assert torch.equal(batch.is_first[:, 0], expected)
+
+
+def test_sequences_carry_the_hidden_state_of_their_first_step() -> None:
+    buf = replay_with_steps(50, 2, 20, hidden_state_shape={"h": (1, 2)})
+    batch = buf.sample_sequences(16, 4, burn_in=3)
+    assert batch.burn_in == 3 and batch.obs.shape == (16, 7, 1)
+    assert batch.hidden_state is not None
+    torch.testing.assert_close(batch.hidden_state["h"][:, 0, 0], batch.obs[:, 0, 0])  # type: ignore[index]
+    assert buf.sample(3).hidden_state["h"].shape == (3, 1, 2)  # type: ignore[index]
+
+
+def test_refused_sequence_calls_change_nothing() -> None:
+    buf = replay_with_steps(20, 2, 5)
+    state = buf.state_dict()
+    for bad in ({"batch_size": 0, "length": 2}, {"batch_size": 2, "length": 0},
+                {"batch_size": 2, "length": 2, "burn_in": -1}, {"batch_size": 2, "length": 9}):
+        with pytest.raises(BatchSizeError):
+            buf.sample_sequences(**bad)
+    assert torch.equal(buf.state_dict()["rng"]["sample"], state["rng"]["sample"])
+
+
+def test_env_major_extends_are_refused_and_time_major_ones_work() -> None:
+    def rollout(lead: tuple[int, int]) -> TensorDict:
+        return TensorDict({"observation": torch.zeros(*lead, 1), "action": torch.zeros(lead),
+                           "next": {"observation": torch.zeros(*lead, 1), "reward": torch.zeros(lead),
+                                    "terminated": torch.zeros(lead, dtype=torch.bool)}}, batch_size=list(lead))
+    buf = ReplayBuffer(100, obs_shape=(1,), action_shape=(), num_envs=2)
+    buf.extend(rollout((5, 2)))
+    assert buf.sample_sequences(2, 3).obs.shape == (2, 3, 1)
+    buf.extend(rollout((2, 5)))
+    with pytest.raises(ConfigError, match="env-major"):
+        buf.sample_sequences(2, 3)
+    buf.clear()
+    buf.extend(rollout((5, 2)))
+    assert len(buf.sample_sequences(2, 3)) == 2
+
+
+def test_sequence_sampling_resumes_exactly_after_a_checkpoint(tmp_path: Any) -> None:
+    buf = replay_with_steps(30, 3, 25, done_every=4)
+    buf.sample_sequences(4, 2)
+    buf.save(tmp_path / "ckpt")
+    restored = ReplayBuffer.load(tmp_path / "ckpt")
+    mine, theirs = buf.sample_sequences(8, 3, burn_in=1), restored.sample_sequences(8, 3, burn_in=1)
+    assert torch.equal(mine.index, theirs.index) and torch.equal(mine.mask, theirs.mask)
+    assert torch.equal(mine.is_first, theirs.is_first)
