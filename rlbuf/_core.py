@@ -34,9 +34,11 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import numpy as np
 import torch
 import torch.multiprocessing
-from tensordict import is_tensor_collection
+from tensordict import MemoryMappedTensor, is_tensor_collection
 from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
+from torchrl.data.replay_buffers.storages import Storage
+from torchrl.data.replay_buffers.writers import Writer
 
 from rlbuf.errors import (
     BatchSizeError,
@@ -49,6 +51,7 @@ from rlbuf.spec import FieldSpec, as_array, check_finite_rows, positive_int
 from rlbuf.storage import BuiltStorage, remove_when_collected
 
 _BLOCK_ROWS = 256
+_SHARED_MEMORY_DIR = "/dev/shm"  # where torch's file_system sharing strategy keeps its files on Linux
 # Batches above this size are checked against the memory free now: one that cannot fit would only
 # fail later, inside torch (or get the process killed).
 _SMALL_BATCH_BYTES = 64 * 2**20
@@ -123,13 +126,18 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         # Pickled for a worker process: commit pending rows, put RAM storage in shared memory
         # (so workers write where the learner reads) and let the owner re-derive its numpy views
         # of the moved memory. The worker gets no owner: it writes through TorchRL directly.
+        # The sharing strategy is set first, so memory moves into shared memory once, not twice.
+        _prepare_process_sharing()
+        spawning = get_spawning_popen() is not None
         owner = self._owner()
-        if owner is not None and get_spawning_popen() is not None:
+        if owner is not None and spawning:
             owner.flush()
             owner.share_storage()
-        _prepare_process_sharing()
         state = dict(super().__getstate__())
+        if spawning:
+            _unlink_shared_files_with(self, state)
         state.pop("_flush_owner", None)
+        state.pop("_rlbuf_shared_files", None)
         return state
 
 
@@ -147,6 +155,57 @@ def _with_done(data: Any, storage: Any) -> Any:
     data = data.copy()
     data.set(("next", "done"), done)
     return data
+
+
+def _unlink_shared_files_with(rb: FlushingReplayBuffer, state: Mapping[str, Any]) -> None:
+    """Unlink the ``/dev/shm`` files of the tensors ``state`` sends to a worker when ``rb`` is collected.
+
+    torch frees such a file when the last process holding it frees the tensor, but worker
+    processes seldom free what they received before they exit, so the files would stay until
+    the learner exits. Removing a name keeps every mapping valid: workers still running keep
+    writing where the learner reads; only new workers could no longer receive the buffer.
+
+    Each file gets one extra reference here, so torch's own count never drops to zero in this
+    process: torch then never unlinks the file itself (it aborts when the name is already gone).
+    """
+    tensors: list[torch.Tensor] = []
+    _cpu_tensors(state, tensors, depth=0)
+    files: set[str] = rb.__dict__.setdefault("_rlbuf_shared_files", set())
+    for tensor in tensors:
+        with contextlib.suppress(RuntimeError):  # a storage torch cannot share by file name: nothing to unlink
+            tensor.share_memory_()  # what pickling does next anyway; a no-op for shared tensors
+            storage = tensor.untyped_storage()
+            name = os.fsdecode(storage._share_filename_cpu_()[1])
+            if name not in files:
+                storage._shared_incref()
+                files.add(name)
+    if files and "_rlbuf_unlink_shared_files" not in rb.__dict__:
+        rb.__dict__["_rlbuf_unlink_shared_files"] = weakref.finalize(rb, _unlink_shared_files, files)
+
+
+def _cpu_tensors(value: Any, found: list[torch.Tensor], depth: int) -> None:
+    """CPU tensors in RAM inside ``value``: the storage's leaves and TorchRL's bookkeeping tensors."""
+    if isinstance(value, torch.Tensor):
+        if value.device.type == "cpu" and not value.is_meta and not _is_memmap(value):
+            found.append(value)
+    elif is_tensor_collection(value):
+        for leaf in value.values(include_nested=True, leaves_only=True):
+            _cpu_tensors(leaf, found, depth)
+    elif depth < 4 and isinstance(value, Mapping):
+        for item in value.values():
+            _cpu_tensors(item, found, depth + 1)
+    elif depth < 4 and isinstance(value, (Sampler, Storage, Writer)):
+        _cpu_tensors(vars(value), found, depth + 1)
+
+
+def _is_memmap(tensor: torch.Tensor) -> bool:
+    return isinstance(tensor, MemoryMappedTensor) or tensor.untyped_storage().filename is not None
+
+
+def _unlink_shared_files(files: set[str]) -> None:
+    for name in files:
+        with contextlib.suppress(OSError):  # already gone: torch's manager removes them when the learner exits
+            os.unlink(_SHARED_MEMORY_DIR + name)
 
 
 def _rebuild_generator(device: str, state: bytes) -> torch.Generator:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
+import os
 import warnings
 from typing import Any
 
@@ -59,3 +61,28 @@ def test_worker_processes_write_every_row_once_and_samples_are_never_torn(storag
     assert len(buf) == buf.capacity            # ring full: the learner's first row was overwritten
     ids = stored.tolist()
     assert len(set(ids)) == len(ids) and set(ids) <= expected and len(expected - set(ids)) == 1
+
+
+def _torch_shared_files() -> set[str]:
+    """This process's torch files in /dev/shm (torch names them torch_<pid>_...)."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith(f"torch_{os.getpid()}_")}
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="torch keeps shared memory in /dev/shm on Linux only")
+def test_shared_memory_files_are_released_when_the_buffer_goes() -> None:
+    before = _torch_shared_files()
+    buf = ReplayBuffer(4096, obs_shape=(3,), action_shape=(2,), seed=0)
+    context = mp.get_context("spawn")
+    started = context.Event()
+    started.set()
+    worker = context.Process(target=_write, args=(buf.torchrl, 0, started))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)     # the one-time sharing-strategy notice
+        worker.start()
+    worker.join(timeout=60)
+    assert worker.exitcode == 0 and len(buf) == CHUNKS * ROWS
+    held = _torch_shared_files() - before
+    assert len(held) >= 7                                   # one file per stored field at least
+    del buf, worker                                         # the Process object keeps its arguments
+    gc.collect()
+    assert not held & _torch_shared_files()
