@@ -48,7 +48,7 @@ from rlbuf.errors import (
     StoredIndexError,
 )
 from rlbuf.spec import FieldSpec, as_array, check_finite_rows, positive_int
-from rlbuf.storage import BuiltStorage, remove_when_collected
+from rlbuf.storage import BuiltStorage, available_ram, remove_when_collected
 
 _BLOCK_ROWS = 256
 _SHARED_MEMORY_DIR = "/dev/shm"  # where torch's file_system sharing strategy keeps its files on Linux
@@ -173,11 +173,11 @@ def _unlink_shared_files_with(rb: FlushingReplayBuffer, state: Mapping[str, Any]
     files: set[str] = rb.__dict__.setdefault("_rlbuf_shared_files", set())
     for tensor in tensors:
         with contextlib.suppress(RuntimeError):  # a storage torch cannot share by file name: nothing to unlink
-            tensor.share_memory_()  # what pickling does next anyway; a no-op for shared tensors
+            tensor.share_memory_()  # type: ignore[no-untyped-call]  # what pickling does next; no-op when shared
             storage = tensor.untyped_storage()
             name = os.fsdecode(storage._share_filename_cpu_()[1])
             if name not in files:
-                storage._shared_incref()
+                storage._shared_incref()  # type: ignore[no-untyped-call]
                 files.add(name)
     if files and "_rlbuf_unlink_shared_files" not in rb.__dict__:
         rb.__dict__["_rlbuf_unlink_shared_files"] = weakref.finalize(rb, _unlink_shared_files, files)
@@ -637,9 +637,10 @@ class RowRing:
         if batch_size * _row_bytes(self.specs) > _SMALL_BATCH_BYTES:
             # The batch, its index and a copy on the way must fit in the memory free now.
             needed = batch_size * (_row_bytes(self.specs) + 8) * 2
-            if needed > _free_memory():
+            available = available_ram()
+            if needed > available:
                 raise BatchSizeError(f"batch_size: {batch_size} rows need about {needed} bytes, more than the "
-                                     f"{_free_memory()} bytes of memory free now")
+                                     f"{available} bytes of memory free now")
         return batch_size
 
     def as_index(self, index: Any) -> torch.Tensor:
@@ -712,15 +713,6 @@ class RowRing:
         unknown = [name for name in names if not isinstance(name, str) or name not in self.by_name]
         if unknown:
             raise MissingFieldError(f"fields: unknown {unknown}; stored fields are {list(self.by_name)}")
-
-
-def _free_memory() -> int:
-    """Bytes of memory available now (``MemAvailable`` on Linux, physical memory elsewhere)."""
-    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo", encoding="ascii") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 @functools.lru_cache(maxsize=64)

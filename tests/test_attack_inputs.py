@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,9 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 # Tensordicts are slow to build: the extend properties draw fewer examples per run.
 FUZZ_TD = settings(FUZZ, max_examples=max(10, EXAMPLES // 3))
+# Long runs (``-m stress``) draw this many examples per RLBUF_STRESS_REPEATS.
+STRESS_EXAMPLES = 100 * int(os.environ.get("RLBUF_STRESS_REPEATS", "20"))
+TALLY: Counter[str] = Counter()  # hostile calls made and refused, printed by the stress run
 # Errors about the buffer's state rather than about an argument: they name no field.
 STATE_ERRORS = (EmptyBufferError, BufferFullError, RolloutIncompleteError)
 
@@ -174,9 +178,11 @@ def attempt(target: Any, case: Case, value: Any, checked: Any = None) -> None:
     """Call, and check the promise: a named rlbuf error and no change, or success and invariants."""
     checked = target if checked is None else checked
     before = snapshot(checked)
+    TALLY["calls"] += 1
     try:
         case.call(value)
     except RlbufError as error:
+        TALLY["refused"] += 1
         after = snapshot(checked)
         assert same(before, after), f"a refused call changed the state: {error!r}"
         if not isinstance(error, STATE_ERRORS):
@@ -501,10 +507,10 @@ def test_bfloat16_input_is_stored_exactly() -> None:
         half.add(obs, 0.0, 1.0, obs, False, cost=1.0)
 
 
-@pytest.mark.stress
-@settings(max_examples=2000, deadline=None, database=None)
+@settings(max_examples=STRESS_EXAMPLES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
-def test_stress_every_buffer_kind(data: st.DataObject) -> None:
+def _hostile_sequences(data: st.DataObject) -> None:
     which = data.draw(st.sampled_from(["replay", "rollout", "distill"]))
     if which == "replay":
         buf: Any = make_replay(**data.draw(st.sampled_from(REPLAY_KINDS)))
@@ -517,3 +523,11 @@ def test_stress_every_buffer_kind(data: st.DataObject) -> None:
         cases = distill_cases(buf)
     for _ in range(data.draw(st.integers(1, 5))):
         attack(data, buf, cases)
+
+
+@pytest.mark.stress
+def test_stress_every_buffer_kind() -> None:
+    TALLY.clear()
+    _hostile_sequences()
+    print(f"\nSTRESS hostile inputs: examples={STRESS_EXAMPLES} calls={TALLY['calls']} "
+          f"refused={TALLY['refused']} (each refusal: named rlbuf error, state unchanged)")
