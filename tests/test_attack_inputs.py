@@ -539,3 +539,22 @@ def test_view_refuses_a_name_that_is_not_a_string_by_name() -> None:
     buf = make_rollout("partial")
     with pytest.raises(rlbuf.MissingFieldError, match="fields"):
         buf.view(np.array([]))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [np.asarray([2**63, 2**63]), np.array([1.0, 2.0], dtype=">f4"),
+                                   np.array([1.0, 2.0], dtype=np.longdouble)], ids=["ulonglong", "big-endian", "longdouble"])
+def test_numbers_in_every_numpy_spelling_are_converted_or_refused_by_name(value: np.ndarray[Any, Any]) -> None:
+    rollout = make_rollout("full")
+    replay = make_replay("partial", num_envs=2)
+    if value.dtype.itemsize > 8:  # wider than any torch dtype
+        with pytest.raises(rlbuf.DtypeError, match="last_value"):
+            rollout.compute_returns_and_advantages(value)
+        with pytest.raises(rlbuf.DtypeError, match="reward"):
+            replay.add(torch.zeros(2, 3), torch.zeros(2), value, torch.zeros(2, 3), torch.zeros(2, dtype=torch.bool),
+                       cost=torch.ones(2))
+        return
+    rollout.compute_returns_and_advantages(value)
+    assert rollout.advantages_ready and bool(torch.isfinite(rollout.view("advantage")).all())
+    replay.add(torch.zeros(2, 3), torch.zeros(2), value, torch.zeros(2, 3), torch.zeros(2, dtype=torch.bool),
+               cost=torch.ones(2))
+    assert replay.sample_all().reward[-2:].tolist() == value.astype(np.float32).tolist()
