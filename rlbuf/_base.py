@@ -27,7 +27,7 @@ from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device
 
 BatchT = TypeVar("BatchT")
 BufferT = TypeVar("BufferT", bound="RingBuffer[Any]")
-_NOT_OPTIONS = ("self", "__class__", "stats", "scratch_dir")
+_NOT_OPTIONS = ("self", "__class__", "stats", "scratch_dir", "observation_space", "action_space")
 _ITERATOR_METHODS = ("epochs", "minibatches")
 
 

@@ -33,6 +33,7 @@ from torchrl.data import RandomSampler
 from rlbuf._base import RingBuffer, as_shape, extra_specs
 from rlbuf._core import check_extras
 from rlbuf.batches import DistillationBatch
+from rlbuf.spaces import resolve_field
 from rlbuf.spec import ExtraFields, FieldSpec
 from rlbuf.storage import DeviceLike, StorageKind
 
@@ -52,8 +53,12 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         seed: seeds the buffer's generator; the global RNG is untouched.
         extra_fields: ``{"name": (shape, dtype)}``, e.g. ``expert_logits``, ``expert_value``,
             or privileged observations for teacher-student setups.
-        obs_dtype: stored observation dtype.
-        action_dtype: stored expert-action dtype.
+        observation_space: instead of ``obs_shape``/``obs_dtype``: a gymnasium space
+            (``envs.single_observation_space``) or a TorchRL spec (see [`rlbuf.spaces`][rlbuf.spaces]).
+        action_space: instead of ``action_shape``/``action_dtype``: ``envs.single_action_space``
+            or a TorchRL spec (a ``Discrete`` space stores an ``int64`` index).
+        obs_dtype: stored observation dtype (default: the space's, else float32).
+        action_dtype: stored expert-action dtype (default: the space's, else float32).
 
     Raises:
         ConfigError: invalid options.
@@ -67,8 +72,8 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         self,
         capacity: int,
         *,
-        obs_shape: Sequence[int] | int,
-        action_shape: Sequence[int] | int,
+        obs_shape: Sequence[int] | int | None = None,
+        action_shape: Sequence[int] | int | None = None,
         num_envs: int = 1,
         storage: StorageKind = "memory",
         scratch_dir: str | Path | None = None,
@@ -76,9 +81,15 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         device: DeviceLike | None = None,
         seed: int | None = None,
         extra_fields: ExtraFields | None = None,
-        obs_dtype: torch.dtype = torch.float32,
-        action_dtype: torch.dtype = torch.float32,
+        observation_space: Any = None,
+        action_space: Any = None,
+        obs_dtype: torch.dtype | None = None,
+        action_dtype: torch.dtype | None = None,
     ) -> None:
+        obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype,
+                                             space_name="observation_space", shape_name="obs_shape")
+        action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype,
+                                                   space_name="action_space", shape_name="action_shape")
         self._record_options(locals())
         fixed = [FieldSpec("obs", "observation", as_shape(obs_shape, "obs_shape"), obs_dtype),
                  FieldSpec("expert_action", "expert_action", as_shape(action_shape, "action_shape"), action_dtype)]

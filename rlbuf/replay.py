@@ -34,6 +34,7 @@ from rlbuf._core import check_extras
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.batches import ReplayBatch
 from rlbuf.errors import ConfigError, MissingFieldError, PriorityError, ShapeError
+from rlbuf.spaces import resolve_field
 from rlbuf.spec import ExtraFields, FieldSpec, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
@@ -77,7 +78,7 @@ def replay_specs(obs_shape: tuple[int, ...], action_shape: tuple[int, ...], obs_
         FieldSpec("truncated", ("next", "truncated"), (), torch.bool, trailing_one=True),
         FieldSpec("done", ("next", "done"), (), torch.bool, trailing_one=True),
     ]
-    reserved = {s.name for s in specs} | {"index", "weight", "extras", "observation", "next"}
+    reserved = {s.name for s in specs} | {"index", "weight", "extras", "observation", "next", "env_mask"}
     return (*specs, *extra_specs(extra_fields, reserved))
 
 
@@ -98,8 +99,13 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         device: where sampled batches are delivered (defaults to ``storing_device``).
         seed: seeds the buffer's own generator; sampling never touches the global RNG.
         extra_fields: ``{"name": (shape, dtype)}`` stored with every transition.
-        obs_dtype: stored observation dtype (``torch.uint8`` for images: 1 byte per value).
-        action_dtype: stored action dtype.
+        observation_space: instead of ``obs_shape``/``obs_dtype``: a gymnasium space
+            (``envs.single_observation_space``) or a TorchRL spec (see [`rlbuf.spaces`][rlbuf.spaces]).
+        action_space: instead of ``action_shape``/``action_dtype``: ``envs.single_action_space``
+            or a TorchRL spec (a ``Discrete`` space stores an ``int64`` index).
+        obs_dtype: stored observation dtype (default: the space's, else float32; ``torch.uint8`` for
+            images: 1 byte per value).
+        action_dtype: stored action dtype (default: the space's, else float32).
         stats: an :class:`~rlbuf.EpisodeStats` fed with every step added (returns, lengths).
 
     Raises:
@@ -116,8 +122,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self,
         capacity: int,
         *,
-        obs_shape: Sequence[int] | int,
-        action_shape: Sequence[int] | int,
+        obs_shape: Sequence[int] | int | None = None,
+        action_shape: Sequence[int] | int | None = None,
         num_envs: int = 1,
         prioritized: bool = False,
         alpha: float = 0.6,
@@ -128,10 +134,16 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         device: DeviceLike | None = None,
         seed: int | None = None,
         extra_fields: ExtraFields | None = None,
-        obs_dtype: torch.dtype = torch.float32,
-        action_dtype: torch.dtype = torch.float32,
+        observation_space: Any = None,
+        action_space: Any = None,
+        obs_dtype: torch.dtype | None = None,
+        action_dtype: torch.dtype | None = None,
         stats: EpisodeStats | None = None,
     ) -> None:
+        obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype,
+                                             space_name="observation_space", shape_name="obs_shape")
+        action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype,
+                                                   space_name="action_space", shape_name="action_shape")
         self._record_options(locals())
         positive_int("num_envs", num_envs)
         self._attach_stats(stats, num_envs)
@@ -189,6 +201,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         next_obs: Any = None,
         terminated: Any = None,
         truncated: Any = None,
+        *,
+        env_mask: Any = None,
         **extras: Any,
     ) -> None:
         """Store one env step: ``num_envs`` transitions (the env dim may be omitted if 1).
@@ -205,6 +219,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                 episode, not the reset one).
             terminated: the MDP ended the episode (no bootstrap) ``[num_envs]`` bool.
             truncated: a time limit cut the episode ``[num_envs]`` bool; ``None`` = False.
+            env_mask: ``[num_envs]`` bools: store only the rows of these envs (e.g. leave out
+                the reset steps of gymnasium's ``NEXT_STEP`` autoreset; [`Recorder`][rlbuf.gym.Recorder]
+                does it for you). Every row is still validated; the stats skip the others.
             **extras: one value per declared extra field.
 
         Raises:
@@ -231,9 +248,29 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             values = (obs, action, reward, next_obs, terminated, truncated, *(extras[n] for n in self._extra_specs))
         else:
             values = (obs, action, reward, next_obs, terminated, truncated)
-        self._ring.add(values, self._num_envs)
+        if env_mask is not None:
+            self._add_envs(values, env_mask)
+        else:
+            self._ring.add(values, self._num_envs)
         if self._stats is not None:
-            self._stats.update(reward, terminated, truncated)
+            self._stats.update(reward, terminated, truncated, env_mask=env_mask)
+
+    def _add_envs(self, values: Sequence[Any], env_mask: Any) -> None:
+        """Validate every row of ``values``, then store the rows of the envs in ``env_mask``."""
+        n, ring = self._num_envs, self._ring
+        keep = torch.as_tensor(np.asarray(env_mask.cpu() if isinstance(env_mask, torch.Tensor) else env_mask))
+        if keep.dtype is not torch.bool or tuple(keep.shape) != (n,):
+            raise ShapeError(f"env_mask: expected {n} bools (one per env), got {keep.dtype} of shape {tuple(keep.shape)}")
+        rows: dict[str, torch.Tensor] = {}
+        for spec, value in zip(ring.input_specs, values, strict=True):
+            tensor = torch.as_tensor(value) if not isinstance(value, torch.Tensor) else value
+            if n == 1 and tuple(tensor.shape) == spec.shape:
+                tensor = tensor.unsqueeze(0)
+            spec.check_tensor(tensor, (n,), ring.accepted_devices)
+            rows[spec.name] = tensor[keep.to(tensor.device)]
+        kept = int(keep.sum())
+        if kept:
+            ring.write_tensors(rows, kept)
 
     def extend(self, td: TensorDictBase) -> None:
         """Store a TensorDict in TorchRL layout, e.g. a collector's ``[num_envs, T]`` batch.

@@ -41,6 +41,7 @@ from rlbuf.errors import (
     ShapeError,
 )
 from rlbuf.gae import compute_gae
+from rlbuf.spaces import resolve_field
 from rlbuf.spec import ExtraFields, FieldSpec, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
@@ -98,8 +99,14 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         device: where minibatches are delivered (defaults to ``storing_device``).
         seed: seeds the buffer's generator (minibatch shuffling); the global RNG is untouched.
         extra_fields: ``{"name": (shape, dtype)}`` passed to :meth:`add` with every step.
-        obs_dtype: stored observation dtype (``torch.uint8`` for images).
-        action_dtype: stored action dtype (``torch.int64`` for discrete actions).
+        observation_space: instead of ``obs_shape``/``obs_dtype``: a gymnasium space
+            (``envs.single_observation_space``) or a TorchRL spec (see [`rlbuf.spaces`][rlbuf.spaces]).
+        action_space: instead of ``action_shape``/``action_dtype``: ``envs.single_action_space``
+            or a TorchRL spec (a ``Discrete`` space stores an ``int64`` index).
+        obs_dtype: stored observation dtype (default: the space's, else float32).
+            ``torch.uint8`` for images.
+        action_dtype: stored action dtype (default: the space's, else float32; ``torch.int64``
+            for discrete actions).
         stats: an :class:`~rlbuf.EpisodeStats` fed with every step added.
 
     Raises:
@@ -116,8 +123,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         num_steps: int,
         num_envs: int,
         *,
-        obs_shape: Sequence[int] | int,
-        action_shape: Sequence[int] | int,
+        obs_shape: Sequence[int] | int | None = None,
+        action_shape: Sequence[int] | int | None = None,
         privileged_obs_shape: Sequence[int] | int | None = None,
         storage: StorageKind = "memory",
         scratch_dir: str | Path | None = None,
@@ -125,10 +132,16 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         device: DeviceLike | None = None,
         seed: int | None = None,
         extra_fields: ExtraFields | None = None,
-        obs_dtype: torch.dtype = torch.float32,
-        action_dtype: torch.dtype = torch.float32,
+        observation_space: Any = None,
+        action_space: Any = None,
+        obs_dtype: torch.dtype | None = None,
+        action_dtype: torch.dtype | None = None,
         stats: EpisodeStats | None = None,
     ) -> None:
+        obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype,
+                                             space_name="observation_space", shape_name="obs_shape")
+        action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype,
+                                                   space_name="action_space", shape_name="action_shape")
         self._record_options(locals())
         positive_int("num_steps", num_steps)
         positive_int("num_envs", num_envs)
