@@ -294,10 +294,14 @@ def _mode(envs: Any, given: AutoresetMode | str | None) -> AutoresetMode:
         raise ConfigError("autoreset_mode: envs.metadata has no 'autoreset_mode' (not a gymnasium 1.x vector env): "
                           "pass Recorder(..., autoreset_mode=...); SB3 VecEnvs and Isaac Lab-style envs reset in "
                           "the same step: autoreset_mode='same_step'")
-    try:
-        return found if isinstance(found, AutoresetMode) else AutoresetMode(str(found).lower())
-    except ValueError:
-        raise ConfigError(f"autoreset_mode: expected one of {[m.value for m in AutoresetMode]}, got {found!r}") from None
+    if isinstance(found, AutoresetMode):
+        return found
+    by_name = {m.value.lower(): m for m in AutoresetMode} | {m.name.lower().replace("_", ""): m for m in AutoresetMode}
+    mode = by_name.get(str(found).lower().replace("_", ""))
+    if mode is None:
+        raise ConfigError(f"autoreset_mode: expected an AutoresetMode or one of 'next_step', 'same_step', "
+                          f"'disabled', got {found!r}")
+    return mode
 
 
 def _check_obs_shape(envs: Any, buffer: ReplayBuffer | RolloutBuffer | DistillationBuffer) -> None:
