@@ -27,12 +27,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from tensordict import TensorDictBase
 from torchrl.data import RandomSampler
 
 from rlbuf._base import RingBuffer, as_shape, extra_specs
+from rlbuf._core import _as_rows as rows_of
 from rlbuf._core import check_extras
 from rlbuf.batches import DistillationBatch
+from rlbuf.errors import MissingFieldError, ShapeError
 from rlbuf.spaces import resolve_field
 from rlbuf.spec import ExtraFields, FieldSpec
 from rlbuf.storage import DeviceLike, StorageKind
@@ -45,7 +49,8 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         capacity: rows kept; the oldest are overwritten first once full.
         obs_shape: shape of one observation.
         action_shape: shape of one expert action (``()`` for a discrete index).
-        num_envs: rows per :meth:`add`.
+        num_envs: the usual rows per [`add`][rlbuf.DistillationBuffer.add] (they take the fastest
+            path); batches of any other size are stored too.
         storage: ``"memory"`` or ``"memmap"``.
         scratch_dir: directory for memmap files.
         storing_device: where rows are stored.
@@ -99,25 +104,76 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
                     scratch_dir=scratch_dir, storing_device=storing_device, device=device, seed=seed)
 
     def add(self, obs: Any, expert_action: Any, **extras: Any) -> None:
-        """Store ``num_envs`` rows: observations and the expert's actions (plus extras).
+        """Store a batch of rows of any size: observations and the expert's actions (plus extras).
+
+        The batch is whatever the envs gave: ``[B, *obs_shape]`` for any ``B``, or one row
+        without a batch dim. Adds of ``num_envs`` rows take the fastest path.
 
         Args:
-            obs: observations ``[num_envs, *obs_shape]`` (env dim optional when 1).
-            expert_action: the expert's actions ``[num_envs, *action_shape]``.
-            **extras: one value per declared extra field.
+            obs: observations ``[B, *obs_shape]``, or ``obs_shape`` for one row.
+            expert_action: the expert's actions ``[B, *action_shape]``.
+            **extras: one value per declared extra field, ``B`` rows each.
 
         Raises:
             ShapeError, DtypeError, DeviceError, MissingFieldError: before anything is stored.
 
         Example:
-            >>> buf = DistillationBuffer(10, obs_shape=(3,), action_shape=(), action_dtype=torch.int64, num_envs=2)
-            >>> buf.add(torch.zeros(2, 3), torch.tensor([0, 1]))
-            >>> len(buf), buf.sample_all().expert_action.tolist()
-            (2, [0, 1])
+            >>> buf = DistillationBuffer(100, obs_shape=(3,), action_shape=(), action_dtype=torch.int64, num_envs=16)
+            >>> buf.add(torch.zeros(16, 3), torch.zeros(16, dtype=torch.int64))
+            >>> buf.add(torch.zeros(3, 3), torch.tensor([0, 1, 2]))
+            >>> buf.add(torch.zeros(3), 1)                      # one row, no batch dim
+            >>> len(buf), buf.sample_all().expert_action[-4:].tolist()
+            (20, [0, 1, 2, 1])
         """
         check_extras(self._extra_specs, extras)
         values = {"obs": obs, "expert_action": expert_action, **extras}
-        self._ring.add(tuple(values[spec.name] for spec in self._ring.input_specs), self._num_envs)
+        ordered = tuple(values[spec.name] for spec in self._ring.input_specs)
+        obs_shape = self._ring.by_name["obs"].shape
+        given = tuple(obs.shape) if isinstance(obs, torch.Tensor) else np.shape(obs)
+        if given == obs_shape:
+            rows = 1
+        elif len(given) == len(obs_shape) + 1 and given[1:] == obs_shape:
+            rows = given[0]
+        else:
+            raise ShapeError(f"obs: expected shape (B, *{obs_shape}) or {obs_shape} for one row, got {given}")
+        if rows == self._num_envs:
+            self._ring.add(ordered, rows)
+            return
+        tensors = {spec.name: rows_of(value, spec.shape, rows) for spec, value in zip(self._ring.input_specs, ordered,
+                                                                                        strict=True)}
+        if rows == 0:
+            for spec in self._ring.input_specs:
+                spec.check_tensor(tensors[spec.name], (0,), self._ring.accepted_devices)
+            return
+        self._ring.write_tensors(tensors, rows)
+
+    def extend(self, td: TensorDictBase) -> None:
+        """Store a TensorDict of any batch shape (flattened row-major): ``"observation"``,
+        ``"expert_action"`` and the extra fields by name; other keys are ignored.
+
+        Raises:
+            MissingFieldError, ShapeError, DtypeError, DeviceError: before anything is stored.
+
+        Example:
+            >>> from tensordict import TensorDict
+            >>> buf = DistillationBuffer(100, obs_shape=(3,), action_shape=(2,))
+            >>> buf.extend(TensorDict({"observation": torch.zeros(4, 5, 3), "expert_action": torch.ones(4, 5, 2)},
+            ...                       batch_size=[4, 5]))
+            >>> len(buf)
+            20
+        """
+        rows = int(td.batch_size.numel())
+        lead = tuple(td.batch_size)
+        tensors: dict[str, torch.Tensor] = {}
+        for spec in self._ring.input_specs:
+            value: torch.Tensor | None = td.get(spec.key, None)
+            if value is None:
+                raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
+            if not spec.fits_rows(value.shape, lead):
+                raise ShapeError(f"{spec.name}: expected shape {(*lead, *spec.shape)} at key {spec.key!r}, "
+                                 f"got {tuple(value.shape)}")
+            tensors[spec.name] = value.reshape(rows, *spec.shape)
+        self._ring.write_tensors(tensors, rows)
 
     def sample(self, batch_size: int) -> DistillationBatch:
         """Draw ``batch_size`` rows uniformly (with replacement), delivered on ``device``.
