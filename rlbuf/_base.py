@@ -6,12 +6,13 @@ gathered columns into its typed batch in :meth:`RingBuffer._make_batch`.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import secrets
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, Self, TypeVar, overload
+from typing import Any, Generic, Self, TypeVar
 
 import torch
 from torchrl.data import TensorDictReplayBuffer
@@ -100,6 +101,7 @@ class RingBuffer(Generic[BatchT]):
 
     _ring: RowRing
     _options: dict[str, Any]
+    _batch_type: type[BatchT]
     _stats: EpisodeStats | None = None
     _current_epochs: EpochIterator[BatchT] | None = None
     _current_epochs_call: tuple[str, dict[str, Any]] | None = None
@@ -262,18 +264,15 @@ class RingBuffer(Generic[BatchT]):
             raise EmptyBufferError("sample_all: the buffer is empty; add data first")
         return self._batch(self._ring.chronological_index())
 
-    @overload
-    def sample_by_index(self, index: Any, fields: None = None) -> BatchT: ...
-
-    @overload
-    def sample_by_index(self, index: Any, fields: Sequence[str]) -> dict[str, torch.Tensor]: ...
-
-    def sample_by_index(self, index: Any, fields: Sequence[str] | None = None) -> BatchT | dict[str, torch.Tensor]:
-        """The rows at storage positions ``index`` (e.g. ``batch.index``).
+    def sample_by_index(self, index: Any, fields: Sequence[str] | None = None) -> BatchT:
+        """The rows at storage positions ``index`` (e.g. ``batch.index``), as the buffer's typed batch.
 
         Args:
             index: positions in ``[0, len(buffer))``: an int, a sequence or a tensor.
-            fields: return only these fields, as a dict of tensors.
+            fields: gather only these stored fields. The batch then holds only them: other
+                attributes are absent (reading one raises ``AttributeError``), stored fields
+                that are not batch attributes (``done``, ``bootstrap_value``) are in ``extras``,
+                and ``len()`` needs ``obs``.
 
         Raises:
             StoredIndexError: a position outside what is stored.
@@ -286,14 +285,22 @@ class RingBuffer(Generic[BatchT]):
             ...     buf.add(torch.zeros(1), 0.0, float(r), torch.zeros(1), False)
             >>> buf.sample_by_index([3, 1]).reward.tolist()
             [3.0, 1.0]
-            >>> buf.sample_by_index(2, fields=["reward"])["reward"].tolist()
-            [2.0]
+            >>> only = buf.sample_by_index(2, fields=["reward"])
+            >>> type(only).__name__, only.reward.tolist(), hasattr(only, "obs")
+            ('ReplayBatch', [2.0], False)
         """
         positions = self._ring.as_index(index)
         if fields is None:
             return self._batch(positions)
         self._ring.check_field_names(fields)
-        return deliver(self._ring.gather(positions, fields), self._device)
+        columns = deliver(self._ring.gather(positions, fields), self._device)
+        batch_type = self._batch_type
+        batch = object.__new__(batch_type)
+        attributes = {item.name for item in dataclasses.fields(batch_type)} - {"extras"}
+        for name in attributes & set(columns):
+            object.__setattr__(batch, name, columns[name])  # a frozen dataclass: built field by field
+        object.__setattr__(batch, "extras", {name: column for name, column in columns.items() if name not in attributes})
+        return batch
 
     def epochs(self, batch_size: int, n_epochs: int = 1, *, drop_last: bool = False,
                shuffle: bool = True) -> EpochIterator[BatchT]:

@@ -73,6 +73,8 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         DistillationBuffer(size=0/100, storage=memory, storing_device=cpu, device=cpu, fields=[obs: (3,) float32, expert_action: () int64])
     """
 
+    _batch_type = DistillationBatch
+
     def __init__(
         self,
         capacity: int,

@@ -118,6 +118,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         ReplayBuffer(size=0/100, storage=memory, storing_device=cpu, device=cpu, prioritized=False, fields=[obs: (84, 84, 4) uint8, action: () int64, reward: () float32, next_obs: (84, 84, 4) uint8, terminated: () bool, truncated: () bool, done: () bool])
     """
 
+    _batch_type = ReplayBatch
+
     def __init__(
         self,
         capacity: int,

@@ -118,6 +118,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         RolloutBuffer(steps=0/24, num_envs=4096, storage=memory, storing_device=cpu, device=cpu, advantages=False, fields=[obs: (48,) float32, action: (12,) float32, reward: () float32, terminated: () bool, truncated: () bool, value: () float32, log_prob: () float32])
     """
 
+    _batch_type = RolloutBatch
+
     def __init__(
         self,
         num_steps: int,

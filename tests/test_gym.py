@@ -71,7 +71,7 @@ def make(env_id: int) -> Any:
 def make_envs(mode: AutoresetMode, vector: str = "sync") -> gym.vector.VectorEnv:
     makers = [make(i) for i in range(NUM_ENVS)]
     if vector == "async":
-        return gym.vector.AsyncVectorEnv(makers, autoreset_mode=mode, context="spawn")
+        return gym.vector.AsyncVectorEnv(makers, autoreset_mode=mode, context="fork")  # spawn: a minute of imports
     return gym.vector.SyncVectorEnv(makers, autoreset_mode=mode)
 
 
@@ -245,7 +245,7 @@ def test_torch_outputs_of_gymnasiums_torch_wrapper(mode: AutoresetMode) -> None:
 
 
 @pytest.mark.parametrize("kind", ["replay", "rollout"])
-def test_async_vector_env(kind: str) -> None:
+def test_async_vector_env(kind: str) -> None:  # kept small: it starts processes
     envs = make_envs(AutoresetMode.SAME_STEP, vector="async")
     buffer = build(kind, envs, steps=12)
     drive(envs, buffer, steps=12)
