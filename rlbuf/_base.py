@@ -12,7 +12,7 @@ import secrets
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar, cast
 
 import torch
 from torchrl.data import TensorDictReplayBuffer
@@ -296,7 +296,7 @@ class RingBuffer(Generic[BatchT]):
         columns = deliver(self._ring.gather(positions, fields), self._device)
         batch_type = self._batch_type
         batch = object.__new__(batch_type)
-        attributes = {item.name for item in dataclasses.fields(batch_type)} - {"extras"}
+        attributes = {item.name for item in dataclasses.fields(cast(Any, batch_type))} - {"extras"}
         for name in attributes & set(columns):
             object.__setattr__(batch, name, columns[name])  # a frozen dataclass: built field by field
         object.__setattr__(batch, "extras", {name: column for name, column in columns.items() if name not in attributes})

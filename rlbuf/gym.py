@@ -306,13 +306,13 @@ def _mode(envs: Any, given: AutoresetMode | str | None) -> AutoresetMode:
 
 def _check_obs_shape(envs: Any, buffer: ReplayBuffer | RolloutBuffer | DistillationBuffer) -> None:
     """Refuse a buffer built from the batched ``envs.observation_space`` (a common slip)."""
-    single, batched = getattr(envs, "single_observation_space", None), getattr(envs, "observation_space", None)
+    single = getattr(getattr(envs, "single_observation_space", None), "shape", None)
+    batched = getattr(getattr(envs, "observation_space", None), "shape", None)
     stored = next(spec.shape for spec in buffer.fields if spec.name == "obs")
-    shape_of = lambda space: getattr(space, "shape", None)  # noqa: E731
-    if shape_of(single) is not None and stored != tuple(shape_of(single)) and stored == tuple(shape_of(batched) or ()):
+    if single is not None and batched is not None and stored != tuple(single) and stored == tuple(batched):
         raise ConfigError(f"buffer: its observations have shape {stored}, the batched envs.observation_space's; build "
                           f"it with observation_space=envs.single_observation_space (one env's space, "
-                          f"{tuple(shape_of(single))})")
+                          f"{tuple(single)})")
 
 
 def _flags(name: str, value: Any, n: int) -> np.ndarray[Any, Any]:

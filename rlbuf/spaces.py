@@ -83,7 +83,7 @@ def field_of(space: Any, name: str) -> tuple[tuple[int, ...], torch.dtype]:
 
     if isinstance(space, Composite):
         entry = _ENTRY.get(name, "observation")
-        if entry not in space.keys():
+        if entry not in space:
             raise ConfigError(f"{name}: the Composite spec has no {entry!r} entry (keys: {list(space.keys())}); "
                               f"pass the spec of the field to store, e.g. env.{name.split('_')[0]}_spec[{entry!r}]")
         leaf = space[entry]

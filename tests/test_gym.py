@@ -18,7 +18,14 @@ import pytest
 import torch
 from gymnasium.vector import AutoresetMode
 
-from rlbuf import ConfigError, DistillationBuffer, EpisodeStats, MissingFieldError, ReplayBuffer, RolloutBuffer
+from rlbuf import (
+    ConfigError,
+    DistillationBuffer,
+    EpisodeStats,
+    MissingFieldError,
+    ReplayBuffer,
+    RolloutBuffer,
+)
 from rlbuf.gym import Recorder, isaac_step, sb3_step
 
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
-from torch.distributions import Normal
 
 from rlbuf import EpisodeStats, RolloutBuffer
 from rlbuf.demos import _run
@@ -110,6 +110,16 @@ class RunningNorm:
         self.mean, self.var, self.count = state["mean"].numpy(), state["var"].numpy(), float(state["count"])
 
 
+def gaussian_log_prob(action: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    """The log-density of ``action`` under a diagonal Gaussian, summed over action dims: ``[B]``.
+
+    Example:
+        >>> round(float(gaussian_log_prob(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))), 4)
+        -0.9189
+    """
+    return (-0.5 * ((action - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+
 def make_envs(num_envs: int) -> gym.vector.SyncVectorEnv:
     """``num_envs`` Pendulum-v1 envs that reset in the step that ends an episode (``SAME_STEP``).
 
@@ -150,7 +160,8 @@ def run(args: Args) -> dict[str, Any]:
     def bootstrap(final_obs: np.ndarray[Any, Any]) -> torch.Tensor:
         # The final observation is raw (info["final_obs"]): normalise it as the policy's inputs were.
         with torch.no_grad():
-            return critic(torch.as_tensor(normalized(final_obs), device=device)).squeeze(-1)
+            values: torch.Tensor = critic(torch.as_tensor(normalized(final_obs), device=device)).squeeze(-1)
+        return values
 
     recorder = Recorder(envs, buffer, bootstrap=bootstrap)
 
@@ -186,9 +197,9 @@ def run(args: Args) -> dict[str, Any]:
         for _ in range(args.num_steps):
             with torch.no_grad():
                 obs_t = torch.as_tensor(obs, device=device)
-                policy = Normal(actor_mean(obs_t), actor_logstd.exp())
-                action = policy.sample()
-                log_prob = policy.log_prob(action).sum(-1)
+                mean = actor_mean(obs_t)
+                action = mean + actor_logstd.exp() * torch.randn_like(mean)
+                log_prob = gaussian_log_prob(action, mean, actor_logstd)
                 value = critic(obs_t).squeeze(-1)
             raw_obs, reward, terminated, truncated, info = envs.step(np.clip(action.cpu().numpy(), low, high))
             stats.update(reward, terminated, truncated)
@@ -210,8 +221,7 @@ def run(args: Args) -> dict[str, Any]:
         for _ in range(args.epochs):
             approx_kl = 0.0
             for batch in buffer.minibatches(num_minibatches=args.num_minibatches):  # one call per epoch
-                policy = Normal(actor_mean(batch.obs), actor_logstd.exp())
-                log_ratio = policy.log_prob(batch.action).sum(-1) - batch.log_prob
+                log_ratio = gaussian_log_prob(batch.action, actor_mean(batch.obs), actor_logstd) - batch.log_prob
                 ratio = log_ratio.exp()
                 approx_kl = float(((ratio - 1) - log_ratio).mean().detach())
                 advantage = (batch.advantage - batch.advantage.mean()) / (batch.advantage.std() + 1e-8)
@@ -220,7 +230,8 @@ def run(args: Args) -> dict[str, Any]:
                 new_value = critic(batch.obs).squeeze(-1)
                 clipped = batch.value + (new_value - batch.value).clamp(-args.clip, args.clip)
                 value_loss = 0.5 * torch.max((new_value - batch.returns) ** 2, (clipped - batch.returns) ** 2).mean()
-                loss = policy_loss + args.vf_coef * value_loss - args.ent_coef * policy.entropy().sum(-1).mean()
+                entropy = (0.5 + 0.5 * math.log(2 * math.pi) + actor_logstd).sum()  # a diagonal Gaussian's
+                loss = policy_loss + args.vf_coef * value_loss - args.ent_coef * entropy
                 optimizer.zero_grad()
                 torch.autograd.backward(loss)
                 nn.utils.clip_grad_norm_(parameters, args.max_grad_norm)
@@ -275,10 +286,13 @@ def compare(seeds: int, out: Path, frames: int | None = None, extra: dict[str, A
             if (run_dir / "summary.json").exists():  # finished before: reuse it
                 summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
             else:  # a fresh run, or the continuation of one killed before
-                resume = str(run_dir) if (run_dir / "config.json").exists() else None
-                summary = run(Args(seed=seed, out=str(run_dir), resume=resume, fold_truncation=fold,
-                                   progress=sys.stderr.isatty(), **({} if frames is None else {"frames": frames}),
-                                   **(extra or {})))
+                options: dict[str, Any] = {"seed": seed, "out": str(run_dir), "fold_truncation": fold,
+                                           "progress": sys.stderr.isatty(), **(extra or {})}
+                if frames is not None:
+                    options["frames"] = frames
+                if (run_dir / "config.json").exists():
+                    options["resume"] = str(run_dir)
+                summary = run(Args(**options))
             runs.append({"seed": seed, "final": summary[f"mean_return_last_{_run.WINDOW}"],
                          "minutes": round(summary["seconds"] / 60, 2), "frames": summary["frames"],
                          "history": _history(run_dir)})
