@@ -103,21 +103,31 @@ class RunningNorm:
 
     def state_dict(self) -> dict[str, Any]:
         """The moments, for a checkpoint."""
-        return {"mean": torch.tensor(self.mean), "var": torch.tensor(self.var), "count": self.count}
+        return {"mean": torch.tensor(self.mean), "var": torch.tensor(self.var), "count": torch.tensor(self.count, dtype=torch.float64)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         self.mean, self.var, self.count = state["mean"].numpy(), state["var"].numpy(), float(state["count"])
 
 
-def gaussian_log_prob(action: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
-    """The log-density of ``action`` under a diagonal Gaussian, summed over action dims: ``[B]``.
+class GaussianActor(nn.Module):
+    """A diagonal Gaussian policy: a state-dependent mean, a learned state-independent log-std (as CleanRL).
 
     Example:
-        >>> round(float(gaussian_log_prob(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1))), 4)
+        >>> actor = GaussianActor(3, 8, 1)
+        >>> round(float(actor.log_prob(torch.zeros(1, 1), torch.zeros(1, 1))[0]), 4)
         -0.9189
     """
-    return (-0.5 * ((action - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def __init__(self, obs_size: int, hidden: int, action_size: int) -> None:
+        super().__init__()
+        self.mean = mlp(obs_size, hidden, action_size, 0.01)
+        self.log_std = nn.Parameter(torch.zeros(action_size))
+
+    def log_prob(self, action: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        """The log-density of ``action`` around ``mean``, summed over action dims: ``[B]``."""
+        log_std = self.log_std
+        return (-0.5 * ((action - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
 
 
 def make_envs(num_envs: int) -> gym.vector.SyncVectorEnv:
@@ -144,10 +154,9 @@ def run(args: Args) -> dict[str, Any]:
     low, high = envs.single_action_space.low, envs.single_action_space.high
     obs_norm, return_norm = RunningNorm((obs_size,)), RunningNorm(())
     discounted = np.zeros(args.num_envs)
-    actor_mean = mlp(obs_size, args.hidden, action_size, 0.01).to(device)
-    actor_logstd = nn.Parameter(torch.zeros(action_size, device=device))
+    actor = GaussianActor(obs_size, args.hidden, action_size).to(device)
     critic = mlp(obs_size, args.hidden, 1, 1.0).to(device)
-    parameters = [*actor_mean.parameters(), actor_logstd, *critic.parameters()]
+    parameters = [*actor.parameters(), *critic.parameters()]
     optimizer = torch.optim.Adam(parameters, lr=args.lr, eps=1e-5)
     stats = EpisodeStats(args.num_envs)  # fed with raw rewards: real Pendulum returns
     buffer = RolloutBuffer(args.num_steps, args.num_envs, observation_space=envs.single_observation_space,
@@ -167,13 +176,13 @@ def run(args: Args) -> dict[str, Any]:
 
     frames, saved = 0, _run.resume(args, out, buffer)
     if saved is not None:
-        actor_mean.load_state_dict(saved["models"]["actor_mean"])
+        actor.load_state_dict(saved["models"]["actor"])
         critic.load_state_dict(saved["models"]["critic"])
-        actor_logstd.data.copy_(saved["models"]["actor_logstd"])
         optimizer.load_state_dict(saved["optimizer"])
         obs_norm.load_state_dict(saved["obs_norm"])
         return_norm.load_state_dict(saved["return_norm"])
         stats.load_state_dict(saved["stats"])
+        _run.drop_running_episodes(stats)  # as the uninterrupted run did right after saving
         frames = saved["frames"]
     progress = _run.Progress(args, frames, None if saved is None else saved["progress"])
     raw_obs, _ = envs.reset(seed=_run.env_seed(args.seed, frames))  # see rlbuf.demos._run: exact resume
@@ -183,8 +192,7 @@ def run(args: Args) -> dict[str, Any]:
         _run.save_checkpoint(out, "ppo-continuous", args, frames, buffer, {
             "frames": frames, "progress": progress.state_dict(), "optimizer": optimizer.state_dict(),
             "obs_norm": obs_norm.state_dict(), "return_norm": return_norm.state_dict(), "stats": stats.state_dict(),
-            "models": {"actor_mean": actor_mean.state_dict(), "actor_logstd": actor_logstd.detach().clone(),
-                       "critic": critic.state_dict()}})
+            "models": {"actor": actor.state_dict(), "critic": critic.state_dict()}})
 
     # -- collect, learn, log ------------------------------------------------------------------------
     loss = torch.zeros(())
@@ -197,9 +205,9 @@ def run(args: Args) -> dict[str, Any]:
         for _ in range(args.num_steps):
             with torch.no_grad():
                 obs_t = torch.as_tensor(obs, device=device)
-                mean = actor_mean(obs_t)
-                action = mean + actor_logstd.exp() * torch.randn_like(mean)
-                log_prob = gaussian_log_prob(action, mean, actor_logstd)
+                mean = actor.mean(obs_t)
+                action = mean + actor.log_std.exp() * torch.randn_like(mean)
+                log_prob = actor.log_prob(action, mean)
                 value = critic(obs_t).squeeze(-1)
             raw_obs, reward, terminated, truncated, info = envs.step(np.clip(action.cpu().numpy(), low, high))
             stats.update(reward, terminated, truncated)
@@ -221,7 +229,7 @@ def run(args: Args) -> dict[str, Any]:
         for _ in range(args.epochs):
             approx_kl = 0.0
             for batch in buffer.minibatches(num_minibatches=args.num_minibatches):  # one call per epoch
-                log_ratio = gaussian_log_prob(batch.action, actor_mean(batch.obs), actor_logstd) - batch.log_prob
+                log_ratio = actor.log_prob(batch.action, actor.mean(batch.obs)) - batch.log_prob
                 ratio = log_ratio.exp()
                 approx_kl = float(((ratio - 1) - log_ratio).mean().detach())
                 advantage = (batch.advantage - batch.advantage.mean()) / (batch.advantage.std() + 1e-8)
@@ -230,7 +238,7 @@ def run(args: Args) -> dict[str, Any]:
                 new_value = critic(batch.obs).squeeze(-1)
                 clipped = batch.value + (new_value - batch.value).clamp(-args.clip, args.clip)
                 value_loss = 0.5 * torch.max((new_value - batch.returns) ** 2, (clipped - batch.returns) ** 2).mean()
-                entropy = (0.5 + 0.5 * math.log(2 * math.pi) + actor_logstd).sum()  # a diagonal Gaussian's
+                entropy = (0.5 + 0.5 * math.log(2 * math.pi) + actor.log_std).sum()  # a diagonal Gaussian's
                 loss = policy_loss + args.vf_coef * value_loss - args.ent_coef * entropy
                 optimizer.zero_grad()
                 torch.autograd.backward(loss)
@@ -255,8 +263,8 @@ def run(args: Args) -> dict[str, Any]:
     finished = frames >= args.frames or progress.done()
     if finished:
         checkpoint()
-        torch.save({"actor_mean": actor_mean.state_dict(), "actor_logstd": actor_logstd.detach().clone(),
-                    "critic": critic.state_dict(), "obs_norm": obs_norm.state_dict(), "hidden": args.hidden},
+        torch.save({"actor": actor.state_dict(), "critic": critic.state_dict(), "obs_norm": obs_norm.state_dict(),
+                    "hidden": args.hidden},
                    out / "model.pt")
     buffer.close()
     variant = "folded (timeout = death)" if args.fold_truncation else "bootstrapped timeouts"
