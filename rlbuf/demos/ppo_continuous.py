@@ -58,7 +58,7 @@ from rlbuf.gym import Recorder
 class Args(RunArgs):
     """PPO options (CleanRL's ``ppo_continuous_action.py`` defaults, 8 envs of 256 steps)."""
 
-    frames: int = arg(300_000, "environment frames to train for")
+    frames: int = arg(200_000, "environment frames to train for")
     checkpoint_every: int = arg(50_000, "write a checkpoint every this many frames (0: only at the end)")
     target_return: float = arg(-250.0, "report when the mean return of the last 20 episodes reaches this")
     stop_at_target: bool = arg(False, "stop training once the target return is reached")
