@@ -21,6 +21,7 @@ from rlbuf.errors import (
     StoredIndexError,
 )
 from rlbuf.gae import GAE
+from rlbuf.gym import Recorder
 from rlbuf.replay import ReplayBuffer, Transition
 from rlbuf.rollout import RolloutBuffer
 from rlbuf.spec import FieldSpec
@@ -46,6 +47,7 @@ __all__ = [
     "MissingFieldError",
     "NonFiniteError",
     "PriorityError",
+    "Recorder",
     "ReplayBatch",
     "ReplayBuffer",
     "RlbufError",

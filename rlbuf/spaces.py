@@ -85,7 +85,7 @@ def field_of(space: Any, name: str) -> tuple[tuple[int, ...], torch.dtype]:
         entry = _ENTRY.get(name, "observation")
         if entry not in space:
             raise ConfigError(f"{name}: the Composite spec has no {entry!r} entry (keys: {list(space.keys())}); "
-                              f"pass the spec of the field to store, e.g. env.{name.split('_')[0]}_spec[{entry!r}]")
+                              f"pass the spec of the field to store")
         leaf = space[entry]
         if isinstance(leaf, Composite):
             raise ConfigError(f"{name}: {entry!r} is itself a Composite spec (a dict observation): pass one "
