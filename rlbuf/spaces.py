@@ -1,17 +1,13 @@
 """Spaces to fields: the shape and dtype a buffer stores for a gymnasium space or a TorchRL spec.
 
-=================================  ==============================  ===========================
-space / spec                       stored shape                    stored dtype
-=================================  ==============================  ===========================
-``Box(low, high, shape, dtype)``   ``shape``                       ``dtype`` (uint8 stays uint8)
-``Discrete(n)``                    ``()`` (an index)               ``int64``
-``MultiDiscrete(nvec)``            ``nvec.shape``                  ``int64``
-``MultiBinary(n)``                 ``(n,)`` (or its shape)         ``int8``
-TorchRL ``Composite``              its ``"observation"`` (or       that entry's
-                                   ``"action"``) entry, batch
-                                   dims dropped
-TorchRL ``Bounded``, ``Unbounded``, ``OneHot``, ``Categorical``, ``Binary``, ...: their ``shape`` and ``dtype``
-=================================  ==============================  ===========================
+| space / spec | stored shape | stored dtype |
+|---|---|---|
+| ``Box(low, high, shape, dtype)`` | ``shape`` | ``dtype`` (``uint8`` stays ``uint8``) |
+| ``Discrete(n)`` | ``()`` (an index) | ``int64`` |
+| ``MultiDiscrete(nvec)`` | ``nvec.shape`` | ``int64`` |
+| ``MultiBinary(n)`` | ``(n,)`` (or its shape) | ``int8`` |
+| TorchRL ``Bounded``, ``Unbounded``, ``OneHot``, ``Categorical``, ``Binary``, ... | its ``shape`` | its ``dtype`` |
+| TorchRL ``Composite`` | its ``"observation"`` (or ``"action"``) entry, batch dims dropped | that entry's |
 
 ``MultiBinary`` is stored as ``int8``, not ``bool``: gymnasium's ``MultiBinary`` samples and
 envs emit ``int8`` arrays, and a bool field would refuse them (kinds never change); TorchRL's
