@@ -36,7 +36,8 @@ from rlbuf._base import RingBuffer, as_shape, extra_specs
 from rlbuf._core import _as_rows as rows_of
 from rlbuf._core import check_extras
 from rlbuf.batches import DistillationBatch
-from rlbuf.errors import MissingFieldError, ShapeError
+from rlbuf.errors import ShapeError
+from rlbuf.replay import _read_td as read_td
 from rlbuf.spaces import resolve_field
 from rlbuf.spec import ExtraFields, FieldSpec
 from rlbuf.storage import DeviceLike, StorageKind
@@ -168,13 +169,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         lead = tuple(td.batch_size)
         tensors: dict[str, torch.Tensor] = {}
         for spec in self._ring.input_specs:
-            value: torch.Tensor | None = td.get(spec.key, None)
-            if value is None:
-                raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
-            if not spec.fits_rows(value.shape, lead):
-                raise ShapeError(f"{spec.name}: expected shape {(*lead, *spec.shape)} at key {spec.key!r}, "
-                                 f"got {tuple(value.shape)}")
-            tensors[spec.name] = value.reshape(rows, *spec.shape)
+            tensors[spec.name] = read_td(td, spec, lead).reshape(rows, *spec.shape)
         self._ring.write_tensors(tensors, rows)
 
     def sample(self, batch_size: int) -> DistillationBatch:
