@@ -115,7 +115,7 @@ class GaussianActor(nn.Module):
 
     Example:
         >>> actor = GaussianActor(3, 8, 1)
-        >>> round(float(actor.log_prob(torch.zeros(1, 1), torch.zeros(1, 1))[0]), 4)
+        >>> round(float(actor.log_prob(torch.zeros(1, 1), torch.zeros(1, 1))[0].detach()), 4)
         -0.9189
     """
 
