@@ -118,6 +118,29 @@ class Recorder:
         self.skipped = 0
         """Reset steps (env rows) left out so far (``NEXT_STEP`` only)."""
 
+    def reset(self, env_mask: Any = None) -> None:
+        """Forget pending ``NEXT_STEP`` reset steps after you reset the envs yourself (``envs.reset()``).
+
+        Gymnasium's ``envs.reset()`` makes the next step a real one for every env it resets,
+        including envs whose episode had just ended; tell the Recorder so it stores that step.
+
+        Args:
+            env_mask: ``[num_envs]`` bools: the envs that were reset (``None``: all).
+
+        Example:
+            >>> import gymnasium as gym
+            >>> from rlbuf import ReplayBuffer
+            >>> envs = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+            >>> recorder = Recorder(envs, ReplayBuffer(100, obs_shape=(4,), action_shape=(),
+            ...                                        action_dtype=torch.int64, num_envs=2))
+            >>> obs, _ = envs.reset(seed=0)
+            >>> recorder.reset()
+        """
+        if env_mask is None:
+            self._resetting[:] = False
+        else:
+            self._resetting &= ~_flags("env_mask", env_mask, self.num_envs)
+
     def record(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
                info: Mapping[str, Any] | None = None, **fields: Any) -> None:
         """Store the real transitions of one ``envs.step``.

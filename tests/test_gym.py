@@ -358,3 +358,24 @@ def test_env_mask_validates_every_row_and_stores_the_kept_ones() -> None:
                    env_mask=np.array([1, 0, 1]))
     assert len(buffer) == 2
     assert stats.recent_lengths() == [1]
+
+
+def test_after_a_manual_reset_the_next_step_is_stored() -> None:
+    envs = make_envs(AutoresetMode.NEXT_STEP)
+    buffer = build("replay", envs)
+    recorder = Recorder(envs, buffer)
+    obs, _ = envs.reset(seed=0)
+    actions = np.zeros(NUM_ENVS, np.int64)
+    for _ in range(time_limit(0)):                    # env 0 reaches its time limit at the last step
+        next_obs, reward, terminated, truncated, info = envs.step(actions)
+        recorder.record(obs, actions, reward, next_obs, terminated, truncated, info)
+        obs = next_obs
+    assert truncated[0]
+    obs, _ = envs.reset(seed=1)                       # gymnasium clears its pending autoresets
+    recorder.reset()
+    before = len(buffer)
+    next_obs, reward, terminated, truncated, info = envs.step(actions)
+    recorder.record(obs, actions, reward, next_obs, terminated, truncated, info)
+    assert len(buffer) == before + NUM_ENVS
+    data = buffer.sample_all()
+    assert (data.next_obs[:, 2] == data.obs[:, 2] + 1).all()
