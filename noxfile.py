@@ -1,4 +1,4 @@
-"""nox sessions: `tests` (lint, types, tests, doctests, doc examples), `demo`, `demos-full`, `docs`.
+"""nox sessions: `tests` (lint, types, tests, doctests, doc examples), `demo`, `demos-full`, `pendulum-compare`, `docs`.
 
 Every session installs through constraints-cpu.txt, which pins the CPU torch wheel present on
 these machines, so no session downloads a CUDA build.
@@ -51,7 +51,19 @@ def demos_full(session: nox.Session) -> None:
     session.run("rlbuf", "demo", "dqn", "--out", f"{runs}/dqn", *session.posargs)
     session.run("rlbuf", "demo", "dqn", "--prioritized", "--out", f"{runs}/dqn-per", *session.posargs)
     session.run("rlbuf", "demo", "distill", "--teacher", f"{runs}/ppo", "--out", f"{runs}/distill", *session.posargs)
+    session.run("rlbuf", "demo", "ppo-continuous", "--out", f"{runs}/ppo-continuous", *session.posargs)
     session.log(f"all outputs in {runs}/ (curve.png, summary.json, model.pt, checkpoints/ in each)")
+
+
+@nox.session(name="pendulum-compare", python=PYTHON)
+def pendulum_compare(session: nox.Session) -> None:
+    """PPO on Pendulum-v1, bootstrapped timeouts against CleanRL's folded done, over seeds, in one figure.
+
+    `nox -s pendulum-compare -- --seeds 5` (default 3 seeds each, one run after the other).
+    """
+    _install(session)
+    session.run("python", "-m", "rlbuf.demos.ppo_continuous", "compare", "--seeds", "3",
+                "--out", f"runs/pendulum-compare-{time.strftime('%Y%m%d-%H%M%S')}", *session.posargs)
 
 
 @nox.session(python=PYTHON)
