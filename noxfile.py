@@ -1,4 +1,5 @@
-"""nox sessions: `tests` (lint, types, tests, doctests, doc examples), `stress`, `demo`, `demos-full`, `docs`,
+"""nox sessions: `tests` (lint, types, tests, doctests, doc examples), `stress`, `demo`, `demos-full`, `pendulum-compare`,
+`docs`,
 `bench`, `compat` (the tests against TorchRL's and tensordict's nightly builds); on a GPU machine `gpu`,
 fed by `gpu-wheels` on a networked one (see docs/devices.md).
 
@@ -57,7 +58,19 @@ def demos_full(session: nox.Session) -> None:
     session.run("rlbuf", "demo", "dqn", "--out", f"{runs}/dqn", *session.posargs)
     session.run("rlbuf", "demo", "dqn", "--prioritized", "--out", f"{runs}/dqn-per", *session.posargs)
     session.run("rlbuf", "demo", "distill", "--teacher", f"{runs}/ppo", "--out", f"{runs}/distill", *session.posargs)
+    session.run("rlbuf", "demo", "ppo-continuous", "--out", f"{runs}/ppo-continuous", *session.posargs)
     session.log(f"all outputs in {runs}/ (curve.png, summary.json, model.pt, checkpoints/ in each)")
+
+
+@nox.session(name="pendulum-compare", python=PYTHON)
+def pendulum_compare(session: nox.Session) -> None:
+    """PPO on Pendulum-v1, bootstrapped timeouts against CleanRL's folded done, over seeds, in one figure.
+
+    `nox -s pendulum-compare -- --seeds 5` (default 3 seeds each, one run after the other).
+    """
+    _install(session)
+    session.run("python", "-m", "rlbuf.demos.ppo_continuous", "compare", "--seeds", "3",
+                "--out", f"runs/pendulum-compare-{time.strftime('%Y%m%d-%H%M%S')}", *session.posargs)
 
 
 @nox.session(python=PYTHON)

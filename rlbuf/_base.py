@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import inspect
 import math
 import secrets
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, Self, TypeVar, overload
+from typing import Any, Generic, Self, TypeVar, cast
 
 import numpy as np
 import torch
@@ -31,7 +32,7 @@ from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device
 
 BatchT = TypeVar("BatchT")
 BufferT = TypeVar("BufferT", bound="RingBuffer[Any]")
-_NOT_OPTIONS = ("self", "__class__", "stats", "scratch_dir")
+_NOT_OPTIONS = ("self", "__class__", "stats", "scratch_dir", "observation_space", "action_space")
 _ITERATOR_METHODS = ("epochs", "minibatches")
 
 
@@ -145,6 +146,7 @@ class RingBuffer(Generic[BatchT]):
 
     _ring: RowRing
     _options: dict[str, Any]
+    _batch_type: type[BatchT]
     _stats: EpisodeStats | None = None
     _current_epochs: EpochIterator[BatchT] | None = None
     _current_epochs_call: tuple[str, dict[str, Any]] | None = None
@@ -323,18 +325,15 @@ class RingBuffer(Generic[BatchT]):
             raise EmptyBufferError("sample_all: the buffer is empty; add data first")
         return self._batch(self._readable_index())
 
-    @overload
-    def sample_by_index(self, index: Any, fields: None = None) -> BatchT: ...
-
-    @overload
-    def sample_by_index(self, index: Any, fields: Sequence[str]) -> dict[str, torch.Tensor]: ...
-
-    def sample_by_index(self, index: Any, fields: Sequence[str] | None = None) -> BatchT | dict[str, torch.Tensor]:
-        """The rows at storage positions ``index`` (e.g. ``batch.index``).
+    def sample_by_index(self, index: Any, fields: Sequence[str] | None = None) -> BatchT:
+        """The rows at storage positions ``index`` (e.g. ``batch.index``), as the buffer's typed batch.
 
         Args:
             index: positions in ``[0, len(buffer))``: an int, a sequence or a tensor.
-            fields: return only these fields, as a dict of tensors.
+            fields: gather only these stored fields. The batch then holds only them: other
+                attributes are absent (reading one raises ``AttributeError``), stored fields
+                that are not batch attributes (``done``, ``bootstrap_value``) are in ``extras``,
+                and ``len()`` needs ``obs``.
 
         Raises:
             StoredIndexError: a position outside what is stored.
@@ -347,13 +346,21 @@ class RingBuffer(Generic[BatchT]):
             ...     buf.add(torch.zeros(1), 0.0, float(r), torch.zeros(1), False)
             >>> buf.sample_by_index([3, 1]).reward.tolist()
             [3.0, 1.0]
-            >>> buf.sample_by_index(2, fields=["reward"])["reward"].tolist()
-            [2.0]
+            >>> only = buf.sample_by_index(2, fields=["reward"])
+            >>> type(only).__name__, only.reward.tolist(), hasattr(only, "obs")
+            ('ReplayBatch', [2.0], False)
         """
         positions = self._ring.as_index(index)
         if fields is None:
             return self._batch(positions)
-        return deliver(self._gather(positions, fields), self._device)
+        columns = deliver(self._gather(positions, fields), self._device)
+        batch_type = self._batch_type
+        batch = object.__new__(batch_type)
+        attributes = {item.name for item in dataclasses.fields(cast(Any, batch_type))} - {"extras"}
+        for name in attributes & set(columns):
+            object.__setattr__(batch, name, columns[name])  # a frozen dataclass: built field by field
+        object.__setattr__(batch, "extras", {name: column for name, column in columns.items() if name not in attributes})
+        return batch
 
     def epochs(self, batch_size: int, n_epochs: int = 1, *, drop_last: bool = False,
                shuffle: bool = True) -> EpochIterator[BatchT]:

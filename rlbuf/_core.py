@@ -206,6 +206,8 @@ def _scalar_types(spec: FieldSpec) -> tuple[type, ...]:
         return (bool, np.bool_)
     if spec.np_dtype.kind in "iu":
         return (bool, int, np.bool_, np.integer)
+    if not spec.finite:  # kinds never change: an int action or observation is refused by check_dtype
+        return (float, np.floating)
     return (bool, int, float, np.bool_, np.integer, np.floating)
 
 

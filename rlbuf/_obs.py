@@ -57,6 +57,16 @@ def leaf_name(name: str, path: Path) -> str:
     return name + "".join(f'["{key}"]' for key in path)
 
 
+def is_structured(value: Any) -> bool:
+    """Whether a shape option describes a dict observation (a mapping, gymnasium ``Dict``, TorchRL ``Composite``).
+
+    Example:
+        >>> is_structured({"camera": (3, 8, 8)}), is_structured((4,))
+        (True, False)
+    """
+    return isinstance(value, Mapping) or _is_gym_dict(value) or _is_composite(value)
+
+
 def _is_gym_dict(value: Any) -> bool:
     spaces = getattr(value, "spaces", None)
     return isinstance(spaces, Mapping) and type(value).__name__ == "Dict"
@@ -166,7 +176,7 @@ class Layout:
             ...
             rlbuf.errors.ConfigError: obs_dtype: keys [('b',)] are not observation keys [('a',)]
         """
-        structured = isinstance(shape, Mapping) or _is_gym_dict(shape) or _is_composite(shape)
+        structured = is_structured(shape)
         found = _leaves_of(shape, (), option)
         if not structured:
             path, leaf_shape, own = found[0]

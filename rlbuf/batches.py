@@ -42,7 +42,8 @@ class _ExtrasAccess:
         try:
             return self.extras[name]
         except KeyError:
-            raise AttributeError(f"{type(self).__name__} has no field {name!r}; extras are "
+            raise AttributeError(f"{type(self).__name__} has no field {name!r} (a batch from sample_by_index("
+                                 f"..., fields=...) holds only the fields asked for); extras are "
                                  f"{sorted(self.extras)}") from None
 
 

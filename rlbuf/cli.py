@@ -4,6 +4,7 @@
 
     rlbuf demo ppo [options]        PPO on CartPole-v1 (rlbuf demo ppo --help for the options)
     rlbuf demo dqn [--prioritized]  double DQN on CartPole-v1
+    rlbuf demo ppo-continuous [--fold-truncation]  PPO on Pendulum-v1 via a gymnasium vector env
     rlbuf demo distill [--teacher DIR]  DAgger from a PPO teacher into a smaller student
     rlbuf inspect PATH [--json]     a checkpoint's manifest, sizes, fields and checksums
 
@@ -60,7 +61,7 @@ def build_parser(demos: Iterable[str] | None = None) -> argparse.ArgumentParser:
             continue
         from rlbuf.demos._run import add_arguments
 
-        module = importlib.import_module(f"rlbuf.demos.{name}")
+        module = importlib.import_module(f"rlbuf.demos.{name.replace('-', '_')}")
         sub = subparsers.add_parser(name, help=description, description=(module.__doc__ or "").replace("``", ""),
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
         add_arguments(sub, module.Args)
@@ -97,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _demo(options: argparse.Namespace) -> int:
     from rlbuf.demos._run import WINDOW, resolve_args
 
-    module = importlib.import_module(f"rlbuf.demos.{options.demo}")
+    module = importlib.import_module(f"rlbuf.demos.{options.demo.replace('-', '_')}")
     given: dict[str, Any] = {k: v for k, v in vars(options).items() if k not in ("command", "demo")}
     try:
         args = resolve_args(module.Args, given, options.demo)

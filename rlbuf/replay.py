@@ -57,6 +57,7 @@ from rlbuf.errors import (
     ShapeError,
 )
 from rlbuf.sequences import ReplaySequenceBatch, burn_in_steps, sequence_flags, sequence_starts
+from rlbuf.spaces import resolve_field
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
@@ -104,7 +105,8 @@ def replay_specs(obs_shape: Any, action_shape: tuple[int, ...], obs_dtype: Any,
         FieldSpec("truncated", ("next", "truncated"), (), torch.bool, trailing_one=True),
         FieldSpec("done", ("next", "done"), (), torch.bool, trailing_one=True),
     ]
-    reserved = {"next_obs": "the next observation of every batch", "discount": "an attribute of every batch"}
+    reserved = {"next_obs": "the next observation of every batch", "discount": "an attribute of every batch",
+                "env_mask": "an argument of add()"}
     return (*specs, *extra_specs(extra_fields, specs, reserved))
 
 
@@ -127,9 +129,14 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         device: where sampled batches are delivered (defaults to ``storing_device``).
         seed: seeds the buffer's own generator; sampling never touches the global RNG.
         extra_fields: ``{"name": (shape, dtype)}`` stored with every transition.
+        observation_space: instead of ``obs_shape``/``obs_dtype``: a gymnasium space
+            (``envs.single_observation_space``, a ``Dict`` space for dict observations) or a TorchRL
+            spec (see [`rlbuf.spaces`][rlbuf.spaces]).
+        action_space: instead of ``action_shape``/``action_dtype``: ``envs.single_action_space``
+            or a TorchRL spec (a ``Discrete`` space stores an ``int64`` index).
         obs_dtype: stored observation dtype (``torch.uint8`` for images: 1 byte per value); for
             dict observations one dtype or a mapping by key. Unset: the spec's or space's dtype, else float32.
-        action_dtype: stored action dtype.
+        action_dtype: stored action dtype (default: the space's, else float32).
         stats: an :class:`~rlbuf.EpisodeStats` fed with every step added (returns, lengths).
         frame_stack: ``k`` for stacked observations ``obs_shape=(k, *frame)`` (gymnasium's
             ``FrameStackObservation``, newest frame last): each frame is stored once and the
@@ -159,12 +166,14 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         ReplayBuffer(size=0/100, storage=memory, storing_device=cpu, device=cpu, prioritized=False, compact=True, frame_stack=4, n_step=3, bytes_per_transition~7.113 kB, fields=[obs: (84, 84) uint8, action: () int64, reward: () float32, terminated: () bool, truncated: () bool, done: () bool])
     """
 
+    _batch_type = ReplayBatch
+
     def __init__(
         self,
         capacity: int,
         *,
-        obs_shape: ObsShape,
-        action_shape: Sequence[int] | int,
+        obs_shape: ObsShape | None = None,
+        action_shape: Sequence[int] | int | None = None,
         num_envs: int = 1,
         prioritized: bool = False,
         alpha: float = 0.6,
@@ -175,8 +184,10 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         device: DeviceLike | None = None,
         seed: int | None = None,
         extra_fields: ExtraFields | None = None,
+        observation_space: Any = None,
+        action_space: Any = None,
         obs_dtype: ObsDtype | None = None,
-        action_dtype: torch.dtype = torch.float32,
+        action_dtype: torch.dtype | None = None,
         stats: EpisodeStats | None = None,
         frame_stack: int = 1,
         padding_type: PaddingType = "reset",
@@ -185,6 +196,10 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         compact: bool | None = None,
         hidden_state_shape: Sequence[int] | int | Mapping[str, Sequence[int] | int] | None = None,
     ) -> None:
+        obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype,
+                                             space_name="observation_space", shape_name="obs_shape", structured=True)
+        action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype,
+                                                   space_name="action_space", shape_name="action_shape")
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         positive_int("num_envs", num_envs)
@@ -409,6 +424,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         terminated: Any = None,
         truncated: Any = None,
         hidden_state: Any = None,
+        *,
+        env_mask: Any = None,
         **extras: Any,
     ) -> None:
         """Store one env step: ``num_envs`` transitions (the env dim may be omitted if 1).
@@ -427,6 +444,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             truncated: a time limit cut the episode ``[num_envs]`` bool; ``None`` = False.
             hidden_state: the policy's hidden state the action was computed from, if the buffer
                 stores one (``[num_envs, *shape]``, a dict for ``{"h": ..., "c": ...}``).
+            env_mask: ``[num_envs]`` bools: store only the rows of these envs (e.g. leave out
+                the reset steps of gymnasium's ``NEXT_STEP`` autoreset; [`Recorder`][rlbuf.gym.Recorder]
+                does it for you). Every row is still validated; the stats skip the others.
             **extras: one value per declared extra field.
 
         Raises:
@@ -454,21 +474,44 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             raise MissingFieldError("hidden_state: this buffer stores one with every step" if hidden_state is None
                                     else "hidden_state: this buffer was built without hidden_state_shape")
         if self._compact is not None:
+            if env_mask is not None:
+                raise ConfigError("env_mask: not available for a compact buffer (frame_stack, n_step or "
+                                  "compact=True) yet; add the kept envs' rows with extend() instead")
             extra_values = tuple(extras[n] for n in self._extra_specs)
             self._compact.write(obs, next_obs, terminated, truncated, self._compact.all_envs,
                                 lambda frames, done, cut: self._ring.add(
                                     (frames, action, reward, done, cut, *extra_values), self._num_envs))
-        elif self._obs.structured or self._hidden is not None:
-            hidden = () if self._hidden is None else self._hidden.split("hidden_state", hidden_state)
-            self._ring.add((*self._obs.split("obs", obs), action, reward, *self._obs.split("next_obs", next_obs),
-                            terminated, truncated, *(extras[n] for n in self._extra_specs), *hidden), self._num_envs)
-        elif extras:
-            values = (obs, action, reward, next_obs, terminated, truncated, *(extras[n] for n in self._extra_specs))
-            self._ring.add(values, self._num_envs)
         else:
-            self._ring.add((obs, action, reward, next_obs, terminated, truncated), self._num_envs)
+            if self._obs.structured or self._hidden is not None:
+                hidden = () if self._hidden is None else self._hidden.split("hidden_state", hidden_state)
+                values: tuple[Any, ...] = (*self._obs.split("obs", obs), action, reward,
+                                           *self._obs.split("next_obs", next_obs), terminated, truncated,
+                                           *(extras[n] for n in self._extra_specs), *hidden)
+            else:
+                values = (obs, action, reward, next_obs, terminated, truncated, *(extras[n] for n in self._extra_specs))
+            if env_mask is not None:
+                self._add_envs(values, env_mask)
+            else:
+                self._ring.add(values, self._num_envs)
         if self._stats is not None:
-            self._stats.update(reward, terminated, truncated)
+            self._stats.update(reward, terminated, truncated, env_mask=env_mask)
+
+    def _add_envs(self, values: Sequence[Any], env_mask: Any) -> None:
+        """Validate every row of ``values``, then store the rows of the envs in ``env_mask``."""
+        n, ring = self._num_envs, self._ring
+        keep = torch.as_tensor(np.asarray(env_mask.cpu() if isinstance(env_mask, torch.Tensor) else env_mask))
+        if keep.dtype is not torch.bool or tuple(keep.shape) != (n,):
+            raise ShapeError(f"env_mask: expected {n} bools (one per env), got {keep.dtype} of shape {tuple(keep.shape)}")
+        rows: dict[str, torch.Tensor] = {}
+        for spec, value in zip(ring.input_specs, values, strict=True):
+            tensor = torch.as_tensor(value) if not isinstance(value, torch.Tensor) else value
+            if n == 1 and tuple(tensor.shape) == spec.shape:
+                tensor = tensor.unsqueeze(0)
+            spec.check_tensor(tensor, (n,), ring.accepted_devices)
+            rows[spec.name] = tensor[keep.to(tensor.device)]
+        kept = int(keep.sum())
+        if kept:
+            ring.write_tensors(rows, kept)
 
     def extend(self, td: TensorDictBase) -> None:
         """Store a TensorDict in TorchRL layout, e.g. a collector's ``[num_envs, T]`` batch.

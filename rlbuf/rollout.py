@@ -54,6 +54,7 @@ from rlbuf.errors import (
 )
 from rlbuf.gae import compute_gae
 from rlbuf.sequences import PaddedTrajectories, SequenceBatch, split_trajectories
+from rlbuf.spaces import resolve_field
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, check_finite_rows, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
@@ -124,9 +125,15 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         device: where minibatches are delivered (defaults to ``storing_device``).
         seed: seeds the buffer's generator (minibatch shuffling); the global RNG is untouched.
         extra_fields: ``{"name": (shape, dtype)}`` passed to :meth:`add` with every step.
+        observation_space: instead of ``obs_shape``/``obs_dtype``: a gymnasium space
+            (``envs.single_observation_space``, a ``Dict`` space for dict observations) or a TorchRL
+            spec (see [`rlbuf.spaces`][rlbuf.spaces]).
+        action_space: instead of ``action_shape``/``action_dtype``: ``envs.single_action_space``
+            or a TorchRL spec (a ``Discrete`` space stores an ``int64`` index).
         obs_dtype: stored observation dtype (``torch.uint8`` for images), or a mapping by key.
             Unset: the spec's or space's dtype, else float32.
-        action_dtype: stored action dtype (``torch.int64`` for discrete actions).
+        action_dtype: stored action dtype (default: the space's, else float32; ``torch.int64``
+            for discrete actions).
         stats: an :class:`~rlbuf.EpisodeStats` fed with every step added.
 
     Raises:
@@ -138,13 +145,15 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         RolloutBuffer(steps=0/24, num_envs=4096, storage=memory, storing_device=cpu, device=cpu, advantages=False, fields=[obs: (48,) float32, action: (12,) float32, reward: () float32, terminated: () bool, truncated: () bool, value: () float32, log_prob: () float32])
     """
 
+    _batch_type = RolloutBatch
+
     def __init__(
         self,
         num_steps: int,
         num_envs: int,
         *,
-        obs_shape: ObsShape,
-        action_shape: Sequence[int] | int,
+        obs_shape: ObsShape | None = None,
+        action_shape: Sequence[int] | int | None = None,
         privileged_obs_shape: Sequence[int] | int | None = None,
         hidden_state_shape: Sequence[int] | int | Mapping[str, Sequence[int] | int] | None = None,
         storage: StorageKind = "memory",
@@ -153,10 +162,16 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         device: DeviceLike | None = None,
         seed: int | None = None,
         extra_fields: ExtraFields | None = None,
+        observation_space: Any = None,
+        action_space: Any = None,
         obs_dtype: ObsDtype | None = None,
-        action_dtype: torch.dtype = torch.float32,
+        action_dtype: torch.dtype | None = None,
         stats: EpisodeStats | None = None,
     ) -> None:
+        obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype,
+                                             space_name="observation_space", shape_name="obs_shape", structured=True)
+        action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype,
+                                                   space_name="action_space", shape_name="action_shape")
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         positive_int("num_steps", num_steps)

@@ -172,6 +172,7 @@ class EpisodeStats:
         *,
         metrics: Mapping[str, _Values] | None = None,
         reasons: _Reasons | None = None,
+        env_mask: _Values | None = None,
     ) -> None:
         """Record one env step for all ``num_envs`` envs.
 
@@ -190,6 +191,9 @@ class EpisodeStats:
                 mapping env index -> reason. Only entries of envs that end now are read; a
                 missing or ``None`` entry defaults to ``"terminated"`` or ``"truncated"``
                 (``"terminated"`` when both flags are set).
+            env_mask: ``[num_envs]`` bools: only these envs took a step of their episode (the
+                others, e.g. in a reset step of gymnasium's ``NEXT_STEP`` autoreset, are left
+                as they were); ``None`` means all.
 
         Raises:
             ShapeError: A field is not ``[num_envs]``, or ``reasons`` has the wrong length or an
@@ -221,6 +225,7 @@ class EpisodeStats:
             and (truncated is None or truncated is False)
             and metrics is None
             and reasons is None
+            and env_mask is None
             and math.isfinite(reward)
         ):
             # One gymnasium env mid-episode: plain Python in, no array to build
@@ -243,10 +248,15 @@ class EpisodeStats:
         checked_metrics = self._check_metrics(metrics) if metrics else None
         if reasons is not None:
             self._check_reasons(reasons)
+        steps: np.ndarray[Any, Any] | int = 1
+        if env_mask is not None:
+            steps = self._check_flag("env_mask", env_mask)
+            reward_a = np.where(steps, reward_a, 0)
+            done = done & steps
 
         if not done.any():
             np.add(self._return_view, reward_a, out=self._return_view)
-            self._length_view += 1
+            self._length_view += steps
             return
 
         # Rare path: some episodes end. Read and check what they need before changing anything.
@@ -260,7 +270,7 @@ class EpisodeStats:
         ]
 
         np.add(self._return_view, reward_a, out=self._return_view)
-        self._length_view += 1
+        self._length_view += steps
         returns: list[float] = self._return_view[index].tolist()
         lengths: list[int] = self._length_view[index].tolist()
         self._return_view[index] = 0.0

@@ -17,6 +17,7 @@ from rlbuf.cli import main
 TINY = {
     "ppo": ["--num-steps", "32", "--epochs", "2"],
     "dqn": ["--learning-starts", "256"],
+    "ppo-continuous": ["--num-steps", "32", "--epochs", "2", "--num-minibatches", "4"],
     "distill": ["--teacher-frames", "512", "--num-steps", "32", "--gradient-steps", "4", "--eval-episodes", "2"],
 }
 
@@ -32,7 +33,7 @@ def final_parameters(out: Path) -> dict[str, torch.Tensor]:
             for key, value in state.items()}
 
 
-@pytest.mark.parametrize("name", ["ppo", "dqn", "distill"])
+@pytest.mark.parametrize("name", ["ppo", "dqn", "ppo-continuous", "distill"])
 def test_demo_writes_curve_summary_model_and_checkpoints(name: str, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     storage = "memmap" if name == "dqn" else "memory"
@@ -55,7 +56,7 @@ def test_demo_writes_curve_summary_model_and_checkpoints(name: str, tmp_path: Pa
         assert (out / "teacher" / "model.pt").is_file()
 
 
-@pytest.mark.parametrize("name", ["ppo", "dqn", "distill"])
+@pytest.mark.parametrize("name", ["ppo", "dqn", "ppo-continuous", "distill"])
 def test_interrupted_and_resumed_run_ends_with_the_same_parameters(name: str, tmp_path: Path) -> None:
     storage = ["--storage", "memmap" if name == "dqn" else "memory"]
     assert demo(name, tmp_path / "whole", *storage) == 0

@@ -305,7 +305,7 @@ def test_compact_buffer_refuses_torchrl_handles_epochs_and_incomplete_indices() 
     with pytest.raises(StoredIndexError, match="index: the transition at position 0 is not complete"):
         buf.sample_by_index(0)
     buf.add(torch.ones(3), 0.0, 2.0, torch.full((3,), 2.0), False)
-    assert buf.sample_by_index(0, fields=["next_obs", "discount"])["next_obs"].tolist() == [[1.0, 1.0, 1.0]]
+    assert buf.sample_by_index(0, fields=["next_obs", "discount"]).next_obs.tolist() == [[1.0, 1.0, 1.0]]
 
 
 def test_extend_needs_a_batch_that_tells_envs_apart() -> None:

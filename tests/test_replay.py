@@ -21,6 +21,7 @@ from rlbuf import (
     MissingFieldError,
     NonFiniteError,
     PriorityError,
+    ReplayBatch,
     ReplayBuffer,
     ShapeError,
     StoredIndexError,
@@ -224,8 +225,12 @@ def test_sample_by_index_and_fields(storage: str) -> None:
     batch = buf.sample_by_index([2, 0])
     assert batch.reward.tolist() == [2000.0, 0.0]
     assert batch.index.tolist() == [2, 0]
-    only = buf.sample_by_index(torch.tensor([3]), fields=["reward", "obs"])
-    assert set(only) == {"reward", "obs"} and only["reward"].tolist() == [3000.0]
+    only = buf.sample_by_index(torch.tensor([3]), fields=["reward", "obs", "done"])
+    assert isinstance(only, ReplayBatch) and only.reward.tolist() == [3000.0] and len(only) == 1
+    assert only.done.shape == (1,) and not only.extras and not hasattr(only, "next_obs")
+    assert not hasattr(only, "index")
+    with pytest.raises(AttributeError, match="fields"):
+        _ = only.action
     with pytest.raises(MissingFieldError, match="unknown"):
         buf.sample_by_index([0], fields=["rewards"])
 
