@@ -1,7 +1,7 @@
 """RingBuffer: what ReplayBuffer and DistillationBuffer share (sizes, devices, reads, epochs).
 
-A subclass builds its field specs and sampler, calls :meth:`RingBuffer._setup`, and turns
-gathered columns into its typed batch in :meth:`RingBuffer._make_batch`.
+A subclass builds its field specs and sampler, calls ``RingBuffer._setup``, and turns
+gathered columns into its typed batch in ``RingBuffer._make_batch``.
 """
 
 from __future__ import annotations
@@ -331,7 +331,7 @@ class RingBuffer(Generic[BatchT]):
     def current_epochs(self) -> EpochIterator[BatchT] | None:
         """The iterator made by the last ``epochs()``/``minibatches()`` call, saved with checkpoints.
 
-        After :meth:`load` it is the restored iterator, resuming at the batch after the
+        After ``load`` it is the restored iterator, resuming at the batch after the
         one the original had reached when it was saved.
         """
         return self._current_epochs
@@ -406,7 +406,7 @@ class RingBuffer(Generic[BatchT]):
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a :meth:`state_dict` taken from a buffer with the same fields and capacity.
+        """Restore a ``state_dict`` taken from a buffer with the same fields and capacity.
 
         Raises:
             CheckpointError: another kind of buffer, other fields, or inconsistent counts.
@@ -469,7 +469,7 @@ class RingBuffer(Generic[BatchT]):
                           RuntimeWarning, stacklevel=2)
 
     def save(self, path: str | Path, *, data: bool = True) -> None:
-        """Write a checkpoint directory at ``path`` (atomically; see :mod:`rlbuf.checkpoint`).
+        """Write a checkpoint directory at ``path`` (atomically; see [`rlbuf.checkpoint`][rlbuf.checkpoint]).
 
         Args:
             path: the checkpoint directory (replaced whole if it already is one).
@@ -497,7 +497,7 @@ class RingBuffer(Generic[BatchT]):
         """Rebuild a buffer from a checkpoint; the next samples and batches equal the original's.
 
         Args:
-            path: a directory written by :meth:`save`.
+            path: a directory written by ``save``.
             device: training device to use instead of the saved one.
             storing_device: storing device to use instead of the saved one.
 

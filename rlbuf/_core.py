@@ -189,12 +189,12 @@ class RowRing:
 
     On a CPU storage an add is validated, then written straight into numpy views of the
     storage at the position after the pending rows; only TorchRL's bookkeeping (cursor,
-    length, sampler) waits for :meth:`flush`. On a GPU storage adds are copied into a numpy
-    staging block that :meth:`flush` writes to the device in one copy per field.
+    length, sampler) waits for ``flush``. On a GPU storage adds are copied into a numpy
+    staging block that ``flush`` writes to the device in one copy per field.
 
     Args:
         specs: the stored fields, in order.
-        built: the initialised TorchRL storage (see :func:`rlbuf.storage.build_storage`).
+        built: the initialised TorchRL storage (see ``rlbuf.storage.build_storage``).
         sampler: the TorchRL sampler.
         rows_per_add: rows each add carries (``num_envs``).
         storing_device: where the storage lives.
@@ -495,7 +495,7 @@ class RowRing:
                 else leaves[name].index_select(0, index) for name in (names or leaves)}
 
     def check_field_names(self, names: Sequence[str]) -> None:
-        """Raise :class:`MissingFieldError` for names that are not stored fields."""
+        """Raise [`MissingFieldError`][rlbuf.errors.MissingFieldError] for names that are not stored fields."""
         unknown = [name for name in names if name not in self.by_name]
         if unknown:
             raise MissingFieldError(f"fields: unknown {unknown}; stored fields are {list(self.by_name)}")
@@ -537,7 +537,7 @@ def deliver(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str,
 
 
 def check_extras(expected: Mapping[str, FieldSpec], given: Mapping[str, Any]) -> None:
-    """Raise :class:`MissingFieldError` when extras are missing or unknown.
+    """Raise [`MissingFieldError`][rlbuf.errors.MissingFieldError] when extras are missing or unknown.
 
     Example:
         >>> check_extras({}, {"foo": 1})

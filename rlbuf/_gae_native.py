@@ -3,7 +3,7 @@
 One pass over CPU tensors in either layout, accumulating in float64. It is compiled with the
 system C compiler (about half a second) into a private temporary directory, loaded, and the files
 deleted; nothing is cached on disk. ``RLBUF_DISABLE_NATIVE=1`` turns it off, and
-:func:`rlbuf.gae.compute_gae` then uses its exact torch path. This is the same mechanism
+[`compute_gae`][rlbuf.gae.compute_gae] then uses its exact torch path. This is the same mechanism
 ``torch.compile`` uses on CPU, at a fraction of its compile time.
 """
 

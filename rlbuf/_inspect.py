@@ -87,7 +87,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """The report of :func:`inspect_checkpoint` as a readable table.
+    """The report of ``inspect_checkpoint`` as a readable table.
 
     Example:
         >>> print(format_report(inspect_checkpoint("/nonexistent")))

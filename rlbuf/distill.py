@@ -1,6 +1,6 @@
 """DistillationBuffer: observations with an expert's actions, for policy distillation and DAgger.
 
-DAgger aggregation over rounds is continued :meth:`DistillationBuffer.add`: each round the
+DAgger aggregation over rounds is continued [`DistillationBuffer.add`][rlbuf.DistillationBuffer.add]: each round the
 student acts, the expert labels the visited observations, and the labels join the buffer.
 
 Example:
@@ -44,7 +44,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         capacity: rows kept; the oldest are overwritten first once full.
         obs_shape: shape of one observation.
         action_shape: shape of one expert action (``()`` for a discrete index).
-        num_envs: rows per :meth:`add`.
+        num_envs: rows per [`add`][rlbuf.DistillationBuffer.add].
         storage: ``"memory"`` or ``"memmap"``.
         scratch_dir: directory for memmap files.
         storing_device: where rows are stored.

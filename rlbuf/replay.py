@@ -88,7 +88,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         capacity: transitions kept; the oldest are overwritten first once full.
         obs_shape: shape of one observation.
         action_shape: shape of one action (``()`` for a discrete action index).
-        num_envs: rows per :meth:`add` (one per vectorised env).
+        num_envs: rows per [`add`][rlbuf.ReplayBuffer.add] (one per vectorised env).
         prioritized: prioritized experience replay (sum tree), with ``alpha`` and ``beta``.
         alpha: priority exponent.
         beta: importance-sampling exponent.
@@ -100,7 +100,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         extra_fields: ``{"name": (shape, dtype)}`` stored with every transition.
         obs_dtype: stored observation dtype (``torch.uint8`` for images: 1 byte per value).
         action_dtype: stored action dtype.
-        stats: an :class:`~rlbuf.EpisodeStats` fed with every step added (returns, lengths).
+        stats: an [`EpisodeStats`][rlbuf.EpisodeStats] fed with every step added (returns, lengths).
 
     Raises:
         ConfigError: contradictory or invalid options.
@@ -198,7 +198,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         stays within its kind (float64 → float32 is fine, float → uint8 is refused).
 
         Args:
-            obs: observations ``[num_envs, *obs_shape]``; or a :class:`Transition`.
+            obs: observations ``[num_envs, *obs_shape]``; or a [`Transition`][rlbuf.Transition].
             action: actions ``[num_envs, *action_shape]``.
             reward: rewards ``[num_envs]``, finite.
             next_obs: observations after the step (the final observation for a truncated

@@ -1,6 +1,6 @@
 """FieldSpec: the shape, dtype and TorchRL key of one stored field, and its validation.
 
-A buffer is described by an ordered tuple of :class:`FieldSpec`. Each spec knows how a user
+A buffer is described by an ordered tuple of [`FieldSpec`][rlbuf.FieldSpec]. Each spec knows how a user
 hands the field in (``shape``, per row) and how TorchRL lays it out (``key`` and
 ``td_shape``: scalars such as the reward carry a trailing ``1`` in TorchRL tensordicts).
 
@@ -155,12 +155,12 @@ class FieldSpec:
                 "dtype": str(self.dtype).removeprefix("torch."), "finite": self.finite}
 
     def check_dtype(self, dtype: torch.dtype | np.dtype[Any]) -> None:
-        """Raise :class:`DtypeError` unless ``dtype`` converts to the stored dtype within its kind.
+        """Raise [`DtypeError`][rlbuf.errors.DtypeError] unless ``dtype`` converts to the stored dtype within its kind.
 
         One rule for numpy and torch inputs: floats of any precision go into float fields;
         integers and bools into integer or float fields; only bools into bool fields; a float
         never goes into an integer field (it would be truncated silently). Narrowing integer
-        conversions are range-checked by :meth:`check_range`.
+        conversions are range-checked by [`check_range`][rlbuf.FieldSpec.check_range].
 
         Example:
             >>> FieldSpec("obs", "observation", (2,), torch.uint8).check_dtype(torch.float32)
@@ -182,7 +182,7 @@ class FieldSpec:
                              f"without changing kind), got {dtype}")
 
     def check_range(self, values: np.ndarray[Any, Any] | torch.Tensor) -> None:
-        """Raise :class:`DtypeError` if integer ``values`` do not fit the stored integer dtype.
+        """Raise [`DtypeError`][rlbuf.errors.DtypeError] if integer ``values`` do not fit the stored integer dtype.
 
         Example:
             >>> FieldSpec("action", "action", (), torch.uint8).check_range(np.array([3, 300]))
@@ -205,7 +205,7 @@ class FieldSpec:
             raise DtypeError(f"{self.name}: values in [{low}, {high}] do not fit {self.dtype} [{info.min}, {info.max}]")
 
     def check_scalar(self, value: float | int | bool) -> None:
-        """Raise :class:`DtypeError` if a Python number does not fit the stored dtype.
+        """Raise [`DtypeError`][rlbuf.errors.DtypeError] if a Python number does not fit the stored dtype.
 
         Example:
             >>> FieldSpec("action", "action", (), torch.int32).check_scalar(2**40)
@@ -247,7 +247,7 @@ class FieldSpec:
 
 
 def check_finite_rows(spec: FieldSpec, rows: np.ndarray[Any, Any]) -> None:
-    """Raise :class:`NonFiniteError` if any value in ``rows`` is NaN or infinite.
+    """Raise [`NonFiniteError`][rlbuf.errors.NonFiniteError] if any value in ``rows`` is NaN or infinite.
 
     Example:
         >>> spec = FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True)

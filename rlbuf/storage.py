@@ -1,7 +1,7 @@
 """Building TorchRL storages and samplers from rlbuf's simple options, and resolving devices.
 
-``storage="memory"`` gives a :class:`torchrl.data.LazyTensorStorage` on the storing device,
-``storage="memmap"`` a :class:`torchrl.data.LazyMemmapStorage` in a scratch directory (a
+``storage="memory"`` gives a ``torchrl.data.LazyTensorStorage`` on the storing device,
+``storage="memmap"`` a ``torchrl.data.LazyMemmapStorage`` in a scratch directory (a
 temporary one by default, removed when the buffer is closed or collected). The storage is
 initialised eagerly from the buffer's field specs, so every leaf tensor exists up front.
 
@@ -39,7 +39,7 @@ DeviceLike: TypeAlias = torch.device | str | int
 
 
 def resolve_device(device: DeviceLike | None, *, name: str, default: torch.device | None = None) -> torch.device:
-    """Turn a device option into a :class:`torch.device`, checking that it exists here.
+    """Turn a device option into a ``torch.device``, checking that it exists here.
 
     Raises:
         ConfigError: the device is malformed, or CUDA is asked for on a machine without it.

@@ -259,7 +259,7 @@ class Progress:
     Args:
         args: the run's options (``frames``, ``progress``, ``target_return``).
         frames: frames already done (non-zero when resuming).
-        state: a :meth:`state_dict` from the checkpoint, when resuming.
+        state: a ``state_dict`` from the checkpoint, when resuming.
 
     Example:
         >>> progress = Progress(RunArgs(progress=False), 0)
@@ -410,7 +410,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` returned (see there for an example)."""
+    """Restore what ``rng_state`` returned (see there for an example)."""
     torch.set_rng_state(state["torch"])
     if state["cuda"]:
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -6,7 +6,7 @@ Run it with ``rlbuf demo distill`` (``--help`` lists the options). Top to bottom
    or trained first by the PPO demo into ``OUT/teacher``;
 2. each round, a TorchRL ``Collector`` runs the *student* (DAgger: the states come from the
    learner's own mistakes), the teacher labels every visited observation with its logits, and
-   the round joins the :class:`~rlbuf.DistillationBuffer` (``expert_action`` = the teacher's
+   the round joins the ``rlbuf.DistillationBuffer`` (``expert_action`` = the teacher's
    choice, ``expert_logits`` as an extra field);
 3. ``gradient_steps`` updates of the student on sampled batches: cross-entropy against the
    teacher's action probabilities;

@@ -5,11 +5,11 @@ Run it with ``rlbuf demo ppo`` (``--help`` lists the options). The loop, top to 
 1. a TorchRL ``Collector`` steps ``num_envs`` CartPoles (a gymnasium ``SyncVectorEnv`` wrapped
    by ``GymWrapper``: one TorchRL call per vector step, the fastest layout on 2 cores) and
    yields a ``[num_envs, num_steps]`` rollout;
-2. the critic writes ``state_value`` and ``("next", "state_value")``; the :class:`~rlbuf.GAE`
+2. the critic writes ``state_value`` and ``("next", "state_value")``; the ``rlbuf.GAE``
    transform turns them into ``advantage`` and ``value_target``. CartPole truncates episodes at
    500 steps: there ``("next", "observation")`` is the final observation, and GAE bootstraps
    from its value, while a pole that fell (``terminated``) does not bootstrap;
-3. ``buffer.extend(rollout)`` stores it (and feeds the :class:`~rlbuf.EpisodeStats`);
+3. ``buffer.extend(rollout)`` stores it (and feeds the ``rlbuf.EpisodeStats``);
 4. ``epochs`` passes of shuffled minibatches update actor and critic with the clipped objective.
 
 Example (not run here: each trains for 10 to 30 seconds)::
