@@ -121,6 +121,11 @@ class RingBuffer(Generic[BatchT]):
         for t in range(reward.shape[1]):
             self._stats.update(reward[:, t], terminated[:, t], truncated[:, t])
 
+    @classmethod
+    def _options_from_checkpoint(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """The saved constructor options as this version takes them (older checkpoints may differ)."""
+        return options
+
     def _record_options(self, arguments: Mapping[str, Any]) -> None:
         """Keep the constructor arguments (JSON form) so a checkpoint can rebuild this buffer."""
         self._options = {k: _option_to_json(v) for k, v in arguments.items() if k not in _NOT_OPTIONS}
@@ -140,6 +145,8 @@ class RingBuffer(Generic[BatchT]):
         derived: Mapping[str, Callable[[Mapping[str, torch.Tensor]], torch.Tensor]] | None = None,
     ) -> None:
         self._num_envs = positive_int("num_envs", num_envs)
+        if positive_int("capacity", capacity) < num_envs:
+            raise ConfigError(f"capacity: expected at least num_envs={num_envs} rows (one add), got {capacity}")
         self._storage_kind = storage
         self._storing_device = resolve_device(storing_device, name="storing_device")
         self._device = resolve_device(device, name="device", default=self._storing_device)
@@ -522,6 +529,7 @@ class RingBuffer(Generic[BatchT]):
         if not isinstance(options, dict) or set(options) - accepted:
             unknown = sorted(set(options) - accepted) if isinstance(options, dict) else options
             raise CheckpointError(f"{path}: options {unknown} are not options of {cls.__name__}")
+        options = cls._options_from_checkpoint(options)
         if device is not None:
             options["device"] = device
         if storing_device is not None:

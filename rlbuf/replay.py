@@ -39,6 +39,7 @@ from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
 
 _FIXED = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+_PER_ALPHA, _PER_BETA = 0.6, 0.4
 
 
 class Transition(NamedTuple):
@@ -90,8 +91,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         action_shape: shape of one action (``()`` for a discrete action index).
         num_envs: rows per [`add`][rlbuf.ReplayBuffer.add] (one per vectorised env).
         prioritized: prioritized experience replay (sum tree), with ``alpha`` and ``beta``.
-        alpha: priority exponent.
-        beta: importance-sampling exponent.
+        alpha: priority exponent (default 0.6); only with ``prioritized=True``.
+        beta: importance-sampling exponent (default 0.4); only with ``prioritized=True``.
         storage: ``"memory"`` (RAM or GPU) or ``"memmap"`` (disk files, larger than RAM).
         scratch_dir: directory for memmap files (a temporary one, removed on close, by default).
         storing_device: where transitions are stored.
@@ -120,8 +121,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         action_shape: Sequence[int] | int,
         num_envs: int = 1,
         prioritized: bool = False,
-        alpha: float = 0.6,
-        beta: float = 0.4,
+        alpha: float | None = None,
+        beta: float | None = None,
         storage: StorageKind = "memory",
         scratch_dir: str | Path | None = None,
         storing_device: DeviceLike = "cpu",
@@ -135,6 +136,11 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._record_options(locals())
         positive_int("num_envs", num_envs)
         self._attach_stats(stats, num_envs)
+        if not prioritized and (alpha is not None or beta is not None):
+            given = ", ".join(f"{k}={v}" for k, v in (("alpha", alpha), ("beta", beta)) if v is not None)
+            raise ConfigError(f"{given}: only used by prioritized replay; pass prioritized=True, or leave them out "
+                              f"for uniform sampling")
+        alpha, beta = _PER_ALPHA if alpha is None else alpha, _PER_BETA if beta is None else beta
         if prioritized and not (alpha >= 0 and beta >= 0):
             raise ConfigError(f"alpha, beta: expected non-negative numbers, got alpha={alpha}, beta={beta}")
         self._prioritized = prioritized
@@ -146,6 +152,13 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._no_truncation = np.zeros(num_envs, np.bool_)
         self._setup(specs, capacity, sampler, num_envs=num_envs, storage=storage, scratch_dir=scratch_dir,
                     storing_device=storing_device, device=device, seed=seed, derived={"done": done_of})
+
+    @classmethod
+    def _options_from_checkpoint(cls, options: dict[str, Any]) -> dict[str, Any]:
+        # rlbuf 0.1.0 recorded alpha=0.6, beta=0.4 for uniform buffers too; they are refused now.
+        if not options.get("prioritized", False):
+            options = {**options, "alpha": None, "beta": None}
+        return options
 
     @property
     def prioritized(self) -> bool:

@@ -42,11 +42,16 @@ def resolve_device(device: DeviceLike | None, *, name: str, default: torch.devic
     """Turn a device option into a ``torch.device``, checking that it exists here.
 
     Raises:
-        ConfigError: the device is malformed, or CUDA is asked for on a machine without it.
+        ConfigError: the device is malformed, or its type (``cuda``, ``mps``, ``xpu`` ...) is not
+            available on this machine: refused here rather than at the first sample.
 
     Example:
         >>> resolve_device("cpu", name="device")
         device(type='cpu')
+        >>> resolve_device("mps", name="device") if not torch.backends.mps.is_available() else None
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: device: mps was asked for, but this machine has no mps device
     """
     if device is None:
         if default is None:
@@ -61,7 +66,17 @@ def resolve_device(device: DeviceLike | None, *, name: str, default: torch.devic
             raise ConfigError(f"{name}: {resolved} was asked for, but CUDA is not available on this machine")
         if resolved.index is None:
             resolved = torch.device("cuda", torch.cuda.current_device())
+    elif resolved.type != "cpu" and not _available(resolved.type):
+        raise ConfigError(f"{name}: {resolved} was asked for, but this machine has no {resolved.type} device")
     return resolved
+
+
+def _available(device_type: str) -> bool:
+    """Whether torch has a backend module for ``device_type`` that reports a device (``meta``: none)."""
+    if device_type == "mps":
+        return bool(torch.backends.mps.is_available())
+    is_available = getattr(getattr(torch, device_type, None), "is_available", None)
+    return callable(is_available) and bool(is_available())
 
 
 @dataclass

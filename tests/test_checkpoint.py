@@ -56,7 +56,8 @@ def make(kind: str, storage: str = "memory", *, capacity: int = 8, num_envs: int
     """A buffer of ``kind`` with an extra field (``capacity`` is ``num_steps`` for a rollout)."""
     if kind in ("replay", "prioritized"):
         return ReplayBuffer(capacity, obs_shape=(3,), action_shape=(2,), num_envs=num_envs,
-                            prioritized=kind == "prioritized", alpha=0.7, beta=0.5, storage=storage,  # type: ignore[arg-type]
+                            prioritized=kind == "prioritized", storage=storage,  # type: ignore[arg-type]
+                            **({"alpha": 0.7, "beta": 0.5} if kind == "prioritized" else {}),
                             seed=seed, extra_fields={"cost": ((), torch.float32)})
     if kind == "distillation":
         return DistillationBuffer(capacity, obs_shape=(3,), action_shape=(), action_dtype=torch.int64,

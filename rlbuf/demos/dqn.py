@@ -96,7 +96,8 @@ def run(args: Args) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)  # ε-greedy draws
     stats = EpisodeStats(args.num_envs)
     buffer = ReplayBuffer(args.buffer_size, obs_shape=(4,), action_shape=(), action_dtype=torch.int64,
-                          num_envs=args.num_envs, prioritized=args.prioritized, alpha=args.alpha, beta=args.beta,
+                          num_envs=args.num_envs, prioritized=args.prioritized,
+                          alpha=args.alpha if args.prioritized else None, beta=args.beta if args.prioritized else None,
                           storage=args.storage, device=device, seed=args.seed, stats=stats)
 
     frames, saved = 0, _run.resume(args, out, buffer)
