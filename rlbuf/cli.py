@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rlbuf.demos import DEMOS
-from rlbuf.errors import RlbufError
+from rlbuf.errors import ConfigError, RlbufError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``rlbuf`` command; return its exit status (0 ok, 1 failed, 2 bad usage).
+    """Run the ``rlbuf`` command; return its exit status (0 ok, 1 failed, 2 bad usage, 130 Ctrl-C).
 
     Example:
         >>> main(["inspect", "/nonexistent", "--json"])  # doctest: +ELLIPSIS
@@ -76,16 +76,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _demo(options: argparse.Namespace) -> int:
-    from rlbuf.demos._run import WINDOW, resolve_args
+    from rlbuf.demos._run import WINDOW, Interrupted, resolve_args, stop_on_interrupt
 
     module = importlib.import_module(f"rlbuf.demos.{options.demo}")
     given: dict[str, Any] = {k: v for k, v in vars(options).items() if k not in ("command", "demo")}
     try:
         args = resolve_args(module.Args, given, options.demo)
-        summary: dict[str, Any] = module.run(args)
+        with stop_on_interrupt():
+            summary: dict[str, Any] = module.run(args)
+    except Interrupted as stop:
+        print(f"rlbuf demo {options.demo}: {stop}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print(f"rlbuf demo {options.demo}: stopped by a second Ctrl-C, without a checkpoint at this point; "
+              f"--resume continues from the newest one", file=sys.stderr)
+        return 130
     except RlbufError as error:
         print(f"rlbuf demo {options.demo}: {error}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(error, ConfigError) else 1
     recent = summary[f"mean_return_last_{WINDOW}"]
     reached = summary["reached_target"]
     print(f"{options.demo}: {summary['status']} after {summary['frames']} frames in {summary['seconds']:.1f} s; "

@@ -22,7 +22,8 @@ Example (not run here: each trains for 10 to 30 seconds)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import gymnasium as gym
 import torch
@@ -125,19 +126,20 @@ def run(args: Args) -> dict[str, Any]:
         critic_net.load_state_dict(saved["models"]["critic"])
         optimizer.load_state_dict(saved["optimizer"])
         frames = saved["frames"]
+        _run.drop_running_episodes(stats)  # the envs restart below
     remaining = -(-max(0, args.frames - frames) // frames_per_batch) * frames_per_batch  # whole rollouts
     collector = Collector(env, actor, frames_per_batch=frames_per_batch, total_frames=max(remaining, frames_per_batch),
                           policy_device=device, storing_device=device, auto_register_policy_transforms=False)
     collector.reset(seed=_run.env_seed(args.seed, frames))  # see rlbuf.demos._run: exact resume
     progress = _run.Progress(args, frames, None if saved is None else saved["progress"])
 
-    def checkpoint() -> None:
-        _run.save_checkpoint(out, "ppo", args, frames, buffer, {
+    def checkpoint(reason: Literal["scheduled", "interrupt", "end"]) -> Path:
+        return _run.save_checkpoint(out, "ppo", args, frames, buffer, {
             "frames": frames, "progress": progress.state_dict(), "optimizer": optimizer.state_dict(),
-            "models": {"actor": actor_net.state_dict(), "critic": critic_net.state_dict()}})
+            "models": {"actor": actor_net.state_dict(), "critic": critic_net.state_dict()}}, reason)
 
     # -- collect, learn, log ------------------------------------------------------------------------
-    stopped = remaining == 0 or progress.done()
+    stopped, interrupted_at = remaining == 0 or progress.done(), None
     for rollout in () if stopped else collector:
         frames_before, frames = frames, frames + rollout.numel()
         with torch.no_grad():
@@ -163,8 +165,12 @@ def run(args: Args) -> dict[str, Any]:
 
         progress.log(frames, stats, loss=loss.item())
         stopped = progress.done() or frames >= args.frames
-        if _run.crossed(frames_before, frames, args.checkpoint_every) and not stopped:
-            checkpoint()
+        interrupted = _run.interrupt_requested()  # Ctrl-C: checkpoint here, between two collections
+        if (_run.crossed(frames_before, frames, args.checkpoint_every) or interrupted) and not stopped:
+            path = checkpoint("interrupt" if interrupted else "scheduled")
+            if interrupted:
+                interrupted_at = path
+                break
             if args.stop_after_frames is not None and frames >= args.stop_after_frames:
                 break
             collector.reset(seed=_run.env_seed(args.seed, frames))
@@ -175,10 +181,13 @@ def run(args: Args) -> dict[str, Any]:
     progress.close()
 
     # -- outputs ------------------------------------------------------------------------------------
-    status = "finished" if stopped else "stopped"
+    status = "finished" if stopped else "interrupted" if interrupted_at else "stopped"
     if stopped:
-        checkpoint()
+        checkpoint("end")
         torch.save({"actor": actor_net.state_dict(), "critic": critic_net.state_dict(), "hidden": args.hidden},
                    out / "model.pt")
     buffer.close()  # removes a memmap storage's scratch files
-    return _run.write_outputs(out, "ppo", args, progress, frames, stats, status)
+    summary = _run.write_outputs(out, "ppo", args, progress, frames, stats, status)
+    if interrupted_at is not None:
+        raise _run.Interrupted(interrupted_at, out, frames, "ppo")
+    return summary
