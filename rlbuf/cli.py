@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="train a demo agent on CartPole-v1",
                                description="Train a demo agent on CartPole-v1. Every demo writes a learning "
                                            "curve, a JSON summary, the final networks and checkpoints to --out, "
-                                           "and continues a killed run with --resume.")
+                                           "and continues a stopped run with --resume. Ctrl-C writes a checkpoint "
+                                           "and prints the command that continues the run.")
     demos = demo.add_subparsers(dest="demo", required=True, metavar="DEMO")
     for name, description in DEMOS.items():
         module = importlib.import_module(f"rlbuf.demos.{name}")

@@ -165,7 +165,8 @@ def resolve_args(args_type: type[ArgsT], given: dict[str, Any], demo: str) -> Ar
         if refused:
             flags = ", ".join("--" + name.replace("_", "-") for name in refused)
             raise ConfigError(f"{flags}: cannot change on --resume (the run continues with its saved options)")
-        saved = {k: v for k, v in config.items() if k in {f.name for f in fields(args_type)}}
+        # stop_after_frames simulated a kill; the resumed run is not killed again unless asked to.
+        saved = {k: v for k, v in config.items() if k in {f.name for f in fields(args_type)} - {"stop_after_frames"}}
         overrides = {k: v for k, v in given.items() if k in RESUME_OVERRIDES}
         args = args_type(**{**saved, **overrides, "resume": resume, "out": resume})
     for name in ("frames", "seed"):

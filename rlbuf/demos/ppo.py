@@ -16,7 +16,7 @@ Example (not run here: each trains for 10 to 30 seconds)::
 
     rlbuf demo ppo --out runs/ppo            # stops once the last 20 episodes average >= 475
     rlbuf demo ppo --frames 50000 --storage memmap --checkpoint-every 10000
-    rlbuf demo ppo --resume runs/ppo         # continue a killed run from its newest checkpoint
+    rlbuf demo ppo --resume runs/ppo         # continue a stopped run (Ctrl-C writes a checkpoint first)
 """
 
 from __future__ import annotations
