@@ -68,3 +68,17 @@ def _imported_names(tree: ast.Module) -> set[str]:
     """Names bound to modules by `import x` / `import x as y` (not `from x import Name`)."""
     return {(alias.asname or alias.name).split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
             for alias in node.names}
+
+
+def test_one_version_in_the_package_the_changelog_and_the_site() -> None:
+    import tomllib
+
+    import rlbuf
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    assert rlbuf.__version__ == version
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert "## [Unreleased]" in changelog and f"## [{version}] - " in changelog
+    # The site page includes the file (pymdownx.snippets), so the two never differ.
+    assert (ROOT / "docs" / "changelog.md").read_text(encoding="utf-8").strip() == '--8<-- "CHANGELOG.md"'
+    assert "docs/scripts/version.py" in (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
