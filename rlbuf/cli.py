@@ -89,8 +89,8 @@ def _demo(options: argparse.Namespace) -> int:
         print(f"rlbuf demo {options.demo}: {stop}", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
-        print(f"rlbuf demo {options.demo}: stopped by a second Ctrl-C, without a checkpoint at this point; "
-              f"--resume continues from the newest one", file=sys.stderr)
+        print(f"rlbuf demo {options.demo}: stopped at once by Ctrl-C, without a checkpoint at this point "
+              f"(--resume continues from the newest one, if any)", file=sys.stderr)
         return 130
     except RlbufError as error:
         print(f"rlbuf demo {options.demo}: {error}", file=sys.stderr)

@@ -75,6 +75,8 @@ RESUME_OVERRIDES = frozenset({"frames", "stop_after_frames", "device", "progress
                               "stop_at_target"})
 
 ArgsT = TypeVar("ArgsT", bound="RunArgs")
+CheckpointReason = Literal["scheduled", "interrupt", "end"]
+"""Why a demo checkpoint was written: every ``--checkpoint-every`` frames, on Ctrl-C, at the end."""
 
 
 def arg(default: Any, help: str) -> Any:
@@ -316,6 +318,9 @@ def stop_on_interrupt() -> Iterator[None]:
         >>> interrupt_requested()
         False
     """
+    if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
+        yield
+        return
     previous = signal.getsignal(signal.SIGINT)
 
     def request(signum: int, frame: Any) -> None:
@@ -505,7 +510,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(out: Path, demo: str, args: RunArgs, frames: int, buffer: RingBuffer[Any],
-                    state: dict[str, Any], reason: Literal["scheduled", "interrupt", "end"] = "scheduled") -> Path:
+                    state: dict[str, Any], reason: CheckpointReason = "scheduled") -> Path:
     """Write ``out/checkpoints/frames-<frames>`` whole or not at all; keep the newest two.
 
     ``state`` holds what the demo needs back (state dicts of networks and optimisers, counters);

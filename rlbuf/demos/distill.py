@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -132,7 +132,7 @@ def run(args: Args) -> dict[str, Any]:
     collector.reset(seed=_run.env_seed(args.seed, frames))  # see rlbuf.demos._run: exact resume
     progress = _run.Progress(args, frames, None if saved is None else saved["progress"])
 
-    def checkpoint(reason: Literal["scheduled", "interrupt", "end"]) -> Path:
+    def checkpoint(reason: _run.CheckpointReason) -> Path:
         return _run.save_checkpoint(out, "distill", args, frames, buffer, {
             "frames": frames, "progress": progress.state_dict(), "optimizer": optimizer.state_dict(),
             "models": {"student": student_net.state_dict()}, "stats": stats.state_dict()}, reason)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -112,7 +112,7 @@ def run(args: Args) -> dict[str, Any]:
     obs, _ = envs.reset(seed=_run.env_seed(args.seed, frames))  # see rlbuf.demos._run: exact resume
     progress = _run.Progress(args, frames, None if saved is None else saved["progress"])
 
-    def checkpoint(reason: Literal["scheduled", "interrupt", "end"]) -> Path:
+    def checkpoint(reason: _run.CheckpointReason) -> Path:
         return _run.save_checkpoint(out, "dqn", args, frames, buffer, {
             "frames": frames, "progress": progress.state_dict(), "optimizer": optimizer.state_dict(),
             "models": {"q": q_net.state_dict(), "target": target_net.state_dict()},

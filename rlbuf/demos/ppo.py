@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import gymnasium as gym
 import torch
@@ -133,7 +133,7 @@ def run(args: Args) -> dict[str, Any]:
     collector.reset(seed=_run.env_seed(args.seed, frames))  # see rlbuf.demos._run: exact resume
     progress = _run.Progress(args, frames, None if saved is None else saved["progress"])
 
-    def checkpoint(reason: Literal["scheduled", "interrupt", "end"]) -> Path:
+    def checkpoint(reason: _run.CheckpointReason) -> Path:
         return _run.save_checkpoint(out, "ppo", args, frames, buffer, {
             "frames": frames, "progress": progress.state_dict(), "optimizer": optimizer.state_dict(),
             "models": {"actor": actor_net.state_dict(), "critic": critic_net.state_dict()}}, reason)
