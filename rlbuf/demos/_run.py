@@ -24,7 +24,7 @@ only when the interrupt fell on a ``--checkpoint-every`` boundary (``--checkpoin
 change on ``--resume`` for the same reason).
 
 Ctrl-C: inside ``stop_on_interrupt`` (the ``rlbuf`` command) a first Ctrl-C only sets a flag;
-the demo polls ``interrupt_requested`` between two collections, writes a checkpoint there, and
+the demo polls it (``checkpoint_due``) between two collections, writes a checkpoint there, and
 raises ``Interrupted`` after writing its outputs. A second Ctrl-C stops at once, without one.
 
 Example:
@@ -339,6 +339,27 @@ def stop_on_interrupt() -> Iterator[None]:
 def interrupt_requested() -> bool:
     """Whether Ctrl-C was pressed inside ``stop_on_interrupt``: checkpoint now, then stop."""
     return _interrupt.is_set()
+
+
+def checkpoint_due(args: RunArgs, frames_before: int, frames: int, stopped: bool) -> CheckpointReason | None:
+    """Why to write a checkpoint after the step from ``frames_before`` to ``frames``, if at all:
+    on Ctrl-C, or every ``--checkpoint-every`` frames; never once the run is done (it writes its
+    ``"end"`` checkpoint then).
+
+    Example:
+        >>> args = RunArgs(checkpoint_every=1000)
+        >>> checkpoint_due(args, 900, 1100, False), checkpoint_due(args, 1100, 1200, False)
+        ('scheduled', None)
+        >>> with stop_on_interrupt():
+        ...     signal.raise_signal(signal.SIGINT)
+        ...     checkpoint_due(args, 1100, 1200, False), checkpoint_due(args, 1100, 1200, True)
+        ('interrupt', None)
+    """
+    if stopped:
+        return None
+    if interrupt_requested():
+        return "interrupt"
+    return "scheduled" if crossed(frames_before, frames, args.checkpoint_every) else None
 
 
 # -- progress, curve, summary --------------------------------------------------------------------

@@ -165,10 +165,10 @@ def run(args: Args) -> dict[str, Any]:
 
         progress.log(frames, stats, loss=loss.item())
         stopped = progress.done() or frames >= args.frames
-        interrupted = _run.interrupt_requested()  # Ctrl-C: checkpoint here, between two collections
-        if (_run.crossed(frames_before, frames, args.checkpoint_every) or interrupted) and not stopped:
-            path = checkpoint("interrupt" if interrupted else "scheduled")
-            if interrupted:
+        reason = _run.checkpoint_due(args, frames_before, frames, stopped)  # Ctrl-C: between two collections
+        if reason is not None:
+            path = checkpoint(reason)
+            if reason == "interrupt":
                 interrupted_at = path
                 break
             if args.stop_after_frames is not None and frames >= args.stop_after_frames:
