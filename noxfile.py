@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,8 +22,26 @@ import nox
 nox.options.sessions = ["tests"]
 nox.options.default_venv_backend = "venv"
 
-PYTHON = "3.11"
 CONSTRAINTS = ("-c", "constraints-cpu.txt")
+# The supported range, as in pyproject.toml (requires-python, classifiers) and the docs.
+SUPPORTED_PYTHONS = ("3.11", "3.12", "3.13")
+
+
+def first_python(versions: tuple[str, ...] = SUPPORTED_PYTHONS) -> str | None:
+    """The first of ``versions`` whose ``pythonX.Y`` runs here (a pyenv shim may name a missing one)."""
+    for version in versions:
+        found = shutil.which(f"python{version}")
+        if found and subprocess.run([found, "-c", ""], capture_output=True, check=False).returncode == 0:
+            return version
+    return None
+
+
+# Every session runs on the first supported interpreter found. Naming one version would make
+# nox report a missing interpreter as "skipped" and exit 0; with none at all, nox fails here.
+PYTHON = first_python()
+if PYTHON is None:
+    raise SystemExit(f"noxfile.py: no supported Python on PATH: rlbuf needs Python {SUPPORTED_PYTHONS[0]} to "
+                     f"{SUPPORTED_PYTHONS[-1]} (looked for {', '.join('python' + v for v in SUPPORTED_PYTHONS)})")
 
 
 def _install(session: nox.Session, extras: str = "") -> None:

@@ -1,7 +1,7 @@
 """RingBuffer: what ReplayBuffer and DistillationBuffer share (sizes, devices, reads, epochs).
 
-A subclass builds its field specs and sampler, calls :meth:`RingBuffer._setup`, and turns
-gathered columns into its typed batch in :meth:`RingBuffer._make_batch`.
+A subclass builds its field specs and sampler, calls ``RingBuffer._setup``, and turns
+gathered columns into its typed batch in ``RingBuffer._make_batch``.
 """
 
 from __future__ import annotations
@@ -168,6 +168,11 @@ class RingBuffer(Generic[BatchT]):
         for t in range(reward.shape[1]):
             self._stats.update(reward[:, t], terminated[:, t], truncated[:, t])
 
+    @classmethod
+    def _options_from_checkpoint(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """The saved constructor options as this version takes them (older checkpoints may differ)."""
+        return options
+
     def _record_options(self, arguments: Mapping[str, Any]) -> None:
         """Keep the constructor arguments (JSON form) so a checkpoint can rebuild this buffer."""
         self._options = {k: _option_to_json(v) for k, v in arguments.items() if k not in _NOT_OPTIONS}
@@ -189,6 +194,8 @@ class RingBuffer(Generic[BatchT]):
         self._num_envs = positive_int("num_envs", num_envs)
         # The epoch generator is seeded with seed + 1: both seeds must be valid torch seeds.
         checked_seed = None if seed is None else as_int("seed", seed, minimum=0, maximum=2**63 - 2)
+        if positive_int("capacity", capacity) < num_envs:
+            raise ConfigError(f"capacity: expected at least num_envs={num_envs} rows (one add), got {capacity}")
         self._storage_kind = storage
         self._storing_device = resolve_device(storing_device, name="storing_device")
         self._device = resolve_device(device, name="device", default=self._storing_device)
@@ -401,7 +408,7 @@ class RingBuffer(Generic[BatchT]):
     def current_epochs(self) -> EpochIterator[BatchT] | None:
         """The iterator made by the last ``epochs()``/``minibatches()`` call, saved with checkpoints.
 
-        After :meth:`load` it is the restored iterator, resuming at the batch after the
+        After ``load`` it is the restored iterator, resuming at the batch after the
         one the original had reached when it was saved.
         """
         return self._current_epochs
@@ -430,7 +437,7 @@ class RingBuffer(Generic[BatchT]):
         return {"stats": None if self._stats is None else self._stats.state_dict()}
 
     def _check_extra_state(self, state: Mapping[str, Any]) -> None:
-        """Raise ``CheckpointError`` unless :meth:`_load_extra_state` would succeed with ``state``; change nothing."""
+        """Raise ``CheckpointError`` unless ``_load_extra_state`` would succeed with ``state``; change nothing."""
         saved = state.get("stats")
         if self._stats is None or saved is None:
             return
@@ -524,7 +531,7 @@ class RingBuffer(Generic[BatchT]):
         return not reason, reason
 
     def _validated(self, state: Mapping[str, Any]) -> tuple[int, int, int]:
-        """Check every part of a :meth:`state_dict` against this buffer; change nothing.
+        """Check every part of a ``state_dict`` against this buffer; change nothing.
 
         Returns:
             ``(size, cursor, write_count)``.
@@ -610,7 +617,7 @@ class RingBuffer(Generic[BatchT]):
         _refusing("iterator state", trial.load_state_dict, saved)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a :meth:`state_dict` taken from a buffer with the same fields and capacity.
+        """Restore a ``state_dict`` taken from a buffer with the same fields and capacity.
 
         Every part is checked first (counts, field dtypes and shapes, finite values, derived
         fields, sampler, statistics, iterator, generator states): a refused state leaves the
@@ -665,7 +672,7 @@ class RingBuffer(Generic[BatchT]):
                           RuntimeWarning, stacklevel=2)
 
     def save(self, path: str | Path, *, data: bool = True) -> None:
-        """Write a checkpoint directory at ``path`` (atomically; see :mod:`rlbuf.checkpoint`).
+        """Write a checkpoint directory at ``path`` (atomically; see [`rlbuf.checkpoint`][rlbuf.checkpoint]).
 
         Args:
             path: the checkpoint directory (replaced whole if it already is one).
@@ -693,7 +700,7 @@ class RingBuffer(Generic[BatchT]):
         """Rebuild a buffer from a checkpoint; the next samples and batches equal the original's.
 
         Args:
-            path: a directory written by :meth:`save`.
+            path: a directory written by ``save``.
             device: training device to use instead of the saved one.
             storing_device: storing device to use instead of the saved one.
 
@@ -732,6 +739,7 @@ class RingBuffer(Generic[BatchT]):
         if not isinstance(options, dict) or set(options) - accepted:
             unknown = sorted(set(options) - accepted) if isinstance(options, dict) else options
             raise CheckpointError(f"{path}: options {unknown} are not options of {cls.__name__}")
+        options = cls._options_from_checkpoint(options)
         if device is not None:
             options["device"] = device
         if storing_device is not None:

@@ -1,8 +1,8 @@
 """The compact layout of a ReplayBuffer: rows without ``next_obs``, transitions rebuilt when sampled.
 
 Each row stores one observation (with ``frame_stack=k``: the newest frame of the stack) and
-the step's action, reward and flags; :mod:`rlbuf._streams` follows each env's stream to find a
-row's older frames and its next rows, and :mod:`rlbuf._nstep` turns those into n-step rewards
+the step's action, reward and flags; ``rlbuf._streams`` follows each env's stream to find a
+row's older frames and its next rows, and ``rlbuf._nstep`` turns those into n-step rewards
 and discounts. What ``sample`` returns is exactly what a buffer storing whole transitions
 (with ``reward``/``discount`` of the n-step target) would return.
 
@@ -219,7 +219,7 @@ class CompactLayout:
         return self.streams.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
+        """Restore ``state_dict``."""
         self.streams.load_state_dict(state)
 
 

@@ -99,7 +99,7 @@ def _describe(report: dict[str, Any], buffer_dir: Path, manifest: dict[str, Any]
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """The report of :func:`inspect_checkpoint` as a readable table.
+    """The report of ``inspect_checkpoint`` as a readable table.
 
     Example:
         >>> print(format_report(inspect_checkpoint("/nonexistent")))

@@ -1,7 +1,7 @@
 """Structured fields: dict (and nested dict) observations and hidden states, stored leaf by leaf.
 
 A structured field (``obs``, ``next_obs``, ``hidden_state``) is either one tensor or a nested
-mapping of named tensors. :class:`Layout` is its description: the leaves, each a path of keys
+mapping of named tensors. ``Layout`` is its description: the leaves, each a path of keys
 with a per-row shape and dtype. It is read from a shape (``(4,)``), a mapping of shapes
 (``{"camera": (3, 64, 64), "proprio": (12,)}``), a TorchRL ``Composite`` spec or a gymnasium
 ``Dict`` space, and it turns into one [`FieldSpec`][rlbuf.spec.FieldSpec] per leaf, stored at a
@@ -150,7 +150,7 @@ def _dtype_paths(dtypes: Mapping[str, Any], path: Path = ()) -> list[Path]:
 class Layout:
     """The leaves of a structured field; ``structured`` is False for a single tensor.
 
-    Build one with :meth:`Layout.parse`.
+    Build one with ``Layout.parse``.
     """
 
     leaves: tuple[Leaf, ...]

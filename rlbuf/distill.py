@@ -1,6 +1,6 @@
 """DistillationBuffer: observations with an expert's actions, for policy distillation and DAgger.
 
-DAgger aggregation over rounds is continued :meth:`DistillationBuffer.add`: each round the
+DAgger aggregation over rounds is continued [`DistillationBuffer.add`][rlbuf.DistillationBuffer.add]: each round the
 student acts, the expert labels the visited observations, and the labels join the buffer.
 
 Example:

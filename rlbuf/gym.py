@@ -61,7 +61,7 @@ _SAME_STEP_HINT = ('build the envs with autoreset_mode=gymnasium.vector.Autorese
 class Recorder:
     """Stores exactly the real transitions of every env of ``envs`` into ``buffer``.
 
-    Call :meth:`record` once per ``envs.step``. At an episode end the stored ``next_obs`` is
+    Call ``record`` once per ``envs.step``. At an episode end the stored ``next_obs`` is
     the final observation, never a reset one; ``NEXT_STEP``'s reset steps are not stored.
 
     Args:

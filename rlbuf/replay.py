@@ -64,6 +64,7 @@ from rlbuf.storage import DeviceLike, StorageKind
 
 _MAX_PRIORITY = 1e100
 _FIXED = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+_PER_ALPHA, _PER_BETA = 0.6, 0.4
 
 
 class Transition(NamedTuple):
@@ -119,10 +120,10 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             shapes, a TorchRL ``Composite`` spec or a gymnasium ``Dict`` space (see
             [structured observations](structured.md)): batches then give ``batch.obs`` as a ``TensorDict``.
         action_shape: shape of one action (``()`` for a discrete action index).
-        num_envs: rows per :meth:`add` (one per vectorised env).
+        num_envs: rows per [`add`][rlbuf.ReplayBuffer.add] (one per vectorised env).
         prioritized: prioritized experience replay (sum tree), with ``alpha`` and ``beta``.
-        alpha: priority exponent.
-        beta: importance-sampling exponent.
+        alpha: priority exponent (default 0.6); only with ``prioritized=True``.
+        beta: importance-sampling exponent (default 0.4); only with ``prioritized=True``.
         storage: ``"memory"`` (RAM or GPU) or ``"memmap"`` (disk files, larger than RAM).
         scratch_dir: directory for memmap files (a temporary one, removed on close, by default).
         storing_device: where transitions are stored.
@@ -137,7 +138,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         obs_dtype: stored observation dtype (``torch.uint8`` for images: 1 byte per value); for
             dict observations one dtype or a mapping by key. Unset: the spec's or space's dtype, else float32.
         action_dtype: stored action dtype (default: the space's, else float32).
-        stats: an :class:`~rlbuf.EpisodeStats` fed with every step added (returns, lengths).
+        stats: an [`EpisodeStats`][rlbuf.EpisodeStats] fed with every step added (returns, lengths).
         frame_stack: ``k`` for stacked observations ``obs_shape=(k, *frame)`` (gymnasium's
             ``FrameStackObservation``, newest frame last): each frame is stored once and the
             stacks are rebuilt when sampled. Needs the compact layout.
@@ -154,7 +155,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             See [Pixels and memory](../pixels.md).
         hidden_state_shape: a recurrent policy's hidden state stored with every step, e.g.
             ``{"h": (layers, 256), "c": (layers, 256)}`` (float32, TorchRL's
-            ``"recurrent_state_h"`` keys); :meth:`sample_sequences` gives it at each sequence start.
+            ``"recurrent_state_h"`` keys); [`sample_sequences`][rlbuf.ReplayBuffer.sample_sequences] gives it at each sequence start.
 
     Raises:
         ConfigError: contradictory or invalid options.
@@ -176,8 +177,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         action_shape: Sequence[int] | int | None = None,
         num_envs: int = 1,
         prioritized: bool = False,
-        alpha: float = 0.6,
-        beta: float = 0.4,
+        alpha: float | None = None,
+        beta: float | None = None,
         storage: StorageKind = "memory",
         scratch_dir: str | Path | None = None,
         storing_device: DeviceLike = "cpu",
@@ -219,6 +220,11 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._gamma = float(gamma)
         self._attach_stats(stats, num_envs)
         prioritized = as_flag("prioritized", prioritized)
+        if not prioritized and (alpha is not None or beta is not None):
+            given = ", ".join(f"{k}={v}" for k, v in (("alpha", alpha), ("beta", beta)) if v is not None)
+            raise ConfigError(f"{given}: only used by prioritized replay; pass prioritized=True, or leave them out "
+                              f"for uniform sampling")
+        alpha, beta = _PER_ALPHA if alpha is None else alpha, _PER_BETA if beta is None else beta
         for name, exponent in (("alpha", alpha), ("beta", beta)):
             if isinstance(exponent, bool) or not isinstance(exponent, (int, float, np.integer, np.floating)) or not (
                     0 <= exponent < math.inf):
@@ -286,7 +292,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
 
         Raises:
             ConfigError: the buffer is compact (its newest rows are not complete
-                transitions yet): use :meth:`sample`.
+                transitions yet): use ``sample``.
 
         Example:
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
@@ -312,6 +318,13 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             if not isinstance(state.get("streams"), dict):
                 raise CheckpointError("state: a compact buffer's checkpoint must hold its streams, found none")
             self._compact.load_state_dict(state["streams"])
+
+    @classmethod
+    def _options_from_checkpoint(cls, options: dict[str, Any]) -> dict[str, Any]:
+        # rlbuf 0.1.0 recorded alpha=0.6, beta=0.4 for uniform buffers too; they are refused now.
+        if not options.get("prioritized", False):
+            options = {**options, "alpha": None, "beta": None}
+        return options
 
     @property
     def prioritized(self) -> bool:
@@ -367,10 +380,11 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
     ) -> float:
         """Estimated bytes one stored transition takes, to size a buffer for a machine.
 
-        Counts the stored fields (hidden states included), the priority tree, the stream bookkeeping of the compact
-        layout and, given the mean ``episode_length``, the final observations kept aside
-        (one per episode). Memory of a buffer is about ``capacity`` times this (on disk with
-        ``storage="memmap"``, except final observations, which stay in RAM).
+        Counts the stored fields (hidden states included), the priority tree, the stream
+        bookkeeping of the compact layout and, given the mean ``episode_length``, the final
+        observations kept aside (one per episode). Memory of a buffer is about ``capacity``
+        times this (on disk with ``storage="memmap"``, except the priority tree, the stream
+        bookkeeping and the final observations, which stay in RAM).
 
         Args:
             obs_shape: as for the constructor (the whole stack with ``frame_stack > 1``).
@@ -435,7 +449,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         stays within its kind (float64 → float32 is fine, float → uint8 is refused).
 
         Args:
-            obs: observations ``[num_envs, *obs_shape]``; or a :class:`Transition`.
+            obs: observations ``[num_envs, *obs_shape]``; or a [`Transition`][rlbuf.Transition].
             action: actions ``[num_envs, *action_shape]``.
             reward: rewards ``[num_envs]``, finite.
             next_obs: observations after the step (the final observation for a truncated
@@ -632,7 +646,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         rows). It may run on past an episode's end (into the env's next episode) so that every
         step, late or in a short episode, can be drawn: ``mask`` turns False after the end,
         ``is_first`` marks episode starts. Steps of one env are ``num_envs`` rows apart as
-        :meth:`add` writes them; :meth:`extend` keeps that only for batches shaped
+        ``add`` writes them; ``extend`` keeps that only for batches shaped
         ``(..., num_envs)`` (time first).
 
         Args:

@@ -2,7 +2,7 @@
 
 Storage is preallocated ``[num_steps, num_envs, ...]`` (a TorchRL storage of
 ``num_steps * num_envs`` rows, row ``t * num_envs + n``). Fill it step by step with
-:meth:`RolloutBuffer.add` or in one go with :meth:`RolloutBuffer.extend` from a TorchRL
+[`RolloutBuffer.add`][rlbuf.RolloutBuffer.add] or in one go with [`RolloutBuffer.extend`][rlbuf.RolloutBuffer.extend] from a TorchRL
 collector, compute advantages, then iterate shuffled minibatches on the training device.
 
 Example:
@@ -117,14 +117,14 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         hidden_state_shape: the recurrent policy's hidden state per env and step, e.g.
             ``(layers, 256)`` for a GRU or ``{"h": (layers, 256), "c": (layers, 256)}`` for an
             LSTM (float32; stored at TorchRL's ``"recurrent_state"``/``"recurrent_state_h"`` keys).
-            Pass it to :meth:`add` as ``hidden_state=``; sequence minibatches give it at each
+            Pass it to ``add`` as ``hidden_state=``; sequence minibatches give it at each
             trajectory's start.
         storage: ``"memory"`` or ``"memmap"``.
         scratch_dir: directory for memmap files.
         storing_device: where the rollout is stored.
         device: where minibatches are delivered (defaults to ``storing_device``).
         seed: seeds the buffer's generator (minibatch shuffling); the global RNG is untouched.
-        extra_fields: ``{"name": (shape, dtype)}`` passed to :meth:`add` with every step.
+        extra_fields: ``{"name": (shape, dtype)}`` passed to [`add`][rlbuf.RolloutBuffer.add] with every step.
         observation_space: instead of ``obs_shape``/``obs_dtype``: a gymnasium space
             (``envs.single_observation_space``, a ``Dict`` space for dict observations) or a TorchRL
             spec (see [`rlbuf.spaces`][rlbuf.spaces]).
@@ -134,7 +134,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             Unset: the spec's or space's dtype, else float32.
         action_dtype: stored action dtype (default: the space's, else float32; ``torch.int64``
             for discrete actions).
-        stats: an :class:`~rlbuf.EpisodeStats` fed with every step added.
+        stats: an [`EpisodeStats`][rlbuf.EpisodeStats] fed with every step added.
 
     Raises:
         ConfigError: invalid options.
@@ -272,7 +272,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             **extras: one value per declared extra field.
 
         Raises:
-            BufferFullError: ``num_steps`` steps are already stored (call :meth:`clear`).
+            BufferFullError: ``num_steps`` steps are already stored (call [`clear`][rlbuf.RolloutBuffer.clear]).
             MissingFieldError: ``bootstrap_value`` missing at a truncation, or an extra missing.
             ShapeError, DtypeError, DeviceError, NonFiniteError: before anything is stored.
 
@@ -322,7 +322,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         ``("next", "terminated")``, ``("next", "truncated")``, ``"state_value"``,
         ``"sample_log_prob"`` (or ``"action_log_prob"``) and ``("next", "state_value")``
         (the bootstrap for truncated steps); ``"advantage"`` and ``"value_target"`` too when
-        a :class:`~rlbuf.GAE` transform already wrote them. A single env may pass ``[T]``.
+        a [`GAE`][rlbuf.GAE] transform already wrote them. A single env may pass ``[T]``.
 
         Raises:
             BufferFullError: more steps than the rollout has room for.
@@ -391,7 +391,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                                       columns["terminated"].view(steps, -1).T, columns["truncated"].view(steps, -1).T)
 
     def clear(self) -> None:
-        """Empty the rollout (for the next one); extras attached with :meth:`set_extras` go too."""
+        """Empty the rollout (for the next one); extras attached with [`set_extras`][rlbuf.RolloutBuffer.set_extras] go too."""
         super().clear()
         self._attached.clear()
         self._advantages_ready = False
@@ -400,7 +400,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         """Attach algorithm tensors aligned with the rollout, ``[num_steps, num_envs, ...]``.
 
         They are delivered with every minibatch (``batch.extras[name]``, ``batch.name``)
-        until :meth:`clear`. ``advantage`` and ``returns`` (given together) replace the
+        until [`clear`][rlbuf.RolloutBuffer.clear]. ``advantage`` and ``returns`` (given together) replace the
         computed ones instead, e.g. to supply custom advantages; other stored fields are refused.
 
         Raises:
@@ -525,7 +525,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         """The whole rollout flattened to ``num_steps * num_envs`` rows (``t * num_envs + n``).
 
         On the storing device these are views of the storage (no copy): clone what must
-        outlive the next :meth:`clear`.
+        outlive the next [`clear`][rlbuf.RolloutBuffer.clear].
 
         Raises:
             RolloutIncompleteError: the rollout is not full or advantages are not computed.

@@ -1,6 +1,6 @@
 """FieldSpec: the shape, dtype and TorchRL key of one stored field, and its validation.
 
-A buffer is described by an ordered tuple of :class:`FieldSpec`. Each spec knows how a user
+A buffer is described by an ordered tuple of [`FieldSpec`][rlbuf.FieldSpec]. Each spec knows how a user
 hands the field in (``shape``, per row) and how TorchRL lays it out (``key`` and
 ``td_shape``: scalars such as the reward carry a trailing ``1`` in TorchRL tensordicts).
 
@@ -113,7 +113,7 @@ def positive_int(name: str, value: object, error: type[RlbufError] = ConfigError
 
 
 def as_flag(name: str, value: object) -> bool:
-    """``value`` as a bool (Python or numpy), else :class:`ConfigError` naming ``name``.
+    """``value`` as a bool (Python or numpy), else ``ConfigError`` naming ``name``.
 
     Example:
         >>> as_flag("shuffle", np.bool_(True))
@@ -324,7 +324,7 @@ class FieldSpec:
         return f"; declare the field with dtype torch.{kind}, or convert the values yourself"
 
     def check_range(self, values: np.ndarray[Any, Any] | torch.Tensor) -> None:
-        """Raise :class:`DtypeError` if ``values`` do not fit the stored dtype's range.
+        """Raise [`DtypeError`][rlbuf.errors.DtypeError] if ``values`` do not fit the stored dtype's range.
 
         Integers must fit an integer field; finite numbers must stay finite in a float field
         (``1e300`` would be stored as ``inf``). NaN and inf given as such are left to the
@@ -377,7 +377,7 @@ class FieldSpec:
             raise DtypeError(f"{self.name}: values in [{low}, {high}] do not fit {self.dtype} [{info.min}, {info.max}]")
 
     def check_scalar(self, value: float | int | bool) -> None:
-        """Raise :class:`DtypeError` if a Python number does not fit the stored dtype.
+        """Raise [`DtypeError`][rlbuf.errors.DtypeError] if a Python number does not fit the stored dtype.
 
         Example:
             >>> FieldSpec("action", "action", (), torch.int32).check_scalar(2**40)
@@ -420,7 +420,7 @@ class FieldSpec:
 
 
 def check_finite_rows(spec: FieldSpec, rows: np.ndarray[Any, Any]) -> None:
-    """Raise :class:`NonFiniteError` if any value in ``rows`` is NaN or infinite.
+    """Raise [`NonFiniteError`][rlbuf.errors.NonFiniteError] if any value in ``rows`` is NaN or infinite.
 
     Example:
         >>> spec = FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True)

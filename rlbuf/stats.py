@@ -1,7 +1,7 @@
 """Episode statistics over vectorised environments: returns, lengths, custom metrics, end reasons.
 
-:class:`EpisodeStats` is fed one env step at a time (buffers call :meth:`EpisodeStats.update`
-from their ``add``) and keeps the last ``window`` finished episodes for :meth:`EpisodeStats.summary`.
+[`EpisodeStats`][rlbuf.EpisodeStats] is fed one env step at a time (buffers call [`EpisodeStats.update`][rlbuf.EpisodeStats.update]
+from their ``add``) and keeps the last ``window`` finished episodes for [`EpisodeStats.summary`][rlbuf.EpisodeStats.summary].
 
 Example:
     >>> import torch
@@ -95,7 +95,7 @@ class EpisodeStats:
 
     Args:
         num_envs: Number of vectorised environments stepped together.
-        window: How many finished episodes to keep for :meth:`summary`.
+        window: How many finished episodes to keep for [`summary`][rlbuf.EpisodeStats.summary].
 
     Raises:
         ConfigError: ``num_envs`` or ``window`` is not a positive int.
@@ -151,7 +151,7 @@ class EpisodeStats:
 
     @property
     def episodes_finished(self) -> int:
-        """Total number of episodes finished since construction or :meth:`reset`.
+        """Total number of episodes finished since construction or [`reset`][rlbuf.EpisodeStats.reset].
 
         Returns:
             The count, including episodes that have left the window.
@@ -421,13 +421,13 @@ class EpisodeStats:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned; this tracker's own ``window`` is kept.
+        """Restore what [`state_dict`][rlbuf.EpisodeStats.state_dict] returned; this tracker's own ``window`` is kept.
 
         When the saved history is longer than this tracker's ``window``, its newest episodes
         are kept. The state is fully checked before anything changes.
 
         Args:
-            state: A mapping as returned by :meth:`state_dict`.
+            state: A mapping as returned by [`state_dict`][rlbuf.EpisodeStats.state_dict].
 
         Raises:
             CheckpointError: A key is missing, ``num_envs`` differs, or a value has the wrong

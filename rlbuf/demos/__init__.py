@@ -1,11 +1,11 @@
 """Demo training runs (CartPole-v1, Pendulum-v1), one module per algorithm, run by ``rlbuf demo <name>`` (module: the name with ``_`` for ``-``).
 
-- :mod:`rlbuf.demos.ppo`: PPO with a TorchRL collector, the RolloutBuffer, GAE and EpisodeStats.
-- :mod:`rlbuf.demos.dqn`: double DQN with a target network and the ReplayBuffer (``--prioritized``).
-- :mod:`rlbuf.demos.ppo_continuous`: PPO on Pendulum-v1 through a gymnasium vector env and the Recorder.
-- :mod:`rlbuf.demos.distill`: DAgger from a PPO teacher to a smaller student via the DistillationBuffer.
+- ``rlbuf.demos.ppo``: PPO with a TorchRL collector, the RolloutBuffer, GAE and EpisodeStats.
+- ``rlbuf.demos.dqn``: double DQN with a target network and the ReplayBuffer (``--prioritized``).
+- ``rlbuf.demos.ppo_continuous``: PPO on Pendulum-v1 through a gymnasium vector env and the Recorder.
+- ``rlbuf.demos.distill``: DAgger from a PPO teacher to a smaller student via the DistillationBuffer.
 
-Each module has an ``Args`` dataclass (its options) and ``run(args)``; :mod:`rlbuf.demos._run`
+Each module has an ``Args`` dataclass (its options) and ``run(args)``; ``rlbuf.demos._run``
 holds what they share (output folder, progress bar, curve, summary, checkpoints and resume).
 
 Example:

@@ -106,7 +106,7 @@ class RunningNorm:
         return {"mean": torch.tensor(self.mean), "var": torch.tensor(self.var), "count": torch.tensor(self.count, dtype=torch.float64)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
+        """Restore ``state_dict``."""
         self.mean, self.var, self.count = state["mean"].numpy(), state["var"].numpy(), float(state["count"])
 
 
