@@ -251,9 +251,11 @@ class RingBuffer(Generic[BatchT]):
     def torchrl(self) -> TensorDictReplayBuffer:
         """The underlying TorchRL ``TensorDictReplayBuffer`` (for collectors, losses, Ray).
 
-        It sees every row added through rlbuf, and what it writes rlbuf sees.
+        It sees every row added through rlbuf, and what it writes rlbuf sees. Once handed out,
+        every later add is committed at once, so its ``storage`` and ``writer`` are current too
+        when read directly (e.g. by a TorchRL buffer built over the same storage).
         """
-        return self._ring.rb
+        return self._ring.hand_out()
 
     def _repr_options(self) -> str:
         return ""

@@ -268,7 +268,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             raise ConfigError("torchrl: this buffer stores next_obs once (compact layout), which TorchRL's own "
                               "reads and writes do not know; build it with compact=False (and frame_stack=1, "
                               "n_step=1) to hand it to TorchRL, or use its extend() and sample()")
-        return self._ring.rb
+        return self._ring.hand_out()
 
     def clear(self) -> None:
         """Remove every row, priority and open episode; capacity and options stay.
