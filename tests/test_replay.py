@@ -734,3 +734,12 @@ def test_a_uniform_buffer_saved_by_0_1_0_still_loads(tmp_path: Any) -> None:
     restored = ReplayBuffer.load(tmp_path / "old")
     assert not restored.prioritized
     assert restored.sample_all().reward.tolist() == buf.sample_all().reward.tolist()
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    ({"buffer_size": 10}, "buffer_size: .*capacity"), ({"handle_timeout_termination": True}, "truncated="),
+    ({"optimize_memory_usage": True}, "compact=True"), ({"bogus": 1}, "bogus: not options of ReplayBuffer"),
+])
+def test_foreign_replay_options_get_the_rlbuf_name(options: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        ReplayBuffer(obs_shape=(3,), action_shape=(), **options)
