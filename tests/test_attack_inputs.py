@@ -462,7 +462,8 @@ def test_a_refused_gae_call_keeps_the_advantages_computed_before() -> None:
     buf = make_rollout("full")
     buf.compute_returns_and_advantages(torch.zeros(2), gamma=0.9)
     advantage = buf.view("advantage").clone()
-    for bad in ({"gamma": 2.0}, {"gae_lambda": -0.1}, {"normalize_advantages": "yes"}, {"gamma": math.nan}):
+    for bad in ({"gamma": 2.0}, {"gae_lambda": -0.1}, {"normalize_advantages": "yes"}, {"gamma": math.nan},
+                {"gae_lambda": 10**400}):
         with pytest.raises(RlbufError, match=next(iter(bad))):
             buf.compute_returns_and_advantages(torch.zeros(2), **bad)
     assert buf.advantages_ready
