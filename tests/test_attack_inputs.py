@@ -331,7 +331,9 @@ def test_rollout_extend_refuses_hostile_tensordicts_without_change(state: str, d
 # -- DistillationBuffer --------------------------------------------------------------------
 def distill_cases(buf: DistillationBuffer) -> dict[str, Case]:
     good: dict[str, Any] = dict(obs=torch.ones(3), expert_action=torch.ones(2), expert_value=torch.ones(1))
-    return field_cases("add", buf.add, good) | {
+    # Any batch size goes: obs of shape (k, 3) is k rows, and the error names a field that is not of k rows.
+    batched = {"obs": ("expert_action", "expert_value")}
+    return field_cases("add", buf.add, good, batched) | {
         "sample": Case(lambda v: buf.sample(v), ("batch_size",)),
         "sample_by_index": Case(lambda v: buf.sample_by_index(v), ("index",)),
         "epochs": Case(lambda v: buf.epochs(v), ("batch_size",)),
@@ -559,3 +561,14 @@ def test_numbers_in_every_numpy_spelling_are_converted_or_refused_by_name(value:
     replay.add(torch.zeros(2, 3), torch.zeros(2), value, torch.zeros(2, 3), torch.zeros(2, dtype=torch.bool),
                cost=torch.ones(2))
     assert replay.sample_all().reward[-2:].tolist() == value.astype(np.float32).tolist()
+
+
+@pytest.mark.parametrize("value", [10**400, True, -1, math.inf])
+def test_priority_exponents_beyond_any_float_or_bools_are_refused_by_name(value: Any) -> None:
+    buf = make_replay("full", prioritized=True)
+    before = snapshot(buf)
+    with pytest.raises(rlbuf.ConfigError, match="beta"):
+        buf.beta = value
+    assert same(before, snapshot(buf))
+    with pytest.raises(rlbuf.ConfigError, match="alpha"):
+        ReplayBuffer(4, obs_shape=(1,), action_shape=(), prioritized=True, alpha=value)
