@@ -188,15 +188,16 @@ def run(args: Args) -> dict[str, Any]:
     raw_obs, _ = envs.reset(seed=_run.env_seed(args.seed, frames))  # see rlbuf.demos._run: exact resume
     obs_norm.update(raw_obs)
 
-    def checkpoint() -> None:
-        _run.save_checkpoint(out, "ppo-continuous", args, frames, buffer, {
+    def checkpoint(reason: _run.CheckpointReason) -> Path:
+        return _run.save_checkpoint(out, "ppo-continuous", args, frames, buffer, {
             "frames": frames, "progress": progress.state_dict(), "optimizer": optimizer.state_dict(),
             "obs_norm": obs_norm.state_dict(), "return_norm": return_norm.state_dict(), "stats": stats.state_dict(),
-            "models": {"actor": actor.state_dict(), "critic": critic.state_dict()}})
+            "models": {"actor": actor.state_dict(), "critic": critic.state_dict()}}, reason)
 
     # -- collect, learn, log ------------------------------------------------------------------------
     loss = torch.zeros(())
-    while frames < args.frames and not progress.done():
+    stopped, interrupted_at = frames >= args.frames or progress.done(), None
+    while not stopped:
         frames_before = frames
         for group in optimizer.param_groups:
             group["lr"] = args.lr * max(0.0, 1.0 - frames_before / args.frames)
@@ -248,8 +249,13 @@ def run(args: Args) -> dict[str, Any]:
                 break
 
         progress.log(frames, stats, loss=loss.item())
-        if _run.crossed(frames_before, frames, args.checkpoint_every) and frames < args.frames:
-            checkpoint()
+        stopped = progress.done() or frames >= args.frames
+        reason = _run.checkpoint_due(args, frames_before, frames, stopped)  # Ctrl-C: between two rollouts
+        if reason is not None:
+            path = checkpoint(reason)
+            if reason == "interrupt":
+                interrupted_at = path
+                break
             if args.stop_after_frames is not None and frames >= args.stop_after_frames:
                 break
             raw_obs, _ = envs.reset(seed=_run.env_seed(args.seed, frames))
@@ -260,18 +266,19 @@ def run(args: Args) -> dict[str, Any]:
     progress.close()
 
     # -- outputs ------------------------------------------------------------------------------------
-    finished = frames >= args.frames or progress.done()
-    if finished:
-        checkpoint()
+    if stopped:
+        checkpoint("end")
         torch.save({"actor": actor.state_dict(), "critic": critic.state_dict(), "obs_norm": obs_norm.state_dict(),
                     "hidden": args.hidden},
                    out / "model.pt")
     buffer.close()
     variant = "folded (timeout = death)" if args.fold_truncation else "bootstrapped timeouts"
-    summary = _run.write_outputs(out, "ppo-continuous", args, progress, frames, stats,
-                                 "finished" if finished else "stopped", variant=variant)
+    status = "finished" if stopped else "interrupted" if interrupted_at else "stopped"
+    summary = _run.write_outputs(out, "ppo-continuous", args, progress, frames, stats, status, variant=variant)
     _run.plot_curve(progress.history, out / "curve.png", f"PPO on Pendulum-v1, {variant} (seed {args.seed})",
                     args.target_return)
+    if interrupted_at is not None:
+        raise _run.Interrupted(interrupted_at, out, frames, "ppo-continuous")
     return summary
 
 
