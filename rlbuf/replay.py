@@ -43,7 +43,8 @@ from rlbuf._obs import (
     record_layout,
     torchrl_env_key,
 )
-from rlbuf._streams import PaddingType, stream_bytes
+from rlbuf._sizing import row_bytes
+from rlbuf._streams import PaddingType
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.batches import ReplayBatch
 from rlbuf.epochs import EpochIterator
@@ -63,7 +64,6 @@ from rlbuf.storage import DeviceLike, StorageKind
 
 _MAX_PRIORITY = 1e100
 _FIXED = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
-_PRIORITY_BYTES = 32  # the sum tree's sum and min nodes: two float64 pairs per row
 _PER_ALPHA, _PER_BETA = 0.6, 0.4
 
 
@@ -248,7 +248,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                                       extra_names=list(self._extra_specs)) if compact else None
         self._row_bytes = self.bytes_per_transition(
             obs_shape=obs_shape, action_shape=action_shape, obs_dtype=obs_dtype, action_dtype=action_dtype,
-            extra_fields=extra_fields, prioritized=prioritized, frame_stack=frame_stack, n_step=n_step, compact=compact)
+            extra_fields=extra_fields, prioritized=prioritized, frame_stack=frame_stack, n_step=n_step, compact=compact,
+            hidden_state_shape=hidden_state_shape)
 
     @property
     def compact(self) -> bool:
@@ -374,14 +375,16 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         frame_stack: int = 1,
         n_step: int = 1,
         compact: bool | None = None,
+        hidden_state_shape: Sequence[int] | int | Mapping[str, Sequence[int] | int] | None = None,
         episode_length: float | None = None,
     ) -> float:
         """Estimated bytes one stored transition takes, to size a buffer for a machine.
 
-        Counts the stored fields, the priority tree, the stream bookkeeping of the compact
-        layout and, given the mean ``episode_length``, the final observations kept aside
-        (one per episode). Memory of a buffer is about ``capacity`` times this (on disk with
-        ``storage="memmap"``, except final observations, which stay in RAM).
+        Counts the stored fields (hidden states included), the priority tree, the stream
+        bookkeeping of the compact layout and, given the mean ``episode_length``, the final
+        observations kept aside (one per episode). Memory of a buffer is about ``capacity``
+        times this (on disk with ``storage="memmap"``, except the priority tree, the stream
+        bookkeeping and the final observations, which stay in RAM).
 
         Args:
             obs_shape: as for the constructor (the whole stack with ``frame_stack > 1``).
@@ -393,6 +396,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             frame_stack: as for the constructor.
             n_step: as for the constructor.
             compact: as for the constructor.
+            hidden_state_shape: as for the constructor.
             episode_length: mean steps per episode (``None``: final observations not counted).
 
         Raises:
@@ -408,23 +412,21 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         """
         obs = Layout.parse(obs_shape, obs_dtype)
         single = None if obs.structured else obs.leaves[0]
-        if single is None and (compact is True or frame_stack != 1 or n_step != 1):
-            raise ConfigError("compact, frame_stack, n_step: the compact layout stores single-tensor observations; "
-                              "got a dict observation")
+        if (single is None or hidden_state_shape is not None) and (compact is True or frame_stack != 1 or n_step != 1):
+            raise ConfigError("compact, frame_stack, n_step: the compact layout stores single-tensor observations "
+                              "without hidden states; got " + ("a dict observation" if single is None
+                                                               else "hidden_state_shape"))
         compact = layout_options(() if single is None else single.shape, frame_stack=frame_stack,
                                  padding_type="reset", n_step=n_step, gamma=0.99, compact=compact)
         stored: Any = obs_shape if single is None else single.shape[1:] if frame_stack > 1 else single.shape
         specs = replay_specs(stored, as_shape(action_shape, "action_shape"), obs_dtype if single is None
                              else single.dtype, action_dtype, extra_fields, next_obs=not compact)
-        total = float(sum(math.prod(s.shape) * s.dtype.itemsize for s in specs))
-        if prioritized:
-            total += _PRIORITY_BYTES
-        if compact:
-            total += stream_bytes(frame_stack)
-            if episode_length is not None:
-                assert single is not None  # compact layouts hold single-tensor observations
-                total += math.prod(stored) * single.dtype.itemsize / episode_length
-        return total
+        if hidden_state_shape is not None:
+            specs = (*specs, *hidden_state_layout(hidden_state_shape).specs("hidden_state", hidden_state_key))
+        final_obs = 0.0 if single is None else math.prod(stored) * single.dtype.itemsize
+        return row_bytes([(s.shape, s.dtype.itemsize) for s in specs], prioritized=as_flag("prioritized", prioritized),
+                         compact=compact, frame_stack=frame_stack, final_obs_bytes=final_obs,
+                         episode_length=episode_length)
 
     # -- writing -----------------------------------------------------------------------------
     def add(
