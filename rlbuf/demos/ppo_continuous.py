@@ -298,9 +298,8 @@ def compare(seeds: int, out: Path, frames: int | None = None, extra: dict[str, A
         runs = []
         for seed in range(1, seeds + 1):
             run_dir = out / f"{variant}-seed{seed}"
-            if (run_dir / "summary.json").exists():  # finished before: reuse it
-                summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-            else:  # a fresh run, or the continuation of one killed before
+            summary = _finished_summary(run_dir, frames)
+            if summary is None:  # a fresh run, or the continuation of one stopped, interrupted or killed before
                 options: dict[str, Any] = {"seed": seed, "out": str(run_dir), "fold_truncation": fold,
                                            "progress": sys.stderr.isatty(), **(extra or {})}
                 if frames is not None:
@@ -317,6 +316,15 @@ def compare(seeds: int, out: Path, frames: int | None = None, extra: dict[str, A
     plot_compare(results, out / "compare.png")
     (out / "compare.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     return results
+
+
+def _finished_summary(run_dir: Path, frames: int | None) -> dict[str, Any] | None:
+    """The summary of a run that finished (with ``frames`` frames, if given), to reuse; else None."""
+    path = run_dir / "summary.json"
+    summary: dict[str, Any] | None = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    if summary is None or summary["status"] != "finished" or (frames is not None and summary["args"]["frames"] != frames):
+        return None
+    return summary
 
 
 def _history(run_dir: Path) -> list[list[float | None]]:
@@ -369,7 +377,7 @@ def plot_compare(results: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rlbuf.demos.ppo_continuous compare --seeds N --out DIR [--frames F]``."""
+    """``python -m rlbuf.demos.ppo_continuous compare --seeds N --out DIR [--frames F]``; 130 on Ctrl-C."""
     parser = argparse.ArgumentParser(prog="python -m rlbuf.demos.ppo_continuous",
                                      description="Run the bootstrapped and the folded PPO on Pendulum-v1 over "
                                                  "several seeds, in sequence, and plot both in one figure.")
@@ -379,7 +387,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=None, help="frames per run (default: the demo's)")
     options = parser.parse_args(argv)
     torch.set_num_threads(1)
-    report = compare(options.seeds, Path(options.out), options.frames)
+    try:
+        with _run.stop_on_interrupt():  # Ctrl-C: the running run writes a checkpoint and stops
+            report = compare(options.seeds, Path(options.out), options.frames)
+    except _run.Interrupted as stop:
+        print(f"{parser.prog} compare: {stop.demo} in {stop.run_dir} interrupted at {stop.frames} frames; run the "
+              "same command again to continue (finished runs are reused, this one resumes)", file=sys.stderr)
+        return 130
     for variant, result in report.items():
         finals = ", ".join("-" if r["final"] is None else f"{r['final']:.0f}" for r in result["runs"])
         shown = "-" if result["mean"] is None else f"{result['mean']:.0f} ± {result['std']:.0f}"
