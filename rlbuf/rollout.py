@@ -618,7 +618,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             columns["done"].view(self._num_steps, self._num_envs), first_step=hidden_names)
         # Validate over the trajectories before the epoch generator draws: a refused call changes nothing.
         options = check_epoch_options(len(trajectories), batch_size=batch_size, num_batches=num_minibatches,
-                                      n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle)
+                                      n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle,
+                                      unit="trajectories in the rollout")
 
         def make_sequences(index: torch.Tensor) -> SequenceBatch:
             return self._make_sequence_batch(*trajectories.select(index))

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 
 from rlbuf import ReplayBuffer, RolloutBuffer, SequenceBatch
-from rlbuf.errors import BatchSizeError, ConfigError, MissingFieldError, ShapeError
+from rlbuf.errors import BatchSizeError, CheckpointError, ConfigError, MissingFieldError, ShapeError
 from rlbuf.sequences import split_trajectories
 
 T, N, LAYERS, H = 12, 4, 2, 3
@@ -169,6 +169,89 @@ def test_exact_resume_mid_epoch_with_sequence_minibatches(tmp_path: Any) -> None
         assert torch.equal(mine.env, theirs.env) and torch.equal(mine.start, theirs.start)
         assert torch.equal(mine.mask, theirs.mask) and torch.equal(mine.advantage, theirs.advantage)
         assert (mine.hidden_state == theirs.hidden_state).all()  # type: ignore[operator]
+
+
+def sequence_order(batches: Any) -> list[int]:
+    return torch.cat([batch.env * T + batch.start for batch in batches]).tolist()
+
+
+def test_refused_sequence_minibatches_leave_the_epoch_generator_untouched() -> None:
+    buf, twin = filled_buffer(rollout_data()), filled_buffer(rollout_data())
+    count = len(split_trajectories(buf.view("done")))
+    assert count < T * N  # sizes are checked against trajectories, not rows
+    rng = buf.state_dict()["rng"]
+    with pytest.raises(BatchSizeError, match=rf"batch_size: expected at most {count} \(the trajectories in the "
+                                             rf"rollout\), got {count + 1}"):
+        buf.minibatches(count + 1, sequences=True)
+    with pytest.raises(BatchSizeError, match=rf"num_minibatches: expected at most {count} \(the trajectories"):
+        buf.minibatches(num_minibatches=count + 1, sequences=True)
+    with pytest.raises(BatchSizeError, match="exactly one of batch_size and num_minibatches"):
+        buf.minibatches(2, num_minibatches=2, sequences=True)
+    with pytest.raises(ConfigError, match="n_epochs"):
+        buf.minibatches(num_minibatches=1, n_epochs=-1, sequences=True)
+    assert buf.current_epochs is None
+    after = buf.state_dict()["rng"]
+    assert torch.equal(after["epochs"], rng["epochs"]) and torch.equal(after["sample"], rng["sample"])
+    # The next iterator draws what it would have drawn without the refused calls.
+    assert sequence_order(buf.minibatches(count, sequences=True, n_epochs=2)) == \
+        sequence_order(twin.minibatches(count, sequences=True, n_epochs=2))
+    assert len(list(buf.minibatches(count, sequences=True))) == 1
+
+
+def _forge(state: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    forged = dict(state)
+    forged["iterator"] = {**state["iterator"], "state": {**state["iterator"]["state"], **changes}}
+    return forged
+
+
+def test_forged_sequence_iterator_checkpoints_are_refused_and_change_nothing() -> None:
+    source = filled_buffer(rollout_data())
+    iterator = source.minibatches(num_minibatches=3, n_epochs=3, sequences=True)
+    for _ in range(4):
+        next(iterator)
+    state = source.state_dict()
+    saved = state["iterator"]["state"]
+    count = saved["size"]
+    assert count == len(split_trajectories(source.view("done"))) and saved["position"] == 1
+    target = filled_buffer(rollout_data(seed=5))
+    target_iterator = target.minibatches(num_minibatches=3, n_epochs=3, sequences=True)
+    next(target_iterator)
+    before = target.state_dict()
+    permutation = saved["permutation"]
+    forgeries = [
+        ("position", _forge(state, position=99)),
+        ("size", _forge(state, size=T * N, permutation=torch.randperm(T * N))),  # rows, not trajectories
+        ("permutation", _forge(state, permutation=torch.zeros_like(permutation))),
+        ("permutation", _forge(state, permutation=permutation + count)),
+        ("permutation", _forge(state, permutation=permutation.float())),
+        ("permutation", _forge(state, permutation=None)),
+        ("epoch", _forge(state, epoch=7)),
+    ]
+    for field, forged in forgeries:
+        with pytest.raises(CheckpointError, match=rf"iterator state: epoch iterator: {field}"):
+            target.load_state_dict(forged)
+    after = target.state_dict()
+    for name in before["fields"]:
+        assert torch.equal(before["fields"][name], after["fields"][name]), name
+    assert torch.equal(before["rng"]["epochs"], after["rng"]["epochs"])
+    assert target.current_epochs is target_iterator
+    assert after["iterator"]["state"]["position"] == 1 and torch.equal(
+        after["iterator"]["state"]["permutation"], before["iterator"]["state"]["permutation"])
+    target.load_state_dict(state)  # the genuine state still loads and resumes where the source is
+    resumed = target.current_epochs
+    assert resumed is not None and sequence_order(resumed) == sequence_order(iterator)
+
+
+def test_an_epoch_that_began_with_fewer_rows_still_resumes(tmp_path: Any) -> None:
+    buf = replay_with_steps(40, 2, 5)
+    iterator = buf.epochs(3, n_epochs=2)
+    next(iterator)
+    buf.add(torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), torch.zeros(2, 1), torch.zeros(2, dtype=torch.bool))
+    buf.save(tmp_path / "ckpt")
+    restored = ReplayBuffer.load(tmp_path / "ckpt")
+    resumed = restored.current_epochs
+    assert resumed is not None
+    assert [b.index.tolist() for b in resumed] == [b.index.tolist() for b in iterator]
 
 
 def test_row_minibatches_carry_the_hidden_state_of_each_step() -> None:
