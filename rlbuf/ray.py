@@ -34,6 +34,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
 
 from rlbuf._core import deliver
+from rlbuf._obs import torchrl_env_key
 from rlbuf.batches import ReplayBatch
 from rlbuf.checkpoint import load_state
 from rlbuf.errors import RlbufError
@@ -41,7 +42,7 @@ from rlbuf.replay import ReplayBuffer, Transition
 from rlbuf.storage import DeviceLike, resolve_device
 
 _BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "done", "index", "weight",
-                 "discount")
+                 "discount", "hidden_state")
 
 
 class ReplayBufferHost:
@@ -159,6 +160,8 @@ class ReplayBufferHost:
         """What the learner shows without a round trip per property."""
         buffer = self.buffer
         keys = [spec.key for spec in buffer.fields if spec.name != "done"] + [("next", "done")]
+        # Where TorchRL's GymEnv puts a Dict space's keys (top level), which extend also reads.
+        keys += [alternative for key in keys if (alternative := torchrl_env_key(key)) is not None]
         return {"capacity": buffer.capacity, "num_envs": buffer.num_envs, "prioritized": buffer.prioritized,
                 "storing_device": str(buffer.storing_device), "keys": keys, "repr": repr(buffer)}
 
@@ -357,9 +360,10 @@ class RemoteReplayBufferHandle:
 
     def _batch(self, fields: dict[str, Any]) -> ReplayBatch:
         fields = _from_wire(fields)
-        extras = fields.pop("extras")
+        extras, hidden_state = fields.pop("extras"), fields.pop("hidden_state")
         fields = deliver(fields, self._device)
-        return ReplayBatch(**fields, extras=deliver(extras, self._device) if extras else {})
+        return ReplayBatch(**fields, extras=deliver(extras, self._device) if extras else {},
+                           hidden_state=None if hidden_state is None else hidden_state.to(self._device))
 
 
 class RemoteReplayBuffer(RemoteReplayBufferHandle):
