@@ -83,6 +83,8 @@ class LSTMPolicy(nn.Module):
     """
 
     obs_scale: torch.Tensor
+    VALUE_SCALE = 100.0
+    """The critic's output unit: CartPole's returns reach hundreds (gamma 0.999), its head outputs ~1."""
 
     def __init__(self, inputs: int, hidden: int, obs_scale: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -106,7 +108,7 @@ class LSTMPolicy(nn.Module):
         actor_out, (actor_h, actor_c) = self.actor_lstm(x, (h[:1], c[:1]))
         critic_out, (critic_h, critic_c) = self.critic_lstm(x, (h[1:], c[1:]))
         state = (torch.cat((actor_h, critic_h)), torch.cat((actor_c, critic_c)))
-        return self.actor(actor_out), self.critic(critic_out).squeeze(-1), state
+        return self.actor(actor_out), self.critic(critic_out).squeeze(-1) * self.VALUE_SCALE, state
 
 
 def run(args: Any) -> dict[str, Any]:
@@ -182,7 +184,8 @@ def run(args: Any) -> dict[str, Any]:
             advantage = (batch.advantage - valid.mean()) / (valid.std() + 1e-8)
             surrogate = torch.min(ratio * advantage, ratio.clamp(1 - args.clip, 1 + args.clip) * advantage)
             policy_loss = -(surrogate * mask).sum() / mask.sum()
-            value_loss = 0.5 * ((value - batch.returns).pow(2) * mask).sum() / mask.sum()
+            # In the critic's own unit, so that its loss does not swamp the policy's.
+            value_loss = 0.5 * (((value - batch.returns) / policy.VALUE_SCALE).pow(2) * mask).sum() / mask.sum()
             entropy = (-(log_probs.exp() * log_probs).sum(-1) * mask).sum() / mask.sum()
             loss = policy_loss + args.vf_coef * value_loss - args.ent_coef * entropy
             optimizer.zero_grad()
