@@ -155,6 +155,41 @@ def test_same_trajectories_masks_and_initial_states_as_rsl_rl(num_minibatches: i
     assert torch.equal(torch.cat([padded_to_t(b.action) for b in mine], dim=1), their_actions)
 
 
+def test_padded_trajectories_replay_an_lstm_as_cleanrl_replays_the_whole_rollout() -> None:
+    """CleanRL's ppo_atari_lstm replays each env's whole rollout from its first state, zeroing the
+    state after every episode end; replaying each padded trajectory from its stored initial state
+    must give the same output at every real step."""
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(5, H, num_layers=LAYERS)
+    data = rollout_data(seed=7, done_rate=0.3)
+    done = data["terminated"] | data["truncated"]
+    h, c = torch.zeros(LAYERS, N, H), torch.zeros(LAYERS, N, H)
+    outputs, states_h, states_c = [], [], []
+    with torch.no_grad():  # collection: the state each step's action was computed from is stored
+        for t in range(T):
+            states_h.append(h)
+            states_c.append(c)
+            out, (h, c) = lstm(data["proprio"][t].unsqueeze(0), (h, c))
+            outputs.append(out[0])
+            keep = (~done[t]).view(1, N, 1)
+            h, c = h * keep, c * keep
+    data["h"], data["c"] = torch.stack(states_h), torch.stack(states_c)
+    reference = torch.stack(outputs)  # [T, N, H]
+    buf = filled_buffer(data)
+    seen = 0
+    with torch.no_grad():
+        for batch in buf.minibatches(num_minibatches=3, sequences=True):
+            assert batch.hidden_state is not None
+            initial = (batch.hidden_state["h"].transpose(0, 1).contiguous(),
+                       batch.hidden_state["c"].transpose(0, 1).contiguous())
+            out, _ = lstm(batch.obs["proprio"], initial)
+            steps = batch.start.unsqueeze(0) + torch.arange(batch.mask.shape[0]).unsqueeze(1)
+            expected = reference[steps.clamp(max=T - 1), batch.env.expand_as(steps)]
+            torch.testing.assert_close(out[batch.mask], expected[batch.mask])
+            seen += int(batch.mask.sum())
+    assert seen == T * N
+
+
 def test_exact_resume_mid_epoch_with_sequence_minibatches(tmp_path: Any) -> None:
     buf = filled_buffer(rollout_data())
     iterator = buf.minibatches(num_minibatches=3, n_epochs=3, sequences=True)
@@ -400,3 +435,26 @@ def test_sequence_sampling_resumes_exactly_after_a_checkpoint(tmp_path: Any) -> 
     mine, theirs = buf.sample_sequences(8, 3, burn_in=1), restored.sample_sequences(8, 3, burn_in=1)
     assert torch.equal(mine.index, theirs.index) and torch.equal(mine.mask, theirs.mask)
     assert torch.equal(mine.is_first, theirs.is_first)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("storing_device", ["cpu", "cuda"])
+def test_dict_observations_hidden_states_and_sequences_on_cuda(storing_device: str) -> None:
+    data = rollout_data()
+    reference = filled_buffer(data)
+    buf = filled_buffer(data, storing_device=storing_device, device="cuda")
+    theirs = list(reference.minibatches(num_minibatches=2, sequences=True, shuffle=False))
+    mine = list(buf.minibatches(num_minibatches=2, sequences=True, shuffle=False))
+    for a, b in zip(mine, theirs, strict=True):
+        assert a.obs.device.type == "cuda" and a.hidden_state is not None and a.hidden_state.device.type == "cuda"
+        assert bool((a.obs.cpu() == b.obs).all()) and torch.equal(a.mask.cpu(), b.mask)
+        assert bool((a.hidden_state.cpu() == b.hidden_state).all())  # type: ignore[union-attr]
+    assert sorted(sequence_order(buf.minibatches(3, sequences=True))) == sorted(sequence_order(theirs))
+    replay = replay_with_steps(40, 2, 12, done_every=3, storing_device=storing_device, device="cuda",
+                               hidden_state_shape={"h": (1, 2)})
+    sequences = replay.sample_sequences(8, 3, burn_in=1)
+    step = sequences.obs[..., 0].cpu() % 1000  # type: ignore[index]
+    assert sequences.mask.device.type == "cuda" and bool((step[:, 1:] - step[:, :-1] == 1).all())
+    assert sequences.hidden_state is not None
+    torch.testing.assert_close(sequences.hidden_state["h"][:, 0, 0].cpu(), sequences.obs[:, 0, 0].cpu())  # type: ignore[index]
