@@ -204,7 +204,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         """A stored field as a ``[num_steps, num_envs, ...]`` view of the storage (no copy).
 
         Dict observations: ``view("obs")`` is a ``TensorDict`` of views, and each key is a
-        field of its own (``view('obs["camera"]')``).
+        field of its own (``view('obs["camera"]')``); so is an LSTM's ``view("hidden_state")``.
 
         Raises:
             MissingFieldError: no such field.
@@ -214,11 +214,12 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf.view("obs").shape, buf.view("reward").shape
             (torch.Size([3, 2, 4]), torch.Size([3, 2]))
         """
-        if name == "obs" and self._obs.structured:
+        layout = {"obs": self._obs, "hidden_state": self._hidden}.get(name)
+        if layout is not None and layout.structured:
             self._ring.flush()
             views = {leaf: self._ring.leaves[leaf].view(self._num_steps, self._num_envs, *self._ring.by_name[leaf].shape)
-                     for leaf in leaf_names("obs", self._obs)}
-            return self._obs.assemble("obs", views, batch_dims=2)
+                     for leaf in leaf_names(name, layout)}
+            return layout.assemble(name, views, batch_dims=2)
         self._ring.check_field_names([name])
         self._ring.flush()
         spec = self._ring.by_name[name]

@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import Bounded, Composite, Unbounded
 
-from rlbuf import DistillationBuffer, ReplayBuffer, RolloutBuffer
+from rlbuf import DistillationBuffer, EpisodeStats, ReplayBuffer, RolloutBuffer
 from rlbuf.errors import ConfigError, DtypeError, MissingFieldError, ShapeError
 
 OBS_SHAPE = {"camera": (3, 4, 4), "proprio": (5,), "sensors": {"imu": (2,)}}
@@ -220,8 +220,11 @@ def test_rollout_extend_takes_a_collector_rollout_with_nested_observations() -> 
                      "next": {"reward": torch.ones(N, 4, 1), "terminated": torch.zeros(N, 4, 1, dtype=torch.bool)}},
                     batch_size=[N, 4])
     td["observation", "proprio"] = torch.arange(N * 4, dtype=torch.float32).reshape(N, 4, 1).expand(N, 4, 5)
-    buf = RolloutBuffer(4, N, obs_shape=OBS_SHAPE, obs_dtype=OBS_DTYPE, action_shape=())
+    td["next", "terminated"][1, 2] = True
+    stats = EpisodeStats(N)
+    buf = RolloutBuffer(4, N, obs_shape=OBS_SHAPE, obs_dtype=OBS_DTYPE, action_shape=(), stats=stats)
     buf.extend(td)
+    assert stats.episodes_finished == 1 and stats.summary()["return"]["mean"] == 3.0  # env 1 ended at its step 2
     buf.compute_returns_and_advantages(torch.zeros(N))
     # Row t * num_envs + n holds env n's step t.
     assert buf.get_all_data().obs["proprio"][:, 0].tolist() == td["observation", "proprio"][:, :, 0].T.flatten().tolist()

@@ -297,6 +297,9 @@ def test_row_minibatches_carry_the_hidden_state_of_each_step() -> None:
     torch.testing.assert_close(whole.hidden_state["h"], data["h"].permute(0, 2, 1, 3).reshape(T * N, LAYERS, H))
     td = whole.to_tensordict()
     assert td["recurrent_state_h"].shape == (T * N, LAYERS, H)
+    view = buf.view("hidden_state")
+    assert isinstance(view, TensorDict) and view.batch_size == (T, N)
+    assert torch.equal(view["c"], data["c"].transpose(1, 2))
 
 
 def test_a_gru_hidden_state_is_one_tensor_at_torchrl_key() -> None:
