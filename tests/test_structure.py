@@ -130,6 +130,13 @@ def test_composite_specs_and_gymnasium_dict_spaces_give_the_same_fields(source: 
     assert [s.to_json() for s in built.fields] == [s.to_json() for s in replay().fields]
 
 
+def test_a_batched_composite_spec_gives_the_shape_of_one_env() -> None:
+    spec = Composite(camera=Bounded(0, 255, shape=(N, 3, 4, 4), dtype=torch.uint8), proprio=Unbounded(shape=(N, 5)),
+                     sensors=Composite(imu=Unbounded(shape=(N, 2)), shape=(N,)), shape=(N,))
+    built = ReplayBuffer(32, obs_shape=spec, action_shape=(), num_envs=N)
+    assert [s.to_json() for s in built.fields] == [s.to_json() for s in replay().fields]
+
+
 def test_extend_reads_nested_keys_and_torchrl_env_layout() -> None:
     rows = 4
     obs = TensorDict(make_obs(rows), batch_size=[rows])
