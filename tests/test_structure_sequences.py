@@ -402,6 +402,7 @@ def test_sequences_carry_the_hidden_state_of_their_first_step() -> None:
     assert batch.hidden_state is not None
     torch.testing.assert_close(batch.hidden_state["h"][:, 0, 0], batch.obs[:, 0, 0])  # type: ignore[index]
     assert buf.sample(3).hidden_state["h"].shape == (3, 1, 2)  # type: ignore[index]
+    assert buf.sample(3).to_tensordict()["recurrent_state_h"].shape == (3, 1, 2)
 
 
 def test_refused_sequence_calls_change_nothing() -> None:
@@ -461,3 +462,44 @@ def test_dict_observations_hidden_states_and_sequences_on_cuda(storing_device: s
     assert sequences.mask.device.type == "cuda" and bool((step[:, 1:] - step[:, :-1] == 1).all())
     assert sequences.hidden_state is not None
     torch.testing.assert_close(sequences.hidden_state["h"][:, 0, 0].cpu(), sequences.obs[:, 0, 0].cpu())  # type: ignore[index]
+
+
+def test_sequence_batches_drive_torchrl_lstm_modules_in_recurrent_mode() -> None:
+    """``to_tensordict()`` of both sequence batches is what TorchRL's ``LSTMModule`` reads: the
+    stored state at the first step, a zero state where an episode starts inside a sequence."""
+    from torchrl.modules import LSTMModule, set_recurrent_mode
+
+    torch.manual_seed(0)
+    module = LSTMModule(input_size=5, hidden_size=H, num_layers=LAYERS, in_key=("observation", "proprio"),
+                        out_key="features")
+    lstm = torch.nn.LSTM(5, H, num_layers=LAYERS, batch_first=True)
+    lstm.load_state_dict(module.lstm.state_dict())
+
+    def reference(x: torch.Tensor, h: torch.Tensor, c: torch.Tensor, reset: torch.Tensor) -> torch.Tensor:
+        state, outputs = (h.transpose(0, 1).contiguous(), c.transpose(0, 1).contiguous()), []
+        for s in range(x.shape[1]):
+            keep = (~reset[:, s] | (s == 0)).view(1, -1, 1)  # from the stored state, zeros at episode starts
+            out, state = lstm(x[:, s:s + 1], (state[0] * keep, state[1] * keep))
+            outputs.append(out)
+        return torch.cat(outputs, dim=1)
+
+    batch = next(iter(filled_buffer(rollout_data()).minibatches(num_minibatches=1, sequences=True)))
+    td = batch.to_tensordict()
+    assert batch.hidden_state is not None and td["recurrent_state_h"].shape == (len(batch), td.shape[1], LAYERS, H)
+    assert not td["recurrent_state_h"][:, 1:].any()
+    replay = ReplayBuffer(64, obs_shape={"proprio": (5,)}, action_shape=(), num_envs=2, seed=0,
+                          hidden_state_shape={"h": (LAYERS, H), "c": (LAYERS, H)})
+    for t in range(20):
+        replay.add({"proprio": torch.randn(2, 5)}, torch.zeros(2), torch.ones(2), {"proprio": torch.randn(2, 5)},
+                   torch.tensor([t % 4 == 3, t % 5 == 4]),
+                   hidden_state={"h": torch.randn(2, LAYERS, H), "c": torch.randn(2, LAYERS, H)})
+    sequences = replay.sample_sequences(6, 5, burn_in=2)
+    replay_td = sequences.to_tensordict()
+    assert bool(sequences.is_first[:, 1:].any()) and replay_td["next", "done"].shape == (6, 7, 1)
+    with torch.no_grad(), set_recurrent_mode(True):
+        for data, hidden, reset in ((td, batch.hidden_state, torch.zeros_like(td["mask"])),
+                                    (replay_td, sequences.hidden_state, sequences.is_first)):
+            assert hidden is not None
+            expected = reference(data["observation", "proprio"], hidden["h"], hidden["c"], reset)
+            valid = data["mask"] if data is td else torch.ones_like(data["mask"])  # replay: across episodes too
+            torch.testing.assert_close(module(data.clone())["features"][valid], expected[valid])
