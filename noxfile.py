@@ -1,4 +1,5 @@
-"""nox sessions: `tests` (lint, types, tests, doctests, doc examples), `stress`, `demo`, `demos-full`, `docs`,
+"""nox sessions: `tests` (lint, types, tests, doctests, doc examples), `stress`, `demo`, `demos-full`, `pendulum-compare`,
+`docs`,
 `bench`, `compat` (the tests against TorchRL's and tensordict's nightly builds); on a GPU machine `gpu`,
 fed by `gpu-wheels` on a networked one (see docs/devices.md).
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,8 +22,26 @@ import nox
 nox.options.sessions = ["tests"]
 nox.options.default_venv_backend = "venv"
 
-PYTHON = "3.11"
 CONSTRAINTS = ("-c", "constraints-cpu.txt")
+# The supported range, as in pyproject.toml (requires-python, classifiers) and the docs.
+SUPPORTED_PYTHONS = ("3.11", "3.12", "3.13")
+
+
+def first_python(versions: tuple[str, ...] = SUPPORTED_PYTHONS) -> str | None:
+    """The first of ``versions`` whose ``pythonX.Y`` runs here (a pyenv shim may name a missing one)."""
+    for version in versions:
+        found = shutil.which(f"python{version}")
+        if found and subprocess.run([found, "-c", ""], capture_output=True, check=False).returncode == 0:
+            return version
+    return None
+
+
+# Every session runs on the first supported interpreter found. Naming one version would make
+# nox report a missing interpreter as "skipped" and exit 0; with none at all, nox fails here.
+PYTHON = first_python()
+if PYTHON is None:
+    raise SystemExit(f"noxfile.py: no supported Python on PATH: rlbuf needs Python {SUPPORTED_PYTHONS[0]} to "
+                     f"{SUPPORTED_PYTHONS[-1]} (looked for {', '.join('python' + v for v in SUPPORTED_PYTHONS)})")
 
 
 def _install(session: nox.Session, extras: str = "") -> None:
@@ -57,7 +78,19 @@ def demos_full(session: nox.Session) -> None:
     session.run("rlbuf", "demo", "dqn", "--out", f"{runs}/dqn", *session.posargs)
     session.run("rlbuf", "demo", "dqn", "--prioritized", "--out", f"{runs}/dqn-per", *session.posargs)
     session.run("rlbuf", "demo", "distill", "--teacher", f"{runs}/ppo", "--out", f"{runs}/distill", *session.posargs)
+    session.run("rlbuf", "demo", "ppo-continuous", "--out", f"{runs}/ppo-continuous", *session.posargs)
     session.log(f"all outputs in {runs}/ (curve.png, summary.json, model.pt, checkpoints/ in each)")
+
+
+@nox.session(name="pendulum-compare", python=PYTHON)
+def pendulum_compare(session: nox.Session) -> None:
+    """PPO on Pendulum-v1, bootstrapped timeouts against CleanRL's folded done, over seeds, in one figure.
+
+    `nox -s pendulum-compare -- --seeds 5` (default 3 seeds each, one run after the other).
+    """
+    _install(session)
+    session.run("python", "-m", "rlbuf.demos.ppo_continuous", "compare", "--seeds", "3",
+                "--out", f"runs/pendulum-compare-{time.strftime('%Y%m%d-%H%M%S')}", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         StreamError,
     )
     from rlbuf.gae import GAE
+    from rlbuf.gym import Recorder
     from rlbuf.replay import ReplayBuffer, Transition
     from rlbuf.rollout import RolloutBuffer
     from rlbuf.sequences import ReplaySequenceBatch, SequenceBatch
@@ -67,6 +68,7 @@ _MODULE_OF = {
     "ReplaySequenceBatch": "rlbuf.sequences",
     "SequenceBatch": "rlbuf.sequences",
     "GAE": "rlbuf.gae",
+    "Recorder": "rlbuf.gym",
     "ReplayBuffer": "rlbuf.replay",
     "Transition": "rlbuf.replay",
     "RolloutBuffer": "rlbuf.rollout",
@@ -92,6 +94,7 @@ __all__ = [
     "MissingFieldError",
     "NonFiniteError",
     "PriorityError",
+    "Recorder",
     "ReplayBatch",
     "ReplayBuffer",
     "ReplaySequenceBatch",

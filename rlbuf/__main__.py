@@ -1,4 +1,4 @@
-"""``python -m rlbuf``: the same as the ``rlbuf`` command (see :mod:`rlbuf.cli`)."""
+"""``python -m rlbuf``: the same as the ``rlbuf`` command (see ``rlbuf.cli``)."""
 
 import sys
 

@@ -1,20 +1,21 @@
 """RingBuffer: what ReplayBuffer and DistillationBuffer share (sizes, devices, reads, epochs).
 
-A subclass builds its field specs and sampler, calls :meth:`RingBuffer._setup`, and turns
-gathered columns into its typed batch in :meth:`RingBuffer._make_batch`.
+A subclass builds its field specs and sampler, calls ``RingBuffer._setup``, and turns
+gathered columns into its typed batch in ``RingBuffer._make_batch``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import inspect
 import math
 import secrets
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, Self, TypeVar, overload
+from typing import Any, Generic, Self, TypeVar, cast
 
 import numpy as np
 import torch
@@ -31,7 +32,7 @@ from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device
 
 BatchT = TypeVar("BatchT")
 BufferT = TypeVar("BufferT", bound="RingBuffer[Any]")
-_NOT_OPTIONS = ("self", "__class__", "stats", "scratch_dir")
+_NOT_OPTIONS = ("self", "__class__", "stats", "scratch_dir", "observation_space", "action_space")
 _ITERATOR_METHODS = ("epochs", "minibatches")
 
 
@@ -145,6 +146,7 @@ class RingBuffer(Generic[BatchT]):
 
     _ring: RowRing
     _options: dict[str, Any]
+    _batch_type: type[BatchT]
     _stats: EpisodeStats | None = None
     _current_epochs: EpochIterator[BatchT] | None = None
     _current_epochs_call: tuple[str, dict[str, Any]] | None = None
@@ -165,6 +167,11 @@ class RingBuffer(Generic[BatchT]):
             return
         for t in range(reward.shape[1]):
             self._stats.update(reward[:, t], terminated[:, t], truncated[:, t])
+
+    @classmethod
+    def _options_from_checkpoint(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """The saved constructor options as this version takes them (older checkpoints may differ)."""
+        return options
 
     def _record_options(self, arguments: Mapping[str, Any]) -> None:
         """Keep the constructor arguments (JSON form) so a checkpoint can rebuild this buffer."""
@@ -187,6 +194,8 @@ class RingBuffer(Generic[BatchT]):
         self._num_envs = positive_int("num_envs", num_envs)
         # The epoch generator is seeded with seed + 1: both seeds must be valid torch seeds.
         checked_seed = None if seed is None else as_int("seed", seed, minimum=0, maximum=2**63 - 2)
+        if positive_int("capacity", capacity) < num_envs:
+            raise ConfigError(f"capacity: expected at least num_envs={num_envs} rows (one add), got {capacity}")
         self._storage_kind = storage
         self._storing_device = resolve_device(storing_device, name="storing_device")
         self._device = resolve_device(device, name="device", default=self._storing_device)
@@ -323,18 +332,15 @@ class RingBuffer(Generic[BatchT]):
             raise EmptyBufferError("sample_all: the buffer is empty; add data first")
         return self._batch(self._readable_index())
 
-    @overload
-    def sample_by_index(self, index: Any, fields: None = None) -> BatchT: ...
-
-    @overload
-    def sample_by_index(self, index: Any, fields: Sequence[str]) -> dict[str, torch.Tensor]: ...
-
-    def sample_by_index(self, index: Any, fields: Sequence[str] | None = None) -> BatchT | dict[str, torch.Tensor]:
-        """The rows at storage positions ``index`` (e.g. ``batch.index``).
+    def sample_by_index(self, index: Any, fields: Sequence[str] | None = None) -> BatchT:
+        """The rows at storage positions ``index`` (e.g. ``batch.index``), as the buffer's typed batch.
 
         Args:
             index: positions in ``[0, len(buffer))``: an int, a sequence or a tensor.
-            fields: return only these fields, as a dict of tensors.
+            fields: gather only these stored fields. The batch then holds only them: other
+                attributes are absent (reading one raises ``AttributeError``), stored fields
+                that are not batch attributes (``done``, ``bootstrap_value``) are in ``extras``,
+                and ``len()`` needs ``obs``.
 
         Raises:
             StoredIndexError: a position outside what is stored.
@@ -347,13 +353,21 @@ class RingBuffer(Generic[BatchT]):
             ...     buf.add(torch.zeros(1), 0.0, float(r), torch.zeros(1), False)
             >>> buf.sample_by_index([3, 1]).reward.tolist()
             [3.0, 1.0]
-            >>> buf.sample_by_index(2, fields=["reward"])["reward"].tolist()
-            [2.0]
+            >>> only = buf.sample_by_index(2, fields=["reward"])
+            >>> type(only).__name__, only.reward.tolist(), hasattr(only, "obs")
+            ('ReplayBatch', [2.0], False)
         """
         positions = self._ring.as_index(index)
         if fields is None:
             return self._batch(positions)
-        return deliver(self._gather(positions, fields), self._device)
+        columns = deliver(self._gather(positions, fields), self._device)
+        batch_type = self._batch_type
+        batch = object.__new__(batch_type)
+        attributes = {item.name for item in dataclasses.fields(cast(Any, batch_type))} - {"extras"}
+        for name in attributes & set(columns):
+            object.__setattr__(batch, name, columns[name])  # a frozen dataclass: built field by field
+        object.__setattr__(batch, "extras", {name: column for name, column in columns.items() if name not in attributes})
+        return batch
 
     def epochs(self, batch_size: int, n_epochs: int = 1, *, drop_last: bool = False,
                shuffle: bool = True) -> EpochIterator[BatchT]:
@@ -394,7 +408,7 @@ class RingBuffer(Generic[BatchT]):
     def current_epochs(self) -> EpochIterator[BatchT] | None:
         """The iterator made by the last ``epochs()``/``minibatches()`` call, saved with checkpoints.
 
-        After :meth:`load` it is the restored iterator, resuming at the batch after the
+        After ``load`` it is the restored iterator, resuming at the batch after the
         one the original had reached when it was saved.
         """
         return self._current_epochs
@@ -423,7 +437,7 @@ class RingBuffer(Generic[BatchT]):
         return {"stats": None if self._stats is None else self._stats.state_dict()}
 
     def _check_extra_state(self, state: Mapping[str, Any]) -> None:
-        """Raise ``CheckpointError`` unless :meth:`_load_extra_state` would succeed with ``state``; change nothing."""
+        """Raise ``CheckpointError`` unless ``_load_extra_state`` would succeed with ``state``; change nothing."""
         saved = state.get("stats")
         if self._stats is None or saved is None:
             return
@@ -517,7 +531,7 @@ class RingBuffer(Generic[BatchT]):
         return not reason, reason
 
     def _validated(self, state: Mapping[str, Any]) -> tuple[int, int, int]:
-        """Check every part of a :meth:`state_dict` against this buffer; change nothing.
+        """Check every part of a ``state_dict`` against this buffer; change nothing.
 
         Returns:
             ``(size, cursor, write_count)``.
@@ -605,7 +619,7 @@ class RingBuffer(Generic[BatchT]):
         _refusing("iterator state", trial.load_state_dict, saved)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a :meth:`state_dict` taken from a buffer with the same fields and capacity.
+        """Restore a ``state_dict`` taken from a buffer with the same fields and capacity.
 
         Every part is checked first (counts, field dtypes and shapes, finite values, derived
         fields, sampler, statistics, iterator, generator states): a refused state leaves the
@@ -660,7 +674,7 @@ class RingBuffer(Generic[BatchT]):
                           RuntimeWarning, stacklevel=2)
 
     def save(self, path: str | Path, *, data: bool = True) -> None:
-        """Write a checkpoint directory at ``path`` (atomically; see :mod:`rlbuf.checkpoint`).
+        """Write a checkpoint directory at ``path`` (atomically; see [`rlbuf.checkpoint`][rlbuf.checkpoint]).
 
         Args:
             path: the checkpoint directory (replaced whole if it already is one).
@@ -688,7 +702,7 @@ class RingBuffer(Generic[BatchT]):
         """Rebuild a buffer from a checkpoint; the next samples and batches equal the original's.
 
         Args:
-            path: a directory written by :meth:`save`.
+            path: a directory written by ``save``.
             device: training device to use instead of the saved one.
             storing_device: storing device to use instead of the saved one.
 
@@ -727,6 +741,7 @@ class RingBuffer(Generic[BatchT]):
         if not isinstance(options, dict) or set(options) - accepted:
             unknown = sorted(set(options) - accepted) if isinstance(options, dict) else options
             raise CheckpointError(f"{path}: options {unknown} are not options of {cls.__name__}")
+        options = cls._options_from_checkpoint(options)
         if device is not None:
             options["device"] = device
         if storing_device is not None:

@@ -1,8 +1,8 @@
 """The compact layout of a ReplayBuffer: rows without ``next_obs``, transitions rebuilt when sampled.
 
 Each row stores one observation (with ``frame_stack=k``: the newest frame of the stack) and
-the step's action, reward and flags; :mod:`rlbuf._streams` follows each env's stream to find a
-row's older frames and its next rows, and :mod:`rlbuf._nstep` turns those into n-step rewards
+the step's action, reward and flags; ``rlbuf._streams`` follows each env's stream to find a
+row's older frames and its next rows, and ``rlbuf._nstep`` turns those into n-step rewards
 and discounts. What ``sample`` returns is exactly what a buffer storing whole transitions
 (with ``reward``/``discount`` of the n-step target) would return.
 
@@ -11,7 +11,7 @@ Example:
     >>> from rlbuf import ReplayBuffer
     >>> buf = ReplayBuffer(8, obs_shape=(2, 1), action_shape=(), frame_stack=2, seed=0)
     >>> for t in range(3):
-    ...     buf.add(torch.tensor([[max(t - 1, 0)], [t]]), 0.0, 1.0, torch.tensor([[t], [t + 1]]), False)
+    ...     buf.add(torch.tensor([[max(t - 1.0, 0.0)], [t]]), 0.0, 1.0, torch.tensor([[t], [t + 1.0]]), False)
     >>> buf.sample_all().obs[:, :, 0].tolist()    # the third row waits for the row after it
     [[0.0, 0.0], [0.0, 1.0]]
 """
@@ -219,7 +219,7 @@ class CompactLayout:
         return self.streams.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
+        """Restore ``state_dict``."""
         self.streams.load_state_dict(state)
 
 

@@ -206,6 +206,8 @@ def _scalar_types(spec: FieldSpec) -> tuple[type, ...]:
         return (bool, np.bool_)
     if spec.np_dtype.kind in "iu":
         return (bool, int, np.bool_, np.integer)
+    if not spec.finite:  # kinds never change: an int action or observation is refused by check_dtype
+        return (float, np.floating)
     return (bool, int, float, np.bool_, np.integer, np.floating)
 
 
@@ -260,12 +262,12 @@ class RowRing:
 
     On a CPU storage an add is validated, then written straight into numpy views of the
     storage at the position after the pending rows; only TorchRL's bookkeeping (cursor,
-    length, sampler) waits for :meth:`flush`. On a GPU storage adds are copied into a numpy
-    staging block that :meth:`flush` writes to the device in one copy per field.
+    length, sampler) waits for ``flush``. On a GPU storage adds are copied into a numpy
+    staging block that ``flush`` writes to the device in one copy per field.
 
     Args:
         specs: the stored fields, in order.
-        built: the initialised TorchRL storage (see :func:`rlbuf.storage.build_storage`).
+        built: the initialised TorchRL storage (see ``rlbuf.storage.build_storage``).
         sampler: the TorchRL sampler.
         rows_per_add: rows each add carries (``num_envs``).
         storing_device: where the storage lives.
@@ -647,7 +649,7 @@ class RowRing:
                 else leaves[name].index_select(0, index) for name in (names or leaves)}
 
     def check_field_names(self, names: Sequence[str]) -> None:
-        """Raise :class:`MissingFieldError` for names that are not stored fields."""
+        """Raise [`MissingFieldError`][rlbuf.errors.MissingFieldError] for names that are not stored fields."""
         if isinstance(names, (str, bytes)) or not isinstance(names, (Sequence, set, frozenset)):
             raise MissingFieldError(f"fields: expected a list of field names, got {names!r}")
         unknown = [name for name in names if not isinstance(name, str) or name not in self.by_name]
@@ -739,17 +741,51 @@ def deliver(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str,
             for name, t in tensors.items()}
 
 
+# Keywords users bring from other libraries (SB3, CleanRL, TorchRL), and what rlbuf takes instead.
+_DONE_HINT = "pass terminated= and truncated= instead; done is derived (terminated | truncated)"
+FOREIGN_NAMES = {
+    "done": _DONE_HINT,
+    "dones": _DONE_HINT,
+    "observations": "rlbuf's name is obs",
+    "observation": "rlbuf's name is obs",
+    "actions": "rlbuf's name is action (expert_action in a DistillationBuffer)",
+    "rewards": "rlbuf's name is reward",
+    "next_observations": "rlbuf's name is next_obs (the final observation where an episode ended)",
+    "next_observation": "rlbuf's name is next_obs (the final observation where an episode ended)",
+    "terminals": "rlbuf's name is terminated",
+    "timeouts": "rlbuf's name is truncated",
+    "values": "rlbuf's name is value",
+    "log_probs": "rlbuf's name is log_prob",
+    "logprobs": "rlbuf's name is log_prob",
+    "infos": "rlbuf stores no info dicts: pass the final observation as next_obs, declare what else you "
+             "need in extra_fields",
+    "info": "rlbuf stores no info dicts: pass the final observation as next_obs, declare what else you "
+            "need in extra_fields",
+    "episode_starts": "rlbuf derives episode starts from the previous step's terminated and truncated",
+}
+"""Foreign keyword -> what to pass instead, for the message of ``check_extras``."""
+
+
 def check_extras(expected: Mapping[str, FieldSpec], given: Mapping[str, Any]) -> None:
-    """Raise :class:`MissingFieldError` when extras are missing or unknown.
+    """Raise [`MissingFieldError`][rlbuf.errors.MissingFieldError] when extras are missing or unknown.
+
+    A keyword from another library (``dones=``, ``rewards=``, ``log_probs=`` ...) is answered
+    with the rlbuf name to use (see ``FOREIGN_NAMES``).
 
     Example:
         >>> check_extras({}, {"foo": 1})
         Traceback (most recent call last):
         ...
         rlbuf.errors.MissingFieldError: foo: not a field of this buffer (declare it in extra_fields); extra fields are []
+        >>> check_extras({}, {"dones": 1})
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.MissingFieldError: dones: not a field of this buffer; pass terminated= and truncated= instead; done is derived (terminated | truncated)
     """
     for name in given:
         if name not in expected:
+            if name in FOREIGN_NAMES:
+                raise MissingFieldError(f"{name}: not a field of this buffer; {FOREIGN_NAMES[name]}")
             raise MissingFieldError(f"{name}: not a field of this buffer (declare it in extra_fields); "
                                     f"extra fields are {sorted(expected)}")
     for name in expected:

@@ -1,7 +1,7 @@
 """Structured fields: dict (and nested dict) observations and hidden states, stored leaf by leaf.
 
 A structured field (``obs``, ``next_obs``, ``hidden_state``) is either one tensor or a nested
-mapping of named tensors. :class:`Layout` is its description: the leaves, each a path of keys
+mapping of named tensors. ``Layout`` is its description: the leaves, each a path of keys
 with a per-row shape and dtype. It is read from a shape (``(4,)``), a mapping of shapes
 (``{"camera": (3, 64, 64), "proprio": (12,)}``), a TorchRL ``Composite`` spec or a gymnasium
 ``Dict`` space, and it turns into one [`FieldSpec`][rlbuf.spec.FieldSpec] per leaf, stored at a
@@ -55,6 +55,16 @@ def leaf_name(name: str, path: Path) -> str:
         ('obs["sensors"]["imu"]', 'obs')
     """
     return name + "".join(f'["{key}"]' for key in path)
+
+
+def is_structured(value: Any) -> bool:
+    """Whether a shape option describes a dict observation (a mapping, gymnasium ``Dict``, TorchRL ``Composite``).
+
+    Example:
+        >>> is_structured({"camera": (3, 8, 8)}), is_structured((4,))
+        (True, False)
+    """
+    return isinstance(value, Mapping) or _is_gym_dict(value) or _is_composite(value)
 
 
 def _is_gym_dict(value: Any) -> bool:
@@ -148,7 +158,7 @@ def _dtype_paths(dtypes: Mapping[str, Any], path: Path = ()) -> list[Path]:
 class Layout:
     """The leaves of a structured field; ``structured`` is False for a single tensor.
 
-    Build one with :meth:`Layout.parse`.
+    Build one with ``Layout.parse``.
     """
 
     leaves: tuple[Leaf, ...]
@@ -174,7 +184,7 @@ class Layout:
             ...
             rlbuf.errors.ConfigError: obs_dtype: keys [('b',)] are not observation keys [('a',)]
         """
-        structured = isinstance(shape, Mapping) or _is_gym_dict(shape) or _is_composite(shape)
+        structured = is_structured(shape)
         found = _leaves_of(shape, (), option)
         if not structured:
             path, leaf_shape, own = found[0]

@@ -15,15 +15,15 @@ order (an add may carry any subset of envs), so every row keeps links to its nei
 * ``next``: the serial of the next row of the same env (-1 until it is added, or when the row
   ends its episode).
 * the observation that ends an episode (the real final observation, which the env replaced by a
-  reset) is kept aside in :class:`FinalFrames`, one slot per stored row that ended an episode.
+  reset) is kept aside in ``FinalFrames``, one slot per stored row that ended an episode.
 
-From these, :meth:`Streams.walk` finds for each sampled row the rows that make up its
+From these, ``Streams.walk`` finds for each sampled row the rows that make up its
 transition: ``frame_stack - 1`` rows back (the older frames of its stack, padded at an episode
 start) and up to ``n_step`` rows forward (the n-step return and the observation it bootstraps
 from). A row is *complete* when all of them are still stored: one whose oldest frames were
 overwritten, or whose next rows are not added yet (and whose episode has not ended), is not.
 
-Adds are checked before anything is stored (:meth:`Streams.check`): a row's observation must
+Adds are checked before anything is stored (``Streams.check``): a row's observation must
 be the ``next_obs`` given with the previous row of its env unless that row ended the episode,
 and a stack must be the previous one shifted by one frame (an episode's first stack: padded as
 gymnasium's ``FrameStackObservation`` pads it). So what ``sample`` rebuilds is exactly what was
@@ -113,7 +113,7 @@ class FinalFrames:
         return {"frames": self.frames[:self.top].cpu(), "free": torch.tensor(self.free, dtype=torch.int64)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict`."""
+        """Restore a ``state_dict``."""
         frames = state["frames"]
         if tuple(frames.shape[1:]) != tuple(self.frames.shape[1:]) or frames.dtype != self.frames.dtype:
             raise CheckpointError(f"state: final observations of shape {tuple(frames.shape[1:])} {frames.dtype}, "
@@ -125,7 +125,7 @@ class FinalFrames:
 
 @dataclass(frozen=True, slots=True)
 class Chain:
-    """The rows that make up the transitions of some sampled rows (see :meth:`Streams.walk`).
+    """The rows that make up the transitions of some sampled rows (see ``Streams.walk``).
 
     Attributes:
         complete: every row needed is stored ``[B]``.
@@ -190,7 +190,7 @@ class Streams:
     # -- writing -----------------------------------------------------------------------------
     def check(self, obs: torch.Tensor, next_obs: torch.Tensor, env_ids: _Ints, terminated: _Bools,
               truncated: _Bools) -> None:
-        """Raise :class:`StreamError` unless rows ``obs``/``next_obs`` continue their envs' streams.
+        """Raise ``StreamError`` unless rows ``obs``/``next_obs`` continue their envs' streams.
 
         Rows are in the order they happened; ``env_ids`` may repeat (several steps of one env).
         Changes nothing.
@@ -294,7 +294,7 @@ class Streams:
 
     # -- reading -----------------------------------------------------------------------------
     def walk(self, positions: _Ints, *, write_count: int, size: int) -> Chain:
-        """The rows making up the transitions of the rows at ``positions`` (see :class:`Chain`)."""
+        """The rows making up the transitions of the rows at ``positions`` (see ``Chain``)."""
         capacity, stack, n_step = self.capacity, self.frame_stack, self.n_step
         count = len(positions)
         oldest = write_count - size
@@ -382,7 +382,7 @@ class Streams:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict` of a buffer with the same options.
+        """Restore a ``state_dict`` of a buffer with the same options.
 
         Raises:
             CheckpointError: arrays of the wrong length, or links that do not fit.

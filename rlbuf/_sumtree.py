@@ -1,7 +1,7 @@
 """Prioritized experience replay on a vectorised array sum tree, for TorchRL's composable buffers.
 
 torchrl 0.14.1's ``PrioritizedSampler`` needs the C++ segment trees of ``torchrl._torchrl``, which
-fail to load against torch 2.13. :class:`SumTreeSampler` is a drop-in replacement written in
+fail to load against torch 2.13. ``SumTreeSampler`` is a drop-in replacement written in
 torch/numpy: it subclasses ``PrioritizedSampler`` (without running its constructor) so that every
 ``isinstance(sampler, PrioritizedSampler)`` branch of TorchRL (``update_tensordict_priority``, new
 items at the max priority through ``mark_update``, trainers) treats it as TorchRL's own, and it
@@ -408,10 +408,10 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict`; the next draws equal those of the sampler that made it.
+        """Restore a ``state_dict``; the next draws equal those of the sampler that made it.
 
         Args:
-            state_dict: the output of :meth:`state_dict` of a sampler with the same capacity.
+            state_dict: the output of ``state_dict`` of a sampler with the same capacity.
 
         Raises:
             CheckpointError: another format version, or leaves of another capacity.
@@ -446,10 +446,10 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         (path / _METADATA_FILE).write_text(json.dumps(state))
 
     def loads(self, path: str | Path) -> None:
-        """Read a sampler written by :meth:`dumps`, never unpickling anything.
+        """Read a sampler written by ``dumps``, never unpickling anything.
 
         Args:
-            path: the directory :meth:`dumps` wrote.
+            path: the directory ``dumps`` wrote.
 
         Raises:
             CheckpointError: missing or unreadable files, another format version or capacity.

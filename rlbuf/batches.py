@@ -61,13 +61,14 @@ class _ExtrasAccess:
         try:
             return self.extras[name]
         except KeyError:
-            raise AttributeError(f"{type(self).__name__} has no field {name!r}; extras are "
+            raise AttributeError(f"{type(self).__name__} has no field {name!r} (a batch from sample_by_index("
+                                 f"..., fields=...) holds only the fields asked for); extras are "
                                  f"{sorted(self.extras)}") from None
 
 
 @dataclass(slots=True, frozen=True)
 class ReplayBatch(_ExtrasAccess):
-    """A batch of transitions sampled from a :class:`~rlbuf.ReplayBuffer`.
+    """A batch of transitions sampled from a [`ReplayBuffer`][rlbuf.ReplayBuffer].
 
     Scalars per transition (``reward``, ``terminated``, ``truncated``, ``done``, ``index``,
     ``weight``) have shape ``[batch_size]`` — never ``[batch_size, 1]``, which would
@@ -81,7 +82,7 @@ class ReplayBatch(_ExtrasAccess):
         terminated: episode ended by the MDP (no bootstrap) ``[B]`` bool.
         truncated: episode cut by a time limit (bootstrap from ``next_obs``) ``[B]`` bool.
         done: ``terminated | truncated`` ``[B]`` bool.
-        index: storage positions of the rows, for :meth:`ReplayBuffer.update_priority`.
+        index: storage positions of the rows, for [`ReplayBuffer.update_priority`][rlbuf.ReplayBuffer.update_priority].
         weight: importance-sampling weights (ones when the buffer is not prioritized).
         discount: what multiplies the value of ``next_obs`` in a TD target ``[B]``:
             ``gamma ** m`` for a transition of ``m`` steps (``m = 1`` unless ``n_step > 1``),
@@ -139,7 +140,7 @@ class ReplayBatch(_ExtrasAccess):
 
 @dataclass(slots=True, frozen=True)
 class DistillationBatch(_ExtrasAccess):
-    """A batch from a :class:`~rlbuf.DistillationBuffer`; unpacks as ``obs, expert_action = batch``.
+    """A batch from a [`DistillationBuffer`][rlbuf.DistillationBuffer]; unpacks as ``obs, expert_action = batch``.
 
     Attributes:
         obs: observations ``[B, *obs_shape]`` (a ``TensorDict`` for dict observations).
@@ -179,7 +180,7 @@ class DistillationBatch(_ExtrasAccess):
 
 @dataclass(slots=True, frozen=True)
 class RolloutBatch(_ExtrasAccess):
-    """A minibatch (or the whole rollout, flattened ``T*N``) from a :class:`~rlbuf.RolloutBuffer`.
+    """A minibatch (or the whole rollout, flattened ``T*N``) from a [`RolloutBuffer`][rlbuf.RolloutBuffer].
 
     Attributes:
         obs: observations ``[B, *obs_shape]`` (a ``TensorDict`` for dict observations).

@@ -218,9 +218,9 @@ def _remove(staging: Path) -> None:
 class RowFiles:
     """The row tensors of a checkpoint, copied while writers run and patched under their lock.
 
-    :meth:`copy` writes every field's rows without any lock (hashing them from memory); rows
-    that writers change meanwhile are then re-copied by :meth:`patch`, which the buffer calls
-    under its lock with the storage positions written since the copy began. :meth:`finish`
+    ``copy`` writes every field's rows without any lock (hashing them from memory); rows
+    that writers change meanwhile are then re-copied by ``patch``, which the buffer calls
+    under its lock with the storage positions written since the copy began. ``finish``
     makes the files durable and re-hashes the patched ones from disk.
     """
 
@@ -265,7 +265,7 @@ class RowFiles:
         return refs
 
     def finish(self) -> None:
-        """Make the files durable; re-hash, from disk, the ones :meth:`patch` changed."""
+        """Make the files durable; re-hash, from disk, the ones ``patch`` changed."""
         for rel in self._patched:
             with open(self._staging / rel, "rb+") as file:
                 os.fsync(file.fileno())

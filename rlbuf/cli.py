@@ -4,6 +4,7 @@
 
     rlbuf demo ppo [options]        PPO on CartPole-v1 (rlbuf demo ppo --help for the options)
     rlbuf demo dqn [--prioritized]  double DQN on CartPole-v1
+    rlbuf demo ppo-continuous [--fold-truncation]  PPO on Pendulum-v1 via a gymnasium vector env
     rlbuf demo distill [--teacher DIR]  DAgger from a PPO teacher into a smaller student
     rlbuf inspect PATH [--json]     a checkpoint's manifest, sizes, fields and checksums
 
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rlbuf.demos import DEMOS
-from rlbuf.errors import RlbufError
+from rlbuf.errors import ConfigError, RlbufError
 
 
 def build_parser(demos: Iterable[str] | None = None) -> argparse.ArgumentParser:
@@ -52,7 +53,8 @@ def build_parser(demos: Iterable[str] | None = None) -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="train a demo agent on CartPole-v1",
                                description="Train a demo agent on CartPole-v1. Every demo writes a learning "
                                            "curve, a JSON summary, the final networks and checkpoints to --out, "
-                                           "and continues a killed run with --resume.")
+                                           "and continues a stopped run with --resume. Ctrl-C writes a checkpoint "
+                                           "and prints the command that continues the run.")
     subparsers = demo.add_subparsers(dest="demo", required=True, metavar="DEMO")
     for name, description in DEMOS.items():
         if name not in with_options:
@@ -60,7 +62,7 @@ def build_parser(demos: Iterable[str] | None = None) -> argparse.ArgumentParser:
             continue
         from rlbuf.demos._run import add_arguments
 
-        module = importlib.import_module(f"rlbuf.demos.{name}")
+        module = importlib.import_module(f"rlbuf.demos.{name.replace('-', '_')}")
         sub = subparsers.add_parser(name, help=description, description=(module.__doc__ or "").replace("``", ""),
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
         add_arguments(sub, module.Args)
@@ -76,7 +78,7 @@ def build_parser(demos: Iterable[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``rlbuf`` command; return its exit status (0 ok, 1 failed, 2 bad usage).
+    """Run the ``rlbuf`` command; return its exit status (0 ok, 1 failed, 2 bad usage, 130 Ctrl-C).
 
     Example:
         >>> main(["inspect", "/nonexistent", "--json"])  # doctest: +ELLIPSIS
@@ -95,16 +97,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _demo(options: argparse.Namespace) -> int:
-    from rlbuf.demos._run import WINDOW, resolve_args
+    from rlbuf.demos._run import WINDOW, Interrupted, resolve_args, stop_on_interrupt
 
-    module = importlib.import_module(f"rlbuf.demos.{options.demo}")
+    module = importlib.import_module(f"rlbuf.demos.{options.demo.replace('-', '_')}")
     given: dict[str, Any] = {k: v for k, v in vars(options).items() if k not in ("command", "demo")}
     try:
         args = resolve_args(module.Args, given, options.demo)
-        summary: dict[str, Any] = module.run(args)
+        with stop_on_interrupt():
+            summary: dict[str, Any] = module.run(args)
+    except Interrupted as stop:
+        print(f"rlbuf demo {options.demo}: {stop}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print(f"rlbuf demo {options.demo}: stopped at once by Ctrl-C, without a checkpoint at this point "
+              f"(--resume continues from the newest one, if any)", file=sys.stderr)
+        return 130
     except RlbufError as error:
         print(f"rlbuf demo {options.demo}: {error}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(error, ConfigError) else 1
     recent = summary[f"mean_return_last_{WINDOW}"]
     reached = summary["reached_target"]
     print(f"{options.demo}: {summary['status']} after {summary['frames']} frames in {summary['seconds']:.1f} s; "

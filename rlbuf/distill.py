@@ -1,6 +1,6 @@
 """DistillationBuffer: observations with an expert's actions, for policy distillation and DAgger.
 
-DAgger aggregation over rounds is continued :meth:`DistillationBuffer.add`: each round the
+DAgger aggregation over rounds is continued [`DistillationBuffer.add`][rlbuf.DistillationBuffer.add]: each round the
 student acts, the expert labels the visited observations, and the labels join the buffer.
 
 Example:
@@ -27,14 +27,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from tensordict import TensorDictBase
 from torchrl.data import RandomSampler
 
 from rlbuf._base import RingBuffer, as_shape, extra_specs
+from rlbuf._core import _as_rows as rows_of
 from rlbuf._core import check_extras
 from rlbuf._obs import ObsDtype, ObsShape, leaf_names, record_layout
 from rlbuf.batches import DistillationBatch
-from rlbuf.spec import ExtraFields, FieldSpec
+from rlbuf.errors import ShapeError
+from rlbuf.replay import _read_td as read_td
+from rlbuf.spaces import resolve_field
+from rlbuf.spec import ExtraFields, FieldSpec, as_array
 from rlbuf.storage import DeviceLike, StorageKind
 
 
@@ -46,7 +52,8 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         obs_shape: shape of one observation, or a (nested) mapping of shapes, a TorchRL
             ``Composite`` or a gymnasium ``Dict`` space for dict observations.
         action_shape: shape of one expert action (``()`` for a discrete index).
-        num_envs: rows per :meth:`add`.
+        num_envs: the usual rows per [`add`][rlbuf.DistillationBuffer.add] (they take the fastest
+            path); batches of any other size are stored too.
         storage: ``"memory"`` or ``"memmap"``.
         scratch_dir: directory for memmap files.
         storing_device: where rows are stored.
@@ -54,9 +61,13 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         seed: seeds the buffer's generator; the global RNG is untouched.
         extra_fields: ``{"name": (shape, dtype)}``, e.g. ``expert_logits``, ``expert_value``,
             or privileged observations for teacher-student setups.
-        obs_dtype: stored observation dtype, or a mapping by key. Unset: the spec's or space's
-            dtype, else float32.
-        action_dtype: stored expert-action dtype.
+        observation_space: instead of ``obs_shape``/``obs_dtype``: a gymnasium space
+            (``envs.single_observation_space``) or a TorchRL spec (see [`rlbuf.spaces`][rlbuf.spaces]).
+        action_space: instead of ``action_shape``/``action_dtype``: ``envs.single_action_space``
+            or a TorchRL spec (a ``Discrete`` space stores an ``int64`` index).
+        obs_dtype: stored observation dtype, or a mapping by key for dict observations (default:
+            the space's or spec's, else float32).
+        action_dtype: stored expert-action dtype (default: the space's, else float32).
 
     Raises:
         ConfigError: invalid options.
@@ -66,12 +77,14 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         DistillationBuffer(size=0/100, storage=memory, storing_device=cpu, device=cpu, fields=[obs: (3,) float32, expert_action: () int64])
     """
 
+    _batch_type = DistillationBatch
+
     def __init__(
         self,
         capacity: int,
         *,
-        obs_shape: ObsShape,
-        action_shape: Sequence[int] | int,
+        obs_shape: ObsShape | None = None,
+        action_shape: Sequence[int] | int | None = None,
         num_envs: int = 1,
         storage: StorageKind = "memory",
         scratch_dir: str | Path | None = None,
@@ -79,9 +92,15 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         device: DeviceLike | None = None,
         seed: int | None = None,
         extra_fields: ExtraFields | None = None,
+        observation_space: Any = None,
+        action_space: Any = None,
         obs_dtype: ObsDtype | None = None,
-        action_dtype: torch.dtype = torch.float32,
+        action_dtype: torch.dtype | None = None,
     ) -> None:
+        obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype,
+                                             space_name="observation_space", shape_name="obs_shape", structured=True)
+        action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype,
+                                                   space_name="action_space", shape_name="action_shape")
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         fixed = [*self._obs.specs("obs", "observation"),
@@ -92,26 +111,78 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
                     scratch_dir=scratch_dir, storing_device=storing_device, device=device, seed=seed)
 
     def add(self, obs: Any, expert_action: Any, **extras: Any) -> None:
-        """Store ``num_envs`` rows: observations and the expert's actions (plus extras).
+        """Store a batch of rows of any size: observations and the expert's actions (plus extras).
+
+        The batch is whatever the envs gave: ``[B, *obs_shape]`` for any ``B``, or one row
+        without a batch dim. Adds of ``num_envs`` rows take the fastest path.
 
         Args:
-            obs: observations ``[num_envs, *obs_shape]`` (env dim optional when 1).
-            expert_action: the expert's actions ``[num_envs, *action_shape]``.
-            **extras: one value per declared extra field.
+            obs: observations ``[B, *obs_shape]``, or ``obs_shape`` for one row.
+            expert_action: the expert's actions ``[B, *action_shape]``.
+            **extras: one value per declared extra field, ``B`` rows each.
 
         Raises:
             ShapeError, DtypeError, DeviceError, MissingFieldError: before anything is stored.
 
         Example:
-            >>> buf = DistillationBuffer(10, obs_shape=(3,), action_shape=(), action_dtype=torch.int64, num_envs=2)
-            >>> buf.add(torch.zeros(2, 3), torch.tensor([0, 1]))
-            >>> len(buf), buf.sample_all().expert_action.tolist()
-            (2, [0, 1])
+            >>> buf = DistillationBuffer(100, obs_shape=(3,), action_shape=(), action_dtype=torch.int64, num_envs=16)
+            >>> buf.add(torch.zeros(16, 3), torch.zeros(16, dtype=torch.int64))
+            >>> buf.add(torch.zeros(3, 3), torch.tensor([0, 1, 2]))
+            >>> buf.add(torch.zeros(3), 1)                      # one row, no batch dim
+            >>> len(buf), buf.sample_all().expert_action[-4:].tolist()
+            (20, [0, 1, 2, 1])
         """
         check_extras(self._extra_specs, extras)
-        values = {**dict(zip(leaf_names("obs", self._obs), self._obs.split("obs", obs), strict=True)),
-                  "expert_action": expert_action, **extras}
-        self._ring.add(tuple(values[spec.name] for spec in self._ring.input_specs), self._num_envs)
+        if self._obs.structured:  # dict observations: num_envs rows per call
+            values = {**dict(zip(leaf_names("obs", self._obs), self._obs.split("obs", obs), strict=True)),
+                      "expert_action": expert_action, **extras}
+            self._ring.add(tuple(values[spec.name] for spec in self._ring.input_specs), self._num_envs)
+            return
+        obs_shape = self._ring.by_name["obs"].shape
+        if not isinstance(obs, torch.Tensor):
+            obs = torch.from_numpy(np.ascontiguousarray(as_array("obs", obs)))  # checked: numbers, not ragged
+        given = tuple(obs.shape)
+        values = {"obs": obs, "expert_action": expert_action, **extras}
+        ordered = tuple(values[spec.name] for spec in self._ring.input_specs)
+        if given == obs_shape:
+            rows = 1
+        elif len(given) == len(obs_shape) + 1 and given[1:] == obs_shape:
+            rows = given[0]
+        else:
+            raise ShapeError(f"obs: expected shape (B, *{obs_shape}) or {obs_shape} for one row, got {given}")
+        if rows == self._num_envs:
+            self._ring.add(ordered, rows)
+            return
+        tensors = {spec.name: rows_of(value if isinstance(value, torch.Tensor) else as_array(spec.name, value),
+                                      spec.shape, rows)
+                   for spec, value in zip(self._ring.input_specs, ordered, strict=True)}
+        if rows == 0:
+            for spec in self._ring.input_specs:
+                spec.check_tensor(tensors[spec.name], (0,), self._ring.accepted_devices)
+            return
+        self._ring.write_tensors(tensors, rows)
+
+    def extend(self, td: TensorDictBase) -> None:
+        """Store a TensorDict of any batch shape (flattened row-major): ``"observation"``,
+        ``"expert_action"`` and the extra fields by name; other keys are ignored.
+
+        Raises:
+            MissingFieldError, ShapeError, DtypeError, DeviceError: before anything is stored.
+
+        Example:
+            >>> from tensordict import TensorDict
+            >>> buf = DistillationBuffer(100, obs_shape=(3,), action_shape=(2,))
+            >>> buf.extend(TensorDict({"observation": torch.zeros(4, 5, 3), "expert_action": torch.ones(4, 5, 2)},
+            ...                       batch_size=[4, 5]))
+            >>> len(buf)
+            20
+        """
+        rows = int(td.batch_size.numel())
+        lead = tuple(td.batch_size)
+        tensors: dict[str, torch.Tensor] = {}
+        for spec in self._ring.input_specs:
+            tensors[spec.name] = read_td(td, spec, lead).reshape(rows, *spec.shape)
+        self._ring.write_tensors(tensors, rows)
 
     def sample(self, batch_size: int) -> DistillationBatch:
         """Draw ``batch_size`` rows uniformly (with replacement), delivered on ``device``.

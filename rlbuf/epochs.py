@@ -232,7 +232,7 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict` taken from an iterator with the same options.
+        """Continue from a [`state_dict`][rlbuf.EpochIterator.state_dict] taken from an iterator with the same options.
 
         Raises:
             CheckpointError: the state belongs to an iterator over other sizes or epochs.

@@ -1,6 +1,6 @@
 """Exception classes: one per kind of mistake, all raised before any buffer state changes.
 
-Every class derives from :class:`RlbufError` and from the built-in exception a user would
+Every class derives from [`RlbufError`][rlbuf.errors.RlbufError] and from the built-in exception a user would
 expect (``ValueError``, ``TypeError`` ...), so ``except ValueError`` keeps working.
 
 Example:

@@ -307,7 +307,7 @@ class GAE(Transform):  # type: ignore[misc]
             MissingFieldError: a required entry is absent.
             ShapeError: a batch that is not 1-D or 2-D, or an entry whose shape is neither
                 the batch shape nor the batch shape plus a trailing 1.
-            DtypeError, DeviceError, NonFiniteError: as :func:`compute_gae` raises them.
+            DtypeError, DeviceError, NonFiniteError: as [`compute_gae`][rlbuf.gae.compute_gae] raises them.
 
         Example:
             >>> import torch
@@ -648,7 +648,7 @@ def _scan_steps(delta: torch.Tensor, trace: torch.Tensor) -> torch.Tensor:
 
 
 def _scan_doubling(delta: torch.Tensor, trace: torch.Tensor) -> torch.Tensor:
-    """The same recurrence as :func:`_scan_steps` in ``ceil(log2 T)`` rounds of whole-tensor ops.
+    """The same recurrence as ``_scan_steps`` in ``ceil(log2 T)`` rounds of whole-tensor ops.
 
     After the round with offset ``k``, ``advantage[i]`` sums ``delta`` over ``[i, i + 2k)`` with
     the products of ``trace`` as weights, and ``coef[i]`` is the product of ``trace`` over the

@@ -1,14 +1,14 @@
 """A ReplayBuffer served by a Ray actor: collectors on any node write, the learner samples.
 
 Install with ``pip install "rlbuf[ray]"``. The actor is TorchRL's
-:class:`~torchrl.data.RayReplayBuffer`, built with ``replay_buffer_cls=ReplayBufferHost``: the
-object inside the actor is a real :class:`rlbuf.ReplayBuffer` (validation, typed fields,
+``RayReplayBuffer``, built with ``replay_buffer_cls=ReplayBufferHost``: the
+object inside the actor is a real [`ReplayBuffer`][rlbuf.ReplayBuffer] (validation, typed fields,
 prioritized replay, the pickle-free checkpoint format). Two ways in:
 
-* :class:`RemoteReplayBuffer` on the learner: rlbuf's typed API (``add``, ``extend``,
-  ``sample`` delivering a :class:`~rlbuf.ReplayBatch` on the learner's ``device``, ``save``,
+* [`RemoteReplayBuffer`][rlbuf.ray.RemoteReplayBuffer] on the learner: rlbuf's typed API (``add``, ``extend``,
+  ``sample`` delivering a [`ReplayBatch`][rlbuf.ReplayBatch] on the learner's ``device``, ``save``,
   ``state_dict``), plus ``close()`` that stops the actor. Sending it to a Ray task or actor
-  sends a :class:`RemoteReplayBufferHandle`: the same calls, without the right to stop it.
+  sends a [`RemoteReplayBufferHandle`][rlbuf.ray.RemoteReplayBufferHandle]: the same calls, without the right to stop it.
 * ``buffer.torchrl``: the ``RayReplayBuffer`` itself, for TorchRL code (``RayCollector(...,
   replay_buffer=buffer.torchrl)``, ``buffer.torchrl.sample(32)`` giving a TensorDict).
 
@@ -46,20 +46,20 @@ _BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated
 
 
 class ReplayBufferHost:
-    """What runs inside the Ray actor: an :class:`rlbuf.ReplayBuffer` behind TorchRL's calls.
+    """What runs inside the Ray actor: a [`ReplayBuffer`][rlbuf.ReplayBuffer] behind TorchRL's calls.
 
     TorchRL's ``RayReplayBuffer(replay_buffer_cls=ReplayBufferHost, **options)`` builds it
     remotely as ``ReplayBufferHost(delayed_init=..., **options)``. It answers the calls TorchRL's
     Ray client makes (``extend``, ``add``, ``sample``, ``len``, ``save``, ``load`` ...) with
     rlbuf's own paths, so a TorchRL collector's batches are validated like any ``extend``
     and ``save`` writes rlbuf's checkpoint format, and the ``rlbuf_*`` calls that
-    :class:`RemoteReplayBuffer` makes. Not meant to be built by hand.
+    [`RemoteReplayBuffer`][rlbuf.ray.RemoteReplayBuffer] makes. Not meant to be built by hand.
 
     Args:
         delayed_init: TorchRL's option; ignored (the storage is always built up front).
         checkpoint: rebuild the buffer from this checkpoint directory (on the actor's node)
             instead of from ``options``.
-        **options: :class:`rlbuf.ReplayBuffer` arguments.
+        **options: [`ReplayBuffer`][rlbuf.ReplayBuffer] arguments.
 
     Example:
         >>> host = ReplayBufferHost(capacity=10, obs_shape=(2,), action_shape=())
@@ -96,7 +96,7 @@ class ReplayBufferHost:
 
     # -- TorchRL's replay-buffer calls --------------------------------------------------------
     def extend(self, data: TensorDictBase) -> None:
-        """Store a TensorDict batch in TorchRL layout (see :meth:`rlbuf.ReplayBuffer.extend`)."""
+        """Store a TensorDict batch in TorchRL layout (see [`ReplayBuffer.extend`][rlbuf.ReplayBuffer.extend])."""
         self.buffer.extend(data)
 
     def add(self, data: TensorDictBase) -> None:
@@ -124,7 +124,7 @@ class ReplayBufferHost:
         return self.buffer._ring.write_count
 
     def update_priority(self, index: Any, priority: Any) -> None:
-        """See :meth:`rlbuf.ReplayBuffer.update_priority`."""
+        """See [`ReplayBuffer.update_priority`][rlbuf.ReplayBuffer.update_priority]."""
         self.buffer.update_priority(index, priority)
 
     def empty(self, empty_write_count: bool = True) -> None:
@@ -141,11 +141,11 @@ class ReplayBufferHost:
         self.buffer.load_state_dict(load_state(path, kind="ReplayBuffer"))
 
     def state_dict(self) -> dict[str, Any]:
-        """See :meth:`rlbuf.ReplayBuffer.state_dict`."""
+        """See [`ReplayBuffer.state_dict`][rlbuf.ReplayBuffer.state_dict]."""
         return self.buffer.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """See :meth:`rlbuf.ReplayBuffer.load_state_dict`."""
+        """See [`ReplayBuffer.load_state_dict`][rlbuf.ReplayBuffer.load_state_dict]."""
         self.buffer.load_state_dict(state)
 
     def stats(self) -> dict[str, Any]:
@@ -166,38 +166,38 @@ class ReplayBufferHost:
                 "storing_device": str(buffer.storing_device), "keys": keys, "repr": repr(buffer)}
 
     def rlbuf_add(self, *args: Any, **kwargs: Any) -> None:
-        """See :meth:`rlbuf.ReplayBuffer.add` (numpy arrays or Python values)."""
+        """See [`ReplayBuffer.add`][rlbuf.ReplayBuffer.add] (numpy arrays or Python values)."""
         self.buffer.add(*args, **kwargs)
 
     def rlbuf_extend(self, columns: list[tuple[Any, Any]], batch_size: list[int]) -> None:
-        """See :meth:`rlbuf.ReplayBuffer.extend`: the TensorDict's leaves as ``(key, array)`` pairs."""
+        """See [`ReplayBuffer.extend`][rlbuf.ReplayBuffer.extend]: the TensorDict's leaves as ``(key, array)`` pairs."""
         self.buffer.extend(TensorDict({key: _from_wire(value) for key, value in columns}, batch_size=batch_size))
 
     def rlbuf_sample(self, batch_size: int) -> dict[str, Any]:
-        """See :meth:`rlbuf.ReplayBuffer.sample` (the batch as a dict of its fields)."""
+        """See [`ReplayBuffer.sample`][rlbuf.ReplayBuffer.sample] (the batch as a dict of its fields)."""
         fields: dict[str, Any] = _to_wire(_fields(self.buffer.sample(batch_size)))
         return fields
 
     def rlbuf_sample_all(self) -> dict[str, Any]:
-        """See :meth:`rlbuf.ReplayBuffer.sample_all`."""
+        """See [`ReplayBuffer.sample_all`][rlbuf.ReplayBuffer.sample_all]."""
         fields: dict[str, Any] = _to_wire(_fields(self.buffer.sample_all()))
         return fields
 
     def rlbuf_update_priority(self, index: Any, priority: Any) -> None:
-        """See :meth:`rlbuf.ReplayBuffer.update_priority`."""
+        """See [`ReplayBuffer.update_priority`][rlbuf.ReplayBuffer.update_priority]."""
         self.buffer.update_priority(_from_wire(index), _from_wire(priority))
 
     def rlbuf_state_dict(self, data: bool = True) -> dict[str, Any]:
-        """See :meth:`rlbuf.ReplayBuffer.state_dict`."""
+        """See [`ReplayBuffer.state_dict`][rlbuf.ReplayBuffer.state_dict]."""
         state: dict[str, Any] = _to_wire(self.buffer.state_dict(data=data))
         return state
 
     def rlbuf_load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """See :meth:`rlbuf.ReplayBuffer.load_state_dict`."""
+        """See [`ReplayBuffer.load_state_dict`][rlbuf.ReplayBuffer.load_state_dict]."""
         self.buffer.load_state_dict(_from_wire(dict(state)))
 
     def rlbuf_save(self, path: str, data: bool = True) -> None:
-        """See :meth:`rlbuf.ReplayBuffer.save`."""
+        """See [`ReplayBuffer.save`][rlbuf.ReplayBuffer.save]."""
         self.buffer.save(path, data=data)
 
     def rlbuf_close(self) -> None:
@@ -245,7 +245,7 @@ def _to_wire(value: Any) -> Any:
 
 
 def _from_wire(value: Any) -> Any:
-    """Undo :func:`_to_wire`. Arrays Ray hands over are read-only views of its buffers: copied."""
+    """Undo ``_to_wire``. Arrays Ray hands over are read-only views of its buffers: copied."""
     if isinstance(value, np.ndarray):
         return torch.from_numpy(value if value.flags.writeable else value.copy())
     if isinstance(value, dict):
@@ -256,10 +256,10 @@ def _from_wire(value: Any) -> Any:
 
 
 class RemoteReplayBufferHandle:
-    """A writer's (or a second reader's) view of a :class:`RemoteReplayBuffer`: picklable, cannot stop it.
+    """A writer's (or a second reader's) view of a [`RemoteReplayBuffer`][rlbuf.ray.RemoteReplayBuffer]: picklable, cannot stop it.
 
     What a Ray task or actor receives when given a ``RemoteReplayBuffer`` (or its
-    :attr:`~RemoteReplayBuffer.handle`). Batches are delivered on ``device`` (CPU for handles).
+    [`handle`][rlbuf.ray.RemoteReplayBuffer.handle]). Batches are delivered on ``device`` (CPU for handles).
     Errors raised by the buffer (``ShapeError``, ``EmptyBufferError`` ...) are raised here as
     themselves.
 
@@ -304,14 +304,14 @@ class RemoteReplayBufferHandle:
 
     def add(self, obs: Any, action: Any = None, reward: Any = None, next_obs: Any = None, terminated: Any = None,
             truncated: Any = None, **extras: Any) -> None:
-        """Store one env step; see :meth:`rlbuf.ReplayBuffer.add` (tensors travel via CPU)."""
+        """Store one env step; see [`ReplayBuffer.add`][rlbuf.ReplayBuffer.add] (tensors travel via CPU)."""
         if isinstance(obs, Transition):
             obs = obs._replace(**{name: _to_wire(getattr(obs, name)) for name in obs._fields})
         values = [_to_wire(v) for v in (obs, action, reward, next_obs, terminated, truncated)]
         self._call("rlbuf_add", *values, **{name: _to_wire(v) for name, v in extras.items()})
 
     def extend(self, td: TensorDictBase) -> None:
-        """Store a TensorDict batch in TorchRL layout; see :meth:`rlbuf.ReplayBuffer.extend`.
+        """Store a TensorDict batch in TorchRL layout; see [`ReplayBuffer.extend`][rlbuf.ReplayBuffer.extend].
 
         Only the keys the buffer stores travel (all leaves for a handle made by hand).
         """
@@ -320,7 +320,7 @@ class RemoteReplayBufferHandle:
         self._call("rlbuf_extend", columns, list(td.batch_size))
 
     def sample(self, batch_size: int) -> ReplayBatch:
-        """Draw ``batch_size`` transitions on the actor, delivered on :attr:`device`.
+        """Draw ``batch_size`` transitions on the actor, delivered on [`device`][rlbuf.ray.RemoteReplayBufferHandle.device].
 
         Raises:
             BatchSizeError: ``batch_size`` is not a positive int.
@@ -329,18 +329,18 @@ class RemoteReplayBufferHandle:
         return self._batch(self._call("rlbuf_sample", batch_size))
 
     def sample_all(self) -> ReplayBatch:
-        """Every stored row, oldest first, delivered on :attr:`device`."""
+        """Every stored row, oldest first, delivered on [`device`][rlbuf.ray.RemoteReplayBufferHandle.device]."""
         return self._batch(self._call("rlbuf_sample_all"))
 
     def update_priority(self, index: Any, priority: Any) -> None:
-        """See :meth:`rlbuf.ReplayBuffer.update_priority`."""
+        """See [`ReplayBuffer.update_priority`][rlbuf.ReplayBuffer.update_priority]."""
         self._call("rlbuf_update_priority", _to_wire(torch.as_tensor(index)), _to_wire(torch.as_tensor(priority)))
 
     def state_dict(self, *, data: bool = True) -> dict[str, Any]:
-        """The remote buffer's :meth:`~rlbuf.ReplayBuffer.state_dict`, copied here.
+        """The remote buffer's [`state_dict`][rlbuf.ReplayBuffer.state_dict], copied here.
 
         Write it on this machine with ``rlbuf.checkpoint.save_state(state, path)``; it loads
-        with :meth:`rlbuf.ReplayBuffer.load`.
+        with [`ReplayBuffer.load`][rlbuf.ReplayBuffer.load].
         """
         state: dict[str, Any] = _from_wire(self._call("rlbuf_state_dict", data))
         return state
@@ -350,7 +350,7 @@ class RemoteReplayBufferHandle:
         self._call("rlbuf_load_state_dict", _to_wire(dict(state)))
 
     def save(self, path: str | Path, *, data: bool = True) -> None:
-        """Write a checkpoint at ``path`` on the actor's node (see :meth:`rlbuf.ReplayBuffer.save`).
+        """Write a checkpoint at ``path`` on the actor's node (see [`ReplayBuffer.save`][rlbuf.ReplayBuffer.save]).
 
         A relative ``path`` is made absolute here first. On a multi-node cluster ``path`` must
         be storage the actor's node can write, e.g. a shared file system;
@@ -367,13 +367,13 @@ class RemoteReplayBufferHandle:
 
 
 class RemoteReplayBuffer(RemoteReplayBufferHandle):
-    """A :class:`rlbuf.ReplayBuffer` in a Ray actor, sampled on the learner's ``device``.
+    """A [`ReplayBuffer`][rlbuf.ReplayBuffer] in a Ray actor, sampled on the learner's ``device``.
 
     Starts Ray (``ray.init(**ray_init_config)``) if it is not running, and shuts it down on
-    :meth:`close` if it started it. The actor holds the storage, so ``storage="memmap"``
+    [`close`][rlbuf.ray.RemoteReplayBuffer.close] if it started it. The actor holds the storage, so ``storage="memmap"``
     files and ``scratch_dir`` are on the actor's node. Give the buffer itself (or
-    :attr:`handle`) to Ray tasks and actors that write: they get a
-    :class:`RemoteReplayBufferHandle`.
+    [`handle`][rlbuf.ray.RemoteReplayBuffer.handle]) to Ray tasks and actors that write: they get a
+    [`RemoteReplayBufferHandle`][rlbuf.ray.RemoteReplayBufferHandle].
 
     Args:
         capacity: transitions kept; the oldest are overwritten first once full.
@@ -386,12 +386,12 @@ class RemoteReplayBuffer(RemoteReplayBufferHandle):
             (e.g. ``{"address": "auto"}`` to join a cluster).
         checkpoint: build the buffer from this checkpoint (a path on the actor's node)
             instead of from the options; ``capacity`` and shapes are then ignored.
-        **options: the other :class:`rlbuf.ReplayBuffer` options (``num_envs``,
+        **options: the other [`ReplayBuffer`][rlbuf.ReplayBuffer] options (``num_envs``,
             ``prioritized``, ``storage``, ``seed``, ``extra_fields``, dtypes ...), applied
             in the actor; ``storing_device`` is the actor's device.
 
     Raises:
-        ConfigError, CheckpointError: as :class:`rlbuf.ReplayBuffer` would (the actor is
+        ConfigError, CheckpointError: as [`ReplayBuffer`][rlbuf.ReplayBuffer] would (the actor is
             stopped again).
 
     Example:
@@ -442,7 +442,7 @@ class RemoteReplayBuffer(RemoteReplayBufferHandle):
         """A new remote buffer rebuilt from the checkpoint at ``path`` on the actor's node.
 
         Raises:
-            CheckpointError: as :meth:`rlbuf.ReplayBuffer.load`.
+            CheckpointError: as [`ReplayBuffer.load`][rlbuf.ReplayBuffer.load].
         """
         return cls(device=device, actor_options=actor_options, ray_init_config=ray_init_config, checkpoint=path)
 
@@ -481,7 +481,7 @@ class RemoteReplayBuffer(RemoteReplayBufferHandle):
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` has stopped the actor."""
+        """Whether [`close`][rlbuf.ray.RemoteReplayBuffer.close] has stopped the actor."""
         return self._service is None
 
     def _live_service(self) -> RayReplayBuffer:

@@ -43,7 +43,8 @@ from rlbuf._obs import (
     record_layout,
     torchrl_env_key,
 )
-from rlbuf._streams import PaddingType, stream_bytes
+from rlbuf._sizing import row_bytes
+from rlbuf._streams import PaddingType
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.batches import ReplayBatch
 from rlbuf.epochs import EpochIterator
@@ -56,13 +57,14 @@ from rlbuf.errors import (
     ShapeError,
 )
 from rlbuf.sequences import ReplaySequenceBatch, burn_in_steps, sequence_flags, sequence_starts
+from rlbuf.spaces import resolve_field
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
 
 _MAX_PRIORITY = 1e100
 _FIXED = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
-_PRIORITY_BYTES = 32  # the sum tree's sum and min nodes: two float64 pairs per row
+_PER_ALPHA, _PER_BETA = 0.6, 0.4
 
 
 class Transition(NamedTuple):
@@ -104,7 +106,8 @@ def replay_specs(obs_shape: Any, action_shape: tuple[int, ...], obs_dtype: Any,
         FieldSpec("truncated", ("next", "truncated"), (), torch.bool, trailing_one=True),
         FieldSpec("done", ("next", "done"), (), torch.bool, trailing_one=True),
     ]
-    reserved = {"next_obs": "the next observation of every batch", "discount": "an attribute of every batch"}
+    reserved = {"next_obs": "the next observation of every batch", "discount": "an attribute of every batch",
+                "env_mask": "an argument of add()"}
     return (*specs, *extra_specs(extra_fields, specs, reserved))
 
 
@@ -117,20 +120,25 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             shapes, a TorchRL ``Composite`` spec or a gymnasium ``Dict`` space (see
             [structured observations](structured.md)): batches then give ``batch.obs`` as a ``TensorDict``.
         action_shape: shape of one action (``()`` for a discrete action index).
-        num_envs: rows per :meth:`add` (one per vectorised env).
+        num_envs: rows per [`add`][rlbuf.ReplayBuffer.add] (one per vectorised env).
         prioritized: prioritized experience replay (sum tree), with ``alpha`` and ``beta``.
-        alpha: priority exponent.
-        beta: importance-sampling exponent.
+        alpha: priority exponent (default 0.6); only with ``prioritized=True``.
+        beta: importance-sampling exponent (default 0.4); only with ``prioritized=True``.
         storage: ``"memory"`` (RAM or GPU) or ``"memmap"`` (disk files, larger than RAM).
         scratch_dir: directory for memmap files (a temporary one, removed on close, by default).
         storing_device: where transitions are stored.
         device: where sampled batches are delivered (defaults to ``storing_device``).
         seed: seeds the buffer's own generator; sampling never touches the global RNG.
         extra_fields: ``{"name": (shape, dtype)}`` stored with every transition.
+        observation_space: instead of ``obs_shape``/``obs_dtype``: a gymnasium space
+            (``envs.single_observation_space``, a ``Dict`` space for dict observations) or a TorchRL
+            spec (see [`rlbuf.spaces`][rlbuf.spaces]).
+        action_space: instead of ``action_shape``/``action_dtype``: ``envs.single_action_space``
+            or a TorchRL spec (a ``Discrete`` space stores an ``int64`` index).
         obs_dtype: stored observation dtype (``torch.uint8`` for images: 1 byte per value); for
             dict observations one dtype or a mapping by key. Unset: the spec's or space's dtype, else float32.
-        action_dtype: stored action dtype.
-        stats: an :class:`~rlbuf.EpisodeStats` fed with every step added (returns, lengths).
+        action_dtype: stored action dtype (default: the space's, else float32).
+        stats: an [`EpisodeStats`][rlbuf.EpisodeStats] fed with every step added (returns, lengths).
         frame_stack: ``k`` for stacked observations ``obs_shape=(k, *frame)`` (gymnasium's
             ``FrameStackObservation``, newest frame last): each frame is stored once and the
             stacks are rebuilt when sampled. Needs the compact layout.
@@ -147,7 +155,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             See [Pixels and memory](../pixels.md).
         hidden_state_shape: a recurrent policy's hidden state stored with every step, e.g.
             ``{"h": (layers, 256), "c": (layers, 256)}`` (float32, TorchRL's
-            ``"recurrent_state_h"`` keys); :meth:`sample_sequences` gives it at each sequence start.
+            ``"recurrent_state_h"`` keys); [`sample_sequences`][rlbuf.ReplayBuffer.sample_sequences] gives it at each sequence start.
 
     Raises:
         ConfigError: contradictory or invalid options.
@@ -159,24 +167,28 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         ReplayBuffer(size=0/100, storage=memory, storing_device=cpu, device=cpu, prioritized=False, compact=True, frame_stack=4, n_step=3, bytes_per_transition~7.113 kB, fields=[obs: (84, 84) uint8, action: () int64, reward: () float32, terminated: () bool, truncated: () bool, done: () bool])
     """
 
+    _batch_type = ReplayBatch
+
     def __init__(
         self,
         capacity: int,
         *,
-        obs_shape: ObsShape,
-        action_shape: Sequence[int] | int,
+        obs_shape: ObsShape | None = None,
+        action_shape: Sequence[int] | int | None = None,
         num_envs: int = 1,
         prioritized: bool = False,
-        alpha: float = 0.6,
-        beta: float = 0.4,
+        alpha: float | None = None,
+        beta: float | None = None,
         storage: StorageKind = "memory",
         scratch_dir: str | Path | None = None,
         storing_device: DeviceLike = "cpu",
         device: DeviceLike | None = None,
         seed: int | None = None,
         extra_fields: ExtraFields | None = None,
+        observation_space: Any = None,
+        action_space: Any = None,
         obs_dtype: ObsDtype | None = None,
-        action_dtype: torch.dtype = torch.float32,
+        action_dtype: torch.dtype | None = None,
         stats: EpisodeStats | None = None,
         frame_stack: int = 1,
         padding_type: PaddingType = "reset",
@@ -185,6 +197,10 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         compact: bool | None = None,
         hidden_state_shape: Sequence[int] | int | Mapping[str, Sequence[int] | int] | None = None,
     ) -> None:
+        obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype,
+                                             space_name="observation_space", shape_name="obs_shape", structured=True)
+        action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype,
+                                                   space_name="action_space", shape_name="action_shape")
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         positive_int("num_envs", num_envs)
@@ -204,6 +220,11 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._gamma = float(gamma)
         self._attach_stats(stats, num_envs)
         prioritized = as_flag("prioritized", prioritized)
+        if not prioritized and (alpha is not None or beta is not None):
+            given = ", ".join(f"{k}={v}" for k, v in (("alpha", alpha), ("beta", beta)) if v is not None)
+            raise ConfigError(f"{given}: only used by prioritized replay; pass prioritized=True, or leave them out "
+                              f"for uniform sampling")
+        alpha, beta = _PER_ALPHA if alpha is None else alpha, _PER_BETA if beta is None else beta
         for name, exponent in (("alpha", alpha), ("beta", beta)):
             if isinstance(exponent, bool) or not isinstance(exponent, (int, float, np.integer, np.floating)) or not (
                     0 <= exponent < math.inf):
@@ -227,7 +248,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                                       extra_names=list(self._extra_specs)) if compact else None
         self._row_bytes = self.bytes_per_transition(
             obs_shape=obs_shape, action_shape=action_shape, obs_dtype=obs_dtype, action_dtype=action_dtype,
-            extra_fields=extra_fields, prioritized=prioritized, frame_stack=frame_stack, n_step=n_step, compact=compact)
+            extra_fields=extra_fields, prioritized=prioritized, frame_stack=frame_stack, n_step=n_step, compact=compact,
+            hidden_state_shape=hidden_state_shape)
 
     @property
     def compact(self) -> bool:
@@ -270,7 +292,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
 
         Raises:
             ConfigError: the buffer is compact (its newest rows are not complete
-                transitions yet): use :meth:`sample`.
+                transitions yet): use ``sample``.
 
         Example:
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
@@ -296,6 +318,13 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             if not isinstance(state.get("streams"), dict):
                 raise CheckpointError("state: a compact buffer's checkpoint must hold its streams, found none")
             self._compact.load_state_dict(state["streams"])
+
+    @classmethod
+    def _options_from_checkpoint(cls, options: dict[str, Any]) -> dict[str, Any]:
+        # rlbuf 0.1.0 recorded alpha=0.6, beta=0.4 for uniform buffers too; they are refused now.
+        if not options.get("prioritized", False):
+            options = {**options, "alpha": None, "beta": None}
+        return options
 
     @property
     def prioritized(self) -> bool:
@@ -346,14 +375,16 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         frame_stack: int = 1,
         n_step: int = 1,
         compact: bool | None = None,
+        hidden_state_shape: Sequence[int] | int | Mapping[str, Sequence[int] | int] | None = None,
         episode_length: float | None = None,
     ) -> float:
         """Estimated bytes one stored transition takes, to size a buffer for a machine.
 
-        Counts the stored fields, the priority tree, the stream bookkeeping of the compact
-        layout and, given the mean ``episode_length``, the final observations kept aside
-        (one per episode). Memory of a buffer is about ``capacity`` times this (on disk with
-        ``storage="memmap"``, except final observations, which stay in RAM).
+        Counts the stored fields (hidden states included), the priority tree, the stream
+        bookkeeping of the compact layout and, given the mean ``episode_length``, the final
+        observations kept aside (one per episode). Memory of a buffer is about ``capacity``
+        times this (on disk with ``storage="memmap"``, except the priority tree, the stream
+        bookkeeping and the final observations, which stay in RAM).
 
         Args:
             obs_shape: as for the constructor (the whole stack with ``frame_stack > 1``).
@@ -365,6 +396,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             frame_stack: as for the constructor.
             n_step: as for the constructor.
             compact: as for the constructor.
+            hidden_state_shape: as for the constructor.
             episode_length: mean steps per episode (``None``: final observations not counted).
 
         Raises:
@@ -380,23 +412,21 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         """
         obs = Layout.parse(obs_shape, obs_dtype)
         single = None if obs.structured else obs.leaves[0]
-        if single is None and (compact is True or frame_stack != 1 or n_step != 1):
-            raise ConfigError("compact, frame_stack, n_step: the compact layout stores single-tensor observations; "
-                              "got a dict observation")
+        if (single is None or hidden_state_shape is not None) and (compact is True or frame_stack != 1 or n_step != 1):
+            raise ConfigError("compact, frame_stack, n_step: the compact layout stores single-tensor observations "
+                              "without hidden states; got " + ("a dict observation" if single is None
+                                                               else "hidden_state_shape"))
         compact = layout_options(() if single is None else single.shape, frame_stack=frame_stack,
                                  padding_type="reset", n_step=n_step, gamma=0.99, compact=compact)
         stored: Any = obs_shape if single is None else single.shape[1:] if frame_stack > 1 else single.shape
         specs = replay_specs(stored, as_shape(action_shape, "action_shape"), obs_dtype if single is None
                              else single.dtype, action_dtype, extra_fields, next_obs=not compact)
-        total = float(sum(math.prod(s.shape) * s.dtype.itemsize for s in specs))
-        if prioritized:
-            total += _PRIORITY_BYTES
-        if compact:
-            total += stream_bytes(frame_stack)
-            if episode_length is not None:
-                assert single is not None  # compact layouts hold single-tensor observations
-                total += math.prod(stored) * single.dtype.itemsize / episode_length
-        return total
+        if hidden_state_shape is not None:
+            specs = (*specs, *hidden_state_layout(hidden_state_shape).specs("hidden_state", hidden_state_key))
+        final_obs = 0.0 if single is None else math.prod(stored) * single.dtype.itemsize
+        return row_bytes([(s.shape, s.dtype.itemsize) for s in specs], prioritized=as_flag("prioritized", prioritized),
+                         compact=compact, frame_stack=frame_stack, final_obs_bytes=final_obs,
+                         episode_length=episode_length)
 
     # -- writing -----------------------------------------------------------------------------
     def add(
@@ -408,6 +438,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         terminated: Any = None,
         truncated: Any = None,
         hidden_state: Any = None,
+        *,
+        env_mask: Any = None,
         **extras: Any,
     ) -> None:
         """Store one env step: ``num_envs`` transitions (the env dim may be omitted if 1).
@@ -417,7 +449,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         stays within its kind (float64 → float32 is fine, float → uint8 is refused).
 
         Args:
-            obs: observations ``[num_envs, *obs_shape]``; or a :class:`Transition`.
+            obs: observations ``[num_envs, *obs_shape]``; or a [`Transition`][rlbuf.Transition].
             action: actions ``[num_envs, *action_shape]``.
             reward: rewards ``[num_envs]``, finite.
             next_obs: observations after the step (the final observation for a truncated
@@ -426,6 +458,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             truncated: a time limit cut the episode ``[num_envs]`` bool; ``None`` = False.
             hidden_state: the policy's hidden state the action was computed from, if the buffer
                 stores one (``[num_envs, *shape]``, a dict for ``{"h": ..., "c": ...}``).
+            env_mask: ``[num_envs]`` bools: store only the rows of these envs (e.g. leave out
+                the reset steps of gymnasium's ``NEXT_STEP`` autoreset; [`Recorder`][rlbuf.gym.Recorder]
+                does it for you). Every row is still validated; the stats skip the others.
             **extras: one value per declared extra field.
 
         Raises:
@@ -453,21 +488,44 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             raise MissingFieldError("hidden_state: this buffer stores one with every step" if hidden_state is None
                                     else "hidden_state: this buffer was built without hidden_state_shape")
         if self._compact is not None:
+            if env_mask is not None:
+                raise ConfigError("env_mask: not available for a compact buffer (frame_stack, n_step or "
+                                  "compact=True) yet; add the kept envs' rows with extend() instead")
             extra_values = tuple(extras[n] for n in self._extra_specs)
             self._compact.write(obs, next_obs, terminated, truncated, self._compact.all_envs,
                                 lambda frames, done, cut: self._ring.add(
                                     (frames, action, reward, done, cut, *extra_values), self._num_envs))
-        elif self._obs.structured or self._hidden is not None:
-            hidden = () if self._hidden is None else self._hidden.split("hidden_state", hidden_state)
-            self._ring.add((*self._obs.split("obs", obs), action, reward, *self._obs.split("next_obs", next_obs),
-                            terminated, truncated, *(extras[n] for n in self._extra_specs), *hidden), self._num_envs)
-        elif extras:
-            values = (obs, action, reward, next_obs, terminated, truncated, *(extras[n] for n in self._extra_specs))
-            self._ring.add(values, self._num_envs)
         else:
-            self._ring.add((obs, action, reward, next_obs, terminated, truncated), self._num_envs)
+            if self._obs.structured or self._hidden is not None:
+                hidden = () if self._hidden is None else self._hidden.split("hidden_state", hidden_state)
+                values: tuple[Any, ...] = (*self._obs.split("obs", obs), action, reward,
+                                           *self._obs.split("next_obs", next_obs), terminated, truncated,
+                                           *(extras[n] for n in self._extra_specs), *hidden)
+            else:
+                values = (obs, action, reward, next_obs, terminated, truncated, *(extras[n] for n in self._extra_specs))
+            if env_mask is not None:
+                self._add_envs(values, env_mask)
+            else:
+                self._ring.add(values, self._num_envs)
         if self._stats is not None:
-            self._stats.update(reward, terminated, truncated)
+            self._stats.update(reward, terminated, truncated, env_mask=env_mask)
+
+    def _add_envs(self, values: Sequence[Any], env_mask: Any) -> None:
+        """Validate every row of ``values``, then store the rows of the envs in ``env_mask``."""
+        n, ring = self._num_envs, self._ring
+        keep = torch.as_tensor(np.asarray(env_mask.cpu() if isinstance(env_mask, torch.Tensor) else env_mask))
+        if keep.dtype is not torch.bool or tuple(keep.shape) != (n,):
+            raise ShapeError(f"env_mask: expected {n} bools (one per env), got {keep.dtype} of shape {tuple(keep.shape)}")
+        rows: dict[str, torch.Tensor] = {}
+        for spec, value in zip(ring.input_specs, values, strict=True):
+            tensor = torch.as_tensor(value) if not isinstance(value, torch.Tensor) else value
+            if n == 1 and tuple(tensor.shape) == spec.shape:
+                tensor = tensor.unsqueeze(0)
+            spec.check_tensor(tensor, (n,), ring.accepted_devices)
+            rows[spec.name] = tensor[keep.to(tensor.device)]
+        kept = int(keep.sum())
+        if kept:
+            ring.write_tensors(rows, kept)
 
     def extend(self, td: TensorDictBase) -> None:
         """Store a TensorDict in TorchRL layout, e.g. a collector's ``[num_envs, T]`` batch.
@@ -588,7 +646,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         rows). It may run on past an episode's end (into the env's next episode) so that every
         step, late or in a short episode, can be drawn: ``mask`` turns False after the end,
         ``is_first`` marks episode starts. Steps of one env are ``num_envs`` rows apart as
-        :meth:`add` writes them; :meth:`extend` keeps that only for batches shaped
+        ``add`` writes them; ``extend`` keeps that only for batches shaped
         ``(..., num_envs)`` (time first).
 
         Args:

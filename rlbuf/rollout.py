@@ -2,7 +2,7 @@
 
 Storage is preallocated ``[num_steps, num_envs, ...]`` (a TorchRL storage of
 ``num_steps * num_envs`` rows, row ``t * num_envs + n``). Fill it step by step with
-:meth:`RolloutBuffer.add` or in one go with :meth:`RolloutBuffer.extend` from a TorchRL
+[`RolloutBuffer.add`][rlbuf.RolloutBuffer.add] or in one go with [`RolloutBuffer.extend`][rlbuf.RolloutBuffer.extend] from a TorchRL
 collector, compute advantages, then iterate shuffled minibatches on the training device.
 
 Example:
@@ -54,6 +54,7 @@ from rlbuf.errors import (
 )
 from rlbuf.gae import compute_gae
 from rlbuf.sequences import PaddedTrajectories, SequenceBatch, split_trajectories
+from rlbuf.spaces import resolve_field
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, check_finite_rows, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
@@ -116,18 +117,24 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         hidden_state_shape: the recurrent policy's hidden state per env and step, e.g.
             ``(layers, 256)`` for a GRU or ``{"h": (layers, 256), "c": (layers, 256)}`` for an
             LSTM (float32; stored at TorchRL's ``"recurrent_state"``/``"recurrent_state_h"`` keys).
-            Pass it to :meth:`add` as ``hidden_state=``; sequence minibatches give it at each
+            Pass it to ``add`` as ``hidden_state=``; sequence minibatches give it at each
             trajectory's start.
         storage: ``"memory"`` or ``"memmap"``.
         scratch_dir: directory for memmap files.
         storing_device: where the rollout is stored.
         device: where minibatches are delivered (defaults to ``storing_device``).
         seed: seeds the buffer's generator (minibatch shuffling); the global RNG is untouched.
-        extra_fields: ``{"name": (shape, dtype)}`` passed to :meth:`add` with every step.
+        extra_fields: ``{"name": (shape, dtype)}`` passed to [`add`][rlbuf.RolloutBuffer.add] with every step.
+        observation_space: instead of ``obs_shape``/``obs_dtype``: a gymnasium space
+            (``envs.single_observation_space``, a ``Dict`` space for dict observations) or a TorchRL
+            spec (see [`rlbuf.spaces`][rlbuf.spaces]).
+        action_space: instead of ``action_shape``/``action_dtype``: ``envs.single_action_space``
+            or a TorchRL spec (a ``Discrete`` space stores an ``int64`` index).
         obs_dtype: stored observation dtype (``torch.uint8`` for images), or a mapping by key.
             Unset: the spec's or space's dtype, else float32.
-        action_dtype: stored action dtype (``torch.int64`` for discrete actions).
-        stats: an :class:`~rlbuf.EpisodeStats` fed with every step added.
+        action_dtype: stored action dtype (default: the space's, else float32; ``torch.int64``
+            for discrete actions).
+        stats: an [`EpisodeStats`][rlbuf.EpisodeStats] fed with every step added.
 
     Raises:
         ConfigError: invalid options.
@@ -138,13 +145,15 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         RolloutBuffer(steps=0/24, num_envs=4096, storage=memory, storing_device=cpu, device=cpu, advantages=False, fields=[obs: (48,) float32, action: (12,) float32, reward: () float32, terminated: () bool, truncated: () bool, value: () float32, log_prob: () float32])
     """
 
+    _batch_type = RolloutBatch
+
     def __init__(
         self,
         num_steps: int,
         num_envs: int,
         *,
-        obs_shape: ObsShape,
-        action_shape: Sequence[int] | int,
+        obs_shape: ObsShape | None = None,
+        action_shape: Sequence[int] | int | None = None,
         privileged_obs_shape: Sequence[int] | int | None = None,
         hidden_state_shape: Sequence[int] | int | Mapping[str, Sequence[int] | int] | None = None,
         storage: StorageKind = "memory",
@@ -153,10 +162,16 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         device: DeviceLike | None = None,
         seed: int | None = None,
         extra_fields: ExtraFields | None = None,
+        observation_space: Any = None,
+        action_space: Any = None,
         obs_dtype: ObsDtype | None = None,
-        action_dtype: torch.dtype = torch.float32,
+        action_dtype: torch.dtype | None = None,
         stats: EpisodeStats | None = None,
     ) -> None:
+        obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype,
+                                             space_name="observation_space", shape_name="obs_shape", structured=True)
+        action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype,
+                                                   space_name="action_space", shape_name="action_shape")
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         positive_int("num_steps", num_steps)
@@ -258,7 +273,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             **extras: one value per declared extra field.
 
         Raises:
-            BufferFullError: ``num_steps`` steps are already stored (call :meth:`clear`).
+            BufferFullError: ``num_steps`` steps are already stored (call [`clear`][rlbuf.RolloutBuffer.clear]).
             MissingFieldError: ``bootstrap_value`` missing at a truncation, or an extra missing.
             ShapeError, DtypeError, DeviceError, NonFiniteError: before anything is stored.
 
@@ -308,7 +323,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         ``("next", "terminated")``, ``("next", "truncated")``, ``"state_value"``,
         ``"sample_log_prob"`` (or ``"action_log_prob"``) and ``("next", "state_value")``
         (the bootstrap for truncated steps); ``"advantage"`` and ``"value_target"`` too when
-        a :class:`~rlbuf.GAE` transform already wrote them. A single env may pass ``[T]``.
+        a [`GAE`][rlbuf.GAE] transform already wrote them. A single env may pass ``[T]``.
 
         Raises:
             BufferFullError: more steps than the rollout has room for.
@@ -377,7 +392,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                                       columns["terminated"].view(steps, -1).T, columns["truncated"].view(steps, -1).T)
 
     def clear(self) -> None:
-        """Empty the rollout (for the next one); extras attached with :meth:`set_extras` go too."""
+        """Empty the rollout (for the next one); extras attached with [`set_extras`][rlbuf.RolloutBuffer.set_extras] go too."""
         super().clear()
         self._attached.clear()
         self._advantages_ready = False
@@ -386,7 +401,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         """Attach algorithm tensors aligned with the rollout, ``[num_steps, num_envs, ...]``.
 
         They are delivered with every minibatch (``batch.extras[name]``, ``batch.name``)
-        until :meth:`clear`. ``advantage`` and ``returns`` (given together) replace the
+        until [`clear`][rlbuf.RolloutBuffer.clear]. ``advantage`` and ``returns`` (given together) replace the
         computed ones instead, e.g. to supply custom advantages; other stored fields are refused.
 
         Raises:
@@ -511,7 +526,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         """The whole rollout flattened to ``num_steps * num_envs`` rows (``t * num_envs + n``).
 
         On the storing device these are views of the storage (no copy): clone what must
-        outlive the next :meth:`clear`.
+        outlive the next [`clear`][rlbuf.RolloutBuffer.clear].
 
         Raises:
             RolloutIncompleteError: the rollout is not full or advantages are not computed.

@@ -296,7 +296,7 @@ class ReplaySequenceBatch(_ExtrasAccess):
 
 
 def burn_in_steps(value: object) -> int:
-    """``burn_in`` as an int ≥ 0, else :class:`BatchSizeError`.
+    """``burn_in`` as an int ≥ 0, else ``BatchSizeError``.
 
     Example:
         >>> burn_in_steps(-1)

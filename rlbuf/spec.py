@@ -1,6 +1,6 @@
 """FieldSpec: the shape, dtype and TorchRL key of one stored field, and its validation.
 
-A buffer is described by an ordered tuple of :class:`FieldSpec`. Each spec knows how a user
+A buffer is described by an ordered tuple of [`FieldSpec`][rlbuf.FieldSpec]. Each spec knows how a user
 hands the field in (``shape``, per row) and how TorchRL lays it out (``key`` and
 ``td_shape``: scalars such as the reward carry a trailing ``1`` in TorchRL tensordicts).
 
@@ -113,7 +113,7 @@ def positive_int(name: str, value: object, error: type[RlbufError] = ConfigError
 
 
 def as_flag(name: str, value: object) -> bool:
-    """``value`` as a bool (Python or numpy), else :class:`ConfigError` naming ``name``.
+    """``value`` as a bool (Python or numpy), else ``ConfigError`` naming ``name``.
 
     Example:
         >>> as_flag("shuffle", np.bool_(True))
@@ -277,18 +277,26 @@ class FieldSpec:
                 "dtype": str(self.dtype).removeprefix("torch."), "finite": self.finite}
 
     def check_dtype(self, dtype: torch.dtype | np.dtype[Any]) -> None:
-        """Raise :class:`DtypeError` unless ``dtype`` converts to the stored dtype within its kind.
+        """Raise [`DtypeError`][rlbuf.DtypeError] unless ``dtype`` converts to the stored dtype within its kind.
 
-        One rule for numpy and torch inputs: floats of any precision go into float fields;
-        integers and bools into integer or float fields; only bools into bool fields; a float
-        never goes into an integer field (it would be truncated silently). Narrowing integer
-        conversions are range-checked by :meth:`check_range`.
+        One rule for numpy and torch inputs: kinds never change. Floats of any precision go
+        into float fields; integers (and bools) into integer fields; only bools into bool
+        fields. Integers never go into float observations or actions (integer actions in a
+        float buffer are a discrete action space the buffer was not built for; ``uint8``
+        observations belong in a ``uint8`` buffer), and a float never goes into an integer
+        field (it would be truncated silently). Quantities (rewards, values, log-probabilities)
+        are the one exception: they take integers too, never bools. Narrowing integer
+        conversions are range-checked by [`check_range`][rlbuf.spec.FieldSpec.check_range].
 
         Example:
             >>> FieldSpec("obs", "observation", (2,), torch.uint8).check_dtype(torch.float32)
             Traceback (most recent call last):
             ...
             rlbuf.errors.DtypeError: obs: expected dtype torch.uint8 (or one that converts to it without changing kind), got torch.float32
+            >>> FieldSpec("action", "action", (), torch.float32).check_dtype(np.dtype(np.int64))
+            Traceback (most recent call last):
+            ...
+            rlbuf.errors.DtypeError: action: expected dtype torch.float32 (or one that converts to it without changing kind), got int64; for discrete actions build the buffer with action_dtype=torch.int64 or action_space=envs.single_action_space
         """
         kind = (np.dtype(dtype) if isinstance(dtype, np.dtype)
                 else np.dtype(np.float32) if dtype is torch.bfloat16 else numpy_dtype_or_none(dtype))
@@ -297,15 +305,26 @@ class FieldSpec:
         ok = kind is not None and not (self.finite and kind.kind == "b") and (
             kind.kind == "b" if target == "b"
             else kind.kind in "biu" if target in "iu"
-            else kind.kind in "biuf" if target == "f"
+            else kind.kind in ("biuf" if self.finite else "f") if target == "f"
             else False
         )
         if not ok:
             raise DtypeError(f"{self.name}: expected dtype {self.dtype} (or one that converts to it "
-                             f"without changing kind), got {dtype}")
+                             f"without changing kind), got {dtype}{self._dtype_hint(kind)}")
+
+    def _dtype_hint(self, kind: np.dtype[Any] | None) -> str:
+        if self.np_dtype.kind != "f" or kind is None or kind.kind not in "biu":
+            return ""
+        if self.name in ("action", "expert_action"):
+            return ("; for discrete actions build the buffer with action_dtype=torch.int64 or "
+                    "action_space=envs.single_action_space")
+        if self.name in ("obs", "next_obs", "privileged_obs"):
+            return (f"; store them as they come with obs_dtype=torch.{kind} or "
+                    f"observation_space=envs.single_observation_space, or convert them yourself")
+        return f"; declare the field with dtype torch.{kind}, or convert the values yourself"
 
     def check_range(self, values: np.ndarray[Any, Any] | torch.Tensor) -> None:
-        """Raise :class:`DtypeError` if ``values`` do not fit the stored dtype's range.
+        """Raise [`DtypeError`][rlbuf.errors.DtypeError] if ``values`` do not fit the stored dtype's range.
 
         Integers must fit an integer field; finite numbers must stay finite in a float field
         (``1e300`` would be stored as ``inf``). NaN and inf given as such are left to the
@@ -358,7 +377,7 @@ class FieldSpec:
             raise DtypeError(f"{self.name}: values in [{low}, {high}] do not fit {self.dtype} [{info.min}, {info.max}]")
 
     def check_scalar(self, value: float | int | bool) -> None:
-        """Raise :class:`DtypeError` if a Python number does not fit the stored dtype.
+        """Raise [`DtypeError`][rlbuf.errors.DtypeError] if a Python number does not fit the stored dtype.
 
         Example:
             >>> FieldSpec("action", "action", (), torch.int32).check_scalar(2**40)
@@ -401,7 +420,7 @@ class FieldSpec:
 
 
 def check_finite_rows(spec: FieldSpec, rows: np.ndarray[Any, Any]) -> None:
-    """Raise :class:`NonFiniteError` if any value in ``rows`` is NaN or infinite.
+    """Raise [`NonFiniteError`][rlbuf.errors.NonFiniteError] if any value in ``rows`` is NaN or infinite.
 
     Example:
         >>> spec = FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True)

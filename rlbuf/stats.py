@@ -1,7 +1,7 @@
 """Episode statistics over vectorised environments: returns, lengths, custom metrics, end reasons.
 
-:class:`EpisodeStats` is fed one env step at a time (buffers call :meth:`EpisodeStats.update`
-from their ``add``) and keeps the last ``window`` finished episodes for :meth:`EpisodeStats.summary`.
+[`EpisodeStats`][rlbuf.EpisodeStats] is fed one env step at a time (buffers call [`EpisodeStats.update`][rlbuf.EpisodeStats.update]
+from their ``add``) and keeps the last ``window`` finished episodes for [`EpisodeStats.summary`][rlbuf.EpisodeStats.summary].
 
 Example:
     >>> import torch
@@ -95,7 +95,7 @@ class EpisodeStats:
 
     Args:
         num_envs: Number of vectorised environments stepped together.
-        window: How many finished episodes to keep for :meth:`summary`.
+        window: How many finished episodes to keep for [`summary`][rlbuf.EpisodeStats.summary].
 
     Raises:
         ConfigError: ``num_envs`` or ``window`` is not a positive int.
@@ -151,7 +151,7 @@ class EpisodeStats:
 
     @property
     def episodes_finished(self) -> int:
-        """Total number of episodes finished since construction or :meth:`reset`.
+        """Total number of episodes finished since construction or [`reset`][rlbuf.EpisodeStats.reset].
 
         Returns:
             The count, including episodes that have left the window.
@@ -172,6 +172,7 @@ class EpisodeStats:
         *,
         metrics: Mapping[str, _Values] | None = None,
         reasons: _Reasons | None = None,
+        env_mask: _Values | None = None,
     ) -> None:
         """Record one env step for all ``num_envs`` envs.
 
@@ -190,6 +191,9 @@ class EpisodeStats:
                 mapping env index -> reason. Only entries of envs that end now are read; a
                 missing or ``None`` entry defaults to ``"terminated"`` or ``"truncated"``
                 (``"terminated"`` when both flags are set).
+            env_mask: ``[num_envs]`` bools: only these envs took a step of their episode (the
+                others, e.g. in a reset step of gymnasium's ``NEXT_STEP`` autoreset, are left
+                as they were); ``None`` means all.
 
         Raises:
             ShapeError: A field is not ``[num_envs]``, or ``reasons`` has the wrong length or an
@@ -221,6 +225,7 @@ class EpisodeStats:
             and (truncated is None or truncated is False)
             and metrics is None
             and reasons is None
+            and env_mask is None
             and math.isfinite(reward)
         ):
             # One gymnasium env mid-episode: plain Python in, no array to build
@@ -243,10 +248,15 @@ class EpisodeStats:
         checked_metrics = self._check_metrics(metrics) if metrics else None
         if reasons is not None:
             self._check_reasons(reasons)
+        steps: np.ndarray[Any, Any] | int = 1
+        if env_mask is not None:
+            steps = self._check_flag("env_mask", env_mask)
+            reward_a = np.where(steps, reward_a, 0)
+            done = done & steps
 
         if not done.any():
             np.add(self._return_view, reward_a, out=self._return_view)
-            self._length_view += 1
+            self._length_view += steps
             return
 
         # Rare path: some episodes end. Read and check what they need before changing anything.
@@ -260,7 +270,7 @@ class EpisodeStats:
         ]
 
         np.add(self._return_view, reward_a, out=self._return_view)
-        self._length_view += 1
+        self._length_view += steps
         returns: list[float] = self._return_view[index].tolist()
         lengths: list[int] = self._length_view[index].tolist()
         self._return_view[index] = 0.0
@@ -411,13 +421,13 @@ class EpisodeStats:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned; this tracker's own ``window`` is kept.
+        """Restore what [`state_dict`][rlbuf.EpisodeStats.state_dict] returned; this tracker's own ``window`` is kept.
 
         When the saved history is longer than this tracker's ``window``, its newest episodes
         are kept. The state is fully checked before anything changes.
 
         Args:
-            state: A mapping as returned by :meth:`state_dict`.
+            state: A mapping as returned by [`state_dict`][rlbuf.EpisodeStats.state_dict].
 
         Raises:
             CheckpointError: A key is missing, ``num_envs`` differs, or a value has the wrong

@@ -1,7 +1,7 @@
 """Building TorchRL storages and samplers from rlbuf's simple options, and resolving devices.
 
-``storage="memory"`` gives a :class:`torchrl.data.LazyTensorStorage` on the storing device,
-``storage="memmap"`` a :class:`torchrl.data.LazyMemmapStorage` in a scratch directory (a
+``storage="memory"`` gives a ``torchrl.data.LazyTensorStorage`` on the storing device,
+``storage="memmap"`` a ``torchrl.data.LazyMemmapStorage`` in a scratch directory (a
 temporary one by default, removed when the buffer is closed or collected). The storage is
 initialised eagerly from the buffer's field specs, so every leaf tensor exists up front.
 
@@ -41,14 +41,19 @@ DeviceLike: TypeAlias = torch.device | str | int
 
 
 def resolve_device(device: DeviceLike | None, *, name: str, default: torch.device | None = None) -> torch.device:
-    """Turn a device option into a :class:`torch.device`, checking that it exists here.
+    """Turn a device option into a ``torch.device``, checking that it exists here.
 
     Raises:
-        ConfigError: the device is malformed, or CUDA is asked for on a machine without it.
+        ConfigError: the device is malformed, or its type (``cuda``, ``mps``, ``xpu`` ...) is not
+            available on this machine: refused here rather than at the first sample.
 
     Example:
         >>> resolve_device("cpu", name="device")
         device(type='cpu')
+        >>> resolve_device("mps", name="device") if not torch.backends.mps.is_available() else None
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: device: mps was asked for, but this machine has no mps device
     """
     if device is None:
         if default is None:
@@ -63,7 +68,17 @@ def resolve_device(device: DeviceLike | None, *, name: str, default: torch.devic
             raise ConfigError(f"{name}: {resolved} was asked for, but CUDA is not available on this machine")
         if resolved.index is None:
             resolved = torch.device("cuda", torch.cuda.current_device())
+    elif resolved.type != "cpu" and not _available(resolved.type):
+        raise ConfigError(f"{name}: {resolved} was asked for, but this machine has no {resolved.type} device")
     return resolved
+
+
+def _available(device_type: str) -> bool:
+    """Whether torch has a backend module for ``device_type`` that reports a device (``meta``: none)."""
+    if device_type == "mps":
+        return bool(torch.backends.mps.is_available())
+    is_available = getattr(getattr(torch, device_type, None), "is_available", None)
+    return callable(is_available) and bool(is_available())
 
 
 @dataclass

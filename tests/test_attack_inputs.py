@@ -383,7 +383,7 @@ def test_epoch_iterator_refuses_hostile_options(data: st.DataObject) -> None:
 # -- constructors --------------------------------------------------------------------------
 _OPTIONS: dict[str, dict[str, Any]] = {
     "ReplayBuffer": dict(capacity=4, obs_shape=(3,), action_shape=(), num_envs=1, seed=0, alpha=0.6, beta=0.4,
-                         prioritized=False, obs_dtype=torch.float32, action_dtype=torch.float32, extra_fields=None),
+                         prioritized=True, obs_dtype=torch.float32, action_dtype=torch.float32, extra_fields=None),
     "RolloutBuffer": dict(num_steps=2, num_envs=2, obs_shape=(3,), action_shape=(), seed=0, privileged_obs_shape=None,
                           obs_dtype=torch.float32, extra_fields=None),
     "DistillationBuffer": dict(capacity=4, obs_shape=(3,), action_shape=(), num_envs=1, seed=0,

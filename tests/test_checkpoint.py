@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torchrl.data import LazyMemmapStorage
 
@@ -56,7 +56,8 @@ def make(kind: str, storage: str = "memory", *, capacity: int = 8, num_envs: int
     """A buffer of ``kind`` with an extra field (``capacity`` is ``num_steps`` for a rollout)."""
     if kind in ("replay", "prioritized"):
         return ReplayBuffer(capacity, obs_shape=(3,), action_shape=(2,), num_envs=num_envs,
-                            prioritized=kind == "prioritized", alpha=0.7, beta=0.5, storage=storage,  # type: ignore[arg-type]
+                            prioritized=kind == "prioritized", storage=storage,  # type: ignore[arg-type]
+                            **({"alpha": 0.7, "beta": 0.5} if kind == "prioritized" else {}),
                             seed=seed, extra_fields={"cost": ((), torch.float32)})
     if kind == "distillation":
         return DistillationBuffer(capacity, obs_shape=(3,), action_shape=(), action_dtype=torch.int64,
@@ -147,6 +148,7 @@ def test_a_loaded_buffer_continues_exactly_like_the_original(
     kind: str, storage: str, capacity: int, num_envs: int, adds: int, samples: int, batch_size: int,
     n_epochs: int, earlier: int, taken: int, drop_last: bool, shuffle: bool, more: int, seed: int,
 ) -> None:
+    assume(capacity >= num_envs)  # a smaller capacity is refused at construction
     # `twin` never saves: saving must not change what the original draws next either.
     original, twin = (make(kind, storage, capacity=capacity, num_envs=num_envs, seed=seed) for _ in range(2))
     buffers: list[Buffer] = [original, twin]

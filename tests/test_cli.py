@@ -24,10 +24,18 @@ def test_every_command_has_help(argv: list[str], capsys: pytest.CaptureFixture[s
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     assert text.startswith("usage: rlbuf")
+    assert ":class:" not in text and "][rlbuf." not in text  # no markup the terminal shows raw
     if argv[:1] == ["demo"] and len(argv) == 2:
         for option in ("--seed", "--device", "--storage {memory,memmap}", "--out", "--checkpoint-every", "--resume",
                        "--stop-after-frames", "--frames"):
             assert option in text
+
+
+def test_demo_help_says_when_resume_is_exact(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", "ppo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "exactly as if never stopped when that checkpoint is a scheduled one (--checkpoint-every)" in text
 
 
 def test_dqn_help_offers_prioritized_replay(capsys: pytest.CaptureFixture[str]) -> None:

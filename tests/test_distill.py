@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 from rlbuf import (
     BatchSizeError,
@@ -92,3 +93,37 @@ def test_bad_input_changes_nothing() -> None:
         buf.epochs(batch_size=2)
     with pytest.raises(EmptyBufferError):
         make().sample(1)
+
+
+def test_batches_of_any_size_and_one_row_without_batch_dim() -> None:
+    buf = DistillationBuffer(100, obs_shape=(2,), action_shape=(), action_dtype=torch.int64, num_envs=16,
+                             extra_fields={"expert_logits": ((3,), torch.float32)})
+    for rows in (16, 3, 0):
+        buf.add(torch.full((rows, 2), float(rows)), torch.full((rows,), rows), expert_logits=torch.zeros(rows, 3))
+    buf.add(np.full(2, 1.0, np.float32), 1, expert_logits=np.zeros(3, np.float32))
+    data = buf.sample_all()
+    assert data.obs[:, 0].tolist() == [16.0] * 16 + [3.0] * 3 + [1.0]
+    assert data.expert_action.tolist() == [16] * 16 + [3] * 3 + [1]
+    assert buf.num_envs == 16
+
+
+def test_a_bad_batch_of_another_size_writes_nothing() -> None:
+    buf = DistillationBuffer(100, obs_shape=(2,), action_shape=(), action_dtype=torch.int64, num_envs=4)
+    with pytest.raises(ShapeError, match="expert_action"):
+        buf.add(torch.zeros(3, 2), torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ShapeError, match="obs"):
+        buf.add(torch.zeros(3, 5), torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(DtypeError, match="expert_action"):
+        buf.add(torch.zeros(3, 2), torch.zeros(3))
+    assert len(buf) == 0
+
+
+def test_extend_takes_any_batch_shape() -> None:
+    buf = DistillationBuffer(100, obs_shape=(2,), action_shape=(1,), extra_fields={"expert_value": ((), torch.float32)})
+    td = TensorDict({"observation": torch.arange(24.0).reshape(3, 4, 2), "expert_action": torch.ones(3, 4, 1),
+                     "expert_value": torch.ones(3, 4), "ignored": torch.zeros(3, 4)}, batch_size=[3, 4])
+    buf.extend(td)
+    assert len(buf) == 12 and buf.sample_all().obs[5].tolist() == [10.0, 11.0]
+    with pytest.raises(MissingFieldError, match="expert_value"):
+        buf.extend(td.exclude("expert_value"))
+    assert len(buf) == 12

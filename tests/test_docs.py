@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -35,3 +36,49 @@ def test_readme_has_the_two_quickstart_lines() -> None:
     ]
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert lines[1] in ci
+
+
+SPHINX_ROLE = re.compile(r":(class|func|meth|mod|attr|exc|obj|data):`")
+
+
+def test_no_sphinx_roles_in_the_sources() -> None:
+    """The site and `--help` print Sphinx roles as raw text: docstrings use [`Name`][rlbuf.Name]."""
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for path in sorted((ROOT / "rlbuf").rglob("*.py"))
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+             if SPHINX_ROLE.search(line)]
+    assert found == []
+
+
+def test_each_readme_block_imports_the_modules_it_uses() -> None:
+    """A README block copied alone must not fail on a module an earlier block imported (`torch`, `np` ...)."""
+    blocks = [ast.parse(block) for block in _blocks(ROOT / "README.md")]
+    imported = [_imported_names(tree) for tree in blocks]
+    modules = set().union(*imported)
+    missing = {}
+    for number, (tree, own) in enumerate(zip(blocks, imported, strict=True), start=1):
+        used = {node.value.id for node in ast.walk(tree)
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)}
+        if (used & modules) - own:
+            missing[f"block {number}"] = sorted((used & modules) - own)
+    assert missing == {}
+
+
+def _imported_names(tree: ast.Module) -> set[str]:
+    """Names bound to modules by `import x` / `import x as y` (not `from x import Name`)."""
+    return {(alias.asname or alias.name).split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+            for alias in node.names}
+
+
+def test_one_version_in_the_package_the_changelog_and_the_site() -> None:
+    import tomllib
+
+    import rlbuf
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    assert rlbuf.__version__ == version
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert "## [Unreleased]" in changelog and f"## [{version}] - " in changelog
+    # The site page includes the file (pymdownx.snippets), so the two never differ.
+    assert (ROOT / "docs" / "changelog.md").read_text(encoding="utf-8").strip() == '--8<-- "CHANGELOG.md"'
+    assert "docs/scripts/version.py" in (ROOT / "mkdocs.yml").read_text(encoding="utf-8")

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
@@ -21,6 +21,7 @@ from rlbuf import (
     MissingFieldError,
     NonFiniteError,
     PriorityError,
+    ReplayBatch,
     ReplayBuffer,
     ShapeError,
     StoredIndexError,
@@ -224,8 +225,12 @@ def test_sample_by_index_and_fields(storage: str) -> None:
     batch = buf.sample_by_index([2, 0])
     assert batch.reward.tolist() == [2000.0, 0.0]
     assert batch.index.tolist() == [2, 0]
-    only = buf.sample_by_index(torch.tensor([3]), fields=["reward", "obs"])
-    assert set(only) == {"reward", "obs"} and only["reward"].tolist() == [3000.0]
+    only = buf.sample_by_index(torch.tensor([3]), fields=["reward", "obs", "done"])
+    assert isinstance(only, ReplayBatch) and only.reward.tolist() == [3000.0] and len(only) == 1
+    assert only.done.shape == (1,) and not only.extras and not hasattr(only, "next_obs")
+    assert not hasattr(only, "index")
+    with pytest.raises(AttributeError, match="fields"):
+        _ = only.action
     with pytest.raises(MissingFieldError, match="unknown"):
         buf.sample_by_index([0], fields=["rewards"])
 
@@ -279,6 +284,7 @@ def test_fast_sample_equals_torchrl_sample_from_the_same_state() -> None:
 @settings(max_examples=25, deadline=None)
 @given(capacity=st.integers(1, 12), num_envs=st.integers(1, 3), steps=st.lists(st.integers(1, 6), max_size=6))
 def test_direct_writes_leave_the_same_state_as_torchrl_extend(capacity: int, num_envs: int, steps: list[int]) -> None:
+    assume(capacity >= num_envs)  # smaller capacities are refused (test_capacity_below_num_envs_is_refused)
     buf = make(capacity=capacity, num_envs=num_envs)
     reference = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity))
     start = 0
@@ -314,6 +320,7 @@ def test_direct_writes_leave_the_same_state_as_torchrl_extend(capacity: int, num
 def test_holds_exactly_the_last_capacity_transitions_in_order(
     capacity: int, num_envs: int, ops: list[int | str], storage: str
 ) -> None:
+    assume(capacity >= num_envs)
     with make(capacity=capacity, num_envs=num_envs, storage=storage) as buf:
         history: list[float] = []
         step = 0
@@ -638,3 +645,79 @@ def test_a_transition_without_truncated_works_for_several_envs() -> None:
     buf = make(num_envs=2)
     buf.add(Transition(torch.zeros(2, 3), torch.zeros(2, 2), torch.ones(2), torch.zeros(2, 3), torch.tensor([True, False])))
     assert buf.sample_all().truncated.tolist() == [False, False]
+
+
+# -- the first hour: refusals that name what to do instead -----------------------------------
+@pytest.mark.parametrize(("keyword", "hint"), [
+    ("done", "pass terminated= and truncated= instead; done is derived"),
+    ("dones", "pass terminated= and truncated= instead; done is derived"),
+    ("rewards", "rlbuf's name is reward"),
+    ("next_observations", "rlbuf's name is next_obs"),
+    ("observations", "rlbuf's name is obs"),
+    ("actions", "rlbuf's name is action"),
+    ("infos", "rlbuf stores no info dicts"),
+    ("values", "rlbuf's name is value"),
+    ("log_probs", "rlbuf's name is log_prob"),
+    ("episode_starts", "rlbuf derives episode starts"),
+])
+def test_foreign_keywords_are_answered_with_the_rlbuf_name(keyword: str, hint: str) -> None:
+    buf = make(num_envs=2)
+    add_ids(buf, range(1))
+    before = snapshot(buf)
+    step = {"obs": torch.zeros(2, 3), "action": torch.zeros(2, 2), "reward": torch.zeros(2),
+            "next_obs": torch.zeros(2, 3), "terminated": torch.zeros(2, dtype=torch.bool)}
+    with pytest.raises(MissingFieldError, match=f"^{keyword}: not a field of this buffer; {hint}") as error:
+        buf.add(**step, **{keyword: torch.zeros(2)})
+    assert "extra_fields" not in str(error.value) or keyword.startswith("info")
+    assert same_snapshot(before, snapshot(buf))
+
+
+def test_done_cannot_be_declared_either() -> None:
+    with pytest.raises(ConfigError, match="'done' is reserved"):
+        make(extra_fields={"done": ((), torch.bool)})
+
+
+@pytest.mark.parametrize("device", ["mps", "xpu", "meta"])
+def test_a_device_type_this_machine_lacks_is_refused_at_construction(device: str) -> None:
+    if device != "meta" and getattr(torch, device).is_available():
+        pytest.skip(f"this machine has a {device} device")
+    for option in ("device", "storing_device"):
+        with pytest.raises(ConfigError, match=f"^{option}: {device} was asked for, but this machine has no {device}"):
+            make(**{option: device})
+
+
+@pytest.mark.parametrize(("capacity", "num_envs"), [(2, 4), (3, 4)])
+def test_capacity_below_num_envs_is_refused(capacity: int, num_envs: int) -> None:
+    with pytest.raises(ConfigError, match=f"capacity: expected at least num_envs={num_envs} rows"):
+        make(capacity=capacity, num_envs=num_envs)
+    buf = make(capacity=num_envs, num_envs=num_envs)  # exactly one add fits
+    add_ids(buf, range(2))
+    assert buf.sample_all().reward.tolist() == [1000.0 + e for e in range(num_envs)]
+
+
+@pytest.mark.parametrize("options", [{"alpha": 0.6}, {"beta": 0.4}, {"alpha": 0.6, "beta": 0.4}, {"alpha": 1.0}])
+def test_per_exponents_without_prioritized_are_refused(options: dict[str, float]) -> None:
+    given = ", ".join(f"{k}={v}" for k, v in options.items())
+    with pytest.raises(ConfigError, match=f"^{given}: only used by prioritized replay; pass prioritized=True"):
+        make(**options)
+    assert make(prioritized=True, **options).prioritized
+
+
+def test_per_exponents_default_to_0_6_and_0_4() -> None:
+    buf = make(prioritized=True)
+    assert buf.beta == 0.4 and buf._ring.rb._sampler.alpha == 0.6
+
+
+def test_a_uniform_buffer_saved_by_0_1_0_still_loads(tmp_path: Any) -> None:
+    """rlbuf 0.1.0 recorded alpha=0.6, beta=0.4 in the options of every replay buffer."""
+    from rlbuf.checkpoint import load_state, save_state
+
+    buf = make(num_envs=2)
+    add_ids(buf, range(3))
+    state = buf.state_dict()
+    state["options"] = {**state["options"], "alpha": 0.6, "beta": 0.4}
+    save_state(state, tmp_path / "old")
+    assert load_state(tmp_path / "old", kind="ReplayBuffer")["options"]["alpha"] == 0.6
+    restored = ReplayBuffer.load(tmp_path / "old")
+    assert not restored.prioritized
+    assert restored.sample_all().reward.tolist() == buf.sample_all().reward.tolist()

@@ -21,7 +21,7 @@ N = 3
 
 def make_obs(n: int = N, value: float = 0.0) -> dict[str, Any]:
     return {"camera": torch.full((n, 3, 4, 4), int(value) % 256, dtype=torch.uint8),
-            "proprio": torch.full((n, 5), value), "sensors": {"imu": torch.full((n, 2), value)}}
+            "proprio": torch.full((n, 5), float(value)), "sensors": {"imu": torch.full((n, 2), float(value))}}
 
 
 def replay(**kwargs: Any) -> ReplayBuffer:

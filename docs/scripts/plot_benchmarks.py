@@ -26,7 +26,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 FASTER, SLOWER, TARGET = "#2f855a", "#c53030", "#1a202c"
 
@@ -58,11 +58,15 @@ def plot(data: dict[str, object], out: Path) -> None:
         ax.text(end * 1.05, i, f"{value:.2f}×", va="center", fontsize=8)
     ax.axvline(1.0, color="#718096", lw=1, ls="--")
     ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}×"))
     ax.set_yticks(y, labels)
     ax.invert_yaxis()
     lo = min([*values, *(float(t) for t in targets.values()), 1.0])
     hi = max([*values, *(float(t) for t in targets.values()), 1.0])
+    ax.set_xlim(lo / 1.6, hi * 2.0)
+    # Labels at powers of two only: the log axis' default minor labels (3×10⁻¹, 4×10⁻¹ ...) overlap.
+    ax.set_xticks([2.0**k for k in range(math.floor(math.log2(lo / 1.6)), math.ceil(math.log2(hi * 2.0)) + 1)])
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}×"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlim(lo / 1.6, hi * 2.0)
     peer = data.get("peer", "peer")
     ax.set_xlabel(f"rlbuf time ÷ {peer} time (log scale; < 1: rlbuf faster"

@@ -1,20 +1,23 @@
-"""Demo training runs on CartPole-v1, one module per algorithm, run by ``rlbuf demo <name>``.
+"""Demo training runs (CartPole-v1, Pendulum-v1), one module per algorithm, run by ``rlbuf demo <name>`` (module: the name with ``_`` for ``-``).
 
-- :mod:`rlbuf.demos.ppo`: PPO with a TorchRL collector, the RolloutBuffer, GAE and EpisodeStats.
-- :mod:`rlbuf.demos.dqn`: double DQN with a target network and the ReplayBuffer (``--prioritized``).
-- :mod:`rlbuf.demos.distill`: DAgger from a PPO teacher to a smaller student via the DistillationBuffer.
+- ``rlbuf.demos.ppo``: PPO with a TorchRL collector, the RolloutBuffer, GAE and EpisodeStats.
+- ``rlbuf.demos.dqn``: double DQN with a target network and the ReplayBuffer (``--prioritized``).
+- ``rlbuf.demos.ppo_continuous``: PPO on Pendulum-v1 through a gymnasium vector env and the Recorder.
+- ``rlbuf.demos.distill``: DAgger from a PPO teacher to a smaller student via the DistillationBuffer.
 
-Each module has an ``Args`` dataclass (its options) and ``run(args)``; :mod:`rlbuf.demos._run`
+Each module has an ``Args`` dataclass (its options) and ``run(args)``; ``rlbuf.demos._run``
 holds what they share (output folder, progress bar, curve, summary, checkpoints and resume).
 
 Example:
     >>> sorted(DEMOS)
-    ['distill', 'dqn', 'ppo']
+    ['distill', 'dqn', 'ppo', 'ppo-continuous']
 """
 
 DEMOS = {
     "ppo": "PPO on CartPole-v1: TorchRL collector + RolloutBuffer + GAE transform + EpisodeStats",
     "dqn": "double DQN on CartPole-v1 with a target network and the ReplayBuffer (--prioritized: PER)",
+    "ppo-continuous": "PPO on Pendulum-v1, CleanRL-style: gymnasium vector env + Recorder + RolloutBuffer + GAE "
+                      "(--fold-truncation: the timeout-as-death baseline)",
     "distill": "DAgger on CartPole-v1: a PPO teacher labels a smaller student's states in a DistillationBuffer",
 }
 """Demo name -> one line of what it does."""

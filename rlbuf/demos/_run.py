@@ -18,7 +18,14 @@ env is reset with a seed derived from ``(seed, frames)``; a fresh run does the s
 So the env state (CartPole's physics, its generator, the time limit's step count) never needs
 saving: a resumed run resets its envs exactly as the uninterrupted run did at that frame. The
 cost: episodes running at a checkpoint are cut there; their last step bootstraps like any rollout
-end, and they are left out of the episode statistics.
+end, and they are left out of the episode statistics. The same cut happens where a run is
+resumed from a Ctrl-C checkpoint: that run goes on correctly, but equals the uninterrupted one
+only when the interrupt fell on a ``--checkpoint-every`` boundary (``--checkpoint-every`` cannot
+change on ``--resume`` for the same reason).
+
+Ctrl-C: inside ``stop_on_interrupt`` (the ``rlbuf`` command) a first Ctrl-C only sets a flag;
+the demo polls it (``checkpoint_due``) between two collections, writes a checkpoint there, and
+raises ``Interrupted`` after writing its outputs. A second Ctrl-C stops at once, without one.
 
 Example:
     >>> from rlbuf.demos._run import env_seed
@@ -29,17 +36,22 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
 import random
+import shlex
 import shutil
+import signal
 import sys
+import threading
 import time
 import typing
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -51,6 +63,7 @@ from rlbuf._base import RingBuffer
 from rlbuf.checkpoint import load_state
 from rlbuf.errors import CheckpointError, ConfigError
 from rlbuf.stats import EpisodeStats
+from rlbuf.storage import resolve_device
 
 WINDOW = 20
 """Episodes averaged for the reported return (the issue's "last 20 episodes")."""
@@ -62,6 +75,8 @@ RESUME_OVERRIDES = frozenset({"frames", "stop_after_frames", "device", "progress
                               "stop_at_target"})
 
 ArgsT = TypeVar("ArgsT", bound="RunArgs")
+CheckpointReason = Literal["scheduled", "interrupt", "end"]
+"""Why a demo checkpoint was written: every ``--checkpoint-every`` frames, on Ctrl-C, at the end."""
 
 
 def arg(default: Any, help: str) -> Any:
@@ -88,7 +103,9 @@ class RunArgs:
     storage: Literal["memory", "memmap"] = arg("memory", "where the buffer keeps its data: in memory, or in memory-mapped files")
     out: str | None = arg(None, "output folder (default: runs/<demo>-seed<seed>-<time>)")
     checkpoint_every: int = arg(25_000, "write a checkpoint every this many frames (0: only at the end)")
-    resume: str | None = arg(None, "continue the run in this output folder from its newest checkpoint")
+    resume: str | None = arg(None, "continue the run in this output folder from its newest checkpoint (a Ctrl-C "
+                                   "writes one); exactly as if never stopped when that checkpoint is a scheduled "
+                                   "one (--checkpoint-every), else with envs reset at that frame")
     stop_after_frames: int | None = arg(None, "debug: stop right after the first checkpoint at or past this "
                                               "many frames, as if killed there (then --resume)")
     target_return: float = arg(475.0, f"report when the mean return of the last {WINDOW} episodes reaches this")
@@ -124,9 +141,13 @@ def add_arguments(parser: argparse.ArgumentParser, args_type: type[RunArgs]) -> 
 def resolve_args(args_type: type[ArgsT], given: dict[str, Any], demo: str) -> ArgsT:
     """The options of a run: defaults updated with ``given``; on ``--resume`` the saved ones.
 
+    Checked before anything is created: a device this machine lacks, or a ``--resume`` folder
+    without a checkpoint, never leaves a folder behind.
+
     Raises:
         ConfigError: an option other than those in ``RESUME_OVERRIDES`` given with ``--resume``,
-            a ``--resume`` folder of another demo, or a value out of range.
+            a ``--resume`` folder of another demo or without a checkpoint, a ``--device`` this
+            machine does not have, or a value out of range.
 
     Example:
         >>> resolve_args(RunArgs, {"seed": 3}, "ppo").seed
@@ -139,11 +160,15 @@ def resolve_args(args_type: type[ArgsT], given: dict[str, Any], demo: str) -> Ar
         config = read_config(Path(resume))
         if config.get("demo") != demo:
             raise ConfigError(f"--resume {resume}: holds a {config.get('demo')!r} run, not {demo!r}")
+        if not has_checkpoint(Path(resume)):
+            raise ConfigError(f"--resume {resume}: no checkpoint to resume from (the run was stopped before its "
+                              f"first one); start it again with another --out, or remove {resume}")
         refused = sorted(set(given) - RESUME_OVERRIDES - {"resume", "out"})
         if refused:
             flags = ", ".join("--" + name.replace("_", "-") for name in refused)
             raise ConfigError(f"{flags}: cannot change on --resume (the run continues with its saved options)")
-        saved = {k: v for k, v in config.items() if k in {f.name for f in fields(args_type)}}
+        # stop_after_frames simulated a kill; the resumed run is not killed again unless asked to.
+        saved = {k: v for k, v in config.items() if k in {f.name for f in fields(args_type)} - {"stop_after_frames"}}
         overrides = {k: v for k, v in given.items() if k in RESUME_OVERRIDES}
         args = args_type(**{**saved, **overrides, "resume": resume, "out": resume})
     for name in ("frames", "seed"):
@@ -151,6 +176,7 @@ def resolve_args(args_type: type[ArgsT], given: dict[str, Any], demo: str) -> Ar
             raise ConfigError(f"--{name}: expected a positive number, got {getattr(args, name)}")
     if args.checkpoint_every < 0:
         raise ConfigError(f"--checkpoint-every: expected 0 or more frames, got {args.checkpoint_every}")
+    resolve_device(args.device, name="--device")
     return args
 
 
@@ -252,6 +278,90 @@ def crossed(frames_before: int, frames: int, every: int) -> bool:
     return every > 0 and frames // every > frames_before // every
 
 
+# -- Ctrl-C --------------------------------------------------------------------------------------
+_interrupt = threading.Event()
+
+
+class Interrupted(Exception):
+    """A demo stopped on Ctrl-C after writing a checkpoint; the message says how to continue.
+
+    Example:
+        >>> print(Interrupted(Path("runs/x/checkpoints/frames-000000001024"), Path("runs/x"), 1024, "ppo"))
+        interrupted at 1024 frames; checkpoint runs/x/checkpoints/frames-000000001024; continue with: rlbuf demo ppo --resume runs/x
+    """
+
+    def __init__(self, checkpoint: Path, run_dir: Path, frames: int, demo: str) -> None:
+        self.checkpoint, self.run_dir, self.frames, self.demo = checkpoint, run_dir, frames, demo
+        super().__init__(f"interrupted at {frames} frames; checkpoint {checkpoint}; continue with: "
+                         f"{resume_command(demo, run_dir)}")
+
+
+def resume_command(demo: str, run_dir: Path) -> str:
+    """The command line that continues the run in ``run_dir``.
+
+    Example:
+        >>> resume_command("dqn", Path("runs/my run"))
+        "rlbuf demo dqn --resume 'runs/my run'"
+    """
+    return f"rlbuf demo {demo} --resume {shlex.quote(str(run_dir))}"
+
+
+@contextlib.contextmanager
+def stop_on_interrupt() -> Iterator[None]:
+    """Turn a first Ctrl-C (SIGINT) into a request the demo polls; a second one interrupts at once.
+
+    Example:
+        >>> with stop_on_interrupt():
+        ...     signal.raise_signal(signal.SIGINT)
+        ...     interrupt_requested()
+        True
+        >>> interrupt_requested()
+        False
+    """
+    if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def request(signum: int, frame: Any) -> None:
+        _interrupt.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C: KeyboardInterrupt
+
+    _interrupt.clear()
+    signal.signal(signal.SIGINT, request)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _interrupt.clear()
+
+
+def interrupt_requested() -> bool:
+    """Whether Ctrl-C was pressed inside ``stop_on_interrupt``: checkpoint now, then stop."""
+    return _interrupt.is_set()
+
+
+def checkpoint_due(args: RunArgs, frames_before: int, frames: int, stopped: bool) -> CheckpointReason | None:
+    """Why to write a checkpoint after the step from ``frames_before`` to ``frames``, if at all:
+    on Ctrl-C, or every ``--checkpoint-every`` frames; never once the run is done (it writes its
+    ``"end"`` checkpoint then).
+
+    Example:
+        >>> args = RunArgs(checkpoint_every=1000)
+        >>> checkpoint_due(args, 900, 1100, False), checkpoint_due(args, 1100, 1200, False)
+        ('scheduled', None)
+        >>> with stop_on_interrupt():
+        ...     signal.raise_signal(signal.SIGINT)
+        ...     checkpoint_due(args, 1100, 1200, False), checkpoint_due(args, 1100, 1200, True)
+        ('interrupt', None)
+    """
+    if stopped:
+        return None
+    if interrupt_requested():
+        return "interrupt"
+    return "scheduled" if crossed(frames_before, frames, args.checkpoint_every) else None
+
+
 # -- progress, curve, summary --------------------------------------------------------------------
 class Progress:
     """A tqdm bar (frames, fps, recent return) and the learning-curve history.
@@ -259,7 +369,7 @@ class Progress:
     Args:
         args: the run's options (``frames``, ``progress``, ``target_return``).
         frames: frames already done (non-zero when resuming).
-        state: a :meth:`state_dict` from the checkpoint, when resuming.
+        state: a ``state_dict`` from the checkpoint, when resuming.
 
     Example:
         >>> progress = Progress(RunArgs(progress=False), 0)
@@ -410,7 +520,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` returned (see there for an example)."""
+    """Restore what ``rng_state`` returned (see there for an example)."""
     torch.set_rng_state(state["torch"])
     if state["cuda"]:
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -421,11 +531,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(out: Path, demo: str, args: RunArgs, frames: int, buffer: RingBuffer[Any],
-                    state: dict[str, Any]) -> Path:
+                    state: dict[str, Any], reason: CheckpointReason = "scheduled") -> Path:
     """Write ``out/checkpoints/frames-<frames>`` whole or not at all; keep the newest two.
 
     ``state`` holds what the demo needs back (state dicts of networks and optimisers, counters);
     the global RNG states are added here. It must load with ``torch.load(weights_only=True)``.
+    ``reason`` (recorded in ``meta.json``) says why it was written, for ``--resume`` to report.
 
     Example:
         >>> import tempfile
@@ -438,7 +549,8 @@ def save_checkpoint(out: Path, demo: str, args: RunArgs, frames: int, buffer: Ri
         >>> path.name, latest_checkpoint(out) == path, read_meta(path)["frames"]
         ('frames-000000000100', True, 100)
         >>> resumed = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0)
-        >>> resume(dataclasses.replace(args, resume=str(out)), out, resumed)["frames"], len(resumed)
+        >>> resume(dataclasses.replace(args, resume=str(out)), out, resumed)["frames"], len(resumed)  # doctest: +ELLIPSIS
+        resuming .../run from checkpoints/frames-000000000100 (scheduled): 100 of 100000 frames done
         (100, 1)
     """
     root = out / "checkpoints"
@@ -450,7 +562,7 @@ def save_checkpoint(out: Path, demo: str, args: RunArgs, frames: int, buffer: Ri
         torch.save({**state, "rng": rng_state()}, staging / "state.pt")
         digest = _sha256(staging / "state.pt")
         _write_json(staging / "meta.json", {"demo": demo, "frames": frames, "state_sha256": digest,
-                                            "args": dataclasses.asdict(args)})
+                                            "reason": reason, "args": dataclasses.asdict(args)})
         if final.exists():
             shutil.rmtree(final)
         os.rename(staging, final)
@@ -462,13 +574,25 @@ def save_checkpoint(out: Path, demo: str, args: RunArgs, frames: int, buffer: Ri
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of a run folder (``None``: killed before the first one).
-
-    A run resumed without a checkpoint starts again from frame 0, which is exactly what the
-    uninterrupted run did.
-    """
+    """The newest complete checkpoint of a run folder (``None``: killed before the first one)."""
     found = sorted((run_dir / "checkpoints").glob("frames-*"))
     return found[-1] if found else None
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether ``--resume run_dir`` has something to resume: a checkpoint of the run, or of a run
+    it started in a subfolder (the teacher of ``rlbuf demo distill``).
+
+    Example:
+        >>> import tempfile
+        >>> run_dir = Path(tempfile.mkdtemp())
+        >>> has_checkpoint(run_dir)
+        False
+        >>> (run_dir / "teacher" / "checkpoints" / "frames-000000000512").mkdir(parents=True)
+        >>> has_checkpoint(run_dir)
+        True
+    """
+    return latest_checkpoint(run_dir) is not None or any(run_dir.glob("*/checkpoints/frames-*"))
 
 
 def read_meta(checkpoint: Path) -> dict[str, Any]:
@@ -488,14 +612,17 @@ def read_meta(checkpoint: Path) -> dict[str, Any]:
 
 def resume(args: RunArgs, out: Path, buffer: RingBuffer[Any]) -> dict[str, Any] | None:
     """On ``--resume``, restore the newest checkpoint: ``buffer`` (with the stats it feeds), the
-    global RNGs; return the demo's saved state. ``None`` for a fresh run, or a run killed before
-    its first checkpoint (which then starts again from frame 0, exactly as it did).
+    global RNGs; print what was resumed; return the demo's saved state. ``None`` for a fresh run,
+    or a run whose only checkpoints are in a subfolder (a finished teacher: this stage starts at 0).
 
     Raises:
         CheckpointError: a checksum or the format does not match.
     """
-    checkpoint = None if args.resume is None else latest_checkpoint(out)
+    if args.resume is None:
+        return None
+    checkpoint = latest_checkpoint(out)
     if checkpoint is None:
+        print(f"resuming {out}: no checkpoint of this stage yet, it starts at frame 0", flush=True)
         return None
     meta = read_meta(checkpoint)
     if _sha256(checkpoint / "state.pt") != meta.get("state_sha256"):
@@ -504,6 +631,8 @@ def resume(args: RunArgs, out: Path, buffer: RingBuffer[Any]) -> dict[str, Any] 
     buffer.load_state_dict(load_state(checkpoint / "buffer", kind=type(buffer).__name__))
     state: dict[str, Any] = torch.load(checkpoint / "state.pt", weights_only=True)
     set_rng_state(state["rng"])
+    print(f"resuming {out} from checkpoints/{checkpoint.name} ({meta.get('reason', 'scheduled')}): "
+          f"{state['frames']} of {args.frames} frames done", flush=True)
     return state
 
 

@@ -6,7 +6,7 @@ Run it with ``rlbuf demo distill`` (``--help`` lists the options). Top to bottom
    or trained first by the PPO demo into ``OUT/teacher``;
 2. each round, a TorchRL ``Collector`` runs the *student* (DAgger: the states come from the
    learner's own mistakes), the teacher labels every visited observation with its logits, and
-   the round joins the :class:`~rlbuf.DistillationBuffer` (``expert_action`` = the teacher's
+   the round joins the ``rlbuf.DistillationBuffer`` (``expert_action`` = the teacher's
    choice, ``expert_logits`` as an extra field);
 3. ``gradient_steps`` updates of the student on sampled batches: cross-entropy against the
    teacher's action probabilities;
@@ -87,7 +87,10 @@ def teacher_network(args: Args, out: Path) -> tuple[nn.Sequential, str]:
         else:
             given.update(out=str(folder), seed=args.seed, device=args.device, storage=args.storage,
                          frames=args.teacher_frames, checkpoint_every=args.checkpoint_every)
-        ppo.run(_run.resolve_args(ppo.Args, given, "ppo"))
+        try:
+            ppo.run(_run.resolve_args(ppo.Args, given, "ppo"))
+        except _run.Interrupted as stop:  # continued by resuming this run, which resumes the teacher
+            raise _run.Interrupted(stop.checkpoint, out, stop.frames, "distill") from None
     if not (folder / "model.pt").exists():
         raise ConfigError(f"--teacher {folder}: no model.pt (a finished `rlbuf demo ppo --out {folder}` run)")
     saved = torch.load(folder / "model.pt", weights_only=True)
@@ -122,19 +125,20 @@ def run(args: Args) -> dict[str, Any]:
         optimizer.load_state_dict(saved["optimizer"])
         stats.load_state_dict(saved["stats"])
         frames = saved["frames"]
+        _run.drop_running_episodes(stats)  # the envs restart below
     remaining = -(-max(0, args.frames - frames) // frames_per_round) * frames_per_round
     collector = Collector(env, student, frames_per_batch=frames_per_round, total_frames=max(remaining, frames_per_round),
                           policy_device=device, storing_device=device, auto_register_policy_transforms=False)
     collector.reset(seed=_run.env_seed(args.seed, frames))  # see rlbuf.demos._run: exact resume
     progress = _run.Progress(args, frames, None if saved is None else saved["progress"])
 
-    def checkpoint() -> None:
-        _run.save_checkpoint(out, "distill", args, frames, buffer, {
+    def checkpoint(reason: _run.CheckpointReason) -> Path:
+        return _run.save_checkpoint(out, "distill", args, frames, buffer, {
             "frames": frames, "progress": progress.state_dict(), "optimizer": optimizer.state_dict(),
-            "models": {"student": student_net.state_dict()}, "stats": stats.state_dict()})
+            "models": {"student": student_net.state_dict()}, "stats": stats.state_dict()}, reason)
 
     # -- collect (student acts, teacher labels), learn, log -------------------------------------------
-    stopped = remaining == 0 or progress.done()
+    stopped, interrupted_at = remaining == 0 or progress.done(), None
     for rollout in () if stopped else collector:
         frames_before, frames = frames, frames + rollout.numel()
         obs = rollout["observation"].reshape(-1, 4)
@@ -155,8 +159,12 @@ def run(args: Args) -> dict[str, Any]:
 
         progress.log(frames, stats, loss=loss.item())
         stopped = progress.done() or frames >= args.frames
-        if _run.crossed(frames_before, frames, args.checkpoint_every) and not stopped:
-            checkpoint()
+        reason = _run.checkpoint_due(args, frames_before, frames, stopped)  # Ctrl-C: between two rounds
+        if reason is not None:
+            path = checkpoint(reason)
+            if reason == "interrupt":
+                interrupted_at = path
+                break
             if args.stop_after_frames is not None and frames >= args.stop_after_frames:
                 break
             collector.reset(seed=_run.env_seed(args.seed, frames))
@@ -169,7 +177,7 @@ def run(args: Args) -> dict[str, Any]:
     # -- evaluate, outputs ----------------------------------------------------------------------------
     extra: dict[str, Any] = {"teacher": teacher_from}
     if stopped:
-        checkpoint()
+        checkpoint("end")
         torch.save({"student": student_net.state_dict(), "hidden": args.hidden}, out / "model.pt")
         eval_seed = args.seed + 10_000  # episodes the training never saw
         teacher_return = evaluate(teacher_net, args.eval_episodes, eval_seed)
@@ -179,5 +187,8 @@ def run(args: Args) -> dict[str, Any]:
                      parameters={"teacher": sum(p.numel() for p in teacher_net.parameters()),
                                  "student": sum(p.numel() for p in student_net.parameters())})
     buffer.close()  # removes a memmap storage's scratch files
-    return _run.write_outputs(out, "distill", args, progress, frames, stats, "finished" if stopped else "stopped",
-                              **extra)
+    status = "finished" if stopped else "interrupted" if interrupted_at else "stopped"
+    summary = _run.write_outputs(out, "distill", args, progress, frames, stats, status, **extra)
+    if interrupted_at is not None:
+        raise _run.Interrupted(interrupted_at, out, frames, "distill")
+    return summary

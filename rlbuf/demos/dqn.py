@@ -24,6 +24,7 @@ Example (not run here: it trains for about a minute)::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -96,7 +97,8 @@ def run(args: Args) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)  # ε-greedy draws
     stats = EpisodeStats(args.num_envs)
     buffer = ReplayBuffer(args.buffer_size, obs_shape=(4,), action_shape=(), action_dtype=torch.int64,
-                          num_envs=args.num_envs, prioritized=args.prioritized, alpha=args.alpha, beta=args.beta,
+                          num_envs=args.num_envs, prioritized=args.prioritized,
+                          alpha=args.alpha if args.prioritized else None, beta=args.beta if args.prioritized else None,
                           storage=args.storage, device=device, seed=args.seed, stats=stats)
 
     frames, saved = 0, _run.resume(args, out, buffer)
@@ -106,17 +108,18 @@ def run(args: Args) -> dict[str, Any]:
         optimizer.load_state_dict(saved["optimizer"])
         rng.bit_generator.state = saved["exploration_rng"]
         frames = saved["frames"]
+        _run.drop_running_episodes(stats)  # the envs restart below
     obs, _ = envs.reset(seed=_run.env_seed(args.seed, frames))  # see rlbuf.demos._run: exact resume
     progress = _run.Progress(args, frames, None if saved is None else saved["progress"])
 
-    def checkpoint() -> None:
-        _run.save_checkpoint(out, "dqn", args, frames, buffer, {
+    def checkpoint(reason: _run.CheckpointReason) -> Path:
+        return _run.save_checkpoint(out, "dqn", args, frames, buffer, {
             "frames": frames, "progress": progress.state_dict(), "optimizer": optimizer.state_dict(),
             "models": {"q": q_net.state_dict(), "target": target_net.state_dict()},
-            "exploration_rng": rng.bit_generator.state})
+            "exploration_rng": rng.bit_generator.state}, reason)
 
     # -- collect, learn, log ------------------------------------------------------------------------
-    stopped, loss = frames >= args.frames or progress.done(), 0.0
+    stopped, loss, interrupted_at = frames >= args.frames or progress.done(), 0.0, None
     while not stopped:
         eps = epsilon(args, frames)
         with torch.no_grad():
@@ -155,8 +158,12 @@ def run(args: Args) -> dict[str, Any]:
         if _run.crossed(frames_before, frames, 1_000) or frames >= args.frames:
             progress.log(frames, stats, loss=loss, eps=eps)
             stopped = progress.done() or frames >= args.frames
-        if _run.crossed(frames_before, frames, args.checkpoint_every) and not stopped:
-            checkpoint()
+        reason = _run.checkpoint_due(args, frames_before, frames, stopped)  # Ctrl-C: between two env steps
+        if reason is not None:
+            path = checkpoint(reason)
+            if reason == "interrupt":
+                interrupted_at = path
+                break
             if args.stop_after_frames is not None and frames >= args.stop_after_frames:
                 break
             obs, _ = envs.reset(seed=_run.env_seed(args.seed, frames))
@@ -166,7 +173,11 @@ def run(args: Args) -> dict[str, Any]:
 
     # -- outputs ------------------------------------------------------------------------------------
     if stopped:
-        checkpoint()
+        checkpoint("end")
         torch.save({"q": q_net.state_dict(), "hidden": args.hidden}, out / "model.pt")
     buffer.close()  # removes a memmap storage's scratch files
-    return _run.write_outputs(out, "dqn", args, progress, frames, stats, "finished" if stopped else "stopped")
+    status = "finished" if stopped else "interrupted" if interrupted_at else "stopped"
+    summary = _run.write_outputs(out, "dqn", args, progress, frames, stats, status)
+    if interrupted_at is not None:
+        raise _run.Interrupted(interrupted_at, out, frames, "dqn")
+    return summary

@@ -5,24 +5,25 @@ Run it with ``rlbuf demo ppo`` (``--help`` lists the options). The loop, top to 
 1. a TorchRL ``Collector`` steps ``num_envs`` CartPoles (a gymnasium ``SyncVectorEnv`` wrapped
    by ``GymWrapper``: one TorchRL call per vector step, the fastest layout on 2 cores) and
    yields a ``[num_envs, num_steps]`` rollout;
-2. the critic writes ``state_value`` and ``("next", "state_value")``; the :class:`~rlbuf.GAE`
+2. the critic writes ``state_value`` and ``("next", "state_value")``; the ``rlbuf.GAE``
    transform turns them into ``advantage`` and ``value_target``. CartPole truncates episodes at
    500 steps: there ``("next", "observation")`` is the final observation, and GAE bootstraps
    from its value, while a pole that fell (``terminated``) does not bootstrap;
-3. ``buffer.extend(rollout)`` stores it (and feeds the :class:`~rlbuf.EpisodeStats`);
+3. ``buffer.extend(rollout)`` stores it (and feeds the ``rlbuf.EpisodeStats``);
 4. ``epochs`` passes of shuffled minibatches update actor and critic with the clipped objective.
 
 Example (not run here: each trains for 10 to 30 seconds)::
 
     rlbuf demo ppo --out runs/ppo            # stops once the last 20 episodes average >= 475
     rlbuf demo ppo --frames 50000 --storage memmap --checkpoint-every 10000
-    rlbuf demo ppo --resume runs/ppo         # continue a killed run from its newest checkpoint
+    rlbuf demo ppo --resume runs/ppo         # continue a stopped run (Ctrl-C writes a checkpoint first)
     rlbuf demo ppo --recurrent               # LSTM policy, CartPole without velocities
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -150,19 +151,20 @@ def run(args: Args) -> dict[str, Any]:
         critic_net.load_state_dict(saved["models"]["critic"])
         optimizer.load_state_dict(saved["optimizer"])
         frames = saved["frames"]
+        _run.drop_running_episodes(stats)  # the envs restart below
     remaining = -(-max(0, args.frames - frames) // frames_per_batch) * frames_per_batch  # whole rollouts
     collector = Collector(env, actor, frames_per_batch=frames_per_batch, total_frames=max(remaining, frames_per_batch),
                           policy_device=device, storing_device=device, auto_register_policy_transforms=False)
     collector.reset(seed=_run.env_seed(args.seed, frames))  # see rlbuf.demos._run: exact resume
     progress = _run.Progress(args, frames, None if saved is None else saved["progress"])
 
-    def checkpoint() -> None:
-        _run.save_checkpoint(out, "ppo", args, frames, buffer, {
+    def checkpoint(reason: _run.CheckpointReason) -> Path:
+        return _run.save_checkpoint(out, "ppo", args, frames, buffer, {
             "frames": frames, "progress": progress.state_dict(), "optimizer": optimizer.state_dict(),
-            "models": {"actor": actor_net.state_dict(), "critic": critic_net.state_dict()}})
+            "models": {"actor": actor_net.state_dict(), "critic": critic_net.state_dict()}}, reason)
 
     # -- collect, learn, log ------------------------------------------------------------------------
-    stopped = remaining == 0 or progress.done()
+    stopped, interrupted_at = remaining == 0 or progress.done(), None
     for rollout in () if stopped else collector:
         frames_before, frames = frames, frames + rollout.numel()
         with torch.no_grad():
@@ -188,8 +190,12 @@ def run(args: Args) -> dict[str, Any]:
 
         progress.log(frames, stats, loss=loss.item())
         stopped = progress.done() or frames >= args.frames
-        if _run.crossed(frames_before, frames, args.checkpoint_every) and not stopped:
-            checkpoint()
+        reason = _run.checkpoint_due(args, frames_before, frames, stopped)  # Ctrl-C: between two collections
+        if reason is not None:
+            path = checkpoint(reason)
+            if reason == "interrupt":
+                interrupted_at = path
+                break
             if args.stop_after_frames is not None and frames >= args.stop_after_frames:
                 break
             collector.reset(seed=_run.env_seed(args.seed, frames))
@@ -200,10 +206,13 @@ def run(args: Args) -> dict[str, Any]:
     progress.close()
 
     # -- outputs ------------------------------------------------------------------------------------
-    status = "finished" if stopped else "stopped"
+    status = "finished" if stopped else "interrupted" if interrupted_at else "stopped"
     if stopped:
-        checkpoint()
+        checkpoint("end")
         torch.save({"actor": actor_net.state_dict(), "critic": critic_net.state_dict(), "hidden": args.hidden},
                    out / "model.pt")
     buffer.close()  # removes a memmap storage's scratch files
-    return _run.write_outputs(out, "ppo", args, progress, frames, stats, status)
+    summary = _run.write_outputs(out, "ppo", args, progress, frames, stats, status)
+    if interrupted_at is not None:
+        raise _run.Interrupted(interrupted_at, out, frames, "ppo")
+    return summary

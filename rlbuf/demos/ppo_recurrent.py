@@ -1,7 +1,7 @@
 """Recurrent PPO on CartPole-v1 with the velocities hidden: an LSTM policy and sequence minibatches.
 
 Run it with ``rlbuf demo ppo --recurrent``. The envs show only the cart position and the pole
-angle (:class:`HideVelocities`), so the state is only partly observed: a memoryless policy
+angle (``HideVelocities``), so the state is only partly observed: a memoryless policy
 cannot tell which way the pole is moving (``rlbuf demo ppo --hide-velocities`` trains the MLP on
 the same observations and stays far below 475), while an LSTM infers the velocities from
 the observations it has seen. The loop, top to bottom:
@@ -9,7 +9,7 @@ the observations it has seen. The loop, top to bottom:
 1. ``num_envs`` CartPoles (a gymnasium ``SyncVectorEnv`` resetting finished envs in the same
    step, with the final observation in ``infos``) are stepped by hand; the LSTM carries a
    hidden state per env, zeroed when its episode ends;
-2. every step goes to the :class:`~rlbuf.RolloutBuffer` with ``add(..., hidden_state={"h", "c"})``:
+2. every step goes to the ``RolloutBuffer`` with ``add(..., hidden_state={"h", "c"})``:
    the state the action was computed from. A truncated step (500 steps) bootstraps from
    V(final observation);
 3. GAE, then ``minibatches(..., sequences=True)``: each env's rollout split at episode ends

@@ -1,0 +1,357 @@
+"""Recorder: the real transitions of a vector env into a buffer, in every autoreset mode.
+
+A vector env resets a finished episode by itself, and how it does so decides what one
+``envs.step`` returns for that env (gymnasium 1.x, ``envs.metadata["autoreset_mode"]``):
+
+* ``NEXT_STEP`` (gymnasium's default): the step that ends an episode returns its final
+  observation; the *next* step ignores the action and returns a reset observation with
+  reward 0. That reset step belongs to no episode: the Recorder never stores it.
+* ``SAME_STEP``: the ending step already returns the reset observation; the final one is in
+  ``info["final_obs"]`` (an object array, ``None`` for envs that did not end) with the mask
+  ``info["_final_obs"]``. The Recorder stores the final observation as ``next_obs``.
+* ``DISABLED``: nothing resets by itself; you reset the finished envs
+  (``envs.reset(options={"reset_mask": ...})``) and pass the reset observation as the next
+  ``obs``. Every step is real.
+
+Stable-Baselines3 ``VecEnv``s and batched torch envs in the Isaac Lab style reset in the same
+step: convert their flags with [`sb3_step`][rlbuf.gym.sb3_step] or
+[`isaac_step`][rlbuf.gym.isaac_step] and build the Recorder with
+``autoreset_mode="same_step"``.
+
+Example:
+    >>> import gymnasium as gym
+    >>> import torch
+    >>> from rlbuf import ReplayBuffer
+    >>> from rlbuf.gym import Recorder
+    >>> envs = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    >>> buffer = ReplayBuffer(1000, observation_space=envs.single_observation_space,
+    ...                       action_space=envs.single_action_space, num_envs=2)
+    >>> recorder = Recorder(envs, buffer)
+    >>> obs, _ = envs.reset(seed=0)
+    >>> for _ in range(100):
+    ...     action = envs.action_space.sample()
+    ...     next_obs, reward, terminated, truncated, info = envs.step(action)
+    ...     recorder.record(obs, action, reward, next_obs, terminated, truncated, info)
+    ...     obs = next_obs
+    >>> len(buffer) == 200 - recorder.skipped   # NEXT_STEP's reset steps were left out
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+
+from rlbuf.distill import DistillationBuffer
+from rlbuf.errors import ConfigError, MissingFieldError, ShapeError
+from rlbuf.replay import ReplayBuffer
+from rlbuf.rollout import RolloutBuffer
+
+Bootstrap = Callable[[Any], Any]
+"""``bootstrap(final_obs) -> values``: V of the final observations of the truncated envs."""
+
+_SAME_STEP_HINT = ('build the envs with autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP '
+                   '(gymnasium.make_vec(..., vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}))')
+
+
+class Recorder:
+    """Stores exactly the real transitions of every env of ``envs`` into ``buffer``.
+
+    Call ``record`` once per ``envs.step``. At an episode end the stored ``next_obs`` is
+    the final observation, never a reset one; ``NEXT_STEP``'s reset steps are not stored.
+
+    Args:
+        envs: the vector env (its ``num_envs`` and ``metadata["autoreset_mode"]`` are read; for a
+            buffer built from spaces, its ``single_observation_space`` is checked).
+        buffer: a [`ReplayBuffer`][rlbuf.ReplayBuffer], [`RolloutBuffer`][rlbuf.RolloutBuffer]
+            or [`DistillationBuffer`][rlbuf.DistillationBuffer].
+        bootstrap: for a ``RolloutBuffer``: ``bootstrap(final_obs) -> values``, V of the final
+            observations of the envs truncated at a step (a batch of them, ``[k, *obs_shape]``;
+            returns ``[k]`` or ``[k, 1]``), passed as ``bootstrap_value``.
+        autoreset_mode: the envs' autoreset mode when ``envs.metadata`` does not say
+            (``"same_step"`` for SB3 ``VecEnv``s and Isaac Lab-style envs).
+
+    Raises:
+        ConfigError: an unknown mode or buffer, a ``RolloutBuffer`` with ``NEXT_STEP`` envs
+            (a rollout is a fixed ``[num_steps, num_envs]`` grid: use ``SAME_STEP``), a
+            ``num_envs`` that differs from the buffer's, or a buffer built from
+            ``envs.observation_space`` (the batched space) instead of the single one.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> from rlbuf import RolloutBuffer
+        >>> envs = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+        >>> buffer = RolloutBuffer(8, 2, observation_space=envs.single_observation_space,
+        ...                        action_space=envs.single_action_space)
+        >>> Recorder(envs, buffer)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: Recorder: a RolloutBuffer cannot take NEXT_STEP envs (their reset steps would be holes in the [num_steps, num_envs] rollout); build the envs with autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP (gymnasium.make_vec(..., vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}))
+    """
+
+    def __init__(self, envs: Any, buffer: ReplayBuffer | RolloutBuffer | DistillationBuffer, *,
+                 bootstrap: Bootstrap | None = None, autoreset_mode: AutoresetMode | str | None = None) -> None:
+        self.autoreset_mode = _mode(envs, autoreset_mode)
+        if not isinstance(buffer, (ReplayBuffer, RolloutBuffer, DistillationBuffer)):
+            raise ConfigError(f"buffer: expected a ReplayBuffer, RolloutBuffer or DistillationBuffer, "
+                              f"got {type(buffer).__name__}")
+        if isinstance(buffer, RolloutBuffer) and self.autoreset_mode is AutoresetMode.NEXT_STEP:
+            raise ConfigError("Recorder: a RolloutBuffer cannot take NEXT_STEP envs (their reset steps would be "
+                              f"holes in the [num_steps, num_envs] rollout); {_SAME_STEP_HINT}")
+        if bootstrap is not None and not isinstance(buffer, RolloutBuffer):
+            raise ConfigError(f"bootstrap: only a RolloutBuffer takes bootstrap values, not a {type(buffer).__name__}")
+        num_envs = getattr(envs, "num_envs", None)
+        if not isinstance(num_envs, int) or num_envs <= 0:
+            raise ConfigError(f"envs: expected a vector env with a positive num_envs, got {num_envs!r}")
+        if not isinstance(buffer, DistillationBuffer) and buffer.num_envs != num_envs:
+            raise ConfigError(f"buffer: built for num_envs={buffer.num_envs}, the envs have {num_envs}")
+        _check_obs_shape(envs, buffer)
+        self.envs = envs
+        self.buffer = buffer
+        self.bootstrap = bootstrap
+        self.num_envs = num_envs
+        self._resetting = np.zeros(num_envs, np.bool_)
+        self.skipped = 0
+        """Reset steps (env rows) left out so far (``NEXT_STEP`` only)."""
+
+    def reset(self, env_mask: Any = None) -> None:
+        """Forget pending ``NEXT_STEP`` reset steps after you reset the envs yourself (``envs.reset()``).
+
+        Gymnasium's ``envs.reset()`` makes the next step a real one for every env it resets,
+        including envs whose episode had just ended; tell the Recorder so it stores that step.
+
+        Args:
+            env_mask: ``[num_envs]`` bools: the envs that were reset (``None``: all).
+
+        Example:
+            >>> import gymnasium as gym
+            >>> from rlbuf import ReplayBuffer
+            >>> envs = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+            >>> recorder = Recorder(envs, ReplayBuffer(100, obs_shape=(4,), action_shape=(),
+            ...                                        action_dtype=torch.int64, num_envs=2))
+            >>> obs, _ = envs.reset(seed=0)
+            >>> recorder.reset()
+        """
+        if env_mask is None:
+            self._resetting[:] = False
+        else:
+            self._resetting &= ~_flags("env_mask", env_mask, self.num_envs)
+
+    def record(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
+               info: Mapping[str, Any] | None = None, **fields: Any) -> None:
+        """Store the real transitions of one ``envs.step``.
+
+        Args:
+            obs: the observations the actions were taken from ``[num_envs, *obs_shape]``.
+            action: the actions passed to ``envs.step``.
+            reward: what ``envs.step`` returned: rewards ``[num_envs]``.
+            next_obs: the observations ``envs.step`` returned.
+            terminated: ``[num_envs]`` bools from ``envs.step``.
+            truncated: ``[num_envs]`` bools from ``envs.step``.
+            info: the info dict from ``envs.step`` (``SAME_STEP`` reads ``"final_obs"`` and
+                ``"_final_obs"`` from it).
+            **fields: the buffer's other fields, one row per env: ``value`` and ``log_prob``
+                (RolloutBuffer), ``expert_action`` (DistillationBuffer; ``action`` when
+                absent), extras.
+
+        Raises:
+            MissingFieldError: an env ended under ``SAME_STEP`` and ``info`` has no final
+                observation for it, or a RolloutBuffer env was truncated without ``bootstrap``.
+            ShapeError: flags that are not ``[num_envs]``.
+            RlbufError: whatever the buffer's ``add`` refuses (nothing is stored then).
+
+        Example:
+            >>> import numpy as np
+            >>> from rlbuf import ReplayBuffer
+            >>> class Envs:                   # two envs, SAME_STEP: env 1 ends at this step
+            ...     num_envs, metadata = 2, {"autoreset_mode": "same_step"}
+            >>> buffer = ReplayBuffer(10, obs_shape=(1,), action_shape=(), num_envs=2)
+            >>> recorder = Recorder(Envs(), buffer)
+            >>> final = np.empty(2, dtype=object)
+            >>> final[1] = np.array([9.0])    # env 1's final observation; next_obs holds its reset one
+            >>> recorder.record(np.zeros((2, 1)), np.zeros(2), np.ones(2), np.array([[1.0], [0.0]]),
+            ...                 np.array([False, True]), np.array([False, False]),
+            ...                 {"final_obs": final, "_final_obs": np.array([False, True])})
+            >>> buffer.sample_all().next_obs.flatten().tolist()
+            [1.0, 9.0]
+        """
+        n = self.num_envs
+        terminated_np, truncated_np = _flags("terminated", terminated, n), _flags("truncated", truncated, n)
+        ended = terminated_np | truncated_np
+        stored_next = self._final_observations(next_obs, ended, info)
+        keep = ~self._resetting if self.autoreset_mode is AutoresetMode.NEXT_STEP else None
+        if keep is not None and keep.all():
+            keep = None
+        buffer = self.buffer
+        if isinstance(buffer, ReplayBuffer):
+            buffer.add(obs, action, reward, stored_next, terminated, truncated,
+                       **({} if keep is None else {"env_mask": keep}), **fields)
+        elif isinstance(buffer, RolloutBuffer):
+            if truncated_np.any() and "bootstrap_value" not in fields:
+                fields["bootstrap_value"] = self._bootstrap_values(stored_next, truncated_np, reward)
+            buffer.add(obs, action, reward, terminated, truncated=truncated, **fields)
+        else:
+            expert_action = fields.pop("expert_action", action)
+            if keep is None:
+                buffer.add(obs, expert_action, **fields)
+            elif keep.any():
+                buffer.add(_rows(obs, keep, "obs"), _rows(expert_action, keep, "expert_action"),
+                           **{name: _rows(value, keep, name) for name, value in fields.items()})
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP:
+            self.skipped += 0 if keep is None else int((~keep).sum())
+            self._resetting = ended
+
+    def _final_observations(self, next_obs: Any, ended: np.ndarray[Any, Any], info: Mapping[str, Any] | None) -> Any:
+        """``next_obs`` with each ended env's row replaced by its final observation (SAME_STEP)."""
+        if self.autoreset_mode is not AutoresetMode.SAME_STEP or not ended.any():
+            return next_obs
+        final = None if info is None else info.get("final_obs")
+        if final is None:
+            env = int(np.flatnonzero(ended)[0])
+            raise MissingFieldError(f"info['final_obs']: env {env} ended at this step but info holds no final "
+                                    f"observation (SAME_STEP envs put it there; SB3 and Isaac-style envs: see "
+                                    f"rlbuf.gym.sb3_step and rlbuf.gym.isaac_step)")
+        has_final = _flags("info['_final_obs']", info.get("_final_obs", ended), self.num_envs)  # type: ignore[union-attr]
+        missing = ended & ~has_final
+        if missing.any():
+            raise MissingFieldError(f"info['final_obs']: envs {np.flatnonzero(missing).tolist()} ended at this step "
+                                    f"but info['_final_obs'] marks no final observation for them")
+        rows = np.flatnonzero(ended)
+        if isinstance(next_obs, torch.Tensor):
+            replaced = next_obs.clone()
+            for i in rows.tolist():
+                replaced[i] = torch.as_tensor(np.asarray(final[i]) if not isinstance(final[i], torch.Tensor)
+                                              else final[i], device=next_obs.device)
+            return replaced
+        replaced_np = np.array(next_obs, copy=True)
+        for i in rows.tolist():
+            replaced_np[i] = np.asarray(final[i].cpu() if isinstance(final[i], torch.Tensor) else final[i])
+        return replaced_np
+
+    def _bootstrap_values(self, stored_next: Any, truncated: np.ndarray[Any, Any], reward: Any) -> Any:
+        """``bootstrap_value`` for every env: V(final obs) where truncated, 0 elsewhere."""
+        if self.bootstrap is None:
+            raise MissingFieldError(f"bootstrap: envs {np.flatnonzero(truncated).tolist()} were truncated; pass "
+                                    f"Recorder(..., bootstrap=lambda final_obs: critic(final_obs)) so the timeout "
+                                    f"bootstraps from V(final observation) instead of counting as a death")
+        rows = np.flatnonzero(truncated)
+        final = _rows(stored_next, truncated, "next_obs")
+        values = self.bootstrap(final)
+        if isinstance(values, torch.Tensor):
+            values = values.detach()
+            if values.numel() != rows.size:
+                raise ShapeError(f"bootstrap: expected {rows.size} values (one per truncated env), got shape "
+                                 f"{tuple(values.shape)}")
+            device = reward.device if isinstance(reward, torch.Tensor) else values.device
+            out = torch.zeros(self.num_envs, dtype=torch.float32, device=device)
+            out[torch.as_tensor(rows, device=device)] = values.reshape(-1).to(device, torch.float32)
+            return out
+        array = np.asarray(values, dtype=np.float32).reshape(-1)
+        if array.size != rows.size:
+            raise ShapeError(f"bootstrap: expected {rows.size} values (one per truncated env), got {array.size}")
+        out_np = np.zeros(self.num_envs, np.float32)
+        out_np[rows] = array
+        return out_np
+
+
+def sb3_step(dones: Any, infos: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any],
+                                                                     dict[str, Any]]:
+    """An SB3 ``VecEnv`` step's ``dones, infos`` as gymnasium's ``terminated, truncated, info`` (SAME_STEP).
+
+    SB3 resets a finished env in the same step, puts its final observation in
+    ``infos[i]["terminal_observation"]`` and marks a time limit with
+    ``infos[i]["TimeLimit.truncated"]``.
+
+    Example:
+        >>> import numpy as np
+        >>> terminated, truncated, info = sb3_step(np.array([False, True]), [
+        ...     {}, {"terminal_observation": np.array([9.0]), "TimeLimit.truncated": True}])
+        >>> terminated.tolist(), truncated.tolist(), info["_final_obs"].tolist(), info["final_obs"][1].tolist()
+        ([False, False], [False, True], [False, True], [9.0])
+    """
+    done = np.asarray(dones, dtype=np.bool_).reshape(-1)
+    truncated = np.array([bool(d and info.get("TimeLimit.truncated", False)) for d, info in zip(done, infos, strict=True)],
+                         dtype=np.bool_)
+    final = np.empty(done.size, dtype=object)
+    for i in np.flatnonzero(done).tolist():
+        final[i] = infos[i].get("terminal_observation")
+    has_final = np.array([f is not None for f in final], dtype=np.bool_)
+    return done & ~truncated, truncated, {"final_obs": final, "_final_obs": has_final}
+
+
+def isaac_step(dones: torch.Tensor, extras: Mapping[str, Any], final_obs: torch.Tensor | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """An Isaac Lab-style step (``dones``, ``extras["time_outs"]``) as ``terminated, truncated, info``.
+
+    Such envs reset finished envs inside ``step`` and return tensors on their device. Pass
+    ``final_obs`` (``[num_envs, *obs_shape]``, read where ``dones``) when the env exposes the
+    observations before its reset; without it a truncation cannot bootstrap from its final
+    observation and the Recorder refuses it. (rsl_rl approximates V(final obs) by V(obs before
+    the step): ``final_obs=obs`` does the same, knowingly.)
+
+    Example:
+        >>> dones = torch.tensor([True, True])
+        >>> terminated, truncated, info = isaac_step(dones, {"time_outs": torch.tensor([False, True])},
+        ...                                          final_obs=torch.tensor([[1.0], [2.0]]))
+        >>> terminated.tolist(), truncated.tolist(), info["_final_obs"].tolist()
+        ([True, False], [False, True], [True, True])
+    """
+    done = dones.to(torch.bool).reshape(-1)
+    time_outs = extras.get("time_outs")
+    truncated = torch.zeros_like(done) if time_outs is None else time_outs.to(torch.bool).reshape(-1) & done
+    info: dict[str, Any] = dict(extras)
+    if final_obs is not None:
+        info["final_obs"] = final_obs
+        info["_final_obs"] = done.cpu().numpy()
+    return done & ~truncated, truncated, info
+
+
+def _mode(envs: Any, given: AutoresetMode | str | None) -> AutoresetMode:
+    metadata = getattr(envs, "metadata", None)
+    found = given if given is not None else (metadata or {}).get("autoreset_mode")
+    if found is None:
+        raise ConfigError("autoreset_mode: envs.metadata has no 'autoreset_mode' (not a gymnasium 1.x vector env): "
+                          "pass Recorder(..., autoreset_mode=...); SB3 VecEnvs and Isaac Lab-style envs reset in "
+                          "the same step: autoreset_mode='same_step'")
+    if isinstance(found, AutoresetMode):
+        return found
+    by_name = {m.value.lower(): m for m in AutoresetMode} | {m.name.lower().replace("_", ""): m for m in AutoresetMode}
+    mode = by_name.get(str(found).lower().replace("_", ""))
+    if mode is None:
+        raise ConfigError(f"autoreset_mode: expected an AutoresetMode or one of 'next_step', 'same_step', "
+                          f"'disabled', got {found!r}")
+    return mode
+
+
+def _check_obs_shape(envs: Any, buffer: ReplayBuffer | RolloutBuffer | DistillationBuffer) -> None:
+    """Refuse a buffer built from the batched ``envs.observation_space`` (a common slip)."""
+    single = getattr(getattr(envs, "single_observation_space", None), "shape", None)
+    batched = getattr(getattr(envs, "observation_space", None), "shape", None)
+    stored = next(spec.shape for spec in buffer.fields if spec.name == "obs")
+    if single is not None and batched is not None and stored != tuple(single) and stored == tuple(batched):
+        raise ConfigError(f"buffer: its observations have shape {stored}, the batched envs.observation_space's; build "
+                          f"it with observation_space=envs.single_observation_space (one env's space, "
+                          f"{tuple(single)})")
+
+
+def _flags(name: str, value: Any, n: int) -> np.ndarray[Any, Any]:
+    array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    if array.shape != (n,):
+        raise ShapeError(f"{name}: expected shape ({n},), got {array.shape}")
+    return array.astype(np.bool_, copy=False)
+
+
+def _rows(value: Any, keep: np.ndarray[Any, Any], name: str) -> Any:
+    """The rows of ``value`` where ``keep`` is True, in ``value``'s own type."""
+    if isinstance(value, torch.Tensor):
+        if value.shape[:1] != keep.shape:
+            raise ShapeError(f"{name}: expected {keep.size} rows (one per env), got shape {tuple(value.shape)}")
+        return value[torch.as_tensor(keep, device=value.device)]
+    array = np.asarray(value)
+    if array.shape[:1] != keep.shape:
+        raise ShapeError(f"{name}: expected {keep.size} rows (one per env), got shape {array.shape}")
+    return array[keep]

@@ -1,0 +1,140 @@
+"""Spaces to fields: the shape and dtype a buffer stores for a gymnasium space or a TorchRL spec.
+
+| space / spec | stored shape | stored dtype |
+|---|---|---|
+| ``Box(low, high, shape, dtype)`` | ``shape`` | ``dtype`` (``uint8`` stays ``uint8``) |
+| ``Discrete(n)`` | ``()`` (an index) | ``int64`` |
+| ``MultiDiscrete(nvec)`` | ``nvec.shape`` | ``int64`` |
+| ``MultiBinary(n)`` | ``(n,)`` (or its shape) | ``int8`` |
+| TorchRL ``Bounded``, ``Unbounded``, ``OneHot``, ``Categorical``, ``Binary``, ... | its ``shape`` | its ``dtype`` |
+| TorchRL ``Composite`` | its ``"observation"`` (or ``"action"``) entry, batch dims dropped | that entry's |
+
+``MultiBinary`` is stored as ``int8``, not ``bool``: gymnasium's ``MultiBinary`` samples and
+envs emit ``int8`` arrays, and a bool field would refuse them (kinds never change); TorchRL's
+``Binary`` spec is ``int8`` too. A vector env's batched spaces (``envs.observation_space``)
+are not what a buffer wants: give it ``envs.single_observation_space`` and
+``envs.single_action_space``. A batched TorchRL env's leaf specs carry its batch dims: pass
+``env.observation_spec`` (a ``Composite``, whose batch dims are dropped) and
+``env.action_spec_unbatched``, or ``env.full_action_spec`` (a ``Composite``).
+
+Example:
+    >>> import gymnasium as gym
+    >>> import numpy as np
+    >>> field_of(gym.spaces.Box(0, 255, (84, 84, 4), np.uint8), "observation_space")
+    ((84, 84, 4), torch.uint8)
+    >>> field_of(gym.spaces.Discrete(6), "action_space")
+    ((), torch.int64)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from rlbuf._obs import is_structured
+from rlbuf.errors import ConfigError
+
+_ENTRY = {"observation_space": "observation", "action_space": "action"}
+
+
+def field_of(space: Any, name: str) -> tuple[tuple[int, ...], torch.dtype]:
+    """The ``(shape, dtype)`` of one stored row for a gymnasium space or a TorchRL spec.
+
+    Args:
+        space: a gymnasium ``Box``, ``Discrete``, ``MultiDiscrete`` or ``MultiBinary``, or a
+            TorchRL spec (a leaf spec, or a ``Composite`` holding ``"observation"`` /
+            ``"action"``).
+        name: the option it came from (``"observation_space"``, ``"action_space"``), for messages.
+
+    Raises:
+        ConfigError: a space rlbuf cannot store as one field (``Dict``, ``Tuple``, ``Text``,
+            ...), or a ``Composite`` without the expected entry.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> from torchrl.data import Composite, OneHot, Unbounded
+        >>> field_of(gym.spaces.MultiDiscrete([3, 4]), "action_space")
+        ((2,), torch.int64)
+        >>> field_of(OneHot(5), "action_space")
+        ((5,), torch.bool)
+        >>> field_of(Composite(observation=Unbounded((8, 3)), shape=(8,)), "observation_space")
+        ((3,), torch.float32)
+        >>> field_of(gym.spaces.Dict({"a": gym.spaces.Discrete(2)}), "observation_space")
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: observation_space: a Dict space cannot be stored as one field; supported: Box, Discrete, MultiDiscrete, MultiBinary and TorchRL specs (Bounded, Unbounded, OneHot, Categorical, Binary, ..., or a Composite holding 'observation')
+    """
+    if isinstance(space, spaces.Box):
+        return tuple(space.shape), _torch_dtype(space.dtype, name)
+    if isinstance(space, spaces.Discrete):
+        return (), torch.int64
+    if isinstance(space, spaces.MultiDiscrete):
+        return tuple(space.shape), torch.int64
+    if isinstance(space, spaces.MultiBinary):
+        return tuple(space.shape), torch.int8
+    from torchrl.data import Composite, TensorSpec
+
+    if isinstance(space, Composite):
+        entry = _ENTRY.get(name, "observation")
+        if entry not in space:
+            raise ConfigError(f"{name}: the Composite spec has no {entry!r} entry (keys: {list(space.keys())}); "
+                              f"pass the spec of the field to store")
+        leaf = space[entry]
+        if isinstance(leaf, Composite):
+            raise ConfigError(f"{name}: {entry!r} is itself a Composite spec (a dict observation): pass one "
+                              f"of its entries")
+        return tuple(leaf.shape[len(space.shape):]), leaf.dtype
+    if isinstance(space, TensorSpec):
+        return tuple(space.shape), space.dtype
+    entry = _ENTRY.get(name, "observation")
+    raise ConfigError(f"{name}: a {type(space).__name__} space cannot be stored as one field; supported: Box, "
+                      f"Discrete, MultiDiscrete, MultiBinary and TorchRL specs (Bounded, Unbounded, OneHot, "
+                      f"Categorical, Binary, ..., or a Composite holding {entry!r})")
+
+
+def resolve_field(space: Any, shape: Any, dtype: Any, *, space_name: str, shape_name: str,
+                  structured: bool = False) -> tuple[Any, Any]:
+    """A buffer option pair: ``(shape, dtype)`` from ``space``, or the given shape (dtype default float32).
+
+    ``dtype`` may override the space's dtype (e.g. float32 for a float64 ``Box``). With
+    ``structured`` (observations), a gymnasium ``Dict`` space or a TorchRL ``Composite`` is
+    passed on as the shape and an unset dtype stays unset: the buffer's layout reads both.
+
+    Raises:
+        ConfigError: both a space and a shape, or neither.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> resolve_field(gym.spaces.Discrete(2), None, None, space_name="action_space", shape_name="action_shape")
+        ((), torch.int64)
+        >>> resolve_field(None, (3,), None, space_name="observation_space", shape_name="obs_shape")
+        ((3,), torch.float32)
+        >>> resolve_field(gym.spaces.Discrete(2), (), None, space_name="action_space", shape_name="action_shape")
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: action_space, action_shape: give one of them, not both (the space sets the shape)
+    """
+    if space is not None and shape is not None:
+        raise ConfigError(f"{space_name}, {shape_name}: give one of them, not both (the space sets the shape)")
+    if space is None:
+        if shape is None:
+            raise ConfigError(f"{shape_name}: required (or give {space_name}=, e.g. envs.single_{space_name})")
+        return shape, torch.float32 if dtype is None and not structured else dtype
+    if structured and is_structured(space):
+        # A dict observation: a gymnasium Dict, a Composite of observation keys, or a Composite
+        # whose "observation" entry is itself one. The buffer's layout reads each leaf.
+        entry = space.get("observation", None) if hasattr(space, "get") and not isinstance(space, dict) else None
+        if entry is None or is_structured(entry):
+            return space if entry is None else entry, dtype
+    space_shape, space_dtype = field_of(space, space_name)
+    return space_shape, space_dtype if dtype is None else dtype
+
+
+def _torch_dtype(dtype: Any, name: str) -> torch.dtype:
+    try:
+        return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
+    except TypeError:
+        raise ConfigError(f"{name}: the space's dtype {dtype} has no torch equivalent") from None
