@@ -430,6 +430,19 @@ def test_env_major_extends_are_refused_and_time_major_ones_work() -> None:
     assert len(buf.sample_sequences(2, 3)) == 2
 
 
+def test_an_add_that_leaves_envs_out_stops_sequences_until_clear() -> None:
+    buf = replay_with_steps(40, 2, 4)
+    step = (torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), torch.zeros(2, 1), torch.zeros(2, dtype=torch.bool))
+    buf.add(*step, env_mask=torch.tensor([True, True]))  # every env: rows stay interleaved
+    assert len(buf.sample_sequences(2, 3)) == 2
+    buf.add(*step, env_mask=torch.tensor([False, True]))  # one row: env 1's steps no longer 2 rows apart
+    with pytest.raises(ConfigError, match="env_mask that left envs out"):
+        buf.sample_sequences(2, 3)
+    buf.clear()
+    buf.add(*step)
+    assert len(buf.sample_sequences(2, 1)) == 2
+
+
 def test_sequence_sampling_resumes_exactly_after_a_checkpoint(tmp_path: Any) -> None:
     buf = replay_with_steps(30, 3, 25, done_every=4)
     buf.sample_sequences(4, 2)
