@@ -22,6 +22,7 @@ Tensors travel as numpy arrays, which Ray moves without pickling their bytes: se
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import time
 from collections.abc import Mapping
@@ -39,6 +40,7 @@ from rlbuf.batches import ReplayBatch
 from rlbuf.checkpoint import load_state
 from rlbuf.errors import RlbufError
 from rlbuf.replay import ReplayBuffer, Transition
+from rlbuf.sequences import ReplaySequenceBatch
 from rlbuf.storage import DeviceLike, resolve_device
 
 _BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "done", "index", "weight",
@@ -176,6 +178,12 @@ class ReplayBufferHost:
     def rlbuf_sample(self, batch_size: int) -> dict[str, Any]:
         """See [`ReplayBuffer.sample`][rlbuf.ReplayBuffer.sample] (the batch as a dict of its fields)."""
         fields: dict[str, Any] = _to_wire(_fields(self.buffer.sample(batch_size)))
+        return fields
+
+    def rlbuf_sample_sequences(self, batch_size: int, length: int, burn_in: int = 0) -> dict[str, Any]:
+        """See [`ReplayBuffer.sample_sequences`][rlbuf.ReplayBuffer.sample_sequences] (the batch as a dict)."""
+        batch = self.buffer.sample_sequences(batch_size, length, burn_in=burn_in)
+        fields: dict[str, Any] = _to_wire({field.name: getattr(batch, field.name) for field in dataclasses.fields(batch)})
         return fields
 
     def rlbuf_sample_all(self) -> dict[str, Any]:
@@ -327,6 +335,19 @@ class RemoteReplayBufferHandle:
             EmptyBufferError: nothing is stored.
         """
         return self._batch(self._call("rlbuf_sample", batch_size))
+
+    def sample_sequences(self, batch_size: int, length: int, *, burn_in: int = 0) -> ReplaySequenceBatch:
+        """Draw sequences on the actor (see [`ReplayBuffer.sample_sequences`][rlbuf.ReplayBuffer.sample_sequences]),
+        delivered on [`device`][rlbuf.ray.RemoteReplayBufferHandle.device].
+
+        Raises:
+            BatchSizeError: a size that is not a positive int, or longer than what each env holds.
+            ConfigError: the remote buffer's rows are not interleaved by env (see there).
+        """
+        fields = _from_wire(self._call("rlbuf_sample_sequences", batch_size, length, burn_in))
+        return ReplaySequenceBatch(**{name: value.to(self._device) if hasattr(value, "to") else value
+                                      for name, value in fields.items() if name != "extras"},
+                                   extras=deliver(fields["extras"], self._device) if fields["extras"] else {})
 
     def sample_all(self) -> ReplayBatch:
         """Every stored row, oldest first, delivered on [`device`][rlbuf.ray.RemoteReplayBufferHandle.device]."""

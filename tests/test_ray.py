@@ -282,6 +282,9 @@ def test_dict_observations_and_hidden_states_travel_both_ways() -> None:
             buffer.add({**obs, "proprio": torch.zeros(2, 4)}, torch.zeros(2), torch.ones(2), obs,
                        torch.zeros(2, dtype=torch.bool), hidden_state={"h": torch.ones(2, 1, 2)})
         batch = buffer.sample_all()
+        sequences = buffer.sample_sequences(3, 1, burn_in=1)
+    assert sequences.obs["camera"].shape == (3, 2, 2, 2) and sequences.burn_in == 1
+    assert sequences.hidden_state is not None and sequences.hidden_state["h"].shape == (3, 1, 2)
     assert isinstance(batch.obs, TensorDict) and batch.obs["camera"].dtype is torch.uint8
     assert torch.equal(batch.next_obs["proprio"], obs["proprio"].repeat(2, 1))
     assert batch.hidden_state is not None and batch.hidden_state["h"][:, 0, 0].tolist() == [1.0, 1.0, 2.0, 2.0]
