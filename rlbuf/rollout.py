@@ -45,6 +45,7 @@ from rlbuf.batches import RolloutBatch
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
 from rlbuf.errors import (
     BufferFullError,
+    CheckpointError,
     DeviceError,
     MissingFieldError,
     NonFiniteError,
@@ -620,6 +621,9 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
     def _iterator_rows(self, method: str, arguments: Mapping[str, Any], size: int,
                        fields: Mapping[str, torch.Tensor]) -> int:
         if method == "minibatches" and arguments.get("sequences"):
+            if size != self.capacity:
+                raise CheckpointError(f"state: an iterator of sequence minibatches runs over a full rollout, the state "
+                                      f"holds {size} of {self.capacity} rows")
             return len(split_trajectories(fields["done"].view(self._num_steps, self._num_envs)))
         return super()._iterator_rows(method, arguments, size, fields)
 
