@@ -230,7 +230,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf.view("obs").shape, buf.view("reward").shape
             (torch.Size([3, 2, 4]), torch.Size([3, 2]))
         """
-        layout = {"obs": self._obs, "hidden_state": self._hidden}.get(name)
+        layout = {"obs": self._obs, "hidden_state": self._hidden}.get(name) if isinstance(name, str) else None
         if layout is not None and layout.structured:
             self._ring.flush()
             views = {leaf: self._ring.leaves[leaf].view(self._num_steps, self._num_envs, *self._ring.by_name[leaf].shape)
