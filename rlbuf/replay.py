@@ -30,7 +30,7 @@ from tensordict import TensorDictBase
 from torchrl.data import RandomSampler, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
 
-from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs
+from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs, refuse_foreign_options
 from rlbuf._compact import CompactLayout, layout_options
 from rlbuf._core import check_extras, deliver
 from rlbuf._obs import (
@@ -171,7 +171,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
 
     def __init__(
         self,
-        capacity: int,
+        capacity: int = 0,
         *,
         obs_shape: ObsShape | None = None,
         action_shape: Sequence[int] | int | None = None,
@@ -196,7 +196,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         gamma: float = 0.99,
         compact: bool | None = None,
         hidden_state_shape: Sequence[int] | int | Mapping[str, Sequence[int] | int] | None = None,
+        **foreign: Any,
     ) -> None:
+        refuse_foreign_options(ReplayBuffer.__init__, foreign)
         obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype,
                                              space_name="observation_space", shape_name="obs_shape", structured=True)
         action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype,
@@ -268,7 +270,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             raise ConfigError("torchrl: this buffer stores next_obs once (compact layout), which TorchRL's own "
                               "reads and writes do not know; build it with compact=False (and frame_stack=1, "
                               "n_step=1) to hand it to TorchRL, or use its extend() and sample()")
-        return self._ring.rb
+        return self._ring.hand_out()
 
     def clear(self) -> None:
         """Remove every row, priority and open episode; capacity and options stay.

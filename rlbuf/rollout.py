@@ -29,7 +29,14 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import SamplerWithoutReplacement
 
-from rlbuf._base import BATCH_NAMES, RingBuffer, as_shape, done_of, extra_specs
+from rlbuf._base import (
+    BATCH_NAMES,
+    RingBuffer,
+    as_shape,
+    done_of,
+    extra_specs,
+    refuse_foreign_options,
+)
 from rlbuf._core import check_extras, deliver
 from rlbuf._obs import (
     Layout,
@@ -150,8 +157,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
 
     def __init__(
         self,
-        num_steps: int,
-        num_envs: int,
+        num_steps: int = 0,
+        num_envs: int = 0,
         *,
         obs_shape: ObsShape | None = None,
         action_shape: Sequence[int] | int | None = None,
@@ -168,7 +175,9 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         obs_dtype: ObsDtype | None = None,
         action_dtype: torch.dtype | None = None,
         stats: EpisodeStats | None = None,
+        **foreign: Any,
     ) -> None:
+        refuse_foreign_options(RolloutBuffer.__init__, foreign)
         obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype,
                                              space_name="observation_space", shape_name="obs_shape", structured=True)
         action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype,
@@ -245,11 +254,11 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
     def add(
         self,
         obs: Any,
-        action: Any,
-        reward: Any,
-        terminated: Any,
-        value: Any,
-        log_prob: Any,
+        action: Any = None,
+        reward: Any = None,
+        terminated: Any = None,
+        value: Any = None,
+        log_prob: Any = None,
         truncated: Any = None,
         privileged_obs: Any = None,
         bootstrap_value: Any = None,
@@ -303,7 +312,12 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         if (self._hidden is None) != (hidden_state is None):
             raise MissingFieldError("hidden_state: this buffer stores one with every step" if hidden_state is None
                                     else "hidden_state: this buffer was built without hidden_state_shape")
-        check_extras(self._extra_specs, extras)
+        check_extras(self._extra_specs, extras)  # before: done= gets the rlbuf names
+        required = {"action": action, "reward": reward, "terminated": terminated, "value": value, "log_prob": log_prob}
+        missing = [name for name, given in required.items() if given is None]
+        if missing:
+            raise MissingFieldError(f"{', '.join(missing)}: required with every step (add(obs, action, reward, "
+                                    f"terminated, value, log_prob, truncated=...))")
         if self._hidden is not None:
             extras = {**extras, **dict(zip(leaf_names("hidden_state", self._hidden),
                                            self._hidden.split("hidden_state", hidden_state), strict=True))}
