@@ -93,6 +93,38 @@ def test_sequence_minibatches_hold_whole_trajectories_with_their_first_hidden_st
     assert sorted(seen[:len(seen) // 2]) == everything == sorted(seen[len(seen) // 2:])
 
 
+@settings(max_examples=25, deadline=None)
+@given(steps=st.integers(1, 6), envs=st.integers(1, 3), seed=st.integers(0, 1000), done_rate=st.floats(0.0, 1.0),
+       batch=st.integers(1, 8), drop_last=st.booleans())
+def test_every_trajectory_once_per_epoch_padded_with_zeros_from_its_first_state(
+        steps: int, envs: int, seed: int, done_rate: float, batch: int, drop_last: bool) -> None:
+    g = torch.Generator().manual_seed(seed)
+    done = torch.rand(steps, envs, generator=g) < done_rate
+    step_id = (torch.arange(steps)[:, None] * 10 + torch.arange(envs)[None, :] + 1).float()  # never 0
+    buf = RolloutBuffer(steps, envs, obs_shape=(1,), action_shape=(), hidden_state_shape=(1,), seed=seed)
+    for t in range(steps):
+        buf.add(step_id[t, :, None], torch.zeros(envs), torch.ones(envs), done[t], torch.zeros(envs),
+                torch.zeros(envs), hidden_state=step_id[t, :, None])
+    buf.compute_returns_and_advantages(torch.zeros(envs))
+    count = len(split_trajectories(done))
+    if batch > count:
+        with pytest.raises(BatchSizeError, match="trajectories in the rollout"):
+            buf.minibatches(batch, sequences=True)
+        return
+    seen: list[tuple[int, int]] = []
+    for minibatch in buf.minibatches(batch, n_epochs=1, sequences=True, drop_last=drop_last):
+        obs, mask = minibatch.obs[..., 0], minibatch.mask  # type: ignore[index]
+        assert torch.equal(obs == 0, ~mask)  # zeros exactly on padding
+        assert minibatch.hidden_state is not None and torch.equal(minibatch.hidden_state[:, 0], obs[0])
+        for b, (env, start) in enumerate(zip(minibatch.env.tolist(), minibatch.start.tolist(), strict=True)):
+            length = int(mask[:, b].sum())
+            assert torch.equal(obs[:length, b], step_id[start:start + length, env])
+            assert not done[start:start + length - 1, env].any()  # nothing crosses an episode end
+            seen.append((env, start))
+    assert len(set(seen)) == len(seen)
+    assert len(seen) == (count - count % batch if drop_last else count)
+
+
 def test_sequence_minibatches_are_shuffled_by_trajectory() -> None:
     buf = filled_buffer(rollout_data())
     unshuffled = torch.cat([b.env * T + b.start for b in buf.minibatches(num_minibatches=2, sequences=True,
