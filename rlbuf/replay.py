@@ -152,7 +152,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             observations that end an episode are kept aside), halving the memory of
             observations. Steps must then be added in each env's order, with every episode end
             marked. ``None``: compact when ``frame_stack > 1`` or ``n_step > 1``.
-            See [Pixels and memory](../pixels.md).
+            See [Pixels and memory](pixels.md).
         hidden_state_shape: a recurrent policy's hidden state stored with every step, e.g.
             ``{"h": (layers, 256), "c": (layers, 256)}`` (float32, TorchRL's
             ``"recurrent_state_h"`` keys); [`sample_sequences`][rlbuf.ReplayBuffer.sample_sequences] gives it at each sequence start.
