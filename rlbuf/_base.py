@@ -789,7 +789,7 @@ class RingBuffer(Generic[BatchT]):
             options["stats"] = EpisodeStats(int(saved_stats["num_envs"]), window=int(saved_stats["window"]))
         try:
             buffer = cls(**options)
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, ConfigError) as error:
             raise CheckpointError(f"{path}: cannot rebuild the buffer from its options: {error}") from error
         buffer.load_state_dict(state)
         if not state.get("data", True):
