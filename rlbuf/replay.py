@@ -528,6 +528,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         kept = int(keep.sum())
         if kept:
             ring.write_tensors(rows, kept)
+        # Rows of one env are num_envs apart (what sample_sequences reads) only while every env is stored.
+        self._interleaved = self._interleaved and kept in (0, n)
 
     def extend(self, td: TensorDictBase) -> None:
         """Store a TensorDict in TorchRL layout, e.g. a collector's ``[num_envs, T]`` batch.
@@ -685,9 +687,10 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             batch_size = ring.require_rows(batch_size, without_replacement=False)
             span = positive_int("length", length, BatchSizeError) + burn_in_steps(burn_in)
             if not self._interleaved:
-                raise ConfigError("sample_sequences: rows were extended env-major (batch size (num_envs, T)); "
-                                  "steps of one env are not num_envs rows apart. Extend time-major batches "
-                                  "(T, num_envs) or add step by step, then clear() and refill")
+                raise ConfigError("sample_sequences: steps of one env are not num_envs rows apart: rows were "
+                                  "extended env-major (batch size (num_envs, T)) or added with an env_mask that left "
+                                  "envs out. Extend time-major batches (T, num_envs) or add every env's step "
+                                  "(a Recorder: SAME_STEP envs), then clear() and refill")
             ring.flush()
             size, write_count, n = len(ring), ring.write_count, self._num_envs
             starts = sequence_starts(write_count=write_count, size=size, num_envs=n, span=span,
