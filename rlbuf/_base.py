@@ -646,7 +646,9 @@ class RingBuffer(Generic[BatchT]):
                  if key != "sequences"}
         rows = self._iterator_rows(iterator["method"], arguments, size, fields)
         device = self._storing_device if iterator["method"] == "epochs" else self._device
-        trial = _refusing("iterator state", EpochIterator, rows, lambda index: index, **split,
+        # epochs() runs over the rows stored when each epoch starts: a saved epoch may hold fewer.
+        trial = _refusing("iterator state", EpochIterator, (lambda: rows) if iterator["method"] == "epochs" else rows,
+                          lambda index: index, **split,
                           generator=torch.Generator(device=device))
         saved = dict(saved)
         own = trial.state_dict()["generator"]
@@ -787,7 +789,7 @@ class RingBuffer(Generic[BatchT]):
             options["stats"] = EpisodeStats(int(saved_stats["num_envs"]), window=int(saved_stats["window"]))
         try:
             buffer = cls(**options)
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, ConfigError) as error:
             raise CheckpointError(f"{path}: cannot rebuild the buffer from its options: {error}") from error
         buffer.load_state_dict(state)
         if not state.get("data", True):

@@ -152,7 +152,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             observations that end an episode are kept aside), halving the memory of
             observations. Steps must then be added in each env's order, with every episode end
             marked. ``None``: compact when ``frame_stack > 1`` or ``n_step > 1``.
-            See [Pixels and memory](../pixels.md).
+            See [Pixels and memory](pixels.md).
         hidden_state_shape: a recurrent policy's hidden state stored with every step, e.g.
             ``{"h": (layers, 256), "c": (layers, 256)}`` (float32, TorchRL's
             ``"recurrent_state_h"`` keys); [`sample_sequences`][rlbuf.ReplayBuffer.sample_sequences] gives it at each sequence start.
@@ -519,6 +519,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         kept = int(keep.sum())
         if kept:
             self._ring.write_tensors(rows, kept)
+        # Rows of one env are num_envs apart (what sample_sequences reads) only while every env is stored.
+        self._interleaved = self._interleaved and kept in (0, self._num_envs)
 
     def _add_compact_envs(self, obs: Any, next_obs: Any, terminated: Any, truncated: Any, others: Sequence[Any],
                           env_mask: Any) -> None:
@@ -725,9 +727,10 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             batch_size = ring.require_rows(batch_size, without_replacement=False)
             span = positive_int("length", length, BatchSizeError) + burn_in_steps(burn_in)
             if not self._interleaved:
-                raise ConfigError("sample_sequences: rows were extended env-major (batch size (num_envs, T)); "
-                                  "steps of one env are not num_envs rows apart. Extend time-major batches "
-                                  "(T, num_envs) or add step by step, then clear() and refill")
+                raise ConfigError("sample_sequences: steps of one env are not num_envs rows apart: rows were "
+                                  "extended env-major (batch size (num_envs, T)) or added with an env_mask that left "
+                                  "envs out. Extend time-major batches (T, num_envs) or add every env's step "
+                                  "(a Recorder: SAME_STEP envs), then clear() and refill")
             ring.flush()
             size, write_count, n = len(ring), ring.write_count, self._num_envs
             starts = sequence_starts(write_count=write_count, size=size, num_envs=n, span=span,
