@@ -67,8 +67,9 @@ class Recorder:
     Args:
         envs: the vector env (its ``num_envs`` and ``metadata["autoreset_mode"]`` are read; for a
             buffer built from spaces, its ``single_observation_space`` is checked).
-        buffer: a [`ReplayBuffer`][rlbuf.ReplayBuffer], [`RolloutBuffer`][rlbuf.RolloutBuffer]
-            or [`DistillationBuffer`][rlbuf.DistillationBuffer].
+        buffer: a [`ReplayBuffer`][rlbuf.ReplayBuffer] (compact ones too: ``frame_stack``,
+            ``n_step``), [`RolloutBuffer`][rlbuf.RolloutBuffer] or
+            [`DistillationBuffer`][rlbuf.DistillationBuffer].
         bootstrap: for a ``RolloutBuffer``: ``bootstrap(final_obs) -> values``, V of the final
             observations of the envs truncated at a step (a batch of them, ``[k, *obs_shape]``;
             returns ``[k]`` or ``[k, 1]``), passed as ``bootstrap_value``.

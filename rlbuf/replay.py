@@ -490,13 +490,13 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             raise MissingFieldError("hidden_state: this buffer stores one with every step" if hidden_state is None
                                     else "hidden_state: this buffer was built without hidden_state_shape")
         if self._compact is not None:
-            if env_mask is not None:
-                raise ConfigError("env_mask: not available for a compact buffer (frame_stack, n_step or "
-                                  "compact=True) yet; add the kept envs' rows with extend() instead")
             extra_values = tuple(extras[n] for n in self._extra_specs)
-            self._compact.write(obs, next_obs, terminated, truncated, self._compact.all_envs,
-                                lambda frames, done, cut: self._ring.add(
-                                    (frames, action, reward, done, cut, *extra_values), self._num_envs))
+            if env_mask is not None:
+                self._add_compact_envs(obs, next_obs, terminated, truncated, (action, reward, *extra_values), env_mask)
+            else:
+                self._compact.write(obs, next_obs, terminated, truncated, self._compact.all_envs,
+                                    lambda frames, done, cut: self._ring.add(
+                                        (frames, action, reward, done, cut, *extra_values), self._num_envs))
         else:
             if self._obs.structured or self._hidden is not None:
                 hidden = () if self._hidden is None else self._hidden.split("hidden_state", hidden_state)
@@ -514,22 +514,62 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
 
     def _add_envs(self, values: Sequence[Any], env_mask: Any) -> None:
         """Validate every row of ``values``, then store the rows of the envs in ``env_mask``."""
-        n, ring = self._num_envs, self._ring
+        keep = self._env_mask(env_mask)
+        rows = self._kept_rows(self._ring.input_specs, values, keep)
+        kept = int(keep.sum())
+        if kept:
+            self._ring.write_tensors(rows, kept)
+        # Rows of one env are num_envs apart (what sample_sequences reads) only while every env is stored.
+        self._interleaved = self._interleaved and kept in (0, self._num_envs)
+
+    def _add_compact_envs(self, obs: Any, next_obs: Any, terminated: Any, truncated: Any, others: Sequence[Any],
+                          env_mask: Any) -> None:
+        """Validate every row, then pass the rows of the envs in ``env_mask`` through the compact
+        layout's streams (an env left out continues its stream with its next kept row)."""
+        compact, ring = self._compact, self._ring
+        assert compact is not None
+        keep = self._env_mask(env_mask)
+        flags = (ring.by_name["terminated"], ring.by_name["truncated"])
+        specs = (compact.obs_spec, compact.next_obs_spec, *flags,
+                 *(spec for spec in ring.input_specs if spec.name not in ("obs", "terminated", "truncated")))
+        rows = self._kept_rows(specs, (obs, next_obs, terminated, truncated, *others), keep)
+        kept = int(keep.sum())
+        if not kept:
+            return
+        obs_rows, next_rows, terminated_rows, truncated_rows = (rows.pop(spec.name) for spec in specs[:4])
+        compact.write(obs_rows, next_rows, terminated_rows, truncated_rows, compact.all_envs[keep.numpy()],
+                      lambda frames, done, cut: ring.write_tensors(
+                          {**rows, "obs": frames, "terminated": done, "truncated": cut}, kept))
+
+    def _env_mask(self, env_mask: Any) -> torch.Tensor:
+        """``env_mask`` as ``[num_envs]`` bools on the CPU.
+
+        Raises:
+            ShapeError: not one bool per env.
+        """
+        n = self._num_envs
         keep = torch.as_tensor(np.asarray(env_mask.cpu() if isinstance(env_mask, torch.Tensor) else env_mask))
         if keep.dtype is not torch.bool or tuple(keep.shape) != (n,):
             raise ShapeError(f"env_mask: expected {n} bools (one per env), got {keep.dtype} of shape {tuple(keep.shape)}")
+        return keep
+
+    def _kept_rows(self, specs: Sequence[FieldSpec], values: Sequence[Any], keep: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Check all ``num_envs`` rows of each value against its spec; return the rows ``keep`` marks, by name.
+
+        Raises:
+            MissingFieldError, ShapeError, DtypeError, DeviceError, NonFiniteError: a row does not fit.
+        """
+        n, devices = self._num_envs, self._ring.accepted_devices
         rows: dict[str, torch.Tensor] = {}
-        for spec, value in zip(ring.input_specs, values, strict=True):
-            tensor = torch.as_tensor(value) if not isinstance(value, torch.Tensor) else value
+        for spec, value in zip(specs, values, strict=True):
+            if value is None:
+                raise MissingFieldError(f"{spec.name}: a value is required")
+            tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
             if n == 1 and tuple(tensor.shape) == spec.shape:
                 tensor = tensor.unsqueeze(0)
-            spec.check_tensor(tensor, (n,), ring.accepted_devices)
+            spec.check_tensor(tensor, (n,), devices)
             rows[spec.name] = tensor[keep.to(tensor.device)]
-        kept = int(keep.sum())
-        if kept:
-            ring.write_tensors(rows, kept)
-        # Rows of one env are num_envs apart (what sample_sequences reads) only while every env is stored.
-        self._interleaved = self._interleaved and kept in (0, n)
+        return rows
 
     def extend(self, td: TensorDictBase) -> None:
         """Store a TensorDict in TorchRL layout, e.g. a collector's ``[num_envs, T]`` batch.
