@@ -221,17 +221,8 @@ class Recorder:
         if missing.any():
             raise MissingFieldError(f"info['final_obs']: envs {np.flatnonzero(missing).tolist()} ended at this step "
                                     f"but info['_final_obs'] marks no final observation for them")
-        rows = np.flatnonzero(ended)
-        if isinstance(next_obs, torch.Tensor):
-            replaced = next_obs.clone()
-            for i in rows.tolist():
-                replaced[i] = torch.as_tensor(np.asarray(final[i]) if not isinstance(final[i], torch.Tensor)
-                                              else final[i], device=next_obs.device)
-            return replaced
-        replaced_np = np.array(next_obs, copy=True)
-        for i in rows.tolist():
-            replaced_np[i] = np.asarray(final[i].cpu() if isinstance(final[i], torch.Tensor) else final[i])
-        return replaced_np
+        rows = np.flatnonzero(ended).tolist()
+        return _with_rows(next_obs, {i: final[i] for i in rows})
 
     def _bootstrap_values(self, stored_next: Any, truncated: np.ndarray[Any, Any], reward: Any) -> Any:
         """``bootstrap_value`` for every env: V(final obs) where truncated, 0 elsewhere."""
@@ -332,11 +323,27 @@ def _check_obs_shape(envs: Any, buffer: ReplayBuffer | RolloutBuffer | Distillat
     """Refuse a buffer built from the batched ``envs.observation_space`` (a common slip)."""
     single = getattr(getattr(envs, "single_observation_space", None), "shape", None)
     batched = getattr(getattr(envs, "observation_space", None), "shape", None)
-    stored = next(spec.shape for spec in buffer.fields if spec.name == "obs")
-    if single is not None and batched is not None and stored != tuple(single) and stored == tuple(batched):
+    stored = next((spec.shape for spec in buffer.fields if spec.name == "obs"), None)  # None: dict observations
+    if stored is not None and single is not None and batched is not None and stored != tuple(single) and stored == tuple(batched):
         raise ConfigError(f"buffer: its observations have shape {stored}, the batched envs.observation_space's; build "
                           f"it with observation_space=envs.single_observation_space (one env's space, "
                           f"{tuple(single)})")
+
+
+def _with_rows(value: Any, replacements: Mapping[int, Any]) -> Any:
+    """A copy of ``value`` (rows first; a dict observation key by key) with rows replaced."""
+    if isinstance(value, Mapping):
+        return {key: _with_rows(part, {i: row[key] for i, row in replacements.items()}) for key, part in value.items()}
+    if isinstance(value, torch.Tensor):
+        replaced = value.clone()
+        for i, row in replacements.items():
+            replaced[i] = torch.as_tensor(np.asarray(row) if not isinstance(row, torch.Tensor) else row,
+                                          device=value.device)
+        return replaced
+    replaced_np = np.array(value, copy=True)
+    for i, row in replacements.items():
+        replaced_np[i] = np.asarray(row.cpu() if isinstance(row, torch.Tensor) else row)
+    return replaced_np
 
 
 def _flags(name: str, value: Any, n: int) -> np.ndarray[Any, Any]:
@@ -347,7 +354,9 @@ def _flags(name: str, value: Any, n: int) -> np.ndarray[Any, Any]:
 
 
 def _rows(value: Any, keep: np.ndarray[Any, Any], name: str) -> Any:
-    """The rows of ``value`` where ``keep`` is True, in ``value``'s own type."""
+    """The rows of ``value`` where ``keep`` is True, in ``value``'s own type (a dict key by key)."""
+    if isinstance(value, Mapping):
+        return {key: _rows(part, keep, f"{name}[{key!r}]") for key, part in value.items()}
     if isinstance(value, torch.Tensor):
         if value.shape[:1] != keep.shape:
             raise ShapeError(f"{name}: expected {keep.size} rows (one per env), got shape {tuple(value.shape)}")

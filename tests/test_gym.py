@@ -556,3 +556,60 @@ def test_env_mask_on_a_compact_buffer_validates_every_row_before_storing_any() -
     buffer.add(stack, np.zeros(2), np.ones(2), stack, np.zeros(2, bool), env_mask=np.array([False, False]))
     buffer.add(stack, np.zeros(2), np.ones(2), stack, np.zeros(2, bool), env_mask=np.array([True, True]))
     assert len(buffer) == 3 and len(buffer.sample_all()) == 1  # env 0's first row is complete now
+
+
+class DictCountingEnv(CountingEnv):
+    """CountingEnv with a dict observation: ``state`` (env, episode, step) and a tiny uint8 ``camera``."""
+
+    observation_space = gym.spaces.Dict({"state": CountingEnv.observation_space,
+                                         "camera": gym.spaces.Box(0, 255, (2, 2), np.uint8)})
+
+    def _obs(self) -> dict[str, np.ndarray]:  # type: ignore[override]
+        return {"state": super()._obs(), "camera": np.full((2, 2), self.step_count % 256, np.uint8)}
+
+
+@pytest.mark.parametrize("kind", ["replay", "rollout", "distill"])
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_dict_observations_through_the_recorder(mode: AutoresetMode, kind: str) -> None:
+    if kind == "rollout" and mode == AutoresetMode.NEXT_STEP:
+        return  # refused for every observation kind (see the test above)
+    makers = [lambda i=i: gym.wrappers.TimeLimit(DictCountingEnv(i), max_episode_steps=time_limit(i))
+              for i in range(NUM_ENVS)]
+    envs = gym.vector.SyncVectorEnv(makers, autoreset_mode=mode)
+    buffer = build(kind, envs)
+    recorded = drive_dict(envs, buffer)
+    data = buffer.sample_all()
+    state, camera = data.obs["state"].numpy(), data.obs["camera"].numpy()
+    assert camera.dtype == np.uint8 and (camera[:, 0, 0] == state[:, 2] % 256).all()
+    check_episodes(state)
+    if kind == "replay":
+        next_state = data.next_obs["state"].numpy()
+        assert (next_state[:, :2] == state[:, :2]).all() and (next_state[:, 2] == state[:, 2] + 1).all()
+        assert (data.next_obs["camera"][:, 0, 0].numpy() == next_state[:, 2] % 256).all()
+    if kind == "rollout":
+        truncated = data.truncated.numpy()
+        assert truncated.any()
+        assert (buffer.sample_all().extras["next_code"].numpy()[truncated] == 0).all()
+    assert len(buffer) == NUM_ENVS * STEPS - recorded.skipped
+
+
+def drive_dict(envs: gym.vector.VectorEnv, buffer: Any) -> Recorder:
+    """``drive`` for dict observations: the critic reads the ``state`` key of final observations."""
+    recorder = Recorder(envs, buffer, bootstrap=(lambda final: [code(o) for o in np.asarray(final["state"])])
+                        if isinstance(buffer, RolloutBuffer) else None)
+    obs, _ = envs.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(STEPS):
+        next_obs, reward, terminated, truncated, info = envs.step(rng.integers(0, 2, NUM_ENVS))
+        fields: dict[str, Any] = {}
+        if isinstance(buffer, RolloutBuffer):
+            fields = {"value": np.zeros(NUM_ENVS, np.float32), "log_prob": np.zeros(NUM_ENVS, np.float32),
+                      "next_code": np.zeros(NUM_ENVS, np.float32)}
+        recorder.record(obs, rng.integers(0, 2, NUM_ENVS), reward, next_obs, terminated, truncated, info, **fields)
+        obs = next_obs
+        if envs.metadata["autoreset_mode"] == AutoresetMode.DISABLED:
+            ended = np.asarray(terminated) | np.asarray(truncated)
+            if ended.any():
+                obs, _ = envs.reset(options={"reset_mask": ended})
+    envs.close()
+    return recorder
