@@ -55,7 +55,8 @@ Bootstrap = Callable[[Any], Any]
 """``bootstrap(final_obs) -> values``: V of the final observations of the truncated envs."""
 
 _SAME_STEP_HINT = ('build the envs with autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP '
-                   '(gymnasium.make_vec(..., vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}))')
+                   '(gymnasium.make_vec(..., vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}), or '
+                   'SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP))')
 
 
 class Recorder:
@@ -91,7 +92,7 @@ class Recorder:
         >>> Recorder(envs, buffer)
         Traceback (most recent call last):
         ...
-        rlbuf.errors.ConfigError: Recorder: a RolloutBuffer cannot take NEXT_STEP envs (their reset steps would be holes in the [num_steps, num_envs] rollout); build the envs with autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP (gymnasium.make_vec(..., vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}))
+        rlbuf.errors.ConfigError: Recorder: a RolloutBuffer cannot take NEXT_STEP envs (their reset steps would be holes in the [num_steps, num_envs] rollout); build the envs with autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP (gymnasium.make_vec(..., vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}), or SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP))
     """
 
     def __init__(self, envs: Any, buffer: ReplayBuffer | RolloutBuffer | DistillationBuffer, *,
@@ -109,7 +110,8 @@ class Recorder:
         if not isinstance(num_envs, int) or num_envs <= 0:
             raise ConfigError(f"envs: expected a vector env with a positive num_envs, got {num_envs!r}")
         if not isinstance(buffer, DistillationBuffer) and buffer.num_envs != num_envs:
-            raise ConfigError(f"buffer: built for num_envs={buffer.num_envs}, the envs have {num_envs}")
+            raise ConfigError(f"buffer: built for num_envs={buffer.num_envs}, the envs have {num_envs}; build it "
+                              f"with num_envs={num_envs}")
         _check_obs_shape(envs, buffer)
         self.envs = envs
         self.buffer = buffer
