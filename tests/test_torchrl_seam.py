@@ -133,7 +133,7 @@ def test_keep_keys_drops_undeclared_entries() -> None:
     assert _torchrl.storage_keys(storage) == ["obs"], CHANGED.format("storage_keys", "_storage_keys reads back")
     rb = TensorDictReplayBuffer(storage=storage)
     rb.extend(TensorDict({"obs": torch.ones(2, 1), "collector": torch.ones(2)}, batch_size=[2]))
-    assert "collector" not in _torchrl.storage_leaves(storage).keys() and len(rb) == 2, CHANGED.format(
+    assert "collector" not in _torchrl.storage_leaves(storage) and len(rb) == 2, CHANGED.format(
         "keep_keys", "a storage writes only _storage_keys and drops other entries")
 
 
