@@ -516,7 +516,7 @@ def _file_digest(target: Path, algorithm: str) -> str:
     with open(target, "rb", buffering=0) as file:
         while count := file.readinto(buffer):
             digest.update(buffer[:count])
-    return digest.hexdigest()
+    return str(digest.hexdigest())
 
 
 def digest_of(entry: Mapping[str, Any], version: object = None) -> tuple[str, Any]:
