@@ -31,7 +31,7 @@ divided by each peer's (below 1: rlbuf is faster). The targets (issue 10): save 
 
 One torch thread. Run from the repository root::
 
-    PYTHONPATH=. python benchmarks/checkpoint.py           # about 2 minutes on 2 cores
+    PYTHONPATH=. python benchmarks/checkpoint.py           # about 5 minutes on 2 cores
     PYTHONPATH=. python benchmarks/checkpoint.py --quick   # 100,000 transitions, a smoke run
 """
 
@@ -185,7 +185,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.getLogger("torchrl").setLevel(logging.WARNING)  # storage-initialised notices
     torch.set_num_threads(1)
-    rows, repeats = (100_000, 3) if args.quick else (1_000_000, 5)
+    rows, repeats = (100_000, 3) if args.quick else (1_000_000, 11)
     versions = ", ".join(f"{name} {importlib.metadata.version(name)}" for name in ("torch", "torchrl", "numpy"))
     print(f"rlbuf checkpoint benchmark{' (--quick)' if args.quick else ''}: {rows:,} transitions; {versions}; "
           f"1 torch thread; median seconds of {repeats} interleaved rounds")
