@@ -18,7 +18,8 @@ and every checksum, before a single tensor is read (XXH3 guards against corrupti
 speed; safety against hostile files comes from never unpickling and from checking the manifest
 against the buffer's options); it never unpickles anything (TorchRL
 0.14.1's own ``loads`` unpickles a ``prefetch.pkl``: such a file makes rlbuf refuse the
-checkpoint). Files are written, and checksums verified, on up to four threads.
+checkpoint). Files are written one after another (writing several at once made saves 2-3x
+slower on a shared disk: benchmarks/checkpoint.py); checksums are verified on up to four threads.
 
 Example:
     >>> import tempfile, torch
@@ -222,10 +223,9 @@ class RowFiles:
 
     def copy(self, leaves: Mapping[str, torch.Tensor], size: int) -> None:
         """Write rows ``[0, size)`` of every leaf (no lock held: rows may change meanwhile)."""
-        with ThreadPoolExecutor(max_workers=_THREADS) as pool:
-            futures = {self._relpath(name): pool.submit(_write_tensor, leaf[:size], self._staging / self._relpath(name))
-                       for name, leaf in leaves.items()}
-            self.entries.update({rel: future.result() for rel, future in futures.items()})
+        for name, leaf in leaves.items():
+            rel = self._relpath(name)
+            self.entries[rel] = _write_tensor(leaf[:size], self._staging / rel)
 
     def patch(self, leaves: Mapping[str, torch.Tensor], segments: Sequence[tuple[int, int]],
               size: int) -> dict[str, RowFile]:
@@ -361,10 +361,7 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
         rows.finish()
         tensors: dict[str, torch.Tensor] = {}
         encoded = _encode(made, "state", tensors)
-        largest_first = sorted(tensors, key=lambda rel: -tensors[rel].numel() * tensors[rel].element_size())
-        with ThreadPoolExecutor(max_workers=_THREADS) as pool:
-            futures = {rel: pool.submit(_write_tensor, tensors[rel], staging / rel) for rel in largest_first}
-            files = {**rows.entries, **{rel: futures[rel].result() for rel in tensors}}
+        files = {**rows.entries, **{rel: _write_tensor(tensor, staging / rel) for rel, tensor in tensors.items()}}
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "versions": _versions(),
                     "state": encoded, "files": files}
         with open(staging / MANIFEST, "w", encoding="utf-8") as file:
