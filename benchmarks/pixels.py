@@ -21,10 +21,13 @@ Peers, each in this process, filled through its own API:
   layout), ``storage="memory"`` at the peers' size, and ``storage="memmap"`` at ``--size``.
 * ``rlbuf-classic``: ``compact=False`` (whole ``obs`` and ``next_obs`` stacks, like TorchRL).
 
-TorchRL's single-frame recipe (``CatFrames`` as a replay-buffer transform with a
-``SliceSampler``) is not measured: it samples slices of consecutive rows and rebuilds stacks
-inside each slice, so a batch of B transitions reads B slices of ``4 + 1`` rows and gives
-``(4 + 1)·B`` rows to drop or mask; its memory is one frame per row like rlbuf's.
+* ``torchrl-catframes``: TorchRL's single-frame recipe, ``CatFrames.make_rb_transform_and_sampler``:
+  a ``ReplayBuffer(storage=LazyMemmapStorage(n))`` storing the newest frame of ``observation``
+  and of ``("next", "observation")`` (two frames per row), a ``SliceSampler`` drawing slices
+  of 4 consecutive steps of one episode (ends found from ``("next", "done")``) and the
+  ``CatFrames`` transform rebuilding the stacks of each slice's last step. It never samples an
+  episode's first 3 steps (no slice of 4 ends there). Slow to sample: it is timed with one
+  call per round.
 
 Peers have a lot of memory each (sb3: 5.6 GB at 100k), so they are built one at a time, and
 each one's sample times are interleaved with rlbuf's (same process, rotating order, medians;
@@ -50,6 +53,7 @@ import shutil
 import tempfile
 import time
 import tracemalloc
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -62,6 +66,8 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import ReplayBuffer as Sb3Buffer
 from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, TensorDictReplayBuffer
+from torchrl.data import ReplayBuffer as TorchrlBuffer
+from torchrl.envs import CatFrames
 
 from rlbuf import ReplayBuffer
 
@@ -170,6 +176,28 @@ def build_torchrl(capacity: int, scratch: str) -> tuple[TensorDictReplayBuffer, 
     return buf, sum(v.numel() * v.element_size() for v in stored.values(True, True)) / capacity
 
 
+def build_torchrl_catframes(capacity: int, scratch: str) -> tuple[TorchrlBuffer, float]:
+    frames = CatFrames(N=STACK, dim=-3, in_keys=["frame"], out_keys=["observation"], reset_key="_reset",
+                       done_key="done")
+    transform, sampler = frames.make_rb_transform_and_sampler(batch_size=32, end_key=("next", "done"))
+    buf = TorchrlBuffer(storage=LazyMemmapStorage(capacity, scratch_dir=scratch), sampler=sampler,
+                        transform=transform)
+    for (part,) in chunks(capacity, 1, seed=1):
+        steps = len(part["action"])
+        buf.extend(TensorDict({
+            "frame": torch.from_numpy(part["obs"][:, -1:]), "action": torch.from_numpy(part["action"]),
+            "next": {"frame": torch.from_numpy(part["next_obs"][:, -1:]),
+                     "reward": torch.from_numpy(part["reward"])[:, None],
+                     "terminated": torch.from_numpy(part["terminated"])[:, None],
+                     "truncated": torch.from_numpy(part["truncated"])[:, None],
+                     "done": torch.from_numpy(part["terminated"] | part["truncated"])[:, None]}},
+            batch_size=[steps]))
+    batch = buf.sample(2)
+    assert batch["observation"].shape == batch["next", "observation"].shape == (2, STACK, SIDE, SIDE)
+    stored = buf._storage._storage
+    return buf, sum(v.numel() * v.element_size() for v in stored.values(True, True)) / capacity
+
+
 def build_cpprb(capacity: int) -> tuple[CpprbBuffer, float]:
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
@@ -186,12 +214,13 @@ def build_cpprb(capacity: int) -> tuple[CpprbBuffer, float]:
 
 # -- report -------------------------------------------------------------------------------
 def sample_peers(ours: dict[str, Callable[[int], Any]], peer: str, sample: Callable[[int], Any],
-                 repeats: int) -> dict[tuple[str, str, int], float]:
-    """Median seconds of ``sample(32)``/``sample(256)``, by (group, name, batch): rlbuf's interleaved with one peer."""
+                 repeats: int, *, slow: bool = False) -> dict[tuple[str, str, int], float]:
+    """Median seconds of ``sample(32)``/``sample(256)``, by (group, name, batch): rlbuf's interleaved with one peer
+    (``slow``: one call per round)."""
     result = {}
     for batch in (32, 256):
         peers = {name: (lambda f=f, batch=batch: f(batch)) for name, f in {**ours, peer: sample}.items()}
-        number = 20 if batch == 32 else 5
+        number = 1 if slow else 20 if batch == 32 else 5
         for name, seconds in time_interleaved(peers, repeats=repeats, number=number).items():
             result[(peer, name, batch)] = seconds
     return result
@@ -225,7 +254,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1_000_000, help="rlbuf's memmap buffer")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="small buffers, few repeats")
-    parser.add_argument("--peers", default="sb3,sb3-optimized,torchrl,cpprb,rlbuf-classic")
+    parser.add_argument("--peers", default="sb3,sb3-optimized,torchrl,torchrl-catframes,cpprb,rlbuf-classic")
     parser.add_argument("--layouts", action="store_true", help="only compare rlbuf's two layouts")
     args = parser.parse_args()
     if args.layouts:
@@ -236,6 +265,7 @@ def main() -> None:
         args.peer_size, args.size, args.repeats = 4000, 20_000, 5
     torch.set_num_threads(1)
     logging.getLogger("torchrl").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message="The last dimension of the tensordict should be marked as 'time'")
     scratch = tempfile.mkdtemp(prefix="rlbuf-bench-", dir=os.environ.get("RLBUF_BENCH_DIR"))
     start = time.perf_counter()
     big, big_bytes = build_rlbuf(args.size, "memmap", compact=True)
@@ -250,6 +280,7 @@ def main() -> None:
         "sb3": lambda: build_sb3(args.peer_size, optimized=False),
         "sb3-optimized": lambda: build_sb3(args.peer_size, optimized=True),
         "torchrl": lambda: build_torchrl(args.peer_size, scratch),
+        "torchrl-catframes": lambda: build_torchrl_catframes(args.peer_size, scratch),
         "cpprb": lambda: build_cpprb(args.peer_size),
         "rlbuf-classic": lambda: build_rlbuf(args.peer_size, "memory", compact=False),
     }
@@ -257,7 +288,7 @@ def main() -> None:
         for name in args.peers.split(","):
             peer, memory[name] = builders[name]()
             print(f"{name}: filled, {memory[name]:,.0f} B/transition", flush=True)
-            times.update(sample_peers(ours, name, peer.sample, args.repeats))
+            times.update(sample_peers(ours, name, peer.sample, args.repeats, slow=name == "torchrl-catframes"))
             del peer
             gc.collect()
     finally:
@@ -276,9 +307,9 @@ def main() -> None:
         if name.startswith("rlbuf-m"):
             continue
         row = [f"{mine}: bytes {memory[mine] / memory[name]:.3f}, sample32 "
-               f"{times[(name, mine, 32)] / times[(name, name, 32)]:.2f}, sample256 "
-               f"{times[(name, mine, 256)] / times[(name, name, 256)]:.2f}" for mine in ours]
-        print(f"  vs {name:14}" + " | ".join(row))
+               f"{times[(name, mine, 32)] / times[(name, name, 32)]:.3g}, sample256 "
+               f"{times[(name, mine, 256)] / times[(name, name, 256)]:.3g}" for mine in ours]
+        print(f"  vs {name:18} " + " | ".join(row))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device
 
 BatchT = TypeVar("BatchT")
 BufferT = TypeVar("BufferT", bound="RingBuffer[Any]")
-_NOT_OPTIONS = ("self", "__class__", "stats", "scratch_dir", "observation_space", "action_space")
+_NOT_OPTIONS = ("self", "__class__", "stats", "scratch_dir", "observation_space", "action_space", "foreign")
 _ITERATOR_METHODS = ("epochs", "minibatches")
 
 
@@ -89,6 +89,42 @@ def as_shape(shape: Sequence[int] | int, name: str) -> tuple[int, ...]:
 # Names every batch uses for its own attributes, and TorchRL's private keys ("_weight", "_data").
 BATCH_NAMES = {"index": "an attribute of every batch", "weight": "an attribute of every batch",
                 "extras": "an attribute of every batch"}
+
+
+# Constructor keywords users bring from SB3, cpprb or TorchRL, and what rlbuf takes instead.
+FOREIGN_OPTIONS = {
+    "buffer_size": "rlbuf's name is capacity (RolloutBuffer: num_steps, per env)",
+    "max_size": "rlbuf's name is capacity",
+    "size": "rlbuf's name is capacity",
+    "n_envs": "rlbuf's name is num_envs",
+    "n_steps": "rlbuf's name is num_steps",
+    "handle_timeout_termination": "always on in rlbuf: pass truncated= to add() and the timeout bootstraps",
+    "optimize_memory_usage": "rlbuf's ReplayBuffer takes compact=True (next_obs stored once; see frame_stack)",
+    "gamma": "pass gamma to compute_returns_and_advantages() (ReplayBuffer: gamma goes with n_step)",
+    "gae_lambda": "pass gae_lambda to compute_returns_and_advantages()",
+    "env_dict": "declare obs_shape=/action_shape= (or observation_space=/action_space=) and extra_fields=",
+    "storage_device": "rlbuf's name is storing_device",
+}
+"""Foreign constructor keyword -> what to pass instead."""
+
+
+def refuse_foreign_options(owner: Callable[..., Any], given: Mapping[str, Any]) -> None:
+    """Raise [`ConfigError`][rlbuf.ConfigError] for keywords ``owner`` does not take, with the rlbuf name.
+
+    Example:
+        >>> def build(capacity: int, **foreign: object) -> None:
+        ...     refuse_foreign_options(build, foreign)
+        >>> build(10, buffer_size=10)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: buffer_size: not an option of build; rlbuf's name is capacity (RolloutBuffer: num_steps, per env)
+    """
+    for name in given:
+        if name in FOREIGN_OPTIONS:
+            raise ConfigError(f"{name}: not an option of {owner.__qualname__.split('.')[0]}; {FOREIGN_OPTIONS[name]}")
+    if given:
+        known = [p for p in inspect.signature(owner).parameters if p not in ("self", "foreign")]
+        raise ConfigError(f"{', '.join(given)}: not options of {owner.__qualname__.split('.')[0]}; it takes {known}")
 
 
 def extra_specs(extra_fields: Mapping[str, tuple[Sequence[int] | int, torch.dtype]] | None,
@@ -252,9 +288,11 @@ class RingBuffer(Generic[BatchT]):
     def torchrl(self) -> TensorDictReplayBuffer:
         """The underlying TorchRL ``TensorDictReplayBuffer`` (for collectors, losses, Ray).
 
-        It sees every row added through rlbuf, and what it writes rlbuf sees.
+        It sees every row added through rlbuf, and what it writes rlbuf sees. Once handed out,
+        every later add is committed at once, so its ``storage`` and ``writer`` are current too
+        when read directly (e.g. by a TorchRL buffer built over the same storage).
         """
-        return self._ring.rb
+        return self._ring.hand_out()
 
     def _repr_options(self) -> str:
         return ""
@@ -609,7 +647,9 @@ class RingBuffer(Generic[BatchT]):
                  if key != "sequences"}
         rows = self._iterator_rows(iterator["method"], arguments, size, fields)
         device = self._storing_device if iterator["method"] == "epochs" else self._device
-        trial = _refusing("iterator state", EpochIterator, rows, lambda index: index, **split,
+        # epochs() runs over the rows stored when each epoch starts: a saved epoch may hold fewer.
+        trial = _refusing("iterator state", EpochIterator, (lambda: rows) if iterator["method"] == "epochs" else rows,
+                          lambda index: index, **split,
                           generator=torch.Generator(device=device))
         saved = dict(saved)
         own = trial.state_dict()["generator"]
@@ -748,7 +788,7 @@ class RingBuffer(Generic[BatchT]):
             options["stats"] = EpisodeStats(int(saved_stats["num_envs"]), window=int(saved_stats["window"]))
         try:
             buffer = cls(**options)
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, ConfigError) as error:
             raise CheckpointError(f"{path}: cannot rebuild the buffer from its options: {error}") from error
         buffer.load_state_dict(state)
         if not state.get("data", True):

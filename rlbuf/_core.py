@@ -312,6 +312,9 @@ class RowRing:
         # Leaves viewed in user shape: a reward leaf of TorchRL shape [C, 1] is used as [C].
         self.leaves = {s.name: _plain(leaves.get(s.key)).view(self.capacity, *s.shape) for s in self.specs}
         self.write_through = _writes_through(storing_device)
+        # Set once the TorchRL buffer is handed out: every add is then committed at once, so its
+        # storage and writer (read directly, not only through the buffer's methods) are current.
+        self.handed_out = False
         if self.write_through:
             self.pending_limit = self.capacity
         else:
@@ -435,6 +438,8 @@ class RowRing:
         """
         with self.lock:
             if self._stage(values, rows):
+                if self.handed_out:
+                    self.flush()  # TorchRL's storage and writer are read directly: keep them current
                 return
         by_name = {spec.name: _as_rows(value, spec.shape, rows) for spec, value in zip(self.input_specs, values, strict=True)}
         self.write_tensors(by_name, rows)
@@ -504,6 +509,13 @@ class RowRing:
                 target[:rows - first] = array[first:]
         self.pending += rows
         return True
+
+    def hand_out(self) -> TensorDictReplayBuffer:
+        """The TorchRL buffer, current now and after every later add (see ``handed_out``)."""
+        with self.lock:
+            self.handed_out = True
+            self.flush()
+        return self.rb
 
     def flush(self) -> None:
         """Commit the pending rows: TorchRL's bookkeeping (and, on a GPU storage, the copy)."""

@@ -24,8 +24,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rlbuf._sizing import manifest_row_bytes
 from rlbuf.checkpoint import MANIFEST, inside_checkpoint, parse_manifest, read_manifest
-from rlbuf.errors import CheckpointError, RlbufError
+from rlbuf.errors import CheckpointError
 
 _CHUNK = 1 << 20
 
@@ -87,7 +88,7 @@ def _describe(report: dict[str, Any], buffer_dir: Path, manifest: dict[str, Any]
         "versions": manifest.get("versions"),
         "size": state.get("size"),
         "capacity": _capacity(options),
-        "bytes_per_transition": _bytes_per_transition(state.get("kind"), options),
+        "bytes_per_transition": manifest_row_bytes(state.get("kind"), options, _as_list(state.get("spec"))),
         "storage": options.get("storage"),
         "storing_device": options.get("storing_device"),
         "device": options.get("device") or options.get("storing_device"),
@@ -169,21 +170,6 @@ def _demo_part(checkpoint: Path) -> dict[str, Any]:
     state = checkpoint / "state.pt"
     status = "missing" if not state.is_file() else "ok" if _sha256(state) == meta.get("state_sha256") else "failed"
     return {"demo": meta.get("demo"), "frames": meta.get("frames"), "state_status": status}
-
-
-def _bytes_per_transition(kind: Any, options: dict[str, Any]) -> float | None:
-    """ReplayBuffer.bytes_per_transition of a replay checkpoint's options (``None`` for other kinds)."""
-    if kind != "ReplayBuffer":
-        return None
-    from rlbuf._base import _option_from_json
-    from rlbuf.replay import ReplayBuffer
-
-    names = ("obs_shape", "action_shape", "obs_dtype", "action_dtype", "extra_fields", "prioritized", "frame_stack",
-             "n_step", "compact")
-    try:
-        return ReplayBuffer.bytes_per_transition(**{k: _option_from_json(options[k]) for k in names if k in options})
-    except (RlbufError, TypeError, ValueError):
-        return None
 
 
 def _capacity(options: dict[str, Any]) -> Any:

@@ -32,7 +32,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data import RandomSampler
 
-from rlbuf._base import RingBuffer, as_shape, extra_specs
+from rlbuf._base import RingBuffer, as_shape, extra_specs, refuse_foreign_options
 from rlbuf._core import _as_rows as rows_of
 from rlbuf._core import check_extras
 from rlbuf._obs import ObsDtype, ObsShape, leaf_names, record_layout
@@ -81,7 +81,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
 
     def __init__(
         self,
-        capacity: int,
+        capacity: int = 0,
         *,
         obs_shape: ObsShape | None = None,
         action_shape: Sequence[int] | int | None = None,
@@ -96,7 +96,9 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         action_space: Any = None,
         obs_dtype: ObsDtype | None = None,
         action_dtype: torch.dtype | None = None,
+        **foreign: Any,
     ) -> None:
+        refuse_foreign_options(DistillationBuffer.__init__, foreign)
         obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype,
                                              space_name="observation_space", shape_name="obs_shape", structured=True)
         action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype,

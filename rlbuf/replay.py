@@ -30,7 +30,7 @@ from tensordict import TensorDictBase
 from torchrl.data import RandomSampler, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
 
-from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs
+from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs, refuse_foreign_options
 from rlbuf._compact import CompactLayout, layout_options
 from rlbuf._core import check_extras, deliver
 from rlbuf._obs import (
@@ -43,7 +43,8 @@ from rlbuf._obs import (
     record_layout,
     torchrl_env_key,
 )
-from rlbuf._streams import PaddingType, stream_bytes
+from rlbuf._sizing import row_bytes
+from rlbuf._streams import PaddingType
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.batches import ReplayBatch
 from rlbuf.epochs import EpochIterator
@@ -63,7 +64,6 @@ from rlbuf.storage import DeviceLike, StorageKind
 
 _MAX_PRIORITY = 1e100
 _FIXED = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
-_PRIORITY_BYTES = 32  # the sum tree's sum and min nodes: two float64 pairs per row
 _PER_ALPHA, _PER_BETA = 0.6, 0.4
 
 
@@ -152,7 +152,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             observations that end an episode are kept aside), halving the memory of
             observations. Steps must then be added in each env's order, with every episode end
             marked. ``None``: compact when ``frame_stack > 1`` or ``n_step > 1``.
-            See [Pixels and memory](../pixels.md).
+            See [Pixels and memory](pixels.md).
         hidden_state_shape: a recurrent policy's hidden state stored with every step, e.g.
             ``{"h": (layers, 256), "c": (layers, 256)}`` (float32, TorchRL's
             ``"recurrent_state_h"`` keys); [`sample_sequences`][rlbuf.ReplayBuffer.sample_sequences] gives it at each sequence start.
@@ -171,7 +171,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
 
     def __init__(
         self,
-        capacity: int,
+        capacity: int = 0,
         *,
         obs_shape: ObsShape | None = None,
         action_shape: Sequence[int] | int | None = None,
@@ -196,7 +196,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         gamma: float = 0.99,
         compact: bool | None = None,
         hidden_state_shape: Sequence[int] | int | Mapping[str, Sequence[int] | int] | None = None,
+        **foreign: Any,
     ) -> None:
+        refuse_foreign_options(ReplayBuffer.__init__, foreign)
         obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype,
                                              space_name="observation_space", shape_name="obs_shape", structured=True)
         action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype,
@@ -248,7 +250,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                                       extra_names=list(self._extra_specs)) if compact else None
         self._row_bytes = self.bytes_per_transition(
             obs_shape=obs_shape, action_shape=action_shape, obs_dtype=obs_dtype, action_dtype=action_dtype,
-            extra_fields=extra_fields, prioritized=prioritized, frame_stack=frame_stack, n_step=n_step, compact=compact)
+            extra_fields=extra_fields, prioritized=prioritized, frame_stack=frame_stack, n_step=n_step, compact=compact,
+            hidden_state_shape=hidden_state_shape)
 
     @property
     def compact(self) -> bool:
@@ -267,7 +270,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             raise ConfigError("torchrl: this buffer stores next_obs once (compact layout), which TorchRL's own "
                               "reads and writes do not know; build it with compact=False (and frame_stack=1, "
                               "n_step=1) to hand it to TorchRL, or use its extend() and sample()")
-        return self._ring.rb
+        return self._ring.hand_out()
 
     def clear(self) -> None:
         """Remove every row, priority and open episode; capacity and options stay.
@@ -374,14 +377,16 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         frame_stack: int = 1,
         n_step: int = 1,
         compact: bool | None = None,
+        hidden_state_shape: Sequence[int] | int | Mapping[str, Sequence[int] | int] | None = None,
         episode_length: float | None = None,
     ) -> float:
         """Estimated bytes one stored transition takes, to size a buffer for a machine.
 
-        Counts the stored fields, the priority tree, the stream bookkeeping of the compact
-        layout and, given the mean ``episode_length``, the final observations kept aside
-        (one per episode). Memory of a buffer is about ``capacity`` times this (on disk with
-        ``storage="memmap"``, except final observations, which stay in RAM).
+        Counts the stored fields (hidden states included), the priority tree, the stream
+        bookkeeping of the compact layout and, given the mean ``episode_length``, the final
+        observations kept aside (one per episode). Memory of a buffer is about ``capacity``
+        times this (on disk with ``storage="memmap"``, except the priority tree, the stream
+        bookkeeping and the final observations, which stay in RAM).
 
         Args:
             obs_shape: as for the constructor (the whole stack with ``frame_stack > 1``).
@@ -393,6 +398,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             frame_stack: as for the constructor.
             n_step: as for the constructor.
             compact: as for the constructor.
+            hidden_state_shape: as for the constructor.
             episode_length: mean steps per episode (``None``: final observations not counted).
 
         Raises:
@@ -408,23 +414,21 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         """
         obs = Layout.parse(obs_shape, obs_dtype)
         single = None if obs.structured else obs.leaves[0]
-        if single is None and (compact is True or frame_stack != 1 or n_step != 1):
-            raise ConfigError("compact, frame_stack, n_step: the compact layout stores single-tensor observations; "
-                              "got a dict observation")
+        if (single is None or hidden_state_shape is not None) and (compact is True or frame_stack != 1 or n_step != 1):
+            raise ConfigError("compact, frame_stack, n_step: the compact layout stores single-tensor observations "
+                              "without hidden states; got " + ("a dict observation" if single is None
+                                                               else "hidden_state_shape"))
         compact = layout_options(() if single is None else single.shape, frame_stack=frame_stack,
                                  padding_type="reset", n_step=n_step, gamma=0.99, compact=compact)
         stored: Any = obs_shape if single is None else single.shape[1:] if frame_stack > 1 else single.shape
         specs = replay_specs(stored, as_shape(action_shape, "action_shape"), obs_dtype if single is None
                              else single.dtype, action_dtype, extra_fields, next_obs=not compact)
-        total = float(sum(math.prod(s.shape) * s.dtype.itemsize for s in specs))
-        if prioritized:
-            total += _PRIORITY_BYTES
-        if compact:
-            total += stream_bytes(frame_stack)
-            if episode_length is not None:
-                assert single is not None  # compact layouts hold single-tensor observations
-                total += math.prod(stored) * single.dtype.itemsize / episode_length
-        return total
+        if hidden_state_shape is not None:
+            specs = (*specs, *hidden_state_layout(hidden_state_shape).specs("hidden_state", hidden_state_key))
+        final_obs = 0.0 if single is None else math.prod(stored) * single.dtype.itemsize
+        return row_bytes([(s.shape, s.dtype.itemsize) for s in specs], prioritized=as_flag("prioritized", prioritized),
+                         compact=compact, frame_stack=frame_stack, final_obs_bytes=final_obs,
+                         episode_length=episode_length)
 
     # -- writing -----------------------------------------------------------------------------
     def add(
@@ -524,6 +528,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         kept = int(keep.sum())
         if kept:
             ring.write_tensors(rows, kept)
+        # Rows of one env are num_envs apart (what sample_sequences reads) only while every env is stored.
+        self._interleaved = self._interleaved and kept in (0, n)
 
     def extend(self, td: TensorDictBase) -> None:
         """Store a TensorDict in TorchRL layout, e.g. a collector's ``[num_envs, T]`` batch.
@@ -681,9 +687,10 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             batch_size = ring.require_rows(batch_size, without_replacement=False)
             span = positive_int("length", length, BatchSizeError) + burn_in_steps(burn_in)
             if not self._interleaved:
-                raise ConfigError("sample_sequences: rows were extended env-major (batch size (num_envs, T)); "
-                                  "steps of one env are not num_envs rows apart. Extend time-major batches "
-                                  "(T, num_envs) or add step by step, then clear() and refill")
+                raise ConfigError("sample_sequences: steps of one env are not num_envs rows apart: rows were "
+                                  "extended env-major (batch size (num_envs, T)) or added with an env_mask that left "
+                                  "envs out. Extend time-major batches (T, num_envs) or add every env's step "
+                                  "(a Recorder: SAME_STEP envs), then clear() and refill")
             ring.flush()
             size, write_count, n = len(ring), ring.write_count, self._num_envs
             starts = sequence_starts(write_count=write_count, size=size, num_envs=n, span=span,

@@ -29,7 +29,14 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import SamplerWithoutReplacement
 
-from rlbuf._base import BATCH_NAMES, RingBuffer, as_shape, done_of, extra_specs
+from rlbuf._base import (
+    BATCH_NAMES,
+    RingBuffer,
+    as_shape,
+    done_of,
+    extra_specs,
+    refuse_foreign_options,
+)
 from rlbuf._core import check_extras, deliver
 from rlbuf._obs import (
     Layout,
@@ -45,6 +52,7 @@ from rlbuf.batches import RolloutBatch
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
 from rlbuf.errors import (
     BufferFullError,
+    CheckpointError,
     DeviceError,
     MissingFieldError,
     NonFiniteError,
@@ -149,8 +157,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
 
     def __init__(
         self,
-        num_steps: int,
-        num_envs: int,
+        num_steps: int = 0,
+        num_envs: int = 0,
         *,
         obs_shape: ObsShape | None = None,
         action_shape: Sequence[int] | int | None = None,
@@ -167,7 +175,9 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         obs_dtype: ObsDtype | None = None,
         action_dtype: torch.dtype | None = None,
         stats: EpisodeStats | None = None,
+        **foreign: Any,
     ) -> None:
+        refuse_foreign_options(RolloutBuffer.__init__, foreign)
         obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype,
                                              space_name="observation_space", shape_name="obs_shape", structured=True)
         action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype,
@@ -219,7 +229,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         """A stored field as a ``[num_steps, num_envs, ...]`` view of the storage (no copy).
 
         Dict observations: ``view("obs")`` is a ``TensorDict`` of views, and each key is a
-        field of its own (``view('obs["camera"]')``).
+        field of its own (``view('obs["camera"]')``); so is an LSTM's ``view("hidden_state")``.
 
         Raises:
             MissingFieldError: no such field.
@@ -229,11 +239,12 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf.view("obs").shape, buf.view("reward").shape
             (torch.Size([3, 2, 4]), torch.Size([3, 2]))
         """
-        if name == "obs" and self._obs.structured:
+        layout = {"obs": self._obs, "hidden_state": self._hidden}.get(name) if isinstance(name, str) else None
+        if layout is not None and layout.structured:
             self._ring.flush()
             views = {leaf: self._ring.leaves[leaf].view(self._num_steps, self._num_envs, *self._ring.by_name[leaf].shape)
-                     for leaf in leaf_names("obs", self._obs)}
-            return self._obs.assemble("obs", views, batch_dims=2)
+                     for leaf in leaf_names(name, layout)}
+            return layout.assemble(name, views, batch_dims=2)
         self._ring.check_field_names([name])
         self._ring.flush()
         spec = self._ring.by_name[name]
@@ -243,11 +254,11 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
     def add(
         self,
         obs: Any,
-        action: Any,
-        reward: Any,
-        terminated: Any,
-        value: Any,
-        log_prob: Any,
+        action: Any = None,
+        reward: Any = None,
+        terminated: Any = None,
+        value: Any = None,
+        log_prob: Any = None,
         truncated: Any = None,
         privileged_obs: Any = None,
         bootstrap_value: Any = None,
@@ -301,7 +312,12 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         if (self._hidden is None) != (hidden_state is None):
             raise MissingFieldError("hidden_state: this buffer stores one with every step" if hidden_state is None
                                     else "hidden_state: this buffer was built without hidden_state_shape")
-        check_extras(self._extra_specs, extras)
+        check_extras(self._extra_specs, extras)  # before: done= gets the rlbuf names
+        required = {"action": action, "reward": reward, "terminated": terminated, "value": value, "log_prob": log_prob}
+        missing = [name for name, given in required.items() if given is None]
+        if missing:
+            raise MissingFieldError(f"{', '.join(missing)}: required with every step (add(obs, action, reward, "
+                                    f"terminated, value, log_prob, truncated=...))")
         if self._hidden is not None:
             extras = {**extras, **dict(zip(leaf_names("hidden_state", self._hidden),
                                            self._hidden.split("hidden_state", hidden_state), strict=True))}
@@ -619,6 +635,9 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
     def _iterator_rows(self, method: str, arguments: Mapping[str, Any], size: int,
                        fields: Mapping[str, torch.Tensor]) -> int:
         if method == "minibatches" and arguments.get("sequences"):
+            if size != self.capacity:
+                raise CheckpointError(f"state: an iterator of sequence minibatches runs over a full rollout, the state "
+                                      f"holds {size} of {self.capacity} rows")
             return len(split_trajectories(fields["done"].view(self._num_steps, self._num_envs)))
         return super()._iterator_rows(method, arguments, size, fields)
 
@@ -633,7 +652,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             columns["done"].view(self._num_steps, self._num_envs), first_step=hidden_names)
         # Validate over the trajectories before the epoch generator draws: a refused call changes nothing.
         options = check_epoch_options(len(trajectories), batch_size=batch_size, num_batches=num_minibatches,
-                                      n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle)
+                                      n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle,
+                                      unit="trajectories in the rollout")
 
         def make_sequences(index: torch.Tensor) -> SequenceBatch:
             return self._make_sequence_batch(*trajectories.select(index))

@@ -159,12 +159,12 @@ def add_steps(buf: ReplayBuffer, rounds: list[list[Step]], use_extend: bool) -> 
 
 
 @st.composite
-def scenarios(draw: st.DrawFn) -> dict[str, Any]:
+def scenarios(draw: st.DrawFn, frame_stack: int | None = None, n_step: int | None = None) -> dict[str, Any]:
     num_envs = draw(st.integers(1, 3))
     return {
         "num_envs": num_envs,
-        "frame_stack": draw(st.sampled_from([1, 2, 4])),
-        "n_step": draw(st.sampled_from([1, 2, 3])),
+        "frame_stack": draw(st.sampled_from([1, 2, 4])) if frame_stack is None else frame_stack,
+        "n_step": draw(st.sampled_from([1, 2, 3])) if n_step is None else n_step,
         "capacity": draw(st.integers(max(num_envs, 3), 24)),
         "padding_type": draw(st.sampled_from(["reset", "zero"])),
         "prioritized": draw(st.booleans()),
@@ -176,9 +176,22 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("storage", ["memory", "memmap"])
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenario=scenarios())
-def test_every_sampled_transition_equals_the_naive_buffers(storage: str, scenario: dict[str, Any]) -> None:
+@pytest.mark.parametrize("prioritized", [False, True])
+@pytest.mark.parametrize("n_step", [1, 3])
+@pytest.mark.parametrize("frame_stack", [1, 2, 4])
+def test_every_sampled_transition_equals_the_naive_buffers(storage: str, prioritized: bool, n_step: int,
+                                                           frame_stack: int) -> None:
+    """Every combination of frame_stack, n_step, PER and storage; random streams within each."""
+
+    @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(scenario=scenarios(frame_stack, n_step))
+    def check(scenario: dict[str, Any]) -> None:
+        check_every_sampled_transition(storage, {**scenario, "prioritized": prioritized})
+
+    check()
+
+
+def check_every_sampled_transition(storage: str, scenario: dict[str, Any]) -> None:
     envs = Envs(scenario["num_envs"], scenario["frame_stack"], scenario["padding_type"], scenario["end_chance"],
                 np.random.default_rng(scenario["seed"]))
     obs_shape = (scenario["frame_stack"], *FRAME) if scenario["frame_stack"] > 1 else FRAME
@@ -374,3 +387,75 @@ def test_a_collector_batch_whose_next_observation_breaks_the_stream_is_refused()
     td["next", "observation"][:, 0] = obs[:, 1]  # consistent now: step 1 follows step 0 in each env
     buf.extend(td)
     assert torch.equal(buf.sample_all().next_obs, torch.stack([obs[0, 1], obs[1, 1]]))
+
+
+@pytest.mark.parametrize("layout", [dict(compact=True), dict(frame_stack=2), dict(n_step=3)])
+def test_compact_layout_refuses_dict_observations_and_hidden_states(layout: dict[str, Any]) -> None:
+    dict_obs = dict(obs_shape={"camera": (2, 3), "proprio": (4,)}, action_shape=())
+    stack = (2, 3) if "frame_stack" not in layout else (2, 2, 3)
+    hidden = dict(obs_shape=stack, action_shape=(), hidden_state_shape={"h": (1, 8), "c": (1, 8)})
+    for options, received in ((dict_obs, "a dict observation"), (hidden, "hidden_state_shape")):
+        message = rf"compact, frame_stack, n_step: the compact layout stores single-tensor observations without " \
+                  rf"hidden states; got {received}"
+        with pytest.raises(ConfigError, match=message):
+            ReplayBuffer(10, **options, **layout)
+        with pytest.raises(ConfigError, match=message):
+            ReplayBuffer.bytes_per_transition(**options, **layout)
+        assert not ReplayBuffer(10, **options).compact  # the default layout for them: next_obs stored
+
+
+def test_sample_sequences_refuses_a_compact_buffer_and_leaves_its_generator_alone() -> None:
+    options = dict(obs_shape=(2, *FRAME), action_shape=(), num_envs=2, obs_dtype=torch.uint8, frame_stack=2,
+                   seed=5)
+    buf, twin = ReplayBuffer(20, **options), ReplayBuffer(20, **options)
+    envs = Envs(2, 2, "reset", 0.2, np.random.default_rng(0))
+    rounds = [envs.step() for _ in range(8)]
+    add_steps(buf, rounds, use_extend=False)
+    add_steps(twin, rounds, use_extend=False)
+    with pytest.raises(ConfigError, match="sample_sequences: not available for a compact buffer"):
+        buf.sample_sequences(2, 3)
+    assert torch.equal(buf.sample(8).index, twin.sample(8).index)
+
+
+def test_the_seed_alone_decides_the_samples_of_a_compact_buffer() -> None:
+    envs = Envs(2, 4, "zero", 0.2, np.random.default_rng(0))
+    rounds = [envs.step() for _ in range(20)]
+    options = dict(obs_shape=(4, *FRAME), action_shape=(), num_envs=2, obs_dtype=torch.uint8, frame_stack=4,
+                   padding_type="zero", n_step=3, prioritized=True)
+    draws = []
+    for seed in (11, 11, 12):
+        buf = ReplayBuffer(16, **options, seed=seed)
+        add_steps(buf, rounds, use_extend=False)
+        draws.append(torch.cat([buf.sample(32).index for _ in range(3)]))
+    assert torch.equal(draws[0], draws[1])
+    assert not torch.equal(draws[0], draws[2])
+
+
+def test_the_estimate_counts_dict_observations_and_hidden_states(tmp_path: Path) -> None:
+    from rlbuf._inspect import inspect_checkpoint
+
+    flags = 1 + 1 + 1  # terminated, truncated, done
+    cases = [  # (options, bytes: obs + next_obs + action + reward + flags (+ hidden state))
+        (dict(obs_shape={"camera": (2, 3), "proprio": (4,)}, obs_dtype={"camera": torch.uint8}, action_shape=()),
+         2 * (6 + 16) + 4 + 4 + flags),
+        (dict(obs_shape=(3,), action_shape=(), hidden_state_shape={"h": (1, 8), "c": (1, 8)}),
+         2 * 12 + 4 + 4 + flags + 2 * 32),
+    ]
+    for i, (options, expected) in enumerate(cases):
+        buf = ReplayBuffer(10, **options)
+        assert ReplayBuffer.bytes_per_transition(**options) == expected
+        assert f"bytes_per_transition~{expected} B" in repr(buf)
+        buf.save(tmp_path / str(i))
+        assert inspect_checkpoint(tmp_path / str(i))["bytes_per_transition"] == expected
+
+
+def test_env_mask_is_refused_by_a_compact_buffer_and_nothing_changes() -> None:
+    buf = ReplayBuffer(10, obs_shape=(2, 1), action_shape=(), num_envs=2, frame_stack=2, seed=0)
+    stacks = torch.tensor([[[0.0], [0.0]], [[5.0], [5.0]]])
+    after = torch.tensor([[[0.0], [1.0]], [[5.0], [6.0]]])
+    with pytest.raises(ConfigError, match="env_mask: not available for a compact buffer"):
+        buf.add(stacks, torch.zeros(2), torch.ones(2), after, torch.tensor([False, False]),
+                env_mask=torch.tensor([True, False]))
+    assert len(buf) == 0 and buf.state_dict()["write_count"] == 0
+    buf.add(stacks, torch.zeros(2), torch.ones(2), after, torch.tensor([False, True]))  # the streams start fresh
+    assert torch.equal(buf.sample_all().next_obs, after[1:])

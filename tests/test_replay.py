@@ -244,6 +244,19 @@ def test_pending_rows_are_seen_by_rlbuf_and_torchrl_reads() -> None:
     assert set(td["next", "reward"].flatten().tolist()) <= {0.0, 1000.0, 2000.0}
 
 
+def test_a_handed_out_torchrl_storage_is_current_after_every_add() -> None:
+    buf = ReplayBuffer(64, obs_shape=(2,), action_shape=(), seed=0)
+    rb = buf.torchrl
+    for i in range(40):
+        buf.add(torch.full((2,), float(i)), 0.0, 1.0, torch.zeros(2), False)
+        # Read straight from the storage and writer, not through rb's methods (which flush anyway).
+        assert len(rb.storage) == i + 1
+    from torchrl.data import TensorDictReplayBuffer
+
+    over_storage = TensorDictReplayBuffer(storage=rb.storage, batch_size=8)
+    assert len(over_storage) == 40 and over_storage.sample()["observation"][:, 0].max() < 40
+
+
 def test_rows_written_through_torchrl_are_seen_in_order() -> None:
     buf = make()
     add_ids(buf, range(2))
@@ -740,3 +753,12 @@ def test_one_number_tensors_are_checked_like_any_input() -> None:
         assert same_snapshot(snapshot(buf), before)
     batch = buf.sample_all()
     assert batch.reward.tolist() == [2.5] and batch.action.tolist() == [1.0] and batch.terminated.tolist() == [True]
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    ({"buffer_size": 10}, "buffer_size: .*capacity"), ({"handle_timeout_termination": True}, "truncated="),
+    ({"optimize_memory_usage": True}, "compact=True"), ({"bogus": 1}, "bogus: not options of ReplayBuffer"),
+])
+def test_foreign_replay_options_get_the_rlbuf_name(options: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        ReplayBuffer(obs_shape=(3,), action_shape=(), **options)

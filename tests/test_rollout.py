@@ -12,6 +12,7 @@ from tensordict import TensorDict
 from rlbuf import (
     BatchSizeError,
     BufferFullError,
+    ConfigError,
     DtypeError,
     EpisodeStats,
     MissingFieldError,
@@ -303,3 +304,22 @@ def test_a_bool_reward_is_refused_before_the_stats_see_it() -> None:
     with pytest.raises(DtypeError, match="reward: expected a number, got the bool True"):
         buf.add(torch.zeros(2), 0.0, True, False, 0.0, 0.0)
     assert buf.steps == 0 and stats.summary()["episodes"] == 0
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    ({"n_steps": 4}, "n_steps: .*num_steps"), ({"n_envs": 2}, "n_envs: .*num_envs"),
+    ({"gamma": 0.99}, "gamma: .*compute_returns_and_advantages"), ({"bogus": 1}, "bogus: not options"),
+])
+def test_foreign_constructor_keywords_get_the_rlbuf_name(options: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        RolloutBuffer(4, 2, obs_shape=(3,), action_shape=(), **options)
+
+
+def test_an_add_without_terminated_names_it_and_done_gets_the_rlbuf_names() -> None:
+    buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=())
+    zeros = torch.zeros(2)
+    with pytest.raises(MissingFieldError, match=r"done: .*terminated= and truncated="):
+        buf.add(torch.zeros(2, 3), zeros, zeros, value=zeros, log_prob=zeros, done=torch.zeros(2, dtype=torch.bool))
+    with pytest.raises(MissingFieldError, match=r"^terminated: required"):
+        buf.add(torch.zeros(2, 3), zeros, zeros, value=zeros, log_prob=zeros)
+    assert buf.steps == 0
