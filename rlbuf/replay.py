@@ -353,7 +353,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._sum_tree().beta = value
 
     def _sum_tree(self) -> SumTreeSampler:
-        sampler = self._ring.rb._sampler
+        sampler = self._ring.rb.sampler
         if not isinstance(sampler, SumTreeSampler):
             raise PriorityError("beta: this buffer is not prioritized (build it with prioritized=True)")
         return sampler
@@ -652,7 +652,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         """Positions (and importance weights when prioritized) of ``batch_size`` stored rows."""
         ring = self._ring
         if self._prioritized:
-            index, info = ring.rb._sampler.sample(ring.rb._storage, batch_size)
+            index, info = ring.rb.sampler.sample(ring.rb.storage, batch_size)
             return index, info["priority_weight"].to(torch.float32)
         return torch.randint(0, len(ring), (batch_size,), generator=ring.generator, device=self._storing_device), None
 
