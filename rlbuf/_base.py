@@ -22,6 +22,7 @@ import torch
 from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
 
+from rlbuf import _torchrl
 from rlbuf._core import RowCopies, RowRing, RowSink, deliver
 from rlbuf.checkpoint import load_state, save_state
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
@@ -500,7 +501,7 @@ class RingBuffer(Generic[BatchT]):
                 iterator = {"method": method, "arguments": dict(arguments), "state": self._current_epochs.state_dict()}
             return copy.deepcopy({
                 "rng": {"sample": ring.generator.get_state(), "epochs": self._epoch_generator.get_state()},
-                "sampler": ring.rb._sampler.state_dict() if data else {},
+                "sampler": ring.rb.sampler.state_dict() if data else {},
                 "iterator": iterator,
                 "extra": self._extra_state() if data else {},
             })
@@ -510,7 +511,7 @@ class RingBuffer(Generic[BatchT]):
             "kind": type(self).__name__,
             "options": self._options,
             "capacity": self.capacity,
-            "sampler_kind": type(ring.rb._sampler).__name__,
+            "sampler_kind": type(ring.rb.sampler).__name__,
             "spec": [spec.to_json() for spec in ring.specs],
             "data": data,
             "size": snapshot.size,
@@ -559,11 +560,11 @@ class RingBuffer(Generic[BatchT]):
         ring = self._ring
         with ring.lock:
             ring.flush()
-            with ring.rb._write_lock:
+            with _torchrl.write_lock(ring.rb):
                 size, cursor, count = ring.counters()
                 reason = _counts_problem(size, cursor, count, self.capacity)
                 reason = reason or _rows_problem(ring, {name: leaf[:size] for name, leaf in ring.leaves.items()})
-                reason = reason or _sampler_problem(ring.rb._sampler.state_dict())
+                reason = reason or _sampler_problem(ring.rb.sampler.state_dict())
         if not reason and self._stats is not None:
             reason = _stats_problem(self._stats.state_dict())
         return not reason, reason
@@ -584,7 +585,7 @@ class RingBuffer(Generic[BatchT]):
             raise CheckpointError(f"state: fields {state.get('spec')} differ from this buffer's {mine}")
         if state.get("capacity") != self.capacity:
             raise CheckpointError(f"state: capacity {state.get('capacity')}, this buffer's is {self.capacity}")
-        sampler = type(ring.rb._sampler).__name__
+        sampler = type(ring.rb.sampler).__name__
         if state.get("sampler_kind") != sampler:
             raise CheckpointError(f"state: sampled by a {state.get('sampler_kind')}, this buffer by a {sampler}")
         size, cursor, count = (_saved_count(state, key) for key in ("size", "cursor", "write_count"))
@@ -608,7 +609,7 @@ class RingBuffer(Generic[BatchT]):
         reason = _rows_problem(ring, fields)
         if reason:
             raise CheckpointError(f"state: {reason}")
-        trial = copy.deepcopy(ring.rb._sampler)
+        trial = copy.deepcopy(ring.rb.sampler)
         _refusing("sampler state", trial.load_state_dict, state.get("sampler"))
         reason = _sampler_problem(trial.state_dict())
         if reason:
@@ -646,7 +647,9 @@ class RingBuffer(Generic[BatchT]):
                  if key != "sequences"}
         rows = self._iterator_rows(iterator["method"], arguments, size, fields)
         device = self._storing_device if iterator["method"] == "epochs" else self._device
-        trial = _refusing("iterator state", EpochIterator, rows, lambda index: index, **split,
+        # epochs() runs over the rows stored when each epoch starts: a saved epoch may hold fewer.
+        trial = _refusing("iterator state", EpochIterator, (lambda: rows) if iterator["method"] == "epochs" else rows,
+                          lambda index: index, **split,
                           generator=torch.Generator(device=device))
         saved = dict(saved)
         own = trial.state_dict()["generator"]
@@ -684,11 +687,9 @@ class RingBuffer(Generic[BatchT]):
             for name, leaf in ring.leaves.items():
                 leaf[:size].copy_(fields[name])
             rb = ring.rb
-            with rb._write_lock:
-                rb._writer._cursor = cursor
-                rb._writer._write_count = count
-                rb._storage._len = size
-            rb._sampler.load_state_dict(state["sampler"])
+            with _torchrl.write_lock(rb):
+                _torchrl.set_counts(rb, cursor=cursor, write_count=count, size=size)
+            rb.sampler.load_state_dict(state["sampler"])
             ring.generation += 1
         self._load_extra_state(dict(state["extra"]))
         rng_moved = False
@@ -787,7 +788,7 @@ class RingBuffer(Generic[BatchT]):
             options["stats"] = EpisodeStats(int(saved_stats["num_envs"]), window=int(saved_stats["window"]))
         try:
             buffer = cls(**options)
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, ConfigError) as error:
             raise CheckpointError(f"{path}: cannot rebuild the buffer from its options: {error}") from error
         buffer.load_state_dict(state)
         if not state.get("data", True):

@@ -40,6 +40,7 @@ from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.data.replay_buffers.storages import Storage
 from torchrl.data.replay_buffers.writers import Writer
 
+from rlbuf import _torchrl
 from rlbuf.errors import (
     BatchSizeError,
     EmptyBufferError,
@@ -77,7 +78,7 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         return self._flush_owner() if self._flush_owner is not None else None
 
     def _locked(self, method: Callable[..., Any], *args: Any, rewrites: bool = False, **kwargs: Any) -> Any:
-        with self._replay_lock:
+        with _torchrl.replay_lock(self):
             owner = self._owner()
             if owner is not None:
                 owner.flush()
@@ -93,10 +94,10 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         return self._locked(super().sample, *args, **kwargs)
 
     def extend(self, data: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._locked(super().extend, _with_done(data, self._storage), *args, **kwargs)
+        return self._locked(super().extend, _with_done(data, self.storage), *args, **kwargs)
 
     def add(self, data: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._locked(super().add, _with_done(data, self._storage), *args, **kwargs)
+        return self._locked(super().add, _with_done(data, self.storage), *args, **kwargs)
 
     def __getitem__(self, index: Any) -> Any:
         return self._locked(super().__getitem__, index)
@@ -144,7 +145,7 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
 def _with_done(data: Any, storage: Any) -> Any:
     """``data`` with ``("next", "done")`` derived from terminated | truncated when the storage keeps
     a done flag and the incoming tensordict has none (TorchRL would leave stale values there)."""
-    keys = storage._storage_keys or ()
+    keys = _torchrl.storage_keys(storage) or ()
     if not is_tensor_collection(data) or ("next", "done") not in keys or data.get(("next", "done"), None) is not None:
         return data
     terminated = data.get(("next", "terminated"), None)
@@ -358,7 +359,7 @@ class RowRing:
         self.rb = rb
         # TorchRL's own re-entrant buffer lock guards rlbuf's pending rows too, so adds, extends
         # and samples from several threads (rlbuf's or TorchRL's API) never interleave a row.
-        self.lock = rb._replay_lock
+        self.lock = _torchrl.replay_lock(rb)
         self.capacity = int(built.storage.max_size)
         self.scratch_dir = built.scratch_dir
         # Tied to the TorchRL buffer: someone may keep `buffer.torchrl` after dropping the facade.
@@ -366,7 +367,7 @@ class RowRing:
             remove_when_collected(rb, built.scratch_dir)
             if built.owns_scratch_dir and built.scratch_dir is not None else None
         )
-        leaves = built.storage._storage
+        leaves = _torchrl.storage_leaves(built.storage)
         # Leaves viewed in user shape: a reward leaf of TorchRL shape [C, 1] is used as [C].
         self.leaves = {s.name: _plain(leaves.get(s.key)).view(self.capacity, *s.shape) for s in self.specs}
         self.write_through = _writes_through(storing_device)
@@ -402,17 +403,17 @@ class RowRing:
 
     # -- state -----------------------------------------------------------------------------
     def __len__(self) -> int:
-        return min(int(self.rb._storage._len) + self.pending, self.capacity)
+        return min(_torchrl.size(self.rb) + self.pending, self.capacity)
 
     @property
     def cursor(self) -> int:
         """Storage position the next row goes to (pending rows included)."""
-        return (int(self.rb._writer._cursor) + self.pending) % self.capacity
+        return (_torchrl.cursor(self.rb) + self.pending) % self.capacity
 
     @property
     def write_count(self) -> int:
         """Rows ever written (pending rows included)."""
-        return int(self.rb._writer._write_count) + self.pending
+        return _torchrl.write_count(self.rb) + self.pending
 
     def close(self) -> None:
         """Remove the scratch directory rlbuf created, if any."""
@@ -424,7 +425,7 @@ class RowRing:
 
         Moving memory invalidates numpy views of it, so they are derived again.
         """
-        storage = self.rb._storage._storage
+        storage = _torchrl.storage_leaves(self.rb.storage)
         if self.storing_device.type == "cpu" and not storage.is_memmap() and not storage.is_shared():
             storage.share_memory_()
         if not getattr(self.rb, "shared", False):
@@ -449,8 +450,8 @@ class RowRing:
 
     def counters(self) -> tuple[int, int, int]:
         """``(size, cursor, write_count)`` of the committed rows; call with the locks held."""
-        writer = self.rb._writer
-        return min(int(self.rb._storage._len), self.capacity), int(writer._cursor), int(writer._write_count)
+        rb = self.rb
+        return min(_torchrl.size(rb), self.capacity), _torchrl.cursor(rb), _torchrl.write_count(rb)
 
     def snapshot(self, sink: RowSink | None, capture: Callable[[], CapturedT]) -> Snapshot:
         """A consistent snapshot of one write count, without stopping writers for the whole copy.
@@ -467,14 +468,14 @@ class RowRing:
         """
         with self.lock:
             self.flush()
-            with self.rb._write_lock:
+            with _torchrl.write_lock(self.rb):
                 size, cursor, count = self.counters()
                 generation = self.generation
         if sink is not None:
             sink.copy(self.leaves, size)
         with self.lock:
             self.flush()
-            with self.rb._write_lock:
+            with _torchrl.write_lock(self.rb):
                 new_size, new_cursor, new_count = self.counters()
                 written = new_count - count
                 if self.generation != generation or not 0 <= written < self.capacity or new_size < size:
@@ -517,6 +518,14 @@ class RowRing:
             elif isinstance(value, torch.Tensor):
                 if not value.is_cpu:
                     return False
+                if plan.single_shape == () and value.dtype is plan.spec.dtype and value.dim() <= 1 and value.numel() == 1:
+                    # One number of the stored dtype: a Python scalar is written exactly, and .item()
+                    # costs a fraction of .numpy() (a numpy array per field is most of a tensor add).
+                    scalar = value.item()
+                    if plan.spec.finite and plan.np_dtype.kind == "f" and not math.isfinite(scalar):
+                        check_finite_rows(plan.spec, np.asarray([scalar]))
+                    append(scalar)
+                    continue
                 try:
                     array = value.numpy() if not value.requires_grad else value.detach().numpy()
                 except TypeError:  # no numpy twin (bfloat16, complex32 ...): the checked conversion decides
@@ -543,7 +552,7 @@ class RowRing:
             append(array)
         write_through = self.write_through
         if self.pending == 0 and write_through:
-            self._pending_start = int(self.rb._writer._cursor)
+            self._pending_start = _torchrl.cursor(self.rb)
         position = (self._pending_start + self.pending) % self.capacity if write_through else self.pending
         if rows == 1:
             # One row: integer indexing is the cheapest numpy write; scalars go in as Python numbers.
@@ -574,7 +583,7 @@ class RowRing:
         with self.lock:
             n, self.pending = self.pending, 0
             if self.write_through:
-                with self.rb._write_lock:  # not re-entrant when the buffer is shared across processes
+                with _torchrl.write_lock(self.rb):  # not re-entrant when the buffer is shared across processes
                     self._commit(n)
             else:
                 self.write({name: torch.from_numpy(target[:n]) for name, target in self.targets.items()}, n)
@@ -595,15 +604,14 @@ class RowRing:
         """
         rb = self.rb
         capacity = self.capacity
-        with rb._replay_lock, rb._write_lock:
+        with _torchrl.replay_lock(rb), _torchrl.write_lock(rb):
             if n > capacity:
                 # Only the newest `capacity` rows survive; writing them in order keeps the cursor right.
                 skipped = n - capacity
-                rb._writer._cursor = (int(rb._writer._cursor) + skipped) % capacity
-                rb._writer._write_count = int(rb._writer._write_count) + skipped
+                _torchrl.skip_rows(rb, skipped, capacity)
                 columns = {name: column[skipped:] for name, column in columns.items()}
                 n = capacity
-            cursor = int(rb._writer._cursor)
+            cursor = _torchrl.cursor(rb)
             first = min(n, capacity - cursor)
             for name, column in columns.items():
                 leaf = self.leaves[name]
@@ -615,8 +623,7 @@ class RowRing:
     def _commit(self, n: int) -> None:
         """Derive computed fields over the ``n`` rows after the cursor and advance TorchRL's state."""
         rb, capacity = self.rb, self.capacity
-        writer, storage = rb._writer, rb._storage
-        cursor = int(writer._cursor)
+        cursor = _torchrl.cursor(rb)
         if self.derived:
             segments = [(cursor, min(cursor + n, capacity))]
             if cursor + n > capacity:
@@ -627,14 +634,7 @@ class RowRing:
                     views[name].copy_(derive(views))
         # On the CPU whatever the storing device: TorchRL reads the last position with .item() and
         # the sum tree works in numpy, so a CUDA index would cost a sync and copies per commit.
-        index = torch.arange(cursor, cursor + n) % capacity
-        storage._set_last_cursor(index)
-        storage._len = min(int(storage._len) + n, capacity)
-        storage._bump_mutation_revision()
-        writer._cursor = (cursor + n) % capacity
-        writer._write_count = int(writer._write_count) + n
-        writer._mark_update_entities(index)
-        rb._sampler.extend(index)
+        _torchrl.commit_rows(rb, torch.arange(cursor, cursor + n) % capacity, capacity)
 
     # -- reading ---------------------------------------------------------------------------
     def require_rows(self, batch_size: int, *, without_replacement: bool) -> int:
@@ -696,7 +696,7 @@ class RowRing:
         size = len(self)
         positions = torch.arange(size, device=self.storing_device)
         if size == self.capacity:
-            positions = (positions + int(self.rb._writer._cursor)) % self.capacity
+            positions = (positions + _torchrl.cursor(self.rb)) % self.capacity
         return positions
 
     def gather(self, index: torch.Tensor, names: Sequence[str] | None = None, *,
@@ -706,7 +706,7 @@ class RowRing:
         with self.lock:
             self.flush()
             # Writer processes of a shared buffer hold this lock while they write a row.
-            with self.rb._write_lock:
+            with _torchrl.write_lock(self.rb):
                 if pinned:
                     return {name: gather_rows(self.leaves[name], self._wide_rows.get(name), index, pin_memory=True)
                             for name in (names or self.leaves)}

@@ -187,12 +187,18 @@ def _check_file(root: Path, rel: str, entry: Any) -> dict[str, Any]:
         status = "outside"  # never read: an absolute path, `..` or a link
     elif not target.is_file():
         status = "missing"
-    elif target.stat().st_size != entry.get("bytes") or _sha256(target) != entry.get("sha256"):
+    elif not _matches(target, entry):
         status = "failed"
     else:
         status = "ok"
     return {"path": rel, "dtype": entry.get("dtype"), "shape": entry.get("shape"), "bytes": entry.get("bytes"),
             "status": status}
+
+
+def _matches(target: Path, entry: dict[str, Any]) -> bool:
+    from rlbuf.checkpoint import file_matches  # knows which checksum each manifest version carries
+
+    return file_matches(target, entry)
 
 
 def _sha256(path: Path) -> str:

@@ -103,23 +103,31 @@ def _where(option: str, path: Path) -> str:
     return option + "".join(f"[{key!r}]" for key in path)
 
 
-def _leaves_of(value: Any, path: Path, option: str) -> list[tuple[Path, tuple[int, ...], torch.dtype | None]]:
-    """(path, shape, dtype or None) of every leaf of a shape mapping, Composite spec or gymnasium Dict."""
+def _leaves_of(value: Any, path: Path, option: str,
+               batch_dims: int | None = None) -> list[tuple[Path, tuple[int, ...], torch.dtype | None]]:
+    """(path, shape, dtype or None) of every leaf of a shape mapping, Composite spec or gymnasium Dict.
+
+    A batched ``Composite`` (a vectorized env's ``observation_spec``, shape ``[num_envs]``) gives
+    the shape of one env's observation: its leading batch dims are dropped from every leaf.
+    """
     if _is_gym_dict(value):
         items: Any = value.spaces.items()
     elif _is_composite(value) or isinstance(value, Mapping):
         items = value.items()
+        if batch_dims is None and _is_composite(value):
+            batch_dims = len(value.shape)
     else:
         shape = getattr(value, "shape", value)
         dtype = getattr(value, "dtype", None)
         if dtype is not None and not isinstance(value, (torch.Tensor, np.ndarray)):
-            return [(path, _shape(shape, _where(option, path)), _torch_dtype(dtype, _where(option, path)))]
+            return [(path, _shape(shape, _where(option, path))[batch_dims or 0:],
+                     _torch_dtype(dtype, _where(option, path)))]
         return [(path, _shape(value, _where(option, path)), None)]
     out: list[tuple[Path, tuple[int, ...], torch.dtype | None]] = []
     for key, sub in items:
         if not isinstance(key, str) or not key:
             raise ConfigError(f"{_where(option, path)}: keys must be non-empty strings, got {key!r}")
-        out.extend(_leaves_of(sub, (*path, key), option))
+        out.extend(_leaves_of(sub, (*path, key), option, batch_dims))
     if not out:
         raise ConfigError(f"{_where(option, path)}: expected at least one key, got an empty mapping")
     return out

@@ -41,6 +41,7 @@ import numpy.typing as npt
 import torch
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
+from rlbuf._torchrl import sampler_generator
 from rlbuf.errors import (
     BatchSizeError,
     CheckpointError,
@@ -103,7 +104,8 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         >>> storage.set(torch.arange(3), torch.zeros(3))
         >>> sampler = SumTreeSampler(4, alpha=1.0, beta=0.5)
         >>> sampler.update_priority(torch.tensor([0, 1, 2]), torch.tensor([1.0, 1.0, 2.0]))
-        >>> sampler._rng = torch.Generator().manual_seed(0)
+        >>> from rlbuf._torchrl import set_sampler_generator
+        >>> set_sampler_generator(sampler, torch.Generator().manual_seed(0))
         >>> index, info = sampler.sample(storage, 5)
         >>> index
         tensor([2, 2, 1, 2, 2])
@@ -243,9 +245,10 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
                 f"priority: expected every stored item to have q = (p + eps) ** alpha > 0, got {smallest}"
                 f" (eps={self._eps}); importance weights are undefined for a zero priority"
             )
-        generator_device = self._rng.device if self._rng is not None else "cpu"
+        generator = sampler_generator(self)
+        generator_device = generator.device if generator is not None else "cpu"
         uniform = torch.rand(
-            batch_size, generator=self._rng, dtype=torch.float64, device=generator_device
+            batch_size, generator=generator, dtype=torch.float64, device=generator_device
         )
         mass = uniform.cpu().numpy() * total
 

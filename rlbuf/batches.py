@@ -31,6 +31,25 @@ def _torchrl_layout(value: torch.Tensor, batch_ndim: int) -> torch.Tensor:
     return value.unsqueeze(-1) if value.dim() == batch_ndim else value
 
 
+def set_hidden_state(td: TensorDict, hidden_state: torch.Tensor | TensorDict | None, steps: int | None = None) -> None:
+    """Put a hidden state at TorchRL's keys (``recurrent_state``, ``recurrent_state_h`` ...).
+
+    With ``steps``, a per-sequence state ``[B, ...]`` goes to the first of ``steps`` steps
+    ``[B, steps, ...]``, zeros after: TorchRL's recurrent modules (in recurrent mode) start each
+    sequence from its first step's state, and each episode starting inside it (``"is_init"``)
+    from the state at that step, a new episode's zeros.
+    """
+    if hidden_state is None:
+        return
+    items = [((), hidden_state)] if isinstance(hidden_state, torch.Tensor) else [
+        ((key,), value) for key, value in hidden_state.items()]
+    for path, value in items:
+        if steps is not None:
+            first, value = value, value.new_zeros(value.shape[0], steps, *value.shape[1:])
+            value[:, 0] = first
+        td.set(hidden_state_key(path), value)
+
+
 class _ExtrasAccess:
     """Lets ``batch.privileged_obs`` read an extra field by name."""
 
@@ -113,6 +132,7 @@ class ReplayBatch(_ExtrasAccess):
                 "done": _torchrl_layout(self.done, 1),
             },
         }, batch_size=[n], device=self.obs.device)
+        set_hidden_state(td, self.hidden_state)
         for name, value in self.extras.items():
             td.set(name, value)
         return td
@@ -224,11 +244,7 @@ class RolloutBatch(_ExtrasAccess):
         }, batch_size=[len(self)], device=self.obs.device)
         if self.privileged_obs is not None:
             td.set("privileged_observation", self.privileged_obs)
-        if isinstance(self.hidden_state, torch.Tensor):
-            td.set(hidden_state_key(()), self.hidden_state)
-        elif self.hidden_state is not None:
-            for key, value in self.hidden_state.items():
-                td.set(hidden_state_key((key,)), value)
+        set_hidden_state(td, self.hidden_state)
         for name, value in self.extras.items():
             td.set(name, value)
         return td

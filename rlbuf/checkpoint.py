@@ -4,7 +4,8 @@ Layout::
 
     path/
       manifest.json        format, versions, kind, options, spec, counts, state (JSON), and
-                           for every tensor file its dtype, shape, size and SHA-256
+                           for every tensor file its dtype, shape, size and checksum
+                           (XXH3-128; format version 1 wrote SHA-256, still read)
       tensors/<name>.bin   raw little-endian tensor bytes, one file per tensor
 
 Saving writes into a temporary sibling directory ``.<name>.tmp-<hex>`` (files fsynced, the
@@ -13,9 +14,12 @@ so a save killed at any moment leaves the previous checkpoint whole. A temporary
 by a killed save is never loaded (it is either unfinished or the superseded checkpoint; rename
 it to load it anyway). Saving replaces only an empty directory or an rlbuf checkpoint. Loading
 verifies the manifest, the format version, that the directory holds exactly the listed files,
-and every checksum, before a single tensor is read; it never unpickles anything (TorchRL
+and every checksum, before a single tensor is read (XXH3 guards against corruption at disk
+speed; safety against hostile files comes from never unpickling and from checking the manifest
+against the buffer's options); it never unpickles anything (TorchRL
 0.14.1's own ``loads`` unpickles a ``prefetch.pkl``: such a file makes rlbuf refuse the
-checkpoint). Files are written, and checksums verified, on up to four threads.
+checkpoint). Files are written one after another (writing several at once made saves 2-3x
+slower on a shared disk: benchmarks/checkpoint.py); checksums are verified on up to four threads.
 
 Example:
     >>> import tempfile, torch
@@ -45,15 +49,20 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+import xxhash
 
 from rlbuf.errors import CheckpointError
 from rlbuf.spec import numpy_dtype
 
 FORMAT = "rlbuf-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_READABLE_VERSIONS = (1, 2)  # 1: the same layout with SHA-256 checksums
+_DIGEST = "xxh3_128"  # the checksum new checkpoints carry, per file
+_DIGESTS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
+_DIGEST_NAMES = {"xxh3_128": "XXH3-128", "sha256": "SHA-256"}
 MANIFEST = "manifest.json"
 TENSOR_DIR = "tensors"
-_CHUNK = 4 << 20  # hashed, then written while still in cache
+_CHUNK = 4 << 20  # hashed, then written while still in the CPU cache
 _THREADS = max(1, min(4, os.cpu_count() or 1))
 _MAX_MANIFEST_BYTES = 64 << 20
 _TENSOR = "__tensor__"
@@ -128,32 +137,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _writeback_starter() -> Callable[[int, int, int], object]:
-    """``sync_file_range(fd, offset, count, SYNC_FILE_RANGE_WRITE)`` where Linux has it, else a no-op.
-
-    It starts writing a chunk to disk without waiting, so the disk works while the next chunk
-    is hashed and the final fsync (which still makes the file durable) has less left to do.
-    """
-    try:
-        function = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError, TypeError):
-        return lambda fd, offset, count: None
-    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    function.restype = ctypes.c_int
-    sync_file_range_write = 2
-    return lambda fd, offset, count: function(fd, offset, count, sync_file_range_write)
-
-
-_start_writeback = _writeback_starter()
-
-
 def _write_tensor(tensor: torch.Tensor, target: Path) -> dict[str, Any]:
     """Write ``tensor`` as raw bytes in chunks (never the whole of a memmap in RAM); return its entry."""
     flat = tensor.detach().reshape(-1) if tensor.is_contiguous() else tensor.detach().contiguous().reshape(-1)
-    digest = hashlib.sha256()
+    digest = _DIGESTS[_DIGEST]()
     rows_per_chunk = max(1, _CHUNK // max(1, flat.element_size()))
+    # One fsync at the end: starting writeback chunk by chunk (sync_file_range) made saves 1.5-3x
+    # slower and far less steady on a shared disk (benchmarks/checkpoint.py).
     with open(target, "wb", buffering=0) as file:
-        fd, offset = file.fileno(), 0
         for start in range(0, flat.numel(), rows_per_chunk):
             chunk = flat[start:start + rows_per_chunk]
             if chunk.device.type != "cpu":
@@ -163,11 +154,9 @@ def _write_tensor(tensor: torch.Tensor, target: Path) -> dict[str, Any]:
             written = 0
             while written < len(raw):  # an unbuffered write may take part of the chunk
                 written += file.write(raw[written:])
-            _start_writeback(fd, offset, len(raw))
-            offset += len(raw)
-        os.fsync(fd)
+        os.fsync(file.fileno())
     return {"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape),
-            "bytes": flat.numel() * flat.element_size(), "sha256": digest.hexdigest()}
+            "bytes": flat.numel() * flat.element_size(), _DIGEST: digest.hexdigest()}
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -234,10 +223,9 @@ class RowFiles:
 
     def copy(self, leaves: Mapping[str, torch.Tensor], size: int) -> None:
         """Write rows ``[0, size)`` of every leaf (no lock held: rows may change meanwhile)."""
-        with ThreadPoolExecutor(max_workers=_THREADS) as pool:
-            futures = {self._relpath(name): pool.submit(_write_tensor, leaf[:size], self._staging / self._relpath(name))
-                       for name, leaf in leaves.items()}
-            self.entries.update({rel: future.result() for rel, future in futures.items()})
+        for name, leaf in leaves.items():
+            rel = self._relpath(name)
+            self.entries[rel] = _write_tensor(leaf[:size], self._staging / rel)
 
     def patch(self, leaves: Mapping[str, torch.Tensor], segments: Sequence[tuple[int, int]],
               size: int) -> dict[str, RowFile]:
@@ -259,7 +247,7 @@ class RowFiles:
                         file.seek(start * row_bytes)
                         file.write(raw.contiguous().numpy().data.cast("B"))
                     file.truncate(size * row_bytes)
-                entry.update(shape=[size, *leaf.shape[1:]], bytes=size * row_bytes, sha256=None)
+                entry.update({"shape": [size, *leaf.shape[1:]], "bytes": size * row_bytes, _DIGEST: None})
                 self._patched.add(rel)
             refs[name] = RowFile(rel)
         return refs
@@ -269,7 +257,7 @@ class RowFiles:
         for rel in self._patched:
             with open(self._staging / rel, "rb+") as file:
                 os.fsync(file.fileno())
-            self.entries[rel]["sha256"] = _sha256(self._staging / rel)
+            self.entries[rel][_DIGEST] = _file_digest(self._staging / rel, _DIGEST)
 
 
 def _lock_path(path: Path, token: str) -> Path:
@@ -373,10 +361,7 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
         rows.finish()
         tensors: dict[str, torch.Tensor] = {}
         encoded = _encode(made, "state", tensors)
-        largest_first = sorted(tensors, key=lambda rel: -tensors[rel].numel() * tensors[rel].element_size())
-        with ThreadPoolExecutor(max_workers=_THREADS) as pool:
-            futures = {rel: pool.submit(_write_tensor, tensors[rel], staging / rel) for rel in largest_first}
-            files = {**rows.entries, **{rel: futures[rel].result() for rel in tensors}}
+        files = {**rows.entries, **{rel: _write_tensor(tensor, staging / rel) for rel, tensor in tensors.items()}}
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "versions": _versions(),
                     "state": encoded, "files": files}
         with open(staging / MANIFEST, "w", encoding="utf-8") as file:
@@ -464,8 +449,9 @@ def _read_manifest(path: Path, *, staging: bool = False) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"{manifest_path}: not an rlbuf checkpoint manifest")
     version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
-        raise CheckpointError(f"{manifest_path}: format version {version!r}; this rlbuf reads version {FORMAT_VERSION}")
+    if version not in _READABLE_VERSIONS or type(version) is not int:
+        raise CheckpointError(f"{manifest_path}: format version {version!r}; this rlbuf reads versions "
+                              f"{', '.join(map(str, _READABLE_VERSIONS))}")
     if not isinstance(manifest.get("files"), dict) or not isinstance(manifest.get("state"), dict):
         raise CheckpointError(f"{manifest_path}: malformed (no 'files' or 'state' table)")
     return manifest
@@ -501,16 +487,49 @@ def inside_checkpoint(root: Path, relpath: object) -> Path | None:
         return None
 
 
-def _sha256(target: Path) -> str:
-    digest = hashlib.sha256()
+def _file_digest(target: Path, algorithm: str) -> str:
+    digest = _DIGESTS[algorithm]()
     buffer = memoryview(bytearray(_CHUNK))  # reused: a fresh buffer per read costs more than the hash
     with open(target, "rb", buffering=0) as file:
         while count := file.readinto(buffer):
             digest.update(buffer[:count])
-    return digest.hexdigest()
+    return str(digest.hexdigest())
 
 
-def _verify_files(root: Path, files: dict[str, Any]) -> dict[str, Path]:
+def digest_of(entry: Mapping[str, Any], version: object = None) -> tuple[str, Any]:
+    """The checksum algorithm and value of a manifest file entry.
+
+    Version 1 manifests carry SHA-256, version 2 XXH3-128; with no version, whichever the
+    entry holds (XXH3-128 first).
+
+    Example:
+        >>> digest_of({"xxh3_128": "00ff"})
+        ('xxh3_128', '00ff')
+        >>> digest_of({"sha256": "00ff", "xxh3_128": "00ff"}, version=1)
+        ('sha256', '00ff')
+    """
+    if version is None:
+        algorithm = _DIGEST if _DIGEST in entry or "sha256" not in entry else "sha256"
+    else:
+        algorithm = "sha256" if version == 1 else _DIGEST
+    return algorithm, entry.get(algorithm)
+
+
+def file_matches(target: Path, entry: Mapping[str, Any], version: object = None) -> bool:
+    """Whether the file at ``target`` has the size and checksum its manifest ``entry`` lists.
+
+    Example:
+        >>> import tempfile
+        >>> target = Path(tempfile.mkdtemp()) / "x.bin"
+        >>> _ = target.write_bytes(b"abc")
+        >>> file_matches(target, {"bytes": 3, "xxh3_128": "06b05ab6733a618578af5f94892f3950"})
+        True
+    """
+    algorithm, expected = digest_of(entry, version)
+    return target.stat().st_size == entry.get("bytes") and _file_digest(target, algorithm) == expected
+
+
+def _verify_files(root: Path, files: dict[str, Any], version: object = FORMAT_VERSION) -> dict[str, Path]:
     targets = {rel: _safe_file(root, rel) for rel in files}
     present = {p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir()}
     unexpected = sorted(present - set(files) - {MANIFEST})
@@ -529,12 +548,14 @@ def _verify_files(root: Path, files: dict[str, Any]) -> dict[str, Path]:
         size = target.stat().st_size
         if size != expected or entry.get("bytes") != expected:
             raise CheckpointError(f"{target}: {size} bytes, expected {expected} (truncated or corrupted)")
+    algorithm = digest_of({}, version)[0]
     largest_first = sorted(files, key=lambda rel: -int(files[rel]["bytes"]))
     with ThreadPoolExecutor(max_workers=_THREADS) as pool:
-        digests = dict(zip(largest_first, pool.map(_sha256, (targets[rel] for rel in largest_first)), strict=True))
+        digests = dict(zip(largest_first, pool.map(lambda rel: _file_digest(targets[rel], algorithm), largest_first),
+                           strict=True))
     for rel, entry in files.items():
-        if digests[rel] != entry.get("sha256"):
-            raise CheckpointError(f"{targets[rel]}: SHA-256 mismatch (corrupted)")
+        if digests[rel] != entry.get(algorithm):
+            raise CheckpointError(f"{targets[rel]}: {_DIGEST_NAMES[algorithm]} mismatch (corrupted)")
     return targets
 
 
@@ -546,7 +567,7 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     """
     root = Path(path)
     manifest = _read_manifest(root)
-    _verify_files(root, manifest["files"])
+    _verify_files(root, manifest["files"], manifest["format_version"])
     return manifest
 
 
@@ -564,7 +585,7 @@ def load_state(path: str | Path, *, kind: str) -> dict[str, Any]:
     found = manifest["state"].get("kind")
     if found != kind:
         raise CheckpointError(f"{root / MANIFEST}: holds a {found}, not a {kind}")
-    targets = _verify_files(root, manifest["files"])
+    targets = _verify_files(root, manifest["files"], manifest["format_version"])
     files = manifest["files"]
 
     def read(relpath: str) -> torch.Tensor:

@@ -50,8 +50,9 @@ def build_parser(demos: Iterable[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlbuf", description="rlbuf: typed, fast RL buffers over TorchRL.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = commands.add_parser("demo", help="train a demo agent on CartPole-v1",
-                               description="Train a demo agent on CartPole-v1. Every demo writes a learning "
+    demo = commands.add_parser("demo", help="train a demo agent (CartPole-v1; Pendulum-v1 for ppo-continuous)",
+                               description="Train a demo agent on CartPole-v1 (ppo-continuous: on Pendulum-v1). "
+                                           "Every demo writes a learning "
                                            "curve, a JSON summary, the final networks and checkpoints to --out, "
                                            "and continues a stopped run with --resume. Ctrl-C writes a checkpoint "
                                            "and prints the command that continues the run.")

@@ -37,7 +37,6 @@ from rlbuf._core import _as_rows as rows_of
 from rlbuf._core import check_extras
 from rlbuf._obs import ObsDtype, ObsShape, leaf_names, record_layout
 from rlbuf.batches import DistillationBatch
-from rlbuf.errors import ShapeError
 from rlbuf.replay import _read_td as read_td
 from rlbuf.spaces import resolve_field
 from rlbuf.spec import ExtraFields, FieldSpec, as_array
@@ -135,23 +134,20 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
             (20, [0, 1, 2, 1])
         """
         check_extras(self._extra_specs, extras)
-        if self._obs.structured:  # dict observations: num_envs rows per call
-            values = {**dict(zip(leaf_names("obs", self._obs), self._obs.split("obs", obs), strict=True)),
-                      "expert_action": expert_action, **extras}
-            self._ring.add(tuple(values[spec.name] for spec in self._ring.input_specs), self._num_envs)
-            return
-        obs_shape = self._ring.by_name["obs"].shape
-        if not isinstance(obs, torch.Tensor):
-            obs = torch.from_numpy(np.ascontiguousarray(as_array("obs", obs)))  # checked: numbers, not ragged
-        given = tuple(obs.shape)
-        values = {"obs": obs, "expert_action": expert_action, **extras}
+        names = leaf_names("obs", self._obs)
+        leaves = self._obs.split("obs", obs) if self._obs.structured else [obs]
+        leaves = [leaf if isinstance(leaf, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(as_array(name, leaf)))
+                  for name, leaf in zip(names, leaves, strict=True)]  # checked: numbers, not ragged
+        values = {**dict(zip(names, leaves, strict=True)), "expert_action": expert_action, **extras}
         ordered = tuple(values[spec.name] for spec in self._ring.input_specs)
+        # The rows of this call, from the first observation leaf (one row may omit its batch dim).
+        obs_shape, given = self._ring.by_name[names[0]].shape, tuple(leaves[0].shape)
         if given == obs_shape:
             rows = 1
         elif len(given) == len(obs_shape) + 1 and given[1:] == obs_shape:
             rows = given[0]
         else:
-            raise ShapeError(f"obs: expected shape (B, *{obs_shape}) or {obs_shape} for one row, got {given}")
+            rows = self._num_envs  # a wrong shape: the ring's check names the field, the expected and the given
         if rows == self._num_envs:
             self._ring.add(ordered, rows)
             return

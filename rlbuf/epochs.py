@@ -38,12 +38,12 @@ BatchT = TypeVar("BatchT")
 
 
 def batch_bounds(size: int, *, batch_size: int | None = None, num_batches: int | None = None,
-                 drop_last: bool = False) -> list[tuple[int, int]]:
+                 drop_last: bool = False, unit: str = "rows stored") -> list[tuple[int, int]]:
     """Start and stop of each batch in one epoch over ``size`` rows.
 
     Give ``batch_size`` (the last batch may be smaller unless ``drop_last``) or
     ``num_batches`` (exactly that many batches, sizes differing by at most one, every row
-    covered).
+    covered). ``unit`` names what ``size`` counts in messages.
 
     Raises:
         BatchSizeError: neither or both given, a non-positive value, or more than ``size``.
@@ -61,7 +61,7 @@ def batch_bounds(size: int, *, batch_size: int | None = None, num_batches: int |
     if batch_size is not None:
         batch_size = positive_int("batch_size", batch_size, BatchSizeError)
         if batch_size > size:
-            raise BatchSizeError(f"batch_size: expected at most {size} (the rows stored), got {batch_size}")
+            raise BatchSizeError(f"batch_size: expected at most {size} (the {unit}), got {batch_size}")
         stops = list(range(batch_size, size + 1, batch_size))
         if size % batch_size and not drop_last:
             stops.append(size)
@@ -69,7 +69,7 @@ def batch_bounds(size: int, *, batch_size: int | None = None, num_batches: int |
     assert num_batches is not None
     num_batches = positive_int("num_minibatches", num_batches, BatchSizeError)
     if num_batches > size:
-        raise BatchSizeError(f"num_minibatches: expected at most {size} (the rows stored), got {num_batches}")
+        raise BatchSizeError(f"num_minibatches: expected at most {size} (the {unit}), got {num_batches}")
     base, extra = divmod(size, num_batches)
     bounds, start = [], 0
     for i in range(num_batches):
@@ -80,8 +80,9 @@ def batch_bounds(size: int, *, batch_size: int | None = None, num_batches: int |
 
 
 def check_epoch_options(size: int, *, batch_size: int | None = None, num_batches: int | None = None,
-                        n_epochs: int = 1, drop_last: bool = False, shuffle: bool = True) -> dict[str, Any]:
-    """Validate an iterator's options over ``size`` rows and return them normalised (plain ints and bools).
+                        n_epochs: int = 1, drop_last: bool = False, shuffle: bool = True,
+                        unit: str = "rows stored") -> dict[str, Any]:
+    """Validate an iterator's options over ``size`` rows (or another ``unit``) and return them normalised.
 
     Buffers call it before drawing the iterator's generator, so a refused call changes nothing.
 
@@ -103,7 +104,7 @@ def check_epoch_options(size: int, *, batch_size: int | None = None, num_batches
         if size <= 0:
             raise EmptyBufferError("cannot draw from an empty buffer: add data first")
         return options
-    batch_bounds(size, batch_size=batch_size, num_batches=num_batches, drop_last=options["drop_last"])
+    batch_bounds(size, batch_size=batch_size, num_batches=num_batches, drop_last=options["drop_last"], unit=unit)
     if batch_size is not None:
         options["batch_size"] = positive_int("batch_size", batch_size, BatchSizeError)
     else:
@@ -142,6 +143,7 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
         generator: torch.Generator,
     ) -> None:
         self._size_of: Callable[[], int] = size if callable(size) else (lambda: size)
+        self._fixed_size = not callable(size)
         self._size = self._size_of()
         options = check_epoch_options(self._size, batch_size=batch_size, num_batches=num_batches, n_epochs=n_epochs,
                                       drop_last=drop_last, shuffle=shuffle)
@@ -243,13 +245,23 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
             size = as_int("size", state.get("size"), minimum=0)
             epoch = as_int("epoch", state.get("epoch"), minimum=0)
             position = as_int("position", state.get("position"), minimum=0)
+            # Every position the iterator will read must index a row it runs over.
+            rows = self._size_of()
+            if size > rows or (self._fixed_size and size != rows):
+                raise CheckpointError(f"size: {size} rows, but this iterator runs over {rows}")
             bounds = batch_bounds(size, **self._split) if self._n_epochs else self._bounds
             if position >= len(bounds):
                 raise CheckpointError(f"position: {position} is past the {len(bounds)} batches of an epoch")
             permutation = state.get("permutation")
-            if permutation is not None and not (isinstance(permutation, torch.Tensor)
-                                                and tuple(permutation.shape) == (size,)):
-                raise CheckpointError(f"permutation: expected a tensor of shape ({size},)")
+            if self._n_epochs and (epoch > self._n_epochs or (epoch == self._n_epochs and position)):
+                raise CheckpointError(f"epoch: {epoch} (position {position}) is past the {self._n_epochs} epochs")
+            if self._n_epochs and position and permutation is None:
+                raise CheckpointError(f"permutation: missing at position {position} of an epoch")
+            if permutation is not None and not (
+                    isinstance(permutation, torch.Tensor) and permutation.dtype == torch.int64
+                    and tuple(permutation.shape) == (size,)
+                    and torch.equal(permutation.sort().values.cpu(), torch.arange(size))):
+                raise CheckpointError(f"permutation: expected each of 0..{size - 1} once (int64, shape ({size},))")
             torch.Generator(device=self._device).set_state(state["generator"])
         except (RlbufError, KeyError, TypeError, RuntimeError) as error:
             raise CheckpointError(f"epoch iterator: {error}") from error

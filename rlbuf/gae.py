@@ -78,7 +78,7 @@ def compute_gae(
     Inputs are ``[T, N]`` with ``time_dim=0`` (the layout of step-wise adds) or ``[N, T]`` with
     ``time_dim=1`` or ``-1`` (TorchRL collectors); neither layout is copied into the other.
     Shapes, dtypes, devices and options are validated before anything is computed; NaN and inf
-    are caught just before (torch path) or during (C kernel) the one pass over the values, and
+    are caught just before (torch path) or during (numba kernel) the one pass over the values, and
     bad input never returns a result. Outputs carry no gradient.
 
     Args:

@@ -55,7 +55,8 @@ Bootstrap = Callable[[Any], Any]
 """``bootstrap(final_obs) -> values``: V of the final observations of the truncated envs."""
 
 _SAME_STEP_HINT = ('build the envs with autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP '
-                   '(gymnasium.make_vec(..., vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}))')
+                   '(gymnasium.make_vec(..., vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}), or '
+                   'SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP))')
 
 
 class Recorder:
@@ -67,8 +68,9 @@ class Recorder:
     Args:
         envs: the vector env (its ``num_envs`` and ``metadata["autoreset_mode"]`` are read; for a
             buffer built from spaces, its ``single_observation_space`` is checked).
-        buffer: a [`ReplayBuffer`][rlbuf.ReplayBuffer], [`RolloutBuffer`][rlbuf.RolloutBuffer]
-            or [`DistillationBuffer`][rlbuf.DistillationBuffer].
+        buffer: a [`ReplayBuffer`][rlbuf.ReplayBuffer] (compact ones too: ``frame_stack``,
+            ``n_step``), [`RolloutBuffer`][rlbuf.RolloutBuffer] or
+            [`DistillationBuffer`][rlbuf.DistillationBuffer].
         bootstrap: for a ``RolloutBuffer``: ``bootstrap(final_obs) -> values``, V of the final
             observations of the envs truncated at a step (a batch of them, ``[k, *obs_shape]``;
             returns ``[k]`` or ``[k, 1]``), passed as ``bootstrap_value``.
@@ -90,7 +92,7 @@ class Recorder:
         >>> Recorder(envs, buffer)
         Traceback (most recent call last):
         ...
-        rlbuf.errors.ConfigError: Recorder: a RolloutBuffer cannot take NEXT_STEP envs (their reset steps would be holes in the [num_steps, num_envs] rollout); build the envs with autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP (gymnasium.make_vec(..., vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}))
+        rlbuf.errors.ConfigError: Recorder: a RolloutBuffer cannot take NEXT_STEP envs (their reset steps would be holes in the [num_steps, num_envs] rollout); build the envs with autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP (gymnasium.make_vec(..., vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}), or SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP))
     """
 
     def __init__(self, envs: Any, buffer: ReplayBuffer | RolloutBuffer | DistillationBuffer, *,
@@ -108,7 +110,8 @@ class Recorder:
         if not isinstance(num_envs, int) or num_envs <= 0:
             raise ConfigError(f"envs: expected a vector env with a positive num_envs, got {num_envs!r}")
         if not isinstance(buffer, DistillationBuffer) and buffer.num_envs != num_envs:
-            raise ConfigError(f"buffer: built for num_envs={buffer.num_envs}, the envs have {num_envs}")
+            raise ConfigError(f"buffer: built for num_envs={buffer.num_envs}, the envs have {num_envs}; build it "
+                              f"with num_envs={num_envs}")
         _check_obs_shape(envs, buffer)
         self.envs = envs
         self.buffer = buffer
@@ -220,17 +223,8 @@ class Recorder:
         if missing.any():
             raise MissingFieldError(f"info['final_obs']: envs {np.flatnonzero(missing).tolist()} ended at this step "
                                     f"but info['_final_obs'] marks no final observation for them")
-        rows = np.flatnonzero(ended)
-        if isinstance(next_obs, torch.Tensor):
-            replaced = next_obs.clone()
-            for i in rows.tolist():
-                replaced[i] = torch.as_tensor(np.asarray(final[i]) if not isinstance(final[i], torch.Tensor)
-                                              else final[i], device=next_obs.device)
-            return replaced
-        replaced_np = np.array(next_obs, copy=True)
-        for i in rows.tolist():
-            replaced_np[i] = np.asarray(final[i].cpu() if isinstance(final[i], torch.Tensor) else final[i])
-        return replaced_np
+        rows = np.flatnonzero(ended).tolist()
+        return _with_rows(next_obs, {i: final[i] for i in rows})
 
     def _bootstrap_values(self, stored_next: Any, truncated: np.ndarray[Any, Any], reward: Any) -> Any:
         """``bootstrap_value`` for every env: V(final obs) where truncated, 0 elsewhere."""
@@ -331,11 +325,27 @@ def _check_obs_shape(envs: Any, buffer: ReplayBuffer | RolloutBuffer | Distillat
     """Refuse a buffer built from the batched ``envs.observation_space`` (a common slip)."""
     single = getattr(getattr(envs, "single_observation_space", None), "shape", None)
     batched = getattr(getattr(envs, "observation_space", None), "shape", None)
-    stored = next(spec.shape for spec in buffer.fields if spec.name == "obs")
-    if single is not None and batched is not None and stored != tuple(single) and stored == tuple(batched):
+    stored = next((spec.shape for spec in buffer.fields if spec.name == "obs"), None)  # None: dict observations
+    if stored is not None and single is not None and batched is not None and stored != tuple(single) and stored == tuple(batched):
         raise ConfigError(f"buffer: its observations have shape {stored}, the batched envs.observation_space's; build "
                           f"it with observation_space=envs.single_observation_space (one env's space, "
                           f"{tuple(single)})")
+
+
+def _with_rows(value: Any, replacements: Mapping[int, Any]) -> Any:
+    """A copy of ``value`` (rows first; a dict observation key by key) with rows replaced."""
+    if isinstance(value, Mapping):
+        return {key: _with_rows(part, {i: row[key] for i, row in replacements.items()}) for key, part in value.items()}
+    if isinstance(value, torch.Tensor):
+        replaced = value.clone()
+        for i, row in replacements.items():
+            replaced[i] = torch.as_tensor(np.asarray(row) if not isinstance(row, torch.Tensor) else row,
+                                          device=value.device)
+        return replaced
+    replaced_np = np.array(value, copy=True)
+    for i, row in replacements.items():
+        replaced_np[i] = np.asarray(row.cpu() if isinstance(row, torch.Tensor) else row)
+    return replaced_np
 
 
 def _flags(name: str, value: Any, n: int) -> np.ndarray[Any, Any]:
@@ -346,7 +356,9 @@ def _flags(name: str, value: Any, n: int) -> np.ndarray[Any, Any]:
 
 
 def _rows(value: Any, keep: np.ndarray[Any, Any], name: str) -> Any:
-    """The rows of ``value`` where ``keep`` is True, in ``value``'s own type."""
+    """The rows of ``value`` where ``keep`` is True, in ``value``'s own type (a dict key by key)."""
+    if isinstance(value, Mapping):
+        return {key: _rows(part, keep, f"{name}[{key!r}]") for key, part in value.items()}
     if isinstance(value, torch.Tensor):
         if value.shape[:1] != keep.shape:
             raise ShapeError(f"{name}: expected {keep.size} rows (one per env), got shape {tuple(value.shape)}")

@@ -22,6 +22,7 @@ Tensors travel as numpy arrays, which Ray moves without pickling their bytes: se
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import time
 from collections.abc import Mapping
@@ -34,14 +35,16 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
 
 from rlbuf._core import deliver
+from rlbuf._obs import torchrl_env_key
 from rlbuf.batches import ReplayBatch
 from rlbuf.checkpoint import load_state
 from rlbuf.errors import RlbufError
 from rlbuf.replay import ReplayBuffer, Transition
+from rlbuf.sequences import ReplaySequenceBatch
 from rlbuf.storage import DeviceLike, resolve_device
 
 _BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "done", "index", "weight",
-                 "discount")
+                 "discount", "hidden_state")
 
 
 class ReplayBufferHost:
@@ -159,6 +162,8 @@ class ReplayBufferHost:
         """What the learner shows without a round trip per property."""
         buffer = self.buffer
         keys = [spec.key for spec in buffer.fields if spec.name != "done"] + [("next", "done")]
+        # Where TorchRL's GymEnv puts a Dict space's keys (top level), which extend also reads.
+        keys += [alternative for key in keys if (alternative := torchrl_env_key(key)) is not None]
         return {"capacity": buffer.capacity, "num_envs": buffer.num_envs, "prioritized": buffer.prioritized,
                 "storing_device": str(buffer.storing_device), "keys": keys, "repr": repr(buffer)}
 
@@ -173,6 +178,12 @@ class ReplayBufferHost:
     def rlbuf_sample(self, batch_size: int) -> dict[str, Any]:
         """See [`ReplayBuffer.sample`][rlbuf.ReplayBuffer.sample] (the batch as a dict of its fields)."""
         fields: dict[str, Any] = _to_wire(_fields(self.buffer.sample(batch_size)))
+        return fields
+
+    def rlbuf_sample_sequences(self, batch_size: int, length: int, burn_in: int = 0) -> dict[str, Any]:
+        """See [`ReplayBuffer.sample_sequences`][rlbuf.ReplayBuffer.sample_sequences] (the batch as a dict)."""
+        batch = self.buffer.sample_sequences(batch_size, length, burn_in=burn_in)
+        fields: dict[str, Any] = _to_wire({field.name: getattr(batch, field.name) for field in dataclasses.fields(batch)})
         return fields
 
     def rlbuf_sample_all(self) -> dict[str, Any]:
@@ -325,6 +336,19 @@ class RemoteReplayBufferHandle:
         """
         return self._batch(self._call("rlbuf_sample", batch_size))
 
+    def sample_sequences(self, batch_size: int, length: int, *, burn_in: int = 0) -> ReplaySequenceBatch:
+        """Draw sequences on the actor (see [`ReplayBuffer.sample_sequences`][rlbuf.ReplayBuffer.sample_sequences]),
+        delivered on [`device`][rlbuf.ray.RemoteReplayBufferHandle.device].
+
+        Raises:
+            BatchSizeError: a size that is not a positive int, or longer than what each env holds.
+            ConfigError: the remote buffer's rows are not interleaved by env (see there).
+        """
+        fields = _from_wire(self._call("rlbuf_sample_sequences", batch_size, length, burn_in))
+        return ReplaySequenceBatch(**{name: value.to(self._device) if hasattr(value, "to") else value
+                                      for name, value in fields.items() if name != "extras"},
+                                   extras=deliver(fields["extras"], self._device) if fields["extras"] else {})
+
     def sample_all(self) -> ReplayBatch:
         """Every stored row, oldest first, delivered on [`device`][rlbuf.ray.RemoteReplayBufferHandle.device]."""
         return self._batch(self._call("rlbuf_sample_all"))
@@ -357,9 +381,10 @@ class RemoteReplayBufferHandle:
 
     def _batch(self, fields: dict[str, Any]) -> ReplayBatch:
         fields = _from_wire(fields)
-        extras = fields.pop("extras")
+        extras, hidden_state = fields.pop("extras"), fields.pop("hidden_state")
         fields = deliver(fields, self._device)
-        return ReplayBatch(**fields, extras=deliver(extras, self._device) if extras else {})
+        return ReplayBatch(**fields, extras=deliver(extras, self._device) if extras else {},
+                           hidden_state=None if hidden_state is None else hidden_state.to(self._device))
 
 
 class RemoteReplayBuffer(RemoteReplayBufferHandle):

@@ -152,7 +152,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             observations that end an episode are kept aside), halving the memory of
             observations. Steps must then be added in each env's order, with every episode end
             marked. ``None``: compact when ``frame_stack > 1`` or ``n_step > 1``.
-            See [Pixels and memory](../pixels.md).
+            See [Pixels and memory](pixels.md).
         hidden_state_shape: a recurrent policy's hidden state stored with every step, e.g.
             ``{"h": (layers, 256), "c": (layers, 256)}`` (float32, TorchRL's
             ``"recurrent_state_h"`` keys); [`sample_sequences`][rlbuf.ReplayBuffer.sample_sequences] gives it at each sequence start.
@@ -353,7 +353,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._sum_tree().beta = value
 
     def _sum_tree(self) -> SumTreeSampler:
-        sampler = self._ring.rb._sampler
+        sampler = self._ring.rb.sampler
         if not isinstance(sampler, SumTreeSampler):
             raise PriorityError("beta: this buffer is not prioritized (build it with prioritized=True)")
         return sampler
@@ -490,13 +490,13 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             raise MissingFieldError("hidden_state: this buffer stores one with every step" if hidden_state is None
                                     else "hidden_state: this buffer was built without hidden_state_shape")
         if self._compact is not None:
-            if env_mask is not None:
-                raise ConfigError("env_mask: not available for a compact buffer (frame_stack, n_step or "
-                                  "compact=True) yet; add the kept envs' rows with extend() instead")
             extra_values = tuple(extras[n] for n in self._extra_specs)
-            self._compact.write(obs, next_obs, terminated, truncated, self._compact.all_envs,
-                                lambda frames, done, cut: self._ring.add(
-                                    (frames, action, reward, done, cut, *extra_values), self._num_envs))
+            if env_mask is not None:
+                self._add_compact_envs(obs, next_obs, terminated, truncated, (action, reward, *extra_values), env_mask)
+            else:
+                self._compact.write(obs, next_obs, terminated, truncated, self._compact.all_envs,
+                                    lambda frames, done, cut: self._ring.add(
+                                        (frames, action, reward, done, cut, *extra_values), self._num_envs))
         else:
             if self._obs.structured or self._hidden is not None:
                 hidden = () if self._hidden is None else self._hidden.split("hidden_state", hidden_state)
@@ -514,20 +514,62 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
 
     def _add_envs(self, values: Sequence[Any], env_mask: Any) -> None:
         """Validate every row of ``values``, then store the rows of the envs in ``env_mask``."""
-        n, ring = self._num_envs, self._ring
+        keep = self._env_mask(env_mask)
+        rows = self._kept_rows(self._ring.input_specs, values, keep)
+        kept = int(keep.sum())
+        if kept:
+            self._ring.write_tensors(rows, kept)
+        # Rows of one env are num_envs apart (what sample_sequences reads) only while every env is stored.
+        self._interleaved = self._interleaved and kept in (0, self._num_envs)
+
+    def _add_compact_envs(self, obs: Any, next_obs: Any, terminated: Any, truncated: Any, others: Sequence[Any],
+                          env_mask: Any) -> None:
+        """Validate every row, then pass the rows of the envs in ``env_mask`` through the compact
+        layout's streams (an env left out continues its stream with its next kept row)."""
+        compact, ring = self._compact, self._ring
+        assert compact is not None
+        keep = self._env_mask(env_mask)
+        flags = (ring.by_name["terminated"], ring.by_name["truncated"])
+        specs = (compact.obs_spec, compact.next_obs_spec, *flags,
+                 *(spec for spec in ring.input_specs if spec.name not in ("obs", "terminated", "truncated")))
+        rows = self._kept_rows(specs, (obs, next_obs, terminated, truncated, *others), keep)
+        kept = int(keep.sum())
+        if not kept:
+            return
+        obs_rows, next_rows, terminated_rows, truncated_rows = (rows.pop(spec.name) for spec in specs[:4])
+        compact.write(obs_rows, next_rows, terminated_rows, truncated_rows, compact.all_envs[keep.numpy()],
+                      lambda frames, done, cut: ring.write_tensors(
+                          {**rows, "obs": frames, "terminated": done, "truncated": cut}, kept))
+
+    def _env_mask(self, env_mask: Any) -> torch.Tensor:
+        """``env_mask`` as ``[num_envs]`` bools on the CPU.
+
+        Raises:
+            ShapeError: not one bool per env.
+        """
+        n = self._num_envs
         keep = torch.as_tensor(np.asarray(env_mask.cpu() if isinstance(env_mask, torch.Tensor) else env_mask))
         if keep.dtype is not torch.bool or tuple(keep.shape) != (n,):
             raise ShapeError(f"env_mask: expected {n} bools (one per env), got {keep.dtype} of shape {tuple(keep.shape)}")
+        return keep
+
+    def _kept_rows(self, specs: Sequence[FieldSpec], values: Sequence[Any], keep: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Check all ``num_envs`` rows of each value against its spec; return the rows ``keep`` marks, by name.
+
+        Raises:
+            MissingFieldError, ShapeError, DtypeError, DeviceError, NonFiniteError: a row does not fit.
+        """
+        n, devices = self._num_envs, self._ring.accepted_devices
         rows: dict[str, torch.Tensor] = {}
-        for spec, value in zip(ring.input_specs, values, strict=True):
-            tensor = torch.as_tensor(value) if not isinstance(value, torch.Tensor) else value
+        for spec, value in zip(specs, values, strict=True):
+            if value is None:
+                raise MissingFieldError(f"{spec.name}: a value is required")
+            tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
             if n == 1 and tuple(tensor.shape) == spec.shape:
                 tensor = tensor.unsqueeze(0)
-            spec.check_tensor(tensor, (n,), ring.accepted_devices)
+            spec.check_tensor(tensor, (n,), devices)
             rows[spec.name] = tensor[keep.to(tensor.device)]
-        kept = int(keep.sum())
-        if kept:
-            ring.write_tensors(rows, kept)
+        return rows
 
     def extend(self, td: TensorDictBase) -> None:
         """Store a TensorDict in TorchRL layout, e.g. a collector's ``[num_envs, T]`` batch.
@@ -610,7 +652,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         """Positions (and importance weights when prioritized) of ``batch_size`` stored rows."""
         ring = self._ring
         if self._prioritized:
-            index, info = ring.rb._sampler.sample(ring.rb._storage, batch_size)
+            index, info = ring.rb.sampler.sample(ring.rb.storage, batch_size)
             return index, info["priority_weight"].to(torch.float32)
         return torch.randint(0, len(ring), (batch_size,), generator=ring.generator, device=self._storing_device), None
 
@@ -685,9 +727,10 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             batch_size = ring.require_rows(batch_size, without_replacement=False)
             span = positive_int("length", length, BatchSizeError) + burn_in_steps(burn_in)
             if not self._interleaved:
-                raise ConfigError("sample_sequences: rows were extended env-major (batch size (num_envs, T)); "
-                                  "steps of one env are not num_envs rows apart. Extend time-major batches "
-                                  "(T, num_envs) or add step by step, then clear() and refill")
+                raise ConfigError("sample_sequences: steps of one env are not num_envs rows apart: rows were "
+                                  "extended env-major (batch size (num_envs, T)) or added with an env_mask that left "
+                                  "envs out. Extend time-major batches (T, num_envs) or add every env's step "
+                                  "(a Recorder: SAME_STEP envs), then clear() and refill")
             ring.flush()
             size, write_count, n = len(ring), ring.write_count, self._num_envs
             starts = sequence_starts(write_count=write_count, size=size, num_envs=n, span=span,

@@ -52,6 +52,7 @@ from rlbuf.batches import RolloutBatch
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
 from rlbuf.errors import (
     BufferFullError,
+    CheckpointError,
     DeviceError,
     MissingFieldError,
     NonFiniteError,
@@ -228,7 +229,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         """A stored field as a ``[num_steps, num_envs, ...]`` view of the storage (no copy).
 
         Dict observations: ``view("obs")`` is a ``TensorDict`` of views, and each key is a
-        field of its own (``view('obs["camera"]')``).
+        field of its own (``view('obs["camera"]')``); so is an LSTM's ``view("hidden_state")``.
 
         Raises:
             MissingFieldError: no such field.
@@ -238,11 +239,12 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf.view("obs").shape, buf.view("reward").shape
             (torch.Size([3, 2, 4]), torch.Size([3, 2]))
         """
-        if name == "obs" and self._obs.structured:
+        layout = {"obs": self._obs, "hidden_state": self._hidden}.get(name) if isinstance(name, str) else None
+        if layout is not None and layout.structured:
             self._ring.flush()
             views = {leaf: self._ring.leaves[leaf].view(self._num_steps, self._num_envs, *self._ring.by_name[leaf].shape)
-                     for leaf in leaf_names("obs", self._obs)}
-            return self._obs.assemble("obs", views, batch_dims=2)
+                     for leaf in leaf_names(name, layout)}
+            return layout.assemble(name, views, batch_dims=2)
         self._ring.check_field_names([name])
         self._ring.flush()
         spec = self._ring.by_name[name]
@@ -633,6 +635,9 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
     def _iterator_rows(self, method: str, arguments: Mapping[str, Any], size: int,
                        fields: Mapping[str, torch.Tensor]) -> int:
         if method == "minibatches" and arguments.get("sequences"):
+            if size != self.capacity:
+                raise CheckpointError(f"state: an iterator of sequence minibatches runs over a full rollout, the state "
+                                      f"holds {size} of {self.capacity} rows")
             return len(split_trajectories(fields["done"].view(self._num_steps, self._num_envs)))
         return super()._iterator_rows(method, arguments, size, fields)
 
@@ -647,7 +652,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             columns["done"].view(self._num_steps, self._num_envs), first_step=hidden_names)
         # Validate over the trajectories before the epoch generator draws: a refused call changes nothing.
         options = check_epoch_options(len(trajectories), batch_size=batch_size, num_batches=num_minibatches,
-                                      n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle)
+                                      n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle,
+                                      unit="trajectories in the rollout")
 
         def make_sequences(index: torch.Tensor) -> SequenceBatch:
             return self._make_sequence_batch(*trajectories.select(index))

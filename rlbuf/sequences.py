@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from tensordict import TensorDict
 
-from rlbuf.batches import _ExtrasAccess, _torchrl_layout
+from rlbuf.batches import _ExtrasAccess, _torchrl_layout, set_hidden_state
 from rlbuf.errors import BatchSizeError
 
 
@@ -181,6 +181,10 @@ class SequenceBatch(_ExtrasAccess):
     def to_tensordict(self) -> TensorDict:
         """The batch in TorchRL's sequence layout: batch size ``[B, L]`` (time last), with ``"mask"``.
 
+        The hidden state is at TorchRL's ``recurrent_state*`` keys, at the first step (zeros
+        after), and ``"is_init"`` is False: TorchRL's ``LSTMModule``/``GRUModule`` in recurrent
+        mode start each trajectory from its stored state.
+
         Example:
             >>> from rlbuf import RolloutBuffer
             >>> buf = RolloutBuffer(3, 2, obs_shape=(1,), action_shape=(), seed=0)
@@ -207,7 +211,10 @@ class SequenceBatch(_ExtrasAccess):
             td.set("privileged_observation", self.privileged_obs)
         for name, value in self.extras.items():
             td.set(name, value)
-        return td.transpose(0, 1)
+        td = td.transpose(0, 1)
+        td.set("is_init", torch.zeros(width, steps, 1, dtype=torch.bool, device=self.mask.device))
+        set_hidden_state(td, self.hidden_state, steps)
+        return td
 
 
 @dataclass(slots=True, frozen=True)
@@ -256,6 +263,36 @@ class ReplaySequenceBatch(_ExtrasAccess):
     def __len__(self) -> int:
         """Sequences in the batch (``B``)."""
         return int(self.mask.shape[0])
+
+    def to_tensordict(self) -> TensorDict:
+        """The batch in TorchRL's layout, batch size ``[B, S]``, with ``"mask"`` and ``"is_init"``.
+
+        ``"is_init"`` is ``is_first`` (``[B, S, 1]``), and the hidden state is at TorchRL's
+        ``recurrent_state*`` keys, at the first step (zeros after): TorchRL's ``LSTMModule``/
+        ``GRUModule`` in recurrent mode start from the stored state and from zeros where an
+        episode starts inside the sequence.
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(20, obs_shape=(2,), action_shape=(), hidden_state_shape=(1, 4), seed=0)
+            >>> for t in range(6):
+            ...     buf.add(torch.zeros(2), 0.0, 1.0, torch.zeros(2), t == 2, hidden_state=torch.zeros(1, 4))
+            >>> td = buf.sample_sequences(3, 4).to_tensordict()
+            >>> td.batch_size, td["next", "reward"].shape, td["recurrent_state"].shape
+            (torch.Size([3, 4]), torch.Size([3, 4, 1]), torch.Size([3, 4, 1, 4]))
+        """
+        sequences, steps = self.mask.shape
+        td = TensorDict({
+            "observation": self.obs, "action": self.action, "index": self.index, "mask": self.mask,
+            "is_init": self.is_first.unsqueeze(-1),
+            "next": {"observation": self.next_obs, "reward": _torchrl_layout(self.reward, 2),
+                     "terminated": _torchrl_layout(self.terminated, 2),
+                     "truncated": _torchrl_layout(self.truncated, 2), "done": _torchrl_layout(self.done, 2)},
+        }, batch_size=[sequences, steps], device=self.mask.device)
+        for name, value in self.extras.items():
+            td.set(name, value)
+        set_hidden_state(td, self.hidden_state, steps)
+        return td
 
 
 def burn_in_steps(value: object) -> int:

@@ -8,7 +8,12 @@
 | ``MultiBinary(n)`` | ``(n,)`` (or its shape) | ``int8`` |
 | TorchRL ``Bounded``, ``Unbounded``, ``OneHot``, ``Categorical``, ``Binary``, ... | its ``shape`` | its ``dtype`` |
 | TorchRL ``Composite`` | its ``"observation"`` (or ``"action"``) entry, batch dims dropped | that entry's |
+| ``Dict`` / a ``Composite`` of observation keys (observations only) | a dict observation: one field per key | each key's |
 
+``Dict`` observation spaces (and TorchRL ``Composite`` specs whose entries are the observation
+keys) give a dict-observation buffer (see ``resolve_field``, ``structured=True``);
+``field_of`` itself, and so ``action_space=``, still refuses them with a ``ConfigError``, as
+it refuses ``Tuple`` and ``Text``.
 ``MultiBinary`` is stored as ``int8``, not ``bool``: gymnasium's ``MultiBinary`` samples and
 envs emit ``int8`` arrays, and a bool field would refuse them (kinds never change); TorchRL's
 ``Binary`` spec is ``int8`` too. A vector env's batched spaces (``envs.observation_space``)

@@ -10,7 +10,8 @@ Example:
     >>> from rlbuf.spec import FieldSpec, positive_int
     >>> specs = (FieldSpec("obs", "observation", (3,), torch.float32),)
     >>> built = build_storage("memory", 8, specs, storing_device=torch.device("cpu"))
-    >>> built.storage._storage["observation"].shape
+    >>> from rlbuf._torchrl import storage_leaves
+    >>> storage_leaves(built.storage)["observation"].shape
     torch.Size([8, 3])
 """
 
@@ -33,6 +34,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.storages import TensorStorage
 
+from rlbuf import _torchrl
 from rlbuf.errors import ConfigError
 from rlbuf.spec import FieldSpec, positive_int
 
@@ -148,10 +150,10 @@ def build_storage(
     else:
         raise ConfigError(f"storage: expected 'memory' or 'memmap', got {kind!r}")
     with _quiet_torchrl_logger():
-        storage._init(template(specs))
+        _torchrl.initialise(storage, template(specs))
     # TorchRL writes only these keys when something (a collector's `replay_buffer=`) extends the
     # storage with a richer tensordict: collector metadata, root-level flags and so on are dropped.
-    storage._storage_keys = [spec.key for spec in specs]
+    _torchrl.keep_keys(storage, [spec.key for spec in specs])
     return BuiltStorage(storage, directory, owns)
 
 

@@ -7,7 +7,6 @@ saves killed mid-way, stale temporaries, refused loads, exit status, resource re
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import random
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+import xxhash
 
 from rlbuf import ConfigError, DistillationBuffer, EpisodeStats, ReplayBuffer, RolloutBuffer
 from rlbuf._inspect import inspect_checkpoint
@@ -49,7 +49,7 @@ def _forge(path: Path, edit: Callable[[dict[str, Any]], None],
     for rel, entry in manifest["files"].items():
         if isinstance(entry, dict) and (path / rel).is_file() and not (path / rel).is_symlink():
             data = (path / rel).read_bytes()
-            entry["sha256"] = hashlib.sha256(data).hexdigest()
+            entry["xxh3_128"] = xxhash.xxh3_128(data).hexdigest()
     (path / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -160,7 +160,7 @@ def test_inspect_and_load_never_read_a_file_outside_the_checkpoint(saved: Path, 
     manifest = json.loads((saved / "manifest.json").read_text())
     rel = _file(manifest, "reward")
     entry = manifest["files"].pop(rel)
-    entry.update(bytes=40, sha256=hashlib.sha256(secret.read_bytes()).hexdigest())
+    entry.update(bytes=40, xxh3_128=xxhash.xxh3_128(secret.read_bytes()).hexdigest())
     if escape == "absolute":
         forged = str(secret)
     elif escape == "dotdot":
@@ -322,9 +322,9 @@ def test_a_save_that_does_not_verify_keeps_the_previous_checkpoint(tmp_path: Pat
     import rlbuf.checkpoint as checkpoint
 
     def corrupting(*args: Any) -> str:
-        return "0" * 64
+        return "0" * 32
 
-    monkeypatch.setattr(checkpoint, "_sha256", corrupting)
+    monkeypatch.setattr(checkpoint, "_file_digest", corrupting)
     with pytest.raises(CheckpointError, match="previous checkpoint"):
         ReplayBuffer(16, obs_shape=(3,), action_shape=()).save(path)
     monkeypatch.undo()

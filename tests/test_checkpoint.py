@@ -30,6 +30,8 @@ from typing import Any
 
 import pytest
 import torch
+import xxhash
+from _snapshot import same, snapshot
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torchrl.data import LazyMemmapStorage
@@ -567,7 +569,7 @@ def flip_a_byte(path: Path) -> str:
     data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0x10
     target.write_bytes(bytes(data))
-    return rf"{re.escape(str(target))}: SHA-256 mismatch \(corrupted\)"
+    return rf"{re.escape(str(target))}: XXH3-128 mismatch \(corrupted\)"
 
 
 def remove_a_file(path: Path) -> str:
@@ -577,8 +579,8 @@ def remove_a_file(path: Path) -> str:
 
 
 def newer_format(path: Path) -> str:
-    edit_manifest(path, lambda manifest: manifest.update(format_version=2))
-    return rf"{re.escape(str(path / MANIFEST))}: format version 2; this rlbuf reads version 1"
+    edit_manifest(path, lambda manifest: manifest.update(format_version=3))
+    return rf"{re.escape(str(path / MANIFEST))}: format version 3; this rlbuf reads versions 1, 2"
 
 
 def broken_json(path: Path) -> str:
@@ -683,7 +685,7 @@ def test_a_listed_file_holding_a_pickle_is_read_as_raw_bytes_never_unpickled(sav
 
     def list_it(manifest: dict[str, Any]) -> None:
         manifest["files"]["tensors/evil.pt"] = {"dtype": "uint8", "shape": [len(raw)], "bytes": len(raw),
-                                                "sha256": hashlib.sha256(raw).hexdigest()}
+                                                "xxh3_128": xxhash.xxh3_128(raw).hexdigest()}
         manifest["state"]["evil"] = {"__tensor__": "tensors/evil.pt"}
     edit_manifest(saved, list_it)
     state = load_state(saved, kind="ReplayBuffer")
@@ -895,3 +897,37 @@ def test_a_crafted_manifest_cannot_call_other_methods_or_pass_other_options(tmp_
     _rewrite_manifest(tmp_path / "b", lambda state: state["options"].update(scratch_dir="/"))
     with pytest.raises(CheckpointError, match=r"options \['scratch_dir'\] are not options of ReplayBuffer"):
         ReplayBuffer.load(tmp_path / "b")
+
+
+def _as_format_one(path: Path) -> None:
+    """Rewrite a checkpoint as rlbuf wrote it before issue 10: format version 1, SHA-256 per file."""
+    def downgrade(manifest: dict[str, Any]) -> None:
+        manifest["format_version"] = 1
+        for rel, entry in manifest["files"].items():
+            del entry["xxh3_128"]
+            entry["sha256"] = hashlib.sha256((path / rel).read_bytes()).hexdigest()
+    edit_manifest(path, downgrade)
+
+
+def test_a_format_one_checkpoint_with_sha256_still_loads(saved: Path) -> None:
+    def stored(buffer: ReplayBuffer) -> Any:  # rows past the stored ones are uninitialised memory
+        return {key: value for key, value in snapshot(buffer).items() if key != "storage"}
+
+    expected = stored(ReplayBuffer.load(saved))
+    _as_format_one(saved)
+    assert read_manifest(saved)["format_version"] == 1
+    assert same(stored(ReplayBuffer.load(saved)), expected)
+    target = saved / field_file(saved)
+    data = bytearray(target.read_bytes())
+    data[0] ^= 0x01
+    target.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(target))}: SHA-256 mismatch \(corrupted\)"):
+        ReplayBuffer.load(saved)
+
+
+def test_new_checkpoints_carry_xxh3_of_each_file(saved: Path) -> None:
+    manifest = read_manifest(saved)
+    assert manifest["format_version"] == 2
+    for rel, entry in manifest["files"].items():
+        assert "sha256" not in entry
+        assert entry["xxh3_128"] == xxhash.xxh3_128((saved / rel).read_bytes()).hexdigest()

@@ -146,7 +146,7 @@ def test_inspect_flags_a_corrupted_file(checkpoint: Path, capsys: pytest.Capture
     assert "tensors/state.fields.reward.bin" in text
     row = next(line for line in text.splitlines() if "state.fields.reward.bin" in line)
     assert row.rstrip().endswith("failed")
-    assert "status      FAILED:" in text and "SHA-256 mismatch" in text
+    assert "status      FAILED:" in text and "XXH3-128 mismatch" in text
     assert main(["inspect", str(checkpoint), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is False

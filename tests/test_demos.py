@@ -207,3 +207,21 @@ def test_fresh_run_refuses_an_existing_run_folder(tmp_path: Path, capsys: pytest
     capsys.readouterr()
     assert demo("dqn", tmp_path / "run", frames=512) == 2
     assert "already holds a run; pass --resume" in capsys.readouterr().err
+
+
+def test_pendulum_compare_stops_on_ctrl_c_and_the_same_command_continues(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from rlbuf.demos import ppo_continuous
+
+    command = ["compare", "--seeds", "1", "--out", str(tmp_path), "--frames", "4096"]
+    interrupt_at(monkeypatch, 2048)                   # after the first rollout of the first run
+    assert ppo_continuous.main(command) == 130
+    monkeypatch.undo()
+    assert "interrupted at 2048 frames; run the same command again" in capsys.readouterr().err
+    assert not (tmp_path / "compare.json").exists()
+    assert ppo_continuous.main(command) == 0
+    report = json.loads((tmp_path / "compare.json").read_text())
+    assert [run["frames"] for variant in ("bootstrapped", "folded") for run in report[variant]["runs"]] == [4096] * 2
+    resumed = json.loads((tmp_path / "bootstrapped-seed1" / "summary.json").read_text())
+    assert resumed["status"] == "finished" and resumed["resumed_at_frames"] == [2048]
+    assert (tmp_path / "compare.png").read_bytes().startswith(b"\x89PNG")

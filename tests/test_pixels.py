@@ -449,13 +449,11 @@ def test_the_estimate_counts_dict_observations_and_hidden_states(tmp_path: Path)
         assert inspect_checkpoint(tmp_path / str(i))["bytes_per_transition"] == expected
 
 
-def test_env_mask_is_refused_by_a_compact_buffer_and_nothing_changes() -> None:
+def test_env_mask_on_a_compact_buffer_stores_the_kept_envs_rows() -> None:
+    """The kept rows continue their envs' streams (tests/test_gym.py checks it against a naive buffer)."""
     buf = ReplayBuffer(10, obs_shape=(2, 1), action_shape=(), num_envs=2, frame_stack=2, seed=0)
     stacks = torch.tensor([[[0.0], [0.0]], [[5.0], [5.0]]])
     after = torch.tensor([[[0.0], [1.0]], [[5.0], [6.0]]])
-    with pytest.raises(ConfigError, match="env_mask: not available for a compact buffer"):
-        buf.add(stacks, torch.zeros(2), torch.ones(2), after, torch.tensor([False, False]),
-                env_mask=torch.tensor([True, False]))
-    assert len(buf) == 0 and buf.state_dict()["write_count"] == 0
-    buf.add(stacks, torch.zeros(2), torch.ones(2), after, torch.tensor([False, True]))  # the streams start fresh
-    assert torch.equal(buf.sample_all().next_obs, after[1:])
+    buf.add(stacks, torch.zeros(2), torch.ones(2), after, torch.tensor([False, True]),
+            env_mask=torch.tensor([False, True]))
+    assert len(buf) == 1 and torch.equal(buf.sample_all().next_obs, after[1:])

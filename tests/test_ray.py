@@ -275,3 +275,25 @@ def test_ray_collectors_fill_the_buffer() -> None:
         with pytest.raises(ShapeError):                          # rlbuf's validation behind TorchRL's API
             rb.extend(td.set("observation", torch.zeros(8, 3)))
         assert "size=520/10000" in repr(buffer)
+
+
+def test_dict_observations_and_hidden_states_travel_both_ways() -> None:
+    obs = {"camera": torch.full((2, 2, 2), 7, dtype=torch.uint8), "proprio": torch.arange(6.0).view(2, 3)}
+    with RemoteReplayBuffer(64, obs_shape={"camera": (2, 2), "proprio": (3,)}, obs_dtype={"camera": torch.uint8},
+                            action_shape=(), num_envs=2, seed=0, hidden_state_shape={"h": (1, 2)}) as buffer:
+        buffer.add(obs, torch.zeros(2), torch.ones(2), obs, torch.zeros(2, dtype=torch.bool),
+                   hidden_state={"h": torch.ones(2, 1, 2)})
+        # TorchRL's GymEnv puts a Dict space's keys at the top level: extend reads them there too.
+        buffer.extend(TensorDict({**obs, "action": torch.zeros(2), "recurrent_state_h": torch.full((2, 1, 2), 2.0),
+                                  "next": {**obs, "reward": torch.ones(2), "terminated": torch.zeros(2, dtype=torch.bool)}},
+                                 batch_size=[2]))
+        with pytest.raises(ShapeError, match=r'obs\["proprio"\]'):
+            buffer.add({**obs, "proprio": torch.zeros(2, 4)}, torch.zeros(2), torch.ones(2), obs,
+                       torch.zeros(2, dtype=torch.bool), hidden_state={"h": torch.ones(2, 1, 2)})
+        batch = buffer.sample_all()
+        sequences = buffer.sample_sequences(3, 1, burn_in=1)
+    assert sequences.obs["camera"].shape == (3, 2, 2, 2) and sequences.burn_in == 1
+    assert sequences.hidden_state is not None and sequences.hidden_state["h"].shape == (3, 1, 2)
+    assert isinstance(batch.obs, TensorDict) and batch.obs["camera"].dtype is torch.uint8
+    assert torch.equal(batch.next_obs["proprio"], obs["proprio"].repeat(2, 1))
+    assert batch.hidden_state is not None and batch.hidden_state["h"][:, 0, 0].tolist() == [1.0, 1.0, 2.0, 2.0]

@@ -736,6 +736,25 @@ def test_a_uniform_buffer_saved_by_0_1_0_still_loads(tmp_path: Any) -> None:
     assert restored.sample_all().reward.tolist() == buf.sample_all().reward.tolist()
 
 
+def test_one_number_tensors_are_checked_like_any_input() -> None:
+    buf = make(4, action_shape=())
+    zeros = torch.zeros(1, 3)
+    buf.add(zeros, torch.tensor([1.0]), torch.tensor([2.5], requires_grad=True), zeros, torch.tensor([True]))
+    before = snapshot(buf)
+    refusals = [
+        (NonFiniteError, "reward: expected finite values, got nan at row 0", torch.tensor([float("nan")]),
+         torch.tensor([False])),
+        (ShapeError, r"reward: expected shape \(1,\) or \(\), got \(1, 1\)", torch.ones(1, 1), torch.tensor([False])),
+        (DtypeError, "terminated", torch.ones(1), torch.tensor([1.0])),
+    ]
+    for error, message, reward, terminated in refusals:
+        with pytest.raises(error, match=message):
+            buf.add(zeros, torch.tensor([0.0]), reward, zeros, terminated)
+        assert same_snapshot(snapshot(buf), before)
+    batch = buf.sample_all()
+    assert batch.reward.tolist() == [2.5] and batch.action.tolist() == [1.0] and batch.terminated.tolist() == [True]
+
+
 @pytest.mark.parametrize(("options", "named"), [
     ({"buffer_size": 10}, "buffer_size: .*capacity"), ({"handle_timeout_termination": True}, "truncated="),
     ({"optimize_memory_usage": True}, "compact=True"), ({"bogus": 1}, "bogus: not options of ReplayBuffer"),

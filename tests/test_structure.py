@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import Bounded, Composite, Unbounded
 
-from rlbuf import DistillationBuffer, ReplayBuffer, RolloutBuffer
+from rlbuf import DistillationBuffer, EpisodeStats, ReplayBuffer, RolloutBuffer
 from rlbuf.errors import ConfigError, DtypeError, MissingFieldError, ShapeError
 
 OBS_SHAPE = {"camera": (3, 4, 4), "proprio": (5,), "sensors": {"imu": (2,)}}
@@ -130,6 +130,13 @@ def test_composite_specs_and_gymnasium_dict_spaces_give_the_same_fields(source: 
     assert [s.to_json() for s in built.fields] == [s.to_json() for s in replay().fields]
 
 
+def test_a_batched_composite_spec_gives_the_shape_of_one_env() -> None:
+    spec = Composite(camera=Bounded(0, 255, shape=(N, 3, 4, 4), dtype=torch.uint8), proprio=Unbounded(shape=(N, 5)),
+                     sensors=Composite(imu=Unbounded(shape=(N, 2)), shape=(N,)), shape=(N,))
+    built = ReplayBuffer(32, obs_shape=spec, action_shape=(), num_envs=N)
+    assert [s.to_json() for s in built.fields] == [s.to_json() for s in replay().fields]
+
+
 def test_extend_reads_nested_keys_and_torchrl_env_layout() -> None:
     rows = 4
     obs = TensorDict(make_obs(rows), batch_size=[rows])
@@ -220,8 +227,11 @@ def test_rollout_extend_takes_a_collector_rollout_with_nested_observations() -> 
                      "next": {"reward": torch.ones(N, 4, 1), "terminated": torch.zeros(N, 4, 1, dtype=torch.bool)}},
                     batch_size=[N, 4])
     td["observation", "proprio"] = torch.arange(N * 4, dtype=torch.float32).reshape(N, 4, 1).expand(N, 4, 5)
-    buf = RolloutBuffer(4, N, obs_shape=OBS_SHAPE, obs_dtype=OBS_DTYPE, action_shape=())
+    td["next", "terminated"][1, 2] = True
+    stats = EpisodeStats(N)
+    buf = RolloutBuffer(4, N, obs_shape=OBS_SHAPE, obs_dtype=OBS_DTYPE, action_shape=(), stats=stats)
     buf.extend(td)
+    assert stats.episodes_finished == 1 and stats.summary()["return"]["mean"] == 3.0  # env 1 ended at its step 2
     buf.compute_returns_and_advantages(torch.zeros(N))
     # Row t * num_envs + n holds env n's step t.
     assert buf.get_all_data().obs["proprio"][:, 0].tolist() == td["observation", "proprio"][:, :, 0].T.flatten().tolist()
@@ -236,3 +246,17 @@ def test_distillation_buffer_with_dict_observations() -> None:
     assert set(obs["b"].tolist()) <= {3, 4}
     with pytest.raises(ShapeError, match=r'obs\["a"\]: expected shape \(2, 2\)'):
         buf.add({"a": torch.ones(2, 3), "b": torch.tensor([3, 4])}, torch.zeros(2))
+
+
+@pytest.mark.parametrize("option", [{"frame_stack": 4}, {"n_step": 3}, {"compact": True}])
+def test_the_compact_layout_refuses_dict_observations_and_hidden_states_by_name(option: dict[str, Any]) -> None:
+    name = next(iter(option))
+    with pytest.raises(ConfigError, match=rf"{name}.*single-tensor observations.*got a dict observation"):
+        replay(**option)
+    with pytest.raises(ConfigError, match=rf"{name}.*got a dict observation"):
+        ReplayBuffer.bytes_per_transition(obs_shape=OBS_SHAPE, action_shape=(), **option)
+    with pytest.raises(ConfigError, match=rf"{name}.*without hidden states; got hidden_state_shape"):
+        ReplayBuffer(32, obs_shape=(4, 8, 8), obs_dtype=torch.uint8, action_shape=(), hidden_state_shape=(1, 8),
+                     **option)
+    with pytest.raises(ConfigError, match="sample_sequences: not available for a compact buffer"):
+        ReplayBuffer(32, obs_shape=(4, 8, 8), obs_dtype=torch.uint8, action_shape=(), **option).sample_sequences(1, 1)

@@ -6,6 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from rlbuf.cli import main
@@ -50,3 +51,12 @@ def test_recurrent_defaults_replace_only_the_mlp_defaults() -> None:
     args = Args(recurrent=True, epochs=7)
     assert args.epochs == 7 and args.num_steps == RECURRENT_DEFAULTS["num_steps"]
     assert Args().num_steps == MLP_DEFAULTS["num_steps"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_recurrent_demo_trains_on_cuda(tmp_path: Path) -> None:
+    assert recurrent(tmp_path / "run", "--device", "cuda") == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["frames"] == 1024
+    assert all(tensor.is_cuda for tensor in parameters(tmp_path / "run").values())

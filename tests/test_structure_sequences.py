@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 
 from rlbuf import ReplayBuffer, RolloutBuffer, SequenceBatch
-from rlbuf.errors import BatchSizeError, ConfigError, MissingFieldError, ShapeError
+from rlbuf.errors import BatchSizeError, CheckpointError, ConfigError, MissingFieldError, ShapeError
 from rlbuf.sequences import split_trajectories
 
 T, N, LAYERS, H = 12, 4, 2, 3
@@ -93,6 +93,38 @@ def test_sequence_minibatches_hold_whole_trajectories_with_their_first_hidden_st
     assert sorted(seen[:len(seen) // 2]) == everything == sorted(seen[len(seen) // 2:])
 
 
+@settings(max_examples=25, deadline=None)
+@given(steps=st.integers(1, 6), envs=st.integers(1, 3), seed=st.integers(0, 1000), done_rate=st.floats(0.0, 1.0),
+       batch=st.integers(1, 8), drop_last=st.booleans())
+def test_every_trajectory_once_per_epoch_padded_with_zeros_from_its_first_state(
+        steps: int, envs: int, seed: int, done_rate: float, batch: int, drop_last: bool) -> None:
+    g = torch.Generator().manual_seed(seed)
+    done = torch.rand(steps, envs, generator=g) < done_rate
+    step_id = (torch.arange(steps)[:, None] * 10 + torch.arange(envs)[None, :] + 1).float()  # never 0
+    buf = RolloutBuffer(steps, envs, obs_shape=(1,), action_shape=(), hidden_state_shape=(1,), seed=seed)
+    for t in range(steps):
+        buf.add(step_id[t, :, None], torch.zeros(envs), torch.ones(envs), done[t], torch.zeros(envs),
+                torch.zeros(envs), hidden_state=step_id[t, :, None])
+    buf.compute_returns_and_advantages(torch.zeros(envs))
+    count = len(split_trajectories(done))
+    if batch > count:
+        with pytest.raises(BatchSizeError, match="trajectories in the rollout"):
+            buf.minibatches(batch, sequences=True)
+        return
+    seen: list[tuple[int, int]] = []
+    for minibatch in buf.minibatches(batch, n_epochs=1, sequences=True, drop_last=drop_last):
+        obs, mask = minibatch.obs[..., 0], minibatch.mask  # type: ignore[index]
+        assert torch.equal(obs == 0, ~mask)  # zeros exactly on padding
+        assert minibatch.hidden_state is not None and torch.equal(minibatch.hidden_state[:, 0], obs[0])
+        for b, (env, start) in enumerate(zip(minibatch.env.tolist(), minibatch.start.tolist(), strict=True)):
+            length = int(mask[:, b].sum())
+            assert torch.equal(obs[:length, b], step_id[start:start + length, env])
+            assert not done[start:start + length - 1, env].any()  # nothing crosses an episode end
+            seen.append((env, start))
+    assert len(set(seen)) == len(seen)
+    assert len(seen) == (count - count % batch if drop_last else count)
+
+
 def test_sequence_minibatches_are_shuffled_by_trajectory() -> None:
     buf = filled_buffer(rollout_data())
     unshuffled = torch.cat([b.env * T + b.start for b in buf.minibatches(num_minibatches=2, sequences=True,
@@ -155,6 +187,41 @@ def test_same_trajectories_masks_and_initial_states_as_rsl_rl(num_minibatches: i
     assert torch.equal(torch.cat([padded_to_t(b.action) for b in mine], dim=1), their_actions)
 
 
+def test_padded_trajectories_replay_an_lstm_as_cleanrl_replays_the_whole_rollout() -> None:
+    """CleanRL's ppo_atari_lstm replays each env's whole rollout from its first state, zeroing the
+    state after every episode end; replaying each padded trajectory from its stored initial state
+    must give the same output at every real step."""
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(5, H, num_layers=LAYERS)
+    data = rollout_data(seed=7, done_rate=0.3)
+    done = data["terminated"] | data["truncated"]
+    h, c = torch.zeros(LAYERS, N, H), torch.zeros(LAYERS, N, H)
+    outputs, states_h, states_c = [], [], []
+    with torch.no_grad():  # collection: the state each step's action was computed from is stored
+        for t in range(T):
+            states_h.append(h)
+            states_c.append(c)
+            out, (h, c) = lstm(data["proprio"][t].unsqueeze(0), (h, c))
+            outputs.append(out[0])
+            keep = (~done[t]).view(1, N, 1)
+            h, c = h * keep, c * keep
+    data["h"], data["c"] = torch.stack(states_h), torch.stack(states_c)
+    reference = torch.stack(outputs)  # [T, N, H]
+    buf = filled_buffer(data)
+    seen = 0
+    with torch.no_grad():
+        for batch in buf.minibatches(num_minibatches=3, sequences=True):
+            assert batch.hidden_state is not None
+            initial = (batch.hidden_state["h"].transpose(0, 1).contiguous(),
+                       batch.hidden_state["c"].transpose(0, 1).contiguous())
+            out, _ = lstm(batch.obs["proprio"], initial)
+            steps = batch.start.unsqueeze(0) + torch.arange(batch.mask.shape[0]).unsqueeze(1)
+            expected = reference[steps.clamp(max=T - 1), batch.env.expand_as(steps)]
+            torch.testing.assert_close(out[batch.mask], expected[batch.mask])
+            seen += int(batch.mask.sum())
+    assert seen == T * N
+
+
 def test_exact_resume_mid_epoch_with_sequence_minibatches(tmp_path: Any) -> None:
     buf = filled_buffer(rollout_data())
     iterator = buf.minibatches(num_minibatches=3, n_epochs=3, sequences=True)
@@ -171,6 +238,93 @@ def test_exact_resume_mid_epoch_with_sequence_minibatches(tmp_path: Any) -> None
         assert (mine.hidden_state == theirs.hidden_state).all()  # type: ignore[operator]
 
 
+def sequence_order(batches: Any) -> list[int]:
+    return torch.cat([batch.env * T + batch.start for batch in batches]).tolist()
+
+
+def test_refused_sequence_minibatches_leave_the_epoch_generator_untouched() -> None:
+    buf, twin = filled_buffer(rollout_data()), filled_buffer(rollout_data())
+    count = len(split_trajectories(buf.view("done")))
+    assert count < T * N  # sizes are checked against trajectories, not rows
+    rng = buf.state_dict()["rng"]
+    with pytest.raises(BatchSizeError, match=rf"batch_size: expected at most {count} \(the trajectories in the "
+                                             rf"rollout\), got {count + 1}"):
+        buf.minibatches(count + 1, sequences=True)
+    with pytest.raises(BatchSizeError, match=rf"num_minibatches: expected at most {count} \(the trajectories"):
+        buf.minibatches(num_minibatches=count + 1, sequences=True)
+    with pytest.raises(BatchSizeError, match="exactly one of batch_size and num_minibatches"):
+        buf.minibatches(2, num_minibatches=2, sequences=True)
+    with pytest.raises(ConfigError, match="n_epochs"):
+        buf.minibatches(num_minibatches=1, n_epochs=-1, sequences=True)
+    assert buf.current_epochs is None
+    after = buf.state_dict()["rng"]
+    assert torch.equal(after["epochs"], rng["epochs"]) and torch.equal(after["sample"], rng["sample"])
+    # The next iterator draws what it would have drawn without the refused calls.
+    assert sequence_order(buf.minibatches(count, sequences=True, n_epochs=2)) == \
+        sequence_order(twin.minibatches(count, sequences=True, n_epochs=2))
+    assert len(list(buf.minibatches(count, sequences=True))) == 1
+
+
+def _forge(state: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    forged = dict(state)
+    forged["iterator"] = {**state["iterator"], "state": {**state["iterator"]["state"], **changes}}
+    return forged
+
+
+def test_forged_sequence_iterator_checkpoints_are_refused_and_change_nothing() -> None:
+    source = filled_buffer(rollout_data())
+    iterator = source.minibatches(num_minibatches=3, n_epochs=3, sequences=True)
+    for _ in range(4):
+        next(iterator)
+    state = source.state_dict()
+    saved = state["iterator"]["state"]
+    count = saved["size"]
+    assert count == len(split_trajectories(source.view("done"))) and saved["position"] == 1
+    target = filled_buffer(rollout_data(seed=5))
+    target_iterator = target.minibatches(num_minibatches=3, n_epochs=3, sequences=True)
+    next(target_iterator)
+    before = target.state_dict()
+    permutation = saved["permutation"]
+    forgeries = [
+        ("position", _forge(state, position=99)),
+        ("size", _forge(state, size=T * N, permutation=torch.randperm(T * N))),  # rows, not trajectories
+        ("permutation", _forge(state, permutation=torch.zeros_like(permutation))),
+        ("permutation", _forge(state, permutation=permutation + count)),
+        ("permutation", _forge(state, permutation=permutation.float())),
+        ("permutation", _forge(state, permutation=None)),
+        ("epoch", _forge(state, epoch=7)),
+    ]
+    for field, forged in forgeries:
+        with pytest.raises(CheckpointError, match=rf"iterator state: epoch iterator: {field}"):
+            target.load_state_dict(forged)
+    partial = {**state, "size": T * N - N, "cursor": T * N - N, "write_count": T * N - N,
+               "fields": {name: value[:-N] for name, value in state["fields"].items()}}
+    with pytest.raises(CheckpointError, match="sequence minibatches runs over a full rollout"):
+        target.load_state_dict(partial)
+    after = target.state_dict()
+    for name in before["fields"]:
+        assert torch.equal(before["fields"][name], after["fields"][name]), name
+    assert torch.equal(before["rng"]["epochs"], after["rng"]["epochs"])
+    assert target.current_epochs is target_iterator
+    assert after["iterator"]["state"]["position"] == 1 and torch.equal(
+        after["iterator"]["state"]["permutation"], before["iterator"]["state"]["permutation"])
+    target.load_state_dict(state)  # the genuine state still loads and resumes where the source is
+    resumed = target.current_epochs
+    assert resumed is not None and sequence_order(resumed) == sequence_order(iterator)
+
+
+def test_an_epoch_that_began_with_fewer_rows_still_resumes(tmp_path: Any) -> None:
+    buf = replay_with_steps(40, 2, 5)
+    iterator = buf.epochs(3, n_epochs=2)
+    next(iterator)
+    buf.add(torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), torch.zeros(2, 1), torch.zeros(2, dtype=torch.bool))
+    buf.save(tmp_path / "ckpt")
+    restored = ReplayBuffer.load(tmp_path / "ckpt")
+    resumed = restored.current_epochs
+    assert resumed is not None
+    assert [b.index.tolist() for b in resumed] == [b.index.tolist() for b in iterator]
+
+
 def test_row_minibatches_carry_the_hidden_state_of_each_step() -> None:
     data = rollout_data()
     buf = filled_buffer(data)
@@ -179,6 +333,9 @@ def test_row_minibatches_carry_the_hidden_state_of_each_step() -> None:
     torch.testing.assert_close(whole.hidden_state["h"], data["h"].permute(0, 2, 1, 3).reshape(T * N, LAYERS, H))
     td = whole.to_tensordict()
     assert td["recurrent_state_h"].shape == (T * N, LAYERS, H)
+    view = buf.view("hidden_state")
+    assert isinstance(view, TensorDict) and view.batch_size == (T, N)
+    assert torch.equal(view["c"], data["c"].transpose(1, 2))
 
 
 def test_a_gru_hidden_state_is_one_tensor_at_torchrl_key() -> None:
@@ -280,6 +437,7 @@ def test_sequences_carry_the_hidden_state_of_their_first_step() -> None:
     assert batch.hidden_state is not None
     torch.testing.assert_close(batch.hidden_state["h"][:, 0, 0], batch.obs[:, 0, 0])  # type: ignore[index]
     assert buf.sample(3).hidden_state["h"].shape == (3, 1, 2)  # type: ignore[index]
+    assert buf.sample(3).to_tensordict()["recurrent_state_h"].shape == (3, 1, 2)
 
 
 def test_refused_sequence_calls_change_nothing() -> None:
@@ -308,6 +466,19 @@ def test_env_major_extends_are_refused_and_time_major_ones_work() -> None:
     assert len(buf.sample_sequences(2, 3)) == 2
 
 
+def test_an_add_that_leaves_envs_out_stops_sequences_until_clear() -> None:
+    buf = replay_with_steps(40, 2, 4)
+    step = (torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), torch.zeros(2, 1), torch.zeros(2, dtype=torch.bool))
+    buf.add(*step, env_mask=torch.tensor([True, True]))  # every env: rows stay interleaved
+    assert len(buf.sample_sequences(2, 3)) == 2
+    buf.add(*step, env_mask=torch.tensor([False, True]))  # one row: env 1's steps no longer 2 rows apart
+    with pytest.raises(ConfigError, match="env_mask that left envs out"):
+        buf.sample_sequences(2, 3)
+    buf.clear()
+    buf.add(*step)
+    assert len(buf.sample_sequences(2, 1)) == 2
+
+
 def test_sequence_sampling_resumes_exactly_after_a_checkpoint(tmp_path: Any) -> None:
     buf = replay_with_steps(30, 3, 25, done_every=4)
     buf.sample_sequences(4, 2)
@@ -316,3 +487,67 @@ def test_sequence_sampling_resumes_exactly_after_a_checkpoint(tmp_path: Any) -> 
     mine, theirs = buf.sample_sequences(8, 3, burn_in=1), restored.sample_sequences(8, 3, burn_in=1)
     assert torch.equal(mine.index, theirs.index) and torch.equal(mine.mask, theirs.mask)
     assert torch.equal(mine.is_first, theirs.is_first)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("storing_device", ["cpu", "cuda"])
+def test_dict_observations_hidden_states_and_sequences_on_cuda(storing_device: str) -> None:
+    data = rollout_data()
+    reference = filled_buffer(data)
+    buf = filled_buffer(data, storing_device=storing_device, device="cuda")
+    theirs = list(reference.minibatches(num_minibatches=2, sequences=True, shuffle=False))
+    mine = list(buf.minibatches(num_minibatches=2, sequences=True, shuffle=False))
+    for a, b in zip(mine, theirs, strict=True):
+        assert a.obs.device.type == "cuda" and a.hidden_state is not None and a.hidden_state.device.type == "cuda"
+        assert bool((a.obs.cpu() == b.obs).all()) and torch.equal(a.mask.cpu(), b.mask)
+        assert bool((a.hidden_state.cpu() == b.hidden_state).all())  # type: ignore[union-attr]
+    assert sorted(sequence_order(buf.minibatches(3, sequences=True))) == sorted(sequence_order(theirs))
+    replay = replay_with_steps(40, 2, 12, done_every=3, storing_device=storing_device, device="cuda",
+                               hidden_state_shape={"h": (1, 2)})
+    sequences = replay.sample_sequences(8, 3, burn_in=1)
+    step = sequences.obs[..., 0].cpu() % 1000  # type: ignore[index]
+    assert sequences.mask.device.type == "cuda" and bool((step[:, 1:] - step[:, :-1] == 1).all())
+    assert sequences.hidden_state is not None
+    torch.testing.assert_close(sequences.hidden_state["h"][:, 0, 0].cpu(), sequences.obs[:, 0, 0].cpu())  # type: ignore[index]
+
+
+def test_sequence_batches_drive_torchrl_lstm_modules_in_recurrent_mode() -> None:
+    """``to_tensordict()`` of both sequence batches is what TorchRL's ``LSTMModule`` reads: the
+    stored state at the first step, a zero state where an episode starts inside a sequence."""
+    from torchrl.modules import LSTMModule, set_recurrent_mode
+
+    torch.manual_seed(0)
+    module = LSTMModule(input_size=5, hidden_size=H, num_layers=LAYERS, in_key=("observation", "proprio"),
+                        out_key="features")
+    lstm = torch.nn.LSTM(5, H, num_layers=LAYERS, batch_first=True)
+    lstm.load_state_dict(module.lstm.state_dict())
+
+    def reference(x: torch.Tensor, h: torch.Tensor, c: torch.Tensor, reset: torch.Tensor) -> torch.Tensor:
+        state, outputs = (h.transpose(0, 1).contiguous(), c.transpose(0, 1).contiguous()), []
+        for s in range(x.shape[1]):
+            keep = (~reset[:, s] | (s == 0)).view(1, -1, 1)  # from the stored state, zeros at episode starts
+            out, state = lstm(x[:, s:s + 1], (state[0] * keep, state[1] * keep))
+            outputs.append(out)
+        return torch.cat(outputs, dim=1)
+
+    batch = next(iter(filled_buffer(rollout_data()).minibatches(num_minibatches=1, sequences=True)))
+    td = batch.to_tensordict()
+    assert batch.hidden_state is not None and td["recurrent_state_h"].shape == (len(batch), td.shape[1], LAYERS, H)
+    assert not td["recurrent_state_h"][:, 1:].any()
+    replay = ReplayBuffer(64, obs_shape={"proprio": (5,)}, action_shape=(), num_envs=2, seed=0,
+                          hidden_state_shape={"h": (LAYERS, H), "c": (LAYERS, H)})
+    for t in range(20):
+        replay.add({"proprio": torch.randn(2, 5)}, torch.zeros(2), torch.ones(2), {"proprio": torch.randn(2, 5)},
+                   torch.tensor([t % 4 == 3, t % 5 == 4]),
+                   hidden_state={"h": torch.randn(2, LAYERS, H), "c": torch.randn(2, LAYERS, H)})
+    sequences = replay.sample_sequences(6, 5, burn_in=2)
+    replay_td = sequences.to_tensordict()
+    assert bool(sequences.is_first[:, 1:].any()) and replay_td["next", "done"].shape == (6, 7, 1)
+    with torch.no_grad(), set_recurrent_mode(True):
+        for data, hidden, reset in ((td, batch.hidden_state, torch.zeros_like(td["mask"])),
+                                    (replay_td, sequences.hidden_state, sequences.is_first)):
+            assert hidden is not None
+            expected = reference(data["observation", "proprio"], hidden["h"], hidden["c"], reset)
+            valid = data["mask"] if data is td else torch.ones_like(data["mask"])  # replay: across episodes too
+            torch.testing.assert_close(module(data.clone())["features"][valid], expected[valid])

@@ -1,0 +1,155 @@
+"""The one seam to TorchRL's private attributes: every read or write of one goes through here.
+
+rlbuf's fast paths write rows straight into a TorchRL storage and then bring TorchRL's own
+bookkeeping up to date (the writer's cursor and write count, the storage's length, the
+sampler), so TorchRL code holding ``buffer.torchrl`` sees every row. TorchRL exposes no public
+API for that, so these small functions name each private attribute rlbuf relies on and say
+what TorchRL behaviour it stands for. ``tests/test_torchrl_seam.py`` pins every one of them
+against the installed TorchRL: a TorchRL release that changes one fails there first, with a
+message naming the assumption (``nox -s compat`` runs the suite against the nightlies).
+
+Checked against torchrl 0.14.1 and tensordict 0.14.3.
+
+Example:
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+    >>> rb = TensorDictReplayBuffer(storage=LazyTensorStorage(4))
+    >>> _ = rb.extend(TensorDict(obs=torch.arange(5.0), batch_size=[5]))
+    >>> size(rb), cursor(rb), write_count(rb)
+    (4, 1, 5)
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import ReplayBuffer
+from torchrl.data.replay_buffers.samplers import Sampler
+from torchrl.data.replay_buffers.storages import TensorStorage
+
+# -- storage ---------------------------------------------------------------------------------
+
+def initialise(storage: TensorStorage, row: TensorDict) -> None:
+    """Allocate every leaf of a lazy storage now, from one template row (``Storage._init``).
+
+    TorchRL allocates a ``LazyTensorStorage``/``LazyMemmapStorage`` on its first write;
+    ``_init(row)`` does it eagerly with ``max_size`` rows of ``row``'s keys, shapes and dtypes.
+    """
+    storage._init(row)
+
+
+def storage_leaves(storage: TensorStorage) -> TensorDictBase:
+    """The storage's tensors, ``max_size`` rows each (``TensorStorage._storage``).
+
+    Writing into these tensors writes the stored rows: TorchRL reads them back as they are.
+    """
+    leaves: TensorDictBase = storage._storage
+    return leaves
+
+
+def storage_keys(storage: TensorStorage) -> list[Any] | None:
+    """The keys a TorchRL write stores, ``None`` before the storage is initialised (``_storage_keys``)."""
+    keys: list[Any] | None = storage._storage_keys
+    return keys
+
+
+def keep_keys(storage: TensorStorage, keys: list[Any]) -> None:
+    """Make TorchRL's writes store only ``keys`` and drop any other entry (``_storage_keys``).
+
+    A collector extending ``buffer.torchrl`` with a richer tensordict (collector metadata,
+    root-level flags) then writes only the fields rlbuf declared.
+    """
+    storage._storage_keys = keys
+
+
+# -- locks -----------------------------------------------------------------------------------
+
+def replay_lock(rb: ReplayBuffer) -> threading.RLock:
+    """The re-entrant lock TorchRL's buffer takes around its own reads and writes (``_replay_lock``)."""
+    lock: threading.RLock = rb._replay_lock
+    return lock
+
+
+def write_lock(rb: ReplayBuffer) -> AbstractContextManager[Any]:
+    """The lock writer processes of a shared buffer hold while they write (``_write_lock``).
+
+    A ``multiprocessing.Lock`` once ``rb.share()`` ran, a no-op context manager before; not
+    re-entrant.
+    """
+    lock: AbstractContextManager[Any] = rb._write_lock
+    return lock
+
+
+# -- counters --------------------------------------------------------------------------------
+
+def size(rb: ReplayBuffer) -> int:
+    """Rows the storage holds (``storage._len``, shared across processes), without a flush."""
+    return int(rb._storage._len)
+
+
+def cursor(rb: ReplayBuffer) -> int:
+    """Storage position TorchRL's round-robin writer writes next (``writer._cursor``)."""
+    return int(rb._writer._cursor)
+
+
+def write_count(rb: ReplayBuffer) -> int:
+    """Rows ever written through TorchRL's writer (``writer._write_count``)."""
+    return int(rb._writer._write_count)
+
+
+def set_counts(rb: ReplayBuffer, *, cursor: int, write_count: int, size: int) -> None:
+    """Set the writer's cursor and write count and the storage's length, as a load does.
+
+    Call with [`write_lock`][rlbuf._torchrl.write_lock] held. The sampler is loaded separately.
+    """
+    rb._writer._cursor = cursor
+    rb._writer._write_count = write_count
+    rb._storage._len = size
+
+
+def skip_rows(rb: ReplayBuffer, n: int, capacity: int) -> None:
+    """Advance the cursor and write count past ``n`` rows that were never stored.
+
+    A write of more than ``capacity`` rows keeps only the newest ones; skipping the others
+    first leaves the counters where TorchRL's ``extend`` of all of them would.
+    """
+    writer = rb._writer
+    writer._cursor = (int(writer._cursor) + n) % capacity
+    writer._write_count = int(writer._write_count) + n
+
+
+def commit_rows(rb: ReplayBuffer, index: torch.Tensor, capacity: int) -> None:
+    """Record rows already copied into the storage at ``index`` (the positions after the cursor).
+
+    Leaves the storage, writer and sampler exactly as TorchRL's ``extend`` of those rows
+    would: the storage's last cursor, length and mutation revision, the writer's cursor and
+    write count, the entities attached to the storage, and the sampler (``Sampler.extend``).
+    Call with [`replay_lock`][rlbuf._torchrl.replay_lock] and
+    [`write_lock`][rlbuf._torchrl.write_lock] held.
+    """
+    n = index.numel()
+    writer, storage = rb._writer, rb._storage
+    storage._set_last_cursor(index)
+    storage._len = min(int(storage._len) + n, capacity)
+    storage._bump_mutation_revision()
+    writer._cursor = (int(writer._cursor) + n) % capacity
+    writer._write_count = int(writer._write_count) + n
+    writer._mark_update_entities(index)
+    rb._sampler.extend(index)
+
+
+# -- samplers --------------------------------------------------------------------------------
+
+def sampler_generator(sampler: Sampler) -> torch.Generator | None:
+    """The generator ``ReplayBuffer.set_rng`` gave the sampler (``Sampler._rng``), if any."""
+    return getattr(sampler, "_rng", None)
+
+
+def set_sampler_generator(sampler: Sampler, generator: torch.Generator | None) -> None:
+    """Give a sampler used outside a buffer the generator ``ReplayBuffer.set_rng`` would give it."""
+    sampler._rng = generator
