@@ -34,11 +34,9 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import numpy as np
 import torch
 import torch.multiprocessing
-from tensordict import MemoryMappedTensor, is_tensor_collection
+from tensordict import is_tensor_collection
 from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
-from torchrl.data.replay_buffers.storages import Storage
-from torchrl.data.replay_buffers.writers import Writer
 
 from rlbuf import _torchrl
 from rlbuf.errors import (
@@ -169,8 +167,7 @@ def _unlink_shared_files_with(rb: FlushingReplayBuffer, state: Mapping[str, Any]
     Each file gets one extra reference here, so torch's own count never drops to zero in this
     process: torch then never unlinks the file itself (it aborts when the name is already gone).
     """
-    tensors: list[torch.Tensor] = []
-    _cpu_tensors(state, tensors, depth=0)
+    tensors = _torchrl.pickled_cpu_tensors(state)
     files: set[str] = rb.__dict__.setdefault("_rlbuf_shared_files", set())
     for tensor in tensors:
         with contextlib.suppress(RuntimeError):  # a storage torch cannot share by file name: nothing to unlink
@@ -182,25 +179,6 @@ def _unlink_shared_files_with(rb: FlushingReplayBuffer, state: Mapping[str, Any]
                 files.add(name)
     if files and "_rlbuf_unlink_shared_files" not in rb.__dict__:
         rb.__dict__["_rlbuf_unlink_shared_files"] = weakref.finalize(rb, _unlink_shared_files, files)
-
-
-def _cpu_tensors(value: Any, found: list[torch.Tensor], depth: int) -> None:
-    """CPU tensors in RAM inside ``value``: the storage's leaves and TorchRL's bookkeeping tensors."""
-    if isinstance(value, torch.Tensor):
-        if value.device.type == "cpu" and not value.is_meta and not _is_memmap(value):
-            found.append(value)
-    elif is_tensor_collection(value):
-        for leaf in value.values(include_nested=True, leaves_only=True):
-            _cpu_tensors(leaf, found, depth)
-    elif depth < 4 and isinstance(value, Mapping):
-        for item in value.values():
-            _cpu_tensors(item, found, depth + 1)
-    elif depth < 4 and isinstance(value, (Sampler, Storage, Writer)):
-        _cpu_tensors(vars(value), found, depth + 1)
-
-
-def _is_memmap(tensor: torch.Tensor) -> bool:
-    return isinstance(tensor, MemoryMappedTensor) or tensor.untyped_storage().filename is not None
 
 
 def _unlink_shared_files(files: set[str]) -> None:
