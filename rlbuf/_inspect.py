@@ -24,8 +24,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rlbuf._manifest import MANIFEST, file_matches, inside_checkpoint, parse_manifest, read_manifest
 from rlbuf._sizing import manifest_row_bytes
-from rlbuf.checkpoint import MANIFEST, inside_checkpoint, parse_manifest, read_manifest
 from rlbuf.errors import CheckpointError
 
 _CHUNK = 1 << 20
@@ -38,7 +38,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         ``{"path", "ok", "error", "kind", "size", "capacity", "storage", "storing_device",
         "device", "fields": [{name, key, shape, dtype}], "versions", "format_version",
         "files": [{path, dtype, shape, bytes, status}], "demo"}``; ``status`` is ``ok``,
-        ``failed`` (size or SHA-256 differ), ``missing``, or ``outside`` (a path outside the
+        ``failed`` (size or checksum differ), ``missing``, or ``outside`` (a path outside the
         checkpoint or a link: never read). ``demo`` (frames, state file
         status) is set for demo checkpoints.
 
@@ -187,18 +187,12 @@ def _check_file(root: Path, rel: str, entry: Any) -> dict[str, Any]:
         status = "outside"  # never read: an absolute path, `..` or a link
     elif not target.is_file():
         status = "missing"
-    elif not _matches(target, entry):
+    elif not file_matches(target, entry):
         status = "failed"
     else:
         status = "ok"
     return {"path": rel, "dtype": entry.get("dtype"), "shape": entry.get("shape"), "bytes": entry.get("bytes"),
             "status": status}
-
-
-def _matches(target: Path, entry: dict[str, Any]) -> bool:
-    from rlbuf.checkpoint import file_matches  # knows which checksum each manifest version carries
-
-    return file_matches(target, entry)
 
 
 def _sha256(path: Path) -> str:

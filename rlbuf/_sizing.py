@@ -2,7 +2,7 @@
 
 One formula for [`ReplayBuffer.bytes_per_transition`][rlbuf.ReplayBuffer.bytes_per_transition]
 (and the buffer's ``repr``) and for ``rlbuf inspect``, which reads the stored fields from a
-checkpoint's manifest and must not import TorchRL: this module needs only torch.
+checkpoint's manifest and must not import torch: dtypes are given by their sizes or names.
 
 Example:
     >>> row_bytes([((84, 84), 1), ((), 8), ((), 4), ((), 1), ((), 1), ((), 1)], prioritized=False,
@@ -16,12 +16,21 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import torch
-
-from rlbuf._streams import stream_bytes
+from rlbuf._manifest import DTYPE_BYTES
 
 PRIORITY_BYTES = 32
 """The sum tree's sum and min nodes of one row: two float64 pairs."""
+
+
+def stream_bytes(frame_stack: int) -> int:
+    """Bytes of a compact row's stream bookkeeping (``rlbuf._streams``): back, next and final-slot links
+    (int64) and two flags.
+
+    Example:
+        >>> stream_bytes(4)
+        42
+    """
+    return 8 * (frame_stack - 1) + 8 + 8 + 2
 
 
 def row_bytes(fields: Iterable[tuple[Sequence[int], int]], *, prioritized: bool, compact: bool, frame_stack: int,
@@ -72,12 +81,11 @@ def manifest_row_bytes(kind: Any, options: Mapping[str, Any], spec: Sequence[Any
         return None
     fields = []
     for entry in spec:
-        shape, dtype = (entry.get("shape"), getattr(torch, str(entry.get("dtype")), None)) if isinstance(
+        shape, itemsize = (entry.get("shape"), DTYPE_BYTES.get(str(entry.get("dtype")))) if isinstance(
             entry, Mapping) else (None, None)
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape) or not isinstance(
-                dtype, torch.dtype):
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape) or itemsize is None:
             return None
-        fields.append((shape, dtype.itemsize))
+        fields.append((shape, itemsize))
     frame_stack, n_step = options.get("frame_stack", 1), options.get("n_step", 1)
     if not isinstance(frame_stack, int) or not isinstance(n_step, int):
         return None

@@ -56,9 +56,6 @@ from rlbuf.errors import CheckpointError, StreamError
 PaddingType = Literal["reset", "zero"]
 
 
-def stream_bytes(frame_stack: int) -> int:
-    """Bytes of bookkeeping per row: back, next and final-slot links (int64) and two flags."""
-    return 8 * (frame_stack - 1) + 8 + 8 + 2
 _Ints = npt.NDArray[np.int64]
 _Bools = npt.NDArray[np.bool_]
 

@@ -36,43 +36,39 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import re
 import shutil
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-import xxhash
 
+from rlbuf._manifest import (
+    CHUNK,
+    DIGEST,
+    DIGESTS,
+    DTYPE_BYTES,
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    file_digest,
+    parse_manifest,
+    unverified_manifest,
+    verify_files,
+)
 from rlbuf.errors import CheckpointError
 from rlbuf.spec import numpy_dtype
 
-FORMAT = "rlbuf-checkpoint"
-FORMAT_VERSION = 2
-_READABLE_VERSIONS = (1, 2)  # 1: the same layout with SHA-256 checksums
-_DIGEST = "xxh3_128"  # the checksum new checkpoints carry, per file
-_DIGESTS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
-_DIGEST_NAMES = {"xxh3_128": "XXH3-128", "sha256": "SHA-256"}
-MANIFEST = "manifest.json"
 TENSOR_DIR = "tensors"
-_CHUNK = 4 << 20  # hashed, then written while still in the CPU cache
-_THREADS = max(1, min(4, os.cpu_count() or 1))
-_MAX_MANIFEST_BYTES = 64 << 20
-_TENSOR = "__tensor__"
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
-_TEMP_NAME = re.compile(r"\..+\.(tmp|old)-[0-9a-f]{12}")
-_MAX_DEPTH = 64  # the state rlbuf writes nests about 6 deep
-_DTYPES = {str(d).removeprefix("torch."): d for d in (
-    torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-    torch.bool,
-)}
+_TENSOR = "__tensor__"
+_DTYPES = {name: getattr(torch, name) for name in DTYPE_BYTES}
 
 
 def _versions() -> dict[str, str]:
@@ -140,8 +136,8 @@ def _fsync_dir(path: Path) -> None:
 def _write_tensor(tensor: torch.Tensor, target: Path) -> dict[str, Any]:
     """Write ``tensor`` as raw bytes in chunks (never the whole of a memmap in RAM); return its entry."""
     flat = tensor.detach().reshape(-1) if tensor.is_contiguous() else tensor.detach().contiguous().reshape(-1)
-    digest = _DIGESTS[_DIGEST]()
-    rows_per_chunk = max(1, _CHUNK // max(1, flat.element_size()))
+    digest = DIGESTS[DIGEST]()
+    rows_per_chunk = max(1, CHUNK // max(1, flat.element_size()))
     # One fsync at the end: starting writeback chunk by chunk (sync_file_range) made saves 1.5-3x
     # slower and far less steady on a shared disk (benchmarks/checkpoint.py).
     with open(target, "wb", buffering=0) as file:
@@ -156,7 +152,7 @@ def _write_tensor(tensor: torch.Tensor, target: Path) -> dict[str, Any]:
                 written += file.write(raw[written:])
         os.fsync(file.fileno())
     return {"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape),
-            "bytes": flat.numel() * flat.element_size(), _DIGEST: digest.hexdigest()}
+            "bytes": flat.numel() * flat.element_size(), DIGEST: digest.hexdigest()}
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -186,7 +182,7 @@ def _check_replaceable(path: Path) -> None:
         return
     manifest = path / MANIFEST
     try:
-        ours = (manifest.stat().st_size <= _MAX_MANIFEST_BYTES
+        ours = (manifest.stat().st_size <= MAX_MANIFEST_BYTES
                 and parse_manifest(manifest.read_text(encoding="utf-8"), manifest).get("format") == FORMAT)
     except (OSError, UnicodeDecodeError, CheckpointError, AttributeError):
         ours = False
@@ -247,7 +243,7 @@ class RowFiles:
                         file.seek(start * row_bytes)
                         file.write(raw.contiguous().numpy().data.cast("B"))
                     file.truncate(size * row_bytes)
-                entry.update({"shape": [size, *leaf.shape[1:]], "bytes": size * row_bytes, _DIGEST: None})
+                entry.update({"shape": [size, *leaf.shape[1:]], "bytes": size * row_bytes, DIGEST: None})
                 self._patched.add(rel)
             refs[name] = RowFile(rel)
         return refs
@@ -257,7 +253,7 @@ class RowFiles:
         for rel in self._patched:
             with open(self._staging / rel, "rb+") as file:
                 os.fsync(file.fileno())
-            self.entries[rel][_DIGEST] = _file_digest(self._staging / rel, _DIGEST)
+            self.entries[rel][DIGEST] = file_digest(self._staging / rel, DIGEST)
 
 
 def _lock_path(path: Path, token: str) -> Path:
@@ -370,7 +366,7 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
             os.fsync(file.fileno())
         _fsync_dir(staging / TENSOR_DIR)
         _fsync_dir(staging)
-        if _verify_files(staging, _read_manifest(staging, staging=True)["files"]).keys() != files.keys():
+        if verify_files(staging, unverified_manifest(staging, staging=True)["files"]).keys() != files.keys():
             raise CheckpointError(f"{path}: the written checkpoint does not list the files it was given")
         if path.exists():
             if not _exchange(staging, path):  # two renames: a crash between them leaves no checkpoint at path
@@ -397,180 +393,6 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
 
 
 # -- reading ----------------------------------------------------------------------------------
-def _check_depth(value: Any, where: Path) -> None:
-    """Refuse JSON nested deeper than any rlbuf manifest (walked without recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > _MAX_DEPTH:
-            raise CheckpointError(f"{where}: nested deeper than {_MAX_DEPTH} levels; not an rlbuf manifest")
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-
-
-def parse_manifest(text: str, where: Path) -> Any:
-    """JSON of a manifest; malformed or absurdly nested JSON raises ``CheckpointError``.
-
-    Example:
-        >>> parse_manifest("[" * 100_000, Path("m.json"))
-        Traceback (most recent call last):
-        ...
-        rlbuf.errors.CheckpointError: m.json: not valid JSON (nested too deeply)
-    """
-    try:
-        value = json.loads(text)
-    except RecursionError:
-        raise CheckpointError(f"{where}: not valid JSON (nested too deeply)") from None
-    except ValueError as error:
-        raise CheckpointError(f"{where}: not valid JSON ({error})") from None
-    _check_depth(value, where)
-    return value
-
-
-def _read_manifest(path: Path, *, staging: bool = False) -> dict[str, Any]:
-    manifest_path = path / MANIFEST
-    if _TEMP_NAME.fullmatch(path.name) and not staging:
-        checkpoint = path.parent / path.name[1:].rsplit(".", 1)[0]
-        raise CheckpointError(f"{path}: left by an interrupted save (unfinished, or the checkpoint it replaced); the "
-                              f"checkpoint is {checkpoint} (rename this directory to load it anyway)")
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: not a checkpoint directory")
-    if not manifest_path.is_file():
-        raise CheckpointError(f"{manifest_path}: missing (an interrupted save, or not an rlbuf checkpoint)")
-    if manifest_path.stat().st_size > _MAX_MANIFEST_BYTES:
-        raise CheckpointError(f"{manifest_path}: larger than {_MAX_MANIFEST_BYTES} bytes; refusing to read it")
-    try:
-        text = manifest_path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{manifest_path}: unreadable ({error})") from None
-    manifest = parse_manifest(text, manifest_path)
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{manifest_path}: not an rlbuf checkpoint manifest")
-    version = manifest.get("format_version")
-    if version not in _READABLE_VERSIONS or type(version) is not int:
-        raise CheckpointError(f"{manifest_path}: format version {version!r}; this rlbuf reads versions "
-                              f"{', '.join(map(str, _READABLE_VERSIONS))}")
-    if not isinstance(manifest.get("files"), dict) or not isinstance(manifest.get("state"), dict):
-        raise CheckpointError(f"{manifest_path}: malformed (no 'files' or 'state' table)")
-    return manifest
-
-
-def _safe_file(root: Path, relpath: object) -> Path:
-    if not isinstance(relpath, str) or not relpath or relpath.startswith(("/", "\\")) or "\\" in relpath:
-        raise CheckpointError(f"{root / MANIFEST}: file name {relpath!r} is not a relative path inside the checkpoint")
-    parts = relpath.split("/")
-    if any(part in ("", ".", "..") for part in parts):
-        raise CheckpointError(f"{root / MANIFEST}: file name {relpath!r} escapes the checkpoint directory")
-    target = root.joinpath(*parts)
-    if target.is_symlink() or not target.resolve().is_relative_to(root.resolve()):
-        raise CheckpointError(f"{target}: a link or a path outside the checkpoint; refusing it")
-    return target
-
-
-def _is_count(value: object) -> bool:
-    return type(value) is int and value >= 0
-
-
-def inside_checkpoint(root: Path, relpath: object) -> Path | None:
-    """The file ``relpath`` names inside checkpoint ``root``, or ``None`` when it is absolute,
-    leaves the directory (``..``) or is a link.
-
-    Example:
-        >>> inside_checkpoint(Path("/tmp/ckpt"), "/etc/passwd") is None
-        True
-    """
-    try:
-        return _safe_file(root, relpath)
-    except (CheckpointError, OSError, ValueError):
-        return None
-
-
-def _file_digest(target: Path, algorithm: str) -> str:
-    digest = _DIGESTS[algorithm]()
-    buffer = memoryview(bytearray(_CHUNK))  # reused: a fresh buffer per read costs more than the hash
-    with open(target, "rb", buffering=0) as file:
-        while count := file.readinto(buffer):
-            digest.update(buffer[:count])
-    return str(digest.hexdigest())
-
-
-def digest_of(entry: Mapping[str, Any], version: object = None) -> tuple[str, Any]:
-    """The checksum algorithm and value of a manifest file entry.
-
-    Version 1 manifests carry SHA-256, version 2 XXH3-128; with no version, whichever the
-    entry holds (XXH3-128 first).
-
-    Example:
-        >>> digest_of({"xxh3_128": "00ff"})
-        ('xxh3_128', '00ff')
-        >>> digest_of({"sha256": "00ff", "xxh3_128": "00ff"}, version=1)
-        ('sha256', '00ff')
-    """
-    if version is None:
-        algorithm = _DIGEST if _DIGEST in entry or "sha256" not in entry else "sha256"
-    else:
-        algorithm = "sha256" if version == 1 else _DIGEST
-    return algorithm, entry.get(algorithm)
-
-
-def file_matches(target: Path, entry: Mapping[str, Any], version: object = None) -> bool:
-    """Whether the file at ``target`` has the size and checksum its manifest ``entry`` lists.
-
-    Example:
-        >>> import tempfile
-        >>> target = Path(tempfile.mkdtemp()) / "x.bin"
-        >>> _ = target.write_bytes(b"abc")
-        >>> file_matches(target, {"bytes": 3, "xxh3_128": "06b05ab6733a618578af5f94892f3950"})
-        True
-    """
-    algorithm, expected = digest_of(entry, version)
-    return target.stat().st_size == entry.get("bytes") and _file_digest(target, algorithm) == expected
-
-
-def _verify_files(root: Path, files: dict[str, Any], version: object = FORMAT_VERSION) -> dict[str, Path]:
-    targets = {rel: _safe_file(root, rel) for rel in files}
-    present = {p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir()}
-    unexpected = sorted(present - set(files) - {MANIFEST})
-    if unexpected:
-        raise CheckpointError(f"{root}: unexpected file {unexpected[0]!r} (rlbuf never writes it, and a pickle or "
-                              f".pt file could run code when loaded); refusing the checkpoint")
-    for rel, entry in files.items():
-        target = targets[rel]
-        if (not isinstance(entry, dict) or entry.get("dtype") not in _DTYPES or not isinstance(entry.get("shape"), list)
-                or not all(_is_count(d) for d in entry["shape"]) or not _is_count(entry.get("bytes"))):
-            raise CheckpointError(f"{target}: malformed manifest entry {str(entry)[:200]}")
-        if not target.is_file():
-            raise CheckpointError(f"{target}: missing")
-        dtype = _DTYPES[entry["dtype"]]
-        expected = int(np.prod(entry["shape"], dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
-        size = target.stat().st_size
-        if size != expected or entry.get("bytes") != expected:
-            raise CheckpointError(f"{target}: {size} bytes, expected {expected} (truncated or corrupted)")
-    algorithm = digest_of({}, version)[0]
-    largest_first = sorted(files, key=lambda rel: -int(files[rel]["bytes"]))
-    with ThreadPoolExecutor(max_workers=_THREADS) as pool:
-        digests = dict(zip(largest_first, pool.map(lambda rel: _file_digest(targets[rel], algorithm), largest_first),
-                           strict=True))
-    for rel, entry in files.items():
-        if digests[rel] != entry.get(algorithm):
-            raise CheckpointError(f"{targets[rel]}: {_DIGEST_NAMES[algorithm]} mismatch (corrupted)")
-    return targets
-
-
-def read_manifest(path: str | Path) -> dict[str, Any]:
-    """The verified manifest of a checkpoint (format, version, listed files and checksums).
-
-    Raises:
-        CheckpointError: naming the file and the problem.
-    """
-    root = Path(path)
-    manifest = _read_manifest(root)
-    _verify_files(root, manifest["files"], manifest["format_version"])
-    return manifest
-
-
 def load_state(path: str | Path, *, kind: str) -> dict[str, Any]:
     """Verify a checkpoint completely, then return its state with file-backed tensors.
 
@@ -581,11 +403,11 @@ def load_state(path: str | Path, *, kind: str) -> dict[str, Any]:
         CheckpointError: a missing, truncated, corrupted, wrong-version or wrong-kind checkpoint.
     """
     root = Path(path)
-    manifest = _read_manifest(root)
+    manifest = unverified_manifest(root)
     found = manifest["state"].get("kind")
     if found != kind:
         raise CheckpointError(f"{root / MANIFEST}: holds a {found}, not a {kind}")
-    targets = _verify_files(root, manifest["files"], manifest["format_version"])
+    targets = verify_files(root, manifest["files"], manifest["format_version"])
     files = manifest["files"]
 
     def read(relpath: str) -> torch.Tensor:

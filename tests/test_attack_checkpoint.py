@@ -319,12 +319,12 @@ def test_a_save_that_does_not_verify_keeps_the_previous_checkpoint(tmp_path: Pat
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "ckpt"
     _filled().save(path)
-    import rlbuf.checkpoint as checkpoint
+    import rlbuf._manifest as manifest
 
     def corrupting(*args: Any) -> str:
         return "0" * 32
 
-    monkeypatch.setattr(checkpoint, "_file_digest", corrupting)
+    monkeypatch.setattr(manifest, "file_digest", corrupting)
     with pytest.raises(CheckpointError, match="previous checkpoint"):
         ReplayBuffer(16, obs_shape=(3,), action_shape=()).save(path)
     monkeypatch.undo()

@@ -45,7 +45,8 @@ from rlbuf import (
 )
 from rlbuf import checkpoint as checkpoint_module
 from rlbuf._base import MetadataOnlyWarning
-from rlbuf.checkpoint import MANIFEST, load_state, read_manifest
+from rlbuf._manifest import read_manifest
+from rlbuf.checkpoint import MANIFEST, load_state
 
 REPO = Path(__file__).resolve().parents[1]
 STORAGES = ["memory", "memmap"]

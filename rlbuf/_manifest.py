@@ -1,0 +1,269 @@
+"""Reading and verifying a checkpoint's manifest and files, without torch.
+
+The one implementation of what a manifest must hold, where its files may lie and how their
+checksums are checked: [`rlbuf.checkpoint`][rlbuf.checkpoint] loads and saves through it, and
+``rlbuf inspect`` uses it alone, so inspecting a checkpoint never imports torch or TorchRL.
+Only JSON is parsed and files are hashed; nothing is unpickled.
+
+Example:
+    >>> import json, tempfile
+    >>> root = Path(tempfile.mkdtemp())
+    >>> _ = (root / "x.bin").write_bytes(bytes(8))
+    >>> entry = {"dtype": "float32", "shape": [2], "bytes": 8, "xxh3_128": file_digest(root / "x.bin", "xxh3_128")}
+    >>> manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "state": {}, "files": {"x.bin": entry}}
+    >>> _ = (root / MANIFEST).write_text(json.dumps(manifest))
+    >>> list(read_manifest(root)["files"])
+    ['x.bin']
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from rlbuf.errors import CheckpointError
+
+FORMAT = "rlbuf-checkpoint"
+FORMAT_VERSION = 2
+_READABLE_VERSIONS = (1, 2)  # 1: the same layout with SHA-256 checksums
+MANIFEST = "manifest.json"
+DIGEST = "xxh3_128"  # the checksum new checkpoints carry, per file
+DIGESTS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
+_DIGEST_NAMES = {"xxh3_128": "XXH3-128", "sha256": "SHA-256"}
+CHUNK = 4 << 20  # bytes hashed at a time
+_THREADS = max(1, min(4, os.cpu_count() or 1))
+MAX_MANIFEST_BYTES = 64 << 20
+_TEMP_NAME = re.compile(r"\..+\.(tmp|old)-[0-9a-f]{12}")
+_MAX_DEPTH = 64  # the state rlbuf writes nests about 6 deep
+DTYPE_BYTES = {"float16": 2, "float32": 4, "float64": 8, "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
+               "bool": 1}
+"""The dtypes a checkpoint's files may hold (torch's names), and their bytes per element."""
+
+
+def _check_depth(value: Any, where: Path) -> None:
+    """Refuse JSON nested deeper than any rlbuf manifest (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > _MAX_DEPTH:
+            raise CheckpointError(f"{where}: nested deeper than {_MAX_DEPTH} levels; not an rlbuf manifest")
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+
+
+def parse_manifest(text: str, where: Path) -> Any:
+    """JSON of a manifest; malformed or absurdly nested JSON raises ``CheckpointError``.
+
+    Example:
+        >>> parse_manifest("[" * 100_000, Path("m.json"))
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.CheckpointError: m.json: not valid JSON (nested too deeply)
+    """
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise CheckpointError(f"{where}: not valid JSON (nested too deeply)") from None
+    except ValueError as error:
+        raise CheckpointError(f"{where}: not valid JSON ({error})") from None
+    _check_depth(value, where)
+    return value
+
+
+def unverified_manifest(path: Path, *, staging: bool = False) -> dict[str, Any]:
+    """The manifest of checkpoint ``path``, its format and tables checked, its files not yet.
+
+    Args:
+        path: the checkpoint directory.
+        staging: ``path`` is a save's temporary sibling (read back before the swap).
+
+    Raises:
+        CheckpointError: no checkpoint, an unreadable or foreign manifest, an unknown format version.
+
+    Example:
+        >>> unverified_manifest(Path("/nonexistent"))
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.CheckpointError: /nonexistent: not a checkpoint directory
+    """
+    manifest_path = path / MANIFEST
+    if _TEMP_NAME.fullmatch(path.name) and not staging:
+        checkpoint = path.parent / path.name[1:].rsplit(".", 1)[0]
+        raise CheckpointError(f"{path}: left by an interrupted save (unfinished, or the checkpoint it replaced); the "
+                              f"checkpoint is {checkpoint} (rename this directory to load it anyway)")
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a checkpoint directory")
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{manifest_path}: missing (an interrupted save, or not an rlbuf checkpoint)")
+    if manifest_path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise CheckpointError(f"{manifest_path}: larger than {MAX_MANIFEST_BYTES} bytes; refusing to read it")
+    try:
+        text = manifest_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{manifest_path}: unreadable ({error})") from None
+    manifest = parse_manifest(text, manifest_path)
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{manifest_path}: not an rlbuf checkpoint manifest")
+    version = manifest.get("format_version")
+    if version not in _READABLE_VERSIONS or type(version) is not int:
+        raise CheckpointError(f"{manifest_path}: format version {version!r}; this rlbuf reads versions "
+                              f"{', '.join(map(str, _READABLE_VERSIONS))}")
+    if not isinstance(manifest.get("files"), dict) or not isinstance(manifest.get("state"), dict):
+        raise CheckpointError(f"{manifest_path}: malformed (no 'files' or 'state' table)")
+    return manifest
+
+
+def _safe_file(root: Path, relpath: object) -> Path:
+    if not isinstance(relpath, str) or not relpath or relpath.startswith(("/", "\\")) or "\\" in relpath:
+        raise CheckpointError(f"{root / MANIFEST}: file name {relpath!r} is not a relative path inside the checkpoint")
+    parts = relpath.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise CheckpointError(f"{root / MANIFEST}: file name {relpath!r} escapes the checkpoint directory")
+    target = root.joinpath(*parts)
+    if target.is_symlink() or not target.resolve().is_relative_to(root.resolve()):
+        raise CheckpointError(f"{target}: a link or a path outside the checkpoint; refusing it")
+    return target
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+def inside_checkpoint(root: Path, relpath: object) -> Path | None:
+    """The file ``relpath`` names inside checkpoint ``root``, or ``None`` when it is absolute,
+    leaves the directory (``..``) or is a link.
+
+    Example:
+        >>> inside_checkpoint(Path("/tmp/ckpt"), "/etc/passwd") is None
+        True
+    """
+    try:
+        return _safe_file(root, relpath)
+    except (CheckpointError, OSError, ValueError):
+        return None
+
+
+def file_digest(target: Path, algorithm: str) -> str:
+    """The hex checksum (``"xxh3_128"`` or ``"sha256"``) of the file at ``target``.
+
+    Example:
+        >>> import tempfile
+        >>> target = Path(tempfile.mkdtemp()) / "x.bin"
+        >>> _ = target.write_bytes(b"abc")
+        >>> file_digest(target, "sha256")[:16]
+        'ba7816bf8f01cfea'
+    """
+    digest = DIGESTS[algorithm]()
+    buffer = memoryview(bytearray(CHUNK))  # reused: a fresh buffer per read costs more than the hash
+    with open(target, "rb", buffering=0) as file:
+        while count := file.readinto(buffer):
+            digest.update(buffer[:count])
+    return str(digest.hexdigest())
+
+
+def digest_of(entry: Mapping[str, Any], version: object = None) -> tuple[str, Any]:
+    """The checksum algorithm and value of a manifest file entry.
+
+    Version 1 manifests carry SHA-256, version 2 XXH3-128; with no version, whichever the
+    entry holds (XXH3-128 first).
+
+    Example:
+        >>> digest_of({"xxh3_128": "00ff"})
+        ('xxh3_128', '00ff')
+        >>> digest_of({"sha256": "00ff", "xxh3_128": "00ff"}, version=1)
+        ('sha256', '00ff')
+    """
+    if version is None:
+        algorithm = DIGEST if DIGEST in entry or "sha256" not in entry else "sha256"
+    else:
+        algorithm = "sha256" if version == 1 else DIGEST
+    return algorithm, entry.get(algorithm)
+
+
+def file_matches(target: Path, entry: Mapping[str, Any], version: object = None) -> bool:
+    """Whether the file at ``target`` has the size and checksum its manifest ``entry`` lists.
+
+    Example:
+        >>> import tempfile
+        >>> target = Path(tempfile.mkdtemp()) / "x.bin"
+        >>> _ = target.write_bytes(b"abc")
+        >>> file_matches(target, {"bytes": 3, "xxh3_128": "06b05ab6733a618578af5f94892f3950"})
+        True
+    """
+    algorithm, expected = digest_of(entry, version)
+    return target.stat().st_size == entry.get("bytes") and file_digest(target, algorithm) == expected
+
+
+def verify_files(root: Path, files: dict[str, Any], version: object = FORMAT_VERSION) -> dict[str, Path]:
+    """Check that ``root`` holds exactly the listed ``files``, each of its size and checksum.
+
+    Checksums are computed on up to four threads, largest file first.
+
+    Returns:
+        The path of every listed file.
+
+    Raises:
+        CheckpointError: an unexpected, missing, malformed, truncated or corrupted file, or one
+            outside the checkpoint.
+
+    Example:
+        >>> import tempfile
+        >>> verify_files(Path(tempfile.mkdtemp()), {})
+        {}
+    """
+    targets = {rel: _safe_file(root, rel) for rel in files}
+    present = {p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir()}
+    unexpected = sorted(present - set(files) - {MANIFEST})
+    if unexpected:
+        raise CheckpointError(f"{root}: unexpected file {unexpected[0]!r} (rlbuf never writes it, and a pickle or "
+                              f".pt file could run code when loaded); refusing the checkpoint")
+    for rel, entry in files.items():
+        target = targets[rel]
+        if (not isinstance(entry, dict) or entry.get("dtype") not in DTYPE_BYTES
+                or not isinstance(entry.get("shape"), list) or not all(_is_count(d) for d in entry["shape"])
+                or not _is_count(entry.get("bytes"))):
+            raise CheckpointError(f"{target}: malformed manifest entry {str(entry)[:200]}")
+        if not target.is_file():
+            raise CheckpointError(f"{target}: missing")
+        expected = math.prod(entry["shape"]) * DTYPE_BYTES[entry["dtype"]]
+        size = target.stat().st_size
+        if size != expected or entry.get("bytes") != expected:
+            raise CheckpointError(f"{target}: {size} bytes, expected {expected} (truncated or corrupted)")
+    algorithm = digest_of({}, version)[0]
+    largest_first = sorted(files, key=lambda rel: -int(files[rel]["bytes"]))
+    with ThreadPoolExecutor(max_workers=_THREADS) as pool:
+        digests = dict(zip(largest_first, pool.map(lambda rel: file_digest(targets[rel], algorithm), largest_first),
+                           strict=True))
+    for rel, entry in files.items():
+        if digests[rel] != entry.get(algorithm):
+            raise CheckpointError(f"{targets[rel]}: {_DIGEST_NAMES[algorithm]} mismatch (corrupted)")
+    return targets
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """The verified manifest of a checkpoint (format, version, listed files and checksums).
+
+    Raises:
+        CheckpointError: naming the file and the problem.
+
+    Example:
+        >>> read_manifest("/nonexistent")
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.CheckpointError: /nonexistent: not a checkpoint directory
+    """
+    root = Path(path)
+    manifest = unverified_manifest(root)
+    verify_files(root, manifest["files"], manifest["format_version"])
+    return manifest
