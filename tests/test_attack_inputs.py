@@ -536,8 +536,6 @@ def test_stress_every_buffer_kind() -> None:
           f"refused={TALLY['refused']} (each refusal: named rlbuf error, state unchanged)")
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason="rlbuf/rollout.py view() compares the name with 'obs' "
-                   "before checking that it is a string (found by the issue 9 stress run; rollout.py's owner fixes it)")
 def test_view_refuses_a_name_that_is_not_a_string_by_name() -> None:
     buf = make_rollout("partial")
     with pytest.raises(rlbuf.MissingFieldError, match="fields"):
