@@ -47,9 +47,10 @@ from rlbuf.errors import (
     StoredIndexError,
 )
 from rlbuf.spec import FieldSpec, as_array, check_finite_rows, positive_int
-from rlbuf.storage import BuiltStorage, remove_when_collected
+from rlbuf.storage import BuiltStorage, available_ram, remove_when_collected
 
 _BLOCK_ROWS = 256
+_SHARED_MEMORY_DIR = "/dev/shm"  # where torch's file_system sharing strategy keeps its files on Linux
 # Batches above this size are checked against the memory free now: one that cannot fit would only
 # fail later, inside torch (or get the process killed).
 _SMALL_BATCH_BYTES = 64 * 2**20
@@ -124,13 +125,18 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         # Pickled for a worker process: commit pending rows, put RAM storage in shared memory
         # (so workers write where the learner reads) and let the owner re-derive its numpy views
         # of the moved memory. The worker gets no owner: it writes through TorchRL directly.
+        # The sharing strategy is set first, so memory moves into shared memory once, not twice.
+        _prepare_process_sharing()
+        spawning = get_spawning_popen() is not None
         owner = self._owner()
-        if owner is not None and get_spawning_popen() is not None:
+        if owner is not None and spawning:
             owner.flush()
             owner.share_storage()
-        _prepare_process_sharing()
         state = dict(super().__getstate__())
+        if spawning:
+            _unlink_shared_files_with(self, state)
         state.pop("_flush_owner", None)
+        state.pop("_rlbuf_shared_files", None)
         return state
 
 
@@ -148,6 +154,37 @@ def _with_done(data: Any, storage: Any) -> Any:
     data = data.copy()
     data.set(("next", "done"), done)
     return data
+
+
+def _unlink_shared_files_with(rb: FlushingReplayBuffer, state: Mapping[str, Any]) -> None:
+    """Unlink the ``/dev/shm`` files of the tensors ``state`` sends to a worker when ``rb`` is collected.
+
+    torch frees such a file when the last process holding it frees the tensor, but worker
+    processes seldom free what they received before they exit, so the files would stay until
+    the learner exits. Removing a name keeps every mapping valid: workers still running keep
+    writing where the learner reads; only new workers could no longer receive the buffer.
+
+    Each file gets one extra reference here, so torch's own count never drops to zero in this
+    process: torch then never unlinks the file itself (it aborts when the name is already gone).
+    """
+    tensors = _torchrl.pickled_cpu_tensors(state)
+    files: set[str] = rb.__dict__.setdefault("_rlbuf_shared_files", set())
+    for tensor in tensors:
+        with contextlib.suppress(RuntimeError):  # a storage torch cannot share by file name: nothing to unlink
+            tensor.share_memory_()  # type: ignore[no-untyped-call]  # what pickling does next; no-op when shared
+            storage = tensor.untyped_storage()
+            name = os.fsdecode(storage._share_filename_cpu_()[1])
+            if name not in files:
+                storage._shared_incref()  # type: ignore[no-untyped-call]
+                files.add(name)
+    if files and "_rlbuf_unlink_shared_files" not in rb.__dict__:
+        rb.__dict__["_rlbuf_unlink_shared_files"] = weakref.finalize(rb, _unlink_shared_files, files)
+
+
+def _unlink_shared_files(files: set[str]) -> None:
+    for name in files:
+        with contextlib.suppress(OSError):  # already gone: torch's manager removes them when the learner exits
+            os.unlink(_SHARED_MEMORY_DIR + name)
 
 
 def _rebuild_generator(device: str, state: bytes) -> torch.Generator:
@@ -592,9 +629,10 @@ class RowRing:
         if batch_size * _row_bytes(self.specs) > _SMALL_BATCH_BYTES:
             # The batch, its index and a copy on the way must fit in the memory free now.
             needed = batch_size * (_row_bytes(self.specs) + 8) * 2
-            if needed > _free_memory():
+            available = available_ram()
+            if needed > available:
                 raise BatchSizeError(f"batch_size: {batch_size} rows need about {needed} bytes, more than the "
-                                     f"{_free_memory()} bytes of memory free now")
+                                     f"{available} bytes of memory free now")
         return batch_size
 
     def as_index(self, index: Any) -> torch.Tensor:
@@ -667,15 +705,6 @@ class RowRing:
         unknown = [name for name in names if not isinstance(name, str) or name not in self.by_name]
         if unknown:
             raise MissingFieldError(f"fields: unknown {unknown}; stored fields are {list(self.by_name)}")
-
-
-def _free_memory() -> int:
-    """Bytes of memory available now (``MemAvailable`` on Linux, physical memory elsewhere)."""
-    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo", encoding="ascii") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 @functools.lru_cache(maxsize=64)

@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -643,7 +644,11 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
 
 
 def _check_exponent(name: str, value: float) -> None:
-    if not (isinstance(value, int | float) and value >= 0 and np.isfinite(value)):
+    try:
+        valid = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0 and math.isfinite(value)
+    except OverflowError:  # an int beyond any float
+        valid = False
+    if not valid:
         raise ConfigError(f"{name}: expected a finite number >= 0, got {value!r}")
 
 

@@ -23,14 +23,16 @@ Example:
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase, is_tensor_collection
 from torchrl.data import ReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
-from torchrl.data.replay_buffers.storages import TensorStorage
+from torchrl.data.replay_buffers.storages import Storage, TensorStorage
+from torchrl.data.replay_buffers.writers import Writer
 
 # -- storage ---------------------------------------------------------------------------------
 
@@ -153,3 +155,34 @@ def sampler_generator(sampler: Sampler) -> torch.Generator | None:
 def set_sampler_generator(sampler: Sampler, generator: torch.Generator | None) -> None:
     """Give a sampler used outside a buffer the generator ``ReplayBuffer.set_rng`` would give it."""
     sampler._rng = generator
+
+
+# -- sending to worker processes -----------------------------------------------------------------
+
+def pickled_cpu_tensors(state: Mapping[str, Any]) -> list[torch.Tensor]:
+    """The CPU tensors in RAM that ``state`` (a buffer's ``__getstate__``) sends to a worker process.
+
+    The storage's leaves and the bookkeeping tensors TorchRL keeps in the attributes of its
+    storage, sampler and writer; memory-mapped leaves (files already) are left out.
+    """
+    found: list[torch.Tensor] = []
+    _cpu_tensors(state, found, depth=0)
+    return found
+
+
+def _cpu_tensors(value: Any, found: list[torch.Tensor], depth: int) -> None:
+    if isinstance(value, torch.Tensor):
+        if value.device.type == "cpu" and not _is_memmap(value):
+            found.append(value)
+    elif is_tensor_collection(value):
+        for leaf in value.values(include_nested=True, leaves_only=True):
+            _cpu_tensors(leaf, found, depth)
+    elif depth < 4 and isinstance(value, Mapping):
+        for item in value.values():
+            _cpu_tensors(item, found, depth + 1)
+    elif depth < 4 and isinstance(value, (Sampler, Storage, Writer)):
+        _cpu_tensors(vars(value), found, depth + 1)
+
+
+def _is_memmap(tensor: torch.Tensor) -> bool:
+    return isinstance(tensor, MemoryMappedTensor) or tensor.untyped_storage().filename is not None

@@ -465,7 +465,10 @@ def _check_unit_interval(name: str, number: object) -> float:
     """The number as a float; NaN and inf fail the range test like any other outsider."""
     if isinstance(number, bool) or not isinstance(number, numbers.Real):
         raise ConfigError(f"{name}: expected a float in [0, 1], got {number!r}")
-    value = float(number)
+    try:
+        value = float(number)
+    except OverflowError:  # an int beyond any float: outside [0, 1] too
+        value = math.inf
     if not 0.0 <= value <= 1.0:
         raise ConfigError(f"{name}: expected a float in [0, 1], got {number!r}")
     return value

@@ -134,6 +134,7 @@ def _short(value: object) -> str:
 
 
 _ARRAY_KINDS = "biuf"
+_TORCH_CHARS = "?bBhHiIlLqQefd"  # the numpy dtypes torch.from_numpy takes
 
 
 def as_array(name: str, value: object, error: type[RlbufError] | None = None) -> np.ndarray[Any, Any]:
@@ -188,6 +189,14 @@ def as_array(name: str, value: object, error: type[RlbufError] | None = None) ->
     if array.dtype.kind not in _ARRAY_KINDS:
         raise (error or DtypeError)(f"{name}: expected bool, int or float values, got {array.dtype}: "
                                     f"{_short(value)}")
+    # numpy's canonical spelling of the dtype in native byte order: torch refuses the others
+    # (``ulonglong``, which numpy picks for ints above int64, and big-endian arrays).
+    canonical = np.dtype(array.dtype.name)
+    if canonical.char not in _TORCH_CHARS:
+        raise (error or DtypeError)(f"{name}: expected bool, int or float values of at most 64 bits, got "
+                                    f"{array.dtype}")
+    if array.dtype.char != canonical.char or not array.dtype.isnative:
+        array = array.astype(canonical)
     return array
 
 

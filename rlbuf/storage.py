@@ -167,8 +167,13 @@ def row_bytes(specs: Sequence[FieldSpec]) -> int:
     return sum(math.prod(spec.td_shape) * torch.empty((), dtype=spec.dtype).element_size() for spec in specs)
 
 
-def _available_ram() -> int:
-    """Memory the kernel can give without swapping (``MemAvailable``), else the free pages."""
+def available_ram() -> int:
+    """Bytes of memory the kernel can give now without swapping (``MemAvailable``), else the free pages.
+
+    Example:
+        >>> available_ram() > 0
+        True
+    """
     with contextlib.suppress(OSError, ValueError), open("/proc/meminfo", encoding="ascii") as meminfo:
         for line in meminfo:
             if line.startswith("MemAvailable:"):
@@ -202,7 +207,7 @@ def check_room(kind: StorageKind, capacity: int, specs: Sequence[FieldSpec], *, 
     elif storing_device.type == "cuda":
         available, where = torch.cuda.mem_get_info(storing_device)[0], f"free on {storing_device}"
     elif storing_device.type == "cpu":
-        available, where = _available_ram(), "of RAM available"
+        available, where = available_ram(), "of RAM available"
     else:
         return
     if needed > available:

@@ -49,12 +49,13 @@ def _ids(buffer: ReplayBuffer) -> list[int]:
     return [int(r) for r in reward.tolist()]
 
 
-def _assert_prefixes(ids: list[int], writers: int) -> None:
-    """Each writer's ids form 0..k-1: nothing lost, duplicated, or counted but unwritten."""
+def _assert_prefixes(ids: list[int], writers: int) -> int:
+    """Each writer's ids form 0..k-1: nothing lost, duplicated, or counted but unwritten; returns how many."""
     assert len(ids) == len(set(ids)), "duplicated rows"
     for w in range(writers):
         mine = sorted(i - w * STRIDE for i in ids if w * STRIDE <= i < (w + 1) * STRIDE)
         assert mine == list(range(len(mine))), f"writer {w}: ids missing in a snapshot"
+    return len(ids)
 
 
 def _buffer(capacity: int, storage: str = "memory", **options: Any) -> ReplayBuffer:
@@ -74,6 +75,7 @@ def _mixed_round(tmp_path: Path, *, rows: int, storage: str, prioritized: bool) 
     done = threading.Event()
     errors: list[BaseException] = []
     saved: list[Path] = []
+    checked = [0]  # ids checked in snapshots (saves loaded back, state dicts)
 
     def guarded(job: Any) -> Any:
         def run(*args: Any) -> None:
@@ -108,8 +110,8 @@ def _mixed_round(tmp_path: Path, *, rows: int, storage: str, prioritized: bool) 
             path = tmp_path / f"ckpt{n % 2}"
             buffer.save(path)
             saved.append(path)
-            _assert_prefixes(_ids(ReplayBuffer.load(path)), writers)
-            _assert_prefixes([int(r) for r in buffer.state_dict()["fields"]["reward"].tolist()], writers)
+            checked[0] += _assert_prefixes(_ids(ReplayBuffer.load(path)), writers)
+            checked[0] += _assert_prefixes([int(r) for r in buffer.state_dict()["fields"]["reward"].tolist()], writers)
             n += 1
 
     jobs = [threading.Thread(target=guarded(job), args=args) for job, args in (
@@ -130,7 +132,7 @@ def _mixed_round(tmp_path: Path, *, rows: int, storage: str, prioritized: bool) 
     final = tmp_path / "final"
     buffer.save(final)
     assert sorted(_ids(ReplayBuffer.load(final))) == sorted(ids)
-    return {"writers": writers, "ids": len(ids), "saves": len(saved)}
+    return {"writers": writers, "ids": len(ids), "saves": len(saved), "ids_checked_in_snapshots": checked[0]}
 
 
 @pytest.mark.parametrize("prioritized", [False, True])
@@ -185,19 +187,19 @@ def _process_round(tmp_path: Path, *, workers: int, rows: int, storage: str) -> 
         for proc in procs:
             proc.start()
     started.set()
-    saves = 0
+    saves = checked = 0
     while any(proc.is_alive() for proc in procs) or saves == 0:
         path = tmp_path / "ckpt"
         buffer.save(path)
         loaded = ReplayBuffer.load(path)
-        _assert_prefixes(_ids(loaded), workers)
+        checked += _assert_prefixes(_ids(loaded), workers)
         saves += 1
     for proc in procs:
         proc.join(timeout=120)
         assert proc.exitcode == 0
     ids = _ids(buffer)
     assert sorted(ids) == sorted(w * STRIDE + i for w in range(workers) for i in range(rows))
-    return {"writers": workers, "ids": len(ids), "saves": saves}
+    return {"writers": workers, "ids": len(ids), "saves": saves, "ids_checked_in_snapshots": checked}
 
 
 @pytest.mark.slow
@@ -208,7 +210,7 @@ def test_saves_while_worker_processes_write_hold_whole_rows_of_one_write_count(t
 @pytest.mark.stress
 @pytest.mark.parametrize("storage", ["memory", "memmap"])
 def test_stress_mixed_writers(tmp_path: Path, storage: str) -> None:
-    totals = {"writers": 0, "ids": 0, "saves": 0}
+    totals = dict.fromkeys(("writers", "ids", "saves", "ids_checked_in_snapshots"), 0)
     for n in range(REPEATS):
         figures = _mixed_round(tmp_path / str(n), rows=500, storage=storage, prioritized=n % 2 == 1)
         totals = {key: totals[key] + figures[key] for key in totals}
@@ -217,7 +219,7 @@ def test_stress_mixed_writers(tmp_path: Path, storage: str) -> None:
 
 @pytest.mark.stress
 def test_stress_worker_processes(tmp_path: Path) -> None:
-    totals = {"writers": 0, "ids": 0, "saves": 0}
+    totals = dict.fromkeys(("writers", "ids", "saves", "ids_checked_in_snapshots"), 0)
     rounds = max(1, REPEATS // 5)
     for n in range(rounds):
         figures = _process_round(tmp_path / str(n), workers=3, rows=2000, storage=("memory", "memmap")[n % 2])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,9 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 # Tensordicts are slow to build: the extend properties draw fewer examples per run.
 FUZZ_TD = settings(FUZZ, max_examples=max(10, EXAMPLES // 3))
+# Long runs (``-m stress``) draw this many examples per RLBUF_STRESS_REPEATS.
+STRESS_EXAMPLES = 100 * int(os.environ.get("RLBUF_STRESS_REPEATS", "20"))
+TALLY: Counter[str] = Counter()  # hostile calls made and refused, printed by the stress run
 # Errors about the buffer's state rather than about an argument: they name no field.
 STATE_ERRORS = (EmptyBufferError, BufferFullError, RolloutIncompleteError)
 
@@ -174,9 +178,11 @@ def attempt(target: Any, case: Case, value: Any, checked: Any = None) -> None:
     """Call, and check the promise: a named rlbuf error and no change, or success and invariants."""
     checked = target if checked is None else checked
     before = snapshot(checked)
+    TALLY["calls"] += 1
     try:
         case.call(value)
     except RlbufError as error:
+        TALLY["refused"] += 1
         after = snapshot(checked)
         assert same(before, after), f"a refused call changed the state: {error!r}"
         if not isinstance(error, STATE_ERRORS):
@@ -325,7 +331,9 @@ def test_rollout_extend_refuses_hostile_tensordicts_without_change(state: str, d
 # -- DistillationBuffer --------------------------------------------------------------------
 def distill_cases(buf: DistillationBuffer) -> dict[str, Case]:
     good: dict[str, Any] = dict(obs=torch.ones(3), expert_action=torch.ones(2), expert_value=torch.ones(1))
-    return field_cases("add", buf.add, good) | {
+    # Any batch size goes: obs of shape (k, 3) is k rows, and the error names a field that is not of k rows.
+    batched = {"obs": ("expert_action", "expert_value")}
+    return field_cases("add", buf.add, good, batched) | {
         "sample": Case(lambda v: buf.sample(v), ("batch_size",)),
         "sample_by_index": Case(lambda v: buf.sample_by_index(v), ("index",)),
         "epochs": Case(lambda v: buf.epochs(v), ("batch_size",)),
@@ -456,7 +464,8 @@ def test_a_refused_gae_call_keeps_the_advantages_computed_before() -> None:
     buf = make_rollout("full")
     buf.compute_returns_and_advantages(torch.zeros(2), gamma=0.9)
     advantage = buf.view("advantage").clone()
-    for bad in ({"gamma": 2.0}, {"gae_lambda": -0.1}, {"normalize_advantages": "yes"}, {"gamma": math.nan}):
+    for bad in ({"gamma": 2.0}, {"gae_lambda": -0.1}, {"normalize_advantages": "yes"}, {"gamma": math.nan},
+                {"gae_lambda": 10**400}):
         with pytest.raises(RlbufError, match=next(iter(bad))):
             buf.compute_returns_and_advantages(torch.zeros(2), **bad)
     assert buf.advantages_ready
@@ -501,10 +510,10 @@ def test_bfloat16_input_is_stored_exactly() -> None:
         half.add(obs, 0.0, 1.0, obs, False, cost=1.0)
 
 
-@pytest.mark.stress
-@settings(max_examples=2000, deadline=None, database=None)
+@settings(max_examples=STRESS_EXAMPLES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
-def test_stress_every_buffer_kind(data: st.DataObject) -> None:
+def _hostile_sequences(data: st.DataObject) -> None:
     which = data.draw(st.sampled_from(["replay", "rollout", "distill"]))
     if which == "replay":
         buf: Any = make_replay(**data.draw(st.sampled_from(REPLAY_KINDS)))
@@ -517,3 +526,47 @@ def test_stress_every_buffer_kind(data: st.DataObject) -> None:
         cases = distill_cases(buf)
     for _ in range(data.draw(st.integers(1, 5))):
         attack(data, buf, cases)
+
+
+@pytest.mark.stress
+def test_stress_every_buffer_kind() -> None:
+    TALLY.clear()
+    _hostile_sequences()
+    print(f"\nSTRESS hostile inputs: examples={STRESS_EXAMPLES} calls={TALLY['calls']} "
+          f"refused={TALLY['refused']} (each refusal: named rlbuf error, state unchanged)")
+
+
+def test_view_refuses_a_name_that_is_not_a_string_by_name() -> None:
+    buf = make_rollout("partial")
+    with pytest.raises(rlbuf.MissingFieldError, match="fields"):
+        buf.view(np.array([]))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [np.asarray([2**63, 2**63]), np.array([1.0, 2.0], dtype=">f4"),
+                                   np.array([1.0, 2.0], dtype=np.longdouble)], ids=["ulonglong", "big-endian", "longdouble"])
+def test_numbers_in_every_numpy_spelling_are_converted_or_refused_by_name(value: np.ndarray[Any, Any]) -> None:
+    rollout = make_rollout("full")
+    replay = make_replay("partial", num_envs=2)
+    if value.dtype.itemsize > 8:  # wider than any torch dtype
+        with pytest.raises(rlbuf.DtypeError, match="last_value"):
+            rollout.compute_returns_and_advantages(value)
+        with pytest.raises(rlbuf.DtypeError, match="reward"):
+            replay.add(torch.zeros(2, 3), torch.zeros(2), value, torch.zeros(2, 3), torch.zeros(2, dtype=torch.bool),
+                       cost=torch.ones(2))
+        return
+    rollout.compute_returns_and_advantages(value)
+    assert rollout.advantages_ready and bool(torch.isfinite(rollout.view("advantage")).all())
+    replay.add(torch.zeros(2, 3), torch.zeros(2), value, torch.zeros(2, 3), torch.zeros(2, dtype=torch.bool),
+               cost=torch.ones(2))
+    assert replay.sample_all().reward[-2:].tolist() == value.astype(np.float32).tolist()
+
+
+@pytest.mark.parametrize("value", [10**400, True, -1, math.inf])
+def test_priority_exponents_beyond_any_float_or_bools_are_refused_by_name(value: Any) -> None:
+    buf = make_replay("full", prioritized=True)
+    before = snapshot(buf)
+    with pytest.raises(rlbuf.ConfigError, match="beta"):
+        buf.beta = value
+    assert same(before, snapshot(buf))
+    with pytest.raises(rlbuf.ConfigError, match="alpha"):
+        ReplayBuffer(4, obs_shape=(1,), action_shape=(), prioritized=True, alpha=value)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
+import os
 import warnings
 from typing import Any
 
@@ -13,6 +15,7 @@ from tensordict import TensorDict
 from rlbuf import ReplayBuffer
 
 WORKERS, CHUNKS, ROWS = 2, 40, 16
+_SHM = "/dev/shm"  # where torch's file_system sharing strategy keeps its files on Linux
 
 
 def _rows(uid: torch.Tensor) -> TensorDict:
@@ -33,7 +36,8 @@ def _write(rb: Any, worker: int, started: Any) -> None:
 
 
 @pytest.mark.parametrize("storage", ["memory", "memmap"])
-def test_worker_processes_write_every_row_once_and_samples_are_never_torn(storage: str) -> None:
+def test_worker_processes_write_every_row_once_samples_are_never_torn_and_shared_memory_goes_with_the_buffer(storage: str) -> None:
+    before = _torch_shared_files()
     buf = ReplayBuffer(WORKERS * CHUNKS * ROWS, obs_shape=(3,), action_shape=(2,), storage=storage, seed=0)  # type: ignore[arg-type]
     buf.extend(_rows(torch.tensor([-2.0])))          # one row from the learner before workers start
     context = mp.get_context("spawn")
@@ -59,3 +63,17 @@ def test_worker_processes_write_every_row_once_and_samples_are_never_torn(storag
     assert len(buf) == buf.capacity            # ring full: the learner's first row was overwritten
     ids = stored.tolist()
     assert len(set(ids)) == len(ids) and set(ids) <= expected and len(expected - set(ids)) == 1
+    # The shared memory files of a RAM storage go with the buffer, not when the learner exits.
+    held = _torch_shared_files() - before
+    assert len(held) >= (7 if storage == "memory" and os.path.isdir(_SHM) else 0)  # one per stored field at least
+    del buf, workers, batch                                   # Process objects keep their arguments
+    gc.collect()
+    assert not held & _torch_shared_files()
+
+
+def _torch_shared_files() -> set[str]:
+    """This process's torch files in /dev/shm (torch names them torch_<pid>_...); none elsewhere than Linux."""
+    if not os.path.isdir(_SHM):
+        return set()
+    return {name for name in os.listdir(_SHM) if name.startswith(f"torch_{os.getpid()}_")}
+

@@ -20,6 +20,7 @@ ray = pytest.importorskip("ray")
 
 from rlbuf import (  # noqa: E402
     ConfigError,
+    DtypeError,
     EmptyBufferError,
     ReplayBatch,
     ReplayBuffer,
@@ -155,6 +156,8 @@ def test_a_killed_writer_leaves_whole_chunks_and_the_buffer_keeps_serving() -> N
 def test_errors_reach_the_caller_as_rlbuf_errors_and_close_stops_the_actor() -> None:
     with pytest.raises(ConfigError, match="capacity"):
         _new_buffer(capacity=-1)                  # the actor is stopped again (checked at module end)
+    with pytest.raises(ConfigError, match="bytes"):
+        _new_buffer(capacity=10**12)              # refused before allocating: no dead actor
     buffer = _new_buffer()
     handle = buffer.handle
     with pytest.raises(EmptyBufferError):
@@ -163,6 +166,12 @@ def test_errors_reach_the_caller_as_rlbuf_errors_and_close_stops_the_actor() -> 
         buffer.add(torch.zeros(4), torch.zeros(2), 1.0, torch.zeros(3), False)
     with pytest.raises(ShapeError):               # the same from a writer's handle
         handle.add(torch.zeros(4), torch.zeros(2), 1.0, torch.zeros(3), False)
+    with pytest.raises(DtypeError, match="reward"):  # would be stored as inf
+        buffer.add(torch.zeros(3), torch.zeros(2), np.float64(1e300), torch.zeros(3), False)
+    huge = _chunk(1, 0)
+    huge["next", "reward"] = torch.full((ROWS, 1), 1e300, dtype=torch.float64)
+    with pytest.raises(DtypeError, match="reward"):
+        buffer.extend(huge)
     assert len(buffer) == 0
     buffer.add(Transition(torch.ones(3), torch.ones(2), 1.0, torch.full((3,), 1.5), False))
     buffer.extend(_chunk(1, 0))

@@ -159,3 +159,19 @@ def test_sum_tree_passes_for_torchrl_prioritized_sampler() -> None:
     rb.empty()
     assert float(rb.sampler.state_dict()["sum_leaves"].sum()) == 0.0, CHANGED.format(
         "commit_rows", "ReplayBuffer.empty() calls the sampler's _empty() hook, which SumTreeSampler implements")
+
+
+@pytest.mark.parametrize("storage", ["memory", "memmap"])
+def test_pickled_cpu_tensors_finds_every_leaf_a_shared_buffer_sends(storage: str, tmp_path: Path) -> None:
+    made = LazyTensorStorage(4) if storage == "memory" else LazyMemmapStorage(4, scratch_dir=str(tmp_path))
+    rb = TensorDictReplayBuffer(storage=made)
+    rb.extend(TensorDict({"obs": torch.ones(2, 3), ("next", "reward"): torch.ones(2, 1)}, batch_size=[2]))
+    rb.share()
+    found = {t.untyped_storage().data_ptr() for t in _torchrl.pickled_cpu_tensors(rb.__getstate__())}
+    leaves = {leaf.untyped_storage().data_ptr() for leaf in _torchrl.storage_leaves(made).values(True, True)}
+    if storage == "memory":
+        assert leaves <= found, CHANGED.format(
+            "pickled_cpu_tensors", "a buffer's __getstate__ carries its storage's leaves in _storage._storage")
+    else:
+        assert not leaves & found, CHANGED.format(
+            "pickled_cpu_tensors", "memmap leaves are MemoryMappedTensors backed by files")
