@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from rlbuf._core import RowRing
+from rlbuf._core import RowRing, checked_rows
 from rlbuf._nstep import nstep_discount, nstep_return
 from rlbuf._streams import Chain, PaddingType, Streams
 from rlbuf.errors import (
@@ -228,14 +228,8 @@ _NOTHING_COMPLETE = ("sample: no transition is complete yet: each needs the obse
 
 
 def _rows(spec: FieldSpec, value: Any, rows: int, devices: tuple[torch.device, ...]) -> torch.Tensor:
-    """``rows`` rows of ``spec`` from a tensor, array, list or number, checked, on the CPU in the stored dtype."""
-    if value is None:
-        raise MissingFieldError(f"{spec.name}: a value is required")
-    tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
-    if rows == 1 and tuple(tensor.shape) == spec.shape:
-        tensor = tensor.unsqueeze(0)
-    spec.check_tensor(tensor, (rows,), devices)
-    return tensor.detach().to("cpu", spec.dtype)
+    """``rows`` rows of ``spec``, checked, on the CPU in the stored dtype."""
+    return checked_rows(spec, value, rows, devices).detach().to("cpu", spec.dtype)
 
 
 def layout_options(obs_shape: tuple[int, ...], *, frame_stack: int, padding_type: str, n_step: int, gamma: float,

@@ -772,6 +772,30 @@ def _as_rows(value: Any, shape: tuple[int, ...], rows: int) -> torch.Tensor:
     return tensor
 
 
+def checked_rows(spec: FieldSpec, value: Any, rows: int, devices: tuple[torch.device, ...]) -> torch.Tensor:
+    """``rows`` rows of ``spec`` from a tensor, array, list or number, checked (shape, dtype, device, values).
+
+    One row may omit its batch dim. Non-tensors go through the checked conversion.
+
+    Raises:
+        MissingFieldError: ``value`` is None.
+        ShapeError, DtypeError, DeviceError, NonFiniteError: it does not fit ``spec``.
+
+    Example:
+        >>> spec = FieldSpec("reward", "reward", (), torch.float32)
+        >>> checked_rows(spec, [1.0, 2.0], 2, (torch.device("cpu"),)).tolist()
+        [1.0, 2.0]
+    """
+    if value is None:
+        raise MissingFieldError(f"{spec.name}: a value is required")
+    tensor = value if isinstance(value, torch.Tensor) else torch.from_numpy(
+        np.ascontiguousarray(as_array(spec.name, value)))
+    if rows == 1 and tuple(tensor.shape) == spec.shape:
+        tensor = tensor.unsqueeze(0)
+    spec.check_tensor(tensor, (rows,), devices)
+    return tensor
+
+
 def deliver(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     """Move gathered tensors to the training device (pinned, non-blocking from CPU to CUDA)."""
     first = next(iter(tensors.values()))

@@ -32,7 +32,7 @@ from torchrl.data.replay_buffers.samplers import Sampler
 
 from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs, refuse_foreign_options
 from rlbuf._compact import CompactLayout, layout_options
-from rlbuf._core import check_extras, deliver
+from rlbuf._core import check_extras, checked_rows, deliver
 from rlbuf._obs import (
     Layout,
     ObsDtype,
@@ -562,12 +562,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         n, devices = self._num_envs, self._ring.accepted_devices
         rows: dict[str, torch.Tensor] = {}
         for spec, value in zip(specs, values, strict=True):
-            if value is None:
-                raise MissingFieldError(f"{spec.name}: a value is required")
-            tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
-            if n == 1 and tuple(tensor.shape) == spec.shape:
-                tensor = tensor.unsqueeze(0)
-            spec.check_tensor(tensor, (n,), devices)
+            tensor = checked_rows(spec, value, n, devices)
             rows[spec.name] = tensor[keep.to(tensor.device)]
         return rows
 
