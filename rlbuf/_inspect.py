@@ -19,16 +19,20 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
-from rlbuf._manifest import MANIFEST, file_matches, inside_checkpoint, parse_manifest, read_manifest
+from rlbuf._manifest import (
+    MANIFEST,
+    file_digest,
+    file_matches,
+    inside_checkpoint,
+    parse_manifest,
+    read_manifest,
+)
 from rlbuf._sizing import manifest_row_bytes
 from rlbuf.errors import CheckpointError
-
-_CHUNK = 1 << 20
 
 
 def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -168,7 +172,7 @@ def _demo_part(checkpoint: Path) -> dict[str, Any]:
     except (OSError, ValueError, CheckpointError):
         return {"demo": None, "frames": None, "state_status": "missing meta.json"}
     state = checkpoint / "state.pt"
-    status = "missing" if not state.is_file() else "ok" if _sha256(state) == meta.get("state_sha256") else "failed"
+    status = "missing" if not state.is_file() else "ok" if file_digest(state, "sha256") == meta.get("state_sha256") else "failed"
     return {"demo": meta.get("demo"), "frames": meta.get("frames"), "state_status": status}
 
 
@@ -193,14 +197,6 @@ def _check_file(root: Path, rel: str, entry: Any) -> dict[str, Any]:
         status = "ok"
     return {"path": rel, "dtype": entry.get("dtype"), "shape": entry.get("shape"), "bytes": entry.get("bytes"),
             "status": status}
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _key(key: Any) -> str:
