@@ -45,7 +45,7 @@ from rlbuf.errors import (
     ShapeError,
     StoredIndexError,
 )
-from rlbuf.spec import FieldSpec, as_array, check_finite_rows, positive_int
+from rlbuf.spec import FieldSpec, as_array, check_finite_rows, positive_int, short_repr
 from rlbuf.storage import BuiltStorage, available_ram, remove_when_collected, row_bytes
 
 _BLOCK_ROWS = 256
@@ -653,7 +653,7 @@ class RowRing:
             kind = values.dtype.kind
             if kind == "f" and values.size and isinstance(index, (int, list, tuple)) and bool(
                     (np.abs(values) >= 2**63).any()):  # Python ints too large for int64 came as floats
-                raise StoredIndexError(f"index: expected positions in [0, {len(self)}), got {_short_index(index)}")
+                raise StoredIndexError(f"index: expected positions in [0, {len(self)}), got {short_repr(index)}")
         count = values.numel() if isinstance(values, torch.Tensor) else values.size
         if kind not in "iu" and count:
             raise StoredIndexError(f"index: expected integer positions, got dtype {values.dtype}")
@@ -705,11 +705,6 @@ class RowRing:
         unknown = [name for name in names if not isinstance(name, str) or name not in self.by_name]
         if unknown:
             raise MissingFieldError(f"fields: unknown {unknown}; stored fields are {list(self.by_name)}")
-
-
-def _short_index(index: Any) -> str:
-    text = repr(index)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def gather_rows(leaf: torch.Tensor, wide: np.ndarray[Any, Any] | None, index: torch.Tensor, *,
