@@ -797,6 +797,8 @@ def deliver(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str,
 
 # Keywords users bring from other libraries (SB3, CleanRL, TorchRL), and what rlbuf takes instead.
 _DONE_HINT = "pass terminated= and truncated= instead; done is derived (terminated | truncated)"
+_INFO_HINT = ("rlbuf stores no info dicts: pass the final observation as next_obs, declare what else you need "
+              "in extra_fields")
 FOREIGN_NAMES = {
     "done": _DONE_HINT,
     "dones": _DONE_HINT,
@@ -811,10 +813,8 @@ FOREIGN_NAMES = {
     "values": "rlbuf's name is value",
     "log_probs": "rlbuf's name is log_prob",
     "logprobs": "rlbuf's name is log_prob",
-    "infos": "rlbuf stores no info dicts: pass the final observation as next_obs, declare what else you "
-             "need in extra_fields",
-    "info": "rlbuf stores no info dicts: pass the final observation as next_obs, declare what else you "
-            "need in extra_fields",
+    "infos": _INFO_HINT,
+    "info": _INFO_HINT,
     "episode_starts": "rlbuf derives episode starts from the previous step's terminated and truncated",
 }
 """Foreign keyword -> what to pass instead, for the message of ``check_extras``."""

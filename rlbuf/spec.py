@@ -369,17 +369,16 @@ class FieldSpec:
             if kind not in "iuf" or count == 0:
                 return
             is_float = kind == "f"
-        array = values
         if target == "f":
             largest = self.float_max
             if is_float:
                 # One value (a reward of one env) is read as a Python float: several times cheaper.
-                peak = (abs(float(array.item())) if count == 1
-                        else float(array.abs().max()) if isinstance(array, torch.Tensor) else float(np.abs(array).max()))
+                peak = (abs(float(values.item())) if count == 1
+                        else float(values.abs().max()) if isinstance(values, torch.Tensor) else float(np.abs(values).max()))
                 if not peak <= largest:  # NaN or inf somewhere (allowed here), or a real overflow
-                    peak = _largest_finite(array)
+                    peak = _largest_finite(values)
             else:
-                peak = float(max(abs(int(array.min())), abs(int(array.max()))))
+                peak = float(max(abs(int(values.min())), abs(int(values.max()))))
             if peak > largest:
                 raise DtypeError(f"{self.name}: values up to {peak:.4g} in magnitude do not fit {self.dtype} "
                                  f"(largest {largest})")
@@ -387,7 +386,7 @@ class FieldSpec:
         if is_float:
             return
         info = np.iinfo(self.np_dtype)
-        low, high = int(array.min()), int(array.max())
+        low, high = int(values.min()), int(values.max())
         if low < info.min or high > info.max:
             raise DtypeError(f"{self.name}: values in [{low}, {high}] do not fit {self.dtype} [{info.min}, {info.max}]")
 
