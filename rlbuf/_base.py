@@ -291,6 +291,13 @@ class RingBuffer(Generic[BatchT]):
         It sees every row added through rlbuf, and what it writes rlbuf sees. Once handed out,
         every later add is committed at once, so its ``storage`` and ``writer`` are current too
         when read directly (e.g. by a TorchRL buffer built over the same storage).
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> len(buf.torchrl), buf.torchrl[0]["next", "reward"].tolist()
+            (1, [1.0])
         """
         return self._ring.hand_out()
 
@@ -449,6 +456,13 @@ class RingBuffer(Generic[BatchT]):
 
         After ``load`` it is the restored iterator, resuming at the batch after the
         one the original had reached when it was saved.
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> buf.current_epochs is None, buf.epochs(1) is buf.current_epochs
+            (True, True)
         """
         return self._current_epochs
 

@@ -20,7 +20,6 @@ of its own reads and writes, so TorchRL code sees every row rlbuf accepted.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import sys
@@ -46,8 +45,8 @@ from rlbuf.errors import (
     ShapeError,
     StoredIndexError,
 )
-from rlbuf.spec import FieldSpec, as_array, check_finite_rows, positive_int
-from rlbuf.storage import BuiltStorage, available_ram, remove_when_collected
+from rlbuf.spec import FieldSpec, as_array, check_finite_rows, positive_int, short_repr
+from rlbuf.storage import BuiltStorage, available_ram, remove_when_collected, row_bytes
 
 _BLOCK_ROWS = 256
 _SHARED_MEMORY_DIR = "/dev/shm"  # where torch's file_system sharing strategy keeps its files on Linux
@@ -329,6 +328,7 @@ class RowRing:
         self.derived = dict(derived or {})
         self.input_specs = tuple(s for s in self.specs if s.name not in self.derived)
         self.by_name = {spec.name: spec for spec in self.specs}
+        self.row_bytes = row_bytes(self.specs)
         self.storing_device = storing_device
         self.generator = generator
         rb = FlushingReplayBuffer(storage=built.storage, sampler=sampler, batch_size=None, generator=generator)
@@ -626,9 +626,9 @@ class RowRing:
             raise EmptyBufferError("cannot sample from an empty buffer: add transitions first")
         if without_replacement and batch_size > size:
             raise BatchSizeError(f"batch_size: expected at most {size} (the rows stored), got {batch_size}")
-        if batch_size * _row_bytes(self.specs) > _SMALL_BATCH_BYTES:
+        if batch_size * self.row_bytes > _SMALL_BATCH_BYTES:
             # The batch, its index and a copy on the way must fit in the memory free now.
-            needed = batch_size * (_row_bytes(self.specs) + 8) * 2
+            needed = batch_size * (self.row_bytes + 8) * 2
             available = available_ram()
             if needed > available:
                 raise BatchSizeError(f"batch_size: {batch_size} rows need about {needed} bytes, more than the "
@@ -653,7 +653,7 @@ class RowRing:
             kind = values.dtype.kind
             if kind == "f" and values.size and isinstance(index, (int, list, tuple)) and bool(
                     (np.abs(values) >= 2**63).any()):  # Python ints too large for int64 came as floats
-                raise StoredIndexError(f"index: expected positions in [0, {len(self)}), got {_short_index(index)}")
+                raise StoredIndexError(f"index: expected positions in [0, {len(self)}), got {short_repr(index)}")
         count = values.numel() if isinstance(values, torch.Tensor) else values.size
         if kind not in "iu" and count:
             raise StoredIndexError(f"index: expected integer positions, got dtype {values.dtype}")
@@ -705,17 +705,6 @@ class RowRing:
         unknown = [name for name in names if not isinstance(name, str) or name not in self.by_name]
         if unknown:
             raise MissingFieldError(f"fields: unknown {unknown}; stored fields are {list(self.by_name)}")
-
-
-@functools.lru_cache(maxsize=64)
-def _row_bytes(specs: tuple[FieldSpec, ...]) -> int:
-    """Bytes one row of ``specs`` takes (at least 1)."""
-    return max(1, sum(math.prod(s.shape) * s.np_dtype.itemsize for s in specs))
-
-
-def _short_index(index: Any) -> str:
-    text = repr(index)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def gather_rows(leaf: torch.Tensor, wide: np.ndarray[Any, Any] | None, index: torch.Tensor, *,
@@ -808,6 +797,8 @@ def deliver(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str,
 
 # Keywords users bring from other libraries (SB3, CleanRL, TorchRL), and what rlbuf takes instead.
 _DONE_HINT = "pass terminated= and truncated= instead; done is derived (terminated | truncated)"
+_INFO_HINT = ("rlbuf stores no info dicts: pass the final observation as next_obs, declare what else you need "
+              "in extra_fields")
 FOREIGN_NAMES = {
     "done": _DONE_HINT,
     "dones": _DONE_HINT,
@@ -822,10 +813,8 @@ FOREIGN_NAMES = {
     "values": "rlbuf's name is value",
     "log_probs": "rlbuf's name is log_prob",
     "logprobs": "rlbuf's name is log_prob",
-    "infos": "rlbuf stores no info dicts: pass the final observation as next_obs, declare what else you "
-             "need in extra_fields",
-    "info": "rlbuf stores no info dicts: pass the final observation as next_obs, declare what else you "
-            "need in extra_fields",
+    "infos": _INFO_HINT,
+    "info": _INFO_HINT,
     "episode_starts": "rlbuf derives episode starts from the previous step's terminated and truncated",
 }
 """Foreign keyword -> what to pass instead, for the message of ``check_extras``."""

@@ -94,7 +94,7 @@ def as_int(name: str, value: object, *, minimum: int = 1, maximum: int | None = 
     if number is None or number < minimum or (maximum is not None and number > maximum):
         expected = (f"an int in [{minimum}, {maximum}]" if maximum is not None
                     else "a positive int" if minimum == 1 else f"an int >= {minimum}")
-        raise error(f"{name}: expected {expected}, got {_short(value)}")
+        raise error(f"{name}: expected {expected}, got {short_repr(value)}")
     return number
 
 
@@ -120,12 +120,18 @@ def as_flag(name: str, value: object) -> bool:
         True
     """
     if not isinstance(value, (bool, np.bool_)):
-        raise ConfigError(f"{name}: expected True or False, got {_short(value)}")
+        raise ConfigError(f"{name}: expected True or False, got {short_repr(value)}")
     return bool(value)
 
 
-def _short(value: object) -> str:
-    """``repr(value)`` cut to a readable length (a 10**400 or a huge list stays legible)."""
+def short_repr(value: object) -> str:
+    """``repr(value)`` cut to a readable length (a 10**400 or a huge list stays legible).
+
+    Example:
+        >>> text = short_repr(list(range(100)))
+        >>> len(text), text[-6:]
+        (80, ' 21...')
+    """
     try:
         text = repr(value)
     except Exception:  # a hostile __repr__ must not hide the real message
@@ -176,19 +182,19 @@ def as_array(name: str, value: object, error: type[RlbufError] | None = None) ->
         array = np.asarray(value)
     except ValueError:
         raise (error or ShapeError)(f"{name}: expected a rectangular array, got a ragged sequence "
-                                    f"{_short(value)}") from None
+                                    f"{short_repr(value)}") from None
     except (TypeError, OverflowError):
-        raise (error or DtypeError)(f"{name}: expected numbers, got {_short(value)}") from None
+        raise (error or DtypeError)(f"{name}: expected numbers, got {short_repr(value)}") from None
     if array.dtype.kind == "O" and _all_ints(array):
         # Ints beyond int64/uint64 are numbers still: as floats, like a Python int stored in a float
         # column (an integer column's range check refuses them); beyond float64 they are refused.
         with contextlib.suppress(OverflowError):
             array = np.asarray(value, dtype=np.float64)
         if array.dtype.kind == "O":
-            raise (error or DtypeError)(f"{name}: expected numbers that fit float64, got {_short(value)}")
+            raise (error or DtypeError)(f"{name}: expected numbers that fit float64, got {short_repr(value)}")
     if array.dtype.kind not in _ARRAY_KINDS:
         raise (error or DtypeError)(f"{name}: expected bool, int or float values, got {array.dtype}: "
-                                    f"{_short(value)}")
+                                    f"{short_repr(value)}")
     # numpy's canonical spelling of the dtype in native byte order: torch refuses the others
     # (``ulonglong``, which numpy picks for ints above int64, and big-endian arrays).
     canonical = np.dtype(array.dtype.name)
@@ -363,17 +369,16 @@ class FieldSpec:
             if kind not in "iuf" or count == 0:
                 return
             is_float = kind == "f"
-        array = values
         if target == "f":
             largest = self.float_max
             if is_float:
                 # One value (a reward of one env) is read as a Python float: several times cheaper.
-                peak = (abs(float(array.item())) if count == 1
-                        else float(array.abs().max()) if isinstance(array, torch.Tensor) else float(np.abs(array).max()))
+                peak = (abs(float(values.item())) if count == 1
+                        else float(values.abs().max()) if isinstance(values, torch.Tensor) else float(np.abs(values).max()))
                 if not peak <= largest:  # NaN or inf somewhere (allowed here), or a real overflow
-                    peak = _largest_finite(array)
+                    peak = _largest_finite(values)
             else:
-                peak = float(max(abs(int(array.min())), abs(int(array.max()))))
+                peak = float(max(abs(int(values.min())), abs(int(values.max()))))
             if peak > largest:
                 raise DtypeError(f"{self.name}: values up to {peak:.4g} in magnitude do not fit {self.dtype} "
                                  f"(largest {largest})")
@@ -381,7 +386,7 @@ class FieldSpec:
         if is_float:
             return
         info = np.iinfo(self.np_dtype)
-        low, high = int(array.min()), int(array.max())
+        low, high = int(values.min()), int(values.max())
         if low < info.min or high > info.max:
             raise DtypeError(f"{self.name}: values in [{low}, {high}] do not fit {self.dtype} [{info.min}, {info.max}]")
 
@@ -403,11 +408,11 @@ class FieldSpec:
         elif kind == "f":
             # Python compares a huge int with a float exactly (no OverflowError, unlike float(value)).
             fits = (isinstance(value, (float, np.floating)) and not math.isfinite(value)) or (
-                abs(value) <= float(np.finfo(self.np_dtype).max))
+                abs(value) <= self.float_max)
         else:
             fits = True
         if not fits:
-            raise DtypeError(f"{self.name}: {_short(value)} does not fit {self.dtype}")
+            raise DtypeError(f"{self.name}: {short_repr(value)} does not fit {self.dtype}")
 
     def check_tensor(self, value: torch.Tensor, lead: tuple[int, ...], devices: tuple[torch.device, ...]) -> None:
         """Validate a tensor holding rows of this field, with leading dims ``lead``.
