@@ -179,7 +179,23 @@ class DistillationBatch(_ExtrasAccess):
 
 
 @dataclass(slots=True, frozen=True)
-class RolloutBatch(_ExtrasAccess):
+class _OnPolicyFields(_ExtrasAccess):
+    """The fields a rollout minibatch holds, flat ([`RolloutBatch`][rlbuf.RolloutBatch]) or padded (``SequenceBatch``)."""
+
+    obs: torch.Tensor | TensorDict
+    privileged_obs: torch.Tensor | None
+    action: torch.Tensor
+    reward: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    value: torch.Tensor
+    log_prob: torch.Tensor
+    advantage: torch.Tensor
+    returns: torch.Tensor
+
+
+@dataclass(slots=True, frozen=True)
+class RolloutBatch(_OnPolicyFields):
     """A minibatch (or the whole rollout, flattened ``T*N``) from a [`RolloutBuffer`][rlbuf.RolloutBuffer].
 
     Attributes:
@@ -199,16 +215,6 @@ class RolloutBatch(_ExtrasAccess):
             ``TensorDict`` for ``{"h": ..., "c": ...}``), or ``None`` without hidden states.
     """
 
-    obs: torch.Tensor | TensorDict
-    privileged_obs: torch.Tensor | None
-    action: torch.Tensor
-    reward: torch.Tensor
-    terminated: torch.Tensor
-    truncated: torch.Tensor
-    value: torch.Tensor
-    log_prob: torch.Tensor
-    advantage: torch.Tensor
-    returns: torch.Tensor
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     hidden_state: torch.Tensor | TensorDict | None = None
 

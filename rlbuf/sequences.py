@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from tensordict import TensorDict
 
-from rlbuf.batches import _ExtrasAccess, _torchrl_layout, set_hidden_state
+from rlbuf.batches import _ExtrasAccess, _OnPolicyFields, _torchrl_layout, set_hidden_state
 from rlbuf.errors import BatchSizeError
 
 
@@ -131,7 +131,7 @@ class PaddedTrajectories:
 
 
 @dataclass(slots=True, frozen=True)
-class SequenceBatch(_ExtrasAccess):
+class SequenceBatch(_OnPolicyFields):
     """A minibatch of whole trajectories, time first and padded: ``[L, B, ...]`` with a ``mask``.
 
     ``B`` trajectories (from any envs, in shuffled order), each padded to the longest one's
@@ -158,16 +158,6 @@ class SequenceBatch(_ExtrasAccess):
         extras: extra fields, padded like the rest (also readable as attributes).
     """
 
-    obs: torch.Tensor | TensorDict
-    privileged_obs: torch.Tensor | None
-    action: torch.Tensor
-    reward: torch.Tensor
-    terminated: torch.Tensor
-    truncated: torch.Tensor
-    value: torch.Tensor
-    log_prob: torch.Tensor
-    advantage: torch.Tensor
-    returns: torch.Tensor
     mask: torch.Tensor
     hidden_state: torch.Tensor | TensorDict | None
     env: torch.Tensor
