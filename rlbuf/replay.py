@@ -57,7 +57,7 @@ from rlbuf.errors import (
     ShapeError,
 )
 from rlbuf.sequences import ReplaySequenceBatch, burn_in_steps, sequence_flags, sequence_starts
-from rlbuf.spaces import resolve_field
+from rlbuf.spaces import resolve_fields
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
@@ -199,10 +199,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         **foreign: Any,
     ) -> None:
         refuse_foreign_options(ReplayBuffer.__init__, foreign)
-        obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype,
-                                             space_name="observation_space", shape_name="obs_shape", structured=True)
-        action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype,
-                                                   space_name="action_space", shape_name="action_shape")
+        obs_shape, obs_dtype, action_shape, action_dtype = resolve_fields(
+            observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype)
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         positive_int("num_envs", num_envs)

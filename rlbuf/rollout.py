@@ -62,7 +62,7 @@ from rlbuf.errors import (
 )
 from rlbuf.gae import compute_gae
 from rlbuf.sequences import PaddedTrajectories, SequenceBatch, split_trajectories
-from rlbuf.spaces import resolve_field
+from rlbuf.spaces import resolve_fields
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, check_finite_rows, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
@@ -178,10 +178,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         **foreign: Any,
     ) -> None:
         refuse_foreign_options(RolloutBuffer.__init__, foreign)
-        obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype,
-                                             space_name="observation_space", shape_name="obs_shape", structured=True)
-        action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype,
-                                                   space_name="action_space", shape_name="action_shape")
+        obs_shape, obs_dtype, action_shape, action_dtype = resolve_fields(
+            observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype)
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         positive_int("num_steps", num_steps)
