@@ -111,6 +111,28 @@ def replay_specs(obs_shape: Any, action_shape: tuple[int, ...], obs_dtype: Any,
     return (*specs, *extra_specs(extra_fields, specs, reserved))
 
 
+def _stored_obs(obs: Layout, obs_shape: Any, obs_dtype: Any, hidden_state_shape: Any, *, frame_stack: int,
+                padding_type: PaddingType, n_step: int, gamma: float, compact: bool | None) -> tuple[bool, Any, Any]:
+    """Whether the layout is compact, and the shape and dtype stored per observation (one frame
+    with ``frame_stack > 1``).
+
+    Raises:
+        ConfigError: the compact layout asked for with a dict observation or hidden states, or
+            invalid compact-layout options.
+    """
+    if (compact is True or frame_stack != 1 or n_step != 1) and (obs.structured or hidden_state_shape is not None):
+        raise ConfigError("compact, frame_stack, n_step: the compact layout stores single-tensor observations "
+                          "without hidden states; got " + ("a dict observation" if obs.structured
+                                                           else "hidden_state_shape"))
+    # A dict observation gets here only with frame_stack == n_step == 1 (checked above).
+    single = None if obs.structured else obs.leaves[0]
+    compact = layout_options(() if single is None else single.shape, frame_stack=frame_stack,
+                             padding_type=padding_type, n_step=n_step, gamma=gamma, compact=compact)
+    if single is None:
+        return compact, obs_shape, obs_dtype
+    return compact, single.shape[1:] if frame_stack > 1 else single.shape, single.dtype
+
+
 class ReplayBuffer(RingBuffer[ReplayBatch]):
     """A ring buffer of transitions for off-policy RL, backed by TorchRL.
 
@@ -204,19 +226,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         positive_int("num_envs", num_envs)
-        if (compact is True or frame_stack != 1 or n_step != 1) and (self._obs.structured
-                                                                   or hidden_state_shape is not None):
-            raise ConfigError("compact, frame_stack, n_step: the compact layout stores single-tensor observations "
-                              "without hidden states; got " + ("a dict observation" if self._obs.structured
-                                                               else "hidden_state_shape"))
-        # A dict observation gets here only with frame_stack == n_step == 1 (checked above).
-        single = None if self._obs.structured else self._obs.leaves[0]
-        compact = layout_options(() if single is None else single.shape, frame_stack=frame_stack,
-                                 padding_type=padding_type, n_step=n_step, gamma=gamma, compact=compact)
-        stored_obs_shape: Any = obs_shape
-        if single is not None:
-            stored_obs_shape = single.shape[1:] if frame_stack > 1 else single.shape
-            obs_dtype = single.dtype
+        compact, stored_obs_shape, obs_dtype = _stored_obs(
+            self._obs, obs_shape, obs_dtype, hidden_state_shape, frame_stack=frame_stack, padding_type=padding_type,
+            n_step=n_step, gamma=gamma, compact=compact)
         self._gamma = float(gamma)
         self._attach_stats(stats, num_envs)
         prioritized = as_flag("prioritized", prioritized)
@@ -411,19 +423,14 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             7120.056
         """
         obs = Layout.parse(obs_shape, obs_dtype)
-        single = None if obs.structured else obs.leaves[0]
-        if (single is None or hidden_state_shape is not None) and (compact is True or frame_stack != 1 or n_step != 1):
-            raise ConfigError("compact, frame_stack, n_step: the compact layout stores single-tensor observations "
-                              "without hidden states; got " + ("a dict observation" if single is None
-                                                               else "hidden_state_shape"))
-        compact = layout_options(() if single is None else single.shape, frame_stack=frame_stack,
-                                 padding_type="reset", n_step=n_step, gamma=0.99, compact=compact)
-        stored: Any = obs_shape if single is None else single.shape[1:] if frame_stack > 1 else single.shape
-        specs = replay_specs(stored, as_shape(action_shape, "action_shape"), obs_dtype if single is None
-                             else single.dtype, action_dtype, extra_fields, next_obs=not compact)
+        compact, stored, stored_dtype = _stored_obs(obs, obs_shape, obs_dtype, hidden_state_shape,
+                                                    frame_stack=frame_stack, padding_type="reset", n_step=n_step,
+                                                    gamma=0.99, compact=compact)
+        specs = replay_specs(stored, as_shape(action_shape, "action_shape"), stored_dtype, action_dtype,
+                             extra_fields, next_obs=not compact)
         if hidden_state_shape is not None:
             specs = (*specs, *hidden_state_layout(hidden_state_shape).specs("hidden_state", hidden_state_key))
-        final_obs = 0.0 if single is None else math.prod(stored) * single.dtype.itemsize
+        final_obs = 0.0 if obs.structured else math.prod(stored) * obs.leaves[0].dtype.itemsize
         return row_bytes([(s.shape, s.dtype.itemsize) for s in specs], prioritized=as_flag("prioritized", prioritized),
                          compact=compact, frame_stack=frame_stack, final_obs_bytes=final_obs,
                          episode_length=episode_length)
