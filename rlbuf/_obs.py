@@ -342,6 +342,25 @@ def hidden_state_layout(shape: Any) -> Layout:
     return layout
 
 
+def check_hidden_state(layout: Layout | None, hidden_state: Any) -> None:
+    """Refuse a step whose hidden state is missing (the buffer stores one) or unexpected (it stores none).
+
+    Raises:
+        MissingFieldError: ``hidden_state`` given without a ``layout``, or missing with one.
+
+    Example:
+        >>> check_hidden_state(None, None)
+        >>> check_hidden_state(None, torch.zeros(2, 8))
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.MissingFieldError: hidden_state: this buffer was built without hidden_state_shape
+    """
+    if layout is None and hidden_state is not None:
+        raise MissingFieldError("hidden_state: this buffer was built without hidden_state_shape")
+    if layout is not None and hidden_state is None:
+        raise MissingFieldError("hidden_state: this buffer stores one with every step")
+
+
 def record_layout(options: MutableMapping[str, Any], shape: Any, dtype: Any, *, option: str = "obs_shape",
                   dtype_option: str = "obs_dtype") -> Layout:
     """Parse a structured option and keep its plain form in the buffer's recorded ``options``.

@@ -37,6 +37,7 @@ from rlbuf._obs import (
     Layout,
     ObsDtype,
     ObsShape,
+    check_hidden_state,
     hidden_state_key,
     hidden_state_layout,
     leaf_names,
@@ -491,9 +492,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             truncated = False if self._num_envs == 1 else self._no_truncation
         if len(extras) != len(self._extra_specs) or (extras and extras.keys() != self._extra_specs.keys()):
             check_extras(self._extra_specs, extras)
-        if (self._hidden is None) != (hidden_state is None):
-            raise MissingFieldError("hidden_state: this buffer stores one with every step" if hidden_state is None
-                                    else "hidden_state: this buffer was built without hidden_state_shape")
+        check_hidden_state(self._hidden, hidden_state)
         if self._compact is not None:
             extra_values = tuple(extras[n] for n in self._extra_specs)
             if env_mask is not None:

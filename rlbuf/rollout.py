@@ -42,6 +42,7 @@ from rlbuf._obs import (
     Layout,
     ObsDtype,
     ObsShape,
+    check_hidden_state,
     hidden_state_key,
     hidden_state_layout,
     leaf_names,
@@ -307,9 +308,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             raise MissingFieldError("privileged_obs: this buffer stores privileged observations with every step")
         if not self._has_privileged and privileged_obs is not None:
             raise MissingFieldError("privileged_obs: this buffer was built without privileged_obs_shape")
-        if (self._hidden is None) != (hidden_state is None):
-            raise MissingFieldError("hidden_state: this buffer stores one with every step" if hidden_state is None
-                                    else "hidden_state: this buffer was built without hidden_state_shape")
+        check_hidden_state(self._hidden, hidden_state)
         check_extras(self._extra_specs, extras)  # before: done= gets the rlbuf names
         required = {"action": action, "reward": reward, "terminated": terminated, "value": value, "log_prob": log_prob}
         missing = [name for name, given in required.items() if given is None]
