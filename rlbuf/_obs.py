@@ -25,7 +25,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 import torch
-from tensordict import TensorDict, is_tensor_collection
+from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 
 from rlbuf.errors import ConfigError, MissingFieldError, ShapeError
 from rlbuf.spec import FieldSpec, NestedKey
@@ -313,6 +313,30 @@ def torchrl_env_key(key: NestedKey) -> NestedKey | None:
         return None
     stripped = tuple(k for k in key if k != "observation")
     return stripped[0] if len(stripped) == 1 else stripped
+
+
+def read_td(td: TensorDictBase, spec: FieldSpec, lead: tuple[int, ...]) -> torch.Tensor:
+    """The value of ``spec`` in a TorchRL tensordict of batch size ``lead``, at its key or the env's key.
+
+    Raises:
+        MissingFieldError: neither key is in ``td``.
+        ShapeError: the value is not ``[*lead, *shape]`` (a scalar's trailing 1 optional).
+
+    Example:
+        >>> td = TensorDict({"next": {"reward": torch.ones(4, 1)}}, batch_size=[4])
+        >>> read_td(td, FieldSpec("reward", ("next", "reward"), (), torch.float32, trailing_one=True), (4,)).shape
+        torch.Size([4, 1])
+    """
+    value: torch.Tensor | None = td.get(spec.key, None)
+    env_key = torchrl_env_key(spec.key)
+    if value is None and env_key is not None:
+        value = td.get(env_key, None)
+    if value is None:
+        raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
+    if not spec.fits_rows(value.shape, lead):
+        raise ShapeError(f"{spec.name}: expected shape {(*lead, *spec.td_shape)} at key {spec.key!r}, "
+                         f"got {tuple(value.shape)}")
+    return value
 
 
 def hidden_state_key(path: Path) -> str:

@@ -35,9 +35,8 @@ from torchrl.data import RandomSampler
 from rlbuf._base import RingBuffer, as_shape, extra_specs, refuse_foreign_options
 from rlbuf._core import _as_rows as rows_of
 from rlbuf._core import check_extras
-from rlbuf._obs import ObsDtype, ObsShape, leaf_names, record_layout
+from rlbuf._obs import ObsDtype, ObsShape, leaf_names, read_td, record_layout
 from rlbuf.batches import DistillationBatch
-from rlbuf.replay import _read_td as read_td
 from rlbuf.spaces import resolve_fields
 from rlbuf.spec import ExtraFields, FieldSpec, as_array
 from rlbuf.storage import DeviceLike, StorageKind

@@ -41,8 +41,8 @@ from rlbuf._obs import (
     hidden_state_key,
     hidden_state_layout,
     leaf_names,
+    read_td,
     record_layout,
-    torchrl_env_key,
 )
 from rlbuf._sizing import row_bytes
 from rlbuf._streams import PaddingType
@@ -53,7 +53,6 @@ from rlbuf.errors import (
     BatchSizeError,
     CheckpointError,
     ConfigError,
-    MissingFieldError,
     PriorityError,
     ShapeError,
 )
@@ -601,7 +600,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         for spec in self._ring.specs:
             if spec.name in ("truncated", "done") or (compact is not None and spec.name == "obs"):
                 continue
-            tensors[spec.name] = _read_td(td, spec, lead)
+            tensors[spec.name] = read_td(td, spec, lead)
         tensors["truncated"] = _truncated_from(td, lead, tensors["terminated"])
         if self._stats is not None and not (len(lead) == 2 and lead[0] == self._num_envs):
             raise ShapeError(f"td: a buffer with stats needs batch size ({self._num_envs}, T) to tell envs "
@@ -611,7 +610,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         if compact is None:
             self._ring.write_tensors(tensors, rows)
         else:
-            obs, next_obs = (_read_td(td, spec, lead).reshape(rows, *spec.shape)
+            obs, next_obs = (read_td(td, spec, lead).reshape(rows, *spec.shape)
                              for spec in (compact.obs_spec, compact.next_obs_spec))
             compact.write(obs, next_obs, tensors["terminated"], tensors["truncated"], compact.env_ids_of(lead),
                           lambda frames, done, cut: self._ring.write_tensors(
@@ -793,19 +792,6 @@ def _human_bytes(count: float) -> str:
             return f"{count:.4g} {unit}"
         count /= 1000
     return f"{count:.4g} GB"
-
-
-def _read_td(td: TensorDictBase, spec: FieldSpec, lead: tuple[int, ...]) -> torch.Tensor:
-    value: torch.Tensor | None = td.get(spec.key, None)
-    env_key = torchrl_env_key(spec.key)
-    if value is None and env_key is not None:
-        value = td.get(env_key, None)
-    if value is None:
-        raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
-    if not spec.fits_rows(value.shape, lead):
-        raise ShapeError(f"{spec.name}: expected shape {(*lead, *spec.td_shape)} at key {spec.key!r}, "
-                         f"got {tuple(value.shape)}")
-    return value
 
 
 def _flag(td: TensorDictBase, key: tuple[str, str], lead: tuple[int, ...]) -> torch.Tensor | None:
