@@ -404,7 +404,16 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                                       columns["terminated"].view(steps, -1).T, columns["truncated"].view(steps, -1).T)
 
     def clear(self) -> None:
-        """Empty the rollout (for the next one); extras attached with [`set_extras`][rlbuf.RolloutBuffer.set_extras] go too."""
+        """Empty the rollout (for the next one); extras attached with [`set_extras`][rlbuf.RolloutBuffer.set_extras] go too.
+
+        Example:
+            >>> buf = RolloutBuffer(1, 2, obs_shape=(3,), action_shape=())
+            >>> buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]),
+            ...         torch.zeros(2), torch.zeros(2))
+            >>> buf.clear()
+            >>> buf.steps, buf.advantages_ready
+            (0, False)
+        """
         super().clear()
         self._attached.clear()
         self._advantages_ready = False
@@ -672,7 +681,12 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                              hidden, env, start, extras)
 
     def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
-        """Minibatches per epoch for ``batch_size`` over the full rollout."""
+        """Minibatches per epoch for ``batch_size`` over the full rollout.
+
+        Example:
+            >>> RolloutBuffer(4, 2, obs_shape=(3,), action_shape=()).num_batches(3)
+            3
+        """
         return len(batch_bounds(self.capacity, batch_size=batch_size, drop_last=as_flag("drop_last", drop_last)))
 
     def _extra_state(self) -> dict[str, Any]:
