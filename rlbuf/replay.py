@@ -63,7 +63,6 @@ from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
 
 _MAX_PRIORITY = 1e100
-_FIXED = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 _PER_ALPHA, _PER_BETA = 0.6, 0.4
 
 
