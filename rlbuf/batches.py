@@ -67,7 +67,20 @@ class _ExtrasAccess:
 
 
 @dataclass(slots=True, frozen=True)
-class ReplayBatch(_ExtrasAccess):
+class _TransitionFields(_ExtrasAccess):
+    """The fields of replayed steps, one each ([`ReplayBatch`][rlbuf.ReplayBatch]) or in sequences (``ReplaySequenceBatch``)."""
+
+    obs: torch.Tensor | TensorDict
+    action: torch.Tensor
+    reward: torch.Tensor
+    next_obs: torch.Tensor | TensorDict
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    done: torch.Tensor
+
+
+@dataclass(slots=True, frozen=True)
+class ReplayBatch(_TransitionFields):
     """A batch of transitions sampled from a [`ReplayBuffer`][rlbuf.ReplayBuffer].
 
     Scalars per transition (``reward``, ``terminated``, ``truncated``, ``done``, ``index``,
@@ -91,13 +104,6 @@ class ReplayBatch(_ExtrasAccess):
         hidden_state: the hidden state stored with each transition, or ``None`` without one.
     """
 
-    obs: torch.Tensor | TensorDict
-    action: torch.Tensor
-    reward: torch.Tensor
-    next_obs: torch.Tensor | TensorDict
-    terminated: torch.Tensor
-    truncated: torch.Tensor
-    done: torch.Tensor
     index: torch.Tensor
     weight: torch.Tensor
     discount: torch.Tensor

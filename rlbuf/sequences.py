@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from tensordict import TensorDict
 
-from rlbuf.batches import _ExtrasAccess, _OnPolicyFields, _torchrl_layout, set_hidden_state
+from rlbuf.batches import _OnPolicyFields, _torchrl_layout, _TransitionFields, set_hidden_state
 from rlbuf.errors import BatchSizeError
 
 
@@ -208,7 +208,7 @@ class SequenceBatch(_OnPolicyFields):
 
 
 @dataclass(slots=True, frozen=True)
-class ReplaySequenceBatch(_ExtrasAccess):
+class ReplaySequenceBatch(_TransitionFields):
     """Sequences of consecutive steps of one env each, from [`ReplayBuffer.sample_sequences`][rlbuf.ReplayBuffer.sample_sequences].
 
     Batch first: every field is ``[B, burn_in + length, ...]``; the first ``burn_in`` steps
@@ -236,13 +236,6 @@ class ReplaySequenceBatch(_ExtrasAccess):
         extras: extra fields ``[B, S, ...]`` (also readable as attributes).
     """
 
-    obs: torch.Tensor | TensorDict
-    action: torch.Tensor
-    reward: torch.Tensor
-    next_obs: torch.Tensor | TensorDict
-    terminated: torch.Tensor
-    truncated: torch.Tensor
-    done: torch.Tensor
     mask: torch.Tensor
     is_first: torch.Tensor
     hidden_state: torch.Tensor | TensorDict | None
