@@ -25,7 +25,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 import torch
-from tensordict import TensorDict, is_tensor_collection
+from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 
 from rlbuf.errors import ConfigError, MissingFieldError, ShapeError
 from rlbuf.spec import FieldSpec, NestedKey
@@ -315,6 +315,30 @@ def torchrl_env_key(key: NestedKey) -> NestedKey | None:
     return stripped[0] if len(stripped) == 1 else stripped
 
 
+def read_td(td: TensorDictBase, spec: FieldSpec, lead: tuple[int, ...]) -> torch.Tensor:
+    """The value of ``spec`` in a TorchRL tensordict of batch size ``lead``, at its key or the env's key.
+
+    Raises:
+        MissingFieldError: neither key is in ``td``.
+        ShapeError: the value is not ``[*lead, *shape]`` (a scalar's trailing 1 optional).
+
+    Example:
+        >>> td = TensorDict({"next": {"reward": torch.ones(4, 1)}}, batch_size=[4])
+        >>> read_td(td, FieldSpec("reward", ("next", "reward"), (), torch.float32, trailing_one=True), (4,)).shape
+        torch.Size([4, 1])
+    """
+    value: torch.Tensor | None = td.get(spec.key, None)
+    env_key = torchrl_env_key(spec.key)
+    if value is None and env_key is not None:
+        value = td.get(env_key, None)
+    if value is None:
+        raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
+    if not spec.fits_rows(value.shape, lead):
+        raise ShapeError(f"{spec.name}: expected shape {(*lead, *spec.td_shape)} at key {spec.key!r}, "
+                         f"got {tuple(value.shape)}")
+    return value
+
+
 def hidden_state_key(path: Path) -> str:
     """TorchRL's recurrent-state keys: ``recurrent_state`` (a GRU) or ``recurrent_state_h`` (an LSTM's ``h``).
 
@@ -340,6 +364,25 @@ def hidden_state_layout(shape: Any) -> Layout:
     if deep:
         raise ConfigError(f"hidden_state_shape: expected a shape or a flat mapping of shapes, got nested keys {deep}")
     return layout
+
+
+def check_hidden_state(layout: Layout | None, hidden_state: Any) -> None:
+    """Refuse a step whose hidden state is missing (the buffer stores one) or unexpected (it stores none).
+
+    Raises:
+        MissingFieldError: ``hidden_state`` given without a ``layout``, or missing with one.
+
+    Example:
+        >>> check_hidden_state(None, None)
+        >>> check_hidden_state(None, torch.zeros(2, 8))
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.MissingFieldError: hidden_state: this buffer was built without hidden_state_shape
+    """
+    if layout is None and hidden_state is not None:
+        raise MissingFieldError("hidden_state: this buffer was built without hidden_state_shape")
+    if layout is not None and hidden_state is None:
+        raise MissingFieldError("hidden_state: this buffer stores one with every step")
 
 
 def record_layout(options: MutableMapping[str, Any], shape: Any, dtype: Any, *, option: str = "obs_shape",

@@ -67,7 +67,20 @@ class _ExtrasAccess:
 
 
 @dataclass(slots=True, frozen=True)
-class ReplayBatch(_ExtrasAccess):
+class _TransitionFields(_ExtrasAccess):
+    """The fields of replayed steps, one each ([`ReplayBatch`][rlbuf.ReplayBatch]) or in sequences (``ReplaySequenceBatch``)."""
+
+    obs: torch.Tensor | TensorDict
+    action: torch.Tensor
+    reward: torch.Tensor
+    next_obs: torch.Tensor | TensorDict
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    done: torch.Tensor
+
+
+@dataclass(slots=True, frozen=True)
+class ReplayBatch(_TransitionFields):
     """A batch of transitions sampled from a [`ReplayBuffer`][rlbuf.ReplayBuffer].
 
     Scalars per transition (``reward``, ``terminated``, ``truncated``, ``done``, ``index``,
@@ -91,13 +104,6 @@ class ReplayBatch(_ExtrasAccess):
         hidden_state: the hidden state stored with each transition, or ``None`` without one.
     """
 
-    obs: torch.Tensor | TensorDict
-    action: torch.Tensor
-    reward: torch.Tensor
-    next_obs: torch.Tensor | TensorDict
-    terminated: torch.Tensor
-    truncated: torch.Tensor
-    done: torch.Tensor
     index: torch.Tensor
     weight: torch.Tensor
     discount: torch.Tensor
@@ -179,7 +185,23 @@ class DistillationBatch(_ExtrasAccess):
 
 
 @dataclass(slots=True, frozen=True)
-class RolloutBatch(_ExtrasAccess):
+class _OnPolicyFields(_ExtrasAccess):
+    """The fields a rollout minibatch holds, flat ([`RolloutBatch`][rlbuf.RolloutBatch]) or padded (``SequenceBatch``)."""
+
+    obs: torch.Tensor | TensorDict
+    privileged_obs: torch.Tensor | None
+    action: torch.Tensor
+    reward: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    value: torch.Tensor
+    log_prob: torch.Tensor
+    advantage: torch.Tensor
+    returns: torch.Tensor
+
+
+@dataclass(slots=True, frozen=True)
+class RolloutBatch(_OnPolicyFields):
     """A minibatch (or the whole rollout, flattened ``T*N``) from a [`RolloutBuffer`][rlbuf.RolloutBuffer].
 
     Attributes:
@@ -199,16 +221,6 @@ class RolloutBatch(_ExtrasAccess):
             ``TensorDict`` for ``{"h": ..., "c": ...}``), or ``None`` without hidden states.
     """
 
-    obs: torch.Tensor | TensorDict
-    privileged_obs: torch.Tensor | None
-    action: torch.Tensor
-    reward: torch.Tensor
-    terminated: torch.Tensor
-    truncated: torch.Tensor
-    value: torch.Tensor
-    log_prob: torch.Tensor
-    advantage: torch.Tensor
-    returns: torch.Tensor
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     hidden_state: torch.Tensor | TensorDict | None = None
 

@@ -35,10 +35,9 @@ from torchrl.data import RandomSampler
 from rlbuf._base import RingBuffer, as_shape, extra_specs, refuse_foreign_options
 from rlbuf._core import _as_rows as rows_of
 from rlbuf._core import check_extras
-from rlbuf._obs import ObsDtype, ObsShape, leaf_names, record_layout
+from rlbuf._obs import ObsDtype, ObsShape, leaf_names, read_td, record_layout
 from rlbuf.batches import DistillationBatch
-from rlbuf.replay import _read_td as read_td
-from rlbuf.spaces import resolve_field
+from rlbuf.spaces import resolve_fields
 from rlbuf.spec import ExtraFields, FieldSpec, as_array
 from rlbuf.storage import DeviceLike, StorageKind
 
@@ -98,10 +97,8 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         **foreign: Any,
     ) -> None:
         refuse_foreign_options(DistillationBuffer.__init__, foreign)
-        obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype,
-                                             space_name="observation_space", shape_name="obs_shape", structured=True)
-        action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype,
-                                                   space_name="action_space", shape_name="action_shape")
+        obs_shape, obs_dtype, action_shape, action_dtype = resolve_fields(
+            observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype)
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         fixed = [*self._obs.specs("obs", "observation"),

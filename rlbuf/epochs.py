@@ -128,6 +128,18 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
 
     Raises:
         BatchSizeError, EmptyBufferError, ConfigError: invalid sizes.
+
+    Example:
+        >>> it = EpochIterator(5, lambda index: index.tolist(), batch_size=2, shuffle=False,
+        ...                    generator=torch.Generator())
+        >>> len(it), it.next_batch()
+        (3, [0, 1])
+        >>> state = it.state_dict()
+        >>> list(it)
+        [[2, 3], [4]]
+        >>> it.load_state_dict(state)
+        >>> it.next_batch()
+        [2, 3]
     """
 
     def __init__(

@@ -37,11 +37,12 @@ from rlbuf._obs import (
     Layout,
     ObsDtype,
     ObsShape,
+    check_hidden_state,
     hidden_state_key,
     hidden_state_layout,
     leaf_names,
+    read_td,
     record_layout,
-    torchrl_env_key,
 )
 from rlbuf._sizing import row_bytes
 from rlbuf._streams import PaddingType
@@ -52,18 +53,16 @@ from rlbuf.errors import (
     BatchSizeError,
     CheckpointError,
     ConfigError,
-    MissingFieldError,
     PriorityError,
     ShapeError,
 )
 from rlbuf.sequences import ReplaySequenceBatch, burn_in_steps, sequence_flags, sequence_starts
-from rlbuf.spaces import resolve_field
+from rlbuf.spaces import resolve_fields
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
 
 _MAX_PRIORITY = 1e100
-_FIXED = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 _PER_ALPHA, _PER_BETA = 0.6, 0.4
 
 
@@ -109,6 +108,28 @@ def replay_specs(obs_shape: Any, action_shape: tuple[int, ...], obs_dtype: Any,
     reserved = {"next_obs": "the next observation of every batch", "discount": "an attribute of every batch",
                 "env_mask": "an argument of add()"}
     return (*specs, *extra_specs(extra_fields, specs, reserved))
+
+
+def _stored_obs(obs: Layout, obs_shape: Any, obs_dtype: Any, hidden_state_shape: Any, *, frame_stack: int,
+                padding_type: PaddingType, n_step: int, gamma: float, compact: bool | None) -> tuple[bool, Any, Any]:
+    """Whether the layout is compact, and the shape and dtype stored per observation (one frame
+    with ``frame_stack > 1``).
+
+    Raises:
+        ConfigError: the compact layout asked for with a dict observation or hidden states, or
+            invalid compact-layout options.
+    """
+    if (compact is True or frame_stack != 1 or n_step != 1) and (obs.structured or hidden_state_shape is not None):
+        raise ConfigError("compact, frame_stack, n_step: the compact layout stores single-tensor observations "
+                          "without hidden states; got " + ("a dict observation" if obs.structured
+                                                           else "hidden_state_shape"))
+    # A dict observation gets here only with frame_stack == n_step == 1 (checked above).
+    single = None if obs.structured else obs.leaves[0]
+    compact = layout_options(() if single is None else single.shape, frame_stack=frame_stack,
+                             padding_type=padding_type, n_step=n_step, gamma=gamma, compact=compact)
+    if single is None:
+        return compact, obs_shape, obs_dtype
+    return compact, single.shape[1:] if frame_stack > 1 else single.shape, single.dtype
 
 
 class ReplayBuffer(RingBuffer[ReplayBatch]):
@@ -199,26 +220,14 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         **foreign: Any,
     ) -> None:
         refuse_foreign_options(ReplayBuffer.__init__, foreign)
-        obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype,
-                                             space_name="observation_space", shape_name="obs_shape", structured=True)
-        action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype,
-                                                   space_name="action_space", shape_name="action_shape")
+        obs_shape, obs_dtype, action_shape, action_dtype = resolve_fields(
+            observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype)
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         positive_int("num_envs", num_envs)
-        if (compact is True or frame_stack != 1 or n_step != 1) and (self._obs.structured
-                                                                   or hidden_state_shape is not None):
-            raise ConfigError("compact, frame_stack, n_step: the compact layout stores single-tensor observations "
-                              "without hidden states; got " + ("a dict observation" if self._obs.structured
-                                                               else "hidden_state_shape"))
-        # A dict observation gets here only with frame_stack == n_step == 1 (checked above).
-        single = None if self._obs.structured else self._obs.leaves[0]
-        compact = layout_options(() if single is None else single.shape, frame_stack=frame_stack,
-                                 padding_type=padding_type, n_step=n_step, gamma=gamma, compact=compact)
-        stored_obs_shape: Any = obs_shape
-        if single is not None:
-            stored_obs_shape = single.shape[1:] if frame_stack > 1 else single.shape
-            obs_dtype = single.dtype
+        compact, stored_obs_shape, obs_dtype = _stored_obs(
+            self._obs, obs_shape, obs_dtype, hidden_state_shape, frame_stack=frame_stack, padding_type=padding_type,
+            n_step=n_step, gamma=gamma, compact=compact)
         self._gamma = float(gamma)
         self._attach_stats(stats, num_envs)
         prioritized = as_flag("prioritized", prioritized)
@@ -413,19 +422,14 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             7120.056
         """
         obs = Layout.parse(obs_shape, obs_dtype)
-        single = None if obs.structured else obs.leaves[0]
-        if (single is None or hidden_state_shape is not None) and (compact is True or frame_stack != 1 or n_step != 1):
-            raise ConfigError("compact, frame_stack, n_step: the compact layout stores single-tensor observations "
-                              "without hidden states; got " + ("a dict observation" if single is None
-                                                               else "hidden_state_shape"))
-        compact = layout_options(() if single is None else single.shape, frame_stack=frame_stack,
-                                 padding_type="reset", n_step=n_step, gamma=0.99, compact=compact)
-        stored: Any = obs_shape if single is None else single.shape[1:] if frame_stack > 1 else single.shape
-        specs = replay_specs(stored, as_shape(action_shape, "action_shape"), obs_dtype if single is None
-                             else single.dtype, action_dtype, extra_fields, next_obs=not compact)
+        compact, stored, stored_dtype = _stored_obs(obs, obs_shape, obs_dtype, hidden_state_shape,
+                                                    frame_stack=frame_stack, padding_type="reset", n_step=n_step,
+                                                    gamma=0.99, compact=compact)
+        specs = replay_specs(stored, as_shape(action_shape, "action_shape"), stored_dtype, action_dtype,
+                             extra_fields, next_obs=not compact)
         if hidden_state_shape is not None:
             specs = (*specs, *hidden_state_layout(hidden_state_shape).specs("hidden_state", hidden_state_key))
-        final_obs = 0.0 if single is None else math.prod(stored) * single.dtype.itemsize
+        final_obs = 0.0 if obs.structured else math.prod(stored) * obs.leaves[0].dtype.itemsize
         return row_bytes([(s.shape, s.dtype.itemsize) for s in specs], prioritized=as_flag("prioritized", prioritized),
                          compact=compact, frame_stack=frame_stack, final_obs_bytes=final_obs,
                          episode_length=episode_length)
@@ -486,9 +490,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             truncated = False if self._num_envs == 1 else self._no_truncation
         if len(extras) != len(self._extra_specs) or (extras and extras.keys() != self._extra_specs.keys()):
             check_extras(self._extra_specs, extras)
-        if (self._hidden is None) != (hidden_state is None):
-            raise MissingFieldError("hidden_state: this buffer stores one with every step" if hidden_state is None
-                                    else "hidden_state: this buffer was built without hidden_state_shape")
+        check_hidden_state(self._hidden, hidden_state)
         if self._compact is not None:
             extra_values = tuple(extras[n] for n in self._extra_specs)
             if env_mask is not None:
@@ -597,7 +599,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         for spec in self._ring.specs:
             if spec.name in ("truncated", "done") or (compact is not None and spec.name == "obs"):
                 continue
-            tensors[spec.name] = _read_td(td, spec, lead)
+            tensors[spec.name] = read_td(td, spec, lead)
         tensors["truncated"] = _truncated_from(td, lead, tensors["terminated"])
         if self._stats is not None and not (len(lead) == 2 and lead[0] == self._num_envs):
             raise ShapeError(f"td: a buffer with stats needs batch size ({self._num_envs}, T) to tell envs "
@@ -607,7 +609,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         if compact is None:
             self._ring.write_tensors(tensors, rows)
         else:
-            obs, next_obs = (_read_td(td, spec, lead).reshape(rows, *spec.shape)
+            obs, next_obs = (read_td(td, spec, lead).reshape(rows, *spec.shape)
                              for spec in (compact.obs_spec, compact.next_obs_spec))
             compact.write(obs, next_obs, tensors["terminated"], tensors["truncated"], compact.env_ids_of(lead),
                           lambda frames, done, cut: self._ring.write_tensors(
@@ -789,19 +791,6 @@ def _human_bytes(count: float) -> str:
             return f"{count:.4g} {unit}"
         count /= 1000
     return f"{count:.4g} GB"
-
-
-def _read_td(td: TensorDictBase, spec: FieldSpec, lead: tuple[int, ...]) -> torch.Tensor:
-    value: torch.Tensor | None = td.get(spec.key, None)
-    env_key = torchrl_env_key(spec.key)
-    if value is None and env_key is not None:
-        value = td.get(env_key, None)
-    if value is None:
-        raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
-    if not spec.fits_rows(value.shape, lead):
-        raise ShapeError(f"{spec.name}: expected shape {(*lead, *spec.td_shape)} at key {spec.key!r}, "
-                         f"got {tuple(value.shape)}")
-    return value
 
 
 def _flag(td: TensorDictBase, key: tuple[str, str], lead: tuple[int, ...]) -> torch.Tensor | None:

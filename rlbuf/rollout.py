@@ -42,6 +42,7 @@ from rlbuf._obs import (
     Layout,
     ObsDtype,
     ObsShape,
+    check_hidden_state,
     hidden_state_key,
     hidden_state_layout,
     leaf_names,
@@ -62,7 +63,7 @@ from rlbuf.errors import (
 )
 from rlbuf.gae import compute_gae
 from rlbuf.sequences import PaddedTrajectories, SequenceBatch, split_trajectories
-from rlbuf.spaces import resolve_field
+from rlbuf.spaces import resolve_fields
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, check_finite_rows, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
@@ -178,10 +179,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         **foreign: Any,
     ) -> None:
         refuse_foreign_options(RolloutBuffer.__init__, foreign)
-        obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype,
-                                             space_name="observation_space", shape_name="obs_shape", structured=True)
-        action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype,
-                                                   space_name="action_space", shape_name="action_shape")
+        obs_shape, obs_dtype, action_shape, action_dtype = resolve_fields(
+            observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype)
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         positive_int("num_steps", num_steps)
@@ -309,9 +308,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             raise MissingFieldError("privileged_obs: this buffer stores privileged observations with every step")
         if not self._has_privileged and privileged_obs is not None:
             raise MissingFieldError("privileged_obs: this buffer was built without privileged_obs_shape")
-        if (self._hidden is None) != (hidden_state is None):
-            raise MissingFieldError("hidden_state: this buffer stores one with every step" if hidden_state is None
-                                    else "hidden_state: this buffer was built without hidden_state_shape")
+        check_hidden_state(self._hidden, hidden_state)
         check_extras(self._extra_specs, extras)  # before: done= gets the rlbuf names
         required = {"action": action, "reward": reward, "terminated": terminated, "value": value, "log_prob": log_prob}
         missing = [name for name, given in required.items() if given is None]
@@ -407,7 +404,16 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                                       columns["terminated"].view(steps, -1).T, columns["truncated"].view(steps, -1).T)
 
     def clear(self) -> None:
-        """Empty the rollout (for the next one); extras attached with [`set_extras`][rlbuf.RolloutBuffer.set_extras] go too."""
+        """Empty the rollout (for the next one); extras attached with [`set_extras`][rlbuf.RolloutBuffer.set_extras] go too.
+
+        Example:
+            >>> buf = RolloutBuffer(1, 2, obs_shape=(3,), action_shape=())
+            >>> buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]),
+            ...         torch.zeros(2), torch.zeros(2))
+            >>> buf.clear()
+            >>> buf.steps, buf.advantages_ready
+            (0, False)
+        """
         super().clear()
         self._attached.clear()
         self._advantages_ready = False
@@ -675,7 +681,12 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                              hidden, env, start, extras)
 
     def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
-        """Minibatches per epoch for ``batch_size`` over the full rollout."""
+        """Minibatches per epoch for ``batch_size`` over the full rollout.
+
+        Example:
+            >>> RolloutBuffer(4, 2, obs_shape=(3,), action_shape=()).num_batches(3)
+            3
+        """
         return len(batch_bounds(self.capacity, batch_size=batch_size, drop_last=as_flag("drop_last", drop_last)))
 
     def _extra_state(self) -> dict[str, Any]:

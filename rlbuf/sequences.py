@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from tensordict import TensorDict
 
-from rlbuf.batches import _ExtrasAccess, _torchrl_layout, set_hidden_state
+from rlbuf.batches import _OnPolicyFields, _torchrl_layout, _TransitionFields, set_hidden_state
 from rlbuf.errors import BatchSizeError
 
 
@@ -131,7 +131,7 @@ class PaddedTrajectories:
 
 
 @dataclass(slots=True, frozen=True)
-class SequenceBatch(_ExtrasAccess):
+class SequenceBatch(_OnPolicyFields):
     """A minibatch of whole trajectories, time first and padded: ``[L, B, ...]`` with a ``mask``.
 
     ``B`` trajectories (from any envs, in shuffled order), each padded to the longest one's
@@ -158,16 +158,6 @@ class SequenceBatch(_ExtrasAccess):
         extras: extra fields, padded like the rest (also readable as attributes).
     """
 
-    obs: torch.Tensor | TensorDict
-    privileged_obs: torch.Tensor | None
-    action: torch.Tensor
-    reward: torch.Tensor
-    terminated: torch.Tensor
-    truncated: torch.Tensor
-    value: torch.Tensor
-    log_prob: torch.Tensor
-    advantage: torch.Tensor
-    returns: torch.Tensor
     mask: torch.Tensor
     hidden_state: torch.Tensor | TensorDict | None
     env: torch.Tensor
@@ -218,7 +208,7 @@ class SequenceBatch(_ExtrasAccess):
 
 
 @dataclass(slots=True, frozen=True)
-class ReplaySequenceBatch(_ExtrasAccess):
+class ReplaySequenceBatch(_TransitionFields):
     """Sequences of consecutive steps of one env each, from [`ReplayBuffer.sample_sequences`][rlbuf.ReplayBuffer.sample_sequences].
 
     Batch first: every field is ``[B, burn_in + length, ...]``; the first ``burn_in`` steps
@@ -246,13 +236,6 @@ class ReplaySequenceBatch(_ExtrasAccess):
         extras: extra fields ``[B, S, ...]`` (also readable as attributes).
     """
 
-    obs: torch.Tensor | TensorDict
-    action: torch.Tensor
-    reward: torch.Tensor
-    next_obs: torch.Tensor | TensorDict
-    terminated: torch.Tensor
-    truncated: torch.Tensor
-    done: torch.Tensor
     mask: torch.Tensor
     is_first: torch.Tensor
     hidden_state: torch.Tensor | TensorDict | None

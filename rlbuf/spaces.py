@@ -138,6 +138,28 @@ def resolve_field(space: Any, shape: Any, dtype: Any, *, space_name: str, shape_
     return space_shape, space_dtype if dtype is None else dtype
 
 
+def resolve_fields(observation_space: Any, obs_shape: Any, obs_dtype: Any, action_space: Any, action_shape: Any,
+                   action_dtype: Any) -> tuple[Any, Any, Any, Any]:
+    """A buffer constructor's ``(obs_shape, obs_dtype, action_shape, action_dtype)``, from spaces or shapes.
+
+    Each pair goes through ``resolve_field``; observations may be structured (a dict observation),
+    actions may not.
+
+    Raises:
+        ConfigError: a space and its shape both given, or neither, or an unsupported space.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> resolve_fields(None, (3,), None, gym.spaces.Discrete(2), None, None)
+        ((3,), None, (), torch.int64)
+    """
+    obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype, space_name="observation_space",
+                                         shape_name="obs_shape", structured=True)
+    action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype, space_name="action_space",
+                                               shape_name="action_shape")
+    return obs_shape, obs_dtype, action_shape, action_dtype
+
+
 def _torch_dtype(dtype: Any, name: str) -> torch.dtype:
     try:
         return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype

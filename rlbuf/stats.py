@@ -68,11 +68,6 @@ class _Episode:
     metrics: dict[str, float]
 
 
-def _as_cpu_array(name: str, value: object) -> np.ndarray[Any, Any]:
-    """One field as a numpy array on the CPU (the checked conversion of [`rlbuf.spec`][rlbuf.spec])."""
-    return as_array(name, value)
-
-
 def _kind(value: torch.Tensor | np.ndarray[Any, Any]) -> str:
     """The numpy dtype kind of a tensor or array, without moving the tensor."""
     if isinstance(value, np.ndarray):
@@ -233,7 +228,7 @@ class EpisodeStats:
             self._return_view[0] += reward
             self._length_view[0] += 1
             return
-        reward_a = self._check_shape("reward", _as_cpu_array("reward", reward))
+        reward_a = self._check_shape("reward", as_array("reward", reward))
         if reward_a.dtype.kind not in _REWARD_KINDS:
             raise DtypeError(f"reward: expected a float or int dtype, got {reward_a.dtype}")
         if reward_a.dtype.kind == "f" and not np.isfinite(reward_a).all():
@@ -517,7 +512,7 @@ class EpisodeStats:
         raise ShapeError(f"{name}: expected shape {self._expected}, got {tuple(value.shape)}")
 
     def _check_flag(self, name: str, value: _Values) -> np.ndarray[Any, Any]:
-        flag = self._check_shape(name, _as_cpu_array(name, value))
+        flag = self._check_shape(name, as_array(name, value))
         if flag.dtype != np.bool_:
             raise DtypeError(f"{name}: expected dtype bool, got {flag.dtype}")
         return flag
@@ -583,7 +578,7 @@ class EpisodeStats:
         ended = {}
         for name, value in metrics.items():
             field = f"metrics[{name!r}]"
-            column = _as_cpu_array(field, value)[index].astype(np.float64)
+            column = as_array(field, value)[index].astype(np.float64)
             if not np.isfinite(column).all():
                 i = int(np.flatnonzero(~np.isfinite(column))[0])
                 raise NonFiniteError(
