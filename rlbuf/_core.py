@@ -478,7 +478,7 @@ class RowRing:
                 if self.handed_out:
                     self.flush()  # TorchRL's storage and writer are read directly: keep them current
                 return
-        by_name = {spec.name: _as_rows(value, spec.shape, rows) for spec, value in zip(self.input_specs, values, strict=True)}
+        by_name = {spec.name: as_rows(value, spec.shape, rows) for spec, value in zip(self.input_specs, values, strict=True)}
         self.write_tensors(by_name, rows)
 
     def _stage(self, values: Sequence[Any], rows: int) -> bool:
@@ -754,7 +754,13 @@ def _tensor_input(plan: _FieldPlan, value: torch.Tensor) -> np.ndarray[Any, Any]
     return as_array(plan.spec.name, value)
 
 
-def _as_rows(value: Any, shape: tuple[int, ...], rows: int) -> torch.Tensor:
+def as_rows(value: Any, shape: tuple[int, ...], rows: int) -> torch.Tensor:
+    """``value`` as a tensor with its rows dim (one row may omit it); not checked here.
+
+    Example:
+        >>> as_rows(torch.zeros(3), (3,), 1).shape
+        torch.Size([1, 3])
+    """
     tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
     if rows == 1 and tuple(tensor.shape) == shape:
         tensor = tensor.unsqueeze(0)

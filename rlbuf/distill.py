@@ -33,8 +33,7 @@ from tensordict import TensorDictBase
 from torchrl.data import RandomSampler
 
 from rlbuf._base import RingBuffer, as_shape, extra_specs, refuse_foreign_options
-from rlbuf._core import _as_rows as rows_of
-from rlbuf._core import check_extras
+from rlbuf._core import as_rows, check_extras
 from rlbuf._obs import ObsDtype, ObsShape, leaf_names, read_td, record_layout
 from rlbuf.batches import DistillationBatch
 from rlbuf.spaces import resolve_fields
@@ -148,7 +147,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         if rows == self._num_envs:
             self._ring.add(ordered, rows)
             return
-        tensors = {spec.name: rows_of(value if isinstance(value, torch.Tensor) else as_array(spec.name, value),
+        tensors = {spec.name: as_rows(value if isinstance(value, torch.Tensor) else as_array(spec.name, value),
                                       spec.shape, rows)
                    for spec, value in zip(self._ring.input_specs, ordered, strict=True)}
         if rows == 0:
