@@ -185,6 +185,12 @@ def read_config(run_dir: Path) -> dict[str, Any]:
 
     Raises:
         ConfigError: missing or unreadable (not a demo output folder).
+
+    Example:
+        >>> import tempfile
+        >>> read_config(Path(tempfile.mkdtemp()))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        rlbuf.errors.ConfigError: ...: not a demo output folder (...)
     """
     try:
         config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
@@ -204,6 +210,16 @@ def setup(args: RunArgs, demo: str) -> Path:
 
     Raises:
         ConfigError: a fresh run pointed at a folder that already holds a run.
+
+    Example:
+        >>> import tempfile
+        >>> args = RunArgs(out=tempfile.mkdtemp() + "/run", seed=7)
+        >>> out = setup(args, "ppo")
+        >>> read_config(out)["demo"], read_config(out)["seed"]
+        ('ppo', 7)
+        >>> setup(args, "ppo")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        rlbuf.errors.ConfigError: --out .../run: already holds a run; pass --resume .../run to continue it, or another --out
     """
     torch.set_num_threads(1)  # measured fastest for these small networks on the 2-core machines
     logging.getLogger("torchrl").setLevel(logging.WARNING)
@@ -230,7 +246,12 @@ def seed_all(seed: int) -> None:
 
 
 def env_seed(seed: int, frames: int) -> int:
-    """The seed the envs are reset with at ``frames`` (run start and every checkpoint)."""
+    """The seed the envs are reset with at ``frames`` (run start and every checkpoint).
+
+    Example:
+        >>> env_seed(1, 0) == env_seed(1, 0) != env_seed(1, 2048)
+        True
+    """
     return int(np.random.SeedSequence([seed, frames]).generate_state(1)[0])
 
 
