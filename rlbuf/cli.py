@@ -63,7 +63,7 @@ def build_parser(demos: Iterable[str] | None = None) -> argparse.ArgumentParser:
             continue
         from rlbuf.demos._run import add_arguments
 
-        module = importlib.import_module(f"rlbuf.demos.{name.replace('-', '_')}")
+        module = _demo_module(name)
         sub = subparsers.add_parser(name, help=description, description=(module.__doc__ or "").replace("``", ""),
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
         add_arguments(sub, module.Args)
@@ -97,10 +97,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _demo(options)
 
 
+def _demo_module(name: str) -> Any:
+    """The module of the demo ``name``: the name with ``_`` for ``-`` (imports torch and TorchRL)."""
+    return importlib.import_module(f"rlbuf.demos.{name.replace('-', '_')}")
+
+
 def _demo(options: argparse.Namespace) -> int:
     from rlbuf.demos._run import WINDOW, Interrupted, resolve_args, stop_on_interrupt
 
-    module = importlib.import_module(f"rlbuf.demos.{options.demo.replace('-', '_')}")
+    module = _demo_module(options.demo)
     given: dict[str, Any] = {k: v for k, v in vars(options).items() if k not in ("command", "demo")}
     try:
         args = resolve_args(module.Args, given, options.demo)

@@ -502,13 +502,14 @@ def test_out_sharing_memory_is_refused_and_left_untouched(backend: str) -> None:
     columns = torch.full((4, 3, 2), 7.0)  # two views of one tensor, overlapping in memory
     with pytest.raises(ConfigError, match="out: expected two separate tensors"):
         call(out=(columns[..., 0], columns.flatten()[:12].view(4, 3)), backend=backend)
-    before = reward.clone()
+    before, value_before = reward.clone(), value.clone()
     with pytest.raises(ConfigError, match=r"out\[0\] \(advantage\): expected a tensor of its own, got one sharing memory with reward"):
         call(reward=reward, value=value, out=(reward, torch.empty(4, 3)), backend=backend)
     assert torch.equal(reward, before)
     with pytest.raises(ConfigError, match=r"out\[1\] \(returns\): .* sharing memory with value"):
         call(reward=reward, value=value, out=(torch.empty(4, 3), value.view(4, 3)), backend=backend)
-    assert torch.equal(both, torch.full((4, 3), 7.0))
+    assert torch.equal(value, value_before)
+    assert torch.equal(both, torch.full((4, 3), 7.0)) and torch.equal(columns, torch.full((4, 3, 2), 7.0))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

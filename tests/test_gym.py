@@ -98,10 +98,15 @@ def build(kind: str, envs: gym.vector.VectorEnv, steps: int = STEPS) -> Any:
     return DistillationBuffer(10_000, **spaces)
 
 
-def drive(envs: gym.vector.VectorEnv, buffer: Any, steps: int = STEPS, as_torch: bool = False) -> dict[str, Any]:
-    """Step random actions through ``envs`` into ``buffer`` via a Recorder; return what was recorded."""
-    recorder = Recorder(envs, buffer, bootstrap=(lambda final: [code(o) for o in np.asarray(final)])
-                        if isinstance(buffer, RolloutBuffer) else None)
+def drive(envs: gym.vector.VectorEnv, buffer: Any, steps: int = STEPS, as_torch: bool = False) -> Recorder:
+    """Step random actions through ``envs`` into ``buffer`` via a Recorder; return the Recorder.
+
+    The critic (``bootstrap``) reads the ``state`` key of dict final observations.
+    """
+    def bootstrap(final: Any) -> list[float]:
+        return [code(o) for o in np.asarray(final["state"] if isinstance(final, dict) else final)]
+
+    recorder = Recorder(envs, buffer, bootstrap=bootstrap if isinstance(buffer, RolloutBuffer) else None)
     mode = envs.metadata["autoreset_mode"]
     obs, _ = envs.reset(seed=0)
     rng = np.random.default_rng(0)
@@ -120,7 +125,7 @@ def drive(envs: gym.vector.VectorEnv, buffer: Any, steps: int = STEPS, as_torch:
             if ended.any():
                 obs, _ = envs.reset(options={"reset_mask": ended})
     envs.close()
-    return {"recorder": recorder}
+    return recorder
 
 
 def check_episodes(obs_rows: np.ndarray) -> None:
@@ -160,7 +165,7 @@ def test_replay_stores_exactly_the_consecutive_pairs(mode: AutoresetMode) -> Non
     check_transition_flags(obs, data.reward.numpy(), data.terminated.numpy(), data.truncated.numpy())
     check_episodes(obs)
     assert data.truncated.any() and data.terminated.any()
-    skipped = recorded["recorder"].skipped
+    skipped = recorded.skipped
     assert len(buffer) == NUM_ENVS * STEPS - skipped
     assert (skipped > 0) == (mode == AutoresetMode.NEXT_STEP)
     # The stats saw each episode once, with its real length and return (no reset step counted).
@@ -202,7 +207,7 @@ def test_distillation_stores_every_real_observation_once(mode: AutoresetMode) ->
     recorded = drive(envs, buffer)
     data = buffer.sample_all()
     check_episodes(data.obs.numpy())
-    assert len(buffer) == NUM_ENVS * STEPS - recorded["recorder"].skipped
+    assert len(buffer) == NUM_ENVS * STEPS - recorded.skipped
     assert data.expert_action.dtype == torch.int64
 
 
@@ -402,7 +407,7 @@ def test_compact_frame_stacked_n_step_buffer_stores_exactly_the_real_transitions
     buffer = ReplayBuffer(10_000, num_envs=NUM_ENVS, observation_space=envs.single_observation_space,
                           action_space=envs.single_action_space, frame_stack=STACK, n_step=n_step, gamma=gamma,
                           stats=EpisodeStats(NUM_ENVS))
-    recorder = drive(envs, buffer)["recorder"]
+    recorder = drive(envs, buffer)
     assert buffer.compact and len(buffer) == NUM_ENVS * STEPS - recorder.skipped
     assert (recorder.skipped > 0) == (mode == AutoresetMode.NEXT_STEP)
     data = buffer.sample_all()
@@ -571,13 +576,15 @@ class DictCountingEnv(CountingEnv):
 @pytest.mark.parametrize("kind", ["replay", "rollout", "distill"])
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 def test_dict_observations_through_the_recorder(mode: AutoresetMode, kind: str) -> None:
-    if kind == "rollout" and mode == AutoresetMode.NEXT_STEP:
-        return  # refused for every observation kind (see the test above)
     makers = [lambda i=i: gym.wrappers.TimeLimit(DictCountingEnv(i), max_episode_steps=time_limit(i))
               for i in range(NUM_ENVS)]
     envs = gym.vector.SyncVectorEnv(makers, autoreset_mode=mode)
     buffer = build(kind, envs)
-    recorded = drive_dict(envs, buffer)
+    if kind == "rollout" and mode == AutoresetMode.NEXT_STEP:  # refused for every observation kind
+        with pytest.raises(ConfigError, match="SAME_STEP"):
+            Recorder(envs, buffer)
+        return
+    recorded = drive(envs, buffer)
     data = buffer.sample_all()
     state, camera = data.obs["state"].numpy(), data.obs["camera"].numpy()
     assert camera.dtype == np.uint8 and (camera[:, 0, 0] == state[:, 2] % 256).all()
@@ -591,25 +598,3 @@ def test_dict_observations_through_the_recorder(mode: AutoresetMode, kind: str) 
         assert truncated.any()
         assert (buffer.sample_all().extras["next_code"].numpy()[truncated] == 0).all()
     assert len(buffer) == NUM_ENVS * STEPS - recorded.skipped
-
-
-def drive_dict(envs: gym.vector.VectorEnv, buffer: Any) -> Recorder:
-    """``drive`` for dict observations: the critic reads the ``state`` key of final observations."""
-    recorder = Recorder(envs, buffer, bootstrap=(lambda final: [code(o) for o in np.asarray(final["state"])])
-                        if isinstance(buffer, RolloutBuffer) else None)
-    obs, _ = envs.reset(seed=0)
-    rng = np.random.default_rng(0)
-    for _ in range(STEPS):
-        next_obs, reward, terminated, truncated, info = envs.step(rng.integers(0, 2, NUM_ENVS))
-        fields: dict[str, Any] = {}
-        if isinstance(buffer, RolloutBuffer):
-            fields = {"value": np.zeros(NUM_ENVS, np.float32), "log_prob": np.zeros(NUM_ENVS, np.float32),
-                      "next_code": np.zeros(NUM_ENVS, np.float32)}
-        recorder.record(obs, rng.integers(0, 2, NUM_ENVS), reward, next_obs, terminated, truncated, info, **fields)
-        obs = next_obs
-        if envs.metadata["autoreset_mode"] == AutoresetMode.DISABLED:
-            ended = np.asarray(terminated) | np.asarray(truncated)
-            if ended.any():
-                obs, _ = envs.reset(options={"reset_mask": ended})
-    envs.close()
-    return recorder

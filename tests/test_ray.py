@@ -18,11 +18,12 @@ from tensordict import TensorDict
 
 ray = pytest.importorskip("ray")
 
+from _rows import check_id_rows, id_rows  # noqa: E402
+
 from rlbuf import (  # noqa: E402
     ConfigError,
     DtypeError,
     EmptyBufferError,
-    ReplayBatch,
     ReplayBuffer,
     ShapeError,
     Transition,
@@ -38,6 +39,7 @@ def ray_cluster() -> Iterator[None]:
     """One local Ray instance for the module, on loopback, shut down at the end."""
     # Workers cannot import this test module by name: send its functions by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.cloudpickle.register_pickle_by_value(sys.modules[id_rows.__module__])
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     yield
     try:
@@ -49,26 +51,14 @@ def ray_cluster() -> Iterator[None]:
 
 
 def _rows(uid: torch.Tensor) -> TensorDict:
-    """Rows whose every field is derived from a unique id, so a torn row cannot pass."""
-    n = uid.numel()
-    return TensorDict({
-        "observation": uid[:, None].expand(n, 3).clone(), "action": uid[:, None].expand(n, 2).clone(),
-        ("next", "observation"): uid[:, None].expand(n, 3) + 0.5, ("next", "reward"): uid[:, None].clone(),
-        ("next", "terminated"): (uid % 2 == 0)[:, None], ("next", "truncated"): torch.zeros(n, 1, dtype=torch.bool),
-        "step_count": torch.zeros(n, 1, dtype=torch.int64),    # a key the buffer does not store
-    }, batch_size=[n])
+    rows = id_rows(uid)
+    rows["step_count"] = torch.zeros(uid.numel(), 1, dtype=torch.int64)  # a key the buffer does not store
+    return rows
 
 
 def _chunk(worker: int, chunk: int) -> TensorDict:
     first = worker * 1_000_000 + chunk * ROWS
     return _rows(torch.arange(first, first + ROWS, dtype=torch.float32))
-
-
-def _check_rows(batch: ReplayBatch) -> None:
-    assert torch.equal(batch.obs[:, 0], batch.reward)
-    assert torch.equal(batch.action[:, 1], batch.reward)
-    assert torch.equal(batch.next_obs[:, 2], batch.reward + 0.5)
-    assert torch.equal(batch.terminated, batch.reward % 2 == 0)
 
 
 def _new_buffer(capacity: int = 4096, **options: Any) -> RemoteReplayBuffer:
@@ -116,11 +106,11 @@ def test_two_remote_writers_store_every_transition_exactly_once() -> None:
         while pending or samples == 0:
             _, pending = ray.wait(pending, timeout=0.05)
             if len(buffer):
-                _check_rows(buffer.sample(64))          # the learner samples while writers write
+                check_id_rows(buffer.sample(64))          # the learner samples while writers write
                 samples += 1
         assert ray.get(writers) == [CHUNKS, CHUNKS * ROWS]
         stored = buffer.sample_all()
-        _check_rows(stored)
+        check_id_rows(stored)
         ids = stored.reward.tolist()
         expected = {float(w * 1_000_000 + i) for w in (1, 2) for i in range(CHUNKS * ROWS)}
         assert len(ids) == len(buffer) == len(expected) and set(ids) == expected
@@ -148,7 +138,7 @@ def test_a_killed_writer_leaves_whole_chunks_and_the_buffer_keeps_serving() -> N
             ray.get(running)
         ids = _ids(buffer, 3)
         assert ids == list(range(len(ids))) and len(ids) % ROWS == 0      # whole chunks, in order
-        _check_rows(buffer.sample(32))
+        check_id_rows(buffer.sample(32))
         buffer.extend(_chunk(4, 0))
         assert _ids(buffer, 4) == list(range(ROWS))
 
@@ -176,7 +166,7 @@ def test_errors_reach_the_caller_as_rlbuf_errors_and_close_stops_the_actor() -> 
     buffer.add(Transition(torch.ones(3), torch.ones(2), 1.0, torch.full((3,), 1.5), False))
     buffer.extend(_chunk(1, 0))
     assert len(handle) == ROWS + 1
-    _check_rows(buffer.sample_all())
+    check_id_rows(buffer.sample_all())
     buffer.close()
     buffer.close()                                # again: nothing happens
     assert buffer.closed and repr(buffer) == "RemoteReplayBuffer(closed)"

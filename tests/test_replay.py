@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _snapshot import same, snapshot
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
@@ -49,18 +50,6 @@ def add_ids(buf: ReplayBuffer, ids: range | list[int]) -> None:
             terminated=(rows % 3 == 0),
             truncated=(rows % 5 == 0),
         )
-
-
-def snapshot(buf: ReplayBuffer) -> tuple[Any, ...]:
-    ring = buf._ring
-    data = buf.sample_all().to_tensordict().clone() if len(buf) else None
-    return len(buf), ring.cursor, ring.write_count, data
-
-
-def same_snapshot(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    if a[:3] != b[:3]:
-        return False
-    return (a[3] is None and b[3] is None) or bool((a[3] == b[3]).all())
 
 
 # -- writing -------------------------------------------------------------------------------
@@ -432,7 +421,7 @@ def test_bad_add_raises_a_specific_error_and_changes_nothing(
     with pytest.raises(error) as raised:
         buf.add(**{**GOOD, **change})
     assert message in str(raised.value)
-    assert same_snapshot(snapshot(buf), before)
+    assert same(snapshot(buf), before)
 
 
 def test_bad_input_on_the_direct_write_path_changes_nothing() -> None:
@@ -445,7 +434,7 @@ def test_bad_input_on_the_direct_write_path_changes_nothing() -> None:
                 torch.zeros(300, dtype=torch.bool))
     with pytest.raises(ShapeError, match=r"terminated: expected shape \(300,\), got \(299,\)"):
         buf.add(bad["obs"], bad["action"], torch.zeros(300), bad["next_obs"], torch.zeros(299, dtype=torch.bool))
-    assert same_snapshot(snapshot(buf), before)
+    assert same(snapshot(buf), before)
 
 
 def test_extras_must_be_declared_and_given() -> None:
@@ -472,7 +461,7 @@ def test_bad_extend_raises_before_writing() -> None:
     td["next", "reward"] = torch.full((4,), float("nan"))          # [B] is accepted as well as [B, 1]
     with pytest.raises(NonFiniteError):
         buf.extend(td)
-    assert same_snapshot(snapshot(buf), before)
+    assert same(snapshot(buf), before)
 
 
 def test_sampling_errors() -> None:
@@ -682,7 +671,7 @@ def test_foreign_keywords_are_answered_with_the_rlbuf_name(keyword: str, hint: s
     with pytest.raises(MissingFieldError, match=f"^{keyword}: not a field of this buffer; {hint}") as error:
         buf.add(**step, **{keyword: torch.zeros(2)})
     assert "extra_fields" not in str(error.value) or keyword.startswith("info")
-    assert same_snapshot(before, snapshot(buf))
+    assert same(before, snapshot(buf))
 
 
 def test_done_cannot_be_declared_either() -> None:
@@ -750,7 +739,7 @@ def test_one_number_tensors_are_checked_like_any_input() -> None:
     for error, message, reward, terminated in refusals:
         with pytest.raises(error, match=message):
             buf.add(zeros, torch.tensor([0.0]), reward, zeros, terminated)
-        assert same_snapshot(snapshot(buf), before)
+        assert same(snapshot(buf), before)
     batch = buf.sample_all()
     assert batch.reward.tolist() == [2.5] and batch.action.tolist() == [1.0] and batch.terminated.tolist() == [True]
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_demos import interrupt_at
 
 from rlbuf.cli import main
 from rlbuf.demos.ppo import MLP_DEFAULTS, RECURRENT_DEFAULTS, Args
@@ -25,16 +26,24 @@ def parameters(out: Path) -> dict[str, torch.Tensor]:
     return saved
 
 
-def test_recurrent_demo_runs_and_resumes_exactly(tmp_path: Path) -> None:
+def test_recurrent_demo_runs_and_resumes_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert recurrent(tmp_path / "whole") == 0
     summary = json.loads((tmp_path / "whole" / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["frames"] == 1024 and summary["args"]["recurrent"]
     assert summary["episodes"] > 0
     assert recurrent(tmp_path / "split", "--stop-after-frames", "512") == 0
-    assert main(["demo", "ppo", "--resume", str(tmp_path / "split"), "--no-progress"]) == 0
-    whole, resumed = parameters(tmp_path / "whole"), parameters(tmp_path / "split")
-    assert whole.keys() == resumed.keys()
-    assert all(torch.equal(whole[key], resumed[key]) for key in whole)
+    interrupt_at(monkeypatch, 512)  # Ctrl-C on a --checkpoint-every boundary: the resumed run is exact too
+    assert recurrent(tmp_path / "ctrl-c") == 130
+    monkeypatch.undo()
+    checkpoint = tmp_path / "ctrl-c" / "checkpoints" / f"frames-{512:012d}"
+    assert json.loads((checkpoint / "meta.json").read_text())["reason"] == "interrupt"
+    assert json.loads((tmp_path / "ctrl-c" / "summary.json").read_text())["status"] == "interrupted"
+    whole = parameters(tmp_path / "whole")
+    for run in ("split", "ctrl-c"):
+        assert main(["demo", "ppo", "--resume", str(tmp_path / run), "--no-progress"]) == 0
+        resumed = parameters(tmp_path / run)
+        assert whole.keys() == resumed.keys()
+        assert all(torch.equal(whole[key], resumed[key]) for key in whole), run
 
 
 def test_velocities_are_hidden() -> None:

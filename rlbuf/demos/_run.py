@@ -51,7 +51,7 @@ import threading
 import time
 import typing
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -185,6 +185,12 @@ def read_config(run_dir: Path) -> dict[str, Any]:
 
     Raises:
         ConfigError: missing or unreadable (not a demo output folder).
+
+    Example:
+        >>> import tempfile
+        >>> read_config(Path(tempfile.mkdtemp()))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        rlbuf.errors.ConfigError: ...: not a demo output folder (...)
     """
     try:
         config = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
@@ -204,6 +210,16 @@ def setup(args: RunArgs, demo: str) -> Path:
 
     Raises:
         ConfigError: a fresh run pointed at a folder that already holds a run.
+
+    Example:
+        >>> import tempfile
+        >>> args = RunArgs(out=tempfile.mkdtemp() + "/run", seed=7)
+        >>> out = setup(args, "ppo")
+        >>> read_config(out)["demo"], read_config(out)["seed"]
+        ('ppo', 7)
+        >>> setup(args, "ppo")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        rlbuf.errors.ConfigError: --out .../run: already holds a run; pass --resume .../run to continue it, or another --out
     """
     torch.set_num_threads(1)  # measured fastest for these small networks on the 2-core machines
     logging.getLogger("torchrl").setLevel(logging.WARNING)
@@ -230,7 +246,12 @@ def seed_all(seed: int) -> None:
 
 
 def env_seed(seed: int, frames: int) -> int:
-    """The seed the envs are reset with at ``frames`` (run start and every checkpoint)."""
+    """The seed the envs are reset with at ``frames`` (run start and every checkpoint).
+
+    Example:
+        >>> env_seed(1, 0) == env_seed(1, 0) != env_seed(1, 2048)
+        True
+    """
     return int(np.random.SeedSequence([seed, frames]).generate_state(1)[0])
 
 
@@ -360,6 +381,51 @@ def checkpoint_due(args: RunArgs, frames_before: int, frames: int, stopped: bool
     if interrupt_requested():
         return "interrupt"
     return "scheduled" if crossed(frames_before, frames, args.checkpoint_every) else None
+
+
+def checkpoint_and_reset(args: RunArgs, frames_before: int, frames: int, stopped: bool,
+                         checkpoint: Callable[[CheckpointReason], Path], reset_envs: Callable[[int], object],
+                         stats: EpisodeStats) -> tuple[bool, Path | None]:
+    """After a collection: write the checkpoint due (``checkpoint_due``), then reset the envs with
+    ``env_seed(seed, frames)`` and forget the episodes that cut, as a run resumed there will.
+
+    Args:
+        args: the run's options (``checkpoint_every``, ``stop_after_frames``, ``seed``).
+        frames_before: frames done before this collection.
+        frames: frames done after it.
+        stopped: whether the run is done (it writes its ``"end"`` checkpoint itself).
+        checkpoint: writes a checkpoint for a reason and returns its folder.
+        reset_envs: resets the envs with the seed it is given.
+        stats: the episode statistics the envs feed.
+
+    Returns:
+        ``(leave, interrupted_at)``: whether the training loop ends here (Ctrl-C, or
+        ``--stop-after-frames`` reached), and the Ctrl-C checkpoint, if one was written.
+
+    Example:
+        >>> args, seeds = RunArgs(checkpoint_every=1000, stop_after_frames=2000), []
+        >>> step = lambda before, now: checkpoint_and_reset(args, before, now, False, lambda reason: Path(reason),
+        ...                                                  seeds.append, EpisodeStats(1))
+        >>> step(900, 1100), step(1100, 1200), seeds == [env_seed(1, 1100)]
+        ((False, None), (False, None), True)
+        >>> step(1900, 2100), len(seeds)  # --stop-after-frames: leave without a reset
+        ((True, None), 1)
+        >>> with stop_on_interrupt():
+        ...     signal.raise_signal(signal.SIGINT)
+        ...     step(1100, 1200)
+        (True, PosixPath('interrupt'))
+    """
+    reason = checkpoint_due(args, frames_before, frames, stopped)
+    if reason is None:
+        return False, None
+    path = checkpoint(reason)
+    if reason == "interrupt":
+        return True, path
+    if args.stop_after_frames is not None and frames >= args.stop_after_frames:
+        return True, None
+    reset_envs(env_seed(args.seed, frames))
+    drop_running_episodes(stats)
+    return False, None
 
 
 # -- progress, curve, summary --------------------------------------------------------------------

@@ -159,16 +159,10 @@ def run(args: Args) -> dict[str, Any]:
 
         progress.log(frames, stats, loss=loss.item())
         stopped = progress.done() or frames >= args.frames
-        reason = _run.checkpoint_due(args, frames_before, frames, stopped)  # Ctrl-C: between two rounds
-        if reason is not None:
-            path = checkpoint(reason)
-            if reason == "interrupt":
-                interrupted_at = path
-                break
-            if args.stop_after_frames is not None and frames >= args.stop_after_frames:
-                break
-            collector.reset(seed=_run.env_seed(args.seed, frames))
-            _run.drop_running_episodes(stats)
+        leave, interrupted_at = _run.checkpoint_and_reset(  # Ctrl-C: between two rounds
+            args, frames_before, frames, stopped, checkpoint, lambda seed: collector.reset(seed=seed), stats)
+        if leave:
+            break
         if stopped:
             break
     collector.shutdown()

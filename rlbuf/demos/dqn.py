@@ -112,6 +112,10 @@ def run(args: Args) -> dict[str, Any]:
     obs, _ = envs.reset(seed=_run.env_seed(args.seed, frames))  # see rlbuf.demos._run: exact resume
     progress = _run.Progress(args, frames, None if saved is None else saved["progress"])
 
+    def reset_envs(seed: int) -> None:
+        nonlocal obs
+        obs, _ = envs.reset(seed=seed)
+
     def checkpoint(reason: _run.CheckpointReason) -> Path:
         return _run.save_checkpoint(out, "dqn", args, frames, buffer, {
             "frames": frames, "progress": progress.state_dict(), "optimizer": optimizer.state_dict(),
@@ -158,16 +162,10 @@ def run(args: Args) -> dict[str, Any]:
         if _run.crossed(frames_before, frames, 1_000) or frames >= args.frames:
             progress.log(frames, stats, loss=loss, eps=eps)
             stopped = progress.done() or frames >= args.frames
-        reason = _run.checkpoint_due(args, frames_before, frames, stopped)  # Ctrl-C: between two env steps
-        if reason is not None:
-            path = checkpoint(reason)
-            if reason == "interrupt":
-                interrupted_at = path
-                break
-            if args.stop_after_frames is not None and frames >= args.stop_after_frames:
-                break
-            obs, _ = envs.reset(seed=_run.env_seed(args.seed, frames))
-            _run.drop_running_episodes(stats)
+        leave, interrupted_at = _run.checkpoint_and_reset(  # Ctrl-C: between two env steps
+            args, frames_before, frames, stopped, checkpoint, reset_envs, stats)
+        if leave:
+            break
     envs.close()
     progress.close()
 

@@ -190,6 +190,12 @@ def run(args: Args) -> dict[str, Any]:
     raw_obs, _ = envs.reset(seed=_run.env_seed(args.seed, frames))  # see rlbuf.demos._run: exact resume
     obs_norm.update(raw_obs)
 
+    def reset_envs(seed: int) -> None:
+        nonlocal raw_obs
+        raw_obs, _ = envs.reset(seed=seed)
+        obs_norm.update(raw_obs)
+        discounted[:] = 0.0
+
     def checkpoint(reason: _run.CheckpointReason) -> Path:
         return _run.save_checkpoint(out, "ppo-continuous", args, frames, buffer, {
             "frames": frames, "progress": progress.state_dict(), "optimizer": optimizer.state_dict(),
@@ -252,18 +258,10 @@ def run(args: Args) -> dict[str, Any]:
 
         progress.log(frames, stats, loss=loss.item())
         stopped = progress.done() or frames >= args.frames
-        reason = _run.checkpoint_due(args, frames_before, frames, stopped)  # Ctrl-C: between two rollouts
-        if reason is not None:
-            path = checkpoint(reason)
-            if reason == "interrupt":
-                interrupted_at = path
-                break
-            if args.stop_after_frames is not None and frames >= args.stop_after_frames:
-                break
-            raw_obs, _ = envs.reset(seed=_run.env_seed(args.seed, frames))
-            obs_norm.update(raw_obs)
-            discounted[:] = 0.0
-            _run.drop_running_episodes(stats)
+        leave, interrupted_at = _run.checkpoint_and_reset(  # Ctrl-C: between two rollouts
+            args, frames_before, frames, stopped, checkpoint, reset_envs, stats)
+        if leave:
+            break
     envs.close()
     progress.close()
 

@@ -23,6 +23,7 @@ Example (not run here: it reaches 475 in 65k to 120k frames, about a minute on 2
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -134,19 +135,21 @@ def run(args: Any) -> dict[str, Any]:
         frames = saved["frames"]
     progress = _run.Progress(args, frames, None if saved is None else saved["progress"])
 
-    def checkpoint() -> None:
-        _run.save_checkpoint(out, "ppo", args, frames, buffer, {
+    def checkpoint(reason: _run.CheckpointReason) -> Path:
+        return _run.save_checkpoint(out, "ppo", args, frames, buffer, {
             "frames": frames, "progress": progress.state_dict(), "optimizer": optimizer.state_dict(),
-            "models": {"policy": policy.state_dict()}})
+            "models": {"policy": policy.state_dict()}}, reason)
 
-    def reset() -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        # As in rlbuf.demos._run: every env restarts from a seed derived from (seed, frames).
-        obs, _ = envs.reset(seed=_run.env_seed(args.seed, frames))
-        return torch.as_tensor(obs, device=device), policy.initial_state(args.num_envs)
+    raw_obs, _ = envs.reset(seed=_run.env_seed(args.seed, frames))  # see rlbuf.demos._run: exact resume
+    obs, state = torch.as_tensor(raw_obs, device=device), policy.initial_state(args.num_envs)
+
+    def reset_envs(seed: int) -> None:
+        nonlocal obs, state
+        raw_obs, _ = envs.reset(seed=seed)
+        obs, state = torch.as_tensor(raw_obs, device=device), policy.initial_state(args.num_envs)
 
     # -- collect, learn, log ------------------------------------------------------------------------
-    obs, state = reset()
-    stopped = frames >= args.frames or progress.done()
+    stopped, interrupted_at = frames >= args.frames or progress.done(), None
     while not stopped:
         frames_before = frames
         buffer.clear()
@@ -200,19 +203,20 @@ def run(args: Any) -> dict[str, Any]:
 
         progress.log(frames, stats, loss=loss.item())
         stopped = progress.done() or frames >= args.frames
-        if _run.crossed(frames_before, frames, args.checkpoint_every) and not stopped:
-            checkpoint()
-            if args.stop_after_frames is not None and frames >= args.stop_after_frames:
-                break
-            obs, state = reset()
-            _run.drop_running_episodes(stats)
+        leave, interrupted_at = _run.checkpoint_and_reset(  # Ctrl-C: between two collections
+            args, frames_before, frames, stopped, checkpoint, reset_envs, stats)
+        if leave:
+            break
     envs.close()
     progress.close()
 
     # -- outputs ------------------------------------------------------------------------------------
-    status = "finished" if stopped else "stopped"
+    status = "finished" if stopped else "interrupted" if interrupted_at else "stopped"
     if stopped:
-        checkpoint()
+        checkpoint("end")
         torch.save({"policy": policy.state_dict(), "hidden": args.hidden}, out / "model.pt")
     buffer.close()
-    return _run.write_outputs(out, "ppo", args, progress, frames, stats, status)
+    summary = _run.write_outputs(out, "ppo", args, progress, frames, stats, status)
+    if interrupted_at is not None:
+        raise _run.Interrupted(interrupted_at, out, frames, "ppo")
+    return summary
