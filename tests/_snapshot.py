@@ -49,7 +49,7 @@ def snapshot(target: RingBuffer[Any] | EpisodeStats | EpochIterator[Any]) -> Any
         "cursor": ring.cursor,
         "write_count": ring.write_count,
         "current_epochs": id(target.current_epochs),
-        "beta": getattr(ring.rb._sampler, "beta", None),
+        "beta": getattr(ring.rb.sampler, "beta", None),
     })
 
 
@@ -74,6 +74,6 @@ def check_invariants(buffer: RingBuffer[Any]) -> None:
     for spec in ring.specs:
         if spec.finite:
             assert bool(torch.isfinite(columns[spec.name]).all()), spec.name
-    for name, value in ring.rb._sampler.state_dict().items():
+    for name, value in ring.rb.sampler.state_dict().items():
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             assert bool(torch.isfinite(value).all()) and bool((value >= 0).all()), name

@@ -707,7 +707,7 @@ def test_per_exponents_without_prioritized_are_refused(options: dict[str, float]
 
 def test_per_exponents_default_to_0_6_and_0_4() -> None:
     buf = make(prioritized=True)
-    assert buf.beta == 0.4 and buf._ring.rb._sampler.alpha == 0.6
+    assert buf.beta == 0.4 and buf.torchrl.sampler.alpha == 0.6
 
 
 def test_a_uniform_buffer_saved_by_0_1_0_still_loads(tmp_path: Any) -> None:
