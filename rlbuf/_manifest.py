@@ -46,6 +46,7 @@ _THREADS = max(1, min(4, os.cpu_count() or 1))
 MAX_MANIFEST_BYTES = 64 << 20
 _TEMP_NAME = re.compile(r"\..+\.(tmp|old)-[0-9a-f]{12}")
 _MAX_DEPTH = 64  # the state rlbuf writes nests about 6 deep
+_LOAD_ATTEMPTS = 10  # a load retries while saves keep replacing the checkpoint under it
 DTYPE_BYTES = {"float16": 2, "float32": 4, "float64": 8, "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8,
                "bool": 1}
 """The dtypes a checkpoint's files may hold (torch's names), and their bytes per element."""
@@ -278,8 +279,10 @@ def open_verified(root: Path, files: dict[str, Any], version: object = FORMAT_VE
                 raise CheckpointError(f"{target}: malformed manifest entry {str(entry)[:200]}")
             if not target.is_file():
                 raise CheckpointError(f"{target}: missing")
-            # O_NONBLOCK: a FIFO swapped in after the check above must not hang the open.
-            opened[rel] = fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:  # O_NONBLOCK: a FIFO swapped in after the check above must not hang the open.
+                opened[rel] = fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as error:  # gone since the check: a save swapped in a version without it
+                raise CheckpointError(f"{target}: unreadable ({error.strerror})") from None
             fcntl.flock(fd, fcntl.LOCK_SH)
             status = os.fstat(fd)
             expected = math.prod(entry["shape"]) * DTYPE_BYTES[entry["dtype"]]
@@ -302,6 +305,47 @@ def open_verified(root: Path, files: dict[str, Any], version: object = FORMAT_VE
     return opened
 
 
+def _replaced_since(root: Path, manifest: dict[str, Any]) -> bool:
+    try:
+        return unverified_manifest(root) != manifest
+    except CheckpointError:
+        return True
+
+
+def open_current(root: Path, check: Callable[[dict[str, Any]], None] | None = None,
+                 ) -> tuple[dict[str, Any], dict[str, int]]:
+    """The manifest of checkpoint ``root`` and its files, opened and verified; the caller closes them.
+
+    The files are opened, locked and verified by [`open_verified`][rlbuf._manifest.open_verified].
+    A save that swaps a new version in between reading the manifest and its files is no
+    corruption: the new version is read (up to ten times while saves keep replacing it).
+
+    Args:
+        root: the checkpoint directory.
+        check: called with each manifest read, before its files are opened (raises to refuse it).
+
+    Raises:
+        CheckpointError: as [`open_verified`][rlbuf._manifest.open_verified], or from ``check``.
+
+    Example:
+        >>> open_current(Path("/nonexistent"))
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.CheckpointError: /nonexistent: not a checkpoint directory
+    """
+    attempts = 1
+    while True:
+        manifest = unverified_manifest(root)
+        if check is not None:
+            check(manifest)
+        try:
+            return manifest, open_verified(root, manifest["files"], manifest["format_version"])
+        except CheckpointError:
+            if attempts == _LOAD_ATTEMPTS or not _replaced_since(root, manifest):
+                raise
+            attempts += 1
+
+
 def read_manifest(path: str | Path) -> dict[str, Any]:
     """The verified manifest of a checkpoint (format, version, listed files and checksums).
 
@@ -314,7 +358,7 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         ...
         rlbuf.errors.CheckpointError: /nonexistent: not a checkpoint directory
     """
-    root = Path(path)
-    manifest = unverified_manifest(root)
-    verify_files(root, manifest["files"], manifest["format_version"])
+    manifest, opened = open_current(Path(path))
+    for fd in opened.values():
+        os.close(fd)
     return manifest

@@ -61,7 +61,7 @@ from rlbuf._manifest import (
     MANIFEST,
     MAX_MANIFEST_BYTES,
     file_digest,
-    open_verified,
+    open_current,
     parse_manifest,
     unverified_manifest,
     verify_files,
@@ -73,7 +73,6 @@ TENSOR_DIR = "tensors"
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 _TENSOR = "__tensor__"
 _DTYPES = {name: getattr(torch, name) for name in DTYPE_BYTES}
-_LOAD_ATTEMPTS = 10  # a load retries while saves keep replacing the checkpoint under it
 
 
 def _versions() -> dict[str, str]:
@@ -516,13 +515,6 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
 
 
 # -- reading ----------------------------------------------------------------------------------
-def _replaced_since(root: Path, manifest: dict[str, Any]) -> bool:
-    try:
-        return unverified_manifest(root) != manifest
-    except CheckpointError:
-        return True
-
-
 def load_state(path: str | Path, *, kind: str) -> dict[str, Any]:
     """Verify a checkpoint completely, then return its state with file-backed tensors.
 
@@ -534,20 +526,14 @@ def load_state(path: str | Path, *, kind: str) -> dict[str, Any]:
         CheckpointError: a missing, truncated, corrupted, wrong-version or wrong-kind checkpoint.
     """
     root = Path(path)
-    for attempt in range(_LOAD_ATTEMPTS):
-        manifest = unverified_manifest(root)
+
+    def check_kind(manifest: dict[str, Any]) -> None:
         found = manifest["state"].get("kind")
         if found != kind:
             raise CheckpointError(f"{root / MANIFEST}: holds a {found}, not a {kind}")
-        files = manifest["files"]
-        try:
-            opened = open_verified(root, files, manifest["format_version"])
-            break
-        except CheckpointError:
-            # A save that swapped a new version in between reading the manifest and its files
-            # is no corruption: read the new version.
-            if attempt + 1 == _LOAD_ATTEMPTS or not _replaced_since(root, manifest):
-                raise
+
+    manifest, opened = open_current(root, check_kind)
+    files = manifest["files"]
 
     def read(relpath: str) -> torch.Tensor:
         if relpath not in files:

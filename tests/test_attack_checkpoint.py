@@ -24,7 +24,8 @@ import xxhash
 
 from rlbuf import ConfigError, DistillationBuffer, EpisodeStats, ReplayBuffer, RolloutBuffer
 from rlbuf._inspect import inspect_checkpoint
-from rlbuf.checkpoint import remove_stale_saves
+from rlbuf._manifest import read_manifest
+from rlbuf.checkpoint import load_state, remove_stale_saves, save_state
 from rlbuf.errors import CheckpointError
 
 REPEATS = int(os.environ.get("RLBUF_STRESS_REPEATS", "20"))
@@ -386,3 +387,56 @@ def test_rollout_and_distillation_buffers_are_refused_too() -> None:
         RolloutBuffer(10**9, 1000, obs_shape=(64,), action_shape=())
     with pytest.raises(ConfigError, match="bytes"):
         DistillationBuffer(10**12, obs_shape=(64,), action_shape=())
+
+
+# -- the spare: saves that rewrite the replaced version's files in place -------------------------
+def _demo(version: int, odd_names: bool = False) -> dict[str, Any]:
+    """A state whose file names differ between odd and even versions when ``odd_names``."""
+    state: dict[str, Any] = {"kind": "Demo", "x": torch.full((300, 4), float(version))}
+    state["odd" if odd_names and version % 2 else "even"] = torch.full((50,), float(version))
+    return state
+
+
+def _version(path: Path) -> int:
+    """Load the Demo checkpoint at ``path``; assert every tensor holds one version; return it."""
+    state = load_state(path, kind="Demo")
+    version = int(state["x"][0, 0])
+    assert torch.equal(state["x"], torch.full((300, 4), float(version)))
+    assert all(torch.equal(state[k], torch.full((50,), float(version))) for k in ("odd", "even") if k in state)
+    return version
+
+
+def _saving_on_open(path: Path, name: str, version: int, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make ``os.open`` of a file called ``name`` save ``version`` to ``path`` first (once)."""
+    real_open, saved = os.open, []
+
+    def open_after_a_save(file: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if not saved and Path(file).name == name and not flags & (os.O_WRONLY | os.O_RDWR):
+            saved.append(version)
+            save_state(_demo(version, odd_names=True), path)
+        return real_open(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_after_a_save)
+    return saved
+
+
+@pytest.mark.parametrize("reader", ["load_state", "read_manifest"])
+def test_a_save_swapping_in_other_file_names_mid_load_is_read_again(tmp_path: Path, reader: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "ckpt"
+    save_state(_demo(1, odd_names=True), path)  # lists state.odd.bin; version 2 lists state.even.bin
+    saved = _saving_on_open(path, "state.odd.bin", 2, monkeypatch)
+    if reader == "load_state":
+        assert _version(path) == 2  # not FileNotFoundError: the file vanished with its version
+    else:
+        assert "tensors/state.even.bin" in read_manifest(path)["files"]  # not a spurious "missing"
+    assert saved == [2]
+
+
+def test_a_save_swapping_in_a_new_version_mid_read_manifest_is_no_corruption(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "ckpt"
+    save_state(_demo(1), path)
+    saved = _saving_on_open(path, "state.x.bin", 2, monkeypatch)
+    manifest = read_manifest(path)
+    assert saved == [2] and manifest == json.loads((path / "manifest.json").read_text())
