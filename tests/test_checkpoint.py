@@ -461,8 +461,9 @@ def version_at(path: Path) -> int:
 
 
 def leftovers(path: Path) -> list[Path]:
-    """Temporary directories of killed saves (their lock files are not checkpoints)."""
-    return sorted(p for p in path.parent.iterdir() if p.name.startswith(f".{path.name}.") and p.is_dir())
+    """Temporary directories of killed saves (their lock files are not checkpoints, the spare is no leftover)."""
+    return sorted(p for p in path.parent.iterdir()
+                  if p.name.startswith(f".{path.name}.") and p.is_dir() and p.name != f".{path.name}.spare")
 
 
 @pytest.fixture(scope="module")
