@@ -170,13 +170,16 @@ def _open_for_writing(target: Path) -> int:
     A file the superseded checkpoint left in a reused spare is rewritten in place: that keeps
     its disk blocks, and writing over allocated blocks is several times faster than allocating
     new ones on many disks (thin-provisioned and ``discard``-mounted ones: benchmarks/checkpoint.py).
-    It is replaced by a new file when something else may still read it: a load or a memory map
-    of that version holds its shared lock, or another hard link names it.
+    It is replaced by a new file when something else may still read it (a load or a memory map
+    of that version holds its shared lock, or another hard link names it), or when it cannot
+    be opened for writing (read-only, or no regular file).
     """
     try:
         fd = os.open(target, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         pass
+    except OSError:
+        target.unlink()
     else:
         try:
             status = os.fstat(fd)

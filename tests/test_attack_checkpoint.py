@@ -6,6 +6,7 @@ saves killed mid-way, stale temporaries, refused loads, exit status, resource re
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -440,3 +441,26 @@ def test_a_save_swapping_in_a_new_version_mid_read_manifest_is_no_corruption(tmp
     saved = _saving_on_open(path, "state.x.bin", 2, monkeypatch)
     manifest = read_manifest(path)
     assert saved == [2] and manifest == json.loads((path / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.ELOOP, errno.ENXIO, errno.ETXTBSY])
+def test_a_spare_file_that_cannot_be_opened_for_writing_is_replaced(tmp_path: Path, code: int,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only file (``chmod a-w``; root ignores it, hence the stand-in), a link or FIFO raced in."""
+    path = tmp_path / "ckpt"
+    save_state(_demo(1), path)
+    save_state(_demo(2), path)
+    real_open, created = os.open, []
+
+    def refusing(file: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & os.O_CREAT:
+            created.append(Path(file).name)
+        elif flags & os.O_WRONLY and Path(file).name == "state.x.bin":
+            raise OSError(code, os.strerror(code), str(file))
+        return real_open(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refusing)
+    save_state(_demo(3), path)
+    monkeypatch.undo()
+    assert _version(path) == 3
+    assert "state.x.bin" in created and "state.even.bin" not in created  # a new file; the other rewritten
