@@ -384,9 +384,14 @@ def _take_lock(path: Path, token: str) -> int:
     lock = _lock_path(path, token)
     making = lock.with_name(lock.name + ".new")
     fd = os.open(making, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    os.write(fd, str(os.getpid()).encode())
-    os.rename(making, lock)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, str(os.getpid()).encode())
+        os.rename(making, lock)
+    except BaseException:
+        os.close(fd)
+        making.unlink(missing_ok=True)
+        raise
     return fd
 
 
@@ -440,6 +445,11 @@ def remove_stale_saves(path: str | Path) -> list[Path]:
     return removed
 
 
+def _save_failed(path: Path, error: OSError) -> str:
+    reason = "the disk is full" if error.errno == errno.ENOSPC else f"{error.strerror or error}"
+    return f"{path}: saving failed: {reason}; the previous checkpoint, if any, is untouched"
+
+
 def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], path: str | Path) -> None:
     """Write ``state`` (JSON values and tensors) as a checkpoint directory at ``path``, atomically.
 
@@ -466,7 +476,10 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
     remove_stale_saves(path)
     token = uuid.uuid4().hex[:12]
     staging = path.parent / f".{path.name}.tmp-{token}"
-    lock_fd = _take_lock(path, token)
+    try:
+        lock_fd = _take_lock(path, token)
+    except OSError as error:
+        raise CheckpointError(_save_failed(path, error)) from error
     superseded: Path | None = None
     try:
         _claim_spare(path, staging)
@@ -504,8 +517,7 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
             os.rename(staging, path)
         _fsync_dir(path.parent)
     except OSError as error:
-        reason = "the disk is full" if error.errno == errno.ENOSPC else f"{error.strerror or error}"
-        raise CheckpointError(f"{path}: saving failed: {reason}; the previous checkpoint, if any, is untouched") from error
+        raise CheckpointError(_save_failed(path, error)) from error
     except CheckpointError as error:
         raise CheckpointError(f"{error}; the previous checkpoint at {path}, if any, is untouched") from error
     finally:

@@ -464,3 +464,50 @@ def test_a_spare_file_that_cannot_be_opened_for_writing_is_replaced(tmp_path: Pa
     monkeypatch.undo()
     assert _version(path) == 3
     assert "state.x.bin" in created and "state.even.bin" not in created  # a new file; the other rewritten
+
+
+def _failing_write(code: int, after: int) -> Callable[..., int]:
+    real_write, calls = os.write, [0]
+
+    def write(fd: int, data: Any) -> int:
+        calls[0] += 1
+        if calls[0] > after:
+            raise OSError(code, os.strerror(code))
+        return real_write(fd, data)
+    return write
+
+
+@pytest.mark.parametrize("after", [0, 1, 2])
+def test_a_full_disk_while_rewriting_the_spare_leaves_the_checkpoint_whole(tmp_path: Path, after: int,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "ckpt"
+    for version in (1, 2):
+        save_state(_demo(version), path)
+    monkeypatch.setattr(os, "write", _failing_write(errno.ENOSPC, after))
+    with pytest.raises(CheckpointError, match="the disk is full; the previous checkpoint, if any, is untouched"):
+        save_state(_demo(3), path)
+    monkeypatch.undo()
+    assert _version(path) == 2
+    # The first write is the lock file's (the spare is not claimed yet); later ones rewrite the
+    # claimed spare, which goes with the failed save.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([".ckpt.spare"] if after == 0 else []) + ["ckpt"]
+    save_state(_demo(4), path)
+    assert _version(path) == 4
+
+
+def test_a_full_disk_when_taking_the_save_lock_is_a_checkpoint_error(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "ckpt"
+    save_state(_demo(1), path)
+    real_open = os.open
+
+    def full(file: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if ".lock-" in Path(file).name:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+        return real_open(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", full)
+    with pytest.raises(CheckpointError, match="the disk is full"):
+        save_state(_demo(2), path)
+    monkeypatch.undo()
+    assert _version(path) == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
