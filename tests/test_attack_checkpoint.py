@@ -511,3 +511,56 @@ def test_a_full_disk_when_taking_the_save_lock_is_a_checkpoint_error(tmp_path: P
         save_state(_demo(2), path)
     monkeypatch.undo()
     assert _version(path) == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def _inodes(directory: Path) -> set[int]:
+    return {p.stat().st_ino for p in (directory / "tensors").iterdir()}
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc")
+def test_saves_and_loads_failing_or_not_leave_no_descriptor_or_lock_behind(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "ckpt"
+    save_state(_demo(0), path)
+    before = _open_fds()
+    for version in range(1, 4):
+        save_state(_demo(version, odd_names=True), path)
+        assert _version(path) == version
+        with pytest.raises(CheckpointError, match="not a Other"):
+            load_state(path, kind="Other")
+        read_manifest(path)
+    with monkeypatch.context() as patch:  # a save failing mid-rewrite, a load retried once
+        patch.setattr(os, "write", _failing_write(errno.ENOSPC, 2))
+        with pytest.raises(CheckpointError, match="disk is full"):
+            save_state(_demo(9), path)
+    with monkeypatch.context() as patch:
+        _saving_on_open(path, "state.odd.bin", 4, patch)
+        assert _version(path) == 4
+    broken = tmp_path / "broken"
+    save_state(_demo(5), broken)
+    (broken / "tensors" / "state.x.bin").write_bytes(bytes(300 * 4 * 4))
+    with pytest.raises(CheckpointError, match="mismatch"):
+        load_state(broken, kind="Demo")
+    assert _open_fds() == before  # every descriptor closed, so every shared lock released
+    spare = _inodes(tmp_path / ".ckpt.spare")
+    save_state(_demo(7, odd_names=True), path)  # the spare's file names (version 3's)
+    assert _inodes(path) == spare  # nothing holds a lock on the spare: its files were rewritten in place
+
+
+@pytest.mark.parametrize("storage", ["memory", "memmap"])
+def test_a_loaded_buffer_holds_no_lock_on_its_checkpoint(tmp_path: Path, storage: str) -> None:
+    path = tmp_path / "ckpt"
+    buffer = ReplayBuffer(16, obs_shape=(3,), action_shape=(), seed=0, storage=storage,  # type: ignore[arg-type]
+                          scratch_dir=tmp_path / "scratch" if storage == "memmap" else None)
+    buffer.add(torch.ones(3), 0.0, 1.0, torch.ones(3), False)
+    buffer.save(path)
+    loaded = ReplayBuffer.load(path)
+    first = _inodes(path)
+    buffer.save(path)
+    buffer.save(path)  # rewrites the files of the version `loaded` came from: it keeps no map of them
+    assert _inodes(path) == first
+    assert len(loaded) == 1 and torch.equal(loaded.sample_all().obs, torch.ones(1, 3))
