@@ -564,3 +564,65 @@ def test_a_loaded_buffer_holds_no_lock_on_its_checkpoint(tmp_path: Path, storage
     buffer.save(path)  # rewrites the files of the version `loaded` came from: it keeps no map of them
     assert _inodes(path) == first
     assert len(loaded) == 1 and torch.equal(loaded.sample_all().obs, torch.ones(1, 3))
+
+
+DEMO_SAVER = """
+import sys, torch
+from rlbuf.checkpoint import save_state
+path, version, step = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+while True:
+    rows = 100 + version % 7 * 50  # sizes differ: spare files grow and shrink
+    state = {"kind": "Demo", "x": torch.full((rows, 4), float(version)), "n": rows}
+    state["odd" if version % 2 else "even"] = torch.full((rows,), float(version))  # names differ too
+    save_state(state, path)
+    print(version, flush=True)
+    version += step
+"""
+
+
+def _whole(state: dict[str, Any]) -> int:
+    """The one version every tensor of a DEMO_SAVER state holds."""
+    version, rows = int(state["x"][0, 0]), state["n"]
+    assert torch.equal(state["x"], torch.full((rows, 4), float(version)))
+    assert torch.equal(state["odd" if version % 2 else "even"], torch.full((rows,), float(version)))
+    return version
+
+
+def _loads_during_saves(tmp_path: Path, loads: int, savers: int) -> dict[str, int]:
+    """Processes save to one path while this one loads, holding some loads' maps across saves."""
+    path, env = tmp_path / "ckpt", {**os.environ, "PYTHONPATH": str(ROOT)}
+    processes = [subprocess.Popen([sys.executable, "-c", DEMO_SAVER, str(path), str(1 + i), str(savers)],
+                                  stdout=subprocess.PIPE, env=env, text=True) for i in range(savers)]
+    held: list[tuple[int, dict[str, Any]]] = []
+    seen: set[int] = set()
+    try:
+        for process in processes:
+            assert process.stdout is not None and int(process.stdout.readline()) > 0
+        for i in range(loads):
+            state = load_state(path, kind="Demo")  # must not fail: only saves run meanwhile
+            seen.add(_whole(state))
+            if i % 8 == 0:
+                held.append((_whole(state), state))  # maps kept while later saves run
+        for version, state in held:
+            assert _whole(state) == version  # no save rewrote the bytes behind a live map
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+            assert process.stdout is not None
+            process.stdout.close()
+    del held
+    assert _whole(load_state(path, kind="Demo")) > 0
+    save_state({"kind": "Demo", "x": torch.zeros(1, 4), "n": 1, "even": torch.zeros(1)}, path)  # cleans up kills
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.spare", "ckpt"]
+    return {"savers": savers, "loads": loads, "versions_seen": len(seen)}
+
+
+def test_loads_in_one_process_while_two_others_save_to_the_same_path(tmp_path: Path) -> None:
+    figures = _loads_during_saves(tmp_path, loads=30, savers=2)
+    assert figures["versions_seen"] > 1
+
+
+@pytest.mark.stress
+def test_stress_loads_during_saves(tmp_path: Path) -> None:
+    print(f"\nSTRESS loads during saves: {_loads_during_saves(tmp_path, loads=40 * REPEATS, savers=3)}")
