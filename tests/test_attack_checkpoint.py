@@ -26,6 +26,7 @@ import xxhash
 from rlbuf import ConfigError, DistillationBuffer, EpisodeStats, ReplayBuffer, RolloutBuffer
 from rlbuf._inspect import inspect_checkpoint
 from rlbuf._manifest import read_manifest
+from rlbuf import checkpoint as checkpoint_module
 from rlbuf.checkpoint import load_state, remove_stale_saves, save_state
 from rlbuf.errors import CheckpointError
 
@@ -626,3 +627,64 @@ def test_loads_in_one_process_while_two_others_save_to_the_same_path(tmp_path: P
 @pytest.mark.stress
 def test_stress_loads_during_saves(tmp_path: Path) -> None:
     print(f"\nSTRESS loads during saves: {_loads_during_saves(tmp_path, loads=40 * REPEATS, savers=3)}")
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _arm(phase: str) -> None:
+    """In a forked child: SIGKILL this process at ``phase`` of its next save (or remove_spare)."""
+    import rlbuf.checkpoint as checkpoint
+    if phase == "claimed":  # the spare renamed to this save's staging directory, nothing rewritten
+        claim = checkpoint._claim_spare
+        checkpoint._claim_spare = lambda *args: (claim(*args), _die())  # type: ignore[assignment]
+    elif phase == "rewriting":  # the spare's first file rewritten in place, the second not yet
+        write, calls = os.write, [0]
+
+        def dying_write(fd: int, data: Any) -> int:
+            calls[0] += 1
+            if calls[0] == 3:  # 1: the lock file, 2: the first tensor
+                _die()
+            return write(fd, data)
+        os.write = dying_write
+    elif phase == "swapped":  # the new version in place, the replaced one not yet the spare
+        checkpoint._keep_as_spare = lambda *args: _die()
+    elif phase in ("demoting", "removing"):  # manifest gone, not yet renamed / spare set aside, not removed
+        rename = os.rename
+
+        def dying_rename(source: Any, target: Any) -> None:
+            rename(source, target)
+            name = Path(target).name
+            if name.endswith(".spare") if phase == "demoting" else ".old-" in name:
+                _die()
+        os.rename = dying_rename  # type: ignore[assignment]
+
+
+KILL_PHASES = {"claimed": 2, "rewriting": 2, "swapped": 3, "demoting": 3, "removing": 2}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.parametrize("phase", sorted(KILL_PHASES))
+def test_a_save_killed_in_each_phase_of_reusing_the_spare(tmp_path: Path, phase: str) -> None:
+    path = tmp_path / "ckpt"
+    states = [_demo(version, odd_names=True) for version in range(5)]
+    save_state(states[1], path)
+    save_state(states[2], path)  # version 1 is now the spare
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the child is killed)
+        try:
+            _arm(phase)
+            if phase == "removing":
+                checkpoint_module.remove_spare(path)
+            else:
+                save_state(states[3], path)
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(child, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert _version(path) == KILL_PHASES[phase]  # whole: before the swap the old version, after it the new one
+    save_state(states[4], path)  # cleans up what the kill left
+    assert _version(path) == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.spare", "ckpt"]
+    assert not (tmp_path / ".ckpt.spare" / "manifest.json").exists()
