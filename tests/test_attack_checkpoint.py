@@ -24,9 +24,9 @@ import torch
 import xxhash
 
 from rlbuf import ConfigError, DistillationBuffer, EpisodeStats, ReplayBuffer, RolloutBuffer
+from rlbuf import checkpoint as checkpoint_module
 from rlbuf._inspect import inspect_checkpoint
 from rlbuf._manifest import read_manifest
-from rlbuf import checkpoint as checkpoint_module
 from rlbuf.checkpoint import load_state, remove_stale_saves, save_state
 from rlbuf.errors import CheckpointError
 
