@@ -688,3 +688,66 @@ def test_a_save_killed_in_each_phase_of_reusing_the_spare(tmp_path: Path, phase:
     assert _version(path) == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.spare", "ckpt"]
     assert not (tmp_path / ".ckpt.spare" / "manifest.json").exists()
+
+
+def _victim(tmp_path: Path) -> Path:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    for name in ("state.x.bin", "state.even.bin", "precious.txt"):
+        (victim / name).write_text("mine")
+    return victim
+
+
+def _untouched(victim: Path) -> bool:
+    return sorted(os.listdir(victim)) == ["precious.txt", "state.even.bin", "state.x.bin"] and all(
+        (victim / name).read_text() == "mine" for name in os.listdir(victim))
+
+
+SPARE_FORGERIES: dict[str, Callable[[Path, Path], None]] = {
+    "tensors/ a link to another directory": lambda spare, victim: (
+        _rmtree(spare / "tensors"), (spare / "tensors").symlink_to(victim)),
+    "a file hard-linked to another": lambda spare, victim: (
+        (spare / "tensors" / "state.x.bin").unlink(), os.link(victim / "state.x.bin", spare / "tensors" / "state.x.bin")),
+    "a directory named like a tensor file": lambda spare, victim: (
+        (spare / "tensors" / "state.x.bin").unlink(), (spare / "tensors" / "state.x.bin").mkdir(),
+        (spare / "tensors" / "state.x.bin" / "inner.bin").symlink_to(victim / "precious.txt")),
+    "a socket named like a tensor file": lambda spare, victim: (
+        (spare / "tensors" / "state.x.bin").unlink(), _bind(spare / "tensors" / "state.x.bin")),
+    "a link to a file in a directory named like a tensor file": lambda spare, victim: (
+        (spare / "tensors" / "state.x.bin").unlink(), (spare / "tensors" / "state.x.bin").symlink_to(victim)),
+    "tensors/ a regular file": lambda spare, victim: (_rmtree(spare / "tensors"), (spare / "tensors").write_text("x")),
+    "the spare a regular file": lambda spare, victim: (_rmtree(spare), spare.write_text("x")),
+    "the spare a link to a checkpoint": lambda spare, victim: (
+        _rmtree(spare), save_state(_demo(7), victim.parent / "other"), spare.symlink_to(victim.parent / "other")),
+    "a stale manifest and a pickle in the spare": lambda spare, victim: (
+        (spare / "manifest.json").write_text((victim.parent / "ckpt" / "manifest.json").read_text()),
+        (spare / "tensors" / "evil.pt").write_bytes(b"pickle")),
+}
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+    shutil.rmtree(path)
+
+
+def _bind(path: Path) -> None:
+    import socket
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.close()
+
+
+@pytest.mark.parametrize("case", sorted(SPARE_FORGERIES))
+def test_a_forged_spare_is_never_written_through_nor_loaded(tmp_path: Path, case: str) -> None:
+    path, victim = tmp_path / "ckpt", _victim(tmp_path)
+    save_state(_demo(1), path)
+    save_state(_demo(2), path)
+    SPARE_FORGERIES[case](tmp_path / ".ckpt.spare", victim)
+    other = sorted(os.listdir(tmp_path / "other" / "tensors")) if (tmp_path / "other").exists() else None
+    save_state(_demo(3), path)
+    save_state(_demo(4), path)
+    assert _untouched(victim) and _version(path) == 4
+    if other is not None:  # the checkpoint the link named is left whole
+        assert sorted(os.listdir(tmp_path / "other" / "tensors")) == other and _version(tmp_path / "other") == 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [".ckpt.spare", "ckpt", "victim", *(["other"] if other is not None else [])])
