@@ -129,6 +129,52 @@ def _decode(value: Any, read: Callable[[str], torch.Tensor]) -> Any:
 
 
 # -- writing ----------------------------------------------------------------------------------
+def _directory(staging: Path, *inside: str) -> int:
+    """A descriptor of ``staging`` (or of a directory inside it), following no link below its parent.
+
+    A save writes and removes files only through such descriptors, so a link that another
+    process swaps in for the staging directory or its ``tensors/`` never leads it outside.
+    """
+    fd = os.open(staging.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    for name in (staging.name, *inside):
+        try:
+            inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = inner
+    return fd
+
+
+def _opener(staging: Path) -> Callable[[str, int], int]:
+    """An ``opener`` for ``open`` of files in ``staging``, following no link (see ``_directory``)."""
+    def opener(file: str, flags: int) -> int:
+        relative = Path(file).relative_to(staging)
+        directory = _directory(staging, *relative.parts[:-1])
+        try:
+            return os.open(relative.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=directory)
+        finally:
+            os.close(directory)
+    return opener
+
+
+def _prune(staging: Path, *inside: str, keep: Callable[[os.DirEntry[str]], bool]) -> None:
+    """Remove the entries of ``staging`` (or of a directory inside it) that ``keep`` refuses."""
+    directory = _directory(staging, *inside)
+    try:
+        with os.scandir(directory) as scan:
+            entries = list(scan)
+        for entry in entries:
+            if keep(entry):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.name, ignore_errors=True, dir_fd=directory)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.name, dir_fd=directory)
+    finally:
+        os.close(directory)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -174,25 +220,30 @@ def _open_for_writing(target: Path) -> int:
     of that version holds its shared lock, or another hard link names it), or when it cannot
     be opened for writing (read-only, or no regular file).
     """
+    directory = _directory(target.parents[1], TENSOR_DIR)  # target is staging/tensors/<name>
     try:
-        fd = os.open(target, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        pass
-    except OSError:
-        target.unlink()
-    else:
         try:
-            status = os.fstat(fd)
-            if stat.S_ISREG(status.st_mode) and status.st_nlink == 1:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd
-        except BlockingIOError:
+            fd = os.open(target.name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+        except FileNotFoundError:
             pass
-        os.close(fd)
-        target.unlink()
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: nobody else can hold it
-    return fd
+        except OSError:
+            os.unlink(target.name, dir_fd=directory)
+        else:
+            try:
+                status = os.fstat(fd)
+                if stat.S_ISREG(status.st_mode) and status.st_nlink == 1:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return fd
+            except BlockingIOError:
+                pass
+            os.close(fd)
+            os.unlink(target.name, dir_fd=directory)
+        fd = os.open(target.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                     dir_fd=directory)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: nobody else can hold it
+        return fd
+    finally:
+        os.close(directory)
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -254,23 +305,10 @@ def _claim_spare(path: Path, staging: Path) -> None:
         os.rename(_spare_path(path), staging)
     if staging.is_symlink() or (staging.exists() and not staging.is_dir()):
         staging.unlink()
-    elif staging.is_dir():
-        for entry in list(staging.iterdir()):
-            if entry.name != TENSOR_DIR or entry.is_symlink() or not entry.is_dir():
-                _remove_entry(entry)
-        tensors = staging / TENSOR_DIR
-        if tensors.is_dir():
-            for entry in list(tensors.iterdir()):
-                if entry.is_symlink() or not entry.is_file():
-                    _remove_entry(entry)
-    (staging / TENSOR_DIR).mkdir(parents=True, exist_ok=True)
-
-
-def _remove_entry(entry: Path) -> None:
-    if entry.is_dir() and not entry.is_symlink():
-        shutil.rmtree(entry, ignore_errors=True)
-    else:
-        entry.unlink(missing_ok=True)
+    staging.mkdir(exist_ok=True)
+    _prune(staging, keep=lambda entry: entry.name == TENSOR_DIR and entry.is_dir(follow_symlinks=False))
+    (staging / TENSOR_DIR).mkdir(exist_ok=True)
+    _prune(staging, TENSOR_DIR, keep=lambda entry: entry.is_file(follow_symlinks=False))
 
 
 def _keep_as_spare(superseded: Path, spare: Path) -> None:
@@ -351,7 +389,7 @@ class RowFiles:
             row_bytes = leaf[0].numel() * leaf.element_size()
             entry = self.entries[rel]
             if segments or entry["shape"][0] != size:
-                with open(self._staging / rel, "r+b", buffering=0) as file:
+                with open(self._staging / rel, "r+b", buffering=0, opener=_opener(self._staging)) as file:
                     for start, stop in segments:
                         rows = leaf[start:stop]
                         raw = (rows if rows.device.type == "cpu" else rows.cpu()).as_subclass(torch.Tensor)
@@ -366,7 +404,7 @@ class RowFiles:
     def finish(self) -> None:
         """Make the files durable; re-hash, from disk, the ones ``patch`` changed."""
         for rel in self._patched:
-            with open(self._staging / rel, "rb+") as file:
+            with open(self._staging / rel, "rb+", opener=_opener(self._staging)) as file:
                 os.fsync(file.fileno())
             self.entries[rel][DIGEST] = file_digest(self._staging / rel, DIGEST)
 
@@ -489,12 +527,11 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
         tensors: dict[str, torch.Tensor] = {}
         encoded = _encode(made, "state", tensors)
         files = {**rows.entries, **{rel: _write_tensor(tensor, staging / rel) for rel, tensor in tensors.items()}}
-        for leftover in (staging / TENSOR_DIR).iterdir():  # files of the spare this save did not rewrite
-            if f"{TENSOR_DIR}/{leftover.name}" not in files:
-                _remove_entry(leftover)
+        # files of the spare this save did not rewrite
+        _prune(staging, TENSOR_DIR, keep=lambda entry: f"{TENSOR_DIR}/{entry.name}" in files)
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "versions": _versions(),
                     "state": encoded, "files": files}
-        with open(staging / MANIFEST, "w", encoding="utf-8") as file:
+        with open(staging / MANIFEST, "w", encoding="utf-8", opener=_opener(staging)) as file:
             json.dump(manifest, file, indent=1)
             file.flush()
             os.fsync(file.fileno())

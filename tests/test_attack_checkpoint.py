@@ -751,3 +751,61 @@ def test_a_forged_spare_is_never_written_through_nor_loaded(tmp_path: Path, case
         assert sorted(os.listdir(tmp_path / "other" / "tensors")) == other and _version(tmp_path / "other") == 7
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [".ckpt.spare", "ckpt", "victim", *(["other"] if other is not None else [])])
+
+
+def _swap_for_link(where: str, staging: Path, victim: Path) -> None:
+    """Replace ``staging/tensors`` or ``staging`` itself by a link to ``victim`` (a racing process)."""
+    moved = victim.parent / f"moved-{where}"
+    if where == "tensors":
+        os.rename(staging / "tensors", moved)
+        (staging / "tensors").symlink_to(victim)
+    else:
+        os.rename(staging, moved)
+        (victim / "tensors").symlink_to(victim)
+        staging.symlink_to(victim)
+
+
+def _staging(tmp_path: Path) -> Path:
+    [staging] = tmp_path.glob(".ckpt.tmp-*")
+    return staging
+
+
+@pytest.mark.parametrize("where", ["tensors", "staging"])
+@pytest.mark.parametrize("moment", ["after the claim", "before the patch", "before removing unlisted files"])
+def test_a_link_swapped_in_during_a_save_never_leads_it_outside_its_directory(
+        tmp_path: Path, where: str, moment: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    path, victim = tmp_path / "ckpt", _victim(tmp_path)
+    (victim / "state.fields.x.bin").write_text("mine")
+    save_state(_demo(1), path)
+    save_state(_demo(2), path)  # version 1, the spare, has state.x.bin and state.even.bin
+    state: Any = _demo(3)
+    if moment == "after the claim":
+        claim = checkpoint_module._claim_spare
+
+        def racing_claim(checkpoint: Path, staging: Path) -> None:
+            claim(checkpoint, staging)
+            _swap_for_link(where, staging, victim)
+        monkeypatch.setattr(checkpoint_module, "_claim_spare", racing_claim)
+    elif moment == "before the patch":
+        def state(rows: checkpoint_module.RowFiles) -> dict[str, Any]:
+            leaves = {"x": torch.full((300, 4), 3.0)}
+            rows.copy(leaves, 300)
+            _swap_for_link(where, _staging(tmp_path), victim)
+            return {"kind": "Demo", "x": rows.patch(leaves, [(0, 10)], 300)["x"]}
+    else:
+        write, calls = checkpoint_module._write_tensor, []
+
+        def racing_write(tensor: torch.Tensor, target: Path) -> dict[str, Any]:
+            calls.append(target)
+            entry = write(tensor, target)
+            if len(calls) == 2:  # the last file written: next, the spare's unlisted files are removed
+                _swap_for_link(where, _staging(tmp_path), victim)
+            return entry
+        monkeypatch.setattr(checkpoint_module, "_write_tensor", racing_write)
+    with pytest.raises(CheckpointError):
+        save_state(state, path)
+    monkeypatch.undo()
+    names = sorted(os.listdir(victim))
+    assert {"precious.txt", "state.x.bin", "state.even.bin", "state.fields.x.bin"} <= set(names)
+    assert all((victim / name).read_text() == "mine" for name in names if not (victim / name).is_symlink())
+    assert _version(path) == 2
