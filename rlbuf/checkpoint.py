@@ -301,7 +301,7 @@ def _claim_spare(path: Path, staging: Path) -> None:
     The spare is renamed (one save at a time can claim it), and everything in it that a save
     would not rewrite in place is removed: anything but regular files under ``tensors/``.
     """
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(OSError):  # no spare, or one this save may not take (another user's, a mount)
         os.rename(_spare_path(path), staging)
     if staging.is_symlink() or (staging.exists() and not staging.is_dir()):
         staging.unlink()

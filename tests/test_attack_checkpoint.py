@@ -809,3 +809,23 @@ def test_a_link_swapped_in_during_a_save_never_leads_it_outside_its_directory(
     assert {"precious.txt", "state.x.bin", "state.even.bin", "state.fields.x.bin"} <= set(names)
     assert all((victim / name).read_text() == "mine" for name in names if not (victim / name).is_symlink())
     assert _version(path) == 2
+
+
+@pytest.mark.parametrize("code", [errno.EPERM, errno.EBUSY, errno.EACCES])
+def test_a_spare_that_cannot_be_claimed_never_fails_a_save(tmp_path: Path, code: int,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """E.g. a ``.ckpt.spare`` of another user in a sticky directory (/tmp), or a mount point."""
+    path = tmp_path / "ckpt"
+    save_state(_demo(1), path)
+    save_state(_demo(2), path)
+    real_rename = os.rename
+
+    def refusing(source: Any, target: Any) -> None:
+        if Path(source).name == ".ckpt.spare":
+            raise OSError(code, os.strerror(code), str(source))
+        real_rename(source, target)
+
+    monkeypatch.setattr(os, "rename", refusing)
+    save_state(_demo(3), path)  # writes new files; the version it replaces cannot become the spare either
+    monkeypatch.undo()
+    assert _version(path) == 3 and sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.spare", "ckpt"]
