@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -172,10 +173,23 @@ def file_digest(target: Path, algorithm: str) -> str:
     """
     fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        _lock_shared(fd)
         return _fd_digest(fd, algorithm)
     finally:
         os.close(fd)
+
+
+def _lock_shared(fd: int) -> None:
+    """Take the shared lock of a file being read; without one where the file system has no locks.
+
+    There (NFS without lockd, Lustre mounted without ``flock``) no save can run either: saves
+    take locks, so none rewrites the file meanwhile.
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError as error:
+        if error.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
 
 
 def _fd_digest(fd: int, algorithm: str) -> str:
@@ -283,7 +297,7 @@ def open_verified(root: Path, files: dict[str, Any], version: object = FORMAT_VE
                 opened[rel] = fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             except OSError as error:  # gone since the check: a save swapped in a version without it
                 raise CheckpointError(f"{target}: unreadable ({error.strerror})") from None
-            fcntl.flock(fd, fcntl.LOCK_SH)
+            _lock_shared(fd)
             status = os.fstat(fd)
             expected = math.prod(entry["shape"]) * DTYPE_BYTES[entry["dtype"]]
             if not stat.S_ISREG(status.st_mode):

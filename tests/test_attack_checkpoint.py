@@ -829,3 +829,17 @@ def test_a_spare_that_cannot_be_claimed_never_fails_a_save(tmp_path: Path, code:
     save_state(_demo(3), path)  # writes new files; the version it replaces cannot become the spare either
     monkeypatch.undo()
     assert _version(path) == 3 and sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.spare", "ckpt"]
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP])
+def test_a_checkpoint_on_a_file_system_without_locks_still_loads_and_inspects(
+        saved: Path, code: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NFS without lockd (ENOLCK), Lustre mounted without ``flock`` (ENOSYS): loads worked before the spare."""
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    assert len(ReplayBuffer.load(saved)) == 10
+    assert inspect_checkpoint(saved)["ok"] is True and read_manifest(saved)["format"] == "rlbuf-checkpoint"
+    with pytest.raises(CheckpointError, match="saving failed"):  # saves need locks: none runs there
+        _filled().save(saved)
