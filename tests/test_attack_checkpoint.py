@@ -14,6 +14,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -843,3 +844,38 @@ def test_a_checkpoint_on_a_file_system_without_locks_still_loads_and_inspects(
     assert inspect_checkpoint(saved)["ok"] is True and read_manifest(saved)["format"] == "rlbuf-checkpoint"
     with pytest.raises(CheckpointError, match="saving failed"):  # saves need locks: none runs there
         _filled().save(saved)
+
+
+def test_three_threads_saving_to_one_path_while_another_loads_and_frees_the_spare(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt"
+    save_state(_demo(0, odd_names=True), path)
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def guarded(work: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                work()
+            except BaseException as error:  # reported below
+                errors.append(error)
+        return run
+
+    def saves(first: int) -> Callable[[], None]:
+        return guarded(lambda: [save_state(_demo(version, odd_names=True), path) for version in range(first, first + 30)])
+
+    def loads() -> None:
+        while not done.is_set():
+            _version(path)
+            checkpoint_module.remove_spare(path)
+
+    savers = [threading.Thread(target=saves(1 + 100 * i)) for i in range(3)]
+    loader = threading.Thread(target=guarded(loads))
+    for thread in [loader, *savers]:
+        thread.start()
+    for thread in savers:
+        thread.join()
+    done.set()
+    loader.join()
+    assert errors == []
+    assert _version(path) % 100 == 30
+    assert set(os.listdir(tmp_path)) <= {".ckpt.spare", "ckpt"}
