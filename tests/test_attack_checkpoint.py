@@ -879,3 +879,28 @@ def test_three_threads_saving_to_one_path_while_another_loads_and_frees_the_spar
     assert errors == []
     assert _version(path) % 100 == 30
     assert set(os.listdir(tmp_path)) <= {".ckpt.spare", "ckpt"}
+
+
+def test_a_spare_left_by_another_kind_size_storage_or_a_data_free_save_is_reused_correctly(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt"
+    replay = _filled(prioritized=True, stats=True)
+    memmap = ReplayBuffer(64, obs_shape=(5,), action_shape=(), storage="memmap", scratch_dir=tmp_path / "scratch", seed=1)
+    for i in range(40):
+        memmap.add(torch.full((5,), float(i)), 1.0, float(i), torch.zeros(5), False)
+    rollout = RolloutBuffer(4, 2, obs_shape=(3,), action_shape=())
+    rollout.add(torch.ones(2, 3), torch.zeros(2), torch.ones(2), torch.zeros(2, dtype=torch.bool), torch.ones(2),
+                torch.zeros(2))
+    distill = DistillationBuffer(32, obs_shape=(3,), action_shape=())
+    distill.add(torch.full((3,), 2.0), 1.0)
+    sequence: list[tuple[Any, bool]] = [(replay, True), (memmap, True), (rollout, True), (replay, False),
+                                        (distill, True), (memmap, False), (memmap, True), (replay, True)]
+    for step, (buffer, data) in enumerate(sequence):
+        buffer.save(path, data=data)
+        if data:
+            loaded = type(buffer).load(path)
+            assert len(loaded) == len(buffer) and loaded.check_valid() == (True, "")
+            assert _same(loaded.state_dict(), buffer.state_dict())
+        else:
+            with pytest.warns(Warning, match="data=False"):
+                assert len(type(buffer).load(path)) == 0
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name != "scratch") == [".ckpt.spare"] * (step > 0) + ["ckpt"]
