@@ -262,11 +262,26 @@ while True:
 SPARE = ".ckpt.spare"
 
 
+def _cloned(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _cloned(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cloned(v) for v in value]
+    return value
+
+
 def _kill_saves(tmp_path: Path, kills: int, seed: int) -> dict[str, int]:
-    """Kill a saving process at random moments; the checkpoint always loads, the last whole version."""
+    """Kill a saving process at random moments; the checkpoint always loads, the last whole version.
+
+    Every version loaded stays mapped (a load still copying) while the later processes save: the
+    spare's files are rewritten in place, but never those under a live map.
+    """
     path, rng = tmp_path / "ckpt", random.Random(seed)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     loads = killed_temporaries = 0
+    held: list[tuple[dict[str, Any], Any]] = []
     for _ in range(kills):
         process = subprocess.Popen([sys.executable, "-c", SAVER, str(path)], stdout=subprocess.PIPE, env=env, text=True)
         assert process.stdout is not None
@@ -279,6 +294,8 @@ def _kill_saves(tmp_path: Path, kills: int, seed: int) -> dict[str, int]:
         version = int(loaded.sample_all().reward.max())
         assert version in (last, last + 1)  # the last reported save, or one killed after its swap
         assert loaded.check_valid() == (True, "")
+        mapped = load_state(path, kind="ReplayBuffer")
+        held.append((mapped, _cloned(mapped)))
         loads += 1
         # What this kill left beside the checkpoint; the next process's first save removes it.
         left = sum(1 for p in tmp_path.iterdir() if p.is_dir() and p.name.startswith(".ckpt.") and p.name != SPARE)
@@ -286,6 +303,7 @@ def _kill_saves(tmp_path: Path, kills: int, seed: int) -> dict[str, int]:
         killed_temporaries += left
     _filled().save(tmp_path / "other")
     ReplayBuffer(16, obs_shape=(3,), action_shape=()).save(path)  # the next save cleans what kills left
+    assert all(_same(mapped, copy) for mapped, copy in held)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ckpt.")] == [SPARE]  # the replaced version
     return {"kills": kills, "loads": loads, "temporaries_left_by_kills_then_removed": killed_temporaries}
 
