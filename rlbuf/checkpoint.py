@@ -539,7 +539,16 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
         _fsync_dir(staging)
         if verify_files(staging, unverified_manifest(staging, staging=True)["files"]).keys() != files.keys():
             raise CheckpointError(f"{path}: the written checkpoint does not list the files it was given")
-        if path.exists():
+        placed = False
+        if not path.exists():
+            try:
+                os.rename(staging, path)
+                placed = True
+            except OSError as error:
+                if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                _check_replaceable(path)  # another save made the checkpoint meanwhile: replace it
+        if not placed:
             if not _exchange(staging, path):  # two renames: a crash between them leaves no checkpoint at path
                 aside = path.parent / f".{path.name}.old-{token}"
                 os.rename(path, aside)
@@ -550,8 +559,6 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
                     raise
                 staging = aside
             superseded = staging
-        else:
-            os.rename(staging, path)
         _fsync_dir(path.parent)
     except OSError as error:
         raise CheckpointError(_save_failed(path, error)) from error

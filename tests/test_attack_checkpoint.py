@@ -922,3 +922,35 @@ def test_a_spare_left_by_another_kind_size_storage_or_a_data_free_save_is_reused
             with pytest.warns(Warning, match="data=False"):
                 assert len(type(buffer).load(path)) == 0
         assert sorted(p.name for p in tmp_path.iterdir() if p.name != "scratch") == [".ckpt.spare"] * (step > 0) + ["ckpt"]
+
+
+def test_two_first_saves_to_one_path_both_succeed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other save makes the checkpoint between this one's check that there is none and its rename."""
+    path, real_rename, raced = tmp_path / "ckpt", os.rename, []
+
+    def racing(source: Any, target: Any) -> None:
+        if Path(target) == path and not raced:
+            raced.append(True)
+            save_state(_demo(1), path)
+        real_rename(source, target)
+
+    monkeypatch.setattr(os, "rename", racing)
+    save_state(_demo(2), path)
+    monkeypatch.undo()
+    assert raced and _version(path) == 2 and sorted(os.listdir(tmp_path)) == [".ckpt.spare", "ckpt"]
+
+
+def test_a_directory_made_at_the_path_mid_save_is_never_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path, real_rename = tmp_path / "ckpt", os.rename
+
+    def racing(source: Any, target: Any) -> None:
+        if Path(target) == path and not path.exists():
+            path.mkdir()
+            (path / "results.csv").write_text("mine")
+        real_rename(source, target)
+
+    monkeypatch.setattr(os, "rename", racing)
+    with pytest.raises(CheckpointError, match="not an rlbuf checkpoint"):
+        save_state(_demo(2), path)
+    monkeypatch.undo()
+    assert os.listdir(path) == ["results.csv"] and sorted(os.listdir(tmp_path)) == ["ckpt"]
