@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import json
 import os
 import random
@@ -586,38 +587,53 @@ def test_a_loaded_buffer_holds_no_lock_on_its_checkpoint(tmp_path: Path, storage
     assert len(loaded) == 1 and torch.equal(loaded.sample_all().obs, torch.ones(1, 3))
 
 
-DEMO_SAVER = """
-import sys, torch
-from rlbuf.checkpoint import save_state
-path, version, step = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-while True:
-    rows = 100 + version % 7 * 50  # sizes differ: spare files grow and shrink
+def _saved_state(version: int) -> dict[str, Any]:
+    """A state of its own size and file names per version (the spare's files grow, shrink, go)."""
+    rows = 100 + version % 7 * 50
     state = {"kind": "Demo", "x": torch.full((rows, 4), float(version)), "n": rows}
-    state["odd" if version % 2 else "even"] = torch.full((rows,), float(version))  # names differ too
-    save_state(state, path)
-    print(version, flush=True)
-    version += step
-"""
+    state["odd" if version % 2 else "even"] = torch.full((rows,), float(version))
+    return state
 
 
 def _whole(state: dict[str, Any]) -> int:
-    """The one version every tensor of a DEMO_SAVER state holds."""
+    """The one version every tensor of a ``_saved_state`` holds."""
     version, rows = int(state["x"][0, 0]), state["n"]
     assert torch.equal(state["x"], torch.full((rows, 4), float(version)))
     assert torch.equal(state["odd" if version % 2 else "even"], torch.full((rows,), float(version)))
     return version
 
 
+def _fork_saver(path: Path, versions: list[int]) -> int:
+    """A forked process saving ``versions`` to ``path`` in turn until killed; returns once one save is whole."""
+    states = [_saved_state(version) for version in versions]  # made before the fork: the child only saves
+    ready, tell = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover (killed by the parent)
+        try:
+            os.close(ready)
+            for turn in itertools.count():
+                save_state(states[turn % len(states)], path)
+                if turn == 0:
+                    os.write(tell, b"1")
+        finally:
+            os._exit(1)
+    os.close(tell)
+    try:
+        assert os.read(ready, 1) == b"1"
+    finally:
+        os.close(ready)
+    return child
+
+
 def _loads_during_saves(tmp_path: Path, loads: int, savers: int) -> dict[str, int]:
     """Processes save to one path while this one loads, holding some loads' maps across saves."""
-    path, env = tmp_path / "ckpt", {**os.environ, "PYTHONPATH": str(ROOT)}
-    processes = [subprocess.Popen([sys.executable, "-c", DEMO_SAVER, str(path), str(1 + i), str(savers)],
-                                  stdout=subprocess.PIPE, env=env, text=True) for i in range(savers)]
+    path = tmp_path / "ckpt"
     held: list[tuple[int, dict[str, Any]]] = []
     seen: set[int] = set()
+    children: list[int] = []
     try:
-        for process in processes:
-            assert process.stdout is not None and int(process.stdout.readline()) > 0
+        for first in range(1, savers + 1):
+            children.append(_fork_saver(path, list(range(first, first + 14 * savers, savers))))
         for i in range(loads):
             state = load_state(path, kind="Demo")  # must not fail: only saves run meanwhile
             seen.add(_whole(state))
@@ -626,24 +642,24 @@ def _loads_during_saves(tmp_path: Path, loads: int, savers: int) -> dict[str, in
         for version, state in held:
             assert _whole(state) == version  # no save rewrote the bytes behind a live map
     finally:
-        for process in processes:
-            process.kill()
-            process.wait()
-            assert process.stdout is not None
-            process.stdout.close()
+        for child in children:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
     del held
     assert _whole(load_state(path, kind="Demo")) > 0
-    save_state({"kind": "Demo", "x": torch.zeros(1, 4), "n": 1, "even": torch.zeros(1)}, path)  # cleans up kills
+    save_state(_saved_state(0), path)  # cleans up what the kills left
     assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.spare", "ckpt"]
     return {"savers": savers, "loads": loads, "versions_seen": len(seen)}
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_loads_in_one_process_while_two_others_save_to_the_same_path(tmp_path: Path) -> None:
-    figures = _loads_during_saves(tmp_path, loads=30, savers=2)
+    figures = _loads_during_saves(tmp_path, loads=60, savers=2)
     assert figures["versions_seen"] > 1
 
 
 @pytest.mark.stress
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_stress_loads_during_saves(tmp_path: Path) -> None:
     print(f"\nSTRESS loads during saves: {_loads_during_saves(tmp_path, loads=40 * REPEATS, savers=3)}")
 
