@@ -393,8 +393,10 @@ class RowFiles:
                     for start, stop in segments:
                         rows = leaf[start:stop]
                         raw = (rows if rows.device.type == "cpu" else rows.cpu()).as_subclass(torch.Tensor)
+                        data, written = raw.contiguous().numpy().data.cast("B"), 0
                         file.seek(start * row_bytes)
-                        file.write(raw.contiguous().numpy().data.cast("B"))
+                        while written < len(data):  # a write may take part of the rows
+                            written += file.write(data[written:])
                     file.truncate(size * row_bytes)
                 entry.update({"shape": [size, *leaf.shape[1:]], "bytes": size * row_bytes, DIGEST: None})
                 self._patched.add(rel)

@@ -970,3 +970,41 @@ def test_a_directory_made_at_the_path_mid_save_is_never_replaced(tmp_path: Path,
         save_state(_demo(2), path)
     monkeypatch.undo()
     assert os.listdir(path) == ["results.csv"] and sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+def test_a_short_write_while_patching_rows_never_loses_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``write`` on an unbuffered file may take part of what it is given (a signal, a nearly full disk)."""
+    real_open = open
+
+    class ShortWrites:
+        def __init__(self, file: Any) -> None:
+            self._file = file
+
+        def __enter__(self) -> ShortWrites:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self._file.close()
+
+        def write(self, data: Any) -> int:
+            return int(self._file.write(bytes(data)[:max(1, len(data) // 2)]))
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._file, name)
+
+    def opening(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        opened = real_open(file, mode, *args, **kwargs)
+        return ShortWrites(opened) if mode == "r+b" else opened
+
+    def state(rows: checkpoint_module.RowFiles) -> dict[str, Any]:
+        leaves = {"x": torch.zeros(100, 4)}
+        rows.copy(leaves, 100)
+        leaves["x"][10:60] = 7.0  # rows a writer changed during the copy
+        return {"kind": "Demo", "x": rows.patch(leaves, [(10, 60)], 100)["x"]}
+
+    monkeypatch.setattr(checkpoint_module, "open", opening, raising=False)
+    save_state(state, tmp_path / "ckpt")
+    monkeypatch.undo()
+    expected = torch.zeros(100, 4)
+    expected[10:60] = 7.0
+    assert torch.equal(load_state(tmp_path / "ckpt", kind="Demo")["x"], expected)
