@@ -257,6 +257,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._compact = CompactLayout(self._ring, single_obs.shape, single_obs.dtype, num_envs=num_envs,
                                       frame_stack=frame_stack, padding_type=padding_type, n_step=n_step, gamma=self._gamma,
                                       extra_names=list(self._extra_specs)) if compact else None
+        # One tensor per obs, no hidden state, no extra field: ``add`` hands the fields on as they are.
+        self._plain = self._compact is None and not self._obs.structured and self._hidden is None and not self._extra_specs
         self._row_bytes = self.bytes_per_transition(
             obs_shape=obs_shape, action_shape=action_shape, obs_dtype=obs_dtype, action_dtype=action_dtype,
             extra_fields=extra_fields, prioritized=prioritized, frame_stack=frame_stack, n_step=n_step, compact=compact,
@@ -480,6 +482,14 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             >>> len(buf)
             2
         """
+        if self._plain and not extras and hidden_state is None and env_mask is None and not isinstance(obs, Transition):
+            # The plain layout (decided once, in the constructor): the fields go to the ring as given.
+            self._ring.add((obs, action, reward, next_obs, terminated,
+                            (False if self._num_envs == 1 else self._no_truncation) if truncated is None else truncated),
+                           self._num_envs)
+            if self._stats is not None:
+                self._stats.update(reward, terminated, truncated)
+            return
         if isinstance(obs, Transition):
             if any(v is not None for v in (action, reward, next_obs, terminated, truncated)) or extras:
                 raise ConfigError("add: pass either a Transition or the fields, not both")
