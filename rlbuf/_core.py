@@ -371,7 +371,7 @@ def field_reader(plan: _FieldPlan) -> Callable[[Any], Any]:
 # given as tensors. ``ring`` is an argument, not a global: a reference cycle through the ring
 # would leave its tensors to the garbage collector (see FlushingReplayBuffer._flush_owner).
 _ONE_ROW_ADD = """\
-def add_one_row(ring, values):
+def add_one_row(ring, values, rows):
     {values}, = values
     with lock:
         if rb.shared:
@@ -394,8 +394,8 @@ def add_one_row(ring, values):
 """
 
 
-def one_row_adder(ring: RowRing) -> Callable[[RowRing, Sequence[Any]], bool]:
-    """``add_one_row(ring, values)``: the staged add of one row, generated for ``len(readers)`` fields.
+def one_row_adder(ring: RowRing) -> Callable[[RowRing, Sequence[Any], int], bool]:
+    """``add_one_row(ring, values, rows=1)``: the staged add of one row, generated for the ring's fields.
 
     It checks every value with its reader, then writes each one into the ring's target at
     the claimed position; it returns ``False`` (nothing done) when the add is not staged.
@@ -542,7 +542,9 @@ class RowRing:
             for s in self.input_specs
         )
         self._readers = tuple(field_reader(plan) for plan in self.plans)
-        self._add_one_row = one_row_adder(self) if rows_per_add == 1 and self.pending_limit else None
+        # ``RowRing._stage`` or its unrolled twin for one row; a function, not a bound method: see one_row_adder.
+        self._staged_add: Callable[[RowRing, Sequence[Any], int], bool] = (
+            one_row_adder(self) if rows_per_add == 1 and self.pending_limit else RowRing._stage)
         self.pending = 0
         self._pending_start = 0
         self.generation = 0  # bumped when rows change without a write: clear, load, TorchRL's __setitem__
@@ -658,8 +660,7 @@ class RowRing:
         instead) for tensors off the CPU, an add larger than ``pending_limit``, or a buffer
         shared with writer processes (whose cursor moves under the shared lock only).
         """
-        add_one_row = self._add_one_row
-        if add_one_row(self, values) if add_one_row is not None else self._stage(values, rows):
+        if self._staged_add(self, values, rows):
             return
         by_name = {spec.name: as_rows(value, spec.shape, rows) for spec, value in zip(self.input_specs, values, strict=True)}
         self.write_tensors(by_name, rows)

@@ -250,7 +250,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._interleaved = True
         sampler: Sampler = (SumTreeSampler(positive_int("capacity", capacity), alpha=alpha, beta=beta)
                             if prioritized else RandomSampler())
-        self._no_truncation = np.zeros(num_envs, np.bool_)
+        self._no_truncation: bool | np.ndarray[Any, Any] = False if num_envs == 1 else np.zeros(num_envs, np.bool_)
         self._setup(specs, capacity, sampler, num_envs=num_envs, storage=storage, scratch_dir=scratch_dir,
                     storing_device=storing_device, device=device, seed=seed, derived={"done": done_of})
         single_obs = self._obs.leaves[0]
@@ -485,8 +485,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         if self._plain and not extras and hidden_state is None and env_mask is None and not isinstance(obs, Transition):
             # The plain layout (decided once, in the constructor): the fields go to the ring as given.
             self._ring.add((obs, action, reward, next_obs, terminated,
-                            (False if self._num_envs == 1 else self._no_truncation) if truncated is None else truncated),
-                           self._num_envs)
+                            self._no_truncation if truncated is None else truncated), self._num_envs)
             if self._stats is not None:
                 self._stats.update(reward, terminated, truncated)
             return
@@ -497,7 +496,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             extras = dict(given or {})
             hidden_state = extras.pop("hidden_state", None)
         if truncated is None:
-            truncated = False if self._num_envs == 1 else self._no_truncation
+            truncated = self._no_truncation
         if len(extras) != len(self._extra_specs) or (extras and extras.keys() != self._extra_specs.keys()):
             check_extras(self._extra_specs, extras)
         check_hidden_state(self._hidden, hidden_state)
