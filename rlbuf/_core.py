@@ -662,8 +662,9 @@ class RowRing:
         """
         if self._staged_add(self, values, rows):
             return
-        by_name = {spec.name: as_rows(value, spec.shape, rows) for spec, value in zip(self.input_specs, values, strict=True)}
-        self.write_tensors(by_name, rows)
+        devices = self.accepted_devices
+        self.write_tensors({spec.name: checked_rows(spec, value, rows, devices)
+                            for spec, value in zip(self.input_specs, values, strict=True)}, rows)
 
     def _stage(self, values: Sequence[Any], rows: int) -> bool:
         """The staged add of several rows; ``False`` (nothing done) when it does not apply."""
