@@ -4,9 +4,12 @@ TorchRL owns the storage, the writer's cursor and the sampler. rlbuf owns the fa
 
 * A small add is validated field by field (shape, dtype, device, finiteness) and only then
   written, with one numpy assignment per field (several times cheaper than a torch one),
-  straight into the storage at the position after the pending rows. TorchRL's bookkeeping
-  (cursor, write count, length, sampler) is brought up to date in one step when anything
-  reads the buffer. A rejected add writes nothing.
+  straight into the storage at the position after the pending rows. Each field's check is a
+  reader built once per buffer: a tensor or array of the stored dtype and shape passes in a
+  few attribute reads, anything else goes through the full checked conversion; the one-row
+  add calls the readers and writes the fields with its loop over fields unrolled. TorchRL's
+  bookkeeping (cursor, write count, length, sampler) is brought up to date in one step when
+  anything reads the buffer. A rejected add writes nothing.
 * Bulk writes (``extend``, large adds) copy each field into the storage with one slice
   assignment and then update the same bookkeeping exactly as
   ``TensorDictReplayBuffer.extend`` would; a test proves both paths leave identical state.
@@ -412,7 +415,7 @@ def one_row_adder(ring: RowRing) -> Callable[[RowRing, Sequence[Any], int], bool
     namespace: dict[str, Any] = {"lock": ring.lock, "rb": ring.rb, "NotStaged": _NotStaged, "capacity": ring.capacity,
                                  "pending_limit": ring.pending_limit, "write_through": ring.write_through,
                                  **{f"read{i}": read for i, read in enumerate(readers)}}
-    exec(compile(source, filename, "exec"), namespace)  # noqa: S102  # our own template, no user text
+    exec(compile(source, filename, "exec"), namespace)  # our own template, no user text
     return namespace["add_one_row"]  # type: ignore[no-any-return]
 
 

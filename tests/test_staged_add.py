@@ -22,7 +22,15 @@ from _snapshot import same, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlbuf import DeviceError, DtypeError, MissingFieldError, NonFiniteError, ReplayBuffer, RlbufError, ShapeError
+from rlbuf import (
+    DeviceError,
+    DtypeError,
+    MissingFieldError,
+    NonFiniteError,
+    ReplayBuffer,
+    RlbufError,
+    ShapeError,
+)
 from rlbuf._core import RowRing, checked_value
 from rlbuf.spec import all_finite
 
