@@ -18,11 +18,13 @@ Example:
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
 import os
 import re
+import stat
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -157,6 +159,9 @@ def inside_checkpoint(root: Path, relpath: object) -> Path | None:
 def file_digest(target: Path, algorithm: str) -> str:
     """The hex checksum (``"xxh3_128"`` or ``"sha256"``) of the file at ``target``.
 
+    The file is read under a shared lock, so a save never rewrites it meanwhile (see
+    [`open_verified`][rlbuf._manifest.open_verified]).
+
     Example:
         >>> import tempfile
         >>> target = Path(tempfile.mkdtemp()) / "x.bin"
@@ -164,11 +169,21 @@ def file_digest(target: Path, algorithm: str) -> str:
         >>> file_digest(target, "sha256")[:16]
         'ba7816bf8f01cfea'
     """
+    fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return _fd_digest(fd, algorithm)
+    finally:
+        os.close(fd)
+
+
+def _fd_digest(fd: int, algorithm: str) -> str:
     digest = DIGESTS[algorithm]()
     buffer = memoryview(bytearray(CHUNK))  # reused: a fresh buffer per read costs more than the hash
-    with open(target, "rb", buffering=0) as file:
-        while count := file.readinto(buffer):
-            digest.update(buffer[:count])
+    offset = 0
+    while count := os.preadv(fd, [buffer], offset):
+        digest.update(buffer[:count])
+        offset += count
     return str(digest.hexdigest())
 
 
@@ -208,8 +223,6 @@ def file_matches(target: Path, entry: Mapping[str, Any], version: object = None)
 def verify_files(root: Path, files: dict[str, Any], version: object = FORMAT_VERSION) -> dict[str, Path]:
     """Check that ``root`` holds exactly the listed ``files``, each of its size and checksum.
 
-    Checksums are computed on up to four threads, largest file first.
-
     Returns:
         The path of every listed file.
 
@@ -222,33 +235,71 @@ def verify_files(root: Path, files: dict[str, Any], version: object = FORMAT_VER
         >>> verify_files(Path(tempfile.mkdtemp()), {})
         {}
     """
+    opened = open_verified(root, files, version)
+    for fd in opened.values():
+        os.close(fd)
+    return {rel: root.joinpath(*rel.split("/")) for rel in files}
+
+
+def open_verified(root: Path, files: dict[str, Any], version: object = FORMAT_VERSION) -> dict[str, int]:
+    """Open every listed file under a shared lock and verify it; return the open descriptors.
+
+    Checks that ``root`` holds exactly the listed ``files``, each of its size and checksum
+    (hashed on up to four threads, largest file first, through the descriptors returned).
+    The caller closes them. While a descriptor (or a memory map made from it, which shares
+    its lock) is open, no save rewrites that file: a save reuses the files of the checkpoint
+    it superseded only where it gets their exclusive lock, and writes new ones otherwise.
+
+    Returns:
+        relpath -> a read-only file descriptor holding the file's shared ``flock``.
+
+    Raises:
+        CheckpointError: an unexpected, missing, malformed, truncated or corrupted file, or one
+            outside the checkpoint (nothing is left open).
+
+    Example:
+        >>> import tempfile
+        >>> open_verified(Path(tempfile.mkdtemp()), {})
+        {}
+    """
     targets = {rel: _safe_file(root, rel) for rel in files}
     present = {p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir()}
     unexpected = sorted(present - set(files) - {MANIFEST})
     if unexpected:
         raise CheckpointError(f"{root}: unexpected file {unexpected[0]!r} (rlbuf never writes it, and a pickle or "
                               f".pt file could run code when loaded); refusing the checkpoint")
-    for rel, entry in files.items():
-        target = targets[rel]
-        if (not isinstance(entry, dict) or entry.get("dtype") not in DTYPE_BYTES
-                or not isinstance(entry.get("shape"), list) or not all(_is_count(d) for d in entry["shape"])
-                or not _is_count(entry.get("bytes"))):
-            raise CheckpointError(f"{target}: malformed manifest entry {str(entry)[:200]}")
-        if not target.is_file():
-            raise CheckpointError(f"{target}: missing")
-        expected = math.prod(entry["shape"]) * DTYPE_BYTES[entry["dtype"]]
-        size = target.stat().st_size
-        if size != expected or entry.get("bytes") != expected:
-            raise CheckpointError(f"{target}: {size} bytes, expected {expected} (truncated or corrupted)")
-    algorithm = digest_of({}, version)[0]
-    largest_first = sorted(files, key=lambda rel: -int(files[rel]["bytes"]))
-    with ThreadPoolExecutor(max_workers=_THREADS) as pool:
-        digests = dict(zip(largest_first, pool.map(lambda rel: file_digest(targets[rel], algorithm), largest_first),
-                           strict=True))
-    for rel, entry in files.items():
-        if digests[rel] != entry.get(algorithm):
-            raise CheckpointError(f"{targets[rel]}: {_DIGEST_NAMES[algorithm]} mismatch (corrupted)")
-    return targets
+    opened: dict[str, int] = {}
+    try:
+        for rel, entry in files.items():
+            target = targets[rel]
+            if (not isinstance(entry, dict) or entry.get("dtype") not in DTYPE_BYTES
+                    or not isinstance(entry.get("shape"), list) or not all(_is_count(d) for d in entry["shape"])
+                    or not _is_count(entry.get("bytes"))):
+                raise CheckpointError(f"{target}: malformed manifest entry {str(entry)[:200]}")
+            if not target.is_file():
+                raise CheckpointError(f"{target}: missing")
+            # O_NONBLOCK: a FIFO swapped in after the check above must not hang the open.
+            opened[rel] = fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            status = os.fstat(fd)
+            expected = math.prod(entry["shape"]) * DTYPE_BYTES[entry["dtype"]]
+            if not stat.S_ISREG(status.st_mode):
+                raise CheckpointError(f"{target}: not a regular file")
+            if status.st_size != expected or entry.get("bytes") != expected:
+                raise CheckpointError(f"{target}: {status.st_size} bytes, expected {expected} (truncated or corrupted)")
+        algorithm = digest_of({}, version)[0]
+        largest_first = sorted(files, key=lambda rel: -int(files[rel]["bytes"]))
+        with ThreadPoolExecutor(max_workers=_THREADS) as pool:
+            digests = dict(zip(largest_first, pool.map(lambda rel: _fd_digest(opened[rel], algorithm), largest_first),
+                               strict=True))
+        for rel, entry in files.items():
+            if digests[rel] != entry.get(algorithm):
+                raise CheckpointError(f"{targets[rel]}: {_DIGEST_NAMES[algorithm]} mismatch (corrupted)")
+    except BaseException:
+        for fd in opened.values():
+            os.close(fd)
+        raise
+    return opened
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:

@@ -33,13 +33,16 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
 import json
+import mmap
 import os
 import re
 import shutil
+import stat
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -58,6 +61,7 @@ from rlbuf._manifest import (
     MANIFEST,
     MAX_MANIFEST_BYTES,
     file_digest,
+    open_verified,
     parse_manifest,
     unverified_manifest,
     verify_files,
@@ -69,6 +73,7 @@ TENSOR_DIR = "tensors"
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 _TENSOR = "__tensor__"
 _DTYPES = {name: getattr(torch, name) for name in DTYPE_BYTES}
+_LOAD_ATTEMPTS = 10  # a load retries while saves keep replacing the checkpoint under it
 
 
 def _versions() -> dict[str, str]:
@@ -138,9 +143,11 @@ def _write_tensor(tensor: torch.Tensor, target: Path) -> dict[str, Any]:
     flat = tensor.detach().reshape(-1) if tensor.is_contiguous() else tensor.detach().contiguous().reshape(-1)
     digest = DIGESTS[DIGEST]()
     rows_per_chunk = max(1, CHUNK // max(1, flat.element_size()))
+    nbytes = flat.numel() * flat.element_size()
     # One fsync at the end: starting writeback chunk by chunk (sync_file_range) made saves 1.5-3x
     # slower and far less steady on a shared disk (benchmarks/checkpoint.py).
-    with open(target, "wb", buffering=0) as file:
+    fd = _open_for_writing(target)
+    try:
         for start in range(0, flat.numel(), rows_per_chunk):
             chunk = flat[start:start + rows_per_chunk]
             if chunk.device.type != "cpu":
@@ -148,11 +155,42 @@ def _write_tensor(tensor: torch.Tensor, target: Path) -> dict[str, Any]:
             raw = chunk.as_subclass(torch.Tensor).numpy().data.cast("B")
             digest.update(raw)
             written = 0
-            while written < len(raw):  # an unbuffered write may take part of the chunk
-                written += file.write(raw[written:])
-        os.fsync(file.fileno())
+            while written < len(raw):  # a write may take part of the chunk
+                written += os.write(fd, raw[written:])
+        os.ftruncate(fd, nbytes)  # a reused file may have been longer
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     return {"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape),
-            "bytes": flat.numel() * flat.element_size(), DIGEST: digest.hexdigest()}
+            "bytes": nbytes, DIGEST: digest.hexdigest()}
+
+
+def _open_for_writing(target: Path) -> int:
+    """A descriptor to write ``target`` through from its start, holding the file's exclusive lock.
+
+    A file the superseded checkpoint left in a reused spare is rewritten in place: that keeps
+    its disk blocks, and writing over allocated blocks is several times faster than allocating
+    new ones on many disks (thin-provisioned and ``discard``-mounted ones: benchmarks/checkpoint.py).
+    It is replaced by a new file when something else may still read it: a load or a memory map
+    of that version holds its shared lock, or another hard link names it.
+    """
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        pass
+    else:
+        try:
+            status = os.fstat(fd)
+            if stat.S_ISREG(status.st_mode) and status.st_nlink == 1:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+        except BlockingIOError:
+            pass
+        os.close(fd)
+        target.unlink()
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: nobody else can hold it
+    return fd
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -198,6 +236,81 @@ def _remove(staging: Path) -> None:
         return
     (staging / MANIFEST).unlink(missing_ok=True)
     shutil.rmtree(staging, ignore_errors=True)
+
+
+def _spare_path(path: Path) -> Path:
+    return path.parent / f".{path.name}.spare"
+
+
+def _claim_spare(path: Path, staging: Path) -> None:
+    """Make the staging directory ``staging``: the spare of ``path`` when there is one, else new.
+
+    The spare is renamed (one save at a time can claim it), and everything in it that a save
+    would not rewrite in place is removed: anything but regular files under ``tensors/``.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(_spare_path(path), staging)
+    if staging.is_symlink() or (staging.exists() and not staging.is_dir()):
+        staging.unlink()
+    elif staging.is_dir():
+        for entry in list(staging.iterdir()):
+            if entry.name != TENSOR_DIR or entry.is_symlink() or not entry.is_dir():
+                _remove_entry(entry)
+        tensors = staging / TENSOR_DIR
+        if tensors.is_dir():
+            for entry in list(tensors.iterdir()):
+                if entry.is_symlink() or not entry.is_file():
+                    _remove_entry(entry)
+    (staging / TENSOR_DIR).mkdir(parents=True, exist_ok=True)
+
+
+def _remove_entry(entry: Path) -> None:
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        entry.unlink(missing_ok=True)
+
+
+def _keep_as_spare(superseded: Path, spare: Path) -> None:
+    """Keep the checkpoint a save replaced as the spare of the next save (its manifest removed)."""
+    if superseded.is_symlink() or not superseded.is_dir():
+        _remove(superseded)
+        return
+    (superseded / MANIFEST).unlink(missing_ok=True)  # never a checkpoint again
+    try:
+        os.rename(superseded, spare)
+    except OSError:  # a concurrent save kept its own spare first
+        _remove(superseded)
+
+
+def remove_spare(path: str | Path) -> bool:
+    """Give back the disk space of the superseded version that saves to ``path`` keep for the next one.
+
+    Saving over a checkpoint keeps the version it replaced as a hidden sibling,
+    ``.<name>.spare`` (without its manifest, so it is never loaded), and the next save to
+    ``path`` rewrites its files in place: writing over allocated blocks is several times faster
+    than allocating new ones on many disks. A save needs room for two versions anyway; this
+    frees the second one between saves, and the next save writes new files.
+
+    Returns:
+        Whether there was a spare to remove.
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "ckpt"
+        >>> save_state({"kind": "Demo", "x": torch.arange(3)}, path)
+        >>> save_state({"kind": "Demo", "x": torch.arange(4)}, path)
+        >>> remove_spare(path), remove_spare(path)
+        (True, False)
+    """
+    path = Path(path)
+    aside = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:12]}"  # removed by a later save if killed here
+    try:
+        os.rename(_spare_path(path), aside)
+    except FileNotFoundError:
+        return False
+    _remove(aside)
+    return True
 
 
 class RowFiles:
@@ -330,7 +443,9 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
 
     The new checkpoint is written to a temporary sibling, fsynced, read back and verified
     (every checksum) before it replaces the previous one, so a failure at any point leaves the
-    previous checkpoint whole. Stale siblings of saves killed earlier are removed first.
+    previous checkpoint whole. Stale siblings of saves killed earlier are removed first. The
+    version replaced is kept as ``.<name>.spare``, whose files the next save rewrites in place
+    (see [`remove_spare`][rlbuf.checkpoint.remove_spare]).
 
     Args:
         state: the state, or a function that writes the row files through the
@@ -350,14 +465,18 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
     token = uuid.uuid4().hex[:12]
     staging = path.parent / f".{path.name}.tmp-{token}"
     lock_fd = _take_lock(path, token)
+    superseded: Path | None = None
     try:
-        (staging / TENSOR_DIR).mkdir(parents=True)
+        _claim_spare(path, staging)
         rows = RowFiles(staging, "state.fields")
         made = state(rows) if callable(state) else state
         rows.finish()
         tensors: dict[str, torch.Tensor] = {}
         encoded = _encode(made, "state", tensors)
         files = {**rows.entries, **{rel: _write_tensor(tensor, staging / rel) for rel, tensor in tensors.items()}}
+        for leftover in (staging / TENSOR_DIR).iterdir():  # files of the spare this save did not rewrite
+            if f"{TENSOR_DIR}/{leftover.name}" not in files:
+                _remove_entry(leftover)
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "versions": _versions(),
                     "state": encoded, "files": files}
         with open(staging / MANIFEST, "w", encoding="utf-8") as file:
@@ -378,6 +497,7 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
                     os.rename(aside, path)
                     raise
                 staging = aside
+            superseded = staging
         else:
             os.rename(staging, path)
         _fsync_dir(path.parent)
@@ -387,28 +507,47 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
     except CheckpointError as error:
         raise CheckpointError(f"{error}; the previous checkpoint at {path}, if any, is untouched") from error
     finally:
-        _remove(staging)
+        if superseded is not None:
+            _keep_as_spare(superseded, _spare_path(path))
+        else:
+            _remove(staging)
         _lock_path(path, token).unlink(missing_ok=True)
         os.close(lock_fd)
 
 
 # -- reading ----------------------------------------------------------------------------------
+def _replaced_since(root: Path, manifest: dict[str, Any]) -> bool:
+    try:
+        return unverified_manifest(root) != manifest
+    except CheckpointError:
+        return True
+
+
 def load_state(path: str | Path, *, kind: str) -> dict[str, Any]:
     """Verify a checkpoint completely, then return its state with file-backed tensors.
 
     Tensors are copy-on-write memory maps of the files, so loading a memmap buffer never
-    needs the whole of it in RAM.
+    needs the whole of it in RAM. Each map holds the shared lock its file was verified under,
+    so no later save rewrites the bytes behind it (see [`save_state`][rlbuf.checkpoint.save_state]).
 
     Raises:
         CheckpointError: a missing, truncated, corrupted, wrong-version or wrong-kind checkpoint.
     """
     root = Path(path)
-    manifest = unverified_manifest(root)
-    found = manifest["state"].get("kind")
-    if found != kind:
-        raise CheckpointError(f"{root / MANIFEST}: holds a {found}, not a {kind}")
-    targets = verify_files(root, manifest["files"], manifest["format_version"])
-    files = manifest["files"]
+    for attempt in range(_LOAD_ATTEMPTS):
+        manifest = unverified_manifest(root)
+        found = manifest["state"].get("kind")
+        if found != kind:
+            raise CheckpointError(f"{root / MANIFEST}: holds a {found}, not a {kind}")
+        files = manifest["files"]
+        try:
+            opened = open_verified(root, files, manifest["format_version"])
+            break
+        except CheckpointError:
+            # A save that swapped a new version in between reading the manifest and its files
+            # is no corruption: read the new version.
+            if attempt + 1 == _LOAD_ATTEMPTS or not _replaced_since(root, manifest):
+                raise
 
     def read(relpath: str) -> torch.Tensor:
         if relpath not in files:
@@ -418,9 +557,14 @@ def load_state(path: str | Path, *, kind: str) -> dict[str, Any]:
         shape = tuple(int(d) for d in entry["shape"])
         if entry["bytes"] == 0:
             return torch.empty(shape, dtype=dtype)
-        array = np.memmap(targets[relpath], dtype=numpy_dtype(dtype), mode="c", shape=shape)
-        return torch.from_numpy(array)
+        # The map keeps a duplicate of the descriptor, and with it the shared lock.
+        mapped = mmap.mmap(opened[relpath], entry["bytes"], access=mmap.ACCESS_COPY)
+        return torch.from_numpy(np.frombuffer(mapped, dtype=numpy_dtype(dtype)).reshape(shape))
 
-    state = _decode(manifest["state"], read)
+    try:
+        state = _decode(manifest["state"], read)
+    finally:
+        for fd in opened.values():
+            os.close(fd)
     state["versions"] = manifest.get("versions", {})
     return state  # type: ignore[no-any-return]

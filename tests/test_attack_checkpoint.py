@@ -255,6 +255,9 @@ while True:
 """
 
 
+SPARE = ".ckpt.spare"
+
+
 def _kill_saves(tmp_path: Path, kills: int, seed: int) -> dict[str, int]:
     """Kill a saving process at random moments; the checkpoint always loads, the last whole version."""
     path, rng = tmp_path / "ckpt", random.Random(seed)
@@ -274,12 +277,12 @@ def _kill_saves(tmp_path: Path, kills: int, seed: int) -> dict[str, int]:
         assert loaded.check_valid() == (True, "")
         loads += 1
         # What this kill left beside the checkpoint; the next process's first save removes it.
-        left = sum(1 for p in tmp_path.iterdir() if p.is_dir() and p.name.startswith(".ckpt."))
+        left = sum(1 for p in tmp_path.iterdir() if p.is_dir() and p.name.startswith(".ckpt.") and p.name != SPARE)
         assert left <= 2  # this kill's; those of earlier kills are gone: nothing accumulates
         killed_temporaries += left
     _filled().save(tmp_path / "other")
     ReplayBuffer(16, obs_shape=(3,), action_shape=()).save(path)  # the next save cleans what kills left
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ckpt.")] == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ckpt.")] == [SPARE]  # the replaced version
     return {"kills": kills, "loads": loads, "temporaries_left_by_kills_then_removed": killed_temporaries}
 
 
@@ -324,7 +327,7 @@ def test_a_save_that_does_not_verify_keeps_the_previous_checkpoint(tmp_path: Pat
     def corrupting(*args: Any) -> str:
         return "0" * 32
 
-    monkeypatch.setattr(manifest, "file_digest", corrupting)
+    monkeypatch.setattr(manifest, "_fd_digest", corrupting)
     with pytest.raises(CheckpointError, match="previous checkpoint"):
         ReplayBuffer(16, obs_shape=(3,), action_shape=()).save(path)
     monkeypatch.undo()

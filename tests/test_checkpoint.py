@@ -728,7 +728,7 @@ def test_save_replaces_only_a_checkpoint_or_an_empty_directory(tmp_path: Path) -
     buf.save(tmp_path / "empty")
     buf.save(tmp_path / "empty")  # now a checkpoint: replaced
     assert len(ReplayBuffer.load(tmp_path / "empty")) == len(buf)
-    assert sorted(os.listdir(tmp_path)) == ["empty", "file", "results"]
+    assert sorted(os.listdir(tmp_path)) == [".empty.spare", "empty", "file", "results"]  # the replaced one: a spare
 
 
 def test_saving_through_a_symlink_replaces_the_link_and_leaves_its_target(tmp_path: Path) -> None:
@@ -757,10 +757,10 @@ def test_without_an_atomic_swap_a_save_replaces_the_checkpoint_or_keeps_it(
     before = buf.sample_all()
     add_steps([buf], "replay", data, 2)
     if second_rename_fails:
-        rename, calls = os.rename, itertools.count()
+        rename = os.rename
 
         def rename_once(source: Any, target: Any) -> None:
-            if next(calls) == 1:
+            if Path(target) == path and Path(source).name.startswith(".ckpt.tmp-"):  # the second of the two
                 raise enospc(str(target))
             rename(source, target)
         monkeypatch.setattr(os, "rename", rename_once)
@@ -769,7 +769,7 @@ def test_without_an_atomic_swap_a_save_replaces_the_checkpoint_or_keeps_it(
         monkeypatch.undo()
     else:
         buf.save(path)
-    assert os.listdir(tmp_path) == ["ckpt"]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"] if second_rename_fails else [".ckpt.spare", "ckpt"]
     assert_same([ReplayBuffer.load(path).sample_all(), before if second_rename_fails else buf.sample_all()])
 
 
@@ -932,3 +932,107 @@ def test_new_checkpoints_carry_xxh3_of_each_file(saved: Path) -> None:
     for rel, entry in manifest["files"].items():
         assert "sha256" not in entry
         assert entry["xxh3_128"] == xxhash.xxh3_128((saved / rel).read_bytes()).hexdigest()
+
+
+# -- the spare: the replaced version's files, rewritten in place by the next save ----------------
+def _demo_state(version: int, rows: int = 1000) -> dict[str, Any]:
+    return {"kind": "Demo", "x": torch.full((rows, 8), float(version)), "y": torch.arange(rows) * version}
+
+
+def _inodes(path: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_ino for p in (path / "tensors").iterdir()}
+
+
+def _version_of(path: Path) -> int:
+    state = load_state(path, kind="Demo")
+    version = int(state["x"][0, 0])
+    assert torch.equal(state["x"], _demo_state(version)["x"]) and torch.equal(state["y"], _demo_state(version)["y"])
+    return version
+
+
+def test_a_save_rewrites_the_files_of_the_version_it_replaced_one_save_earlier(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt"
+    checkpoint_module.save_state(_demo_state(1), path)
+    first = _inodes(path)
+    checkpoint_module.save_state(_demo_state(2), path)
+    spare = tmp_path / ".ckpt.spare"
+    assert _inodes(spare) == first and not (spare / MANIFEST).exists()  # kept, and never loadable
+    checkpoint_module.save_state(_demo_state(3), path)
+    assert _inodes(path) == first  # the same files, rewritten in place: their disk blocks reused
+    assert _version_of(path) == 3
+    assert checkpoint_module.remove_spare(path) and sorted(os.listdir(tmp_path)) == ["ckpt"]
+    checkpoint_module.save_state(_demo_state(4), path)  # without a spare: new files
+    assert _version_of(path) == 4 and sorted(os.listdir(tmp_path)) == [".ckpt.spare", "ckpt"]
+
+
+def test_a_save_never_rewrites_files_a_load_still_maps(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt"
+    checkpoint_module.save_state(_demo_state(1), path)
+    held = load_state(path, kind="Demo")  # maps of version 1's files, e.g. a load still copying
+    first = _inodes(path)
+    checkpoint_module.save_state(_demo_state(2), path)
+    checkpoint_module.save_state(_demo_state(3), path)  # would rewrite version 1's files in place
+    assert torch.equal(held["x"], _demo_state(1)["x"]) and torch.equal(held["y"], _demo_state(1)["y"])
+    assert not set(_inodes(path).values()) & set(first.values())
+    assert _version_of(path) == 3
+    del held
+    checkpoint_module.save_state(_demo_state(4), path)  # version 2's files are free: rewritten
+    assert _version_of(path) == 4
+
+
+def test_a_hard_linked_backup_of_a_checkpoint_survives_later_saves(tmp_path: Path) -> None:
+    path, backup = tmp_path / "ckpt", tmp_path / "backup"
+    checkpoint_module.save_state(_demo_state(1), path)
+    shutil.copytree(path, backup, copy_function=os.link)  # `cp -al`: the same inodes
+    for version in (2, 3, 4):
+        checkpoint_module.save_state(_demo_state(version), path)
+    assert _version_of(backup) == 1 and _version_of(path) == 4
+
+
+def test_a_forged_spare_is_never_written_through(tmp_path: Path) -> None:
+    path, victim_dir = tmp_path / "ckpt", tmp_path / "victim"
+    victim_dir.mkdir()
+    victim = victim_dir / "precious.txt"
+    victim.write_text("mine")
+    checkpoint_module.save_state(_demo_state(1), path)
+    checkpoint_module.save_state(_demo_state(2), path)
+    spare = tmp_path / ".ckpt.spare"
+    names = sorted(os.listdir(spare / "tensors"))
+    (spare / "tensors" / names[0]).unlink()
+    (spare / "tensors" / names[0]).symlink_to(victim)          # a link where a tensor file was
+    (spare / "tensors" / names[1]).unlink()
+    os.mkfifo(spare / "tensors" / names[1])                      # a FIFO where another was
+    (spare / "tensors" / "state.extra.bin").write_bytes(b"junk")  # a file no save writes
+    (spare / "notes").mkdir()
+    checkpoint_module.save_state(_demo_state(3), path)
+    assert victim.read_text() == "mine" and _version_of(path) == 3
+    shutil.rmtree(tmp_path / ".ckpt.spare")
+    (tmp_path / ".ckpt.spare").symlink_to(victim_dir)           # the spare itself a link
+    checkpoint_module.save_state(_demo_state(4), path)
+    checkpoint_module.save_state(_demo_state(5), path)
+    assert os.listdir(victim_dir) == ["precious.txt"] and victim.read_text() == "mine"
+    assert _version_of(path) == 5
+
+
+def test_loads_during_saves_each_get_one_whole_version(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt"
+    checkpoint_module.save_state(_demo_state(1), path)
+    stop, versions, errors = threading.Event(), [], []
+
+    def load_repeatedly() -> None:
+        while not stop.is_set():
+            try:
+                versions.append(_version_of(path))
+            except BaseException as error:  # reported below
+                errors.append(error)
+                return
+
+    reader = threading.Thread(target=load_repeatedly)
+    reader.start()
+    try:
+        for version in range(2, 40):
+            checkpoint_module.save_state(_demo_state(version), path)
+    finally:
+        stop.set()
+        reader.join()
+    assert errors == [] and len(versions) > 0 and versions == sorted(versions)
