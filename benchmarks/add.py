@@ -16,6 +16,12 @@ Targets (issue 10): torch input ≤ 2.0× SB3, numpy input ≤ 1.5× SB3. Each t
 median µs per call over rounds in which every peer runs in turn (see ``_timing.py``); the
 machine these run on is shared, so figures move by about 10% between runs.
 
+Where a torch add's time goes: reading the six tensors takes about 1.7× SB3's whole add by
+itself: ``Tensor.numpy()`` for each array field (about 0.7 µs: torch makes a detached tensor
+and a Python wrapper for every view) and ``Tensor.item()`` plus the dtype, device and rank
+reads for each one-number field. numpy inputs need neither, which is why they run at SB3's
+speed with every check kept.
+
 One torch thread. Run from the repository root::
 
     PYTHONPATH=. python benchmarks/add.py           # about 30 seconds

@@ -250,13 +250,15 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._interleaved = True
         sampler: Sampler = (SumTreeSampler(positive_int("capacity", capacity), alpha=alpha, beta=beta)
                             if prioritized else RandomSampler())
-        self._no_truncation = np.zeros(num_envs, np.bool_)
+        self._no_truncation: bool | np.ndarray[Any, Any] = False if num_envs == 1 else np.zeros(num_envs, np.bool_)
         self._setup(specs, capacity, sampler, num_envs=num_envs, storage=storage, scratch_dir=scratch_dir,
                     storing_device=storing_device, device=device, seed=seed, derived={"done": done_of})
         single_obs = self._obs.leaves[0]
         self._compact = CompactLayout(self._ring, single_obs.shape, single_obs.dtype, num_envs=num_envs,
                                       frame_stack=frame_stack, padding_type=padding_type, n_step=n_step, gamma=self._gamma,
                                       extra_names=list(self._extra_specs)) if compact else None
+        # One tensor per obs, no hidden state, no extra field: ``add`` hands the fields on as they are.
+        self._plain = self._compact is None and not self._obs.structured and self._hidden is None and not self._extra_specs
         self._row_bytes = self.bytes_per_transition(
             obs_shape=obs_shape, action_shape=action_shape, obs_dtype=obs_dtype, action_dtype=action_dtype,
             extra_fields=extra_fields, prioritized=prioritized, frame_stack=frame_stack, n_step=n_step, compact=compact,
@@ -480,6 +482,13 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             >>> len(buf)
             2
         """
+        if self._plain and not extras and hidden_state is None and env_mask is None and not isinstance(obs, Transition):
+            # The plain layout (decided once, in the constructor): the fields go to the ring as given.
+            self._ring.add((obs, action, reward, next_obs, terminated,
+                            self._no_truncation if truncated is None else truncated), self._num_envs)
+            if self._stats is not None:
+                self._stats.update(reward, terminated, truncated)
+            return
         if isinstance(obs, Transition):
             if any(v is not None for v in (action, reward, next_obs, terminated, truncated)) or extras:
                 raise ConfigError("add: pass either a Transition or the fields, not both")
@@ -487,7 +496,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             extras = dict(given or {})
             hidden_state = extras.pop("hidden_state", None)
         if truncated is None:
-            truncated = False if self._num_envs == 1 else self._no_truncation
+            truncated = self._no_truncation
         if len(extras) != len(self._extra_specs) or (extras and extras.keys() != self._extra_specs.keys()):
             check_extras(self._extra_specs, extras)
         check_hidden_state(self._hidden, hidden_state)

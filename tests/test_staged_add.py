@@ -1,0 +1,308 @@
+"""The staged add (each field's reader, the unrolled one-row add) against the reference paths.
+
+``checked_value`` is the reference check of a staged field: the readers built by
+``field_reader`` only take shortcuts for inputs it would take as they are. A buffer whose
+ring checks every field with ``checked_value`` and writes with the generic loop, and one
+whose adds all go the tensor way (``write_tensors``), must end with the same rows and state
+as the fast one, and refuse the same inputs with the same error, leaving everything as it was.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from _snapshot import same, snapshot
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlbuf import (
+    DeviceError,
+    DtypeError,
+    MissingFieldError,
+    NonFiniteError,
+    ReplayBuffer,
+    RlbufError,
+    ShapeError,
+)
+from rlbuf._core import RowRing, checked_value
+from rlbuf.spec import all_finite
+
+OBS, ACTION = (3,), (2,)
+FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+
+
+def make(storage: str = "memory", num_envs: int = 1, capacity: int = 5) -> ReplayBuffer:
+    """A buffer whose whole storage holds the same rows as every other one made here."""
+    buf = ReplayBuffer(capacity, obs_shape=OBS, action_shape=ACTION, num_envs=num_envs, storage=storage,  # type: ignore[arg-type]
+                       seed=0)
+    for step in range(math.ceil(capacity / num_envs)):
+        rows = torch.arange(num_envs, dtype=torch.float32) + 10 * step
+        buf.add(rows[:, None].expand(num_envs, 3), rows[:, None].expand(num_envs, 2), rows,
+                rows[:, None].expand(num_envs, 3) + 0.5, rows > 20, rows == 5)
+    return buf
+
+
+def checked_by_reference(buf: ReplayBuffer) -> ReplayBuffer:
+    """``buf`` with every field checked by ``checked_value`` and written by the generic loop."""
+    ring = buf._ring
+    ring._readers = tuple(functools.partial(checked_value, plan) for plan in ring.plans)
+    ring._staged_add = RowRing._stage
+    return buf
+
+
+def never_staged(buf: ReplayBuffer) -> ReplayBuffer:
+    """``buf`` with every add going the tensor way (``write_tensors``)."""
+    buf._ring._staged_add = lambda ring, values, rows: False
+    return buf
+
+
+# -- inputs --------------------------------------------------------------------------------
+# Floats that probe the checks: signed zero, subnormals, float32's edge, beyond it, inf, NaN.
+EDGES = [-0.0, 1e-45, 1e-310, 3.4028234e38, 3.5e38, 1e300, math.inf, -math.inf, math.nan]
+floats = st.one_of(st.floats(-1e6, 1e6, width=32), st.sampled_from(EDGES))
+
+
+def _array_value(kind: str, values: list[float], shape: tuple[int, ...], batched: bool) -> Any:
+    full = (1, *shape) if batched else shape
+    array = np.array(values, np.float64).reshape(full)
+    if kind == "torch32":
+        return torch.tensor(array, dtype=torch.float32)  # beyond float32: inf
+    if kind == "torch64":
+        return torch.tensor(array)
+    if kind == "torch-grad":
+        return torch.tensor(array, dtype=torch.float32, requires_grad=True)
+    if kind == "bfloat16":
+        return torch.tensor(array, dtype=torch.bfloat16)
+    if kind == "numpy32":
+        return _float32(array)
+    if kind == "numpy64":
+        return array
+    if kind == "strided":  # every other value of a longer array
+        return np.repeat(_float32(array), 2, axis=-1)[..., ::2]
+    if kind == "big-endian":
+        return _float32(array).astype(">f4")
+    if kind == "int":
+        return np.zeros(full, np.int64)
+    if kind == "bool-tensor":
+        return torch.zeros(full, dtype=torch.bool)
+    if kind == "wrong-shape":
+        return torch.zeros((2, *shape))
+    if kind == "list":
+        return array.tolist()
+    if kind == "meta":
+        return torch.zeros(full, device="meta")
+    return None  # "none"
+
+
+ARRAY_KINDS = ["torch32", "torch64", "torch-grad", "bfloat16", "numpy32", "numpy64", "strided", "big-endian", "int",
+               "bool-tensor", "wrong-shape", "list", "meta", "none"]
+
+
+@st.composite
+def array_values(draw: st.DrawFn, shape: tuple[int, ...], kinds: list[str] = ARRAY_KINDS) -> Any:
+    values = draw(st.lists(floats, min_size=math.prod(shape), max_size=math.prod(shape)))
+    return _array_value(draw(st.sampled_from(kinds)), values, shape, draw(st.booleans()))
+
+
+def _float32(value: Any) -> Any:
+    with np.errstate(over="ignore"):  # beyond float32: inf, as a user's own cast would give
+        return np.float32(value)
+
+
+def _reward_value(kind: str, value: float) -> Any:
+    makers: dict[str, Callable[[], Any]] = {
+        "float": lambda: value, "int": lambda: int(value) if math.isfinite(value) else 7, "bool": lambda: True,
+        "np.float32": lambda: _float32(value), "np.float64": lambda: np.float64(value),
+        "numpy32": lambda: np.array([_float32(value)]), "numpy64-0d": lambda: np.array(value),
+        "numpy-int": lambda: np.array([3], np.int64), "numpy2": lambda: np.array([value, value], np.float32),
+        "torch32": lambda: torch.tensor([value]), "torch64-0d": lambda: torch.tensor(value, dtype=torch.float64),
+        "torch-int": lambda: torch.tensor([3]), "torch-bool": lambda: torch.tensor([True]),
+        "torch11": lambda: torch.tensor([[value]]), "torch-empty": lambda: torch.zeros(0),
+        "torch-grad": lambda: torch.tensor([value], requires_grad=True), "meta": lambda: torch.zeros(1, device="meta"),
+        "str": lambda: "1.0", "none": lambda: None,
+    }
+    return makers[kind]()
+
+
+REWARD_KINDS = ["float", "int", "bool", "np.float32", "np.float64", "numpy32", "numpy64-0d", "numpy-int", "numpy2",
+                "torch32", "torch64-0d", "torch-int", "torch-bool", "torch11", "torch-empty", "torch-grad", "meta",
+                "str", "none"]
+
+
+def _flag_value(kind: str, flag: bool) -> Any:
+    makers: dict[str, Callable[[], Any]] = {
+        "bool": lambda: flag, "np.bool_": lambda: np.bool_(flag), "numpy": lambda: np.array([flag]),
+        "numpy-0d": lambda: np.array(flag), "torch": lambda: torch.tensor([flag]), "torch-0d": lambda: torch.tensor(flag),
+        "int": lambda: int(flag), "numpy-int": lambda: np.array([1]), "torch-float": lambda: torch.tensor([0.5]),
+        "numpy2": lambda: np.array([flag, flag]),
+    }
+    return makers[kind]()
+
+
+FLAG_KINDS = ["bool", "np.bool_", "numpy", "numpy-0d", "torch", "torch-0d", "int", "numpy-int", "torch-float", "numpy2"]
+
+
+@st.composite
+def transitions(draw: st.DrawFn, array_kinds: list[str] = ARRAY_KINDS, reward_kinds: list[str] = REWARD_KINDS,
+                flag_kinds: list[str] = FLAG_KINDS) -> tuple[Any, ...]:
+    """One step for a one-env buffer, each field in one of many forms, good or bad."""
+    return (
+        draw(array_values(OBS, array_kinds)),
+        draw(array_values(ACTION, array_kinds)),
+        _reward_value(draw(st.sampled_from(reward_kinds)), draw(floats)),
+        draw(array_values(OBS, array_kinds)),
+        _flag_value(draw(st.sampled_from(flag_kinds)), draw(st.booleans())),
+        _flag_value(draw(st.sampled_from(flag_kinds)), draw(st.booleans())),
+    )
+
+
+def outcome(buf: ReplayBuffer, step: tuple[Any, ...]) -> tuple[str, str] | None:
+    """``None`` when ``buf`` takes ``step``, else the error; a refused step must change nothing."""
+    before = snapshot(buf)
+    try:
+        buf.add(*step)
+    except RlbufError as error:
+        assert same(snapshot(buf), before), f"refused ({error}) but the buffer changed"
+        return type(error).__name__, str(error)
+    return None
+
+
+# -- the fast readers agree with the reference, input by input -----------------------------
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(transitions(), min_size=1, max_size=8))
+def test_fast_readers_take_and_refuse_exactly_what_the_reference_does(steps: list[tuple[Any, ...]]) -> None:
+    fast, reference = make(), checked_by_reference(make())
+    for step in steps:
+        assert outcome(fast, step) == outcome(reference, step)
+    assert same(snapshot(fast), snapshot(reference))
+
+
+@pytest.mark.parametrize("storage", ["memory", "memmap"])
+@settings(max_examples=15, deadline=None)
+@given(steps=st.lists(transitions(array_kinds=["torch32", "numpy32", "numpy64", "strided", "list"],
+                                  reward_kinds=["float", "np.float32", "numpy32", "torch32", "torch64-0d", "torch-int"],
+                                  flag_kinds=["bool", "np.bool_", "numpy", "torch", "torch-0d"]),
+                      min_size=1, max_size=8))
+def test_the_staged_add_stores_what_the_tensor_way_stores(storage: str, steps: list[tuple[Any, ...]]) -> None:
+    fast, tensor_way = make(storage), never_staged(make(storage))
+    try:
+        for step in steps:
+            if outcome(fast, step) is None:  # the tensor way's own refusals are worded differently
+                assert outcome(tensor_way, step) is None
+        assert same(snapshot(fast), snapshot(tensor_way))
+    finally:
+        fast.close()
+        tensor_way.close()
+
+
+@settings(max_examples=20, deadline=None)
+@given(steps=st.lists(st.tuples(st.lists(floats, min_size=9, max_size=9), st.lists(st.booleans(), min_size=3, max_size=3),
+                                st.sampled_from(["torch", "numpy"])), min_size=1, max_size=5))
+def test_several_rows_per_add_agree_with_the_reference(steps: list[tuple[list[float], list[bool], str]]) -> None:
+    fast, reference = make(num_envs=3, capacity=7), checked_by_reference(make(num_envs=3, capacity=7))
+    for values, flags, kind in steps:
+        obs = _float32(np.array(values)).reshape(3, 3)
+        step: tuple[Any, ...] = (obs, obs[:, :2], obs[:, 2], obs + 1, np.array(flags), np.array(flags[::-1]))
+        if kind == "torch":
+            step = tuple(torch.from_numpy(np.ascontiguousarray(value)) for value in step)
+        assert outcome(fast, step) == outcome(reference, step)
+    assert same(snapshot(fast), snapshot(reference))
+
+
+# -- refusals through the fast path --------------------------------------------------------
+GOOD: tuple[Any, ...] = (torch.zeros(1, 3), torch.zeros(1, 2), torch.ones(1), torch.zeros(1, 3),
+                         torch.tensor([False]), torch.tensor([False]))
+
+
+@pytest.mark.parametrize(("field", "value", "error", "message"), [
+    (0, torch.zeros(1, 4), ShapeError, "obs: expected shape (1, 3) or (3,), got (1, 4)"),
+    (0, np.zeros((1, 3), np.uint8), DtypeError, "obs: expected dtype torch.float32"),
+    (1, np.full((1, 2), 1e300), DtypeError, "action: values up to 1e+300 in magnitude do not fit torch.float32"),
+    (2, torch.tensor([math.nan]), NonFiniteError, "reward: expected finite values, got nan"),
+    (2, np.array([-math.inf], np.float32), NonFiniteError, "reward: expected finite values, got -inf"),
+    (2, torch.tensor([True]), DtypeError, "reward: expected dtype torch.float32"),
+    (3, torch.zeros(1, 3, device="meta"), DeviceError, "next_obs: expected a tensor on cpu, got one on meta"),
+    (4, torch.tensor([[False]]), ShapeError, "terminated: expected shape (1,) or (), got (1, 1)"),
+    (5, np.array([0.0]), DtypeError, "truncated: expected dtype torch.bool"),
+    (5, None, None, None),  # truncated=None means False: taken
+    (4, None, MissingFieldError, "terminated: a value is required"),
+])
+def test_a_refused_one_row_add_changes_nothing(storage: str, field: int, value: Any, error: type[Exception] | None,
+                                                message: str | None) -> None:
+    buf = make(storage, capacity=4)
+    buf.add(*GOOD)  # a staged row pending
+    for _ in range(3):
+        buf.add(*GOOD)  # the stage is full: the next add commits it first
+    before = snapshot(buf)
+    step = list(GOOD)
+    step[field] = value
+    if error is None:
+        buf.add(*step)
+        assert buf.sample_all().truncated[-1].item() is False
+        return
+    with pytest.raises(error) as raised:
+        buf.add(*step)
+    assert message is not None and message in str(raised.value)
+    assert same(snapshot(buf), before)
+    buf.close()
+
+
+def test_extras_and_hidden_states_are_still_checked_on_a_plain_buffer() -> None:
+    buf = make()
+    before = snapshot(buf)
+    with pytest.raises(MissingFieldError, match="dones: not a field of this buffer"):
+        buf.add(*GOOD, dones=torch.tensor([False]))
+    with pytest.raises(MissingFieldError, match="hidden_state: this buffer was built without hidden_state_shape"):
+        buf.add(*GOOD, hidden_state=torch.zeros(1, 4))
+    assert same(snapshot(buf), before)
+
+
+def test_an_input_changed_after_the_add_leaves_the_stored_row_as_it_was() -> None:
+    buf = make(capacity=3)
+    obs, reward = torch.full((1, 3), 7.0), np.array([2.0], np.float32)
+    buf.add(obs, torch.zeros(1, 2), reward, obs, torch.tensor([False]))
+    obs += 1
+    reward += 1
+    buf.add(obs, torch.zeros(1, 2), reward, obs, torch.tensor([False]))
+    batch = buf.sample_all()
+    assert batch.obs[-2:, 0].tolist() == [7.0, 8.0]
+    assert batch.reward[-2:].tolist() == [2.0, 3.0]
+
+
+# -- the finiteness check ------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("size", [1, 2, 16, 17, 64])
+def test_all_finite_finds_any_nan_or_inf_anywhere(dtype: type[np.floating[Any]], size: int) -> None:
+    info = np.finfo(dtype)
+    edges = np.array([-0.0, info.smallest_subnormal, info.tiny, info.max, -info.max], dtype)
+    values = np.resize(edges, size)
+    assert all_finite(values) and all_finite(values.reshape(1, size))
+    for bad in (math.nan, math.inf, -math.inf):
+        for position in {0, size // 2, size - 1}:
+            spoiled = values.copy()
+            spoiled[position] = bad
+            assert not all_finite(spoiled)
+
+
+@pytest.mark.parametrize("num_envs", [1, 4, 20])
+def test_non_finite_rewards_are_refused_not_warned_about_even_under_warnings_as_errors(num_envs: int) -> None:
+    buf = make(num_envs=num_envs, capacity=num_envs)
+    obs = np.zeros((num_envs, 3), np.float32)
+    flags = np.zeros(num_envs, bool)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        huge = np.full(num_envs, 3e38, np.float32)  # finite, though its sum overflows
+        buf.add(obs, obs[:, :2], huge, obs, flags)
+        for bad in (np.inf, -np.inf, np.nan):
+            reward = huge.copy()
+            reward[-1] = bad
+            reward[0] = -np.inf if num_envs > 1 else bad  # inf - inf: NaN in a sum
+            with pytest.raises(NonFiniteError, match="reward: expected finite values"):
+                buf.add(obs, obs[:, :2], reward, obs, flags)
