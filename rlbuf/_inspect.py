@@ -67,7 +67,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         report["error"] = f"{buffer_dir / MANIFEST}: unreadable ({error})"
         return report
     try:
-        read_manifest(buffer_dir)
+        manifest = read_manifest(buffer_dir)  # the version verified: a save may have swapped in a newer one
     except CheckpointError as error:
         report["error"] = str(error)
     try:

@@ -43,6 +43,7 @@ import os
 import re
 import shutil
 import stat
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -435,6 +436,32 @@ def _take_lock(path: Path, token: str) -> int:
     return fd
 
 
+_MAKING_LOCK_GRACE_S = 60.0
+
+
+def _stale_lock_in_making(path: Path, sibling: Path) -> bool:
+    """Whether ``sibling`` is a ``.<name>.lock-<hex>.new`` left by a save killed while taking its lock.
+
+    Its maker holds it locked from a moment after creating it until the rename; one unlocked
+    and older than a minute belongs to no live save.
+    """
+    if not re.fullmatch(re.escape(f".{path.name}.lock-") + r"[0-9a-f]{12}\.new", sibling.name):
+        return False
+    try:
+        fd = os.open(sibling, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if time.time() - os.fstat(fd).st_mtime < _MAKING_LOCK_GRACE_S:
+            return False
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
 def remove_stale_saves(path: str | Path) -> list[Path]:
     """Remove what saves to ``path`` killed mid-way left behind; return what was removed.
 
@@ -458,6 +485,10 @@ def remove_stale_saves(path: str | Path) -> list[Path]:
     except OSError:
         return removed
     for sibling in siblings:
+        if _stale_lock_in_making(path, sibling):
+            sibling.unlink(missing_ok=True)
+            removed.append(sibling)
+            continue
         match = pattern.fullmatch(sibling.name)
         if match is None:
             continue

@@ -1008,3 +1008,13 @@ def test_a_short_write_while_patching_rows_never_loses_them(tmp_path: Path, monk
     expected = torch.zeros(100, 4)
     expected[10:60] = 7.0
     assert torch.equal(load_state(tmp_path / "ckpt", kind="Demo")["x"], expected)
+
+
+def test_a_lock_file_left_by_a_save_killed_while_taking_it_is_removed_once_old(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt"
+    old, fresh = tmp_path / ".ckpt.lock-0123456789ab.new", tmp_path / ".ckpt.lock-aaaaaaaaaaaa.new"
+    old.write_text("123")
+    fresh.write_text("456")  # may be a live save's, about to lock and rename it
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    _filled().save(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [fresh.name, "ckpt"]
