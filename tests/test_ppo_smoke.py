@@ -55,7 +55,7 @@ def test_ppo_iteration_on_cartpole() -> None:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            losses.append(float(loss))
+            losses.append(loss.detach().item())
             seen += len(batch)
         assert seen == 2 * steps
     collector.shutdown()

@@ -121,7 +121,7 @@ def _reward_value(kind: str, value: float) -> Any:
         "float": lambda: value, "int": lambda: int(value) if math.isfinite(value) else 7, "bool": lambda: True,
         "np.float32": lambda: _float32(value), "np.float64": lambda: np.float64(value),
         "numpy32": lambda: np.array([_float32(value)]), "numpy64-0d": lambda: np.array(value),
-        "numpy-int": lambda: np.array([3], np.int64), "numpy2": lambda: np.array([value, value], np.float32),
+        "numpy-int": lambda: np.array([3], np.int64), "numpy2": lambda: np.array([_float32(value)] * 2),
         "torch32": lambda: torch.tensor([value]), "torch64-0d": lambda: torch.tensor(value, dtype=torch.float64),
         "torch-int": lambda: torch.tensor([3]), "torch-bool": lambda: torch.tensor([True]),
         "torch11": lambda: torch.tensor([[value]]), "torch-empty": lambda: torch.zeros(0),

@@ -370,7 +370,8 @@ def plot_compare(results: dict[str, Any], path: Path) -> None:
     axes.set_ylabel(f"mean return, last {_run.WINDOW} episodes")
     axes.set_title("PPO on Pendulum-v1: every episode ends by its time limit")
     axes.grid(alpha=0.3)
-    axes.legend(loc="lower right")
+    if axes.get_legend_handles_labels()[0]:  # no curve yet when the run stopped before its first episodes
+        axes.legend(loc="lower right")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
