@@ -236,10 +236,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             raise ConfigError(f"{given}: only used by prioritized replay; pass prioritized=True, or leave them out "
                               f"for uniform sampling")
         alpha, beta = _PER_ALPHA if alpha is None else alpha, _PER_BETA if beta is None else beta
-        for name, exponent in (("alpha", alpha), ("beta", beta)):
-            if isinstance(exponent, bool) or not isinstance(exponent, (int, float, np.integer, np.floating)) or not (
-                    0 <= exponent < math.inf):
-                raise ConfigError(f"{name}: expected a finite number >= 0, got {exponent!r}")
+        # The sum tree checks alpha and beta: built here, before anything is allocated.
+        sampler: Sampler = (SumTreeSampler(positive_int("capacity", capacity), alpha=alpha, beta=beta)
+                            if prioritized else RandomSampler())
         self._prioritized = prioritized
         specs = replay_specs(stored_obs_shape, as_shape(action_shape, "action_shape"),
                              obs_dtype, action_dtype, extra_fields, next_obs=not compact)
@@ -248,8 +247,6 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         if self._hidden is not None:
             specs = (*specs, *self._hidden.specs("hidden_state", hidden_state_key))
         self._interleaved = True
-        sampler: Sampler = (SumTreeSampler(positive_int("capacity", capacity), alpha=alpha, beta=beta)
-                            if prioritized else RandomSampler())
         self._no_truncation: bool | np.ndarray[Any, Any] = False if num_envs == 1 else np.zeros(num_envs, np.bool_)
         self._setup(specs, capacity, sampler, num_envs=num_envs, storage=storage, scratch_dir=scratch_dir,
                     storing_device=storing_device, device=device, seed=seed, derived={"done": done_of})

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
+import rlbuf._base
 from rlbuf import (
     BatchSizeError,
     ConfigError,
@@ -703,6 +704,24 @@ def test_per_exponents_without_prioritized_are_refused(options: dict[str, float]
     with pytest.raises(ConfigError, match=f"^{given}: only used by prioritized replay; pass prioritized=True"):
         make(**options)
     assert make(prioritized=True, **options).prioritized
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"alpha": -0.1}, "alpha: expected a finite number >= 0, got -0.1"),
+    ({"beta": float("inf")}, "beta: expected a finite number >= 0, got inf"),
+    ({"alpha": 10**400}, "alpha: expected a finite number >= 0, got 1000"),
+    ({"beta": True}, "beta: expected a finite number >= 0, got True"),
+    ({"alpha": np.float32(0.5)}, "alpha: expected a finite number >= 0, got np.float32(0.5)"),
+])
+def test_bad_per_exponents_are_refused_before_any_storage_is_built(options: dict[str, Any], message: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_storage(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a storage was built for a refused buffer")
+
+    monkeypatch.setattr(rlbuf._base, "build_storage", no_storage)
+    with pytest.raises(ConfigError) as raised:
+        make(prioritized=True, **options)
+    assert str(raised.value).startswith(message)
 
 
 def test_per_exponents_default_to_0_6_and_0_4() -> None:
