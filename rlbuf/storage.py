@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -34,7 +33,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.storages import TensorStorage
 
-from rlbuf import _torchrl
+from rlbuf import _sizing, _torchrl
 from rlbuf.errors import ConfigError
 from rlbuf.spec import FieldSpec, positive_int
 
@@ -158,13 +157,14 @@ def build_storage(
 
 
 def row_bytes(specs: Sequence[FieldSpec]) -> int:
-    """Bytes one stored row takes.
+    """Bytes one stored row takes: its fields alone (``rlbuf._sizing.row_bytes``, nothing added).
 
     Example:
         >>> row_bytes((FieldSpec("obs", "observation", (3,), torch.float32),))
         12
     """
-    return sum(math.prod(spec.td_shape) * torch.empty((), dtype=spec.dtype).element_size() for spec in specs)
+    return int(_sizing.row_bytes([(spec.shape, spec.dtype.itemsize) for spec in specs], prioritized=False,
+                                 compact=False, frame_stack=1))
 
 
 def available_ram() -> int:
@@ -198,7 +198,8 @@ def check_room(kind: StorageKind, capacity: int, specs: Sequence[FieldSpec], *, 
         ...
         rlbuf.errors.ConfigError: capacity: 1000000000000 rows of 4096 bytes need 4096000000000000 bytes, ...
     """
-    needed = capacity * row_bytes(specs)
+    per_row = row_bytes(specs)
+    needed = capacity * per_row
     if kind == "memmap":
         directory = Path(scratch_dir) if scratch_dir is not None else Path(tempfile.gettempdir())
         while not directory.exists() and directory != directory.parent:
@@ -211,7 +212,7 @@ def check_room(kind: StorageKind, capacity: int, specs: Sequence[FieldSpec], *, 
     else:
         return
     if needed > available:
-        raise ConfigError(f"capacity: {capacity} rows of {row_bytes(specs)} bytes need {needed} bytes, but only "
+        raise ConfigError(f"capacity: {capacity} rows of {per_row} bytes need {needed} bytes, but only "
                           f"{available} bytes are {where}; lower capacity"
                           + (" or use storage='memmap'" if kind == "memory" and storing_device.type == "cpu" else ""))
 
