@@ -944,10 +944,8 @@ def checked_rows(spec: FieldSpec, value: Any, rows: int, devices: tuple[torch.de
     """
     if value is None:
         raise MissingFieldError(f"{spec.name}: a value is required")
-    tensor = value if isinstance(value, torch.Tensor) else torch.from_numpy(
-        np.ascontiguousarray(as_array(spec.name, value)))
-    if rows == 1 and tuple(tensor.shape) == spec.shape:
-        tensor = tensor.unsqueeze(0)
+    tensor = as_rows(value if isinstance(value, torch.Tensor) else torch.from_numpy(
+        np.ascontiguousarray(as_array(spec.name, value))), spec.shape, rows)
     spec.check_tensor(tensor, (rows,), devices)
     return tensor
 
