@@ -279,13 +279,6 @@ def checked_value(plan: _FieldPlan, value: Any) -> Any:
     elif isinstance(value, torch.Tensor):
         if not value.is_cpu:
             raise _NotStaged
-        if plan.single_shape == () and value.dtype is spec.dtype and value.dim() <= 1 and value.numel() == 1:
-            # One number of the stored dtype: a Python scalar is written exactly, and .item()
-            # costs a fraction of .numpy() (a numpy array per field is most of a tensor add).
-            scalar = value.item()
-            if spec.finite and plan.np_dtype.kind == "f" and not math.isfinite(scalar):
-                check_finite_rows(spec, np.asarray([scalar]))
-            return scalar
         try:
             array = value.numpy() if not value.requires_grad else value.detach().numpy()
         except TypeError:  # no numpy twin (bfloat16, complex32 ...): the checked conversion decides
