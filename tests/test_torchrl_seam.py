@@ -78,16 +78,16 @@ def test_commit_rows_leaves_the_state_torchrl_extend_leaves(kind: str) -> None:
     leaves = _torchrl.storage_leaves(ours.storage)
     leaves["obs"][3] = 3.0
     leaves["obs"][0:2] = torch.tensor([[4.0], [5.0]])
-    before = ours.storage._mutation_revision if hasattr(ours.storage, "_mutation_revision") else None
+    before = ours.storage._mutation_revision
     with _torchrl.replay_lock(ours), _torchrl.write_lock(ours):
         _torchrl.commit_rows(ours, torch.tensor([3, 0, 1]), 4)
     assert ours.writer.state_dict() == theirs.writer.state_dict(), CHANGED.format(
         "commit_rows", f"writer state after extend is {theirs.writer.state_dict()}, ours {ours.writer.state_dict()}")
     assert len(ours) == len(theirs) and ours.storage._last_cursor_index == theirs.storage._last_cursor_index, \
         CHANGED.format("commit_rows", "storage length and last cursor as extend leaves them")
-    if before is not None:
-        assert ours.storage._mutation_revision != before, CHANGED.format(
-            "commit_rows", "storage._bump_mutation_revision() invalidates cached metadata")
+    assert ours.storage._mutation_revision == before + 1 == theirs.storage._mutation_revision, CHANGED.format(
+        "commit_rows", "storage._bump_mutation_revision() counts one more write in storage._mutation_revision, "
+        "as each extend does")
     mine, reference = ours.sampler.state_dict(), theirs.sampler.state_dict()
     assert mine.keys() == reference.keys() and all(
         torch.equal(torch.as_tensor(mine[k]), torch.as_tensor(reference[k])) for k in mine), CHANGED.format(
