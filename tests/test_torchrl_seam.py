@@ -144,9 +144,15 @@ def test_set_rng_reaches_the_sampler() -> None:
     rb.set_rng(generator)
     assert _torchrl.sampler_generator(rb.sampler) is generator, CHANGED.format(
         "sampler_generator", "ReplayBuffer.set_rng stores the generator as the sampler's _rng")
+    index = rb.extend(_rows(0, 3))
+    rb.update_priority(index, torch.tensor([1.0, 2.0, 5.0]))
     loose = SumTreeSampler(4, alpha=1.0, beta=1.0)
-    _torchrl.set_sampler_generator(loose, generator)
-    assert _torchrl.sampler_generator(loose) is generator
+    loose.update_priority(index, torch.tensor([1.0, 2.0, 5.0]))
+    _torchrl.set_sampler_generator(loose, torch.Generator().manual_seed(3))
+    rb.set_rng(torch.Generator().manual_seed(3))
+    drawn = [sampler.sample(rb.storage, 16)[0].tolist() for sampler in (rb.sampler, loose)]
+    assert drawn[0] == drawn[1] and len(set(drawn[0])) > 1, CHANGED.format(
+        "set_sampler_generator", f"a sampler given a generator draws what set_rng's does, got {drawn}")
 
 
 def test_sum_tree_passes_for_torchrl_prioritized_sampler() -> None:
