@@ -256,10 +256,6 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                                       extra_names=list(self._extra_specs)) if compact else None
         # One tensor per obs, no hidden state, no extra field: ``add`` hands the fields on as they are.
         self._plain = self._compact is None and not self._obs.structured and self._hidden is None and not self._extra_specs
-        self._row_bytes = self.bytes_per_transition(
-            obs_shape=obs_shape, action_shape=action_shape, obs_dtype=obs_dtype, action_dtype=action_dtype,
-            extra_fields=extra_fields, prioritized=prioritized, frame_stack=frame_stack, n_step=n_step, compact=compact,
-            hidden_state_shape=hidden_state_shape)
 
     @property
     def compact(self) -> bool:
@@ -367,10 +363,12 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         return sampler
 
     def _repr_options(self) -> str:
-        layout = ""
-        if self._compact is not None:
-            layout = f", compact=True, frame_stack={self._compact.frame_stack}, n_step={self._compact.n_step}"
-        return f", prioritized={self._prioritized}{layout}, bytes_per_transition~{_human_bytes(self._row_bytes)}"
+        compact = self._compact
+        layout = "" if compact is None else f", compact=True, frame_stack={compact.frame_stack}, n_step={compact.n_step}"
+        # bytes_per_transition's estimate, from the stored fields rather than the options parsed again.
+        size = row_bytes([(s.shape, s.dtype.itemsize) for s in self._ring.specs], prioritized=self._prioritized,
+                         compact=compact is not None, frame_stack=1 if compact is None else compact.frame_stack)
+        return f", prioritized={self._prioritized}{layout}, bytes_per_transition~{_human_bytes(size)}"
 
     @classmethod
     def bytes_per_transition(

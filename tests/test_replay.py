@@ -724,6 +724,22 @@ def test_bad_per_exponents_are_refused_before_any_storage_is_built(options: dict
     assert str(raised.value).startswith(message)
 
 
+@pytest.mark.parametrize("options", [
+    {"obs_shape": (3,), "action_shape": (2,)},
+    {"obs_shape": (3,), "action_shape": (), "action_dtype": torch.int64, "prioritized": True},
+    {"obs_shape": (3,), "action_shape": (2,), "extra_fields": {"value": ((), torch.float64)}},
+    {"obs_shape": {"camera": (2, 3), "proprio": (4,)}, "obs_dtype": {"camera": torch.uint8}, "action_shape": ()},
+    {"obs_shape": (3,), "action_shape": (), "hidden_state_shape": {"h": (1, 8), "c": (1, 8)}},
+    {"obs_shape": (4, 6, 6), "obs_dtype": torch.uint8, "action_shape": (), "frame_stack": 4, "prioritized": True},
+    {"obs_shape": (5,), "action_shape": (), "n_step": 3},
+])
+def test_the_repr_shows_bytes_per_transition_of_the_same_options(options: dict[str, Any]) -> None:
+    from rlbuf.replay import _human_bytes
+
+    expected = _human_bytes(ReplayBuffer.bytes_per_transition(**options))
+    assert f"bytes_per_transition~{expected}," in repr(ReplayBuffer(8, **options))
+
+
 def test_per_exponents_default_to_0_6_and_0_4() -> None:
     buf = make(prioritized=True)
     assert buf.beta == 0.4 and buf.torchrl.sampler.alpha == 0.6
