@@ -189,8 +189,6 @@ def attempt(target: Any, case: Case, value: Any, checked: Any = None) -> None:
             message = str(error)
             assert any(name in message for name in case.names), f"{case.names} not named in {message!r}"
         return
-    except StopIteration:
-        return
     except BaseException as error:
         pytest.fail(f"foreign exception {type(error).__name__}: {error} for {value!r:.200}")
     if not isinstance(checked, (EpisodeStats, EpochIterator)):
