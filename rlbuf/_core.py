@@ -237,7 +237,6 @@ class _FieldPlan(NamedTuple):
     single_shape: tuple[int, ...] | None
     np_dtype: np.dtype[Any]
     scalar_types: tuple[type, ...]
-    is_scalar: bool
 
 
 def _scalar_types(spec: FieldSpec) -> tuple[type, ...]:
@@ -269,7 +268,7 @@ def checked_value(plan: _FieldPlan, value: Any) -> Any:
 
     Example:
         >>> spec = FieldSpec("reward", "reward", (), torch.float32, finite=True)
-        >>> plan = _FieldPlan(spec, (1,), (), spec.np_dtype, _scalar_types(spec), True)
+        >>> plan = _FieldPlan(spec, (1,), (), spec.np_dtype, _scalar_types(spec))
         >>> checked_value(plan, np.array([2.0]))
         2.0
     """
@@ -299,7 +298,7 @@ def checked_value(plan: _FieldPlan, value: Any) -> Any:
             spec.check_range(array)
     if spec.finite and array.dtype.kind == "f" and not all_finite(array):
         check_finite_rows(spec, array.reshape(plan.row_shape[0], -1))
-    return array.item() if plan.is_scalar and plan.single_shape is not None else array
+    return array.item() if plan.single_shape == () else array
 
 
 def field_reader(plan: _FieldPlan) -> Callable[[Any], Any]:
@@ -311,7 +310,7 @@ def field_reader(plan: _FieldPlan) -> Callable[[Any], Any]:
 
     Example:
         >>> spec = FieldSpec("obs", "observation", (2,), torch.float32)
-        >>> read = field_reader(_FieldPlan(spec, (1, 2), (2,), spec.np_dtype, (), False))
+        >>> read = field_reader(_FieldPlan(spec, (1, 2), (2,), spec.np_dtype, ()))
         >>> read(torch.ones(1, 2))
         array([[1., 1.]], dtype=float32)
         >>> read(np.ones((1, 3), np.float32))
@@ -535,7 +534,7 @@ class RowRing:
         self._derive_numpy_views()
         self.plans = tuple(
             _FieldPlan(s, (rows_per_add, *s.shape), s.shape if rows_per_add == 1 else None, s.np_dtype,
-                       _scalar_types(s), s.shape == ())
+                       _scalar_types(s))
             for s in self.input_specs
         )
         self._readers = tuple(field_reader(plan) for plan in self.plans)
