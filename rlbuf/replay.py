@@ -552,12 +552,13 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
 
         Raises:
             ShapeError: not one bool per env.
+            DtypeError, DeviceError: not numbers at all (strings, objects, a meta tensor).
         """
         n = self._num_envs
-        keep = torch.as_tensor(np.asarray(env_mask.cpu() if isinstance(env_mask, torch.Tensor) else env_mask))
-        if keep.dtype is not torch.bool or tuple(keep.shape) != (n,):
-            raise ShapeError(f"env_mask: expected {n} bools (one per env), got {keep.dtype} of shape {tuple(keep.shape)}")
-        return keep
+        keep = as_array("env_mask", env_mask)
+        if keep.dtype.kind != "b" or keep.shape != (n,):
+            raise ShapeError(f"env_mask: expected {n} bools (one per env), got {keep.dtype} of shape {keep.shape}")
+        return torch.as_tensor(keep)
 
     def _kept_rows(self, specs: Sequence[FieldSpec], values: Sequence[Any], keep: torch.Tensor) -> dict[str, torch.Tensor]:
         """Check all ``num_envs`` rows of each value against its spec; return the rows ``keep`` marks, by name.

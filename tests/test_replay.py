@@ -25,6 +25,7 @@ from rlbuf import (
     PriorityError,
     ReplayBatch,
     ReplayBuffer,
+    RlbufError,
     ShapeError,
     StoredIndexError,
     Transition,
@@ -673,6 +674,21 @@ def test_foreign_keywords_are_answered_with_the_rlbuf_name(keyword: str, hint: s
         buf.add(**step, **{keyword: torch.zeros(2)})
     assert "extra_fields" not in str(error.value) or keyword.startswith("info")
     assert same(before, snapshot(buf))
+
+
+@pytest.mark.parametrize("env_mask", ["ab", [[True], [True, False]], object(), [True, None], [1, 0], [True],
+                                      torch.zeros(2, dtype=torch.bool, device="meta"), np.array([True, False, True])])
+def test_a_bad_env_mask_is_refused_by_name_and_changes_nothing(env_mask: Any) -> None:
+    buf = make(num_envs=2)
+    add_ids(buf, range(1))
+    before = snapshot(buf)
+    with pytest.raises(RlbufError, match=r"^env_mask: "):
+        buf.add(torch.zeros(2, 3), torch.zeros(2, 2), torch.zeros(2), torch.zeros(2, 3), torch.zeros(2, dtype=torch.bool),
+                env_mask=env_mask)
+    assert same(before, snapshot(buf))
+    buf.add(torch.ones(2, 3), torch.zeros(2, 2), torch.zeros(2), torch.zeros(2, 3), torch.zeros(2, dtype=torch.bool),
+            env_mask=[False, True])
+    assert len(buf) == 3
 
 
 def test_done_cannot_be_declared_either() -> None:
