@@ -214,6 +214,7 @@ def replay_cases(buf: ReplayBuffer) -> dict[str, Case]:
     cases = field_cases("add", buf.add, good)
     cases |= {
         "add.unknown_extra": Case(lambda v: buf.add(**good, bogus=v), ("bogus",)),
+        "add.env_mask": Case(lambda v: buf.add(**good, env_mask=v), ("env_mask",)),
         "sample": Case(lambda v: buf.sample(v), ("batch_size",)),
         "sample_by_index.index": Case(lambda v: buf.sample_by_index(v), ("index",)),
         "sample_by_index.fields": Case(lambda v: buf.sample_by_index(0, fields=v), ("fields",)),
