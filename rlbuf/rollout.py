@@ -523,9 +523,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             spec.check_range(array)
             check_finite_rows(spec, array.reshape(1, -1))
             last = torch.from_numpy(array)
-        last = last.to(self._storing_device, torch.float32)
-        if not bool(torch.isfinite(last).all()):
-            raise NonFiniteError("last_value: expected finite values, got NaN or inf")
+        last = last.to(self._storing_device, torch.float32)  # checked above: finite, and fits float32
         self._ring.flush()
         columns = {name: self._ring.leaves[name].view(self._num_steps, self._num_envs) for name in (
             "reward", "value", "terminated", "truncated", "bootstrap_value", "advantage", "returns")}
