@@ -172,7 +172,6 @@ class Streams:
     def __init__(self, capacity: int, num_envs: int, obs_shape: tuple[int, ...], obs_dtype: torch.dtype, *,
                  frame_stack: int, padding_type: PaddingType, n_step: int, storing_device: torch.device) -> None:
         self.capacity = capacity
-        self.num_envs = num_envs
         self.frame_stack = frame_stack
         self.padding_type = padding_type
         self.n_step = n_step
