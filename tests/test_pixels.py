@@ -402,6 +402,8 @@ def test_compact_layout_refuses_dict_observations_and_hidden_states(layout: dict
         with pytest.raises(ConfigError, match=message):
             ReplayBuffer.bytes_per_transition(**options, **layout)
         assert not ReplayBuffer(10, **options).compact  # the default layout for them: next_obs stored
+    with pytest.raises(ConfigError, match="sample_sequences: not available for a compact buffer"):
+        ReplayBuffer(10, obs_shape=stack, action_shape=(), **layout).sample_sequences(1, 1)
 
 
 def test_sample_sequences_refuses_a_compact_buffer_and_leaves_its_generator_alone() -> None:
