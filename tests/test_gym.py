@@ -362,10 +362,10 @@ def test_env_mask_validates_every_row_and_stores_the_kept_ones() -> None:
                np.array([False, False, True]), env_mask=keep)
     assert buffer.sample_all().action.tolist() == [0, 2]
     assert stats.recent_lengths() == [1]
-    with pytest.raises(Exception, match="obs"):
+    with pytest.raises(ShapeError, match=r"obs: expected shape \(3, 2\), got \(3, 3\)"):
         buffer.add(np.zeros((3, 3)), np.zeros(3, np.int64), np.ones(3), np.zeros((3, 2)), np.zeros(3, bool),
                    env_mask=keep)
-    with pytest.raises(Exception, match="env_mask"):
+    with pytest.raises(ShapeError, match="env_mask: expected 3 bools"):
         buffer.add(np.zeros((3, 2)), np.zeros(3, np.int64), np.ones(3), np.zeros((3, 2)), np.zeros(3, bool),
                    env_mask=np.array([1, 0, 1]))
     assert len(buffer) == 2
