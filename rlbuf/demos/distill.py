@@ -181,8 +181,4 @@ def run(args: Args) -> dict[str, Any]:
                      parameters={"teacher": sum(p.numel() for p in teacher_net.parameters()),
                                  "student": sum(p.numel() for p in student_net.parameters())})
     buffer.close()  # removes a memmap storage's scratch files
-    status = "finished" if stopped else "interrupted" if interrupted_at else "stopped"
-    summary = _run.write_outputs(out, "distill", args, progress, frames, stats, status, **extra)
-    if interrupted_at is not None:
-        raise _run.Interrupted(interrupted_at, out, frames, "distill")
-    return summary
+    return _run.finish(out, "distill", args, progress, frames, stats, stopped, interrupted_at, **extra)

@@ -174,8 +174,4 @@ def run(args: Args) -> dict[str, Any]:
         checkpoint("end")
         torch.save({"q": q_net.state_dict(), "hidden": args.hidden}, out / "model.pt")
     buffer.close()  # removes a memmap storage's scratch files
-    status = "finished" if stopped else "interrupted" if interrupted_at else "stopped"
-    summary = _run.write_outputs(out, "dqn", args, progress, frames, stats, status)
-    if interrupted_at is not None:
-        raise _run.Interrupted(interrupted_at, out, frames, "dqn")
-    return summary
+    return _run.finish(out, "dqn", args, progress, frames, stats, stopped, interrupted_at)

@@ -200,13 +200,9 @@ def run(args: Args) -> dict[str, Any]:
     progress.close()
 
     # -- outputs ------------------------------------------------------------------------------------
-    status = "finished" if stopped else "interrupted" if interrupted_at else "stopped"
     if stopped:
         checkpoint("end")
         torch.save({"actor": actor_net.state_dict(), "critic": critic_net.state_dict(), "hidden": args.hidden},
                    out / "model.pt")
     buffer.close()  # removes a memmap storage's scratch files
-    summary = _run.write_outputs(out, "ppo", args, progress, frames, stats, status)
-    if interrupted_at is not None:
-        raise _run.Interrupted(interrupted_at, out, frames, "ppo")
-    return summary
+    return _run.finish(out, "ppo", args, progress, frames, stats, stopped, interrupted_at)

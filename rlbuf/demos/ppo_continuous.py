@@ -273,13 +273,8 @@ def run(args: Args) -> dict[str, Any]:
                    out / "model.pt")
     buffer.close()
     variant = "folded (timeout = death)" if args.fold_truncation else "bootstrapped timeouts"
-    status = "finished" if stopped else "interrupted" if interrupted_at else "stopped"
-    summary = _run.write_outputs(out, "ppo-continuous", args, progress, frames, stats, status, variant=variant)
-    _run.plot_curve(progress.history, out / "curve.png", f"PPO on Pendulum-v1, {variant} (seed {args.seed})",
-                    args.target_return)
-    if interrupted_at is not None:
-        raise _run.Interrupted(interrupted_at, out, frames, "ppo-continuous")
-    return summary
+    return _run.finish(out, "ppo-continuous", args, progress, frames, stats, stopped, interrupted_at,
+                       title=f"PPO on Pendulum-v1, {variant} (seed {args.seed})", variant=variant)
 
 
 # -- both variants over several seeds, one figure --------------------------------------------------

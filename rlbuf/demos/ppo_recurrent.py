@@ -211,12 +211,8 @@ def run(args: Any) -> dict[str, Any]:
     progress.close()
 
     # -- outputs ------------------------------------------------------------------------------------
-    status = "finished" if stopped else "interrupted" if interrupted_at else "stopped"
     if stopped:
         checkpoint("end")
         torch.save({"policy": policy.state_dict(), "hidden": args.hidden}, out / "model.pt")
     buffer.close()
-    summary = _run.write_outputs(out, "ppo", args, progress, frames, stats, status)
-    if interrupted_at is not None:
-        raise _run.Interrupted(interrupted_at, out, frames, "ppo")
-    return summary
+    return _run.finish(out, "ppo", args, progress, frames, stats, stopped, interrupted_at)
