@@ -444,7 +444,7 @@ class Progress:
         ...     stats.update(500.0, True)
         >>> progress.log(1_000, stats)
         500.0
-        >>> progress.reached["frames"], progress.done()
+        >>> progress.reached["frames"], progress.done(1_000)
         (1000, True)
     """
 
@@ -476,9 +476,9 @@ class Progress:
         self.bar.set_postfix({**shown, **{k: f"{v:.3g}" for k, v in postfix.items()}}, refresh=False)
         return recent
 
-    def done(self) -> bool:
-        """Whether the target was reached and the run should stop there."""
-        return self.reached is not None and self.args.stop_at_target
+    def done(self, frames: int) -> bool:
+        """Whether the run is over at ``frames``: ``--frames`` done, or the target reached with ``--stop-at-target``."""
+        return frames >= self.args.frames or (self.reached is not None and self.args.stop_at_target)
 
     def state_dict(self) -> dict[str, Any]:
         """History, elapsed time and target, for the checkpoint."""

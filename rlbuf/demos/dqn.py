@@ -123,7 +123,7 @@ def run(args: Args) -> dict[str, Any]:
             "exploration_rng": rng.bit_generator.state}, reason)
 
     # -- collect, learn, log ------------------------------------------------------------------------
-    stopped, loss, interrupted_at = frames >= args.frames or progress.done(), 0.0, None
+    stopped, loss, interrupted_at = progress.done(frames), 0.0, None
     while not stopped:
         eps = epsilon(args, frames)
         with torch.no_grad():
@@ -161,7 +161,7 @@ def run(args: Args) -> dict[str, Any]:
 
         if _run.crossed(frames_before, frames, 1_000) or frames >= args.frames:
             progress.log(frames, stats, loss=loss, eps=eps)
-            stopped = progress.done() or frames >= args.frames
+            stopped = progress.done(frames)
         leave, interrupted_at = _run.checkpoint_and_reset(  # Ctrl-C: between two env steps
             args, frames_before, frames, stopped, checkpoint, reset_envs, stats)
         if leave:

@@ -204,7 +204,7 @@ def run(args: Args) -> dict[str, Any]:
 
     # -- collect, learn, log ------------------------------------------------------------------------
     loss = torch.zeros(())
-    stopped, interrupted_at = frames >= args.frames or progress.done(), None
+    stopped, interrupted_at = progress.done(frames), None
     while not stopped:
         frames_before = frames
         for group in optimizer.param_groups:
@@ -257,7 +257,7 @@ def run(args: Args) -> dict[str, Any]:
                 break
 
         progress.log(frames, stats, loss=loss.item())
-        stopped = progress.done() or frames >= args.frames
+        stopped = progress.done(frames)
         leave, interrupted_at = _run.checkpoint_and_reset(  # Ctrl-C: between two rollouts
             args, frames_before, frames, stopped, checkpoint, reset_envs, stats)
         if leave:
