@@ -47,6 +47,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.wrappers.utils import update_mean_var_count_from_moments
 from torch import nn
 
 from rlbuf import EpisodeStats, RolloutBuffer
@@ -96,12 +97,9 @@ class RunningNorm:
         self.count = 1e-4
 
     def update(self, batch: np.ndarray[Any, Any]) -> None:
-        """Fold a batch ``[n, *shape]`` into the running moments."""
-        mean, var, n = batch.mean(0), batch.var(0), batch.shape[0]
-        delta, total = mean - self.mean, self.count + n
-        self.mean = self.mean + delta * n / total
-        self.var = (self.var * self.count + var * n + delta**2 * self.count * n / total) / total
-        self.count = total
+        """Fold a batch ``[n, *shape]`` into the running moments (gymnasium's own update)."""
+        self.mean, self.var, self.count = update_mean_var_count_from_moments(
+            self.mean, self.var, self.count, batch.mean(0), batch.var(0), batch.shape[0])
 
     def state_dict(self) -> dict[str, Any]:
         """The moments, for a checkpoint."""
