@@ -272,8 +272,9 @@ def main() -> None:
     builders: dict[str, Callable[[], tuple[Any, float]]] = {
         "sb3": lambda: build_sb3(args.peer_size, optimized=False),
         "sb3-optimized": lambda: build_sb3(args.peer_size, optimized=True),
-        "torchrl": lambda: build_torchrl(args.peer_size, scratch),
-        "torchrl-catframes": lambda: build_torchrl_catframes(args.peer_size, scratch),
+        # A folder each: two memmap storages in one folder would both write action.memmap.
+        "torchrl": lambda: build_torchrl(args.peer_size, os.path.join(scratch, "torchrl")),
+        "torchrl-catframes": lambda: build_torchrl_catframes(args.peer_size, os.path.join(scratch, "catframes")),
         "cpprb": lambda: build_cpprb(args.peer_size),
         "rlbuf-classic": lambda: build_rlbuf(args.peer_size, "memory", compact=False),
     }
