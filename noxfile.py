@@ -139,8 +139,6 @@ def compat(session: nox.Session) -> None:
     A TorchRL change that breaks an assumption of rlbuf fails in tests/test_torchrl_seam.py first.
     Extra arguments go to pytest: `nox -s compat -- -x tests/test_replay.py`.
     """
-    import tomllib
-
     torch_pin = next(line for line in Path("constraints-cpu.txt").read_text().splitlines()
                      if line.startswith("torch=="))
     pin = Path(session.create_tmp()) / "torch-only.txt"
@@ -152,11 +150,9 @@ def compat(session: nox.Session) -> None:
         session.error(f"torchrl-nightly/tensordict-nightly do not install next to the pinned CPU {torch_pin} "
                       "(pip's message above says what they require, e.g. a newer torch); "
                       "not pulling a CUDA build of torch to find out")
-    with open("pyproject.toml", "rb") as file:
-        project = tomllib.load(file)["project"]
     ours = ("torch", "torchrl", "tensordict")
-    requirements = [r for r in project["dependencies"] if re.split(r"[<>=!~ \[;]", r, maxsplit=1)[0] not in ours]
-    session.install("-c", str(pin), *requirements, *project["optional-dependencies"]["test"])
+    requirements = [r for r in _project_requirements(("test",)) if re.split(r"[<>=!~ \[;]", r, maxsplit=1)[0] not in ours]
+    session.install("-c", str(pin), *requirements)
     session.install("--no-deps", "-e", ".")
     session.run("python", "-c", "import torch, torchrl, tensordict; "
                 "print('torch', torch.__version__, '| torchrl', torchrl.__version__, '| tensordict', tensordict.__version__)")

@@ -160,20 +160,23 @@ def build_sb3(capacity: int, *, optimized: bool) -> tuple[Sb3Buffer, float]:
     return buf, sum(a.nbytes for a in arrays) / capacity
 
 
+def fill_torchrl(buf: TorchrlBuffer, capacity: int, key: str,
+                 frames: Callable[[np.ndarray[Any, Any]], np.ndarray[Any, Any]]) -> float:
+    """Fill a TorchRL buffer, observations under ``key`` as ``frames`` cuts them; return its bytes per transition."""
+    for (part,) in chunks(capacity, 1, seed=1):
+        flags = {name: torch.from_numpy(part[name])[:, None] for name in ("reward", "terminated", "truncated")}
+        buf.extend(TensorDict({
+            key: torch.from_numpy(frames(part["obs"])), "action": torch.from_numpy(part["action"]),
+            "next": {key: torch.from_numpy(frames(part["next_obs"])), **flags,
+                     "done": flags["terminated"] | flags["truncated"]}},
+            batch_size=[len(part["action"])]))
+    stored = buf._storage._storage
+    return sum(v.numel() * v.element_size() for v in stored.values(True, True)) / capacity
+
+
 def build_torchrl(capacity: int, scratch: str) -> tuple[TensorDictReplayBuffer, float]:
     buf = TensorDictReplayBuffer(storage=LazyMemmapStorage(capacity, scratch_dir=scratch), batch_size=None)
-    for (part,) in chunks(capacity, 1, seed=1):
-        steps = len(part["action"])
-        buf.extend(TensorDict({
-            "observation": torch.from_numpy(part["obs"]), "action": torch.from_numpy(part["action"]),
-            "next": {"observation": torch.from_numpy(part["next_obs"]),
-                     "reward": torch.from_numpy(part["reward"])[:, None],
-                     "terminated": torch.from_numpy(part["terminated"])[:, None],
-                     "truncated": torch.from_numpy(part["truncated"])[:, None],
-                     "done": torch.from_numpy(part["terminated"] | part["truncated"])[:, None]}},
-            batch_size=[steps]))
-    stored = buf._storage._storage
-    return buf, sum(v.numel() * v.element_size() for v in stored.values(True, True)) / capacity
+    return buf, fill_torchrl(buf, capacity, "observation", lambda obs: obs)
 
 
 def build_torchrl_catframes(capacity: int, scratch: str) -> tuple[TorchrlBuffer, float]:
@@ -182,20 +185,10 @@ def build_torchrl_catframes(capacity: int, scratch: str) -> tuple[TorchrlBuffer,
     transform, sampler = frames.make_rb_transform_and_sampler(batch_size=32, end_key=("next", "done"))
     buf = TorchrlBuffer(storage=LazyMemmapStorage(capacity, scratch_dir=scratch), sampler=sampler,
                         transform=transform)
-    for (part,) in chunks(capacity, 1, seed=1):
-        steps = len(part["action"])
-        buf.extend(TensorDict({
-            "frame": torch.from_numpy(part["obs"][:, -1:]), "action": torch.from_numpy(part["action"]),
-            "next": {"frame": torch.from_numpy(part["next_obs"][:, -1:]),
-                     "reward": torch.from_numpy(part["reward"])[:, None],
-                     "terminated": torch.from_numpy(part["terminated"])[:, None],
-                     "truncated": torch.from_numpy(part["truncated"])[:, None],
-                     "done": torch.from_numpy(part["terminated"] | part["truncated"])[:, None]}},
-            batch_size=[steps]))
+    per_transition = fill_torchrl(buf, capacity, "frame", lambda obs: obs[:, -1:])  # the newest frame only
     batch = buf.sample(2)
     assert batch["observation"].shape == batch["next", "observation"].shape == (2, STACK, SIDE, SIDE)
-    stored = buf._storage._storage
-    return buf, sum(v.numel() * v.element_size() for v in stored.values(True, True)) / capacity
+    return buf, per_transition
 
 
 def build_cpprb(capacity: int) -> tuple[CpprbBuffer, float]:
@@ -279,8 +272,9 @@ def main() -> None:
     builders: dict[str, Callable[[], tuple[Any, float]]] = {
         "sb3": lambda: build_sb3(args.peer_size, optimized=False),
         "sb3-optimized": lambda: build_sb3(args.peer_size, optimized=True),
-        "torchrl": lambda: build_torchrl(args.peer_size, scratch),
-        "torchrl-catframes": lambda: build_torchrl_catframes(args.peer_size, scratch),
+        # A folder each: two memmap storages in one folder would both write action.memmap.
+        "torchrl": lambda: build_torchrl(args.peer_size, os.path.join(scratch, "torchrl")),
+        "torchrl-catframes": lambda: build_torchrl_catframes(args.peer_size, os.path.join(scratch, "catframes")),
         "cpprb": lambda: build_cpprb(args.peer_size),
         "rlbuf-classic": lambda: build_rlbuf(args.peer_size, "memory", compact=False),
     }

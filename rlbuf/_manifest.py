@@ -235,11 +235,8 @@ def file_matches(target: Path, entry: Mapping[str, Any], version: object = None)
     return target.stat().st_size == entry.get("bytes") and file_digest(target, algorithm) == expected
 
 
-def verify_files(root: Path, files: dict[str, Any], version: object = FORMAT_VERSION) -> dict[str, Path]:
+def verify_files(root: Path, files: dict[str, Any], version: object = FORMAT_VERSION) -> None:
     """Check that ``root`` holds exactly the listed ``files``, each of its size and checksum.
-
-    Returns:
-        The path of every listed file.
 
     Raises:
         CheckpointError: an unexpected, missing, malformed, truncated or corrupted file, or one
@@ -247,13 +244,22 @@ def verify_files(root: Path, files: dict[str, Any], version: object = FORMAT_VER
 
     Example:
         >>> import tempfile
-        >>> verify_files(Path(tempfile.mkdtemp()), {})
-        {}
+        >>> verify_files(Path(tempfile.mkdtemp()), {"x.bin": {"dtype": "uint8", "shape": [1], "bytes": 1}})
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.CheckpointError: /tmp/.../x.bin: missing
     """
-    opened = open_verified(root, files, version)
+    close_all(open_verified(root, files, version))
+
+
+def close_all(opened: Mapping[str, int]) -> None:
+    """Close the descriptors [`open_verified`][rlbuf._manifest.open_verified] returned (their locks go with them).
+
+    Example:
+        >>> close_all({})
+    """
     for fd in opened.values():
         os.close(fd)
-    return {rel: root.joinpath(*rel.split("/")) for rel in files}
 
 
 def open_verified(root: Path, files: dict[str, Any], version: object = FORMAT_VERSION) -> dict[str, int]:
@@ -313,8 +319,7 @@ def open_verified(root: Path, files: dict[str, Any], version: object = FORMAT_VE
             if digests[rel] != entry.get(algorithm):
                 raise CheckpointError(f"{targets[rel]}: {_DIGEST_NAMES[algorithm]} mismatch (corrupted)")
     except BaseException:
-        for fd in opened.values():
-            os.close(fd)
+        close_all(opened)
         raise
     return opened
 
@@ -373,6 +378,5 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         rlbuf.errors.CheckpointError: /nonexistent: not a checkpoint directory
     """
     manifest, opened = open_current(Path(path))
-    for fd in opened.values():
-        os.close(fd)
+    close_all(opened)
     return manifest

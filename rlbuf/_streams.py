@@ -130,8 +130,8 @@ class Chain:
             first, the sampled row at ``frame_stack - 1``), then the rows after it.
         padded: slots of ``rows`` before the episode start ``[B, frame_stack + n_step]``.
         steps: ``m``, the steps to the observation the transition bootstraps from ``[B]``.
-        ended: the episode ended within those steps (``next_obs`` is a final observation) ``[B]``.
-        terminated: it ended by termination ``[B]``; truncated: by truncation ``[B]``.
+        terminated: the episode ended by termination within those steps ``[B]``; truncated: by
+            truncation (either way ``next_obs`` is a final observation, see ``ended``).
         final_slot: where the final observation is kept, for ended rows (else -1) ``[B]``.
     """
 
@@ -139,10 +139,14 @@ class Chain:
     rows: _Ints
     padded: _Bools
     steps: _Ints
-    ended: _Bools
     terminated: _Bools
     truncated: _Bools
     final_slot: _Ints
+
+    @property
+    def ended(self) -> _Bools:
+        """The episode ended within the steps (``next_obs`` is a final observation) ``[B]``."""
+        return self.terminated | self.truncated
 
     def merge(self, where: _Bools, other: Chain) -> None:
         """Replace the entries at ``where`` by those of ``other`` (walked for those rows only)."""
@@ -168,7 +172,6 @@ class Streams:
     def __init__(self, capacity: int, num_envs: int, obs_shape: tuple[int, ...], obs_dtype: torch.dtype, *,
                  frame_stack: int, padding_type: PaddingType, n_step: int, storing_device: torch.device) -> None:
         self.capacity = capacity
-        self.num_envs = num_envs
         self.frame_stack = frame_stack
         self.padding_type = padding_type
         self.n_step = n_step
@@ -309,7 +312,6 @@ class Streams:
             complete = np.ones(count, np.bool_)
         row = positions
         steps = np.zeros(count, np.int64)
-        ended = np.zeros(count, np.bool_)
         terminated = np.zeros(count, np.bool_)
         truncated = np.zeros(count, np.bool_)
         final_slot = np.full(count, -1, np.int64)
@@ -318,7 +320,6 @@ class Streams:
             row_terminated, row_truncated = self.terminated[row], self.truncated[row]
             ends = walking & (row_terminated | row_truncated)
             steps[ends] = step
-            ended |= ends
             terminated |= ends & row_terminated
             truncated |= ends & row_truncated
             final_slot[ends] = self.final_slot[row[ends]]
@@ -330,7 +331,7 @@ class Streams:
             row = np.where(walking, link % capacity, row)
             rows[:, stack - 1 + step] = row
         steps[walking] = n_step
-        return Chain(complete, rows, padded, steps, ended, terminated, truncated, final_slot)
+        return Chain(complete, rows, padded, steps, terminated, truncated, final_slot)
 
     def stacks(self, frames: torch.Tensor, chain: Chain,
                gather: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -354,8 +355,8 @@ class Streams:
         both = gather(np.concatenate((chain.rows[:, :stack].reshape(-1), next_rows.reshape(-1))))
         both = both.view(2, count, *((stack,) if stack > 1 else ()), *frames.shape[1:])
         obs, next_obs = both[0], both[1]
-        if chain.ended.any():
-            ended = np.flatnonzero(chain.ended)
+        ended = np.flatnonzero(chain.ended)
+        if ended.size:
             final = self.finals.take(chain.final_slot[ended]).to(next_obs.device)
             at = torch.from_numpy(ended).to(next_obs.device)
             if stack > 1:

@@ -61,6 +61,7 @@ from rlbuf._manifest import (
     FORMAT_VERSION,
     MANIFEST,
     MAX_MANIFEST_BYTES,
+    close_all,
     file_digest,
     open_current,
     parse_manifest,
@@ -200,15 +201,20 @@ def _write_tensor(tensor: torch.Tensor, target: Path) -> dict[str, Any]:
                 chunk = chunk.cpu()
             raw = chunk.as_subclass(torch.Tensor).numpy().data.cast("B")
             digest.update(raw)
-            written = 0
-            while written < len(raw):  # a write may take part of the chunk
-                written += os.write(fd, raw[written:])
+            _write_all(lambda data: os.write(fd, data), raw)
         os.ftruncate(fd, nbytes)  # a reused file may have been longer
         os.fsync(fd)
     finally:
         os.close(fd)
     return {"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape),
             "bytes": nbytes, DIGEST: digest.hexdigest()}
+
+
+def _write_all(write: Callable[[memoryview], int], data: memoryview) -> None:
+    """Write all of ``data`` with ``write`` (an unbuffered write may take only part of it)."""
+    written = 0
+    while written < len(data):
+        written += write(data[written:])
 
 
 def _open_for_writing(target: Path) -> int:
@@ -394,10 +400,8 @@ class RowFiles:
                     for start, stop in segments:
                         rows = leaf[start:stop]
                         raw = (rows if rows.device.type == "cpu" else rows.cpu()).as_subclass(torch.Tensor)
-                        data, written = raw.contiguous().numpy().data.cast("B"), 0
                         file.seek(start * row_bytes)
-                        while written < len(data):  # a write may take part of the rows
-                            written += file.write(data[written:])
+                        _write_all(file.write, raw.contiguous().numpy().data.cast("B"))
                     file.truncate(size * row_bytes)
                 entry.update({"shape": [size, *leaf.shape[1:]], "bytes": size * row_bytes, DIGEST: None})
                 self._patched.add(rel)
@@ -570,8 +574,10 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
             os.fsync(file.fileno())
         _fsync_dir(staging / TENSOR_DIR)
         _fsync_dir(staging)
-        if verify_files(staging, unverified_manifest(staging, staging=True)["files"]).keys() != files.keys():
+        listed = unverified_manifest(staging, staging=True)["files"]
+        if listed.keys() != files.keys():
             raise CheckpointError(f"{path}: the written checkpoint does not list the files it was given")
+        verify_files(staging, listed)
         placed = False
         if not path.exists():
             try:
@@ -642,7 +648,6 @@ def load_state(path: str | Path, *, kind: str) -> dict[str, Any]:
     try:
         state = _decode(manifest["state"], read)
     finally:
-        for fd in opened.values():
-            os.close(fd)
+        close_all(opened)
     state["versions"] = manifest.get("versions", {})
     return state  # type: ignore[no-any-return]

@@ -50,6 +50,7 @@ from rlbuf.distill import DistillationBuffer
 from rlbuf.errors import ConfigError, MissingFieldError, ShapeError
 from rlbuf.replay import ReplayBuffer
 from rlbuf.rollout import RolloutBuffer
+from rlbuf.spec import as_array
 
 Bootstrap = Callable[[Any], Any]
 """``bootstrap(final_obs) -> values``: V of the final observations of the truncated envs."""
@@ -349,7 +350,7 @@ def _with_rows(value: Any, replacements: Mapping[int, Any]) -> Any:
 
 
 def _flags(name: str, value: Any, n: int) -> np.ndarray[Any, Any]:
-    array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    array = as_array(name, value)
     if array.shape != (n,):
         raise ShapeError(f"{name}: expected shape ({n},), got {array.shape}")
     return array.astype(np.bool_, copy=False)

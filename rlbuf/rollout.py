@@ -523,9 +523,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             spec.check_range(array)
             check_finite_rows(spec, array.reshape(1, -1))
             last = torch.from_numpy(array)
-        last = last.to(self._storing_device, torch.float32)
-        if not bool(torch.isfinite(last).all()):
-            raise NonFiniteError("last_value: expected finite values, got NaN or inf")
+        last = last.to(self._storing_device, torch.float32)  # checked above: finite, and fits float32
         self._ring.flush()
         columns = {name: self._ring.leaves[name].view(self._num_steps, self._num_envs) for name in (
             "reward", "value", "terminated", "truncated", "bootstrap_value", "advantage", "returns")}
@@ -634,9 +632,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             return self._make_batch({name: column.index_select(0, index) for name, column in columns.items()})
 
         iterator = EpochIterator(self.capacity, make_batch, **options, generator=self._iterator_generator(self._device))
-        return self._track_epochs(iterator, "minibatches", batch_size=options["batch_size"],
-                                  num_minibatches=options["num_batches"], n_epochs=options["n_epochs"],
-                                  shuffle=options["shuffle"], drop_last=options["drop_last"])
+        return self._track_epochs(iterator, "minibatches", **_minibatches_call(options))
 
     def _iterator_rows(self, method: str, arguments: Mapping[str, Any], size: int,
                        fields: Mapping[str, torch.Tensor]) -> int:
@@ -666,9 +662,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
 
         iterator = EpochIterator(len(trajectories), make_sequences, **options,
                                  generator=self._iterator_generator(self._device))
-        self._track_epochs(cast(Any, iterator), "minibatches", batch_size=options["batch_size"],
-                           num_minibatches=options["num_batches"], n_epochs=options["n_epochs"],
-                           shuffle=options["shuffle"], drop_last=options["drop_last"], sequences=True)
+        self._track_epochs(cast(Any, iterator), "minibatches", **_minibatches_call(options), sequences=True)
         return iterator
 
     def _make_sequence_batch(self, padded: dict[str, torch.Tensor], mask: torch.Tensor, first: dict[str, torch.Tensor],
@@ -716,6 +710,12 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         return RolloutBatch(self._obs.assemble("obs", columns), columns.get("privileged_obs"), columns["action"],
                             columns["reward"], columns["terminated"], columns["truncated"], columns["value"],
                             columns["log_prob"], columns["advantage"], columns["returns"], extras, hidden)
+
+
+def _minibatches_call(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``minibatches()``'s keywords for checked epoch options (saved, to make the iterator again on load)."""
+    return {"batch_size": options["batch_size"], "num_minibatches": options["num_batches"],
+            "n_epochs": options["n_epochs"], "shuffle": options["shuffle"], "drop_last": options["drop_last"]}
 
 
 def _any_true(flags: Any) -> bool:

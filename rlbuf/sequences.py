@@ -16,9 +16,9 @@ Example:
     >>> trajectories = split_trajectories(done)
     >>> trajectories.env.tolist(), trajectories.start.tolist(), trajectories.length.tolist()
     ([0, 0, 1], [0, 2, 0], [2, 1, 3])
-    >>> rows, mask = trajectories.rows(torch.tensor([0, 2]), num_envs=2)
+    >>> rows, mask = trajectories.rows(num_envs=2)   # [L=3, B=3]: row t * num_envs + n
     >>> rows.tolist(), mask.tolist()
-    ([[0, 1], [2, 3], [2, 5]], [[True, True], [True, True], [False, True]])
+    ([[0, 4, 1], [2, 4, 3], [2, 4, 5]], [[True, True, True], [True, False, True], [False, False, True]])
 """
 
 from __future__ import annotations
@@ -45,22 +45,20 @@ class Trajectories:
     def __len__(self) -> int:
         return int(self.env.shape[0])
 
-    def rows(self, index: torch.Tensor, *, num_envs: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Storage rows ``[L, B]`` (row ``t * num_envs + n``) of trajectories ``index``, and their mask.
+    def rows(self, *, num_envs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Storage rows ``[L, B]`` (row ``t * num_envs + n``) of every trajectory, and their mask.
 
-        ``L`` is the longest selected trajectory; padded positions repeat the trajectory's
-        last row (so every row is valid to gather) and have mask False.
+        ``L`` is the longest trajectory; padded positions repeat the trajectory's last row (so
+        every row is valid to gather) and have mask False.
         """
-        start, length, env = self.start[index], self.length[index], self.env[index]
-        steps = int(length.max())
-        offset = torch.arange(steps, device=index.device).unsqueeze(1)
-        mask = offset < length
-        time = start + torch.minimum(offset, length - 1)
-        return time * num_envs + env, mask
+        offset = torch.arange(int(self.length.max()), device=self.length.device).unsqueeze(1)
+        mask = offset < self.length
+        time = self.start + torch.minimum(offset, self.length - 1)
+        return time * num_envs + self.env, mask
 
-    def first_rows(self, index: torch.Tensor, *, num_envs: int) -> torch.Tensor:
-        """The storage row of each selected trajectory's first step."""
-        return self.start[index] * num_envs + self.env[index]
+    def first_rows(self, *, num_envs: int) -> torch.Tensor:
+        """The storage row of each trajectory's first step."""
+        return self.start * num_envs + self.env
 
 
 def split_trajectories(done: torch.Tensor) -> Trajectories:
@@ -110,11 +108,10 @@ class PaddedTrajectories:
 
     def __init__(self, columns: Mapping[str, torch.Tensor], done: torch.Tensor, *, first_step: Sequence[str]) -> None:
         self.trajectories = split_trajectories(done)
-        every = torch.arange(len(self.trajectories), device=done.device)
-        rows, self.mask = self.trajectories.rows(every, num_envs=done.shape[1])
+        rows, self.mask = self.trajectories.rows(num_envs=done.shape[1])
         self.padded = gather_padded({name: column for name, column in columns.items() if name not in first_step},
                                     rows, self.mask)
-        first = self.trajectories.first_rows(every, num_envs=done.shape[1])
+        first = self.trajectories.first_rows(num_envs=done.shape[1])
         self.first = {name: columns[name].index_select(0, first) for name in first_step}
 
     def __len__(self) -> int:

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 import xxhash
+from _versions import loaded_version, versioned_state, whole_version
 
 from rlbuf import ConfigError, DistillationBuffer, EpisodeStats, ReplayBuffer, RolloutBuffer
 from rlbuf import checkpoint as checkpoint_module
@@ -412,20 +413,8 @@ def test_rollout_and_distillation_buffers_are_refused_too() -> None:
 
 
 # -- the spare: saves that rewrite the replaced version's files in place -------------------------
-def _demo(version: int, odd_names: bool = False) -> dict[str, Any]:
-    """A state whose file names differ between odd and even versions when ``odd_names``."""
-    state: dict[str, Any] = {"kind": "Demo", "x": torch.full((300, 4), float(version))}
-    state["odd" if odd_names and version % 2 else "even"] = torch.full((50,), float(version))
-    return state
 
 
-def _version(path: Path) -> int:
-    """Load the Demo checkpoint at ``path``; assert every tensor holds one version; return it."""
-    state = load_state(path, kind="Demo")
-    version = int(state["x"][0, 0])
-    assert torch.equal(state["x"], torch.full((300, 4), float(version)))
-    assert all(torch.equal(state[k], torch.full((50,), float(version))) for k in ("odd", "even") if k in state)
-    return version
 
 
 def _saving_on_open(path: Path, name: str, version: int, monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -435,7 +424,7 @@ def _saving_on_open(path: Path, name: str, version: int, monkeypatch: pytest.Mon
     def open_after_a_save(file: Any, flags: int, *args: Any, **kwargs: Any) -> int:
         if not saved and Path(file).name == name and not flags & (os.O_WRONLY | os.O_RDWR):
             saved.append(version)
-            save_state(_demo(version, odd_names=True), path)
+            save_state(versioned_state(version, odd_names=True), path)
         return real_open(file, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", open_after_a_save)
@@ -446,10 +435,10 @@ def _saving_on_open(path: Path, name: str, version: int, monkeypatch: pytest.Mon
 def test_a_save_swapping_in_other_file_names_mid_load_is_read_again(tmp_path: Path, reader: str,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "ckpt"
-    save_state(_demo(1, odd_names=True), path)  # lists state.odd.bin; version 2 lists state.even.bin
+    save_state(versioned_state(1, odd_names=True), path)  # lists state.odd.bin; version 2 lists state.even.bin
     saved = _saving_on_open(path, "state.odd.bin", 2, monkeypatch)
     if reader == "load_state":
-        assert _version(path) == 2  # not FileNotFoundError: the file vanished with its version
+        assert loaded_version(path) == 2  # not FileNotFoundError: the file vanished with its version
     else:
         assert "tensors/state.even.bin" in read_manifest(path)["files"]  # not a spurious "missing"
     assert saved == [2]
@@ -458,7 +447,7 @@ def test_a_save_swapping_in_other_file_names_mid_load_is_read_again(tmp_path: Pa
 def test_a_save_swapping_in_a_new_version_mid_read_manifest_is_no_corruption(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "ckpt"
-    save_state(_demo(1), path)
+    save_state(versioned_state(1), path)
     saved = _saving_on_open(path, "state.x.bin", 2, monkeypatch)
     manifest = read_manifest(path)
     assert saved == [2] and manifest == json.loads((path / "manifest.json").read_text())
@@ -469,8 +458,8 @@ def test_a_spare_file_that_cannot_be_opened_for_writing_is_replaced(tmp_path: Pa
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A read-only file (``chmod a-w``; root ignores it, hence the stand-in), a link or FIFO raced in."""
     path = tmp_path / "ckpt"
-    save_state(_demo(1), path)
-    save_state(_demo(2), path)
+    save_state(versioned_state(1), path)
+    save_state(versioned_state(2), path)
     real_open, created = os.open, []
 
     def refusing(file: Any, flags: int, *args: Any, **kwargs: Any) -> int:
@@ -481,9 +470,9 @@ def test_a_spare_file_that_cannot_be_opened_for_writing_is_replaced(tmp_path: Pa
         return real_open(file, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", refusing)
-    save_state(_demo(3), path)
+    save_state(versioned_state(3), path)
     monkeypatch.undo()
-    assert _version(path) == 3
+    assert loaded_version(path) == 3
     assert "state.x.bin" in created and "state.even.bin" not in created  # a new file; the other rewritten
 
 
@@ -503,23 +492,23 @@ def test_a_full_disk_while_rewriting_the_spare_leaves_the_checkpoint_whole(tmp_p
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "ckpt"
     for version in (1, 2):
-        save_state(_demo(version), path)
+        save_state(versioned_state(version), path)
     monkeypatch.setattr(os, "write", _failing_write(errno.ENOSPC, after))
     with pytest.raises(CheckpointError, match="the disk is full; the previous checkpoint, if any, is untouched"):
-        save_state(_demo(3), path)
+        save_state(versioned_state(3), path)
     monkeypatch.undo()
-    assert _version(path) == 2
+    assert loaded_version(path) == 2
     # The first write is the lock file's (the spare is not claimed yet); later ones rewrite the
     # claimed spare, which goes with the failed save.
     assert sorted(p.name for p in tmp_path.iterdir()) == ([".ckpt.spare"] if after == 0 else []) + ["ckpt"]
-    save_state(_demo(4), path)
-    assert _version(path) == 4
+    save_state(versioned_state(4), path)
+    assert loaded_version(path) == 4
 
 
 def test_a_full_disk_when_taking_the_save_lock_is_a_checkpoint_error(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "ckpt"
-    save_state(_demo(1), path)
+    save_state(versioned_state(1), path)
     real_open = os.open
 
     def full(file: Any, flags: int, *args: Any, **kwargs: Any) -> int:
@@ -529,9 +518,9 @@ def test_a_full_disk_when_taking_the_save_lock_is_a_checkpoint_error(tmp_path: P
 
     monkeypatch.setattr(os, "open", full)
     with pytest.raises(CheckpointError, match="the disk is full"):
-        save_state(_demo(2), path)
+        save_state(versioned_state(2), path)
     monkeypatch.undo()
-    assert _version(path) == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert loaded_version(path) == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 
 def _open_fds() -> set[str]:
@@ -546,29 +535,29 @@ def _inodes(directory: Path) -> set[int]:
 def test_saves_and_loads_failing_or_not_leave_no_descriptor_or_lock_behind(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "ckpt"
-    save_state(_demo(0), path)
+    save_state(versioned_state(0), path)
     before = _open_fds()
     for version in range(1, 4):
-        save_state(_demo(version, odd_names=True), path)
-        assert _version(path) == version
+        save_state(versioned_state(version, odd_names=True), path)
+        assert loaded_version(path) == version
         with pytest.raises(CheckpointError, match="not a Other"):
             load_state(path, kind="Other")
         read_manifest(path)
     with monkeypatch.context() as patch:  # a save failing mid-rewrite, a load retried once
         patch.setattr(os, "write", _failing_write(errno.ENOSPC, 2))
         with pytest.raises(CheckpointError, match="disk is full"):
-            save_state(_demo(9), path)
+            save_state(versioned_state(9), path)
     with monkeypatch.context() as patch:
         _saving_on_open(path, "state.odd.bin", 4, patch)
-        assert _version(path) == 4
+        assert loaded_version(path) == 4
     broken = tmp_path / "broken"
-    save_state(_demo(5), broken)
+    save_state(versioned_state(5), broken)
     (broken / "tensors" / "state.x.bin").write_bytes(bytes(300 * 4 * 4))
     with pytest.raises(CheckpointError, match="mismatch"):
         load_state(broken, kind="Demo")
     assert _open_fds() == before  # every descriptor closed, so every shared lock released
     spare = _inodes(tmp_path / ".ckpt.spare")
-    save_state(_demo(7, odd_names=True), path)  # the spare's file names (version 3's)
+    save_state(versioned_state(7, odd_names=True), path)  # the spare's file names (version 3's)
     assert _inodes(path) == spare  # nothing holds a lock on the spare: its files were rewritten in place
 
 
@@ -587,25 +576,18 @@ def test_a_loaded_buffer_holds_no_lock_on_its_checkpoint(tmp_path: Path, storage
     assert len(loaded) == 1 and torch.equal(loaded.sample_all().obs, torch.ones(1, 3))
 
 
-def _saved_state(version: int) -> dict[str, Any]:
-    """A state of its own size and file names per version (the spare's files grow, shrink, go)."""
-    rows = 100 + version % 7 * 50
-    state = {"kind": "Demo", "x": torch.full((rows, 4), float(version)), "n": rows}
-    state["odd" if version % 2 else "even"] = torch.full((rows,), float(version))
-    return state
 
 
-def _whole(state: dict[str, Any]) -> int:
-    """The one version every tensor of a ``_saved_state`` holds."""
-    version, rows = int(state["x"][0, 0]), state["n"]
-    assert torch.equal(state["x"], torch.full((rows, 4), float(version)))
-    assert torch.equal(state["odd" if version % 2 else "even"], torch.full((rows,), float(version)))
-    return version
+
+
+def _sized_state(version: int) -> dict[str, Any]:
+    """A versioned state of its own size and file names per version (the spare's files grow, shrink, go)."""
+    return versioned_state(version, rows=100 + version % 7 * 50, odd_names=True)
 
 
 def _fork_saver(path: Path, versions: list[int]) -> int:
     """A forked process saving ``versions`` to ``path`` in turn until killed; returns once one save is whole."""
-    states = [_saved_state(version) for version in versions]  # made before the fork: the child only saves
+    states = [_sized_state(version) for version in versions]  # made before the fork: the child only saves
     ready, tell = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover (killed by the parent)
@@ -636,18 +618,18 @@ def _loads_during_saves(tmp_path: Path, loads: int, savers: int) -> dict[str, in
             children.append(_fork_saver(path, list(range(first, first + 14 * savers, savers))))
         for i in range(loads):
             state = load_state(path, kind="Demo")  # must not fail: only saves run meanwhile
-            seen.add(_whole(state))
+            seen.add(whole_version(state))
             if i % 8 == 0:
-                held.append((_whole(state), state))  # maps kept while later saves run
+                held.append((whole_version(state), state))  # maps kept while later saves run
         for version, state in held:
-            assert _whole(state) == version  # no save rewrote the bytes behind a live map
+            assert whole_version(state) == version  # no save rewrote the bytes behind a live map
     finally:
         for child in children:
             os.kill(child, signal.SIGKILL)
             os.waitpid(child, 0)
     del held
-    assert _whole(load_state(path, kind="Demo")) > 0
-    save_state(_saved_state(0), path)  # cleans up what the kills left
+    assert whole_version(load_state(path, kind="Demo")) > 0
+    save_state(_sized_state(0), path)  # cleans up what the kills left
     assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.spare", "ckpt"]
     return {"savers": savers, "loads": loads, "versions_seen": len(seen)}
 
@@ -703,7 +685,7 @@ KILL_PHASES = {"claimed": 2, "rewriting": 2, "swapped": 3, "demoting": 3, "remov
 @pytest.mark.parametrize("phase", sorted(KILL_PHASES))
 def test_a_save_killed_in_each_phase_of_reusing_the_spare(tmp_path: Path, phase: str) -> None:
     path = tmp_path / "ckpt"
-    states = [_demo(version, odd_names=True) for version in range(5)]
+    states = [versioned_state(version, odd_names=True) for version in range(5)]
     save_state(states[1], path)
     save_state(states[2], path)  # version 1 is now the spare
     child = os.fork()
@@ -718,9 +700,9 @@ def test_a_save_killed_in_each_phase_of_reusing_the_spare(tmp_path: Path, phase:
             os._exit(1)
     _, status = os.waitpid(child, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-    assert _version(path) == KILL_PHASES[phase]  # whole: before the swap the old version, after it the new one
+    assert loaded_version(path) == KILL_PHASES[phase]  # whole: before the swap the old version, after it the new one
     save_state(states[4], path)  # cleans up what the kill left
-    assert _version(path) == 4
+    assert loaded_version(path) == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.spare", "ckpt"]
     assert not (tmp_path / ".ckpt.spare" / "manifest.json").exists()
 
@@ -753,7 +735,7 @@ SPARE_FORGERIES: dict[str, Callable[[Path, Path], None]] = {
     "tensors/ a regular file": lambda spare, victim: (_rmtree(spare / "tensors"), (spare / "tensors").write_text("x")),
     "the spare a regular file": lambda spare, victim: (_rmtree(spare), spare.write_text("x")),
     "the spare a link to a checkpoint": lambda spare, victim: (
-        _rmtree(spare), save_state(_demo(7), victim.parent / "other"), spare.symlink_to(victim.parent / "other")),
+        _rmtree(spare), save_state(versioned_state(7), victim.parent / "other"), spare.symlink_to(victim.parent / "other")),
     "a stale manifest and a pickle in the spare": lambda spare, victim: (
         (spare / "manifest.json").write_text((victim.parent / "ckpt" / "manifest.json").read_text()),
         (spare / "tensors" / "evil.pt").write_bytes(b"pickle")),
@@ -775,15 +757,15 @@ def _bind(path: Path) -> None:
 @pytest.mark.parametrize("case", sorted(SPARE_FORGERIES))
 def test_a_forged_spare_is_never_written_through_nor_loaded(tmp_path: Path, case: str) -> None:
     path, victim = tmp_path / "ckpt", _victim(tmp_path)
-    save_state(_demo(1), path)
-    save_state(_demo(2), path)
+    save_state(versioned_state(1), path)
+    save_state(versioned_state(2), path)
     SPARE_FORGERIES[case](tmp_path / ".ckpt.spare", victim)
     other = sorted(os.listdir(tmp_path / "other" / "tensors")) if (tmp_path / "other").exists() else None
-    save_state(_demo(3), path)
-    save_state(_demo(4), path)
-    assert _untouched(victim) and _version(path) == 4
+    save_state(versioned_state(3), path)
+    save_state(versioned_state(4), path)
+    assert _untouched(victim) and loaded_version(path) == 4
     if other is not None:  # the checkpoint the link named is left whole
-        assert sorted(os.listdir(tmp_path / "other" / "tensors")) == other and _version(tmp_path / "other") == 7
+        assert sorted(os.listdir(tmp_path / "other" / "tensors")) == other and loaded_version(tmp_path / "other") == 7
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [".ckpt.spare", "ckpt", "victim", *(["other"] if other is not None else [])])
 
@@ -811,9 +793,9 @@ def test_a_link_swapped_in_during_a_save_never_leads_it_outside_its_directory(
         tmp_path: Path, where: str, moment: str, monkeypatch: pytest.MonkeyPatch) -> None:
     path, victim = tmp_path / "ckpt", _victim(tmp_path)
     (victim / "state.fields.x.bin").write_text("mine")
-    save_state(_demo(1), path)
-    save_state(_demo(2), path)  # version 1, the spare, has state.x.bin and state.even.bin
-    state: Any = _demo(3)
+    save_state(versioned_state(1), path)
+    save_state(versioned_state(2), path)  # version 1, the spare, has state.x.bin and state.even.bin
+    state: Any = versioned_state(3)
     if moment == "after the claim":
         claim = checkpoint_module._claim_spare
 
@@ -843,7 +825,7 @@ def test_a_link_swapped_in_during_a_save_never_leads_it_outside_its_directory(
     names = sorted(os.listdir(victim))
     assert {"precious.txt", "state.x.bin", "state.even.bin", "state.fields.x.bin"} <= set(names)
     assert all((victim / name).read_text() == "mine" for name in names if not (victim / name).is_symlink())
-    assert _version(path) == 2
+    assert loaded_version(path) == 2
 
 
 @pytest.mark.parametrize("code", [errno.EPERM, errno.EBUSY, errno.EACCES])
@@ -851,8 +833,8 @@ def test_a_spare_that_cannot_be_claimed_never_fails_a_save(tmp_path: Path, code:
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """E.g. a ``.ckpt.spare`` of another user in a sticky directory (/tmp), or a mount point."""
     path = tmp_path / "ckpt"
-    save_state(_demo(1), path)
-    save_state(_demo(2), path)
+    save_state(versioned_state(1), path)
+    save_state(versioned_state(2), path)
     real_rename = os.rename
 
     def refusing(source: Any, target: Any) -> None:
@@ -861,9 +843,9 @@ def test_a_spare_that_cannot_be_claimed_never_fails_a_save(tmp_path: Path, code:
         real_rename(source, target)
 
     monkeypatch.setattr(os, "rename", refusing)
-    save_state(_demo(3), path)  # writes new files; the version it replaces cannot become the spare either
+    save_state(versioned_state(3), path)  # writes new files; the version it replaces cannot become the spare either
     monkeypatch.undo()
-    assert _version(path) == 3 and sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.spare", "ckpt"]
+    assert loaded_version(path) == 3 and sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.spare", "ckpt"]
 
 
 @pytest.mark.parametrize("code", [errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP])
@@ -882,7 +864,7 @@ def test_a_checkpoint_on_a_file_system_without_locks_still_loads_and_inspects(
 
 def test_three_threads_saving_to_one_path_while_another_loads_and_frees_the_spare(tmp_path: Path) -> None:
     path = tmp_path / "ckpt"
-    save_state(_demo(0, odd_names=True), path)
+    save_state(versioned_state(0, odd_names=True), path)
     errors: list[BaseException] = []
     done = threading.Event()
 
@@ -895,11 +877,11 @@ def test_three_threads_saving_to_one_path_while_another_loads_and_frees_the_spar
         return run
 
     def saves(first: int) -> Callable[[], None]:
-        return guarded(lambda: [save_state(_demo(version, odd_names=True), path) for version in range(first, first + 30)])
+        return guarded(lambda: [save_state(versioned_state(version, odd_names=True), path) for version in range(first, first + 30)])
 
     def loads() -> None:
         while not done.is_set():
-            _version(path)
+            loaded_version(path)
             checkpoint_module.remove_spare(path)
 
     savers = [threading.Thread(target=saves(1 + 100 * i)) for i in range(3)]
@@ -911,7 +893,7 @@ def test_three_threads_saving_to_one_path_while_another_loads_and_frees_the_spar
     done.set()
     loader.join()
     assert errors == []
-    assert _version(path) % 100 == 30
+    assert loaded_version(path) % 100 == 30
     assert set(os.listdir(tmp_path)) <= {".ckpt.spare", "ckpt"}
 
 
@@ -947,13 +929,13 @@ def test_two_first_saves_to_one_path_both_succeed(tmp_path: Path, monkeypatch: p
     def racing(source: Any, target: Any) -> None:
         if Path(target) == path and not raced:
             raced.append(True)
-            save_state(_demo(1), path)
+            save_state(versioned_state(1), path)
         real_rename(source, target)
 
     monkeypatch.setattr(os, "rename", racing)
-    save_state(_demo(2), path)
+    save_state(versioned_state(2), path)
     monkeypatch.undo()
-    assert raced and _version(path) == 2 and sorted(os.listdir(tmp_path)) == [".ckpt.spare", "ckpt"]
+    assert raced and loaded_version(path) == 2 and sorted(os.listdir(tmp_path)) == [".ckpt.spare", "ckpt"]
 
 
 def test_a_directory_made_at_the_path_mid_save_is_never_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -967,7 +949,7 @@ def test_a_directory_made_at_the_path_mid_save_is_never_replaced(tmp_path: Path,
 
     monkeypatch.setattr(os, "rename", racing)
     with pytest.raises(CheckpointError, match="not an rlbuf checkpoint"):
-        save_state(_demo(2), path)
+        save_state(versioned_state(2), path)
     monkeypatch.undo()
     assert os.listdir(path) == ["results.csv"] and sorted(os.listdir(tmp_path)) == ["ckpt"]
 

@@ -32,6 +32,7 @@ import pytest
 import torch
 import xxhash
 from _snapshot import same, snapshot
+from _versions import loaded_version, versioned_state, whole_version
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torchrl.data import LazyMemmapStorage
@@ -936,58 +937,47 @@ def test_new_checkpoints_carry_xxh3_of_each_file(saved: Path) -> None:
 
 
 # -- the spare: the replaced version's files, rewritten in place by the next save ----------------
-def _demo_state(version: int, rows: int = 1000) -> dict[str, Any]:
-    return {"kind": "Demo", "x": torch.full((rows, 8), float(version)), "y": torch.arange(rows) * version}
-
-
 def _inodes(path: Path) -> dict[str, int]:
     return {p.name: p.stat().st_ino for p in (path / "tensors").iterdir()}
 
 
-def _version_of(path: Path) -> int:
-    state = load_state(path, kind="Demo")
-    version = int(state["x"][0, 0])
-    assert torch.equal(state["x"], _demo_state(version)["x"]) and torch.equal(state["y"], _demo_state(version)["y"])
-    return version
-
-
 def test_a_save_rewrites_the_files_of_the_version_it_replaced_one_save_earlier(tmp_path: Path) -> None:
     path = tmp_path / "ckpt"
-    checkpoint_module.save_state(_demo_state(1), path)
+    checkpoint_module.save_state(versioned_state(1), path)
     first = _inodes(path)
-    checkpoint_module.save_state(_demo_state(2), path)
+    checkpoint_module.save_state(versioned_state(2), path)
     spare = tmp_path / ".ckpt.spare"
     assert _inodes(spare) == first and not (spare / MANIFEST).exists()  # kept, and never loadable
-    checkpoint_module.save_state(_demo_state(3), path)
+    checkpoint_module.save_state(versioned_state(3), path)
     assert _inodes(path) == first  # the same files, rewritten in place: their disk blocks reused
-    assert _version_of(path) == 3
+    assert loaded_version(path) == 3
     assert checkpoint_module.remove_spare(path) and sorted(os.listdir(tmp_path)) == ["ckpt"]
-    checkpoint_module.save_state(_demo_state(4), path)  # without a spare: new files
-    assert _version_of(path) == 4 and sorted(os.listdir(tmp_path)) == [".ckpt.spare", "ckpt"]
+    checkpoint_module.save_state(versioned_state(4), path)  # without a spare: new files
+    assert loaded_version(path) == 4 and sorted(os.listdir(tmp_path)) == [".ckpt.spare", "ckpt"]
 
 
 def test_a_save_never_rewrites_files_a_load_still_maps(tmp_path: Path) -> None:
     path = tmp_path / "ckpt"
-    checkpoint_module.save_state(_demo_state(1), path)
+    checkpoint_module.save_state(versioned_state(1), path)
     held = load_state(path, kind="Demo")  # maps of version 1's files, e.g. a load still copying
     first = _inodes(path)
-    checkpoint_module.save_state(_demo_state(2), path)
-    checkpoint_module.save_state(_demo_state(3), path)  # would rewrite version 1's files in place
-    assert torch.equal(held["x"], _demo_state(1)["x"]) and torch.equal(held["y"], _demo_state(1)["y"])
+    checkpoint_module.save_state(versioned_state(2), path)
+    checkpoint_module.save_state(versioned_state(3), path)  # would rewrite version 1's files in place
+    assert whole_version(held) == 1
     assert not set(_inodes(path).values()) & set(first.values())
-    assert _version_of(path) == 3
+    assert loaded_version(path) == 3
     del held
-    checkpoint_module.save_state(_demo_state(4), path)  # version 2's files are free: rewritten
-    assert _version_of(path) == 4
+    checkpoint_module.save_state(versioned_state(4), path)  # version 2's files are free: rewritten
+    assert loaded_version(path) == 4
 
 
 def test_a_hard_linked_backup_of_a_checkpoint_survives_later_saves(tmp_path: Path) -> None:
     path, backup = tmp_path / "ckpt", tmp_path / "backup"
-    checkpoint_module.save_state(_demo_state(1), path)
+    checkpoint_module.save_state(versioned_state(1), path)
     shutil.copytree(path, backup, copy_function=os.link)  # `cp -al`: the same inodes
     for version in (2, 3, 4):
-        checkpoint_module.save_state(_demo_state(version), path)
-    assert _version_of(backup) == 1 and _version_of(path) == 4
+        checkpoint_module.save_state(versioned_state(version), path)
+    assert loaded_version(backup) == 1 and loaded_version(path) == 4
 
 
 def test_a_forged_spare_is_never_written_through(tmp_path: Path) -> None:
@@ -995,8 +985,8 @@ def test_a_forged_spare_is_never_written_through(tmp_path: Path) -> None:
     victim_dir.mkdir()
     victim = victim_dir / "precious.txt"
     victim.write_text("mine")
-    checkpoint_module.save_state(_demo_state(1), path)
-    checkpoint_module.save_state(_demo_state(2), path)
+    checkpoint_module.save_state(versioned_state(1), path)
+    checkpoint_module.save_state(versioned_state(2), path)
     spare = tmp_path / ".ckpt.spare"
     names = sorted(os.listdir(spare / "tensors"))
     (spare / "tensors" / names[0]).unlink()
@@ -1005,25 +995,25 @@ def test_a_forged_spare_is_never_written_through(tmp_path: Path) -> None:
     os.mkfifo(spare / "tensors" / names[1])                      # a FIFO where another was
     (spare / "tensors" / "state.extra.bin").write_bytes(b"junk")  # a file no save writes
     (spare / "notes").mkdir()
-    checkpoint_module.save_state(_demo_state(3), path)
-    assert victim.read_text() == "mine" and _version_of(path) == 3
+    checkpoint_module.save_state(versioned_state(3), path)
+    assert victim.read_text() == "mine" and loaded_version(path) == 3
     shutil.rmtree(tmp_path / ".ckpt.spare")
     (tmp_path / ".ckpt.spare").symlink_to(victim_dir)           # the spare itself a link
-    checkpoint_module.save_state(_demo_state(4), path)
-    checkpoint_module.save_state(_demo_state(5), path)
+    checkpoint_module.save_state(versioned_state(4), path)
+    checkpoint_module.save_state(versioned_state(5), path)
     assert os.listdir(victim_dir) == ["precious.txt"] and victim.read_text() == "mine"
-    assert _version_of(path) == 5
+    assert loaded_version(path) == 5
 
 
 def test_loads_during_saves_each_get_one_whole_version(tmp_path: Path) -> None:
     path = tmp_path / "ckpt"
-    checkpoint_module.save_state(_demo_state(1), path)
+    checkpoint_module.save_state(versioned_state(1), path)
     stop, versions, errors = threading.Event(), [], []
 
     def load_repeatedly() -> None:
         while not stop.is_set():
             try:
-                versions.append(_version_of(path))
+                versions.append(loaded_version(path))
             except BaseException as error:  # reported below
                 errors.append(error)
                 return
@@ -1032,7 +1022,7 @@ def test_loads_during_saves_each_get_one_whole_version(tmp_path: Path) -> None:
     reader.start()
     try:
         for version in range(2, 40):
-            checkpoint_module.save_state(_demo_state(version), path)
+            checkpoint_module.save_state(versioned_state(version), path)
     finally:
         stop.set()
         reader.join()

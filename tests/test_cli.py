@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import json
 import subprocess
 import sys
@@ -85,8 +87,15 @@ def test_public_names_resolve_on_first_use() -> None:
     import rlbuf
 
     assert set(rlbuf.__all__) <= set(dir(rlbuf))
-    for name in rlbuf.__all__:
-        assert getattr(rlbuf, name) is not None
+    # The three lists of public names in rlbuf/__init__.py are kept by hand: they must agree.
+    typed = {alias.asname or alias.name: node.module
+             for block in ast.parse((ROOT / "rlbuf" / "__init__.py").read_text(encoding="utf-8")).body
+             if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+             for node in block.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert typed == rlbuf._MODULE_OF
+    assert set(rlbuf.__all__) == {*rlbuf._MODULE_OF, "__version__"}
+    for name, module in rlbuf._MODULE_OF.items():
+        assert getattr(rlbuf, name) is getattr(importlib.import_module(module), name)
     assert rlbuf.ReplayBuffer.__module__ == "rlbuf.replay"
     with pytest.raises(AttributeError, match="module 'rlbuf' has no attribute 'NoSuchName'"):
         _ = rlbuf.NoSuchName  # type: ignore[attr-defined]

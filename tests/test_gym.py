@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from rlbuf import (
     ConfigError,
     DistillationBuffer,
+    DtypeError,
     EmptyBufferError,
     EpisodeStats,
     MissingFieldError,
@@ -361,10 +362,10 @@ def test_env_mask_validates_every_row_and_stores_the_kept_ones() -> None:
                np.array([False, False, True]), env_mask=keep)
     assert buffer.sample_all().action.tolist() == [0, 2]
     assert stats.recent_lengths() == [1]
-    with pytest.raises(Exception, match="obs"):
+    with pytest.raises(ShapeError, match=r"obs: expected shape \(3, 2\), got \(3, 3\)"):
         buffer.add(np.zeros((3, 3)), np.zeros(3, np.int64), np.ones(3), np.zeros((3, 2)), np.zeros(3, bool),
                    env_mask=keep)
-    with pytest.raises(Exception, match="env_mask"):
+    with pytest.raises(ShapeError, match="env_mask: expected 3 bools"):
         buffer.add(np.zeros((3, 2)), np.zeros(3, np.int64), np.ones(3), np.zeros((3, 2)), np.zeros(3, bool),
                    env_mask=np.array([1, 0, 1]))
     assert len(buffer) == 2
@@ -598,3 +599,21 @@ def test_dict_observations_through_the_recorder(mode: AutoresetMode, kind: str) 
         assert truncated.any()
         assert (buffer.sample_all().extras["next_code"].numpy()[truncated] == 0).all()
     assert len(buffer) == NUM_ENVS * STEPS - recorded.skipped
+
+
+@pytest.mark.parametrize(("terminated", "error", "message"), [
+    (np.zeros(3, bool), ShapeError, r"terminated: expected shape \(2,\), got \(3,\)"),
+    (["no", "yes"], DtypeError, "terminated: expected bool, int or float values"),
+    ([[False], [True, False]], ShapeError, "terminated: expected a rectangular array"),
+    (None, ShapeError, "terminated: expected a tensor, numpy array or number, got NoneType"),
+])
+def test_flags_the_recorder_cannot_read_are_refused_by_name_before_anything_is_stored(
+        terminated: Any, error: type[Exception], message: str) -> None:
+    class Envs:
+        num_envs, metadata = 2, {"autoreset_mode": "same_step"}
+
+    buffer = ReplayBuffer(10, obs_shape=(1,), action_shape=(), num_envs=2)
+    recorder = Recorder(Envs(), buffer)
+    with pytest.raises(error, match=message):
+        recorder.record(np.zeros((2, 1)), np.zeros(2), np.ones(2), np.ones((2, 1)), terminated, np.zeros(2, bool))
+    assert len(buffer) == 0

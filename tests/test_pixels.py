@@ -21,7 +21,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
-from rlbuf import ConfigError, EmptyBufferError, ReplayBuffer, StoredIndexError, StreamError
+from rlbuf import (
+    ConfigError,
+    EmptyBufferError,
+    ReplayBuffer,
+    ShapeError,
+    StoredIndexError,
+    StreamError,
+)
 
 FRAME = (2, 3)
 
@@ -313,7 +320,7 @@ def test_extend_needs_a_batch_that_tells_envs_apart() -> None:
     td = TensorDict({"observation": torch.zeros(6, 3), "action": torch.zeros(6),
                      "next": {"observation": torch.zeros(6, 3), "reward": torch.zeros(6),
                               "terminated": torch.zeros(6, dtype=torch.bool)}}, batch_size=[6])
-    with pytest.raises(Exception, match=r"td: .* needs batch size \(2, T\)"):
+    with pytest.raises(ShapeError, match=r"td: .* needs batch size \(2, T\)"):
         buf.extend(td)
     assert len(buf) == 0
 
@@ -402,6 +409,8 @@ def test_compact_layout_refuses_dict_observations_and_hidden_states(layout: dict
         with pytest.raises(ConfigError, match=message):
             ReplayBuffer.bytes_per_transition(**options, **layout)
         assert not ReplayBuffer(10, **options).compact  # the default layout for them: next_obs stored
+    with pytest.raises(ConfigError, match="sample_sequences: not available for a compact buffer"):
+        ReplayBuffer(10, obs_shape=stack, action_shape=(), **layout).sample_sequences(1, 1)
 
 
 def test_sample_sequences_refuses_a_compact_buffer_and_leaves_its_generator_alone() -> None:

@@ -276,6 +276,11 @@ def test_advantages_and_minibatches_need_a_full_rollout() -> None:
         buf.add(**step_data(t))
     with pytest.raises(ShapeError, match=r"last_value: expected shape \(3,\), got \(3, 1\)"):
         buf.compute_returns_and_advantages(torch.zeros(N, 1))
+    with pytest.raises(NonFiniteError, match="last_value: expected finite values"):
+        buf.compute_returns_and_advantages(torch.tensor([0.0, float("nan"), 0.0]))
+    with pytest.raises(DtypeError, match=r"last_value: values up to 1e\+300 in magnitude do not fit torch.float32"):
+        buf.compute_returns_and_advantages(torch.tensor([0.0, 1e300, 0.0], dtype=torch.float64))
+    assert not buf.advantages_ready
     buf.compute_returns_and_advantages(torch.zeros(N))
     for bad in (0, -1, T * N + 1):
         with pytest.raises(BatchSizeError):

@@ -604,3 +604,27 @@ def test_errors_are_builtin_subclasses() -> None:
         stats.update(rewards(1.0), flags(F, F))
     with pytest.raises(TypeError):
         stats.update(rewards(1.0, 1.0), torch.zeros(2))
+
+
+def test_env_mask_leaves_the_masked_envs_as_they_were() -> None:
+    stats = EpisodeStats(3)
+    stats.update(rewards(1.0, 1.0, 1.0), flags(F, F, F))
+    # Env 1 takes no step of its episode (a NEXT_STEP reset step): its reward and end flag are ignored.
+    stats.update(rewards(2.0, 50.0, 2.0), flags(F, T, F), env_mask=flags(T, F, T))
+    assert stats.episodes_finished == 0
+    stats.update(rewards(4.0, 8.0, 0.5), flags(T, T, F), flags(F, F, T), env_mask=np.array([T, T, T]))
+    assert sorted(zip(stats.recent_lengths(), stats.recent_returns(), strict=True)) == [(2, 9.0), (3, 3.5), (3, 7.0)]
+
+
+@pytest.mark.parametrize(("env_mask", "error", "message"), [
+    (flags(T, F), ShapeError, r"env_mask: expected shape \(3,\), got \(2,\)"),
+    (np.ones(3, np.int64), DtypeError, "env_mask: expected dtype bool"),
+])
+def test_a_bad_env_mask_is_refused_before_anything_changes(env_mask: Any, error: type[RlbufError],
+                                                         message: str) -> None:
+    stats = EpisodeStats(3)
+    stats.update(rewards(1.0, 1.0, 1.0), flags(F, F, F))
+    before = snapshot(stats)
+    with pytest.raises(error, match=message):
+        stats.update(rewards(1.0, 1.0, 1.0), flags(T, F, F), env_mask=env_mask)
+    assert snapshot(stats) == before

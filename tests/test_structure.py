@@ -246,17 +246,3 @@ def test_distillation_buffer_with_dict_observations() -> None:
     assert set(obs["b"].tolist()) <= {3, 4}
     with pytest.raises(ShapeError, match=r'obs\["a"\]: expected shape \(2, 2\)'):
         buf.add({"a": torch.ones(2, 3), "b": torch.tensor([3, 4])}, torch.zeros(2))
-
-
-@pytest.mark.parametrize("option", [{"frame_stack": 4}, {"n_step": 3}, {"compact": True}])
-def test_the_compact_layout_refuses_dict_observations_and_hidden_states_by_name(option: dict[str, Any]) -> None:
-    name = next(iter(option))
-    with pytest.raises(ConfigError, match=rf"{name}.*single-tensor observations.*got a dict observation"):
-        replay(**option)
-    with pytest.raises(ConfigError, match=rf"{name}.*got a dict observation"):
-        ReplayBuffer.bytes_per_transition(obs_shape=OBS_SHAPE, action_shape=(), **option)
-    with pytest.raises(ConfigError, match=rf"{name}.*without hidden states; got hidden_state_shape"):
-        ReplayBuffer(32, obs_shape=(4, 8, 8), obs_dtype=torch.uint8, action_shape=(), hidden_state_shape=(1, 8),
-                     **option)
-    with pytest.raises(ConfigError, match="sample_sequences: not available for a compact buffer"):
-        ReplayBuffer(32, obs_shape=(4, 8, 8), obs_dtype=torch.uint8, action_shape=(), **option).sample_sequences(1, 1)

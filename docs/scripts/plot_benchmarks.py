@@ -62,12 +62,12 @@ def plot(data: dict[str, object], out: Path) -> None:
     ax.invert_yaxis()
     lo = min([*values, *(float(t) for t in targets.values()), 1.0])
     hi = max([*values, *(float(t) for t in targets.values()), 1.0])
-    ax.set_xlim(lo / 1.6, hi * 2.0)
+    left, right = lo / 1.6, hi * 2.0
     # Labels at powers of two only: the log axis' default minor labels (3×10⁻¹, 4×10⁻¹ ...) overlap.
-    ax.set_xticks([2.0**k for k in range(math.floor(math.log2(lo / 1.6)), math.ceil(math.log2(hi * 2.0)) + 1)])
+    ax.set_xticks([2.0**k for k in range(math.floor(math.log2(left)), math.ceil(math.log2(right)) + 1)])
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}×"))
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlim(lo / 1.6, hi * 2.0)
+    ax.set_xlim(left, right)  # after the ticks, which widen the view to the outer powers of two
     peer = data.get("peer", "peer")
     ax.set_xlabel(f"rlbuf time ÷ {peer} time (log scale; < 1: rlbuf faster"
                   + ("; black tick: target)" if targets else ")"))

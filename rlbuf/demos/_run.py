@@ -444,7 +444,7 @@ class Progress:
         ...     stats.update(500.0, True)
         >>> progress.log(1_000, stats)
         500.0
-        >>> progress.reached["frames"], progress.done()
+        >>> progress.reached["frames"], progress.done(1_000)
         (1000, True)
     """
 
@@ -476,9 +476,9 @@ class Progress:
         self.bar.set_postfix({**shown, **{k: f"{v:.3g}" for k, v in postfix.items()}}, refresh=False)
         return recent
 
-    def done(self) -> bool:
-        """Whether the target was reached and the run should stop there."""
-        return self.reached is not None and self.args.stop_at_target
+    def done(self, frames: int) -> bool:
+        """Whether the run is over at ``frames``: ``--frames`` done, or the target reached with ``--stop-at-target``."""
+        return frames >= self.args.frames or (self.reached is not None and self.args.stop_at_target)
 
     def state_dict(self) -> dict[str, Any]:
         """History, elapsed time and target, for the checkpoint."""
@@ -524,9 +524,25 @@ def plot_curve(history: list[list[float | None]], path: Path, title: str, target
     plt.close(figure)
 
 
-def write_outputs(out: Path, demo: str, args: RunArgs, progress: Progress, frames: int, stats: EpisodeStats,
-                  status: str, **extra: Any) -> dict[str, Any]:
-    """Write ``summary.json`` and ``curve.png`` into ``out``; return the summary.
+def finish(out: Path, demo: str, args: RunArgs, progress: Progress, frames: int, stats: EpisodeStats,
+           stopped: bool, interrupted_at: Path | None, title: str | None = None, **extra: Any) -> dict[str, Any]:
+    """Write ``summary.json`` and ``curve.png`` into ``out``; return the summary, or raise after a Ctrl-C.
+
+    Args:
+        out: the run's output folder.
+        demo: the demo's name (in the summary, the default title and the resume command).
+        args: the run's options.
+        progress: the run's progress (time, curve history, when the target was reached).
+        frames: frames done.
+        stats: the episode statistics.
+        stopped: whether the run is done (``"finished"``); else it was ``"interrupted"`` by a
+            Ctrl-C or ``"stopped"`` by ``--stop-after-frames``.
+        interrupted_at: the Ctrl-C checkpoint, if one was written.
+        title: the curve's title (default: ``"<demo> on CartPole-v1 (seed <seed>)"``).
+        extra: more fields for the summary.
+
+    Raises:
+        Interrupted: after writing the outputs, when ``interrupted_at`` is given.
 
     Example:
         >>> import tempfile
@@ -535,15 +551,19 @@ def write_outputs(out: Path, demo: str, args: RunArgs, progress: Progress, frame
         >>> stats.update(10.0, True)
         >>> progress = Progress(RunArgs(progress=False), 0)
         >>> _ = progress.log(100, stats)
-        >>> summary = write_outputs(out, "demo", RunArgs(), progress, 100, stats, "finished")
-        >>> summary["episodes"], sorted(p.name for p in out.iterdir())
-        (1, ['curve.png', 'summary.json'])
+        >>> summary = finish(out, "demo", RunArgs(), progress, 100, stats, True, None)
+        >>> summary["status"], summary["episodes"], sorted(p.name for p in out.iterdir())
+        ('finished', 1, ['curve.png', 'summary.json'])
+        >>> finish(out, "demo", RunArgs(), progress, 100, stats, False, out / "checkpoints" / "frames-100")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        rlbuf.demos._run.Interrupted: interrupted at 100 frames; ...
     """
     import tensordict
     import torchrl
 
     from rlbuf import __version__
 
+    status = "finished" if stopped else "interrupted" if interrupted_at is not None else "stopped"
     summary = {
         "demo": demo,
         "status": status,
@@ -561,8 +581,11 @@ def write_outputs(out: Path, demo: str, args: RunArgs, progress: Progress, frame
         "outputs": {"curve": str(out / "curve.png"), "summary": str(out / "summary.json"),
                     "model": str(out / "model.pt"), "checkpoints": str(out / "checkpoints")},
     }
-    plot_curve(progress.history, out / "curve.png", f"{demo} on CartPole-v1 (seed {args.seed})", args.target_return)
+    plot_curve(progress.history, out / "curve.png", title or f"{demo} on CartPole-v1 (seed {args.seed})",
+               args.target_return)
     _write_json(out / "summary.json", summary)
+    if interrupted_at is not None:
+        raise Interrupted(interrupted_at, out, frames, demo)
     return summary
 
 

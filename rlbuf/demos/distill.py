@@ -138,7 +138,7 @@ def run(args: Args) -> dict[str, Any]:
             "models": {"student": student_net.state_dict()}, "stats": stats.state_dict()}, reason)
 
     # -- collect (student acts, teacher labels), learn, log -------------------------------------------
-    stopped, interrupted_at = remaining == 0 or progress.done(), None
+    stopped, interrupted_at = progress.done(frames), None
     for rollout in () if stopped else collector:
         frames_before, frames = frames, frames + rollout.numel()
         obs = rollout["observation"].reshape(-1, 4)
@@ -158,7 +158,7 @@ def run(args: Args) -> dict[str, Any]:
             optimizer.step()
 
         progress.log(frames, stats, loss=loss.item())
-        stopped = progress.done() or frames >= args.frames
+        stopped = progress.done(frames)
         leave, interrupted_at = _run.checkpoint_and_reset(  # Ctrl-C: between two rounds
             args, frames_before, frames, stopped, checkpoint, lambda seed: collector.reset(seed=seed), stats)
         if leave:
@@ -181,8 +181,4 @@ def run(args: Args) -> dict[str, Any]:
                      parameters={"teacher": sum(p.numel() for p in teacher_net.parameters()),
                                  "student": sum(p.numel() for p in student_net.parameters())})
     buffer.close()  # removes a memmap storage's scratch files
-    status = "finished" if stopped else "interrupted" if interrupted_at else "stopped"
-    summary = _run.write_outputs(out, "distill", args, progress, frames, stats, status, **extra)
-    if interrupted_at is not None:
-        raise _run.Interrupted(interrupted_at, out, frames, "distill")
-    return summary
+    return _run.finish(out, "distill", args, progress, frames, stats, stopped, interrupted_at, **extra)

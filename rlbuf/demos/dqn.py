@@ -123,7 +123,7 @@ def run(args: Args) -> dict[str, Any]:
             "exploration_rng": rng.bit_generator.state}, reason)
 
     # -- collect, learn, log ------------------------------------------------------------------------
-    stopped, loss, interrupted_at = frames >= args.frames or progress.done(), 0.0, None
+    stopped, loss, interrupted_at = progress.done(frames), 0.0, None
     while not stopped:
         eps = epsilon(args, frames)
         with torch.no_grad():
@@ -161,7 +161,7 @@ def run(args: Args) -> dict[str, Any]:
 
         if _run.crossed(frames_before, frames, 1_000) or frames >= args.frames:
             progress.log(frames, stats, loss=loss, eps=eps)
-            stopped = progress.done() or frames >= args.frames
+            stopped = progress.done(frames)
         leave, interrupted_at = _run.checkpoint_and_reset(  # Ctrl-C: between two env steps
             args, frames_before, frames, stopped, checkpoint, reset_envs, stats)
         if leave:
@@ -174,8 +174,4 @@ def run(args: Args) -> dict[str, Any]:
         checkpoint("end")
         torch.save({"q": q_net.state_dict(), "hidden": args.hidden}, out / "model.pt")
     buffer.close()  # removes a memmap storage's scratch files
-    status = "finished" if stopped else "interrupted" if interrupted_at else "stopped"
-    summary = _run.write_outputs(out, "dqn", args, progress, frames, stats, status)
-    if interrupted_at is not None:
-        raise _run.Interrupted(interrupted_at, out, frames, "dqn")
-    return summary
+    return _run.finish(out, "dqn", args, progress, frames, stats, stopped, interrupted_at)

@@ -164,7 +164,7 @@ def run(args: Args) -> dict[str, Any]:
             "models": {"actor": actor_net.state_dict(), "critic": critic_net.state_dict()}}, reason)
 
     # -- collect, learn, log ------------------------------------------------------------------------
-    stopped, interrupted_at = remaining == 0 or progress.done(), None
+    stopped, interrupted_at = progress.done(frames), None
     for rollout in () if stopped else collector:
         frames_before, frames = frames, frames + rollout.numel()
         with torch.no_grad():
@@ -189,7 +189,7 @@ def run(args: Args) -> dict[str, Any]:
             optimizer.step()
 
         progress.log(frames, stats, loss=loss.item())
-        stopped = progress.done() or frames >= args.frames
+        stopped = progress.done(frames)
         leave, interrupted_at = _run.checkpoint_and_reset(  # Ctrl-C: between two collections
             args, frames_before, frames, stopped, checkpoint, lambda seed: collector.reset(seed=seed), stats)
         if leave:
@@ -200,13 +200,9 @@ def run(args: Args) -> dict[str, Any]:
     progress.close()
 
     # -- outputs ------------------------------------------------------------------------------------
-    status = "finished" if stopped else "interrupted" if interrupted_at else "stopped"
     if stopped:
         checkpoint("end")
         torch.save({"actor": actor_net.state_dict(), "critic": critic_net.state_dict(), "hidden": args.hidden},
                    out / "model.pt")
     buffer.close()  # removes a memmap storage's scratch files
-    summary = _run.write_outputs(out, "ppo", args, progress, frames, stats, status)
-    if interrupted_at is not None:
-        raise _run.Interrupted(interrupted_at, out, frames, "ppo")
-    return summary
+    return _run.finish(out, "ppo", args, progress, frames, stats, stopped, interrupted_at)

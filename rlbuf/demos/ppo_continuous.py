@@ -47,6 +47,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.wrappers.utils import update_mean_var_count_from_moments
 from torch import nn
 
 from rlbuf import EpisodeStats, RolloutBuffer
@@ -96,12 +97,9 @@ class RunningNorm:
         self.count = 1e-4
 
     def update(self, batch: np.ndarray[Any, Any]) -> None:
-        """Fold a batch ``[n, *shape]`` into the running moments."""
-        mean, var, n = batch.mean(0), batch.var(0), batch.shape[0]
-        delta, total = mean - self.mean, self.count + n
-        self.mean = self.mean + delta * n / total
-        self.var = (self.var * self.count + var * n + delta**2 * self.count * n / total) / total
-        self.count = total
+        """Fold a batch ``[n, *shape]`` into the running moments (gymnasium's own update)."""
+        self.mean, self.var, self.count = update_mean_var_count_from_moments(
+            self.mean, self.var, self.count, batch.mean(0), batch.var(0), batch.shape[0])
 
     def state_dict(self) -> dict[str, Any]:
         """The moments, for a checkpoint."""
@@ -204,7 +202,7 @@ def run(args: Args) -> dict[str, Any]:
 
     # -- collect, learn, log ------------------------------------------------------------------------
     loss = torch.zeros(())
-    stopped, interrupted_at = frames >= args.frames or progress.done(), None
+    stopped, interrupted_at = progress.done(frames), None
     while not stopped:
         frames_before = frames
         for group in optimizer.param_groups:
@@ -257,7 +255,7 @@ def run(args: Args) -> dict[str, Any]:
                 break
 
         progress.log(frames, stats, loss=loss.item())
-        stopped = progress.done() or frames >= args.frames
+        stopped = progress.done(frames)
         leave, interrupted_at = _run.checkpoint_and_reset(  # Ctrl-C: between two rollouts
             args, frames_before, frames, stopped, checkpoint, reset_envs, stats)
         if leave:
@@ -273,13 +271,8 @@ def run(args: Args) -> dict[str, Any]:
                    out / "model.pt")
     buffer.close()
     variant = "folded (timeout = death)" if args.fold_truncation else "bootstrapped timeouts"
-    status = "finished" if stopped else "interrupted" if interrupted_at else "stopped"
-    summary = _run.write_outputs(out, "ppo-continuous", args, progress, frames, stats, status, variant=variant)
-    _run.plot_curve(progress.history, out / "curve.png", f"PPO on Pendulum-v1, {variant} (seed {args.seed})",
-                    args.target_return)
-    if interrupted_at is not None:
-        raise _run.Interrupted(interrupted_at, out, frames, "ppo-continuous")
-    return summary
+    return _run.finish(out, "ppo-continuous", args, progress, frames, stats, stopped, interrupted_at,
+                       title=f"PPO on Pendulum-v1, {variant} (seed {args.seed})", variant=variant)
 
 
 # -- both variants over several seeds, one figure --------------------------------------------------

@@ -149,7 +149,7 @@ def run(args: Any) -> dict[str, Any]:
         obs, state = torch.as_tensor(raw_obs, device=device), policy.initial_state(args.num_envs)
 
     # -- collect, learn, log ------------------------------------------------------------------------
-    stopped, interrupted_at = frames >= args.frames or progress.done(), None
+    stopped, interrupted_at = progress.done(frames), None
     while not stopped:
         frames_before = frames
         buffer.clear()
@@ -202,7 +202,7 @@ def run(args: Any) -> dict[str, Any]:
             optimizer.step()
 
         progress.log(frames, stats, loss=loss.item())
-        stopped = progress.done() or frames >= args.frames
+        stopped = progress.done(frames)
         leave, interrupted_at = _run.checkpoint_and_reset(  # Ctrl-C: between two collections
             args, frames_before, frames, stopped, checkpoint, reset_envs, stats)
         if leave:
@@ -211,12 +211,8 @@ def run(args: Any) -> dict[str, Any]:
     progress.close()
 
     # -- outputs ------------------------------------------------------------------------------------
-    status = "finished" if stopped else "interrupted" if interrupted_at else "stopped"
     if stopped:
         checkpoint("end")
         torch.save({"policy": policy.state_dict(), "hidden": args.hidden}, out / "model.pt")
     buffer.close()
-    summary = _run.write_outputs(out, "ppo", args, progress, frames, stats, status)
-    if interrupted_at is not None:
-        raise _run.Interrupted(interrupted_at, out, frames, "ppo")
-    return summary
+    return _run.finish(out, "ppo", args, progress, frames, stats, stopped, interrupted_at)
