@@ -138,8 +138,9 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         state = dict(super().__getstate__())
         if spawning:
             _unlink_shared_files_with(self, state)
-        state.pop("_flush_owner", None)
-        state.pop("_rlbuf_shared_files", None)
+        # The learner's own: its owner, and the shared files it unlinks when collected.
+        for name in ("_flush_owner", "_rlbuf_shared_files", "_rlbuf_unlink_shared_files"):
+            state.pop(name, None)
         return state
 
 

@@ -802,3 +802,22 @@ def test_one_number_tensors_are_checked_like_any_input() -> None:
 def test_foreign_replay_options_get_the_rlbuf_name(options: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         ReplayBuffer(obs_shape=(3,), action_shape=(), **options)
+
+
+def test_the_state_sent_to_a_worker_carries_none_of_the_learners_own_attributes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rlbuf._core
+
+    buf = make(num_envs=2)
+    add_ids(buf, range(3))
+    rb = buf.torchrl
+    monkeypatch.setattr(rlbuf._core, "get_spawning_popen", lambda: object())  # as while a worker is spawned
+    strategy = torch.multiprocessing.get_sharing_strategy()  # type: ignore[no-untyped-call]
+    torch.multiprocessing.set_sharing_strategy("file_system")  # type: ignore[no-untyped-call]  # as rlbuf sets it
+    try:
+        for _ in range(2):  # the second send finds the files of the first already kept
+            state = rb.__getstate__()
+            assert not {"_flush_owner", "_rlbuf_shared_files", "_rlbuf_unlink_shared_files"} & set(state)
+    finally:
+        torch.multiprocessing.set_sharing_strategy(strategy)  # type: ignore[no-untyped-call]
+    assert "_rlbuf_unlink_shared_files" in vars(rb)  # the learner still unlinks the files when collected
+    assert buf.sample_all().reward.tolist() == [1000.0 * t + e for t in range(3) for e in range(2)]
