@@ -550,7 +550,7 @@ class EpisodeStats:
                     raise ShapeError(
                         f"reasons: expected env indices in [0, {self._num_envs}), got {env!r}"
                     )
-        elif isinstance(reasons, str) or not isinstance(reasons, Sequence | np.ndarray):
+        elif isinstance(reasons, str) or not isinstance(reasons, Sequence | np.ndarray) or (isinstance(reasons, np.ndarray) and reasons.ndim != 1):
             raise DtypeError(
                 f"reasons: expected a sequence of {self._num_envs} str or None, or a mapping "
                 f"env index -> str, got {type(reasons).__name__}"

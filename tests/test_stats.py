@@ -125,6 +125,15 @@ def test_reasons_from_numpy_array() -> None:
     assert all(type(r) is str for r in reasons)
 
 
+@pytest.mark.parametrize("reasons", [np.array("a"), np.array([["a"], ["b"]])], ids=["0-d", "2-d"])
+def test_reasons_as_an_array_of_another_rank_are_refused_by_name(reasons: np.ndarray) -> None:
+    stats = EpisodeStats(2)
+    before = snapshot(stats)
+    with pytest.raises(DtypeError, match="reasons: expected a sequence of 2 str or None"):
+        stats.update(rewards(1.0, 1.0), flags(T, T), reasons=reasons)
+    assert snapshot(stats) == before
+
+
 def test_custom_metrics_read_for_ending_envs() -> None:
     stats = EpisodeStats(3)
     # NaN for envs that do not end is fine: those values are never read.
