@@ -281,7 +281,7 @@ def checked_value(plan: _FieldPlan, value: Any) -> Any:
             raise _NotStaged
         try:
             array = value.numpy() if not value.requires_grad else value.detach().numpy()
-        except TypeError:  # no numpy twin (bfloat16, complex32 ...): the checked conversion decides
+        except (TypeError, RuntimeError):  # no numpy twin (bfloat16, a negated view ...): the checked conversion decides
             array = _tensor_input(plan, value)
     elif plan.single_shape is not None and isinstance(value, plan.scalar_types):
         spec.check_scalar(value)  # type: ignore[arg-type]
@@ -362,11 +362,54 @@ def field_reader(plan: _FieldPlan) -> Callable[[Any], Any]:
     return read_array
 
 
+def raw_row_groups(specs: Sequence[FieldSpec]) -> tuple[tuple[int, ...], ...]:
+    """Indices of the fields the one-row add may copy by address, in groups of one ``copy_rows`` call.
+
+    Every field but those checked for finiteness, whose values are read anyway.
+
+    Example:
+        >>> raw_row_groups([FieldSpec("obs", "observation", (3,), torch.float32),
+        ...                 FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True),
+        ...                 FieldSpec("terminated", ("next", "terminated"), (), torch.bool)])
+        ((0, 2),)
+    """
+    from rlbuf._row_copy import SLOTS  # imports numba: only a buffer that needs it does
+
+    fields = [i for i, spec in enumerate(specs) if not (spec.finite and spec.np_dtype.kind == "f")]
+    return tuple(tuple(fields[start:start + SLOTS]) for start in range(0, len(fields), SLOTS))
+
+
+def raw_row_tables(targets: Sequence[np.ndarray], groups: Sequence[Sequence[int]]) -> tuple[np.ndarray, ...]:
+    """For each group, the ``(address of row 0, bytes per row, is bool)`` table ``copy_rows`` writes by.
+
+    Example:
+        >>> target = np.zeros((4, 3), np.float32)
+        >>> raw_row_tables([target], [(0,)])[0].tolist() == [[target.ctypes.data, 12, 0]]
+        True
+    """
+    tables = []
+    for group in groups:
+        rows = []
+        for i in group:
+            target = targets[i]
+            if target.ndim == 0 or not target.flags.c_contiguous:
+                raise AssertionError(f"target {i} is not C-contiguous: its rows cannot be copied by address")
+            # Not strides[0]: numpy keeps any stride for a dim of size 1 (a buffer of capacity 1).
+            rows.append([target.ctypes.data, target.nbytes // target.shape[0], target.dtype.kind == "b"])
+        tables.append(np.array(rows, dtype=np.int64))
+    return tuple(tables)
+
+
 # The one-row add with its loops over fields unrolled: calling each field's reader and writing
 # each field by name saves 0.6-0.9 us per add against map() or a comprehension over the fields
-# (six fields, benchmarks/add.py), a tenth or more of an add. ``ring`` is an argument, not a
-# global: a reference cycle through the ring would leave its tensors to the garbage collector
-# (see FlushingReplayBuffer._flush_owner).
+# (six fields, benchmarks/add.py), a tenth or more of an add. A field in ``ring._raw_groups``
+# given as a contiguous CPU tensor of its dtype and shape is checked inline and copied by its
+# address, up to five in one ``copy_rows`` call: ``Tensor.numpy()`` alone costs more than the
+# checks and the copy. ``p<i>`` is that address, or 0 when ``v<i>`` holds what the field's
+# reader returned (then written by numpy); ``k<i>`` keeps the tensor's storage alive until the
+# copy, even if another thread gives the tensor new storage meanwhile. ``ring`` is an
+# argument, not a global: a reference cycle through the ring would leave its tensors to the
+# garbage collector (see FlushingReplayBuffer._flush_owner).
 _ONE_ROW_ADD = """\
 def add_one_row(ring, values, rows):
     {values}, = values
@@ -390,35 +433,82 @@ def add_one_row(ring, values, rows):
     return True
 """
 
+# A field copied by address; a negated view (``x.conj().imag`` holds the bytes of -x) only has a float dtype.
+_RAW_READ = """\
+            p{i} = 0
+            try:
+                if (type(v{i}) is Tensor and v{i}.dtype is dtype{i} and v{i}.is_cpu
+                        and (v{i}.shape == shape{i} or v{i}.shape == single{i}){contiguous}{not_negated}):
+                    k{i} = v{i}.untyped_storage()
+                    p{i} = v{i}.data_ptr()
+            except RuntimeError:  # no strided storage (nested tensors, functorch wrappers): the reader judges
+                pass
+            if not p{i}:
+                v{i} = read{i}(v{i})"""
+
 
 def one_row_adder(ring: RowRing) -> Callable[[RowRing, Sequence[Any], int], bool]:
     """``add_one_row(ring, values, rows=1)``: the staged add of one row, generated for the ring's fields.
 
-    It checks every value with its reader, then writes each one into the ring's target at
-    the claimed position; it returns ``False`` (nothing done) when the add is not staged.
+    It checks every value (inline, or with its field's reader), then writes each one into
+    the ring's target at the claimed position; it returns ``False`` (nothing done) when the
+    add is not staged.
+
+    The source is kept in ``linecache``, so tracebacks show its lines.
 
     Example:
-        >>> print(_ONE_ROW_ADD.format(**_one_row_parts(2)).splitlines()[1])
-            v0, v1, = values
+        >>> from rlbuf import ReplayBuffer
+        >>> buffer = ReplayBuffer(4, obs_shape=(2,), action_shape=())
+        >>> source = "".join(linecache.getlines("<rlbuf one-row add of 6 fields>"))
+        >>> "copy_rows(position, table0, p0, p1, p3, p4, p5)" in source
+        True
     """
-    readers = ring._readers
-    source = _ONE_ROW_ADD.format(**_one_row_parts(len(readers)))
-    filename = f"<rlbuf one-row add of {len(readers)} fields>"
+    from rlbuf._row_copy import SLOTS, copy_rows  # imports numba: only a buffer that needs it does
+
+    plans = ring.plans
+    source = _ONE_ROW_ADD.format(**_one_row_parts(plans, ring._raw_groups, SLOTS))
+    filename = f"<rlbuf one-row add of {len(plans)} fields>"
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     # What never changes after construction is bound here (the targets move when memory is shared).
     namespace: dict[str, Any] = {"lock": ring.lock, "rb": ring.rb, "NotStaged": _NotStaged, "capacity": ring.capacity,
                                  "pending_limit": ring.pending_limit, "write_through": ring.write_through,
-                                 **{f"read{i}": read for i, read in enumerate(readers)}}
+                                 "copy_rows": copy_rows, "Tensor": torch.Tensor}
+    for i, plan in enumerate(plans):
+        namespace.update({f"read{i}": field_reader(plan), f"dtype{i}": plan.spec.dtype,
+                          f"shape{i}": plan.row_shape,
+                          f"single{i}": plan.row_shape if plan.single_shape is None else plan.single_shape})
     exec(compile(source, filename, "exec"), namespace)  # our own template, no user text
     return namespace["add_one_row"]  # type: ignore[no-any-return]
 
 
-def _one_row_parts(fields: int) -> dict[str, str]:
+def _one_row_parts(plans: Sequence[_FieldPlan], groups: Sequence[Sequence[int]], slots: int) -> dict[str, str]:
+    pad = " " * 8
+    raw = {i for group in groups for i in group}
+    reads = []
+    for i, plan in enumerate(plans):
+        if i not in raw:
+            reads.append(f"{pad}    v{i} = read{i}(v{i})")
+            continue
+        contiguous = "" if math.prod(plan.row_shape) == 1 else f" and v{i}.is_contiguous()"
+        not_negated = f" and not v{i}.is_neg()" if plan.spec.dtype.is_floating_point else ""
+        reads.append(_RAW_READ.format(i=i, contiguous=contiguous, not_negated=not_negated))
+    writes = [f"{pad}{', '.join(f'table{g}' for g in range(len(groups)))}, = ring._raw_tables"] if groups else []
+    for g, group in enumerate(groups):
+        addresses = ", ".join([f"p{i}" for i in group] + ["0"] * (slots - len(group)))
+        writes += [f"{pad}if {' and '.join(f'p{i}' for i in group)}:",
+                   f"{pad}    copy_rows(position, table{g}, {addresses})",
+                   f"{pad}elif not ({' or '.join(f'p{i}' for i in group)}):",
+                   *(f"{pad}    t{i}[position] = v{i}" for i in group),
+                   f"{pad}else:",
+                   f"{pad}    copy_rows(position, table{g}, {addresses})"]
+        for i in group:
+            writes += [f"{pad}    if not p{i}:", f"{pad}        t{i}[position] = v{i}"]
+    writes += [f"{pad}t{i}[position] = v{i}" for i in range(len(plans)) if i not in raw]
     return {
-        "values": ", ".join(f"v{i}" for i in range(fields)),
-        "targets": ", ".join(f"t{i}" for i in range(fields)),
-        "reads": "\n".join(f"            v{i} = read{i}(v{i})" for i in range(fields)),
-        "writes": "\n".join(f"        t{i}[position] = v{i}" for i in range(fields)),
+        "values": ", ".join(f"v{i}" for i in range(len(plans))),
+        "targets": ", ".join(f"t{i}" for i in range(len(plans))),
+        "reads": "\n".join(reads),
+        "writes": "\n".join(writes),
     }
 
 
@@ -530,15 +620,17 @@ class RowRing:
             self.pending_limit = self.capacity
         else:
             self.pending_limit = min(_BLOCK_ROWS, self.capacity) if rows_per_add <= _BLOCK_ROWS else 0
-            self.targets = {s.name: np.empty((self.pending_limit, *s.shape), s.np_dtype) for s in self.input_specs}
-            self._target_list = [self.targets[s.name] for s in self.input_specs]
+        # Fields a one-row add may copy from CPU tensors by address (see raw_row_reader).
+        self._raw_groups = raw_row_groups(self.input_specs) if rows_per_add == 1 and self.pending_limit else ()
+        if not self.write_through:
+            self._set_targets({s.name: np.empty((self.pending_limit, *s.shape), s.np_dtype) for s in self.input_specs})
         self._derive_numpy_views()
         self.plans = tuple(
             _FieldPlan(s, (rows_per_add, *s.shape), s.shape if rows_per_add == 1 else None, s.np_dtype,
                        _scalar_types(s))
             for s in self.input_specs
         )
-        self._readers = tuple(field_reader(plan) for plan in self.plans)
+        self._readers = tuple(field_reader(plan) for plan in self.plans)  # of the add of several rows
         # ``RowRing._stage`` or its unrolled twin for one row; a function, not a bound method: see one_row_adder.
         self._staged_add: Callable[[RowRing, Sequence[Any], int], bool] = (
             one_row_adder(self) if rows_per_add == 1 and self.pending_limit else RowRing._stage)
@@ -588,10 +680,15 @@ class RowRing:
             self.rb.share()
         self._derive_numpy_views()
 
+    def _set_targets(self, targets: dict[str, np.ndarray]) -> None:
+        """Where staged rows go: ``targets`` by name, in field order, and by address (``copy_rows``)."""
+        self.targets = targets
+        self._target_list = [targets[s.name] for s in self.input_specs]
+        self._raw_tables = raw_row_tables(self._target_list, self._raw_groups)
+
     def _derive_numpy_views(self) -> None:
         if self.write_through:
-            self.targets = {s.name: self.leaves[s.name].numpy() for s in self.input_specs}
-            self._target_list = [self.targets[s.name] for s in self.input_specs]
+            self._set_targets({s.name: self.leaves[s.name].numpy() for s in self.input_specs})
         # Large CPU rows (images) gather faster with numpy's take: its big outputs fault in fewer pages.
         self._wide_rows = {
             s.name: self.leaves[s.name].numpy() for s in self.specs

@@ -168,7 +168,7 @@ def as_array(name: str, value: object, error: type[RlbufError] | None = None) ->
     if isinstance(value, torch.Tensor):
         if value.device.type == "meta":
             raise (error or DeviceError)(f"{name}: got a tensor on the meta device (it holds no values)")
-        tensor = value.detach()
+        tensor = value.detach().resolve_neg()  # a negated view (``x.conj().imag``) has no numpy twin
         if tensor.dtype is torch.bfloat16:
             tensor = tensor.float()  # exact: every bfloat16 is a float32
         if numpy_dtype_or_none(tensor.dtype) is None:

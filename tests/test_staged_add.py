@@ -98,11 +98,26 @@ def _array_value(kind: str, values: list[float], shape: tuple[int, ...], batched
         return array.tolist()
     if kind == "meta":
         return torch.zeros(full, device="meta")
+    return _tensor_view(kind, array, full)
+
+
+def _tensor_view(kind: str, array: np.ndarray, full: tuple[int, ...]) -> Any:
+    """float32 tensors whose bytes are not simply their values in order: what a copy by address must judge."""
+    values = torch.tensor(array, dtype=torch.float32)
+    if kind == "offset":  # contiguous, starting inside a longer tensor
+        return torch.cat([torch.full((5,), 123.0), values.flatten()])[5:].view(full)
+    if kind == "expanded":  # one value repeated with stride 0
+        return values.flatten()[:1].expand(full)
+    if kind == "transposed":  # a column turned into a row: contiguous, with a size-1 dim of any stride
+        column = values.reshape(-1, 1)
+        return column.T if len(full) == 2 else column.T[0]
+    if kind == "negated":  # holds the bytes of -values, with the negation bit set
+        return torch.complex(torch.zeros(full), -values).conj().imag
     return None  # "none"
 
 
 ARRAY_KINDS = ["torch32", "torch64", "torch-grad", "bfloat16", "numpy32", "numpy64", "strided", "big-endian", "int",
-               "bool-tensor", "wrong-shape", "list", "meta", "none"]
+               "bool-tensor", "wrong-shape", "list", "meta", "offset", "expanded", "transposed", "negated", "none"]
 
 
 @st.composite
@@ -142,11 +157,15 @@ def _flag_value(kind: str, flag: bool) -> Any:
         "numpy-0d": lambda: np.array(flag), "torch": lambda: torch.tensor([flag]), "torch-0d": lambda: torch.tensor(flag),
         "int": lambda: int(flag), "numpy-int": lambda: np.array([1]), "torch-float": lambda: torch.tensor([0.5]),
         "numpy2": lambda: np.array([flag, flag]),
+        # A bool tensor may hold any byte (a uint8 tensor viewed as bool): stored as 0 or 1.
+        "torch-byte": lambda: torch.tensor([7 * flag], dtype=torch.uint8).view(torch.bool),
+        "torch-offset": lambda: torch.tensor([not flag, flag])[1:],
     }
     return makers[kind]()
 
 
-FLAG_KINDS = ["bool", "np.bool_", "numpy", "numpy-0d", "torch", "torch-0d", "int", "numpy-int", "torch-float", "numpy2"]
+FLAG_KINDS = ["bool", "np.bool_", "numpy", "numpy-0d", "torch", "torch-0d", "int", "numpy-int", "torch-float", "numpy2",
+              "torch-byte", "torch-offset"]
 
 
 @st.composite
@@ -186,9 +205,10 @@ def test_fast_readers_take_and_refuse_exactly_what_the_reference_does(steps: lis
 
 @pytest.mark.parametrize("storage", ["memory", "memmap"])
 @settings(max_examples=15, deadline=None)
-@given(steps=st.lists(transitions(array_kinds=["torch32", "numpy32", "numpy64", "strided", "list"],
+@given(steps=st.lists(transitions(array_kinds=["torch32", "numpy32", "numpy64", "strided", "list", "offset", "expanded",
+                                               "transposed", "negated"],
                                   reward_kinds=["float", "np.float32", "numpy32", "torch32", "torch64-0d", "torch-int"],
-                                  flag_kinds=["bool", "np.bool_", "numpy", "torch", "torch-0d"]),
+                                  flag_kinds=["bool", "np.bool_", "numpy", "torch", "torch-0d", "torch-offset"]),
                       min_size=1, max_size=8))
 def test_the_staged_add_stores_what_the_tensor_way_stores(storage: str, steps: list[tuple[Any, ...]]) -> None:
     fast, tensor_way = make(storage), never_staged(make(storage))
@@ -274,6 +294,80 @@ def test_an_input_changed_after_the_add_leaves_the_stored_row_as_it_was() -> Non
     batch = buf.sample_all()
     assert batch.obs[-2:, 0].tolist() == [7.0, 8.0]
     assert batch.reward[-2:].tolist() == [2.0, 3.0]
+
+
+# -- copies by address ----------------------------------------------------------------------
+def test_a_negated_view_that_is_contiguous_is_stored_with_its_values_not_its_bytes() -> None:
+    buf = ReplayBuffer(4, obs_shape=(1,), action_shape=(1,), seed=0)
+    negated = torch.complex(torch.zeros(1, 1), torch.tensor([[-2.5]])).conj().imag  # the value 2.5, bytes of -2.5
+    assert negated.is_contiguous() and negated.is_neg()
+    buf.add(negated, negated, 1.0, negated, False)
+    batch = buf.sample_all()
+    assert batch.obs.item() == batch.action.item() == batch.next_obs.item() == 2.5
+
+
+def test_a_bool_given_as_any_nonzero_byte_is_stored_as_true() -> None:
+    buf = ReplayBuffer(4, obs_shape=(2,), action_shape=(), extra_fields={"mask": ((3,), torch.bool)}, seed=0)
+    bytes_ = torch.tensor([[0, 7, 255]], dtype=torch.uint8)
+    buf.add(torch.zeros(1, 2), torch.zeros(1), 0.0, torch.zeros(1, 2), bytes_[:, 1].view(torch.bool),
+            bytes_[:, 2].view(torch.bool), mask=bytes_.view(torch.bool))
+    stored = buf.sample_all()
+    assert stored.terminated.view(torch.uint8).tolist() == stored.truncated.view(torch.uint8).tolist() == [1]
+    assert stored.extras["mask"].view(torch.uint8).tolist() == [[0, 1, 1]]
+
+
+def test_fields_beyond_one_copy_call_and_mixed_inputs_agree_with_the_reference() -> None:
+    """Dict observations of five keys: thirteen fields copied by address, in three calls."""
+    keys = {f"k{i}": (i + 1,) for i in range(5)}
+
+    def made() -> ReplayBuffer:
+        return ReplayBuffer(6, obs_shape=keys, action_shape=(2,), seed=0)
+
+    fast, reference = made(), checked_by_reference(made())
+    assert [len(group) for group in fast._ring._raw_groups] == [5, 5, 3]
+    rng = np.random.default_rng(0)
+    for step in range(9):
+        obs = {key: rng.standard_normal((1, *shape)).astype(np.float32) for key, shape in keys.items()}
+        as_torch = step % 3  # 0: all numpy, 1: all torch, 2: every other field torch
+        obs = {key: torch.from_numpy(value) if as_torch == 1 or (as_torch == 2 and i % 2) else value
+               for i, (key, value) in enumerate(obs.items())}
+        values = (obs, torch.ones(1, 2) * step, float(step), obs, torch.tensor([step == 4]), np.array([step == 5]))
+        assert outcome(fast, values) == outcome(reference, values)
+    assert same(snapshot(fast), snapshot(reference))
+
+
+def test_torch_adds_land_in_the_storage_after_it_moves_to_shared_memory() -> None:
+    buf = make(capacity=4)
+    ring = buf._ring
+    ring.share_storage()  # what handing the buffer to a worker process does: the storage moves
+    for table, group in zip(ring._raw_tables, ring._raw_groups, strict=True):
+        assert table[:, 0].tolist() == [ring._target_list[i].ctypes.data for i in group]
+    buf.add(torch.full((1, 3), 4.0), torch.full((1, 2), 5.0), 6.0, torch.full((1, 3), 7.0), torch.tensor([True]))
+    stored = buf.sample_all()  # oldest first
+    assert (stored.obs[-1].tolist(), stored.action[-1].tolist(), stored.next_obs[-1].tolist()) == (
+        [4.0] * 3, [5.0] * 2, [7.0] * 3)
+    assert stored.terminated[-1].item() is True
+
+
+def test_a_tensor_given_new_storage_before_the_copy_is_stored_as_it_was_when_checked() -> None:
+    """Another thread may call ``set_`` on a tensor between its check and its copy: the checked
+    bytes are copied, not freed memory that new tensors may have reused."""
+    buf = make(capacity=4)
+    namespace = buf._ring._staged_add.__globals__
+    copy_rows = namespace["copy_rows"]
+    obs = torch.full((1, 3), 2.0)
+
+    def copy_after_a_set(*args: Any) -> None:
+        obs.set_(torch.full((1, 3), -1.0))  # the checked storage now belongs to no tensor
+        reused = [torch.full((1, 3), -9.0) for _ in range(64)]  # noqa: F841 (allocations that may reuse it)
+        copy_rows(*args)
+
+    namespace["copy_rows"] = copy_after_a_set
+    try:
+        buf.add(obs, torch.zeros(1, 2), 1.0, torch.zeros(1, 3), torch.tensor([False]))
+    finally:
+        namespace["copy_rows"] = copy_rows
+    assert buf.sample_all().obs[-1].tolist() == [2.0, 2.0, 2.0]
 
 
 # -- the finiteness check ------------------------------------------------------------------
