@@ -1,0 +1,408 @@
+"""Hostile values against the one-row add that copies CPU tensors by address (``copy_rows``).
+
+A one-env ``add`` takes a CPU tensor of a field's dtype and shape by its ``data_ptr()`` and
+copies the row's bytes from there. Every input must end as it would through the reference
+paths: a twin whose ring checks each field with ``checked_value`` and writes with the
+generic loop, and a twin whose adds all go the tensor way. Both must store the same bytes and
+refuse the same inputs with the same rlbuf error, leaving everything as it was. What could
+read memory that is not the row's (views of freed or shrunk storage, storage freed by
+another field's reader or another thread) runs in a forked child, so that a crash fails the
+test rather than the run.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from _snapshot import same, snapshot
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_staged_add import checked_by_reference, never_staged
+
+from rlbuf import ReplayBuffer, RlbufError
+
+WAYS = ("fast", "reference", "tensor")
+
+
+def _twin(way: str, buf: ReplayBuffer) -> ReplayBuffer:
+    """``buf`` itself (``"fast"``), or made to add the reference way or the tensor way."""
+    return {"fast": lambda: buf, "reference": lambda: checked_by_reference(buf), "tensor": lambda: never_staged(buf)}[way]()
+
+
+def in_a_child(work: Callable[[], Any]) -> Any:
+    """``work()``'s result, run in a forked child: ``("signal", n)`` when the child dies of signal ``n``."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        os.close(read_end)
+        try:
+            result = work()
+        except BaseException as error:  # noqa: BLE001 (whatever escapes is the finding)
+            result = ("raised", type(error).__name__, str(error)[:200])
+        with os.fdopen(write_end, "wb") as pipe:
+            pipe.write(pickle.dumps(result))
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        data = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    return pickle.loads(data) if data else ("signal", os.WTERMSIG(status) if os.WIFSIGNALED(status) else status)
+
+
+def outcome(buf: ReplayBuffer, args: tuple[Any, ...], extras: dict[str, Any]) -> tuple[str, str] | None:
+    """``None`` when ``buf`` takes the step, else its rlbuf error; a refused step must change nothing."""
+    before = snapshot(buf)
+    try:
+        buf.add(*args, **extras)
+    except RlbufError as error:
+        assert same(snapshot(buf), before), f"refused ({error}) but the buffer changed"
+        return type(error).__name__, str(error)
+    return None
+
+
+def every_way(make: Callable[[], ReplayBuffer], step: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]],
+              ) -> dict[str, Any]:
+    """For each way, in a child: the step's outcome and the snapshot after it (or how the child died)."""
+    def run(way: str) -> Any:
+        buf = _twin(way, make())
+        args, extras = step()
+        return outcome(buf, args, extras), snapshot(buf)
+    return {way: in_a_child(lambda way=way: run(way)) for way in WAYS}  # type: ignore[misc]
+
+
+def _plain(**options: Any) -> Callable[[], ReplayBuffer]:
+    def make() -> ReplayBuffer:
+        buf = ReplayBuffer(4, seed=0, **{"obs_shape": (3,), "action_shape": (2,), **options})
+        for leaf in buf._ring.leaves.values():  # rows not yet written compare too
+            leaf.zero_()
+        return buf
+    return make
+
+
+def _step(obs: Any = None, terminated: Any = False, **extras: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    obs = torch.arange(3.0) if obs is None else obs
+    return (obs, torch.zeros(2), 1.0, torch.ones(3), terminated), extras
+
+
+def _shrunk(base: torch.Tensor, view: Callable[[torch.Tensor], torch.Tensor], nbytes: int = 0) -> torch.Tensor:
+    """A view of ``base`` whose storage was then shrunk to ``nbytes`` (torch checks bounds at view time only)."""
+    shown = view(base)
+    base.untyped_storage().resize_(nbytes)
+    return shown
+
+
+# -- findings: memory the row does not own ---------------------------------------------------
+SHRUNK = {
+    # contiguous, copied by address: data_ptr() is the freed storage's null plus the offset
+    "obs-offset-freed": lambda: _step(obs=_shrunk(torch.arange(6.0), lambda t: t[3:])),
+    # contiguous, copied by address: 12 bytes read from a 4-byte allocation
+    "obs-over-a-4-byte-storage": lambda: _step(obs=_shrunk(torch.arange(3.0), lambda t: t, 4)),
+    # one value, copied by address without the contiguity check
+    "terminated-offset-freed": lambda: _step(terminated=_shrunk(torch.tensor([False, True]), lambda t: t[1:])),
+    # not contiguous: the reader's Tensor.numpy() path
+    "obs-strided-freed": lambda: _step(obs=_shrunk(torch.arange(12.0), lambda t: t[3:9:2])),
+}
+
+
+@pytest.mark.parametrize("kind", list(SHRUNK))
+def test_a_view_beyond_its_shrunk_storage_is_refused_by_name_not_read(kind: str) -> None:
+    """Today: SIGSEGV (fast and reference ways) or heap bytes beyond the storage stored as the
+    row; the tensor way raises torch's raw ``setStorage ... out of bounds`` RuntimeError."""
+    results = every_way(_plain(), SHRUNK[kind])
+    for way, result in results.items():
+        assert result[0] != "signal", f"{way}: the add crashed the process (signal {result[1]})"
+        assert result[0] != "raised", f"{way}: a raw {result[1]}: {result[2]}"
+        refused, _ = result
+        assert refused is not None, f"{way}: stored a row read beyond the tensor's storage"
+        assert ("obs" if kind.startswith("obs") else "terminated") in refused[1]
+
+
+class _FreesTheObservation(torch.Tensor):
+    """A value whose first torch call (the action's check) frees or moves the observation's bytes."""
+
+    victim: torch.Tensor
+    how: str
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if getattr(cls, "how", None):
+            how, cls.how = cls.how, ""
+            if how == "shrink":
+                cls.victim.untyped_storage().resize_(0)
+            elif how == "grow":
+                cls.victim.resize_(1, 1 << 17)  # the storage's bytes move; the old ones are freed
+            else:
+                cls.victim.set_(torch.full((1, cls.victim.shape[1]), -1.0))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("how", ["shrink", "grow", "set"])
+def test_an_observation_freed_by_a_later_fields_check_is_never_read_from_freed_memory(how: str) -> None:
+    """The observation is taken by address first; the action (a tensor subclass) is read next
+    and frees those bytes. The reference's ``Tensor.numpy()`` makes the storage unresizable,
+    so there the subclass's own ``resize_`` fails; the copy by address reads the freed bytes
+    (today: NaN, zeros or heap words stored as the observation)."""
+    width = 1 << 16  # an allocation the allocator gives back to the system when freed
+
+    def run() -> Any:
+        buf = ReplayBuffer(4, obs_shape=(width,), action_shape=(2,), seed=0)
+        obs = torch.full((1, width), 3.0)
+        _FreesTheObservation.victim, _FreesTheObservation.how = obs, how
+        action = torch.zeros(1, 2).as_subclass(_FreesTheObservation)
+        try:
+            buf.add(obs, action, 1.0, torch.zeros(1, width), False)
+        except (RlbufError, RuntimeError) as error:  # refused, or the subclass's own resize_ refused
+            return "refused", str(error)
+        stored = buf.sample_all().obs[-1]
+        return "stored", sorted(set(stored.tolist()))
+
+    result = in_a_child(run)
+    assert result[0] != "signal", f"the add crashed the process (signal {result[1]})"
+    assert result[0] == "refused" or result[1] in ([3.0], [-1.0]), f"stored bytes of freed memory: {result[1][:4]}"
+
+
+@pytest.mark.stress
+def test_adds_racing_set_on_the_same_tensor_store_only_rows_some_tensor_held() -> None:
+    """Another thread swaps the observation's storage (``set_``) while it is added: each stored
+    row must be one of the rows the tensor held. Today both the copy by address (storage taken
+    before ``data_ptr()``, the pointer then read from the next storage) and the reference
+    (``Tensor.numpy()``'s view outlives the swapped storage) store words of freed memory."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+
+    def run() -> Any:
+        buf = ReplayBuffer(8, obs_shape=(3,), action_shape=(2,), seed=0)
+        obs, done, bad = torch.zeros(1, 3), threading.Event(), []
+
+        def swap() -> None:
+            value = 1
+            while not done.is_set():
+                obs.set_(torch.full((1, 3), float(value)))
+                value += 1
+
+        swapper = threading.Thread(target=swap)
+        swapper.start()
+        try:
+            for _ in range(20_000):
+                buf.add(obs, torch.zeros(1, 2), 1.0, obs, False)
+                rows = buf._ring.leaves["obs"].numpy()
+                bad += [row.tolist() for row in rows if not (row == row[0]).all() or row[0] != int(row[0])]
+        finally:
+            done.set()
+            swapper.join()
+        return bad[:3]
+
+    try:
+        result = in_a_child(run)
+    finally:
+        sys.setswitchinterval(previous)
+    assert result == [], f"rows of freed memory stored: {result}"
+
+
+# -- findings: values the copy by address takes as bytes -------------------------------------
+def test_an_int_tensor_with_the_negation_bit_is_stored_by_value() -> None:
+    """``torch._neg_view`` of an int tensor holds the bytes of ``x`` and the value ``-x``; the
+    inline check asks ``is_neg()`` of float dtypes only (today: ``[1, 2]`` stored, the reference
+    and the tensor way store ``[-1, -2]``)."""
+    make = _plain(extra_fields={"x": ((2,), torch.int64)})
+    results = {way: _twin(way, make()) for way in WAYS}
+    for buf in results.values():
+        buf.add(*_step()[0], x=torch._neg_view(torch.tensor([1, 2])))
+    stored = {way: buf.sample_all().extras["x"].tolist() for way, buf in results.items()}
+    assert stored == dict.fromkeys(WAYS, [[-1, -2]])
+
+
+@pytest.mark.parametrize("form", ["contiguous", "strided", "numpy"])
+def test_a_bool_field_stores_zeros_and_ones_whatever_bytes_and_layout_it_is_given(form: str) -> None:
+    """A uint8 buffer viewed as bool: the copy by address and the tensor way store 0/1, the
+    numpy path (a strided tensor, a numpy array, and the reference for every form) stores the
+    raw bytes 7 and 255, so the same values are stored differently by layout."""
+    raw = np.array([0, 7, 255], np.uint8)
+    mask = {"contiguous": lambda: torch.from_numpy(raw.copy()).view(torch.bool),
+            "strided": lambda: torch.from_numpy(np.repeat(raw, 2)).view(torch.bool)[::2],
+            "numpy": lambda: raw.copy().view(np.bool_)}[form]
+    make = _plain(extra_fields={"m": ((3,), torch.bool)})
+    for way in WAYS:
+        buf = _twin(way, make())
+        buf.add(*_step()[0], m=mask())
+        assert buf._ring.leaves["m"][0].view(torch.uint8).tolist() == [0, 1, 1], way
+
+
+LAYOUTS = {
+    "sparse-obs": lambda: _step(obs=torch.arange(3.0).to_sparse()),
+    "sparse-flag": lambda: _step(terminated=torch.tensor([True]).to_sparse()),
+    "csr-obs": lambda: _step(obs=torch.arange(3.0)[None].to_sparse_csr()),
+    "mkldnn-obs": lambda: _step(obs=torch.arange(3.0).to_mkldnn()),
+    "jagged-obs": lambda: _step(obs=torch.nested.nested_tensor([torch.arange(3.0)], layout=torch.jagged)),
+    "zero-tensor-obs": lambda: _step(obs=torch._efficientzerotensor(3)),
+}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("kind", list(LAYOUTS))
+def test_a_tensor_without_strided_cpu_memory_is_refused_by_name_the_same_way_everywhere(kind: str) -> None:
+    """Not a copy-by-address hazard (``untyped_storage()`` raises for these, so the readers
+    judge) but the readers let torch's own TypeError/RuntimeError out, and the ways disagree:
+    a sparse flag is taken by ``.item()`` on the fast way and refused raw by the reference."""
+    results = every_way(_plain(), LAYOUTS[kind])
+    for way, result in results.items():
+        assert result[0] not in ("signal", "raised"), f"{way}: {result}"
+    assert results["fast"] == results["reference"]
+    assert results["fast"][0] == results["tensor"][0]
+
+
+# -- what holds: the copy by address stores what the reference ways store ---------------------
+def _tensor_forms(values: np.ndarray, batched: bool) -> dict[str, Callable[[], Any]]:
+    """One row's values as tensors whose bytes at ``data_ptr()`` may or may not be the row."""
+    shape = ((1,) if batched else ()) + values.shape
+    flat = torch.from_numpy(values.reshape(-1).copy())
+    dtype = flat.dtype
+
+    def strided_from(source: torch.Tensor) -> torch.Tensor:
+        return source.view(shape) if source.is_contiguous() else source.reshape(shape)
+
+    forms: dict[str, Callable[[], Any]] = {
+        "plain": lambda: flat.clone().view(shape),
+        "offset": lambda: torch.cat([torch.zeros(7, dtype=dtype), flat])[7:].view(shape),
+        "every-other": lambda: torch.stack([flat, torch.zeros_like(flat)], 1)[:, 0].view(shape)
+        if flat.numel() > 1 else flat.clone().view(shape),
+        "reversed": lambda: flat.flip(0).flip(0).view(shape),
+        "transposed": lambda: flat.reshape(-1, 1).T.reshape(shape),
+        "expanded-first": lambda: flat[:1].expand(flat.numel()).reshape(shape) if flat.numel() else flat.view(shape),
+        "column-major": lambda: torch.empty_strided(shape, _column_major(shape), dtype=dtype).copy_(flat.view(shape)),
+        "from-numpy-readonly": lambda: torch.from_numpy(_readonly(values.reshape(shape))),
+        "misaligned": lambda: torch.from_numpy(_misaligned(values.reshape(shape))),
+        "frombuffer": lambda: torch.frombuffer(bytearray(values.tobytes()), dtype=dtype).view(shape)
+        if values.size else flat.view(shape),
+        "inference": lambda: _in_inference(flat.view(shape)),
+        "subclass": lambda: flat.clone().view(shape).as_subclass(_Plain),
+        "numpy": lambda: values.reshape(shape).copy(),
+        "mixed-list": lambda: values.reshape(shape).tolist(),
+        "strided-from": lambda: strided_from(flat.clone()),
+    }
+    if dtype.is_floating_point:
+        forms["requires-grad"] = lambda: flat.clone().view(shape).requires_grad_()
+        forms["negated"] = lambda: _negated(flat.view(shape))
+        forms["conj-of-real"] = lambda: flat.clone().view(shape).conj()
+    return forms
+
+
+def _column_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in shape:
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(strides)
+
+
+class _Plain(torch.Tensor):
+    """A subclass with nothing added: never exactly a ``torch.Tensor``."""
+
+
+def _readonly(array: np.ndarray) -> np.ndarray:
+    array = array.copy()
+    array.setflags(write=False)
+    return array
+
+
+def _misaligned(array: np.ndarray) -> np.ndarray:
+    raw = np.zeros(array.nbytes + 1, np.uint8)
+    shifted = raw[1:].view(array.dtype).reshape(array.shape) if array.size else array.copy()
+    shifted[...] = array
+    return shifted
+
+
+def _in_inference(tensor: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return tensor.clone()
+
+
+def _negated(tensor: torch.Tensor) -> torch.Tensor:
+    """The values of ``tensor`` held as the bytes of ``-tensor`` with the negation bit set."""
+    complex_ = torch.complex(torch.zeros_like(tensor, dtype=torch.float32), -tensor.float())
+    view = complex_.conj().imag
+    return view if tensor.dtype is torch.float32 else view.to(tensor.dtype)
+
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "float": {"obs_shape": (3,), "action_shape": (2,)},
+    "capacity-1": {"capacity": 1, "obs_shape": (3,), "action_shape": (2,)},
+    "pixels-uint8": {"obs_shape": (2, 3, 3), "obs_dtype": torch.uint8, "action_shape": ()},
+    "float16-int-action": {"obs_shape": (2,), "obs_dtype": torch.float16, "action_shape": (),
+                           "action_dtype": torch.int64},
+    "float64-obs": {"obs_shape": (1, 2), "obs_dtype": torch.float64, "action_shape": (1,)},
+    "dict-obs": {"obs_shape": {"a": (2,), "b": (3,)}, "action_shape": (2,)},
+    "extras": {"obs_shape": (3,), "action_shape": (2,),
+               "extra_fields": {"x": ((2,), torch.int64), "flag": ((), torch.bool), "u": ((4,), torch.uint8)}},
+    "hidden": {"obs_shape": (3,), "action_shape": (2,), "hidden_state_shape": (4,)},
+    "prioritized": {"obs_shape": (3,), "action_shape": (2,), "prioritized": True},
+    "zero-size": {"obs_shape": (2, 0), "action_shape": (0,)},
+    "memmap": {"obs_shape": (3,), "action_shape": (2,), "storage": "memmap"},
+}
+
+
+def _config_buffer(config: str) -> ReplayBuffer:
+    """``config``'s buffer with its storage zeroed, so twins compare whole (rows not yet written included)."""
+    options = {"capacity": 3, "seed": 0, **CONFIGS[config]}
+    buf = ReplayBuffer(options.pop("capacity"), **options)
+    for leaf in buf._ring.leaves.values():
+        leaf.zero_()
+    return buf
+
+
+@st.composite
+def _config_steps(draw: st.DrawFn, config: str) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Steps for ``config``'s buffer, every tensor-like field in a drawn form."""
+    buf_fields = {spec.name: spec for spec in _config_buffer(config)._ring.input_specs}
+    steps = []
+    for _ in range(draw(st.integers(1, 4))):
+        values: dict[str, Any] = {}
+        for name, spec in buf_fields.items():
+            size = int(np.prod(spec.shape))
+            np_dtype = spec.np_dtype
+            if np_dtype.kind == "b":
+                raw = np.array(draw(st.lists(st.booleans(), min_size=size, max_size=size)), np.bool_)
+            elif np_dtype.kind in "iu":
+                raw = np.array(draw(st.lists(st.integers(0, 200), min_size=size, max_size=size)), np_dtype)
+            else:
+                raw = np.array(draw(st.lists(st.floats(-1e4, 1e4, width=16), min_size=size, max_size=size)), np_dtype)
+            raw = raw.reshape(spec.shape)
+            forms = _tensor_forms(raw, draw(st.booleans()))
+            values[name] = forms[draw(st.sampled_from(sorted(forms)))]()
+        steps.append(_as_call(config, values))
+    return steps
+
+
+def _as_call(config: str, values: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if config == "dict-obs":
+        obs = {key: values.pop(f'obs["{key}"]') for key in ("a", "b")}
+        next_obs = {key: values.pop(f'next_obs["{key}"]') for key in ("a", "b")}
+        values = {"obs": obs, "next_obs": next_obs, **values}
+    args = tuple(values.pop(name) for name in ("obs", "action", "reward", "next_obs", "terminated", "truncated"))
+    if "hidden_state" in values:
+        args += (values.pop("hidden_state"),)
+    return args, values
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("config", list(CONFIGS))
+@settings(max_examples=12, deadline=None, derandomize=True, database=None)
+@given(data=st.data())
+def test_every_tensor_form_is_stored_as_the_reference_ways_store_it(config: str, data: st.DataObject) -> None:
+    steps = data.draw(_config_steps(config))
+    bufs = {way: _twin(way, _config_buffer(config)) for way in WAYS}
+    for args, extras in steps:
+        outcomes = {way: outcome(buf, args, extras) for way, buf in bufs.items()}
+        assert outcomes["fast"] == outcomes["reference"], outcomes
+        assert (outcomes["fast"] is None) == (outcomes["tensor"] is None), outcomes
+    assert same(snapshot(bufs["fast"]), snapshot(bufs["reference"]))
+    assert same(snapshot(bufs["fast"]), snapshot(bufs["tensor"]))
