@@ -44,6 +44,8 @@ from torchrl.data.replay_buffers.samplers import Sampler
 from rlbuf import _torchrl
 from rlbuf.errors import (
     BatchSizeError,
+    DeviceError,
+    DtypeError,
     EmptyBufferError,
     MissingFieldError,
     ShapeError,
@@ -252,6 +254,42 @@ def _scalar_types(spec: FieldSpec) -> tuple[type, ...]:
     return (bool, int, float, np.bool_, np.integer, np.floating)
 
 
+def check_within_storage(name: str, tensor: torch.Tensor) -> None:
+    """Refuse a tensor whose values are not a strided view inside its storage's bytes.
+
+    Sparse, mkldnn and nested tensors have no such view; a strided view outlives a resize of
+    its storage (``untyped_storage().resize_()``), and torch checks its bounds only when the
+    view is made: reading it then reads freed memory.
+
+    Raises:
+        DtypeError: a layout other than strided, or a nested tensor.
+        DeviceError: the view's last value lies beyond the storage's bytes.
+
+    Example:
+        >>> base = torch.arange(6.0)
+        >>> view = base[3:]
+        >>> _ = base.untyped_storage().resize_(0)
+        >>> check_within_storage("obs", view)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.DeviceError: obs: the tensor's view needs 24 bytes of its storage, which holds 0 (resized after the view was made)
+    """
+    if tensor.layout is not torch.strided or tensor.is_nested:
+        layout = "nested" if tensor.is_nested else str(tensor.layout).removeprefix("torch.")
+        raise DtypeError(f"{name}: expected a dense (strided) tensor, got a {layout} one")
+    if tensor.device.type == "meta" or tensor.numel() == 0:
+        return
+    try:
+        held = tensor.untyped_storage().nbytes()
+    except RuntimeError:  # no storage of its own (functorch wrappers): torch's conversion judges
+        return
+    last = tensor.storage_offset() + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    needed = (last + 1) * tensor.element_size()
+    if needed > held:
+        raise DeviceError(f"{name}: the tensor's view needs {needed} bytes of its storage, which holds {held} "
+                          f"(resized after the view was made)")
+
+
 class _NotStaged(Exception):
     """A value the staged add does not take (a tensor off the CPU): the add goes the tensor way."""
 
@@ -279,6 +317,7 @@ def checked_value(plan: _FieldPlan, value: Any) -> Any:
     elif isinstance(value, torch.Tensor):
         if not value.is_cpu:
             raise _NotStaged
+        check_within_storage(spec.name, value)
         try:
             array = value.numpy() if not value.requires_grad else value.detach().numpy()
         except (TypeError, RuntimeError):  # no numpy twin (bfloat16, a negated view ...): the checked conversion decides
@@ -299,7 +338,15 @@ def checked_value(plan: _FieldPlan, value: Any) -> Any:
             spec.check_range(array)
     if spec.finite and array.dtype.kind == "f" and not all_finite(array):
         check_finite_rows(spec, array.reshape(plan.row_shape[0], -1))
-    return array.item() if plan.single_shape == () else array
+    if plan.single_shape == ():
+        return array.item()
+    return _zeros_and_ones(array) if plan.np_dtype.kind == "b" else array
+
+
+def _zeros_and_ones(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """A bool array whose bytes are 0 or 1: a numpy copy keeps any other byte a bool may hold
+    (a uint8 array viewed as bool), as the copy by address and torch's copy do not."""
+    return array.view(np.uint8).astype(np.bool_) if array.dtype.kind == "b" else array
 
 
 def field_reader(plan: _FieldPlan) -> Callable[[Any], Any]:
@@ -322,6 +369,7 @@ def field_reader(plan: _FieldPlan) -> Callable[[Any], Any]:
     spec, np_dtype, dtype = plan.spec, plan.np_dtype, plan.spec.dtype
     row_shape, single_shape = plan.row_shape, plan.single_shape
     finite = spec.finite and np_dtype.kind == "f"
+    boolean = np_dtype.kind == "b"
     ndarray, tensor, isfinite = np.ndarray, torch.Tensor, math.isfinite
 
     if single_shape == ():
@@ -330,6 +378,7 @@ def field_reader(plan: _FieldPlan) -> Callable[[Any], Any]:
             if kind is tensor:
                 if not value.is_cpu or value.dtype is not dtype or value.dim() > 1:
                     return checked_value(plan, value)
+                check_within_storage(spec.name, value)
                 try:
                     number = value.item()
                 except RuntimeError:  # not exactly one value
@@ -346,6 +395,7 @@ def field_reader(plan: _FieldPlan) -> Callable[[Any], Any]:
     def read_array(value: Any) -> Any:
         kind = type(value)
         if kind is tensor:
+            check_within_storage(spec.name, value)
             try:
                 array = value.numpy()  # refuses (and the checked path then judges) GPU, grad and bfloat16 tensors
             except (TypeError, RuntimeError):
@@ -358,7 +408,7 @@ def field_reader(plan: _FieldPlan) -> Callable[[Any], Any]:
         if array.dtype is not np_dtype or (shape != row_shape and shape != single_shape) or (
                 finite and not all_finite(array)):
             return checked_value(plan, array)
-        return array
+        return _zeros_and_ones(array) if boolean else array
     return read_array
 
 
@@ -433,18 +483,32 @@ def add_one_row(ring, values, rows):
     return True
 """
 
-# A field copied by address; a negated view (``x.conj().imag`` holds the bytes of -x) only has a float dtype.
+# A field that may be copied by address. First, before any address is taken, a value that is
+# not exactly a ``Tensor`` goes to its reader: that may run the caller's code (a subclass's
+# ``__torch_function__``), which may free or move the bytes of another field's tensor. Then,
+# with no caller's code left to run, each plain tensor is checked and its address taken:
+# ``k<i>`` keeps its storage alive, and the address is used only if the row lies inside that
+# storage (a view outlives a ``resize_`` of its storage; another thread may ``set_`` the tensor
+# between ``untyped_storage()`` and ``data_ptr()``). A negated view (``x.conj().imag`` holds the
+# bytes of -x; ``torch._neg_view`` of any dtype) is read, not copied.
+_RAW_FIRST = """\
+            if type(v{i}) is not Tensor:
+                v{i} = read{i}(v{i})"""
 _RAW_READ = """\
             p{i} = 0
-            try:
-                if (type(v{i}) is Tensor and v{i}.dtype is dtype{i} and v{i}.is_cpu
-                        and (v{i}.shape == shape{i} or v{i}.shape == single{i}){contiguous}{not_negated}):
-                    k{i} = v{i}.untyped_storage()
-                    p{i} = v{i}.data_ptr()
-            except RuntimeError:  # no strided storage (nested tensors, functorch wrappers): the reader judges
-                pass
-            if not p{i}:
-                v{i} = read{i}(v{i})"""
+            if type(v{i}) is Tensor:
+                try:
+                    if (v{i}.dtype is dtype{i} and v{i}.is_cpu
+                            and (v{i}.shape == shape{i} or v{i}.shape == single{i}){contiguous} and not v{i}.is_neg()):
+                        k{i} = v{i}.untyped_storage()
+                        p{i} = v{i}.data_ptr()
+                        b{i} = k{i}.data_ptr()
+                        if not (b{i} <= p{i} and p{i} + size{i} <= b{i} + k{i}.nbytes()):
+                            p{i} = 0
+                except RuntimeError:  # no strided storage (nested tensors, functorch wrappers): the reader judges
+                    p{i} = 0
+                if not p{i}:
+                    v{i} = read{i}(v{i})"""
 
 
 def one_row_adder(ring: RowRing) -> Callable[[RowRing, Sequence[Any], int], bool]:
@@ -476,7 +540,8 @@ def one_row_adder(ring: RowRing) -> Callable[[RowRing, Sequence[Any], int], bool
     for i, plan in enumerate(plans):
         namespace.update({f"read{i}": field_reader(plan), f"dtype{i}": plan.spec.dtype,
                           f"shape{i}": plan.row_shape,
-                          f"single{i}": plan.row_shape if plan.single_shape is None else plan.single_shape})
+                          f"single{i}": plan.row_shape if plan.single_shape is None else plan.single_shape,
+                          f"size{i}": math.prod(plan.row_shape) * plan.np_dtype.itemsize})
     exec(compile(source, filename, "exec"), namespace)  # our own template, no user text
     return namespace["add_one_row"]  # type: ignore[no-any-return]
 
@@ -484,14 +549,10 @@ def one_row_adder(ring: RowRing) -> Callable[[RowRing, Sequence[Any], int], bool
 def _one_row_parts(plans: Sequence[_FieldPlan], groups: Sequence[Sequence[int]], slots: int) -> dict[str, str]:
     pad = " " * 8
     raw = {i for group in groups for i in group}
-    reads = []
-    for i, plan in enumerate(plans):
-        if i not in raw:
-            reads.append(f"{pad}    v{i} = read{i}(v{i})")
-            continue
-        contiguous = "" if math.prod(plan.row_shape) == 1 else f" and v{i}.is_contiguous()"
-        not_negated = f" and not v{i}.is_neg()" if plan.spec.dtype.is_floating_point else ""
-        reads.append(_RAW_READ.format(i=i, contiguous=contiguous, not_negated=not_negated))
+    reads = [f"{pad}    v{i} = read{i}(v{i})" if i not in raw else _RAW_FIRST.format(i=i) for i in range(len(plans))]
+    for i in sorted(raw):
+        contiguous = "" if math.prod(plans[i].row_shape) == 1 else f" and v{i}.is_contiguous()"
+        reads.append(_RAW_READ.format(i=i, contiguous=contiguous))
     writes = [f"{pad}{', '.join(f'table{g}' for g in range(len(groups)))}, = ring._raw_tables"] if groups else []
     for g, group in enumerate(groups):
         addresses = ", ".join([f"p{i}" for i in group] + ["0"] * (slots - len(group)))
@@ -1034,6 +1095,8 @@ def checked_rows(spec: FieldSpec, value: Any, rows: int, devices: tuple[torch.de
     """
     if value is None:
         raise MissingFieldError(f"{spec.name}: a value is required")
+    if isinstance(value, torch.Tensor):
+        check_within_storage(spec.name, value)
     tensor = as_rows(value if isinstance(value, torch.Tensor) else torch.from_numpy(
         np.ascontiguousarray(as_array(spec.name, value))), spec.shape, rows)
     spec.check_tensor(tensor, (rows,), devices)

@@ -172,15 +172,14 @@ def test_an_observation_freed_by_a_later_fields_check_is_never_read_from_freed_m
 
 @pytest.mark.stress
 def test_adds_racing_set_on_the_same_tensor_store_only_rows_some_tensor_held() -> None:
-    """Another thread swaps the observation's storage (``set_``) while it is added: each stored
-    row must be one of the rows the tensor held. Today both the copy by address (storage taken
-    before ``data_ptr()``, the pointer then read from the next storage) and the reference
-    (``Tensor.numpy()``'s view outlives the swapped storage) store words of freed memory."""
+    """Another thread swaps the observation's storage (``set_``) while it is added, with the
+    interpreter switching threads every microsecond: each stored row is one the tensor held,
+    never words of freed memory (the address is used only inside the storage kept alive)."""
     previous = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
 
     def run() -> Any:
-        buf = ReplayBuffer(8, obs_shape=(3,), action_shape=(2,), seed=0)
+        buf = _plain()()
         obs, done, bad = torch.zeros(1, 3), threading.Event(), []
 
         def swap() -> None:
@@ -243,7 +242,6 @@ LAYOUTS = {
     "csr-obs": lambda: _step(obs=torch.arange(3.0)[None].to_sparse_csr()),
     "mkldnn-obs": lambda: _step(obs=torch.arange(3.0).to_mkldnn()),
     "jagged-obs": lambda: _step(obs=torch.nested.nested_tensor([torch.arange(3.0)], layout=torch.jagged)),
-    "zero-tensor-obs": lambda: _step(obs=torch._efficientzerotensor(3)),
 }
 
 
@@ -406,3 +404,83 @@ def test_every_tensor_form_is_stored_as_the_reference_ways_store_it(config: str,
         assert (outcomes["fast"] is None) == (outcomes["tensor"] is None), outcomes
     assert same(snapshot(bufs["fast"]), snapshot(bufs["reference"]))
     assert same(snapshot(bufs["fast"]), snapshot(bufs["tensor"]))
+
+
+@pytest.mark.parametrize("form", ["contiguous", "channels-last", "channels-last-unbatched", "offset", "flipped"])
+def test_an_image_observation_in_any_memory_format_is_stored_as_the_reference_ways_store_it(form: str) -> None:
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (2, 1, 4, 84, 84), dtype=torch.uint8, generator=generator)
+    make = {
+        "contiguous": lambda image: image.clone(),
+        "channels-last": lambda image: image.contiguous(memory_format=torch.channels_last),
+        "channels-last-unbatched": lambda image: image.contiguous(memory_format=torch.channels_last)[0],
+        "offset": lambda image: torch.cat([torch.zeros(5, dtype=torch.uint8), image.flatten()])[5:].view(image.shape),
+        "flipped": lambda image: image.flip(-1).flip(-1),  # a copy, whatever flip returns
+    }[form]
+    bufs = {way: _twin(way, _plain(obs_shape=(4, 84, 84), obs_dtype=torch.uint8)()) for way in WAYS}
+    for buf in bufs.values():
+        buf.add(make(images[0]), torch.zeros(2), 1.0, make(images[1]), False)
+        assert buf.sample_all().obs.tolist() == images[0].tolist()
+        assert buf.sample_all().next_obs.tolist() == images[1].tolist()
+    assert same(snapshot(bufs["fast"]), snapshot(bufs["reference"]))
+    assert same(snapshot(bufs["fast"]), snapshot(bufs["tensor"]))
+
+
+# -- what holds: threads, checkpoints and a handed-out TorchRL buffer --------------------------
+def _uid_step(uid: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A step whose every field carries ``uid``: a stored row mixing two steps shows."""
+    value = float(uid)
+    return ((torch.full((1, 3), value), torch.full((1, 2), value), value, torch.full((1, 3), value + 0.5),
+             torch.tensor([uid % 2 == 0]), torch.tensor([uid % 3 == 0])), {"x": torch.tensor([[uid, -uid]])})
+
+
+def _assert_rows_whole(batch: Any, uids: set[int]) -> None:
+    for i, uid in enumerate(batch.obs[:, 0].tolist()):
+        uid = int(uid)
+        assert uid in uids
+        assert batch.obs[i].tolist() == [uid] * 3 and batch.action[i].tolist() == [uid] * 2
+        assert batch.reward[i].item() == uid and batch.next_obs[i].tolist() == [uid + 0.5] * 3
+        assert batch.terminated[i].item() == (uid % 2 == 0) and batch.truncated[i].item() == (uid % 3 == 0)
+        assert batch.extras["x"][i].tolist() == [uid, -uid]
+
+
+@pytest.mark.parametrize("handed_out", [False, True])
+def test_rows_added_by_several_threads_while_saving_are_stored_and_saved_whole(tmp_path: Path,
+                                                                               handed_out: bool) -> None:
+    buf = ReplayBuffer(64, obs_shape=(3,), action_shape=(2,), extra_fields={"x": ((2,), torch.int64)}, seed=0)
+    if handed_out:
+        torchrl = buf.torchrl  # from now on every add is committed at once
+    threads, per_thread = 3, 120
+    uids = {1000 * t + j for t in range(threads) for j in range(per_thread)}
+    start = threading.Barrier(threads + 1)
+
+    def adder(thread: int) -> None:
+        start.wait()
+        for j in range(per_thread):
+            args, extras = _uid_step(1000 * thread + j)
+            buf.add(*args, **extras)
+
+    workers = [threading.Thread(target=adder, args=(t,)) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    start.wait()
+    saved = []
+    for n in range(3):
+        buf.save(tmp_path / f"during-{n}")
+        saved.append(tmp_path / f"during-{n}")
+    for worker in workers:
+        worker.join()
+    assert len(buf) == 64 and buf._ring.write_count == threads * per_thread
+    _assert_rows_whole(buf.sample_all(), uids)
+    for path in saved:
+        loaded = ReplayBuffer.load(path)
+        if len(loaded):
+            _assert_rows_whole(loaded.sample_all(), uids)
+    if handed_out:
+        assert len(torchrl) == 64
+        stored = torchrl.storage[:64]
+        for i in range(64):
+            uid = int(stored["observation"][i, 0].item())
+            assert uid in uids and stored["observation"][i].tolist() == [uid] * 3
+            assert stored["action"][i].tolist() == [uid] * 2
+            assert stored["next", "observation"][i].tolist() == [uid + 0.5] * 3
