@@ -433,7 +433,8 @@ def add_one_row(ring, values, rows):
     return True
 """
 
-# A field copied by address; a negated view (``x.conj().imag`` holds the bytes of -x) only has a float dtype.
+# A field copied by address; a negated view (``x.conj().imag`` holds the bytes of -x) only has a
+# float dtype. An array of the field's dtype and shape is taken inline too, as its reader would.
 _RAW_READ = """\
             p{i} = 0
             try:
@@ -444,7 +445,16 @@ _RAW_READ = """\
             except RuntimeError:  # no strided storage (nested tensors, functorch wrappers): the reader judges
                 pass
             if not p{i}:
-                v{i} = read{i}(v{i})"""
+{take_array}"""
+_TAKE_ARRAY = "type(v{i}) is ndarray and v{i}.dtype is np_dtype{i} and (v{i}.shape == shape{i} or v{i}.shape == single{i})"
+_TAKE_ROWS = """\
+                if not ({taken}):
+                    v{i} = read{i}(v{i})"""
+_TAKE_NUMBER = """\
+                if {taken}:
+                    v{i} = v{i}.item()
+                else:
+                    v{i} = read{i}(v{i})"""
 
 
 def one_row_adder(ring: RowRing) -> Callable[[RowRing, Sequence[Any], int], bool]:
@@ -472,9 +482,9 @@ def one_row_adder(ring: RowRing) -> Callable[[RowRing, Sequence[Any], int], bool
     # What never changes after construction is bound here (the targets move when memory is shared).
     namespace: dict[str, Any] = {"lock": ring.lock, "rb": ring.rb, "NotStaged": _NotStaged, "capacity": ring.capacity,
                                  "pending_limit": ring.pending_limit, "write_through": ring.write_through,
-                                 "copy_rows": copy_rows, "Tensor": torch.Tensor}
+                                 "copy_rows": copy_rows, "Tensor": torch.Tensor, "ndarray": np.ndarray}
     for i, plan in enumerate(plans):
-        namespace.update({f"read{i}": field_reader(plan), f"dtype{i}": plan.spec.dtype,
+        namespace.update({f"read{i}": field_reader(plan), f"dtype{i}": plan.spec.dtype, f"np_dtype{i}": plan.np_dtype,
                           f"shape{i}": plan.row_shape,
                           f"single{i}": plan.row_shape if plan.single_shape is None else plan.single_shape})
     exec(compile(source, filename, "exec"), namespace)  # our own template, no user text
@@ -491,7 +501,9 @@ def _one_row_parts(plans: Sequence[_FieldPlan], groups: Sequence[Sequence[int]],
             continue
         contiguous = "" if math.prod(plan.row_shape) == 1 else f" and v{i}.is_contiguous()"
         not_negated = f" and not v{i}.is_neg()" if plan.spec.dtype.is_floating_point else ""
-        reads.append(_RAW_READ.format(i=i, contiguous=contiguous, not_negated=not_negated))
+        take = _TAKE_NUMBER if plan.single_shape == () else _TAKE_ROWS  # one scalar row goes in as a number
+        take_array = take.format(i=i, taken=_TAKE_ARRAY.format(i=i))
+        reads.append(_RAW_READ.format(i=i, contiguous=contiguous, not_negated=not_negated, take_array=take_array))
     writes = [f"{pad}{', '.join(f'table{g}' for g in range(len(groups)))}, = ring._raw_tables"] if groups else []
     for g, group in enumerate(groups):
         addresses = ", ".join([f"p{i}" for i in group] + ["0"] * (slots - len(group)))
