@@ -6,8 +6,10 @@ TorchRL owns the storage, the writer's cursor and the sampler. rlbuf owns the fa
   written, with one numpy assignment per field (several times cheaper than a torch one),
   straight into the storage at the position after the pending rows. Each field's check is a
   reader built once per buffer: a tensor or array of the stored dtype and shape passes in a
-  few attribute reads, anything else goes through the full checked conversion; the one-row
-  add calls the readers and writes the fields with its loop over fields unrolled. TorchRL's
+  few attribute reads, anything else goes through the full checked conversion. The one-row
+  add is generated per buffer with its loop over fields unrolled; it checks tensors and
+  arrays of the stored dtype and shape inline and copies CPU tensors by address
+  (``rlbuf._row_copy``), without ``Tensor.numpy()``. TorchRL's
   bookkeeping (cursor, write count, length, sampler) is brought up to date in one step when
   anything reads the buffer. A rejected add writes nothing.
 * Bulk writes (``extend``, large adds) copy each field into the storage with one slice
@@ -457,6 +459,20 @@ _TAKE_NUMBER = """\
                     v{i} = read{i}(v{i})"""
 
 
+# A finite number (the reward) of the field's dtype, as a tensor or an array: read inline. A value
+# that is not finite goes to the reader, which raises the error naming it.
+_NUMBER_READ = """\
+            try:
+                if ((type(v{i}) is Tensor and v{i}.dtype is dtype{i} and v{i}.is_cpu
+                        and (v{i}.shape == shape{i} or v{i}.shape == single{i})) or {taken}):
+                    n{i} = v{i}.item()
+                    v{i} = n{i} if isfinite(n{i}) else read{i}(v{i})
+                else:
+                    v{i} = read{i}(v{i})
+            except RuntimeError:  # no strided storage (nested tensors, functorch wrappers): the reader judges
+                v{i} = read{i}(v{i})"""
+
+
 def one_row_adder(ring: RowRing) -> Callable[[RowRing, Sequence[Any], int], bool]:
     """``add_one_row(ring, values, rows=1)``: the staged add of one row, generated for the ring's fields.
 
@@ -482,7 +498,8 @@ def one_row_adder(ring: RowRing) -> Callable[[RowRing, Sequence[Any], int], bool
     # What never changes after construction is bound here (the targets move when memory is shared).
     namespace: dict[str, Any] = {"lock": ring.lock, "rb": ring.rb, "NotStaged": _NotStaged, "capacity": ring.capacity,
                                  "pending_limit": ring.pending_limit, "write_through": ring.write_through,
-                                 "copy_rows": copy_rows, "Tensor": torch.Tensor, "ndarray": np.ndarray}
+                                 "copy_rows": copy_rows, "Tensor": torch.Tensor, "ndarray": np.ndarray,
+                                 "isfinite": math.isfinite}
     for i, plan in enumerate(plans):
         namespace.update({f"read{i}": field_reader(plan), f"dtype{i}": plan.spec.dtype, f"np_dtype{i}": plan.np_dtype,
                           f"shape{i}": plan.row_shape,
@@ -497,7 +514,9 @@ def _one_row_parts(plans: Sequence[_FieldPlan], groups: Sequence[Sequence[int]],
     reads = []
     for i, plan in enumerate(plans):
         if i not in raw:
-            reads.append(f"{pad}    v{i} = read{i}(v{i})")
+            number = plan.single_shape == () and plan.spec.finite and plan.np_dtype.kind == "f"
+            reads.append(_NUMBER_READ.format(i=i, taken=_TAKE_ARRAY.format(i=i)) if number
+                         else f"{pad}    v{i} = read{i}(v{i})")
             continue
         contiguous = "" if math.prod(plan.row_shape) == 1 else f" and v{i}.is_contiguous()"
         not_negated = f" and not v{i}.is_neg()" if plan.spec.dtype.is_floating_point else ""
@@ -643,8 +662,9 @@ class RowRing:
             for s in self.input_specs
         )
         self._readers = tuple(field_reader(plan) for plan in self.plans)  # of the add of several rows
-        # ``RowRing._stage`` or its unrolled twin for one row; a function, not a bound method: see one_row_adder.
-        self._staged_add: Callable[[RowRing, Sequence[Any], int], bool] = (
+        # ``RowRing._stage`` or its unrolled twin for one row; a function, not a bound method: see
+        # one_row_adder. ``ReplayBuffer.add`` calls it directly, then ``add_unstaged`` if it declines.
+        self.staged_add: Callable[[RowRing, Sequence[Any], int], bool] = (
             one_row_adder(self) if rows_per_add == 1 and self.pending_limit else RowRing._stage)
         self.pending = 0
         self._pending_start = 0
@@ -760,14 +780,23 @@ class RowRing:
         With one row per add, the leading row dim may be omitted. Nothing is written unless
         every value passes validation.
 
-        The common add is staged: each value is checked by its field's reader (see
-        [`field_reader`][rlbuf._core.field_reader]) and written with one numpy assignment per
-        field at the position after the pending rows. It is not staged (the tensor way runs
+        The common add is staged (``staged_add``): each value is checked by its field's reader
+        (see [`field_reader`][rlbuf._core.field_reader]) and written with one numpy assignment
+        per field at the position after the pending rows; an add of one row checks CPU tensors
+        inline and copies them by address instead (see
+        [`one_row_adder`][rlbuf._core.one_row_adder]). It is not staged (the tensor way runs
         instead) for tensors off the CPU, an add larger than ``pending_limit``, or a buffer
         shared with writer processes (whose cursor moves under the shared lock only).
         """
-        if self._staged_add(self, values, rows):
-            return
+        if not self.staged_add(self, values, rows):
+            self.add_unstaged(values, rows)
+
+    def add_unstaged(self, values: Sequence[Any], rows: int) -> None:
+        """The tensor way of ``add``: each value checked as a tensor, then written with ``write_tensors``.
+
+        A caller that has just called ``staged_add(ring, values, rows)``, which returned ``False``,
+        calls this (``ReplayBuffer.add`` does, one call shorter than ``add``).
+        """
         devices = self.accepted_devices
         self.write_tensors({spec.name: checked_rows(spec, value, rows, devices)
                             for spec, value in zip(self.input_specs, values, strict=True)}, rows)
