@@ -16,11 +16,12 @@ Targets (issue 10): torch input ≤ 2.0× SB3, numpy input ≤ 1.5× SB3. Each t
 median µs per call over rounds in which every peer runs in turn (see ``_timing.py``); the
 machine these run on is shared, so figures move by about 10% between runs.
 
-Where a torch add's time goes: reading the six tensors takes about 1.7× SB3's whole add by
-itself: ``Tensor.numpy()`` for each array field (about 0.7 µs: torch makes a detached tensor
-and a Python wrapper for every view) and ``Tensor.item()`` plus the dtype, device and rank
-reads for each one-number field. numpy inputs need neither, which is why they run at SB3's
-speed with every check kept.
+Where a torch add's time goes: ``Tensor.numpy()`` costs about 0.8 µs per field with the array it
+makes and drops, more than SB3's whole add per two fields. rlbuf does not call it for a contiguous
+CPU tensor of the stored dtype and shape: it checks the tensor inline (type, dtype, device, shape,
+contiguity, negation bit) and copies the fields by address, five in one call of a numba kernel
+(``rlbuf/_row_copy.py``). The reward, which must be finite, is read as a number. numpy input
+takes the per-field readers.
 
 One torch thread. Run from the repository root::
 

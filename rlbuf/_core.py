@@ -6,8 +6,10 @@ TorchRL owns the storage, the writer's cursor and the sampler. rlbuf owns the fa
   written, with one numpy assignment per field (several times cheaper than a torch one),
   straight into the storage at the position after the pending rows. Each field's check is a
   reader built once per buffer: a tensor or array of the stored dtype and shape passes in a
-  few attribute reads, anything else goes through the full checked conversion; the one-row
-  add calls the readers and writes the fields with its loop over fields unrolled. TorchRL's
+  few attribute reads, anything else goes through the full checked conversion. The one-row
+  add is generated per buffer with its loop over fields unrolled; it checks tensors and
+  arrays of the stored dtype and shape inline and copies CPU tensors by address
+  (``rlbuf._row_copy``), without ``Tensor.numpy()``. TorchRL's
   bookkeeping (cursor, write count, length, sampler) is brought up to date in one step when
   anything reads the buffer. A rejected add writes nothing.
 * Bulk writes (``extend``, large adds) copy each field into the storage with one slice
@@ -27,6 +29,7 @@ import linecache
 import math
 import os
 import sys
+import textwrap
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -283,7 +286,7 @@ def check_within_storage(name: str, tensor: torch.Tensor) -> None:
         held = tensor.untyped_storage().nbytes()
     except RuntimeError:  # no storage of its own (functorch wrappers): torch's conversion judges
         return
-    last = tensor.storage_offset() + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    last = tensor.storage_offset() + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
     needed = (last + 1) * tensor.element_size()
     if needed > held:
         raise DeviceError(f"{name}: the tensor's view needs {needed} bytes of its storage, which holds {held} "
@@ -483,32 +486,74 @@ def add_one_row(ring, values, rows):
     return True
 """
 
-# A field that may be copied by address. First, before any address is taken, a value that is
-# not exactly a ``Tensor`` goes to its reader: that may run the caller's code (a subclass's
-# ``__torch_function__``), which may free or move the bytes of another field's tensor. Then,
-# with no caller's code left to run, each plain tensor is checked and its address taken:
-# ``k<i>`` keeps its storage alive, and the address is used only if the row lies inside that
-# storage (a view outlives a ``resize_`` of its storage; another thread may ``set_`` the tensor
-# between ``untyped_storage()`` and ``data_ptr()``). A negated view (``x.conj().imag`` holds the
-# bytes of -x; ``torch._neg_view`` of any dtype) is read, not copied.
-_RAW_FIRST = """\
-            if type(v{i}) is not Tensor:
-                v{i} = read{i}(v{i})"""
+# A field that may be copied by address: a plain CPU tensor of its dtype and shape, contiguous
+# and not a negated view (``x.conj().imag`` holds the bytes of -x; so does ``torch._neg_view``
+# of any dtype). ``k<i>`` keeps its storage alive, and the address is used only if the row lies
+# inside that storage: a view outlives a ``resize_`` of its storage (torch checks bounds only
+# when the view is made), and another thread may ``set_`` the tensor between
+# ``untyped_storage()`` and ``data_ptr()``. An array of the field's dtype and shape is taken
+# inline too, as its reader would (a bool array of several values goes to its reader, which
+# stores 0 or 1 whatever bytes it holds).
+_CAPTURE = """\
+try:
+    if (v{i}.dtype is dtype{i} and v{i}.is_cpu
+            and (v{i}.shape == shape{i} or v{i}.shape == single{i}){contiguous} and not v{i}.is_neg()):
+        k{i} = v{i}.untyped_storage()
+        p{i} = v{i}.data_ptr()
+        b{i} = k{i}.data_ptr()
+        if not (b{i} <= p{i} and p{i} + size{i} <= b{i} + k{i}.nbytes()):
+            p{i} = 0
+except RuntimeError:  # no strided storage (nested tensors, functorch wrappers): the reader judges
+    p{i} = 0
+if not p{i}:
+    v{i} = read{i}(v{i})"""
 _RAW_READ = """\
             p{i} = 0
             if type(v{i}) is Tensor:
-                try:
-                    if (v{i}.dtype is dtype{i} and v{i}.is_cpu
-                            and (v{i}.shape == shape{i} or v{i}.shape == single{i}){contiguous} and not v{i}.is_neg()):
-                        k{i} = v{i}.untyped_storage()
-                        p{i} = v{i}.data_ptr()
-                        b{i} = k{i}.data_ptr()
-                        if not (b{i} <= p{i} and p{i} + size{i} <= b{i} + k{i}.nbytes()):
-                            p{i} = 0
-                except RuntimeError:  # no strided storage (nested tensors, functorch wrappers): the reader judges
-                    p{i} = 0
-                if not p{i}:
+{capture}
+            else:
+{take_array}"""
+# A value other than a plain tensor, array or Python number may run the caller's code in its
+# reader (a subclass's ``__torch_function__``, an ``__array__``), which may free or move the
+# bytes of a tensor whose address was taken before: then ``late`` is set and every address is
+# taken again, with no caller's code left to run.
+_LATE = "if type(v{i}) not in plain: late = True"
+_TAKE_ARRAY = "type(v{i}) is ndarray and v{i}.dtype is np_dtype{i} and (v{i}.shape == shape{i} or v{i}.shape == single{i})"
+_TAKE_ROWS = """\
+                if not ({taken}):
+                    {late}
                     v{i} = read{i}(v{i})"""
+_TAKE_NUMBER = """\
+                if {taken}:
+                    v{i} = v{i}.item()
+                else:
+                    {late}
+                    v{i} = read{i}(v{i})"""
+_READ = """\
+                {late}
+                v{i} = read{i}(v{i})"""
+_RAW_AGAIN = """\
+                if p{i}:
+                    p{i} = 0
+{capture}"""
+
+
+# A finite number (the reward) of the field's dtype, as a tensor or an array: read inline. A value
+# that is not finite goes to the reader, which raises the error naming it; so does a tensor whose
+# value lies beyond its storage (a view of a storage resized since).
+_NUMBER_READ = """\
+            try:
+                if ((type(v{i}) is Tensor and v{i}.dtype is dtype{i} and v{i}.is_cpu
+                        and (v{i}.shape == shape{i} or v{i}.shape == single{i})
+                        and (v{i}.storage_offset() + 1) * size{i} <= v{i}.untyped_storage().nbytes()) or {taken}):
+                    n{i} = v{i}.item()
+                    v{i} = n{i} if isfinite(n{i}) else read{i}(v{i})
+                else:
+                    {late}
+                    v{i} = read{i}(v{i})
+            except RuntimeError:  # no strided storage (nested tensors, functorch wrappers): the reader judges
+                {late}
+                v{i} = read{i}(v{i})"""
 
 
 def one_row_adder(ring: RowRing) -> Callable[[RowRing, Sequence[Any], int], bool]:
@@ -536,9 +581,10 @@ def one_row_adder(ring: RowRing) -> Callable[[RowRing, Sequence[Any], int], bool
     # What never changes after construction is bound here (the targets move when memory is shared).
     namespace: dict[str, Any] = {"lock": ring.lock, "rb": ring.rb, "NotStaged": _NotStaged, "capacity": ring.capacity,
                                  "pending_limit": ring.pending_limit, "write_through": ring.write_through,
-                                 "copy_rows": copy_rows, "Tensor": torch.Tensor}
+                                 "copy_rows": copy_rows, "Tensor": torch.Tensor, "ndarray": np.ndarray,
+                                 "isfinite": math.isfinite, "plain": (torch.Tensor, float, int, bool)}
     for i, plan in enumerate(plans):
-        namespace.update({f"read{i}": field_reader(plan), f"dtype{i}": plan.spec.dtype,
+        namespace.update({f"read{i}": field_reader(plan), f"dtype{i}": plan.spec.dtype, f"np_dtype{i}": plan.np_dtype,
                           f"shape{i}": plan.row_shape,
                           f"single{i}": plan.row_shape if plan.single_shape is None else plan.single_shape,
                           f"size{i}": math.prod(plan.row_shape) * plan.np_dtype.itemsize})
@@ -546,13 +592,32 @@ def one_row_adder(ring: RowRing) -> Callable[[RowRing, Sequence[Any], int], bool
     return namespace["add_one_row"]  # type: ignore[no-any-return]
 
 
+def _capture(plan: _FieldPlan, i: int, indent: int) -> str:
+    contiguous = "" if math.prod(plan.row_shape) == 1 else f" and v{i}.is_contiguous()"
+    return textwrap.indent(_CAPTURE.format(i=i, contiguous=contiguous), " " * indent)
+
+
 def _one_row_parts(plans: Sequence[_FieldPlan], groups: Sequence[Sequence[int]], slots: int) -> dict[str, str]:
     pad = " " * 8
     raw = {i for group in groups for i in group}
-    reads = [f"{pad}    v{i} = read{i}(v{i})" if i not in raw else _RAW_FIRST.format(i=i) for i in range(len(plans))]
-    for i in sorted(raw):
-        contiguous = "" if math.prod(plans[i].row_shape) == 1 else f" and v{i}.is_contiguous()"
-        reads.append(_RAW_READ.format(i=i, contiguous=contiguous))
+    reads = ["            late = False"]
+    for i, plan in enumerate(plans):
+        late = _LATE.format(i=i)
+        if i not in raw:
+            number = plan.single_shape == () and plan.spec.finite and plan.np_dtype.kind == "f"
+            reads.append(_NUMBER_READ.format(i=i, taken=_TAKE_ARRAY.format(i=i), late=late) if number
+                         else f"{pad}    {late}\n{pad}    v{i} = read{i}(v{i})")
+            continue
+        if plan.single_shape == ():  # one scalar row goes in as a number
+            take = _TAKE_NUMBER.format(i=i, taken=_TAKE_ARRAY.format(i=i), late=late)
+        elif plan.np_dtype.kind == "b":
+            take = _READ.format(i=i, late=late)
+        else:
+            take = _TAKE_ROWS.format(i=i, taken=_TAKE_ARRAY.format(i=i), late=late)
+        reads.append(_RAW_READ.format(i=i, capture=_capture(plan, i, 16), take_array=take))
+    if raw:
+        reads.append("            if late:")
+        reads += [_RAW_AGAIN.format(i=i, capture=_capture(plans[i], i, 20)) for i in sorted(raw)]
     writes = [f"{pad}{', '.join(f'table{g}' for g in range(len(groups)))}, = ring._raw_tables"] if groups else []
     for g, group in enumerate(groups):
         addresses = ", ".join([f"p{i}" for i in group] + ["0"] * (slots - len(group)))
@@ -692,8 +757,9 @@ class RowRing:
             for s in self.input_specs
         )
         self._readers = tuple(field_reader(plan) for plan in self.plans)  # of the add of several rows
-        # ``RowRing._stage`` or its unrolled twin for one row; a function, not a bound method: see one_row_adder.
-        self._staged_add: Callable[[RowRing, Sequence[Any], int], bool] = (
+        # ``RowRing._stage`` or its unrolled twin for one row; a function, not a bound method: see
+        # one_row_adder. ``ReplayBuffer.add`` calls it directly, then ``add_unstaged`` if it declines.
+        self.staged_add: Callable[[RowRing, Sequence[Any], int], bool] = (
             one_row_adder(self) if rows_per_add == 1 and self.pending_limit else RowRing._stage)
         self.pending = 0
         self._pending_start = 0
@@ -809,14 +875,23 @@ class RowRing:
         With one row per add, the leading row dim may be omitted. Nothing is written unless
         every value passes validation.
 
-        The common add is staged: each value is checked by its field's reader (see
-        [`field_reader`][rlbuf._core.field_reader]) and written with one numpy assignment per
-        field at the position after the pending rows. It is not staged (the tensor way runs
+        The common add is staged (``staged_add``): each value is checked by its field's reader
+        (see [`field_reader`][rlbuf._core.field_reader]) and written with one numpy assignment
+        per field at the position after the pending rows; an add of one row checks CPU tensors
+        inline and copies them by address instead (see
+        [`one_row_adder`][rlbuf._core.one_row_adder]). It is not staged (the tensor way runs
         instead) for tensors off the CPU, an add larger than ``pending_limit``, or a buffer
         shared with writer processes (whose cursor moves under the shared lock only).
         """
-        if self._staged_add(self, values, rows):
-            return
+        if not self.staged_add(self, values, rows):
+            self.add_unstaged(values, rows)
+
+    def add_unstaged(self, values: Sequence[Any], rows: int) -> None:
+        """The tensor way of ``add``: each value checked as a tensor, then written with ``write_tensors``.
+
+        A caller that has just called ``staged_add(ring, values, rows)``, which returned ``False``,
+        calls this (``ReplayBuffer.add`` does, one call shorter than ``add``).
+        """
         devices = self.accepted_devices
         self.write_tensors({spec.name: checked_rows(spec, value, rows, devices)
                             for spec, value in zip(self.input_specs, values, strict=True)}, rows)

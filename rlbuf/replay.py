@@ -478,9 +478,12 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             2
         """
         if self._plain and not extras and hidden_state is None and env_mask is None and not isinstance(obs, Transition):
-            # The plain layout (decided once, in the constructor): the fields go to the ring as given.
-            self._ring.add((obs, action, reward, next_obs, terminated,
-                            self._no_truncation if truncated is None else truncated), self._num_envs)
+            # The plain layout (decided once, in the constructor): the fields go to the ring as given,
+            # to its staged add first (without RowRing.add's call: 0.3 us of a 4.5 us add).
+            ring, fields = self._ring, (obs, action, reward, next_obs, terminated,
+                                        self._no_truncation if truncated is None else truncated)
+            if not ring.staged_add(ring, fields, self._num_envs):
+                ring.add_unstaged(fields, self._num_envs)
             if self._stats is not None:
                 self._stats.update(reward, terminated, truncated)
             return

@@ -53,13 +53,13 @@ def checked_by_reference(buf: ReplayBuffer) -> ReplayBuffer:
     """``buf`` with every field checked by ``checked_value`` and written by the generic loop."""
     ring = buf._ring
     ring._readers = tuple(functools.partial(checked_value, plan) for plan in ring.plans)
-    ring._staged_add = RowRing._stage
+    ring.staged_add = RowRing._stage
     return buf
 
 
 def never_staged(buf: ReplayBuffer) -> ReplayBuffer:
     """``buf`` with every add going the tensor way (``write_tensors``)."""
-    buf._ring._staged_add = lambda ring, values, rows: False
+    buf._ring.staged_add = lambda ring, values, rows: False
     return buf
 
 
@@ -353,7 +353,7 @@ def test_a_tensor_given_new_storage_before_the_copy_is_stored_as_it_was_when_che
     """Another thread may call ``set_`` on a tensor between its check and its copy: the checked
     bytes are copied, not freed memory that new tensors may have reused."""
     buf = make(capacity=4)
-    namespace = buf._ring._staged_add.__globals__
+    namespace = buf._ring.staged_add.__globals__
     copy_rows = namespace["copy_rows"]
     obs = torch.full((1, 3), 2.0)
 
