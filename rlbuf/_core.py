@@ -497,7 +497,7 @@ def add_one_row(ring, values, rows):
 _CAPTURE = """\
 try:
     if (v{i}.dtype is dtype{i} and v{i}.is_cpu
-            and (v{i}.shape == shape{i} or v{i}.shape == single{i}){contiguous} and not v{i}.is_neg()):
+            and (v{i}.shape == shape{i} or v{i}.shape == single{i}){contiguous}{not_negated}):
         k{i} = v{i}.untyped_storage()
         p{i} = v{i}.data_ptr()
         b{i} = k{i}.data_ptr()
@@ -594,7 +594,9 @@ def one_row_adder(ring: RowRing) -> Callable[[RowRing, Sequence[Any], int], bool
 
 def _capture(plan: _FieldPlan, i: int, indent: int) -> str:
     contiguous = "" if math.prod(plan.row_shape) == 1 else f" and v{i}.is_contiguous()"
-    return textwrap.indent(_CAPTURE.format(i=i, contiguous=contiguous), " " * indent)
+    # Every dtype but bool has negated views (``torch._neg_view``); a bool's negation is itself.
+    not_negated = "" if plan.np_dtype.kind == "b" else f" and not v{i}.is_neg()"
+    return textwrap.indent(_CAPTURE.format(i=i, contiguous=contiguous, not_negated=not_negated), " " * indent)
 
 
 def _one_row_parts(plans: Sequence[_FieldPlan], groups: Sequence[Sequence[int]], slots: int) -> dict[str, str]:

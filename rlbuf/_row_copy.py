@@ -6,9 +6,10 @@ of the stored dtype and shape is a block of bytes at ``data_ptr()``; ``copy_rows
 five such blocks into their targets' rows in one call, compiled by numba (its dispatch with
 ints costs about 0.25 µs, against ctypes' ``memmove`` at 0.4 µs for each block).
 
-Who reads an address decides whether the bytes are there: see ``raw_row_reader`` in
-``rlbuf._core``, which checks the tensor's type, device, dtype, shape, contiguity and negation
-bit first, and keeps its storage alive until the copy is done.
+Who reads an address decides whether the bytes are there: see ``_CAPTURE`` in ``rlbuf._core``,
+which checks the tensor's type, device, dtype, shape, contiguity and negation bit first, keeps
+its storage alive until the copy is done, and uses the address only if the row lies inside
+that storage (taking it again after any reader that may have run the caller's code).
 """
 
 from __future__ import annotations

@@ -88,9 +88,10 @@ def _plain(**options: Any) -> Callable[[], ReplayBuffer]:
     return make
 
 
-def _step(obs: Any = None, terminated: Any = False, **extras: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _step(obs: Any = None, terminated: Any = False, reward: Any = 1.0, **extras: Any,
+          ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     obs = torch.arange(3.0) if obs is None else obs
-    return (obs, torch.zeros(2), 1.0, torch.ones(3), terminated), extras
+    return (obs, torch.zeros(2), reward, torch.ones(3), terminated), extras
 
 
 def _shrunk(base: torch.Tensor, view: Callable[[torch.Tensor], torch.Tensor], nbytes: int = 0) -> torch.Tensor:
@@ -110,6 +111,8 @@ SHRUNK = {
     "terminated-offset-freed": lambda: _step(terminated=_shrunk(torch.tensor([False, True]), lambda t: t[1:])),
     # not contiguous: the reader's Tensor.numpy() path
     "obs-strided-freed": lambda: _step(obs=_shrunk(torch.arange(12.0), lambda t: t[3:9:2])),
+    # the reward's inline Tensor.item()
+    "reward-offset-freed": lambda: _step(reward=_shrunk(torch.arange(1024.0), lambda t: t[1000:1001])),
 }
 
 
@@ -123,7 +126,7 @@ def test_a_view_beyond_its_shrunk_storage_is_refused_by_name_not_read(kind: str)
         assert result[0] != "raised", f"{way}: a raw {result[1]}: {result[2]}"
         refused, _ = result
         assert refused is not None, f"{way}: stored a row read beyond the tensor's storage"
-        assert ("obs" if kind.startswith("obs") else "terminated") in refused[1]
+        assert kind.split("-")[0] in refused[1]
 
 
 class _FreesTheObservation(torch.Tensor):
