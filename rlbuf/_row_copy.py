@@ -6,9 +6,13 @@ of the stored dtype and shape is a block of bytes at ``data_ptr()``; ``copy_rows
 five such blocks into their targets' rows in one call, compiled by numba (its dispatch with
 ints costs about 0.25 µs, against ctypes' ``memmove`` at 0.4 µs for each block).
 
-Who reads an address decides whether the bytes are there: see ``raw_row_reader`` in
-``rlbuf._core``, which checks the tensor's type, device, dtype, shape, contiguity and negation
-bit first, and keeps its storage alive until the copy is done.
+Who reads an address decides whether the bytes are there: the one-row add (``_RAW_READ`` in
+``rlbuf._core``) checks the tensor's type, device, dtype, shape, contiguity and negation bit
+first, and keeps its storage alive until the copy is done.
+
+numba is imported when the first buffer that adds one row at a time is built (about 0.15 s);
+the kernel is compiled on the first such add in a fresh install (about 1 s) and loaded from
+numba's disk cache after that (about 0.3 s, once per process), like the GAE kernels.
 """
 
 from __future__ import annotations
