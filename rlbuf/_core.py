@@ -54,7 +54,15 @@ from rlbuf.errors import (
     ShapeError,
     StoredIndexError,
 )
-from rlbuf.spec import FieldSpec, all_finite, as_array, check_finite_rows, positive_int, short_repr
+from rlbuf.spec import (
+    FieldSpec,
+    all_finite,
+    as_array,
+    check_finite_rows,
+    numpy_dtype_or_none,
+    positive_int,
+    short_repr,
+)
 from rlbuf.storage import BuiltStorage, available_ram, remove_when_collected, row_bytes
 
 _BLOCK_ROWS = 256
@@ -321,10 +329,13 @@ def checked_value(plan: _FieldPlan, value: Any) -> Any:
         if not value.is_cpu:
             raise _NotStaged
         check_within_storage(spec.name, value)
-        try:
-            array = value.numpy() if not value.requires_grad else value.detach().numpy()
-        except (TypeError, RuntimeError):  # no numpy twin (bfloat16, a negated view ...): the checked conversion decides
+        if numpy_dtype_or_none(value.dtype) is None:  # bfloat16, uint16 ...: the checked conversion decides
             array = _tensor_input(plan, value)
+        else:
+            try:
+                array = value.numpy() if not value.requires_grad else value.detach().numpy()
+            except RuntimeError:  # a negated view: the checked conversion resolves it
+                array = _tensor_input(plan, value)
     elif plan.single_shape is not None and isinstance(value, plan.scalar_types):
         spec.check_scalar(value)  # type: ignore[arg-type]
         if spec.finite and not math.isfinite(value):  # type: ignore[arg-type]
@@ -410,7 +421,7 @@ def field_reader(plan: _FieldPlan) -> Callable[[Any], Any]:
         shape = array.shape
         if array.dtype is not np_dtype or (shape != row_shape and shape != single_shape) or (
                 finite and not all_finite(array)):
-            return checked_value(plan, array)
+            return checked_value(plan, value)  # the value as given: a tensor is judged as a tensor
         return _zeros_and_ones(array) if boolean else array
     return read_array
 
@@ -748,7 +759,7 @@ class RowRing:
             self.pending_limit = self.capacity
         else:
             self.pending_limit = min(_BLOCK_ROWS, self.capacity) if rows_per_add <= _BLOCK_ROWS else 0
-        # Fields a one-row add may copy from CPU tensors by address (see raw_row_reader).
+        # Fields a one-row add may copy from CPU tensors by address (see _RAW_READ).
         self._raw_groups = raw_row_groups(self.input_specs) if rows_per_add == 1 and self.pending_limit else ()
         if not self.write_through:
             self._set_targets({s.name: np.empty((self.pending_limit, *s.shape), s.np_dtype) for s in self.input_specs})

@@ -92,6 +92,8 @@ def _array_value(kind: str, values: list[float], shape: tuple[int, ...], batched
         return np.zeros(full, np.int64)
     if kind == "bool-tensor":
         return torch.zeros(full, dtype=torch.bool)
+    if kind == "uint16-tensor":  # an int dtype numpy has and rlbuf does not take
+        return torch.zeros(full, dtype=torch.uint16)
     if kind == "wrong-shape":
         return torch.zeros((2, *shape))
     if kind == "list":
@@ -117,7 +119,7 @@ def _tensor_view(kind: str, array: np.ndarray, full: tuple[int, ...]) -> Any:
 
 
 ARRAY_KINDS = ["torch32", "torch64", "torch-grad", "bfloat16", "numpy32", "numpy64", "strided", "big-endian", "int",
-               "bool-tensor", "wrong-shape", "list", "meta", "offset", "expanded", "transposed", "negated", "none"]
+               "bool-tensor", "uint16-tensor", "wrong-shape", "list", "meta", "offset", "expanded", "transposed", "negated", "none"]
 
 
 @st.composite
@@ -141,6 +143,7 @@ def _reward_value(kind: str, value: float) -> Any:
         "torch-int": lambda: torch.tensor([3]), "torch-bool": lambda: torch.tensor([True]),
         "torch11": lambda: torch.tensor([[value]]), "torch-empty": lambda: torch.zeros(0),
         "torch-grad": lambda: torch.tensor([value], requires_grad=True), "meta": lambda: torch.zeros(1, device="meta"),
+        "torch-uint16": lambda: torch.tensor([3], dtype=torch.uint16),
         "str": lambda: "1.0", "none": lambda: None,
     }
     return makers[kind]()
@@ -148,7 +151,7 @@ def _reward_value(kind: str, value: float) -> Any:
 
 REWARD_KINDS = ["float", "int", "bool", "np.float32", "np.float64", "numpy32", "numpy64-0d", "numpy-int", "numpy2",
                 "torch32", "torch64-0d", "torch-int", "torch-bool", "torch11", "torch-empty", "torch-grad", "meta",
-                "str", "none"]
+                "torch-uint16", "str", "none"]
 
 
 def _flag_value(kind: str, flag: bool) -> Any:
@@ -248,6 +251,9 @@ GOOD: tuple[Any, ...] = (torch.zeros(1, 3), torch.zeros(1, 2), torch.ones(1), to
     (2, torch.tensor([math.nan]), NonFiniteError, "reward: expected finite values, got nan"),
     (2, np.array([-math.inf], np.float32), NonFiniteError, "reward: expected finite values, got -inf"),
     (2, torch.tensor([True]), DtypeError, "reward: expected dtype torch.float32"),
+    (2, torch.tensor([3], dtype=torch.uint16), DtypeError, "reward: expected dtype torch.float32 (or one that converts"
+                                                           " to it without changing kind), got torch.uint16"),
+    (0, torch.zeros(1, 3, dtype=torch.uint32), DtypeError, "got torch.uint32"),
     (3, torch.zeros(1, 3, device="meta"), DeviceError, "next_obs: expected a tensor on cpu, got one on meta"),
     (4, torch.tensor([[False]]), ShapeError, "terminated: expected shape (1,) or (), got (1, 1)"),
     (5, np.array([0.0]), DtypeError, "truncated: expected dtype torch.bool"),
