@@ -47,7 +47,6 @@ from torchrl.data.replay_buffers.samplers import Sampler
 from rlbuf import _torchrl
 from rlbuf.errors import (
     BatchSizeError,
-    DeviceError,
     DtypeError,
     EmptyBufferError,
     MissingFieldError,
@@ -265,40 +264,21 @@ def _scalar_types(spec: FieldSpec) -> tuple[type, ...]:
     return (bool, int, float, np.bool_, np.integer, np.floating)
 
 
-def check_within_storage(name: str, tensor: torch.Tensor) -> None:
-    """Refuse a tensor whose values are not a strided view inside its storage's bytes.
-
-    Sparse, mkldnn and nested tensors have no such view; a strided view outlives a resize of
-    its storage (``untyped_storage().resize_()``), and torch checks its bounds only when the
-    view is made: reading it then reads freed memory.
+def check_strided(name: str, tensor: torch.Tensor) -> None:
+    """Refuse a tensor without strided memory (sparse, mkldnn, nested): it holds no rows to copy.
 
     Raises:
         DtypeError: a layout other than strided, or a nested tensor.
-        DeviceError: the view's last value lies beyond the storage's bytes.
 
     Example:
-        >>> base = torch.arange(6.0)
-        >>> view = base[3:]
-        >>> _ = base.untyped_storage().resize_(0)
-        >>> check_within_storage("obs", view)
+        >>> check_strided("obs", torch.zeros(3).to_sparse())
         Traceback (most recent call last):
         ...
-        rlbuf.errors.DeviceError: obs: the tensor's view needs 24 bytes of its storage, which holds 0 (resized after the view was made)
+        rlbuf.errors.DtypeError: obs: expected a dense (strided) tensor, got a sparse_coo one
     """
     if tensor.layout is not torch.strided or tensor.is_nested:
         layout = "nested" if tensor.is_nested else str(tensor.layout).removeprefix("torch.")
         raise DtypeError(f"{name}: expected a dense (strided) tensor, got a {layout} one")
-    if tensor.device.type == "meta" or tensor.numel() == 0:
-        return
-    try:
-        held = tensor.untyped_storage().nbytes()
-    except RuntimeError:  # no storage of its own (functorch wrappers): torch's conversion judges
-        return
-    last = tensor.storage_offset() + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
-    needed = (last + 1) * tensor.element_size()
-    if needed > held:
-        raise DeviceError(f"{name}: the tensor's view needs {needed} bytes of its storage, which holds {held} "
-                          f"(resized after the view was made)")
 
 
 class _NotStaged(Exception):
@@ -328,7 +308,7 @@ def checked_value(plan: _FieldPlan, value: Any) -> Any:
     elif isinstance(value, torch.Tensor):
         if not value.is_cpu:
             raise _NotStaged
-        check_within_storage(spec.name, value)
+        check_strided(spec.name, value)
         if numpy_dtype_or_none(value.dtype) is None:  # bfloat16, uint16 ...: the checked conversion decides
             array = _tensor_input(plan, value)
         else:
@@ -392,7 +372,7 @@ def field_reader(plan: _FieldPlan) -> Callable[[Any], Any]:
             if kind is tensor:
                 if not value.is_cpu or value.dtype is not dtype or value.dim() > 1:
                     return checked_value(plan, value)
-                check_within_storage(spec.name, value)
+                check_strided(spec.name, value)
                 try:
                     number = value.item()
                 except RuntimeError:  # not exactly one value
@@ -409,10 +389,9 @@ def field_reader(plan: _FieldPlan) -> Callable[[Any], Any]:
     def read_array(value: Any) -> Any:
         kind = type(value)
         if kind is tensor:
-            check_within_storage(spec.name, value)
             try:
-                array = value.numpy()  # refuses (and the checked path then judges) GPU, grad and bfloat16 tensors
-            except (TypeError, RuntimeError):
+                array = value.numpy()  # refuses (and the checked path then judges) GPU, grad, bfloat16, sparse ...
+            except (TypeError, RuntimeError, NotImplementedError):
                 return checked_value(plan, value)
         elif kind is ndarray:
             array = value
@@ -499,10 +478,8 @@ def add_one_row(ring, values, rows):
 
 # A field that may be copied by address: a plain CPU tensor of its dtype and shape, contiguous
 # and not a negated view (``x.conj().imag`` holds the bytes of -x; so does ``torch._neg_view``
-# of any dtype). ``k<i>`` keeps its storage alive, and the address is used only if the row lies
-# inside that storage: a view outlives a ``resize_`` of its storage (torch checks bounds only
-# when the view is made), and another thread may ``set_`` the tensor between
-# ``untyped_storage()`` and ``data_ptr()``. An array of the field's dtype and shape is taken
+# of any dtype). ``k<i>`` keeps its storage alive until the copy, even if another thread gives
+# the tensor new storage (``set_``) meanwhile. An array of the field's dtype and shape is taken
 # inline too, as its reader would (a bool array of several values goes to its reader, which
 # stores 0 or 1 whatever bytes it holds).
 _CAPTURE = """\
@@ -511,9 +488,6 @@ try:
             and (v{i}.shape == shape{i} or v{i}.shape == single{i}){contiguous}{not_negated}):
         k{i} = v{i}.untyped_storage()
         p{i} = v{i}.data_ptr()
-        b{i} = k{i}.data_ptr()
-        if not (b{i} <= p{i} and p{i} + size{i} <= b{i} + k{i}.nbytes()):
-            p{i} = 0
 except RuntimeError:  # no strided storage (nested tensors, functorch wrappers): the reader judges
     p{i} = 0
 if not p{i}:
@@ -550,13 +524,12 @@ _RAW_AGAIN = """\
 
 
 # A finite number (the reward) of the field's dtype, as a tensor or an array: read inline. A value
-# that is not finite goes to the reader, which raises the error naming it; so does a tensor whose
-# value lies beyond its storage (a view of a storage resized since).
+# that is not finite goes to the reader, which raises the error naming it; so does a sparse or
+# mkldnn tensor (``.item()`` would read it).
 _NUMBER_READ = """\
             try:
                 if ((type(v{i}) is Tensor and v{i}.dtype is dtype{i} and v{i}.is_cpu
-                        and (v{i}.shape == shape{i} or v{i}.shape == single{i})
-                        and (v{i}.storage_offset() + 1) * size{i} <= v{i}.untyped_storage().nbytes()) or {taken}):
+                        and (v{i}.shape == shape{i} or v{i}.shape == single{i}) and v{i}.layout is strided) or {taken}):
                     n{i} = v{i}.item()
                     v{i} = n{i} if isfinite(n{i}) else read{i}(v{i})
                 else:
@@ -593,12 +566,12 @@ def one_row_adder(ring: RowRing) -> Callable[[RowRing, Sequence[Any], int], bool
     namespace: dict[str, Any] = {"lock": ring.lock, "rb": ring.rb, "NotStaged": _NotStaged, "capacity": ring.capacity,
                                  "pending_limit": ring.pending_limit, "write_through": ring.write_through,
                                  "copy_rows": copy_rows, "Tensor": torch.Tensor, "ndarray": np.ndarray,
-                                 "isfinite": math.isfinite, "plain": (torch.Tensor, float, int, bool)}
+                                 "isfinite": math.isfinite, "plain": (torch.Tensor, float, int, bool),
+                                 "strided": torch.strided}
     for i, plan in enumerate(plans):
         namespace.update({f"read{i}": field_reader(plan), f"dtype{i}": plan.spec.dtype, f"np_dtype{i}": plan.np_dtype,
                           f"shape{i}": plan.row_shape,
-                          f"single{i}": plan.row_shape if plan.single_shape is None else plan.single_shape,
-                          f"size{i}": math.prod(plan.row_shape) * plan.np_dtype.itemsize})
+                          f"single{i}": plan.row_shape if plan.single_shape is None else plan.single_shape})
     exec(compile(source, filename, "exec"), namespace)  # our own template, no user text
     return namespace["add_one_row"]  # type: ignore[no-any-return]
 
@@ -1184,7 +1157,7 @@ def checked_rows(spec: FieldSpec, value: Any, rows: int, devices: tuple[torch.de
     if value is None:
         raise MissingFieldError(f"{spec.name}: a value is required")
     if isinstance(value, torch.Tensor):
-        check_within_storage(spec.name, value)
+        check_strided(spec.name, value)
     tensor = as_rows(value if isinstance(value, torch.Tensor) else torch.from_numpy(
         np.ascontiguousarray(as_array(spec.name, value))), spec.shape, rows)
     spec.check_tensor(tensor, (rows,), devices)

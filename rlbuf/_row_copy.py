@@ -8,8 +8,8 @@ ints costs about 0.25 µs, against ctypes' ``memmove`` at 0.4 µs for each block
 
 Who reads an address decides whether the bytes are there: see ``_CAPTURE`` in ``rlbuf._core``,
 which checks the tensor's type, device, dtype, shape, contiguity and negation bit first, keeps
-its storage alive until the copy is done, and uses the address only if the row lies inside
-that storage (taking it again after any reader that may have run the caller's code).
+its storage alive until the copy is done, and takes the address again after any reader that
+may have run the caller's code.
 
 numba is imported when the first buffer that adds one row at a time is built (about 0.15 s);
 the kernel is compiled on the first such add in a fresh install (about 1 s) and loaded from
