@@ -20,8 +20,8 @@ Where a torch add's time goes: ``Tensor.numpy()`` costs about 0.8 µs per field 
 makes and drops, more than SB3's whole add per two fields. rlbuf does not call it for a contiguous
 CPU tensor of the stored dtype and shape: it checks the tensor inline (type, dtype, device, shape,
 contiguity, negation bit) and copies the fields by address, five in one call of a numba kernel
-(``rlbuf/_row_copy.py``). The reward, which must be finite, is read as a number. numpy input
-takes the per-field readers.
+(``rlbuf/_row_copy.py``). The reward, which must be finite, is read as a number. A numpy array
+of the stored dtype and shape is taken as it is, also inline.
 
 One torch thread. Run from the repository root::
 
