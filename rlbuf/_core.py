@@ -503,6 +503,10 @@ _RAW_READ = """\
 # bytes of a tensor whose address was taken before: then ``late`` is set and every address is
 # taken again, with no caller's code left to run.
 _LATE = "if type(v{i}) not in plain: late = True"
+# Exact types whose check runs no code of the caller's (the common numpy scalars included: a
+# gymnasium env's reward is often an ``np.float64``).
+_RUNS_NO_CALLER_CODE = frozenset({torch.Tensor, float, int, bool, np.ndarray, np.bool_, np.float16, np.float32,
+                                  np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8})
 _TAKE_ARRAY = "type(v{i}) is ndarray and v{i}.dtype is np_dtype{i} and (v{i}.shape == shape{i} or v{i}.shape == single{i})"
 _TAKE_ROWS = """\
                 if not ({taken}):
@@ -566,7 +570,7 @@ def one_row_adder(ring: RowRing) -> Callable[[RowRing, Sequence[Any], int], bool
     namespace: dict[str, Any] = {"lock": ring.lock, "rb": ring.rb, "NotStaged": _NotStaged, "capacity": ring.capacity,
                                  "pending_limit": ring.pending_limit, "write_through": ring.write_through,
                                  "copy_rows": copy_rows, "Tensor": torch.Tensor, "ndarray": np.ndarray,
-                                 "isfinite": math.isfinite, "plain": (torch.Tensor, float, int, bool),
+                                 "isfinite": math.isfinite, "plain": _RUNS_NO_CALLER_CODE,
                                  "strided": torch.strided}
     for i, plan in enumerate(plans):
         namespace.update({f"read{i}": field_reader(plan), f"dtype{i}": plan.spec.dtype, f"np_dtype{i}": plan.np_dtype,
