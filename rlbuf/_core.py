@@ -338,9 +338,9 @@ def checked_value(plan: _FieldPlan, value: Any) -> Any:
 
 
 def _zeros_and_ones(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """A bool array whose bytes are 0 or 1: a numpy copy keeps any other byte a bool may hold
+    """``array`` (bool) with bytes 0 or 1: a numpy copy keeps any other byte a bool may hold
     (a uint8 array viewed as bool), as the copy by address and torch's copy do not."""
-    return array.view(np.uint8).astype(np.bool_) if array.dtype.kind == "b" else array
+    return array.view(np.uint8).astype(np.bool_)
 
 
 def field_reader(plan: _FieldPlan) -> Callable[[Any], Any]:
@@ -500,27 +500,24 @@ _RAW_READ = """\
 {take_array}"""
 # A value other than a plain tensor, array or Python number may run the caller's code in its
 # reader (a subclass's ``__torch_function__``, an ``__array__``), which may free or move the
-# bytes of a tensor whose address was taken before: then ``late`` is set and every address is
-# taken again, with no caller's code left to run.
-_LATE = "if type(v{i}) not in plain: late = True"
+# bytes of a tensor whose address was taken before: then ``late`` is set (``_READ``) and every
+# address is taken again, with no caller's code left to run.
 # Exact types whose check runs no code of the caller's (the common numpy scalars included: a
 # gymnasium env's reward is often an ``np.float64``).
 _RUNS_NO_CALLER_CODE = frozenset({torch.Tensor, float, int, bool, np.ndarray, np.bool_, np.float16, np.float32,
                                   np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8})
 _TAKE_ARRAY = "type(v{i}) is ndarray and v{i}.dtype is np_dtype{i} and (v{i}.shape == shape{i} or v{i}.shape == single{i})"
-_TAKE_ROWS = """\
-                if not ({taken}):
-                    {late}
-                    v{i} = read{i}(v{i})"""
-_TAKE_NUMBER = """\
-                if {taken}:
-                    v{i} = v{i}.item()
-                else:
-                    {late}
-                    v{i} = read{i}(v{i})"""
 _READ = """\
-                {late}
-                v{i} = read{i}(v{i})"""
+if type(v{i}) not in plain: late = True
+v{i} = read{i}(v{i})"""
+_TAKE_ROWS = """\
+if not ({taken}):
+{read}"""
+_TAKE_NUMBER = """\
+if {taken}:
+    v{i} = v{i}.item()
+else:
+{read}"""
 _RAW_AGAIN = """\
                 if p{i}:
                     p{i} = 0
@@ -532,16 +529,16 @@ _RAW_AGAIN = """\
 # mkldnn tensor (``.item()`` would read it).
 _NUMBER_READ = """\
             try:
-                if ((type(v{i}) is Tensor and v{i}.dtype is dtype{i} and v{i}.is_cpu
-                        and (v{i}.shape == shape{i} or v{i}.shape == single{i}) and v{i}.layout is strided) or {taken}):
-                    n{i} = v{i}.item()
-                    v{i} = n{i} if isfinite(n{i}) else read{i}(v{i})
-                else:
-                    {late}
-                    v{i} = read{i}(v{i})
+                inline = ((type(v{i}) is Tensor and v{i}.dtype is dtype{i} and v{i}.is_cpu
+                           and (v{i}.shape == shape{i} or v{i}.shape == single{i}) and v{i}.layout is strided)
+                          or {taken})
             except RuntimeError:  # no strided storage (nested tensors, functorch wrappers): the reader judges
-                {late}
-                v{i} = read{i}(v{i})"""
+                inline = False
+            if inline:
+                n{i} = v{i}.item()
+                v{i} = n{i} if isfinite(n{i}) else read{i}(v{i})
+            else:
+{read}"""
 
 
 def one_row_adder(ring: RowRing) -> Callable[[RowRing, Sequence[Any], int], bool]:
@@ -572,10 +569,9 @@ def one_row_adder(ring: RowRing) -> Callable[[RowRing, Sequence[Any], int], bool
                                  "copy_rows": copy_rows, "Tensor": torch.Tensor, "ndarray": np.ndarray,
                                  "isfinite": math.isfinite, "plain": _RUNS_NO_CALLER_CODE,
                                  "strided": torch.strided}
-    for i, plan in enumerate(plans):
-        namespace.update({f"read{i}": field_reader(plan), f"dtype{i}": plan.spec.dtype, f"np_dtype{i}": plan.np_dtype,
-                          f"shape{i}": plan.row_shape,
-                          f"single{i}": plan.row_shape if plan.single_shape is None else plan.single_shape})
+    for i, (plan, read) in enumerate(zip(plans, ring._readers, strict=True)):
+        namespace.update({f"read{i}": read, f"dtype{i}": plan.spec.dtype, f"np_dtype{i}": plan.np_dtype,
+                          f"shape{i}": plan.row_shape, f"single{i}": plan.single_shape})
     exec(compile(source, filename, "exec"), namespace)  # our own template, no user text
     return namespace["add_one_row"]  # type: ignore[no-any-return]
 
@@ -592,19 +588,19 @@ def _one_row_parts(plans: Sequence[_FieldPlan], groups: Sequence[Sequence[int]],
     raw = {i for group in groups for i in group}
     reads = ["            late = False"]
     for i, plan in enumerate(plans):
-        late = _LATE.format(i=i)
+        read, taken = _READ.format(i=i), _TAKE_ARRAY.format(i=i)
         if i not in raw:
             number = plan.single_shape == () and plan.spec.finite and plan.np_dtype.kind == "f"
-            reads.append(_NUMBER_READ.format(i=i, taken=_TAKE_ARRAY.format(i=i), late=late) if number
-                         else f"{pad}    {late}\n{pad}    v{i} = read{i}(v{i})")
+            reads.append(_NUMBER_READ.format(i=i, taken=taken, read=textwrap.indent(read, " " * 16)) if number
+                         else textwrap.indent(read, " " * 12))
             continue
         if plan.single_shape == ():  # one scalar row goes in as a number
-            take = _TAKE_NUMBER.format(i=i, taken=_TAKE_ARRAY.format(i=i), late=late)
-        elif plan.np_dtype.kind == "b":
-            take = _READ.format(i=i, late=late)
+            take = _TAKE_NUMBER.format(i=i, taken=taken, read=textwrap.indent(read, " " * 4))
+        elif plan.np_dtype.kind == "b":  # several bools: the reader stores 0 or 1 whatever the bytes
+            take = read
         else:
-            take = _TAKE_ROWS.format(i=i, taken=_TAKE_ARRAY.format(i=i), late=late)
-        reads.append(_RAW_READ.format(i=i, capture=_capture(plan, i, 16), take_array=take))
+            take = _TAKE_ROWS.format(taken=taken, read=textwrap.indent(read, " " * 4))
+        reads.append(_RAW_READ.format(i=i, capture=_capture(plan, i, 16), take_array=textwrap.indent(take, " " * 16)))
     if raw:
         reads.append("            if late:")
         reads += [_RAW_AGAIN.format(i=i, capture=_capture(plans[i], i, 20)) for i in sorted(raw)]

@@ -120,8 +120,8 @@ class _FreesTheObservation(torch.Tensor):
 def test_an_observation_freed_by_a_later_fields_check_is_never_read_from_freed_memory(how: str) -> None:
     """The observation is taken by address first; the action (a tensor subclass) is read next
     and frees those bytes. The reference's ``Tensor.numpy()`` makes the storage unresizable,
-    so there the subclass's own ``resize_`` fails; the copy by address reads the freed bytes
-    (today: NaN, zeros or heap words stored as the observation)."""
+    so there the subclass's own ``resize_`` fails; the copy by address must take the address
+    again after the action's check (without that: NaN, zeros or heap words were stored)."""
     width = 1 << 16  # an allocation the allocator gives back to the system when freed
 
     def run() -> Any:
@@ -180,9 +180,9 @@ def test_adds_racing_set_on_the_same_tensor_store_only_rows_some_tensor_held() -
 
 # -- findings: values the copy by address takes as bytes -------------------------------------
 def test_an_int_tensor_with_the_negation_bit_is_stored_by_value() -> None:
-    """``torch._neg_view`` of an int tensor holds the bytes of ``x`` and the value ``-x``; the
-    inline check asks ``is_neg()`` of float dtypes only (today: ``[1, 2]`` stored, the reference
-    and the tensor way store ``[-1, -2]``)."""
+    """``torch._neg_view`` of an int tensor holds the bytes of ``x`` and the value ``-x``: the
+    inline check asks ``is_neg()`` of every dtype but bool (asked of floats only, ``[1, 2]``
+    was stored where the reference and the tensor way store ``[-1, -2]``)."""
     make = _plain(extra_fields={"x": ((2,), torch.int64)})
     results = {way: _twin(way, make()) for way in WAYS}
     for buf in results.values():
@@ -193,9 +193,9 @@ def test_an_int_tensor_with_the_negation_bit_is_stored_by_value() -> None:
 
 @pytest.mark.parametrize("form", ["contiguous", "strided", "numpy"])
 def test_a_bool_field_stores_zeros_and_ones_whatever_bytes_and_layout_it_is_given(form: str) -> None:
-    """A uint8 buffer viewed as bool: the copy by address and the tensor way store 0/1, the
-    numpy path (a strided tensor, a numpy array, and the reference for every form) stores the
-    raw bytes 7 and 255, so the same values are stored differently by layout."""
+    """A uint8 buffer viewed as bool: every way stores 0/1 (the numpy path, a strided tensor or
+    a numpy array, used to store the raw bytes 7 and 255, so the same values were stored
+    differently by layout)."""
     raw = np.array([0, 7, 255], np.uint8)
     mask = {"contiguous": lambda: torch.from_numpy(raw.copy()).view(torch.bool),
             "strided": lambda: torch.from_numpy(np.repeat(raw, 2)).view(torch.bool)[::2],
@@ -220,8 +220,9 @@ LAYOUTS = {
 @pytest.mark.parametrize("kind", list(LAYOUTS))
 def test_a_tensor_without_strided_cpu_memory_is_refused_by_name_the_same_way_everywhere(kind: str) -> None:
     """Not a copy-by-address hazard (``untyped_storage()`` raises for these, so the readers
-    judge) but the readers let torch's own TypeError/RuntimeError out, and the ways disagree:
-    a sparse flag is taken by ``.item()`` on the fast way and refused raw by the reference."""
+    judge), but the readers used to let torch's own TypeError/RuntimeError out, and the ways
+    disagreed: a sparse flag was taken by ``.item()`` on the fast way and refused raw by the
+    reference."""
     results = every_way(_plain(), LAYOUTS[kind])
     for way, result in results.items():
         assert result[0] not in ("signal", "raised"), f"{way}: {result}"
