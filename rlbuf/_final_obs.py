@@ -18,7 +18,7 @@ Example:
     >>> with_final_obs(layout, np.zeros((2, 2), np.uint8), np.array([False, True]), final, 2)
     Traceback (most recent call last):
     ...
-    rlbuf.errors.DtypeError: info["final_obs"][1]: expected dtype torch.uint8 (or one that converts to it without changing kind), got float64; env 1's final observation is stored as its next_obs: give it as the envs give observations, one row of (2,) uint8 (nothing is broadcast or converted)
+    rlbuf.errors.DtypeError: info["final_obs"][1]: expected dtype torch.uint8 (or one that converts to it without changing kind), got float64; env 1's final observation is its next_obs (stored, or passed to bootstrap): give it as the envs give observations, one row of (2,) uint8 (nothing is broadcast or converted)
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ Row = np.ndarray[Any, Any] | torch.Tensor
 """One checked row of one leaf: a numpy array or a tensor, exactly ``spec.shape``."""
 
 
-def with_final_obs(layout: Layout, next_obs: Any, ended: np.ndarray[Any, Any], final: Any, num_envs: int) -> Any:
+def with_final_obs(layout: Layout, next_obs: Any, ended: np.ndarray[Any, Any], final: Any, num_envs: int, *,
+                   source: str = 'info["final_obs"]') -> Any:
     """``next_obs`` with each ended env's row replaced by its checked final observation.
 
     Args:
@@ -46,6 +47,7 @@ def with_final_obs(layout: Layout, next_obs: Any, ended: np.ndarray[Any, Any], f
         ended: ``[num_envs]`` bools: the envs whose episode ended at this step.
         final: ``info["final_obs"]``: one entry per env, read where ``ended``.
         num_envs: the envs' count.
+        source: where ``final`` came from, as messages name it.
 
     Returns:
         A new ``next_obs`` (``next_obs`` itself is not modified): a tensor, an array, or for a
@@ -57,16 +59,44 @@ def with_final_obs(layout: Layout, next_obs: Any, ended: np.ndarray[Any, Any], f
             (and the key), what was expected and what was received; or a ``final`` that does
             not hold one entry per env.
     """
-    entries = _entries(final, num_envs)
-    rows = {env: _checked_row(layout, entries[env], env) for env in np.flatnonzero(ended).tolist()}
+    entries = _entries(final, num_envs, source)
+    rows = {env: _checked_row(layout, entries[env], env, source) for env in np.flatnonzero(ended).tolist()}
     specs = layout.specs("next_obs", "observation")
     containers = layout.split("next_obs", next_obs)
     replaced = [_replace(spec, container, {env: row[k] for env, row in rows.items()}, num_envs)
                 for k, (spec, container) in enumerate(zip(specs, containers, strict=True))]
+    return _tree(layout, replaced) if layout.structured else replaced[0]
+
+
+def rows_of(layout: Layout, next_obs: Any, num_envs: int) -> list[Any]:
+    """Each env's row of ``next_obs`` (``[num_envs, ...]``; a dict observation as a dict per env).
+
+    Where an env's episode ends in ``next_obs`` itself (``DISABLED`` envs), these rows are its
+    final observations, checked by ``with_final_obs`` like those of ``info["final_obs"]``.
+
+    Raises:
+        ShapeError, DtypeError, MissingFieldError: ``next_obs`` is not ``[num_envs, ...]`` of the
+            layout's keys, naming the key.
+
+    Example:
+        >>> from rlbuf._obs import Layout
+        >>> rows_of(Layout.parse({"a": (1,)}), {"a": np.array([[1.0], [2.0]])}, 2)
+        [{'a': array([1.])}, {'a': array([2.])}]
+    """
+    specs = layout.specs("next_obs", "observation")
+    leaves = []
+    for spec, container in zip(specs, layout.split("next_obs", next_obs), strict=True):
+        value = container.detach() if isinstance(container, torch.Tensor) else as_array(spec.name, container)
+        leaves.append(_with_env_dim(spec, value, tuple(value.shape), num_envs))
     if not layout.structured:
-        return replaced[0]
+        return [leaves[0][env] for env in range(num_envs)]
+    return [_tree(layout, [leaf[env] for leaf in leaves]) for env in range(num_envs)]
+
+
+def _tree(layout: Layout, values: list[Any]) -> dict[str, Any]:
+    """The layout's leaf values as a nested dict."""
     out: dict[str, Any] = {}
-    for leaf, value in zip(layout.leaves, replaced, strict=True):
+    for leaf, value in zip(layout.leaves, values, strict=True):
         node = out
         for key in leaf.path[:-1]:
             node = node.setdefault(key, {})
@@ -74,7 +104,7 @@ def with_final_obs(layout: Layout, next_obs: Any, ended: np.ndarray[Any, Any], f
     return out
 
 
-def _entries(final: Any, num_envs: int) -> Any:
+def _entries(final: Any, num_envs: int, source: str) -> Any:
     """``final`` itself, once it is known to hold one entry per env."""
     if isinstance(final, torch.Tensor | np.ndarray):
         count = final.shape[0] if final.ndim else None
@@ -85,17 +115,18 @@ def _entries(final: Any, num_envs: int) -> Any:
     if count != num_envs:
         got = (f"shape {tuple(final.shape)}" if isinstance(final, torch.Tensor | np.ndarray)
                else f"{count} entries" if count is not None else f"{type(final).__name__} {short_repr(final)}")
-        raise ShapeError(f'info["final_obs"]: expected one entry per env ({num_envs}: an object array, a list, or a '
+        raise ShapeError(f"{source}: expected one entry per env ({num_envs}: an object array, a list, or a "
                          f"[num_envs, ...] tensor), got {got}; pass the info dict of this envs.step as it came")
     return final
 
 
-def _checked_row(layout: Layout, value: Any, env: int) -> list[Row]:
+def _checked_row(layout: Layout, value: Any, env: int, source: str) -> list[Row]:
     """The leaves of env ``env``'s final observation, each checked against its field."""
-    name = f'info["final_obs"][{env}]'
+    name = f"{source}[{env}]"
     expected = ", ".join(f"{leaf_name('', leaf.path) or 'one row of'} {leaf.shape} "
                          f"{str(leaf.dtype).removeprefix('torch.')}" for leaf in layout.leaves)
-    fix = (f"env {env}'s final observation is stored as its next_obs: give it as the envs give observations, "
+    fix = (f"env {env}'s final observation is its next_obs (stored, or passed to bootstrap): give it as the envs "
+           f"give observations, "
            f"{expected} (nothing is broadcast or converted)")
     try:
         values = layout.split(name, value)

@@ -45,8 +45,10 @@ from typing import Any
 import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
+from tensordict import is_tensor_collection
 
-from rlbuf._final_obs import with_final_obs
+from rlbuf._final_obs import rows_of, with_final_obs
+from rlbuf._obs import MAX_DEPTH
 from rlbuf.distill import DistillationBuffer
 from rlbuf.errors import ConfigError, DtypeError, MissingFieldError, ShapeError
 from rlbuf.replay import ReplayBuffer
@@ -163,10 +165,19 @@ class Recorder:
                 (RolloutBuffer), ``expert_action`` (DistillationBuffer; ``action`` when
                 absent), extras.
 
+        Every final observation is checked as a direct ``add`` checks a row (exact shape, dtype
+        kind, range, a dict observation key by key) before anything is written or ``bootstrap``
+        reads it; a refused call leaves the buffer, its statistics and the Recorder as they were.
+
         Raises:
             MissingFieldError: an env ended under ``SAME_STEP`` and ``info`` has no final
                 observation for it, or a RolloutBuffer env was truncated without ``bootstrap``.
-            ShapeError: flags that are not ``[num_envs]``.
+            ShapeError, DtypeError, DeviceError: a final observation (``info["final_obs"][env]``,
+                or ``next_obs[env]`` for a RolloutBuffer's ``DISABLED`` envs) that the buffer's
+                fields refuse, naming the env, what was expected and what was received; an
+                ``info`` that is not a dict; flags that are not ``[num_envs]`` bools.
+            ConfigError: ``info`` carries final observations although the envs are not ``SAME_STEP``
+                ones (their ``next_obs`` would hold reset observations).
             RlbufError: whatever the buffer's ``add`` refuses (nothing is stored then).
 
         Example:
@@ -231,9 +242,19 @@ class Recorder:
         return info
 
     def _final_observations(self, next_obs: Any, ended: np.ndarray[Any, Any], info: Mapping[str, Any] | None) -> Any:
-        """``next_obs`` with each ended env's row replaced by its checked final observation (SAME_STEP)."""
-        if self.autoreset_mode is not AutoresetMode.SAME_STEP or not ended.any():
+        """``next_obs`` with each ended env's row replaced by its checked final observation (SAME_STEP).
+
+        Elsewhere ``next_obs`` holds the final observations itself: a ``ReplayBuffer``'s ``add``
+        checks it, and for a ``RolloutBuffer`` (which stores no ``next_obs``) the ended envs'
+        rows are checked here before ``bootstrap`` reads them.
+        """
+        if not ended.any():
             return next_obs
+        if self.autoreset_mode is not AutoresetMode.SAME_STEP:
+            if not isinstance(self.buffer, RolloutBuffer):
+                return next_obs
+            own = rows_of(self.buffer._obs, next_obs, self.num_envs)
+            return with_final_obs(self.buffer._obs, next_obs, ended, own, self.num_envs, source="next_obs")
         final = None if info is None else info.get("final_obs")
         if info is None or final is None:
             env = int(np.flatnonzero(ended)[0])
@@ -398,15 +419,18 @@ def _flags(name: str, value: Any, n: int | None) -> np.ndarray[Any, Any]:
     return array
 
 
-def _rows(value: Any, keep: np.ndarray[Any, Any], name: str) -> Any:
+def _rows(value: Any, keep: np.ndarray[Any, Any], name: str, depth: int = 0) -> Any:
     """The rows of ``value`` where ``keep`` is True, in ``value``'s own type (a dict key by key)."""
     if isinstance(value, Mapping):
-        return {key: _rows(part, keep, f"{name}[{key!r}]") for key, part in value.items()}
-    if isinstance(value, torch.Tensor):
-        if value.shape[:1] != keep.shape:
+        if depth >= MAX_DEPTH:
+            raise ShapeError(f"{name}: nested more than {MAX_DEPTH} levels deep")
+        return {key: _rows(part, keep, f"{name}[{key!r}]", depth + 1) for key, part in value.items()}
+    if isinstance(value, torch.Tensor) or is_tensor_collection(value):
+        lead = tuple(value.shape[:1] if isinstance(value, torch.Tensor) else value.batch_size[:1])
+        if lead != keep.shape:
             raise ShapeError(f"{name}: expected {keep.size} rows (one per env), got shape {tuple(value.shape)}")
         return value[torch.as_tensor(keep, device=value.device)]
-    array = np.asarray(value)
+    array = as_array(name, value)
     if array.shape[:1] != keep.shape:
         raise ShapeError(f"{name}: expected {keep.size} rows (one per env), got shape {array.shape}")
     return array[keep]

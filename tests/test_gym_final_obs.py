@@ -254,8 +254,8 @@ def test_the_exact_message_of_a_uint8_final_observation_out_of_range() -> None:
         step(recorder, "uint8", ended=True, final=np.array([3.7, 300, -1]))
     assert str(caught.value) == (
         'info["final_obs"][1]: expected dtype torch.uint8 (or one that converts to it without changing kind), got '
-        "float64; env 1's final observation is stored as its next_obs: give it as the envs give observations, one "
-        "row of (3,) uint8 (nothing is broadcast or converted)")
+        "float64; env 1's final observation is its next_obs (stored, or passed to bootstrap): give it as the envs "
+        "give observations, one row of (3,) uint8 (nothing is broadcast or converted)")
 
 
 def test_a_final_observation_tensor_of_a_batched_env_is_read_row_by_row() -> None:
@@ -308,3 +308,46 @@ def test_a_bootstrap_that_returns_bools_or_text_is_refused_before_anything_is_st
         with pytest.raises(error, match="bootstrap"):
             step(recorder, "flat", ended=True, final=np.zeros(3, np.float32))
         assert same(state(recorder), before)
+
+
+@pytest.mark.parametrize(("obs_kind", "next_obs", "error", "message"), [
+    ("flat", np.array([[0.0, 0.0, 0.0], [1e300, 0.0, 0.0]]), DtypeError, r"next_obs\[1\]: values up to 1e\+300"),
+    ("uint8", np.array([[0.0, 0.0, 0.0], [3.7, 300.0, -1.0]]), DtypeError, r"next_obs\[1\]: expected dtype torch\.uint8"),
+    ("flat", np.zeros((2, 4), np.float32), ShapeError, r"next_obs: expected shape \(2, 3\), got \(2, 4\)"),
+    ("dict", {"pos": np.zeros((2, 3), np.float32)}, MissingFieldError, r'next_obs\["cam"\]: missing'),
+])
+def test_disabled_envs_final_observations_are_checked_before_bootstrap_reads_them(
+        obs_kind: str, next_obs: Any, error: type[Exception], message: str) -> None:
+    read: list[Any] = []
+    buffer = build("rollout", obs_kind)
+    recorder = Recorder(Envs(AutoresetMode.DISABLED), buffer, bootstrap=lambda final: read.append(final) or bootstrap(final))
+    before = state(recorder)
+    with pytest.raises(error, match=message):
+        recorder.record(observation(obs_kind, 1), np.zeros(NUM_ENVS, np.float32), np.ones(NUM_ENVS, np.float32),
+                        next_obs, np.zeros(NUM_ENVS, bool), np.array([False, True]), {},
+                        value=np.zeros(NUM_ENVS, np.float32), log_prob=np.zeros(NUM_ENVS, np.float32))
+    assert read == [] and same(state(recorder), before)
+
+
+def test_a_compact_buffer_refuses_a_hostile_final_observation_and_stores_a_valid_one() -> None:
+    buffer = ReplayBuffer(100, obs_shape=(3,), action_shape=(), num_envs=NUM_ENVS, compact=True, seed=0,
+                          stats=EpisodeStats(NUM_ENVS))
+    recorder = Recorder(Envs(AutoresetMode.SAME_STEP), buffer)
+    first, second = np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32)
+    recorder.record(first, np.zeros(2, np.float32), np.ones(2, np.float32), second, np.zeros(2, bool),
+                    np.zeros(2, bool), {})
+    reset = np.full((2, 3), 7.0, np.float32)
+
+    def end_env_1(final: Any) -> None:
+        entries = np.empty(2, dtype=object)
+        entries[1] = final
+        recorder.record(second, np.zeros(2, np.float32), np.ones(2, np.float32), reset, np.zeros(2, bool),
+                        np.array([False, True]), {"final_obs": entries, "_final_obs": np.array([False, True])})
+
+    before = state(recorder)
+    for hostile in (None, 5.0, np.array([1e300, 0.0, 0.0]), np.zeros((1, 3)), [[1.0], [2.0, 3.0]]):
+        with pytest.raises(RlbufError, match=r'info\["final_obs"\]\[1\]'):
+            end_env_1(hostile)
+        assert same(state(recorder), before)
+    end_env_1(np.array([2.0, 2.0, 2.0], np.float32))
+    assert buffer.sample_all().next_obs[-1].tolist() == [2.0, 2.0, 2.0]
