@@ -50,7 +50,7 @@ from tensordict import is_tensor_collection
 from rlbuf._final_obs import rows_of, with_final_obs
 from rlbuf._obs import MAX_DEPTH
 from rlbuf.distill import DistillationBuffer
-from rlbuf.errors import ConfigError, DtypeError, MissingFieldError, ShapeError
+from rlbuf.errors import ConfigError, DeviceError, DtypeError, MissingFieldError, ShapeError
 from rlbuf.replay import ReplayBuffer
 from rlbuf.rollout import RolloutBuffer
 from rlbuf.spec import as_array, short_repr
@@ -280,6 +280,8 @@ class Recorder:
         if isinstance(values, torch.Tensor):
             values = values.detach()
             _refuse_bools(values.dtype is torch.bool, values.dtype)
+            if values.device.type == "meta":
+                raise DeviceError("bootstrap: returned a tensor on the meta device (it holds no values)")
             if values.numel() != rows.size:
                 raise ShapeError(f"bootstrap: expected {rows.size} values (one per truncated env), got shape "
                                  f"{tuple(values.shape)}")

@@ -31,6 +31,7 @@ from rlbuf import (
     DtypeError,
     EpisodeStats,
     MissingFieldError,
+    NonFiniteError,
     ReplayBuffer,
     RlbufError,
     RolloutBuffer,
@@ -301,11 +302,13 @@ def test_isaac_step_takes_integer_dones_as_flags() -> None:
 
 
 def test_a_bootstrap_that_returns_bools_or_text_is_refused_before_anything_is_stored() -> None:
-    for returned, error in ((torch.tensor([True]), DtypeError), (["a"], DtypeError), (None, ShapeError)):
+    for returned, error in ((torch.tensor([True]), DtypeError), (["a"], DtypeError), (None, ShapeError),
+                            (torch.zeros(1, device="meta"), DeviceError), (torch.zeros(1, dtype=torch.cfloat), DtypeError),
+                            (np.array([1e300]), DtypeError), (torch.tensor([float("nan")]), NonFiniteError)):
         buffer = build("rollout", "flat")
         recorder = Recorder(Envs(AutoresetMode.SAME_STEP), buffer, bootstrap=lambda final, r=returned: r)
         before = state(recorder)
-        with pytest.raises(error, match="bootstrap"):
+        with pytest.raises(error, match="bootstrap"):  # bootstrap_value, once the add checks the values
             step(recorder, "flat", ended=True, final=np.zeros(3, np.float32))
         assert same(state(recorder), before)
 
