@@ -26,19 +26,24 @@ BUILDERS: dict[str, Callable[[Any], Any]] = {
     "nested dict leaf": lambda shape: RolloutBuffer(4, 2, obs_shape={"s": {"t": shape}}, action_shape=()),
     "hidden state leaf": lambda shape: ReplayBuffer(10, obs_shape=(3,), action_shape=(),
                                                     hidden_state_shape={"h": shape}),
+    "privileged_obs_shape": lambda shape: RolloutBuffer(4, 2, obs_shape=(3,), action_shape=(),
+                                                        privileged_obs_shape=shape),
+    "extra_fields": lambda shape: ReplayBuffer(10, obs_shape=(3,), action_shape=(),
+                                               extra_fields={"x": (shape, torch.float32)}),
 }
 OPTION = {"ReplayBuffer obs_shape": r"obs_shape", "ReplayBuffer action_shape": r"action_shape",
           "RolloutBuffer obs_shape": r"obs_shape", "DistillationBuffer obs_shape": r"obs_shape",
           "hidden_state_shape": r"hidden_state_shape", "RolloutBuffer hidden_state_shape": r"hidden_state_shape",
           "dict obs_shape leaf": r"obs_shape\['b'\]", "nested dict leaf": r"obs_shape\['s'\]\['t'\]",
-          "hidden state leaf": r"hidden_state_shape\['h'\]"}
+          "hidden state leaf": r"hidden_state_shape\['h'\]", "privileged_obs_shape": "privileged_obs_shape",
+          "extra_fields": r"extra_fields\['x'\]"}
 
 
 @pytest.mark.parametrize("shape", BAD_SHAPES, ids=repr)
 @pytest.mark.parametrize("where", list(BUILDERS))
 def test_a_shape_that_is_not_a_tuple_of_ints_is_refused_naming_the_option_and_key(where: str, shape: Any) -> None:
-    if shape is None and where in ("hidden_state_shape", "RolloutBuffer hidden_state_shape"):
-        pytest.skip("hidden_state_shape=None means no hidden state")
+    if shape is None and where in ("hidden_state_shape", "RolloutBuffer hidden_state_shape", "privileged_obs_shape"):
+        pytest.skip("None means no such field")
     if shape is None and where.endswith(("obs_shape", "action_shape")):
         match = f"{OPTION[where]}: required"
     else:
