@@ -109,7 +109,8 @@ def resolve_field(space: Any, shape: Any, dtype: Any, *, space_name: str, shape_
     ``dtype`` may override the space's dtype (e.g. float32 for a float64 ``Box``). With
     ``structured`` (observations), a gymnasium ``Dict`` space (every key, ``"observation"`` too)
     or a TorchRL ``Composite`` is passed on as the shape and an unset dtype stays unset: the
-    buffer's layout reads both, as it reads them given as ``obs_shape``.
+    buffer's layout reads both. Given as ``obs_shape``, a ``Composite`` reads as it does as
+    ``observation_space``.
 
     Raises:
         ConfigError: both a space and a shape, or neither.
@@ -130,7 +131,11 @@ def resolve_field(space: Any, shape: Any, dtype: Any, *, space_name: str, shape_
     if space is None:
         if shape is None:
             raise ConfigError(f"{shape_name}: required (or give {space_name}=, e.g. envs.single_{space_name})")
-        return shape, torch.float32 if dtype is None and not structured else dtype
+        from torchrl.data import Composite
+
+        if not (structured and isinstance(shape, Composite)):
+            return shape, torch.float32 if dtype is None and not structured else dtype
+        space = shape  # a Composite reads the same as a shape as it does as a space: its "observation" entry
     if structured and isinstance(space, spaces.Dict):
         # A dict observation, every key a field, as obs_shape= reads it: a key named "observation"
         # (gymnasium's GoalEnv layout) is one key among the others.

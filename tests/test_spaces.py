@@ -189,3 +189,15 @@ def test_a_goal_env_buffer_stores_float64_observations_exactly() -> None:
            "desired_goal": np.ones(3, np.float32)}
     buffer.add(obs, 0.0, 1.0, obs, False, False)
     assert buffer.sample_all().obs["observation"][0].tolist() == [0.1] * 6
+
+
+@pytest.mark.parametrize("spec", [
+    Composite(observation=Unbounded((3,))),
+    Composite(observation=Unbounded((4, 3)), shape=(4,)),
+    Composite(observation=Composite(a=Unbounded((2,)), b=Bounded(0, 255, (1,), dtype=torch.uint8))),
+    Composite(a=Unbounded((2,)), b=Composite(c=Unbounded((1,)))),
+], ids=["observation entry", "batched", "nested observation entry", "observation keys"])
+def test_a_composite_spec_gives_the_same_fields_as_obs_shape_and_as_observation_space(spec: Composite) -> None:
+    by_space = ReplayBuffer(10, observation_space=spec, action_shape=())
+    by_shape = ReplayBuffer(10, obs_shape=spec, action_shape=())
+    assert [s.to_json() for s in by_space.fields] == [s.to_json() for s in by_shape.fields]
