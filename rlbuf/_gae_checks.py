@@ -57,6 +57,7 @@ class Rollout:
 
 
 def check_time_dim(time_dim: object) -> None:
+    """Refuse a ``time_dim`` other than 0, 1 or -1 (a bool too) with a ``ConfigError``."""
     if isinstance(time_dim, bool) or time_dim not in (0, 1, -1):
         raise ConfigError(f"time_dim: expected 0, 1 or -1, got {time_dim!r}")
 
@@ -119,6 +120,7 @@ def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
 
 
 def check_float(name: str, tensor: object, dtype: torch.dtype | None) -> None:
+    """Refuse anything but a dense float tensor (of ``dtype``, or float32/float64 when ``None``)."""
     if not isinstance(tensor, torch.Tensor):
         raise DtypeError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
     _check_dense(name, tensor)
@@ -132,12 +134,14 @@ def check_float(name: str, tensor: object, dtype: torch.dtype | None) -> None:
 def check_like(
     name: str, tensor: object, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
 ) -> None:
+    """Refuse anything but a dense tensor of ``dtype`` and ``shape`` on ``device`` (those of ``reward``)."""
     check_float(name, tensor, dtype)
     assert isinstance(tensor, torch.Tensor)
     _check_shape_device(name, tensor, shape, device)
 
 
 def check_flag(name: str, tensor: object, shape: tuple[int, ...], device: torch.device) -> None:
+    """Refuse anything but a dense bool tensor of ``shape`` on ``device``."""
     if not isinstance(tensor, torch.Tensor):
         raise DtypeError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
     _check_dense(name, tensor)
