@@ -4,8 +4,8 @@ Each example drives a Recorder (every autoreset mode; flat float32, uint8 and di
 observations; replay and rollout buffers) through a few valid steps, then records a step whose
 ``info["final_obs"]`` for one ended env is drawn from hostile values (``None``, scalars and
 one-element arrays that would broadcast, ``1e300``, complex, strings, wrong lengths, 2-D rows,
-object, dict and ragged rows, the meta device, floats into ``uint8``, out-of-range integers)
-or from valid rows. A refused step raises an rlbuf error naming ``info["final_obs"][env]`` and
+object, dict and ragged rows, the meta device, floats into ``uint8``, out-of-range integers),
+from arrays and tensors of any shape, dtype and fill, or from valid rows. A refused step raises an rlbuf error naming ``info["final_obs"][env]`` and
 leaves the buffer, its statistics and the Recorder exactly as they were (full snapshots); an
 accepted one stores the row exactly. Outside ``SAME_STEP``, an ``info`` that carries final
 observations contradicts the mode and is refused the same way.
@@ -113,6 +113,32 @@ def candidates(obs_kind: str) -> list[Candidate]:
     return dict_rows() if obs_kind == "dict" else leaf_rows(obs_kind)
 
 
+_DTYPES = [np.float16, np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8, np.bool_, np.complex64]
+_FILLS = [0, 1, -1, 0.5, 3.7, 255, 256, 300, -129, 2**40, 1e38, 3.5e38, 1e300, math.nan, math.inf]
+_SHAPES = [(), (1,), (2,), (3,), (4,), (1, 3), (3, 1), (0,)]
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+@st.composite
+def generated(draw: st.DrawFn, obs_kind: str) -> Candidate:
+    """An array (or tensor) of any shape, dtype and fill; what a direct add does with it decides ``stored``."""
+    shape, dtype, fill = draw(st.sampled_from(_SHAPES)), draw(st.sampled_from(_DTYPES)), draw(st.sampled_from(_FILLS))
+    with np.errstate(all="ignore"):
+        array = np.full(shape, fill).astype(dtype)
+    value: Any = torch.from_numpy(array) if draw(st.booleans(), label="as a tensor") else array
+    kind = array.dtype.kind
+    stored: Any = None
+    if shape == (3,) and obs_kind == "uint8" and kind in "biu" and array.min() >= 0 and array.max() <= 255:
+        stored = array.astype(np.uint8).tolist()
+    finite = array[np.isfinite(array)].astype(np.float64) if kind == "f" else array
+    if shape == (3,) and obs_kind != "uint8" and kind == "f" and (finite.size == 0 or np.abs(finite).max() <= _FLOAT32_MAX):
+        stored = array.astype(np.float32).tolist()
+    if obs_kind == "dict":
+        return Candidate(f"pos {dtype.__name__}{shape}={fill}", {"pos": value, "cam": {"px": np.array([4, 5], np.uint8)}},
+                         None if stored is None else {"pos": stored, "px": [4, 5]})
+    return Candidate(f"{dtype.__name__}{shape}={fill}", value, stored)
+
+
 class Envs:
     """Just what the Recorder reads of a vector env."""
 
@@ -188,7 +214,7 @@ def test_a_final_observation_is_checked_like_a_direct_add_and_a_refusal_changes_
         mode: AutoresetMode, kind: str, obs_kind: str, data: st.DataObject) -> None:
     if kind == "rollout" and mode is AutoresetMode.NEXT_STEP:
         pytest.skip("a RolloutBuffer refuses NEXT_STEP envs (tests/test_gym.py)")
-    candidate = data.draw(st.sampled_from(candidates(obs_kind)), label="final_obs")
+    candidate = data.draw(st.one_of(st.sampled_from(candidates(obs_kind)), generated(obs_kind)), label="final_obs")
     warm_up = data.draw(st.integers(0, 3), label="valid steps before")
     buffer = build(kind, obs_kind)
     recorder = Recorder(Envs(mode), buffer, bootstrap=bootstrap if kind == "rollout" else None)
