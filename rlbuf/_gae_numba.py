@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from rlbuf.gae import _Rollout
+    from rlbuf._gae_checks import Rollout
 
 _JIT = {"cache": True, "nogil": True, "boundscheck": False, "error_model": "numpy"}
 
@@ -83,7 +83,7 @@ def _envs(reward, value, term, trunc, last_value, boot_v, next_v, advantage, ret
 
 
 def gae_numba(
-    views: _Rollout, gamma: float, gae_lambda: float, advantage: torch.Tensor, returns: torch.Tensor
+    views: Rollout, gamma: float, gae_lambda: float, advantage: torch.Tensor, returns: torch.Tensor
 ) -> bool:
     """Fill ``advantage`` and ``returns`` (``[T, N]`` views of CPU tensors) in one kernel pass.
 

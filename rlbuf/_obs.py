@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -28,7 +29,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 
 from rlbuf.errors import ConfigError, MissingFieldError, ShapeError
-from rlbuf.spec import FieldSpec, NestedKey
+from rlbuf.spec import FieldSpec, NestedKey, as_int, short_repr
 
 Path = tuple[str, ...]
 ObsShape: TypeAlias = "Sequence[int] | int | Mapping[str, Any] | Any"
@@ -36,6 +37,8 @@ ObsShape: TypeAlias = "Sequence[int] | int | Mapping[str, Any] | Any"
 ObsDtype: TypeAlias = "torch.dtype | Mapping[str, Any]"
 """One dtype, or a (nested) mapping of dtypes by observation key."""
 _FLOAT_DEFAULT = torch.float32
+MAX_DEPTH = 32
+"""How deep a dict observation (or its mapping of dtypes) may nest: deeper is refused, not recursed into."""
 
 
 @dataclass(frozen=True)
@@ -77,26 +80,40 @@ def _is_composite(value: Any) -> bool:
 
 
 def _torch_dtype(dtype: Any, where: str) -> torch.dtype:
-    """A torch dtype from a torch or numpy dtype; float64 becomes float32 (the buffers' default)."""
+    """The torch dtype of a spec's or space's leaf, kept as it is (a float64 leaf stays float64, as a flat ``Box``)."""
     if isinstance(dtype, torch.dtype):
-        return _FLOAT_DEFAULT if dtype is torch.float64 else dtype
+        return dtype
     try:
-        converted = torch.from_numpy(np.zeros((), dtype=np.dtype(dtype))).dtype
+        return torch.from_numpy(np.zeros((), dtype=np.dtype(dtype))).dtype
     except (TypeError, ValueError):
         raise ConfigError(f"{where}: cannot store dtype {dtype!r}") from None
-    return _FLOAT_DEFAULT if converted is torch.float64 else converted
 
 
-def _shape(value: Any, where: str) -> tuple[int, ...]:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value,)
-    try:
-        shape = tuple(int(d) for d in value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: expected a tuple of ints, got {value!r}") from None
-    if any(d < 0 for d in shape):
-        raise ConfigError(f"{where}: expected non-negative sizes, got {shape}")
-    return shape
+def as_shape(shape: Any, name: str) -> tuple[int, ...]:
+    """A shape option as a tuple of non-negative ints (an int means a 1-D shape): the one shape check.
+
+    Ints of Python, numpy or a ``torch.Size`` are welcome; bools, floats (even ``2.0``), strings
+    and anything else are refused, in a flat shape and in every leaf of a dict observation alike.
+
+    Raises:
+        ConfigError: anything else (``(3.5,)``, ``(True,)``, ``("3",)``, ``"84"``, a negative size).
+
+    Example:
+        >>> as_shape(4, "obs_shape"), as_shape([84, 84], "obs_shape")
+        ((4,), (84, 84))
+        >>> as_shape((2, 2.0), "obs_shape['a']")
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: obs_shape['a']: expected a tuple of non-negative ints, got (2, 2.0)
+    """
+    if not isinstance(shape, str | bytes | Mapping):
+        if isinstance(shape, Sequence | torch.Size) or (isinstance(shape, np.ndarray) and shape.ndim == 1):
+            with contextlib.suppress(ConfigError):
+                return tuple(as_int(name, d, minimum=0) for d in shape)
+        else:
+            with contextlib.suppress(ConfigError):
+                return (as_int(name, shape, minimum=0),)
+    raise ConfigError(f"{name}: expected a tuple of non-negative ints, got {short_repr(shape)}")
 
 
 def _where(option: str, path: Path) -> str:
@@ -110,6 +127,7 @@ def _leaves_of(value: Any, path: Path, option: str,
     A batched ``Composite`` (a vectorized env's ``observation_spec``, shape ``[num_envs]``) gives
     the shape of one env's observation: its leading batch dims are dropped from every leaf.
     """
+    _check_depth(option, path)
     if _is_gym_dict(value):
         items: Any = value.spaces.items()
     elif _is_composite(value) or isinstance(value, Mapping):
@@ -119,10 +137,10 @@ def _leaves_of(value: Any, path: Path, option: str,
     else:
         shape = getattr(value, "shape", value)
         dtype = getattr(value, "dtype", None)
-        if dtype is not None and not isinstance(value, (torch.Tensor, np.ndarray)):
-            return [(path, _shape(shape, _where(option, path))[batch_dims or 0:],
+        if dtype is not None and not isinstance(value, torch.Tensor | np.ndarray | np.generic):
+            return [(path, as_shape(shape, _where(option, path))[batch_dims or 0:],
                      _torch_dtype(dtype, _where(option, path)))]
-        return [(path, _shape(value, _where(option, path)), None)]
+        return [(path, as_shape(value, _where(option, path)), None)]
     out: list[tuple[Path, tuple[int, ...], torch.dtype | None]] = []
     for key, sub in items:
         if not isinstance(key, str) or not key:
@@ -147,11 +165,18 @@ def _dtype_at(dtypes: Any, path: Path, option: str) -> torch.dtype | None:
     return node
 
 
-def _dtype_paths(dtypes: Mapping[str, Any], path: Path = ()) -> list[Path]:
+def _dtype_paths(dtypes: Mapping[str, Any], option: str, path: Path = ()) -> list[Path]:
     paths: list[Path] = []
     for key, sub in dtypes.items():
-        paths.extend(_dtype_paths(sub, (*path, key)) if isinstance(sub, Mapping) else [(*path, key)])
+        _check_depth(option, (*path, key))
+        paths.extend(_dtype_paths(sub, option, (*path, key)) if isinstance(sub, Mapping) else [(*path, key)])
     return paths
+
+
+def _check_depth(option: str, path: Path) -> None:
+    if len(path) > MAX_DEPTH:
+        raise ConfigError(f"{_where(option, path[:3])}...: nested {len(path)} levels deep, more than the "
+                          f"{MAX_DEPTH} a dict observation may have; flatten the keys")
 
 
 @dataclass(frozen=True)
@@ -196,7 +221,7 @@ class Layout:
             return cls((Leaf((), leaf_shape, chosen),), False)
         if isinstance(dtype, Mapping):
             known = {path for path, _, _ in found}
-            unknown = [path for path in _dtype_paths(dtype) if path not in known]
+            unknown = [path for path in _dtype_paths(dtype, dtype_option) if path not in known]
             if unknown:
                 raise ConfigError(f"{dtype_option}: keys {unknown} are not observation keys {sorted(known)}")
         leaves = []

@@ -30,13 +30,22 @@ than it saves).
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Literal
 
 import torch
 from tensordict import TensorDictBase
 from torchrl.envs.transforms import Transform
 
+from rlbuf._gae_checks import (
+    Rollout,
+    check_finite,
+    check_flag,
+    check_float,
+    check_like,
+    check_out,
+    check_time_dim,
+    check_unit_interval,
+)
 from rlbuf.errors import (
     ConfigError,
     DeviceError,
@@ -48,8 +57,6 @@ from rlbuf.errors import (
 
 __all__ = ["GAE", "compute_gae"]
 
-
-_FLOAT_DTYPES = (torch.float32, torch.float64)
 
 Backend = Literal["auto", "numba", "torch"]
 
@@ -137,12 +144,12 @@ def compute_gae(
         >>> advantage.squeeze(1).tolist()  # step 1 bootstraps 0.5 * 4; the trace stops there
         [2.5, 3.0, 1.0]
     """
-    _check_time_dim(time_dim)
+    check_time_dim(time_dim)
     if not isinstance(backend, str) or backend not in ("auto", "numba", "torch"):
         raise ConfigError(f"backend: expected 'auto', 'numba' or 'torch', got {backend!r}")
-    gamma = _check_unit_interval("gamma", gamma)
-    gae_lambda = _check_unit_interval("gae_lambda", gae_lambda)
-    _check_float("reward", reward, None)
+    gamma = check_unit_interval("gamma", gamma)
+    gae_lambda = check_unit_interval("gae_lambda", gae_lambda)
+    check_float("reward", reward, None)
     if reward.device.type == "meta":
         raise DeviceError("reward: expected a tensor with data (cpu, cuda, ...), got a tensor on meta")
     if reward.dim() != 2:
@@ -157,22 +164,22 @@ def compute_gae(
     if num_steps == 0:
         raise ShapeError(f"reward: expected at least one step, got shape {shape}")
     dtype, device = reward.dtype, reward.device
-    _check_like("value", value, shape, dtype, device)
-    _check_flag("terminated", terminated, shape, device)
+    check_like("value", value, shape, dtype, device)
+    check_flag("terminated", terminated, shape, device)
     if truncated is not None:
-        _check_flag("truncated", truncated, shape, device)
+        check_flag("truncated", truncated, shape, device)
     for name, tensor in (("bootstrap_value", bootstrap_value), ("next_value", next_value)):
         if tensor is not None:
-            _check_like(name, tensor, shape, dtype, device)
+            check_like(name, tensor, shape, dtype, device)
     if last_value is not None:
-        _check_like("last_value", last_value, (num_envs,), dtype, device)
+        check_like("last_value", last_value, (num_envs,), dtype, device)
     elif next_value is None:
         raise ConfigError("last_value: required unless next_value is given, got None")
 
     def steps_first(tensor: torch.Tensor | None) -> torch.Tensor | None:
         return tensor if tensor is None or time_major else tensor.t()
 
-    views = _Rollout(
+    views = Rollout(
         reward=reward if time_major else reward.t(),
         value=value if time_major else value.t(),
         terminated=terminated if time_major else terminated.t(),
@@ -200,7 +207,7 @@ def compute_gae(
             "reward": reward, "value": value, "terminated": terminated, "truncated": truncated,
             "last_value": last_value, "bootstrap_value": bootstrap_value, "next_value": next_value,
         }
-        advantage, returns = _check_out(out, shape, dtype, device, inputs)
+        advantage, returns = check_out(out, shape, dtype, device, inputs)
     if advantage.numel() == 0:
         return advantage, returns
     advantage_tn = advantage if time_major else advantage.t()
@@ -210,11 +217,11 @@ def compute_gae(
 
         if not gae_numba(views, gamma, gae_lambda, advantage_tn, returns_tn):
             # The kernel only flags non-finite input; the torch check names the field and the place.
-            _check_finite_torch(views)
+            check_finite(views)
             raise NonFiniteError("reward/value: expected finite values, got NaN or inf")
     else:
         with torch.no_grad():
-            _check_finite_torch(views)
+            check_finite(views)
             advantage_tn.copy_(_gae_torch(views, gamma, gae_lambda))
             torch.add(advantage_tn, views.value, out=returns_tn)
     return advantage, returns
@@ -280,9 +287,9 @@ class GAE(Transform):  # type: ignore[misc]
         value_target_key: str = "value_target",
         time_dim: int = -1,
     ) -> None:
-        gamma = _check_unit_interval("gamma", gamma)
-        lmbda = _check_unit_interval("lmbda", lmbda)
-        _check_time_dim(time_dim)
+        gamma = check_unit_interval("gamma", gamma)
+        lmbda = check_unit_interval("lmbda", lmbda)
+        check_time_dim(time_dim)
         super().__init__(
             in_keys=[("next", "reward"), value_key, ("next", value_key), ("next", "terminated")],
             out_keys=[advantage_key, value_target_key],
@@ -410,40 +417,7 @@ def _required(entry: torch.Tensor | None) -> torch.Tensor:
     return entry
 
 
-class _Rollout:
-    """The inputs of one GAE computation as ``[T, N]`` views (strided for time_dim=1)."""
-
-    __slots__ = (
-        "bootstrap_value",
-        "last_value",
-        "next_value",
-        "reward",
-        "terminated",
-        "truncated",
-        "value",
-    )
-
-    def __init__(
-        self,
-        *,
-        reward: torch.Tensor,
-        value: torch.Tensor,
-        terminated: torch.Tensor,
-        truncated: torch.Tensor | None,
-        last_value: torch.Tensor | None,
-        bootstrap_value: torch.Tensor | None,
-        next_value: torch.Tensor | None,
-    ) -> None:
-        self.reward = reward
-        self.value = value
-        self.terminated = terminated
-        self.truncated = truncated
-        self.last_value = last_value
-        self.bootstrap_value = bootstrap_value
-        self.next_value = next_value
-
-
-# ----------------------------------------------------------------------------- validation
+# ----------------------------------------------------------------------------- backend
 
 
 def _use_numba(backend: Backend, device: torch.device, numel: int) -> bool:
@@ -456,151 +430,10 @@ def _use_numba(backend: Backend, device: torch.device, numel: int) -> bool:
     return device.type == "cpu" and numel >= _NUMBA_MIN_NUMEL
 
 
-def _check_time_dim(time_dim: object) -> None:
-    if isinstance(time_dim, bool) or time_dim not in (0, 1, -1):
-        raise ConfigError(f"time_dim: expected 0, 1 or -1, got {time_dim!r}")
-
-
-def _check_unit_interval(name: str, number: object) -> float:
-    """The number as a float; NaN and inf fail the range test like any other outsider."""
-    if isinstance(number, bool) or not isinstance(number, numbers.Real):
-        raise ConfigError(f"{name}: expected a float in [0, 1], got {number!r}")
-    try:
-        value = float(number)
-    except OverflowError:  # an int beyond any float: outside [0, 1] too
-        value = math.inf
-    if not 0.0 <= value <= 1.0:
-        raise ConfigError(f"{name}: expected a float in [0, 1], got {number!r}")
-    return value
-
-
-def _check_out(
-    out: object,
-    shape: tuple[int, ...],
-    dtype: torch.dtype,
-    device: torch.device,
-    inputs: dict[str, torch.Tensor | None],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both output tensors, checked like inputs and for memory shared with anything else."""
-    if not isinstance(out, (tuple, list)) or len(out) != 2:
-        raise ConfigError(f"out: expected a tuple (advantage, returns) of two tensors, got {out!r}")
-    advantage, returns = out
-    _check_like("out[0] (advantage)", advantage, shape, dtype, device)
-    _check_like("out[1] (returns)", returns, shape, dtype, device)
-    assert isinstance(advantage, torch.Tensor) and isinstance(returns, torch.Tensor)
-    out_spans = {label: _byte_span(tensor) for label, tensor in (("advantage", advantage), ("returns", returns))}
-    if _overlap(out_spans["advantage"], out_spans["returns"]):
-        raise ConfigError("out: expected two separate tensors, got advantage and returns sharing memory")
-    in_spans = {name: _byte_span(tensor) for name, tensor in inputs.items() if tensor is not None}
-    for (label, span), index in zip(out_spans.items(), (0, 1), strict=True):
-        for name, other in in_spans.items():
-            if _overlap(span, other):
-                raise ConfigError(
-                    f"out[{index}] ({label}): expected a tensor of its own, got one sharing memory with {name}"
-                )
-    return advantage, returns
-
-
-def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
-    """The addresses a tensor's elements lie between (end exclusive); empty for no elements.
-
-    Live allocations never interleave, so two tensors whose spans meet share memory, whether
-    or not they are views of one storage (a conservative test for strided views).
-    """
-    if tensor.numel() == 0:
-        return 0, 0
-    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
-    start = tensor.data_ptr()
-    return start, start + (last + 1) * tensor.element_size()
-
-
-def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
-    return a[0] < b[1] and b[0] < a[1]
-
-
-def _check_float(name: str, tensor: object, dtype: torch.dtype | None) -> None:
-    if not isinstance(tensor, torch.Tensor):
-        raise DtypeError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
-    _check_dense(name, tensor)
-    if dtype is None:
-        if tensor.dtype not in _FLOAT_DTYPES:
-            raise DtypeError(f"{name}: expected dtype torch.float32 or torch.float64, got {tensor.dtype}")
-    elif tensor.dtype != dtype:
-        raise DtypeError(f"{name}: expected dtype {dtype} (the dtype of reward), got {tensor.dtype}")
-
-
-def _check_like(
-    name: str, tensor: object, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-) -> None:
-    _check_float(name, tensor, dtype)
-    assert isinstance(tensor, torch.Tensor)
-    _check_shape_device(name, tensor, shape, device)
-
-
-def _check_flag(name: str, tensor: object, shape: tuple[int, ...], device: torch.device) -> None:
-    if not isinstance(tensor, torch.Tensor):
-        raise DtypeError(f"{name}: expected a torch.Tensor, got {type(tensor).__name__}")
-    _check_dense(name, tensor)
-    if tensor.dtype != torch.bool:
-        raise DtypeError(f"{name}: expected dtype torch.bool, got {tensor.dtype}")
-    _check_shape_device(name, tensor, shape, device)
-
-
-def _check_dense(name: str, tensor: torch.Tensor) -> None:
-    if tensor.layout != torch.strided:
-        raise DtypeError(f"{name}: expected a dense (strided) tensor, got layout {tensor.layout}")
-
-
-def _check_shape_device(
-    name: str, tensor: torch.Tensor, shape: tuple[int, ...], device: torch.device
-) -> None:
-    if tuple(tensor.shape) != shape:
-        raise ShapeError(f"{name}: expected shape {shape}, got {tuple(tensor.shape)}")
-    if tensor.device != device:
-        raise DeviceError(f"{name}: expected device {device} (the device of reward), got {tensor.device}")
-
-
-def _non_finite_error(name: str, tensor: torch.Tensor, step: int, env: int) -> NonFiniteError:
-    return NonFiniteError(
-        f"{name}: expected finite values, got {tensor[step, env].item()} at step {step}, env {env}"
-    )
-
-
-def _sum_is_finite(tensor: torch.Tensor) -> bool:
-    return bool(torch.isfinite(tensor.sum()))
-
-
-def _check_finite_torch(views: _Rollout) -> None:
-    """Raise NonFiniteError for NaN/inf in any input value that the computation reads."""
-    read: list[tuple[str, torch.Tensor]] = [("reward", views.reward), ("value", views.value)]
-    if views.next_value is not None:
-        read.append(("next_value", views.next_value))
-    else:
-        assert views.last_value is not None
-        read.append(("last_value", views.last_value.unsqueeze(0)))
-        bootstrap = views.bootstrap_value
-        # Bootstrap values count only at timeouts; masking costs a pass, so only when needed.
-        if views.truncated is not None and bootstrap is not None and not _sum_is_finite(bootstrap):
-            timeout = views.truncated & ~views.terminated
-            read.append(("bootstrap_value", torch.where(timeout, bootstrap, 0.0)))
-    for name, tensor in read:
-        # A sum is one cheap pass and is non-finite whenever an element is; it can also
-        # overflow on huge finite values, so the exact element check confirms.
-        if not _sum_is_finite(tensor):
-            bad = torch.nonzero(~torch.isfinite(tensor))
-            if len(bad):
-                step, env = (int(i) for i in bad[0])
-                if name == "last_value":
-                    raise NonFiniteError(
-                        f"last_value: expected finite values, got {tensor[0, env].item()} at env {env}"
-                    )
-                raise _non_finite_error(name, tensor, step, env)
-
-
 # ----------------------------------------------------------------------------- torch path
 
 
-def _gae_torch(views: _Rollout, gamma: float, gae_lambda: float) -> torch.Tensor:
+def _gae_torch(views: Rollout, gamma: float, gae_lambda: float) -> torch.Tensor:
     """Advantages as a float64 time-major ``[T, N]`` tensor, with tensor ops on any device."""
     num_steps, num_envs = views.reward.shape
     f64 = torch.float64

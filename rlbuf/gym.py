@@ -45,12 +45,15 @@ from typing import Any
 import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
+from tensordict import is_tensor_collection
 
+from rlbuf._final_obs import rows_of, with_final_obs
+from rlbuf._obs import MAX_DEPTH
 from rlbuf.distill import DistillationBuffer
-from rlbuf.errors import ConfigError, MissingFieldError, ShapeError
+from rlbuf.errors import ConfigError, DeviceError, DtypeError, MissingFieldError, ShapeError
 from rlbuf.replay import ReplayBuffer
 from rlbuf.rollout import RolloutBuffer
-from rlbuf.spec import as_array
+from rlbuf.spec import as_array, short_repr
 
 Bootstrap = Callable[[Any], Any]
 """``bootstrap(final_obs) -> values``: V of the final observations of the truncated envs."""
@@ -162,10 +165,19 @@ class Recorder:
                 (RolloutBuffer), ``expert_action`` (DistillationBuffer; ``action`` when
                 absent), extras.
 
+        Every final observation is checked as a direct ``add`` checks a row (exact shape, dtype
+        kind, range, a dict observation key by key) before anything is written or ``bootstrap``
+        reads it; a refused call leaves the buffer, its statistics and the Recorder as they were.
+
         Raises:
             MissingFieldError: an env ended under ``SAME_STEP`` and ``info`` has no final
                 observation for it, or a RolloutBuffer env was truncated without ``bootstrap``.
-            ShapeError: flags that are not ``[num_envs]``.
+            ShapeError, DtypeError, DeviceError: a final observation (``info["final_obs"][env]``,
+                or ``next_obs[env]`` for a RolloutBuffer's ``DISABLED`` envs) that the buffer's
+                fields refuse, naming the env, what was expected and what was received; an
+                ``info`` that is not a dict; flags that are not ``[num_envs]`` bools.
+            ConfigError: ``info`` carries final observations although the envs are not ``SAME_STEP``
+                ones (their ``next_obs`` would hold reset observations).
             RlbufError: whatever the buffer's ``add`` refuses (nothing is stored then).
 
         Example:
@@ -184,9 +196,11 @@ class Recorder:
             [1.0, 9.0]
         """
         n = self.num_envs
+        info = self._checked_info(info)
         terminated_np, truncated_np = _flags("terminated", terminated, n), _flags("truncated", truncated, n)
         ended = terminated_np | truncated_np
-        stored_next = self._final_observations(next_obs, ended, info)
+        stored_next = next_obs if isinstance(self.buffer, DistillationBuffer) else self._final_observations(
+            next_obs, ended, info)
         keep = ~self._resetting if self.autoreset_mode is AutoresetMode.NEXT_STEP else None
         if keep is not None and keep.all():
             keep = None
@@ -209,23 +223,50 @@ class Recorder:
             self.skipped += 0 if keep is None else int((~keep).sum())
             self._resetting = ended
 
+    def _checked_info(self, info: Any) -> Mapping[str, Any] | None:
+        """``info`` once it is a mapping that agrees with the autoreset mode."""
+        if info is None:
+            return None
+        if not isinstance(info, Mapping):
+            raise ShapeError(f"info: expected the info dict of this envs.step (or None), got {type(info).__name__} "
+                             f"{short_repr(info)}; SB3 VecEnvs return a list of infos: convert dones and infos "
+                             f"with rlbuf.gym.sb3_step")
+        if self.autoreset_mode is not AutoresetMode.SAME_STEP:
+            key = next((k for k in ("final_obs", "final_observation") if k in info), None)
+            if key is not None:
+                raise ConfigError(f"info[{key!r}]: the Recorder was built for {self.autoreset_mode.name} envs, but "
+                                  f"this step's info carries final observations, which only envs that reset in "
+                                  f"the same step return: their next_obs holds reset observations and would be "
+                                  f"stored as the ends of episodes; build the Recorder with "
+                                  f"autoreset_mode='same_step' (and fix envs.metadata['autoreset_mode'])")
+        return info
+
     def _final_observations(self, next_obs: Any, ended: np.ndarray[Any, Any], info: Mapping[str, Any] | None) -> Any:
-        """``next_obs`` with each ended env's row replaced by its final observation (SAME_STEP)."""
-        if self.autoreset_mode is not AutoresetMode.SAME_STEP or not ended.any():
+        """``next_obs`` with each ended env's row replaced by its checked final observation (SAME_STEP).
+
+        Elsewhere ``next_obs`` holds the final observations itself: a ``ReplayBuffer``'s ``add``
+        checks it, and for a ``RolloutBuffer`` (which stores no ``next_obs``) the ended envs'
+        rows are checked here before ``bootstrap`` reads them.
+        """
+        if not ended.any():
             return next_obs
+        if self.autoreset_mode is not AutoresetMode.SAME_STEP:
+            if not isinstance(self.buffer, RolloutBuffer):
+                return next_obs
+            own = rows_of(self.buffer._obs, next_obs, self.num_envs)
+            return with_final_obs(self.buffer._obs, next_obs, ended, own, self.num_envs, source="next_obs")
         final = None if info is None else info.get("final_obs")
-        if final is None:
+        if info is None or final is None:
             env = int(np.flatnonzero(ended)[0])
             raise MissingFieldError(f"info['final_obs']: env {env} ended at this step but info holds no final "
                                     f"observation (SAME_STEP envs put it there; SB3 and Isaac-style envs: see "
                                     f"rlbuf.gym.sb3_step and rlbuf.gym.isaac_step)")
-        has_final = _flags("info['_final_obs']", info.get("_final_obs", ended), self.num_envs)  # type: ignore[union-attr]
+        has_final = _flags("info['_final_obs']", info.get("_final_obs", ended), self.num_envs)
         missing = ended & ~has_final
         if missing.any():
             raise MissingFieldError(f"info['final_obs']: envs {np.flatnonzero(missing).tolist()} ended at this step "
                                     f"but info['_final_obs'] marks no final observation for them")
-        rows = np.flatnonzero(ended).tolist()
-        return _with_rows(next_obs, {i: final[i] for i in rows})
+        return with_final_obs(self.buffer._obs, next_obs, ended, final, self.num_envs)
 
     def _bootstrap_values(self, stored_next: Any, truncated: np.ndarray[Any, Any], reward: Any) -> Any:
         """``bootstrap_value`` for every env: V(final obs) where truncated, 0 elsewhere."""
@@ -238,17 +279,21 @@ class Recorder:
         values = self.bootstrap(final)
         if isinstance(values, torch.Tensor):
             values = values.detach()
+            _refuse_bools(values.dtype is torch.bool, values.dtype)
+            if values.device.type == "meta":
+                raise DeviceError("bootstrap: returned a tensor on the meta device (it holds no values)")
             if values.numel() != rows.size:
                 raise ShapeError(f"bootstrap: expected {rows.size} values (one per truncated env), got shape "
                                  f"{tuple(values.shape)}")
             device = reward.device if isinstance(reward, torch.Tensor) else values.device
-            out = torch.zeros(self.num_envs, dtype=torch.float32, device=device)
-            out[torch.as_tensor(rows, device=device)] = values.reshape(-1).to(device, torch.float32)
+            out = torch.zeros(self.num_envs, dtype=torch.promote_types(values.dtype, torch.float32), device=device)
+            out[torch.as_tensor(rows, device=device)] = values.reshape(-1).to(device)
             return out
-        array = np.asarray(values, dtype=np.float32).reshape(-1)
+        array = as_array("bootstrap", values).reshape(-1)
+        _refuse_bools(array.dtype.kind == "b", array.dtype)
         if array.size != rows.size:
             raise ShapeError(f"bootstrap: expected {rows.size} values (one per truncated env), got {array.size}")
-        out_np = np.zeros(self.num_envs, np.float32)
+        out_np = np.zeros(self.num_envs, np.result_type(array.dtype, np.float32))
         out_np[rows] = array
         return out_np
 
@@ -268,11 +313,22 @@ def sb3_step(dones: Any, infos: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray
         >>> terminated.tolist(), truncated.tolist(), info["_final_obs"].tolist(), info["final_obs"][1].tolist()
         ([False, False], [False, True], [False, True], [9.0])
     """
-    done = np.asarray(dones, dtype=np.bool_).reshape(-1)
-    truncated = np.array([bool(d and info.get("TimeLimit.truncated", False)) for d, info in zip(done, infos, strict=True)],
-                         dtype=np.bool_)
+    done = _flags("dones", dones, None)
+    if not isinstance(infos, Sequence) or isinstance(infos, str | bytes) or len(infos) != done.size:
+        got = f"{len(infos)} infos" if isinstance(infos, Sequence) else f"{type(infos).__name__} {short_repr(infos)}"
+        raise ShapeError(f"infos: expected one info dict per env ({done.size}, as many as dones), got {got}; pass "
+                         f"the dones and infos of one VecEnv.step")
+    for i, info in enumerate(infos):
+        if not isinstance(info, Mapping):
+            raise ShapeError(f"infos[{i}]: expected the info dict of env {i}, got {type(info).__name__} "
+                             f"{short_repr(info)}")
+    truncated = np.zeros(done.size, np.bool_)
     final = np.empty(done.size, dtype=object)
     for i in np.flatnonzero(done).tolist():
+        limit = infos[i].get("TimeLimit.truncated", False)
+        if not isinstance(limit, bool | np.bool_):
+            raise DtypeError(f"infos[{i}]['TimeLimit.truncated']: expected True or False, got {short_repr(limit)}")
+        truncated[i] = limit
         final[i] = infos[i].get("terminal_observation")
     has_final = np.array([f is not None for f in final], dtype=np.bool_)
     return done & ~truncated, truncated, {"final_obs": final, "_final_obs": has_final}
@@ -295,14 +351,36 @@ def isaac_step(dones: torch.Tensor, extras: Mapping[str, Any], final_obs: torch.
         >>> terminated.tolist(), truncated.tolist(), info["_final_obs"].tolist()
         ([True, False], [False, True], [True, True])
     """
-    done = dones.to(torch.bool).reshape(-1)
+    dones = _torch_flags("dones", dones, None)
+    if not isinstance(extras, Mapping):
+        raise ShapeError(f"extras: expected the env's extras dict, got {type(extras).__name__} {short_repr(extras)}")
     time_outs = extras.get("time_outs")
-    truncated = torch.zeros_like(done) if time_outs is None else time_outs.to(torch.bool).reshape(-1) & done
+    truncated = (torch.zeros_like(dones) if time_outs is None
+                 else _torch_flags("extras['time_outs']", time_outs, dones.numel()).to(dones.device) & dones)
     info: dict[str, Any] = dict(extras)
     if final_obs is not None:
         info["final_obs"] = final_obs
-        info["_final_obs"] = done.cpu().numpy()
-    return done & ~truncated, truncated, info
+        info["_final_obs"] = dones.cpu().numpy()
+    return dones & ~truncated, truncated, info
+
+
+def _torch_flags(name: str, value: Any, n: int | None) -> torch.Tensor:
+    """``value`` as a 1-D bool tensor (``[n]``, or ``[n, 1]`` flattened); 0/1 integers are flags too."""
+    if not isinstance(value, torch.Tensor):
+        raise DtypeError(f"{name}: expected a tensor of flags, got {type(value).__name__} {short_repr(value)}")
+    flat = value.detach().reshape(-1) if value.dim() == 2 and value.shape[1] == 1 else value.detach()
+    if flat.dim() != 1 or (n is not None and flat.numel() != n) or flat.device.type == "meta":
+        raise ShapeError(f"{name}: expected a tensor of shape ({'num_envs' if n is None else n},), got "
+                         f"{tuple(value.shape)} on {value.device}")
+    if flat.dtype is not torch.bool and (flat.is_floating_point() or flat.is_complex() or not bool(
+            ((flat == 0) | (flat == 1)).all())):
+        raise DtypeError(f"{name}: expected bools (or 0/1 integers), got {flat.dtype} {short_repr(value)}")
+    return flat.to(torch.bool)
+
+
+def _refuse_bools(is_bool: bool, dtype: Any) -> None:
+    if is_bool:
+        raise DtypeError(f"bootstrap: expected values (V of the final observations), got {dtype}")
 
 
 def _mode(envs: Any, given: AutoresetMode | str | None) -> AutoresetMode:
@@ -333,38 +411,28 @@ def _check_obs_shape(envs: Any, buffer: ReplayBuffer | RolloutBuffer | Distillat
                           f"{tuple(single)})")
 
 
-def _with_rows(value: Any, replacements: Mapping[int, Any]) -> Any:
-    """A copy of ``value`` (rows first; a dict observation key by key) with rows replaced."""
-    if isinstance(value, Mapping):
-        return {key: _with_rows(part, {i: row[key] for i, row in replacements.items()}) for key, part in value.items()}
-    if isinstance(value, torch.Tensor):
-        replaced = value.clone()
-        for i, row in replacements.items():
-            replaced[i] = torch.as_tensor(np.asarray(row) if not isinstance(row, torch.Tensor) else row,
-                                          device=value.device)
-        return replaced
-    replaced_np = np.array(value, copy=True)
-    for i, row in replacements.items():
-        replaced_np[i] = np.asarray(row.cpu() if isinstance(row, torch.Tensor) else row)
-    return replaced_np
-
-
-def _flags(name: str, value: Any, n: int) -> np.ndarray[Any, Any]:
+def _flags(name: str, value: Any, n: int | None) -> np.ndarray[Any, Any]:
+    """``value`` as ``[n]`` bools (any length with ``n=None``), or an rlbuf error naming ``name``."""
     array = as_array(name, value)
-    if array.shape != (n,):
-        raise ShapeError(f"{name}: expected shape ({n},), got {array.shape}")
-    return array.astype(np.bool_, copy=False)
+    if array.ndim != 1 or (n is not None and array.shape != (n,)):
+        raise ShapeError(f"{name}: expected shape ({'num_envs' if n is None else n},), got {array.shape}")
+    if array.dtype.kind != "b":
+        raise DtypeError(f"{name}: expected bools, got {array.dtype} {short_repr(value)}")
+    return array
 
 
-def _rows(value: Any, keep: np.ndarray[Any, Any], name: str) -> Any:
+def _rows(value: Any, keep: np.ndarray[Any, Any], name: str, depth: int = 0) -> Any:
     """The rows of ``value`` where ``keep`` is True, in ``value``'s own type (a dict key by key)."""
     if isinstance(value, Mapping):
-        return {key: _rows(part, keep, f"{name}[{key!r}]") for key, part in value.items()}
-    if isinstance(value, torch.Tensor):
-        if value.shape[:1] != keep.shape:
+        if depth >= MAX_DEPTH:
+            raise ShapeError(f"{name}: nested more than {MAX_DEPTH} levels deep")
+        return {key: _rows(part, keep, f"{name}[{key!r}]", depth + 1) for key, part in value.items()}
+    if isinstance(value, torch.Tensor) or is_tensor_collection(value):
+        lead = tuple(value.shape[:1] if isinstance(value, torch.Tensor) else value.batch_size[:1])
+        if lead != keep.shape:
             raise ShapeError(f"{name}: expected {keep.size} rows (one per env), got shape {tuple(value.shape)}")
         return value[torch.as_tensor(keep, device=value.device)]
-    array = np.asarray(value)
+    array = as_array(name, value)
     if array.shape[:1] != keep.shape:
         raise ShapeError(f"{name}: expected {keep.size} rows (one per env), got shape {array.shape}")
     return array[keep]

@@ -11,7 +11,9 @@
 | ``Dict`` / a ``Composite`` of observation keys (observations only) | a dict observation: one field per key | each key's |
 
 ``Dict`` observation spaces (and TorchRL ``Composite`` specs whose entries are the observation
-keys) give a dict-observation buffer (see ``resolve_field``, ``structured=True``);
+keys) give a dict-observation buffer (see ``resolve_field``, ``structured=True``): every key of a
+``Dict`` is a field, one named ``"observation"`` too (gymnasium's ``GoalEnv`` layout), and every
+leaf keeps its space's dtype, as a flat ``Box`` does (``float64`` stays ``float64``);
 ``field_of`` itself, and so ``action_space=``, still refuses them with a ``ConfigError``, as
 it refuses ``Tuple`` and ``Text``.
 ``MultiBinary`` is stored as ``int8``, not ``bool``: gymnasium's ``MultiBinary`` samples and
@@ -39,7 +41,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from rlbuf._obs import is_structured
+from rlbuf._obs import Layout, as_shape, is_structured
 from rlbuf.errors import ConfigError
 
 _ENTRY = {"observation_space": "observation", "action_space": "action"}
@@ -105,8 +107,10 @@ def resolve_field(space: Any, shape: Any, dtype: Any, *, space_name: str, shape_
     """A buffer option pair: ``(shape, dtype)`` from ``space``, or the given shape (dtype default float32).
 
     ``dtype`` may override the space's dtype (e.g. float32 for a float64 ``Box``). With
-    ``structured`` (observations), a gymnasium ``Dict`` space or a TorchRL ``Composite`` is
-    passed on as the shape and an unset dtype stays unset: the buffer's layout reads both.
+    ``structured`` (observations), a gymnasium ``Dict`` space (every key, ``"observation"`` too)
+    or a TorchRL ``Composite`` is passed on as the shape and an unset dtype stays unset: the
+    buffer's layout reads both. Given as ``obs_shape``, a ``Composite`` reads as it does as
+    ``observation_space``.
 
     Raises:
         ConfigError: both a space and a shape, or neither.
@@ -127,10 +131,18 @@ def resolve_field(space: Any, shape: Any, dtype: Any, *, space_name: str, shape_
     if space is None:
         if shape is None:
             raise ConfigError(f"{shape_name}: required (or give {space_name}=, e.g. envs.single_{space_name})")
-        return shape, torch.float32 if dtype is None and not structured else dtype
+        from torchrl.data import Composite
+
+        if not (structured and isinstance(shape, Composite)):
+            return shape, torch.float32 if dtype is None and not structured else dtype
+        space = shape  # a Composite reads the same as a shape as it does as a space: its "observation" entry
+    if structured and isinstance(space, spaces.Dict):
+        # A dict observation, every key a field, as obs_shape= reads it: a key named "observation"
+        # (gymnasium's GoalEnv layout) is one key among the others.
+        return space, dtype
     if structured and is_structured(space):
-        # A dict observation: a gymnasium Dict, a Composite of observation keys, or a Composite
-        # whose "observation" entry is itself one. The buffer's layout reads each leaf.
+        # A Composite of observation keys, or one whose "observation" entry is itself one (a
+        # TorchRL env's observation_spec). The buffer's layout reads each leaf.
         entry = space.get("observation", None) if hasattr(space, "get") and not isinstance(space, dict) else None
         if entry is None or is_structured(entry):
             return space if entry is None else entry, dtype
@@ -146,7 +158,8 @@ def resolve_fields(observation_space: Any, obs_shape: Any, obs_dtype: Any, actio
     actions may not.
 
     Raises:
-        ConfigError: a space and its shape both given, or neither, or an unsupported space.
+        ConfigError: a space and its shape both given, or neither, an unsupported space, or a
+            malformed shape (``(3.5,)``, a dict nested deeper than ``MAX_DEPTH``).
 
     Example:
         >>> import gymnasium as gym
@@ -157,6 +170,9 @@ def resolve_fields(observation_space: Any, obs_shape: Any, obs_dtype: Any, actio
                                          shape_name="obs_shape", structured=True)
     action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype, space_name="action_space",
                                                shape_name="action_shape")
+    # Checked here, before a buffer records its options: every leaf's shape, and the nesting's depth.
+    Layout.parse(obs_shape, obs_dtype)
+    as_shape(action_shape, "action_shape")
     return obs_shape, obs_dtype, action_shape, action_dtype
 
 

@@ -20,14 +20,15 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 import torch
 
-from rlbuf.errors import CheckpointError, ConfigError, DtypeError, NonFiniteError, ShapeError
-from rlbuf.spec import as_array, positive_int
+from rlbuf._stats_state import RESERVED, Episode, checked_state
+from rlbuf.errors import ConfigError, DtypeError, NonFiniteError, ShapeError
+from rlbuf.spec import all_finite, as_array, positive_int
+from rlbuf.storage import available_ram
 
 __all__ = ["EpisodeStats"]
 
@@ -45,27 +46,8 @@ _StatSummary: TypeAlias = "dict[str, float | int | None]"
 # numpy dtype kinds accepted per field: float, signed int, unsigned int, bool.
 _REWARD_KINDS = "fiu"
 _METRIC_KINDS = "fiub"
-# Keys that summary() uses itself; a metric of that name would overwrite them.
-_RESERVED = frozenset({"return", "length", "reasons", "episodes"})
-_STATE_KEYS = (
-    "num_envs",
-    "window",
-    "episodes_finished",
-    "running_return",
-    "running_length",
-    "returns",
-    "lengths",
-    "reasons",
-    "metrics",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class _Episode:
-    episode_return: float
-    length: int
-    reason: str
-    metrics: dict[str, float]
+_BYTES_PER_ENV = 16
+"""A running return (float64) and a running length (int64) per env."""
 
 
 def _kind(value: torch.Tensor | np.ndarray[Any, Any]) -> str:
@@ -93,7 +75,8 @@ class EpisodeStats:
         window: How many finished episodes to keep for [`summary`][rlbuf.EpisodeStats.summary].
 
     Raises:
-        ConfigError: ``num_envs`` or ``window`` is not a positive int.
+        ConfigError: ``num_envs`` or ``window`` is not a positive int, or the running returns
+            and lengths of ``num_envs`` envs (16 bytes each) would not fit the available memory.
 
     Example:
         >>> from rlbuf.stats import EpisodeStats
@@ -107,6 +90,11 @@ class EpisodeStats:
     def __init__(self, num_envs: int, *, window: int = 100) -> None:
         self._num_envs = positive_int("num_envs", num_envs)
         self._window = positive_int("window", window)
+        needed, available = _BYTES_PER_ENV * self._num_envs, available_ram()
+        if needed > available:
+            raise ConfigError(f"num_envs: {self._num_envs} envs need {needed} bytes of running returns and lengths, "
+                              f"but only {available} bytes of RAM are available; expected one tracker per vector "
+                              f"env, num_envs as the env's")
         self._shape = torch.Size([self._num_envs])
         self._expected = f"({self._num_envs},)" + (" or ()" if self._num_envs == 1 else "")
         # float64 so long episodes of small float32 rewards do not lose precision.
@@ -115,7 +103,7 @@ class EpisodeStats:
         # The hot path works on numpy views of these tensors: same memory, less per-call overhead.
         self._return_view: np.ndarray[Any, Any] = self._running_return.numpy()
         self._length_view: np.ndarray[Any, Any] = self._running_length.numpy()
-        self._episodes: deque[_Episode] = deque(maxlen=self._window)
+        self._episodes: deque[Episode] = deque(maxlen=self._window)
         self._finished = 0
 
     @property
@@ -194,7 +182,8 @@ class EpisodeStats:
             ShapeError: A field is not ``[num_envs]``, or ``reasons`` has the wrong length or an
                 env index out of range.
             DtypeError: A field has an unusable dtype, or a reason is not a str.
-            NonFiniteError: A reward is NaN or infinite, or a metric of an ending env is.
+            NonFiniteError: A reward is NaN or infinite, a metric of an ending env is, or a
+                running return would overflow float64 (nothing is added then).
             ConfigError: A metric name is not a str or is one of ``summary``'s own keys
                 (``return``, ``length``, ``reasons``, ``episodes``).
 
@@ -225,7 +214,10 @@ class EpisodeStats:
         ):
             # One gymnasium env mid-episode: plain Python in, no array to build
             # (measured ~0.4 us against ~5 us for the general path).
-            self._return_view[0] += reward
+            total = float(self._return_view[0]) + reward
+            if not math.isfinite(total):
+                raise self._overflow(0, reward)
+            self._return_view[0] = total
             self._length_view[0] += 1
             return
         reward_a = self._check_shape("reward", as_array("reward", reward))
@@ -249,8 +241,14 @@ class EpisodeStats:
             reward_a = np.where(steps, reward_a, 0)
             done = done & steps
 
+        # The sums first, checked, then stored: a return that overflows float64 changes nothing.
+        with np.errstate(over="ignore", invalid="ignore"):
+            totals = self._return_view + reward_a
+        if not all_finite(totals):
+            env = int(np.flatnonzero(~np.isfinite(totals))[0])
+            raise self._overflow(env, reward_a[env])
         if not done.any():
-            np.add(self._return_view, reward_a, out=self._return_view)
+            self._return_view[:] = totals
             self._length_view += steps
             return
 
@@ -264,7 +262,7 @@ class EpisodeStats:
             for env, was_terminated in zip(envs, ended_terminated, strict=True)
         ]
 
-        np.add(self._return_view, reward_a, out=self._return_view)
+        self._return_view[:] = totals
         self._length_view += steps
         returns: list[float] = self._return_view[index].tolist()
         lengths: list[int] = self._length_view[index].tolist()
@@ -274,7 +272,7 @@ class EpisodeStats:
             zip(returns, lengths, ended_reasons, strict=True)
         ):
             values = {name: column[i] for name, column in ended_metrics.items()}
-            self._episodes.append(_Episode(episode_return, length, reason, values))
+            self._episodes.append(Episode(episode_return, length, reason, values))
         self._finished += len(envs)
 
     def summary(self, last: int | None = None) -> dict[str, Any]:
@@ -426,7 +424,8 @@ class EpisodeStats:
 
         Raises:
             CheckpointError: A key is missing, ``num_envs`` differs, or a value has the wrong
-                type, shape or length.
+                type, shape, length or range (NaN or infinite returns and metrics, negative
+                lengths), naming the key.
 
         Example:
             >>> stats = EpisodeStats(1)
@@ -438,56 +437,12 @@ class EpisodeStats:
             >>> resumed.recent_returns()
             [1.0, 1.0]
         """
-        for key in _STATE_KEYS:
-            if key not in state:
-                raise CheckpointError(f"stats state: missing key {key!r}")
-        if state["num_envs"] != self._num_envs:
-            raise CheckpointError(
-                f"stats state: expected num_envs={self._num_envs}, got {state['num_envs']!r}"
-            )
-        running_return = self._state_tensor(state, "running_return", torch.float64)
-        running_length = self._state_tensor(state, "running_length", torch.int64)
-        returns, lengths, reasons = state["returns"], state["lengths"], state["reasons"]
-        metrics = state["metrics"]
-        n = _state_list("returns", returns, (int, float))
-        for key, value, kinds in (("lengths", lengths, (int,)), ("reasons", reasons, (str,))):
-            if _state_list(key, value, kinds) != n:
-                raise CheckpointError(f"stats state: {key}: expected length {n}, got {len(value)}")
-        if not isinstance(metrics, Mapping):
-            raise CheckpointError(
-                f"stats state: metrics: expected a mapping, got {type(metrics).__name__}"
-            )
-        for name, column in metrics.items():
-            if not isinstance(name, str) or name in _RESERVED:
-                raise CheckpointError(f"stats state: metrics: invalid name {name!r}")
-            if _state_list(f"metrics[{name!r}]", column, (int, float, type(None))) != n:
-                raise CheckpointError(
-                    f"stats state: metrics[{name!r}]: expected length {n}, got {len(column)}"
-                )
-        finished = state["episodes_finished"]
-        if isinstance(finished, bool) or not isinstance(finished, int) or finished < n:
-            raise CheckpointError(
-                f"stats state: episodes_finished: expected an int >= {n}, got {finished!r}"
-            )
-
-        episodes = [
-            _Episode(
-                float(returns[i]),
-                int(lengths[i]),
-                str(reasons[i]),
-                {
-                    name: float(column[i])
-                    for name, column in metrics.items()
-                    if column[i] is not None
-                },
-            )
-            for i in range(n)
-        ]
-        self._running_return.copy_(running_return)
-        self._running_length.copy_(running_length)
+        checked = checked_state(state, self._num_envs)
+        self._running_return.copy_(checked.running_return)
+        self._running_length.copy_(checked.running_length)
         self._episodes.clear()
-        self._episodes.extend(episodes)
-        self._finished = finished
+        self._episodes.extend(checked.episodes)
+        self._finished = checked.finished
 
     def __repr__(self) -> str:
         """Constructor arguments and counts, e.g. for logs.
@@ -523,10 +478,10 @@ class EpisodeStats:
         # Tensors are only checked here and moved to the CPU when an episode ends.
         checked: dict[str, torch.Tensor | np.ndarray[Any, Any]] = {}
         for name, value in metrics.items():
-            if not isinstance(name, str) or name in _RESERVED:
+            if not isinstance(name, str) or name in RESERVED:
                 raise ConfigError(
                     f"metrics: name {name!r} is not allowed; expected a str other than "
-                    f"{sorted(_RESERVED)}"
+                    f"{sorted(RESERVED)}"
                 )
             field = f"metrics[{name!r}]"
             array: torch.Tensor | np.ndarray[Any, Any]
@@ -588,33 +543,14 @@ class EpisodeStats:
             ended[name] = column.tolist()
         return ended
 
-    def _recent(self, k: int | None) -> list[_Episode]:
+    def _recent(self, k: int | None) -> list[Episode]:
         episodes = list(self._episodes)
         return episodes if k is None else episodes[-positive_int("k", k) :]
 
-    def _state_tensor(self, state: Mapping[str, Any], key: str, dtype: torch.dtype) -> torch.Tensor:
-        try:
-            tensor = torch.as_tensor(state[key]).to("cpu")
-        except (TypeError, ValueError, RuntimeError) as error:
-            raise CheckpointError(
-                f"stats state: {key}: expected a tensor, got {state[key]!r}"
-            ) from error
-        if tensor.shape != self._shape:
-            raise CheckpointError(
-                f"stats state: {key}: expected shape ({self._num_envs},), got {tuple(tensor.shape)}"
-            )
-        if tensor.dtype == torch.bool or (dtype == torch.int64 and tensor.dtype.is_floating_point):
-            raise CheckpointError(f"stats state: {key}: expected dtype {dtype}, got {tensor.dtype}")
-        return tensor.to(dtype)
-
-
-def _state_list(key: str, value: object, kinds: tuple[type, ...]) -> int:
-    if not isinstance(value, list):
-        raise CheckpointError(f"stats state: {key}: expected a list, got {type(value).__name__}")
-    for item in value:
-        if isinstance(item, bool) or not isinstance(item, kinds):
-            raise CheckpointError(f"stats state: {key}: unexpected item {item!r}")
-    return len(value)
+    def _overflow(self, env: int, reward: Any) -> NonFiniteError:
+        return NonFiniteError(f"reward: {reward} at env {env} would take its running return "
+                              f"({float(self._return_view[env])}) past the largest float64; check the env's "
+                              f"reward scale")
 
 
 def _describe(values: Sequence[float] | Sequence[int]) -> _StatSummary:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from rlbuf.cli import main
-from rlbuf.demos import _run
+from rlbuf.demos import _checkpoint, _progress, _run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,9 +71,9 @@ EVERY = {"ppo": 1024, "dqn": 1000, "ppo-continuous": 1024, "distill": 1024}
 
 def interrupt_at(monkeypatch: pytest.MonkeyPatch, frames: int) -> None:
     """Press Ctrl-C (a real SIGINT to this process) once, when the demo logs ``frames`` or more."""
-    log = _run.Progress.log
+    log = _progress.Progress.log
 
-    def log_then_interrupt(self: _run.Progress, at: int, *args: Any, **kwargs: Any) -> float | None:
+    def log_then_interrupt(self: _progress.Progress, at: int, *args: Any, **kwargs: Any) -> float | None:
         recent = log(self, at, *args, **kwargs)
         if at >= frames and not pressed:
             pressed.append(at)
@@ -81,7 +81,7 @@ def interrupt_at(monkeypatch: pytest.MonkeyPatch, frames: int) -> None:
         return recent
 
     pressed: list[int] = []
-    monkeypatch.setattr(_run.Progress, "log", log_then_interrupt)
+    monkeypatch.setattr(_progress.Progress, "log", log_then_interrupt)
 
 
 @pytest.mark.parametrize("name", ["ppo", "dqn", "ppo-continuous", "distill"])
@@ -138,8 +138,8 @@ def test_ctrl_c_in_a_terminal_saves_and_says_how_to_resume(tmp_path: Path) -> No
     assert "Traceback" not in errors
     checkpoint = _run.latest_checkpoint(out)
     assert checkpoint is not None
-    frames = _run.read_meta(checkpoint)["frames"]
-    assert frames > 1024 and _run.read_meta(checkpoint)["reason"] == "interrupt"
+    frames = _checkpoint.read_meta(checkpoint)["frames"]
+    assert frames > 1024 and _checkpoint.read_meta(checkpoint)["reason"] == "interrupt"
     assert errors.splitlines()[-1] == (f"rlbuf demo ppo: interrupted at {frames} frames; checkpoint {checkpoint}; "
                                        f"continue with: rlbuf demo ppo --resume {out}")
     assert rest == ""

@@ -149,3 +149,55 @@ def test_rewards_and_values_still_take_integers_but_not_bools() -> None:
     with pytest.raises(DtypeError, match="reward"):
         buffer.add(np.zeros((2, 3), np.float32), np.zeros(2, np.float32), np.array([True, False]),
                    np.zeros(2, bool), np.zeros(2, np.float32), np.zeros(2, np.float32))
+
+
+def goal_space(dtype: Any = np.float64) -> gym.spaces.Dict:
+    """gymnasium's GoalEnv layout: a key named "observation" beside the goals."""
+    return gym.spaces.Dict({"observation": gym.spaces.Box(-1, 1, (6,), dtype),
+                            "achieved_goal": gym.spaces.Box(-1, 1, (3,), np.float32),
+                            "desired_goal": gym.spaces.Box(-1, 1, (3,), np.float32)})
+
+
+@pytest.mark.parametrize("build", [
+    lambda **kw: ReplayBuffer(10, action_shape=(), **kw),
+    lambda **kw: RolloutBuffer(4, 1, action_shape=(), **kw),
+    lambda **kw: DistillationBuffer(10, action_shape=(), **kw),
+], ids=["replay", "rollout", "distill"])
+def test_a_goal_env_dict_space_gives_the_same_fields_as_observation_space_and_as_obs_shape(build: Any) -> None:
+    by_space, by_shape = build(observation_space=goal_space()), build(obs_shape=goal_space())
+    assert [s.to_json() for s in by_space.fields] == [s.to_json() for s in by_shape.fields]
+    obs = {s.name: (s.shape, s.dtype) for s in by_space.fields if s.name.startswith("obs[")}
+    assert obs == {'obs["achieved_goal"]': ((3,), torch.float32), 'obs["desired_goal"]': ((3,), torch.float32),
+                   'obs["observation"]': ((6,), torch.float64)}
+
+
+def test_a_float64_leaf_keeps_its_dtype_as_a_flat_float64_box_does() -> None:
+    flat = ReplayBuffer(10, observation_space=gym.spaces.Box(-1, 1, (6,), np.float64), action_shape=())
+    nested = ReplayBuffer(10, observation_space=gym.spaces.Dict({"a": gym.spaces.Box(-1, 1, (6,), np.float64)}),
+                          action_shape=())
+    assert flat.fields[0].dtype is nested.fields[0].dtype is torch.float64
+    converted = ReplayBuffer(10, observation_space=goal_space(), obs_dtype=torch.float32, action_shape=())
+    assert {s.dtype for s in converted.fields if s.name.startswith("obs[")} == {torch.float32}
+    one_key = ReplayBuffer(10, observation_space=goal_space(), obs_dtype={"observation": torch.float32},
+                           action_shape=())
+    assert one_key.fields[2].describe() == 'obs["observation"]: (6,) float32'
+
+
+def test_a_goal_env_buffer_stores_float64_observations_exactly() -> None:
+    buffer = ReplayBuffer(10, observation_space=goal_space(), action_shape=(), seed=0)
+    obs = {"observation": np.full(6, 0.1), "achieved_goal": np.zeros(3, np.float32),
+           "desired_goal": np.ones(3, np.float32)}
+    buffer.add(obs, 0.0, 1.0, obs, False, False)
+    assert buffer.sample_all().obs["observation"][0].tolist() == [0.1] * 6
+
+
+@pytest.mark.parametrize("spec", [
+    Composite(observation=Unbounded((3,))),
+    Composite(observation=Unbounded((4, 3)), shape=(4,)),
+    Composite(observation=Composite(a=Unbounded((2,)), b=Bounded(0, 255, (1,), dtype=torch.uint8))),
+    Composite(a=Unbounded((2,)), b=Composite(c=Unbounded((1,)))),
+], ids=["observation entry", "batched", "nested observation entry", "observation keys"])
+def test_a_composite_spec_gives_the_same_fields_as_obs_shape_and_as_observation_space(spec: Composite) -> None:
+    by_space = ReplayBuffer(10, observation_space=spec, action_shape=())
+    by_shape = ReplayBuffer(10, obs_shape=spec, action_shape=())
+    assert [s.to_json() for s in by_space.fields] == [s.to_json() for s in by_shape.fields]

@@ -124,7 +124,7 @@ def test_composite_specs_and_gymnasium_dict_spaces_give_the_same_fields(source: 
     else:
         box = gymnasium.spaces.Box
         obs_shape = gymnasium.spaces.Dict({
-            "camera": box(0, 255, (3, 4, 4), np.uint8), "proprio": box(-1, 1, (5,), np.float64),
+            "camera": box(0, 255, (3, 4, 4), np.uint8), "proprio": box(-1, 1, (5,), np.float32),
             "sensors": gymnasium.spaces.Dict({"imu": box(-1, 1, (2,), np.float32)})})
     built = ReplayBuffer(32, obs_shape=obs_shape, action_shape=(), num_envs=N)
     assert [s.to_json() for s in built.fields] == [s.to_json() for s in replay().fields]

@@ -1,4 +1,7 @@
-"""What the demos share: options, output folder, seeding, progress bar, curve, summary, checkpoints.
+"""What the demos share: options, output folder, seeding, Ctrl-C, and where a run's checkpoints are.
+
+The progress bar, curve and summary are in ``rlbuf.demos._progress``; writing and resuming
+checkpoints in ``rlbuf.demos._checkpoint``.
 
 A run writes into its output folder::
 
@@ -38,19 +41,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import os
 import random
 import shlex
-import shutil
 import signal
-import sys
 import threading
 import time
 import typing
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -59,16 +58,12 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 import torch
 
-from rlbuf._base import RingBuffer
-from rlbuf.checkpoint import load_state
-from rlbuf.errors import CheckpointError, ConfigError
+from rlbuf.errors import ConfigError
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import resolve_device
 
 WINDOW = 20
 """Episodes averaged for the reported return (the issue's "last 20 episodes")."""
-
-KEEP_CHECKPOINTS = 2
 
 # Options that may differ when resuming (the others would make the resumed run another run).
 RESUME_OVERRIDES = frozenset({"frames", "stop_after_frames", "device", "progress", "target_return",
@@ -228,7 +223,7 @@ def setup(args: RunArgs, demo: str) -> Path:
     if args.resume is None and (out / "config.json").exists():
         raise ConfigError(f"--out {out}: already holds a run; pass --resume {out} to continue it, or another --out")
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "config.json", {"demo": demo, **dataclasses.asdict(args), "out": str(out)})
+    write_json(out / "config.json", {"demo": demo, **dataclasses.asdict(args), "out": str(out)})
     return out
 
 
@@ -428,240 +423,7 @@ def checkpoint_and_reset(args: RunArgs, frames_before: int, frames: int, stopped
     return False, None
 
 
-# -- progress, curve, summary --------------------------------------------------------------------
-class Progress:
-    """A tqdm bar (frames, fps, recent return) and the learning-curve history.
-
-    Args:
-        args: the run's options (``frames``, ``progress``, ``target_return``).
-        frames: frames already done (non-zero when resuming).
-        state: a ``state_dict`` from the checkpoint, when resuming.
-
-    Example:
-        >>> progress = Progress(RunArgs(progress=False), 0)
-        >>> stats = EpisodeStats(1)
-        >>> for _ in range(WINDOW):
-        ...     stats.update(500.0, True)
-        >>> progress.log(1_000, stats)
-        500.0
-        >>> progress.reached["frames"], progress.done(1_000)
-        (1000, True)
-    """
-
-    def __init__(self, args: RunArgs, frames: int, state: dict[str, Any] | None = None) -> None:
-        from tqdm import tqdm
-
-        self.args = args
-        self.history: list[list[float | None]] = [] if state is None else [list(p) for p in state["history"]]
-        self.reached: dict[str, float] | None = None if state is None else state["reached"]
-        self.resumed_at: list[int] = [] if state is None else [*state["resumed_at"], frames]
-        self._elapsed = 0.0 if state is None else float(state["elapsed"])
-        self._started = time.perf_counter()
-        self.bar = tqdm(total=args.frames, initial=frames, unit="frame", unit_scale=True, dynamic_ncols=True,
-                        disable=not args.progress, file=sys.stderr)
-
-    @property
-    def seconds(self) -> float:
-        """Training time so far, over every resumed part of the run."""
-        return self._elapsed + time.perf_counter() - self._started
-
-    def log(self, frames: int, stats: EpisodeStats, **postfix: float) -> float | None:
-        """Advance to ``frames``, record a curve point; return the recent mean return."""
-        recent = mean_return(stats)
-        self.history.append([frames, round(self.seconds, 3), recent])
-        if recent is not None and self.reached is None and recent >= self.args.target_return:
-            self.reached = {"frames": frames, "seconds": round(self.seconds, 3)}
-        self.bar.update(frames - self.bar.n)
-        shown = {"return": "-" if recent is None else f"{recent:.1f}", "episodes": stats.episodes_finished}
-        self.bar.set_postfix({**shown, **{k: f"{v:.3g}" for k, v in postfix.items()}}, refresh=False)
-        return recent
-
-    def done(self, frames: int) -> bool:
-        """Whether the run is over at ``frames``: ``--frames`` done, or the target reached with ``--stop-at-target``."""
-        return frames >= self.args.frames or (self.reached is not None and self.args.stop_at_target)
-
-    def state_dict(self) -> dict[str, Any]:
-        """History, elapsed time and target, for the checkpoint."""
-        return {"history": self.history, "reached": self.reached, "elapsed": self.seconds,
-                "resumed_at": self.resumed_at}
-
-    def close(self) -> None:
-        """Close the bar (at 100 % when the run stopped early, at its target)."""
-        if self.bar.total is not None and self.bar.n < self.bar.total:
-            self.bar.total = self.bar.n
-            self.bar.refresh()
-        self.bar.close()
-
-
-def plot_curve(history: list[list[float | None]], path: Path, title: str, target: float) -> None:
-    """Save the learning curve (mean return of the last episodes against frames) as a PNG.
-
-    Example:
-        >>> import tempfile
-        >>> path = Path(tempfile.mkdtemp()) / "curve.png"
-        >>> plot_curve([[1000, 1.0, None], [2000, 2.0, 30.5]], path, "demo", target=475)
-        >>> path.read_bytes()[:4]
-        b'\\x89PNG'
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    points = [(p[0], p[2]) for p in history if p[2] is not None]
-    figure, axes = plt.subplots(figsize=(7, 4))
-    if points:
-        axes.plot([p[0] for p in points], [p[1] for p in points], color="tab:blue",
-                  label=f"mean return, last {WINDOW} episodes")
-    axes.axhline(target, color="tab:gray", linestyle="--", linewidth=1, label=f"target {target:g}")
-    axes.set_xlabel("frames")
-    axes.set_ylabel("episode return")
-    axes.set_title(title)
-    axes.grid(alpha=0.3)
-    axes.legend(loc="lower right")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-
-
-def finish(out: Path, demo: str, args: RunArgs, progress: Progress, frames: int, stats: EpisodeStats,
-           stopped: bool, interrupted_at: Path | None, title: str | None = None, **extra: Any) -> dict[str, Any]:
-    """Write ``summary.json`` and ``curve.png`` into ``out``; return the summary, or raise after a Ctrl-C.
-
-    Args:
-        out: the run's output folder.
-        demo: the demo's name (in the summary, the default title and the resume command).
-        args: the run's options.
-        progress: the run's progress (time, curve history, when the target was reached).
-        frames: frames done.
-        stats: the episode statistics.
-        stopped: whether the run is done (``"finished"``); else it was ``"interrupted"`` by a
-            Ctrl-C or ``"stopped"`` by ``--stop-after-frames``.
-        interrupted_at: the Ctrl-C checkpoint, if one was written.
-        title: the curve's title (default: ``"<demo> on CartPole-v1 (seed <seed>)"``).
-        extra: more fields for the summary.
-
-    Raises:
-        Interrupted: after writing the outputs, when ``interrupted_at`` is given.
-
-    Example:
-        >>> import tempfile
-        >>> out = Path(tempfile.mkdtemp())
-        >>> stats = EpisodeStats(1)
-        >>> stats.update(10.0, True)
-        >>> progress = Progress(RunArgs(progress=False), 0)
-        >>> _ = progress.log(100, stats)
-        >>> summary = finish(out, "demo", RunArgs(), progress, 100, stats, True, None)
-        >>> summary["status"], summary["episodes"], sorted(p.name for p in out.iterdir())
-        ('finished', 1, ['curve.png', 'summary.json'])
-        >>> finish(out, "demo", RunArgs(), progress, 100, stats, False, out / "checkpoints" / "frames-100")  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        rlbuf.demos._run.Interrupted: interrupted at 100 frames; ...
-    """
-    import tensordict
-    import torchrl
-
-    from rlbuf import __version__
-
-    status = "finished" if stopped else "interrupted" if interrupted_at is not None else "stopped"
-    summary = {
-        "demo": demo,
-        "status": status,
-        "frames": frames,
-        "seconds": round(progress.seconds, 3),
-        "episodes": stats.episodes_finished,
-        f"mean_return_last_{WINDOW}": mean_return(stats),
-        "target_return": args.target_return,
-        "reached_target": progress.reached,
-        "resumed_at_frames": progress.resumed_at,
-        **extra,
-        "args": dataclasses.asdict(args),
-        "versions": {"rlbuf": __version__, "torch": torch.__version__, "torchrl": torchrl.__version__,
-                     "tensordict": tensordict.__version__},
-        "outputs": {"curve": str(out / "curve.png"), "summary": str(out / "summary.json"),
-                    "model": str(out / "model.pt"), "checkpoints": str(out / "checkpoints")},
-    }
-    plot_curve(progress.history, out / "curve.png", title or f"{demo} on CartPole-v1 (seed {args.seed})",
-               args.target_return)
-    _write_json(out / "summary.json", summary)
-    if interrupted_at is not None:
-        raise Interrupted(interrupted_at, out, frames, demo)
-    return summary
-
-
-# -- checkpoints ---------------------------------------------------------------------------------
-def rng_state() -> dict[str, Any]:
-    """The global generators' states: torch (and CUDA), numpy, python.
-
-    Example:
-        >>> state = rng_state()
-        >>> draws = torch.rand(1), np.random.rand(), random.random()
-        >>> set_rng_state(state)
-        >>> (torch.rand(1), np.random.rand(), random.random()) == draws
-        True
-    """
-    numpy_state = np.random.get_state(legacy=False)
-    assert isinstance(numpy_state, dict)
-    numpy_state["state"]["key"] = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
-    return {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "numpy": numpy_state, "python": random.getstate()}
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what ``rng_state`` returned (see there for an example)."""
-    torch.set_rng_state(state["torch"])
-    if state["cuda"]:
-        torch.cuda.set_rng_state_all(state["cuda"])
-    numpy_state = dict(state["numpy"])
-    numpy_state["state"] = {**numpy_state["state"], "key": numpy_state["state"]["key"].numpy().astype(np.uint32)}
-    np.random.set_state(numpy_state)
-    random.setstate(state["python"])
-
-
-def save_checkpoint(out: Path, demo: str, args: RunArgs, frames: int, buffer: RingBuffer[Any],
-                    state: dict[str, Any], reason: CheckpointReason = "scheduled") -> Path:
-    """Write ``out/checkpoints/frames-<frames>`` whole or not at all; keep the newest two.
-
-    ``state`` holds what the demo needs back (state dicts of networks and optimisers, counters);
-    the global RNG states are added here. It must load with ``torch.load(weights_only=True)``.
-    ``reason`` (recorded in ``meta.json``) says why it was written, for ``--resume`` to report.
-
-    Example:
-        >>> import tempfile
-        >>> from rlbuf import ReplayBuffer
-        >>> args = RunArgs(out=tempfile.mkdtemp() + "/run", progress=False)
-        >>> out = setup(args, "demo")
-        >>> buffer = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0)
-        >>> buffer.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False)
-        >>> path = save_checkpoint(out, "demo", args, 100, buffer, {"frames": 100})
-        >>> path.name, latest_checkpoint(out) == path, read_meta(path)["frames"]
-        ('frames-000000000100', True, 100)
-        >>> resumed = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0)
-        >>> resume(dataclasses.replace(args, resume=str(out)), out, resumed)["frames"], len(resumed)  # doctest: +ELLIPSIS
-        resuming .../run from checkpoints/frames-000000000100 (scheduled): 100 of 100000 frames done
-        (100, 1)
-    """
-    root = out / "checkpoints"
-    final = root / f"frames-{frames:012d}"
-    staging = root / f".frames-{frames:012d}.tmp-{uuid.uuid4().hex[:8]}"
-    staging.mkdir(parents=True)
-    try:
-        buffer.save(staging / "buffer")
-        torch.save({**state, "rng": rng_state()}, staging / "state.pt")
-        digest = _sha256(staging / "state.pt")
-        _write_json(staging / "meta.json", {"demo": demo, "frames": frames, "state_sha256": digest,
-                                            "reason": reason, "args": dataclasses.asdict(args)})
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(staging, final)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    for old in [*sorted(root.glob("frames-*"))[:-KEEP_CHECKPOINTS], *root.glob(".frames-*.tmp-*")]:
-        shutil.rmtree(old, ignore_errors=True)  # older checkpoints, and saves a kill interrupted
-    return final
-
-
+# -- checkpoints of a run folder ----------------------------------------------------------------
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of a run folder (``None``: killed before the first one)."""
     found = sorted((run_dir / "checkpoints").glob("frames-*"))
@@ -684,56 +446,8 @@ def has_checkpoint(run_dir: Path) -> bool:
     return latest_checkpoint(run_dir) is not None or any(run_dir.glob("*/checkpoints/frames-*"))
 
 
-def read_meta(checkpoint: Path) -> dict[str, Any]:
-    """The ``meta.json`` of a demo checkpoint.
-
-    Raises:
-        CheckpointError: missing or not valid JSON.
-    """
-    try:
-        meta = json.loads((checkpoint / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"{checkpoint / 'meta.json'}: unreadable ({error})") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("args"), dict):
-        raise CheckpointError(f"{checkpoint / 'meta.json'}: not a demo checkpoint")
-    return meta
-
-
-def resume(args: RunArgs, out: Path, buffer: RingBuffer[Any]) -> dict[str, Any] | None:
-    """On ``--resume``, restore the newest checkpoint: ``buffer`` (with the stats it feeds), the
-    global RNGs; print what was resumed; return the demo's saved state. ``None`` for a fresh run,
-    or a run whose only checkpoints are in a subfolder (a finished teacher: this stage starts at 0).
-
-    Raises:
-        CheckpointError: a checksum or the format does not match.
-    """
-    if args.resume is None:
-        return None
-    checkpoint = latest_checkpoint(out)
-    if checkpoint is None:
-        print(f"resuming {out}: no checkpoint of this stage yet, it starts at frame 0", flush=True)
-        return None
-    meta = read_meta(checkpoint)
-    if _sha256(checkpoint / "state.pt") != meta.get("state_sha256"):
-        raise CheckpointError(f"{checkpoint / 'state.pt'}: SHA-256 mismatch (corrupted)")
-    # Into the buffer built by the demo (not Cls.load) so the EpisodeStats it feeds come back too.
-    buffer.load_state_dict(load_state(checkpoint / "buffer", kind=type(buffer).__name__))
-    state: dict[str, Any] = torch.load(checkpoint / "state.pt", weights_only=True)
-    set_rng_state(state["rng"])
-    print(f"resuming {out} from checkpoints/{checkpoint.name} ({meta.get('reason', 'scheduled')}): "
-          f"{state['frames']} of {args.frames} frames done", flush=True)
-    return state
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _write_json(path: Path, value: Any) -> None:
+def write_json(path: Path, value: Any) -> None:
+    """Write ``value`` as JSON to ``path`` through a temporary sibling: whole or not at all."""
     temporary = path.with_name(f".{path.name}.tmp")
     temporary.write_text(json.dumps(value, indent=1) + "\n", encoding="utf-8")
     os.replace(temporary, path)

@@ -32,7 +32,7 @@ from torch import nn
 from torchrl.collectors import Collector
 
 from rlbuf import ConfigError, DistillationBuffer, EpisodeStats
-from rlbuf.demos import _run, ppo
+from rlbuf.demos import _checkpoint, _progress, _run, ppo
 from rlbuf.demos._run import RunArgs, arg
 
 
@@ -119,7 +119,7 @@ def run(args: Args) -> dict[str, Any]:
                                 num_envs=frames_per_round, extra_fields={"expert_logits": ((2,), torch.float32)},
                                 storage=args.storage, storing_device=device, seed=args.seed)
 
-    frames, saved = 0, _run.resume(args, out, buffer)
+    frames, saved = 0, _checkpoint.resume(args, out, buffer)
     if saved is not None:
         student_net.load_state_dict(saved["models"]["student"])
         optimizer.load_state_dict(saved["optimizer"])
@@ -130,10 +130,10 @@ def run(args: Args) -> dict[str, Any]:
     collector = Collector(env, student, frames_per_batch=frames_per_round, total_frames=max(remaining, frames_per_round),
                           policy_device=device, storing_device=device, auto_register_policy_transforms=False)
     collector.reset(seed=_run.env_seed(args.seed, frames))  # see rlbuf.demos._run: exact resume
-    progress = _run.Progress(args, frames, None if saved is None else saved["progress"])
+    progress = _progress.Progress(args, frames, None if saved is None else saved["progress"])
 
     def checkpoint(reason: _run.CheckpointReason) -> Path:
-        return _run.save_checkpoint(out, "distill", args, frames, buffer, {
+        return _checkpoint.save_checkpoint(out, "distill", args, frames, buffer, {
             "frames": frames, "progress": progress.state_dict(), "optimizer": optimizer.state_dict(),
             "models": {"student": student_net.state_dict()}, "stats": stats.state_dict()}, reason)
 
@@ -181,4 +181,4 @@ def run(args: Args) -> dict[str, Any]:
                      parameters={"teacher": sum(p.numel() for p in teacher_net.parameters()),
                                  "student": sum(p.numel() for p in student_net.parameters())})
     buffer.close()  # removes a memmap storage's scratch files
-    return _run.finish(out, "distill", args, progress, frames, stats, stopped, interrupted_at, **extra)
+    return _progress.finish(out, "distill", args, progress, frames, stats, stopped, interrupted_at, **extra)

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from rlbuf import EpisodeStats, ReplayBuffer
-from rlbuf.demos import _run
+from rlbuf.demos import _checkpoint, _progress, _run
 from rlbuf.demos._run import RunArgs, arg
 
 
@@ -101,7 +101,7 @@ def run(args: Args) -> dict[str, Any]:
                           alpha=args.alpha if args.prioritized else None, beta=args.beta if args.prioritized else None,
                           storage=args.storage, device=device, seed=args.seed, stats=stats)
 
-    frames, saved = 0, _run.resume(args, out, buffer)
+    frames, saved = 0, _checkpoint.resume(args, out, buffer)
     if saved is not None:
         q_net.load_state_dict(saved["models"]["q"])
         target_net.load_state_dict(saved["models"]["target"])
@@ -110,14 +110,14 @@ def run(args: Args) -> dict[str, Any]:
         frames = saved["frames"]
         _run.drop_running_episodes(stats)  # the envs restart below
     obs, _ = envs.reset(seed=_run.env_seed(args.seed, frames))  # see rlbuf.demos._run: exact resume
-    progress = _run.Progress(args, frames, None if saved is None else saved["progress"])
+    progress = _progress.Progress(args, frames, None if saved is None else saved["progress"])
 
     def reset_envs(seed: int) -> None:
         nonlocal obs
         obs, _ = envs.reset(seed=seed)
 
     def checkpoint(reason: _run.CheckpointReason) -> Path:
-        return _run.save_checkpoint(out, "dqn", args, frames, buffer, {
+        return _checkpoint.save_checkpoint(out, "dqn", args, frames, buffer, {
             "frames": frames, "progress": progress.state_dict(), "optimizer": optimizer.state_dict(),
             "models": {"q": q_net.state_dict(), "target": target_net.state_dict()},
             "exploration_rng": rng.bit_generator.state}, reason)
@@ -174,4 +174,4 @@ def run(args: Args) -> dict[str, Any]:
         checkpoint("end")
         torch.save({"q": q_net.state_dict(), "hidden": args.hidden}, out / "model.pt")
     buffer.close()  # removes a memmap storage's scratch files
-    return _run.finish(out, "dqn", args, progress, frames, stats, stopped, interrupted_at)
+    return _progress.finish(out, "dqn", args, progress, frames, stats, stopped, interrupted_at)

@@ -36,7 +36,7 @@ from torchrl.envs import GymWrapper
 from torchrl.modules import ProbabilisticActor, ValueOperator
 
 from rlbuf import GAE, EpisodeStats, RolloutBuffer
-from rlbuf.demos import _run, ppo_recurrent
+from rlbuf.demos import _checkpoint, _progress, _run, ppo_recurrent
 from rlbuf.demos._run import RunArgs, arg
 from rlbuf.demos.ppo_recurrent import HideVelocities
 
@@ -145,7 +145,7 @@ def run(args: Args) -> dict[str, Any]:
     buffer = RolloutBuffer(args.num_steps, args.num_envs, obs_shape=(obs_size,), action_shape=(), action_dtype=torch.int64,
                            storage=args.storage, storing_device=device, seed=args.seed, stats=stats)
 
-    frames, saved = 0, _run.resume(args, out, buffer)
+    frames, saved = 0, _checkpoint.resume(args, out, buffer)
     if saved is not None:
         actor_net.load_state_dict(saved["models"]["actor"])
         critic_net.load_state_dict(saved["models"]["critic"])
@@ -156,10 +156,10 @@ def run(args: Args) -> dict[str, Any]:
     collector = Collector(env, actor, frames_per_batch=frames_per_batch, total_frames=max(remaining, frames_per_batch),
                           policy_device=device, storing_device=device, auto_register_policy_transforms=False)
     collector.reset(seed=_run.env_seed(args.seed, frames))  # see rlbuf.demos._run: exact resume
-    progress = _run.Progress(args, frames, None if saved is None else saved["progress"])
+    progress = _progress.Progress(args, frames, None if saved is None else saved["progress"])
 
     def checkpoint(reason: _run.CheckpointReason) -> Path:
-        return _run.save_checkpoint(out, "ppo", args, frames, buffer, {
+        return _checkpoint.save_checkpoint(out, "ppo", args, frames, buffer, {
             "frames": frames, "progress": progress.state_dict(), "optimizer": optimizer.state_dict(),
             "models": {"actor": actor_net.state_dict(), "critic": critic_net.state_dict()}}, reason)
 
@@ -205,4 +205,4 @@ def run(args: Args) -> dict[str, Any]:
         torch.save({"actor": actor_net.state_dict(), "critic": critic_net.state_dict(), "hidden": args.hidden},
                    out / "model.pt")
     buffer.close()  # removes a memmap storage's scratch files
-    return _run.finish(out, "ppo", args, progress, frames, stats, stopped, interrupted_at)
+    return _progress.finish(out, "ppo", args, progress, frames, stats, stopped, interrupted_at)

@@ -51,7 +51,7 @@ from gymnasium.wrappers.utils import update_mean_var_count_from_moments
 from torch import nn
 
 from rlbuf import EpisodeStats, RolloutBuffer
-from rlbuf.demos import _run
+from rlbuf.demos import _checkpoint, _progress, _run
 from rlbuf.demos._run import RunArgs, arg
 from rlbuf.demos.ppo import mlp
 from rlbuf.gym import Recorder
@@ -174,7 +174,7 @@ def run(args: Args) -> dict[str, Any]:
 
     recorder = Recorder(envs, buffer, bootstrap=bootstrap)
 
-    frames, saved = 0, _run.resume(args, out, buffer)
+    frames, saved = 0, _checkpoint.resume(args, out, buffer)
     if saved is not None:
         actor.load_state_dict(saved["models"]["actor"])
         critic.load_state_dict(saved["models"]["critic"])
@@ -184,7 +184,7 @@ def run(args: Args) -> dict[str, Any]:
         stats.load_state_dict(saved["stats"])
         _run.drop_running_episodes(stats)  # as the uninterrupted run did right after saving
         frames = saved["frames"]
-    progress = _run.Progress(args, frames, None if saved is None else saved["progress"])
+    progress = _progress.Progress(args, frames, None if saved is None else saved["progress"])
     raw_obs, _ = envs.reset(seed=_run.env_seed(args.seed, frames))  # see rlbuf.demos._run: exact resume
     obs_norm.update(raw_obs)
 
@@ -195,7 +195,7 @@ def run(args: Args) -> dict[str, Any]:
         discounted[:] = 0.0
 
     def checkpoint(reason: _run.CheckpointReason) -> Path:
-        return _run.save_checkpoint(out, "ppo-continuous", args, frames, buffer, {
+        return _checkpoint.save_checkpoint(out, "ppo-continuous", args, frames, buffer, {
             "frames": frames, "progress": progress.state_dict(), "optimizer": optimizer.state_dict(),
             "obs_norm": obs_norm.state_dict(), "return_norm": return_norm.state_dict(), "stats": stats.state_dict(),
             "models": {"actor": actor.state_dict(), "critic": critic.state_dict()}}, reason)
@@ -271,7 +271,7 @@ def run(args: Args) -> dict[str, Any]:
                    out / "model.pt")
     buffer.close()
     variant = "folded (timeout = death)" if args.fold_truncation else "bootstrapped timeouts"
-    return _run.finish(out, "ppo-continuous", args, progress, frames, stats, stopped, interrupted_at,
+    return _progress.finish(out, "ppo-continuous", args, progress, frames, stats, stopped, interrupted_at,
                        title=f"PPO on Pendulum-v1, {variant} (seed {args.seed})", variant=variant)
 
 

@@ -33,7 +33,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from rlbuf import EpisodeStats, RolloutBuffer
-from rlbuf.demos import _run
+from rlbuf.demos import _checkpoint, _progress, _run
 
 
 class HideVelocities(gym.ObservationWrapper):  # type: ignore[misc]
@@ -128,15 +128,15 @@ def run(args: Any) -> dict[str, Any]:
                            hidden_state_shape={"h": (2, args.hidden), "c": (2, args.hidden)},
                            storage=args.storage, storing_device=device, seed=args.seed, stats=stats)
 
-    frames, saved = 0, _run.resume(args, out, buffer)
+    frames, saved = 0, _checkpoint.resume(args, out, buffer)
     if saved is not None:
         policy.load_state_dict(saved["models"]["policy"])
         optimizer.load_state_dict(saved["optimizer"])
         frames = saved["frames"]
-    progress = _run.Progress(args, frames, None if saved is None else saved["progress"])
+    progress = _progress.Progress(args, frames, None if saved is None else saved["progress"])
 
     def checkpoint(reason: _run.CheckpointReason) -> Path:
-        return _run.save_checkpoint(out, "ppo", args, frames, buffer, {
+        return _checkpoint.save_checkpoint(out, "ppo", args, frames, buffer, {
             "frames": frames, "progress": progress.state_dict(), "optimizer": optimizer.state_dict(),
             "models": {"policy": policy.state_dict()}}, reason)
 
@@ -215,4 +215,4 @@ def run(args: Any) -> dict[str, Any]:
         checkpoint("end")
         torch.save({"policy": policy.state_dict(), "hidden": args.hidden}, out / "model.pt")
     buffer.close()
-    return _run.finish(out, "ppo", args, progress, frames, stats, stopped, interrupted_at)
+    return _progress.finish(out, "ppo", args, progress, frames, stats, stopped, interrupted_at)

@@ -1,0 +1,139 @@
+"""EpisodeStats' saved state: every key checked before anything is restored.
+
+A state that [`EpisodeStats.state_dict`][rlbuf.EpisodeStats.state_dict] could not have written
+is refused with a [`CheckpointError`][rlbuf.errors.CheckpointError] naming the key: NaN or
+infinite returns, negative lengths, a running return without a running episode, lists of
+different lengths, metrics under the names ``summary`` uses itself.
+
+Example:
+    >>> import torch
+    >>> state = {"num_envs": 1, "window": 10, "episodes_finished": 0, "running_return": torch.tensor([float("nan")],
+    ...          dtype=torch.float64), "running_length": torch.tensor([3]), "returns": [], "lengths": [], "reasons": [],
+    ...          "metrics": {}}
+    >>> checked_state(state, 1)
+    Traceback (most recent call last):
+    ...
+    rlbuf.errors.CheckpointError: stats state: running_return: expected finite values, got nan at env 0
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlbuf.errors import CheckpointError
+
+STATE_KEYS = ("num_envs", "window", "episodes_finished", "running_return", "running_length", "returns", "lengths",
+              "reasons", "metrics")
+RESERVED = frozenset({"return", "length", "reasons", "episodes"})
+"""Keys that ``summary()`` uses itself; a metric of that name would overwrite them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    """One finished episode: its return, length (steps), end reason and custom metrics."""
+
+    episode_return: float
+    length: int
+    reason: str
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedState:
+    """A saved state that passed every check, ready to be restored as it is."""
+
+    running_return: torch.Tensor
+    running_length: torch.Tensor
+    episodes: list[Episode]
+    finished: int
+
+
+def checked_state(state: Mapping[str, Any], num_envs: int) -> CheckedState:
+    """The parts of ``state`` once every key is known to hold what ``state_dict`` writes.
+
+    Raises:
+        CheckpointError: a key missing, ``num_envs`` different, or a value of the wrong type,
+            shape, length or range (NaN or infinite returns and metrics, negative lengths,
+            finished episodes of no step, a running return where no episode runs).
+    """
+    if not isinstance(state, Mapping):
+        raise CheckpointError(f"stats state: expected a mapping, got {type(state).__name__}")
+    for key in STATE_KEYS:
+        if key not in state:
+            raise CheckpointError(f"stats state: missing key {key!r}")
+    if state["num_envs"] != num_envs:
+        raise CheckpointError(f"stats state: expected num_envs={num_envs}, got {state['num_envs']!r}")
+    running_return = _state_tensor(state, "running_return", torch.float64, num_envs)
+    running_length = _state_tensor(state, "running_length", torch.int64, num_envs)
+    _check_finite("running_return", running_return.tolist())
+    negative = (running_length < 0).nonzero().flatten().tolist()
+    if negative:
+        raise CheckpointError(f"stats state: running_length: expected counts >= 0, got "
+                              f"{int(running_length[negative[0]])} at env {negative[0]}")
+    idle = ((running_length == 0) & (running_return != 0)).nonzero().flatten().tolist()
+    if idle:
+        raise CheckpointError(f"stats state: running_return: env {idle[0]} has a return of "
+                              f"{float(running_return[idle[0]])} but no step in its running episode "
+                              f"(running_length 0)")
+    returns, lengths, reasons, metrics = state["returns"], state["lengths"], state["reasons"], state["metrics"]
+    n = _state_list("returns", returns, (int, float))
+    _check_finite("returns", returns)
+    for key, value, kinds in (("lengths", lengths, (int,)), ("reasons", reasons, (str,))):
+        if _state_list(key, value, kinds) != n:
+            raise CheckpointError(f"stats state: {key}: expected length {n}, got {len(value)}")
+    short = next((i for i, length in enumerate(lengths) if length < 1), None)
+    if short is not None:
+        raise CheckpointError(f"stats state: lengths: expected episodes of at least 1 step, got {lengths[short]} "
+                              f"at episode {short}")
+    if not isinstance(metrics, Mapping):
+        raise CheckpointError(f"stats state: metrics: expected a mapping, got {type(metrics).__name__}")
+    for name, column in metrics.items():
+        if not isinstance(name, str) or name in RESERVED:
+            raise CheckpointError(f"stats state: metrics: invalid name {name!r}")
+        if _state_list(f"metrics[{name!r}]", column, (int, float, type(None))) != n:
+            raise CheckpointError(f"stats state: metrics[{name!r}]: expected length {n}, got {len(column)}")
+        _check_finite(f"metrics[{name!r}]", [v for v in column if v is not None])
+    finished = state["episodes_finished"]
+    if isinstance(finished, bool) or not isinstance(finished, int) or finished < n:
+        raise CheckpointError(f"stats state: episodes_finished: expected an int >= {n}, got {finished!r}")
+    episodes = [Episode(float(returns[i]), int(lengths[i]), str(reasons[i]),
+                        {name: float(column[i]) for name, column in metrics.items() if column[i] is not None})
+                for i in range(n)]
+    return CheckedState(running_return, running_length, episodes, finished)
+
+
+def _state_tensor(state: Mapping[str, Any], key: str, dtype: torch.dtype, num_envs: int) -> torch.Tensor:
+    """``state[key]`` (a tensor, or a list as a JSON file holds it) as a CPU copy of ``dtype``."""
+    value = state[key]
+    try:
+        if isinstance(value, torch.Tensor) and value.device.type == "meta":
+            raise TypeError
+        tensor = torch.as_tensor(value).detach().to("cpu")
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        raise CheckpointError(f"stats state: {key}: expected a tensor, got {type(value).__name__}") from None
+    if tuple(tensor.shape) != (num_envs,):
+        raise CheckpointError(f"stats state: {key}: expected shape ({num_envs},), got {tuple(tensor.shape)}")
+    if tensor.dtype is torch.bool or tensor.is_complex() or (dtype is torch.int64 and tensor.is_floating_point()):
+        raise CheckpointError(f"stats state: {key}: expected dtype {dtype}, got {tensor.dtype}")
+    return tensor.to(dtype, copy=True)
+
+
+def _state_list(key: str, value: object, kinds: tuple[type, ...]) -> int:
+    if not isinstance(value, list):
+        raise CheckpointError(f"stats state: {key}: expected a list, got {type(value).__name__}")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, kinds):
+            raise CheckpointError(f"stats state: {key}: unexpected item {item!r}")
+    return len(value)
+
+
+def _check_finite(key: str, values: list[Any]) -> None:
+    for i, value in enumerate(values):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise CheckpointError(f"stats state: {key}: expected finite values, got {value} at "
+                                  f"{'env' if key.startswith('running') else 'episode'} {i}")
