@@ -18,7 +18,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ import torch
 
 from rlbuf._core import RowRing, checked_rows
 from rlbuf._nstep import nstep_discount, nstep_return
+from rlbuf._stream_check import streams_problem
 from rlbuf._streams import Chain, PaddingType, Streams
 from rlbuf.errors import (
     ConfigError,
@@ -221,6 +222,12 @@ class CompactLayout:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict``."""
         self.streams.load_state_dict(state)
+
+    def state_problem(self, tables: Any, fields: Mapping[str, torch.Tensor], *, write_count: int, size: int) -> str:
+        """``""`` when ``tables`` are the stream tables of the stored ``fields`` (see
+        [`streams_problem`][rlbuf._stream_check.streams_problem]), else why not."""
+        return streams_problem(self.streams, tables, terminated=fields["terminated"], truncated=fields["truncated"],
+                               frames=fields["obs"], write_count=write_count, size=size)
 
 
 _NOTHING_COMPLETE = ("sample: no transition is complete yet: each needs the observation after it (n_step of them "

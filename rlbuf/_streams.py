@@ -205,7 +205,7 @@ class Streams:
         continued = ((np.flatnonzero(inherited), self.expected, env_ids), (np.flatnonzero(following), next_obs, previous))
         for rows, source, at in continued:
             if rows.size:
-                bad = _differs(_take(obs, rows), _take(source, at[rows]))
+                bad = differs(_take(obs, rows), _take(source, at[rows]))
                 if bad.any():
                     env = int(env_ids[rows[bad.argmax()]])
                     raise StreamError(
@@ -214,7 +214,7 @@ class Streams:
                         "(mark the end of every episode with terminated or truncated, or build it with compact=False)")
         if self.frame_stack == 1:
             return
-        shifted = _differs(next_obs[:, :-1], obs[:, 1:])
+        shifted = differs(next_obs[:, :-1], obs[:, 1:])
         if shifted.any():
             env = int(env_ids[shifted.argmax()])
             raise StreamError(f"next_obs: env {env}'s stack is not obs shifted by one frame (frame_stack="
@@ -224,7 +224,7 @@ class Streams:
             stacks = _take(obs, rows)
             first_frames = stacks[:, :-1]
             pad = stacks[:, -1:].expand_as(first_frames) if self.padding_type == "reset" else torch.zeros_like(first_frames)
-            bad = _differs(first_frames, pad)
+            bad = differs(first_frames, pad)
             if bad.any():
                 env = int(env_ids[rows[bad.argmax()]])
                 what = "its first frame" if self.padding_type == "reset" else "zeros"
@@ -430,7 +430,7 @@ def _take(tensor: torch.Tensor, rows: _Ints) -> torch.Tensor:
     return tensor.index_select(0, torch.from_numpy(rows))
 
 
-def _differs(a: torch.Tensor, b: torch.Tensor) -> npt.NDArray[np.bool_]:
+def differs(a: torch.Tensor, b: torch.Tensor) -> npt.NDArray[np.bool_]:
     """Per row, whether ``a`` and ``b`` differ anywhere (NaN equals NaN: a stored NaN rebuilds as NaN)."""
     if torch.equal(a, b):
         return np.zeros(len(a), np.bool_)
