@@ -8,7 +8,6 @@ gathered columns into its typed batch in ``RingBuffer._make_batch``. The state h
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 import secrets
@@ -16,7 +15,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, Self, TypeVar, cast
 
-import numpy as np
 import torch
 from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler

@@ -98,8 +98,8 @@ def fields_problem(specs: Sequence[FieldSpec], fields: Any, size: int) -> str:
     """Columns missing, extra, or not ``size`` rows of each field's dtype and shape."""
     names = [spec.name for spec in specs]
     if not isinstance(fields, Mapping) or set(fields) != set(names):
-        got = sorted(fields) if isinstance(fields, Mapping) else type(fields).__name__
-        return f"fields {got}, expected {sorted(names)}"
+        found = sorted(fields) if isinstance(fields, Mapping) else type(fields).__name__
+        return f"fields {found}, expected {sorted(names)}"
     for spec in specs:
         value, expected = fields[spec.name], (size, *spec.shape)
         if not isinstance(value, torch.Tensor) or value.dtype != spec.dtype or tuple(value.shape) != expected:

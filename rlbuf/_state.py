@@ -26,7 +26,7 @@ import inspect
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import torch
 
@@ -252,8 +252,8 @@ class BufferState:
             if state.get("data") is not False:
                 raise CheckpointError(f"state: data must be true or false, got {state.get('data')!r}")
             return Checked(size, cursor, count, self._check_rng(state.get("rng")))
-        fields = state.get("fields")
-        _raise_if("state", fields_problem(ring.specs, fields, size))
+        _raise_if("state", fields_problem(ring.specs, state.get("fields"), size))
+        fields = cast(Mapping[str, torch.Tensor], state["fields"])
         _raise_if("state", rows_problem(ring.specs, fields, derives_done="done" in ring.derived))
         self._check_sampler(state.get("sampler"), size)
         self._check_extra(state.get("extra"), fields, size, count)
