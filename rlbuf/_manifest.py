@@ -66,17 +66,39 @@ def _check_depth(value: Any, where: Path) -> None:
             stack.extend((v, depth + 1) for v in item)
 
 
+class _DuplicateKey(Exception):
+    """A JSON object with one key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return value
+
+
 def parse_manifest(text: str, where: Path) -> Any:
-    """JSON of a manifest; malformed or absurdly nested JSON raises ``CheckpointError``.
+    """JSON of a manifest; malformed, absurdly nested JSON or a key twice in one object raises ``CheckpointError``.
 
     Example:
         >>> parse_manifest("[" * 100_000, Path("m.json"))
         Traceback (most recent call last):
         ...
         rlbuf.errors.CheckpointError: m.json: not valid JSON (nested too deeply)
+        >>> parse_manifest('{"format_version": 2, "format_version": 1}', Path("m.json"))
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.CheckpointError: m.json: the key 'format_version' appears twice in one object (JSON readers disagree on which one counts); not a manifest rlbuf writes
     """
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as duplicate:
+        raise CheckpointError(f"{where}: the key {duplicate.args[0]!r} appears twice in one object (JSON readers "
+                              f"disagree on which one counts); not a manifest rlbuf writes") from None
     except RecursionError:
         raise CheckpointError(f"{where}: not valid JSON (nested too deeply)") from None
     except ValueError as error:
