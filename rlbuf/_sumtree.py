@@ -42,6 +42,7 @@ import torch
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from rlbuf._torchrl import sampler_generator
+from rlbuf.storage import available_ram
 from rlbuf.errors import (
     BatchSizeError,
     CheckpointError,
@@ -145,6 +146,10 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         self.reduction = reduction
         self._max_priority_within_buffer = max_priority_within_buffer
         self._num_leaves = 1 << (max_capacity - 1).bit_length()
+        needed = 2 * 2 * self._num_leaves * dtype.itemsize
+        if needed > available_ram():
+            raise ConfigError(f"capacity: a priority tree of {max_capacity} rows needs {needed} bytes, but only "
+                              f"{available_ram()} bytes of RAM are available; build a smaller buffer")
         self._depth = self._num_leaves.bit_length() - 1
         self._tree = torch.empty(2, 2 * self._num_leaves, dtype=dtype)
         self._storage_shape: tuple[int, ...] | None = None
