@@ -42,7 +42,6 @@ import torch
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from rlbuf._torchrl import sampler_generator
-from rlbuf.storage import available_ram
 from rlbuf.errors import (
     BatchSizeError,
     CheckpointError,
@@ -52,6 +51,7 @@ from rlbuf.errors import (
     PriorityError,
     StoredIndexError,
 )
+from rlbuf.storage import available_ram
 
 _FORMAT_VERSION = 1
 _METADATA_FILE = "sampler_metadata.json"
