@@ -654,8 +654,8 @@ def _arm(phase: str) -> None:
     """In a forked child: SIGKILL this process at ``phase`` of its next save (or remove_spare)."""
     import rlbuf.checkpoint as checkpoint
     if phase == "claimed":  # the spare renamed to this save's staging directory, nothing rewritten
-        claim = checkpoint._claim_spare
-        checkpoint._claim_spare = lambda *args: (claim(*args), _die())  # type: ignore[assignment]
+        claim = checkpoint.claim_spare
+        checkpoint.claim_spare = lambda *args: (claim(*args), _die())  # type: ignore[assignment]
     elif phase == "rewriting":  # the spare's first file rewritten in place, the second not yet
         write, calls = os.write, [0]
 
@@ -666,7 +666,7 @@ def _arm(phase: str) -> None:
             return write(fd, data)
         os.write = dying_write
     elif phase == "swapped":  # the new version in place, the replaced one not yet the spare
-        checkpoint._keep_as_spare = lambda *args: _die()
+        checkpoint.keep_as_spare = lambda *args: _die()
     elif phase in ("demoting", "removing"):  # manifest gone, not yet renamed / spare set aside, not removed
         rename = os.rename
 
@@ -797,12 +797,12 @@ def test_a_link_swapped_in_during_a_save_never_leads_it_outside_its_directory(
     save_state(versioned_state(2), path)  # version 1, the spare, has state.x.bin and state.even.bin
     state: Any = versioned_state(3)
     if moment == "after the claim":
-        claim = checkpoint_module._claim_spare
+        claim = checkpoint_module.claim_spare
 
         def racing_claim(checkpoint: Path, staging: Path) -> None:
             claim(checkpoint, staging)
             _swap_for_link(where, staging, victim)
-        monkeypatch.setattr(checkpoint_module, "_claim_spare", racing_claim)
+        monkeypatch.setattr(checkpoint_module, "claim_spare", racing_claim)
     elif moment == "before the patch":
         def state(rows: checkpoint_module.RowFiles) -> dict[str, Any]:
             leaves = {"x": torch.full((300, 4), 3.0)}

@@ -340,7 +340,7 @@ from rlbuf import ReplayBuffer
 
 rows = int(sys.argv[1])
 buf = ReplayBuffer(rows, obs_shape=(48,), action_shape=(4,), num_envs=rows, seed=0)
-swap = rlbuf.checkpoint._exchange
+swap = rlbuf.checkpoint.exchange
 
 def crash_before_swap(a, b):
     os._exit(0)
@@ -352,9 +352,9 @@ def crash_after_swap(a, b):
 def save(mode, version, path):
     # runs in a forked child: saves version, version + 1, ... to path ('loop') or one version
     if mode == "crash-before-swap":
-        rlbuf.checkpoint._exchange = crash_before_swap
+        rlbuf.checkpoint.exchange = crash_before_swap
     if mode == "crash-after-swap":
-        rlbuf.checkpoint._exchange = crash_after_swap
+        rlbuf.checkpoint.exchange = crash_after_swap
     while True:
         value = torch.full((rows,), float(version))
         buf.add(obs=value[:, None].expand(rows, 48), action=value[:, None].expand(rows, 4), reward=value,
@@ -474,7 +474,7 @@ def saver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Saver]:
     probe = tmp_path_factory.mktemp("exchange")
     (probe / "a").mkdir()
     (probe / "b").mkdir()
-    if not checkpoint_module._exchange(probe / "a", probe / "b"):
+    if not checkpoint_module.exchange(probe / "a", probe / "b"):
         pytest.skip("this filesystem cannot swap directories atomically (no RENAME_EXCHANGE)")
     process = Saver(tmp_path_factory.mktemp("saver") / "stderr.txt")
     yield process
@@ -750,7 +750,7 @@ def test_saving_through_a_symlink_replaces_the_link_and_leaves_its_target(tmp_pa
 def test_without_an_atomic_swap_a_save_replaces_the_checkpoint_or_keeps_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, second_rename_fails: bool
 ) -> None:
-    monkeypatch.setattr(checkpoint_module, "_exchange", lambda a, b: False)  # a filesystem without RENAME_EXCHANGE
+    monkeypatch.setattr(checkpoint_module, "exchange", lambda a, b: False)  # a filesystem without RENAME_EXCHANGE
     buf = make("replay")
     data = torch.Generator().manual_seed(0)
     add_steps([buf], "replay", data, 2)
