@@ -72,10 +72,6 @@ class CompactLayout:
     def __init__(self, ring: RowRing, obs_shape: tuple[int, ...], obs_dtype: torch.dtype, *, num_envs: int,
                  frame_stack: int, padding_type: PaddingType, n_step: int, gamma: float,
                  extra_names: Sequence[str]) -> None:
-        for name, value in (("frame_stack", frame_stack), ("n_step", n_step)):
-            if value > ring.capacity:
-                raise ConfigError(f"{name}: expected at most the capacity ({ring.capacity} rows: a transition spans up "
-                                  f"to {name} rows), got {value}")
         table_bytes = ring.capacity * (frame_stack + 2) * 8 + num_envs * math.prod(obs_shape) * obs_dtype.itemsize
         if table_bytes > available_ram():
             raise ConfigError(f"frame_stack: the stream tables of {ring.capacity} rows with frame_stack={frame_stack} "

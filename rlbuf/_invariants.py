@@ -48,10 +48,11 @@ def refusing(what: str, function: Callable[..., Any], *args: Any, **kwargs: Any)
 
 
 def saved_count(state: Mapping[str, Any], key: str) -> int:
-    """``state[key]`` as an int >= 0 (a bool, float or string is refused)."""
+    """``state[key]`` as an int in ``[0, 2**63)`` (TorchRL keeps counters in int64; a bool, float or
+    string is refused)."""
     value = state.get(key)
-    if type(value) is not int or value < 0:
-        raise CheckpointError(f"state: {key} must be an int >= 0, got {value!r}")
+    if type(value) is not int or not 0 <= value < 2**63:
+        raise CheckpointError(f"state: {key} must be an int in [0, 2**63), got {value!r}")
     return value
 
 

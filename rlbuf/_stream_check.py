@@ -6,6 +6,8 @@ the final observations). ``streams_problem`` refuses any table that ``Streams.re
 have written for the stored rows and counters:
 
 * flags: the stream's ``terminated``/``truncated`` are the stored rows' (and False elsewhere);
+* env: each stored row's env is the fact the links are derived from: a row that did not end its
+  episode links to the next row of its env, and an env's open episode ends at its newest row;
 * positions: a row of serial ``s`` lives at ``s % capacity``; only the newest
   ``min(write_count, capacity)`` serials are stored, and every table is at its empty value at
   positions that hold no row;
@@ -49,7 +51,8 @@ import torch
 from rlbuf._streams import Streams, differs
 
 _Ints = npt.NDArray[np.int64]
-_TABLES = ("back", "next", "terminated", "truncated", "final_slot", "last", "expected", "finals")
+_TABLES = ("back", "next", "terminated", "truncated", "final_slot", "last", "env", "expected", "finals")
+_OPTIONAL = {"env"}  # the first compact checkpoints did not store each row's env
 
 
 def streams_problem(streams: Streams, tables: Any, *, terminated: torch.Tensor, truncated: torch.Tensor,
@@ -82,6 +85,10 @@ def streams_problem(streams: Streams, tables: Any, *, terminated: torch.Tensor, 
         if not np.array_equal(arrays[name][:size], flags.to(torch.bool).cpu().numpy()):
             return f"stream table {name} differs from the stored rows' {name} flags"
     ended = arrays["terminated"] | arrays["truncated"]
+    if "env" in tables:
+        reason = _env_problem(tables["env"].numpy(), arrays, ended, serial, streams.back.shape[1], oldest)
+        if reason:
+            return reason
     return (_next_problem(arrays["next"], serial, ended, oldest, write_count)
             or _last_problem(arrays["last"], arrays["next"], ended, stored, serial, oldest, write_count)
             or _finals_problem(arrays["final_slot"], ended, stored, tables["finals"])
@@ -90,11 +97,13 @@ def streams_problem(streams: Streams, tables: Any, *, terminated: torch.Tensor, 
 
 
 def _shapes_problem(streams: Streams, tables: Any) -> str:
-    if not isinstance(tables, Mapping) or set(tables) != set(_TABLES):
+    if not isinstance(tables, Mapping) or not set(_TABLES) - _OPTIONAL <= set(tables) <= set(_TABLES):
         found = sorted(tables) if isinstance(tables, Mapping) else type(tables).__name__
         return f"stream tables {found}, expected {sorted(_TABLES)}"
     own = streams.state_dict()
     for name in _TABLES[:-1]:
+        if name not in tables:
+            continue
         value, expected = tables[name], own[name]
         if (not isinstance(value, torch.Tensor) or value.dtype != expected.dtype
                 or tuple(value.shape) != tuple(expected.shape)):
@@ -110,6 +119,40 @@ def _shapes_problem(streams: Streams, tables: Any) -> str:
         return f"final observations must be {own['finals']['frames'].dtype} frames of shape {frame}"
     if not isinstance(free, torch.Tensor) or free.dtype != torch.int64 or free.dim() != 1:
         return "the free final-observation slots must be a 1-D int64 tensor"
+    return ""
+
+
+def _env_problem(env: _Ints, arrays: Mapping[str, Any], ended: npt.NDArray[np.bool_], serial: _Ints,
+                 older_frames: int, oldest: int) -> str:
+    """The links derived from each stored row's env: a row that did not end its episode links to the
+    next row of its env; an env's open episode ends at its newest row; a row after one that ended
+    starts an episode."""
+    stored = serial >= 0
+    num_envs = len(arrays["last"])
+    if bool((env[~stored] != -1).any()) or bool(((env[stored] < 0) | (env[stored] >= num_envs)).any()):
+        return f"stream table env: stored rows must name an env in [0, {num_envs}), other positions -1"
+    order = np.flatnonzero(stored)[np.argsort(serial[stored], kind="stable")]
+    order = order[np.argsort(env[order], kind="stable")]  # by env, then oldest first
+    same_env = env[order[:-1]] == env[order[1:]]
+    first, then = order[:-1][same_env], order[1:][same_env]
+    next_ = np.full(len(serial), -1, np.int64)
+    open_ = first[~ended[first]]
+    next_[open_] = serial[then[~ended[first]]]
+    if not np.array_equal(next_, arrays["next"]):
+        position = int(np.flatnonzero(next_ != arrays["next"])[0])
+        return f"stream table next: the row at position {position} does not link to the next row of its env"
+    newest = order[np.r_[~same_env, True]] if len(order) else order
+    last = np.full(num_envs, -1, np.int64)
+    last[env[newest]] = np.where(ended[newest], -1, serial[newest])
+    rowless = np.ones(num_envs, np.bool_)
+    rowless[env[newest]] = False
+    saved = arrays["last"]
+    if not (np.array_equal(saved[~rowless], last[~rowless]) and bool((saved[rowless] < oldest).all())):
+        return "stream table last: an env's open episode does not end at its newest stored row"
+    if older_frames:
+        after_end = then[ended[first]]
+        if not bool((arrays["back"][after_end] == (-1 - serial[after_end])[:, None]).all()):
+            return "stream table back: a row after the end of an episode does not start one"
     return ""
 
 

@@ -180,6 +180,7 @@ class Streams:
         self.terminated = np.zeros(capacity, np.bool_)
         self.truncated = np.zeros(capacity, np.bool_)
         self.final_slot = np.full(capacity, -1, np.int64)
+        self.env = np.full(capacity, -1, np.int64)  # a fact the links are derived from (checked at load)
         # Per env: the serial of its newest row while that row's episode is open (else -1), and
         # the next_obs given with it, which the env's next observation must equal.
         self.last = np.full(num_envs, -1, np.int64)
@@ -250,6 +251,7 @@ class Streams:
         self.terminated[positions] = terminated[kept]
         self.truncated[positions] = truncated[kept]
         self.final_slot[positions] = -1
+        self.env[positions] = env_ids[kept]
         stored_links = links[kept]
         linked = stored_links >= oldest
         self.next[stored_links[linked] % self.capacity] = serials[kept][linked]
@@ -289,6 +291,7 @@ class Streams:
         self.terminated.fill(False)
         self.truncated.fill(False)
         self.final_slot.fill(-1)
+        self.env.fill(-1)
         self.last.fill(-1)
         self.finals.clear()
 
@@ -376,33 +379,21 @@ class Streams:
             "terminated": torch.from_numpy(self.terminated.copy()),
             "truncated": torch.from_numpy(self.truncated.copy()),
             "final_slot": torch.from_numpy(self.final_slot.copy()), "last": torch.from_numpy(self.last.copy()),
+            "env": torch.from_numpy(self.env.copy()),
             "expected": self.expected.clone(), "finals": self.finals.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a ``state_dict`` of a buffer with the same options.
+        """Restore a ``state_dict`` checked by [`streams_problem`][rlbuf._stream_check.streams_problem].
 
-        Raises:
-            CheckpointError: arrays of the wrong length, or links that do not fit.
+        A state of rlbuf 0.2's first compact checkpoints holds no ``env`` table: rows load with
+        env -1 (unknown), and only the links' own invariants were checked.
         """
-        arrays = {"back": self.back, "next": self.next, "terminated": self.terminated, "truncated": self.truncated,
-                  "final_slot": self.final_slot, "last": self.last}
-        for name, array in arrays.items():
-            value = state.get(name)
-            if not isinstance(value, torch.Tensor) or tuple(value.shape) != array.shape:
-                shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
-                raise CheckpointError(f"state: stream {name!r} has shape {shape}, expected {array.shape}")
-        expected = state.get("expected")
-        if not isinstance(expected, torch.Tensor) or expected.shape != self.expected.shape:
-            raise CheckpointError(f"state: stream 'expected' does not have shape {tuple(self.expected.shape)}")
         self.finals.load_state_dict(state["finals"])
-        slots = state["final_slot"]
-        if slots.numel() and int(slots.max()) >= self.finals.top:
-            raise CheckpointError(f"state: a final observation slot {int(slots.max())} beyond the "
-                                  f"{self.finals.top} saved")
-        for name, array in arrays.items():
-            array[:] = state[name].numpy()
-        self.expected.copy_(expected)
+        for name in ("back", "next", "terminated", "truncated", "final_slot", "last"):
+            getattr(self, name)[:] = state[name].numpy()
+        self.env[:] = state["env"].numpy() if "env" in state else -1
+        self.expected.copy_(state["expected"])
 
 
 def _previous_in_call(env_ids: _Ints) -> _Ints:
