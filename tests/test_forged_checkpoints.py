@@ -253,6 +253,8 @@ COMPACT_FORGERIES: dict[str, dict[str, Any]] = {
     "stream terminated flipped": {"tensors": {"streams.terminated.bin": _flip(3)}},
     "stream truncated flipped": {"tensors": {"streams.truncated.bin": _flip(3)}},
     "stream last moved": {"tensors": {"streams.last.bin": _flip(0)}},
+    "stream env of a row changed": {"tensors": {"streams.env.bin": lambda t: t.__setitem__(5, 1 - t[5])}},
+    "stream env out of range": {"tensors": {"streams.env.bin": lambda t: t.__setitem__(5, 2)}},
     "stream expected stack": {"tensors": {"streams.expected.bin": lambda t: t.__setitem__((0, 0), 77.0)}},
     "final_slot shared by two rows": {"tensors": {"streams.final_slot.bin": lambda t: t.__setitem__(
         int((t >= 0).nonzero()[1]), t[int((t >= 0).nonzero()[0])])}},
@@ -293,6 +295,17 @@ def test_a_forged_compact_checkpoint_is_refused(tmp_path: Path, case: str, versi
         ReplayBuffer.load(path)
 
 
+def test_a_compact_checkpoint_without_env_table_still_loads(tmp_path: Path) -> None:
+    """The first compact checkpoints stored no env per row: they load, checked without it."""
+    path, original = _saved(tmp_path, "compact")
+    manifest = _manifest(path)
+    rel = _file_of(manifest, "streams.env.bin")
+    del manifest["state"]["extra"]["streams"]["env"], manifest["files"][rel]
+    (path / rel).unlink()
+    _rewrite(path, manifest)
+    assert _behaviour(ReplayBuffer.load(path)) == _behaviour(original)
+
+
 @pytest.mark.parametrize(("option", "value"), [("n_step", 2), ("n_step", 1), ("gamma", 0.5)])
 def test_a_compact_checkpoint_with_another_valid_option_is_one_rlbuf_could_write(tmp_path: Path, option: str,
                                                                                  value: Any) -> None:
@@ -319,8 +332,8 @@ def test_padding_type_shows_through_a_young_open_episode(tmp_path: Path) -> None
 
 # -- random edits of every table and counter, every layout ------------------------------------
 INDEX_FILES = ("streams.back.bin", "streams.next.bin", "streams.terminated.bin", "streams.truncated.bin",
-               "streams.final_slot.bin", "streams.last.bin", "sampler.sum_leaves.bin", "sampler.min_leaves.bin",
-               "fields.done.bin", "finals.free.bin")
+               "streams.final_slot.bin", "streams.last.bin", "streams.env.bin", "sampler.sum_leaves.bin",
+               "sampler.min_leaves.bin", "fields.done.bin", "finals.free.bin")
 COUNTERS = (("size",), ("cursor",), ("write_count",))
 
 
