@@ -51,6 +51,9 @@ def as_shape(shape: Sequence[int] | int, name: str) -> tuple[int, ...]:
 # Names every batch uses for its own attributes, and TorchRL's private keys ("_weight", "_data").
 BATCH_NAMES = {"index": "an attribute of every batch", "weight": "an attribute of every batch",
                 "extras": "an attribute of every batch"}
+# Keyword arguments of add() that are not fields: an extra field of that name could never be given.
+ADD_ARGUMENTS = {"hidden_state": "an argument of add() (declare hidden states with hidden_state_shape=)",
+                 "env_mask": "an argument of add()"}
 
 
 def extra_specs(extra_fields: Mapping[str, tuple[Sequence[int] | int, torch.dtype]] | None,
@@ -75,7 +78,7 @@ def extra_specs(extra_fields: Mapping[str, tuple[Sequence[int] | int, torch.dtyp
         ...
         rlbuf.errors.ConfigError: extra_fields: 'state_value' is reserved: the TorchRL key of the built-in field 'value'; choose another name
     """
-    taken = dict(BATCH_NAMES)
+    taken = {**BATCH_NAMES, **ADD_ARGUMENTS}
     for spec in builtin:
         top = spec.key if isinstance(spec.key, str) else spec.key[0]
         taken.setdefault(top, f"the TorchRL key of the built-in field {spec.name!r}")
