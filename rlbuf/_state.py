@@ -56,6 +56,8 @@ if TYPE_CHECKING:
 BufferT = TypeVar("BufferT", bound="BufferState")
 NOT_OPTIONS = ("self", "__class__", "stats", "scratch_dir", "observation_space", "action_space", "foreign")
 _ITERATOR_METHODS = ("epochs", "minibatches")
+_STATE_KEYS = {"kind", "options", "capacity", "sampler_kind", "spec", "data", "size", "cursor", "write_count", "fields",
+               "rng", "sampler", "iterator", "extra", "versions"}  # versions: added by load_state
 
 
 class MetadataOnlyWarning(UserWarning):
@@ -234,6 +236,9 @@ class BufferState:
             raise CheckpointError(f"state: expected a mapping, got {type(state).__name__}")
         if state.get("kind") != type(self).__name__:
             raise CheckpointError(f"state: holds a {state.get('kind')}, not a {type(self).__name__}")
+        unknown = sorted(str(key) for key in set(state) - _STATE_KEYS)
+        if unknown:
+            raise CheckpointError(f"state: {unknown} are not parts of a buffer's state")
         mine = [spec.to_json() for spec in ring.specs]
         if state.get("spec") != mine:
             raise CheckpointError(f"state: fields {state.get('spec')} differ from this buffer's {mine}")

@@ -450,3 +450,10 @@ def test_load_state_reads_a_forged_checkpoint_only_after_its_checksums(tmp_path:
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="mismatch"):
         load_state(path, kind="ReplayBuffer")
+
+
+def test_a_state_with_a_part_rlbuf_never_writes_is_refused(tmp_path: Path) -> None:
+    path, _ = _saved(tmp_path, "plain")
+    _forge(path, state={("prefetch",): {"module": "os", "call": "system"}})
+    with pytest.raises(CheckpointError, match="prefetch"):
+        ReplayBuffer.load(path)
