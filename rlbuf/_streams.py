@@ -14,6 +14,8 @@ order (an add may carry any subset of envs), so every row keeps links to its nei
   with ``padding_type="reset"``). Kept at write time, so a sample reads one row of links.
 * ``next``: the serial of the next row of the same env (-1 until it is added, or when the row
   ends its episode).
+* ``env``: the env each row came from, the fact the links are derived from again when a
+  checkpoint loads (see [`rlbuf._stream_check`][rlbuf._stream_check]).
 * the observation that ends an episode (the real final observation, which the env replaced by a
   reset) is kept aside in ``FinalFrames``, one slot per stored row that ended an episode.
 
@@ -373,7 +375,7 @@ class Streams:
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Links, flags, open episodes and final observations, as tensors (for checkpoints)."""
+        """Links, flags, envs, open episodes and final observations, as tensors (for checkpoints)."""
         return {
             "back": torch.from_numpy(self.back.copy()), "next": torch.from_numpy(self.next.copy()),
             "terminated": torch.from_numpy(self.terminated.copy()),
