@@ -25,6 +25,7 @@ import torch
 from rlbuf.errors import CheckpointError
 from rlbuf.spec import FieldSpec
 
+_STATE_BYTES = {"cpu": 5056, "cuda": 16}  # Mersenne Twister; Philox seed and offset
 DEVICE_OPTIONS = ("device", "storing_device", "seed", "storage")
 """Options a state may be loaded under other values of (``load_state_dict`` into another buffer,
 ``load(..., device=...)``): where rows live and the seed, which the saved generators replace."""
@@ -198,7 +199,9 @@ def generator_problem(saved: Any, own: torch.Generator, what: str) -> tuple[str,
         return f"rng {what!r} must be a generator state (a 1-D uint8 tensor)", False
     current = own.get_state()
     if saved.numel() != current.numel():
-        return "", True
+        if saved.numel() in _STATE_BYTES.values():
+            return "", True
+        return f"rng {what!r} holds {saved.numel()} bytes: no generator state of {sorted(_STATE_BYTES)}", False
     trial = torch.Generator(device=own.device)
     try:
         trial.set_state(saved.clone())

@@ -312,9 +312,10 @@ class BufferState:
         trial = refusing("iterator state", EpochIterator, (lambda: rows) if iterator["method"] == "epochs" else rows,
                          lambda index: index, **split, generator=torch.Generator(device=device))
         saved = dict(saved)
-        own = trial.state_dict()["generator"]
-        if isinstance(saved.get("generator"), torch.Tensor) and saved["generator"].numel() != own.numel():
-            saved["generator"] = own  # saved on another device type: load_state_dict warns and reseeds
+        reason, moved = generator_problem(saved.get("generator"), torch.Generator(device=device), "of the iterator")
+        _raise_if("state", reason)
+        if moved:  # saved on another device type: load_state_dict warns and reseeds
+            saved["generator"] = trial.state_dict()["generator"]
         refusing("iterator state", trial.load_state_dict, saved)
 
     def _check_rng(self, rng: Any) -> bool:

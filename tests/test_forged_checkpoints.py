@@ -393,6 +393,7 @@ def _state_edits(layout: str) -> dict[str, Callable[[dict[str, Any]], None]]:
         "an option": lambda s: s["options"].__setitem__("num_envs", 7),
         "extra state key": lambda s: s["extra"].__setitem__("surprise", True),
         "rng": lambda s: s["rng"].__setitem__("sample", torch.zeros(5056, dtype=torch.uint8)),
+        "rng of no device's size": lambda s: s["rng"].__setitem__("epochs", torch.zeros(3, dtype=torch.uint8)),
         "done": lambda s: s["fields"]["done"].__setitem__(0, ~s["fields"]["done"][0]) if "done" in s["fields"]
         else s["fields"].pop("obs"),
     }
