@@ -230,7 +230,7 @@ def take_lock(path: Path, token: str) -> int:
 _MAKING_LOCK_GRACE_S = 60.0
 
 
-def _stale_lock_in_making(path: Path, sibling: Path) -> bool:
+def stale_lock_in_making(path: Path, sibling: Path) -> bool:
     """Whether ``sibling`` is a ``.<name>.lock-<hex>.new`` left by a save killed while taking its lock.
 
     Its maker holds it locked from a moment after creating it until the rename; one unlocked
@@ -251,57 +251,3 @@ def _stale_lock_in_making(path: Path, sibling: Path) -> bool:
     finally:
         os.close(fd)
     return True
-
-
-def remove_stale_saves(path: str | Path) -> list[Path]:
-    """Remove what saves to ``path`` killed mid-way left behind; return what was removed.
-
-    A temporary sibling ``.<name>.tmp-<hex>`` / ``.<name>.old-<hex>`` is stale when the lock
-    file of its save (``.<name>.lock-<hex>``) is gone or no longer locked (its process died:
-    the kernel drops an flock with the process). A save in progress keeps its lock, so its
-    files are never touched.
-
-    Example:
-        >>> import tempfile
-        >>> path = Path(tempfile.mkdtemp()) / "ckpt"
-        >>> (path.parent / ".ckpt.tmp-0123456789ab").mkdir()
-        >>> [p.name for p in remove_stale_saves(path)]
-        ['.ckpt.tmp-0123456789ab']
-    """
-    path = Path(path)
-    pattern = re.compile(re.escape(f".{path.name}.") + r"(tmp|old|lock)-([0-9a-f]{12})")
-    removed: list[Path] = []
-    try:
-        siblings = sorted(path.parent.iterdir())
-    except OSError:
-        return removed
-    for sibling in siblings:
-        if _stale_lock_in_making(path, sibling):
-            sibling.unlink(missing_ok=True)
-            removed.append(sibling)
-            continue
-        match = pattern.fullmatch(sibling.name)
-        if match is None:
-            continue
-        lock = lock_path(path, match.group(2))
-        try:
-            fd = os.open(lock, os.O_RDONLY)
-        except FileNotFoundError:
-            fd = -1
-        except OSError:
-            continue
-        try:
-            if fd >= 0:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    continue  # a live save holds it
-            if match.group(1) == "lock":
-                lock.unlink(missing_ok=True)
-            else:
-                remove(sibling)
-            removed.append(sibling)
-        finally:
-            if fd >= 0:
-                os.close(fd)
-    return removed

@@ -199,10 +199,10 @@ class BufferState:
     def check_valid(self) -> tuple[bool, str]:
         """Check this buffer's invariants: ``(True, "")``, or ``(False, reason)``.
 
-        The same check as every load runs on a state (see [`rlbuf._state`][rlbuf._state]):
-        counters fit each other and the capacity, rows are finite where they must be and
-        derived fields equal what they derive from, priorities match the stored rows, stream
-        tables are those of the stored rows, statistics, iterator and generators are valid.
+        The same check every load runs on a saved state: counters fit each other and the
+        capacity, rows are finite where they must be and derived fields equal what they derive
+        from, priorities match the stored rows, stream tables are those of the stored rows,
+        statistics, iterator and generators are valid.
 
         Example:
             >>> from rlbuf import ReplayBuffer

@@ -34,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import mmap
 import os
@@ -72,8 +73,8 @@ from rlbuf._savedir import (
     opener,
     prune,
     remove,
-    remove_stale_saves,
     spare_path,
+    stale_lock_in_making,
     take_lock,
 )
 from rlbuf.errors import CheckpointError
@@ -254,6 +255,60 @@ class RowFiles:
             with open(self._staging / rel, "rb+", opener=opener(self._staging)) as file:
                 os.fsync(file.fileno())
             self.entries[rel][DIGEST] = file_digest(self._staging / rel, DIGEST)
+
+
+def remove_stale_saves(path: str | Path) -> list[Path]:
+    """Remove what saves to ``path`` killed mid-way left behind; return what was removed.
+
+    A temporary sibling ``.<name>.tmp-<hex>`` / ``.<name>.old-<hex>`` is stale when the lock
+    file of its save (``.<name>.lock-<hex>``) is gone or no longer locked (its process died:
+    the kernel drops an flock with the process). A save in progress keeps its lock, so its
+    files are never touched.
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "ckpt"
+        >>> (path.parent / ".ckpt.tmp-0123456789ab").mkdir()
+        >>> [p.name for p in remove_stale_saves(path)]
+        ['.ckpt.tmp-0123456789ab']
+    """
+    path = Path(path)
+    pattern = re.compile(re.escape(f".{path.name}.") + r"(tmp|old|lock)-([0-9a-f]{12})")
+    removed: list[Path] = []
+    try:
+        siblings = sorted(path.parent.iterdir())
+    except OSError:
+        return removed
+    for sibling in siblings:
+        if stale_lock_in_making(path, sibling):
+            sibling.unlink(missing_ok=True)
+            removed.append(sibling)
+            continue
+        match = pattern.fullmatch(sibling.name)
+        if match is None:
+            continue
+        lock = lock_path(path, match.group(2))
+        try:
+            fd = os.open(lock, os.O_RDONLY)
+        except FileNotFoundError:
+            fd = -1
+        except OSError:
+            continue
+        try:
+            if fd >= 0:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue  # a live save holds it
+            if match.group(1) == "lock":
+                lock.unlink(missing_ok=True)
+            else:
+                remove(sibling)
+            removed.append(sibling)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    return removed
 
 
 def _save_failed(path: Path, error: OSError) -> str:
