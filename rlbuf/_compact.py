@@ -18,7 +18,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ import torch
 
 from rlbuf._core import RowRing, checked_rows
 from rlbuf._nstep import nstep_discount, nstep_return
+from rlbuf._stream_check import streams_problem
 from rlbuf._streams import Chain, PaddingType, Streams
 from rlbuf.errors import (
     ConfigError,
@@ -37,6 +39,12 @@ from rlbuf.errors import (
     StoredIndexError,
 )
 from rlbuf.spec import FieldSpec, positive_int
+from rlbuf.storage import available_ram
+
+MAX_FRAME_STACK = 1024
+"""The largest ``frame_stack`` (frames per stacked observation) a buffer takes."""
+MAX_N_STEP = 10_000
+"""The largest ``n_step`` a buffer takes (a sample reads ``n_step`` rows per transition)."""
 
 # Draws of rows that turn out incomplete are replaced by new draws; these bound the rounds.
 _REDRAW_ROUNDS = 64
@@ -64,6 +72,10 @@ class CompactLayout:
     def __init__(self, ring: RowRing, obs_shape: tuple[int, ...], obs_dtype: torch.dtype, *, num_envs: int,
                  frame_stack: int, padding_type: PaddingType, n_step: int, gamma: float,
                  extra_names: Sequence[str]) -> None:
+        table_bytes = ring.capacity * (frame_stack + 2) * 8 + num_envs * math.prod(obs_shape) * obs_dtype.itemsize
+        if table_bytes > available_ram():
+            raise ConfigError(f"frame_stack: the stream tables of {ring.capacity} rows with frame_stack={frame_stack} "
+                              f"need {table_bytes} bytes, but only {available_ram()} bytes of RAM are available")
         self.ring = ring
         self.frame_stack = frame_stack
         self.n_step = n_step
@@ -222,6 +234,12 @@ class CompactLayout:
         """Restore ``state_dict``."""
         self.streams.load_state_dict(state)
 
+    def state_problem(self, tables: Any, fields: Mapping[str, torch.Tensor], *, write_count: int, size: int) -> str:
+        """``""`` when ``tables`` are the stream tables of the stored ``fields`` (see
+        [`streams_problem`][rlbuf._stream_check.streams_problem]), else why not."""
+        return streams_problem(self.streams, tables, terminated=fields["terminated"], truncated=fields["truncated"],
+                               frames=fields["obs"], write_count=write_count, size=size)
+
 
 _NOTHING_COMPLETE = ("sample: no transition is complete yet: each needs the observation after it (n_step of them "
                      "with n_step > 1) unless its episode ended; add more steps first")
@@ -247,8 +265,10 @@ def layout_options(obs_shape: tuple[int, ...], *, frame_stack: int, padding_type
         ...
         rlbuf.errors.ConfigError: obs_shape: with frame_stack=3 the first dim holds the stack, expected (3, ...), got (4, 84, 84)
     """
-    positive_int("frame_stack", frame_stack)
-    positive_int("n_step", n_step)
+    for name, value, limit in (("frame_stack", frame_stack, MAX_FRAME_STACK), ("n_step", n_step, MAX_N_STEP)):
+        if positive_int(name, value) > limit:
+            raise ConfigError(f"{name}: expected at most {limit} (rlbuf's limit: each sample walks {name} rows per "
+                              f"transition), got {value}")
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 <= gamma <= 1:
         raise ConfigError(f"gamma: expected a number in [0, 1], got {gamma!r}")
     if padding_type not in ("reset", "zero"):

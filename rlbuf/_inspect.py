@@ -34,6 +34,9 @@ from rlbuf._manifest import (
 from rlbuf._sizing import manifest_row_bytes
 from rlbuf.errors import CheckpointError
 
+LISTED_FILES = 1000
+"""The most files a report lists (and checks one by one); a manifest listing more is refused anyway."""
+
 
 def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     """Describe and verify a checkpoint; never raises for a damaged one (``ok`` says).
@@ -41,7 +44,8 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     Returns:
         ``{"path", "ok", "error", "kind", "size", "capacity", "storage", "storing_device",
         "device", "fields": [{name, key, shape, dtype}], "versions", "format_version",
-        "files": [{path, dtype, shape, bytes, status}], "demo"}``; ``status`` is ``ok``,
+        "files": [{path, dtype, shape, bytes, status}], "files_not_listed", "demo"}`` (the first
+        ``LISTED_FILES`` files, in name order); ``status`` is ``ok``,
         ``failed`` (size or checksum differ), ``missing``, or ``outside`` (a path outside the
         checkpoint or a link: never read). ``demo`` (frames, state file
         status) is set for demo checkpoints.
@@ -99,7 +103,9 @@ def _describe(report: dict[str, Any], buffer_dir: Path, manifest: dict[str, Any]
         "device": options.get("device") or options.get("storing_device"),
         "fields": [{"name": s.get("name"), "key": s.get("key"), "shape": s.get("shape"), "dtype": s.get("dtype")}
                    for s in _as_list(state.get("spec")) if isinstance(s, dict)],
-        "files": [_check_file(buffer_dir, str(rel), entry, verified=verified) for rel, entry in sorted(files.items())],
+        "files": [_check_file(buffer_dir, str(rel), files[rel], verified=verified)
+                  for rel in sorted(files)[:LISTED_FILES]],
+        "files_not_listed": max(0, len(files) - LISTED_FILES),
     })
 
 
@@ -134,6 +140,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines += ["", "files", *_table(["file", "dtype", "shape", "bytes", "checksum"],
                                        [[f["path"], f["dtype"], _shape(f["shape"]), f["bytes"], f["status"]]
                                         for f in report["files"]])]
+    if report.get("files_not_listed"):
+        lines.append(f"  ... and {report['files_not_listed']} more files, not listed")
     if "kind" in report:
         lines.append("")
     lines.append("status      " + ("ok" if report["ok"] else f"FAILED: {report['error']}"))

@@ -45,6 +45,8 @@ _DIGEST_NAMES = {"xxh3_128": "XXH3-128", "sha256": "SHA-256"}
 CHUNK = 4 << 20  # bytes hashed at a time
 _THREADS = max(1, min(4, os.cpu_count() or 1))
 MAX_MANIFEST_BYTES = 64 << 20
+MAX_FILES = 10_000
+"""The most files a manifest may list (rlbuf writes one per stored field and state tensor)."""
 _TEMP_NAME = re.compile(r"\..+\.(tmp|old)-[0-9a-f]{12}")
 _MAX_DEPTH = 64  # the state rlbuf writes nests about 6 deep
 _LOAD_ATTEMPTS = 10  # a load retries while saves keep replacing the checkpoint under it
@@ -66,17 +68,39 @@ def _check_depth(value: Any, where: Path) -> None:
             stack.extend((v, depth + 1) for v in item)
 
 
+class _DuplicateKey(Exception):
+    """A JSON object with one key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return value
+
+
 def parse_manifest(text: str, where: Path) -> Any:
-    """JSON of a manifest; malformed or absurdly nested JSON raises ``CheckpointError``.
+    """JSON of a manifest; malformed, absurdly nested JSON or a key twice in one object raises ``CheckpointError``.
 
     Example:
         >>> parse_manifest("[" * 100_000, Path("m.json"))
         Traceback (most recent call last):
         ...
         rlbuf.errors.CheckpointError: m.json: not valid JSON (nested too deeply)
+        >>> parse_manifest('{"format_version": 2, "format_version": 1}', Path("m.json"))
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.CheckpointError: m.json: the key 'format_version' appears twice in one object (JSON readers disagree on which one counts); not a manifest rlbuf writes
     """
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as duplicate:
+        raise CheckpointError(f"{where}: the key {duplicate.args[0]!r} appears twice in one object (JSON readers "
+                              f"disagree on which one counts); not a manifest rlbuf writes") from None
     except RecursionError:
         raise CheckpointError(f"{where}: not valid JSON (nested too deeply)") from None
     except ValueError as error:
@@ -125,6 +149,9 @@ def unverified_manifest(path: Path, *, staging: bool = False) -> dict[str, Any]:
                               f"{', '.join(map(str, _READABLE_VERSIONS))}")
     if not isinstance(manifest.get("files"), dict) or not isinstance(manifest.get("state"), dict):
         raise CheckpointError(f"{manifest_path}: malformed (no 'files' or 'state' table)")
+    if len(manifest["files"]) > MAX_FILES:
+        raise CheckpointError(f"{manifest_path}: lists {len(manifest['files'])} files, more than the {MAX_FILES} "
+                              f"an rlbuf checkpoint holds at most; refusing it")
     return manifest
 
 
@@ -134,9 +161,15 @@ def _safe_file(root: Path, relpath: object) -> Path:
     parts = relpath.split("/")
     if any(part in ("", ".", "..") for part in parts):
         raise CheckpointError(f"{root / MANIFEST}: file name {relpath!r} escapes the checkpoint directory")
-    target = root.joinpath(*parts)
-    if target.is_symlink() or not target.resolve().is_relative_to(root.resolve()):
-        raise CheckpointError(f"{target}: a link or a path outside the checkpoint; refusing it")
+    target = root
+    for part in parts:  # no component may be a link: then the path stays inside root (no "..", none absolute)
+        target = target / part
+        try:
+            linked = stat.S_ISLNK(os.lstat(target).st_mode)
+        except OSError:
+            linked = False  # missing: reported as such by the caller
+        if linked:
+            raise CheckpointError(f"{target}: a link or a path outside the checkpoint; refusing it")
     return target
 
 
@@ -284,7 +317,7 @@ def open_verified(root: Path, files: dict[str, Any], version: object = FORMAT_VE
         {}
     """
     targets = {rel: _safe_file(root, rel) for rel in files}
-    present = {p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir()}
+    present = _present_files(root)
     unexpected = sorted(present - set(files) - {MANIFEST})
     if unexpected:
         raise CheckpointError(f"{root}: unexpected file {unexpected[0]!r} (rlbuf never writes it, and a pickle or "
@@ -322,6 +355,28 @@ def open_verified(root: Path, files: dict[str, Any], version: object = FORMAT_VE
         close_all(opened)
         raise
     return opened
+
+
+def _present_files(root: Path) -> set[str]:
+    """Paths (relative, ``/``-separated) of everything under ``root`` but directories, links not followed.
+
+    Raises:
+        CheckpointError: more than ``MAX_FILES`` entries (no rlbuf checkpoint holds that many).
+    """
+    found: set[str] = set()
+    pending = [""]
+    while pending:
+        prefix = pending.pop()
+        with os.scandir(root / prefix if prefix else root) as entries:
+            for entry in entries:
+                rel = f"{prefix}/{entry.name}" if prefix else entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(rel)
+                else:
+                    found.add(rel)
+                if len(found) + len(pending) > MAX_FILES + 1:
+                    raise CheckpointError(f"{root}: holds more than {MAX_FILES} files; not an rlbuf checkpoint")
+    return found
 
 
 def _replaced_since(root: Path, manifest: dict[str, Any]) -> bool:

@@ -14,6 +14,8 @@ order (an add may carry any subset of envs), so every row keeps links to its nei
   with ``padding_type="reset"``). Kept at write time, so a sample reads one row of links.
 * ``next``: the serial of the next row of the same env (-1 until it is added, or when the row
   ends its episode).
+* ``env``: the env each row came from, the fact the links are derived from again when a
+  checkpoint loads (see [`rlbuf._stream_check`][rlbuf._stream_check]).
 * the observation that ends an episode (the real final observation, which the env replaced by a
   reset) is kept aside in ``FinalFrames``, one slot per stored row that ended an episode.
 
@@ -180,6 +182,7 @@ class Streams:
         self.terminated = np.zeros(capacity, np.bool_)
         self.truncated = np.zeros(capacity, np.bool_)
         self.final_slot = np.full(capacity, -1, np.int64)
+        self.env = np.full(capacity, -1, np.int64)  # a fact the links are derived from (checked at load)
         # Per env: the serial of its newest row while that row's episode is open (else -1), and
         # the next_obs given with it, which the env's next observation must equal.
         self.last = np.full(num_envs, -1, np.int64)
@@ -205,7 +208,7 @@ class Streams:
         continued = ((np.flatnonzero(inherited), self.expected, env_ids), (np.flatnonzero(following), next_obs, previous))
         for rows, source, at in continued:
             if rows.size:
-                bad = _differs(_take(obs, rows), _take(source, at[rows]))
+                bad = differs(_take(obs, rows), _take(source, at[rows]))
                 if bad.any():
                     env = int(env_ids[rows[bad.argmax()]])
                     raise StreamError(
@@ -214,7 +217,7 @@ class Streams:
                         "(mark the end of every episode with terminated or truncated, or build it with compact=False)")
         if self.frame_stack == 1:
             return
-        shifted = _differs(next_obs[:, :-1], obs[:, 1:])
+        shifted = differs(next_obs[:, :-1], obs[:, 1:])
         if shifted.any():
             env = int(env_ids[shifted.argmax()])
             raise StreamError(f"next_obs: env {env}'s stack is not obs shifted by one frame (frame_stack="
@@ -224,7 +227,7 @@ class Streams:
             stacks = _take(obs, rows)
             first_frames = stacks[:, :-1]
             pad = stacks[:, -1:].expand_as(first_frames) if self.padding_type == "reset" else torch.zeros_like(first_frames)
-            bad = _differs(first_frames, pad)
+            bad = differs(first_frames, pad)
             if bad.any():
                 env = int(env_ids[rows[bad.argmax()]])
                 what = "its first frame" if self.padding_type == "reset" else "zeros"
@@ -250,6 +253,7 @@ class Streams:
         self.terminated[positions] = terminated[kept]
         self.truncated[positions] = truncated[kept]
         self.final_slot[positions] = -1
+        self.env[positions] = env_ids[kept]
         stored_links = links[kept]
         linked = stored_links >= oldest
         self.next[stored_links[linked] % self.capacity] = serials[kept][linked]
@@ -289,6 +293,7 @@ class Streams:
         self.terminated.fill(False)
         self.truncated.fill(False)
         self.final_slot.fill(-1)
+        self.env.fill(-1)
         self.last.fill(-1)
         self.finals.clear()
 
@@ -370,39 +375,27 @@ class Streams:
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Links, flags, open episodes and final observations, as tensors (for checkpoints)."""
+        """Links, flags, envs, open episodes and final observations, as tensors (for checkpoints)."""
         return {
             "back": torch.from_numpy(self.back.copy()), "next": torch.from_numpy(self.next.copy()),
             "terminated": torch.from_numpy(self.terminated.copy()),
             "truncated": torch.from_numpy(self.truncated.copy()),
             "final_slot": torch.from_numpy(self.final_slot.copy()), "last": torch.from_numpy(self.last.copy()),
+            "env": torch.from_numpy(self.env.copy()),
             "expected": self.expected.clone(), "finals": self.finals.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a ``state_dict`` of a buffer with the same options.
+        """Restore a ``state_dict`` checked by [`streams_problem`][rlbuf._stream_check.streams_problem].
 
-        Raises:
-            CheckpointError: arrays of the wrong length, or links that do not fit.
+        A state of rlbuf 0.2's first compact checkpoints holds no ``env`` table: rows load with
+        env -1 (unknown), and only the links' own invariants were checked.
         """
-        arrays = {"back": self.back, "next": self.next, "terminated": self.terminated, "truncated": self.truncated,
-                  "final_slot": self.final_slot, "last": self.last}
-        for name, array in arrays.items():
-            value = state.get(name)
-            if not isinstance(value, torch.Tensor) or tuple(value.shape) != array.shape:
-                shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
-                raise CheckpointError(f"state: stream {name!r} has shape {shape}, expected {array.shape}")
-        expected = state.get("expected")
-        if not isinstance(expected, torch.Tensor) or expected.shape != self.expected.shape:
-            raise CheckpointError(f"state: stream 'expected' does not have shape {tuple(self.expected.shape)}")
         self.finals.load_state_dict(state["finals"])
-        slots = state["final_slot"]
-        if slots.numel() and int(slots.max()) >= self.finals.top:
-            raise CheckpointError(f"state: a final observation slot {int(slots.max())} beyond the "
-                                  f"{self.finals.top} saved")
-        for name, array in arrays.items():
-            array[:] = state[name].numpy()
-        self.expected.copy_(expected)
+        for name in ("back", "next", "terminated", "truncated", "final_slot", "last"):
+            getattr(self, name)[:] = state[name].numpy()
+        self.env[:] = state["env"].numpy() if "env" in state else -1
+        self.expected.copy_(state["expected"])
 
 
 def _previous_in_call(env_ids: _Ints) -> _Ints:
@@ -430,7 +423,7 @@ def _take(tensor: torch.Tensor, rows: _Ints) -> torch.Tensor:
     return tensor.index_select(0, torch.from_numpy(rows))
 
 
-def _differs(a: torch.Tensor, b: torch.Tensor) -> npt.NDArray[np.bool_]:
+def differs(a: torch.Tensor, b: torch.Tensor) -> npt.NDArray[np.bool_]:
     """Per row, whether ``a`` and ``b`` differ anywhere (NaN equals NaN: a stored NaN rebuilds as NaN)."""
     if torch.equal(a, b):
         return np.zeros(len(a), np.bool_)

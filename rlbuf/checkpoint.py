@@ -33,17 +33,12 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import errno
 import fcntl
 import json
 import mmap
 import os
 import re
-import shutil
-import stat
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -60,18 +55,31 @@ from rlbuf._manifest import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
-    MAX_MANIFEST_BYTES,
     close_all,
     file_digest,
     open_current,
-    parse_manifest,
     unverified_manifest,
     verify_files,
+)
+from rlbuf._savedir import (
+    TENSOR_DIR,
+    check_replaceable,
+    claim_spare,
+    exchange,
+    fsync_dir,
+    keep_as_spare,
+    lock_path,
+    open_for_writing,
+    opener,
+    prune,
+    remove,
+    spare_path,
+    stale_lock_in_making,
+    take_lock,
 )
 from rlbuf.errors import CheckpointError
 from rlbuf.spec import numpy_dtype
 
-TENSOR_DIR = "tensors"
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 _TENSOR = "__tensor__"
 _DTYPES = {name: getattr(torch, name) for name in DTYPE_BYTES}
@@ -131,60 +139,6 @@ def _decode(value: Any, read: Callable[[str], torch.Tensor]) -> Any:
 
 
 # -- writing ----------------------------------------------------------------------------------
-def _directory(staging: Path, *inside: str) -> int:
-    """A descriptor of ``staging`` (or of a directory inside it), following no link below its parent.
-
-    A save writes and removes files only through such descriptors, so a link that another
-    process swaps in for the staging directory or its ``tensors/`` never leads it outside.
-    """
-    fd = os.open(staging.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    for name in (staging.name, *inside):
-        try:
-            inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-        finally:
-            os.close(fd)
-        fd = inner
-    return fd
-
-
-def _opener(staging: Path) -> Callable[[str, int], int]:
-    """An ``opener`` for ``open`` of files in ``staging``, following no link (see ``_directory``)."""
-    def opener(file: str, flags: int) -> int:
-        relative = Path(file).relative_to(staging)
-        directory = _directory(staging, *relative.parts[:-1])
-        try:
-            return os.open(relative.name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=directory)
-        finally:
-            os.close(directory)
-    return opener
-
-
-def _prune(staging: Path, *inside: str, keep: Callable[[os.DirEntry[str]], bool]) -> None:
-    """Remove the entries of ``staging`` (or of a directory inside it) that ``keep`` refuses."""
-    directory = _directory(staging, *inside)
-    try:
-        with os.scandir(directory) as scan:
-            entries = list(scan)
-        for entry in entries:
-            if keep(entry):
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.name, ignore_errors=True, dir_fd=directory)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.name, dir_fd=directory)
-    finally:
-        os.close(directory)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_tensor(tensor: torch.Tensor, target: Path) -> dict[str, Any]:
     """Write ``tensor`` as raw bytes in chunks (never the whole of a memmap in RAM); return its entry."""
     flat = tensor.detach().reshape(-1) if tensor.is_contiguous() else tensor.detach().contiguous().reshape(-1)
@@ -193,7 +147,7 @@ def _write_tensor(tensor: torch.Tensor, target: Path) -> dict[str, Any]:
     nbytes = flat.numel() * flat.element_size()
     # One fsync at the end: starting writeback chunk by chunk (sync_file_range) made saves 1.5-3x
     # slower and far less steady on a shared disk (benchmarks/checkpoint.py).
-    fd = _open_for_writing(target)
+    fd = open_for_writing(target)
     try:
         for start in range(0, flat.numel(), rows_per_chunk):
             chunk = flat[start:start + rows_per_chunk]
@@ -215,119 +169,6 @@ def _write_all(write: Callable[[memoryview], int], data: memoryview) -> None:
     written = 0
     while written < len(data):
         written += write(data[written:])
-
-
-def _open_for_writing(target: Path) -> int:
-    """A descriptor to write ``target`` through from its start, holding the file's exclusive lock.
-
-    A file the superseded checkpoint left in a reused spare is rewritten in place: that keeps
-    its disk blocks, and writing over allocated blocks is several times faster than allocating
-    new ones on many disks (thin-provisioned and ``discard``-mounted ones: benchmarks/checkpoint.py).
-    It is replaced by a new file when something else may still read it (a load or a memory map
-    of that version holds its shared lock, or another hard link names it), or when it cannot
-    be opened for writing (read-only, or no regular file).
-    """
-    directory = _directory(target.parents[1], TENSOR_DIR)  # target is staging/tensors/<name>
-    try:
-        try:
-            fd = os.open(target.name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            os.unlink(target.name, dir_fd=directory)
-        else:
-            try:
-                status = os.fstat(fd)
-                if stat.S_ISREG(status.st_mode) and status.st_nlink == 1:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    return fd
-            except BlockingIOError:
-                pass
-            os.close(fd)
-            os.unlink(target.name, dir_fd=directory)
-        fd = os.open(target.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                     dir_fd=directory)
-        fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: nobody else can hold it
-        return fd
-    finally:
-        os.close(directory)
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths (Linux ``renameat2``); ``False`` where unsupported."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    result = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
-    if result != 0:
-        code = ctypes.get_errno()
-        if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
-            return False
-        raise OSError(code, os.strerror(code), str(b))
-    return True
-
-
-def _check_replaceable(path: Path) -> None:
-    """Refuse to replace anything but nothing, an empty directory, or an rlbuf checkpoint."""
-    if not path.exists():
-        return
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: exists and is not a directory; refusing to overwrite it")
-    if not any(path.iterdir()):
-        return
-    manifest = path / MANIFEST
-    try:
-        ours = (manifest.stat().st_size <= MAX_MANIFEST_BYTES
-                and parse_manifest(manifest.read_text(encoding="utf-8"), manifest).get("format") == FORMAT)
-    except (OSError, UnicodeDecodeError, CheckpointError, AttributeError):
-        ours = False
-    if not ours:
-        raise CheckpointError(f"{path}: exists and is not an rlbuf checkpoint (no {MANIFEST} of format {FORMAT!r}); "
-                              f"refusing to overwrite it")
-
-
-def _remove(staging: Path) -> None:
-    """Remove a staging directory, or the superseded checkpoint swapped into it: manifest first."""
-    if staging.is_symlink():  # the swap moved a symlinked target path here; the link goes, not its target
-        staging.unlink()
-        return
-    (staging / MANIFEST).unlink(missing_ok=True)
-    shutil.rmtree(staging, ignore_errors=True)
-
-
-def _spare_path(path: Path) -> Path:
-    return path.parent / f".{path.name}.spare"
-
-
-def _claim_spare(path: Path, staging: Path) -> None:
-    """Make the staging directory ``staging``: the spare of ``path`` when there is one, else new.
-
-    The spare is renamed (one save at a time can claim it), and everything in it that a save
-    would not rewrite in place is removed: anything but regular files under ``tensors/``.
-    """
-    with contextlib.suppress(OSError):  # no spare, or one this save may not take (another user's, a mount)
-        os.rename(_spare_path(path), staging)
-    if staging.is_symlink() or (staging.exists() and not staging.is_dir()):
-        staging.unlink()
-    staging.mkdir(exist_ok=True)
-    _prune(staging, keep=lambda entry: entry.name == TENSOR_DIR and entry.is_dir(follow_symlinks=False))
-    (staging / TENSOR_DIR).mkdir(exist_ok=True)
-    _prune(staging, TENSOR_DIR, keep=lambda entry: entry.is_file(follow_symlinks=False))
-
-
-def _keep_as_spare(superseded: Path, spare: Path) -> None:
-    """Keep the checkpoint a save replaced as the spare of the next save (its manifest removed)."""
-    if superseded.is_symlink() or not superseded.is_dir():
-        _remove(superseded)
-        return
-    (superseded / MANIFEST).unlink(missing_ok=True)  # never a checkpoint again
-    try:
-        os.rename(superseded, spare)
-    except OSError:  # a concurrent save kept its own spare first
-        _remove(superseded)
 
 
 def remove_spare(path: str | Path) -> bool:
@@ -353,10 +194,10 @@ def remove_spare(path: str | Path) -> bool:
     path = Path(path)
     aside = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:12]}"  # removed by a later save if killed here
     try:
-        os.rename(_spare_path(path), aside)
+        os.rename(spare_path(path), aside)
     except FileNotFoundError:
         return False
-    _remove(aside)
+    remove(aside)
     return True
 
 
@@ -396,7 +237,7 @@ class RowFiles:
             row_bytes = leaf[0].numel() * leaf.element_size()
             entry = self.entries[rel]
             if segments or entry["shape"][0] != size:
-                with open(self._staging / rel, "r+b", buffering=0, opener=_opener(self._staging)) as file:
+                with open(self._staging / rel, "r+b", buffering=0, opener=opener(self._staging)) as file:
                     for start, stop in segments:
                         rows = leaf[start:stop]
                         raw = (rows if rows.device.type == "cpu" else rows.cpu()).as_subclass(torch.Tensor)
@@ -411,59 +252,9 @@ class RowFiles:
     def finish(self) -> None:
         """Make the files durable; re-hash, from disk, the ones ``patch`` changed."""
         for rel in self._patched:
-            with open(self._staging / rel, "rb+", opener=_opener(self._staging)) as file:
+            with open(self._staging / rel, "rb+", opener=opener(self._staging)) as file:
                 os.fsync(file.fileno())
             self.entries[rel][DIGEST] = file_digest(self._staging / rel, DIGEST)
-
-
-def _lock_path(path: Path, token: str) -> Path:
-    return path.parent / f".{path.name}.lock-{token}"
-
-
-def _take_lock(path: Path, token: str) -> int:
-    """An flock-ed lock file that marks this save's temporary siblings as in use.
-
-    It appears already locked (made under another name, then renamed), so a concurrent
-    cleanup never sees it unlocked.
-    """
-    lock = _lock_path(path, token)
-    making = lock.with_name(lock.name + ".new")
-    fd = os.open(making, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, str(os.getpid()).encode())
-        os.rename(making, lock)
-    except BaseException:
-        os.close(fd)
-        making.unlink(missing_ok=True)
-        raise
-    return fd
-
-
-_MAKING_LOCK_GRACE_S = 60.0
-
-
-def _stale_lock_in_making(path: Path, sibling: Path) -> bool:
-    """Whether ``sibling`` is a ``.<name>.lock-<hex>.new`` left by a save killed while taking its lock.
-
-    Its maker holds it locked from a moment after creating it until the rename; one unlocked
-    and older than a minute belongs to no live save.
-    """
-    if not re.fullmatch(re.escape(f".{path.name}.lock-") + r"[0-9a-f]{12}\.new", sibling.name):
-        return False
-    try:
-        fd = os.open(sibling, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        if time.time() - os.fstat(fd).st_mtime < _MAKING_LOCK_GRACE_S:
-            return False
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return True
 
 
 def remove_stale_saves(path: str | Path) -> list[Path]:
@@ -489,14 +280,14 @@ def remove_stale_saves(path: str | Path) -> list[Path]:
     except OSError:
         return removed
     for sibling in siblings:
-        if _stale_lock_in_making(path, sibling):
+        if stale_lock_in_making(path, sibling):
             sibling.unlink(missing_ok=True)
             removed.append(sibling)
             continue
         match = pattern.fullmatch(sibling.name)
         if match is None:
             continue
-        lock = _lock_path(path, match.group(2))
+        lock = lock_path(path, match.group(2))
         try:
             fd = os.open(lock, os.O_RDONLY)
         except FileNotFoundError:
@@ -512,7 +303,7 @@ def remove_stale_saves(path: str | Path) -> list[Path]:
             if match.group(1) == "lock":
                 lock.unlink(missing_ok=True)
             else:
-                _remove(sibling)
+                remove(sibling)
             removed.append(sibling)
         finally:
             if fd >= 0:
@@ -546,18 +337,18 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
             does not read back (the previous checkpoint at ``path``, if any, is left whole).
     """
     path = Path(path)
-    _check_replaceable(path)
+    check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_saves(path)
     token = uuid.uuid4().hex[:12]
     staging = path.parent / f".{path.name}.tmp-{token}"
     try:
-        lock_fd = _take_lock(path, token)
+        lock_fd = take_lock(path, token)
     except OSError as error:
         raise CheckpointError(_save_failed(path, error)) from error
     superseded: Path | None = None
     try:
-        _claim_spare(path, staging)
+        claim_spare(path, staging)
         rows = RowFiles(staging, "state.fields")
         made = state(rows) if callable(state) else state
         rows.finish()
@@ -565,15 +356,15 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
         encoded = _encode(made, "state", tensors)
         files = {**rows.entries, **{rel: _write_tensor(tensor, staging / rel) for rel, tensor in tensors.items()}}
         # files of the spare this save did not rewrite
-        _prune(staging, TENSOR_DIR, keep=lambda entry: f"{TENSOR_DIR}/{entry.name}" in files)
+        prune(staging, TENSOR_DIR, keep=lambda entry: f"{TENSOR_DIR}/{entry.name}" in files)
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "versions": _versions(),
                     "state": encoded, "files": files}
-        with open(staging / MANIFEST, "w", encoding="utf-8", opener=_opener(staging)) as file:
+        with open(staging / MANIFEST, "w", encoding="utf-8", opener=opener(staging)) as file:
             json.dump(manifest, file, indent=1)
             file.flush()
             os.fsync(file.fileno())
-        _fsync_dir(staging / TENSOR_DIR)
-        _fsync_dir(staging)
+        fsync_dir(staging / TENSOR_DIR)
+        fsync_dir(staging)
         listed = unverified_manifest(staging, staging=True)["files"]
         if listed.keys() != files.keys():
             raise CheckpointError(f"{path}: the written checkpoint does not list the files it was given")
@@ -586,9 +377,9 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
             except OSError as error:
                 if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                     raise
-                _check_replaceable(path)  # another save made the checkpoint meanwhile: replace it
+                check_replaceable(path)  # another save made the checkpoint meanwhile: replace it
         if not placed:
-            if not _exchange(staging, path):  # two renames: a crash between them leaves no checkpoint at path
+            if not exchange(staging, path):  # two renames: a crash between them leaves no checkpoint at path
                 aside = path.parent / f".{path.name}.old-{token}"
                 os.rename(path, aside)
                 try:
@@ -598,17 +389,17 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
                     raise
                 staging = aside
             superseded = staging
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except OSError as error:
         raise CheckpointError(_save_failed(path, error)) from error
     except CheckpointError as error:
         raise CheckpointError(f"{error}; the previous checkpoint at {path}, if any, is untouched") from error
     finally:
         if superseded is not None:
-            _keep_as_spare(superseded, _spare_path(path))
+            keep_as_spare(superseded, spare_path(path))
         else:
-            _remove(staging)
-        _lock_path(path, token).unlink(missing_ok=True)
+            remove(staging)
+        lock_path(path, token).unlink(missing_ok=True)
         os.close(lock_fd)
 
 

@@ -8,12 +8,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import torchrl
 
-from rlbuf import ReplayBuffer, RolloutBuffer
+from rlbuf import CheckpointError, ReplayBuffer, RolloutBuffer, _inspect
 from rlbuf.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,3 +182,67 @@ def test_inspect_refuses_an_unexpected_pickle(checkpoint: Path, capsys: pytest.C
     (checkpoint / "prefetch.pkl").write_bytes(b"\x80\x04N.")
     assert main(["inspect", str(checkpoint)]) == 1
     assert "unexpected file 'prefetch.pkl'" in capsys.readouterr().out
+
+
+def _small_checkpoint(path: Path) -> Path:
+    buffer = ReplayBuffer(8, obs_shape=(2,), action_shape=())
+    buffer.add(torch.zeros(2), 0.0, 1.0, torch.ones(2), False)
+    buffer.save(path)
+    return path
+
+
+def test_inspect_of_a_tensors_directory_that_links_to_itself_is_one_line_of_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _small_checkpoint(tmp_path / "ckpt")
+    for item in (path / "tensors").iterdir():
+        item.unlink()
+    (path / "tensors").rmdir()
+    (path / "tensors").symlink_to("tensors")
+    assert main(["inspect", str(path)]) == 1
+    out = capsys.readouterr()
+    assert "Traceback" not in out.out + out.err
+    [status] = [line for line in out.out.splitlines() if line.startswith("status")]
+    assert "FAILED" in status and "link" in status
+    with pytest.raises(CheckpointError, match="link"):
+        ReplayBuffer.load(path)
+
+
+def test_inspect_of_a_manifest_listing_200_000_files_does_bounded_work(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _small_checkpoint(tmp_path / "ckpt")
+    manifest = json.loads((path / "manifest.json").read_text())
+    entry = next(iter(manifest["files"].values()))
+    manifest["files"].update({f"tensors/x{i}.bin": entry for i in range(200_000)})
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    checked: list[str] = []
+    check_file = _inspect._check_file
+
+    def counting(root: Path, rel: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        checked.append(rel)
+        return check_file(root, rel, *args, **kwargs)
+
+    monkeypatch.setattr(_inspect, "_check_file", counting)
+    assert main(["inspect", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "lists 200009 files, more than the 10000" in out.splitlines()[-1]
+    assert len(checked) == _inspect.LISTED_FILES
+    assert f"and {200_009 - _inspect.LISTED_FILES} more files" in out
+    with pytest.raises(CheckpointError, match="lists 200009 files"):
+        ReplayBuffer.load(path)
+
+
+@pytest.mark.parametrize("duplicate", ["format_version", "file entry"])
+def test_a_manifest_with_a_key_twice_is_refused_by_load_and_inspect(tmp_path: Path, duplicate: str) -> None:
+    path = _small_checkpoint(tmp_path / "ckpt")
+    text = (path / "manifest.json").read_text()
+    if duplicate == "format_version":
+        text = text.replace('"format_version": 2,', '"format_version": 2, "format_version": 1,', 1)
+    else:
+        manifest = json.loads(text)
+        rel, entry = next(iter(manifest["files"].items()))
+        text = text.replace('"files": {', '"files": {' + json.dumps(rel) + ": " + json.dumps(entry) + ", ", 1)
+    (path / "manifest.json").write_text(text)
+    with pytest.raises(CheckpointError, match="appears twice"):
+        ReplayBuffer.load(path)
+    report = _inspect.inspect_checkpoint(path)
+    assert not report["ok"] and "appears twice" in report["error"]

@@ -510,3 +510,26 @@ def test_float32_tree() -> None:
     sampler._rng = torch.Generator().manual_seed(0)
     index, info = sampler.sample(filled_storage(5), 10)
     torch.testing.assert_close(info["priority_weight"], 1.0 / (index.float() + 1.0))
+
+
+def test_torchrl_c_plus_plus_sum_trees_still_fail_to_load() -> None:
+    """The reason ``rlbuf._sumtree`` exists: torchrl 0.14.1's C++ segment trees do not load against torch 2.13.
+
+    The day this fails, TorchRL's own ``PrioritizedSampler`` works here: ``_sumtree.py`` (and
+    ``_sumtree_arrays.py``) can go, and ``ReplayBuffer(prioritized=True)`` can use TorchRL's sampler.
+    """
+    gone = "TorchRL's C++ sum trees load again: rlbuf._sumtree (SumTreeSampler) can be replaced by TorchRL's own"
+    try:
+        from torchrl._torchrl import SumSegmentTreeFp32
+
+        SumSegmentTreeFp32(8)
+    except (ImportError, RuntimeError, AttributeError):
+        pass
+    else:
+        pytest.fail(gone)
+    try:
+        PrioritizedSampler(8, 0.6, 0.4)
+    except RuntimeError as error:
+        assert "SumSegmentTreeFp32 is not available" in str(error)
+    else:
+        pytest.fail(gone)

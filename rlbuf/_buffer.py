@@ -1,0 +1,369 @@
+"""RingBuffer: what every buffer shares (options, sizes, devices, reads, epochs, keyword hints).
+
+A subclass builds its field specs and sampler, calls ``RingBuffer._setup``, and turns
+gathered columns into its typed batch in ``RingBuffer._make_batch``. The state half
+(``state_dict``, ``check_valid``, ``load_state_dict``, ``save``, ``load``) is
+[`BufferState`][rlbuf._state.BufferState].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Generic, Self, TypeVar, cast
+
+import torch
+from torchrl.data import TensorDictReplayBuffer
+from torchrl.data.replay_buffers.samplers import Sampler
+
+from rlbuf._core import RowRing, deliver
+from rlbuf._fields import check_names
+from rlbuf._state import BufferState
+from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
+from rlbuf.errors import ConfigError, EmptyBufferError
+from rlbuf.spec import FieldSpec, as_flag, as_int, positive_int
+from rlbuf.stats import EpisodeStats
+from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device
+
+BatchT = TypeVar("BatchT")
+
+
+
+# Constructor keywords users bring from SB3, cpprb or TorchRL, and what rlbuf takes instead.
+FOREIGN_OPTIONS = {
+    "buffer_size": "rlbuf's name is capacity (RolloutBuffer: num_steps, per env)",
+    "max_size": "rlbuf's name is capacity",
+    "size": "rlbuf's name is capacity",
+    "n_envs": "rlbuf's name is num_envs",
+    "n_steps": "rlbuf's name is num_steps",
+    "handle_timeout_termination": "always on in rlbuf: pass truncated= to add() and the timeout bootstraps",
+    "optimize_memory_usage": "rlbuf's ReplayBuffer takes compact=True (next_obs stored once; see frame_stack)",
+    "gamma": "pass gamma to compute_returns_and_advantages() (ReplayBuffer: gamma goes with n_step)",
+    "gae_lambda": "pass gae_lambda to compute_returns_and_advantages()",
+    "env_dict": "declare obs_shape=/action_shape= (or observation_space=/action_space=) and extra_fields=",
+    "storage_device": "rlbuf's name is storing_device",
+}
+"""Foreign constructor keyword -> what to pass instead."""
+
+
+def refuse_foreign_options(owner: Callable[..., Any], given: Mapping[str, Any]) -> None:
+    """Raise [`ConfigError`][rlbuf.ConfigError] for keywords ``owner`` does not take, with the rlbuf name.
+
+    Example:
+        >>> def build(capacity: int, **foreign: object) -> None:
+        ...     refuse_foreign_options(build, foreign)
+        >>> build(10, buffer_size=10)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: buffer_size: not an option of build; rlbuf's name is capacity (RolloutBuffer: num_steps, per env)
+    """
+    for name in given:
+        if name in FOREIGN_OPTIONS:
+            raise ConfigError(f"{name}: not an option of {owner.__qualname__.split('.')[0]}; {FOREIGN_OPTIONS[name]}")
+    if given:
+        known = [p for p in inspect.signature(owner).parameters if p not in ("self", "foreign")]
+        raise ConfigError(f"{', '.join(given)}: not options of {owner.__qualname__.split('.')[0]}; it takes {known}")
+
+
+def done_of(columns: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """``terminated | truncated``: the derived ``done`` column of every buffer that stores both."""
+    return columns["terminated"].to(torch.bool) | columns["truncated"].to(torch.bool)
+
+
+class RingBuffer(BufferState, Generic[BatchT]):
+    """Shared machinery of the ring buffers; not used directly."""
+
+    _batch_type: type[BatchT]
+
+    def _attach_stats(self, stats: EpisodeStats | None, num_envs: int) -> None:
+        if stats is not None and stats.num_envs != num_envs:
+            raise ConfigError(f"stats: built for {stats.num_envs} envs, this buffer has num_envs={num_envs}")
+        self._stats = stats
+
+    @property
+    def stats(self) -> EpisodeStats | None:
+        """The episode statistics this buffer feeds with every step added, if any."""
+        return self._stats
+
+    def _feed_stats_from_rollout(self, reward: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor) -> None:
+        """Feed ``[num_envs, T]`` (time last) tensors to the stats, one step at a time."""
+        if self._stats is None:
+            return
+        for t in range(reward.shape[1]):
+            self._stats.update(reward[:, t], terminated[:, t], truncated[:, t])
+
+
+    def _setup(
+        self,
+        specs: Sequence[FieldSpec],
+        capacity: int,
+        sampler: Sampler,
+        *,
+        num_envs: int,
+        storage: StorageKind,
+        scratch_dir: str | Path | None,
+        storing_device: DeviceLike,
+        device: DeviceLike | None,
+        seed: int | None,
+        derived: Mapping[str, Callable[[Mapping[str, torch.Tensor]], torch.Tensor]] | None = None,
+    ) -> None:
+        check_names(specs)
+        self._num_envs = positive_int("num_envs", num_envs)
+        # The epoch generator is seeded with seed + 1: both seeds must be valid torch seeds.
+        checked_seed = None if seed is None else as_int("seed", seed, minimum=0, maximum=2**63 - 2)
+        if positive_int("capacity", capacity) < num_envs:
+            raise ConfigError(f"capacity: expected at least num_envs={num_envs} rows (one add), got {capacity}")
+        self._storage_kind = storage
+        self._storing_device = resolve_device(storing_device, name="storing_device")
+        self._device = resolve_device(device, name="device", default=self._storing_device)
+        # CPU rows for a CUDA learner are gathered into page-locked memory: one host copy, not two.
+        self._pinned_delivery = self._storing_device.type == "cpu" and self._device.type == "cuda"
+        built = build_storage(storage, capacity, specs, storing_device=self._storing_device, scratch_dir=scratch_dir)
+        self._seed = secrets.randbits(62) if checked_seed is None else checked_seed
+        generator = torch.Generator(device=self._storing_device).manual_seed(self._seed)
+        self._ring = RowRing(specs, built, sampler, rows_per_add=num_envs, storing_device=self._storing_device,
+                             generator=generator, derived=derived)
+        self._epoch_generator = torch.Generator().manual_seed(self._seed + 1)
+
+    # -- sizes and devices -----------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._ring)
+
+    @property
+    def size(self) -> int:
+        """Rows stored now (same as ``len(buffer)``)."""
+        return len(self._ring)
+
+    @property
+    def capacity(self) -> int:
+        """Rows the buffer holds at most; the oldest are overwritten first."""
+        return self._ring.capacity
+
+    @property
+    def is_full(self) -> bool:
+        """Whether the next add overwrites the oldest row."""
+        return len(self._ring) == self._ring.capacity
+
+    @property
+    def num_envs(self) -> int:
+        """Rows per ``add``."""
+        return self._num_envs
+
+    @property
+    def storing_device(self) -> torch.device:
+        """Where rows are stored."""
+        return self._storing_device
+
+    @property
+    def device(self) -> torch.device:
+        """Where batches are delivered."""
+        return self._device
+
+    @property
+    def fields(self) -> tuple[FieldSpec, ...]:
+        """The stored fields (name, TorchRL key, shape, dtype)."""
+        return self._ring.specs
+
+    @property
+    def torchrl(self) -> TensorDictReplayBuffer:
+        """The underlying TorchRL ``TensorDictReplayBuffer`` (for collectors, losses, Ray).
+
+        It sees every row added through rlbuf, and what it writes rlbuf sees. Once handed out,
+        every later add is committed at once, so its ``storage`` and ``writer`` are current too
+        when read directly (e.g. by a TorchRL buffer built over the same storage).
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> len(buf.torchrl), buf.torchrl[0]["next", "reward"].tolist()
+            (1, [1.0])
+        """
+        return self._ring.hand_out()
+
+    def _repr_options(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        fields = ", ".join(s.describe() for s in self._ring.specs)
+        return (f"{type(self).__name__}(size={len(self)}/{self.capacity}, storage={self._storage_kind}, "
+                f"storing_device={self._storing_device}, device={self._device}{self._repr_options()}, "
+                f"fields=[{fields}])")
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def clear(self) -> None:
+        """Remove every row (and priorities); capacity and options stay.
+
+        An iterator from ``epochs()``/``minibatches()`` is forgotten (it is not checkpointed).
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> buf.clear()
+            >>> len(buf), buf.capacity
+            (0, 10)
+        """
+        self._ring.clear()
+        self._current_epochs = self._current_epochs_call = None
+
+    def close(self) -> None:
+        """Release the storage's scratch directory if rlbuf created it (memmap)."""
+        self._ring.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading ---------------------------------------------------------------------------
+    def _make_batch(self, columns: dict[str, torch.Tensor]) -> BatchT:
+        raise NotImplementedError
+
+    def _gather(self, index: torch.Tensor, names: Sequence[str] | None = None, *,
+                pinned: bool = False) -> dict[str, torch.Tensor]:
+        """The columns at storage positions ``index`` (a buffer that rebuilds fields overrides it);
+        with ``pinned``, gathered into page-locked memory where the layout allows."""
+        if names is not None:
+            self._ring.check_field_names(names)
+        return self._ring.gather(index, names, pinned=pinned)
+
+    def _readable_index(self) -> torch.Tensor:
+        """Positions ``sample_all`` returns, oldest first: every stored row unless overridden."""
+        return self._ring.chronological_index()
+
+    def _batch(self, index: torch.Tensor, weight: torch.Tensor | None = None) -> BatchT:
+        columns = self._gather(index, pinned=self._pinned_delivery)
+        columns["index"] = index
+        if weight is not None:
+            columns["weight"] = weight
+        return self._make_batch(deliver(columns, self._device))
+
+    def sample_all(self) -> BatchT:
+        """Every stored row, oldest first.
+
+        Raises:
+            EmptyBufferError: nothing is stored.
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(3, obs_shape=(1,), action_shape=())
+            >>> for r in range(5):
+            ...     buf.add(torch.zeros(1), 0.0, float(r), torch.zeros(1), False)
+            >>> buf.sample_all().reward.tolist()
+            [2.0, 3.0, 4.0]
+        """
+        if len(self._ring) == 0:
+            raise EmptyBufferError("sample_all: the buffer is empty; add data first")
+        return self._batch(self._readable_index())
+
+    def sample_by_index(self, index: Any, fields: Sequence[str] | None = None) -> BatchT:
+        """The rows at storage positions ``index`` (e.g. ``batch.index``), as the buffer's typed batch.
+
+        Args:
+            index: positions in ``[0, len(buffer))``: an int, a sequence or a tensor.
+            fields: gather only these stored fields. The batch then holds only them: other
+                attributes are absent (reading one raises ``AttributeError``), stored fields
+                that are not batch attributes (``done``, ``bootstrap_value``) are in ``extras``,
+                and ``len()`` needs ``obs``.
+
+        Raises:
+            StoredIndexError: a position outside what is stored.
+            MissingFieldError: an unknown field name.
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
+            >>> for r in range(4):
+            ...     buf.add(torch.zeros(1), 0.0, float(r), torch.zeros(1), False)
+            >>> buf.sample_by_index([3, 1]).reward.tolist()
+            [3.0, 1.0]
+            >>> only = buf.sample_by_index(2, fields=["reward"])
+            >>> type(only).__name__, only.reward.tolist(), hasattr(only, "obs")
+            ('ReplayBatch', [2.0], False)
+        """
+        positions = self._ring.as_index(index)
+        if fields is None:
+            return self._batch(positions)
+        columns = deliver(self._gather(positions, fields), self._device)
+        batch_type = self._batch_type
+        batch = object.__new__(batch_type)
+        attributes = {item.name for item in dataclasses.fields(cast(Any, batch_type))} - {"extras"}
+        for name in attributes & set(columns):
+            object.__setattr__(batch, name, columns[name])  # a frozen dataclass: built field by field
+        object.__setattr__(batch, "extras", {name: column for name, column in columns.items() if name not in attributes})
+        return batch
+
+    def epochs(self, batch_size: int, n_epochs: int = 1, *, drop_last: bool = False,
+               shuffle: bool = True) -> EpochIterator[BatchT]:
+        """Minibatches that visit every stored row once per epoch, delivered on ``device``.
+
+        Each epoch covers the rows stored when it starts (rows added during an epoch join
+        the next one; in a full ring they may replace a row of the running epoch at the
+        same position). ``n_epochs=0`` draws random batches with replacement, forever.
+
+        Raises:
+            BatchSizeError: ``batch_size`` ≤ 0 or larger than what is stored.
+            EmptyBufferError: nothing is stored.
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
+            >>> for _ in range(5):
+            ...     buf.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False)
+            >>> [len(batch) for batch in buf.epochs(2, n_epochs=2)]
+            [2, 2, 1, 2, 2, 1]
+        """
+        self._ring.flush()
+        # Validate before the epoch generator draws the iterator's seed: a refused call changes nothing.
+        options = check_epoch_options(len(self._ring), batch_size=batch_size, n_epochs=n_epochs,
+                                      drop_last=drop_last, shuffle=shuffle)
+        self._ring.require_rows(options["batch_size"], without_replacement=False)
+        iterator = EpochIterator(lambda: len(self._ring), self._batch, **options,
+                                 generator=self._iterator_generator(self._storing_device))
+        options.pop("num_batches")
+        return self._track_epochs(iterator, "epochs", **options)
+
+    def _track_epochs(self, iterator: EpochIterator[BatchT], method: str, **arguments: Any) -> EpochIterator[BatchT]:
+        self._current_epochs = iterator
+        self._current_epochs_call = (method, arguments)
+        return iterator
+
+    @property
+    def current_epochs(self) -> EpochIterator[BatchT] | None:
+        """The iterator made by the last ``epochs()``/``minibatches()`` call, saved with checkpoints.
+
+        After ``load`` it is the restored iterator, resuming at the batch after the
+        one the original had reached when it was saved.
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> buf.current_epochs is None, buf.epochs(1) is buf.current_epochs
+            (True, True)
+        """
+        return self._current_epochs
+
+    def _iterator_generator(self, device: torch.device) -> torch.Generator:
+        """A fresh generator on ``device`` for one iterator, seeded from the buffer's epoch generator."""
+        seed = int(torch.randint(0, 2**62, (1,), generator=self._epoch_generator))
+        return torch.Generator(device=device).manual_seed(seed)
+
+    def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
+        """Batches per epoch over what is stored now.
+
+        Example:
+            >>> import torch
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
+            >>> for _ in range(5):
+            ...     buf.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False)
+            >>> buf.num_batches(2), buf.num_batches(2, drop_last=True)
+            (3, 2)
+        """
+        return len(batch_bounds(len(self._ring), batch_size=batch_size, drop_last=as_flag("drop_last", drop_last)))

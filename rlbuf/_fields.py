@@ -1,0 +1,153 @@
+"""Declaring fields: shape options, extra fields, and the name collisions refused between any two fields.
+
+Every stored field has a name (what batches and messages call it) and a TorchRL key (where
+``extend`` reads it and ``buffer.torchrl`` stores it); a dict observation's leaf is also read at
+its env key (TorchRL's ``GymEnv`` puts ``("observation", "a")`` at ``"a"``). Two fields whose
+names or keys meet would store one value twice or lose one: ``check_names`` refuses them when
+the buffer is built.
+
+Example:
+    >>> fields = [FieldSpec('obs["a"]', ("observation", "a"), (2,), torch.float32),
+    ...           FieldSpec("a", "a", (), torch.float32)]
+    >>> check_names(fields)
+    Traceback (most recent call last):
+    ...
+    rlbuf.errors.ConfigError: obs["a"] and a: both read at TorchRL key 'a' (a dict observation's leaf is also read at its env key), so one would overwrite or lose the other; rename one of them (an extra field is stored at its own name: choose another for it)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from rlbuf._obs import torchrl_env_key
+from rlbuf.errors import ConfigError
+from rlbuf.spec import FieldSpec, NestedKey, as_int
+
+
+def as_shape(shape: Sequence[int] | int, name: str) -> tuple[int, ...]:
+    """A shape option as a tuple of non-negative ints (an int means a 1-D shape).
+
+    Raises:
+        ConfigError: anything else (``(3.5,)``, ``True``, ``"84"``, a negative size).
+
+    Example:
+        >>> as_shape(4, "obs_shape"), as_shape([84, 84], "obs_shape")
+        ((4,), (84, 84))
+    """
+    if not isinstance(shape, (str, bytes, Mapping)):
+        if isinstance(shape, (Sequence, torch.Size)) or (isinstance(shape, np.ndarray) and shape.ndim == 1):
+            with contextlib.suppress(ConfigError):
+                return tuple(as_int(name, d, minimum=0) for d in shape)
+        else:
+            with contextlib.suppress(ConfigError):
+                return (as_int(name, shape, minimum=0),)
+    raise ConfigError(f"{name}: expected a tuple of non-negative ints, got {shape!r}")
+
+
+# Names every batch uses for its own attributes, and TorchRL's private keys ("_weight", "_data").
+BATCH_NAMES = {"index": "an attribute of every batch", "weight": "an attribute of every batch",
+                "extras": "an attribute of every batch"}
+# Keyword arguments of add() that are not fields: an extra field of that name could never be given.
+ADD_ARGUMENTS = {"hidden_state": "an argument of add() (declare hidden states with hidden_state_shape=)",
+                 "env_mask": "an argument of add()"}
+
+
+def extra_specs(extra_fields: Mapping[str, tuple[Sequence[int] | int, torch.dtype]] | None,
+                builtin: Sequence[FieldSpec], reserved: Mapping[str, str] | None = None) -> list[FieldSpec]:
+    """Field specs for user-declared extra fields, stored at their own top-level key.
+
+    A name may not alias a built-in field: neither its rlbuf name nor the top-level part of its
+    TorchRL key (``"state_value"``, ``"next"`` ...), derived from ``builtin`` itself.
+
+    Args:
+        extra_fields: ``{"name": (shape, dtype)}`` as the user passed it.
+        builtin: the buffer's own fields.
+        reserved: further names this buffer refuses, with the reason shown in the error.
+
+    Raises:
+        ConfigError: a malformed declaration, or a name that is reserved or not an identifier.
+
+    Example:
+        >>> fixed = [FieldSpec("value", "state_value", (), torch.float32)]
+        >>> extra_specs({"state_value": ((), torch.float32)}, fixed)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: extra_fields: 'state_value' is reserved: the TorchRL key of the built-in field 'value'; choose another name
+    """
+    taken = {**BATCH_NAMES, **ADD_ARGUMENTS}
+    for spec in builtin:
+        top = spec.key if isinstance(spec.key, str) else spec.key[0]
+        taken.setdefault(top, f"the TorchRL key of the built-in field {spec.name!r}")
+        taken[spec.name] = "a built-in field"
+    taken.update(reserved or {})
+    if extra_fields is None:
+        return []
+    if not isinstance(extra_fields, Mapping):
+        raise ConfigError(f"extra_fields: expected a dict {{name: (shape, dtype)}}, got {type(extra_fields).__name__}")
+    specs = []
+    for name, declared in extra_fields.items():
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+            raise ConfigError(f"extra_fields: {name!r} is not a public identifier (letters, digits, '_'; "
+                              f"not starting with '_')")
+        if name in taken:
+            raise ConfigError(f"extra_fields: {name!r} is reserved: {taken[name]}; choose another name")
+        if not isinstance(declared, (tuple, list)) or len(declared) != 2:
+            raise ConfigError(f"extra_fields[{name!r}]: expected (shape, dtype), got {declared!r}")
+        shape, dtype = declared
+        specs.append(FieldSpec(name, name, as_shape(shape, f"extra_fields[{name!r}]"), dtype))
+    return specs
+
+
+
+def _path(key: NestedKey) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def check_names(specs: Sequence[FieldSpec]) -> None:
+    """Refuse two fields whose names or TorchRL keys meet (equal, or one nested inside the other).
+
+    Names meet when equal or when one is a leaf of the other (``hidden_state`` and
+    ``hidden_state["h"]``); keys when equal or when one is a prefix of the other, counting
+    the env key a dict observation's leaf is also read at.
+
+    Raises:
+        ConfigError: naming both fields and the fix.
+
+    Example:
+        >>> check_names([FieldSpec('hidden_state["h"]', "recurrent_state_h", (4,), torch.float32),
+        ...              FieldSpec("recurrent_state_h", "recurrent_state_h", (4,), torch.float32)])
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: hidden_state["h"] and recurrent_state_h: both stored at TorchRL key 'recurrent_state_h', so one would overwrite or lose the other; rename one of them (an extra field is stored at its own name: choose another for it)
+    """
+    names: dict[str, FieldSpec] = {}
+    keys: dict[tuple[str, ...], tuple[FieldSpec, bool]] = {}
+    for spec in specs:
+        own = [(_path(spec.key), False)]
+        env_key = torchrl_env_key(spec.key)
+        if env_key is not None:
+            own.append((_path(env_key), True))
+        for name, other in names.items():
+            if spec.name == name or spec.name.startswith(name + "[") or name.startswith(spec.name + "["):
+                _refuse(other, spec, f"both named {min(name, spec.name, key=len)!r} (or a leaf of it)")
+        for path, read_only in own:
+            for other_path, (other, other_read_only) in keys.items():
+                shorter = min(len(path), len(other_path))
+                if path[:shorter] == other_path[:shorter]:
+                    shared = path if len(path) <= len(other_path) else other_path
+                    shown = shared[0] if len(shared) == 1 else shared
+                    how = "read" if read_only or other_read_only else "stored"
+                    note = " (a dict observation's leaf is also read at its env key)" if how == "read" else ""
+                    _refuse(other, spec, f"both {how} at TorchRL key {shown!r}{note}")
+        names[spec.name] = spec
+        for path, read_only in own:
+            keys[path] = (spec, read_only)
+
+
+def _refuse(first: FieldSpec, second: FieldSpec, why: str) -> None:
+    raise ConfigError(f"{first.name} and {second.name}: {why}, so one would overwrite or lose the other; rename "
+                      f"one of them (an extra field is stored at its own name: choose another for it)")

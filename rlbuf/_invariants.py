@@ -1,0 +1,210 @@
+"""The invariants of a buffer's state, written once: each function returns ``""`` or the reason it fails.
+
+[`rlbuf._state`][rlbuf._state] runs them on a ``state_dict`` before anything is loaded, and on
+the live buffer's state in ``check_valid()``: one implementation for both. What a state says
+about its rows is either derived from the stored rows again and compared (``done``, the written
+priorities, the compact layout's stream tables: see [`rlbuf._stream_check`][rlbuf._stream_check])
+or cross-checked against them (counters against each other and the capacity, options against
+the buffer's).
+
+Example:
+    >>> counts_problem(size=4, cursor=4, write_count=4, capacity=8)
+    ''
+    >>> counts_problem(size=4, cursor=2, write_count=4, capacity=8)
+    'size 4, cursor 2, write count 4 do not fit capacity 8 (expected size min(write count, capacity) = 4 and cursor write count % capacity = 4)'
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from rlbuf.errors import CheckpointError
+from rlbuf.spec import FieldSpec
+
+_STATE_BYTES = {"cpu": 5056, "cuda": 16}  # Mersenne Twister; Philox seed and offset
+DEVICE_OPTIONS = ("device", "storing_device", "seed", "storage")
+"""Options a state may be loaded under other values of (``load_state_dict`` into another buffer,
+``load(..., device=...)``): where rows live and the seed, which the saved generators replace."""
+
+
+def refusing(what: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)``, any failure turned into a ``CheckpointError`` about ``what``.
+
+    Example:
+        >>> refusing("sampler state", int, "x")
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.CheckpointError: sampler state: ValueError: invalid literal for int() with base 10: 'x'
+    """
+    try:
+        return function(*args, **kwargs)
+    except CheckpointError as error:
+        raise CheckpointError(f"{what}: {error}") from error
+    except Exception as error:  # a damaged state may fail anywhere; only CheckpointError may escape
+        raise CheckpointError(f"{what}: {type(error).__name__}: {error}") from error
+
+
+def saved_count(state: Mapping[str, Any], key: str) -> int:
+    """``state[key]`` as an int in ``[0, 2**63)`` (TorchRL keeps counters in int64; a bool, float or
+    string is refused)."""
+    value = state.get(key)
+    if type(value) is not int or not 0 <= value < 2**63:
+        raise CheckpointError(f"state: {key} must be an int in [0, 2**63), got {value!r}")
+    return value
+
+
+def counts_problem(*, size: int, cursor: int, write_count: int, capacity: int) -> str:
+    """Counters that rlbuf never writes: the ring holds the newest ``min(write_count, capacity)``
+    rows and the next one goes to ``write_count % capacity`` (``clear`` resets all three)."""
+    if size == min(write_count, capacity) and cursor == write_count % capacity:
+        return ""
+    return (f"size {size}, cursor {cursor}, write count {write_count} do not fit capacity {capacity} (expected "
+            f"size min(write count, capacity) = {min(write_count, capacity)} and cursor write count % capacity = "
+            f"{write_count % capacity})")
+
+
+def options_problem(saved: Any, own: Mapping[str, Any]) -> str:
+    """Saved constructor options (JSON form) that differ from the buffer's, devices and seed aside.
+
+    Example:
+        >>> options_problem({"n_step": 2, "seed": 1}, {"n_step": 3, "seed": 0})
+        'options: n_step is 2 in the state, 3 in this buffer'
+    """
+    if not isinstance(saved, Mapping):
+        return f"options must be a mapping, got {type(saved).__name__}"
+    unknown = sorted(str(name) for name in set(saved) - set(own))
+    if unknown:
+        return f"options {unknown} are not options of this buffer"
+    for name, value in saved.items():
+        if name not in DEVICE_OPTIONS and not _same_json(value, own[name]):
+            return f"options: {name} is {value!r} in the state, {own[name]!r} in this buffer"
+    return ""
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """JSON equality that tells ``True`` from ``1`` and ``1`` from ``1.0``."""
+    if type(a) is not type(b) and not (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple))):
+        return False
+    if isinstance(a, Mapping):
+        return a.keys() == b.keys() and all(_same_json(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def fields_problem(specs: Sequence[FieldSpec], fields: Any, size: int) -> str:
+    """Columns missing, extra, or not ``size`` rows of each field's dtype and shape."""
+    names = [spec.name for spec in specs]
+    if not isinstance(fields, Mapping) or set(fields) != set(names):
+        found = sorted(fields) if isinstance(fields, Mapping) else type(fields).__name__
+        return f"fields {found}, expected {sorted(names)}"
+    for spec in specs:
+        value, expected = fields[spec.name], (size, *spec.shape)
+        if not isinstance(value, torch.Tensor) or value.dtype != spec.dtype or tuple(value.shape) != expected:
+            got = (value.dtype, tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
+            return f"field {spec.name!r} is {got}, expected {spec.dtype} of shape {expected}"
+    return ""
+
+
+def rows_problem(specs: Sequence[FieldSpec], fields: Mapping[str, torch.Tensor], *, derives_done: bool) -> str:
+    """Non-finite values in must-be-finite fields, or a ``done`` that is not ``terminated | truncated``."""
+    for spec in specs:
+        column = fields[spec.name]
+        if spec.finite and column.is_floating_point() and not bool(torch.isfinite(column).all()):
+            return f"field {spec.name!r} holds non-finite values"
+    # Other derived columns (a rollout's advantage) start as zeros and are computed later.
+    if derives_done:
+        done = fields["terminated"].to(torch.bool) | fields["truncated"].to(torch.bool)
+        if not torch.equal(done, fields["done"].to(torch.bool)):
+            return "field 'done' differs from terminated | truncated"
+    return ""
+
+
+def sampler_problem(state: Mapping[str, Any], *, size: int, alpha: float | None, eps: float | None) -> str:
+    """Priorities that are NaN, negative or infinite, that do not match the stored rows, or
+    exponents other than the buffer's.
+
+    A prioritized sampler's leaves are written exactly for the stored rows (positions below
+    ``size``): there the sum and min leaves hold the same ``(p + eps) ** alpha``; elsewhere the
+    sum leaf is 0 and the min leaf ``inf``.
+    """
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            if bool(torch.isnan(value).any()) or bool((value < 0).any()):
+                return f"{key} holds NaN or negative values"
+            if key == "sum_leaves" and not bool(torch.isfinite(value).all()):
+                return f"{key} holds infinite values"
+        elif isinstance(value, float) and not math.isfinite(value):
+            return f"{key} is {value}"
+    sums, mins = state.get("sum_leaves"), state.get("min_leaves")
+    if not isinstance(sums, torch.Tensor) or not isinstance(mins, torch.Tensor):
+        return ""  # a uniform sampler
+    for name, own in (("alpha", alpha), ("eps", eps)):
+        if own is not None and state.get(name) != own:
+            return f"{name} is {state.get(name)!r}, this buffer's is {own!r}"
+    written = torch.isfinite(mins[:size])
+    if not bool(written.all()) or not torch.equal(sums[:size], mins[:size]):
+        return f"the priorities of the {size} stored rows are not all written (sum and min leaves differ)"
+    if not bool((sums[size:] == 0).all()) or not bool(torch.isinf(mins[size:]).all()):
+        return f"rows from position {size} on are not stored but hold priorities"
+    return ""
+
+
+def stats_problem(state: Mapping[str, Any]) -> str:
+    """Episode statistics with negative or non-integer lengths or non-finite returns."""
+    lengths = [*state["running_length"].tolist(), *state["lengths"]]
+    if any(type(n) is not int or n < 0 for n in lengths):
+        return "episode lengths must be ints >= 0"
+    returns = [*state["running_return"].tolist(), *state["returns"]]
+    if not all(isinstance(r, (int, float)) and math.isfinite(r) for r in returns):
+        return "episode returns must be finite"
+    if type(state["episodes_finished"]) is not int or state["episodes_finished"] < len(state["lengths"]):
+        return "episodes_finished must be an int >= the episodes kept"
+    return ""
+
+
+def extra_problem(saved: Any, own: Mapping[str, Any], *, capacity: int, field_names: Sequence[str]) -> str:
+    """Extra state other than what this buffer writes: other keys, a flag that is no bool, or
+    attached tensors (``RolloutBuffer.set_extras``) not of ``capacity`` rows or named like a field."""
+    if not isinstance(saved, Mapping):
+        return f"extra must be a mapping, got {type(saved).__name__}"
+    # rlbuf 0.1.0 wrote no "interleaved" (loaded as True).
+    if set(saved) - set(own) or set(own) - set(saved) - {"interleaved"}:
+        return f"extra state holds {sorted(saved)}, this buffer writes {sorted(own)}"
+    for key, value in own.items():
+        if isinstance(value, bool) and key in saved and not isinstance(saved[key], bool):
+            return f"extra state {key!r} must be true or false, got {saved[key]!r}"
+    attached = saved.get("attached", {})
+    if not isinstance(attached, Mapping):
+        return f"attached extras must be a mapping, got {type(attached).__name__}"
+    for name, tensor in attached.items():
+        if not isinstance(name, str) or not name.isidentifier() or name in field_names:
+            return f"attached extra {name!r} is not a usable name (a public identifier, not a stored field)"
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0 or tensor.shape[0] != capacity:
+            return f"attached extra {name!r} must be a tensor of {capacity} rows"
+    stats = saved.get("stats")
+    if stats is not None and not isinstance(stats, Mapping):
+        return f"stats state must be a mapping, got {type(stats).__name__}"
+    return ""
+
+
+def generator_problem(saved: Any, own: torch.Generator, what: str) -> tuple[str, bool]:
+    """Whether ``saved`` is a state ``own`` takes: ``(reason, moved)``; ``moved`` when it was
+    saved on another device type (another size: the load warns and keeps ``own``'s state)."""
+    if not isinstance(saved, torch.Tensor) or saved.dtype != torch.uint8 or saved.dim() != 1:
+        return f"rng {what!r} must be a generator state (a 1-D uint8 tensor)", False
+    current = own.get_state()
+    if saved.numel() != current.numel():
+        if saved.numel() in _STATE_BYTES.values():
+            return "", True
+        return f"rng {what!r} holds {saved.numel()} bytes: no generator state of {sorted(_STATE_BYTES)}", False
+    trial = torch.Generator(device=own.device)
+    try:
+        trial.set_state(saved.clone())
+    except RuntimeError as error:
+        return f"rng {what!r} is not a valid generator state ({error})", False
+    return "", False
