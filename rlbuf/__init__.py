@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rlbuf._base import MetadataOnlyWarning
+    from rlbuf._state import MetadataOnlyWarning
     from rlbuf.batches import DistillationBatch, ReplayBatch, RolloutBatch
     from rlbuf.distill import DistillationBuffer
     from rlbuf.epochs import EpochIterator
@@ -44,7 +44,7 @@ __version__ = "0.1.0"
 # Public name -> the module that defines it. A new public name goes here, in the TYPE_CHECKING
 # imports above (for type checkers and IDEs) and in __all__.
 _MODULE_OF = {
-    "MetadataOnlyWarning": "rlbuf._base",
+    "MetadataOnlyWarning": "rlbuf._state",
     "DistillationBatch": "rlbuf.batches",
     "ReplayBatch": "rlbuf.batches",
     "RolloutBatch": "rlbuf.batches",

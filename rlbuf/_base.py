@@ -4,7 +4,8 @@ they import them from [`rlbuf._buffer`][rlbuf._buffer], [`rlbuf._fields`][rlbuf.
 
 from rlbuf._buffer import FOREIGN_OPTIONS, RingBuffer, done_of, refuse_foreign_options
 from rlbuf._core import deliver
-from rlbuf._fields import BATCH_NAMES, as_shape, extra_specs
+from rlbuf._fields import BATCH_NAMES, extra_specs
+from rlbuf._obs import as_shape
 from rlbuf._state import MetadataOnlyWarning
 from rlbuf._state import option_to_json as _option_to_json
 from rlbuf.storage import build_storage

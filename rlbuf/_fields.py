@@ -1,4 +1,4 @@
-"""Declaring fields: shape options, extra fields, and the name collisions refused between any two fields.
+"""Declaring fields: extra fields, and the name collisions refused between any two fields.
 
 Every stored field has a name (what batches and messages call it) and a TorchRL key (where
 ``extend`` reads it and ``buffer.torchrl`` stores it); a dict observation's leaf is also read at
@@ -17,36 +17,13 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 
-import numpy as np
 import torch
 
-from rlbuf._obs import torchrl_env_key
+from rlbuf._obs import as_shape, torchrl_env_key
 from rlbuf.errors import ConfigError
-from rlbuf.spec import FieldSpec, NestedKey, as_int
-
-
-def as_shape(shape: Sequence[int] | int, name: str) -> tuple[int, ...]:
-    """A shape option as a tuple of non-negative ints (an int means a 1-D shape).
-
-    Raises:
-        ConfigError: anything else (``(3.5,)``, ``True``, ``"84"``, a negative size).
-
-    Example:
-        >>> as_shape(4, "obs_shape"), as_shape([84, 84], "obs_shape")
-        ((4,), (84, 84))
-    """
-    if not isinstance(shape, (str, bytes, Mapping)):
-        if isinstance(shape, (Sequence, torch.Size)) or (isinstance(shape, np.ndarray) and shape.ndim == 1):
-            with contextlib.suppress(ConfigError):
-                return tuple(as_int(name, d, minimum=0) for d in shape)
-        else:
-            with contextlib.suppress(ConfigError):
-                return (as_int(name, shape, minimum=0),)
-    raise ConfigError(f"{name}: expected a tuple of non-negative ints, got {shape!r}")
-
+from rlbuf.spec import FieldSpec, NestedKey
 
 # Names every batch uses for its own attributes, and TorchRL's private keys ("_weight", "_data").
 BATCH_NAMES = {"index": "an attribute of every batch", "weight": "an attribute of every batch",

@@ -154,19 +154,6 @@ def sampler_problem(state: Mapping[str, Any], *, size: int, alpha: float | None,
     return ""
 
 
-def stats_problem(state: Mapping[str, Any]) -> str:
-    """Episode statistics with negative or non-integer lengths or non-finite returns."""
-    lengths = [*state["running_length"].tolist(), *state["lengths"]]
-    if any(type(n) is not int or n < 0 for n in lengths):
-        return "episode lengths must be ints >= 0"
-    returns = [*state["running_return"].tolist(), *state["returns"]]
-    if not all(isinstance(r, (int, float)) and math.isfinite(r) for r in returns):
-        return "episode returns must be finite"
-    if type(state["episodes_finished"]) is not int or state["episodes_finished"] < len(state["lengths"]):
-        return "episodes_finished must be an int >= the episodes kept"
-    return ""
-
-
 def extra_problem(saved: Any, own: Mapping[str, Any], *, capacity: int, field_names: Sequence[str]) -> str:
     """Extra state other than what this buffer writes: other keys, a flag that is no bool, or
     attached tensors (``RolloutBuffer.set_extras``) not of ``capacity`` rows or named like a field."""

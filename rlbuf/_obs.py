@@ -417,11 +417,11 @@ def record_layout(options: MutableMapping[str, Any], shape: Any, dtype: Any, *, 
     A ``Composite`` spec or a gymnasium space is not JSON: checkpoints keep nested dicts of
     shapes and dtypes instead, which rebuild the same buffer.
     """
-    from rlbuf._base import _option_to_json
+    from rlbuf._state import option_to_json
 
     layout = Layout.parse(shape, dtype, option=option, dtype_option=dtype_option)
     if layout.structured:
         plain_shape, plain_dtype = layout.options()
-        options[option] = _option_to_json(plain_shape)
-        options[dtype_option] = _option_to_json(plain_dtype)
+        options[option] = option_to_json(plain_shape)
+        options[dtype_option] = option_to_json(plain_dtype)
     return layout

@@ -42,7 +42,6 @@ from rlbuf._invariants import (
     rows_problem,
     sampler_problem,
     saved_count,
-    stats_problem,
 )
 from rlbuf.checkpoint import load_state, save_state
 from rlbuf.epochs import EpochIterator
@@ -282,7 +281,6 @@ class BufferState:
         if self._stats is not None and saved_stats is not None:
             trial = copy.deepcopy(self._stats)
             refusing("stats state", trial.load_state_dict, saved_stats)
-            _raise_if("stats state", stats_problem(trial.state_dict()))
         compact: CompactLayout | None = getattr(self, "_compact", None)
         if compact is not None:
             _raise_if("state", compact.state_problem(extra["streams"], fields, write_count=count, size=size))

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from rlbuf import EpisodeStats
-from rlbuf._base import RingBuffer
+from rlbuf._buffer import RingBuffer
 from rlbuf.epochs import EpochIterator
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlbuf._base import RingBuffer
+from rlbuf._buffer import RingBuffer
 from rlbuf.checkpoint import load_state
 from rlbuf.demos._run import CheckpointReason, RunArgs, latest_checkpoint, write_json
 from rlbuf.errors import CheckpointError
