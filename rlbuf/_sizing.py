@@ -24,13 +24,13 @@ PRIORITY_BYTES = 32
 
 def stream_bytes(frame_stack: int) -> int:
     """Bytes of a compact row's stream bookkeeping (``rlbuf._streams``): back, next and final-slot links
-    (int64) and two flags.
+    and the row's env (int64), and two flags.
 
     Example:
         >>> stream_bytes(4)
-        42
+        50
     """
-    return 8 * (frame_stack - 1) + 8 + 8 + 2
+    return 8 * (frame_stack - 1) + 8 + 8 + 8 + 2
 
 
 def row_bytes(fields: Iterable[tuple[Sequence[int], int]], *, prioritized: bool, compact: bool, frame_stack: int,

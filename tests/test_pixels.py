@@ -338,9 +338,9 @@ def test_repr_and_inspect_show_the_estimate(tmp_path: Path) -> None:
 
     buf = ReplayBuffer(10, obs_shape=(4, 84, 84), action_shape=(), obs_dtype=torch.uint8,
                        action_dtype=torch.int64, frame_stack=4)
-    assert "compact=True, frame_stack=4, n_step=1, bytes_per_transition~7.113 kB" in repr(buf)
+    assert "compact=True, frame_stack=4, n_step=1, bytes_per_transition~7.121 kB" in repr(buf)
     buf.save(tmp_path / "ckpt")
-    assert "memory      about 7,113 bytes per row (estimate)" in format_report(inspect_checkpoint(tmp_path / "ckpt"))
+    assert "memory      about 7,121 bytes per row (estimate)" in format_report(inspect_checkpoint(tmp_path / "ckpt"))
 
 
 @settings(max_examples=30, deadline=None)
