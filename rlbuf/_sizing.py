@@ -7,7 +7,7 @@ checkpoint's manifest and must not import torch: dtypes are given by their sizes
 Example:
     >>> row_bytes([((84, 84), 1), ((), 8), ((), 4), ((), 1), ((), 1), ((), 1)], prioritized=False,
     ...           compact=True, frame_stack=4)
-    7113.0
+    7121.0
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def manifest_row_bytes(kind: Any, options: Mapping[str, Any], spec: Sequence[Any
     Example:
         >>> spec = [{"shape": [84, 84], "dtype": "uint8"}, {"shape": [], "dtype": "float32"}]
         >>> manifest_row_bytes("ReplayBuffer", {"frame_stack": 4}, spec)
-        7102.0
+        7110.0
         >>> manifest_row_bytes("RolloutBuffer", {}, spec) is None
         True
     """
