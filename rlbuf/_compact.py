@@ -25,8 +25,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from rlbuf._core import RowRing, checked_rows
 from rlbuf._nstep import nstep_discount, nstep_return
+from rlbuf._ring import RowRing
 from rlbuf._streams import Chain, PaddingType, Streams
 from rlbuf.errors import (
     ConfigError,
@@ -36,7 +36,7 @@ from rlbuf.errors import (
     ShapeError,
     StoredIndexError,
 )
-from rlbuf.spec import FieldSpec, positive_int
+from rlbuf.spec import FieldSpec, checked_rows, positive_int
 
 # Draws of rows that turn out incomplete are replaced by new draws; these bound the rounds.
 _REDRAW_ROUNDS = 64

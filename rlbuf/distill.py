@@ -33,11 +33,10 @@ from tensordict import TensorDictBase
 from torchrl.data import RandomSampler
 
 from rlbuf._base import RingBuffer, as_shape, extra_specs, refuse_foreign_options
-from rlbuf._core import as_rows, check_extras
 from rlbuf._obs import ObsDtype, ObsShape, leaf_names, read_td, record_layout
 from rlbuf.batches import DistillationBatch
 from rlbuf.spaces import resolve_fields
-from rlbuf.spec import ExtraFields, FieldSpec, as_array
+from rlbuf.spec import ExtraFields, FieldSpec, as_array, check_extras
 from rlbuf.storage import DeviceLike, StorageKind
 
 
@@ -147,14 +146,9 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         if rows == self._num_envs:
             self._ring.add(ordered, rows)
             return
-        tensors = {spec.name: as_rows(value if isinstance(value, torch.Tensor) else as_array(spec.name, value),
-                                      spec.shape, rows)
-                   for spec, value in zip(self._ring.input_specs, ordered, strict=True)}
-        if rows == 0:
-            for spec in self._ring.input_specs:
-                spec.check_tensor(tensors[spec.name], (0,), self._ring.accepted_devices)
-            return
-        self._ring.write_tensors(tensors, rows)
+        tensors = self._ring.read_tensors(self._ring.input_specs, ordered, rows)
+        if rows:
+            self._ring.write_checked(tensors, rows)
 
     def extend(self, td: TensorDictBase) -> None:
         """Store a TensorDict of any batch shape (flattened row-major): ``"observation"``,

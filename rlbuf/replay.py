@@ -32,7 +32,7 @@ from torchrl.data.replay_buffers.samplers import Sampler
 
 from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs, refuse_foreign_options
 from rlbuf._compact import CompactLayout, layout_options
-from rlbuf._core import check_extras, checked_rows, deliver
+from rlbuf._ring import deliver
 from rlbuf._obs import (
     Layout,
     ObsDtype,
@@ -58,7 +58,7 @@ from rlbuf.errors import (
 )
 from rlbuf.sequences import ReplaySequenceBatch, burn_in_steps, sequence_flags, sequence_starts
 from rlbuf.spaces import resolve_fields
-from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, positive_int
+from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, check_extras, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
 
@@ -478,12 +478,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             2
         """
         if self._plain and not extras and hidden_state is None and env_mask is None and not isinstance(obs, Transition):
-            # The plain layout (decided once, in the constructor): the fields go to the ring as given,
-            # to its staged add first (without RowRing.add's call: 0.3 us of a 4.5 us add).
-            ring, fields = self._ring, (obs, action, reward, next_obs, terminated,
-                                        self._no_truncation if truncated is None else truncated)
-            if not ring.staged_add(ring, fields, self._num_envs):
-                ring.add_unstaged(fields, self._num_envs)
+            # The plain layout (decided once, in the constructor): the fields go to the ring's add as given.
+            self._ring.add((obs, action, reward, next_obs, terminated,
+                            self._no_truncation if truncated is None else truncated), self._num_envs)
             if self._stats is not None:
                 self._stats.update(reward, terminated, truncated)
             return
@@ -527,7 +524,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         rows = self._kept_rows(self._ring.input_specs, values, keep)
         kept = int(keep.sum())
         if kept:
-            self._ring.write_tensors(rows, kept)
+            self._ring.write_checked(rows, kept)
         # Rows of one env are num_envs apart (what sample_sequences reads) only while every env is stored.
         self._interleaved = self._interleaved and kept in (0, self._num_envs)
 
@@ -569,12 +566,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         Raises:
             MissingFieldError, ShapeError, DtypeError, DeviceError, NonFiniteError: a row does not fit.
         """
-        n, devices = self._num_envs, self._ring.accepted_devices
-        rows: dict[str, torch.Tensor] = {}
-        for spec, value in zip(specs, values, strict=True):
-            tensor = checked_rows(spec, value, n, devices)
-            rows[spec.name] = tensor[keep.to(tensor.device)]
-        return rows
+        rows = self._ring.read_tensors(specs, values, self._num_envs)
+        return {name: tensor[keep.to(tensor.device)] for name, tensor in rows.items()}
 
     def extend(self, td: TensorDictBase) -> None:
         """Store a TensorDict in TorchRL layout, e.g. a collector's ``[num_envs, T]`` batch.

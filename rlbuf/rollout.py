@@ -37,7 +37,7 @@ from rlbuf._base import (
     extra_specs,
     refuse_foreign_options,
 )
-from rlbuf._core import check_extras, deliver
+from rlbuf._ring import deliver
 from rlbuf._obs import (
     Layout,
     ObsDtype,
@@ -64,7 +64,7 @@ from rlbuf.errors import (
 from rlbuf.gae import compute_gae
 from rlbuf.sequences import PaddedTrajectories, SequenceBatch, split_trajectories
 from rlbuf.spaces import resolve_fields
-from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, check_finite_rows, positive_int
+from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, check_extras, check_finite_rows, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
 

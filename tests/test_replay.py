@@ -805,12 +805,12 @@ def test_foreign_replay_options_get_the_rlbuf_name(options: dict[str, Any], name
 
 
 def test_the_state_sent_to_a_worker_carries_none_of_the_learners_own_attributes(monkeypatch: pytest.MonkeyPatch) -> None:
-    import rlbuf._core
+    import rlbuf._torchrl
 
     buf = make(num_envs=2)
     add_ids(buf, range(3))
     rb = buf.torchrl
-    monkeypatch.setattr(rlbuf._core, "get_spawning_popen", lambda: object())  # as while a worker is spawned
+    monkeypatch.setattr(rlbuf._torchrl, "get_spawning_popen", lambda: object())  # as while a worker is spawned
     strategy = torch.multiprocessing.get_sharing_strategy()  # type: ignore[no-untyped-call]
     torch.multiprocessing.set_sharing_strategy("file_system")  # type: ignore[no-untyped-call]  # as rlbuf sets it
     try:

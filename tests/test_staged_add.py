@@ -1,15 +1,14 @@
-"""The staged add (each field's reader, the unrolled one-row add) against the reference paths.
+"""The staged add (each field's fast reader) against the general path of the same pipeline.
 
-``checked_value`` is the reference check of a staged field: the readers built by
-``field_reader`` only take shortcuts for inputs it would take as they are. A buffer whose
-ring checks every field with ``checked_value`` and writes with the generic loop, and one
-whose adds all go the tensor way (``write_tensors``), must end with the same rows and state
-as the fast one, and refuse the same inputs with the same error, leaving everything as it was.
+``RowReader.checked`` is the general path of a field's reader: ``RowReader.read`` only takes
+shortcuts for inputs it would take as they are. A buffer whose ring reads every field with
+``checked``, and one whose adds all go the tensor way (``RowReader.tensor``, then one write),
+must end with the same rows and state as the fast one, and refuse the same inputs with the
+same error, leaving everything as it was.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 from collections.abc import Callable
@@ -31,7 +30,6 @@ from rlbuf import (
     RlbufError,
     ShapeError,
 )
-from rlbuf._core import RowRing, checked_value
 from rlbuf.spec import all_finite
 
 OBS, ACTION = (3,), (2,)
@@ -50,16 +48,15 @@ def make(storage: str = "memory", num_envs: int = 1, capacity: int = 5) -> Repla
 
 
 def checked_by_reference(buf: ReplayBuffer) -> ReplayBuffer:
-    """``buf`` with every field checked by ``checked_value`` and written by the generic loop."""
+    """``buf`` with every field read by its reader's general path (``RowReader.checked``)."""
     ring = buf._ring
-    ring._readers = tuple(functools.partial(checked_value, plan) for plan in ring.plans)
-    ring.staged_add = RowRing._stage
+    ring._reads = tuple(ring.reader(spec, ring.rows_per_add).checked for spec in ring.input_specs)
     return buf
 
 
 def never_staged(buf: ReplayBuffer) -> ReplayBuffer:
-    """``buf`` with every add going the tensor way (``write_tensors``)."""
-    buf._ring.staged_add = lambda ring, values, rows: False
+    """``buf`` with every add going the tensor way (``RowReader.tensor``, then one write)."""
+    buf._ring.add = buf._ring.add_unstaged
     return buf
 
 
@@ -217,8 +214,7 @@ def test_the_staged_add_stores_what_the_tensor_way_stores(storage: str, steps: l
     fast, tensor_way = make(storage), never_staged(make(storage))
     try:
         for step in steps:
-            if outcome(fast, step) is None:  # the tensor way's own refusals are worded differently
-                assert outcome(tensor_way, step) is None
+            assert outcome(fast, step) == outcome(tensor_way, step)  # one reader: one wording
         assert same(snapshot(fast), snapshot(tensor_way))
     finally:
         fast.close()
@@ -302,7 +298,7 @@ def test_an_input_changed_after_the_add_leaves_the_stored_row_as_it_was() -> Non
     assert batch.reward[-2:].tolist() == [2.0, 3.0]
 
 
-# -- copies by address ----------------------------------------------------------------------
+# -- values whose bytes are not their values -----------------------------------------------
 def test_a_negated_view_that_is_contiguous_is_stored_with_its_values_not_its_bytes() -> None:
     buf = ReplayBuffer(4, obs_shape=(1,), action_shape=(1,), seed=0)
     negated = torch.complex(torch.zeros(1, 1), torch.tensor([[-2.5]])).conj().imag  # the value 2.5, bytes of -2.5
@@ -322,15 +318,14 @@ def test_a_bool_given_as_any_nonzero_byte_is_stored_as_true() -> None:
     assert stored.extras["mask"].view(torch.uint8).tolist() == [[0, 1, 1]]
 
 
-def test_fields_beyond_one_copy_call_and_mixed_inputs_agree_with_the_reference() -> None:
-    """Dict observations of five keys: thirteen fields copied by address, in three calls."""
+def test_many_fields_and_mixed_inputs_agree_with_the_reference() -> None:
+    """Dict observations of five keys: thirteen fields, numpy and torch mixed."""
     keys = {f"k{i}": (i + 1,) for i in range(5)}
 
     def made() -> ReplayBuffer:
         return ReplayBuffer(6, obs_shape=keys, action_shape=(2,), seed=0)
 
     fast, reference = made(), checked_by_reference(made())
-    assert [len(group) for group in fast._ring._raw_groups] == [5, 5, 3]
     rng = np.random.default_rng(0)
     for step in range(9):
         obs = {key: rng.standard_normal((1, *shape)).astype(np.float32) for key, shape in keys.items()}
@@ -346,34 +341,11 @@ def test_torch_adds_land_in_the_storage_after_it_moves_to_shared_memory() -> Non
     buf = make(capacity=4)
     ring = buf._ring
     ring.share_storage()  # what handing the buffer to a worker process does: the storage moves
-    for table, group in zip(ring._raw_tables, ring._raw_groups, strict=True):
-        assert table[:, 0].tolist() == [ring._target_list[i].ctypes.data for i in group]
     buf.add(torch.full((1, 3), 4.0), torch.full((1, 2), 5.0), 6.0, torch.full((1, 3), 7.0), torch.tensor([True]))
     stored = buf.sample_all()  # oldest first
     assert (stored.obs[-1].tolist(), stored.action[-1].tolist(), stored.next_obs[-1].tolist()) == (
         [4.0] * 3, [5.0] * 2, [7.0] * 3)
     assert stored.terminated[-1].item() is True
-
-
-def test_a_tensor_given_new_storage_before_the_copy_is_stored_as_it_was_when_checked() -> None:
-    """Another thread may call ``set_`` on a tensor between its check and its copy: the checked
-    bytes are copied, not freed memory that new tensors may have reused."""
-    buf = make(capacity=4)
-    namespace = buf._ring.staged_add.__globals__
-    copy_rows = namespace["copy_rows"]
-    obs = torch.full((1, 3), 2.0)
-
-    def copy_after_a_set(*args: Any) -> None:
-        obs.set_(torch.full((1, 3), -1.0))  # the checked storage now belongs to no tensor
-        reused = [torch.full((1, 3), -9.0) for _ in range(64)]  # noqa: F841 (allocations that may reuse it)
-        copy_rows(*args)
-
-    namespace["copy_rows"] = copy_after_a_set
-    try:
-        buf.add(obs, torch.zeros(1, 2), 1.0, torch.zeros(1, 3), torch.tensor([False]))
-    finally:
-        namespace["copy_rows"] = copy_rows
-    assert buf.sample_all().obs[-1].tolist() == [2.0, 2.0, 2.0]
 
 
 # -- the finiteness check ------------------------------------------------------------------
