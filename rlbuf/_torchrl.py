@@ -26,9 +26,9 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from multiprocessing.context import get_spawning_popen
 from multiprocessing.reduction import ForkingPickler
-from contextlib import AbstractContextManager
 from typing import Any
 
 import torch

@@ -32,7 +32,6 @@ from torchrl.data.replay_buffers.samplers import Sampler
 
 from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs, refuse_foreign_options
 from rlbuf._compact import CompactLayout, layout_options
-from rlbuf._ring import deliver
 from rlbuf._obs import (
     Layout,
     ObsDtype,
@@ -44,6 +43,7 @@ from rlbuf._obs import (
     read_td,
     record_layout,
 )
+from rlbuf._ring import deliver
 from rlbuf._sizing import row_bytes
 from rlbuf._streams import PaddingType
 from rlbuf._sumtree import SumTreeSampler

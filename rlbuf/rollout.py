@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, cast, overload
 
@@ -37,7 +38,6 @@ from rlbuf._base import (
     extra_specs,
     refuse_foreign_options,
 )
-from rlbuf._ring import deliver
 from rlbuf._obs import (
     Layout,
     ObsDtype,
@@ -49,6 +49,7 @@ from rlbuf._obs import (
     record_layout,
     torchrl_env_key,
 )
+from rlbuf._ring import deliver
 from rlbuf.batches import RolloutBatch
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
 from rlbuf.errors import (
@@ -56,7 +57,6 @@ from rlbuf.errors import (
     CheckpointError,
     DeviceError,
     MissingFieldError,
-    NonFiniteError,
     RlbufError,
     RolloutIncompleteError,
     ShapeError,
@@ -64,7 +64,15 @@ from rlbuf.errors import (
 from rlbuf.gae import compute_gae
 from rlbuf.sequences import PaddedTrajectories, SequenceBatch, split_trajectories
 from rlbuf.spaces import resolve_fields
-from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, check_extras, check_finite_rows, positive_int
+from rlbuf.spec import (
+    ExtraFields,
+    FieldSpec,
+    RowReader,
+    as_array,
+    as_flag,
+    check_extras,
+    positive_int,
+)
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
 
@@ -371,14 +379,13 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                                  f"{spec.key!r}, got {tuple(received)}")
             return value.reshape(rows, *spec.shape)
 
+        ring = self._ring
         columns: dict[str, torch.Tensor] = {}
-        for spec in self._ring.input_specs:
+        for spec in ring.input_specs:
             value = _read_rollout_key(time_major, spec)
             if value is None:
                 raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
-            columns[spec.name] = rows_of(spec, value)
-            # Checked here too: the truncation flags are read below, before write_tensors checks the rest.
-            spec.check_tensor(columns[spec.name], (rows,), self._ring.accepted_devices)
+            columns[spec.name] = ring.reader(spec, rows).tensor(rows_of(spec, value))
         truncated_steps = columns["truncated"].to(torch.bool)
         if bool(truncated_steps.any()) and time_major.get(("next", "state_value"), None) is None:
             raise MissingFieldError("bootstrap_value: the rollout has truncated steps but no ('next', 'state_value')")
@@ -386,20 +393,16 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         computed: dict[str, torch.Tensor] = {}
         if self.steps == 0 and steps == self._num_steps:
             for name in _COMPUTED:
-                spec = self._ring.by_name[name]
+                spec = ring.by_name[name]
                 value = time_major.get(spec.key, None)
                 if value is not None:
-                    computed[name] = rows_of(spec, value)
-                    spec.check_tensor(computed[name], (rows,), self._ring.accepted_devices)
-                    if not bool(torch.isfinite(computed[name]).all()):
-                        raise NonFiniteError(f"{name}: expected finite values at key {spec.key!r}, got NaN or inf")
-        self._ring.write_tensors(columns, rows)
-        if len(computed) == len(_COMPUTED):
-            for name, tensor in computed.items():
-                self._ring.leaves[name].copy_(tensor)
-            self._advantages_ready = True
-        else:
-            self._advantages_ready = False
+                    computed[name] = ring.reader(replace(spec, finite=True), rows).tensor(rows_of(spec, value))
+        with ring.rewriting():  # one commit: the rows, then the advantages written over them
+            ring.write_checked(columns, rows)
+            if len(computed) == len(_COMPUTED):
+                for name, tensor in computed.items():
+                    ring.leaves[name].copy_(tensor)
+        self._advantages_ready = len(computed) == len(_COMPUTED)
         self._feed_stats_from_rollout(td["next", "reward"].reshape(self._num_envs, steps),
                                       columns["terminated"].view(steps, -1).T, columns["truncated"].view(steps, -1).T)
 
@@ -460,21 +463,20 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                 raise MissingFieldError(f"{name}: a stored step field; set_extras attaches new tensors or replaces "
                                         f"advantage and returns")
             if name in self._ring.by_name:
-                spec = self._ring.by_name[name]
-                spec.check_tensor(tensor, lead, (tensor.device,))
-                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                    raise NonFiniteError(f"{name}: expected finite values, got NaN or inf")
+                replace(self._ring.by_name[name], finite=True).check_tensor(tensor, lead, (tensor.device,))
             elif tensor.dim() < 2 or tuple(tensor.shape[:2]) != lead:
                 raise ShapeError(f"{name}: expected shape ({self._num_steps}, {self._num_envs}, ...), "
                                  f"got {tuple(tensor.shape)}")
             checked[name] = tensor
-        for name, tensor in checked.items():
-            if name in self._ring.by_name:
-                self.view(name).copy_(tensor)
-                if name in _COMPUTED:
-                    self._advantages_ready = True
-            else:
-                self._attached[name] = tensor.detach().reshape(self.capacity, *tensor.shape[2:]).to(self._storing_device)
+        with self._ring.rewriting():
+            for name, tensor in checked.items():
+                if name in self._ring.by_name:
+                    self.view(name).copy_(tensor)
+                    if name in _COMPUTED:
+                        self._advantages_ready = True
+                else:
+                    self._attached[name] = tensor.detach().reshape(self.capacity, *tensor.shape[2:]).to(
+                        self._storing_device)
 
     # -- advantages --------------------------------------------------------------------------
     def compute_returns_and_advantages(
@@ -511,33 +513,22 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             raise RolloutIncompleteError(f"compute_returns_and_advantages: the rollout holds {self.steps} of "
                                          f"{self._num_steps} steps; fill it first")
         normalize = as_flag("normalize_advantages", normalize_advantages)
-        spec = FieldSpec("last_value", "last_value", (self._num_envs,), torch.float32, finite=True)
-        if isinstance(last_value, torch.Tensor) and last_value.device.type not in ("cpu", "meta"):
-            spec.check_tensor(last_value, (), self._ring.accepted_devices)
-            last = last_value.detach()
-        else:
-            array = as_array("last_value", last_value)
-            if tuple(array.shape) != (self._num_envs,):
-                raise ShapeError(f"last_value: expected shape ({self._num_envs},), got {tuple(array.shape)}")
-            spec.check_dtype(array.dtype)
-            spec.check_range(array)
-            check_finite_rows(spec, array.reshape(1, -1))
-            last = torch.from_numpy(array)
-        last = last.to(self._storing_device, torch.float32)  # checked above: finite, and fits float32
-        self._ring.flush()
-        columns = {name: self._ring.leaves[name].view(self._num_steps, self._num_envs) for name in (
-            "reward", "value", "terminated", "truncated", "bootstrap_value", "advantage", "returns")}
-        # compute_gae checks every argument (gamma, gae_lambda ...) before it writes into `out`, and the
-        # stored inputs are finite: a refused call leaves the advantages computed before, and their flag.
-        advantage, _ = compute_gae(
-            columns["reward"], columns["value"], columns["terminated"], columns["truncated"], last,
-            gamma=gamma, gae_lambda=gae_lambda, bootstrap_value=columns["bootstrap_value"],
-            out=(columns["advantage"], columns["returns"]),
-        )
-        if normalize:
-            # One row has no spread (its std is NaN): it is only centred.
-            spread = advantage.std() if advantage.numel() > 1 else torch.zeros((), device=advantage.device)
-            advantage.sub_(advantage.mean()).div_(spread + 1e-8)
+        spec = FieldSpec("last_value", "last_value", (), torch.float32, finite=True)
+        last = RowReader(spec, self._num_envs, self._ring.accepted_devices).tensor(last_value).to(self._storing_device)
+        with self._ring.rewriting():  # a save running meanwhile copies the new advantages, not a mix
+            columns = {name: self._ring.leaves[name].view(self._num_steps, self._num_envs) for name in (
+                "reward", "value", "terminated", "truncated", "bootstrap_value", "advantage", "returns")}
+            # compute_gae checks every argument (gamma, gae_lambda ...) before it writes into `out`, and the
+            # stored inputs are finite: a refused call leaves the advantages computed before, and their flag.
+            advantage, _ = compute_gae(
+                columns["reward"], columns["value"], columns["terminated"], columns["truncated"], last,
+                gamma=gamma, gae_lambda=gae_lambda, bootstrap_value=columns["bootstrap_value"],
+                out=(columns["advantage"], columns["returns"]),
+            )
+            if normalize:
+                # One row has no spread (its std is NaN): it is only centred.
+                spread = advantage.std() if advantage.numel() > 1 else torch.zeros((), device=advantage.device)
+                advantage.sub_(advantage.mean()).div_(spread + 1e-8)
         self._advantages_ready = True
 
     # -- reading -----------------------------------------------------------------------------

@@ -24,11 +24,13 @@ from typing import Any, TypeAlias
 import numpy as np
 import torch
 
-from rlbuf._convert import _NUMPY_DTYPES, all_finite, numpy_dtype, numpy_dtype_or_none, short_repr
+from rlbuf._convert import _NUMPY_DTYPES, all_finite, numpy_dtype_or_none
 from rlbuf._convert import as_array as as_array
 from rlbuf._convert import as_flag as as_flag
 from rlbuf._convert import as_int as as_int
+from rlbuf._convert import numpy_dtype as numpy_dtype
 from rlbuf._convert import positive_int as positive_int
+from rlbuf._convert import short_repr as short_repr
 from rlbuf.errors import (
     ConfigError,
     DeviceError,
@@ -405,8 +407,8 @@ class RowReader:
                 except RuntimeError:  # a negated view: read by value
                     array = as_array(spec.name, value)
         elif self.single_shape is not None and isinstance(value, self._scalar_types):
-            spec.check_scalar(value)
-            if spec.finite and not math.isfinite(value):
+            spec.check_scalar(value)  # type: ignore[arg-type]
+            if spec.finite and not math.isfinite(value):  # type: ignore[arg-type]
                 check_finite_rows(spec, np.asarray([value]))
             return value
         else:
@@ -437,7 +439,8 @@ class RowReader:
                 raise ShapeError(self._shape_message(tuple(value.shape)))
             _check_device(spec, value, self.devices)
             spec.check_tensor(value, (self.rows,), self.devices)
-            return value.detach().to(spec.dtype)
+            rows: torch.Tensor = value.detach().to(spec.dtype)
+            return rows
         array = np.ascontiguousarray(np.asarray(self.checked(value), spec.np_dtype).reshape(self.row_shape))
         return torch.from_numpy(array if array.flags.writeable else array.copy())
 
