@@ -306,11 +306,17 @@ class RowRing:
 
     def _add_one_row(self, values: Sequence[Any], rows: int) -> None:
         """``add`` of one row per add, staged: read every field, then one numpy assignment per field."""
-        with self.lock:
+        reads = self._reads
+        if len(values) != len(reads):
+            raise AssertionError(f"expected {len(reads)} values, one per input field, got {len(values)}")
+        lock = self.lock
+        lock.acquire()  # not ``with``: 0.07 us of a 3.5 us add
+        try:
             if self.rb.shared:
                 return self.add_unstaged(values, rows)
             try:
-                rows_read = [read(value) for read, value in zip(self._reads, values, strict=True)]
+                # zip without strict=: lengths are checked above (strict costs 0.5 us of a 3.5 us add).
+                read = [read(value) for read, value in zip(reads, values)]  # noqa: B905
             except NotStaged:
                 return self.add_unstaged(values, rows)
             pending = self.pending
@@ -318,11 +324,13 @@ class RowRing:
                 position = (self._pending_start + pending) % self.capacity
             else:
                 position = self._claim(1)
-            for target, row in zip(self._target_list, rows_read):  # noqa: B905 (one per field, read above)
+            for target, row in zip(self._target_list, read):  # noqa: B905 (one per field, read above)
                 target[position] = row
             self.pending += 1
             if self.handed_out:
                 self.flush()  # TorchRL's storage and writer are read directly: keep them current
+        finally:
+            lock.release()
         return None
 
     def _add_rows(self, values: Sequence[Any], rows: int) -> None:

@@ -468,20 +468,29 @@ class RowReader:
         spec, checked = self.spec, self.checked
         dtype, np_dtype = spec.dtype, spec.np_dtype
         finite = spec.finite and np_dtype.kind == "f"
+        boolean = np_dtype.kind == "b"
         largest = spec.float_max
-        tensor, ndarray, isfinite, strided = torch.Tensor, np.ndarray, math.isfinite, torch.strided
+        tensor, ndarray, isfinite = torch.Tensor, np.ndarray, math.isfinite
 
         def read_number(value: Any) -> Any:
             kind = type(value)
             if kind is float and finite:  # a gymnasium env's reward
                 return value if isfinite(value) and abs(value) <= largest else checked(value)
+            if kind is bool and boolean:  # a gymnasium env's flags
+                return value
             if kind is tensor:
-                if not (value.is_cpu and value.dtype is dtype and value.dim() <= 1 and value.layout is strided):
+                if value.dtype is not dtype or not value.is_cpu:
                     return checked(value)
                 try:
-                    number = value.item()
-                except RuntimeError:  # not exactly one value, or no strided memory
+                    # One call for the value and its layout: tolist() refuses sparse, mkldnn and nested
+                    # tensors and reads a negated view by value (a bool as True or False, whatever its byte).
+                    number = value.tolist()
+                except (RuntimeError, NotImplementedError, TypeError):
                     return checked(value)
+                if type(number) is list:
+                    if len(number) != 1 or type(number[0]) is list:
+                        return checked(value)
+                    number = number[0]
             elif kind is ndarray and value.dtype is np_dtype and value.size == 1 and value.ndim <= 1:
                 number = value.item()
             else:
@@ -499,11 +508,28 @@ class RowReader:
         boolean = np_dtype.kind == "b"
         tensor, ndarray = torch.Tensor, np.ndarray
 
+        if not finite and not boolean:  # most fields: observations, actions
+            def read_rows(value: Any) -> Any:
+                kind = type(value)
+                if kind is tensor:
+                    try:
+                        array = value.numpy()  # refuses (and checked then judges) GPU, grad, bfloat16, sparse ...
+                    except (TypeError, RuntimeError, NotImplementedError):
+                        return checked(value)
+                elif kind is ndarray:
+                    array = value
+                else:
+                    return checked(value)
+                if array.dtype is np_dtype and ((shape := array.shape) == row_shape or shape == single_shape):
+                    return array
+                return checked(value)  # the value as given: a tensor is judged as a tensor
+            return read_rows
+
         def read_array(value: Any) -> Any:
             kind = type(value)
             if kind is tensor:
                 try:
-                    array = value.numpy()  # refuses (and checked then judges) GPU, grad, bfloat16, sparse ...
+                    array = value.numpy()
                 except (TypeError, RuntimeError, NotImplementedError):
                     return checked(value)
             elif kind is ndarray:
@@ -513,7 +539,7 @@ class RowReader:
             shape = array.shape
             if array.dtype is not np_dtype or (shape != row_shape and shape != single_shape) or (
                     finite and not all_finite(array)):
-                return checked(value)  # the value as given: a tensor is judged as a tensor
+                return checked(value)
             return _zeros_and_ones(array) if boolean else array
         return read_array
 
