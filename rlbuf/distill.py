@@ -33,10 +33,11 @@ from tensordict import TensorDictBase
 from torchrl.data import RandomSampler
 
 from rlbuf._base import RingBuffer, as_shape, extra_specs, refuse_foreign_options
+from rlbuf._keywords import check_extras
 from rlbuf._obs import ObsDtype, ObsShape, leaf_names, read_td, record_layout
 from rlbuf.batches import DistillationBatch
 from rlbuf.spaces import resolve_fields
-from rlbuf.spec import ExtraFields, FieldSpec, as_array, check_extras
+from rlbuf.spec import ExtraFields, FieldSpec, as_array
 from rlbuf.storage import DeviceLike, StorageKind
 
 

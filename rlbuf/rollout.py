@@ -38,6 +38,7 @@ from rlbuf._base import (
     extra_specs,
     refuse_foreign_options,
 )
+from rlbuf._keywords import check_extras
 from rlbuf._obs import (
     Layout,
     ObsDtype,
@@ -70,7 +71,6 @@ from rlbuf.spec import (
     RowReader,
     as_array,
     as_flag,
-    check_extras,
     positive_int,
 )
 from rlbuf.stats import EpisodeStats

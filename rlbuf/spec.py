@@ -37,6 +37,7 @@ from rlbuf.errors import (
     DtypeError,
     MissingFieldError,
     NonFiniteError,
+    PriorityError,
     ShapeError,
 )
 
@@ -544,58 +545,6 @@ class RowReader:
         return read_array
 
 
-# Keywords users bring from other libraries (SB3, CleanRL, TorchRL), and what rlbuf takes instead.
-_DONE_HINT = "pass terminated= and truncated= instead; done is derived (terminated | truncated)"
-_INFO_HINT = ("rlbuf stores no info dicts: pass the final observation as next_obs, declare what else you need "
-              "in extra_fields")
-FOREIGN_NAMES = {
-    "done": _DONE_HINT,
-    "dones": _DONE_HINT,
-    "observations": "rlbuf's name is obs",
-    "observation": "rlbuf's name is obs",
-    "actions": "rlbuf's name is action (expert_action in a DistillationBuffer)",
-    "rewards": "rlbuf's name is reward",
-    "next_observations": "rlbuf's name is next_obs (the final observation where an episode ended)",
-    "next_observation": "rlbuf's name is next_obs (the final observation where an episode ended)",
-    "terminals": "rlbuf's name is terminated",
-    "timeouts": "rlbuf's name is truncated",
-    "values": "rlbuf's name is value",
-    "log_probs": "rlbuf's name is log_prob",
-    "logprobs": "rlbuf's name is log_prob",
-    "infos": _INFO_HINT,
-    "info": _INFO_HINT,
-    "episode_starts": "rlbuf derives episode starts from the previous step's terminated and truncated",
-}
-"""Foreign keyword -> what to pass instead, for the message of ``check_extras``."""
-
-
-def check_extras(expected: Mapping[str, FieldSpec], given: Mapping[str, Any]) -> None:
-    """Raise [`MissingFieldError`][rlbuf.errors.MissingFieldError] when extras are missing or unknown.
-
-    A keyword from another library (``dones=``, ``rewards=``, ``log_probs=`` ...) is answered
-    with the rlbuf name to use (see ``FOREIGN_NAMES``).
-
-    Example:
-        >>> check_extras({}, {"foo": 1})
-        Traceback (most recent call last):
-        ...
-        rlbuf.errors.MissingFieldError: foo: not a field of this buffer (declare it in extra_fields); extra fields are []
-        >>> check_extras({}, {"dones": 1})
-        Traceback (most recent call last):
-        ...
-        rlbuf.errors.MissingFieldError: dones: not a field of this buffer; pass terminated= and truncated= instead; done is derived (terminated | truncated)
-    """
-    for name in given:
-        if name not in expected:
-            if name in FOREIGN_NAMES:
-                raise MissingFieldError(f"{name}: not a field of this buffer; {FOREIGN_NAMES[name]}")
-            raise MissingFieldError(f"{name}: not a field of this buffer (declare it in extra_fields); "
-                                    f"extra fields are {sorted(expected)}")
-    for name in expected:
-        if name not in given:
-            raise MissingFieldError(f"{name}: missing; this buffer stores it with every row")
-
-
 def checked_rows(spec: FieldSpec, value: Any, rows: int, devices: tuple[torch.device, ...]) -> torch.Tensor:
     """``rows`` rows of ``spec`` from any value, as a tensor read by its [`RowReader`][rlbuf.spec.RowReader].
 
@@ -604,3 +553,32 @@ def checked_rows(spec: FieldSpec, value: Any, rows: int, devices: tuple[torch.de
         tensor([1., 2.])
     """
     return RowReader(spec, rows, devices).tensor(value)
+
+
+_MAX_PRIORITY = 1e100
+
+
+def priorities(priority: Any, count: int) -> torch.Tensor:
+    """``count`` priorities (e.g. ``|TD error|``) as float64, each finite, non-negative and at most 1e100.
+
+    Raises:
+        PriorityError: not numbers, not ``count`` of them, or a value out of range.
+
+    Example:
+        >>> priorities([0.5, 2], 2).tolist()
+        [0.5, 2.0]
+        >>> priorities([-1.0], 1)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.PriorityError: priority: expected finite, non-negative values up to 1e+100
+    """
+    array = as_array("priority", priority, PriorityError)
+    if array.dtype.kind == "b":
+        raise PriorityError(f"priority: expected numbers, got dtype {array.dtype}")
+    values = torch.from_numpy(array.astype(np.float64)).reshape(-1)
+    if values.numel() != count:
+        raise PriorityError(f"priority: expected {count} values (one per index), got {values.numel()}")
+    # Priorities are summed in float64: a bound far below its range keeps every total finite.
+    if not bool(torch.isfinite(values).all()) or bool((values < 0).any()) or bool((values > _MAX_PRIORITY).any()):
+        raise PriorityError(f"priority: expected finite, non-negative values up to {_MAX_PRIORITY:g}")
+    return values

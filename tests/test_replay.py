@@ -750,9 +750,9 @@ def test_bad_per_exponents_are_refused_before_any_storage_is_built(options: dict
     {"obs_shape": (5,), "action_shape": (), "n_step": 3},
 ])
 def test_the_repr_shows_bytes_per_transition_of_the_same_options(options: dict[str, Any]) -> None:
-    from rlbuf.replay import _human_bytes
+    from rlbuf._replay_layout import human_bytes
 
-    expected = _human_bytes(ReplayBuffer.bytes_per_transition(**options))
+    expected = human_bytes(ReplayBuffer.bytes_per_transition(**options))
     assert f"bytes_per_transition~{expected}," in repr(ReplayBuffer(8, **options))
 
 
