@@ -213,3 +213,14 @@ def all_finite(values: np.ndarray[Any, Any]) -> bool:
     if values.size <= _FEW_VALUES:
         return all(map(math.isfinite, values.ravel().tolist()))
     return bool(np.isfinite(values).all())
+
+
+def largest_finite(values: np.ndarray[Any, Any] | torch.Tensor) -> float:
+    """The largest magnitude among the finite entries of float ``values`` (0 if none)."""
+    if isinstance(values, torch.Tensor):
+        magnitude = values.abs()
+        finite = magnitude[torch.isfinite(magnitude)]
+        return float(finite.max()) if finite.numel() else 0.0
+    magnitude_np = np.abs(values)
+    finite_np = magnitude_np[np.isfinite(magnitude_np)]
+    return float(finite_np.max()) if finite_np.size else 0.0

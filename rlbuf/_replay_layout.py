@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase, is_tensor_collection
+from tensordict import TensorDictBase
 from torchrl.data import RandomSampler
 from torchrl.data.replay_buffers.samplers import Sampler
 
@@ -40,7 +40,7 @@ from rlbuf._sizing import row_bytes
 from rlbuf._streams import PaddingType
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.errors import ConfigError, ShapeError
-from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, positive_int
+from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, as_tensordict, positive_int
 
 
 def replay_specs(obs_shape: Any, action_shape: tuple[int, ...], obs_dtype: Any,
@@ -290,22 +290,6 @@ class ReplayWriter:
                           lambda frames, done, cut: ring.write_tensors(
                               {**flat, "obs": frames, "terminated": done, "truncated": cut}, rows))
         return interleaved, {name: value.reshape(*lead, *value.shape[1:]) for name, value in flat.items()}
-
-
-def as_tensordict(td: Any) -> TensorDictBase:
-    """``td`` itself if it is a TensorDict, else a [`ShapeError`][rlbuf.errors.ShapeError] that says how to wrap it.
-
-    Example:
-        >>> as_tensordict({"observation": torch.zeros(2, 3)})
-        Traceback (most recent call last):
-        ...
-        rlbuf.errors.ShapeError: td: expected a TensorDict with a batch size, got dict; wrap it: TensorDict(d, batch_size=[n])
-    """
-    if not is_tensor_collection(td):
-        raise ShapeError(f"td: expected a TensorDict with a batch size, got {type(td).__name__}; wrap it: "
-                         f"TensorDict(d, batch_size=[n])")
-    result: TensorDictBase = td
-    return result
 
 
 def _flag(td: TensorDictBase, key: tuple[str, str], lead: tuple[int, ...]) -> torch.Tensor | None:

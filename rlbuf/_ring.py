@@ -77,7 +77,7 @@ class RowSink(Protocol):
 
 
 class RowCopies:
-    """A [`RowSink`][rlbuf._core.RowSink] into fresh tensors (``state_dict``)."""
+    """A [`RowSink`][rlbuf._ring.RowSink] into fresh tensors (``state_dict``)."""
 
     def __init__(self) -> None:
         self.rows: dict[str, torch.Tensor] = {}

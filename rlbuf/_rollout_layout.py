@@ -19,10 +19,9 @@ from tensordict import TensorDictBase
 from rlbuf._base import BATCH_NAMES, extra_specs
 from rlbuf._keywords import check_extras
 from rlbuf._obs import Layout, check_hidden_state, leaf_names, torchrl_env_key
-from rlbuf._replay_layout import as_tensordict
 from rlbuf._ring import RowRing
 from rlbuf.errors import BufferFullError, DeviceError, MissingFieldError, RlbufError, ShapeError
-from rlbuf.spec import ExtraFields, FieldSpec, as_array
+from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_tensordict
 
 _STEP_FIELDS = ("obs", "action", "reward", "terminated", "truncated", "value", "log_prob", "bootstrap_value")
 COMPUTED = ("advantage", "returns")

@@ -37,7 +37,7 @@ from rlbuf._keywords import check_extras
 from rlbuf._obs import ObsDtype, ObsShape, leaf_names, read_td, record_layout
 from rlbuf.batches import DistillationBatch
 from rlbuf.spaces import resolve_fields
-from rlbuf.spec import ExtraFields, FieldSpec, as_array
+from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_tensordict
 from rlbuf.storage import DeviceLike, StorageKind
 
 
@@ -166,6 +166,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
             >>> len(buf)
             20
         """
+        td = as_tensordict(td)
         rows = int(td.batch_size.numel())
         lead = tuple(td.batch_size)
         tensors: dict[str, torch.Tensor] = {}

@@ -23,8 +23,9 @@ from typing import Any, TypeAlias
 
 import numpy as np
 import torch
+from tensordict import TensorDictBase, is_tensor_collection
 
-from rlbuf._convert import _NUMPY_DTYPES, all_finite, numpy_dtype_or_none
+from rlbuf._convert import _NUMPY_DTYPES, all_finite, largest_finite, numpy_dtype_or_none
 from rlbuf._convert import as_array as as_array
 from rlbuf._convert import as_flag as as_flag
 from rlbuf._convert import as_int as as_int
@@ -44,17 +45,6 @@ from rlbuf.errors import (
 NestedKey: TypeAlias = str | tuple[str, ...]
 ExtraFields: TypeAlias = Mapping[str, tuple[tuple[int, ...], torch.dtype]]
 _CPU = torch.device("cpu")
-
-
-def _largest_finite(values: np.ndarray[Any, Any] | torch.Tensor) -> float:
-    """The largest magnitude among the finite entries of float ``values`` (0 if none)."""
-    if isinstance(values, torch.Tensor):
-        magnitude = values.abs()
-        finite = magnitude[torch.isfinite(magnitude)]
-        return float(finite.max()) if finite.numel() else 0.0
-    magnitude_np = np.abs(values)
-    finite_np = magnitude_np[np.isfinite(magnitude_np)]
-    return float(finite_np.max()) if finite_np.size else 0.0
 
 
 def _shape_str(shape: tuple[int, ...] | torch.Size) -> str:
@@ -212,7 +202,7 @@ class FieldSpec:
                 peak = (abs(float(values.item())) if count == 1
                         else float(values.abs().max()) if isinstance(values, torch.Tensor) else float(np.abs(values).max()))
                 if not peak <= largest:  # NaN or inf somewhere (allowed here), or a real overflow
-                    peak = _largest_finite(values)
+                    peak = largest_finite(values)
             else:
                 peak = float(max(abs(int(values.min())), abs(int(values.max()))))
             if peak > largest:
@@ -582,3 +572,19 @@ def priorities(priority: Any, count: int) -> torch.Tensor:
     if not bool(torch.isfinite(values).all()) or bool((values < 0).any()) or bool((values > _MAX_PRIORITY).any()):
         raise PriorityError(f"priority: expected finite, non-negative values up to {_MAX_PRIORITY:g}")
     return values
+
+
+def as_tensordict(td: Any) -> TensorDictBase:
+    """``td`` itself if it is a TensorDict, else a [`ShapeError`][rlbuf.errors.ShapeError] that says how to wrap it.
+
+    Example:
+        >>> as_tensordict({"observation": torch.zeros(2, 3)})
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ShapeError: td: expected a TensorDict with a batch size, got dict; wrap it: TensorDict(d, batch_size=[n])
+    """
+    if not is_tensor_collection(td):
+        raise ShapeError(f"td: expected a TensorDict with a batch size, got {type(td).__name__}; wrap it: "
+                         f"TensorDict(d, batch_size=[n])")
+    result: TensorDictBase = td
+    return result

@@ -101,7 +101,7 @@ def _array_value(kind: str, values: list[float], shape: tuple[int, ...], batched
 
 
 def _tensor_view(kind: str, array: np.ndarray, full: tuple[int, ...]) -> Any:
-    """float32 tensors whose bytes are not simply their values in order: what a copy by address must judge."""
+    """float32 tensors whose bytes are not simply their values in order: what a reader must read by value."""
     values = torch.tensor(array, dtype=torch.float32)
     if kind == "offset":  # contiguous, starting inside a longer tensor
         return torch.cat([torch.full((5,), 123.0), values.flatten()])[5:].view(full)
