@@ -190,6 +190,7 @@ class RowRing:
             else self._add_rows if self.pending_limit else self.add_unstaged)
         self.pending = 0
         self._pending_start = 0
+        self._derived_rows = 0  # pending rows whose derived fields are computed already (``settle``)
         self.generation = 0  # bumped when rows change without a write: clear, load, rewrites, TorchRL's __setitem__
 
     def __del__(self) -> None:
@@ -248,7 +249,7 @@ class RowRing:
     def clear(self) -> None:
         """Drop every row, pending or stored."""
         with self.lock:
-            self.pending = 0
+            self.pending = self._derived_rows = 0
             self.rb.empty()
 
     def counters(self) -> tuple[int, int, int]:
@@ -388,11 +389,29 @@ class RowRing:
             return
         with self.lock:
             n, self.pending = self.pending, 0
+            derived, self._derived_rows = self._derived_rows, 0
             if self.write_through:
                 with _torchrl.write_lock(self.rb):  # not re-entrant when the buffer is shared across processes
-                    self._commit(n)
+                    self._commit(n, derived=derived)
             else:
                 self.write({name: torch.from_numpy(target[:n]) for name, target in self.targets.items()}, n)
+
+    def settle(self) -> None:
+        """Make the pending rows readable by rlbuf's own gathers, leaving TorchRL's bookkeeping for ``flush``.
+
+        On a CPU storage the rows are in place already: only their derived fields are computed
+        (``done``), so a loop that adds one row and samples every step does not pay TorchRL's
+        commit every step. Reads through TorchRL, the sum tree, snapshots and epochs ``flush``.
+        """
+        if not self.pending:
+            return
+        with self.lock:
+            if not self.write_through:
+                self.flush()
+            elif self.derived and self._derived_rows < self.pending:
+                self._derive((self._pending_start + self._derived_rows) % self.capacity,
+                             self.pending - self._derived_rows)
+                self._derived_rows = self.pending
 
     def write_tensors(self, values: Mapping[str, Any], rows: int) -> None:
         """Read ``rows`` rows of every input field (tensors, arrays ...) with its reader, then write them now."""
@@ -440,21 +459,27 @@ class RowRing:
                     leaf[:n - first].copy_(column[first:], non_blocking=True)
             self._commit(n)
 
-    def _commit(self, n: int) -> None:
-        """Derive computed fields over the ``n`` rows after the cursor and advance TorchRL's state."""
+    def _commit(self, n: int, *, derived: int = 0) -> None:
+        """Derive computed fields over the ``n`` rows after the cursor (but the first ``derived``, done
+        already) and advance TorchRL's state."""
         rb, capacity = self.rb, self.capacity
         cursor = _torchrl.cursor(rb)
-        if self.derived:
-            segments = [(cursor, min(cursor + n, capacity))]
-            if cursor + n > capacity:
-                segments.append((0, cursor + n - capacity))
-            for start, stop in segments:
-                views = {name: leaf[start:stop] for name, leaf in self.leaves.items()}
-                for name, derive in self.derived.items():
-                    views[name].copy_(derive(views))
+        if self.derived and n > derived:
+            self._derive((cursor + derived) % capacity, n - derived)
         # On the CPU whatever the storing device: TorchRL reads the last position with .item() and
         # the sum tree works in numpy, so a CUDA index would cost a sync and copies per commit.
         _torchrl.commit_rows(rb, torch.arange(cursor, cursor + n) % capacity, capacity)
+
+    def _derive(self, start: int, n: int) -> None:
+        """Compute the derived fields of the ``n`` stored rows from position ``start`` (wrapping)."""
+        capacity = self.capacity
+        segments = [(start, min(start + n, capacity))]
+        if start + n > capacity:
+            segments.append((0, start + n - capacity))
+        for low, high in segments:
+            views = _RowSlices(self.leaves, low, high)
+            for name, derive in self.derived.items():
+                views[name].copy_(derive(views))
 
     # -- reading ---------------------------------------------------------------------------
     def require_rows(self, batch_size: int, *, without_replacement: bool) -> int:
@@ -524,7 +549,7 @@ class RowRing:
         """The rows at ``index`` (storage positions) of the named fields; with ``pinned``, gathered
         straight into page-locked memory (CPU storage only), ready for a non-blocking copy to CUDA."""
         with self.lock:
-            self.flush()
+            self.settle()
             # Writer processes of a shared buffer hold this lock while they write a row.
             with _torchrl.write_lock(self.rb):
                 if pinned:
@@ -547,6 +572,26 @@ class RowRing:
         unknown = [name for name in names if not isinstance(name, str) or name not in self.by_name]
         if unknown:
             raise MissingFieldError(f"fields: unknown {unknown}; stored fields are {list(self.by_name)}")
+
+
+class _RowSlices(Mapping[str, torch.Tensor]):
+    """Rows ``[low, high)`` of each leaf, sliced when first asked for (a derivation reads two or three)."""
+
+    def __init__(self, leaves: Mapping[str, torch.Tensor], low: int, high: int) -> None:
+        self.leaves, self.low, self.high = leaves, low, high
+        self.sliced: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        rows = self.sliced.get(name)
+        if rows is None:
+            rows = self.sliced[name] = self.leaves[name][self.low:self.high]
+        return rows
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.leaves)
+
+    def __len__(self) -> int:
+        return len(self.leaves)
 
 
 def gather_rows(leaf: torch.Tensor, wide: np.ndarray[Any, Any] | None, index: torch.Tensor, *,

@@ -191,7 +191,6 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         ring = self._ring
         with ring.lock:
             batch_size = ring.require_rows(batch_size, without_replacement=False)
-            ring.flush()
             index = torch.randint(0, len(ring), (batch_size,), generator=ring.generator, device=self._storing_device)
             return self._batch(index)
 

@@ -483,7 +483,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         ring = self._ring
         with ring.lock:  # index, weights and rows from one consistent state, whatever other threads add
             batch_size = ring.require_rows(batch_size, without_replacement=False)
-            ring.flush()
+            if self._prioritized or self._compact is not None:
+                ring.flush()  # the sum tree and the streams read TorchRL's committed state
             if self._compact is not None:
                 return self._batch(*self._compact.draw(batch_size, self._draw))
             return self._batch(*self._draw(batch_size))

@@ -459,7 +459,8 @@ class RowReader:
         spec, checked = self.spec, self.checked
         dtype, np_dtype = spec.dtype, spec.np_dtype
         finite = spec.finite and np_dtype.kind == "f"
-        boolean = np_dtype.kind == "b"
+        boolean, integer = np_dtype.kind == "b", np_dtype.kind in "iu"
+        low, high = (int(np.iinfo(np_dtype).min), int(np.iinfo(np_dtype).max)) if integer else (0, 0)
         largest = spec.float_max
         tensor, ndarray, isfinite = torch.Tensor, np.ndarray, math.isfinite
 
@@ -469,6 +470,8 @@ class RowReader:
                 return value if isfinite(value) and abs(value) <= largest else checked(value)
             if kind is bool and boolean:  # a gymnasium env's flags
                 return value
+            if kind is int and integer:  # a discrete action
+                return value if low <= value <= high else checked(value)
             if kind is tensor:
                 if value.dtype is not dtype or not value.is_cpu:
                     return checked(value)
