@@ -20,6 +20,7 @@ import torch
 from _snapshot import same, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tensordict import TensorDict
 
 from rlbuf import (
     DeviceError,
@@ -29,6 +30,7 @@ from rlbuf import (
     ReplayBuffer,
     RlbufError,
     ShapeError,
+    _torchrl,
 )
 from rlbuf.spec import all_finite
 
@@ -378,3 +380,98 @@ def test_non_finite_rewards_are_refused_not_warned_about_even_under_warnings_as_
             reward[0] = -np.inf if num_envs > 1 else bad  # inf - inf: NaN in a sum
             with pytest.raises(NonFiniteError, match="reward: expected finite values"):
                 buf.add(obs, obs[:, :2], reward, obs, flags)
+
+
+# -- one pipeline: every path stores the same rows, a refused add changes nothing --------------
+def raw_state(buf: ReplayBuffer) -> Any:
+    """The ring's state without committing anything: pending rows, counters, every stored byte, RNG."""
+    ring = buf._ring
+    return (ring.pending, ring._pending_start, ring._derived_rows, ring.cursor, ring.write_count, ring.generation,
+            _torchrl.size(ring.rb), _torchrl.cursor(ring.rb), _torchrl.write_count(ring.rb),
+            ring.generator.get_state().numpy().tobytes(),
+            {name: leaf.detach().clone().view(torch.uint8).numpy().tobytes() for name, leaf in ring.leaves.items()})
+
+
+def _as_form(value: np.ndarray, form: str) -> Any:
+    """``value`` (the rows of one field) as a tensor, an array, a list, or a number for one scalar."""
+    if form == "tensor":
+        return torch.from_numpy(value.copy())
+    if form == "list":
+        return value.tolist()
+    if form == "number" and value.size == 1:
+        return value.reshape(()).item()
+    return value.copy()
+
+
+@st.composite
+def _steps(draw: st.DrawFn, num_envs: int) -> list[tuple[Any, ...]]:
+    forms = st.sampled_from(["tensor", "array", "list", "number"])
+    finite = st.floats(-1e6, 1e6, width=32)
+    steps = []
+    for _ in range(draw(st.integers(1, 6))):
+        obs = np.array(draw(st.lists(finite, min_size=3 * num_envs, max_size=3 * num_envs)), np.float32)
+        action = np.array(draw(st.lists(finite, min_size=2 * num_envs, max_size=2 * num_envs)), np.float32)
+        reward = np.array(draw(st.lists(finite, min_size=num_envs, max_size=num_envs)), np.float32)
+        flags = np.array(draw(st.lists(st.booleans(), min_size=2 * num_envs, max_size=2 * num_envs)), np.bool_)
+        rows = (obs.reshape(num_envs, 3), action.reshape(num_envs, 2), reward, obs.reshape(num_envs, 3)[::-1] + 1,
+                flags[:num_envs], flags[num_envs:])
+        if num_envs == 1 and draw(st.booleans()):  # one row may omit its row dim
+            rows = tuple(row[0] for row in rows)
+        steps.append(tuple(_as_form(np.asarray(row), draw(forms)) for row in rows))
+    return steps
+
+
+@pytest.mark.parametrize("storage", ["memory", "memmap"])
+@pytest.mark.parametrize("num_envs", [1, 3])
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_the_fast_path_and_the_general_paths_store_exactly_the_same_rows(storage: str, num_envs: int,
+                                                                          data: st.DataObject) -> None:
+    """Tensors, arrays, lists and numbers; one row and blocks; CPU memory and memmap: the fast reader,
+    the general path of the same reader and the tensor way end with the same bytes and counters."""
+    steps = data.draw(_steps(num_envs))
+    bufs = [make(storage, num_envs, capacity=7), checked_by_reference(make(storage, num_envs, capacity=7)),
+            never_staged(make(storage, num_envs, capacity=7))]
+    try:
+        for step in steps:
+            for buf in bufs:
+                buf.add(*step)
+        states = [raw_state(buf)[3:] for buf in bufs]  # pending rows differ by design: the tensor way commits
+        assert states[0] == states[1] and states[0][:2] == states[2][:2]
+        assert same(snapshot(bufs[0]), snapshot(bufs[1])) and same(snapshot(bufs[0]), snapshot(bufs[2]))
+    finally:
+        for buf in bufs:
+            buf.close()
+
+
+_BAD = {  # a value each field refuses, whatever the entry path
+    0: lambda n: torch.zeros(n, 4), 1: lambda n: np.full((n, 2), 1e300), 2: lambda n: np.full(n, np.nan, np.float32),
+    3: lambda n: "obs", 4: lambda n: np.full(n, 0.5), 5: lambda n: np.zeros((n, 2), np.bool_),
+}
+
+
+@pytest.mark.parametrize("storage", ["memory", "memmap"])
+@pytest.mark.parametrize("way", ["one-row", "rows", "env_mask", "extend"])
+@pytest.mark.parametrize("field", sorted(_BAD))
+def test_a_refused_write_leaves_pending_rows_counters_bytes_and_rng_as_they_were(storage: str, way: str,
+                                                                                field: int) -> None:
+    num_envs = 1 if way == "one-row" else 3
+    buf = make(storage, num_envs, capacity=6)
+    good = tuple(torch.zeros(num_envs, *shape) for shape in ((3,), (2,), ()))
+    step: list[Any] = [*good, torch.ones(num_envs, 3), torch.zeros(num_envs, dtype=torch.bool),
+                       torch.zeros(num_envs, dtype=torch.bool)]
+    buf.add(*step)  # a pending row (and on a full ring, a claimed position) before the refusal
+    buf.sample(2)   # moves the generator; the refusal must not
+    before = raw_state(buf)
+    step[field] = _BAD[field](num_envs)
+    with pytest.raises(RlbufError):
+        if way == "extend":
+            buf.extend(TensorDict({"observation": step[0], "action": step[1], ("next", "reward"): step[2],
+                                   ("next", "observation"): step[3], ("next", "terminated"): step[4],
+                                   ("next", "truncated"): step[5]}, batch_size=[num_envs]))
+        elif way == "env_mask":
+            buf.add(*step, env_mask=np.array([True, False, True]))
+        else:
+            buf.add(*step)
+    assert raw_state(buf) == before
+    buf.close()
