@@ -515,7 +515,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         extras = {name: columns[name] for name in self._extra_specs}
         discount = columns.get("discount")
         if discount is None:
-            discount = torch.where(columns["terminated"], 0.0, self._gamma).to(torch.float32)
+            discount = torch.where(columns["terminated"], 0.0, self._gamma)
+            if discount.dtype is not torch.float32:  # another default dtype set by the user
+                discount = discount.to(torch.float32)
         obs = self._obs
         hidden = None if self._hidden is None else self._hidden.assemble("hidden_state", columns)
         return ReplayBatch(obs.assemble("obs", columns), columns["action"], columns["reward"],
