@@ -23,7 +23,8 @@ from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from rlbuf import _torchrl
-from rlbuf._ring import RowCopies, RowRing, RowSink, deliver
+from rlbuf._delivery import deliver
+from rlbuf._ring import RowCopies, RowRing, RowSink
 from rlbuf.checkpoint import load_state, save_state
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
 from rlbuf.errors import CheckpointError, ConfigError, EmptyBufferError

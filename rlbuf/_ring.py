@@ -40,6 +40,7 @@ from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from rlbuf import _torchrl
+from rlbuf._delivery import gather_rows
 from rlbuf._handout import FlushingReplayBuffer
 from rlbuf.errors import BatchSizeError, EmptyBufferError, MissingFieldError, StoredIndexError
 from rlbuf.spec import FieldSpec, NotStaged, RowReader, as_array, positive_int, short_repr
@@ -112,12 +113,7 @@ class Snapshot(NamedTuple):
 
 
 class RowRing:
-    """A ring of ``capacity`` rows of ``specs`` in a TorchRL buffer, with cheap small adds.
-
-    On a CPU storage an add is validated, then written straight into numpy views of the
-    storage at the position after the pending rows; only TorchRL's bookkeeping (cursor,
-    length, sampler) waits for ``flush``. On a GPU storage adds are copied into a numpy
-    staging block that ``flush`` writes to the device in one copy per field.
+    """A ring of ``capacity`` rows of ``specs`` in a TorchRL buffer, with cheap small adds (see the module).
 
     Args:
         specs: the stored fields, in order.
@@ -598,34 +594,3 @@ class _RowSlices(Mapping[str, torch.Tensor]):
 
     def __len__(self) -> int:
         return len(self.leaves)
-
-
-def gather_rows(leaf: torch.Tensor, wide: np.ndarray[Any, Any] | None, index: torch.Tensor, *,
-                pin_memory: bool) -> torch.Tensor:
-    """The rows of a CPU ``leaf`` at ``index``, in a new tensor (page-locked with ``pin_memory``).
-
-    Gathering into the pinned tensor saves the copy that ``pin_memory()`` of a gathered batch
-    costs. ``wide`` is the leaf's numpy view when its rows are large (numpy ``take`` is faster).
-
-    Example:
-        >>> leaf = torch.arange(12.0).view(6, 2)
-        >>> gather_rows(leaf, None, torch.tensor([4, 1]), pin_memory=False).tolist()
-        [[8.0, 9.0], [2.0, 3.0]]
-    """
-    out = torch.empty((index.numel(), *leaf.shape[1:]), dtype=leaf.dtype, pin_memory=pin_memory)
-    if wide is not None:
-        # Positions are validated already; "clip" lets numpy write into `out` unbuffered.
-        np.take(wide, index.numpy(), axis=0, out=out.numpy(), mode="clip")
-    else:
-        torch.index_select(leaf, 0, index, out=out)
-    return out
-
-
-def deliver(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    """Move gathered tensors to the training device (pinned, non-blocking from CPU to CUDA)."""
-    first = next(iter(tensors.values()))
-    if first.device == device:
-        return tensors
-    pin = first.device.type == "cpu" and device.type == "cuda"
-    return {name: (t.pin_memory() if pin and not t.is_pinned() else t).to(device, non_blocking=pin)
-            for name, t in tensors.items()}

@@ -34,8 +34,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
 
+from rlbuf._delivery import deliver
 from rlbuf._obs import torchrl_env_key
-from rlbuf._ring import deliver
 from rlbuf.batches import ReplayBatch
 from rlbuf.checkpoint import load_state
 from rlbuf.errors import RlbufError

@@ -34,6 +34,7 @@ from rlbuf._base import (
     done_of,
     refuse_foreign_options,
 )
+from rlbuf._delivery import deliver
 from rlbuf._obs import (
     ObsDtype,
     ObsShape,
@@ -42,7 +43,6 @@ from rlbuf._obs import (
     leaf_names,
     record_layout,
 )
-from rlbuf._ring import deliver
 from rlbuf._rollout_layout import (
     BUILT_IN,
     COMPUTED,

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 import torch
 from tensordict import TensorDict
 
+from rlbuf._delivery import deliver
 from rlbuf._obs import leaf_names
-from rlbuf._ring import deliver
 from rlbuf.batches import _OnPolicyFields, _torchrl_layout, _TransitionFields, set_hidden_state
 from rlbuf.errors import BatchSizeError, ConfigError
 from rlbuf.spec import positive_int

@@ -31,7 +31,7 @@ from rlbuf import (
     ReplayBuffer,
     RolloutBuffer,
 )
-from rlbuf._ring import gather_rows
+from rlbuf._delivery import gather_rows
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.gae import compute_gae
 
