@@ -384,7 +384,8 @@ class RowReader:
         """
         spec = self.spec
         if type(value) is np.ndarray:
-            array = value
+            # Of the stored dtype as it is; else the one conversion (long doubles, big-endian, objects).
+            array = value if value.dtype == spec.np_dtype else as_array(spec.name, value)
         elif isinstance(value, torch.Tensor):
             if not value.is_cpu:
                 raise NotStaged
