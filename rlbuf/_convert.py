@@ -23,7 +23,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlbuf.errors import ConfigError, DeviceError, DtypeError, RlbufError, ShapeError
+from rlbuf.errors import (
+    ConfigError,
+    DeviceError,
+    DtypeError,
+    EmptyBufferError,
+    RlbufError,
+    ShapeError,
+    StoredIndexError,
+)
 
 _NUMPY_DTYPES: dict[torch.dtype, np.dtype[Any]] = {
     torch.float16: np.dtype(np.float16),
@@ -224,3 +232,47 @@ def largest_finite(values: np.ndarray[Any, Any] | torch.Tensor) -> float:
     magnitude_np = np.abs(values)
     finite_np = magnitude_np[np.isfinite(magnitude_np)]
     return float(finite_np.max()) if finite_np.size else 0.0
+
+
+def stored_positions(index: Any, size: int, storing_device: torch.device) -> torch.Tensor:
+    """Positions of stored rows (``[0, size)``) as a long tensor on the storing device.
+
+    Accepts an int, a sequence of ints, or an integer array or tensor (CPU or the storing
+    device); anything else (``None``, a slice, floats, bools, ``2**64``) is refused.
+
+    Raises:
+        StoredIndexError: not integer positions, or one outside ``[0, size)``.
+        EmptyBufferError: nothing is stored.
+
+    Example:
+        >>> stored_positions([2, 0], 3, torch.device("cpu")).tolist()
+        [2, 0]
+        >>> stored_positions([3], 3, torch.device("cpu"))
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.StoredIndexError: index: expected positions in [0, 3), got values in [3, 3]
+    """
+    values: torch.Tensor | np.ndarray[Any, Any]
+    if isinstance(index, torch.Tensor) and index.device.type not in ("cpu", "meta"):
+        if index.device != storing_device:
+            raise StoredIndexError(f"index: expected a tensor on cpu or {storing_device}, got one on {index.device}")
+        values = index.detach()
+        kind = "f" if values.is_floating_point() or values.is_complex() else "b" if values.dtype is torch.bool else "i"
+    else:
+        values = as_array("index", index, StoredIndexError)
+        kind = values.dtype.kind
+        if kind == "f" and values.size and isinstance(index, (int, list, tuple)) and bool(
+                (np.abs(values) >= 2**63).any()):  # Python ints too large for int64 came as floats
+            raise StoredIndexError(f"index: expected positions in [0, {size}), got {short_repr(index)}")
+    count = values.numel() if isinstance(values, torch.Tensor) else values.size
+    if kind not in "iu" and count:
+        raise StoredIndexError(f"index: expected integer positions, got dtype {values.dtype}")
+    if size == 0:
+        raise EmptyBufferError("cannot read from an empty buffer: add transitions first")
+    if count:
+        low, high = int(values.min()), int(values.max())
+        if low < 0 or high >= size:
+            raise StoredIndexError(f"index: expected positions in [0, {size}), got values in [{low}, {high}]")
+    if isinstance(values, np.ndarray):
+        values = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
+    return values.reshape(-1).to(storing_device, torch.long)

@@ -71,10 +71,18 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         return self._locked(super().sample, *args, **kwargs)
 
     def extend(self, data: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._locked(super().extend, _with_done(data, self.storage), *args, **kwargs)
+        return self._locked(super().extend, self._checked(data, batched=True), *args, **kwargs)
 
     def add(self, data: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._locked(super().add, _with_done(data, self.storage), *args, **kwargs)
+        return self._locked(super().add, self._checked(data, batched=False), *args, **kwargs)
+
+    def _checked(self, data: Any, *, batched: bool) -> Any:
+        """``data`` with its done flag derived, once the owner's readers took every field it carries
+        (the same checks and wording as rlbuf's own writes; TorchRL judges what is missing)."""
+        owner = self._owner()
+        if owner is not None and is_tensor_collection(data):
+            owner.check_torchrl_rows(data if batched else data.unsqueeze(0))
+        return _with_done(data, self.storage)
 
     def __getitem__(self, index: Any) -> Any:
         return self._locked(super().__getitem__, index)

@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -40,10 +41,11 @@ from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from rlbuf import _torchrl
+from rlbuf._convert import stored_positions
 from rlbuf._delivery import gather_rows
 from rlbuf._handout import FlushingReplayBuffer
-from rlbuf.errors import BatchSizeError, EmptyBufferError, MissingFieldError, StoredIndexError
-from rlbuf.spec import FieldSpec, NotStaged, RowReader, as_array, positive_int, short_repr
+from rlbuf.errors import BatchSizeError, EmptyBufferError, MissingFieldError
+from rlbuf.spec import FieldSpec, NotStaged, RowReader, positive_int
 from rlbuf.storage import BuiltStorage, available_ram, remove_when_collected, row_bytes
 
 _BLOCK_ROWS = 256
@@ -305,6 +307,19 @@ class RowRing:
         """``rows`` rows of each field as tensors, read and checked by its reader, by name."""
         return {spec.name: self.reader(spec, rows).tensor(value) for spec, value in zip(specs, values, strict=True)}
 
+    def check_torchrl_rows(self, td: Any) -> None:
+        """Read every input field a TensorDict written through TorchRL (``buffer.torchrl``) carries.
+
+        Raises:
+            ShapeError, DtypeError, DeviceError, NonFiniteError: a field does not fit its spec.
+        """
+        lead = tuple(td.batch_size)
+        rows = math.prod(lead)
+        for spec in self.input_specs:
+            value = td.get(spec.key, None)
+            if isinstance(value, torch.Tensor) and spec.fits_rows(value.shape, lead):
+                self.reader(spec, rows).tensor(value.reshape(rows, *spec.shape))
+
     def _add_one_row(self, values: Sequence[Any], rows: int) -> None:
         """``add`` of one row per add, staged: read every field, then one numpy assignment per field."""
         reads = self._reads
@@ -503,37 +518,8 @@ class RowRing:
         return batch_size
 
     def as_index(self, index: Any) -> torch.Tensor:
-        """Validate stored-row positions and return them as a long tensor on the storing device.
-
-        Accepts an int, a sequence of ints, or an integer array or tensor (CPU or the storing
-        device); anything else (``None``, a slice, floats, bools, ``2**64``) is refused.
-        """
-        values: torch.Tensor | np.ndarray[Any, Any]
-        if isinstance(index, torch.Tensor) and index.device.type not in ("cpu", "meta"):
-            if index.device != self.storing_device:
-                raise StoredIndexError(f"index: expected a tensor on cpu or {self.storing_device}, "
-                                       f"got one on {index.device}")
-            values = index.detach()
-            kind = "f" if values.is_floating_point() or values.is_complex() else "b" if values.dtype is torch.bool else "i"
-        else:
-            values = as_array("index", index, StoredIndexError)
-            kind = values.dtype.kind
-            if kind == "f" and values.size and isinstance(index, (int, list, tuple)) and bool(
-                    (np.abs(values) >= 2**63).any()):  # Python ints too large for int64 came as floats
-                raise StoredIndexError(f"index: expected positions in [0, {len(self)}), got {short_repr(index)}")
-        count = values.numel() if isinstance(values, torch.Tensor) else values.size
-        if kind not in "iu" and count:
-            raise StoredIndexError(f"index: expected integer positions, got dtype {values.dtype}")
-        size = len(self)
-        if size == 0:
-            raise EmptyBufferError("cannot read from an empty buffer: add transitions first")
-        if count:
-            low, high = int(values.min()), int(values.max())
-            if low < 0 or high >= size:
-                raise StoredIndexError(f"index: expected positions in [0, {size}), got values in [{low}, {high}]")
-        if isinstance(values, np.ndarray):
-            values = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
-        return values.reshape(-1).to(self.storing_device, torch.long)
+        """Validate stored-row positions (see [`stored_positions`][rlbuf._convert.stored_positions])."""
+        return stored_positions(index, len(self), self.storing_device)
 
     def chronological_index(self) -> torch.Tensor:
         """Storage positions of every stored row, oldest first."""

@@ -258,6 +258,27 @@ def test_rows_written_through_torchrl_are_seen_in_order() -> None:
     assert buf.sample_all().reward.tolist() == [0.0, 1000.0, 42.0, 5000.0]
 
 
+@pytest.mark.parametrize(("key", "value", "error", "message"), [
+    (("next", "reward"), torch.tensor(float("nan")), NonFiniteError, "reward: expected finite values, got nan"),
+    ("action", torch.tensor(2e300, dtype=torch.float64), DtypeError,
+     "action: values up to 2e+300 in magnitude do not fit torch.float32"),
+    (("next", "terminated"), torch.tensor(0.5), DtypeError, "terminated: expected dtype torch.bool"),
+])
+def test_rows_written_through_torchrl_are_read_by_the_same_readers(key: Any, value: torch.Tensor,
+                                                                    error: type[Exception], message: str) -> None:
+    buf = make()
+    add_ids(buf, range(2))
+    rb = buf.torchrl
+    row = buf.sample_all().to_tensordict()[:1].clone().exclude("index", "priority_weight")
+    row.set(key, value.expand(row.get(key).shape), inplace=False)
+    before = snapshot(buf)
+    for write in (rb.extend, lambda td: rb.add(td[0])):
+        with pytest.raises(error) as raised:
+            write(row)
+        assert message in str(raised.value)
+        assert same(snapshot(buf), before)
+
+
 def test_sampling_uses_its_own_generator_and_never_the_global_one() -> None:
     a, b = make(seed=7), make(seed=7)
     add_ids(a, range(10))
