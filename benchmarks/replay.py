@@ -6,8 +6,8 @@ Measured, per observation type (48 float32 values; an 84x84x4 uint8 Atari frame)
   of one env returns them).
 * ``add 64``: 64 transitions per call (``num_envs=64``).
 * ``sample 256`` and ``sample 4096``: one batch drawn uniformly from a full buffer.
-* ``add 1 + sample 256``: one step of a DQN/SAC loop (rlbuf flushes its staged rows on each
-  sample here, so this shows what the staging costs when reads follow every add).
+* ``add 1 + sample 256``: one step of a DQN/SAC loop (rlbuf's sample reads the pending rows in
+  place, computing their ``done``; TorchRL's bookkeeping waits for the next commit).
 
 Peers, all in this process, on full buffers (prefilled before timing, so adds overwrite):
 

@@ -19,8 +19,9 @@ import torch
 from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import Sampler
 
-from rlbuf._core import RowRing, deliver
+from rlbuf._delivery import deliver
 from rlbuf._fields import check_names
+from rlbuf._ring import RowRing
 from rlbuf._state import BufferState
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
 from rlbuf.errors import ConfigError, EmptyBufferError

@@ -26,8 +26,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from rlbuf._core import RowRing, checked_rows
 from rlbuf._nstep import nstep_discount, nstep_return
+from rlbuf._ring import RowRing
 from rlbuf._stream_check import streams_problem
 from rlbuf._streams import Chain, PaddingType, Streams
 from rlbuf.errors import (
@@ -38,7 +38,7 @@ from rlbuf.errors import (
     ShapeError,
     StoredIndexError,
 )
-from rlbuf.spec import FieldSpec, positive_int
+from rlbuf.spec import FieldSpec, checked_rows, positive_int
 from rlbuf.storage import available_ram
 
 MAX_FRAME_STACK = 1024

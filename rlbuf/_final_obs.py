@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlbuf._convert import all_finite, as_array, short_repr
 from rlbuf._obs import Layout, leaf_name
 from rlbuf.errors import DeviceError, NonFiniteError, RlbufError, ShapeError
-from rlbuf.spec import FieldSpec, all_finite, as_array, short_repr
+from rlbuf.spec import FieldSpec
 
 Row = np.ndarray[Any, Any] | torch.Tensor
 """One checked row of one leaf: a numpy array or a tensor, exactly ``spec.shape``."""

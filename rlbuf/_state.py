@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 import torch
 
 from rlbuf import _torchrl
-from rlbuf._core import RowCopies, RowRing, RowSink
 from rlbuf._invariants import (
     counts_problem,
     extra_problem,
@@ -43,6 +42,7 @@ from rlbuf._invariants import (
     sampler_problem,
     saved_count,
 )
+from rlbuf._ring import RowCopies, RowRing, RowSink
 from rlbuf.checkpoint import load_state, save_state
 from rlbuf.epochs import EpochIterator
 from rlbuf.errors import CheckpointError, ConfigError
@@ -142,7 +142,7 @@ class BufferState:
 
     # -- taking the state ----------------------------------------------------------------------
     def _snapshot(self, sink: RowSink | None, *, data: bool) -> dict[str, Any]:
-        """The state of one write count (see [`RowRing.snapshot`][rlbuf._core.RowRing.snapshot]): rows into ``sink``."""
+        """The state of one write count (see [`RowRing.snapshot`][rlbuf._ring.RowRing.snapshot]): rows into ``sink``."""
         ring = self._ring
 
         def capture() -> dict[str, Any]:

@@ -22,9 +22,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
+from multiprocessing.context import get_spawning_popen
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
@@ -186,3 +190,31 @@ def _cpu_tensors(value: Any, found: list[torch.Tensor], depth: int) -> None:
 
 def _is_memmap(tensor: torch.Tensor) -> bool:
     return isinstance(tensor, MemoryMappedTensor) or tensor.untyped_storage().filename is not None
+
+
+def spawning_process() -> bool:
+    """Whether this pickling is for a process being started (``multiprocessing``'s spawning popen)."""
+    return get_spawning_popen() is not None
+
+
+def register_reducer(kind: type, reducer: Callable[[Any], Any]) -> None:
+    """Make ``multiprocessing`` pickle ``kind`` with ``reducer``, once (``ForkingPickler._extra_reducers``)."""
+    if kind not in ForkingPickler._extra_reducers:  # type: ignore[attr-defined]
+        ForkingPickler.register(kind, reducer)
+
+
+def hold_shared_file(tensor: torch.Tensor, files: set[str]) -> None:
+    """Put ``tensor`` in a shared-memory file, as pickling it for a process does, and hold that file once.
+
+    Adds the file's name (under ``/dev/shm``) to ``files`` and takes one reference to it
+    (``_share_filename_cpu_``, ``_shared_incref``) the first time it is seen, so torch's own
+    count never drops to zero here and torch never unlinks it itself. A storage torch cannot
+    share by file name is left alone.
+    """
+    with contextlib.suppress(RuntimeError):
+        tensor.share_memory_()  # type: ignore[no-untyped-call]  # what pickling does next; no-op when shared
+        storage = tensor.untyped_storage()
+        name = os.fsdecode(storage._share_filename_cpu_()[1])
+        if name not in files:
+            storage._shared_incref()  # type: ignore[no-untyped-call]
+            files.add(name)

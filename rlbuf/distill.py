@@ -32,12 +32,13 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data import RandomSampler
 
-from rlbuf._base import RingBuffer, as_shape, extra_specs, refuse_foreign_options
-from rlbuf._core import as_rows, check_extras
-from rlbuf._obs import ObsDtype, ObsShape, leaf_names, read_td, record_layout
+from rlbuf._buffer import RingBuffer, refuse_foreign_options
+from rlbuf._fields import extra_specs
+from rlbuf._keywords import check_extras
+from rlbuf._obs import ObsDtype, ObsShape, as_shape, leaf_names, read_td, record_layout
 from rlbuf.batches import DistillationBatch
 from rlbuf.spaces import resolve_fields
-from rlbuf.spec import ExtraFields, FieldSpec, as_array
+from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_tensordict
 from rlbuf.storage import DeviceLike, StorageKind
 
 
@@ -147,14 +148,9 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         if rows == self._num_envs:
             self._ring.add(ordered, rows)
             return
-        tensors = {spec.name: as_rows(value if isinstance(value, torch.Tensor) else as_array(spec.name, value),
-                                      spec.shape, rows)
-                   for spec, value in zip(self._ring.input_specs, ordered, strict=True)}
-        if rows == 0:
-            for spec in self._ring.input_specs:
-                spec.check_tensor(tensors[spec.name], (0,), self._ring.accepted_devices)
-            return
-        self._ring.write_tensors(tensors, rows)
+        tensors = self._ring.read_tensors(self._ring.input_specs, ordered, rows)
+        if rows:
+            self._ring.write_checked(tensors, rows)
 
     def extend(self, td: TensorDictBase) -> None:
         """Store a TensorDict of any batch shape (flattened row-major): ``"observation"``,
@@ -171,6 +167,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
             >>> len(buf)
             20
         """
+        td = as_tensordict(td)
         rows = int(td.batch_size.numel())
         lead = tuple(td.batch_size)
         tensors: dict[str, torch.Tensor] = {}
@@ -195,7 +192,6 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         ring = self._ring
         with ring.lock:
             batch_size = ring.require_rows(batch_size, without_replacement=False)
-            ring.flush()
             index = torch.randint(0, len(ring), (batch_size,), generator=ring.generator, device=self._storing_device)
             return self._batch(index)
 

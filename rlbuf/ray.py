@@ -34,7 +34,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
 
-from rlbuf._core import deliver
+from rlbuf._delivery import deliver
 from rlbuf._obs import torchrl_env_key
 from rlbuf.batches import ReplayBatch
 from rlbuf.checkpoint import load_state

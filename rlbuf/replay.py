@@ -19,7 +19,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -27,43 +26,42 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 from tensordict import TensorDictBase
-from torchrl.data import RandomSampler, TensorDictReplayBuffer
-from torchrl.data.replay_buffers.samplers import Sampler
+from torchrl.data import TensorDictReplayBuffer
 
-from rlbuf._base import RingBuffer, as_shape, done_of, extra_specs, refuse_foreign_options
-from rlbuf._compact import CompactLayout, layout_options
-from rlbuf._core import check_extras, checked_rows, deliver
+from rlbuf._buffer import RingBuffer, done_of, refuse_foreign_options
+from rlbuf._compact import CompactLayout
+from rlbuf._keywords import check_extras
 from rlbuf._obs import (
-    Layout,
     ObsDtype,
     ObsShape,
+    as_shape,
     check_hidden_state,
     hidden_state_key,
     hidden_state_layout,
-    leaf_names,
-    read_td,
     record_layout,
 )
-from rlbuf._sizing import row_bytes
+from rlbuf._replay_layout import (
+    ReplayWriter,
+    replay_sampler,
+    replay_specs,
+    repr_options,
+    stored_obs,
+    transition_bytes,
+)
 from rlbuf._streams import PaddingType
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.batches import ReplayBatch
 from rlbuf.epochs import EpochIterator
 from rlbuf.errors import (
-    BatchSizeError,
     CheckpointError,
     ConfigError,
     PriorityError,
-    ShapeError,
 )
-from rlbuf.sequences import ReplaySequenceBatch, burn_in_steps, sequence_flags, sequence_starts
+from rlbuf.sequences import ReplaySequenceBatch, sample_replay_sequences
 from rlbuf.spaces import resolve_fields
-from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, positive_int
+from rlbuf.spec import ExtraFields, positive_int, priorities
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
-
-_MAX_PRIORITY = 1e100
-_PER_ALPHA, _PER_BETA = 0.6, 0.4
 
 
 class Transition(NamedTuple):
@@ -83,53 +81,6 @@ class Transition(NamedTuple):
     terminated: Any
     truncated: Any = None
     extras: Mapping[str, Any] | None = None
-
-
-def replay_specs(obs_shape: Any, action_shape: tuple[int, ...], obs_dtype: Any,
-                 action_dtype: torch.dtype, extra_fields: ExtraFields | None, *,
-                 next_obs: bool = True) -> tuple[FieldSpec, ...]:
-    """The stored fields of a replay buffer, in TorchRL keys (one per leaf of a dict observation;
-    ``next_obs=False``: the compact layout).
-
-    Example:
-        >>> [s.describe() for s in replay_specs((3,), (1,), torch.float32, torch.float32, None)][:3]
-        ['obs: (3,) float32', 'action: (1,) float32', 'reward: () float32']
-    """
-    obs = Layout.parse(obs_shape, obs_dtype)
-    specs = [
-        *obs.specs("obs", "observation"),
-        FieldSpec("action", "action", action_shape, action_dtype),
-        FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True, trailing_one=True),
-        *(obs.specs("next_obs", ("next", "observation")) if next_obs else []),
-        FieldSpec("terminated", ("next", "terminated"), (), torch.bool, trailing_one=True),
-        FieldSpec("truncated", ("next", "truncated"), (), torch.bool, trailing_one=True),
-        FieldSpec("done", ("next", "done"), (), torch.bool, trailing_one=True),
-    ]
-    reserved = {"next_obs": "the next observation of every batch", "discount": "an attribute of every batch",
-                "env_mask": "an argument of add()"}
-    return (*specs, *extra_specs(extra_fields, specs, reserved))
-
-
-def _stored_obs(obs: Layout, obs_shape: Any, obs_dtype: Any, hidden_state_shape: Any, *, frame_stack: int,
-                padding_type: PaddingType, n_step: int, gamma: float, compact: bool | None) -> tuple[bool, Any, Any]:
-    """Whether the layout is compact, and the shape and dtype stored per observation (one frame
-    with ``frame_stack > 1``).
-
-    Raises:
-        ConfigError: the compact layout asked for with a dict observation or hidden states, or
-            invalid compact-layout options.
-    """
-    if (compact is True or frame_stack != 1 or n_step != 1) and (obs.structured or hidden_state_shape is not None):
-        raise ConfigError("compact, frame_stack, n_step: the compact layout stores single-tensor observations "
-                          "without hidden states; got " + ("a dict observation" if obs.structured
-                                                           else "hidden_state_shape"))
-    # A dict observation gets here only with frame_stack == n_step == 1 (checked above).
-    single = None if obs.structured else obs.leaves[0]
-    compact = layout_options(() if single is None else single.shape, frame_stack=frame_stack,
-                             padding_type=padding_type, n_step=n_step, gamma=gamma, compact=compact)
-    if single is None:
-        return compact, obs_shape, obs_dtype
-    return compact, single.shape[1:] if frame_stack > 1 else single.shape, single.dtype
 
 
 class ReplayBuffer(RingBuffer[ReplayBatch]):
@@ -225,20 +176,13 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         positive_int("num_envs", num_envs)
-        compact, stored_obs_shape, obs_dtype = _stored_obs(
+        compact, stored_obs_shape, obs_dtype = stored_obs(
             self._obs, obs_shape, obs_dtype, hidden_state_shape, frame_stack=frame_stack, padding_type=padding_type,
             n_step=n_step, gamma=gamma, compact=compact)
         self._gamma = float(gamma)
         self._attach_stats(stats, num_envs)
-        prioritized = as_flag("prioritized", prioritized)
-        if not prioritized and (alpha is not None or beta is not None):
-            given = ", ".join(f"{k}={v}" for k, v in (("alpha", alpha), ("beta", beta)) if v is not None)
-            raise ConfigError(f"{given}: only used by prioritized replay; pass prioritized=True, or leave them out "
-                              f"for uniform sampling")
-        alpha, beta = _PER_ALPHA if alpha is None else alpha, _PER_BETA if beta is None else beta
         # The sum tree checks alpha and beta: built here, before anything is allocated.
-        sampler: Sampler = (SumTreeSampler(positive_int("capacity", capacity), alpha=alpha, beta=beta)
-                            if prioritized else RandomSampler())
+        prioritized, sampler = replay_sampler(capacity, prioritized, alpha, beta)
         self._prioritized = prioritized
         specs = replay_specs(stored_obs_shape, as_shape(action_shape, "action_shape"),
                              obs_dtype, action_dtype, extra_fields, next_obs=not compact)
@@ -254,7 +198,10 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._compact = CompactLayout(self._ring, single_obs.shape, single_obs.dtype, num_envs=num_envs,
                                       frame_stack=frame_stack, padding_type=padding_type, n_step=n_step, gamma=self._gamma,
                                       extra_names=list(self._extra_specs)) if compact else None
-        # One tensor per obs, no hidden state, no extra field: ``add`` hands the fields on as they are.
+        # The layout's writer, chosen once; with one tensor per obs, no hidden state and no extra field
+        # (plain), ``add`` hands the fields to the ring's add as they are.
+        self._writer = ReplayWriter(self._ring, num_envs=num_envs, obs=self._obs, hidden=self._hidden,
+                                    extra_names=list(self._extra_specs), compact=self._compact)
         self._plain = self._compact is None and not self._obs.structured and self._hidden is None and not self._extra_specs
 
     @property
@@ -363,12 +310,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         return sampler
 
     def _repr_options(self) -> str:
-        compact = self._compact
-        layout = "" if compact is None else f", compact=True, frame_stack={compact.frame_stack}, n_step={compact.n_step}"
-        # bytes_per_transition's estimate, from the stored fields rather than the options parsed again.
-        size = row_bytes([(s.shape, s.dtype.itemsize) for s in self._ring.specs], prioritized=self._prioritized,
-                         compact=compact is not None, frame_stack=1 if compact is None else compact.frame_stack)
-        return f", prioritized={self._prioritized}{layout}, bytes_per_transition~{_human_bytes(size)}"
+        return repr_options(self._ring.specs, prioritized=self._prioritized, compact=self._compact)
 
     @classmethod
     def bytes_per_transition(
@@ -418,18 +360,10 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             >>> ReplayBuffer.bytes_per_transition(**atari, frame_stack=4, episode_length=1000)
             7120.056
         """
-        obs = Layout.parse(obs_shape, obs_dtype)
-        compact, stored, stored_dtype = _stored_obs(obs, obs_shape, obs_dtype, hidden_state_shape,
-                                                    frame_stack=frame_stack, padding_type="reset", n_step=n_step,
-                                                    gamma=0.99, compact=compact)
-        specs = replay_specs(stored, as_shape(action_shape, "action_shape"), stored_dtype, action_dtype,
-                             extra_fields, next_obs=not compact)
-        if hidden_state_shape is not None:
-            specs = (*specs, *hidden_state_layout(hidden_state_shape).specs("hidden_state", hidden_state_key))
-        final_obs = 0.0 if obs.structured else math.prod(stored) * obs.leaves[0].dtype.itemsize
-        return row_bytes([(s.shape, s.dtype.itemsize) for s in specs], prioritized=as_flag("prioritized", prioritized),
-                         compact=compact, frame_stack=frame_stack, final_obs_bytes=final_obs,
-                         episode_length=episode_length)
+        return transition_bytes(obs_shape=obs_shape, action_shape=action_shape, obs_dtype=obs_dtype,
+                                action_dtype=action_dtype, extra_fields=extra_fields, prioritized=prioritized,
+                                frame_stack=frame_stack, n_step=n_step, compact=compact,
+                                hidden_state_shape=hidden_state_shape, episode_length=episode_length)
 
     # -- writing -----------------------------------------------------------------------------
     def add(
@@ -478,12 +412,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             2
         """
         if self._plain and not extras and hidden_state is None and env_mask is None and not isinstance(obs, Transition):
-            # The plain layout (decided once, in the constructor): the fields go to the ring as given,
-            # to its staged add first (without RowRing.add's call: 0.3 us of a 4.5 us add).
-            ring, fields = self._ring, (obs, action, reward, next_obs, terminated,
-                                        self._no_truncation if truncated is None else truncated)
-            if not ring.staged_add(ring, fields, self._num_envs):
-                ring.add_unstaged(fields, self._num_envs)
+            # The plain layout (decided once, in the constructor): the fields go to the ring's add as given.
+            self._ring.add((obs, action, reward, next_obs, terminated,
+                            self._no_truncation if truncated is None else truncated), self._num_envs)
             if self._stats is not None:
                 self._stats.update(reward, terminated, truncated)
             return
@@ -498,83 +429,11 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         if len(extras) != len(self._extra_specs) or (extras and extras.keys() != self._extra_specs.keys()):
             check_extras(self._extra_specs, extras)
         check_hidden_state(self._hidden, hidden_state)
-        if self._compact is not None:
-            extra_values = tuple(extras[n] for n in self._extra_specs)
-            if env_mask is not None:
-                self._add_compact_envs(obs, next_obs, terminated, truncated, (action, reward, *extra_values), env_mask)
-            else:
-                self._compact.write(obs, next_obs, terminated, truncated, self._compact.all_envs,
-                                    lambda frames, done, cut: self._ring.add(
-                                        (frames, action, reward, done, cut, *extra_values), self._num_envs))
-        else:
-            if self._obs.structured or self._hidden is not None:
-                hidden = () if self._hidden is None else self._hidden.split("hidden_state", hidden_state)
-                values: tuple[Any, ...] = (*self._obs.split("obs", obs), action, reward,
-                                           *self._obs.split("next_obs", next_obs), terminated, truncated,
-                                           *(extras[n] for n in self._extra_specs), *hidden)
-            else:
-                values = (obs, action, reward, next_obs, terminated, truncated, *(extras[n] for n in self._extra_specs))
-            if env_mask is not None:
-                self._add_envs(values, env_mask)
-            else:
-                self._ring.add(values, self._num_envs)
+        interleaved = self._writer.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, extras,
+                                       env_mask)
+        self._interleaved = self._interleaved and interleaved
         if self._stats is not None:
             self._stats.update(reward, terminated, truncated, env_mask=env_mask)
-
-    def _add_envs(self, values: Sequence[Any], env_mask: Any) -> None:
-        """Validate every row of ``values``, then store the rows of the envs in ``env_mask``."""
-        keep = self._env_mask(env_mask)
-        rows = self._kept_rows(self._ring.input_specs, values, keep)
-        kept = int(keep.sum())
-        if kept:
-            self._ring.write_tensors(rows, kept)
-        # Rows of one env are num_envs apart (what sample_sequences reads) only while every env is stored.
-        self._interleaved = self._interleaved and kept in (0, self._num_envs)
-
-    def _add_compact_envs(self, obs: Any, next_obs: Any, terminated: Any, truncated: Any, others: Sequence[Any],
-                          env_mask: Any) -> None:
-        """Validate every row, then pass the rows of the envs in ``env_mask`` through the compact
-        layout's streams (an env left out continues its stream with its next kept row)."""
-        compact, ring = self._compact, self._ring
-        assert compact is not None
-        keep = self._env_mask(env_mask)
-        flags = (ring.by_name["terminated"], ring.by_name["truncated"])
-        specs = (compact.obs_spec, compact.next_obs_spec, *flags,
-                 *(spec for spec in ring.input_specs if spec.name not in ("obs", "terminated", "truncated")))
-        rows = self._kept_rows(specs, (obs, next_obs, terminated, truncated, *others), keep)
-        kept = int(keep.sum())
-        if not kept:
-            return
-        obs_rows, next_rows, terminated_rows, truncated_rows = (rows.pop(spec.name) for spec in specs[:4])
-        compact.write(obs_rows, next_rows, terminated_rows, truncated_rows, compact.all_envs[keep.numpy()],
-                      lambda frames, done, cut: ring.write_tensors(
-                          {**rows, "obs": frames, "terminated": done, "truncated": cut}, kept))
-
-    def _env_mask(self, env_mask: Any) -> torch.Tensor:
-        """``env_mask`` as ``[num_envs]`` bools on the CPU.
-
-        Raises:
-            ShapeError: not one bool per env.
-            DtypeError, DeviceError: not numbers at all (strings, objects, a meta tensor).
-        """
-        n = self._num_envs
-        keep = as_array("env_mask", env_mask)
-        if keep.dtype.kind != "b" or keep.shape != (n,):
-            raise ShapeError(f"env_mask: expected {n} bools (one per env), got {keep.dtype} of shape {keep.shape}")
-        return torch.as_tensor(keep)
-
-    def _kept_rows(self, specs: Sequence[FieldSpec], values: Sequence[Any], keep: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Check all ``num_envs`` rows of each value against its spec; return the rows ``keep`` marks, by name.
-
-        Raises:
-            MissingFieldError, ShapeError, DtypeError, DeviceError, NonFiniteError: a row does not fit.
-        """
-        n, devices = self._num_envs, self._ring.accepted_devices
-        rows: dict[str, torch.Tensor] = {}
-        for spec, value in zip(specs, values, strict=True):
-            tensor = checked_rows(spec, value, n, devices)
-            rows[spec.name] = tensor[keep.to(tensor.device)]
-        return rows
 
     def extend(self, td: TensorDictBase) -> None:
         """Store a TensorDict in TorchRL layout, e.g. a collector's ``[num_envs, T]`` batch.
@@ -586,7 +445,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
 
         Raises:
             MissingFieldError, ShapeError, DtypeError, DeviceError, NonFiniteError: before
-                anything is stored.
+                anything is stored (``ShapeError`` too for a plain dict: wrap it in a TensorDict).
 
         Example:
             >>> from tensordict import TensorDict
@@ -598,33 +457,10 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             >>> len(buf)
             10
         """
-        rows = int(td.batch_size.numel())
-        lead = tuple(td.batch_size)
-        # Rows of one env stay num_envs apart (what sample_sequences reads) only for [..., num_envs] batches.
-        interleaved = self._num_envs == 1 or (bool(lead) and lead[-1] == self._num_envs)
-        tensors: dict[str, torch.Tensor] = {}
-        compact = self._compact
-        for spec in self._ring.specs:
-            if spec.name in ("truncated", "done") or (compact is not None and spec.name == "obs"):
-                continue
-            tensors[spec.name] = read_td(td, spec, lead)
-        tensors["truncated"] = _truncated_from(td, lead, tensors["terminated"])
-        if self._stats is not None and not (len(lead) == 2 and lead[0] == self._num_envs):
-            raise ShapeError(f"td: a buffer with stats needs batch size ({self._num_envs}, T) to tell envs "
-                             f"apart, got {lead}")
-        for name, value in tensors.items():
-            tensors[name] = value.reshape(rows, *self._ring.by_name[name].shape)
-        if compact is None:
-            self._ring.write_tensors(tensors, rows)
-        else:
-            obs, next_obs = (read_td(td, spec, lead).reshape(rows, *spec.shape)
-                             for spec in (compact.obs_spec, compact.next_obs_spec))
-            compact.write(obs, next_obs, tensors["terminated"], tensors["truncated"], compact.env_ids_of(lead),
-                          lambda frames, done, cut: self._ring.write_tensors(
-                              {**tensors, "obs": frames, "terminated": done, "truncated": cut}, rows))
+        interleaved, tensors = self._writer.extend(td, per_env=self._stats is not None)
         self._interleaved = self._interleaved and interleaved
         if self._stats is not None:
-            self._feed_stats_from_rollout(*(tensors[n].view(lead) for n in ("reward", "terminated", "truncated")))
+            self._feed_stats_from_rollout(tensors["reward"], tensors["terminated"], tensors["truncated"])
 
     # -- reading -----------------------------------------------------------------------------
     def sample(self, batch_size: int) -> ReplayBatch:
@@ -648,7 +484,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         ring = self._ring
         with ring.lock:  # index, weights and rows from one consistent state, whatever other threads add
             batch_size = ring.require_rows(batch_size, without_replacement=False)
-            ring.flush()
+            if self._prioritized or self._compact is not None:
+                ring.flush()  # the sum tree and the streams read TorchRL's committed state
             if self._compact is not None:
                 return self._batch(*self._compact.draw(batch_size, self._draw))
             return self._batch(*self._draw(batch_size))
@@ -679,7 +516,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         extras = {name: columns[name] for name in self._extra_specs}
         discount = columns.get("discount")
         if discount is None:
-            discount = torch.where(columns["terminated"], 0.0, self._gamma).to(torch.float32)
+            discount = torch.where(columns["terminated"], 0.0, self._gamma)
+            if discount.dtype is not torch.float32:  # another default dtype set by the user
+                discount = discount.to(torch.float32)
         obs = self._obs
         hidden = None if self._hidden is None else self._hidden.assemble("hidden_state", columns)
         return ReplayBatch(obs.assemble("obs", columns), columns["action"], columns["reward"],
@@ -727,32 +566,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         if self._compact is not None:
             raise ConfigError("sample_sequences: not available for a compact buffer (next_obs stored once, "
                               "frame_stack or n_step); build it with compact=False")
-        ring = self._ring
-        with ring.lock:
-            batch_size = ring.require_rows(batch_size, without_replacement=False)
-            span = positive_int("length", length, BatchSizeError) + burn_in_steps(burn_in)
-            if not self._interleaved:
-                raise ConfigError("sample_sequences: steps of one env are not num_envs rows apart: rows were "
-                                  "extended env-major (batch size (num_envs, T)) or added with an env_mask that left "
-                                  "envs out. Extend time-major batches (T, num_envs) or add every env's step "
-                                  "(a Recorder: SAME_STEP envs), then clear() and refill")
-            ring.flush()
-            size, write_count, n = len(ring), ring.write_count, self._num_envs
-            starts = sequence_starts(write_count=write_count, size=size, num_envs=n, span=span,
-                                     batch_size=batch_size, generator=ring.generator)
-            serials = starts.unsqueeze(1) + n * torch.arange(span, device=starts.device)
-            index = (serials % self.capacity).reshape(-1)
-            previous = starts - n
-            stored_before = previous >= write_count - size
-            previous_done = ring.gather(torch.where(stored_before, previous, starts) % self.capacity, ["done"])["done"]
-            first_is_first = torch.where(stored_before, previous_done, previous < 0)
-            columns = {name: column.view(batch_size, span, *column.shape[1:])
-                       for name, column in ring.gather(index).items()}
-            mask, is_first = sequence_flags(columns["done"], first_is_first)
-            columns |= {"mask": mask, "is_first": is_first, "index": index.view(batch_size, span)}
-            if self._hidden is not None:
-                columns |= {name: columns[name][:, 0] for name in leaf_names("hidden_state", self._hidden)}
-            columns = deliver(columns, self._device)
+        columns, span = sample_replay_sequences(self._ring, batch_size, length, burn_in, num_envs=self._num_envs,
+                                                interleaved=self._interleaved, hidden=self._hidden, device=self._device)
         obs = self._obs
         hidden = None if self._hidden is None else self._hidden.assemble("hidden_state", columns)
         return ReplaySequenceBatch(obs.assemble("obs", columns, batch_dims=2), columns["action"], columns["reward"],
@@ -781,41 +596,5 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         if not self._prioritized:
             raise PriorityError("update_priority: this buffer is not prioritized (build it with prioritized=True)")
         positions = self._ring.as_index(index)
-        array = as_array("priority", priority, PriorityError)
-        if array.dtype.kind == "b":
-            raise PriorityError(f"priority: expected numbers, got dtype {array.dtype}")
-        values = torch.from_numpy(array.astype(np.float64)).reshape(-1)
-        if values.numel() != positions.numel():
-            raise PriorityError(f"priority: expected {positions.numel()} values (one per index), got {values.numel()}")
-        # Priorities are summed in float64: a bound far below its range keeps every total finite.
-        if not bool(torch.isfinite(values).all()) or bool((values < 0).any()) or bool((values > _MAX_PRIORITY).any()):
-            raise PriorityError(f"priority: expected finite, non-negative values up to {_MAX_PRIORITY:g}")
+        values = priorities(priority, positions.numel())
         self._ring.rb.update_priority(positions, values)
-
-
-def _human_bytes(count: float) -> str:
-    for unit in ("B", "kB", "MB"):
-        if count < 1000:
-            return f"{count:.4g} {unit}"
-        count /= 1000
-    return f"{count:.4g} GB"
-
-
-def _flag(td: TensorDictBase, key: tuple[str, str], lead: tuple[int, ...]) -> torch.Tensor | None:
-    """A done-type flag at ``key`` as a ``[*lead]`` tensor (TorchRL's trailing 1 optional), or None."""
-    value: torch.Tensor | None = td.get(key, None)
-    if value is None:
-        return None
-    if tuple(value.shape) not in (lead, (*lead, 1)):
-        raise ShapeError(f"{key[1]}: expected shape {(*lead, 1)} at key {key!r}, got {tuple(value.shape)}")
-    return value.reshape(lead)
-
-
-def _truncated_from(td: TensorDictBase, lead: tuple[int, ...], terminated: torch.Tensor) -> torch.Tensor:
-    truncated = _flag(td, ("next", "truncated"), lead)
-    if truncated is not None:
-        return truncated
-    done = _flag(td, ("next", "done"), lead)
-    if done is None:
-        return torch.zeros(lead, dtype=torch.bool, device=terminated.device)
-    return done.to(torch.bool) & ~terminated.reshape(lead).to(torch.bool)

@@ -24,92 +24,50 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, cast, overload
 
-import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import SamplerWithoutReplacement
 
-from rlbuf._base import (
-    BATCH_NAMES,
-    RingBuffer,
-    as_shape,
-    done_of,
-    extra_specs,
-    refuse_foreign_options,
-)
-from rlbuf._core import check_extras, deliver
+from rlbuf._buffer import RingBuffer, done_of, refuse_foreign_options
+from rlbuf._delivery import deliver
 from rlbuf._obs import (
-    Layout,
     ObsDtype,
     ObsShape,
-    check_hidden_state,
+    as_shape,
     hidden_state_key,
     hidden_state_layout,
     leaf_names,
     record_layout,
-    torchrl_env_key,
+)
+from rlbuf._rollout_layout import (
+    BUILT_IN,
+    COMPUTED,
+    checked_extras,
+    minibatches_call,
+    rollout_columns,
+    rollout_specs,
+    step_values,
+    zeros_column,
 )
 from rlbuf.batches import RolloutBatch
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
 from rlbuf.errors import (
     BufferFullError,
     CheckpointError,
-    DeviceError,
-    MissingFieldError,
-    NonFiniteError,
-    RlbufError,
     RolloutIncompleteError,
-    ShapeError,
 )
 from rlbuf.gae import compute_gae
 from rlbuf.sequences import PaddedTrajectories, SequenceBatch, split_trajectories
 from rlbuf.spaces import resolve_fields
-from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, check_finite_rows, positive_int
+from rlbuf.spec import (
+    ExtraFields,
+    FieldSpec,
+    RowReader,
+    as_flag,
+    positive_int,
+)
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
-
-_STEP_FIELDS = ("obs", "action", "reward", "terminated", "truncated", "value", "log_prob", "bootstrap_value")
-_COMPUTED = ("advantage", "returns")
-_LOG_PROB_KEYS = ("sample_log_prob", "action_log_prob")
-_BUILT_IN = frozenset((*_STEP_FIELDS, *_COMPUTED, "done", "privileged_obs"))
-
-
-def rollout_specs(obs_shape: Any, action_shape: tuple[int, ...], privileged_obs_shape: tuple[int, ...] | None,
-                  obs_dtype: Any, action_dtype: torch.dtype,
-                  extra_fields: ExtraFields | None) -> tuple[FieldSpec, ...]:
-    """The stored fields of a rollout buffer, in TorchRL keys.
-
-    Example:
-        >>> [s.name for s in rollout_specs((3,), (), None, torch.float32, torch.int64, None)]
-        ['obs', 'action', 'reward', 'terminated', 'truncated', 'value', 'log_prob', 'bootstrap_value', 'advantage', 'returns', 'done']
-    """
-    specs = [
-        *Layout.parse(obs_shape, obs_dtype).specs("obs", "observation"),
-        FieldSpec("action", "action", action_shape, action_dtype),
-        FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True, trailing_one=True),
-        FieldSpec("terminated", ("next", "terminated"), (), torch.bool, trailing_one=True),
-        FieldSpec("truncated", ("next", "truncated"), (), torch.bool, trailing_one=True),
-        FieldSpec("value", "state_value", (), torch.float32, finite=True, trailing_one=True),
-        FieldSpec("log_prob", "sample_log_prob", (), torch.float32, finite=True),
-        FieldSpec("bootstrap_value", ("next", "state_value"), (), torch.float32, finite=True, trailing_one=True),
-        FieldSpec("advantage", "advantage", (), torch.float32, trailing_one=True),
-        FieldSpec("returns", "value_target", (), torch.float32, trailing_one=True),
-        FieldSpec("done", ("next", "done"), (), torch.bool, trailing_one=True),
-    ]
-    if privileged_obs_shape is not None:
-        action_at = specs.index(next(s for s in specs if s.name == "action"))
-        specs.insert(action_at, FieldSpec("privileged_obs", "privileged_observation", privileged_obs_shape,
-                                          torch.float32))
-    reserved = {key: "a key rlbuf reads log-probabilities from" for key in _LOG_PROB_KEYS}
-    reserved["hidden_state"] = "the recurrent state field (declare it with hidden_state_shape)"
-    if privileged_obs_shape is None:
-        reserved["privileged_obs"] = "a built-in field (declare it with privileged_obs_shape, not as an extra)"
-        reserved["privileged_observation"] = "the TorchRL key of the built-in field 'privileged_obs'"
-    return (*specs, *extra_specs(extra_fields, specs, reserved))
-
-
-def _zeros_column(columns: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    return torch.zeros(columns["reward"].shape[0], dtype=torch.float32, device=columns["reward"].device)
 
 
 class RolloutBuffer(RingBuffer[RolloutBatch]):
@@ -191,13 +149,13 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         specs = rollout_specs(obs_shape, as_shape(action_shape, "action_shape"), privileged,
                               obs_dtype, action_dtype, extra_fields)
         self._has_privileged = privileged is not None
-        self._extra_specs = {s.name: s for s in specs if s.name not in _BUILT_IN and not s.name.startswith("obs[")}
+        self._extra_specs = {s.name: s for s in specs if s.name not in BUILT_IN and not s.name.startswith("obs[")}
         self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
         if self._hidden is not None:
             specs = (*specs, *self._hidden.specs("hidden_state", hidden_state_key))
         self._setup(specs, num_steps * num_envs, SamplerWithoutReplacement(), num_envs=num_envs, storage=storage,
                     scratch_dir=scratch_dir, storing_device=storing_device, device=device, seed=seed,
-                    derived={"advantage": _zeros_column, "returns": _zeros_column, "done": done_of})
+                    derived={"advantage": zeros_column, "returns": zeros_column, "done": done_of})
         self._attached: dict[str, torch.Tensor] = {}
         self._advantages_ready = False
 
@@ -218,7 +176,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         return self._advantages_ready
 
     def __repr__(self) -> str:
-        shown = [s for s in self._ring.specs if s.name not in (*_COMPUTED, "bootstrap_value", "done")]
+        shown = [s for s in self._ring.specs if s.name not in (*COMPUTED, "bootstrap_value", "done")]
         fields = ", ".join(s.describe() for s in shown)
         return (f"RolloutBuffer(steps={self.steps}/{self._num_steps}, num_envs={self._num_envs}, "
                 f"storage={self._storage_kind}, storing_device={self._storing_device}, device={self._device}, "
@@ -296,33 +254,12 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         """
         if self.is_full:
             raise BufferFullError(f"add: the rollout already holds {self._num_steps} steps; call clear() first")
-        n = self._num_envs
-        if truncated is None:
-            truncated = np.zeros(n, np.bool_)
-        if bootstrap_value is None:
-            if _any_true(truncated):
-                raise MissingFieldError("bootstrap_value: required at a step where an env is truncated: pass "
-                                        "V(final observation) so the timeout bootstraps instead of counting as a death")
-            bootstrap_value = np.zeros(n, np.float32)
-        if self._has_privileged and privileged_obs is None:
-            raise MissingFieldError("privileged_obs: this buffer stores privileged observations with every step")
-        if not self._has_privileged and privileged_obs is not None:
-            raise MissingFieldError("privileged_obs: this buffer was built without privileged_obs_shape")
-        check_hidden_state(self._hidden, hidden_state)
-        check_extras(self._extra_specs, extras)  # before: done= gets the rlbuf names
-        required = {"action": action, "reward": reward, "terminated": terminated, "value": value, "log_prob": log_prob}
-        missing = [name for name, given in required.items() if given is None]
-        if missing:
-            raise MissingFieldError(f"{', '.join(missing)}: required with every step (add(obs, action, reward, "
-                                    f"terminated, value, log_prob, truncated=...))")
-        if self._hidden is not None:
-            extras = {**extras, **dict(zip(leaf_names("hidden_state", self._hidden),
-                                           self._hidden.split("hidden_state", hidden_state), strict=True))}
-        values = {**dict(zip(leaf_names("obs", self._obs), self._obs.split("obs", obs), strict=True)),
-                  "action": action, "reward": reward, "terminated": terminated, "truncated": truncated,
-                  "value": value, "log_prob": log_prob, "bootstrap_value": bootstrap_value, **extras}
-        if self._has_privileged:
-            values["privileged_obs"] = privileged_obs
+        values = step_values(dict(obs=obs, action=action, reward=reward, terminated=terminated, value=value,
+                                  log_prob=log_prob, truncated=truncated, privileged_obs=privileged_obs,
+                                  bootstrap_value=bootstrap_value), hidden_state, extras, num_envs=self._num_envs,
+                             obs_layout=self._obs, hidden=self._hidden, extra_specs=self._extra_specs,
+                             privileged=self._has_privileged)
+        truncated = values["truncated"]
         self._ring.add(tuple(values[spec.name] for spec in self._ring.input_specs), self._num_envs)
         self._advantages_ready = False
         if self._stats is not None:
@@ -352,56 +289,18 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf.steps, buf.advantages_ready
             (4, False)
         """
-        batch = tuple(td.batch_size)
-        if len(batch) == 1 and self._num_envs == 1:
-            td = td.unsqueeze(0)
-            batch = tuple(td.batch_size)
-        if len(batch) != 2 or batch[0] != self._num_envs:
-            raise ShapeError(f"td: expected batch size ({self._num_envs}, T), got {batch}")
-        steps = batch[1]
-        if self.steps + steps > self._num_steps:
-            raise BufferFullError(f"extend: {steps} steps do not fit; {self._num_steps - self.steps} of "
-                                  f"{self._num_steps} left")
-        time_major = td.transpose(0, 1)
-        rows = steps * self._num_envs
-        def rows_of(spec: FieldSpec, value: torch.Tensor) -> torch.Tensor:
-            received = (value.shape[1], value.shape[0], *value.shape[2:]) if value.dim() >= 2 else tuple(value.shape)
-            if not spec.fits_rows(received, (self._num_envs, steps)):
-                raise ShapeError(f"{spec.name}: expected shape {(self._num_envs, steps, *spec.td_shape)} at key "
-                                 f"{spec.key!r}, got {tuple(received)}")
-            return value.reshape(rows, *spec.shape)
-
-        columns: dict[str, torch.Tensor] = {}
-        for spec in self._ring.input_specs:
-            value = _read_rollout_key(time_major, spec)
-            if value is None:
-                raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
-            columns[spec.name] = rows_of(spec, value)
-            # Checked here too: the truncation flags are read below, before write_tensors checks the rest.
-            spec.check_tensor(columns[spec.name], (rows,), self._ring.accepted_devices)
-        truncated_steps = columns["truncated"].to(torch.bool)
-        if bool(truncated_steps.any()) and time_major.get(("next", "state_value"), None) is None:
-            raise MissingFieldError("bootstrap_value: the rollout has truncated steps but no ('next', 'state_value')")
-        # Advantages a GAE transform already wrote are kept when they cover the whole rollout.
-        computed: dict[str, torch.Tensor] = {}
-        if self.steps == 0 and steps == self._num_steps:
-            for name in _COMPUTED:
-                spec = self._ring.by_name[name]
-                value = time_major.get(spec.key, None)
-                if value is not None:
-                    computed[name] = rows_of(spec, value)
-                    spec.check_tensor(computed[name], (rows,), self._ring.accepted_devices)
-                    if not bool(torch.isfinite(computed[name]).all()):
-                        raise NonFiniteError(f"{name}: expected finite values at key {spec.key!r}, got NaN or inf")
-        self._ring.write_tensors(columns, rows)
-        if len(computed) == len(_COMPUTED):
-            for name, tensor in computed.items():
-                self._ring.leaves[name].copy_(tensor)
-            self._advantages_ready = True
-        else:
-            self._advantages_ready = False
-        self._feed_stats_from_rollout(td["next", "reward"].reshape(self._num_envs, steps),
-                                      columns["terminated"].view(steps, -1).T, columns["truncated"].view(steps, -1).T)
+        columns, computed, steps = rollout_columns(td, self._ring, num_envs=self._num_envs,
+                                                   free_steps=self._num_steps - self.steps,
+                                                   whole=self.steps == 0)
+        ring, rows = self._ring, steps * self._num_envs
+        with ring.rewriting():  # one commit: the rows, then the advantages written over them
+            ring.write_checked(columns, rows)
+            if len(computed) == len(COMPUTED):
+                for name, tensor in computed.items():
+                    ring.leaves[name].copy_(tensor)
+        self._advantages_ready = len(computed) == len(COMPUTED)
+        self._feed_stats_from_rollout(columns["reward"].view(steps, -1).T, columns["terminated"].view(steps, -1).T,
+                                      columns["truncated"].view(steps, -1).T)
 
     def clear(self) -> None:
         """Empty the rollout (for the next one); extras attached with [`set_extras`][rlbuf.RolloutBuffer.set_extras] go too.
@@ -441,40 +340,16 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> batch.old_logits.shape, batch.advantage.tolist()
             (torch.Size([4, 5]), [1.0, 1.0, 1.0, 1.0])
         """
-        if not isinstance(mapping, Mapping):
-            raise MissingFieldError(f"set_extras: expected a dict of tensors, got {type(mapping).__name__}")
-        given = set(mapping)
-        if given & set(_COMPUTED) and not set(_COMPUTED) <= given:
-            raise MissingFieldError("set_extras: advantage and returns go together (both, or neither)")
-        checked: dict[str, torch.Tensor] = {}
-        for name, tensor in mapping.items():
-            if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or name in BATCH_NAMES:
-                raise MissingFieldError(f"set_extras: {name!r} is not a usable name (a public identifier, not one "
-                                        f"of {sorted(BATCH_NAMES)})")
-            if not isinstance(tensor, torch.Tensor):
-                raise ShapeError(f"{name}: expected a tensor, got {type(tensor).__name__}")
-            if tensor.device.type == "meta":
-                raise DeviceError(f"{name}: got a tensor on the meta device (it holds no values)")
-            lead = (self._num_steps, self._num_envs)
-            if name in self._ring.by_name and name not in _COMPUTED:
-                raise MissingFieldError(f"{name}: a stored step field; set_extras attaches new tensors or replaces "
-                                        f"advantage and returns")
-            if name in self._ring.by_name:
-                spec = self._ring.by_name[name]
-                spec.check_tensor(tensor, lead, (tensor.device,))
-                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                    raise NonFiniteError(f"{name}: expected finite values, got NaN or inf")
-            elif tensor.dim() < 2 or tuple(tensor.shape[:2]) != lead:
-                raise ShapeError(f"{name}: expected shape ({self._num_steps}, {self._num_envs}, ...), "
-                                 f"got {tuple(tensor.shape)}")
-            checked[name] = tensor
-        for name, tensor in checked.items():
-            if name in self._ring.by_name:
-                self.view(name).copy_(tensor)
-                if name in _COMPUTED:
-                    self._advantages_ready = True
-            else:
-                self._attached[name] = tensor.detach().reshape(self.capacity, *tensor.shape[2:]).to(self._storing_device)
+        checked = checked_extras(mapping, self._ring, num_steps=self._num_steps, num_envs=self._num_envs)
+        with self._ring.rewriting():
+            for name, tensor in checked.items():
+                if name in self._ring.by_name:
+                    self.view(name).copy_(tensor)
+                    if name in COMPUTED:
+                        self._advantages_ready = True
+                else:
+                    self._attached[name] = tensor.detach().reshape(self.capacity, *tensor.shape[2:]).to(
+                        self._storing_device)
 
     # -- advantages --------------------------------------------------------------------------
     def compute_returns_and_advantages(
@@ -511,33 +386,22 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             raise RolloutIncompleteError(f"compute_returns_and_advantages: the rollout holds {self.steps} of "
                                          f"{self._num_steps} steps; fill it first")
         normalize = as_flag("normalize_advantages", normalize_advantages)
-        spec = FieldSpec("last_value", "last_value", (self._num_envs,), torch.float32, finite=True)
-        if isinstance(last_value, torch.Tensor) and last_value.device.type not in ("cpu", "meta"):
-            spec.check_tensor(last_value, (), self._ring.accepted_devices)
-            last = last_value.detach()
-        else:
-            array = as_array("last_value", last_value)
-            if tuple(array.shape) != (self._num_envs,):
-                raise ShapeError(f"last_value: expected shape ({self._num_envs},), got {tuple(array.shape)}")
-            spec.check_dtype(array.dtype)
-            spec.check_range(array)
-            check_finite_rows(spec, array.reshape(1, -1))
-            last = torch.from_numpy(array)
-        last = last.to(self._storing_device, torch.float32)  # checked above: finite, and fits float32
-        self._ring.flush()
-        columns = {name: self._ring.leaves[name].view(self._num_steps, self._num_envs) for name in (
-            "reward", "value", "terminated", "truncated", "bootstrap_value", "advantage", "returns")}
-        # compute_gae checks every argument (gamma, gae_lambda ...) before it writes into `out`, and the
-        # stored inputs are finite: a refused call leaves the advantages computed before, and their flag.
-        advantage, _ = compute_gae(
-            columns["reward"], columns["value"], columns["terminated"], columns["truncated"], last,
-            gamma=gamma, gae_lambda=gae_lambda, bootstrap_value=columns["bootstrap_value"],
-            out=(columns["advantage"], columns["returns"]),
-        )
-        if normalize:
-            # One row has no spread (its std is NaN): it is only centred.
-            spread = advantage.std() if advantage.numel() > 1 else torch.zeros((), device=advantage.device)
-            advantage.sub_(advantage.mean()).div_(spread + 1e-8)
+        spec = FieldSpec("last_value", "last_value", (), torch.float32, finite=True)
+        last = RowReader(spec, self._num_envs, self._ring.accepted_devices).tensor(last_value).to(self._storing_device)
+        with self._ring.rewriting():  # a save running meanwhile copies the new advantages, not a mix
+            columns = {name: self._ring.leaves[name].view(self._num_steps, self._num_envs) for name in (
+                "reward", "value", "terminated", "truncated", "bootstrap_value", "advantage", "returns")}
+            # compute_gae checks every argument (gamma, gae_lambda ...) before it writes into `out`, and the
+            # stored inputs are finite: a refused call leaves the advantages computed before, and their flag.
+            advantage, _ = compute_gae(
+                columns["reward"], columns["value"], columns["terminated"], columns["truncated"], last,
+                gamma=gamma, gae_lambda=gae_lambda, bootstrap_value=columns["bootstrap_value"],
+                out=(columns["advantage"], columns["returns"]),
+            )
+            if normalize:
+                # One row has no spread (its std is NaN): it is only centred.
+                spread = advantage.std() if advantage.numel() > 1 else torch.zeros((), device=advantage.device)
+                advantage.sub_(advantage.mean()).div_(spread + 1e-8)
         self._advantages_ready = True
 
     # -- reading -----------------------------------------------------------------------------
@@ -632,7 +496,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             return self._make_batch({name: column.index_select(0, index) for name, column in columns.items()})
 
         iterator = EpochIterator(self.capacity, make_batch, **options, generator=self._iterator_generator(self._device))
-        return self._track_epochs(iterator, "minibatches", **_minibatches_call(options))
+        return self._track_epochs(iterator, "minibatches", **minibatches_call(options))
 
     def _iterator_rows(self, method: str, arguments: Mapping[str, Any], size: int,
                        fields: Mapping[str, torch.Tensor]) -> int:
@@ -662,7 +526,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
 
         iterator = EpochIterator(len(trajectories), make_sequences, **options,
                                  generator=self._iterator_generator(self._device))
-        self._track_epochs(cast(Any, iterator), "minibatches", **_minibatches_call(options), sequences=True)
+        self._track_epochs(cast(Any, iterator), "minibatches", **minibatches_call(options), sequences=True)
         return iterator
 
     def _make_sequence_batch(self, padded: dict[str, torch.Tensor], mask: torch.Tensor, first: dict[str, torch.Tensor],
@@ -710,49 +574,3 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         return RolloutBatch(self._obs.assemble("obs", columns), columns.get("privileged_obs"), columns["action"],
                             columns["reward"], columns["terminated"], columns["truncated"], columns["value"],
                             columns["log_prob"], columns["advantage"], columns["returns"], extras, hidden)
-
-
-def _minibatches_call(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``minibatches()``'s keywords for checked epoch options (saved, to make the iterator again on load)."""
-    return {"batch_size": options["batch_size"], "num_minibatches": options["num_batches"],
-            "n_epochs": options["n_epochs"], "shuffle": options["shuffle"], "drop_last": options["drop_last"]}
-
-
-def _any_true(flags: Any) -> bool:
-    """Whether any flag is set; ``False`` for what is no flags at all (the validation of ``add`` names it)."""
-    try:
-        if isinstance(flags, torch.Tensor):
-            return flags.device.type != "meta" and bool(flags.any())
-        return bool(np.any(as_array("truncated", flags)))
-    except (RlbufError, TypeError, ValueError, RuntimeError):
-        return False
-
-
-def _read_rollout_key(td: TensorDictBase, spec: FieldSpec) -> torch.Tensor | None:
-    if spec.name == "log_prob":
-        for key in _LOG_PROB_KEYS:
-            value: torch.Tensor | None = td.get(key, None)
-            if value is not None:
-                return value
-        return None
-    if spec.name == "truncated":
-        truncated: torch.Tensor | None = td.get(spec.key, None)
-        if truncated is None:
-            done: torch.Tensor | None = td.get(("next", "done"), None)
-            terminated: torch.Tensor | None = td.get(("next", "terminated"), None)
-            if done is not None and terminated is not None:
-                return done.to(torch.bool) & ~terminated.to(torch.bool)
-            reward: torch.Tensor = td.get(("next", "reward"))
-            return torch.zeros(reward.shape, dtype=torch.bool, device=reward.device)
-        return truncated
-    if spec.name == "bootstrap_value":
-        bootstrap: torch.Tensor | None = td.get(spec.key, None)
-        if bootstrap is None:
-            reward_: torch.Tensor = td.get(("next", "reward"))
-            return torch.zeros(reward_.shape, dtype=torch.float32, device=reward_.device)
-        return bootstrap
-    found: torch.Tensor | None = td.get(spec.key, None)
-    env_key = torchrl_env_key(spec.key)
-    if found is None and env_key is not None:
-        found = td.get(env_key, None)
-    return found

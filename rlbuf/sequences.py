@@ -26,12 +26,20 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from tensordict import TensorDict
 
+from rlbuf._delivery import deliver
+from rlbuf._obs import leaf_names
 from rlbuf.batches import _OnPolicyFields, _torchrl_layout, _TransitionFields, set_hidden_state
-from rlbuf.errors import BatchSizeError
+from rlbuf.errors import BatchSizeError, ConfigError
+from rlbuf.spec import positive_int
+
+if TYPE_CHECKING:
+    from rlbuf._obs import Layout
+    from rlbuf._ring import RowRing
 
 
 @dataclass(frozen=True)
@@ -330,3 +338,53 @@ def sequence_flags(done: torch.Tensor, first_is_first: torch.Tensor) -> tuple[to
     ended_before = done.cumsum(1) - done.to(torch.int64)
     is_first = torch.cat((first_is_first.unsqueeze(1), done[:, :-1]), dim=1)
     return ended_before == 0, is_first
+
+
+def sample_replay_sequences(ring: RowRing, batch_size: int, length: int, burn_in: int, *, num_envs: int,
+                            interleaved: bool, hidden: Layout | None,
+                            device: torch.device) -> tuple[dict[str, torch.Tensor], int]:
+    """The columns of ``batch_size`` sequences of ``burn_in + length`` steps of one env each, and that span.
+
+    What [`ReplayBuffer.sample_sequences`][rlbuf.ReplayBuffer.sample_sequences] draws: columns
+    ``[B, span, ...]`` with ``mask``, ``is_first`` and ``index``, hidden-state leaves at each
+    sequence's first step, delivered on ``device``.
+
+    Raises:
+        BatchSizeError, EmptyBufferError: see ``sample_sequences``.
+        ConfigError: steps of one env are not ``num_envs`` rows apart.
+
+    Example:
+        >>> from rlbuf import ReplayBuffer
+        >>> buf = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0)
+        >>> for t in range(4):
+        ...     buf.add(torch.full((1,), float(t)), 0.0, 0.0, torch.full((1,), t + 1.0), False)
+        >>> columns, span = sample_replay_sequences(buf._ring, 2, 3, 0, num_envs=1, interleaved=True, hidden=None,
+        ...                                         device=torch.device("cpu"))
+        >>> span, columns["obs"].shape
+        (3, torch.Size([2, 3, 1]))
+    """
+    with ring.lock:
+        batch_size = ring.require_rows(batch_size, without_replacement=False)
+        span = positive_int("length", length, BatchSizeError) + burn_in_steps(burn_in)
+        if not interleaved:
+            raise ConfigError("sample_sequences: steps of one env are not num_envs rows apart: rows were "
+                              "extended env-major (batch size (num_envs, T)) or added with an env_mask that left "
+                              "envs out. Extend time-major batches (T, num_envs) or add every env's step "
+                              "(a Recorder: SAME_STEP envs), then clear() and refill")
+        ring.flush()
+        size, write_count, n, capacity = len(ring), ring.write_count, num_envs, ring.capacity
+        starts = sequence_starts(write_count=write_count, size=size, num_envs=n, span=span,
+                                 batch_size=batch_size, generator=ring.generator)
+        serials = starts.unsqueeze(1) + n * torch.arange(span, device=starts.device)
+        index = (serials % capacity).reshape(-1)
+        previous = starts - n
+        stored_before = previous >= write_count - size
+        previous_done = ring.gather(torch.where(stored_before, previous, starts) % capacity, ["done"])["done"]
+        first_is_first = torch.where(stored_before, previous_done, previous < 0)
+        columns = {name: column.view(batch_size, span, *column.shape[1:])
+                   for name, column in ring.gather(index).items()}
+        mask, is_first = sequence_flags(columns["done"], first_is_first)
+        columns |= {"mask": mask, "is_first": is_first, "index": index.view(batch_size, span)}
+        if hidden is not None:
+            columns |= {name: columns[name][:, 0] for name in leaf_names("hidden_state", hidden)}
+        return deliver(columns, device), span

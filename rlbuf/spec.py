@@ -16,209 +16,35 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import math
-import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import numpy as np
 import torch
+from tensordict import TensorDictBase, is_tensor_collection
 
+from rlbuf._convert import _NUMPY_DTYPES, all_finite, largest_finite, numpy_dtype_or_none
+from rlbuf._convert import as_array as as_array
+from rlbuf._convert import as_flag as as_flag
+from rlbuf._convert import as_int as as_int
+from rlbuf._convert import numpy_dtype as numpy_dtype
+from rlbuf._convert import positive_int as positive_int
+from rlbuf._convert import short_repr as short_repr
 from rlbuf.errors import (
     ConfigError,
     DeviceError,
     DtypeError,
+    MissingFieldError,
     NonFiniteError,
-    RlbufError,
+    PriorityError,
     ShapeError,
 )
 
 NestedKey: TypeAlias = str | tuple[str, ...]
 ExtraFields: TypeAlias = Mapping[str, tuple[tuple[int, ...], torch.dtype]]
-
-_NUMPY_DTYPES: dict[torch.dtype, np.dtype[Any]] = {
-    torch.float16: np.dtype(np.float16),
-    torch.float32: np.dtype(np.float32),
-    torch.float64: np.dtype(np.float64),
-    torch.uint8: np.dtype(np.uint8),
-    torch.int8: np.dtype(np.int8),
-    torch.int16: np.dtype(np.int16),
-    torch.int32: np.dtype(np.int32),
-    torch.int64: np.dtype(np.int64),
-    torch.bool: np.dtype(np.bool_),
-}
-
-
-def numpy_dtype_or_none(dtype: torch.dtype) -> np.dtype[Any] | None:
-    """The numpy dtype for ``dtype``, or ``None`` where numpy has none (``bfloat16``, complex halves)."""
-    return _NUMPY_DTYPES.get(dtype)
-
-
-def numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
-    """The numpy dtype that holds ``dtype`` bit for bit.
-
-    Raises:
-        ConfigError: ``dtype`` has no numpy equivalent (e.g. ``torch.bfloat16``).
-
-    Example:
-        >>> numpy_dtype(torch.uint8)
-        dtype('uint8')
-    """
-    try:
-        return _NUMPY_DTYPES[dtype]
-    except KeyError:
-        raise ConfigError(f"dtype {dtype} is not supported; use one of {sorted(map(str, _NUMPY_DTYPES))}") from None
-
-
-def as_int(name: str, value: object, *, minimum: int = 1, maximum: int | None = None,
-           error: type[RlbufError] = ConfigError) -> int:
-    """``value`` as an int in ``[minimum, maximum]``, else ``error`` naming ``name``: the one check of integer options.
-
-    Python, numpy and 0-d integer tensor values are welcome; bools, floats (even ``2.0``) and
-    strings are refused, so a mix-up of arguments never passes as a count.
-
-    Example:
-        >>> as_int("seed", np.int64(7), minimum=0)
-        7
-        >>> as_int("seed", True, minimum=0)
-        Traceback (most recent call last):
-        ...
-        rlbuf.errors.ConfigError: seed: expected an int >= 0, got True
-    """
-    try:
-        number = None if isinstance(value, (bool, np.bool_)) else operator.index(value)  # type: ignore[arg-type]
-    except (TypeError, RuntimeError, ValueError):
-        number = None
-    if number is None or number < minimum or (maximum is not None and number > maximum):
-        expected = (f"an int in [{minimum}, {maximum}]" if maximum is not None
-                    else "a positive int" if minimum == 1 else f"an int >= {minimum}")
-        raise error(f"{name}: expected {expected}, got {short_repr(value)}")
-    return number
-
-
-def positive_int(name: str, value: object, error: type[RlbufError] = ConfigError) -> int:
-    """``value`` as a positive int (numpy and 0-d integer tensors welcome), else ``error`` naming ``name``.
-
-    Example:
-        >>> positive_int("batch_size", np.int64(32))
-        32
-        >>> positive_int("capacity", 0)
-        Traceback (most recent call last):
-        ...
-        rlbuf.errors.ConfigError: capacity: expected a positive int, got 0
-    """
-    return as_int(name, value, error=error)
-
-
-def as_flag(name: str, value: object) -> bool:
-    """``value`` as a bool (Python or numpy), else ``ConfigError`` naming ``name``.
-
-    Example:
-        >>> as_flag("shuffle", np.bool_(True))
-        True
-    """
-    if not isinstance(value, (bool, np.bool_)):
-        raise ConfigError(f"{name}: expected True or False, got {short_repr(value)}")
-    return bool(value)
-
-
-def short_repr(value: object) -> str:
-    """``repr(value)`` cut to a readable length (a 10**400 or a huge list stays legible).
-
-    Example:
-        >>> text = short_repr(list(range(100)))
-        >>> len(text), text[-6:]
-        (80, ' 21...')
-    """
-    try:
-        text = repr(value)
-    except Exception:  # a hostile __repr__ must not hide the real message
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-_ARRAY_KINDS = "biuf"
-_TORCH_CHARS = "?bBhHiIlLqQefd"  # the numpy dtypes torch.from_numpy takes
-
-
-def as_array(name: str, value: object, error: type[RlbufError] | None = None) -> np.ndarray[Any, Any]:
-    """Any user value (tensor, array, list, number) as a numeric numpy array, or an rlbuf error naming ``name``.
-
-    The one conversion for values that are not already tensors of the right dtype: ragged
-    lists, strings, objects, complex numbers, numbers too large for any dtype, generators and
-    meta tensors are refused here. ``bfloat16`` tensors convert exactly to ``float32``.
-
-    Args:
-        name: the field named in errors.
-        value: what the user passed.
-        error: raise this class for every refusal (e.g. ``StoredIndexError`` for indices);
-            by default ``ShapeError`` for a bad structure, ``DtypeError`` for a bad type,
-            ``DeviceError`` for a tensor without data.
-
-    Example:
-        >>> as_array("reward", [1, 2.5])
-        array([1. , 2.5])
-        >>> as_array("obs", [[1, 2], [3]])
-        Traceback (most recent call last):
-        ...
-        rlbuf.errors.ShapeError: obs: expected a rectangular array, got a ragged sequence [[1, 2], [3]]
-    """
-    if isinstance(value, torch.Tensor):
-        if value.device.type == "meta":
-            raise (error or DeviceError)(f"{name}: got a tensor on the meta device (it holds no values)")
-        tensor = value.detach().resolve_neg()  # a negated view (``x.conj().imag``) has no numpy twin
-        if tensor.dtype is torch.bfloat16:
-            tensor = tensor.float()  # exact: every bfloat16 is a float32
-        if numpy_dtype_or_none(tensor.dtype) is None:
-            raise (error or DtypeError)(f"{name}: expected a bool, int or float dtype, got {tensor.dtype}")
-        return tensor.cpu().numpy()
-    if value is None or isinstance(value, (str, bytes, Mapping)) or not isinstance(
-            value, (np.ndarray, np.generic, list, tuple, int, float)):
-        raise (error or ShapeError)(f"{name}: expected a tensor, numpy array or number, got "
-                                    f"{type(value).__name__}")
-    try:
-        array = np.asarray(value)
-    except ValueError:
-        raise (error or ShapeError)(f"{name}: expected a rectangular array, got a ragged sequence "
-                                    f"{short_repr(value)}") from None
-    except (TypeError, OverflowError):
-        raise (error or DtypeError)(f"{name}: expected numbers, got {short_repr(value)}") from None
-    if array.dtype.kind == "O" and _all_ints(array):
-        # Ints beyond int64/uint64 are numbers still: as floats, like a Python int stored in a float
-        # column (an integer column's range check refuses them); beyond float64 they are refused.
-        with contextlib.suppress(OverflowError):
-            array = np.asarray(value, dtype=np.float64)
-        if array.dtype.kind == "O":
-            raise (error or DtypeError)(f"{name}: expected numbers that fit float64, got {short_repr(value)}")
-    if array.dtype.kind not in _ARRAY_KINDS:
-        raise (error or DtypeError)(f"{name}: expected bool, int or float values, got {array.dtype}: "
-                                    f"{short_repr(value)}")
-    # numpy's canonical spelling of the dtype in native byte order: torch refuses the others
-    # (``ulonglong``, which numpy picks for ints above int64, and big-endian arrays).
-    canonical = np.dtype(array.dtype.name)
-    if canonical.char not in _TORCH_CHARS:
-        raise (error or DtypeError)(f"{name}: expected bool, int or float values of at most 64 bits, got "
-                                    f"{array.dtype}")
-    if array.dtype.char != canonical.char or not array.dtype.isnative:
-        array = array.astype(canonical)
-    return array
-
-
-def _all_ints(array: np.ndarray[Any, Any]) -> bool:
-    return all(isinstance(item, int) and not isinstance(item, bool) for item in array.reshape(-1).tolist())
-
-
-def _largest_finite(values: np.ndarray[Any, Any] | torch.Tensor) -> float:
-    """The largest magnitude among the finite entries of float ``values`` (0 if none)."""
-    if isinstance(values, torch.Tensor):
-        magnitude = values.abs()
-        finite = magnitude[torch.isfinite(magnitude)]
-        return float(finite.max()) if finite.numel() else 0.0
-    magnitude_np = np.abs(values)
-    finite_np = magnitude_np[np.isfinite(magnitude_np)]
-    return float(finite_np.max()) if finite_np.size else 0.0
+_CPU = torch.device("cpu")
 
 
 def _shape_str(shape: tuple[int, ...] | torch.Size) -> str:
@@ -376,7 +202,7 @@ class FieldSpec:
                 peak = (abs(float(values.item())) if count == 1
                         else float(values.abs().max()) if isinstance(values, torch.Tensor) else float(np.abs(values).max()))
                 if not peak <= largest:  # NaN or inf somewhere (allowed here), or a real overflow
-                    peak = _largest_finite(values)
+                    peak = largest_finite(values)
             else:
                 peak = float(max(abs(int(values.min())), abs(int(values.max()))))
             if peak > largest:
@@ -415,40 +241,54 @@ class FieldSpec:
             raise DtypeError(f"{self.name}: {short_repr(value)} does not fit {self.dtype}")
 
     def check_tensor(self, value: torch.Tensor, lead: tuple[int, ...], devices: tuple[torch.device, ...]) -> None:
-        """Validate a tensor holding rows of this field, with leading dims ``lead``.
+        """Validate a tensor holding rows of this field, with leading dims ``lead`` (any device).
+
+        The checks and wording of [`RowReader`][rlbuf.spec.RowReader], for tensors laid out
+        otherwise (a rollout's ``[num_steps, num_envs]`` views, a scalar ``last_value``).
 
         Raises:
             ShapeError, DtypeError, DeviceError, NonFiniteError: with the field named.
+
+        Example:
+            >>> FieldSpec("value", "state_value", (), torch.float32, finite=True).check_tensor(
+            ...     torch.tensor([[0.0, float("inf")]]), (1, 2), (torch.device("cpu"),))
+            Traceback (most recent call last):
+            ...
+            rlbuf.errors.NonFiniteError: value: expected finite values, got inf at row 1
         """
+        check_strided(self.name, value)
         expected = (*lead, *self.shape)
         if tuple(value.shape) != expected:
             raise ShapeError(f"{self.name}: expected shape {_shape_str(expected)}, got {_shape_str(value.shape)}")
-        if value.device not in devices:
-            allowed = " or ".join(str(d) for d in devices)
-            raise DeviceError(f"{self.name}: expected a tensor on {allowed}, got one on {value.device}")
+        _check_device(self, value, devices)
         if value.dtype is not self.dtype:
             self.check_dtype(value.dtype)
             self.check_range(value)
         if self.finite and value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            raise NonFiniteError(f"{self.name}: expected finite values, got NaN or inf")
+            check_finite_rows(self, as_array(self.name, value).reshape(-1, max(math.prod(self.shape), 1)))
 
 
-_FEW_VALUES = 16  # up to this many, a loop over Python floats beats numpy's isfinite and all
+def _check_device(spec: FieldSpec, value: torch.Tensor, devices: tuple[torch.device, ...]) -> None:
+    if value.device not in devices:
+        allowed = " or ".join(str(d) for d in devices)
+        raise DeviceError(f"{spec.name}: expected a tensor on {allowed}, got one on {value.device}")
 
 
-def all_finite(values: np.ndarray[Any, Any]) -> bool:
-    """Whether every value of a float array is finite (exact, and without numpy's floating-point warnings).
+def check_strided(name: str, tensor: torch.Tensor) -> None:
+    """Refuse a tensor without strided memory (sparse, mkldnn, nested): it holds no rows to copy.
 
-    Sums and dot products would be cheaper, but numpy warns (or raises, under ``-W error``)
-    when they meet an inf, before the refusal could be raised.
+    Raises:
+        DtypeError: a layout other than strided, or a nested tensor.
 
     Example:
-        >>> all_finite(np.array([3e38, -0.0, 1e-45], np.float32)), all_finite(np.array([1.0, -np.inf]))
-        (True, False)
+        >>> check_strided("obs", torch.zeros(3).to_sparse())
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.DtypeError: obs: expected a dense (strided) tensor, got a sparse_coo one
     """
-    if values.size <= _FEW_VALUES:
-        return all(map(math.isfinite, values.ravel().tolist()))
-    return bool(np.isfinite(values).all())
+    if tensor.layout is not torch.strided or tensor.is_nested:
+        layout = "nested" if tensor.is_nested else str(tensor.layout).removeprefix("torch.")
+        raise DtypeError(f"{name}: expected a dense (strided) tensor, got a {layout} one")
 
 
 def check_finite_rows(spec: FieldSpec, rows: np.ndarray[Any, Any]) -> None:
@@ -469,3 +309,286 @@ def check_finite_rows(spec: FieldSpec, rows: np.ndarray[Any, Any]) -> None:
         row = int(bad_rows[0])
         shown = flat[row].tolist()
         raise NonFiniteError(f"{spec.name}: expected finite values, got {shown[0] if len(shown) == 1 else shown} at row {row}")
+
+
+class NotStaged(Exception):
+    """A tensor off the CPU: no numpy view reads it, so its rows go the tensor way (``RowReader.tensor``)."""
+
+
+def _scalar_types(spec: FieldSpec) -> tuple[type, ...]:
+    """The Python and numpy scalar types one scalar row of ``spec`` may be given as."""
+    if spec.shape != ():
+        return ()
+    if spec.np_dtype.kind == "b":
+        return (bool, np.bool_)
+    if spec.np_dtype.kind in "iu":
+        return (bool, int, np.bool_, np.integer)
+    if not spec.finite:  # kinds never change: an int action or observation is refused by check_dtype
+        return (float, np.floating)
+    return (bool, int, float, np.bool_, np.integer, np.floating)
+
+
+def _zeros_and_ones(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``array`` (bool) with bytes 0 or 1: a numpy copy keeps any other byte a bool may hold
+    (a uint8 array viewed as bool), as torch's copy does not."""
+    return array.view(np.uint8).astype(np.bool_)
+
+
+class RowReader:
+    """The one reader of one field's rows: any user value in, checked rows out, one wording per error.
+
+    ``rows`` rows of ``spec`` are read from a tensor (CPU or one of ``devices``), a numpy
+    array, a list or a number; one row may omit its row dim. Every way rows enter a buffer
+    reads them here: [`read`][rlbuf.spec.RowReader.read] for the staged add (numpy rows, or a
+    Python number for one scalar row), [`tensor`][rlbuf.spec.RowReader.tensor] for every
+    other write. ``read`` takes a tensor or array of exactly the stored dtype and shape in a
+    few attribute reads and hands anything else to [`checked`][rlbuf.spec.RowReader.checked],
+    the general path, which decides for every input; ``tensor`` goes through ``checked`` too.
+
+    Args:
+        spec: the field.
+        rows: rows per value (``num_envs``).
+        devices: the devices a tensor may be on (the CPU, and the storing device).
+
+    Raises:
+        MissingFieldError: a value is ``None``.
+        ShapeError, DtypeError, DeviceError, NonFiniteError: a value does not fit ``spec``.
+
+    Example:
+        >>> reader = RowReader(FieldSpec("obs", "observation", (2,), torch.float32), 1)
+        >>> reader.read(torch.ones(1, 2))
+        array([[1., 1.]], dtype=float32)
+        >>> reader.tensor([3, 4.5])
+        tensor([[3.0000, 4.5000]])
+        >>> reader.read(np.ones((1, 3), np.float32))
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ShapeError: obs: expected shape (1, 2) or (2,), got (1, 3)
+    """
+
+    def __init__(self, spec: FieldSpec, rows: int, devices: tuple[torch.device, ...] = (_CPU,)) -> None:
+        self.spec = spec
+        self.rows = rows
+        self.row_shape = (rows, *spec.shape)
+        self.single_shape = spec.shape if rows == 1 else None
+        self.devices = devices
+        self._scalar_types = _scalar_types(spec)
+        self.read: Callable[[Any], Any] = self._number_reader() if self.single_shape == () else self._array_reader()
+
+    def checked(self, value: Any) -> Any:
+        """The general path: a numpy array of the rows (any numeric dtype numpy assigns exactly into
+        the stored one), or a Python number for one scalar row.
+
+        Raises:
+            NotStaged: a tensor off the CPU (see [`tensor`][rlbuf.spec.RowReader.tensor]).
+        """
+        spec = self.spec
+        if type(value) is np.ndarray:
+            # Of the stored dtype as it is; else the one conversion (long doubles, big-endian, objects).
+            array = value if value.dtype == spec.np_dtype else as_array(spec.name, value)
+        elif isinstance(value, torch.Tensor):
+            if not value.is_cpu:
+                raise NotStaged
+            check_strided(spec.name, value)
+            if numpy_dtype_or_none(value.dtype) is None:  # bfloat16, uint16 ...: refused unless exact
+                spec.check_dtype(value.dtype)
+                array = as_array(spec.name, value)
+            else:
+                try:
+                    array = value.numpy() if not value.requires_grad else value.detach().numpy()
+                except RuntimeError:  # a negated view: read by value
+                    array = as_array(spec.name, value)
+        elif self.single_shape is not None and isinstance(value, self._scalar_types):
+            spec.check_scalar(value)  # type: ignore[arg-type]
+            if spec.finite and not math.isfinite(value):  # type: ignore[arg-type]
+                check_finite_rows(spec, np.asarray([value]))
+            return value
+        else:
+            array = self._other_input(value)
+        shape = array.shape
+        if shape != self.row_shape and shape != self.single_shape:
+            raise ShapeError(self._shape_message(shape))
+        stored = spec.np_dtype
+        if array.dtype != stored:
+            spec.check_dtype(array.dtype)
+            if array.dtype.itemsize > stored.itemsize or array.dtype.kind != stored.kind:
+                spec.check_range(array)
+        if spec.finite and array.dtype.kind == "f" and not all_finite(array):
+            check_finite_rows(spec, array.reshape(self.rows, -1))
+        if self.single_shape == ():
+            return array.item()
+        return _zeros_and_ones(array) if stored.kind == "b" else array
+
+    def tensor(self, value: Any) -> torch.Tensor:
+        """The rows as a ``[rows, *shape]`` tensor of the stored dtype (on the CPU, or on the
+        tensor's own device when that is one of ``devices``), checked like ``read``."""
+        spec = self.spec
+        if isinstance(value, torch.Tensor) and not value.is_cpu:
+            check_strided(spec.name, value)
+            if tuple(value.shape) == self.single_shape:
+                value = value.unsqueeze(0)
+            if tuple(value.shape) != self.row_shape:
+                raise ShapeError(self._shape_message(tuple(value.shape)))
+            _check_device(spec, value, self.devices)
+            spec.check_tensor(value, (self.rows,), self.devices)
+            rows: torch.Tensor = value.detach().to(spec.dtype)
+            return rows
+        array = np.ascontiguousarray(np.asarray(self.checked(value), spec.np_dtype).reshape(self.row_shape))
+        return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+    def _shape_message(self, got: tuple[int, ...]) -> str:
+        expected = str(self.row_shape) + (f" or {self.single_shape}" if self.single_shape is not None else "")
+        return f"{self.spec.name}: expected shape {expected}, got {got}"
+
+    def _other_input(self, value: Any) -> np.ndarray[Any, Any]:
+        """Lists and scalars, as arrays (or a specific error)."""
+        spec = self.spec
+        if value is None:
+            raise MissingFieldError(f"{spec.name}: a value is required")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            spec.check_scalar(value)  # a Python number too large for any numpy dtype is named here
+        array = as_array(spec.name, value)
+        if array.dtype == np.float64 and spec.np_dtype.kind == "f":
+            spec.check_range(array)
+            array = array.astype(spec.np_dtype)
+        if array.shape == () and self.single_shape is None:
+            raise ShapeError(f"{spec.name}: expected shape {self.row_shape}, got a scalar {value!r}")
+        return array
+
+    def _number_reader(self) -> Callable[[Any], Any]:
+        """``read`` for one scalar row: a Python number."""
+        spec, checked = self.spec, self.checked
+        dtype, np_dtype = spec.dtype, spec.np_dtype
+        finite = spec.finite and np_dtype.kind == "f"
+        boolean, integer = np_dtype.kind == "b", np_dtype.kind in "iu"
+        low, high = (int(np.iinfo(np_dtype).min), int(np.iinfo(np_dtype).max)) if integer else (0, 0)
+        largest = spec.float_max
+        tensor, ndarray, isfinite = torch.Tensor, np.ndarray, math.isfinite
+
+        def read_number(value: Any) -> Any:
+            kind = type(value)
+            if kind is float and finite:  # a gymnasium env's reward
+                return value if isfinite(value) and abs(value) <= largest else checked(value)
+            if kind is bool and boolean:  # a gymnasium env's flags
+                return value
+            if kind is int and integer:  # a discrete action
+                return value if low <= value <= high else checked(value)
+            if kind is tensor:
+                if value.dtype is not dtype or not value.is_cpu:
+                    return checked(value)
+                try:
+                    # One call for the value and its layout: tolist() refuses sparse, mkldnn and nested
+                    # tensors and reads a negated view by value (a bool as True or False, whatever its byte).
+                    number = value.tolist()
+                except (RuntimeError, NotImplementedError, TypeError):
+                    return checked(value)
+                if type(number) is list:
+                    if len(number) != 1 or type(number[0]) is list:
+                        return checked(value)
+                    number = number[0]
+            elif kind is ndarray and value.dtype is np_dtype and value.size == 1 and value.ndim <= 1:
+                number = value.item()
+            else:
+                return checked(value)
+            if finite and not isfinite(number):
+                check_finite_rows(spec, np.asarray([number]))
+            return number
+        return read_number
+
+    def _array_reader(self) -> Callable[[Any], Any]:
+        """``read`` for rows of arrays: a tensor or array of the stored dtype and shape as it is."""
+        spec, checked, row_shape, single_shape = self.spec, self.checked, self.row_shape, self.single_shape
+        np_dtype = spec.np_dtype
+        finite = spec.finite and np_dtype.kind == "f"
+        boolean = np_dtype.kind == "b"
+        tensor, ndarray = torch.Tensor, np.ndarray
+
+        if not finite and not boolean:  # most fields: observations, actions
+            def read_rows(value: Any) -> Any:
+                kind = type(value)
+                if kind is tensor:
+                    try:
+                        array = value.numpy()  # refuses (and checked then judges) GPU, grad, bfloat16, sparse ...
+                    except (TypeError, RuntimeError, NotImplementedError):
+                        return checked(value)
+                elif kind is ndarray:
+                    array = value
+                else:
+                    return checked(value)
+                if array.dtype is np_dtype and ((shape := array.shape) == row_shape or shape == single_shape):
+                    return array
+                return checked(value)  # the value as given: a tensor is judged as a tensor
+            return read_rows
+
+        def read_array(value: Any) -> Any:
+            kind = type(value)
+            if kind is tensor:
+                try:
+                    array = value.numpy()
+                except (TypeError, RuntimeError, NotImplementedError):
+                    return checked(value)
+            elif kind is ndarray:
+                array = value
+            else:
+                return checked(value)
+            shape = array.shape
+            if array.dtype is not np_dtype or (shape != row_shape and shape != single_shape) or (
+                    finite and not all_finite(array)):
+                return checked(value)
+            return _zeros_and_ones(array) if boolean else array
+        return read_array
+
+
+def checked_rows(spec: FieldSpec, value: Any, rows: int, devices: tuple[torch.device, ...]) -> torch.Tensor:
+    """``rows`` rows of ``spec`` from any value, as a tensor read by its [`RowReader`][rlbuf.spec.RowReader].
+
+    Example:
+        >>> checked_rows(FieldSpec("reward", "reward", (), torch.float32), [1.0, 2.0], 2, (torch.device("cpu"),))
+        tensor([1., 2.])
+    """
+    return RowReader(spec, rows, devices).tensor(value)
+
+
+_MAX_PRIORITY = 1e100
+
+
+def priorities(priority: Any, count: int) -> torch.Tensor:
+    """``count`` priorities (e.g. ``|TD error|``) as float64, each finite, non-negative and at most 1e100.
+
+    Raises:
+        PriorityError: not numbers, not ``count`` of them, or a value out of range.
+
+    Example:
+        >>> priorities([0.5, 2], 2).tolist()
+        [0.5, 2.0]
+        >>> priorities([-1.0], 1)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.PriorityError: priority: expected finite, non-negative values up to 1e+100
+    """
+    array = as_array("priority", priority, PriorityError)
+    if array.dtype.kind == "b":
+        raise PriorityError(f"priority: expected numbers, got dtype {array.dtype}")
+    values = torch.from_numpy(array.astype(np.float64)).reshape(-1)
+    if values.numel() != count:
+        raise PriorityError(f"priority: expected {count} values (one per index), got {values.numel()}")
+    # Priorities are summed in float64: a bound far below its range keeps every total finite.
+    if not bool(torch.isfinite(values).all()) or bool((values < 0).any()) or bool((values > _MAX_PRIORITY).any()):
+        raise PriorityError(f"priority: expected finite, non-negative values up to {_MAX_PRIORITY:g}")
+    return values
+
+
+def as_tensordict(td: Any) -> TensorDictBase:
+    """``td`` itself if it is a TensorDict, else a [`ShapeError`][rlbuf.errors.ShapeError] that says how to wrap it.
+
+    Example:
+        >>> as_tensordict({"observation": torch.zeros(2, 3)})
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ShapeError: td: expected a TensorDict with a batch size, got dict; wrap it: TensorDict(d, batch_size=[n])
+    """
+    if not is_tensor_collection(td):
+        raise ShapeError(f"td: expected a TensorDict with a batch size, got {type(td).__name__}; wrap it: "
+                         f"TensorDict(d, batch_size=[n])")
+    result: TensorDictBase = td
+    return result

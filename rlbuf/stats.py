@@ -25,9 +25,9 @@ from typing import Any, TypeAlias, TypeVar
 import numpy as np
 import torch
 
+from rlbuf._convert import all_finite, as_array, positive_int
 from rlbuf._stats_state import RESERVED, Episode, checked_state
 from rlbuf.errors import ConfigError, DtypeError, NonFiniteError, ShapeError
-from rlbuf.spec import all_finite, as_array, positive_int
 from rlbuf.storage import available_ram
 
 __all__ = ["EpisodeStats"]

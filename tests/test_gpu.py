@@ -21,8 +21,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-import rlbuf._base
-import rlbuf._core
+import rlbuf._buffer
+import rlbuf._ring
 from rlbuf import (
     ConfigError,
     DeviceError,
@@ -31,7 +31,7 @@ from rlbuf import (
     ReplayBuffer,
     RolloutBuffer,
 )
-from rlbuf._core import gather_rows
+from rlbuf._delivery import gather_rows
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.gae import compute_gae
 
@@ -120,7 +120,7 @@ def test_the_staging_path_of_gpu_storages_stores_what_writing_through_stores(
     # GPU storages stage small adds in a numpy block and copy it per field at flush; forcing that
     # path on a CPU storage must change nothing observable, across flushes and wrap-arounds.
     direct = ReplayBuffer(103, obs_shape=(OBS,), action_shape=(ACT,), num_envs=num_envs, seed=3)
-    monkeypatch.setattr(rlbuf._core, "_writes_through", lambda device: False)
+    monkeypatch.setattr(rlbuf._ring, "_writes_through", lambda device: False)
     staged = ReplayBuffer(103, obs_shape=(OBS,), action_shape=(ACT,), num_envs=num_envs, seed=3)
     assert not staged._ring.write_through and direct._ring.write_through
     for step in range(300 // num_envs):
@@ -135,7 +135,7 @@ def test_the_staging_path_of_gpu_storages_stores_what_writing_through_stores(
 
 def test_a_staged_rollout_computes_what_a_written_through_one_computes(monkeypatch: pytest.MonkeyPatch) -> None:
     direct = RolloutBuffer(6, 4, obs_shape=(OBS,), action_shape=(ACT,), seed=1)
-    monkeypatch.setattr(rlbuf._core, "_writes_through", lambda device: False)
+    monkeypatch.setattr(rlbuf._ring, "_writes_through", lambda device: False)
     staged = RolloutBuffer(6, 4, obs_shape=(OBS,), action_shape=(ACT,), seed=1)
     fill_rollout([staged, direct])
     for buf in (staged, direct):
@@ -280,13 +280,13 @@ def test_cpu_and_memmap_storage_deliver_intact_batches_on_cuda(storage: str, ima
 @gpu
 def test_cpu_rows_for_a_cuda_learner_are_gathered_into_pinned_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[dict[str, bool]] = []
-    deliver = rlbuf._base.deliver
+    deliver = rlbuf._buffer.deliver
 
     def spy(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
         seen.append({name: tensor.is_pinned() for name, tensor in tensors.items()})
         return deliver(tensors, device)
 
-    monkeypatch.setattr(rlbuf._base, "deliver", spy)
+    monkeypatch.setattr(rlbuf._buffer, "deliver", spy)
     buf = ReplayBuffer(64, obs_shape=(OBS,), action_shape=(ACT,), num_envs=8, device="cuda", seed=0)
     fill_replay([buf], 8)
     buf.sample(32)

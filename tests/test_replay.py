@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
-import rlbuf._base
+import rlbuf._buffer
 from rlbuf import (
     BatchSizeError,
     ConfigError,
@@ -256,6 +256,27 @@ def test_rows_written_through_torchrl_are_seen_in_order() -> None:
     buf.torchrl.extend(row.exclude("index", "priority_weight"))
     add_ids(buf, range(5, 6))
     assert buf.sample_all().reward.tolist() == [0.0, 1000.0, 42.0, 5000.0]
+
+
+@pytest.mark.parametrize(("key", "value", "error", "message"), [
+    (("next", "reward"), torch.tensor(float("nan")), NonFiniteError, "reward: expected finite values, got nan"),
+    ("action", torch.tensor(2e300, dtype=torch.float64), DtypeError,
+     "action: values up to 2e+300 in magnitude do not fit torch.float32"),
+    (("next", "terminated"), torch.tensor(0.5), DtypeError, "terminated: expected dtype torch.bool"),
+])
+def test_rows_written_through_torchrl_are_read_by_the_same_readers(key: Any, value: torch.Tensor,
+                                                                    error: type[Exception], message: str) -> None:
+    buf = make()
+    add_ids(buf, range(2))
+    rb = buf.torchrl
+    row = buf.sample_all().to_tensordict()[:1].clone().exclude("index", "priority_weight")
+    row.set(key, value.expand(row.get(key).shape), inplace=False)
+    before = snapshot(buf)
+    for write in (rb.extend, lambda td: rb.add(td[0])):
+        with pytest.raises(error) as raised:
+            write(row)
+        assert message in str(raised.value)
+        assert same(snapshot(buf), before)
 
 
 def test_sampling_uses_its_own_generator_and_never_the_global_one() -> None:
@@ -734,7 +755,7 @@ def test_bad_per_exponents_are_refused_before_any_storage_is_built(options: dict
     def no_storage(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a storage was built for a refused buffer")
 
-    monkeypatch.setattr(rlbuf._base, "build_storage", no_storage)
+    monkeypatch.setattr(rlbuf._buffer, "build_storage", no_storage)
     with pytest.raises(ConfigError) as raised:
         make(prioritized=True, **options)
     assert str(raised.value).startswith(message)
@@ -750,9 +771,9 @@ def test_bad_per_exponents_are_refused_before_any_storage_is_built(options: dict
     {"obs_shape": (5,), "action_shape": (), "n_step": 3},
 ])
 def test_the_repr_shows_bytes_per_transition_of_the_same_options(options: dict[str, Any]) -> None:
-    from rlbuf.replay import _human_bytes
+    from rlbuf._replay_layout import human_bytes
 
-    expected = _human_bytes(ReplayBuffer.bytes_per_transition(**options))
+    expected = human_bytes(ReplayBuffer.bytes_per_transition(**options))
     assert f"bytes_per_transition~{expected}," in repr(ReplayBuffer(8, **options))
 
 
@@ -805,12 +826,12 @@ def test_foreign_replay_options_get_the_rlbuf_name(options: dict[str, Any], name
 
 
 def test_the_state_sent_to_a_worker_carries_none_of_the_learners_own_attributes(monkeypatch: pytest.MonkeyPatch) -> None:
-    import rlbuf._core
+    import rlbuf._torchrl
 
     buf = make(num_envs=2)
     add_ids(buf, range(3))
     rb = buf.torchrl
-    monkeypatch.setattr(rlbuf._core, "get_spawning_popen", lambda: object())  # as while a worker is spawned
+    monkeypatch.setattr(rlbuf._torchrl, "get_spawning_popen", lambda: object())  # as while a worker is spawned
     strategy = torch.multiprocessing.get_sharing_strategy()  # type: ignore[no-untyped-call]
     torch.multiprocessing.set_sharing_strategy("file_system")  # type: ignore[no-untyped-call]  # as rlbuf sets it
     try:

@@ -13,14 +13,17 @@ from rlbuf import (
     BatchSizeError,
     BufferFullError,
     ConfigError,
+    DistillationBuffer,
     DtypeError,
     EpisodeStats,
     MissingFieldError,
     NonFiniteError,
+    ReplayBuffer,
     RolloutBuffer,
     RolloutIncompleteError,
     ShapeError,
 )
+from rlbuf._ring import RowCopies
 
 T, N = 5, 3
 
@@ -328,3 +331,58 @@ def test_an_add_without_terminated_names_it_and_done_gets_the_rlbuf_names() -> N
     with pytest.raises(MissingFieldError, match=r"^terminated: required"):
         buf.add(torch.zeros(2, 3), zeros, zeros, value=zeros, log_prob=zeros)
     assert buf.steps == 0
+
+
+def _filled_rollout() -> RolloutBuffer:
+    buf = RolloutBuffer(3, 2, obs_shape=(1,), action_shape=(), seed=0)
+    for t in range(3):
+        buf.add(torch.full((2, 1), float(t)), torch.zeros(2), torch.ones(2), torch.tensor([False, t == 1]),
+                torch.zeros(2), torch.zeros(2))
+    return buf
+
+
+class _WritesDuringTheCopy:
+    """A snapshot's sink whose copy runs ``write`` right after it, as another thread could."""
+
+    def __init__(self, write: Any) -> None:
+        self.inner, self.write = RowCopies(), write
+
+    def copy(self, leaves: Any, size: int) -> None:
+        self.inner.copy(leaves, size)
+        self.write()
+
+    def patch(self, leaves: Any, segments: Any, size: int) -> Any:
+        return self.inner.patch(leaves, segments, size)
+
+
+@pytest.mark.parametrize("how", ["compute", "set_extras"])
+def test_a_snapshot_taken_while_advantages_are_written_holds_the_new_ones_not_a_mix(how: str) -> None:
+    """Advantages and returns are rewritten in place without a write count: the generation bump makes a
+    snapshot in progress copy every row again (it used to keep the advantages of before)."""
+    buf = _filled_rollout()
+    buf.compute_returns_and_advantages(torch.zeros(2), gamma=0.5)
+    ring = buf._ring
+
+    def write() -> None:
+        if how == "compute":
+            buf.compute_returns_and_advantages(torch.full((2,), 10.0), gamma=0.9)
+        else:
+            buf.set_extras({"advantage": torch.full((3, 2), 7.0), "returns": torch.full((3, 2), 8.0)})
+
+    generation = ring.generation
+    snapshot = ring.snapshot(_WritesDuringTheCopy(write), lambda: None)
+    assert ring.generation > generation
+    for name in ("advantage", "returns"):
+        assert torch.equal(snapshot.rows[name], ring.leaves[name]), name
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _filled_rollout(),
+    lambda: ReplayBuffer(4, obs_shape=(1,), action_shape=()),
+    lambda: DistillationBuffer(4, obs_shape=(1,), action_shape=()),
+])
+def test_extend_with_a_plain_dict_says_how_to_wrap_it(make: Any) -> None:
+    buf = make()
+    with pytest.raises(ShapeError, match=r"td: expected a TensorDict with a batch size, got dict; wrap it: "
+                                         r"TensorDict\(d, batch_size=\[n\]\)"):
+        buf.extend({"observation": torch.zeros(2, 1)})

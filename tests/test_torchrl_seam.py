@@ -181,3 +181,63 @@ def test_pickled_cpu_tensors_finds_every_leaf_a_shared_buffer_sends(storage: str
     else:
         assert not leaves & found, CHANGED.format(
             "pickled_cpu_tensors", "memmap leaves are MemoryMappedTensors backed by files")
+
+
+# -- torch and multiprocessing privates of the hand-out to worker processes -------------------
+TORCH_CHANGED = "torch or multiprocessing changed what rlbuf._torchrl.{} relies on: {}"
+
+
+def test_spawning_process_is_what_multiprocessing_sets_while_it_starts_a_process() -> None:
+    assert _torchrl.spawning_process() is False, TORCH_CHANGED.format(
+        "spawning_process", "get_spawning_popen() is None outside a process start")
+    from multiprocessing import context
+
+    context.set_spawning_popen(object())
+    try:
+        assert _torchrl.spawning_process() is True, TORCH_CHANGED.format(
+            "spawning_process", "set_spawning_popen() is what get_spawning_popen() reads back")
+    finally:
+        context.set_spawning_popen(None)
+
+
+class Token:
+    """A type pickled only through the reducer a test registers."""
+
+
+def test_register_reducer_makes_forking_pickler_use_it_once() -> None:
+    from multiprocessing.reduction import ForkingPickler
+
+    calls: list[int] = []
+
+    def reduce(token: Token) -> tuple[type, tuple[()]]:
+        calls.append(1)
+        return Token, ()
+
+    _torchrl.register_reducer(Token, reduce)
+    _torchrl.register_reducer(Token, lambda token: (int, (7,)))  # a second registration is ignored
+    assert ForkingPickler._extra_reducers[Token] is reduce, TORCH_CHANGED.format(  # type: ignore[attr-defined]
+        "register_reducer", "ForkingPickler.register stores the reducer in the class's _extra_reducers")
+    assert isinstance(ForkingPickler.loads(ForkingPickler.dumps(Token())), Token) and calls == [1], TORCH_CHANGED.format(
+        "register_reducer", "ForkingPickler pickles a registered type with its reducer")
+    del ForkingPickler._extra_reducers[Token]  # type: ignore[attr-defined]
+
+
+def test_hold_shared_file_names_the_dev_shm_file_and_keeps_it_from_torch() -> None:
+    strategy = torch.multiprocessing.get_sharing_strategy()  # type: ignore[no-untyped-call]
+    torch.multiprocessing.set_sharing_strategy("file_system")  # type: ignore[no-untyped-call]
+    try:
+        tensor = torch.arange(4.0)
+        files: set[str] = set()
+        _torchrl.hold_shared_file(tensor, files)
+        _torchrl.hold_shared_file(tensor, files)  # held once: the same file
+        assert tensor.is_shared() and len(files) == 1, TORCH_CHANGED.format(
+            "hold_shared_file", "share_memory_() and _share_filename_cpu_() give one file per storage")
+        (name,) = files
+        assert Path("/dev/shm" + name).exists(), TORCH_CHANGED.format(
+            "hold_shared_file", f"_share_filename_cpu_()[1] names a file under /dev/shm, got {name!r}")
+        del tensor  # torch's own reference goes; the one held keeps the file
+        assert Path("/dev/shm" + name).exists(), TORCH_CHANGED.format(
+            "hold_shared_file", "_shared_incref() keeps the file when the tensor is freed")
+        Path("/dev/shm" + name).unlink()
+    finally:
+        torch.multiprocessing.set_sharing_strategy(strategy)  # type: ignore[no-untyped-call]

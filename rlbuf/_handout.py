@@ -1,0 +1,194 @@
+"""The hand-out to TorchRL: ``buffer.torchrl``, and sending a buffer to worker processes.
+
+[`FlushingReplayBuffer`][rlbuf._handout.FlushingReplayBuffer] is the TorchRL
+``TensorDictReplayBuffer`` a ring hands out: every read or write through TorchRL's API first
+commits the ring's pending rows, under the one lock every write takes. Pickled for a worker
+process, it moves RAM storage into shared memory and unlinks those shared-memory files once
+the learner's buffer is collected.
+
+Example:
+    >>> import torch
+    >>> from rlbuf import ReplayBuffer
+    >>> buf = ReplayBuffer(8, obs_shape=(2,), action_shape=())
+    >>> buf.add(torch.zeros(2), 0.0, 1.0, torch.ones(2), False)
+    >>> rb = buf.torchrl
+    >>> type(rb).__name__, len(rb)
+    ('FlushingReplayBuffer', 1)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+import weakref
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.multiprocessing
+from tensordict import is_tensor_collection
+from torchrl.data import TensorDictReplayBuffer
+
+from rlbuf import _torchrl
+
+if TYPE_CHECKING:
+    from rlbuf._ring import RowRing
+
+_SHARED_MEMORY_DIR = "/dev/shm"  # where torch's file_system sharing strategy keeps its files on Linux
+
+
+class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
+    """TorchRL's ``TensorDictReplayBuffer`` that first commits rlbuf's pending rows.
+
+    Every public read or write of TorchRL's API takes the buffer's lock, commits the owner's
+    pending rows and runs TorchRL's own method, all under that one lock: a collector or loss
+    holding ``buffer.torchrl`` sees exactly what the rlbuf facade holds, and its writes never
+    interleave with rlbuf's (one commit protocol for both). A rewrite of stored rows bumps the
+    owner's generation, so a snapshot in progress copies every row again.
+    """
+
+    # A weak reference: a reference cycle would leave tensors to the garbage collector, and
+    # torch 2.13 aborts (THPVariable_clear) when it clears some of them.
+    _flush_owner: weakref.ReferenceType[RowRing] | None = None
+
+    def _owner(self) -> RowRing | None:
+        return self._flush_owner() if self._flush_owner is not None else None
+
+    def _locked(self, method: Callable[..., Any], *args: Any, rewrites: bool = False, **kwargs: Any) -> Any:
+        with _torchrl.replay_lock(self):
+            owner = self._owner()
+            if owner is not None:
+                owner.flush()
+                if rewrites:
+                    owner.generation += 1
+            return method(*args, **kwargs)
+
+    def __len__(self) -> int:
+        return int(self._locked(super().__len__))
+
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        return self._locked(super().sample, *args, **kwargs)
+
+    def extend(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._locked(super().extend, self._checked(data, batched=True), *args, **kwargs)
+
+    def add(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._locked(super().add, self._checked(data, batched=False), *args, **kwargs)
+
+    def _checked(self, data: Any, *, batched: bool) -> Any:
+        """``data`` with its done flag derived, once the owner's readers took every field it carries
+        (the same checks and wording as rlbuf's own writes; TorchRL judges what is missing)."""
+        owner = self._owner()
+        if owner is not None and is_tensor_collection(data):
+            owner.check_torchrl_rows(data if batched else data.unsqueeze(0))
+        return _with_done(data, self.storage)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._locked(super().__getitem__, index)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self._locked(super().__setitem__, index, value, rewrites=True)
+
+    def update_priority(self, *args: Any, **kwargs: Any) -> Any:
+        return self._locked(super().update_priority, *args, **kwargs)
+
+    def empty(self, *args: Any, **kwargs: Any) -> Any:
+        return self._locked(super().empty, *args, rewrites=True, **kwargs)
+
+    def state_dict(self) -> Any:
+        return self._locked(super().state_dict)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._locked(super().load_state_dict, *args, rewrites=True, **kwargs)
+
+    def dumps(self, path: Any) -> Any:
+        return self._locked(super().dumps, path)
+
+    def loads(self, path: Any) -> Any:
+        return self._locked(super().loads, path, rewrites=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled for a worker process: commit pending rows, put RAM storage in shared memory
+        # (so workers write where the learner reads) and let the owner re-derive its numpy views
+        # of the moved memory. The worker gets no owner: it writes through TorchRL directly.
+        # The sharing strategy is set first, so memory moves into shared memory once, not twice.
+        prepare_process_sharing()
+        spawning = _torchrl.spawning_process()
+        owner = self._owner()
+        if owner is not None and spawning:
+            owner.flush()
+            owner.share_storage()
+        state = dict(super().__getstate__())
+        if spawning:
+            _unlink_shared_files_with(self, state)
+        # The learner's own: its owner, and the shared files it unlinks when collected.
+        for name in ("_flush_owner", "_rlbuf_shared_files", "_rlbuf_unlink_shared_files"):
+            state.pop(name, None)
+        return state
+
+
+def _with_done(data: Any, storage: Any) -> Any:
+    """``data`` with ``("next", "done")`` derived from terminated | truncated when the storage keeps
+    a done flag and the incoming tensordict has none (TorchRL would leave stale values there)."""
+    keys = _torchrl.storage_keys(storage) or ()
+    if not is_tensor_collection(data) or ("next", "done") not in keys or data.get(("next", "done"), None) is not None:
+        return data
+    terminated = data.get(("next", "terminated"), None)
+    if terminated is None:
+        return data
+    truncated = data.get(("next", "truncated"), None)
+    done = terminated.to(torch.bool) if truncated is None else terminated.to(torch.bool) | truncated.to(torch.bool)
+    data = data.copy()
+    data.set(("next", "done"), done)
+    return data
+
+
+def _unlink_shared_files_with(rb: FlushingReplayBuffer, state: Mapping[str, Any]) -> None:
+    """Unlink the ``/dev/shm`` files of the tensors ``state`` sends to a worker when ``rb`` is collected.
+
+    torch frees such a file when the last process holding it frees the tensor, but worker
+    processes seldom free what they received before they exit, so the files would stay until
+    the learner exits. Removing a name keeps every mapping valid: workers still running keep
+    writing where the learner reads; only new workers could no longer receive the buffer.
+    Each file is held once more here (see ``_torchrl.hold_shared_file``), so torch never
+    unlinks it itself (it aborts when the name is already gone).
+    """
+    files: set[str] = rb.__dict__.setdefault("_rlbuf_shared_files", set())
+    for tensor in _torchrl.pickled_cpu_tensors(state):
+        _torchrl.hold_shared_file(tensor, files)
+    if files and "_rlbuf_unlink_shared_files" not in rb.__dict__:
+        rb.__dict__["_rlbuf_unlink_shared_files"] = weakref.finalize(rb, _unlink_shared_files, files)
+
+
+def _unlink_shared_files(files: set[str]) -> None:
+    for name in files:
+        with contextlib.suppress(OSError):  # already gone: torch's manager removes them when the learner exits
+            os.unlink(_SHARED_MEMORY_DIR + name)
+
+
+def _rebuild_generator(device: str, state: bytes) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+    return generator
+
+
+def _reduce_generator(generator: torch.Generator) -> tuple[Any, tuple[str, bytes]]:
+    # The state travels as bytes: sharing it as a tensor fails in spawned processes under torch 2.13.
+    return _rebuild_generator, (str(generator.device), generator.get_state().numpy().tobytes())
+
+
+def prepare_process_sharing() -> None:
+    """Make a buffer sendable to worker processes under torch 2.13.
+
+    Generators go by value (torch cannot send one to a spawned process, and TorchRL's storage,
+    writer and sampler all hold the buffer's generator), and tensors go through the
+    ``file_system`` sharing strategy (the default ``file_descriptor`` one fails to rebuild some
+    of TorchRL's small bookkeeping tensors in the child).
+    """
+    _torchrl.register_reducer(torch.Generator, _reduce_generator)
+    if torch.multiprocessing.get_sharing_strategy() != "file_system":  # type: ignore[no-untyped-call]
+        warnings.warn("rlbuf: switching torch.multiprocessing's sharing strategy to 'file_system' so this "
+                      "buffer can be sent to worker processes (torch 2.13's 'file_descriptor' strategy fails "
+                      "on TorchRL's storage bookkeeping)", RuntimeWarning, stacklevel=3)
+        torch.multiprocessing.set_sharing_strategy("file_system")  # type: ignore[no-untyped-call]

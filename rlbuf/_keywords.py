@@ -1,0 +1,65 @@
+"""The keywords an ``add`` takes: every declared extra field, and rlbuf's names for other libraries' words.
+
+Example:
+    >>> FOREIGN_NAMES["dones"]
+    'pass terminated= and truncated= instead; done is derived (terminated | truncated)'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rlbuf.errors import MissingFieldError
+from rlbuf.spec import FieldSpec
+
+# Keywords users bring from other libraries (SB3, CleanRL, TorchRL), and what rlbuf takes instead.
+_DONE_HINT = "pass terminated= and truncated= instead; done is derived (terminated | truncated)"
+_INFO_HINT = ("rlbuf stores no info dicts: pass the final observation as next_obs, declare what else you need "
+              "in extra_fields")
+FOREIGN_NAMES = {
+    "done": _DONE_HINT,
+    "dones": _DONE_HINT,
+    "observations": "rlbuf's name is obs",
+    "observation": "rlbuf's name is obs",
+    "actions": "rlbuf's name is action (expert_action in a DistillationBuffer)",
+    "rewards": "rlbuf's name is reward",
+    "next_observations": "rlbuf's name is next_obs (the final observation where an episode ended)",
+    "next_observation": "rlbuf's name is next_obs (the final observation where an episode ended)",
+    "terminals": "rlbuf's name is terminated",
+    "timeouts": "rlbuf's name is truncated",
+    "values": "rlbuf's name is value",
+    "log_probs": "rlbuf's name is log_prob",
+    "logprobs": "rlbuf's name is log_prob",
+    "infos": _INFO_HINT,
+    "info": _INFO_HINT,
+    "episode_starts": "rlbuf derives episode starts from the previous step's terminated and truncated",
+}
+"""Foreign keyword -> what to pass instead, for the message of ``check_extras``."""
+
+
+def check_extras(expected: Mapping[str, FieldSpec], given: Mapping[str, Any]) -> None:
+    """Raise [`MissingFieldError`][rlbuf.errors.MissingFieldError] when extras are missing or unknown.
+
+    A keyword from another library (``dones=``, ``rewards=``, ``log_probs=`` ...) is answered
+    with the rlbuf name to use (see ``FOREIGN_NAMES``).
+
+    Example:
+        >>> check_extras({}, {"foo": 1})
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.MissingFieldError: foo: not a field of this buffer (declare it in extra_fields); extra fields are []
+        >>> check_extras({}, {"dones": 1})
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.MissingFieldError: dones: not a field of this buffer; pass terminated= and truncated= instead; done is derived (terminated | truncated)
+    """
+    for name in given:
+        if name not in expected:
+            if name in FOREIGN_NAMES:
+                raise MissingFieldError(f"{name}: not a field of this buffer; {FOREIGN_NAMES[name]}")
+            raise MissingFieldError(f"{name}: not a field of this buffer (declare it in extra_fields); "
+                                    f"extra fields are {sorted(expected)}")
+    for name in expected:
+        if name not in given:
+            raise MissingFieldError(f"{name}: missing; this buffer stores it with every row")

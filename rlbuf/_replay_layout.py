@@ -1,0 +1,320 @@
+"""A replay buffer's row layouts: the stored fields, and the writer of each layout, chosen once.
+
+[`replay_specs`][rlbuf._replay_layout.replay_specs] and [`stored_obs`][rlbuf._replay_layout.stored_obs]
+decide what a row stores (the compact layout stores ``next_obs`` once, and one frame of a stack).
+
+A [`ReplayWriter`][rlbuf._replay_layout.ReplayWriter] turns the fields of ``add`` and
+``extend`` into the ring's input fields for the buffer's layout (one tensor per observation;
+a dict observation or a hidden state split into leaves; the compact layout, whose frames pass
+through each env's stream) and hands them to the ring's one pipeline: every field read and
+checked by its [`RowReader`][rlbuf.spec.RowReader], then written and committed under the lock.
+``env_mask`` reads every row, then writes the rows it keeps.
+
+Example:
+    >>> import torch
+    >>> from rlbuf import ReplayBuffer
+    >>> buf = ReplayBuffer(8, obs_shape={"a": (2,)}, action_shape=(), num_envs=2)
+    >>> buf._writer.add({"a": torch.zeros(2, 2)}, torch.zeros(2), torch.ones(2), {"a": torch.ones(2, 2)},
+    ...                 torch.tensor([False, True]), torch.zeros(2, dtype=torch.bool), None, {}, None)
+    True
+    >>> len(buf)
+    2
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.data import RandomSampler
+from torchrl.data.replay_buffers.samplers import Sampler
+
+from rlbuf._compact import CompactLayout, layout_options
+from rlbuf._fields import extra_specs
+from rlbuf._obs import Layout, as_shape, hidden_state_key, hidden_state_layout, read_td
+from rlbuf._ring import RowRing
+from rlbuf._sizing import row_bytes
+from rlbuf._streams import PaddingType
+from rlbuf._sumtree import SumTreeSampler
+from rlbuf.errors import ConfigError, ShapeError
+from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, as_tensordict, positive_int
+
+
+def replay_specs(obs_shape: Any, action_shape: tuple[int, ...], obs_dtype: Any,
+                 action_dtype: torch.dtype, extra_fields: ExtraFields | None, *,
+                 next_obs: bool = True) -> tuple[FieldSpec, ...]:
+    """The stored fields of a replay buffer, in TorchRL keys (one per leaf of a dict observation;
+    ``next_obs=False``: the compact layout).
+
+    Example:
+        >>> [s.describe() for s in replay_specs((3,), (1,), torch.float32, torch.float32, None)][:3]
+        ['obs: (3,) float32', 'action: (1,) float32', 'reward: () float32']
+    """
+    obs = Layout.parse(obs_shape, obs_dtype)
+    specs = [
+        *obs.specs("obs", "observation"),
+        FieldSpec("action", "action", action_shape, action_dtype),
+        FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True, trailing_one=True),
+        *(obs.specs("next_obs", ("next", "observation")) if next_obs else []),
+        FieldSpec("terminated", ("next", "terminated"), (), torch.bool, trailing_one=True),
+        FieldSpec("truncated", ("next", "truncated"), (), torch.bool, trailing_one=True),
+        FieldSpec("done", ("next", "done"), (), torch.bool, trailing_one=True),
+    ]
+    reserved = {"next_obs": "the next observation of every batch", "discount": "an attribute of every batch",
+                "env_mask": "an argument of add()"}
+    return (*specs, *extra_specs(extra_fields, specs, reserved))
+
+
+def stored_obs(obs: Layout, obs_shape: Any, obs_dtype: Any, hidden_state_shape: Any, *, frame_stack: int,
+                padding_type: PaddingType, n_step: int, gamma: float, compact: bool | None) -> tuple[bool, Any, Any]:
+    """Whether the layout is compact, and the shape and dtype stored per observation (one frame
+    with ``frame_stack > 1``).
+
+    Raises:
+        ConfigError: the compact layout asked for with a dict observation or hidden states, or
+            invalid compact-layout options.
+    """
+    if (compact is True or frame_stack != 1 or n_step != 1) and (obs.structured or hidden_state_shape is not None):
+        raise ConfigError("compact, frame_stack, n_step: the compact layout stores single-tensor observations "
+                          "without hidden states; got " + ("a dict observation" if obs.structured
+                                                           else "hidden_state_shape"))
+    # A dict observation gets here only with frame_stack == n_step == 1 (checked above).
+    single = None if obs.structured else obs.leaves[0]
+    compact = layout_options(() if single is None else single.shape, frame_stack=frame_stack,
+                             padding_type=padding_type, n_step=n_step, gamma=gamma, compact=compact)
+    if single is None:
+        return compact, obs_shape, obs_dtype
+    return compact, single.shape[1:] if frame_stack > 1 else single.shape, single.dtype
+
+
+_PER_ALPHA, _PER_BETA = 0.6, 0.4
+
+
+def replay_sampler(capacity: int, prioritized: Any, alpha: float | None, beta: float | None) -> tuple[bool, Sampler]:
+    """Whether sampling is prioritized, and its sampler: a sum tree (``alpha``, ``beta``), or uniform.
+
+    Raises:
+        ConfigError: ``alpha`` or ``beta`` without ``prioritized=True``, or invalid values.
+
+    Example:
+        >>> replay_sampler(10, False, None, None)[0]
+        False
+        >>> replay_sampler(10, False, 0.5, None)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: alpha=0.5: only used by prioritized replay; pass prioritized=True, or leave them out for uniform sampling
+    """
+    prioritized = as_flag("prioritized", prioritized)
+    if not prioritized and (alpha is not None or beta is not None):
+        given = ", ".join(f"{k}={v}" for k, v in (("alpha", alpha), ("beta", beta)) if v is not None)
+        raise ConfigError(f"{given}: only used by prioritized replay; pass prioritized=True, or leave them out "
+                          f"for uniform sampling")
+    if not prioritized:
+        return False, RandomSampler()
+    return True, SumTreeSampler(positive_int("capacity", capacity), alpha=_PER_ALPHA if alpha is None else alpha,
+                                beta=_PER_BETA if beta is None else beta)
+
+
+def repr_options(specs: Sequence[FieldSpec], *, prioritized: bool, compact: CompactLayout | None) -> str:
+    """The layout part of a replay buffer's repr, with ``bytes_per_transition``'s estimate from the stored fields."""
+    layout = "" if compact is None else f", compact=True, frame_stack={compact.frame_stack}, n_step={compact.n_step}"
+    size = row_bytes([(s.shape, s.dtype.itemsize) for s in specs], prioritized=prioritized,
+                     compact=compact is not None, frame_stack=1 if compact is None else compact.frame_stack)
+    return f", prioritized={prioritized}{layout}, bytes_per_transition~{human_bytes(size)}"
+
+
+def transition_bytes(*, obs_shape: Any, action_shape: Any, obs_dtype: Any, action_dtype: torch.dtype,
+                     extra_fields: ExtraFields | None, prioritized: bool, frame_stack: int, n_step: int,
+                     compact: bool | None, hidden_state_shape: Any, episode_length: float | None) -> float:
+    """Estimated bytes of one stored transition (see ``ReplayBuffer.bytes_per_transition``).
+
+    Example:
+        >>> transition_bytes(obs_shape=(4,), action_shape=(), obs_dtype=None, action_dtype=torch.int64,
+        ...                  extra_fields=None, prioritized=False, frame_stack=1, n_step=1, compact=False,
+        ...                  hidden_state_shape=None, episode_length=None)
+        47.0
+    """
+    obs = Layout.parse(obs_shape, obs_dtype)
+    compact, stored, stored_dtype = stored_obs(obs, obs_shape, obs_dtype, hidden_state_shape,
+                                               frame_stack=frame_stack, padding_type="reset", n_step=n_step,
+                                               gamma=0.99, compact=compact)
+    specs = replay_specs(stored, as_shape(action_shape, "action_shape"), stored_dtype, action_dtype,
+                         extra_fields, next_obs=not compact)
+    if hidden_state_shape is not None:
+        specs = (*specs, *hidden_state_layout(hidden_state_shape).specs("hidden_state", hidden_state_key))
+    final_obs = 0.0 if obs.structured else math.prod(stored) * obs.leaves[0].dtype.itemsize
+    return row_bytes([(s.shape, s.dtype.itemsize) for s in specs], prioritized=as_flag("prioritized", prioritized),
+                     compact=compact, frame_stack=frame_stack, final_obs_bytes=final_obs,
+                     episode_length=episode_length)
+
+
+def human_bytes(count: float) -> str:
+    for unit in ("B", "kB", "MB"):
+        if count < 1000:
+            return f"{count:.4g} {unit}"
+        count /= 1000
+    return f"{count:.4g} GB"
+
+
+class ReplayWriter:
+    """The writer of a replay buffer's rows, for its layout.
+
+    Args:
+        ring: the buffer's ring.
+        num_envs: rows per ``add``.
+        obs: the observation's layout (one tensor, or the leaves of a dict).
+        hidden: the hidden state's layout, if stored.
+        extra_names: the declared extra fields, in order.
+        compact: the compact layout, if ``next_obs`` is stored once.
+    """
+
+    def __init__(self, ring: RowRing, *, num_envs: int, obs: Layout, hidden: Layout | None,
+                 extra_names: Sequence[str], compact: CompactLayout | None) -> None:
+        self.ring = ring
+        self.num_envs = num_envs
+        self.obs = obs
+        self.hidden = hidden
+        self.extra_names = tuple(extra_names)
+        self.compact = compact
+
+    def add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
+            hidden_state: Any, extras: Mapping[str, Any], env_mask: Any) -> bool:
+        """Store one env step (the rows of the envs in ``env_mask``, if given); extras and hidden
+        states are checked by name already.
+
+        Returns:
+            Whether the rows of each env are still ``num_envs`` apart (every env's row stored).
+        """
+        extra_values = tuple(extras[name] for name in self.extra_names)
+        ring, compact = self.ring, self.compact
+        if compact is not None:
+            if env_mask is not None:
+                return self._add_compact_envs(obs, next_obs, terminated, truncated, (action, reward, *extra_values),
+                                              env_mask)
+            compact.write(obs, next_obs, terminated, truncated, compact.all_envs,
+                          lambda frames, done, cut: ring.add((frames, action, reward, done, cut, *extra_values),
+                                                             self.num_envs))
+            return True
+        if self.obs.structured or self.hidden is not None:
+            hidden = () if self.hidden is None else self.hidden.split("hidden_state", hidden_state)
+            values: tuple[Any, ...] = (*self.obs.split("obs", obs), action, reward, *self.obs.split("next_obs", next_obs),
+                                       terminated, truncated, *extra_values, *hidden)
+        else:
+            values = (obs, action, reward, next_obs, terminated, truncated, *extra_values)
+        if env_mask is None:
+            ring.add(values, self.num_envs)
+            return True
+        keep = self._env_mask(env_mask)
+        rows = self._kept_rows(ring.input_specs, values, keep)
+        kept = int(keep.sum())
+        if kept:
+            ring.write_checked(rows, kept)
+        return kept in (0, self.num_envs)
+
+    def _add_compact_envs(self, obs: Any, next_obs: Any, terminated: Any, truncated: Any, others: Sequence[Any],
+                          env_mask: Any) -> bool:
+        """Read every row, then pass the rows of the envs in ``env_mask`` through the compact
+        layout's streams (an env left out continues its stream with its next kept row)."""
+        compact, ring = self.compact, self.ring
+        assert compact is not None
+        keep = self._env_mask(env_mask)
+        flags = (ring.by_name["terminated"], ring.by_name["truncated"])
+        specs = (compact.obs_spec, compact.next_obs_spec, *flags,
+                 *(spec for spec in ring.input_specs if spec.name not in ("obs", "terminated", "truncated")))
+        rows = self._kept_rows(specs, (obs, next_obs, terminated, truncated, *others), keep)
+        kept = int(keep.sum())
+        if kept:
+            obs_rows, next_rows, terminated_rows, truncated_rows = (rows.pop(spec.name) for spec in specs[:4])
+            compact.write(obs_rows, next_rows, terminated_rows, truncated_rows, compact.all_envs[keep.numpy()],
+                          lambda frames, done, cut: ring.write_tensors(
+                              {**rows, "obs": frames, "terminated": done, "truncated": cut}, kept))
+        return kept in (0, self.num_envs)
+
+    def _env_mask(self, env_mask: Any) -> torch.Tensor:
+        """``env_mask`` as ``[num_envs]`` bools on the CPU.
+
+        Raises:
+            ShapeError: not one bool per env.
+            DtypeError, DeviceError: not numbers at all (strings, objects, a meta tensor).
+        """
+        n = self.num_envs
+        keep = as_array("env_mask", env_mask)
+        if keep.dtype.kind != "b" or keep.shape != (n,):
+            raise ShapeError(f"env_mask: expected {n} bools (one per env), got {keep.dtype} of shape {keep.shape}")
+        return torch.as_tensor(keep)
+
+    def _kept_rows(self, specs: Sequence[FieldSpec], values: Sequence[Any], keep: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Read all ``num_envs`` rows of each value with its reader; return the rows ``keep`` marks, by name."""
+        rows = self.ring.read_tensors(specs, values, self.num_envs)
+        return {name: tensor[keep.to(tensor.device)] for name, tensor in rows.items()}
+
+    def extend(self, td: Any, *, per_env: bool) -> tuple[bool, dict[str, torch.Tensor]]:
+        """Store a TensorDict in TorchRL layout, every batch dim flattened row-major.
+
+        Args:
+            td: the TensorDict.
+            per_env: the caller needs batch size ``(num_envs, T)`` (a buffer with stats).
+
+        Returns:
+            Whether the rows of each env stay ``num_envs`` apart, and the stored input fields by
+            name, shaped ``[*batch_size, ...]``.
+
+        Raises:
+            ShapeError: ``td`` is not a TensorDict, or is not ``(num_envs, T)`` where needed.
+        """
+        td = as_tensordict(td)
+        rows = int(td.batch_size.numel())
+        lead = tuple(td.batch_size)
+        # Rows of one env stay num_envs apart (what sample_sequences reads) only for [..., num_envs] batches.
+        interleaved = self.num_envs == 1 or (bool(lead) and lead[-1] == self.num_envs)
+        ring, compact = self.ring, self.compact
+        tensors: dict[str, torch.Tensor] = {}
+        for spec in ring.specs:
+            if spec.name in ("truncated", "done") or (compact is not None and spec.name == "obs"):
+                continue
+            tensors[spec.name] = read_td(td, spec, lead)
+        tensors["truncated"] = truncated_from(td, lead, tensors["terminated"])
+        if per_env and not (len(lead) == 2 and lead[0] == self.num_envs):
+            raise ShapeError(f"td: a buffer with stats needs batch size ({self.num_envs}, T) to tell envs "
+                             f"apart, got {lead}")
+        flat = {name: value.reshape(rows, *ring.by_name[name].shape) for name, value in tensors.items()}
+        if compact is None:
+            ring.write_tensors(flat, rows)
+        else:
+            obs, next_obs = (read_td(td, spec, lead).reshape(rows, *spec.shape)
+                             for spec in (compact.obs_spec, compact.next_obs_spec))
+            compact.write(obs, next_obs, flat["terminated"], flat["truncated"], compact.env_ids_of(lead),
+                          lambda frames, done, cut: ring.write_tensors(
+                              {**flat, "obs": frames, "terminated": done, "truncated": cut}, rows))
+        return interleaved, {name: value.reshape(*lead, *value.shape[1:]) for name, value in flat.items()}
+
+
+def _flag(td: TensorDictBase, key: tuple[str, str], lead: tuple[int, ...]) -> torch.Tensor | None:
+    """A done-type flag at ``key`` as a ``[*lead]`` tensor (TorchRL's trailing 1 optional), or None."""
+    value: torch.Tensor | None = td.get(key, None)
+    if value is None:
+        return None
+    if tuple(value.shape) not in (lead, (*lead, 1)):
+        raise ShapeError(f"{key[1]}: expected shape {(*lead, 1)} at key {key!r}, got {tuple(value.shape)}")
+    return value.reshape(lead)
+
+
+def truncated_from(td: TensorDictBase, lead: tuple[int, ...], terminated: torch.Tensor) -> torch.Tensor:
+    """``("next", "truncated")`` of ``td``, else ``done & ~terminated``, else no truncation.
+
+    Example:
+        >>> from tensordict import TensorDict
+        >>> td = TensorDict({"next": {"done": torch.tensor([True, True])}}, batch_size=[2])
+        >>> truncated_from(td, (2,), torch.tensor([True, False])).tolist()
+        [False, True]
+    """
+    truncated = _flag(td, ("next", "truncated"), lead)
+    if truncated is not None:
+        return truncated
+    done = _flag(td, ("next", "done"), lead)
+    if done is None:
+        return torch.zeros(lead, dtype=torch.bool, device=terminated.device)
+    return done.to(torch.bool) & ~terminated.reshape(lead).to(torch.bool)

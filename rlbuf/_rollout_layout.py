@@ -1,0 +1,264 @@
+"""A rollout buffer's rows: its stored fields, and the reading of a collector's TensorDict into them.
+
+Example:
+    >>> import torch
+    >>> [s.name for s in rollout_specs((3,), (), None, torch.float32, torch.int64, None)][:4]
+    ['obs', 'action', 'reward', 'terminated']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+from rlbuf._fields import BATCH_NAMES, extra_specs
+from rlbuf._keywords import check_extras
+from rlbuf._obs import Layout, check_hidden_state, leaf_names, torchrl_env_key
+from rlbuf._ring import RowRing
+from rlbuf.errors import BufferFullError, DeviceError, MissingFieldError, RlbufError, ShapeError
+from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_tensordict
+
+_STEP_FIELDS = ("obs", "action", "reward", "terminated", "truncated", "value", "log_prob", "bootstrap_value")
+COMPUTED = ("advantage", "returns")
+_LOG_PROB_KEYS = ("sample_log_prob", "action_log_prob")
+BUILT_IN = frozenset((*_STEP_FIELDS, *COMPUTED, "done", "privileged_obs"))
+
+
+def rollout_specs(obs_shape: Any, action_shape: tuple[int, ...], privileged_obs_shape: tuple[int, ...] | None,
+                  obs_dtype: Any, action_dtype: torch.dtype,
+                  extra_fields: ExtraFields | None) -> tuple[FieldSpec, ...]:
+    """The stored fields of a rollout buffer, in TorchRL keys.
+
+    Example:
+        >>> [s.name for s in rollout_specs((3,), (), None, torch.float32, torch.int64, None)]
+        ['obs', 'action', 'reward', 'terminated', 'truncated', 'value', 'log_prob', 'bootstrap_value', 'advantage', 'returns', 'done']
+    """
+    specs = [
+        *Layout.parse(obs_shape, obs_dtype).specs("obs", "observation"),
+        FieldSpec("action", "action", action_shape, action_dtype),
+        FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True, trailing_one=True),
+        FieldSpec("terminated", ("next", "terminated"), (), torch.bool, trailing_one=True),
+        FieldSpec("truncated", ("next", "truncated"), (), torch.bool, trailing_one=True),
+        FieldSpec("value", "state_value", (), torch.float32, finite=True, trailing_one=True),
+        FieldSpec("log_prob", "sample_log_prob", (), torch.float32, finite=True),
+        FieldSpec("bootstrap_value", ("next", "state_value"), (), torch.float32, finite=True, trailing_one=True),
+        FieldSpec("advantage", "advantage", (), torch.float32, trailing_one=True),
+        FieldSpec("returns", "value_target", (), torch.float32, trailing_one=True),
+        FieldSpec("done", ("next", "done"), (), torch.bool, trailing_one=True),
+    ]
+    if privileged_obs_shape is not None:
+        action_at = specs.index(next(s for s in specs if s.name == "action"))
+        specs.insert(action_at, FieldSpec("privileged_obs", "privileged_observation", privileged_obs_shape,
+                                          torch.float32))
+    reserved = {key: "a key rlbuf reads log-probabilities from" for key in _LOG_PROB_KEYS}
+    reserved["hidden_state"] = "the recurrent state field (declare it with hidden_state_shape)"
+    if privileged_obs_shape is None:
+        reserved["privileged_obs"] = "a built-in field (declare it with privileged_obs_shape, not as an extra)"
+        reserved["privileged_observation"] = "the TorchRL key of the built-in field 'privileged_obs'"
+    return (*specs, *extra_specs(extra_fields, specs, reserved))
+
+
+def zeros_column(columns: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    return torch.zeros(columns["reward"].shape[0], dtype=torch.float32, device=columns["reward"].device)
+
+
+def rollout_columns(td: Any, ring: RowRing, *, num_envs: int, free_steps: int,
+                    whole: bool) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int]:
+    """The rows of a collector's ``[num_envs, T]`` TensorDict, time-major, each read by its field's reader.
+
+    Args:
+        td: the TensorDict (``[T]`` for one env).
+        ring: the rollout's ring (its readers).
+        num_envs: envs of the rollout.
+        free_steps: steps the rollout still has room for.
+        whole: the rollout is empty, so advantages a GAE transform wrote are read too when ``T``
+            fills it.
+
+    Returns:
+        The input fields ``[T * num_envs, ...]`` by name, ``advantage`` and ``returns`` if read,
+        and ``T``.
+
+    Raises:
+        BufferFullError: more than ``free_steps`` steps.
+        MissingFieldError, ShapeError, DtypeError, NonFiniteError: a field is missing or does not fit.
+    """
+    td = as_tensordict(td)
+    batch = tuple(td.batch_size)
+    if len(batch) == 1 and num_envs == 1:
+        td = td.unsqueeze(0)
+        batch = tuple(td.batch_size)
+    if len(batch) != 2 or batch[0] != num_envs:
+        raise ShapeError(f"td: expected batch size ({num_envs}, T), got {batch}")
+    steps = batch[1]
+    if steps > free_steps:
+        raise BufferFullError(f"extend: {steps} steps do not fit; {free_steps} of {ring.capacity // num_envs} left")
+    time_major = td.transpose(0, 1)
+    rows = steps * num_envs
+
+    def rows_of(spec: FieldSpec, value: torch.Tensor) -> torch.Tensor:
+        received = (value.shape[1], value.shape[0], *value.shape[2:]) if value.dim() >= 2 else tuple(value.shape)
+        if not spec.fits_rows(received, (num_envs, steps)):
+            raise ShapeError(f"{spec.name}: expected shape {(num_envs, steps, *spec.td_shape)} at key "
+                             f"{spec.key!r}, got {tuple(received)}")
+        return value.reshape(rows, *spec.shape)
+
+    columns: dict[str, torch.Tensor] = {}
+    for spec in ring.input_specs:
+        value = _read_rollout_key(time_major, spec)
+        if value is None:
+            raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
+        columns[spec.name] = ring.reader(spec, rows).tensor(rows_of(spec, value))
+    if bool(columns["truncated"].any()) and time_major.get(("next", "state_value"), None) is None:
+        raise MissingFieldError("bootstrap_value: the rollout has truncated steps but no ('next', 'state_value')")
+    # Advantages a GAE transform already wrote are kept when they cover the whole rollout.
+    computed: dict[str, torch.Tensor] = {}
+    if whole and steps == free_steps:
+        for name in COMPUTED:
+            spec = ring.by_name[name]
+            value = time_major.get(spec.key, None)
+            if value is not None:
+                computed[name] = ring.reader(replace(spec, finite=True), rows).tensor(rows_of(spec, value))
+    return columns, computed, steps
+
+
+def checked_extras(mapping: Any, ring: RowRing, *, num_steps: int, num_envs: int) -> dict[str, torch.Tensor]:
+    """The tensors of ``RolloutBuffer.set_extras``, checked: new ``[num_steps, num_envs, ...]`` tensors, or
+    ``advantage`` and ``returns`` together, as their stored fields (finite).
+
+    Raises:
+        MissingFieldError: not a dict, a name that is not usable, one of advantage/returns, or another stored field.
+        ShapeError, DtypeError, DeviceError, NonFiniteError: a tensor that does not fit.
+
+    Example:
+        >>> from rlbuf import RolloutBuffer
+        >>> buf = RolloutBuffer(2, 1, obs_shape=(1,), action_shape=())
+        >>> checked_extras({"advantage": torch.zeros(2, 1)}, buf._ring, num_steps=2, num_envs=1)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.MissingFieldError: set_extras: advantage and returns go together (both, or neither)
+    """
+    if not isinstance(mapping, Mapping):
+        raise MissingFieldError(f"set_extras: expected a dict of tensors, got {type(mapping).__name__}")
+    given = set(mapping)
+    if given & set(COMPUTED) and not set(COMPUTED) <= given:
+        raise MissingFieldError("set_extras: advantage and returns go together (both, or neither)")
+    checked: dict[str, torch.Tensor] = {}
+    for name, tensor in mapping.items():
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or name in BATCH_NAMES:
+            raise MissingFieldError(f"set_extras: {name!r} is not a usable name (a public identifier, not one "
+                                    f"of {sorted(BATCH_NAMES)})")
+        if not isinstance(tensor, torch.Tensor):
+            raise ShapeError(f"{name}: expected a tensor, got {type(tensor).__name__}")
+        if tensor.device.type == "meta":
+            raise DeviceError(f"{name}: got a tensor on the meta device (it holds no values)")
+        lead = (num_steps, num_envs)
+        if name in ring.by_name and name not in COMPUTED:
+            raise MissingFieldError(f"{name}: a stored step field; set_extras attaches new tensors or replaces "
+                                    f"advantage and returns")
+        if name in ring.by_name:
+            replace(ring.by_name[name], finite=True).check_tensor(tensor, lead, (tensor.device,))
+        elif tensor.dim() < 2 or tuple(tensor.shape[:2]) != lead:
+            raise ShapeError(f"{name}: expected shape ({num_steps}, {num_envs}, ...), "
+                             f"got {tuple(tensor.shape)}")
+        checked[name] = tensor
+    return checked
+
+
+def step_values(fields: dict[str, Any], hidden_state: Any, extras: Mapping[str, Any], *, num_envs: int,
+                obs_layout: Layout, hidden: Layout | None, extra_specs: Mapping[str, FieldSpec],
+                privileged: bool) -> dict[str, Any]:
+    """The values of one ``RolloutBuffer.add`` by stored field name (defaults filled in, leaves split),
+    once every required one is there.
+
+    Raises:
+        MissingFieldError: a required value, an extra field or the bootstrap of a truncation is missing.
+
+    Example:
+        >>> layout = Layout.parse((1,), None)
+        >>> fields = dict(obs=torch.zeros(1, 1), action=0.0, reward=0.0, terminated=False, value=0.0, log_prob=0.0,
+        ...               truncated=None, privileged_obs=None, bootstrap_value=None)
+        >>> sorted(step_values(fields, None, {}, num_envs=1, obs_layout=layout, hidden=None, extra_specs={},
+        ...                    privileged=False))[:3]
+        ['action', 'bootstrap_value', 'log_prob']
+    """
+    obs, action, reward, terminated = fields["obs"], fields["action"], fields["reward"], fields["terminated"]
+    value, log_prob, truncated = fields["value"], fields["log_prob"], fields["truncated"]
+    privileged_obs, bootstrap_value = fields["privileged_obs"], fields["bootstrap_value"]
+    if truncated is None:
+        truncated = np.zeros(num_envs, np.bool_)
+    if bootstrap_value is None:
+        if any_true(truncated):
+            raise MissingFieldError("bootstrap_value: required at a step where an env is truncated: pass "
+                                    "V(final observation) so the timeout bootstraps instead of counting as a death")
+        bootstrap_value = np.zeros(num_envs, np.float32)
+    if privileged and privileged_obs is None:
+        raise MissingFieldError("privileged_obs: this buffer stores privileged observations with every step")
+    if not privileged and privileged_obs is not None:
+        raise MissingFieldError("privileged_obs: this buffer was built without privileged_obs_shape")
+    check_hidden_state(hidden, hidden_state)
+    check_extras(extra_specs, extras)  # before: done= gets the rlbuf names
+    required = {"action": action, "reward": reward, "terminated": terminated, "value": value, "log_prob": log_prob}
+    missing = [name for name, value_given in required.items() if value_given is None]
+    if missing:
+        raise MissingFieldError(f"{', '.join(missing)}: required with every step (add(obs, action, reward, "
+                                f"terminated, value, log_prob, truncated=...))")
+    if hidden is not None:
+        extras = {**extras, **dict(zip(leaf_names("hidden_state", hidden),
+                                       hidden.split("hidden_state", hidden_state), strict=True))}
+    values = {**dict(zip(leaf_names("obs", obs_layout), obs_layout.split("obs", obs), strict=True)),
+              "action": action, "reward": reward, "terminated": terminated, "truncated": truncated,
+              "value": value, "log_prob": log_prob, "bootstrap_value": bootstrap_value, **extras}
+    if privileged:
+        values["privileged_obs"] = privileged_obs
+    return values
+
+
+def minibatches_call(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``minibatches()``'s keywords for checked epoch options (saved, to make the iterator again on load)."""
+    return {"batch_size": options["batch_size"], "num_minibatches": options["num_batches"],
+            "n_epochs": options["n_epochs"], "shuffle": options["shuffle"], "drop_last": options["drop_last"]}
+
+
+def any_true(flags: Any) -> bool:
+    """Whether any flag is set; ``False`` for what is no flags at all (the validation of ``add`` names it)."""
+    try:
+        if isinstance(flags, torch.Tensor):
+            return flags.device.type != "meta" and bool(flags.any())
+        return bool(np.any(as_array("truncated", flags)))
+    except (RlbufError, TypeError, ValueError, RuntimeError):
+        return False
+
+
+def _read_rollout_key(td: TensorDictBase, spec: FieldSpec) -> torch.Tensor | None:
+    if spec.name == "log_prob":
+        for key in _LOG_PROB_KEYS:
+            value: torch.Tensor | None = td.get(key, None)
+            if value is not None:
+                return value
+        return None
+    if spec.name == "truncated":
+        truncated: torch.Tensor | None = td.get(spec.key, None)
+        if truncated is None:
+            done: torch.Tensor | None = td.get(("next", "done"), None)
+            terminated: torch.Tensor | None = td.get(("next", "terminated"), None)
+            if done is not None and terminated is not None:
+                return done.to(torch.bool) & ~terminated.to(torch.bool)
+            reward: torch.Tensor = td.get(("next", "reward"))
+            return torch.zeros(reward.shape, dtype=torch.bool, device=reward.device)
+        return truncated
+    if spec.name == "bootstrap_value":
+        bootstrap: torch.Tensor | None = td.get(spec.key, None)
+        if bootstrap is None:
+            reward_: torch.Tensor = td.get(("next", "reward"))
+            return torch.zeros(reward_.shape, dtype=torch.float32, device=reward_.device)
+        return bootstrap
+    found: torch.Tensor | None = td.get(spec.key, None)
+    env_key = torchrl_env_key(spec.key)
+    if found is None and env_key is not None:
+        found = td.get(env_key, None)
+    return found
