@@ -136,7 +136,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         >>> buf = ReplayBuffer(100, obs_shape=(4, 84, 84), action_shape=(), obs_dtype=torch.uint8,
         ...                    action_dtype=torch.int64, frame_stack=4, n_step=3, seed=0)
         >>> buf
-        ReplayBuffer(size=0/100, storage=memory, storing_device=cpu, device=cpu, prioritized=False, compact=True, frame_stack=4, n_step=3, bytes_per_transition~7.113 kB, fields=[obs: (84, 84) uint8, action: () int64, reward: () float32, terminated: () bool, truncated: () bool, done: () bool])
+        ReplayBuffer(size=0/100, storage=memory, storing_device=cpu, device=cpu, prioritized=False, compact=True, frame_stack=4, n_step=3, bytes_per_transition~7.121 kB, fields=[obs: (84, 84) uint8, action: () int64, reward: () float32, terminated: () bool, truncated: () bool, done: () bool])
     """
 
     _batch_type = ReplayBatch
@@ -358,7 +358,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             >>> ReplayBuffer.bytes_per_transition(**atari, compact=False)
             56463.0
             >>> ReplayBuffer.bytes_per_transition(**atari, frame_stack=4, episode_length=1000)
-            7120.056
+            7128.056
         """
         return transition_bytes(obs_shape=obs_shape, action_shape=action_shape, obs_dtype=obs_dtype,
                                 action_dtype=action_dtype, extra_fields=extra_fields, prioritized=prioritized,
