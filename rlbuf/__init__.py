@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rlbuf._state import MetadataOnlyWarning
-    from rlbuf.batches import DistillationBatch, ReplayBatch, RolloutBatch
+    from rlbuf.batches import DistillationBatch, ReplayBatch, RolloutBatch, Transition
     from rlbuf.distill import DistillationBuffer
     from rlbuf.epochs import EpochIterator
     from rlbuf.errors import (
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     )
     from rlbuf.gae import GAE
     from rlbuf.gym import Recorder
-    from rlbuf.replay import ReplayBuffer, Transition
+    from rlbuf.replay import ReplayBuffer
     from rlbuf.rollout import RolloutBuffer
     from rlbuf.sequences import ReplaySequenceBatch, SequenceBatch
     from rlbuf.spec import FieldSpec
@@ -70,7 +70,7 @@ _MODULE_OF = {
     "GAE": "rlbuf.gae",
     "Recorder": "rlbuf.gym",
     "ReplayBuffer": "rlbuf.replay",
-    "Transition": "rlbuf.replay",
+    "Transition": "rlbuf.batches",
     "RolloutBuffer": "rlbuf.rollout",
     "FieldSpec": "rlbuf.spec",
     "EpisodeStats": "rlbuf.stats",

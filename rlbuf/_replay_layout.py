@@ -24,7 +24,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -251,16 +251,18 @@ class ReplayWriter:
         rows = self.ring.read_tensors(specs, values, self.num_envs)
         return {name: tensor[keep.to(tensor.device)] for name, tensor in rows.items()}
 
-    def extend(self, td: Any, *, per_env: bool) -> tuple[bool, dict[str, torch.Tensor]]:
+    def extend(self, td: Any, *, per_env: bool,
+               before_write: Callable[[dict[str, torch.Tensor]], None] | None = None) -> bool:
         """Store a TensorDict in TorchRL layout, every batch dim flattened row-major.
 
         Args:
             td: the TensorDict.
             per_env: the caller needs batch size ``(num_envs, T)`` (a buffer with stats).
+            before_write: called with the input fields by name, shaped ``[*batch_size, ...]``,
+                once they are read and before anything is stored (a buffer's statistics).
 
         Returns:
-            Whether the rows of each env stay ``num_envs`` apart, and the stored input fields by
-            name, shaped ``[*batch_size, ...]``.
+            Whether the rows of each env stay ``num_envs`` apart.
 
         Raises:
             ShapeError: ``td`` is not a TensorDict, or is not ``(num_envs, T)`` where needed.
@@ -281,6 +283,8 @@ class ReplayWriter:
             raise ShapeError(f"td: a buffer with stats needs batch size ({self.num_envs}, T) to tell envs "
                              f"apart, got {lead}")
         flat = {name: value.reshape(rows, *ring.by_name[name].shape) for name, value in tensors.items()}
+        if before_write is not None:
+            before_write({name: value.reshape(*lead, *value.shape[1:]) for name, value in flat.items()})
         if compact is None:
             ring.write_tensors(flat, rows)
         else:
@@ -289,7 +293,7 @@ class ReplayWriter:
             compact.write(obs, next_obs, flat["terminated"], flat["truncated"], compact.env_ids_of(lead),
                           lambda frames, done, cut: ring.write_tensors(
                               {**flat, "obs": frames, "terminated": done, "truncated": cut}, rows))
-        return interleaved, {name: value.reshape(*lead, *value.shape[1:]) for name, value in flat.items()}
+        return interleaved
 
 
 def _flag(td: TensorDictBase, key: tuple[str, str], lead: tuple[int, ...]) -> torch.Tensor | None:

@@ -49,9 +49,6 @@ from rlbuf.errors import CheckpointError, ConfigError
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike
 
-if TYPE_CHECKING:
-    from rlbuf._compact import CompactLayout
-
 BufferT = TypeVar("BufferT", bound="BufferState")
 NOT_OPTIONS = ("self", "__class__", "stats", "scratch_dir", "observation_space", "action_space", "foreign")
 _ITERATOR_METHODS = ("epochs", "minibatches")
@@ -281,9 +278,12 @@ class BufferState:
         if self._stats is not None and saved_stats is not None:
             trial = copy.deepcopy(self._stats)
             refusing("stats state", trial.load_state_dict, saved_stats)
-        compact: CompactLayout | None = getattr(self, "_compact", None)
-        if compact is not None:
-            _raise_if("state", compact.state_problem(extra["streams"], fields, write_count=count, size=size))
+        _raise_if("state", self._layout_problem(extra, fields, size=size, count=count))
+
+    def _layout_problem(self, extra: Mapping[str, Any], fields: Mapping[str, torch.Tensor], *, size: int,
+                        count: int) -> str:
+        """What the layout's own tables in ``extra`` contradict in the stored rows (``""``: nothing)."""
+        return ""
 
     def _check_iterator(self, iterator: Any, size: int, fields: Mapping[str, torch.Tensor]) -> None:
         """Build the saved iterator on the side (a throwaway generator) to check its state."""

@@ -1,4 +1,4 @@
-"""Typed batches that buffers return: attribute access, extras, and a TorchRL view.
+"""Typed batches that buffers return (attribute access, extras, a TorchRL view), and the typed step ``add`` takes.
 
 Batches are slotted dataclasses rather than tensorclasses: building one costs well under a
 microsecond, which matters at thousands of samples per second. ``to_tensordict()`` gives the
@@ -18,8 +18,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDict
@@ -49,6 +50,25 @@ def set_hidden_state(td: TensorDict, hidden_state: torch.Tensor | TensorDict | N
             value[:, 0] = first
         td.set(hidden_state_key(path), value)
 
+
+
+class Transition(NamedTuple):
+    """One env step of ``num_envs`` rows, for ``ReplayBuffer.add(transition)``.
+
+    Example:
+        >>> import torch
+        >>> step = Transition(torch.zeros(3), torch.zeros(1), 1.0, torch.ones(3), False)
+        >>> step.truncated is None          # no time limit hit: False for every env
+        True
+    """
+
+    obs: Any
+    action: Any
+    reward: Any
+    next_obs: Any
+    terminated: Any
+    truncated: Any = None
+    extras: Mapping[str, Any] | None = None
 
 class _ExtrasAccess:
     """Lets ``batch.privileged_obs`` read an extra field by name."""

@@ -36,10 +36,10 @@ from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
 
 from rlbuf._delivery import deliver
 from rlbuf._obs import torchrl_env_key
-from rlbuf.batches import ReplayBatch
+from rlbuf.batches import ReplayBatch, Transition
 from rlbuf.checkpoint import load_state
 from rlbuf.errors import RlbufError
-from rlbuf.replay import ReplayBuffer, Transition
+from rlbuf.replay import ReplayBuffer
 from rlbuf.sequences import ReplaySequenceBatch
 from rlbuf.storage import DeviceLike, resolve_device
 

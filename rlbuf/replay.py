@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,7 +50,7 @@ from rlbuf._replay_layout import (
 )
 from rlbuf._streams import PaddingType
 from rlbuf._sumtree import SumTreeSampler
-from rlbuf.batches import ReplayBatch
+from rlbuf.batches import ReplayBatch, Transition
 from rlbuf.epochs import EpochIterator
 from rlbuf.errors import (
     CheckpointError,
@@ -62,25 +62,6 @@ from rlbuf.spaces import resolve_fields
 from rlbuf.spec import ExtraFields, positive_int, priorities
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
-
-
-class Transition(NamedTuple):
-    """One env step of ``num_envs`` rows, for ``ReplayBuffer.add(transition)``.
-
-    Example:
-        >>> import torch
-        >>> step = Transition(torch.zeros(3), torch.zeros(1), 1.0, torch.ones(3), False)
-        >>> step.truncated is None          # no time limit hit: False for every env
-        True
-    """
-
-    obs: Any
-    action: Any
-    reward: Any
-    next_obs: Any
-    terminated: Any
-    truncated: Any = None
-    extras: Mapping[str, Any] | None = None
 
 
 class ReplayBuffer(RingBuffer[ReplayBatch]):
@@ -173,6 +154,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         refuse_foreign_options(ReplayBuffer.__init__, foreign)
         obs_shape, obs_dtype, action_shape, action_dtype = resolve_fields(
             observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype)
+        # Parsed before the options are recorded: a mapping nested too deep is refused by name first.
+        self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         positive_int("num_envs", num_envs)
@@ -187,7 +170,6 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         specs = replay_specs(stored_obs_shape, as_shape(action_shape, "action_shape"),
                              obs_dtype, action_dtype, extra_fields, next_obs=not compact)
         self._extra_specs = {s.name: s for s in specs if s.name in (extra_fields or {})}
-        self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
         if self._hidden is not None:
             specs = (*specs, *self._hidden.specs("hidden_state", hidden_state_key))
         self._interleaved = True
@@ -272,6 +254,12 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                 raise CheckpointError("state: a compact buffer's checkpoint must hold its streams, found none")
             self._compact.load_state_dict(state["streams"])
 
+    def _layout_problem(self, extra: Mapping[str, Any], fields: Mapping[str, torch.Tensor], *, size: int,
+                        count: int) -> str:
+        if self._compact is None:
+            return ""
+        return self._compact.state_problem(extra["streams"], fields, write_count=count, size=size)
+
     @classmethod
     def _options_from_checkpoint(cls, options: dict[str, Any]) -> dict[str, Any]:
         # rlbuf 0.1.0 recorded alpha=0.6, beta=0.4 for uniform buffers too; they are refused now.
@@ -336,18 +324,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         times this (on disk with ``storage="memmap"``, except the priority tree, the stream
         bookkeeping and the final observations, which stay in RAM).
 
-        Args:
-            obs_shape: as for the constructor (the whole stack with ``frame_stack > 1``).
-            action_shape: as for the constructor.
-            obs_dtype: as for the constructor.
-            action_dtype: as for the constructor.
-            extra_fields: as for the constructor.
-            prioritized: as for the constructor.
-            frame_stack: as for the constructor.
-            n_step: as for the constructor.
-            compact: as for the constructor.
-            hidden_state_shape: as for the constructor.
-            episode_length: mean steps per episode (``None``: final observations not counted).
+        Takes the constructor's options of the same names (``obs_shape`` is the whole stack with
+        ``frame_stack > 1``), and ``episode_length``: the mean steps per episode (``None``: final
+        observations not counted).
 
         Raises:
             ConfigError: invalid or contradictory options.
@@ -413,10 +392,12 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         """
         if self._plain and not extras and hidden_state is None and env_mask is None and not isinstance(obs, Transition):
             # The plain layout (decided once, in the constructor): the fields go to the ring's add as given.
+            # Statistics checked first and recorded once the rows are stored: a refusal changes neither.
+            record = None if self._stats is None else self._stats.planned_update(reward, terminated, truncated)
             self._ring.add((obs, action, reward, next_obs, terminated,
                             self._no_truncation if truncated is None else truncated), self._num_envs)
-            if self._stats is not None:
-                self._stats.update(reward, terminated, truncated)
+            if record is not None:
+                record()
             return
         if isinstance(obs, Transition):
             if any(v is not None for v in (action, reward, next_obs, terminated, truncated)) or extras:
@@ -429,11 +410,13 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         if len(extras) != len(self._extra_specs) or (extras and extras.keys() != self._extra_specs.keys()):
             check_extras(self._extra_specs, extras)
         check_hidden_state(self._hidden, hidden_state)
+        record = None if self._stats is None else self._stats.planned_update(reward, terminated, truncated,
+                                                                              env_mask=env_mask)
         interleaved = self._writer.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, extras,
                                        env_mask)
         self._interleaved = self._interleaved and interleaved
-        if self._stats is not None:
-            self._stats.update(reward, terminated, truncated, env_mask=env_mask)
+        if record is not None:
+            record()
 
     def extend(self, td: TensorDictBase) -> None:
         """Store a TensorDict in TorchRL layout, e.g. a collector's ``[num_envs, T]`` batch.
@@ -457,10 +440,14 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             >>> len(buf)
             10
         """
-        interleaved, tensors = self._writer.extend(td, per_env=self._stats is not None)
+        stats = self._stats
+        if stats is None:
+            interleaved = self._writer.extend(td, per_env=False)
+        else:
+            with stats.restored_on_error():  # statistics fed before the rows are stored, undone if refused
+                interleaved = self._writer.extend(td, per_env=True, before_write=lambda tensors: (
+                    self._feed_stats_from_rollout(tensors["reward"], tensors["terminated"], tensors["truncated"])))
         self._interleaved = self._interleaved and interleaved
-        if self._stats is not None:
-            self._feed_stats_from_rollout(tensors["reward"], tensors["terminated"], tensors["truncated"])
 
     # -- reading -----------------------------------------------------------------------------
     def sample(self, batch_size: int) -> ReplayBatch:

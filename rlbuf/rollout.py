@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, cast, overload
@@ -139,6 +140,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         refuse_foreign_options(RolloutBuffer.__init__, foreign)
         obs_shape, obs_dtype, action_shape, action_dtype = resolve_fields(
             observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype)
+        # Parsed before the options are recorded: a mapping nested too deep is refused by name first.
+        self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         positive_int("num_steps", num_steps)
@@ -150,7 +153,6 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                               obs_dtype, action_dtype, extra_fields)
         self._has_privileged = privileged is not None
         self._extra_specs = {s.name: s for s in specs if s.name not in BUILT_IN and not s.name.startswith("obs[")}
-        self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
         if self._hidden is not None:
             specs = (*specs, *self._hidden.specs("hidden_state", hidden_state_key))
         self._setup(specs, num_steps * num_envs, SamplerWithoutReplacement(), num_envs=num_envs, storage=storage,
@@ -260,10 +262,11 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                              obs_layout=self._obs, hidden=self._hidden, extra_specs=self._extra_specs,
                              privileged=self._has_privileged)
         truncated = values["truncated"]
+        record = None if self._stats is None else self._stats.planned_update(reward, terminated, truncated)
         self._ring.add(tuple(values[spec.name] for spec in self._ring.input_specs), self._num_envs)
         self._advantages_ready = False
-        if self._stats is not None:
-            self._stats.update(reward, terminated, truncated)
+        if record is not None:
+            record()
 
     def extend(self, td: TensorDictBase) -> None:
         """Store a whole rollout from a TorchRL collector: batch ``[num_envs, T]`` (time last).
@@ -293,14 +296,16 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                                                    free_steps=self._num_steps - self.steps,
                                                    whole=self.steps == 0)
         ring, rows = self._ring, steps * self._num_envs
-        with ring.rewriting():  # one commit: the rows, then the advantages written over them
-            ring.write_checked(columns, rows)
-            if len(computed) == len(COMPUTED):
-                for name, tensor in computed.items():
-                    ring.leaves[name].copy_(tensor)
+        # Statistics fed before the rows are stored, and undone if the rows are refused.
+        with contextlib.nullcontext() if self._stats is None else self._stats.restored_on_error():
+            self._feed_stats_from_rollout(columns["reward"].view(steps, -1).T,
+                                          columns["terminated"].view(steps, -1).T, columns["truncated"].view(steps, -1).T)
+            with ring.rewriting():  # one commit: the rows, then the advantages written over them
+                ring.write_checked(columns, rows)
+                if len(computed) == len(COMPUTED):
+                    for name, tensor in computed.items():
+                        ring.leaves[name].copy_(tensor)
         self._advantages_ready = len(computed) == len(COMPUTED)
-        self._feed_stats_from_rollout(columns["reward"].view(steps, -1).T, columns["terminated"].view(steps, -1).T,
-                                      columns["truncated"].view(steps, -1).T)
 
     def clear(self) -> None:
         """Empty the rollout (for the next one); extras attached with [`set_extras`][rlbuf.RolloutBuffer.set_extras] go too.

@@ -17,50 +17,34 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
-from typing import Any, TypeAlias, TypeVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
 
 from rlbuf._convert import all_finite, as_array, positive_int
-from rlbuf._stats_state import RESERVED, Episode, checked_state
-from rlbuf.errors import ConfigError, DtypeError, NonFiniteError, ShapeError
+from rlbuf._stats_inputs import Reasons as _Reasons
+from rlbuf._stats_inputs import StepInputs
+from rlbuf._stats_inputs import Values as _Values
+from rlbuf._stats_state import Episode, checked_state
+from rlbuf.errors import ConfigError, DtypeError, NonFiniteError
 from rlbuf.storage import available_ram
 
 __all__ = ["EpisodeStats"]
 
-_ArrayT = TypeVar("_ArrayT", torch.Tensor, "np.ndarray[Any, Any]")
-
-_Values: TypeAlias = "torch.Tensor | np.ndarray[Any, Any] | Sequence[float] | float"
-"""Per-env values: a ``[num_envs]`` tensor, array or sequence; a bare number when ``num_envs == 1``."""
-
-_Reasons: TypeAlias = "Sequence[str | None] | Mapping[int, str | None]"
-"""Per-env end reasons: one entry per env, or env index -> reason."""
 
 _StatSummary: TypeAlias = "dict[str, float | int | None]"
 """``mean``, ``std``, ``min``, ``max`` (``None`` when ``count`` is 0) and ``count``."""
 
 # numpy dtype kinds accepted per field: float, signed int, unsigned int, bool.
 _REWARD_KINDS = "fiu"
-_METRIC_KINDS = "fiub"
 _BYTES_PER_ENV = 16
 """A running return (float64) and a running length (int64) per env."""
-
-
-def _kind(value: torch.Tensor | np.ndarray[Any, Any]) -> str:
-    """The numpy dtype kind of a tensor or array, without moving the tensor."""
-    if isinstance(value, np.ndarray):
-        return str(value.dtype.kind)
-    if value.dtype == torch.bool:
-        return "b"
-    if value.dtype.is_floating_point:
-        return "f"
-    if value.dtype.is_complex:
-        return "c"
-    return "i" if value.dtype.is_signed else "u"
 
 
 class EpisodeStats:
@@ -95,8 +79,6 @@ class EpisodeStats:
             raise ConfigError(f"num_envs: {self._num_envs} envs need {needed} bytes of running returns and lengths, "
                               f"but only {available} bytes of RAM are available; expected one tracker per vector "
                               f"env, num_envs as the env's")
-        self._shape = torch.Size([self._num_envs])
-        self._expected = f"({self._num_envs},)" + (" or ()" if self._num_envs == 1 else "")
         # float64 so long episodes of small float32 rewards do not lose precision.
         self._running_return = torch.zeros(self._num_envs, dtype=torch.float64)
         self._running_length = torch.zeros(self._num_envs, dtype=torch.int64)
@@ -105,6 +87,7 @@ class EpisodeStats:
         self._length_view: np.ndarray[Any, Any] = self._running_length.numpy()
         self._episodes: deque[Episode] = deque(maxlen=self._window)
         self._finished = 0
+        self._inputs = StepInputs(self._num_envs)
 
     @property
     def num_envs(self) -> int:
@@ -202,6 +185,36 @@ class EpisodeStats:
             >>> stats.summary()["score"]["mean"]
             15.0
         """
+        self.planned_update(reward, terminated, truncated, metrics=metrics, reasons=reasons, env_mask=env_mask)()
+
+    def planned_update(
+        self,
+        reward: _Values,
+        terminated: _Values,
+        truncated: _Values | None = None,
+        *,
+        metrics: Mapping[str, _Values] | None = None,
+        reasons: _Reasons | None = None,
+        env_mask: _Values | None = None,
+    ) -> Callable[[], None]:
+        """Check one step as [`update`][rlbuf.EpisodeStats.update] does, and return what records it.
+
+        Nothing changes until the returned function is called, and that call cannot fail: a
+        buffer checks the step here, stores its rows, and only then records the step, so a
+        refused add leaves both the buffer and its statistics as they were.
+
+        Raises:
+            ShapeError, DtypeError, NonFiniteError, ConfigError: as ``update``.
+
+        Example:
+            >>> stats = EpisodeStats(1)
+            >>> record = stats.planned_update(1.0, True)
+            >>> stats.episodes_finished
+            0
+            >>> record()
+            >>> stats.episodes_finished
+            1
+        """
         if (
             self._num_envs == 1
             and type(reward) is float
@@ -217,10 +230,8 @@ class EpisodeStats:
             total = float(self._return_view[0]) + reward
             if not math.isfinite(total):
                 raise self._overflow(0, reward)
-            self._return_view[0] = total
-            self._length_view[0] += 1
-            return
-        reward_a = self._check_shape("reward", as_array("reward", reward))
+            return partial(self._continue_one, total)
+        reward_a = self._inputs.shape("reward", as_array("reward", reward))
         if reward_a.dtype.kind not in _REWARD_KINDS:
             raise DtypeError(f"reward: expected a float or int dtype, got {reward_a.dtype}")
         if reward_a.dtype.kind == "f" and not np.isfinite(reward_a).all():
@@ -228,16 +239,16 @@ class EpisodeStats:
             raise NonFiniteError(
                 f"reward: expected finite values, got {reward_a[env]} at env {env}"
             )
-        terminated_a = self._check_flag("terminated", terminated)
+        terminated_a = self._inputs.flag("terminated", terminated)
         done = terminated_a
         if truncated is not None:
-            done = terminated_a | self._check_flag("truncated", truncated)
-        checked_metrics = self._check_metrics(metrics) if metrics else None
+            done = terminated_a | self._inputs.flag("truncated", truncated)
+        checked_metrics = self._inputs.metrics(metrics) if metrics else None
         if reasons is not None:
-            self._check_reasons(reasons)
+            self._inputs.reasons(reasons)
         steps: np.ndarray[Any, Any] | int = 1
         if env_mask is not None:
-            steps = self._check_flag("env_mask", env_mask)
+            steps = self._inputs.flag("env_mask", env_mask)
             reward_a = np.where(steps, reward_a, 0)
             done = done & steps
 
@@ -248,22 +259,63 @@ class EpisodeStats:
             env = int(np.flatnonzero(~np.isfinite(totals))[0])
             raise self._overflow(env, reward_a[env])
         if not done.any():
-            self._return_view[:] = totals
-            self._length_view += steps
-            return
+            return partial(self._continue, totals, steps)
 
         # Rare path: some episodes end. Read and check what they need before changing anything.
         index = np.flatnonzero(done)
         envs: list[int] = index.tolist()
         ended_terminated: list[bool] = terminated_a[index].tolist()
-        ended_metrics = self._ended_metrics(checked_metrics, index) if checked_metrics else {}
+        ended_metrics = self._inputs.ended_metrics(checked_metrics, index) if checked_metrics else {}
         ended_reasons = [
-            self._reason(reasons, env, was_terminated)
+            self._inputs.reason(reasons, env, was_terminated)
             for env, was_terminated in zip(envs, ended_terminated, strict=True)
         ]
 
+        return partial(self._end, totals, steps, index, ended_reasons, ended_metrics)
+
+    @contextlib.contextmanager
+    def restored_on_error(self) -> Iterator[None]:
+        """Within this block, an exception puts the tracker back as it was when the block began.
+
+        For buffers that record several steps (a collector's ``[num_envs, T]`` batch) and then
+        store their rows: a refusal anywhere leaves both as they were.
+
+        Example:
+            >>> stats = EpisodeStats(1)
+            >>> try:
+            ...     with stats.restored_on_error():
+            ...         stats.update(1.0, True)
+            ...         raise ValueError("the rows were refused")
+            ... except ValueError:
+            ...     pass
+            >>> stats.episodes_finished
+            0
+        """
+        saved = (self._return_view.copy(), self._length_view.copy(), list(self._episodes), self._finished)
+        try:
+            yield
+        except BaseException:
+            returns, lengths, episodes, finished = saved
+            self._return_view[:] = returns
+            self._length_view[:] = lengths
+            self._episodes.clear()
+            self._episodes.extend(episodes)
+            self._finished = finished
+            raise
+
+    def _continue_one(self, total: float) -> None:
+        self._return_view[0] = total
+        self._length_view[0] += 1
+
+    def _continue(self, totals: np.ndarray[Any, Any], steps: np.ndarray[Any, Any] | int) -> None:
         self._return_view[:] = totals
         self._length_view += steps
+
+    def _end(self, totals: np.ndarray[Any, Any], steps: np.ndarray[Any, Any] | int, index: np.ndarray[Any, Any],
+             ended_reasons: list[str], ended_metrics: dict[str, list[Any]]) -> None:
+        """Record a step in which the episodes of the envs at ``index`` end (everything checked before)."""
+        self._continue(totals, steps)
+        envs: list[int] = index.tolist()
         returns: list[float] = self._return_view[index].tolist()
         lengths: list[int] = self._length_view[index].tolist()
         self._return_view[index] = 0.0
@@ -458,90 +510,6 @@ class EpisodeStats:
             f"EpisodeStats(num_envs={self._num_envs}, window={self._window}, "
             f"episodes_finished={self._finished}, kept={len(self._episodes)})"
         )
-
-    def _check_shape(self, name: str, value: _ArrayT) -> _ArrayT:
-        if value.shape == self._shape:
-            return value
-        if self._num_envs == 1 and value.ndim == 0:
-            return value.reshape(1)
-        raise ShapeError(f"{name}: expected shape {self._expected}, got {tuple(value.shape)}")
-
-    def _check_flag(self, name: str, value: _Values) -> np.ndarray[Any, Any]:
-        flag = self._check_shape(name, as_array(name, value))
-        if flag.dtype != np.bool_:
-            raise DtypeError(f"{name}: expected dtype bool, got {flag.dtype}")
-        return flag
-
-    def _check_metrics(
-        self, metrics: Mapping[str, _Values]
-    ) -> dict[str, torch.Tensor | np.ndarray[Any, Any]]:
-        # Tensors are only checked here and moved to the CPU when an episode ends.
-        checked: dict[str, torch.Tensor | np.ndarray[Any, Any]] = {}
-        for name, value in metrics.items():
-            if not isinstance(name, str) or name in RESERVED:
-                raise ConfigError(
-                    f"metrics: name {name!r} is not allowed; expected a str other than "
-                    f"{sorted(RESERVED)}"
-                )
-            field = f"metrics[{name!r}]"
-            array: torch.Tensor | np.ndarray[Any, Any]
-            if isinstance(value, torch.Tensor):
-                array = self._check_shape(field, value)
-            else:
-                array = self._check_shape(field, as_array(field, value))
-            if _kind(array) not in _METRIC_KINDS:
-                raise DtypeError(f"{field}: expected a float, int or bool dtype, got {array.dtype}")
-            checked[name] = array
-        return checked
-
-    def _check_reasons(self, reasons: _Reasons) -> None:
-        if isinstance(reasons, Mapping):
-            for env in reasons:
-                if (
-                    isinstance(env, bool)
-                    or not isinstance(env, int | np.integer)
-                    or not 0 <= env < self._num_envs
-                ):
-                    raise ShapeError(
-                        f"reasons: expected env indices in [0, {self._num_envs}), got {env!r}"
-                    )
-        elif isinstance(reasons, str) or not isinstance(reasons, Sequence | np.ndarray) or (isinstance(reasons, np.ndarray) and reasons.ndim != 1):
-            raise DtypeError(
-                f"reasons: expected a sequence of {self._num_envs} str or None, or a mapping "
-                f"env index -> str, got {type(reasons).__name__}"
-            )
-        elif len(reasons) != self._num_envs:
-            raise ShapeError(f"reasons: expected length {self._num_envs}, got {len(reasons)}")
-
-    @staticmethod
-    def _reason(reasons: _Reasons | None, env: int, terminated: bool) -> str:
-        reason = None
-        if isinstance(reasons, Mapping):
-            reason = reasons.get(env)
-        elif reasons is not None:
-            reason = reasons[env]
-        if reason is None:
-            return "terminated" if terminated else "truncated"
-        if not isinstance(reason, str):
-            raise DtypeError(f"reasons[{env}]: expected str or None, got {type(reason).__name__}")
-        return str(reason)
-
-    @staticmethod
-    def _ended_metrics(
-        metrics: dict[str, torch.Tensor | np.ndarray[Any, Any]], index: np.ndarray[Any, Any]
-    ) -> dict[str, list[float]]:
-        ended = {}
-        for name, value in metrics.items():
-            field = f"metrics[{name!r}]"
-            column = as_array(field, value)[index].astype(np.float64)
-            if not np.isfinite(column).all():
-                i = int(np.flatnonzero(~np.isfinite(column))[0])
-                raise NonFiniteError(
-                    f"{field}: expected finite values for ending episodes, "
-                    f"got {column[i]} at env {int(index[i])}"
-                )
-            ended[name] = column.tolist()
-        return ended
 
     def _recent(self, k: int | None) -> list[Episode]:
         episodes = list(self._episodes)
