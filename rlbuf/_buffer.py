@@ -24,8 +24,8 @@ from rlbuf._fields import check_names
 from rlbuf._ring import RowRing
 from rlbuf._state import BufferState
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
-from rlbuf.errors import ConfigError, EmptyBufferError
-from rlbuf.spec import FieldSpec, as_flag, as_int, positive_int
+from rlbuf.errors import ConfigError, EmptyBufferError, RlbufError
+from rlbuf.spec import FieldSpec, RowReader, as_flag, as_int, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device
 
@@ -88,6 +88,28 @@ class RingBuffer(BufferState, Generic[BatchT]):
     def stats(self) -> EpisodeStats | None:
         """The episode statistics this buffer feeds with every step added, if any."""
         return self._stats
+
+    def _planned_stats(self, reward: Any, terminated: Any, truncated: Any, *,
+                       env_mask: Any = None) -> Callable[[], None] | None:
+        """The statistics' check of one step, and what records it once the rows are stored (``None``: no stats).
+
+        A value the statistics refuse is first read by this buffer's own readers, so a value both
+        refuse is named in the buffer's words, as without statistics.
+        """
+        if self._stats is None:
+            return None
+        try:
+            return self._stats.planned_update(reward, terminated, truncated, env_mask=env_mask)
+        except RlbufError:
+            self._check_step(reward, terminated, truncated, env_mask)
+            raise
+
+    def _check_step(self, reward: Any, terminated: Any, truncated: Any, env_mask: Any) -> None:
+        """Read a step's reward and flags as this buffer stores them (raises what the buffer refuses)."""
+        ring = self._ring
+        for name, value in (("reward", reward), ("terminated", terminated), ("truncated", truncated)):
+            if value is not None and name in ring.by_name:
+                RowReader(ring.by_name[name], self._num_envs, ring.accepted_devices).tensor(value)
 
     def _feed_stats_from_rollout(self, reward: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor) -> None:
         """Feed ``[num_envs, T]`` (time last) tensors to the stats, one step at a time."""

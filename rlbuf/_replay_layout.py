@@ -207,7 +207,7 @@ class ReplayWriter:
         if env_mask is None:
             ring.add(values, self.num_envs)
             return True
-        keep = self._env_mask(env_mask)
+        keep = self.checked_env_mask(env_mask)
         rows = self._kept_rows(ring.input_specs, values, keep)
         kept = int(keep.sum())
         if kept:
@@ -220,7 +220,7 @@ class ReplayWriter:
         layout's streams (an env left out continues its stream with its next kept row)."""
         compact, ring = self.compact, self.ring
         assert compact is not None
-        keep = self._env_mask(env_mask)
+        keep = self.checked_env_mask(env_mask)
         flags = (ring.by_name["terminated"], ring.by_name["truncated"])
         specs = (compact.obs_spec, compact.next_obs_spec, *flags,
                  *(spec for spec in ring.input_specs if spec.name not in ("obs", "terminated", "truncated")))
@@ -233,7 +233,7 @@ class ReplayWriter:
                               {**rows, "obs": frames, "terminated": done, "truncated": cut}, kept))
         return kept in (0, self.num_envs)
 
-    def _env_mask(self, env_mask: Any) -> torch.Tensor:
+    def checked_env_mask(self, env_mask: Any) -> torch.Tensor:
         """``env_mask`` as ``[num_envs]`` bools on the CPU.
 
         Raises:

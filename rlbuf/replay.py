@@ -254,6 +254,11 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                 raise CheckpointError("state: a compact buffer's checkpoint must hold its streams, found none")
             self._compact.load_state_dict(state["streams"])
 
+    def _check_step(self, reward: Any, terminated: Any, truncated: Any, env_mask: Any) -> None:
+        super()._check_step(reward, terminated, truncated, env_mask)
+        if env_mask is not None:
+            self._writer.checked_env_mask(env_mask)
+
     def _layout_problem(self, extra: Mapping[str, Any], fields: Mapping[str, torch.Tensor], *, size: int,
                         count: int) -> str:
         if self._compact is None:
@@ -393,7 +398,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         if self._plain and not extras and hidden_state is None and env_mask is None and not isinstance(obs, Transition):
             # The plain layout (decided once, in the constructor): the fields go to the ring's add as given.
             # Statistics checked first and recorded once the rows are stored: a refusal changes neither.
-            record = None if self._stats is None else self._stats.planned_update(reward, terminated, truncated)
+            record = self._planned_stats(reward, terminated, truncated)
             self._ring.add((obs, action, reward, next_obs, terminated,
                             self._no_truncation if truncated is None else truncated), self._num_envs)
             if record is not None:
@@ -410,8 +415,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         if len(extras) != len(self._extra_specs) or (extras and extras.keys() != self._extra_specs.keys()):
             check_extras(self._extra_specs, extras)
         check_hidden_state(self._hidden, hidden_state)
-        record = None if self._stats is None else self._stats.planned_update(reward, terminated, truncated,
-                                                                              env_mask=env_mask)
+        record = self._planned_stats(reward, terminated, truncated, env_mask=env_mask)
         interleaved = self._writer.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, extras,
                                        env_mask)
         self._interleaved = self._interleaved and interleaved

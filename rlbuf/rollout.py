@@ -262,7 +262,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                              obs_layout=self._obs, hidden=self._hidden, extra_specs=self._extra_specs,
                              privileged=self._has_privileged)
         truncated = values["truncated"]
-        record = None if self._stats is None else self._stats.planned_update(reward, terminated, truncated)
+        record = self._planned_stats(reward, terminated, truncated)
         self._ring.add(tuple(values[spec.name] for spec in self._ring.input_specs), self._num_envs)
         self._advantages_ready = False
         if record is not None:
