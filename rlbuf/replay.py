@@ -398,7 +398,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         if self._plain and not extras and hidden_state is None and env_mask is None and not isinstance(obs, Transition):
             # The plain layout (decided once, in the constructor): the fields go to the ring's add as given.
             # Statistics checked first and recorded once the rows are stored: a refusal changes neither.
-            record = self._planned_stats(reward, terminated, truncated)
+            record = None if self._stats is None else self._planned_stats(reward, terminated, truncated)
             self._ring.add((obs, action, reward, next_obs, terminated,
                             self._no_truncation if truncated is None else truncated), self._num_envs)
             if record is not None:
