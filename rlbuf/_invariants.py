@@ -96,6 +96,33 @@ def _same_json(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def tensors_problem(state: Any, where: str = "state") -> str:
+    """A tensor anywhere in ``state`` that holds no data rlbuf can read: on the meta device (or a
+    device other than CPU or CUDA), or not a dense strided tensor.
+
+    Example:
+        >>> tensors_problem({"rng": {"sample": torch.empty(3, device="meta")}})
+        "state.rng.sample is a tensor on the meta device; rlbuf stores dense tensors on the CPU or CUDA"
+    """
+    if isinstance(state, torch.Tensor):
+        if state.device.type not in ("cpu", "cuda") or state.layout != torch.strided:
+            return (f"{where} is a tensor on the {state.device.type} device"
+                    f"{'' if state.layout == torch.strided else f' with layout {state.layout}'}; rlbuf stores "
+                    "dense tensors on the CPU or CUDA")
+        return ""
+    if isinstance(state, Mapping):
+        items: Any = state.items()
+    elif isinstance(state, (list, tuple)):
+        items = enumerate(state)
+    else:
+        return ""
+    for key, value in items:
+        reason = tensors_problem(value, f"{where}.{key}")
+        if reason:
+            return reason
+    return ""
+
+
 def fields_problem(specs: Sequence[FieldSpec], fields: Any, size: int) -> str:
     """Columns missing, extra, or not ``size`` rows of each field's dtype and shape."""
     names = [spec.name for spec in specs]
@@ -182,8 +209,9 @@ def extra_problem(saved: Any, own: Mapping[str, Any], *, capacity: int, field_na
 def generator_problem(saved: Any, own: torch.Generator, what: str) -> tuple[str, bool]:
     """Whether ``saved`` is a state ``own`` takes: ``(reason, moved)``; ``moved`` when it was
     saved on another device type (another size: the load warns and keeps ``own``'s state)."""
-    if not isinstance(saved, torch.Tensor) or saved.dtype != torch.uint8 or saved.dim() != 1:
-        return f"rng {what!r} must be a generator state (a 1-D uint8 tensor)", False
+    if (not isinstance(saved, torch.Tensor) or saved.dtype != torch.uint8 or saved.dim() != 1
+            or saved.device.type != "cpu"):
+        return f"rng {what!r} must be a generator state (a 1-D uint8 tensor on the CPU)", False
     current = own.get_state()
     if saved.numel() != current.numel():
         if saved.numel() in _STATE_BYTES.values():

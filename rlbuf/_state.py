@@ -39,6 +39,7 @@ from rlbuf._invariants import (
     options_problem,
     refusing,
     rows_problem,
+    tensors_problem,
     sampler_problem,
     saved_count,
 )
@@ -235,6 +236,7 @@ class BufferState:
         unknown = sorted(str(key) for key in set(state) - _STATE_KEYS)
         if unknown:
             raise CheckpointError(f"state: {unknown} are not parts of a buffer's state")
+        _raise_if("state", tensors_problem(state))
         mine = [spec.to_json() for spec in ring.specs]
         if state.get("spec") != mine:
             raise CheckpointError(f"state: fields {state.get('spec')} differ from this buffer's {mine}")
