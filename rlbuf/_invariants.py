@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from rlbuf.errors import CheckpointError
-from rlbuf.spec import FieldSpec
+from rlbuf.spec import _MAX_PRIORITY, FieldSpec
 
 _STATE_BYTES = {"cpu": 5056, "cuda": 16}  # Mersenne Twister; Philox seed and offset
 DEVICE_OPTIONS = ("device", "storing_device", "seed", "storage")
@@ -178,6 +178,35 @@ def sampler_problem(state: Mapping[str, Any], *, size: int, alpha: float | None,
         return f"the priorities of the {size} stored rows are not all written (sum and min leaves differ)"
     if not bool((sums[size:] == 0).all()) or not bool(torch.isinf(mins[size:]).all()):
         return f"rows from position {size} on are not stored but hold priorities"
+    return max_priority_problem(state, sums[:size], capacity=len(sums))
+
+
+def max_priority_problem(state: Mapping[str, Any], leaves: torch.Tensor, *, capacity: int) -> str:
+    """A ``max_priority`` (the largest raw priority set so far, new rows' default) that
+    ``update_priority`` could not have left: not -1 (none set) or in ``[0, 1e100]``, below a stored
+    row's priority (rows added before the first update keep the default 1.0), or an index that is
+    no position. Which row set it cannot be checked (it may have been overwritten since)."""
+    value, index = state.get("max_priority"), state.get("max_priority_index")
+    if type(value) not in (int, float) or type(index) is not int:
+        return f"max_priority and max_priority_index must be a number and an int, got {value!r} and {index!r}"
+    alpha, eps = float(state.get("alpha", 0.0)), float(state.get("eps", 0.0))
+    raw = leaves.double() ** (1.0 / alpha) - eps if alpha > 0 and len(leaves) else None
+    default = torch.isclose(raw, torch.ones_like(raw), rtol=1e-4) if raw is not None else None
+    if value == -1:
+        if index != -1:
+            return f"max_priority_index is {index} but no priority was set (max_priority -1)"
+        if raw is not None and default is not None and not bool(default.all()):
+            return "max_priority is -1 (no priority set yet) but stored rows hold priorities other than the default 1.0"
+        return ""
+    if not (math.isfinite(value) and 0 <= value <= _MAX_PRIORITY):
+        return f"max_priority {value!r} is outside [0, {_MAX_PRIORITY:g}], the priorities update_priority takes"
+    if not 0 <= index < capacity:
+        return f"max_priority_index {index} is not a row position in [0, {capacity})"
+    if raw is not None and default is not None:
+        above = (raw > value * (1 + 1e-4) + 1e-9) & ~default
+        if bool(above.any()):
+            return (f"max_priority {value!r} is below the priority {float(raw[above].max()):.6g} of a stored row "
+                    "(it is the largest priority set so far)")
     return ""
 
 

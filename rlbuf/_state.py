@@ -267,9 +267,10 @@ class BufferState:
         sampler = self._ring.rb.sampler
         trial = copy.deepcopy(sampler)
         refusing("sampler state", trial.load_state_dict, saved)
-        own = sampler.state_dict()
-        _raise_if("sampler state", sampler_problem(trial.state_dict(), size=size, alpha=own.get("alpha"),
-                                                   eps=own.get("eps")))
+        own, loaded = sampler.state_dict(), trial.state_dict()
+        if "max_priority" in loaded:  # as saved: the sampler reads a negative one as "none set"
+            loaded = {**loaded, "max_priority": saved["max_priority"], "max_priority_index": saved["max_priority_index"]}
+        _raise_if("sampler state", sampler_problem(loaded, size=size, alpha=own.get("alpha"), eps=own.get("eps")))
 
     def _check_extra(self, extra: Any, fields: Mapping[str, torch.Tensor], size: int, count: int) -> None:
         """The extra state is what this buffer writes: its statistics and the compact layout's streams."""
