@@ -67,6 +67,20 @@ def counts_problem(*, size: int, cursor: int, write_count: int, capacity: int) -
             f"{write_count % capacity})")
 
 
+def steps_problem(*, size: int, write_count: int, num_envs: int, capacity: int) -> str:
+    """Counters of a buffer filled a whole step (``num_envs`` rows) at a time that never wraps (a rollout).
+
+    Example:
+        >>> steps_problem(size=3, write_count=3, num_envs=2, capacity=8)
+        'size 3 is not a whole number of steps of 2 envs'
+    """
+    if size % num_envs:
+        return f"size {size} is not a whole number of steps of {num_envs} envs"
+    if write_count > capacity:
+        return f"write count {write_count} is above the capacity {capacity}: this buffer never wraps"
+    return ""
+
+
 def options_problem(saved: Any, own: Mapping[str, Any]) -> str:
     """Saved constructor options (JSON form) that differ from the buffer's, devices and seed aside.
 

@@ -42,6 +42,7 @@ from rlbuf._invariants import (
     tensors_problem,
     sampler_problem,
     saved_count,
+    steps_problem,
 )
 from rlbuf._ring import RowCopies, RowRing, RowSink
 from rlbuf.checkpoint import load_state, save_state
@@ -112,6 +113,10 @@ class BufferState:
     _device: torch.device
     _current_epochs: EpochIterator[Any] | None = None
     _current_epochs_call: tuple[str, dict[str, Any]] | None = None
+    _num_envs: int
+    _fills_by_whole_steps: bool = False
+    """Rows come ``num_envs`` at a time and the ring never wraps (a rollout): the load check
+    refuses a size that is no whole number of steps and a write count above the capacity."""
 
     if TYPE_CHECKING:
         def clear(self) -> None: ...
@@ -251,6 +256,9 @@ class BufferState:
         _raise_if("state", options_problem(saved_options, self._options))
         size, cursor, count = (saved_count(state, key) for key in ("size", "cursor", "write_count"))
         _raise_if("state", counts_problem(size=size, cursor=cursor, write_count=count, capacity=ring.capacity))
+        if self._fills_by_whole_steps:
+            _raise_if("state", steps_problem(size=size, write_count=count, num_envs=self._num_envs,
+                                             capacity=ring.capacity))
         if state.get("data", True) is not True:
             if state.get("data") is not False:
                 raise CheckpointError(f"state: data must be true or false, got {state.get('data')!r}")
@@ -277,6 +285,9 @@ class BufferState:
         ring = self._ring
         _raise_if("state", extra_problem(extra, self._extra_state(), capacity=ring.capacity,
                                          field_names=list(ring.by_name)))
+        if "interleaved" in self._extra_state() and extra.get("interleaved", True) and count % self._num_envs:
+            raise CheckpointError(f"state: extra state 'interleaved' is true (every add held all {self._num_envs} envs) "
+                                  f"but the write count {count} is no multiple of num_envs")
         saved_stats = extra.get("stats")
         if self._stats is not None and saved_stats is not None:
             trial = copy.deepcopy(self._stats)
