@@ -45,6 +45,7 @@ from rlbuf._invariants import (
     steps_problem,
 )
 from rlbuf._ring import RowCopies, RowRing, RowSink
+from rlbuf._stats_state import checked_state
 from rlbuf.checkpoint import load_state, save_state
 from rlbuf.epochs import EpochIterator
 from rlbuf.errors import CheckpointError, ConfigError
@@ -290,6 +291,7 @@ class BufferState:
                                   f"but the write count {count} is no multiple of num_envs")
         saved_stats = extra.get("stats")
         if self._stats is not None and saved_stats is not None:
+            refusing("stats state", checked_state, saved_stats, self._stats.num_envs, self._stats.window)
             trial = copy.deepcopy(self._stats)
             refusing("stats state", trial.load_state_dict, saved_stats)
         _raise_if("state", self._layout_problem(extra, fields, size=size, count=count))
@@ -466,6 +468,9 @@ class BufferState:
         extra = state.get("extra")
         saved_stats = extra.get("stats") if isinstance(extra, Mapping) else None
         if isinstance(saved_stats, Mapping):
+            if type(saved_stats.get("window")) is not int or type(saved_stats.get("num_envs")) is not int:
+                raise CheckpointError(f"stats state: window and num_envs must be ints, got {saved_stats.get('window')!r} "
+                                      f"and {saved_stats.get('num_envs')!r}")
             options["stats"] = refusing("stats state", lambda: EpisodeStats(int(saved_stats["num_envs"]),
                                                                             window=int(saved_stats["window"])))
         try:
