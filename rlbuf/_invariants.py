@@ -201,8 +201,9 @@ def max_priority_problem(state: Mapping[str, Any], leaves: torch.Tensor, *, capa
     row's priority (rows added before the first update keep the default 1.0), or an index that is
     no position. Which row set it cannot be checked (it may have been overwritten since)."""
     value, index = state.get("max_priority"), state.get("max_priority_index")
-    if type(value) not in (int, float) or type(index) is not int:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or type(index) is not int:
         return f"max_priority and max_priority_index must be a number and an int, got {value!r} and {index!r}"
+    value = float(value)
     alpha, eps = float(state.get("alpha", 0.0)), float(state.get("eps", 0.0))
     raw = leaves.double() ** (1.0 / alpha) - eps if alpha > 0 and len(leaves) else None
     default = torch.isclose(raw, torch.ones_like(raw), rtol=1e-4) if raw is not None else None

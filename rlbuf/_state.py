@@ -39,10 +39,10 @@ from rlbuf._invariants import (
     options_problem,
     refusing,
     rows_problem,
-    tensors_problem,
     sampler_problem,
     saved_count,
     steps_problem,
+    tensors_problem,
 )
 from rlbuf._ring import RowCopies, RowRing, RowSink
 from rlbuf._stats_state import checked_state

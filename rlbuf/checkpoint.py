@@ -247,9 +247,9 @@ def references_problem(state: Any) -> str:
     if reason or not isinstance(fields, dict):
         return reason
     for name, ref in fields.items():
-        if isinstance(ref, dict) and set(ref) == {_TENSOR}:
-            if ref[_TENSOR] not in (row_relpath("state.fields", name), _legacy_relpath("state.fields", name)):
-                return f"field {name!r} refers to the file {ref[_TENSOR]!r}, not its own"
+        own = (row_relpath("state.fields", name), _legacy_relpath("state.fields", name))
+        if isinstance(ref, dict) and set(ref) == {_TENSOR} and ref[_TENSOR] not in own:
+            return f"field {name!r} refers to the file {ref[_TENSOR]!r}, not its own"
     return ""
 
 
