@@ -7,6 +7,12 @@ priorities, the compact layout's stream tables: see [`rlbuf._stream_check`][rlbu
 or cross-checked against them (counters against each other and the capacity, options against
 the buffer's).
 
+What no check can tell, because rlbuf could have written either value for the same rows: which
+row set ``max_priority`` (``max_priority_index``; the row may have been overwritten since), the
+order of a replay buffer's envs within each step when ``interleaved`` is true (only that the
+write count is whole steps), the reason strings of episode statistics (any string a caller gave),
+and the env of rows loaded from a compact checkpoint without an ``env`` table (kept as -1).
+
 Example:
     >>> counts_problem(size=4, cursor=4, write_count=4, capacity=8)
     ''

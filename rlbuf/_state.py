@@ -370,8 +370,9 @@ class BufferState:
         with ring.lock:
             self.clear()
             fields = state["fields"]
-            for name, leaf in ring.leaves.items():
-                leaf[:checked.size].copy_(fields[name])
+            with torch.no_grad():  # a column that requires grad must not attach the storage to its graph
+                for name, leaf in ring.leaves.items():
+                    leaf[:checked.size].copy_(fields[name])
             rb = ring.rb
             with _torchrl.write_lock(rb):
                 _torchrl.set_counts(rb, cursor=checked.cursor, write_count=checked.write_count, size=checked.size)
