@@ -247,8 +247,12 @@ def references_problem(state: Any) -> str:
     if reason or not isinstance(fields, dict):
         return reason
     for name, ref in fields.items():
-        own = (row_relpath("state.fields", name), _legacy_relpath("state.fields", name))
-        if isinstance(ref, dict) and set(ref) == {_TENSOR} and ref[_TENSOR] not in own:
+        if not isinstance(ref, dict) or set(ref) != {_TENSOR} or ref[_TENSOR] == row_relpath("state.fields", name):
+            continue
+        legacy = _legacy_relpath("state.fields", name).removesuffix(".bin")
+        # older saves numbered a second file of one sanitised name: legacy_2.bin
+        if not re.fullmatch(re.escape(legacy) + (r"(_[0-9]+)?\.bin" if not _PLAIN_NAME.fullmatch(name) else r"\.bin"),
+                            str(ref[_TENSOR])):
             return f"field {name!r} refers to the file {ref[_TENSOR]!r}, not its own"
     return ""
 
