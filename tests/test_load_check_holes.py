@@ -250,3 +250,8 @@ def test_a_saved_window_that_is_no_int_is_refused_at_load(tmp_path: Path) -> Non
 def test_sequence_batch_columns_are_reserved(name: str) -> None:
     with pytest.raises(ConfigError, match=f"'{name}' is reserved: a column of sample_sequences batches"):
         ReplayBuffer(8, obs_shape=(1,), action_shape=(), extra_fields={name: ((), torch.float32)})
+
+
+def test_a_rollout_keeps_its_action_mask_extra() -> None:
+    buffer = RolloutBuffer(2, 1, obs_shape=(1,), action_shape=(), extra_fields={"mask": ((4,), torch.bool)})
+    assert "mask" in buffer.state_dict()["fields"]
