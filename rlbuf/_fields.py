@@ -28,8 +28,8 @@ from rlbuf.spec import FieldSpec, NestedKey
 # Names every batch uses for its own attributes, and TorchRL's private keys ("_weight", "_data").
 BATCH_NAMES = {"index": "an attribute of every batch", "weight": "an attribute of every batch",
                 "extras": "an attribute of every batch"}
-# Columns ReplayBuffer.sample_sequences adds to every batch (a rollout's extra "mask", an action
-# mask, is kept: its sequence minibatches are another layout).
+# Columns ReplayBuffer.sample_sequences adds to every batch: an extra field of that name (an action
+# "mask") is stored and sampled as usual, and refused by sample_sequences, whose columns it would hide.
 SEQUENCE_COLUMNS = {"mask": "a column of sample_sequences batches (steps inside the episode)",
                     "is_first": "a column of sample_sequences batches (the first step of an episode)"}
 # Keyword arguments of add() that are not fields: an extra field of that name could never be given.
@@ -64,9 +64,6 @@ def extra_specs(extra_fields: Mapping[str, tuple[Sequence[int] | int, torch.dtyp
         top = spec.key if isinstance(spec.key, str) else spec.key[0]
         taken.setdefault(top, f"the TorchRL key of the built-in field {spec.name!r}")
         taken[spec.name] = "a built-in field"
-    names = {spec.name for spec in builtin}
-    if "terminated" in names and "value" not in names:  # a replay buffer: it samples sequences
-        taken.update(SEQUENCE_COLUMNS)
     taken.update(reserved or {})
     if extra_fields is None:
         return []
