@@ -122,7 +122,7 @@ def tensors_problem(state: Any, where: str = "state") -> str:
 
     Example:
         >>> tensors_problem({"rng": {"sample": torch.empty(3, device="meta")}})
-        "state.rng.sample is a tensor on the meta device; rlbuf stores dense tensors on the CPU or CUDA"
+        'state.rng.sample is a tensor on the meta device; rlbuf stores dense tensors on the CPU or CUDA'
     """
     if isinstance(state, torch.Tensor):
         if state.device.type not in ("cpu", "cuda") or state.layout != torch.strided:

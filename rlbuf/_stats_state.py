@@ -107,8 +107,10 @@ def checked_state(state: Mapping[str, Any], num_envs: int, window: int | None = 
             raise CheckpointError(f"stats state: metrics[{name!r}]: expected length {n}, got {len(column)}")
         _check_finite(f"metrics[{name!r}]", [v for v in column if v is not None])
     finished = state["episodes_finished"]
-    if isinstance(finished, bool) or not isinstance(finished, int) or not n <= finished < 2**63:
-        raise CheckpointError(f"stats state: episodes_finished: expected an int in [{n}, 2**63), got {finished!r}")
+    if isinstance(finished, bool) or not isinstance(finished, int) or finished < n:
+        raise CheckpointError(f"stats state: episodes_finished: expected an int >= {n}, got {finished!r}")
+    if finished >= 2**63:
+        raise CheckpointError(f"stats state: episodes_finished: expected a count below 2**63, got {finished!r}")
     episodes = [Episode(float(returns[i]), int(lengths[i]), str(reasons[i]),
                         {name: float(column[i]) for name, column in metrics.items() if column[i] is not None})
                 for i in range(n)]
