@@ -368,11 +368,13 @@ class BufferState:
             self.clear()
             return
         with ring.lock:
-            self.clear()
-            fields = state["fields"]
-            with torch.no_grad():  # a column that requires grad must not attach the storage to its graph
+            # What could still fail (a move to the storing device) happens before clear(); a column
+            # that requires grad must not attach the storage to its graph.
+            with torch.no_grad():
+                sources = {name: state["fields"][name].to(leaf.device) for name, leaf in ring.leaves.items()}
+                self.clear()
                 for name, leaf in ring.leaves.items():
-                    leaf[:checked.size].copy_(fields[name])
+                    leaf[:checked.size].copy_(sources[name])
             rb = ring.rb
             with _torchrl.write_lock(rb):
                 _torchrl.set_counts(rb, cursor=checked.cursor, write_count=checked.write_count, size=checked.size)
