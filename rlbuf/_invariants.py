@@ -116,13 +116,13 @@ def _same_json(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def tensors_problem(state: Any, where: str = "state") -> str:
+def tensors_problem(state: Any, where: str = "") -> str:
     """A tensor anywhere in ``state`` that holds no data rlbuf can read: on the meta device (or a
     device other than CPU or CUDA), or not a dense strided tensor.
 
     Example:
         >>> tensors_problem({"rng": {"sample": torch.empty(3, device="meta")}})
-        'state.rng.sample is a tensor on the meta device; rlbuf stores dense tensors on the CPU or CUDA'
+        'rng.sample is a tensor on the meta device; rlbuf stores dense tensors on the CPU or CUDA'
     """
     if isinstance(state, torch.Tensor):
         if state.device.type not in ("cpu", "cuda") or state.layout != torch.strided:
@@ -137,7 +137,7 @@ def tensors_problem(state: Any, where: str = "state") -> str:
     else:
         return ""
     for key, value in items:
-        reason = tensors_problem(value, f"{where}.{key}")
+        reason = tensors_problem(value, f"{where}.{key}" if where else str(key))
         if reason:
             return reason
     return ""
