@@ -6,7 +6,10 @@ Layout::
       manifest.json        format, versions, kind, options, spec, counts, state (JSON), and
                            for every tensor file its dtype, shape, size and checksum
                            (XXH3-128; format version 1 wrote SHA-256, still read)
-      tensors/<name>.bin   raw little-endian tensor bytes, one file per tensor
+      tensors/<name>.bin   raw little-endian tensor bytes, one file per tensor (a field's file is
+                           named after the field, sanitised plus a hash of the name when it is
+                           not plain: see ``row_relpath``; a state referring to one file twice,
+                           or a field to a file not its own, is refused at load)
 
 Saving writes into a temporary sibling directory ``.<name>.tmp-<hex>`` (files fsynced, the
 manifest last), then swaps it into place atomically (``renameat2(RENAME_EXCHANGE)`` on Linux),
