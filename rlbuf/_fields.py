@@ -28,6 +28,10 @@ from rlbuf.spec import FieldSpec, NestedKey
 # Names every batch uses for its own attributes, and TorchRL's private keys ("_weight", "_data").
 BATCH_NAMES = {"index": "an attribute of every batch", "weight": "an attribute of every batch",
                 "extras": "an attribute of every batch"}
+# Columns ReplayBuffer.sample_sequences adds to every batch: an extra field of that name (an action
+# "mask") is stored and sampled as usual, and refused by sample_sequences, whose columns it would hide.
+SEQUENCE_COLUMNS = {"mask": "a column of sample_sequences batches (steps inside the episode)",
+                    "is_first": "a column of sample_sequences batches (the first step of an episode)"}
 # Keyword arguments of add() that are not fields: an extra field of that name could never be given.
 ADD_ARGUMENTS = {"hidden_state": "an argument of add() (declare hidden states with hidden_state_shape=)",
                  "env_mask": "an argument of add()"}

@@ -7,6 +7,12 @@ priorities, the compact layout's stream tables: see [`rlbuf._stream_check`][rlbu
 or cross-checked against them (counters against each other and the capacity, options against
 the buffer's).
 
+What no check can tell, because rlbuf could have written either value for the same rows: which
+row set ``max_priority`` (``max_priority_index``; the row may have been overwritten since), the
+order of a replay buffer's envs within each step when ``interleaved`` is true (only that the
+write count is whole steps), the reason strings of episode statistics (any string a caller gave),
+and the env of rows loaded from a compact checkpoint without an ``env`` table (kept as -1).
+
 Example:
     >>> counts_problem(size=4, cursor=4, write_count=4, capacity=8)
     ''
@@ -23,7 +29,7 @@ from typing import Any
 import torch
 
 from rlbuf.errors import CheckpointError
-from rlbuf.spec import FieldSpec
+from rlbuf.spec import _MAX_PRIORITY, FieldSpec
 
 _STATE_BYTES = {"cpu": 5056, "cuda": 16}  # Mersenne Twister; Philox seed and offset
 DEVICE_OPTIONS = ("device", "storing_device", "seed", "storage")
@@ -67,6 +73,20 @@ def counts_problem(*, size: int, cursor: int, write_count: int, capacity: int) -
             f"{write_count % capacity})")
 
 
+def steps_problem(*, size: int, write_count: int, num_envs: int, capacity: int) -> str:
+    """Counters of a buffer filled a whole step (``num_envs`` rows) at a time that never wraps (a rollout).
+
+    Example:
+        >>> steps_problem(size=3, write_count=3, num_envs=2, capacity=8)
+        'size 3 is not a whole number of steps of 2 envs'
+    """
+    if size % num_envs:
+        return f"size {size} is not a whole number of steps of {num_envs} envs"
+    if write_count > capacity:
+        return f"write count {write_count} is above the capacity {capacity}: this buffer never wraps"
+    return ""
+
+
 def options_problem(saved: Any, own: Mapping[str, Any]) -> str:
     """Saved constructor options (JSON form) that differ from the buffer's, devices and seed aside.
 
@@ -94,6 +114,33 @@ def _same_json(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b)
+
+
+def tensors_problem(state: Any, where: str = "") -> str:
+    """A tensor anywhere in ``state`` that holds no data rlbuf can read: on the meta device (or a
+    device other than CPU or CUDA), or not a dense strided tensor.
+
+    Example:
+        >>> tensors_problem({"rng": {"sample": torch.empty(3, device="meta")}})
+        'rng.sample is a tensor on the meta device; rlbuf stores dense tensors on the CPU or CUDA'
+    """
+    if isinstance(state, torch.Tensor):
+        if state.device.type not in ("cpu", "cuda") or state.layout != torch.strided:
+            return (f"{where} is a tensor on the {state.device.type} device"
+                    f"{'' if state.layout == torch.strided else f' with layout {state.layout}'}; rlbuf stores "
+                    "dense tensors on the CPU or CUDA")
+        return ""
+    if isinstance(state, Mapping):
+        items: Any = state.items()
+    elif isinstance(state, (list, tuple)):
+        items = enumerate(state)
+    else:
+        return ""
+    for key, value in items:
+        reason = tensors_problem(value, f"{where}.{key}" if where else str(key))
+        if reason:
+            return reason
+    return ""
 
 
 def fields_problem(specs: Sequence[FieldSpec], fields: Any, size: int) -> str:
@@ -151,6 +198,36 @@ def sampler_problem(state: Mapping[str, Any], *, size: int, alpha: float | None,
         return f"the priorities of the {size} stored rows are not all written (sum and min leaves differ)"
     if not bool((sums[size:] == 0).all()) or not bool(torch.isinf(mins[size:]).all()):
         return f"rows from position {size} on are not stored but hold priorities"
+    return max_priority_problem(state, sums[:size], capacity=len(sums))
+
+
+def max_priority_problem(state: Mapping[str, Any], leaves: torch.Tensor, *, capacity: int) -> str:
+    """A ``max_priority`` (the largest raw priority set so far, new rows' default) that
+    ``update_priority`` could not have left: not -1 (none set) or in ``[0, 1e100]``, below a stored
+    row's priority (rows added before the first update keep the default 1.0), or an index that is
+    no position. Which row set it cannot be checked (it may have been overwritten since)."""
+    value, index = state.get("max_priority"), state.get("max_priority_index")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or type(index) is not int:
+        return f"max_priority and max_priority_index must be a number and an int, got {value!r} and {index!r}"
+    value = float(value)
+    alpha, eps = float(state.get("alpha", 0.0)), float(state.get("eps", 0.0))
+    raw = leaves.double() ** (1.0 / alpha) - eps if alpha > 0 and len(leaves) else None
+    default = torch.isclose(raw, torch.ones_like(raw), rtol=1e-4) if raw is not None else None
+    if value == -1:
+        if index != -1:
+            return f"max_priority_index is {index} but no priority was set (max_priority -1)"
+        if raw is not None and default is not None and not bool(default.all()):
+            return "max_priority is -1 (no priority set yet) but stored rows hold priorities other than the default 1.0"
+        return ""
+    if not (math.isfinite(value) and 0 <= value <= _MAX_PRIORITY):
+        return f"max_priority {value!r} is outside [0, {_MAX_PRIORITY:g}], the priorities update_priority takes"
+    if not 0 <= index < capacity:
+        return f"max_priority_index {index} is not a row position in [0, {capacity})"
+    if raw is not None and default is not None:
+        above = (raw > value * (1 + 1e-4) + 1e-9) & ~default
+        if bool(above.any()):
+            return (f"max_priority {value!r} is below the priority {float(raw[above].max()):.6g} of a stored row "
+                    "(it is the largest priority set so far)")
     return ""
 
 
@@ -182,8 +259,9 @@ def extra_problem(saved: Any, own: Mapping[str, Any], *, capacity: int, field_na
 def generator_problem(saved: Any, own: torch.Generator, what: str) -> tuple[str, bool]:
     """Whether ``saved`` is a state ``own`` takes: ``(reason, moved)``; ``moved`` when it was
     saved on another device type (another size: the load warns and keeps ``own``'s state)."""
-    if not isinstance(saved, torch.Tensor) or saved.dtype != torch.uint8 or saved.dim() != 1:
-        return f"rng {what!r} must be a generator state (a 1-D uint8 tensor)", False
+    if (not isinstance(saved, torch.Tensor) or saved.dtype != torch.uint8 or saved.dim() != 1
+            or saved.device.type != "cpu"):
+        return f"rng {what!r} must be a generator state (a 1-D uint8 tensor on the CPU)", False
     current = own.get_state()
     if saved.numel() != current.numel():
         if saved.numel() in _STATE_BYTES.values():

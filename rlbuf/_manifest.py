@@ -132,6 +132,9 @@ def unverified_manifest(path: Path, *, staging: bool = False) -> dict[str, Any]:
                               f"checkpoint is {checkpoint} (rename this directory to load it anyway)")
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a checkpoint directory")
+    if manifest_path.is_symlink():
+        raise CheckpointError(f"{manifest_path}: a symbolic link; rlbuf writes the manifest as a plain file and "
+                              "follows no links in a checkpoint")
     if not manifest_path.is_file():
         raise CheckpointError(f"{manifest_path}: missing (an interrupted save, or not an rlbuf checkpoint)")
     if manifest_path.stat().st_size > MAX_MANIFEST_BYTES:

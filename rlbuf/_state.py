@@ -41,8 +41,11 @@ from rlbuf._invariants import (
     rows_problem,
     sampler_problem,
     saved_count,
+    steps_problem,
+    tensors_problem,
 )
 from rlbuf._ring import RowCopies, RowRing, RowSink
+from rlbuf._stats_state import checked_state
 from rlbuf.checkpoint import load_state, save_state
 from rlbuf.epochs import EpochIterator
 from rlbuf.errors import CheckpointError, ConfigError
@@ -111,6 +114,10 @@ class BufferState:
     _device: torch.device
     _current_epochs: EpochIterator[Any] | None = None
     _current_epochs_call: tuple[str, dict[str, Any]] | None = None
+    _num_envs: int
+    _fills_by_whole_steps: bool = False
+    """Rows come ``num_envs`` at a time and the ring never wraps (a rollout): the load check
+    refuses a size that is no whole number of steps and a write count above the capacity."""
 
     if TYPE_CHECKING:
         def clear(self) -> None: ...
@@ -235,6 +242,7 @@ class BufferState:
         unknown = sorted(str(key) for key in set(state) - _STATE_KEYS)
         if unknown:
             raise CheckpointError(f"state: {unknown} are not parts of a buffer's state")
+        _raise_if("state", tensors_problem(state))
         mine = [spec.to_json() for spec in ring.specs]
         if state.get("spec") != mine:
             raise CheckpointError(f"state: fields {state.get('spec')} differ from this buffer's {mine}")
@@ -249,6 +257,9 @@ class BufferState:
         _raise_if("state", options_problem(saved_options, self._options))
         size, cursor, count = (saved_count(state, key) for key in ("size", "cursor", "write_count"))
         _raise_if("state", counts_problem(size=size, cursor=cursor, write_count=count, capacity=ring.capacity))
+        if self._fills_by_whole_steps:
+            _raise_if("state", steps_problem(size=size, write_count=count, num_envs=self._num_envs,
+                                             capacity=ring.capacity))
         if state.get("data", True) is not True:
             if state.get("data") is not False:
                 raise CheckpointError(f"state: data must be true or false, got {state.get('data')!r}")
@@ -265,17 +276,22 @@ class BufferState:
         sampler = self._ring.rb.sampler
         trial = copy.deepcopy(sampler)
         refusing("sampler state", trial.load_state_dict, saved)
-        own = sampler.state_dict()
-        _raise_if("sampler state", sampler_problem(trial.state_dict(), size=size, alpha=own.get("alpha"),
-                                                   eps=own.get("eps")))
+        own, loaded = sampler.state_dict(), trial.state_dict()
+        if "max_priority" in loaded:  # as saved: the sampler reads a negative one as "none set"
+            loaded = {**loaded, "max_priority": saved["max_priority"], "max_priority_index": saved["max_priority_index"]}
+        _raise_if("sampler state", sampler_problem(loaded, size=size, alpha=own.get("alpha"), eps=own.get("eps")))
 
     def _check_extra(self, extra: Any, fields: Mapping[str, torch.Tensor], size: int, count: int) -> None:
         """The extra state is what this buffer writes: its statistics and the compact layout's streams."""
         ring = self._ring
         _raise_if("state", extra_problem(extra, self._extra_state(), capacity=ring.capacity,
                                          field_names=list(ring.by_name)))
+        if "interleaved" in self._extra_state() and extra.get("interleaved", True) and count % self._num_envs:
+            raise CheckpointError(f"state: extra state 'interleaved' is true (every add held all {self._num_envs} envs) "
+                                  f"but the write count {count} is no multiple of num_envs")
         saved_stats = extra.get("stats")
         if self._stats is not None and saved_stats is not None:
+            refusing("stats state", checked_state, saved_stats, self._stats.num_envs, self._stats.window)
             trial = copy.deepcopy(self._stats)
             refusing("stats state", trial.load_state_dict, saved_stats)
         _raise_if("state", self._layout_problem(extra, fields, size=size, count=count))
@@ -352,10 +368,13 @@ class BufferState:
             self.clear()
             return
         with ring.lock:
-            self.clear()
-            fields = state["fields"]
-            for name, leaf in ring.leaves.items():
-                leaf[:checked.size].copy_(fields[name])
+            # What could still fail (a move to the storing device) happens before clear(); a column
+            # that requires grad must not attach the storage to its graph.
+            with torch.no_grad():
+                sources = {name: state["fields"][name].to(leaf.device) for name, leaf in ring.leaves.items()}
+                self.clear()
+                for name, leaf in ring.leaves.items():
+                    leaf[:checked.size].copy_(sources[name])
             rb = ring.rb
             with _torchrl.write_lock(rb):
                 _torchrl.set_counts(rb, cursor=checked.cursor, write_count=checked.write_count, size=checked.size)
@@ -452,6 +471,9 @@ class BufferState:
         extra = state.get("extra")
         saved_stats = extra.get("stats") if isinstance(extra, Mapping) else None
         if isinstance(saved_stats, Mapping):
+            if type(saved_stats.get("window")) is not int or type(saved_stats.get("num_envs")) is not int:
+                raise CheckpointError(f"stats state: window and num_envs must be ints, got {saved_stats.get('window')!r} "
+                                      f"and {saved_stats.get('num_envs')!r}")
             options["stats"] = refusing("stats state", lambda: EpisodeStats(int(saved_stats["num_envs"]),
                                                                             window=int(saved_stats["window"])))
         try:

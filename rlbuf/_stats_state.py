@@ -53,13 +53,14 @@ class CheckedState:
     finished: int
 
 
-def checked_state(state: Mapping[str, Any], num_envs: int) -> CheckedState:
+def checked_state(state: Mapping[str, Any], num_envs: int, window: int | None = None) -> CheckedState:
     """The parts of ``state`` once every key is known to hold what ``state_dict`` writes.
 
     Raises:
         CheckpointError: a key missing, ``num_envs`` different, or a value of the wrong type,
             shape, length or range (NaN or infinite returns and metrics, negative lengths,
-            finished episodes of no step, a running return where no episode runs).
+            finished episodes of no step, a running return where no episode runs, more
+            episodes than the window keeps, a window other than ``window`` when given).
     """
     if not isinstance(state, Mapping):
         raise CheckpointError(f"stats state: expected a mapping, got {type(state).__name__}")
@@ -68,6 +69,11 @@ def checked_state(state: Mapping[str, Any], num_envs: int) -> CheckedState:
             raise CheckpointError(f"stats state: missing key {key!r}")
     if state["num_envs"] != num_envs:
         raise CheckpointError(f"stats state: expected num_envs={num_envs}, got {state['num_envs']!r}")
+    saved_window = state["window"]
+    if type(saved_window) is not int or not 0 < saved_window < 2**63:
+        raise CheckpointError(f"stats state: window: expected a positive int, got {saved_window!r}")
+    if window is not None and saved_window != window:
+        raise CheckpointError(f"stats state: window: {saved_window} in the state, {window} in this tracker")
     running_return = _state_tensor(state, "running_return", torch.float64, num_envs)
     running_length = _state_tensor(state, "running_length", torch.int64, num_envs)
     _check_finite("running_return", running_return.tolist())
@@ -82,6 +88,8 @@ def checked_state(state: Mapping[str, Any], num_envs: int) -> CheckedState:
                               f"(running_length 0)")
     returns, lengths, reasons, metrics = state["returns"], state["lengths"], state["reasons"], state["metrics"]
     n = _state_list("returns", returns, (int, float))
+    if n > saved_window:
+        raise CheckpointError(f"stats state: returns: {n} episodes, more than the window of {saved_window} keeps")
     _check_finite("returns", returns)
     for key, value, kinds in (("lengths", lengths, (int,)), ("reasons", reasons, (str,))):
         if _state_list(key, value, kinds) != n:
@@ -101,6 +109,8 @@ def checked_state(state: Mapping[str, Any], num_envs: int) -> CheckedState:
     finished = state["episodes_finished"]
     if isinstance(finished, bool) or not isinstance(finished, int) or finished < n:
         raise CheckpointError(f"stats state: episodes_finished: expected an int >= {n}, got {finished!r}")
+    if finished >= 2**63:
+        raise CheckpointError(f"stats state: episodes_finished: expected a count below 2**63, got {finished!r}")
     episodes = [Episode(float(returns[i]), int(lengths[i]), str(reasons[i]),
                         {name: float(column[i]) for name, column in metrics.items() if column[i] is not None})
                 for i in range(n)]

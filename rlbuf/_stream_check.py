@@ -7,7 +7,9 @@ have written for the stored rows and counters:
 
 * flags: the stream's ``terminated``/``truncated`` are the stored rows' (and False elsewhere);
 * env: each stored row's env is the fact the links are derived from: a row that did not end its
-  episode links to the next row of its env, and an env's open episode ends at its newest row;
+  episode links to the next row of its env, and an env's open episode ends at its newest row
+  (rows loaded from the first compact checkpoints, which stored no env, keep env -1, unknown:
+  older than every row of known env; while any is stored only the links' own invariants hold);
 * positions: a row of serial ``s`` lives at ``s % capacity``; only the newest
   ``min(write_count, capacity)`` serials are stored, and every table is at its empty value at
   positions that hold no row;
@@ -129,8 +131,14 @@ def _env_problem(env: _Ints, arrays: Mapping[str, Any], ended: npt.NDArray[np.bo
     starts an episode."""
     stored = serial >= 0
     num_envs = len(arrays["last"])
-    if bool((env[~stored] != -1).any()) or bool(((env[stored] < 0) | (env[stored] >= num_envs)).any()):
+    if bool((env[~stored] != -1).any()) or bool(((env[stored] < -1) | (env[stored] >= num_envs)).any()):
         return f"stream table env: stored rows must name an env in [0, {num_envs}), other positions -1"
+    unknown = stored & (env == -1)
+    if bool(unknown.any()):  # rows loaded from a checkpoint without env table: their envs are not known
+        known = stored & ~unknown
+        if bool(known.any()) and serial[unknown].max() > serial[known].min():
+            return "stream table env: a row of unknown env (-1) is newer than a row of known env"
+        return ""
     order = np.flatnonzero(stored)[np.argsort(serial[stored], kind="stable")]
     order = order[np.argsort(env[order], kind="stable")]  # by env, then oldest first
     same_env = env[order[:-1]] == env[order[1:]]

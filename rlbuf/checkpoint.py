@@ -6,7 +6,10 @@ Layout::
       manifest.json        format, versions, kind, options, spec, counts, state (JSON), and
                            for every tensor file its dtype, shape, size and checksum
                            (XXH3-128; format version 1 wrote SHA-256, still read)
-      tensors/<name>.bin   raw little-endian tensor bytes, one file per tensor
+      tensors/<name>.bin   raw little-endian tensor bytes, one file per tensor (a field's file is
+                           named after the field, sanitised plus a hash of the name when it is
+                           not plain: see ``row_relpath``; a state referring to one file twice,
+                           or a field to a file not its own, is refused at load)
 
 Saving writes into a temporary sibling directory ``.<name>.tmp-<hex>`` (files fsynced, the
 manifest last), then swaps it into place atomically (``renameat2(RENAME_EXCHANGE)`` on Linux),
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import mmap
 import os
@@ -81,6 +85,7 @@ from rlbuf.errors import CheckpointError
 from rlbuf.spec import numpy_dtype
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_]+")
 _TENSOR = "__tensor__"
 _DTYPES = {name: getattr(torch, name) for name in DTYPE_BYTES}
 
@@ -201,6 +206,60 @@ def remove_spare(path: str | Path) -> bool:
     return True
 
 
+def row_relpath(prefix: str, name: str) -> str:
+    """The file of field ``name``: its name if plain, else sanitised plus a hash of the name, so
+    two fields never share a file (``obs["a_b"]`` and ``obs["a"]["b"]``, ``hidden_state["h"]``
+    and an extra field ``hidden_state_h_``).
+
+    Example:
+        >>> row_relpath("state.fields", "reward")
+        'tensors/state.fields.reward.bin'
+        >>> row_relpath("state.fields", 'obs["a_b"]') != row_relpath("state.fields", 'obs["a"]["b"]')
+        True
+    """
+    if _PLAIN_NAME.fullmatch(name):
+        return f"{TENSOR_DIR}/{prefix}.{name}.bin"
+    digest = hashlib.blake2s(name.encode("utf-8"), digest_size=8).hexdigest()
+    return f"{TENSOR_DIR}/{_SAFE_NAME.sub('_', f'{prefix}.{name}')}-{digest}.bin"
+
+
+def _legacy_relpath(prefix: str, name: str) -> str:
+    """The name rlbuf up to 0.3 gave a field's file (not unique: also checked for reuse at load)."""
+    return f"{TENSOR_DIR}/{_SAFE_NAME.sub('_', f'{prefix}.{name}')}.bin"
+
+
+def references_problem(state: Any) -> str:
+    """A manifest's state that refers to one file twice, or a field to a file not its own (``""``: none)."""
+    seen: set[str] = set()
+
+    def walk(value: Any) -> str:
+        if isinstance(value, dict):
+            if set(value) == {_TENSOR}:
+                rel = value[_TENSOR]
+                if not isinstance(rel, str) or rel in seen:
+                    return f"the state refers to the file {rel!r} twice; rlbuf writes one file per tensor"
+                seen.add(rel)
+                return ""
+            return next((reason for reason in map(walk, value.values()) if reason), "")
+        if isinstance(value, list):
+            return next((reason for reason in map(walk, value) if reason), "")
+        return ""
+
+    reason = walk(state)
+    fields = state.get("fields") if isinstance(state, dict) else None
+    if reason or not isinstance(fields, dict):
+        return reason
+    for name, ref in fields.items():
+        if not isinstance(ref, dict) or set(ref) != {_TENSOR} or ref[_TENSOR] == row_relpath("state.fields", name):
+            continue
+        legacy = _legacy_relpath("state.fields", name).removesuffix(".bin")
+        # older saves numbered a second file of one sanitised name: legacy_2.bin
+        if not re.fullmatch(re.escape(legacy) + (r"(_[0-9]+)?\.bin" if not _PLAIN_NAME.fullmatch(name) else r"\.bin"),
+                            str(ref[_TENSOR])):
+            return f"field {name!r} refers to the file {ref[_TENSOR]!r}, not its own"
+    return ""
+
+
 class RowFiles:
     """The row tensors of a checkpoint, copied while writers run and patched under their lock.
 
@@ -216,7 +275,7 @@ class RowFiles:
         self._patched: set[str] = set()
 
     def _relpath(self, name: str) -> str:
-        return f"{TENSOR_DIR}/{_SAFE_NAME.sub('_', f'{self._prefix}.{name}')}.bin"
+        return row_relpath(self._prefix, name)
 
     def copy(self, leaves: Mapping[str, torch.Tensor], size: int) -> None:
         """Write rows ``[0, size)`` of every leaf (no lock held: rows may change meanwhile)."""
@@ -423,6 +482,10 @@ def load_state(path: str | Path, *, kind: str) -> dict[str, Any]:
 
     manifest, opened = open_current(root, check_kind)
     files = manifest["files"]
+    reason = references_problem(manifest["state"])
+    if reason:
+        close_all(opened)
+        raise CheckpointError(f"{root / MANIFEST}: {reason}")
 
     def read(relpath: str) -> torch.Tensor:
         if relpath not in files:

@@ -114,6 +114,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
     """
 
     _batch_type = RolloutBatch
+    _fills_by_whole_steps = True  # the load check: whole steps, never wrapping
 
     def __init__(
         self,

@@ -32,6 +32,7 @@ import torch
 from tensordict import TensorDict
 
 from rlbuf._delivery import deliver
+from rlbuf._fields import SEQUENCE_COLUMNS
 from rlbuf._obs import leaf_names
 from rlbuf.batches import _OnPolicyFields, _torchrl_layout, _TransitionFields, set_hidden_state
 from rlbuf.errors import BatchSizeError, ConfigError
@@ -351,7 +352,8 @@ def sample_replay_sequences(ring: RowRing, batch_size: int, length: int, burn_in
 
     Raises:
         BatchSizeError, EmptyBufferError: see ``sample_sequences``.
-        ConfigError: steps of one env are not ``num_envs`` rows apart.
+        ConfigError: steps of one env are not ``num_envs`` rows apart, or an extra field is named
+            like a column of the sequence batch (``mask``, ``is_first``).
 
     Example:
         >>> from rlbuf import ReplayBuffer
@@ -363,6 +365,11 @@ def sample_replay_sequences(ring: RowRing, batch_size: int, length: int, burn_in
         >>> span, columns["obs"].shape
         (3, torch.Size([2, 3, 1]))
     """
+    hiding = sorted(set(SEQUENCE_COLUMNS) & set(ring.by_name))
+    if hiding:
+        raise ConfigError(f"sample_sequences: the extra field {hiding[0]!r} has the name of "
+                          f"{SEQUENCE_COLUMNS[hiding[0]]}, which it would hide; rename the extra field "
+                          f"(extra_fields={{'{hiding[0]}_': ...}}) to sample sequences")
     with ring.lock:
         batch_size = ring.require_rows(batch_size, without_replacement=False)
         span = positive_int("length", length, BatchSizeError) + burn_in_steps(burn_in)

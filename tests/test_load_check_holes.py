@@ -1,0 +1,261 @@
+"""Holes an attacker found in the one load check (issue 20), each closed: a checkpoint rlbuf would
+not have written is refused with ``CheckpointError`` (or ``ConfigError`` for a declaration) naming
+what is wrong, checksums recomputed; a refused ``load_state_dict`` leaves the buffer as it was."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import xxhash
+from _snapshot import same, snapshot
+
+from rlbuf import CheckpointError, ConfigError, EpisodeStats, ReplayBuffer, RolloutBuffer
+
+
+def _rehash(path: Path, manifest: dict[str, Any]) -> None:
+    for name, entry in manifest["files"].items():
+        data = (path / name).read_bytes()
+        entry["bytes"] = len(data)
+        if "xxh3_128" in entry:
+            entry["xxh3_128"] = xxhash.xxh3_128(data).hexdigest()
+        if "sha256" in entry:
+            entry["sha256"] = hashlib.sha256(data).hexdigest()
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _edit(path: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    manifest = json.loads((path / "manifest.json").read_text())
+    edit(manifest)
+    _rehash(path, manifest)
+
+
+def _refused_in_place(buffer: Any, state: dict[str, Any], match: str) -> None:
+    before = snapshot(buffer)
+    with pytest.raises(CheckpointError, match=match):
+        buffer.load_state_dict(state)
+    assert same(before, snapshot(buffer))
+
+
+# -- 1. one file per field ----------------------------------------------------------------------
+def test_fields_whose_sanitised_names_collide_get_their_own_files(tmp_path: Path) -> None:
+    buffer = ReplayBuffer(8, obs_shape={"a": {"b": (2,)}, "a_b": (2,)}, action_shape=(), seed=0)
+    obs = {"a": {"b": torch.ones(2)}, "a_b": torch.full((2,), 2.0)}
+    buffer.add(obs, 0.0, 1.0, obs, False)
+    buffer.save(tmp_path / "ck")
+    loaded = ReplayBuffer.load(tmp_path / "ck").sample_all().obs
+    assert loaded["a", "b"].tolist() == [[1.0, 1.0]] and loaded["a_b"].tolist() == [[2.0, 2.0]]
+
+
+def test_a_hidden_state_and_an_extra_field_of_the_same_file_name_stay_apart(tmp_path: Path) -> None:
+    buffer = ReplayBuffer(8, obs_shape=(2,), action_shape=(), seed=0, hidden_state_shape={"h": (2,)},
+                          extra_fields={"hidden_state_h_": ((2,), torch.float32)})
+    buffer.add(torch.zeros(2), 0.0, 1.0, torch.zeros(2), False, hidden_state={"h": torch.ones(2)},
+               hidden_state_h_=torch.full((2,), 5.0))
+    buffer.save(tmp_path / "ck")
+    batch = ReplayBuffer.load(tmp_path / "ck").sample_all()
+    assert batch.hidden_state["h"].tolist() == [[1.0, 1.0]] and batch.extras["hidden_state_h_"].tolist() == [[5.0, 5.0]]
+
+
+def _plain(tmp_path: Path) -> Path:
+    buffer = ReplayBuffer(8, obs_shape=(2,), action_shape=(), seed=0)
+    for i in range(5):
+        buffer.add(torch.full((2,), float(i)), 0.0, float(i), torch.zeros(2), False)
+    buffer.save(tmp_path / "ck")
+    return tmp_path / "ck"
+
+
+def test_a_field_pointing_at_another_fields_file_is_refused(tmp_path: Path) -> None:
+    path = _plain(tmp_path)
+    _edit(path, lambda m: m["state"]["fields"]["reward"].__setitem__("__tensor__", "tensors/state.fields.action.bin"))
+    with pytest.raises(CheckpointError, match=r"refers to the file 'tensors/state\.fields\.action\.bin' twice"):
+        ReplayBuffer.load(path)
+
+
+def test_two_fields_swapping_files_are_refused(tmp_path: Path) -> None:
+    path = _plain(tmp_path)
+
+    def swap(manifest: dict[str, Any]) -> None:
+        fields = manifest["state"]["fields"]
+        fields["reward"], fields["action"] = fields["action"], fields["reward"]
+    _edit(path, swap)
+    with pytest.raises(CheckpointError, match="not its own"):
+        ReplayBuffer.load(path)
+
+
+def test_a_manifest_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    path = _plain(tmp_path)
+    outside = tmp_path / "elsewhere.json"
+    (path / "manifest.json").rename(outside)
+    os.symlink(outside, path / "manifest.json")
+    with pytest.raises(CheckpointError, match="symbolic link"):
+        ReplayBuffer.load(path)
+
+
+# -- 2. tensors that hold no data -----------------------------------------------------------------
+def _filled() -> ReplayBuffer:
+    buffer = ReplayBuffer(8, obs_shape=(2,), action_shape=(), seed=0, prioritized=True)
+    for i in range(5):
+        buffer.add(torch.full((2,), float(i)), 0.0, float(i), torch.zeros(2), False)
+    return buffer
+
+
+def test_a_field_on_the_meta_device_is_refused_and_the_buffer_kept() -> None:
+    buffer = _filled()
+    state = buffer.state_dict()
+    state["fields"]["obs"] = torch.empty_like(state["fields"]["obs"], device="meta")
+    _refused_in_place(buffer, state, "meta device")
+    assert len(buffer) == 5
+
+
+def test_a_generator_state_on_the_meta_device_is_refused() -> None:
+    buffer = _filled()
+    state = buffer.state_dict()
+    state["rng"]["sample"] = torch.empty_like(state["rng"]["sample"], device="meta")
+    _refused_in_place(buffer, state, "meta device")
+
+
+# -- 3. max priority ------------------------------------------------------------------------------
+@pytest.mark.parametrize(("key", "value", "match"), [
+    ("max_priority", 1e300, "outside"), ("max_priority", float("inf"), "inf"), ("max_priority", -3.0, "outside"),
+    ("max_priority", 0.5, "below the priority 5"), ("max_priority_index", 99, "not a row position"),
+    ("max_priority_index", -1, "not a row position"),
+])
+def test_a_forged_max_priority_is_refused(key: str, value: Any, match: str) -> None:
+    buffer = _filled()
+    buffer.update_priority(torch.tensor([1, 2]), torch.tensor([5.0, 2.0]))
+    state = buffer.state_dict()
+    state["sampler"][key] = value
+    _refused_in_place(buffer, state, match)
+    assert buffer.check_valid() == (True, "")
+
+
+def test_no_max_priority_with_an_index_is_refused() -> None:
+    buffer = _filled()
+    state = buffer.state_dict()
+    state["sampler"].update(max_priority=-1.0, max_priority_index=2)
+    _refused_in_place(buffer, state, "no priority was set")
+
+
+def test_genuine_max_priorities_load() -> None:
+    buffer = _filled()
+    buffer.update_priority(torch.tensor([0]), torch.tensor([0.25]))  # rows 1-4 keep the default 1.0
+    copy = ReplayBuffer(8, obs_shape=(2,), action_shape=(), prioritized=True)
+    copy.load_state_dict(buffer.state_dict())
+    assert copy.check_valid() == (True, "")
+
+
+# -- 4. compact checkpoints without the env table ----------------------------------------------------
+def test_a_legacy_compact_checkpoint_loads_valid_and_round_trips(tmp_path: Path) -> None:
+    buffer = ReplayBuffer(8, obs_shape=(2,), action_shape=(), num_envs=2, seed=0, compact=True)
+    for t in range(5):
+        buffer.add(torch.full((2, 2), float(t)), torch.zeros(2), torch.zeros(2), torch.full((2, 2), t + 1.0),
+                   torch.tensor([t == 2, False]))
+    buffer.save(tmp_path / "ck")
+
+    def drop_env(manifest: dict[str, Any]) -> None:
+        rel = manifest["state"]["extra"]["streams"].pop("env")["__tensor__"]
+        del manifest["files"][rel]
+        (tmp_path / "ck" / rel).unlink()
+    _edit(tmp_path / "ck", drop_env)
+    loaded = ReplayBuffer.load(tmp_path / "ck")
+    assert loaded.check_valid() == (True, "")
+    loaded.add(torch.full((2, 2), 5.0), torch.zeros(2), torch.zeros(2), torch.full((2, 2), 6.0), torch.zeros(2, dtype=torch.bool))
+    assert loaded.check_valid() == (True, "")
+    loaded.save(tmp_path / "again")
+    assert ReplayBuffer.load(tmp_path / "again").check_valid() == (True, "")
+    state = loaded.state_dict()
+    env = state["extra"]["streams"]["env"]
+    env[int((env == -1).nonzero()[0])] = 0  # a row of known env older than rows of unknown env
+    _refused_in_place(loaded, state, "unknown env")
+
+
+# -- 5. rollout counters ----------------------------------------------------------------------------
+def _rollout() -> RolloutBuffer:
+    buffer = RolloutBuffer(4, 2, obs_shape=(3,), action_shape=(), seed=0)
+    for t in range(2):
+        buffer.add(torch.full((2, 3), float(t)), torch.zeros(2), torch.ones(2), torch.zeros(2, dtype=torch.bool),
+                   torch.zeros(2), torch.zeros(2))
+    return buffer
+
+
+def test_a_rollout_of_half_a_step_is_refused() -> None:
+    buffer = _rollout()
+    state = buffer.state_dict()
+    state.update(size=3, cursor=3, write_count=3)
+    state["fields"] = {name: column[:3] for name, column in state["fields"].items()}
+    _refused_in_place(buffer, state, "not a whole number of steps of 2 envs")
+
+
+def test_a_rollout_that_wrapped_is_refused() -> None:
+    buffer = _rollout()
+    state = buffer.state_dict()
+    state.update(size=8, cursor=2, write_count=10)
+    state["fields"] = {name: torch.cat([column, column]) for name, column in state["fields"].items()}
+    _refused_in_place(buffer, state, "never wraps")
+
+
+# -- 6. interleaved ---------------------------------------------------------------------------------
+def test_interleaved_with_a_write_count_of_part_of_a_step_is_refused() -> None:
+    buffer = ReplayBuffer(16, obs_shape=(1,), action_shape=(), num_envs=2, seed=0)
+    for t in range(5):
+        buffer.add(torch.tensor([[float(t)], [0.0]]), torch.zeros(2), torch.zeros(2), torch.tensor([[t + 1.0], [0.0]]),
+                   torch.tensor([False, False]), env_mask=np.array([True, False]))
+    state = buffer.state_dict()
+    assert state["extra"]["interleaved"] is False
+    state["extra"]["interleaved"] = True
+    _refused_in_place(buffer, state, "no multiple of num_envs")
+
+
+# -- 7. episode statistics and reserved names ---------------------------------------------------------
+def _with_stats() -> ReplayBuffer:
+    buffer = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0, stats=EpisodeStats(1, window=3))
+    for t in range(4):
+        buffer.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), t % 2 == 1)
+    return buffer
+
+
+@pytest.mark.parametrize(("edit", "match"), [
+    ({"window": 1.5}, "window: expected a positive int"),
+    ({"window": 10**20}, "window: expected a positive int"),
+    ({"window": 5}, "window: 5 in the state, 3 in this tracker"),
+    ({"returns": [1.0] * 4, "lengths": [1] * 4, "reasons": ["terminated"] * 4, "episodes_finished": 4},
+     "more than the window"),
+    ({"episodes_finished": 1}, "episodes_finished"),
+    ({"episodes_finished": 10**30}, "episodes_finished"),
+    ({"reasons": [3, 4]}, "reasons"),
+])
+def test_forged_statistics_are_refused(edit: dict[str, Any], match: str) -> None:
+    buffer = _with_stats()
+    state = buffer.state_dict()
+    state["extra"]["stats"] = {**state["extra"]["stats"], **edit}
+    _refused_in_place(buffer, state, match)
+
+
+def test_a_saved_window_that_is_no_int_is_refused_at_load(tmp_path: Path) -> None:
+    _with_stats().save(tmp_path / "ck")
+    _edit(tmp_path / "ck", lambda m: m["state"]["extra"]["stats"].__setitem__("window", 1.5))
+    with pytest.raises(CheckpointError, match="window"):
+        ReplayBuffer.load(tmp_path / "ck")
+
+
+@pytest.mark.parametrize("name", ["mask", "is_first"])
+def test_an_extra_named_like_a_sequence_column_is_refused_by_sample_sequences(name: str) -> None:
+    buffer = ReplayBuffer(8, obs_shape=(1,), action_shape=(), extra_fields={name: ((), torch.float32)})
+    for _ in range(4):
+        buffer.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, **{name: 7.0})
+    assert buffer.sample_all().extras[name].tolist() == [7.0] * 4  # stored and sampled as usual
+    with pytest.raises(ConfigError, match=f"the extra field '{name}' has the name of a column of sample_sequences"):
+        buffer.sample_sequences(2, 2)
+
+
+def test_a_rollout_keeps_its_action_mask_extra() -> None:
+    buffer = RolloutBuffer(2, 1, obs_shape=(1,), action_shape=(), extra_fields={"mask": ((4,), torch.bool)})
+    assert "mask" in buffer.state_dict()["fields"]
