@@ -98,7 +98,9 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         return checked
 
     def __getitem__(self, index: Any) -> Any:
-        return self._locked(super().__getitem__, index)
+        # A copy: TorchRL hands out views of the storage for ints and slices, which would let a
+        # caller change stored rows in place, past every check.
+        return _copied(self._locked(super().__getitem__, index))
 
     def __setitem__(self, index: Any, value: Any) -> None:
         with _torchrl.replay_lock(self):
@@ -128,7 +130,8 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         return self._locked(super().empty, *args, rewrites=True, **kwargs)
 
     def state_dict(self) -> Any:
-        return self._locked(super().state_dict)
+        # A copy, as rlbuf's own state_dict: TorchRL's holds the storage's tensors themselves.
+        return _copied(self._locked(super().state_dict))
 
     def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
         self._refuse("load_state_dict", "buffer.load_state_dict(state)")
@@ -193,6 +196,18 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         for name in ("_flush_owner", "_rlbuf_shared_files", "_rlbuf_unlink_shared_files"):
             state.pop(name, None)
         return state
+
+
+def _copied(value: Any) -> Any:
+    """``value`` with every tensor and TensorDict in it cloned (mappings, lists and tuples walked)."""
+    if isinstance(value, torch.Tensor) or is_tensor_collection(value):
+        return value.clone()
+    if isinstance(value, dict):
+        copied = {key: _copied(item) for key, item in value.items()}
+        return copied if type(value) is dict else type(value)(copied)
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(_copied(item) for item in value)
+    return value
 
 
 def _unlink_shared_files_with(rb: FlushingReplayBuffer, state: Mapping[str, Any]) -> None:

@@ -15,7 +15,7 @@ Example:
     >>> buf.torchrl.add(TensorDict({"observation": torch.zeros(2)}, []))
     Traceback (most recent call last):
     ...
-    rlbuf.errors.MissingFieldError: action: key 'action' is missing; a write through buffer.torchrl must carry every input field (action, next.observation, next.reward, next.terminated, next.truncated)
+    rlbuf.errors.MissingFieldError: action: key 'action' is missing; a write through buffer.torchrl must carry every input field (observation, action, next.reward, next.observation, next.terminated, next.truncated)
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class TorchRLRows:
         by_name = {s.name: s for s in self.specs}
         for name, derive in self.derived.items():
             spec = by_name[name]
-            value = derive(columns).to(spec.dtype).reshape(-1, *spec.shape)
+            value = derive(columns).to(spec.dtype).reshape((-1, *spec.shape))
             given = self._field(data, spec, lead)
             if given is not None:
                 differs = (given.to(value.device) != value).reshape(value.shape[0], -1).any(1).nonzero()
@@ -120,7 +120,7 @@ class TorchRLRows:
             columns[name] = value
         out = TensorDict({}, batch_size=lead)
         for spec in self.specs:
-            out.set(spec.key, columns[spec.name].reshape(*lead, *spec.td_shape))
+            out.set(spec.key, columns[spec.name].reshape((*lead, *spec.td_shape)))
         return out
 
 
