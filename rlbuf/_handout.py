@@ -126,6 +126,16 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
                 priority = priorities(priority, index.numel())
             return self._locked(super().update_priority, index, priority, *args, **kwargs)
 
+    def mark_update(self, index: Any) -> None:
+        # A prioritized sampler gives the positions the default priority: stored positions only.
+        with _torchrl.replay_lock(self):
+            owner = self._owner()
+            if owner is not None:
+                owner.flush()
+            if self._rlbuf_rows is not None:
+                index = stored_positions(index, _torchrl.size(self), self._rlbuf_device())
+            self._locked(super().mark_update, index)
+
     def empty(self, *args: Any, **kwargs: Any) -> Any:
         return self._locked(super().empty, *args, rewrites=True, **kwargs)
 

@@ -255,3 +255,11 @@ def test_reads_through_torchrl_are_copies_not_views_of_the_storage(index: Any) -
     buf.torchrl.state_dict()["_storage"]["_storage"]["next.reward"].fill_(float("nan"))
     assert buf.check_valid() == (True, "")
     assert buf.sample_all().reward.tolist() == [0.0, 1.0, 2.0]
+
+
+
+def test_mark_update_takes_stored_positions_only() -> None:
+    buf = make(prioritized=True)
+    refused(buf, StoredIndexError, r"^index: expected positions in \[0, 4\)", lambda: buf.torchrl.mark_update(torch.tensor([6])))
+    buf.torchrl.mark_update(torch.tensor([1]))
+    assert buf.check_valid() == (True, "")
