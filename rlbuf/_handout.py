@@ -90,11 +90,27 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         rows = self._rlbuf_rows
         if rows is None:
             return data
-        checked = rows.rows(data, batched=batched)
+        checked = self._untransformed(rows.rows(data, batched=batched))
         priority = data.get(self.priority_key, None) if isinstance(self._sampler, PrioritizedSampler) else None
         if priority is not None:
             checked.set(self.priority_key, priorities(priority, priority.numel()).to(torch.float32).reshape(
                 priority.shape) if isinstance(priority, torch.Tensor) else priority)
+        return checked
+
+    def _untransformed(self, checked: Any) -> Any:
+        """``checked``, once the inverse of the transforms attached to this buffer (``append_transform``),
+        which TorchRL applies to what it writes, is seen to leave it unchanged (else what is stored
+        would not be what the readers checked)."""
+        transform = self._transform
+        if transform is None or not len(transform):
+            return checked
+        inverted = transform.inv(checked.clone())
+        keys = set(checked.keys(include_nested=True, leaves_only=True))
+        if inverted is None or set(inverted.keys(include_nested=True, leaves_only=True)) != keys or not all(
+                torch.equal(inverted.get(key), checked.get(key)) for key in keys):
+            raise ConfigError("torchrl: the inverse of the transforms attached to buffer.torchrl changes the rows "
+                              "written, past rlbuf's checks; apply them before writing, or attach transforms "
+                              "that only act on samples")
         return checked
 
     def __getitem__(self, index: Any) -> Any:
@@ -113,7 +129,7 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
                     got = tuple(value.batch_size) if is_tensor_collection(value) else type(value).__name__
                     raise ShapeError(f"value: expected a TensorDict of batch size ({rows},), one row per "
                                      f"position, got {got}")
-                value = self._rlbuf_rows.rows(value, batched=rows is not None)
+                value = self._untransformed(self._rlbuf_rows.rows(value, batched=rows is not None))
             self._locked(super().__setitem__, index, value, rewrites=True)
 
     def update_priority(self, index: Any, priority: Any, *args: Any, **kwargs: Any) -> Any:

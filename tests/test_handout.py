@@ -19,6 +19,7 @@ from _snapshot import same, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
+from torchrl.envs import Transform
 
 from rlbuf import (
     ConfigError,
@@ -263,3 +264,33 @@ def test_mark_update_takes_stored_positions_only() -> None:
     refused(buf, StoredIndexError, r"^index: expected positions in \[0, 4\)", lambda: buf.torchrl.mark_update(torch.tensor([6])))
     buf.torchrl.mark_update(torch.tensor([1]))
     assert buf.check_valid() == (True, "")
+
+
+class _Poison(Transform):
+    """A transform whose inverse (applied by TorchRL to what it writes) makes rewards NaN."""
+
+    def _inv_call(self, tensordict: Any) -> Any:
+        tensordict.set(("next", "reward"), torch.full_like(tensordict.get(("next", "reward")), float("nan")))
+        return tensordict
+
+
+class _Scale(Transform):
+    """A transform of samples only (its inverse leaves rows as they are)."""
+
+    def _call(self, tensordict: Any) -> Any:
+        tensordict.set(("next", "reward"), tensordict.get(("next", "reward")) * 2)
+        return tensordict
+
+
+def test_transforms_whose_inverse_would_change_written_rows_are_refused() -> None:
+    buf = make()
+    rb = buf.torchrl
+    rb.append_transform(_Scale())
+    rb.extend(rows(2, reward=4.0))
+    assert buf.sample_all().reward.tolist()[-2:] == [4.0, 4.0]
+    buf = make()
+    rb = buf.torchrl
+    rb.append_transform(_Poison())
+    refused(buf, ConfigError, r"^torchrl: the inverse of the transforms", lambda: rb.extend(rows(2)))
+    refused(buf, ConfigError, r"^torchrl: the inverse of the transforms", lambda: rb.add(rows(None)))
+    refused(buf, ConfigError, r"^torchrl: the inverse of the transforms", lambda: rb.__setitem__(0, rows(None)))
