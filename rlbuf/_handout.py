@@ -2,9 +2,13 @@
 
 [`FlushingReplayBuffer`][rlbuf._handout.FlushingReplayBuffer] is the TorchRL
 ``TensorDictReplayBuffer`` a ring hands out: every read or write through TorchRL's API first
-commits the ring's pending rows, under the one lock every write takes. Pickled for a worker
-process, it moves RAM storage into shared memory and unlinks those shared-memory files once
-the learner's buffer is collected.
+commits the ring's pending rows, under the one lock every write takes. Every write through it
+(``add``, ``extend``, ``rb[index] = td``, ``update_priority``, ``mark_update``) is read by the
+fields' readers first ([`TorchRLRows`][rlbuf._torchrl_rows.TorchRLRows]: every input field
+required, ``done`` derived, stored positions only, valid priorities); TorchRL-level loads and
+in-place key writes are refused, and reads hand out copies. Pickled for a worker process, it
+keeps those checks, moves RAM storage into shared memory and unlinks those shared-memory files
+once the learner's buffer is collected.
 
 Example:
     >>> import torch
