@@ -2,9 +2,13 @@
 
 [`FlushingReplayBuffer`][rlbuf._handout.FlushingReplayBuffer] is the TorchRL
 ``TensorDictReplayBuffer`` a ring hands out: every read or write through TorchRL's API first
-commits the ring's pending rows, under the one lock every write takes. Pickled for a worker
-process, it moves RAM storage into shared memory and unlinks those shared-memory files once
-the learner's buffer is collected.
+commits the ring's pending rows, under the one lock every write takes. Every write through it
+(``add``, ``extend``, ``rb[index] = td``, ``update_priority``, ``mark_update``) is read by the
+fields' readers first ([`TorchRLRows`][rlbuf._torchrl_rows.TorchRLRows]: every input field
+required, ``done`` derived, stored positions only, valid priorities); TorchRL-level loads and
+in-place key writes are refused, and reads hand out copies. Pickled for a worker process, it
+keeps those checks, moves RAM storage into shared memory and unlinks those shared-memory files
+once the learner's buffer is collected.
 
 Example:
     >>> import torch
@@ -29,8 +33,13 @@ import torch
 import torch.multiprocessing
 from tensordict import is_tensor_collection
 from torchrl.data import TensorDictReplayBuffer
+from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from rlbuf import _torchrl
+from rlbuf._convert import stored_positions
+from rlbuf._torchrl_rows import TorchRLRows, positions
+from rlbuf.errors import ConfigError, ShapeError
+from rlbuf.spec import priorities
 
 if TYPE_CHECKING:
     from rlbuf._ring import RowRing
@@ -51,6 +60,8 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
     # A weak reference: a reference cycle would leave tensors to the garbage collector, and
     # torch 2.13 aborts (THPVariable_clear) when it clears some of them.
     _flush_owner: weakref.ReferenceType[RowRing] | None = None
+    # The checks of rows written through TorchRL; kept when pickled, so worker processes check too.
+    _rlbuf_rows: TorchRLRows | None = None
 
     def _owner(self) -> RowRing | None:
         return self._flush_owner() if self._flush_owner is not None else None
@@ -77,41 +88,130 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         return self._locked(super().add, self._checked(data, batched=False), *args, **kwargs)
 
     def _checked(self, data: Any, *, batched: bool) -> Any:
-        """``data`` with its done flag derived, once the owner's readers took every field it carries
-        (the same checks and wording as rlbuf's own writes; TorchRL judges what is missing)."""
-        owner = self._owner()
-        if owner is not None and is_tensor_collection(data):
-            owner.check_torchrl_rows(data if batched else data.unsqueeze(0))
-        return _with_done(data, self.storage)
+        """``data`` as the stored keys only, every input field read and checked by its reader, the
+        derived ones computed (a given ``done`` must match), and a priority checked as
+        ``update_priority`` checks it. Nothing is written when one check fails."""
+        rows = self._rlbuf_rows
+        if rows is None:
+            return data
+        checked = self._untransformed(rows.rows(data, batched=batched))
+        priority = data.get(self.priority_key, None) if isinstance(self._sampler, PrioritizedSampler) else None
+        if priority is not None:
+            checked.set(self.priority_key, priorities(priority, priority.numel()).to(torch.float32).reshape(
+                priority.shape) if isinstance(priority, torch.Tensor) else priority)
+        return checked
+
+    def _untransformed(self, checked: Any) -> Any:
+        """``checked``, once the inverse of the transforms attached to this buffer (``append_transform``),
+        which TorchRL applies to what it writes, is seen to leave it unchanged (else what is stored
+        would not be what the readers checked)."""
+        transform = self._transform
+        if transform is None or not len(transform):
+            return checked
+        inverted = transform.inv(checked.clone())
+        keys = set(checked.keys(include_nested=True, leaves_only=True))
+        if inverted is None or set(inverted.keys(include_nested=True, leaves_only=True)) != keys or not all(
+                torch.equal(inverted.get(key), checked.get(key)) for key in keys):
+            raise ConfigError("torchrl: the inverse of the transforms attached to buffer.torchrl changes the rows "
+                              "written, past rlbuf's checks; apply them before writing, or attach transforms "
+                              "that only act on samples")
+        return checked
 
     def __getitem__(self, index: Any) -> Any:
-        return self._locked(super().__getitem__, index)
+        # A copy: TorchRL hands out views of the storage for ints and slices, which would let a
+        # caller change stored rows in place, past every check.
+        return _copied(self._locked(super().__getitem__, index))
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        self._locked(super().__setitem__, index, value, rewrites=True)
+        with _torchrl.replay_lock(self):
+            owner = self._owner()
+            if owner is not None:
+                owner.flush()
+            if self._rlbuf_rows is not None:
+                index, rows = positions(index, _torchrl.size(self), self._rlbuf_device())
+                if rows is not None and (not is_tensor_collection(value) or tuple(value.batch_size) != (rows,)):
+                    got = tuple(value.batch_size) if is_tensor_collection(value) else type(value).__name__
+                    raise ShapeError(f"value: expected a TensorDict of batch size ({rows},), one row per "
+                                     f"position, got {got}")
+                value = self._untransformed(self._rlbuf_rows.rows(value, batched=rows is not None))
+            self._locked(super().__setitem__, index, value, rewrites=True)
 
-    def update_priority(self, *args: Any, **kwargs: Any) -> Any:
-        return self._locked(super().update_priority, *args, **kwargs)
+    def update_priority(self, index: Any, priority: Any, *args: Any, **kwargs: Any) -> Any:
+        with _torchrl.replay_lock(self):
+            owner = self._owner()
+            if owner is not None:
+                owner.flush()
+            if self._rlbuf_rows is not None:
+                index = stored_positions(index, _torchrl.size(self), self._rlbuf_device())
+                priority = priorities(priority, index.numel())
+            return self._locked(super().update_priority, index, priority, *args, **kwargs)
+
+    def mark_update(self, index: Any) -> None:
+        # A prioritized sampler gives the positions the default priority: stored positions only.
+        with _torchrl.replay_lock(self):
+            owner = self._owner()
+            if owner is not None:
+                owner.flush()
+            if self._rlbuf_rows is not None:
+                index = stored_positions(index, _torchrl.size(self), self._rlbuf_device())
+            self._locked(super().mark_update, index)
 
     def empty(self, *args: Any, **kwargs: Any) -> Any:
         return self._locked(super().empty, *args, rewrites=True, **kwargs)
 
     def state_dict(self) -> Any:
-        return self._locked(super().state_dict)
+        # A copy, as rlbuf's own state_dict: TorchRL's holds the storage's tensors themselves.
+        return _copied(self._locked(super().state_dict))
 
     def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self._locked(super().load_state_dict, *args, rewrites=True, **kwargs)
+        self._refuse("load_state_dict", "buffer.load_state_dict(state)")
 
     def dumps(self, path: Any) -> Any:
         return self._locked(super().dumps, path)
 
     def loads(self, path: Any) -> Any:
-        return self._locked(super().loads, path, rewrites=True)
+        self._refuse("loads", "ReplayBuffer.load(path) (or RolloutBuffer.load, DistillationBuffer.load)")
+
+    def load(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse("load", "ReplayBuffer.load(path) (or RolloutBuffer.load, DistillationBuffer.load)")
+
+    def set_at_(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse("set_at_", "rb[index] = td, with every input field")
+
+    def set_(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse("set_", "rb[index] = td, with every input field")
+
+    def update_(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse("update_", "rb[index] = td, with every input field")
+
+    def update_if_present(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse("update_if_present", "rb[index] = td, with every input field")
+
+    def submit_update_if_present(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse("submit_update_if_present", "rb[index] = td, with every input field")
+
+    def _refuse(self, method: str, instead: str) -> None:
+        """Refuse a TorchRL method that would install rows or state rlbuf's checks never see.
+
+        A TorchRL state (``load_state_dict``, ``loads``) carries only TorchRL's part of a buffer:
+        rlbuf's own state (episode statistics, stream tables, a rollout's progress) would no longer
+        match the rows, so loads go through rlbuf's one load check instead. In-place writes of
+        single keys (``set_at_`` ...) would skip the derived fields and the readers.
+        """
+        if self._rlbuf_rows is None:
+            raise ConfigError(f"torchrl.{method}: not available on this buffer")
+        raise ConfigError(f"torchrl.{method}: refused on rlbuf's buffer.torchrl, whose rows and state rlbuf "
+                          f"checks; use {instead}")
+
+    def _rlbuf_device(self) -> torch.device:
+        rows = self._rlbuf_rows
+        return rows.devices[0] if rows is not None else torch.device("cpu")
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled for a worker process: commit pending rows, put RAM storage in shared memory
         # (so workers write where the learner reads) and let the owner re-derive its numpy views
-        # of the moved memory. The worker gets no owner: it writes through TorchRL directly.
+        # of the moved memory. The worker gets no owner: it writes through TorchRL directly, its
+        # rows checked by the same readers (``_rlbuf_rows`` travels with the buffer).
         # The sharing strategy is set first, so memory moves into shared memory once, not twice.
         prepare_process_sharing()
         spawning = _torchrl.spawning_process()
@@ -128,20 +228,16 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         return state
 
 
-def _with_done(data: Any, storage: Any) -> Any:
-    """``data`` with ``("next", "done")`` derived from terminated | truncated when the storage keeps
-    a done flag and the incoming tensordict has none (TorchRL would leave stale values there)."""
-    keys = _torchrl.storage_keys(storage) or ()
-    if not is_tensor_collection(data) or ("next", "done") not in keys or data.get(("next", "done"), None) is not None:
-        return data
-    terminated = data.get(("next", "terminated"), None)
-    if terminated is None:
-        return data
-    truncated = data.get(("next", "truncated"), None)
-    done = terminated.to(torch.bool) if truncated is None else terminated.to(torch.bool) | truncated.to(torch.bool)
-    data = data.copy()
-    data.set(("next", "done"), done)
-    return data
+def _copied(value: Any) -> Any:
+    """``value`` with every tensor and TensorDict in it cloned (mappings, lists and tuples walked)."""
+    if isinstance(value, torch.Tensor) or is_tensor_collection(value):
+        return value.clone()
+    if isinstance(value, dict):
+        copied = {key: _copied(item) for key, item in value.items()}
+        return copied if type(value) is dict else type(value)(copied)
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(_copied(item) for item in value)
+    return value
 
 
 def _unlink_shared_files_with(rb: FlushingReplayBuffer, state: Mapping[str, Any]) -> None:

@@ -29,7 +29,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,6 +43,7 @@ from rlbuf import _torchrl
 from rlbuf._convert import stored_positions
 from rlbuf._delivery import gather_rows
 from rlbuf._handout import FlushingReplayBuffer
+from rlbuf._torchrl_rows import TorchRLRows
 from rlbuf.errors import BatchSizeError, EmptyBufferError, MissingFieldError
 from rlbuf.spec import FieldSpec, NotStaged, RowReader, positive_int
 from rlbuf.storage import BuiltStorage, available_ram, remove_when_collected, row_bytes
@@ -174,6 +174,8 @@ class RowRing:
         self.accepted_devices: tuple[torch.device, ...] = (
             (storing_device,) if storing_device.type == "cpu" else (storing_device, _CPU)
         )
+        # Writes through TorchRL (here or in a worker process) are read by the same readers.
+        rb._rlbuf_rows = TorchRLRows(self.specs, self.derived, self.accepted_devices)
         self.rows_per_add = rows_per_add
         self._readers: dict[tuple[FieldSpec, int], RowReader] = {}
         # Each input field's reader of one add's rows, in field order.
@@ -306,19 +308,6 @@ class RowRing:
     def read_tensors(self, specs: Sequence[FieldSpec], values: Sequence[Any], rows: int) -> dict[str, torch.Tensor]:
         """``rows`` rows of each field as tensors, read and checked by its reader, by name."""
         return {spec.name: self.reader(spec, rows).tensor(value) for spec, value in zip(specs, values, strict=True)}
-
-    def check_torchrl_rows(self, td: Any) -> None:
-        """Read every input field a TensorDict written through TorchRL (``buffer.torchrl``) carries.
-
-        Raises:
-            ShapeError, DtypeError, DeviceError, NonFiniteError: a field does not fit its spec.
-        """
-        lead = tuple(td.batch_size)
-        rows = math.prod(lead)
-        for spec in self.input_specs:
-            value = td.get(spec.key, None)
-            if isinstance(value, torch.Tensor) and spec.fits_rows(value.shape, lead):
-                self.reader(spec, rows).tensor(value.reshape(rows, *spec.shape))
 
     def _add_one_row(self, values: Sequence[Any], rows: int) -> None:
         """``add`` of one row per add, staged: read every field, then one numpy assignment per field."""

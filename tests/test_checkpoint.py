@@ -38,6 +38,7 @@ from torchrl.data import LazyMemmapStorage
 
 from rlbuf import (
     CheckpointError,
+    ConfigError,
     DistillationBuffer,
     EpisodeStats,
     ReplayBuffer,
@@ -404,7 +405,7 @@ def test_a_listed_file_holding_a_pickle_is_read_as_raw_bytes_never_unpickled(sav
     assert not marker.exists()
 
 
-def test_torchrl_loads_would_run_the_pickle_that_rlbuf_refuses(tmp_path: Path) -> None:
+def test_torchrl_loads_of_the_pickle_that_rlbuf_refuses_is_refused_too(tmp_path: Path) -> None:
     crafted, marker = tmp_path / "crafted", tmp_path / "ran"
     crafted.mkdir()
     write_payload(marker, crafted / "prefetch.pkl")
@@ -412,9 +413,10 @@ def test_torchrl_loads_would_run_the_pickle_that_rlbuf_refuses(tmp_path: Path) -
         ReplayBuffer.load(crafted)
     assert not marker.exists()
     buf = make("replay")
-    with pytest.raises(FileNotFoundError):  # after it ran the payload, it finds no storage
+    # TorchRL's loads would unpickle it; rlbuf's buffer.torchrl sends every load to rlbuf's one check.
+    with pytest.raises(ConfigError, match=r"torchrl\.loads: refused .* use ReplayBuffer\.load"):
         buf.torchrl.loads(crafted)
-    assert marker.exists()
+    assert not marker.exists()
 
 
 # -- memmap storage -----------------------------------------------------------------------------

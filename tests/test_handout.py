@@ -1,0 +1,296 @@
+"""Writes through ``buffer.torchrl`` (and worker processes given it) go through the fields' readers.
+
+Every refusal names the field and leaves the buffer (rows, counters, pending rows, sampler)
+exactly as it was.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _snapshot import same, snapshot
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tensordict import TensorDict
+from torchrl.envs import Transform
+
+from rlbuf import (
+    ConfigError,
+    DtypeError,
+    MissingFieldError,
+    NonFiniteError,
+    PriorityError,
+    ReplayBuffer,
+    RlbufError,
+    RolloutBuffer,
+    ShapeError,
+    StoredIndexError,
+)
+
+INPUT_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"),
+              ("next", "terminated"), ("next", "truncated")]
+NAMES = {"observation": "obs", "action": "action", ("next", "observation"): "next_obs",
+         ("next", "reward"): "reward", ("next", "terminated"): "terminated", ("next", "truncated"): "truncated"}
+
+
+def make(*, prioritized: bool = False, rows: int = 3) -> ReplayBuffer:
+    buf = ReplayBuffer(8, obs_shape=(3,), action_shape=(), seed=0, prioritized=prioritized)
+    for i in range(rows):
+        buf.add(torch.full((3,), float(i)), 0.0, float(i), torch.zeros(3), False)
+    return buf
+
+
+def rows(n: int | None = 2, *, reward: Any = 1.0, terminated: bool = False, truncated: bool = False,
+         done: bool | None = None) -> TensorDict:
+    lead: tuple[int, ...] = () if n is None else (n,)
+    flags = {"terminated": torch.full((*lead, 1), terminated), "truncated": torch.full((*lead, 1), truncated)}
+    if done is not None:
+        flags["done"] = torch.full((*lead, 1), done)
+    reward_tensor = reward if isinstance(reward, torch.Tensor) else torch.full((*lead, 1), reward)
+    return TensorDict({"observation": torch.ones(*lead, 3), "action": torch.zeros(lead),
+                       "next": {"observation": torch.ones(*lead, 3), "reward": reward_tensor, **flags}}, lead)
+
+
+def refused(buf: ReplayBuffer, error: type[RlbufError], match: str, call: Callable[[], Any]) -> None:
+    """``call`` raises ``error`` (message matching ``match``) and changes nothing in ``buf``."""
+    buf.add(torch.zeros(3), 0.0, 5.0, torch.zeros(3), False)  # a pending row: must stay pending, uncommitted or not
+    before = snapshot(buf)
+    with pytest.raises(error, match=match):
+        call()
+    assert same(before, snapshot(buf))
+    assert buf.check_valid() == (True, "")
+
+
+# -- __setitem__ -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("index", "value", "error", "match"), [
+    (0, rows(None, reward=float("nan")), NonFiniteError, r"^reward: expected finite values"),
+    (0, rows(None, reward=torch.tensor([1e300], dtype=torch.float64)), DtypeError, r"^reward: values up to 1e\+300"),
+    (0, rows(None, terminated=True, done=False), ConfigError, r"^done: key 'next\.done' differs .*terminated \| truncated"),
+    (7, rows(None), StoredIndexError, r"^index: expected positions in \[0, 4\)"),
+    (-1, rows(None), StoredIndexError, r"^index: expected positions"),
+    (slice(0, 2), rows(2, reward=torch.full((2, 1), 1e300, dtype=torch.float64)), DtypeError, r"^reward:"),
+    (slice(0, 2), rows(3), ShapeError, r"^value: expected a TensorDict of batch size \(2,\)"),
+    ([0, 1], rows(2).exclude("action"), MissingFieldError, r"^action: key 'action' is missing"),
+    ("observation", torch.zeros(4, 3), StoredIndexError, r"^index:"),
+    (0, rows(2), ShapeError, r"^data: expected one row"),
+])
+def test_setitem_reads_every_field_and_only_rewrites_stored_rows(index: Any, value: Any, error: type[RlbufError],
+                                                                 match: str) -> None:
+    buf = make()
+    rb = buf.torchrl
+
+    def write() -> None:
+        rb[index] = value
+
+    refused(buf, error, match, write)
+
+
+def test_setitem_of_valid_rows_stores_them_with_done_derived() -> None:
+    buf = make()
+    buf.torchrl[1] = rows(None, reward=7.0, truncated=True)
+    buf.torchrl[torch.tensor([0, 2])] = rows(2, reward=3.0, terminated=True, done=True)
+    batch = buf.sample_all()
+    assert batch.reward.tolist() == [3.0, 7.0, 3.0]
+    assert batch.done.tolist() == [True, True, True] and batch.truncated.tolist() == [False, True, False]
+    assert buf.check_valid() == (True, "")
+
+
+# -- add / extend ----------------------------------------------------------------------------------
+@settings(max_examples=12, deadline=None)
+@given(st.sampled_from(INPUT_KEYS), st.booleans())
+def test_a_torchrl_write_must_carry_every_input_field(key: Any, batched: bool) -> None:
+    buf = make()
+    rb = buf.torchrl
+    data = rows(2 if batched else None).exclude(key)
+    name = NAMES[key]
+    refused(buf, MissingFieldError, rf"^{name}: key '{'.'.join(key) if isinstance(key, tuple) else key}' is missing",
+            lambda: rb.extend(data) if batched else rb.add(data))
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.booleans(), st.booleans()), min_size=1, max_size=4))
+def test_a_given_done_must_equal_terminated_or_truncated(flags: list[tuple[bool, bool, bool]]) -> None:
+    buf = make()
+    n = len(flags)
+    data = rows(n)
+    terminated, truncated, done = (torch.tensor([[f[i]] for f in flags]) for i in range(3))
+    data["next", "terminated"], data["next", "truncated"], data["next", "done"] = terminated, truncated, done
+    if bool(((terminated | truncated) == done).all()):
+        buf.torchrl.extend(data)
+        assert buf.sample_all().done.tolist()[-n:] == (terminated | truncated).reshape(-1).tolist()
+        assert buf.check_valid() == (True, "")
+    else:
+        row = int(((terminated | truncated) != done).reshape(-1).nonzero()[0])
+        refused(buf, ConfigError, rf"^done: key 'next\.done' differs .* at row {row} ", lambda: buf.torchrl.extend(data))
+
+
+@pytest.mark.parametrize(("call", "error", "match"), [
+    (lambda rb: rb.add(TensorDict({"observation": torch.full((3,), 5.0)}, [])), MissingFieldError, r"^action:"),
+    (lambda rb: rb.extend(rows(2, reward=float("nan"))), NonFiniteError, r"^reward:"),
+    (lambda rb: rb.extend(rows(2, terminated=True, done=False)), ConfigError, r"^done:"),
+    (lambda rb: rb.extend(rows(None)), ShapeError, r"^data: expected a TensorDict with a batch dim"),
+    (lambda rb: rb.extend({"observation": torch.zeros(2, 3)}), ShapeError, r"^data: a write through buffer\.torchrl"),
+])
+def test_add_and_extend_refuse_by_field_name(call: Callable[[Any], Any], error: type[RlbufError], match: str) -> None:
+    buf = make()
+    rb = buf.torchrl
+    refused(buf, error, match, lambda: call(rb))
+
+
+def test_a_priority_carried_by_an_extend_is_checked_before_any_row_is_written() -> None:
+    buf = make(prioritized=True)
+    data = rows(2)
+    data["td_error"] = torch.tensor([1.0, float("nan")])
+    refused(buf, PriorityError, r"^priority:", lambda: buf.torchrl.extend(data))
+    data["td_error"] = torch.tensor([1.0, 4.0])
+    buf.torchrl.extend(data)
+    assert buf.check_valid() == (True, "")
+
+
+def test_a_rollout_buffer_derives_its_advantages_too() -> None:
+    buf = RolloutBuffer(4, obs_shape=(3,), action_shape=(), num_envs=1)
+    data = TensorDict({"observation": torch.zeros(1, 3), "action": torch.zeros(1), "state_value": torch.zeros(1, 1),
+                       "sample_log_prob": torch.zeros(1), "advantage": torch.ones(1, 1),
+                       "next": {"reward": torch.zeros(1, 1), "terminated": torch.zeros(1, 1, dtype=torch.bool),
+                                "truncated": torch.zeros(1, 1, dtype=torch.bool), "state_value": torch.zeros(1, 1)}}, [1])
+    with pytest.raises(ConfigError, match=r"^advantage: key 'advantage' differs"):
+        buf.torchrl.extend(data)
+    assert len(buf) == 0
+
+
+# -- priorities ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("index", "priority", "error", "match"), [
+    ([5], [3.0], StoredIndexError, r"^index: expected positions in \[0, 4\), got values in \[5, 5\]"),
+    ([100], [3.0], StoredIndexError, r"^index:"),
+    ([-1], [3.0], StoredIndexError, r"^index:"),
+    ([0], [float("nan")], PriorityError, r"^priority:"),
+    ([0], [-1.0], PriorityError, r"^priority:"),
+    ([0, 1], [1.0], PriorityError, r"^priority: expected 2 values"),
+])
+def test_update_priority_takes_stored_positions_and_valid_priorities(index: Any, priority: Any,
+                                                                     error: type[RlbufError], match: str) -> None:
+    buf = make(prioritized=True)
+    rb = buf.torchrl
+    refused(buf, error, match, lambda: rb.update_priority(torch.tensor(index), torch.tensor(priority)))
+    rb.update_priority(torch.tensor([0, 3]), torch.tensor([2.0, 0.5]))
+    assert buf.check_valid() == (True, "")
+
+
+# -- loads and in-place key writes -----------------------------------------------------------------
+def test_torchrl_level_loads_and_key_writes_are_refused(tmp_path: Path) -> None:
+    buf = make(prioritized=True)
+    rb = buf.torchrl
+    state = rb.state_dict()
+    state["_storage"]["_storage"]["next.reward"].fill_(float("nan"))
+    rb.dumps(tmp_path / "dumped")
+    refused(buf, ConfigError, r"^torchrl\.load_state_dict: refused .* use buffer\.load_state_dict",
+            lambda: rb.load_state_dict(state))
+    refused(buf, ConfigError, r"^torchrl\.loads: refused .* ReplayBuffer\.load", lambda: rb.loads(tmp_path / "dumped"))
+    refused(buf, ConfigError, r"^torchrl\.load:", lambda: rb.load(tmp_path / "dumped"))
+    refused(buf, ConfigError, r"^torchrl\.set_at_:",
+            lambda: rb.set_at_(("next", "reward"), torch.full((1, 1), float("nan")), torch.tensor([0])))
+    refused(buf, ConfigError, r"^torchrl\.set_:", lambda: rb.set_("action", torch.zeros(4)))
+    refused(buf, ConfigError, r"^torchrl\.update_:", lambda: rb.update_({"action": torch.zeros(4)}))
+
+
+# -- worker processes ------------------------------------------------------------------------------
+def test_the_checks_pickle_with_the_buffer() -> None:
+    buf = make()
+    checks = pickle.loads(pickle.dumps(buf.torchrl._rlbuf_rows))
+    with pytest.raises(NonFiniteError, match=r"^reward:"):
+        checks.rows(rows(2, reward=float("nan")), batched=True)
+    with pytest.raises(ConfigError, match=r"^done:"):
+        checks.rows(rows(2, terminated=True, done=False), batched=True)
+    assert checks.rows(rows(2, truncated=True), batched=True)["next", "done"].all()
+
+
+def _hostile_worker(rb: Any, results: Any) -> None:
+    attempts = {
+        "nan reward": rows(2, reward=float("nan")),
+        "done": rows(2, terminated=True, done=False),
+        "missing": TensorDict({"observation": torch.zeros(1, 3)}, [1]),
+    }
+    for label, data in attempts.items():
+        try:
+            rb.extend(data)
+            results.put((label, "accepted"))
+        except RlbufError as error:
+            results.put((label, f"{type(error).__name__}: {error}"))
+    rb.extend(rows(2, reward=9.0, truncated=True))
+    results.put(("valid", "accepted"))
+
+
+def test_a_worker_process_checks_its_writes_and_the_learners_buffer_stays_valid() -> None:
+    buf = make()
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the sharing strategy switch
+        worker = context.Process(target=_hostile_worker, args=(buf.torchrl, results))
+        worker.start()
+    answers = dict(results.get(timeout=120) for _ in range(4))
+    worker.join(timeout=120)
+    assert worker.exitcode == 0
+    assert answers["nan reward"].startswith("NonFiniteError: reward:")
+    assert answers["done"].startswith("ConfigError: done:")
+    assert answers["missing"].startswith("MissingFieldError: action:")
+    assert answers["valid"] == "accepted"
+    assert buf.check_valid() == (True, "")
+    batch = buf.sample_all()
+    assert batch.reward.tolist() == [0.0, 1.0, 2.0, 9.0, 9.0]
+    assert batch.done.tolist() == [False, False, False, True, True]
+
+
+# -- reads hand out copies -------------------------------------------------------------------------
+@pytest.mark.parametrize("index", [0, slice(0, 2), slice(None), torch.tensor([1])])
+def test_reads_through_torchrl_are_copies_not_views_of_the_storage(index: Any) -> None:
+    buf = make()
+    buf.torchrl[index]["next", "reward"].fill_(float("nan"))
+    buf.torchrl.state_dict()["_storage"]["_storage"]["next.reward"].fill_(float("nan"))
+    assert buf.check_valid() == (True, "")
+    assert buf.sample_all().reward.tolist() == [0.0, 1.0, 2.0]
+
+
+
+def test_mark_update_takes_stored_positions_only() -> None:
+    buf = make(prioritized=True)
+    refused(buf, StoredIndexError, r"^index: expected positions in \[0, 4\)", lambda: buf.torchrl.mark_update(torch.tensor([6])))
+    buf.torchrl.mark_update(torch.tensor([1]))
+    assert buf.check_valid() == (True, "")
+
+
+class _Poison(Transform):
+    """A transform whose inverse (applied by TorchRL to what it writes) makes rewards NaN."""
+
+    def _inv_call(self, tensordict: Any) -> Any:
+        tensordict.set(("next", "reward"), torch.full_like(tensordict.get(("next", "reward")), float("nan")))
+        return tensordict
+
+
+class _Scale(Transform):
+    """A transform of samples only (its inverse leaves rows as they are)."""
+
+    def _call(self, tensordict: Any) -> Any:
+        tensordict.set(("next", "reward"), tensordict.get(("next", "reward")) * 2)
+        return tensordict
+
+
+def test_transforms_whose_inverse_would_change_written_rows_are_refused() -> None:
+    buf = make()
+    rb = buf.torchrl
+    rb.append_transform(_Scale())
+    rb.extend(rows(2, reward=4.0))
+    assert buf.sample_all().reward.tolist()[-2:] == [4.0, 4.0]
+    buf = make()
+    rb = buf.torchrl
+    rb.append_transform(_Poison())
+    refused(buf, ConfigError, r"^torchrl: the inverse of the transforms", lambda: rb.extend(rows(2)))
+    refused(buf, ConfigError, r"^torchrl: the inverse of the transforms", lambda: rb.add(rows(None)))
+    refused(buf, ConfigError, r"^torchrl: the inverse of the transforms", lambda: rb.__setitem__(0, rows(None)))
