@@ -107,6 +107,22 @@ def positive_int(name: str, value: object, error: type[RlbufError] = ConfigError
     return as_int(name, value, error=error)
 
 
+MAX_NUM_ENVS = 2**31 - 1
+"""rlbuf's limit on ``num_envs`` (rows per add): far beyond any vector env, and checked before anything is allocated."""
+
+
+def as_num_envs(value: object) -> int:
+    """``num_envs`` as a positive int up to ``MAX_NUM_ENVS``, checked before a buffer allocates anything per env.
+
+    Example:
+        >>> as_num_envs(2**63)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: num_envs: expected an int in [1, 2147483647], got 9223372036854775808
+    """
+    return as_int("num_envs", value, maximum=MAX_NUM_ENVS)
+
+
 def as_flag(name: str, value: object) -> bool:
     """``value`` as a bool (Python or numpy), else ``ConfigError`` naming ``name``.
 
@@ -173,6 +189,13 @@ def as_array(name: str, value: object, error: type[RlbufError] | None = None) ->
             value, (np.ndarray, np.generic, list, tuple, int, float)):
         raise (error or ShapeError)(f"{name}: expected a tensor, numpy array or number, got "
                                     f"{type(value).__name__}")
+    if isinstance(value, np.ma.MaskedArray):
+        masked = int(np.ma.getmaskarray(value).sum())
+        if masked:
+            raise (error or DtypeError)(f"{name}: expected plain values, got a masked array with "
+                                        f"{masked} masked entries (rlbuf cannot store a "
+                                        f"mask); fill them first, e.g. value.filled(0.0)")
+        value = np.ma.getdata(value)  # nothing masked: the values are all there
     try:
         array = np.asarray(value)
     except ValueError:

@@ -199,3 +199,18 @@ def check_finite(views: Rollout) -> None:
                         f"last_value: expected finite values, got {tensor[0, env].item()} at env {env}"
                     )
                 raise _non_finite_error(name, tensor, step, env)
+
+
+def check_outputs(advantage: torch.Tensor, returns: torch.Tensor) -> None:
+    """Raise NonFiniteError if finite inputs gave advantages or returns beyond the dtype (``[T, N]`` views).
+
+    ``returns = advantage + value`` is finite only where the advantage is: one pass checks both.
+    """
+    if bool(torch.isfinite(returns).all()):
+        return
+    name, tensor = ("advantage", advantage) if not bool(torch.isfinite(advantage).all()) else ("returns", returns)
+    step, env = (int(i) for i in torch.nonzero(~torch.isfinite(tensor))[0])
+    raise NonFiniteError(
+        f"{name}: the computed values do not fit {tensor.dtype} (got {tensor[step, env].item()} at step {step}, "
+        f"env {env}) although the inputs are finite; scale the rewards and values down, or compute in float64"
+    )

@@ -43,6 +43,7 @@ from rlbuf._gae_checks import (
     check_float,
     check_like,
     check_out,
+    check_outputs,
     check_time_dim,
     check_unit_interval,
 )
@@ -106,7 +107,8 @@ def compute_gae(
         backend: ``"auto"``, ``"numba"`` (CPU only) or ``"torch"``; see the module doc.
         out: ``(advantage, returns)`` tensors shaped like ``reward`` to write into instead of
             fresh ones (e.g. a buffer's own columns); they must not share memory with each
-            other or with an input. If computing fails midway they may hold partial results.
+            other or with an input. They are written only once the results are checked: a
+            refused call leaves them as they were.
 
     Returns:
         ``(advantage, returns)``, contiguous, in the layout and dtype of ``reward``, with
@@ -119,7 +121,8 @@ def compute_gae(
         DeviceError: tensors on different devices, tensors on the ``meta`` device (no data),
             or ``backend="numba"`` off the CPU.
         NonFiniteError: NaN or inf in ``reward``, ``value``, ``last_value``, ``next_value``, or
-            in ``bootstrap_value`` where it is read.
+            in ``bootstrap_value`` where it is read; or advantages or returns that overflow the
+            dtype of ``reward`` although the inputs are finite (rewards near ``3e38`` in float32).
         ConfigError: ``gamma``/``gae_lambda`` not a number in [0, 1] (NaN included), a bad
             ``time_dim`` or ``backend``, a truncated step with neither ``bootstrap_value`` nor
             ``next_value``, no ``last_value`` without ``next_value``, or ``out`` that is not two
@@ -199,17 +202,18 @@ def compute_gae(
             )
         views.truncated = None
 
-    if out is None:
-        advantage = torch.empty(shape, dtype=dtype, device=device)
-        returns = torch.empty(shape, dtype=dtype, device=device)
-    else:
+    target = None
+    if out is not None:
         inputs = {
             "reward": reward, "value": value, "terminated": terminated, "truncated": truncated,
             "last_value": last_value, "bootstrap_value": bootstrap_value, "next_value": next_value,
         }
-        advantage, returns = check_out(out, shape, dtype, device, inputs)
+        target = check_out(out, shape, dtype, device, inputs)
+    # Computed into new tensors and checked before ``out`` is written: a refusal leaves it as it was.
+    advantage = torch.empty(shape, dtype=dtype, device=device)
+    returns = torch.empty(shape, dtype=dtype, device=device)
     if advantage.numel() == 0:
-        return advantage, returns
+        return target or (advantage, returns)
     advantage_tn = advantage if time_major else advantage.t()
     returns_tn = returns if time_major else returns.t()
     if _use_numba(backend, device, num_steps * num_envs):
@@ -224,7 +228,12 @@ def compute_gae(
             check_finite(views)
             advantage_tn.copy_(_gae_torch(views, gamma, gae_lambda))
             torch.add(advantage_tn, views.value, out=returns_tn)
-    return advantage, returns
+    check_outputs(advantage_tn, returns_tn)
+    if target is None:
+        return advantage, returns
+    target[0].copy_(advantage)
+    target[1].copy_(returns)
+    return target
 
 
 class GAE(Transform):  # type: ignore[misc]

@@ -30,6 +30,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import SamplerWithoutReplacement
 
 from rlbuf._buffer import RingBuffer, done_of, refuse_foreign_options
+from rlbuf._convert import as_num_envs
 from rlbuf._delivery import deliver
 from rlbuf._obs import (
     ObsDtype,
@@ -43,6 +44,7 @@ from rlbuf._obs import (
 from rlbuf._rollout_layout import (
     BUILT_IN,
     COMPUTED,
+    check_normalized,
     checked_extras,
     minibatches_call,
     rollout_columns,
@@ -145,7 +147,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         positive_int("num_steps", num_steps)
-        positive_int("num_envs", num_envs)
+        as_num_envs(num_envs)
         self._attach_stats(stats, num_envs)
         self._num_steps = num_steps
         privileged = None if privileged_obs_shape is None else as_shape(privileged_obs_shape, "privileged_obs_shape")
@@ -377,6 +379,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         Raises:
             RolloutIncompleteError: fewer than ``num_steps`` steps stored.
             ShapeError, DeviceError, NonFiniteError: a bad ``last_value``.
+            NonFiniteError: advantages or returns beyond float32 (rewards near ``3e38``); nothing is written.
 
         Example:
             >>> buf = RolloutBuffer(2, 1, obs_shape=(1,), action_shape=())
@@ -396,17 +399,18 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         with self._ring.rewriting():  # a save running meanwhile copies the new advantages, not a mix
             columns = {name: self._ring.leaves[name].view(self._num_steps, self._num_envs) for name in (
                 "reward", "value", "terminated", "truncated", "bootstrap_value", "advantage", "returns")}
-            # compute_gae checks every argument (gamma, gae_lambda ...) before it writes into `out`, and the
-            # stored inputs are finite: a refused call leaves the advantages computed before, and their flag.
-            advantage, _ = compute_gae(
+            # Computed into new tensors and checked (arguments, finite results) before the columns are
+            # written: a refused call leaves the advantages computed before, and their flag.
+            advantage, returns = compute_gae(
                 columns["reward"], columns["value"], columns["terminated"], columns["truncated"], last,
-                gamma=gamma, gae_lambda=gae_lambda, bootstrap_value=columns["bootstrap_value"],
-                out=(columns["advantage"], columns["returns"]),
-            )
+                gamma=gamma, gae_lambda=gae_lambda, bootstrap_value=columns["bootstrap_value"])
             if normalize:
                 # One row has no spread (its std is NaN): it is only centred.
                 spread = advantage.std() if advantage.numel() > 1 else torch.zeros((), device=advantage.device)
                 advantage.sub_(advantage.mean()).div_(spread + 1e-8)
+                check_normalized(advantage)
+            columns["advantage"].copy_(advantage)
+            columns["returns"].copy_(returns)
         self._advantages_ready = True
 
     # -- reading -----------------------------------------------------------------------------
