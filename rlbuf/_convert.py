@@ -246,6 +246,23 @@ def all_finite(values: np.ndarray[Any, Any]) -> bool:
     return bool(np.isfinite(values).all())
 
 
+def float_limit(np_dtype: np.dtype[Any]) -> float:
+    """The largest float64 that rounds to a finite ``np_dtype``, directly or through float32 (torch's float64 to
+    float16), ties included: values up to it are stored as at most the dtype's largest finite value.
+
+    Example:
+        >>> float_limit(np.dtype(np.float16)), float_limit(np.dtype(np.float32))
+        (65519.99804687499, 3.4028235677973362e+38)
+    """
+    info = np.finfo(np_dtype)
+    if info.bits == 64:
+        return float(info.max)
+    overflow = float(info.max) + 2.0 ** (info.maxexp - info.nmant - 2)  # halfway to the next power: rounds to inf
+    if info.bits < 32:  # half a float32 ulp below, a float64 rounds up to it on its way through float32
+        overflow -= 2.0 ** (math.floor(math.log2(overflow)) - np.finfo(np.float32).nmant - 1)
+    return math.nextafter(overflow, 0.0)
+
+
 def largest_finite(values: np.ndarray[Any, Any] | torch.Tensor) -> float:
     """The largest magnitude among the finite entries of float ``values`` (0 if none)."""
     if isinstance(values, torch.Tensor):

@@ -200,3 +200,37 @@ def test_a_masked_array_with_nothing_masked_is_stored_as_its_values() -> None:
 def test_every_refusal_here_is_an_rlbuf_error() -> None:
     for error in (ConfigError, DtypeError, NonFiniteError):
         assert issubclass(error, RlbufError)
+
+
+# -- 6. values that round to the largest finite float are stored, values that round to inf refused -----------
+
+@pytest.mark.parametrize("value", [
+    torch.tensor([65519.0]), np.array([65519.0], np.float32), [65519.0], torch.tensor([65519.99], dtype=torch.float64),
+])
+def test_a_value_rounding_to_float16s_largest_is_stored_as_it(value: Any) -> None:
+    buf = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0, obs_dtype=torch.float16)
+    buf.add(value, 0.0, 0.0, torch.zeros(1), False)
+    assert buf.sample_all().obs.tolist() == [[65504.0]]
+
+
+@pytest.mark.parametrize("value", [
+    torch.tensor([65520.0]), np.array([65520.0], np.float32), [65520.0],
+    torch.tensor([65519.999], dtype=torch.float64),  # torch rounds it through float32: 65520, inf
+])
+def test_a_value_rounding_to_inf_in_float16_is_refused(value: Any) -> None:
+    buf = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0, obs_dtype=torch.float16)
+    before = snapshot(buf)
+    with pytest.raises(DtypeError, match=r"^obs: values up to 6\.552e\+04 in magnitude do not fit torch\.float16"):
+        buf.add(value, 0.0, 0.0, torch.zeros(1), False)
+    assert same(before, snapshot(buf))
+
+
+@pytest.mark.parametrize("reward", [3.4028235e38, np.float64(3.4028235e38), np.array([3.4028235e38]),
+                                    torch.tensor([3.4028235e38], dtype=torch.float64)])
+def test_a_float64_rounding_to_float32s_largest_is_stored(reward: Any) -> None:
+    buf = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0)
+    buf.add(torch.zeros(1), 0.0, reward, torch.zeros(1), False)
+    assert buf.sample_all().reward.tolist() == [float(np.finfo(np.float32).max)]
+    with pytest.raises(DtypeError, match=r"^reward: .*do not fit torch\.float32|^reward: .*does not fit"):
+        buf.add(torch.zeros(1), 0.0, 3.4028235677973366e38, torch.zeros(1), False)
+    assert len(buf) == 1
