@@ -190,9 +190,18 @@ def _check_attached(name: str, tensor: torch.Tensor, lead: tuple[int, int]) -> N
 
 def check_normalized(advantage: torch.Tensor) -> None:
     """Refuse normalized advantages that are not finite (a spread beyond float32), before they are stored."""
-    if not bool(torch.isfinite(advantage).all()):
+    if not bool(torch.isfinite(advantage.sum())) and not bool(torch.isfinite(advantage).all()):
         raise NonFiniteError("advantage: normalizing gave NaN or inf (the advantages spread beyond float32); "
                              "scale the rewards and values down, or normalize them yourself in float64")
+
+
+def store_computed(column: torch.Tensor, values: torch.Tensor) -> None:
+    """Copy checked advantages or returns into their stored column (by numpy on the CPU: torch's copy threads,
+    left spinning, would slow the next GAE kernel down on a machine of few cores)."""
+    if column.device.type == "cpu":
+        np.copyto(column.detach().as_subclass(torch.Tensor).numpy(), values.numpy())
+    else:
+        column.copy_(values)
 
 
 def step_values(fields: dict[str, Any], hidden_state: Any, extras: Mapping[str, Any], *, num_envs: int,

@@ -107,8 +107,8 @@ def compute_gae(
         backend: ``"auto"``, ``"numba"`` (CPU only) or ``"torch"``; see the module doc.
         out: ``(advantage, returns)`` tensors shaped like ``reward`` to write into instead of
             fresh ones (e.g. a buffer's own columns); they must not share memory with each
-            other or with an input. They are written only once the results are checked: a
-            refused call leaves them as they were.
+            other or with an input. The arguments and inputs are checked before they are
+            written; results that overflow are refused after (they then hold those results).
 
     Returns:
         ``(advantage, returns)``, contiguous, in the layout and dtype of ``reward``, with
@@ -202,18 +202,17 @@ def compute_gae(
             )
         views.truncated = None
 
-    target = None
-    if out is not None:
+    if out is None:
+        advantage = torch.empty(shape, dtype=dtype, device=device)
+        returns = torch.empty(shape, dtype=dtype, device=device)
+    else:
         inputs = {
             "reward": reward, "value": value, "terminated": terminated, "truncated": truncated,
             "last_value": last_value, "bootstrap_value": bootstrap_value, "next_value": next_value,
         }
-        target = check_out(out, shape, dtype, device, inputs)
-    # Computed into new tensors and checked before ``out`` is written: a refusal leaves it as it was.
-    advantage = torch.empty(shape, dtype=dtype, device=device)
-    returns = torch.empty(shape, dtype=dtype, device=device)
+        advantage, returns = check_out(out, shape, dtype, device, inputs)
     if advantage.numel() == 0:
-        return target or (advantage, returns)
+        return advantage, returns
     advantage_tn = advantage if time_major else advantage.t()
     returns_tn = returns if time_major else returns.t()
     if _use_numba(backend, device, num_steps * num_envs):
@@ -229,11 +228,7 @@ def compute_gae(
             advantage_tn.copy_(_gae_torch(views, gamma, gae_lambda))
             torch.add(advantage_tn, views.value, out=returns_tn)
     check_outputs(advantage_tn, returns_tn)
-    if target is None:
-        return advantage, returns
-    target[0].copy_(advantage)
-    target[1].copy_(returns)
-    return target
+    return advantage, returns
 
 
 class GAE(Transform):  # type: ignore[misc]

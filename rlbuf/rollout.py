@@ -50,6 +50,7 @@ from rlbuf._rollout_layout import (
     rollout_columns,
     rollout_specs,
     step_values,
+    store_computed,
     zeros_column,
 )
 from rlbuf.batches import RolloutBatch
@@ -162,6 +163,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                     derived={"advantage": zeros_column, "returns": zeros_column, "done": done_of})
         self._attached: dict[str, torch.Tensor] = {}
         self._advantages_ready = False
+        self._gae_out: tuple[torch.Tensor, torch.Tensor] | None = None  # GAE's results, checked before stored
 
     # -- properties --------------------------------------------------------------------------
     @property
@@ -401,16 +403,19 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                 "reward", "value", "terminated", "truncated", "bootstrap_value", "advantage", "returns")}
             # Computed into new tensors and checked (arguments, finite results) before the columns are
             # written: a refused call leaves the advantages computed before, and their flag.
+            if self._gae_out is None:  # kept: fresh tensors every call cost more than the kernel
+                shape = (self._num_steps, self._num_envs)
+                self._gae_out = (last.new_empty(shape), last.new_empty(shape))
             advantage, returns = compute_gae(
                 columns["reward"], columns["value"], columns["terminated"], columns["truncated"], last,
-                gamma=gamma, gae_lambda=gae_lambda, bootstrap_value=columns["bootstrap_value"])
+                gamma=gamma, gae_lambda=gae_lambda, bootstrap_value=columns["bootstrap_value"], out=self._gae_out)
             if normalize:
                 # One row has no spread (its std is NaN): it is only centred.
                 spread = advantage.std() if advantage.numel() > 1 else torch.zeros((), device=advantage.device)
                 advantage.sub_(advantage.mean()).div_(spread + 1e-8)
                 check_normalized(advantage)
-            columns["advantage"].copy_(advantage)
-            columns["returns"].copy_(returns)
+            store_computed(columns["advantage"], advantage)
+            store_computed(columns["returns"], returns)
         self._advantages_ready = True
 
     # -- reading -----------------------------------------------------------------------------

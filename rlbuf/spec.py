@@ -25,16 +25,11 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase, is_tensor_collection
 
-from rlbuf._convert import (
-    _NUMPY_DTYPES,
-    all_finite,
-    float_limit,
-    largest_finite,
-    numpy_dtype_or_none,
-)
+from rlbuf._convert import _NUMPY_DTYPES, all_finite, largest_finite, numpy_dtype_or_none
 from rlbuf._convert import as_array as as_array
 from rlbuf._convert import as_flag as as_flag
 from rlbuf._convert import as_int as as_int
+from rlbuf._convert import float_limit as float_limit
 from rlbuf._convert import numpy_dtype as numpy_dtype
 from rlbuf._convert import positive_int as positive_int
 from rlbuf._convert import short_repr as short_repr
