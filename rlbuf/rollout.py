@@ -337,6 +337,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             ShapeError: a tensor not shaped ``[num_steps, num_envs, ...]`` (or a stored
                 field's exact shape).
             MissingFieldError: only one of advantage/returns, or another stored field.
+            DtypeError: a new tensor of a dtype no buffer stores (complex, bfloat16, uint16, float8 ...).
 
         Example:
             >>> buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=())
