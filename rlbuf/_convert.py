@@ -107,6 +107,22 @@ def positive_int(name: str, value: object, error: type[RlbufError] = ConfigError
     return as_int(name, value, error=error)
 
 
+MAX_NUM_ENVS = 2**31 - 1
+"""rlbuf's limit on ``num_envs`` (rows per add): far beyond any vector env, and checked before anything is allocated."""
+
+
+def as_num_envs(value: object) -> int:
+    """``num_envs`` as a positive int up to ``MAX_NUM_ENVS``, checked before a buffer allocates anything per env.
+
+    Example:
+        >>> as_num_envs(2**63)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: num_envs: expected an int in [1, 2147483647], got 9223372036854775808
+    """
+    return as_int("num_envs", value, maximum=MAX_NUM_ENVS)
+
+
 def as_flag(name: str, value: object) -> bool:
     """``value`` as a bool (Python or numpy), else ``ConfigError`` naming ``name``.
 
@@ -173,6 +189,13 @@ def as_array(name: str, value: object, error: type[RlbufError] | None = None) ->
             value, (np.ndarray, np.generic, list, tuple, int, float)):
         raise (error or ShapeError)(f"{name}: expected a tensor, numpy array or number, got "
                                     f"{type(value).__name__}")
+    if isinstance(value, np.ma.MaskedArray):
+        masked = int(np.ma.getmaskarray(value).sum())
+        if masked:
+            raise (error or DtypeError)(f"{name}: expected plain values, got a masked array with "
+                                        f"{masked} masked entries (rlbuf cannot store a "
+                                        f"mask); fill them first, e.g. value.filled(0.0)")
+        value = np.ma.getdata(value)  # nothing masked: the values are all there
     try:
         array = np.asarray(value)
     except ValueError:
@@ -221,6 +244,23 @@ def all_finite(values: np.ndarray[Any, Any]) -> bool:
     if values.size <= _FEW_VALUES:
         return all(map(math.isfinite, values.ravel().tolist()))
     return bool(np.isfinite(values).all())
+
+
+def float_limit(np_dtype: np.dtype[Any]) -> float:
+    """The largest float64 that rounds to a finite ``np_dtype``, directly or through float32 (torch's float64 to
+    float16), ties included: values up to it are stored as at most the dtype's largest finite value.
+
+    Example:
+        >>> float_limit(np.dtype(np.float16)), float_limit(np.dtype(np.float32))
+        (65519.99804687499, 3.4028235677973362e+38)
+    """
+    info = np.finfo(np_dtype)
+    if info.bits == 64:
+        return float(info.max)
+    overflow = float(info.max) + 2.0 ** (info.maxexp - info.nmant - 2)  # halfway to the next power: rounds to inf
+    if info.bits < 32:  # half a float32 ulp below, a float64 rounds up to it on its way through float32
+        overflow -= 2.0 ** (math.floor(math.log2(overflow)) - np.finfo(np.float32).nmant - 1)
+    return math.nextafter(overflow, 0.0)
 
 
 def largest_finite(values: np.ndarray[Any, Any] | torch.Tensor) -> float:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
 import torch
 
 from rlbuf.errors import ConfigError, DeviceError, DtypeError, NonFiniteError, ShapeError
@@ -174,6 +175,15 @@ def _sum_is_finite(tensor: torch.Tensor) -> bool:
     return bool(torch.isfinite(tensor.sum()))
 
 
+def _cpu_sum_is_finite(tensor: torch.Tensor) -> bool:
+    """``_sum_is_finite``, summed by numpy on the CPU: torch's threads, left spinning after a sum, would
+    slow the numba kernel of the next call down twofold on a machine of few cores."""
+    if tensor.device.type != "cpu":
+        return _sum_is_finite(tensor)
+    with np.errstate(all="ignore"):
+        return bool(np.isfinite(tensor.detach().numpy().sum()))
+
+
 def check_finite(views: Rollout) -> None:
     """Raise NonFiniteError for NaN/inf in any input value that the computation reads."""
     read: list[tuple[str, torch.Tensor]] = [("reward", views.reward), ("value", views.value)]
@@ -199,3 +209,19 @@ def check_finite(views: Rollout) -> None:
                         f"last_value: expected finite values, got {tensor[0, env].item()} at env {env}"
                     )
                 raise _non_finite_error(name, tensor, step, env)
+
+
+def check_outputs(advantage: torch.Tensor, returns: torch.Tensor) -> None:
+    """Raise NonFiniteError if finite inputs gave advantages or returns beyond the dtype (``[T, N]`` views).
+
+    ``returns = advantage + value`` is finite only where the advantage is: one sum checks both (a sum
+    that overflows on finite values is confirmed element by element).
+    """
+    if _cpu_sum_is_finite(returns) or bool(torch.isfinite(returns).all()):
+        return
+    name, tensor = ("advantage", advantage) if not bool(torch.isfinite(advantage).all()) else ("returns", returns)
+    step, env = (int(i) for i in torch.nonzero(~torch.isfinite(tensor))[0])
+    raise NonFiniteError(
+        f"{name}: the computed values do not fit {tensor.dtype} (got {tensor[step, env].item()} at step {step}, "
+        f"env {env}) although the inputs are finite; scale the rewards and values down, or compute in float64"
+    )

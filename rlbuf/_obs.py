@@ -39,6 +39,9 @@ ObsDtype: TypeAlias = "torch.dtype | Mapping[str, Any]"
 _FLOAT_DEFAULT = torch.float32
 MAX_DEPTH = 32
 """How deep a dict observation (or its mapping of dtypes) may nest: deeper is refused, not recursed into."""
+MAX_DIMS = 62
+"""Dims a row shape may have: torch's 64 less the two batch dims rlbuf puts before it (``[num_steps, num_envs]``,
+``[batch, seq_len]``)."""
 
 
 @dataclass(frozen=True)
@@ -89,14 +92,16 @@ def _torch_dtype(dtype: Any, where: str) -> torch.dtype:
         raise ConfigError(f"{where}: cannot store dtype {dtype!r}") from None
 
 
-def as_shape(shape: Any, name: str) -> tuple[int, ...]:
+def as_shape(shape: Any, name: str, *, batch_dims: int = 0) -> tuple[int, ...]:
     """A shape option as a tuple of non-negative ints (an int means a 1-D shape): the one shape check.
 
     Ints of Python, numpy or a ``torch.Size`` are welcome; bools, floats (even ``2.0``), strings
     and anything else are refused, in a flat shape and in every leaf of a dict observation alike.
+    ``batch_dims`` leading dims (of a batched TorchRL spec) are not counted in the limit on dims.
 
     Raises:
-        ConfigError: anything else (``(3.5,)``, ``(True,)``, ``("3",)``, ``"84"``, a negative size).
+        ConfigError: anything else (``(3.5,)``, ``(True,)``, ``("3",)``, ``"84"``, a negative size), or
+            more than ``MAX_DIMS`` (62) dims: with the batch dims rlbuf adds, torch takes at most 64.
 
     Example:
         >>> as_shape(4, "obs_shape"), as_shape([84, 84], "obs_shape")
@@ -108,6 +113,9 @@ def as_shape(shape: Any, name: str) -> tuple[int, ...]:
     """
     if not isinstance(shape, str | bytes | Mapping):
         if isinstance(shape, Sequence | torch.Size) or (isinstance(shape, np.ndarray) and shape.ndim == 1):
+            if len(shape) - batch_dims > MAX_DIMS:
+                raise ConfigError(f"{name}: expected at most {MAX_DIMS} dims (torch's 64 less the batch and time "
+                                  f"dims of a batch), got {len(shape) - batch_dims}; flatten or reshape the field")
             with contextlib.suppress(ConfigError):
                 return tuple(as_int(name, d, minimum=0) for d in shape)
         else:
@@ -138,7 +146,7 @@ def _leaves_of(value: Any, path: Path, option: str,
         shape = getattr(value, "shape", value)
         dtype = getattr(value, "dtype", None)
         if dtype is not None and not isinstance(value, torch.Tensor | np.ndarray | np.generic):
-            return [(path, as_shape(shape, _where(option, path))[batch_dims or 0:],
+            return [(path, as_shape(shape, _where(option, path), batch_dims=batch_dims or 0)[batch_dims or 0:],
                      _torch_dtype(dtype, _where(option, path)))]
         return [(path, as_shape(value, _where(option, path)), None)]
     out: list[tuple[Path, tuple[int, ...], torch.dtype | None]] = []

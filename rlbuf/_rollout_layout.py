@@ -16,12 +16,21 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from rlbuf._convert import _NUMPY_DTYPES
 from rlbuf._fields import BATCH_NAMES, extra_specs
 from rlbuf._keywords import check_extras
 from rlbuf._obs import Layout, check_hidden_state, leaf_names, torchrl_env_key
 from rlbuf._ring import RowRing
-from rlbuf.errors import BufferFullError, DeviceError, MissingFieldError, RlbufError, ShapeError
-from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_tensordict
+from rlbuf.errors import (
+    BufferFullError,
+    DeviceError,
+    DtypeError,
+    MissingFieldError,
+    NonFiniteError,
+    RlbufError,
+    ShapeError,
+)
+from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_tensordict, check_strided
 
 _STEP_FIELDS = ("obs", "action", "reward", "terminated", "truncated", "value", "log_prob", "bootstrap_value")
 COMPUTED = ("advantage", "returns")
@@ -162,11 +171,37 @@ def checked_extras(mapping: Any, ring: RowRing, *, num_steps: int, num_envs: int
                                     f"advantage and returns")
         if name in ring.by_name:
             replace(ring.by_name[name], finite=True).check_tensor(tensor, lead, (tensor.device,))
-        elif tensor.dim() < 2 or tuple(tensor.shape[:2]) != lead:
-            raise ShapeError(f"{name}: expected shape ({num_steps}, {num_envs}, ...), "
-                             f"got {tuple(tensor.shape)}")
+        else:
+            _check_attached(name, tensor, lead)
         checked[name] = tensor
     return checked
+
+
+def _check_attached(name: str, tensor: torch.Tensor, lead: tuple[int, int]) -> None:
+    """A new extra: dense, ``[num_steps, num_envs, ...]``, of a dtype a buffer stores (and a checkpoint writes)."""
+    check_strided(name, tensor)
+    if tensor.dtype not in _NUMPY_DTYPES:
+        stored = ", ".join(str(dtype) for dtype in _NUMPY_DTYPES)
+        raise DtypeError(f"{name}: expected one of the dtypes a buffer stores ({stored}), got {tensor.dtype}; "
+                         f"convert it first, e.g. tensor.to(torch.float32) (torch.view_as_real for complex)")
+    if tensor.dim() < 2 or tuple(tensor.shape[:2]) != lead:
+        raise ShapeError(f"{name}: expected shape ({lead[0]}, {lead[1]}, ...), got {tuple(tensor.shape)}")
+
+
+def check_normalized(advantage: torch.Tensor) -> None:
+    """Refuse normalized advantages that are not finite (a spread beyond float32), before they are stored."""
+    if not bool(torch.isfinite(advantage.sum())) and not bool(torch.isfinite(advantage).all()):
+        raise NonFiniteError("advantage: normalizing gave NaN or inf (the advantages spread beyond float32); "
+                             "scale the rewards and values down, or normalize them yourself in float64")
+
+
+def store_computed(column: torch.Tensor, values: torch.Tensor) -> None:
+    """Copy checked advantages or returns into their stored column (by numpy on the CPU: torch's copy threads,
+    left spinning, would slow the next GAE kernel down on a machine of few cores)."""
+    if column.device.type == "cpu":
+        np.copyto(column.detach().as_subclass(torch.Tensor).numpy(), values.numpy())
+    else:
+        column.copy_(values)
 
 
 def step_values(fields: dict[str, Any], hidden_state: Any, extras: Mapping[str, Any], *, num_envs: int,

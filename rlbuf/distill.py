@@ -33,6 +33,7 @@ from tensordict import TensorDictBase
 from torchrl.data import RandomSampler
 
 from rlbuf._buffer import RingBuffer, refuse_foreign_options
+from rlbuf._convert import as_num_envs
 from rlbuf._fields import extra_specs
 from rlbuf._keywords import check_extras
 from rlbuf._obs import ObsDtype, ObsShape, as_shape, leaf_names, read_td, record_layout
@@ -101,6 +102,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
             observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype)
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
+        as_num_envs(num_envs)
         fixed = [*self._obs.specs("obs", "observation"),
                  FieldSpec("expert_action", "expert_action", as_shape(action_shape, "action_shape"), action_dtype)]
         extras = extra_specs(extra_fields, fixed)

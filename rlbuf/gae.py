@@ -43,6 +43,7 @@ from rlbuf._gae_checks import (
     check_float,
     check_like,
     check_out,
+    check_outputs,
     check_time_dim,
     check_unit_interval,
 )
@@ -106,7 +107,8 @@ def compute_gae(
         backend: ``"auto"``, ``"numba"`` (CPU only) or ``"torch"``; see the module doc.
         out: ``(advantage, returns)`` tensors shaped like ``reward`` to write into instead of
             fresh ones (e.g. a buffer's own columns); they must not share memory with each
-            other or with an input. If computing fails midway they may hold partial results.
+            other or with an input. The arguments and inputs are checked before they are
+            written; results that overflow are refused after (they then hold those results).
 
     Returns:
         ``(advantage, returns)``, contiguous, in the layout and dtype of ``reward``, with
@@ -119,7 +121,8 @@ def compute_gae(
         DeviceError: tensors on different devices, tensors on the ``meta`` device (no data),
             or ``backend="numba"`` off the CPU.
         NonFiniteError: NaN or inf in ``reward``, ``value``, ``last_value``, ``next_value``, or
-            in ``bootstrap_value`` where it is read.
+            in ``bootstrap_value`` where it is read; or advantages or returns that overflow the
+            dtype of ``reward`` although the inputs are finite (rewards near ``3e38`` in float32).
         ConfigError: ``gamma``/``gae_lambda`` not a number in [0, 1] (NaN included), a bad
             ``time_dim`` or ``backend``, a truncated step with neither ``bootstrap_value`` nor
             ``next_value``, no ``last_value`` without ``next_value``, or ``out`` that is not two
@@ -224,6 +227,7 @@ def compute_gae(
             check_finite(views)
             advantage_tn.copy_(_gae_torch(views, gamma, gae_lambda))
             torch.add(advantage_tn, views.value, out=returns_tn)
+    check_outputs(advantage_tn, returns_tn)
     return advantage, returns
 
 

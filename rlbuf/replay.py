@@ -30,6 +30,7 @@ from torchrl.data import TensorDictReplayBuffer
 
 from rlbuf._buffer import RingBuffer, done_of, refuse_foreign_options
 from rlbuf._compact import CompactLayout
+from rlbuf._convert import as_num_envs
 from rlbuf._keywords import check_extras
 from rlbuf._obs import (
     ObsDtype,
@@ -59,7 +60,7 @@ from rlbuf.errors import (
 )
 from rlbuf.sequences import ReplaySequenceBatch, sample_replay_sequences
 from rlbuf.spaces import resolve_fields
-from rlbuf.spec import ExtraFields, positive_int, priorities
+from rlbuf.spec import ExtraFields, priorities
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
 
@@ -158,7 +159,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
-        positive_int("num_envs", num_envs)
+        as_num_envs(num_envs)  # the capacity (>= num_envs, in memory) is checked before any row is allocated
         compact, stored_obs_shape, obs_dtype = stored_obs(
             self._obs, obs_shape, obs_dtype, hidden_state_shape, frame_stack=frame_stack, padding_type=padding_type,
             n_step=n_step, gamma=gamma, compact=compact)
@@ -173,9 +174,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         if self._hidden is not None:
             specs = (*specs, *self._hidden.specs("hidden_state", hidden_state_key))
         self._interleaved = True
-        self._no_truncation: bool | np.ndarray[Any, Any] = False if num_envs == 1 else np.zeros(num_envs, np.bool_)
         self._setup(specs, capacity, sampler, num_envs=num_envs, storage=storage, scratch_dir=scratch_dir,
                     storing_device=storing_device, device=device, seed=seed, derived={"done": done_of})
+        self._no_truncation: bool | np.ndarray[Any, Any] = False if num_envs == 1 else np.zeros(num_envs, np.bool_)
         single_obs = self._obs.leaves[0]
         self._compact = CompactLayout(self._ring, single_obs.shape, single_obs.dtype, num_envs=num_envs,
                                       frame_stack=frame_stack, padding_type=padding_type, n_step=n_step, gamma=self._gamma,

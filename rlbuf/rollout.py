@@ -30,6 +30,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import SamplerWithoutReplacement
 
 from rlbuf._buffer import RingBuffer, done_of, refuse_foreign_options
+from rlbuf._convert import as_num_envs
 from rlbuf._delivery import deliver
 from rlbuf._obs import (
     ObsDtype,
@@ -43,11 +44,13 @@ from rlbuf._obs import (
 from rlbuf._rollout_layout import (
     BUILT_IN,
     COMPUTED,
+    check_normalized,
     checked_extras,
     minibatches_call,
     rollout_columns,
     rollout_specs,
     step_values,
+    store_computed,
     zeros_column,
 )
 from rlbuf.batches import RolloutBatch
@@ -146,7 +149,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         positive_int("num_steps", num_steps)
-        positive_int("num_envs", num_envs)
+        as_num_envs(num_envs)
         self._attach_stats(stats, num_envs)
         self._num_steps = num_steps
         privileged = None if privileged_obs_shape is None else as_shape(privileged_obs_shape, "privileged_obs_shape")
@@ -161,6 +164,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                     derived={"advantage": zeros_column, "returns": zeros_column, "done": done_of})
         self._attached: dict[str, torch.Tensor] = {}
         self._advantages_ready = False
+        self._gae_out: tuple[torch.Tensor, torch.Tensor] | None = None  # GAE's results, checked before stored
 
     # -- properties --------------------------------------------------------------------------
     @property
@@ -334,6 +338,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             ShapeError: a tensor not shaped ``[num_steps, num_envs, ...]`` (or a stored
                 field's exact shape).
             MissingFieldError: only one of advantage/returns, or another stored field.
+            DtypeError: a new tensor of a dtype no buffer stores (complex, bfloat16, uint16, float8 ...).
 
         Example:
             >>> buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=())
@@ -378,6 +383,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         Raises:
             RolloutIncompleteError: fewer than ``num_steps`` steps stored.
             ShapeError, DeviceError, NonFiniteError: a bad ``last_value``.
+            NonFiniteError: advantages or returns beyond float32 (rewards near ``3e38``); nothing is written.
 
         Example:
             >>> buf = RolloutBuffer(2, 1, obs_shape=(1,), action_shape=())
@@ -397,17 +403,21 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         with self._ring.rewriting():  # a save running meanwhile copies the new advantages, not a mix
             columns = {name: self._ring.leaves[name].view(self._num_steps, self._num_envs) for name in (
                 "reward", "value", "terminated", "truncated", "bootstrap_value", "advantage", "returns")}
-            # compute_gae checks every argument (gamma, gae_lambda ...) before it writes into `out`, and the
-            # stored inputs are finite: a refused call leaves the advantages computed before, and their flag.
-            advantage, _ = compute_gae(
+            # Computed into new tensors and checked (arguments, finite results) before the columns are
+            # written: a refused call leaves the advantages computed before, and their flag.
+            if self._gae_out is None:  # kept: fresh tensors every call cost more than the kernel
+                shape = (self._num_steps, self._num_envs)
+                self._gae_out = (last.new_empty(shape), last.new_empty(shape))
+            advantage, returns = compute_gae(
                 columns["reward"], columns["value"], columns["terminated"], columns["truncated"], last,
-                gamma=gamma, gae_lambda=gae_lambda, bootstrap_value=columns["bootstrap_value"],
-                out=(columns["advantage"], columns["returns"]),
-            )
+                gamma=gamma, gae_lambda=gae_lambda, bootstrap_value=columns["bootstrap_value"], out=self._gae_out)
             if normalize:
                 # One row has no spread (its std is NaN): it is only centred.
                 spread = advantage.std() if advantage.numel() > 1 else torch.zeros((), device=advantage.device)
                 advantage.sub_(advantage.mean()).div_(spread + 1e-8)
+                check_normalized(advantage)
+            store_computed(columns["advantage"], advantage)
+            store_computed(columns["returns"], returns)
         self._advantages_ready = True
 
     # -- reading -----------------------------------------------------------------------------

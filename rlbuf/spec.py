@@ -29,6 +29,7 @@ from rlbuf._convert import _NUMPY_DTYPES, all_finite, largest_finite, numpy_dtyp
 from rlbuf._convert import as_array as as_array
 from rlbuf._convert import as_flag as as_flag
 from rlbuf._convert import as_int as as_int
+from rlbuf._convert import float_limit as float_limit
 from rlbuf._convert import numpy_dtype as numpy_dtype
 from rlbuf._convert import positive_int as positive_int
 from rlbuf._convert import short_repr as short_repr
@@ -78,6 +79,7 @@ class FieldSpec:
     trailing_one: bool = False
     np_dtype: np.dtype[Any] = field(init=False, compare=False, repr=False)
     float_max: float = field(init=False, compare=False, repr=False)
+    float_limit: float = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in self.shape):
@@ -89,6 +91,8 @@ class FieldSpec:
         # The largest finite value a float field holds (read on every narrowing conversion).
         object.__setattr__(self, "float_max", float(np.finfo(self.np_dtype).max) if self.dtype.is_floating_point
                            else 0.0)
+        # The largest magnitude stored finite (rounded down to float_max), by every conversion rlbuf makes.
+        object.__setattr__(self, "float_limit", float_limit(self.np_dtype) if self.dtype.is_floating_point else 0.0)
 
     @property
     def td_shape(self) -> tuple[int, ...]:
@@ -168,7 +172,8 @@ class FieldSpec:
         """Raise [`DtypeError`][rlbuf.errors.DtypeError] if ``values`` do not fit the stored dtype's range.
 
         Integers must fit an integer field; finite numbers must stay finite in a float field
-        (``1e300`` would be stored as ``inf``). NaN and inf given as such are left to the
+        (``1e300`` would be stored as ``inf``); a value that rounds to the largest finite one is taken
+        (``65519`` into ``float16`` is stored as ``65504``). NaN and inf given as such are left to the
         finiteness check of the fields that require finite values.
 
         Example:
@@ -196,16 +201,16 @@ class FieldSpec:
                 return
             is_float = kind == "f"
         if target == "f":
-            largest = self.float_max
+            largest, limit = self.float_max, self.float_limit
             if is_float:
                 # One value (a reward of one env) is read as a Python float: several times cheaper.
                 peak = (abs(float(values.item())) if count == 1
                         else float(values.abs().max()) if isinstance(values, torch.Tensor) else float(np.abs(values).max()))
-                if not peak <= largest:  # NaN or inf somewhere (allowed here), or a real overflow
+                if not peak <= limit:  # NaN or inf somewhere (allowed here), or a real overflow
                     peak = largest_finite(values)
             else:
                 peak = float(max(abs(int(values.min())), abs(int(values.max()))))
-            if peak > largest:
+            if peak > limit:
                 raise DtypeError(f"{self.name}: values up to {peak:.4g} in magnitude do not fit {self.dtype} "
                                  f"(largest {largest})")
             return
@@ -234,7 +239,7 @@ class FieldSpec:
         elif kind == "f":
             # Python compares a huge int with a float exactly (no OverflowError, unlike float(value)).
             fits = (isinstance(value, (float, np.floating)) and not math.isfinite(value)) or (
-                abs(value) <= self.float_max)
+                abs(value) <= self.float_limit)
         else:
             fits = True
         if not fits:
@@ -462,7 +467,7 @@ class RowReader:
         finite = spec.finite and np_dtype.kind == "f"
         boolean, integer = np_dtype.kind == "b", np_dtype.kind in "iu"
         low, high = (int(np.iinfo(np_dtype).min), int(np.iinfo(np_dtype).max)) if integer else (0, 0)
-        largest = spec.float_max
+        largest = spec.float_limit
         tensor, ndarray, isfinite = torch.Tensor, np.ndarray, math.isfinite
 
         def read_number(value: Any) -> Any:
