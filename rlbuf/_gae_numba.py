@@ -1,8 +1,8 @@
 """The CPU GAE kernels: one pass over the rollout, compiled by numba (imported on first use).
 
 Both kernels accumulate in float64 for float32 and float64 rollouts alike, round each output once,
-and flag NaN/inf in the values they read during the same pass; the caller then locates and
-reports them. numba compiles a kernel the first time a process uses it with a given dtype (about
+and flag NaN/inf in the values they read, and results beyond the output dtype, during the same
+pass; the caller then locates and reports them. numba compiles a kernel the first time a process uses it with a given dtype (about
 a second) and keeps the machine code in its on-disk cache (``__pycache__``, or the user cache
 directory where that is read-only), so later processes load it in a fraction of that.
 
@@ -41,6 +41,7 @@ def _step(reward, value, next_v, boot_v, term, trunc, advantage, returns, carry,
         carry[n] = a
         advantage[n] = a
         returns[n] = advantage[n] + v
+        check[n] += returns[n] - returns[n]  # NaN where a result overflowed the output dtype
 
 
 @numba.njit(**_JIT)
@@ -79,6 +80,7 @@ def _envs(reward, value, term, trunc, last_value, boot_v, next_v, advantage, ret
             carry = delta + (0.0 if stop or t == num_steps - 1 else coef * carry)
             advantage[n, t] = carry
             returns[n, t] = advantage[n, t] + v
+            check += returns[n, t] - returns[n, t]  # NaN where a result overflowed the output dtype
     return check == 0.0
 
 
@@ -89,7 +91,7 @@ def gae_numba(
 
     Inputs that are not contiguous in the kernel's layout are copied first; outputs that are not
     are computed into fresh tensors and copied back. Returns ``False`` when a non-finite input
-    was read (the outputs then hold garbage).
+    was read or a result overflowed the output dtype (the outputs then hold garbage).
     """
     # [T, N] views that are transposes of contiguous [N, T] tensors go env by env.
     envs_major = views.reward.stride(0) == 1 and views.reward.shape[0] > 1

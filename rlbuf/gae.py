@@ -219,15 +219,16 @@ def compute_gae(
         from rlbuf._gae_numba import gae_numba
 
         if not gae_numba(views, gamma, gae_lambda, advantage_tn, returns_tn):
-            # The kernel only flags non-finite input; the torch check names the field and the place.
+            # The kernel flags non-finite input or results beyond the dtype; these name the field and the place.
             check_finite(views)
+            check_outputs(advantage_tn, returns_tn)
             raise NonFiniteError("reward/value: expected finite values, got NaN or inf")
     else:
         with torch.no_grad():
             check_finite(views)
             advantage_tn.copy_(_gae_torch(views, gamma, gae_lambda))
             torch.add(advantage_tn, views.value, out=returns_tn)
-    check_outputs(advantage_tn, returns_tn)
+        check_outputs(advantage_tn, returns_tn)
     return advantage, returns
 
 

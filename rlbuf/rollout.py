@@ -55,11 +55,7 @@ from rlbuf._rollout_layout import (
 )
 from rlbuf.batches import RolloutBatch
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
-from rlbuf.errors import (
-    BufferFullError,
-    CheckpointError,
-    RolloutIncompleteError,
-)
+from rlbuf.errors import BufferFullError, CheckpointError, NonFiniteError, RolloutIncompleteError
 from rlbuf.gae import compute_gae
 from rlbuf.sequences import PaddedTrajectories, SequenceBatch, split_trajectories
 from rlbuf.spaces import resolve_fields
@@ -403,21 +399,32 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         with self._ring.rewriting():  # a save running meanwhile copies the new advantages, not a mix
             columns = {name: self._ring.leaves[name].view(self._num_steps, self._num_envs) for name in (
                 "reward", "value", "terminated", "truncated", "bootstrap_value", "advantage", "returns")}
-            # Computed into new tensors and checked (arguments, finite results) before the columns are
-            # written: a refused call leaves the advantages computed before, and their flag.
-            if self._gae_out is None:  # kept: fresh tensors every call cost more than the kernel
+            stored = (columns["advantage"], columns["returns"])
+            # A refused call leaves the advantages as they were: held ones are computed around (other tensors,
+            # checked, copied); without them the columns hold the zeros every commit derives, computed in
+            # place and zeroed again if refused (results beyond float32). The PPO loop: clear, add, compute.
+            in_place = not self._advantages_ready
+            if not in_place and self._gae_out is None:  # kept: fresh tensors every call cost more than the kernel
                 shape = (self._num_steps, self._num_envs)
                 self._gae_out = (last.new_empty(shape), last.new_empty(shape))
-            advantage, returns = compute_gae(
-                columns["reward"], columns["value"], columns["terminated"], columns["truncated"], last,
-                gamma=gamma, gae_lambda=gae_lambda, bootstrap_value=columns["bootstrap_value"], out=self._gae_out)
-            if normalize:
-                # One row has no spread (its std is NaN): it is only centred.
-                spread = advantage.std() if advantage.numel() > 1 else torch.zeros((), device=advantage.device)
-                advantage.sub_(advantage.mean()).div_(spread + 1e-8)
-                check_normalized(advantage)
-            store_computed(columns["advantage"], advantage)
-            store_computed(columns["returns"], returns)
+            try:
+                advantage, returns = compute_gae(
+                    columns["reward"], columns["value"], columns["terminated"], columns["truncated"], last,
+                    gamma=gamma, gae_lambda=gae_lambda, bootstrap_value=columns["bootstrap_value"],
+                    out=stored if in_place else self._gae_out)
+                if normalize:
+                    # One row has no spread (its std is NaN): it is only centred.
+                    spread = advantage.std() if advantage.numel() > 1 else torch.zeros((), device=advantage.device)
+                    advantage.sub_(advantage.mean()).div_(spread + 1e-8)
+                    check_normalized(advantage)
+            except NonFiniteError:
+                if in_place:
+                    for column in stored:
+                        column.zero_()
+                raise
+            if not in_place:
+                store_computed(columns["advantage"], advantage)
+                store_computed(columns["returns"], returns)
         self._advantages_ready = True
 
     # -- reading -----------------------------------------------------------------------------
