@@ -39,16 +39,23 @@ class NonFiniteError(RlbufError, ValueError):
     """A reward, value or priority is NaN or infinite."""
 
 
-class MissingFieldError(RlbufError, KeyError):
-    """A required field is absent, or an unknown extra field was given."""
+class MissingFieldError(RlbufError, KeyError, TypeError):
+    """A required field is absent, or an unknown extra field was given.
+
+    Also a ``TypeError``: Python raises one for a missing or unexpected argument, and a field of
+    ``add`` is one.
+    """
 
     def __str__(self) -> str:
         # KeyError quotes its message; ours is a sentence.
         return str(self.args[0]) if self.args else ""
 
 
-class EmptyBufferError(RlbufError, RuntimeError):
-    """Sampling or reading from a buffer that holds nothing."""
+class EmptyBufferError(RlbufError, RuntimeError, ValueError):
+    """Sampling or reading from a buffer that holds nothing.
+
+    Also a ``ValueError``, which SB3 and Tianshou ports catch when sampling an empty buffer.
+    """
 
 
 class BatchSizeError(RlbufError, ValueError):
@@ -79,5 +86,5 @@ class StreamError(RlbufError, ValueError):
     """An observation that does not continue its env's stream in a buffer that stores ``next_obs`` once."""
 
 
-class CheckpointError(RlbufError):
+class CheckpointError(RlbufError, ValueError):
     """A checkpoint that is missing, truncated, corrupted, of another version or kind."""
