@@ -23,7 +23,7 @@ from rlbuf._delivery import deliver
 from rlbuf._fields import check_names
 from rlbuf._ring import RowRing
 from rlbuf._state import BufferState
-from rlbuf.epochs import EPOCHS_SPELLINGS, EpochIterator, batch_bounds, check_epoch_options, sizes_by_keyword
+from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options, sizes_by_keyword
 from rlbuf.errors import ConfigError, EmptyBufferError, RlbufError
 from rlbuf.spec import FieldSpec, RowReader, as_flag, as_int, positive_int
 from rlbuf.stats import EpisodeStats
@@ -321,7 +321,7 @@ class RingBuffer(BufferState, Generic[BatchT]):
         object.__setattr__(batch, "extras", {name: column for name, column in columns.items() if name not in attributes})
         return batch
 
-    @sizes_by_keyword(EPOCHS_SPELLINGS)
+    @sizes_by_keyword
     def epochs(self, *, batch_size: int, n_epochs: int = 1, drop_last: bool = False,
                shuffle: bool = True) -> EpochIterator[BatchT]:
         """Minibatches that visit every stored row once per epoch, delivered on ``device``.

@@ -52,7 +52,7 @@ from rlbuf._replay_layout import (
 from rlbuf._streams import PaddingType
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.batches import ReplayBatch, Transition
-from rlbuf.epochs import EPOCHS_SPELLINGS, EpochIterator, sizes_by_keyword
+from rlbuf.epochs import EpochIterator, sizes_by_keyword
 from rlbuf.errors import (
     CheckpointError,
     ConfigError,
@@ -222,7 +222,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         if self._compact is not None:
             self._compact.clear()
 
-    @sizes_by_keyword(EPOCHS_SPELLINGS)
+    @sizes_by_keyword
     def epochs(self, *, batch_size: int, n_epochs: int = 1, drop_last: bool = False,
                shuffle: bool = True) -> EpochIterator[ReplayBatch]:
         """Minibatches that visit every stored row once per epoch (see ``RingBuffer.epochs``).

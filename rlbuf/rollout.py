@@ -54,7 +54,7 @@ from rlbuf._rollout_layout import (
     zeros_column,
 )
 from rlbuf.batches import RolloutBatch
-from rlbuf.epochs import MINIBATCHES_SPELLINGS, EpochIterator, batch_bounds, check_epoch_options, sizes_by_keyword
+from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options, sizes_by_keyword
 from rlbuf.errors import BufferFullError, CheckpointError, NonFiniteError, RolloutIncompleteError
 from rlbuf.gae import compute_gae
 from rlbuf.sequences import PaddedTrajectories, SequenceBatch, split_trajectories
@@ -461,7 +461,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                     shuffle: bool = True, drop_last: bool = False,
                     sequences: Literal[True]) -> EpochIterator[SequenceBatch]: ...
 
-    @sizes_by_keyword(MINIBATCHES_SPELLINGS)
+    @sizes_by_keyword
     def minibatches(self, *, batch_size: int | None = None, num_minibatches: int | None = None, n_epochs: int = 1,
                     shuffle: bool = True, drop_last: bool = False,
                     sequences: bool = False) -> EpochIterator[RolloutBatch] | EpochIterator[SequenceBatch]:
