@@ -23,7 +23,7 @@ from rlbuf._delivery import deliver
 from rlbuf._fields import check_names
 from rlbuf._ring import RowRing
 from rlbuf._state import BufferState
-from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
+from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options, sizes_by_keyword
 from rlbuf.errors import ConfigError, EmptyBufferError, RlbufError
 from rlbuf.spec import FieldSpec, RowReader, as_flag, as_int, positive_int
 from rlbuf.stats import EpisodeStats
@@ -321,7 +321,8 @@ class RingBuffer(BufferState, Generic[BatchT]):
         object.__setattr__(batch, "extras", {name: column for name, column in columns.items() if name not in attributes})
         return batch
 
-    def epochs(self, batch_size: int, n_epochs: int = 1, *, drop_last: bool = False,
+    @sizes_by_keyword
+    def epochs(self, *, batch_size: int, n_epochs: int = 1, drop_last: bool = False,
                shuffle: bool = True) -> EpochIterator[BatchT]:
         """Minibatches that visit every stored row once per epoch, delivered on ``device``.
 
@@ -329,8 +330,10 @@ class RingBuffer(BufferState, Generic[BatchT]):
         the next one; in a full ring they may replace a row of the running epoch at the
         same position). ``n_epochs=0`` draws random batches with replacement, forever.
 
+        Sizes are keywords: ``epochs(4)`` is refused, as it reads like four epochs.
+
         Raises:
-            BatchSizeError: ``batch_size`` ≤ 0 or larger than what is stored.
+            BatchSizeError: ``batch_size`` ≤ 0, larger than what is stored, or given by position.
             EmptyBufferError: nothing is stored.
 
         Example:
@@ -338,7 +341,7 @@ class RingBuffer(BufferState, Generic[BatchT]):
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
             >>> for _ in range(5):
             ...     buf.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False)
-            >>> [len(batch) for batch in buf.epochs(2, n_epochs=2)]
+            >>> [len(batch) for batch in buf.epochs(batch_size=2, n_epochs=2)]
             [2, 2, 1, 2, 2, 1]
         """
         self._ring.flush()
@@ -367,7 +370,7 @@ class RingBuffer(BufferState, Generic[BatchT]):
             >>> from rlbuf import ReplayBuffer
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
             >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
-            >>> buf.current_epochs is None, buf.epochs(1) is buf.current_epochs
+            >>> buf.current_epochs is None, buf.epochs(batch_size=1) is buf.current_epochs
             (True, True)
         """
         return self._current_epochs

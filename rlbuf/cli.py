@@ -8,8 +8,10 @@
     rlbuf demo distill [--teacher DIR]  DAgger from a PPO teacher into a smaller student
     rlbuf inspect PATH [--json]     a checkpoint's manifest, sizes, fields and checksums
 
-Only what a command needs is imported: ``rlbuf --help`` and ``rlbuf inspect`` never import torch
-or TorchRL, and ``rlbuf demo NAME`` imports that demo's module alone.
+Only what a command needs is imported: ``--help`` (of every command and demo) and ``rlbuf inspect``
+never import torch or TorchRL; the parser is built from ``rlbuf.demos._options`` and the demos'
+docstrings, read from their source files, and ``rlbuf demo NAME`` imports that demo's module alone
+once it runs.
 
 Example:
     >>> options = build_parser().parse_args(["demo", "dqn", "--prioritized", "--seed", "2"])
@@ -22,20 +24,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from rlbuf.demos import DEMOS
+from rlbuf.demos._options import ARGS, add_arguments
 from rlbuf.errors import ConfigError, RlbufError
 
 
-def build_parser(demos: Iterable[str] | None = None) -> argparse.ArgumentParser:
-    """The argument parser of the ``rlbuf`` command, with a ``--help`` on every command.
-
-    Args:
-        demos: the demos whose options are added, which imports their modules (torch, TorchRL);
-            None for all of them. The others are listed by name and description only.
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``rlbuf`` command, with a ``--help`` on every command (imports no torch).
 
     Returns:
         The parser.
@@ -43,10 +41,9 @@ def build_parser(demos: Iterable[str] | None = None) -> argparse.ArgumentParser:
     Example:
         >>> build_parser().parse_args(["inspect", "ckpt", "--json"]).json
         True
-        >>> build_parser(demos=[]).parse_args(["demo", "ppo"]).demo
-        'ppo'
+        >>> build_parser().parse_args(["demo", "ppo", "--num-minibatches", "8"]).num_minibatches
+        8
     """
-    with_options = set(DEMOS if demos is None else demos)
     parser = argparse.ArgumentParser(prog="rlbuf", description="rlbuf: typed, fast RL buffers over TorchRL.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -56,17 +53,11 @@ def build_parser(demos: Iterable[str] | None = None) -> argparse.ArgumentParser:
                                            "curve, a JSON summary, the final networks and checkpoints to --out, "
                                            "and continues a stopped run with --resume. Ctrl-C writes a checkpoint "
                                            "and prints the command that continues the run.")
-    subparsers = demo.add_subparsers(dest="demo", required=True, metavar="DEMO")
-    for name, description in DEMOS.items():
-        if name not in with_options:
-            subparsers.add_parser(name, help=description, description=description)
-            continue
-        from rlbuf.demos._run import add_arguments
-
-        module = _demo_module(name)
-        sub = subparsers.add_parser(name, help=description, description=(module.__doc__ or "").replace("``", ""),
+    subparsers = demo.add_subparsers(dest="demo", required=True, metavar="DEMO", parser_class=_DemoParser)
+    for name, summary in DEMOS.items():
+        sub = subparsers.add_parser(name, help=summary, description=summary,
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-        add_arguments(sub, module.Args)
+        add_arguments(sub, ARGS[name])
 
     inspect = commands.add_parser("inspect", help="show and verify a checkpoint",
                                   description="Print a checkpoint's manifest as a table: kind, sizes, devices, "
@@ -86,10 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         {..."ok": false...}
         1
     """
-    args = list(sys.argv[1:] if argv is None else argv)
-    # Only the demo being run needs its options (and its imports).
-    wanted = args[1:2] if args[:1] == ["demo"] else []
-    options = build_parser(demos=wanted).parse_args(args)
+    options = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if options.command == "inspect":
         from rlbuf._inspect import inspect_main
 
@@ -99,16 +87,50 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _demo_module(name: str) -> Any:
     """The module of the demo ``name``: the name with ``_`` for ``-`` (imports torch and TorchRL)."""
-    return importlib.import_module(f"rlbuf.demos.{name.replace('-', '_')}")
+    return importlib.import_module(_module_name(name))
+
+
+def _module_name(name: str) -> str:
+    return f"rlbuf.demos.{name.replace('-', '_')}"
+
+
+class _DemoParser(argparse.ArgumentParser):
+    """A demo's parser: its help shows the docstring of the demo's module, read when the help is printed."""
+
+    def format_help(self) -> str:
+        name = self.prog.rsplit(" ", 1)[-1]
+        self.description = _description(name) or self.description
+        return super().format_help()
+
+
+def _description(name: str) -> str:
+    """The docstring of the demo's module as plain text, read from its source without importing it (torch).
+
+    Example:
+        >>> _description("ppo").splitlines()[0]
+        "PPO on CartPole-v1: a TorchRL collector, rlbuf's RolloutBuffer, the GAE transform, EpisodeStats."
+    """
+    import ast
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec(_module_name(name))
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return ""  # no source file (a frozen install): the one-line summary stands in
+    with open(spec.origin, encoding="utf-8") as source:
+        docstring = ast.get_docstring(ast.parse(source.read())) or ""
+    # The docs site's cross-references ([`Recorder`][rlbuf.gym.Recorder]) and literals, as plain text.
+    return re.sub(r"\[`?([^]`]+)`?\]\[[\w.]+\]", r"\1", docstring).replace("``", "")
 
 
 def _demo(options: argparse.Namespace) -> int:
-    from rlbuf.demos._run import WINDOW, Interrupted, resolve_args, stop_on_interrupt
+    from rlbuf.demos._options import WINDOW
+    from rlbuf.demos._run import Interrupted, resolve_args, stop_on_interrupt
 
     module = _demo_module(options.demo)
     given: dict[str, Any] = {k: v for k, v in vars(options).items() if k not in ("command", "demo")}
     try:
-        args = resolve_args(module.Args, given, options.demo)
+        args = resolve_args(ARGS[options.demo], given, options.demo)
         with stop_on_interrupt():
             summary: dict[str, Any] = module.run(args)
     except Interrupted as stop:
@@ -130,6 +152,8 @@ def _demo(options: argparse.Namespace) -> int:
     for key in ("teacher_return", "student_return"):
         if key in summary:
             print(f"  {key.replace('_', ' ')}: {summary[key]:.1f}")
+    from pathlib import Path
+
     out = Path(summary["outputs"]["summary"]).parent.resolve()
     print(f"outputs in {out}/: curve.png, summary.json, model.pt, checkpoints/ (rlbuf inspect {out})")
     return 0

@@ -26,8 +26,10 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import reprlib
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 import torch
 
@@ -35,6 +37,56 @@ from rlbuf.errors import BatchSizeError, CheckpointError, EmptyBufferError, Rlbu
 from rlbuf.spec import as_flag, as_int, positive_int
 
 BatchT = TypeVar("BatchT")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+_SPELLINGS = {
+    "minibatches": "minibatches(batch_size={n}) for minibatches of {n} rows, or "
+                   "minibatches(num_minibatches={n}) for {n} minibatches per epoch",
+    "epochs": "epochs(batch_size={n}) for minibatches of {n} rows, or "
+              "epochs(batch_size=..., n_epochs={n}) for {n} passes over the stored rows",
+}
+"""Method name -> the keyword spellings its refusal of a positional size offers (``{n}``: the size given)."""
+
+
+def sizes_by_keyword(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Refuse sizes given by position to ``minibatches`` or ``epochs``, with the keyword spellings that say what they mean.
+
+    ``minibatches(4)`` reads as four minibatches and ``epochs(4)`` as four epochs, but a
+    positional size was the batch size: a CleanRL port writing ``minibatches(args.num_minibatches)``
+    silently ran many times more optimizer steps. Sizes are keywords, so the call says which.
+
+    The message offers both spellings with the size given (4 if it is no positive int).
+
+    Raises:
+        BatchSizeError: (from the decorated method) anything but ``self`` given by position.
+
+    Example:
+        >>> class Buffer:
+        ...     @sizes_by_keyword
+        ...     def minibatches(self, *, batch_size: int) -> int:
+        ...         return batch_size
+        >>> Buffer().minibatches(batch_size=8)
+        8
+        >>> Buffer().minibatches(8)
+        Traceback (most recent call last):
+        rlbuf.errors.BatchSizeError: minibatches: expected sizes by keyword, got minibatches(8); write minibatches(batch_size=8) for minibatches of 8 rows, or minibatches(num_minibatches=8) for 8 minibatches per epoch
+    """
+
+    name = method.__name__
+    spellings = _SPELLINGS[name]
+
+    @functools.wraps(method)
+    def keywords_only(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if len(args) > 1:  # args[0] is self
+            first = args[1]
+            n = first if isinstance(first, int) and not isinstance(first, bool) and first > 0 else 4
+            given = ", ".join(reprlib.repr(value) for value in args[1:])
+            raise BatchSizeError(f"{name}: expected sizes by keyword, got {name}({given}); write "
+                                 + spellings.format(n=n))
+        return method(*args, **kwargs)
+
+    return keywords_only
 
 
 def batch_bounds(size: int, *, batch_size: int | None = None, num_batches: int | None = None,

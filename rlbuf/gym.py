@@ -58,9 +58,13 @@ from rlbuf.spec import as_array, short_repr
 Bootstrap = Callable[[Any], Any]
 """``bootstrap(final_obs) -> values``: V of the final observations of the truncated envs."""
 
-_SAME_STEP_HINT = ('build the envs with autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP '
-                   '(gymnasium.make_vec(..., vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}), or '
-                   'SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP))')
+# make_vec refuses vector_kwargs without vectorization_mode for envs that register their own vector
+# env (CartPole-v1: "Custom vector environment can be passed arguments only through kwargs").
+_SAME_STEP_HINT = ('build the envs with SAME_STEP autoreset: gymnasium.make_vec(env_id, num_envs, '
+                   'vectorization_mode="sync", vector_kwargs={"autoreset_mode": '
+                   'gymnasium.vector.AutoresetMode.SAME_STEP}) ("async" works too; without vectorization_mode, '
+                   'CartPole-v1 and other envs with their own vector env refuse vector_kwargs), or '
+                   'SyncVectorEnv(fns, autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP)')
 
 
 class Recorder:
@@ -96,7 +100,7 @@ class Recorder:
         >>> Recorder(envs, buffer)
         Traceback (most recent call last):
         ...
-        rlbuf.errors.ConfigError: Recorder: a RolloutBuffer cannot take NEXT_STEP envs (their reset steps would be holes in the [num_steps, num_envs] rollout); build the envs with autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP (gymnasium.make_vec(..., vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP}), or SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP))
+        rlbuf.errors.ConfigError: Recorder: a RolloutBuffer cannot take NEXT_STEP envs (their reset steps would be holes in the [num_steps, num_envs] rollout); build the envs with SAME_STEP autoreset: gymnasium.make_vec(env_id, num_envs, vectorization_mode="sync", vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP}) ("async" works too; without vectorization_mode, CartPole-v1 and other envs with their own vector env refuse vector_kwargs), or SyncVectorEnv(fns, autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP)
     """
 
     def __init__(self, envs: Any, buffer: ReplayBuffer | RolloutBuffer | DistillationBuffer, *,

@@ -52,7 +52,7 @@ from rlbuf._replay_layout import (
 from rlbuf._streams import PaddingType
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.batches import ReplayBatch, Transition
-from rlbuf.epochs import EpochIterator
+from rlbuf.epochs import EpochIterator, sizes_by_keyword
 from rlbuf.errors import (
     CheckpointError,
     ConfigError,
@@ -222,7 +222,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         if self._compact is not None:
             self._compact.clear()
 
-    def epochs(self, batch_size: int, n_epochs: int = 1, *, drop_last: bool = False,
+    @sizes_by_keyword
+    def epochs(self, *, batch_size: int, n_epochs: int = 1, drop_last: bool = False,
                shuffle: bool = True) -> EpochIterator[ReplayBatch]:
         """Minibatches that visit every stored row once per epoch (see ``RingBuffer.epochs``).
 
@@ -233,13 +234,13 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         Example:
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
             >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False)
-            >>> [len(batch) for batch in buf.epochs(1)]
+            >>> [len(batch) for batch in buf.epochs(batch_size=1)]
             [1]
         """
         if self._compact is not None:
             raise ConfigError("epochs: not available for a compact buffer (next_obs stored once, frame_stack or "
                               "n_step), whose newest rows are not complete transitions yet; use sample()")
-        return super().epochs(batch_size, n_epochs, drop_last=drop_last, shuffle=shuffle)
+        return super().epochs(batch_size=batch_size, n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle)
 
     def _extra_state(self) -> dict[str, Any]:
         state = {**super()._extra_state(), "interleaved": self._interleaved}

@@ -54,7 +54,7 @@ from rlbuf._rollout_layout import (
     zeros_column,
 )
 from rlbuf.batches import RolloutBatch
-from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
+from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options, sizes_by_keyword
 from rlbuf.errors import BufferFullError, CheckpointError, NonFiniteError, RolloutIncompleteError
 from rlbuf.gae import compute_gae
 from rlbuf.sequences import PaddedTrajectories, SequenceBatch, split_trajectories
@@ -452,21 +452,19 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         return self._make_batch(dict(self._ring.leaves) | self._attached)
 
     @overload
-    def minibatches(
-        self, batch_size: int | None = None, *, num_minibatches: int | None = None, n_epochs: int = 1,
-        shuffle: bool = True, drop_last: bool = False, sequences: Literal[False] = False,
-    ) -> EpochIterator[RolloutBatch]: ...
+    def minibatches(self, *, batch_size: int | None = None, num_minibatches: int | None = None, n_epochs: int = 1,
+                    shuffle: bool = True, drop_last: bool = False,
+                    sequences: Literal[False] = False) -> EpochIterator[RolloutBatch]: ...
 
     @overload
-    def minibatches(
-        self, batch_size: int | None = None, *, num_minibatches: int | None = None, n_epochs: int = 1,
-        shuffle: bool = True, drop_last: bool = False, sequences: Literal[True],
-    ) -> EpochIterator[SequenceBatch]: ...
+    def minibatches(self, *, batch_size: int | None = None, num_minibatches: int | None = None, n_epochs: int = 1,
+                    shuffle: bool = True, drop_last: bool = False,
+                    sequences: Literal[True]) -> EpochIterator[SequenceBatch]: ...
 
-    def minibatches(
-        self, batch_size: int | None = None, *, num_minibatches: int | None = None, n_epochs: int = 1,
-        shuffle: bool = True, drop_last: bool = False, sequences: bool = False,
-    ) -> EpochIterator[RolloutBatch] | EpochIterator[SequenceBatch]:
+    @sizes_by_keyword
+    def minibatches(self, *, batch_size: int | None = None, num_minibatches: int | None = None, n_epochs: int = 1,
+                    shuffle: bool = True, drop_last: bool = False,
+                    sequences: bool = False) -> EpochIterator[RolloutBatch] | EpochIterator[SequenceBatch]:
         """Shuffled minibatches on the training device, each row exactly once per epoch.
 
         The rollout is moved to the training device once, then every epoch draws a fresh
@@ -481,7 +479,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         With ``shuffle=False`` they come env by env, in time order (rsl_rl's order).
 
         Args:
-            batch_size: rows (trajectories with ``sequences``) per minibatch, or give ``num_minibatches``.
+            batch_size: rows (trajectories with ``sequences``) per minibatch, or give ``num_minibatches``
+                (sizes are keywords: ``minibatches(4)`` is refused, as it reads like 4 minibatches).
             num_minibatches: minibatches per epoch, sizes differing by at most one.
             n_epochs: passes over the rollout.
             shuffle: fresh permutation each epoch (else storage order).
@@ -490,7 +489,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
 
         Raises:
             RolloutIncompleteError: the rollout is not full or advantages are not computed.
-            BatchSizeError: a size ≤ 0 or larger than the rollout (than its trajectories).
+            BatchSizeError: a size ≤ 0, larger than the rollout (than its trajectories), or given by position.
 
         Example:
             >>> buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=(), seed=0)
@@ -498,7 +497,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             ...     buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]),
             ...             torch.zeros(2), torch.zeros(2))
             >>> buf.compute_returns_and_advantages(torch.zeros(2))
-            >>> [len(batch) for batch in buf.minibatches(3, n_epochs=2)]
+            >>> [len(batch) for batch in buf.minibatches(batch_size=3, n_epochs=2)]
             [3, 1, 3, 1]
             >>> batch = next(iter(buf.minibatches(num_minibatches=1, sequences=True)))
             >>> batch.obs.shape, batch.mask.shape

@@ -211,13 +211,13 @@ REFUSED_STATES: dict[str, Callable[[dict[str, Any]], None]] = {
 @pytest.mark.parametrize("case", sorted(REFUSED_STATES))
 def test_a_refused_load_state_dict_leaves_the_buffer_exactly_as_it_was(case: str) -> None:
     source = filled(prioritized=True, stats=True)
-    iterator = source.epochs(4, n_epochs=2)
+    iterator = source.epochs(batch_size=4, n_epochs=2)
     next(iterator)
     state = source.state_dict()
     REFUSED_STATES[case](state)
     target = filled(prioritized=True, stats=True)
     target.add(torch.zeros(3), 1.0, 9.0, torch.zeros(3), False)
-    running = target.epochs(2)
+    running = target.epochs(batch_size=2)
     next(running)
     before = _fingerprint(target)
     with pytest.raises(CheckpointError):

@@ -125,7 +125,7 @@ def make_replay(state: str, *, prioritized: bool = False, storage: str = "memory
     if state == "full" and prioritized:
         buf.update_priority([0, 1, 2], [0.5, 2.0, 1.0])
     if state == "full":
-        iterator = buf.epochs(2, n_epochs=2)
+        iterator = buf.epochs(batch_size=2, n_epochs=2)
         next(iterator)
     return buf
 
@@ -147,7 +147,7 @@ def make_rollout(state: str) -> RolloutBuffer:
     if state == "ready":
         buf.compute_returns_and_advantages(torch.zeros(2), gamma=0.9, gae_lambda=0.8)
         buf.set_extras({"old_logits": torch.zeros(3, 2, 4)})
-        next(buf.minibatches(2, n_epochs=2))
+        next(buf.minibatches(batch_size=2, n_epochs=2))
     return buf
 
 
@@ -220,10 +220,10 @@ def replay_cases(buf: ReplayBuffer) -> dict[str, Case]:
         "sample_by_index.fields": Case(lambda v: buf.sample_by_index(0, fields=v), ("fields",)),
         "update_priority.index": Case(lambda v: buf.update_priority(v, [1.0]), ("index", "priority")),
         "update_priority.priority": Case(lambda v: buf.update_priority([0], v), ("priority", "index")),
-        "epochs.batch_size": Case(lambda v: buf.epochs(v), ("batch_size",)),
-        "epochs.n_epochs": Case(lambda v: buf.epochs(2, n_epochs=v), ("n_epochs", "batch_size")),
-        "epochs.drop_last": Case(lambda v: buf.epochs(2, drop_last=v), ("drop_last",)),
-        "epochs.shuffle": Case(lambda v: buf.epochs(2, shuffle=v), ("shuffle",)),
+        "epochs.batch_size": Case(lambda v: buf.epochs(batch_size=v), ("batch_size",)),
+        "epochs.n_epochs": Case(lambda v: buf.epochs(batch_size=2, n_epochs=v), ("n_epochs", "batch_size")),
+        "epochs.drop_last": Case(lambda v: buf.epochs(batch_size=2, drop_last=v), ("drop_last",)),
+        "epochs.shuffle": Case(lambda v: buf.epochs(batch_size=2, shuffle=v), ("shuffle",)),
         "num_batches": Case(lambda v: buf.num_batches(v), ("batch_size",)),
         "beta": Case(beta, ("beta",)),
     }
@@ -279,11 +279,11 @@ def rollout_cases(buf: RolloutBuffer) -> dict[str, Case]:
                                      ("advantage",)),
         "set_extras.new": Case(lambda v: buf.set_extras({"old_values": v}), ("old_values",)),
         "set_extras.mapping": Case(lambda v: buf.set_extras(v), ("set_extras", "a")),
-        "minibatches.batch_size": Case(lambda v: buf.minibatches(v), ("batch_size",)),
+        "minibatches.batch_size": Case(lambda v: buf.minibatches(batch_size=v), ("batch_size",)),
         "minibatches.num_minibatches": Case(lambda v: buf.minibatches(num_minibatches=v), ("num_minibatches",)),
-        "minibatches.n_epochs": Case(lambda v: buf.minibatches(2, n_epochs=v), ("n_epochs",)),
-        "minibatches.shuffle": Case(lambda v: buf.minibatches(2, shuffle=v), ("shuffle",)),
-        "epochs.batch_size": Case(lambda v: buf.epochs(v), ("batch_size",)),
+        "minibatches.n_epochs": Case(lambda v: buf.minibatches(batch_size=2, n_epochs=v), ("n_epochs",)),
+        "minibatches.shuffle": Case(lambda v: buf.minibatches(batch_size=2, shuffle=v), ("shuffle",)),
+        "epochs.batch_size": Case(lambda v: buf.epochs(batch_size=v), ("batch_size",)),
         "view": Case(lambda v: buf.view(v), ("fields",)),
         "num_batches": Case(lambda v: buf.num_batches(v), ("batch_size",)),
         "sample_by_index": Case(lambda v: buf.sample_by_index(v), ("index",)),
@@ -335,7 +335,7 @@ def distill_cases(buf: DistillationBuffer) -> dict[str, Case]:
     return field_cases("add", buf.add, good, batched) | {
         "sample": Case(lambda v: buf.sample(v), ("batch_size",)),
         "sample_by_index": Case(lambda v: buf.sample_by_index(v), ("index",)),
-        "epochs": Case(lambda v: buf.epochs(v), ("batch_size",)),
+        "epochs": Case(lambda v: buf.epochs(batch_size=v), ("batch_size",)),
     }
 
 
@@ -456,7 +456,7 @@ def test_refused_epochs_and_minibatches_leave_the_resume_sequence_unchanged() ->
         if "num_minibatches" not in bad:
             with pytest.raises(RlbufError):
                 attacked.epochs(**{"batch_size": 2, **bad})
-    assert [b.row.tolist() for b in reference.minibatches(2)] == [b.row.tolist() for b in attacked.minibatches(2)]
+    assert [b.row.tolist() for b in reference.minibatches(batch_size=2)] == [b.row.tolist() for b in attacked.minibatches(batch_size=2)]
 
 
 def test_a_refused_gae_call_keeps_the_advantages_computed_before() -> None:

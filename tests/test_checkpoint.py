@@ -75,8 +75,8 @@ def test_a_loaded_buffer_continues_exactly_like_the_original(
             update_priorities(buffers, data, batch_size)
         epoch_batch = min(batch_size, len(original))
         for _ in range(earlier):  # each iterator draws its seed from the buffer's epoch generator
-            assert_same([next(buf.epochs(epoch_batch)) for buf in buffers])
-        iterators = [buf.epochs(epoch_batch, n_epochs, drop_last=drop_last, shuffle=shuffle) for buf in buffers]
+            assert_same([next(buf.epochs(batch_size=epoch_batch)) for buf in buffers])
+        iterators = [buf.epochs(batch_size=epoch_batch, n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle) for buf in buffers]
         for _ in range(taken if n_epochs == 0 else min(taken, len(iterators[0]))):
             assert_same([next(iterator) for iterator in iterators])
         with tempfile.TemporaryDirectory() as scratch:
@@ -100,7 +100,7 @@ def test_a_loaded_buffer_continues_exactly_like_the_original(
         assert counters(original) == counters(twin) == counters(loaded)
         assert_lockstep(buffers, lambda buf: buf.sample_all())
         assert_lockstep(buffers, lambda buf: buf.sample(batch_size))
-        fresh = [buf.epochs(min(batch_size, len(buf)), 1) for buf in buffers]
+        fresh = [buf.epochs(batch_size=min(batch_size, len(buf)), n_epochs=1) for buf in buffers]
         for pair in zip(*fresh, strict=True):
             assert_same(pair)
     finally:
@@ -195,7 +195,7 @@ def test_a_replay_buffer_saved_after_clear_and_a_few_adds_loads(tmp_path: Path) 
     buf = make("replay", capacity=8, num_envs=1)
     data = torch.Generator().manual_seed(0)
     add_steps([buf], "replay", data, 8)
-    buf.epochs(4)
+    buf.epochs(batch_size=4)
     buf.clear()
     add_steps([buf], "replay", data, 2)
     buf.save(tmp_path / "ckpt")
@@ -470,7 +470,7 @@ def test_a_crafted_manifest_cannot_call_other_methods_or_pass_other_options(tmp_
     buf = ReplayBuffer(8, obs_shape=(3,), action_shape=(2,), seed=0)
     for _ in range(4):
         buf.add(torch.ones(3), torch.ones(2), 1.0, torch.ones(3), False)
-    buf.epochs(2)
+    buf.epochs(batch_size=2)
     buf.save(tmp_path / "a")
     _rewrite_manifest(tmp_path / "a", lambda state: state["iterator"].update(
         method="save", arguments={"path": str(tmp_path / "written")}))

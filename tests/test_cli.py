@@ -14,13 +14,17 @@ import pytest
 import torch
 import torchrl
 
-from rlbuf import CheckpointError, ReplayBuffer, RolloutBuffer, _inspect
+from rlbuf import CheckpointError, EpisodeStats, ReplayBuffer, RolloutBuffer, _inspect
 from rlbuf.cli import main
+from rlbuf.demos import DEMOS
+from rlbuf.demos._options import ARGS, RunArgs
+from rlbuf.demos._progress import Progress
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("argv", [[], ["demo"], ["demo", "ppo"], ["demo", "dqn"], ["demo", "distill"], ["inspect"]])
+@pytest.mark.parametrize("argv", [[], ["demo"], ["demo", "ppo"], ["demo", "dqn"], ["demo", "ppo-continuous"],
+                                  ["demo", "distill"], ["inspect"]])
 def test_every_command_has_help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main([*argv, "--help"])
@@ -73,10 +77,28 @@ def heavy_modules_after(code: str) -> list[str]:
         "from rlbuf import RlbufError, __version__",
         "import runpy; sys.argv = ['rlbuf', '--help']; runpy.run_module('rlbuf', run_name='__main__')",
         "from rlbuf.cli import main; main(['demo', '--help'])",
+        "from rlbuf.cli import build_parser; build_parser()",
+        *[f"from rlbuf.cli import main; main(['demo', {name!r}, '--help'])" for name in DEMOS],
+        "from rlbuf.cli import main; main(['inspect', '--help'])",
     ],
 )
 def test_the_command_and_the_package_import_no_torch(code: str) -> None:
+    """Every ``--help`` answers without torch (issue 21: under 0.5 s; timed by benchmarks/cli.py, not here)."""
     assert heavy_modules_after(code) == []
+
+
+def test_a_demos_help_shows_its_module_docstring_as_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", "ppo-continuous", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "PPO on Pendulum-v1, CleanRL-style" in text and "the Recorder stores the step" in text
+    assert "``" not in text and "][" not in text
+
+
+def test_every_demo_has_its_options_and_a_module() -> None:
+    assert list(ARGS) == list(DEMOS)
+    for name, options in ARGS.items():
+        assert importlib.import_module(f"rlbuf.demos.{name.replace('-', '_')}").Args is options
 
 
 def test_inspect_imports_no_torch(checkpoint: Path) -> None:
@@ -246,3 +268,62 @@ def test_a_manifest_with_a_key_twice_is_refused_by_load_and_inspect(tmp_path: Pa
         ReplayBuffer.load(path)
     report = _inspect.inspect_checkpoint(path)
     assert not report["ok"] and "appears twice" in report["error"]
+
+
+# -- progress on stderr ------------------------------------------------------------------------------
+def last_frame(stderr: str) -> str:
+    """The bar as a terminal shows it last: the text after the last carriage return."""
+    return [frame for frame in stderr.replace("\n", "\r").split("\r") if frame.strip()][-1]
+
+
+@pytest.mark.parametrize("stop_at_target", [True, False])
+def test_a_bar_closed_before_the_end_stays_where_it_was(stop_at_target: bool,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    progress = Progress(RunArgs(frames=1_000, progress=True, target_return=10.0, stop_at_target=stop_at_target), 0)
+    stats = EpisodeStats(1)
+    for _ in range(20):
+        stats.update(1.0, True)            # a mean return of 1: the target (10) is not reached
+    progress.log(300, stats)
+    progress.close()                        # as after a Ctrl-C at 300 frames
+    frame = last_frame(capsys.readouterr().err)
+    assert "300/1" in frame and " 30%" in frame and "100%" not in frame
+
+
+def test_a_run_done_at_its_target_closes_the_bar_at_100_percent(capsys: pytest.CaptureFixture[str]) -> None:
+    progress = Progress(RunArgs(frames=1_000, progress=True, target_return=10.0), 0)
+    stats = EpisodeStats(1)
+    for _ in range(20):
+        stats.update(50.0, True)
+    progress.log(300, stats)
+    assert progress.done(300)
+    progress.close()
+    frame = last_frame(capsys.readouterr().err)
+    assert "100%" in frame and "300/300" in frame
+
+
+TINY_PPO = ["--frames", "2048", "--num-steps", "32", "--epochs", "2", "--checkpoint-every", "1024",
+            "--no-stop-at-target"]
+
+
+def test_ctrl_c_leaves_the_bar_where_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from test_demos import interrupt_at
+
+    interrupt_at(monkeypatch, 512)          # a real SIGINT once the demo has logged 512 frames
+    assert main(["demo", "ppo", "--out", str(tmp_path / "run"), "--progress", *TINY_PPO]) == 130
+    errors = capsys.readouterr().err
+    assert errors.splitlines()[-1].startswith("rlbuf demo ppo: interrupted at 512 frames")
+    bar = last_frame(errors[:errors.rindex("rlbuf demo ppo: interrupted")])
+    assert "512/2" in bar and " 25%" in bar and "100%" not in bar
+
+
+def test_a_demo_logging_to_a_file_writes_lines_not_bar_frames(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "ppo", "--out", str(tmp_path / "run"), *TINY_PPO]) == 0  # stderr is no terminal here
+    errors = capsys.readouterr().err
+    assert "\r" not in errors and "\x1b" not in errors
+    lines = [line for line in errors.splitlines() if " frames (" in line]
+    assert lines[0].startswith("256/2048 frames (12%), ") and lines[-1].startswith("2048/2048 frames (100%), ")
+    assert 5 <= len(lines) <= 10            # about one a tenth of --frames, not one per update
+    assert main(["demo", "ppo", "--out", str(tmp_path / "quiet"), "--no-progress", *TINY_PPO]) == 0
+    assert " frames (" not in capsys.readouterr().err

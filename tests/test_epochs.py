@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlbuf import DistillationBuffer, ReplayBuffer, RolloutBuffer
 from rlbuf.epochs import EpochIterator, batch_bounds
 from rlbuf.errors import BatchSizeError, CheckpointError, ConfigError, EmptyBufferError
 
@@ -112,3 +116,84 @@ def test_bad_sizes(kwargs: dict[str, int], error: type[Exception], message: str)
 def test_bad_epoch_count() -> None:
     with pytest.raises(ConfigError, match="n_epochs"):
         iterator(4, batch_size=2, n_epochs=-1)
+
+
+# -- sizes by keyword: `minibatches(4)` would silently mean batches OF 4 rows to a CleanRL port --------
+def _replay(seed: int = 0) -> ReplayBuffer:
+    buf = ReplayBuffer(16, obs_shape=(1,), action_shape=(), seed=seed)
+    for row in range(12):
+        buf.add(torch.zeros(1), 0.0, float(row), torch.zeros(1), terminated=False, truncated=False)
+    return buf
+
+
+def _distillation(seed: int = 0) -> DistillationBuffer:
+    buf = DistillationBuffer(16, obs_shape=(1,), action_shape=(), action_dtype=torch.int64, seed=seed)
+    buf.add(torch.arange(12.0)[:, None], torch.arange(12))
+    return buf
+
+
+def _rollout(seed: int = 0) -> RolloutBuffer:
+    buf = RolloutBuffer(4, 3, obs_shape=(1,), action_shape=(), seed=seed)
+    for step in range(4):
+        rows = torch.arange(3.0) + 3 * step
+        buf.add(rows[:, None], rows, rows, torch.zeros(3, dtype=torch.bool), torch.zeros(3), torch.zeros(3),
+                truncated=torch.zeros(3, dtype=torch.bool))
+    buf.compute_returns_and_advantages(torch.zeros(3))
+    return buf
+
+
+def _rows(batch: Any) -> list[float]:
+    return [float(value) for value in batch.expert_action] if hasattr(batch, "expert_action") else batch.reward.tolist()
+
+
+ITERATORS = {
+    "RolloutBuffer.minibatches": (_rollout, "minibatches"),
+    "RolloutBuffer.epochs": (_rollout, "epochs"),
+    "ReplayBuffer.epochs": (_replay, "epochs"),
+    "DistillationBuffer.epochs": (_distillation, "epochs"),
+}
+
+
+@pytest.mark.parametrize("which", ITERATORS)
+@settings(max_examples=10, deadline=None)
+@given(size=st.one_of(st.integers(-3, 12), st.floats(allow_nan=False), st.none()), more=st.booleans())
+def test_a_size_given_by_position_is_refused_with_both_keyword_spellings(which: str, size: Any, more: bool) -> None:
+    make, method = ITERATORS[which]
+    buf, twin = make(), make()
+    positional = (size, 2) if more else (size,)
+    with pytest.raises(BatchSizeError) as raised:
+        getattr(buf, method)(*positional)
+    n = size if isinstance(size, int) and size > 0 else 4
+    message = str(raised.value)
+    assert message.startswith(f"{method}: expected sizes by keyword, got {method}({size!r}")
+    assert f"{method}(batch_size={n}) for minibatches of {n} rows" in message
+    second = (f"minibatches(num_minibatches={n}) for {n} minibatches per epoch" if method == "minibatches"
+              else f"epochs(batch_size=..., n_epochs={n}) for {n} passes over the stored rows")
+    assert second in message
+    # Refused before anything changed: the next iterator shuffles as the untouched twin's does.
+    assert buf.current_epochs is None
+    ours, theirs = getattr(buf, method)(batch_size=5), getattr(twin, method)(batch_size=5)
+    assert [_rows(b) for b in ours] == [_rows(b) for b in theirs]
+
+
+@pytest.mark.parametrize("which", ITERATORS)
+def test_sizes_by_keyword_still_split_as_before(which: str) -> None:
+    make, method = ITERATORS[which]
+    buf = make()
+    by_size = getattr(buf, method)(batch_size=5, n_epochs=2)
+    assert [len(_rows(b)) for b in by_size] == [5, 5, 2, 5, 5, 2]
+    assert [len(_rows(b)) for b in getattr(buf, method)(batch_size=5, drop_last=True)] == [5, 5]
+    epoch = sorted(value for batch in getattr(buf, method)(batch_size=4) for value in _rows(batch))
+    assert epoch == sorted(_rows(buf.get_all_data() if method == "minibatches" else buf.sample_all()))
+    if method == "minibatches":
+        assert [len(_rows(b)) for b in buf.minibatches(num_minibatches=5)] == [3, 3, 2, 2, 2]
+
+
+def test_the_iterator_saved_with_a_checkpoint_is_made_again_by_keyword(tmp_path: Path) -> None:
+    buf = _rollout()
+    iterator = buf.minibatches(num_minibatches=4, n_epochs=2)
+    next(iterator)
+    buf.save(tmp_path / "rollout")
+    loaded = RolloutBuffer.load(tmp_path / "rollout")
+    assert loaded.current_epochs is not None
+    assert [_rows(b) for b in loaded.current_epochs] == [_rows(b) for b in iterator]

@@ -103,7 +103,7 @@ def rollout() -> RolloutBuffer:
         buffer.add(value[:, None].expand(-1, 3), torch.zeros(2), value, torch.tensor([t == 2, False]), value * 0.1,
                    -value.abs(), truncated=torch.tensor([False, t == 1]), bootstrap_value=torch.tensor([0.0, 0.5]))
     buffer.compute_returns_and_advantages(torch.zeros(2))
-    iterator = buffer.minibatches(3, n_epochs=2)
+    iterator = buffer.minibatches(batch_size=3, n_epochs=2)
     next(iter(iterator))
     return buffer
 

@@ -150,7 +150,7 @@ def test_generator_states_saved_on_another_device_type_load_with_a_warning() -> 
     # counters and the running epoch's permutation still load; the draws that follow differ.
     buf = ReplayBuffer(16, obs_shape=(OBS,), action_shape=(ACT,), seed=0)
     fill_replay([buf], 12)
-    epochs = buf.epochs(4, n_epochs=2)
+    epochs = buf.epochs(batch_size=4, n_epochs=2)
     next(epochs)
     state = buf.state_dict()
     cuda_like = torch.zeros(16, dtype=torch.uint8)
@@ -398,7 +398,7 @@ def test_replay_epochs_visit_every_row_once_on_cuda(storage: str, storing_device
     with ReplayBuffer(60, obs_shape=(OBS,), action_shape=(ACT,), num_envs=4, storage=storage,  # type: ignore[arg-type]
                       storing_device=storing_device, device="cuda", seed=0) as buf:
         fill_replay([buf], 12)
-        batches = list(buf.epochs(7, n_epochs=2))
+        batches = list(buf.epochs(batch_size=7, n_epochs=2))
         assert len(batches) == 2 * 7
         for epoch in (batches[:7], batches[7:]):
             index = torch.cat([batch.index for batch in epoch])

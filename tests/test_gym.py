@@ -9,6 +9,7 @@ every episode is stored once, and no reset step is.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -211,6 +212,35 @@ def test_rollout_buffer_refuses_next_step_envs_and_says_to_use_same_step() -> No
     envs = make_envs(AutoresetMode.NEXT_STEP)
     with pytest.raises(ConfigError, match="SAME_STEP"):
         Recorder(envs, build("rollout", envs))
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_the_same_step_spellings_the_refusal_suggests_run_and_the_recorder_takes_them(env_id: str) -> None:
+    """CartPole-v1 registers its own vector env: make_vec refuses vector_kwargs there without vectorization_mode."""
+    default = gym.make_vec(env_id, num_envs=2)  # NEXT_STEP, gymnasium's default
+    spaces = {"observation_space": default.single_observation_space, "action_space": default.single_action_space}
+    with pytest.raises(ConfigError) as raised:
+        Recorder(default, RolloutBuffer(4, 2, **spaces))
+    default.close()
+    message = str(raised.value)
+    [make_vec] = re.findall(r"gymnasium\.make_vec\(.*?\}\)", message)
+    [sync] = re.findall(r"SyncVectorEnv\(fns, .*?\)$", message)
+    names = {"gymnasium": gym, "env_id": env_id, "num_envs": 2, "SyncVectorEnv": gym.vector.SyncVectorEnv,
+             "fns": [lambda: gym.make(env_id)] * 2}
+    for spelling in (make_vec, sync):
+        envs = eval(spelling, names)  # the message's own code, run as a user would paste it
+        assert envs.metadata["autoreset_mode"] is AutoresetMode.SAME_STEP, spelling
+        buffer = RolloutBuffer(4, 2, **spaces)
+        recorder = Recorder(envs, buffer, bootstrap=lambda final: np.zeros(len(final), np.float32))
+        obs, _ = envs.reset(seed=0)
+        for _ in range(4):
+            action = envs.action_space.sample()
+            next_obs, reward, terminated, truncated, info = envs.step(action)
+            recorder.record(obs, action, reward, next_obs, terminated, truncated, info,
+                            value=np.zeros(2, np.float32), log_prob=np.zeros(2, np.float32))
+            obs = next_obs
+        envs.close()
+        assert buffer.is_full
 
 
 def test_a_truncation_without_bootstrap_is_refused_before_anything_is_stored() -> None:

@@ -308,7 +308,7 @@ def test_compact_buffer_refuses_torchrl_handles_epochs_and_incomplete_indices() 
     with pytest.raises(ConfigError, match="torchrl: this buffer stores next_obs once"):
         _ = buf.torchrl
     with pytest.raises(ConfigError, match="epochs: not available for a compact buffer"):
-        buf.epochs(1)
+        buf.epochs(batch_size=1)
     with pytest.raises(StoredIndexError, match="index: the transition at position 0 is not complete"):
         buf.sample_by_index(0)
     buf.add(torch.ones(3), 0.0, 2.0, torch.full((3,), 2.0), False)

@@ -45,7 +45,7 @@ def test_ppo_iteration_on_cartpole() -> None:
         buffer.compute_returns_and_advantages(rollout["next", "state_value"][-1], gamma=0.99, gae_lambda=0.95)
         assert torch.allclose(buffer.view("advantage"), from_transform, atol=1e-5)
         seen = 0
-        for batch in buffer.minibatches(16, n_epochs=2):
+        for batch in buffer.minibatches(batch_size=16, n_epochs=2):
             dist = actor.get_dist(TensorDict({"observation": batch.obs}, batch_size=[len(batch)]))
             ratio = (dist.log_prob(batch.action) - batch.log_prob).exp()
             advantage = (batch.advantage - batch.advantage.mean()) / (batch.advantage.std() + 1e-8)

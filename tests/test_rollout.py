@@ -118,7 +118,7 @@ def test_minibatches_cover_every_row_once_per_epoch(storage: str, device: str, n
     buf = make(storage, device=device)
     fill(buf)
     buf.compute_returns_and_advantages(torch.zeros(N))
-    batches = list(buf.minibatches(4, n_epochs=n_epochs))
+    batches = list(buf.minibatches(batch_size=4, n_epochs=n_epochs))
     per_epoch = buf.num_batches(4)
     assert per_epoch == 4 and len(batches) == per_epoch * n_epochs
     for epoch in range(n_epochs):
@@ -146,7 +146,7 @@ def test_sample_by_index_epochs_and_sample_all_work_on_rollouts(storage: str) ->
     buf.compute_returns_and_advantages(torch.zeros(N))
     assert buf.sample_by_index([4]).action.tolist() == [101.0]
     assert buf.sample_all().action.tolist() == buf.get_all_data().action.tolist()
-    assert sorted(torch.cat([b.action for b in buf.epochs(4)]).tolist()) == sorted(buf.get_all_data().action.tolist())
+    assert sorted(torch.cat([b.action for b in buf.epochs(batch_size=4)]).tolist()) == sorted(buf.get_all_data().action.tolist())
 
 
 def test_identical_seeds_shuffle_identically() -> None:
@@ -154,7 +154,7 @@ def test_identical_seeds_shuffle_identically() -> None:
     for buf in (a, b):
         fill(buf)
         buf.compute_returns_and_advantages(torch.zeros(N))
-    assert all(torch.equal(x.action, y.action) for x, y in zip(a.minibatches(4, n_epochs=2), b.minibatches(4, n_epochs=2), strict=True))
+    assert all(torch.equal(x.action, y.action) for x, y in zip(a.minibatches(batch_size=4, n_epochs=2), b.minibatches(batch_size=4, n_epochs=2), strict=True))
 
 
 def test_extend_from_a_collector_layout_equals_step_wise_adds() -> None:
@@ -199,7 +199,7 @@ def test_set_extras_attaches_aligned_tensors_and_overrides_fields() -> None:
         buf.get_all_data()
     custom = torch.arange(T * N, dtype=torch.float32).reshape(T, N)
     buf.set_extras({"advantage": custom, "returns": custom, "old_mu": torch.zeros(T, N, 4)})
-    batch = next(iter(buf.minibatches(T * N, shuffle=False)))
+    batch = next(iter(buf.minibatches(batch_size=T * N, shuffle=False)))
     assert batch.advantage.tolist() == custom.flatten().tolist()
     assert batch.old_mu.shape == (T * N, 4) and batch.extras["old_mu"].shape == (T * N, 4)
     with pytest.raises(ShapeError, match=r"old_mu: expected shape \(5, 3, ...\), got \(3, 5\)"):
@@ -274,7 +274,7 @@ def test_advantages_and_minibatches_need_a_full_rollout() -> None:
     with pytest.raises(RolloutIncompleteError, match="holds 1 of 5 steps"):
         buf.compute_returns_and_advantages(torch.zeros(N))
     with pytest.raises(RolloutIncompleteError):
-        buf.minibatches(2)
+        buf.minibatches(batch_size=2)
     for t in range(1, T):
         buf.add(**step_data(t))
     with pytest.raises(ShapeError, match=r"last_value: expected shape \(3,\), got \(3, 1\)"):
@@ -287,7 +287,7 @@ def test_advantages_and_minibatches_need_a_full_rollout() -> None:
     buf.compute_returns_and_advantages(torch.zeros(N))
     for bad in (0, -1, T * N + 1):
         with pytest.raises(BatchSizeError):
-            buf.minibatches(bad)
+            buf.minibatches(batch_size=bad)
 
 
 def test_extend_validates_precomputed_advantages_before_storing_anything() -> None:

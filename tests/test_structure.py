@@ -175,7 +175,7 @@ def test_checkpoint_round_trip_resumes_exactly(tmp_path: Any, storage: str) -> N
     buf = replay(storage=storage, prioritized=True)
     add_steps(buf, 6)
     buf.update_priority([0, 1, 2], [5.0, 0.1, 3.0])
-    iterator = buf.epochs(4, n_epochs=2)
+    iterator = buf.epochs(batch_size=4, n_epochs=2)
     next(iterator)
     buf.save(tmp_path / "ckpt")
     restored = ReplayBuffer.load(tmp_path / "ckpt")

@@ -11,7 +11,8 @@ import torch
 from test_demos import interrupt_at
 
 from rlbuf.cli import main
-from rlbuf.demos.ppo import MLP_DEFAULTS, RECURRENT_DEFAULTS, Args
+from rlbuf.demos._options import MLP_DEFAULTS, RECURRENT_DEFAULTS
+from rlbuf.demos.ppo import Args
 from rlbuf.demos.ppo_recurrent import HideVelocities, make_envs
 
 

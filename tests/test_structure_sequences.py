@@ -109,10 +109,10 @@ def test_every_trajectory_once_per_epoch_padded_with_zeros_from_its_first_state(
     count = len(split_trajectories(done))
     if batch > count:
         with pytest.raises(BatchSizeError, match="trajectories in the rollout"):
-            buf.minibatches(batch, sequences=True)
+            buf.minibatches(batch_size=batch, sequences=True)
         return
     seen: list[tuple[int, int]] = []
-    for minibatch in buf.minibatches(batch, n_epochs=1, sequences=True, drop_last=drop_last):
+    for minibatch in buf.minibatches(batch_size=batch, n_epochs=1, sequences=True, drop_last=drop_last):
         obs, mask = minibatch.obs[..., 0], minibatch.mask  # type: ignore[index]
         assert torch.equal(obs == 0, ~mask)  # zeros exactly on padding
         assert minibatch.hidden_state is not None and torch.equal(minibatch.hidden_state[:, 0], obs[0])
@@ -137,7 +137,7 @@ def test_sequence_minibatches_are_shuffled_by_trajectory() -> None:
 def test_batch_size_counts_trajectories() -> None:
     buf = filled_buffer(rollout_data())
     count = len(split_trajectories(buf.view("done")))
-    sizes = [len(batch) for batch in buf.minibatches(5, sequences=True)]
+    sizes = [len(batch) for batch in buf.minibatches(batch_size=5, sequences=True)]
     assert sum(sizes) == count and max(sizes) == 5
 
 
@@ -249,20 +249,20 @@ def test_refused_sequence_minibatches_leave_the_epoch_generator_untouched() -> N
     rng = buf.state_dict()["rng"]
     with pytest.raises(BatchSizeError, match=rf"batch_size: expected at most {count} \(the trajectories in the "
                                              rf"rollout\), got {count + 1}"):
-        buf.minibatches(count + 1, sequences=True)
+        buf.minibatches(batch_size=count + 1, sequences=True)
     with pytest.raises(BatchSizeError, match=rf"num_minibatches: expected at most {count} \(the trajectories"):
         buf.minibatches(num_minibatches=count + 1, sequences=True)
     with pytest.raises(BatchSizeError, match="exactly one of batch_size and num_minibatches"):
-        buf.minibatches(2, num_minibatches=2, sequences=True)
+        buf.minibatches(batch_size=2, num_minibatches=2, sequences=True)
     with pytest.raises(ConfigError, match="n_epochs"):
         buf.minibatches(num_minibatches=1, n_epochs=-1, sequences=True)
     assert buf.current_epochs is None
     after = buf.state_dict()["rng"]
     assert torch.equal(after["epochs"], rng["epochs"]) and torch.equal(after["sample"], rng["sample"])
     # The next iterator draws what it would have drawn without the refused calls.
-    assert sequence_order(buf.minibatches(count, sequences=True, n_epochs=2)) == \
-        sequence_order(twin.minibatches(count, sequences=True, n_epochs=2))
-    assert len(list(buf.minibatches(count, sequences=True))) == 1
+    assert sequence_order(buf.minibatches(batch_size=count, sequences=True, n_epochs=2)) == \
+        sequence_order(twin.minibatches(batch_size=count, sequences=True, n_epochs=2))
+    assert len(list(buf.minibatches(batch_size=count, sequences=True))) == 1
 
 
 def _forge(state: dict[str, Any], **changes: Any) -> dict[str, Any]:
@@ -315,7 +315,7 @@ def test_forged_sequence_iterator_checkpoints_are_refused_and_change_nothing() -
 
 def test_an_epoch_that_began_with_fewer_rows_still_resumes(tmp_path: Any) -> None:
     buf = replay_with_steps(40, 2, 5)
-    iterator = buf.epochs(3, n_epochs=2)
+    iterator = buf.epochs(batch_size=3, n_epochs=2)
     next(iterator)
     buf.add(torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), torch.zeros(2, 1), torch.zeros(2, dtype=torch.bool))
     buf.save(tmp_path / "ckpt")
@@ -502,7 +502,7 @@ def test_dict_observations_hidden_states_and_sequences_on_cuda(storing_device: s
         assert a.obs.device.type == "cuda" and a.hidden_state is not None and a.hidden_state.device.type == "cuda"
         assert bool((a.obs.cpu() == b.obs).all()) and torch.equal(a.mask.cpu(), b.mask)
         assert bool((a.hidden_state.cpu() == b.hidden_state).all())  # type: ignore[union-attr]
-    assert sorted(sequence_order(buf.minibatches(3, sequences=True))) == sorted(sequence_order(theirs))
+    assert sorted(sequence_order(buf.minibatches(batch_size=3, sequences=True))) == sorted(sequence_order(theirs))
     replay = replay_with_steps(40, 2, 12, done_every=3, storing_device=storing_device, device="cuda",
                                hidden_state_shape={"h": (1, 2)})
     sequences = replay.sample_sequences(8, 3, burn_in=1)

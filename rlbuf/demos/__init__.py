@@ -5,8 +5,9 @@
 - ``rlbuf.demos.ppo_continuous``: PPO on Pendulum-v1 through a gymnasium vector env and the Recorder.
 - ``rlbuf.demos.distill``: DAgger from a PPO teacher to a smaller student via the DistillationBuffer.
 
-Each module has an ``Args`` dataclass (its options) and ``run(args)``. What they share:
-``rlbuf.demos._run`` (options, output folder, seeding, Ctrl-C), ``rlbuf.demos._progress``
+Each module has an ``Args`` dataclass (its options, defined in ``rlbuf.demos._options`` so that
+``--help`` needs no torch) and ``run(args)``. What they share:
+``rlbuf.demos._run`` (output folder, seeding, Ctrl-C), ``rlbuf.demos._progress``
 (progress bar, curve, summary) and ``rlbuf.demos._checkpoint`` (checkpoints and resume).
 
 Example:

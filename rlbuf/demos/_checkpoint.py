@@ -28,7 +28,8 @@ import torch
 
 from rlbuf._buffer import RingBuffer
 from rlbuf.checkpoint import load_state
-from rlbuf.demos._run import CheckpointReason, RunArgs, latest_checkpoint, write_json
+from rlbuf.demos._options import RunArgs
+from rlbuf.demos._run import CheckpointReason, latest_checkpoint, write_json
 from rlbuf.errors import CheckpointError
 
 KEEP_CHECKPOINTS = 2

@@ -16,12 +16,18 @@ from typing import Any
 
 import torch
 
-from rlbuf.demos._run import WINDOW, Interrupted, RunArgs, mean_return, write_json
+from rlbuf.demos._options import WINDOW, RunArgs
+from rlbuf.demos._run import Interrupted, mean_return, write_json
 from rlbuf.stats import EpisodeStats
 
 
 class Progress:
-    """A tqdm bar (frames, fps, recent return) and the learning-curve history.
+    """Progress on stderr (frames, fps, recent return) and the learning-curve history.
+
+    With ``progress=None`` (the default) a tqdm bar when stderr is a terminal; else, in a log,
+    one plain line each tenth of ``frames`` (no ``\\r`` frames). ``True``: always the bar;
+    ``False``: nothing. A run stopped before its end (Ctrl-C, ``--stop-after-frames``) leaves
+    the bar where it stood; one done early, at its target, closes it at 100 %.
 
     Args:
         args: the run's options (``frames``, ``progress``, ``target_return``).
@@ -48,8 +54,12 @@ class Progress:
         self.resumed_at: list[int] = [] if state is None else [*state["resumed_at"], frames]
         self._elapsed = 0.0 if state is None else float(state["elapsed"])
         self._started = time.perf_counter()
+        self._frames = frames
+        bar = sys.stderr.isatty() if args.progress is None else args.progress
+        self._lines = args.progress is None and not bar
+        self._next_line = self._tenth_after(frames)
         self.bar = tqdm(total=args.frames, initial=frames, unit="frame", unit_scale=True, dynamic_ncols=True,
-                        disable=not args.progress, file=sys.stderr)
+                        disable=not bar, file=sys.stderr)
 
     @property
     def seconds(self) -> float:
@@ -62,10 +72,19 @@ class Progress:
         self.history.append([frames, round(self.seconds, 3), recent])
         if recent is not None and self.reached is None and recent >= self.args.target_return:
             self.reached = {"frames": frames, "seconds": round(self.seconds, 3)}
+        self._frames = frames
         self.bar.update(frames - self.bar.n)
         shown = {"return": "-" if recent is None else f"{recent:.1f}", "episodes": stats.episodes_finished}
         self.bar.set_postfix({**shown, **{k: f"{v:.3g}" for k, v in postfix.items()}}, refresh=False)
+        if self._lines and frames >= self._next_line:
+            self._next_line = self._tenth_after(frames)
+            print(f"{frames}/{self.args.frames} frames ({100 * frames // self.args.frames}%), {self.seconds:.1f} s, "
+                  f"mean return {shown['return']} ({shown['episodes']} episodes)", file=sys.stderr, flush=True)
         return recent
+
+    def _tenth_after(self, frames: int) -> int:
+        """The first tenth of ``--frames`` past ``frames``: where the next plain progress line is due."""
+        return (frames * 10 // self.args.frames + 1) * self.args.frames // 10
 
     def done(self, frames: int) -> bool:
         """Whether the run is over at ``frames``: ``--frames`` done, or the target reached with ``--stop-at-target``."""
@@ -77,9 +96,9 @@ class Progress:
                 "resumed_at": self.resumed_at}
 
     def close(self) -> None:
-        """Close the bar (at 100 % when the run stopped early, at its target)."""
-        if self.bar.total is not None and self.bar.n < self.bar.total:
-            self.bar.total = self.bar.n
+        """Close the bar: at 100 % when the run is done (early, at its target, too), else where it stands."""
+        if self.done(self._frames) and self.bar.total is not None and self._frames < self.bar.total:
+            self.bar.total = self._frames
             self.bar.refresh()
         self.bar.close()
 

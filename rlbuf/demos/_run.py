@@ -1,7 +1,8 @@
 """What the demos share: options, output folder, seeding, Ctrl-C, and where a run's checkpoints are.
 
-The progress bar, curve and summary are in ``rlbuf.demos._progress``; writing and resuming
-checkpoints in ``rlbuf.demos._checkpoint``.
+The options are in ``rlbuf.demos._options`` (without torch: ``--help`` reads them); the progress
+bar, curve and summary in ``rlbuf.demos._progress``; writing and resuming checkpoints in
+``rlbuf.demos._checkpoint``.
 
 A run writes into its output folder::
 
@@ -38,7 +39,6 @@ Example:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -49,21 +49,18 @@ import shlex
 import signal
 import threading
 import time
-import typing
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
 
+from rlbuf.demos._options import WINDOW, RunArgs
 from rlbuf.errors import ConfigError
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import resolve_device
-
-WINDOW = 20
-"""Episodes averaged for the reported return (the issue's "last 20 episodes")."""
 
 # Options that may differ when resuming (the others would make the resumed run another run).
 RESUME_OVERRIDES = frozenset({"frames", "stop_after_frames", "device", "progress", "target_return",
@@ -72,65 +69,6 @@ RESUME_OVERRIDES = frozenset({"frames", "stop_after_frames", "device", "progress
 ArgsT = TypeVar("ArgsT", bound="RunArgs")
 CheckpointReason = Literal["scheduled", "interrupt", "end"]
 """Why a demo checkpoint was written: every ``--checkpoint-every`` frames, on Ctrl-C, at the end."""
-
-
-def arg(default: Any, help: str) -> Any:
-    """A dataclass field that is also a command-line option with this help text.
-
-    Example:
-        >>> from dataclasses import dataclass
-        >>> @dataclass
-        ... class Options:
-        ...     lr: float = arg(1e-3, "learning rate")
-        >>> Options().lr
-        0.001
-    """
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass
-class RunArgs:
-    """Options every demo takes (each demo adds its hyper-parameters in a subclass)."""
-
-    frames: int = arg(100_000, "environment frames to train for at most")
-    seed: int = arg(1, "seed of torch, numpy, python, the envs and the buffer")
-    device: str = arg("cpu", "training device (e.g. cuda); envs and collection stay on the CPU")
-    storage: Literal["memory", "memmap"] = arg("memory", "where the buffer keeps its data: in memory, or in memory-mapped files")
-    out: str | None = arg(None, "output folder (default: runs/<demo>-seed<seed>-<time>)")
-    checkpoint_every: int = arg(25_000, "write a checkpoint every this many frames (0: only at the end)")
-    resume: str | None = arg(None, "continue the run in this output folder from its newest checkpoint (a Ctrl-C "
-                                   "writes one); exactly as if never stopped when that checkpoint is a scheduled "
-                                   "one (--checkpoint-every), else with envs reset at that frame")
-    stop_after_frames: int | None = arg(None, "debug: stop right after the first checkpoint at or past this "
-                                              "many frames, as if killed there (then --resume)")
-    target_return: float = arg(475.0, f"report when the mean return of the last {WINDOW} episodes reaches this")
-    stop_at_target: bool = arg(True, "stop training once the target return is reached")
-    progress: bool = arg(True, "show a progress bar")
-
-
-def add_arguments(parser: argparse.ArgumentParser, args_type: type[RunArgs]) -> None:
-    """Add one ``--option`` per field of ``args_type``; only options given on the line are parsed.
-
-    Example:
-        >>> parser = argparse.ArgumentParser()
-        >>> add_arguments(parser, RunArgs)
-        >>> vars(parser.parse_args(["--seed", "3", "--no-progress"]))
-        {'seed': 3, 'progress': False}
-    """
-    hints = typing.get_type_hints(args_type)
-    for item in fields(args_type):
-        flag = "--" + item.name.replace("_", "-")
-        hint = hints[item.name]
-        if typing.get_origin(hint) is not typing.Literal:  # `int | None` -> int
-            hint = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
-        help_text = item.metadata["help"] + ("" if item.default is None else f" (default: {item.default})")
-        if hint is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
-                                help=help_text)
-        elif typing.get_origin(hint) is typing.Literal:
-            parser.add_argument(flag, choices=typing.get_args(hint), default=argparse.SUPPRESS, help=help_text)
-        else:
-            parser.add_argument(flag, type=hint, default=argparse.SUPPRESS, metavar=item.name.upper(), help=help_text)
 
 
 def resolve_args(args_type: type[ArgsT], given: dict[str, Any], demo: str) -> ArgsT:

@@ -21,7 +21,6 @@ Example (not run here: it trains a teacher first, about a minute)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,26 +32,8 @@ from torchrl.collectors import Collector
 
 from rlbuf import ConfigError, DistillationBuffer, EpisodeStats
 from rlbuf.demos import _checkpoint, _progress, _run, ppo
-from rlbuf.demos._run import RunArgs, arg
-
-
-@dataclass
-class Args(RunArgs):
-    """Distillation options; the student is a tenth of the teacher's size."""
-
-    frames: int = arg(50_000, "student frames (DAgger rounds) at most")
-    checkpoint_every: int = arg(10_000, "write a checkpoint every this many frames (0: only at the end)")
-    teacher: str | None = arg(None, "output folder of `rlbuf demo ppo` holding the teacher's model.pt "
-                                    "(default: train a teacher into OUT/teacher)")
-    teacher_frames: int = arg(300_000, "frames for training the teacher, when none is given")
-    num_envs: int = arg(8, "CartPole envs the student runs in")
-    num_steps: int = arg(64, "steps per env in each DAgger round")
-    buffer_size: int = arg(100_000, "distillation buffer capacity (rows)")
-    batch_size: int = arg(256, "rows per gradient step")
-    gradient_steps: int = arg(32, "student updates per round")
-    lr: float = arg(3e-3, "student Adam learning rate")
-    hidden: int = arg(16, "hidden units of the student's two layers (the teacher's come from its run)")
-    eval_episodes: int = arg(20, "episodes of the final greedy evaluation of teacher and student")
+from rlbuf.demos._options import DistillArgs as Args
+from rlbuf.demos._options import PPOArgs
 
 
 def evaluate(net: nn.Module, episodes: int, seed: int) -> float:
@@ -88,7 +69,7 @@ def teacher_network(args: Args, out: Path) -> tuple[nn.Sequential, str]:
             given.update(out=str(folder), seed=args.seed, device=args.device, storage=args.storage,
                          frames=args.teacher_frames, checkpoint_every=args.checkpoint_every)
         try:
-            ppo.run(_run.resolve_args(ppo.Args, given, "ppo"))
+            ppo.run(_run.resolve_args(PPOArgs, given, "ppo"))
         except _run.Interrupted as stop:  # continued by resuming this run, which resumes the teacher
             raise _run.Interrupted(stop.checkpoint, out, stop.frames, "distill") from None
     if not (folder / "model.pt").exists():

@@ -23,7 +23,6 @@ Example (not run here: it trains for about a minute)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,31 +33,7 @@ from torch import nn
 
 from rlbuf import EpisodeStats, ReplayBuffer
 from rlbuf.demos import _checkpoint, _progress, _run
-from rlbuf.demos._run import RunArgs, arg
-
-
-@dataclass
-class Args(RunArgs):
-    """DQN options; the defaults reach a mean return of 475 in 50k to 100k frames."""
-
-    frames: int = arg(200_000, "environment frames to train for at most")
-    checkpoint_every: int = arg(25_000, "write a checkpoint every this many frames (0: only at the end)")
-    num_envs: int = arg(4, "CartPole envs stepped together")
-    prioritized: bool = arg(False, "prioritized experience replay")
-    alpha: float = arg(0.6, "PER priority exponent")
-    beta: float = arg(0.4, "PER importance-sampling exponent")
-    buffer_size: int = arg(100_000, "replay capacity (transitions)")
-    batch_size: int = arg(128, "transitions per gradient step")
-    lr: float = arg(5e-4, "Adam learning rate")
-    gamma: float = arg(0.99, "discount")
-    learning_starts: int = arg(2_000, "frames collected before the first update")
-    train_every: int = arg(4, "frames between training phases")
-    gradient_steps: int = arg(1, "gradient steps per training phase")
-    target_every: int = arg(4, "frames between updates of the target network")
-    tau: float = arg(0.01, "target update: target += tau * (online - target); 1 copies the online network")
-    exploration_frames: int = arg(10_000, "frames over which ε decays linearly from 1")
-    final_epsilon: float = arg(0.01, "ε after the decay")
-    hidden: int = arg(128, "hidden units of the Q-network's two layers")
+from rlbuf.demos._options import DQNArgs as Args
 
 
 def q_network(hidden: int) -> nn.Sequential:

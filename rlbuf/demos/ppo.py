@@ -22,7 +22,6 @@ Example (not run here: each trains for 10 to 30 seconds)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,45 +36,8 @@ from torchrl.modules import ProbabilisticActor, ValueOperator
 
 from rlbuf import GAE, EpisodeStats, RolloutBuffer
 from rlbuf.demos import _checkpoint, _progress, _run, ppo_recurrent
-from rlbuf.demos._run import RunArgs, arg
+from rlbuf.demos._options import PPOArgs as Args
 from rlbuf.demos.ppo_recurrent import HideVelocities
-
-
-@dataclass
-class Args(RunArgs):
-    """PPO options; the defaults reach a mean return of 475 in 25k to 40k frames."""
-
-    frames: int = arg(300_000, "environment frames to train for at most")
-    checkpoint_every: int = arg(50_000, "write a checkpoint every this many frames (0: only at the end)")
-    num_envs: int = arg(8, "CartPole envs stepped together")
-    num_steps: int = arg(64, "steps per env in each rollout")
-    epochs: int = arg(10, "passes over each rollout")
-    num_minibatches: int = arg(4, "minibatches per pass")
-    lr: float = arg(1e-3, "Adam learning rate, annealed linearly to 0 over --frames")
-    gamma: float = arg(0.99, "discount")
-    gae_lambda: float = arg(0.95, "GAE lambda")
-    clip: float = arg(0.2, "PPO clip range")
-    ent_coef: float = arg(0.0, "entropy bonus coefficient")
-    vf_coef: float = arg(0.5, "value loss coefficient")
-    max_grad_norm: float = arg(0.5, "gradient norm clip")
-    hidden: int = arg(64, "hidden units of the actor's and critic's two layers (the LSTM's with --recurrent)")
-    recurrent: bool = arg(False, "an LSTM policy on CartPole without velocities, trained on sequence minibatches "
-                                 "(rlbuf.demos.ppo_recurrent)")
-    hide_velocities: bool = arg(False, "observe only cart position and pole angle (the MLP then falls short of 475)")
-
-    def __post_init__(self) -> None:
-        # The LSTM learns best with shorter rollouts, fewer updates and a longer horizon (as in
-        # rl-baselines3-zoo's RecurrentPPO on CartPoleNoVel): options left at the MLP's defaults
-        # take the recurrent ones.
-        if self.recurrent:
-            for name, value in RECURRENT_DEFAULTS.items():
-                if getattr(self, name) == MLP_DEFAULTS[name]:
-                    setattr(self, name, value)
-
-
-MLP_DEFAULTS = {"num_steps": 64, "num_minibatches": 4, "epochs": 10, "gamma": 0.99, "gae_lambda": 0.95}
-RECURRENT_DEFAULTS = {"num_steps": 32, "num_minibatches": 1, "epochs": 4, "gamma": 0.999, "gae_lambda": 0.98}
-"""``--recurrent``'s defaults for the options ``MLP_DEFAULTS`` lists (the fields' defaults)."""
 
 
 def make_env(num_envs: int, hide_velocities: bool = False) -> GymWrapper:

@@ -40,7 +40,6 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,33 +51,10 @@ from torch import nn
 
 from rlbuf import EpisodeStats, RolloutBuffer
 from rlbuf.demos import _checkpoint, _progress, _run
-from rlbuf.demos._run import RunArgs, arg
+from rlbuf.demos._options import WINDOW
+from rlbuf.demos._options import PPOContinuousArgs as Args
 from rlbuf.demos.ppo import mlp
 from rlbuf.gym import Recorder
-
-
-@dataclass
-class Args(RunArgs):
-    """PPO options (CleanRL's ``ppo_continuous_action.py`` defaults, 8 envs of 256 steps)."""
-
-    frames: int = arg(200_000, "environment frames to train for")
-    checkpoint_every: int = arg(50_000, "write a checkpoint every this many frames (0: only at the end)")
-    target_return: float = arg(-250.0, "report when the mean return of the last 20 episodes reaches this")
-    stop_at_target: bool = arg(False, "stop training once the target return is reached")
-    fold_truncation: bool = arg(False, "the baseline: treat a time limit as a death (CleanRL's folded done)")
-    num_envs: int = arg(8, "Pendulum envs stepped together")
-    num_steps: int = arg(256, "steps per env in each rollout")
-    epochs: int = arg(10, "passes over each rollout")
-    num_minibatches: int = arg(32, "minibatches per pass")
-    lr: float = arg(3e-4, "Adam learning rate, annealed linearly to 0 over --frames")
-    gamma: float = arg(0.99, "discount")
-    gae_lambda: float = arg(0.95, "GAE lambda")
-    clip: float = arg(0.2, "PPO clip range (policy and value)")
-    ent_coef: float = arg(0.0, "entropy bonus coefficient")
-    vf_coef: float = arg(0.5, "value loss coefficient")
-    max_grad_norm: float = arg(0.5, "gradient norm clip")
-    target_kl: float | None = arg(None, "stop an update's epochs early past this approximate KL")
-    hidden: int = arg(64, "hidden units of the actor's and critic's two layers")
 
 
 class RunningNorm:
@@ -294,13 +270,13 @@ def compare(seeds: int, out: Path, frames: int | None = None, extra: dict[str, A
             summary = _finished_summary(run_dir, frames)
             if summary is None:  # a fresh run, or the continuation of one stopped, interrupted or killed before
                 options: dict[str, Any] = {"seed": seed, "out": str(run_dir), "fold_truncation": fold,
-                                           "progress": sys.stderr.isatty(), **(extra or {})}
+                                           **(extra or {})}
                 if frames is not None:
                     options["frames"] = frames
                 if (run_dir / "config.json").exists():
                     options["resume"] = str(run_dir)
                 summary = run(Args(**options))
-            runs.append({"seed": seed, "final": summary[f"mean_return_last_{_run.WINDOW}"],
+            runs.append({"seed": seed, "final": summary[f"mean_return_last_{WINDOW}"],
                          "minutes": round(summary["seconds"] / 60, 2), "frames": summary["frames"],
                          "history": _history(run_dir)})
         finals = [r["final"] for r in runs if r["final"] is not None]
@@ -360,7 +336,7 @@ def plot_compare(results: dict[str, Any], path: Path) -> None:
             axes.plot(x, y, color=colors.get(variant), linewidth=2,
                       label=f"{labels.get(variant, variant)}{summary} ({len(curves)} seeds)")
     axes.set_xlabel("frames")
-    axes.set_ylabel(f"mean return, last {_run.WINDOW} episodes")
+    axes.set_ylabel(f"mean return, last {WINDOW} episodes")
     axes.set_title("PPO on Pendulum-v1: every episode ends by its time limit")
     axes.grid(alpha=0.3)
     if axes.get_legend_handles_labels()[0]:  # no curve yet when the run stopped before its first episodes
