@@ -30,12 +30,11 @@ FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})")
 # Pages whose examples are still to be rewrapped to MAX_CHARS (strict: a page that fits must
 # leave this list).
 NOT_YET_WRAPPED = {
-    "docs/architecture.md", "docs/benchmarks.md", "docs/buffers/distillation.md", "docs/buffers/replay.md",
-    "docs/buffers/rollout.md", "docs/checkpoints.md", "docs/cli.md", "docs/coming-from/apexrl.md",
-    "docs/coming-from/cleanrl.md", "docs/coming-from/objectrl.md", "docs/coming-from/rl-buffer.md",
+    "docs/buffers/distillation.md", "docs/buffers/replay.md", "docs/buffers/rollout.md",
+    "docs/checkpoints.md", "docs/coming-from/apexrl.md", "docs/coming-from/cleanrl.md",
+    "docs/coming-from/objectrl.md", "docs/coming-from/rl-buffer.md",
     "docs/coming-from/rollout-buffer.md", "docs/coming-from/sb3.md", "docs/coming-from/velora.md",
-    "docs/devices.md", "docs/gae.md", "docs/pixels.md", "docs/reliability.md", "docs/scale.md",
-    "docs/structured.md", "docs/torchrl.md",
+    "docs/devices.md", "docs/pixels.md", "docs/reliability.md", "docs/structured.md",
 }
 
 
