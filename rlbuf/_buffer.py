@@ -22,6 +22,7 @@ from torchrl.data.replay_buffers.samplers import Sampler
 from rlbuf._delivery import deliver
 from rlbuf._fields import check_names
 from rlbuf._ring import RowRing
+from rlbuf._sumtree import SumTreeSampler
 from rlbuf._state import BufferState
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
 from rlbuf.errors import ConfigError, EmptyBufferError, RlbufError
@@ -284,8 +285,20 @@ class RingBuffer(BufferState, Generic[BatchT]):
             raise EmptyBufferError("sample_all: the buffer is empty; add data first")
         return self._batch(self._readable_index())
 
+    def _index_weight(self, index: torch.Tensor) -> torch.Tensor | None:
+        """The importance weights ``sample`` would give the rows at ``index`` now (``None``: uniform)."""
+        ring = self._ring
+        if not isinstance(ring.rb.sampler, SumTreeSampler):
+            return None
+        with ring.lock:
+            ring.flush()  # the sum tree reads TorchRL's committed state
+            return ring.rb.sampler.weights(ring.rb.storage, index).to(torch.float32)
+
     def sample_by_index(self, index: Any, fields: Sequence[str] | None = None) -> BatchT:
         """The rows at storage positions ``index`` (e.g. ``batch.index``), as the buffer's typed batch.
+
+        A prioritized buffer's batch holds the importance weights ``sample`` would give these
+        rows now (same ``beta``, same normalisation); a uniform buffer's, all ones.
 
         Args:
             index: positions in ``[0, len(buffer))``: an int, a sequence or a tensor.
@@ -311,7 +324,7 @@ class RingBuffer(BufferState, Generic[BatchT]):
         """
         positions = self._ring.as_index(index)
         if fields is None:
-            return self._batch(positions)
+            return self._batch(positions, self._index_weight(positions))
         columns = deliver(self._gather(positions, fields), self._device)
         batch_type = self._batch_type
         batch = object.__new__(batch_type)
