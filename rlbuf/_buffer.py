@@ -90,17 +90,19 @@ class RingBuffer(BufferState, Generic[BatchT]):
         """The episode statistics this buffer feeds with every step added, if any."""
         return self._stats
 
-    def _planned_stats(self, reward: Any, terminated: Any, truncated: Any, *,
-                       env_mask: Any = None) -> Callable[[], None] | None:
+    def _planned_stats(self, reward: Any, terminated: Any, truncated: Any, *, env_mask: Any = None,
+                       metrics: Mapping[str, Any] | None = None) -> Callable[[], None] | None:
         """The statistics' check of one step, and what records it once the rows are stored (``None``: no stats).
 
-        A value the statistics refuse is first read by this buffer's own readers, so a value both
-        refuse is named in the buffer's words, as without statistics.
+        ``metrics``: name -> ``[num_envs]`` values, as [`EpisodeStats.update`][rlbuf.EpisodeStats.update]
+        takes them (every metric the statistics declare, at every step). A value the statistics
+        refuse is first read by this buffer's own readers, so a value both refuse is named in
+        the buffer's words, as without statistics.
         """
         if self._stats is None:
             return None
         try:
-            return self._stats.planned_update(reward, terminated, truncated, env_mask=env_mask)
+            return self._stats.planned_update(reward, terminated, truncated, env_mask=env_mask, metrics=metrics)
         except RlbufError:
             self._check_step(reward, terminated, truncated, env_mask)
             raise

@@ -477,8 +477,9 @@ class BufferState:
             if type(saved_stats.get("window")) is not int or type(saved_stats.get("num_envs")) is not int:
                 raise CheckpointError(f"stats state: window and num_envs must be ints, got {saved_stats.get('window')!r} "
                                       f"and {saved_stats.get('num_envs')!r}")
-            options["stats"] = refusing("stats state", lambda: EpisodeStats(int(saved_stats["num_envs"]),
-                                                                            window=int(saved_stats["window"])))
+            options["stats"] = refusing("stats state", lambda: EpisodeStats(
+                int(saved_stats["num_envs"]), window=int(saved_stats["window"]),
+                metrics=saved_stats.get("metric_modes") or None))
         try:
             buffer = cls(**options)
         except (TypeError, ValueError, ConfigError) as error:
