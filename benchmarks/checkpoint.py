@@ -212,6 +212,16 @@ def atari_buffer(rows: int) -> ReplayBuffer:
     return buf
 
 
+def time_spare(buf: ReplayBuffer, scratch: Path, repeats: int) -> dict[str, float]:
+    """Median seconds of repeated saves of ``buf`` to one path without and with ``keep_spare``."""
+    saves: dict[str, Callable[[], object]] = {
+        "save (default: no spare)": lambda: buf.save(scratch / "plain"),
+        "save, keep_spare=True": lambda: buf.save(scratch / "spared", keep_spare=True),
+    }
+    saves["save (default: no spare)"]()  # a checkpoint to replace from the first timed save on
+    return time_synced(saves, repeats=repeats)
+
+
 def spare_main(quick: bool) -> None:
     """Repeated saves to one path without and with ``keep_spare``, interleaved; the ratio of medians."""
     repeats = 3 if quick else 9
@@ -226,19 +236,13 @@ def spare_main(quick: bool) -> None:
         scratch = Path(tempfile.mkdtemp(prefix="rlbuf-bench-spare-"))
         buf = build()
         try:
-            megabytes = sum(leaf[: len(buf)].numel() * leaf.element_size() for leaf in buf._ring.leaves.values()) / 1e6
-            saves: dict[str, Callable[[], object]] = {
-                "save (default: no spare)": lambda: buf.save(scratch / "plain"),
-                "save, keep_spare=True": lambda: buf.save(scratch / "spared", keep_spare=True),
-            }
-            saves["save (default: no spare)"]()  # a checkpoint to replace from the first timed save on
-            medians = time_synced(saves, repeats=repeats)
-            print_table(f"{name} · {len(buf):,} rows · {megabytes:.0f} MB", medians, "save, keep_spare=True",
-                        megabytes)
-            summary.append((name, len(buf), megabytes, medians))
+            rows = len(buf)
+            megabytes = sum(leaf[:rows].numel() * leaf.element_size() for leaf in buf._ring.leaves.values()) / 1e6
+            medians = time_spare(buf, scratch, repeats)
+            print_table(f"{name} · {rows:,} rows · {megabytes:.0f} MB", medians, "save, keep_spare=True", megabytes)
+            summary.append((name, rows, megabytes, medians))
         finally:
             buf.close()
-            del buf
             gc.collect()
             shutil.rmtree(scratch, ignore_errors=True)
     print("\nwhat the spare buys (time without ÷ time with; above 1: the spare makes saves faster)")

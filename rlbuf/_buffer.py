@@ -22,8 +22,8 @@ from torchrl.data.replay_buffers.samplers import Sampler
 from rlbuf._delivery import deliver
 from rlbuf._fields import check_names
 from rlbuf._ring import RowRing
-from rlbuf._sumtree import SumTreeSampler
 from rlbuf._state import BufferState
+from rlbuf._sumtree import SumTreeSampler
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
 from rlbuf.errors import ConfigError, EmptyBufferError, RlbufError
 from rlbuf.spec import FieldSpec, RowReader, as_flag, as_int, positive_int
