@@ -153,7 +153,7 @@ def peers(buf: ReplayBuffer, storage: str, scratch: Path,
 
     def torchrl_loads() -> None:
         fresh = empty_buffer(len(buf), storage)
-        fresh.torchrl.loads(torchrl_dir)
+        fresh._ring.rb.loads(torchrl_dir)  # TorchRL's own buffer: rlbuf's buffer.torchrl refuses loads
         fresh.close()
 
     def rlbuf_load() -> None:
@@ -281,6 +281,8 @@ def main() -> None:
             ratios += [
                 (f"save {storage:<6} ≤ {_SAVE_TARGET}× tofile + fsync", _SAVE_TARGET,
                  saved["rlbuf save"] / saved["tofile + fsync"], saved["rlbuf save"] / saved["numpy tofile"]),
+                ("  with keep_spare=True", _SAVE_TARGET, saved["save, keep_spare"] / saved["tofile + fsync"],
+                 saved["save, keep_spare"] / saved["numpy tofile"]),
                 (f"load {storage:<6} ≤ {_LOAD_TARGET}× numpy fromfile", _LOAD_TARGET,
                  loaded["rlbuf load"] / loaded["numpy fromfile"], loaded["rlbuf load"] / loaded["torchrl loads"]),
             ]
