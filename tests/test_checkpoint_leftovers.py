@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,19 +21,36 @@ from rlbuf.checkpoint import RowFiles, load_state, remove_stale_saves, save_stat
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Saves version 1, then versions 2, 3, ... of a buffer large enough that a save takes a while;
-# prints each version once it is saved.
+# Saves version 1 of a buffer, then starts saving version 2 and stops after two of its tensor files
+# are written, saying so: the parent then kills it with SIGKILL.
 SAVER = """
 import sys, torch
+import rlbuf.checkpoint as checkpoint
 from rlbuf import ReplayBuffer
 path = sys.argv[1]
-buffer = ReplayBuffer(8192, obs_shape=(512,), action_shape=(), num_envs=1024, seed=0)
-for version in range(1, 1_000_000):
-    for start in range(0, 8192, 1024):
-        buffer.add(torch.full((1024, 512), float(version)), torch.zeros(1024), torch.full((1024,), float(version)),
-                   torch.zeros(1024, 512), torch.zeros(1024, dtype=torch.bool), torch.zeros(1024, dtype=torch.bool))
-    buffer.save(path)
-    print(version, flush=True)
+buffer = ReplayBuffer(256, obs_shape=(64,), action_shape=(), num_envs=64, seed=0)
+
+def fill(version):
+    for _ in range(4):
+        buffer.add(torch.full((64, 64), float(version)), torch.zeros(64), torch.full((64,), float(version)),
+                   torch.full((64, 64), float(version)), torch.zeros(64, dtype=torch.bool),
+                   torch.zeros(64, dtype=torch.bool))
+
+fill(1)
+buffer.save(path)
+fill(2)
+write, calls = checkpoint._write_tensor, []
+
+def write_then_stop(tensor, target):
+    entry = write(tensor, target)
+    calls.append(target)
+    if len(calls) == 2:
+        print("mid-save", flush=True)
+        sys.stdin.read()  # never returns: the parent kills this process here
+    return entry
+
+checkpoint._write_tensor = write_then_stop
+buffer.save(path)
 """
 
 
@@ -42,43 +58,32 @@ def _siblings(path: Path) -> list[str]:
     return sorted(p.name for p in path.parent.iterdir() if p.name.startswith(f".{path.name}."))
 
 
-def _kill_mid_save(path: Path) -> tuple[int, list[str]]:
-    """Run SAVER, SIGKILL it while a ``.<name>.tmp-*`` of its second or later save is being written;
-    the last version it reported and what it left."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for _ in range(20):
-        process = subprocess.Popen([sys.executable, "-c", SAVER, str(path)],
-                                   stdout=subprocess.PIPE, env=env, text=True)
-        assert process.stdout is not None
-        try:
-            assert int(process.stdout.readline()) >= 1  # one whole checkpoint exists
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:  # until the next save writes its tensor files
-                temporaries = list(path.parent.glob(f".{path.name}.tmp-*/tensors/*"))
-                if temporaries:
-                    break
-                time.sleep(0.001)
-        finally:
-            process.send_signal(signal.SIGKILL)
-            process.wait()
-        last = max(int(line) for line in [1, *process.stdout.read().split()])
-        left = _siblings(path)
-        if any(".tmp-" in name for name in left):
-            return last, left
-    pytest.fail("no kill landed within a save in 20 tries")
+def _kill_mid_save(path: Path) -> list[str]:
+    """Run SAVER and SIGKILL it in the middle of its second save; what it left beside ``path``."""
+    process = subprocess.Popen([sys.executable, "-c", SAVER, str(path)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True)
+    assert process.stdout is not None
+    try:
+        assert process.stdout.readline() == "mid-save\n"
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    assert process.returncode == -signal.SIGKILL
+    return _siblings(path)
 
 
 def test_a_load_removes_what_a_save_killed_mid_way_left(tmp_path: Path) -> None:
     path = tmp_path / "ckpt"
-    last, left = _kill_mid_save(path)
-    assert any(name.startswith(".ckpt.lock-") for name in left)  # its lock file, no longer locked by anyone
+    left = _kill_mid_save(path)
+    [temporary] = [name for name in left if ".tmp-" in name]
+    assert len(os.listdir(tmp_path / temporary / "tensors")) == 2  # the two files it wrote before the kill
+    assert [name for name in left if ".lock-" in name] == [temporary.replace(".tmp-", ".lock-")]  # no longer locked
     loaded = ReplayBuffer.load(path)
-    assert _siblings(path) == []  # every temporary and lock file of the killed save is gone
+    assert _siblings(path) == []  # the temporary and the lock file of the killed save are gone
     batch = loaded.sample_all()
-    version = float(batch.reward[0])
-    assert version in (last, last + 1)  # the last reported save, or one killed after its swap
-    assert bool((batch.reward == version).all()) and bool((batch.obs == version).all())  # one whole version
-    assert len(loaded) == 8192 and loaded.check_valid() == (True, "")
+    assert len(loaded) == 256 and loaded.check_valid() == (True, "")
+    assert bool((batch.reward == 1.0).all()) and bool((batch.obs == 1.0).all())  # version 1, whole
+    assert bool((batch.next_obs == 1.0).all())
 
 
 def test_a_save_removes_what_a_save_killed_mid_way_left(tmp_path: Path) -> None:
