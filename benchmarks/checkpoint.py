@@ -153,7 +153,8 @@ def peers(buf: ReplayBuffer, storage: str, scratch: Path,
 
     def torchrl_loads() -> None:
         fresh = empty_buffer(len(buf), storage)
-        fresh._ring.rb.loads(torchrl_dir)  # TorchRL's own buffer: rlbuf's buffer.torchrl refuses loads
+        rb = fresh._ring.rb
+        super(type(rb), rb).loads(torchrl_dir)  # TorchRL's own loads: rlbuf's buffer.torchrl refuses it
         fresh.close()
 
     def rlbuf_load() -> None:

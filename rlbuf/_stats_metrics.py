@@ -21,7 +21,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, cast
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ Plan: TypeAlias = "dict[str, np.ndarray[Any, Any]]"
 """Each declared metric's running values after a step (not yet stored)."""
 
 
-def checked_modes(metrics: Any) -> dict[str, str]:
+def checked_modes(metrics: Any) -> dict[str, MetricMode]:
     """``EpisodeStats(metrics=...)`` as a plain dict, or a ``ConfigError`` naming what is wrong.
 
     Example:
@@ -53,13 +53,13 @@ def checked_modes(metrics: Any) -> dict[str, str]:
     if not isinstance(metrics, Mapping):
         raise ConfigError(f"metrics: expected a mapping name -> 'sum' or 'last', got {type(metrics).__name__}; "
                           f"e.g. metrics={{'x_position': 'last', 'energy': 'sum'}}")
-    modes: dict[str, str] = {}
+    modes: dict[str, MetricMode] = {}
     for name, mode in metrics.items():
         if not isinstance(name, str) or name in RESERVED:
             raise ConfigError(f"metrics: name {name!r} is not allowed; expected a str other than {sorted(RESERVED)}")
         if not isinstance(mode, str) or mode not in MODES:
             raise ConfigError(f"metrics[{name!r}]: expected 'sum' or 'last', got {mode!r}")
-        modes[name] = mode
+        modes[name] = cast(MetricMode, mode)
     return modes
 
 

@@ -137,7 +137,7 @@ class EpisodeStats:
             >>> EpisodeStats(2, metrics={"energy": "sum"}).metrics
             {'energy': 'sum'}
         """
-        return dict(self._declared.modes)  # type: ignore[arg-type]
+        return dict(self._declared.modes)
 
     @property
     def episodes_finished(self) -> int:
