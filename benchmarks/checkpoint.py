@@ -10,14 +10,19 @@ fields), full of random data, for each storage (``memory``, ``memmap``). Peers:
   fresh rlbuf buffer of the same options, ``rb.loads(dir)`` (no checksum, no fsync; it
   unpickles a ``prefetch.pkl`` when present).
 * ``rlbuf save`` / ``rlbuf load``: ``buf.save(path)`` over the previous checkpoint (XXH3-128 of
-  every file while it is written, fsync, every file read back and verified, atomic swap; the
-  replaced version is kept as the spare whose files the next save rewrites in place) and
-  ``ReplayBuffer.load(path)`` (verifies every checksum, builds the buffer, copies the rows in).
-* ``save + remove_spare``: a save that finds no spare (so writes new files) followed by
-  ``rlbuf.checkpoint.remove_spare``: what a user who wants the space back between saves pays.
-  On this machine's disk (ext4 mounted with ``discard`` on a virtual disk) writing new blocks
-  costs about 4x writing over allocated ones, which is why ``tofile`` over its own files is
-  fast and why saves keep a spare.
+  every file while it is written, fsync, every file read back and verified, atomic swap, the
+  replaced version removed) and ``ReplayBuffer.load(path)`` (verifies every checksum, builds
+  the buffer, copies the rows in).
+* ``save, keep_spare``: ``buf.save(path, keep_spare=True)`` over the previous checkpoint: the
+  replaced version is kept as the spare whose files the next save rewrites in place (twice the
+  disk between saves). On a disk where allocating blocks is slow (ext4 mounted with ``discard``
+  on a thin-provisioned virtual disk) writing new blocks cost about 4x writing over allocated
+  ones, which is what the spare was made for.
+
+``--spare`` times only repeated saves to one path with and without ``keep_spare``, interleaved,
+of two realistic buffers: 1,000,000 MuJoCo-sized rows (the buffer above, 407 MB) and 100,000
+Atari-sized rows (84x84 uint8 frames as ``obs`` and ``next_obs``: 1.4 GB); the ratio is what
+the spare buys on this disk (docs/checkpoints.md).
 
 Loads build a new buffer and close it (a memmap buffer writes its rows into a new scratch
 directory); ``fromfile`` only allocates arrays. Files stay in the page cache between runs,
@@ -38,6 +43,7 @@ One torch thread. Run from the repository root::
 
     PYTHONPATH=. python benchmarks/checkpoint.py           # about 5 minutes on 2 cores
     PYTHONPATH=. python benchmarks/checkpoint.py --quick   # 100,000 transitions, a smoke run
+    PYTHONPATH=. python benchmarks/checkpoint.py --spare   # saves with and without the spare
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ import xxhash
 from tensordict import TensorDict
 
 from rlbuf import ReplayBuffer
-from rlbuf.checkpoint import load_state, remove_spare
+from rlbuf.checkpoint import load_state
 
 _SAVE_TARGET = 1.5
 _LOAD_TARGET = 1.2
@@ -131,7 +137,7 @@ def peers(buf: ReplayBuffer, storage: str, scratch: Path,
     """The save peers and the load peers for ``buf``, writing under ``scratch``."""
     arrays = {name: leaf[: len(buf)].numpy() for name, leaf in buf._ring.leaves.items()}
     raw_dir, torchrl_dir, checkpoint = scratch / "raw", scratch / "torchrl", scratch / "checkpoint"
-    unspared = scratch / "unspared"
+    spared = scratch / "spared"
     raw_dir.mkdir()
 
     def tofile(durable: bool) -> None:
@@ -147,7 +153,8 @@ def peers(buf: ReplayBuffer, storage: str, scratch: Path,
 
     def torchrl_loads() -> None:
         fresh = empty_buffer(len(buf), storage)
-        fresh.torchrl.loads(torchrl_dir)
+        rb = fresh._ring.rb
+        super(type(rb), rb).loads(torchrl_dir)  # TorchRL's own loads: rlbuf's buffer.torchrl refuses it
         fresh.close()
 
     def rlbuf_load() -> None:
@@ -161,7 +168,7 @@ def peers(buf: ReplayBuffer, storage: str, scratch: Path,
         "xxh3, 1 thread": lambda: digest_all(arrays, None),
         "xxh3, 2 threads": lambda: digest_all(arrays, pool),
         "rlbuf save": lambda: buf.save(checkpoint),
-        "save + remove_spare": lambda: (buf.save(unspared), remove_spare(unspared)),
+        "save, keep_spare": lambda: buf.save(spared, keep_spare=True),
     }
     loads: dict[str, Callable[[], object]] = {
         "numpy fromfile": fromfile,
@@ -186,12 +193,75 @@ def print_table(title: str, medians: Mapping[str, float], ours: str, megabytes: 
               f"{medians[ours] / seconds:>{len(ours) + 2}.2f}")
 
 
+def atari_buffer(rows: int) -> ReplayBuffer:
+    """A full ReplayBuffer of ``rows`` random 84x84 uint8 frames (``obs`` and ``next_obs``)."""
+    buf = ReplayBuffer(rows, obs_shape=(84, 84), action_shape=(), obs_dtype=torch.uint8,
+                       action_dtype=torch.int64, seed=0)
+    generator = torch.Generator().manual_seed(0)
+    block = 10_000
+    for start in range(0, rows, block):
+        n = min(block, rows - start)
+        terminated = torch.rand(n, 1, generator=generator) < 0.01
+        buf.extend(TensorDict({
+            "observation": torch.randint(0, 256, (n, 84, 84), generator=generator, dtype=torch.uint8),
+            "action": torch.randint(0, 18, (n,), generator=generator),
+            ("next", "observation"): torch.randint(0, 256, (n, 84, 84), generator=generator, dtype=torch.uint8),
+            ("next", "reward"): torch.randn(n, 1, generator=generator),
+            ("next", "terminated"): terminated,
+            ("next", "truncated"): torch.zeros(n, 1, dtype=torch.bool),
+        }, batch_size=[n]))
+    return buf
+
+
+def time_spare(buf: ReplayBuffer, scratch: Path, repeats: int) -> dict[str, float]:
+    """Median seconds of repeated saves of ``buf`` to one path without and with ``keep_spare``."""
+    saves: dict[str, Callable[[], object]] = {
+        "save (default: no spare)": lambda: buf.save(scratch / "plain"),
+        "save, keep_spare=True": lambda: buf.save(scratch / "spared", keep_spare=True),
+    }
+    saves["save (default: no spare)"]()  # a checkpoint to replace from the first timed save on
+    return time_synced(saves, repeats=repeats)
+
+
+def spare_main(quick: bool) -> None:
+    """Repeated saves to one path without and with ``keep_spare``, interleaved; the ratio of medians."""
+    repeats = 3 if quick else 9
+    cases: list[tuple[str, Callable[[], ReplayBuffer]]] = [
+        ("MuJoCo-sized", lambda: filled_buffer(100_000 if quick else 1_000_000, "memory")),
+        ("Atari-sized", lambda: atari_buffer(10_000 if quick else 100_000)),
+    ]
+    print(f"saves with and without the spare; median seconds of {repeats} interleaved rounds, "
+          f"os.sync() before each save")
+    summary = []
+    for name, build in cases:
+        scratch = Path(tempfile.mkdtemp(prefix="rlbuf-bench-spare-"))
+        buf = build()
+        try:
+            rows = len(buf)
+            megabytes = sum(leaf[:rows].numel() * leaf.element_size() for leaf in buf._ring.leaves.values()) / 1e6
+            medians = time_spare(buf, scratch, repeats)
+            print_table(f"{name} · {rows:,} rows · {megabytes:.0f} MB", medians, "save, keep_spare=True", megabytes)
+            summary.append((name, rows, megabytes, medians))
+        finally:
+            buf.close()
+            gc.collect()
+            shutil.rmtree(scratch, ignore_errors=True)
+    print("\nwhat the spare buys (time without ÷ time with; above 1: the spare makes saves faster)")
+    for name, rows, megabytes, medians in summary:
+        ratio = medians["save (default: no spare)"] / medians["save, keep_spare=True"]
+        print(f"  {name:<13} {rows:>9,} rows {megabytes:>6.0f} MB  {ratio:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100,000 transitions and 3 rounds: a smoke run")
+    parser.add_argument("--spare", action="store_true", help="only saves with and without the spare")
     args = parser.parse_args()
     logging.getLogger("torchrl").setLevel(logging.WARNING)  # storage-initialised notices
     torch.set_num_threads(1)
+    if args.spare:
+        spare_main(args.quick)
+        return
     rows, repeats = (100_000, 3) if args.quick else (1_000_000, 11)
     versions = ", ".join(f"{name} {importlib.metadata.version(name)}" for name in ("torch", "torchrl", "numpy"))
     print(f"rlbuf checkpoint benchmark{' (--quick)' if args.quick else ''}: {rows:,} transitions; {versions}; "
@@ -212,6 +282,8 @@ def main() -> None:
             ratios += [
                 (f"save {storage:<6} ≤ {_SAVE_TARGET}× tofile + fsync", _SAVE_TARGET,
                  saved["rlbuf save"] / saved["tofile + fsync"], saved["rlbuf save"] / saved["numpy tofile"]),
+                ("  with keep_spare=True", _SAVE_TARGET, saved["save, keep_spare"] / saved["tofile + fsync"],
+                 saved["save, keep_spare"] / saved["numpy tofile"]),
                 (f"load {storage:<6} ≤ {_LOAD_TARGET}× numpy fromfile", _LOAD_TARGET,
                  loaded["rlbuf load"] / loaded["numpy fromfile"], loaded["rlbuf load"] / loaded["torchrl loads"]),
             ]

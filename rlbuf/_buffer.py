@@ -23,6 +23,7 @@ from rlbuf._delivery import deliver
 from rlbuf._fields import check_names
 from rlbuf._ring import RowRing
 from rlbuf._state import BufferState
+from rlbuf._sumtree import SumTreeSampler
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options, sizes_by_keyword
 from rlbuf.errors import ConfigError, EmptyBufferError, RlbufError
 from rlbuf.spec import FieldSpec, RowReader, as_flag, as_int, positive_int
@@ -89,17 +90,19 @@ class RingBuffer(BufferState, Generic[BatchT]):
         """The episode statistics this buffer feeds with every step added, if any."""
         return self._stats
 
-    def _planned_stats(self, reward: Any, terminated: Any, truncated: Any, *,
-                       env_mask: Any = None) -> Callable[[], None] | None:
+    def _planned_stats(self, reward: Any, terminated: Any, truncated: Any, *, env_mask: Any = None,
+                       metrics: Mapping[str, Any] | None = None) -> Callable[[], None] | None:
         """The statistics' check of one step, and what records it once the rows are stored (``None``: no stats).
 
-        A value the statistics refuse is first read by this buffer's own readers, so a value both
-        refuse is named in the buffer's words, as without statistics.
+        ``metrics``: name -> ``[num_envs]`` values, as [`EpisodeStats.update`][rlbuf.EpisodeStats.update]
+        takes them (every metric the statistics declare, at every step). A value the statistics
+        refuse is first read by this buffer's own readers, so a value both refuse is named in
+        the buffer's words, as without statistics.
         """
         if self._stats is None:
             return None
         try:
-            return self._stats.planned_update(reward, terminated, truncated, env_mask=env_mask)
+            return self._stats.planned_update(reward, terminated, truncated, env_mask=env_mask, metrics=metrics)
         except RlbufError:
             self._check_step(reward, terminated, truncated, env_mask)
             raise
@@ -284,8 +287,20 @@ class RingBuffer(BufferState, Generic[BatchT]):
             raise EmptyBufferError("sample_all: the buffer is empty; add data first")
         return self._batch(self._readable_index())
 
+    def _index_weight(self, index: torch.Tensor) -> torch.Tensor | None:
+        """The importance weights ``sample`` would give the rows at ``index`` now (``None``: uniform)."""
+        ring = self._ring
+        if not isinstance(ring.rb.sampler, SumTreeSampler):
+            return None
+        with ring.lock:
+            ring.flush()  # the sum tree reads TorchRL's committed state
+            return ring.rb.sampler.weights(ring.rb.storage, index).to(torch.float32)
+
     def sample_by_index(self, index: Any, fields: Sequence[str] | None = None) -> BatchT:
         """The rows at storage positions ``index`` (e.g. ``batch.index``), as the buffer's typed batch.
+
+        A prioritized buffer's batch holds the importance weights ``sample`` would give these
+        rows now (same ``beta``, same normalisation); a uniform buffer's, all ones.
 
         Args:
             index: positions in ``[0, len(buffer))``: an int, a sequence or a tensor.
@@ -311,7 +326,7 @@ class RingBuffer(BufferState, Generic[BatchT]):
         """
         positions = self._ring.as_index(index)
         if fields is None:
-            return self._batch(positions)
+            return self._batch(positions, self._index_weight(positions))
         columns = deliver(self._gather(positions, fields), self._device)
         batch_type = self._batch_type
         batch = object.__new__(batch_type)

@@ -1,9 +1,10 @@
 """The directory work of a checkpoint save: descriptors that follow no link, the spare, lock files, the swap.
 
-A save writes into a temporary sibling (``.<name>.tmp-<hex>``, made from the previous
-version's spare when there is one), marks it in use with a locked ``.<name>.lock-<hex>``,
-and swaps it into place with one ``renameat2(RENAME_EXCHANGE)``; the version it replaced is
-kept as the spare of the next save. [`rlbuf.checkpoint`][rlbuf.checkpoint] drives these steps.
+A save marks its temporaries in use with a locked ``.<name>.lock-<hex>``, writes into a
+temporary sibling (``.<name>.tmp-<hex>``, made from the previous version's spare when there is
+one), and swaps it into place with one ``renameat2(RENAME_EXCHANGE)``; the version it replaced
+is removed, or kept as the spare of the next save (``keep_spare=True``).
+[`rlbuf.checkpoint`][rlbuf.checkpoint] drives these steps.
 
 Example:
     >>> import tempfile

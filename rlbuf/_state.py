@@ -398,13 +398,16 @@ class BufferState:
                           "from this buffer's own seed, so it will not repeat the original's draws",
                           RuntimeWarning, stacklevel=2)
 
-    def save(self, path: str | Path, *, data: bool = True) -> None:
+    def save(self, path: str | Path, *, data: bool = True, keep_spare: bool = False) -> None:
         """Write a checkpoint directory at ``path`` (atomically; see [`rlbuf.checkpoint`][rlbuf.checkpoint]).
 
         Args:
             path: the checkpoint directory (replaced whole if it already is one).
             data: include the stored rows; ``False`` saves the options (and, for
                 ``rlbuf inspect``, the counts) only: loading it gives an empty buffer.
+            keep_spare: keep the replaced version as ``.<name>.spare`` for the next save to
+                rewrite in place: twice the disk, for disks where allocating blocks is slow
+                (see [`remove_spare`][rlbuf.checkpoint.remove_spare]).
 
         Raises:
             CheckpointError: the disk is full, or ``path`` is something else than a checkpoint.
@@ -419,7 +422,7 @@ class BufferState:
             >>> os.path.isdir(path)
             True
         """
-        save_state(lambda files: self._snapshot(files, data=data), path)
+        save_state(lambda files: self._snapshot(files, data=data), path, keep_spare=keep_spare)
 
     @classmethod
     def load(cls: type[BufferT], path: str | Path, *, device: DeviceLike | None = None,
@@ -474,8 +477,9 @@ class BufferState:
             if type(saved_stats.get("window")) is not int or type(saved_stats.get("num_envs")) is not int:
                 raise CheckpointError(f"stats state: window and num_envs must be ints, got {saved_stats.get('window')!r} "
                                       f"and {saved_stats.get('num_envs')!r}")
-            options["stats"] = refusing("stats state", lambda: EpisodeStats(int(saved_stats["num_envs"]),
-                                                                            window=int(saved_stats["window"])))
+            options["stats"] = refusing("stats state", lambda: EpisodeStats(
+                int(saved_stats["num_envs"]), window=int(saved_stats["window"]),
+                metrics=saved_stats.get("metric_modes") or None))
         try:
             buffer = cls(**options)
         except (TypeError, ValueError, ConfigError) as error:

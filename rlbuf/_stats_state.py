@@ -29,6 +29,8 @@ from rlbuf.errors import CheckpointError
 
 STATE_KEYS = ("num_envs", "window", "episodes_finished", "running_return", "running_length", "returns", "lengths",
               "reasons", "metrics")
+METRIC_KEYS = ("metric_modes", "running_metrics")
+"""Keys of declared per-step metrics (rlbuf up to 0.4 wrote neither: read as none declared)."""
 RESERVED = frozenset({"return", "length", "reasons", "episodes"})
 """Keys that ``summary()`` uses itself; a metric of that name would overwrite them."""
 
@@ -51,16 +53,20 @@ class CheckedState:
     running_length: torch.Tensor
     episodes: list[Episode]
     finished: int
+    running_metrics: dict[str, torch.Tensor]
 
 
-def checked_state(state: Mapping[str, Any], num_envs: int, window: int | None = None) -> CheckedState:
+def checked_state(state: Mapping[str, Any], num_envs: int, window: int | None = None,
+                  modes: Mapping[str, str] | None = None) -> CheckedState:
     """The parts of ``state`` once every key is known to hold what ``state_dict`` writes.
 
     Raises:
         CheckpointError: a key missing, ``num_envs`` different, or a value of the wrong type,
             shape, length or range (NaN or infinite returns and metrics, negative lengths,
-            finished episodes of no step, a running return where no episode runs, more
-            episodes than the window keeps, a window other than ``window`` when given).
+            finished episodes of no step, a running return or metric where no episode runs,
+            more episodes than the window keeps, a window other than ``window`` when given,
+            declared metrics other than ``modes`` when given, or a declared metric missing
+            from a finished episode).
     """
     if not isinstance(state, Mapping):
         raise CheckpointError(f"stats state: expected a mapping, got {type(state).__name__}")
@@ -111,15 +117,46 @@ def checked_state(state: Mapping[str, Any], num_envs: int, window: int | None = 
         raise CheckpointError(f"stats state: episodes_finished: expected an int >= {n}, got {finished!r}")
     if finished >= 2**63:
         raise CheckpointError(f"stats state: episodes_finished: expected a count below 2**63, got {finished!r}")
+    running_metrics = _running_metrics(state, num_envs, modes, running_length)
+    for name in running_metrics:
+        if n and (name not in metrics or None in metrics[name]):
+            raise CheckpointError(f"stats state: metrics[{name!r}]: declared, so every finished episode has a value")
     episodes = [Episode(float(returns[i]), int(lengths[i]), str(reasons[i]),
                         {name: float(column[i]) for name, column in metrics.items() if column[i] is not None})
                 for i in range(n)]
-    return CheckedState(running_return, running_length, episodes, finished)
+    return CheckedState(running_return, running_length, episodes, finished, running_metrics)
 
 
-def _state_tensor(state: Mapping[str, Any], key: str, dtype: torch.dtype, num_envs: int) -> torch.Tensor:
+def _running_metrics(state: Mapping[str, Any], num_envs: int, modes: Mapping[str, str] | None,
+                     running_length: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The running values of the declared metrics: declared as ``modes`` (when given), finite, 0 where no episode runs."""
+    saved_modes, running = state.get("metric_modes", {}), state.get("running_metrics", {})
+    if not isinstance(saved_modes, Mapping) or not all(
+            isinstance(name, str) and name not in RESERVED and mode in ("sum", "last") for name, mode in saved_modes.items()):
+        raise CheckpointError(f"stats state: metric_modes: expected a mapping name -> 'sum' or 'last', got {saved_modes!r}")
+    if modes is not None and dict(saved_modes) != dict(modes):
+        raise CheckpointError(f"stats state: metric_modes: {dict(saved_modes)} in the state, {dict(modes)} in this "
+                              f"tracker; build it with EpisodeStats(..., metrics={dict(saved_modes)})")
+    if not isinstance(running, Mapping) or set(running) != set(saved_modes):
+        found = sorted(running) if isinstance(running, Mapping) else type(running).__name__
+        raise CheckpointError(f"stats state: running_metrics: expected {sorted(saved_modes)}, got {found}")
+    checked = {}
+    for name in saved_modes:
+        key = f"running_metrics[{name!r}]"
+        tensor = _state_tensor(running, name, torch.float64, num_envs, key)
+        _check_finite(key, tensor.tolist())
+        idle = ((running_length == 0) & (tensor != 0)).nonzero().flatten().tolist()
+        if idle:
+            raise CheckpointError(f"stats state: {key}: env {idle[0]} has {float(tensor[idle[0]])} but no step in its "
+                                  f"running episode (running_length 0)")
+        checked[name] = tensor
+    return checked
+
+
+def _state_tensor(state: Mapping[str, Any], key: str, dtype: torch.dtype, num_envs: int,
+                  name: str | None = None) -> torch.Tensor:
     """``state[key]`` (a tensor, or a list as a JSON file holds it) as a CPU copy of ``dtype``."""
-    value = state[key]
+    value, key = state[key], name or key
     try:
         if isinstance(value, torch.Tensor) and value.device.type == "meta":
             raise TypeError

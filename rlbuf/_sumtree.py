@@ -44,6 +44,7 @@ from rlbuf._sumtree_arrays import (
     check_exponent,
     checked_leaf_values,
     descend,
+    importance_weights,
     new_tree,
     prefix_sum_min,
     rebuild,
@@ -61,6 +62,7 @@ from rlbuf.errors import (
 
 _FORMAT_VERSION = 1
 _METADATA_FILE = "sampler_metadata.json"
+_SCALARS = ("alpha", "beta", "eps", "max_priority", "max_priority_index")
 _SUM_FILE = "sum_leaves.npy"
 _MIN_FILE = "min_leaves.npy"
 _DTYPES: dict[torch.dtype, type[np.floating[Any]]] = {
@@ -134,9 +136,7 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         if dtype not in _DTYPES:
             raise ConfigError(f"dtype: expected torch.float32 or torch.float64, got {dtype}")
         if reduction not in ("max", "min", "mean", "median"):
-            raise ConfigError(
-                f"reduction: expected one of 'max', 'min', 'mean', 'median', got {reduction!r}"
-            )
+            raise ConfigError(f"reduction: expected one of 'max', 'min', 'mean', 'median', got {reduction!r}")
         self._max_capacity = max_capacity
         self._alpha = float(alpha)
         self._beta = float(beta)
@@ -231,32 +231,12 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise BatchSizeError(f"batch_size: expected a positive integer, got {batch_size!r}")
-        size = len(storage)
-        if size == 0:
-            raise EmptyBufferError("cannot sample: the storage holds 0 items")
-        size = min(size, self._max_capacity)
-        total, smallest = self._prefix_sum_min(size)
-        if not total > 0:
-            raise PriorityError(
-                f"priority: expected a positive total over the {size} stored items, got {total}"
-            )
-        if not smallest > 0:
-            raise PriorityError(
-                f"priority: expected every stored item to have q = (p + eps) ** alpha > 0, got {smallest}"
-                f" (eps={self._eps}); importance weights are undefined for a zero priority"
-            )
+        size, total, smallest = self._sampled_mass(storage)
         generator = sampler_generator(self)
         generator_device = generator.device if generator is not None else "cpu"
-        uniform = torch.rand(
-            batch_size, generator=generator, dtype=torch.float64, device=generator_device
-        )
-        mass = uniform.cpu().numpy() * total
-
-        leaf, value = descend(self._tree, mass, size)
-
-        weight = torch.from_numpy((value.astype(np.float64) / float(smallest)) ** -self._beta).to(
-            torch.float32
-        )
+        uniform = torch.rand(batch_size, generator=generator, dtype=torch.float64, device=generator_device)
+        leaf, value = descend(self._tree, uniform.cpu().numpy() * total, size)
+        weight = importance_weights(value, smallest, self._beta)
         index = torch.from_numpy(leaf)
         device = _storage_device(storage)
         if device is not None:
@@ -265,6 +245,46 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         if getattr(storage, "ndim", 1) > 1:
             return torch.unravel_index(index, tuple(storage.shape)), {"priority_weight": weight}
         return index, {"priority_weight": weight}
+
+    def weights(self, storage: Any, index: Any) -> torch.Tensor:
+        """The importance weights ``sample`` gives the stored items at ``index`` (same beta and normalisation).
+
+        Raises:
+            EmptyBufferError, PriorityError: as ``sample``.
+            StoredIndexError: an index outside the stored items.
+
+        Example:
+            >>> from torchrl.data import LazyTensorStorage
+            >>> storage = LazyTensorStorage(4)
+            >>> storage.set(torch.arange(3), torch.zeros(3))
+            >>> sampler = SumTreeSampler(4, alpha=1.0, beta=0.5)
+            >>> sampler.update_priority(torch.tensor([0, 1, 2]), torch.tensor([1.0, 1.0, 2.0]))
+            >>> sampler.weights(storage, torch.tensor([2, 0]))
+            tensor([0.7071, 1.0000])
+        """
+        size, _, smallest = self._sampled_mass(storage)
+        leaf = self._flat_index(index, storage)
+        if leaf.size and not (leaf.min() >= 0 and leaf.max() < size):
+            raise StoredIndexError(f"index: expected stored items in [0, {size}), got {leaf.min()} to {leaf.max()}")
+        weight = importance_weights(self._leaves()[0][leaf], smallest, self._beta)
+        device = _storage_device(storage)
+        return weight if device is None else weight.to(device)
+
+    def _sampled_mass(self, storage: Any) -> tuple[int, float, float]:
+        """The items ``sample`` draws from, their total and smallest ``q`` (checked as ``sample`` needs)."""
+        size = len(storage)
+        if size == 0:
+            raise EmptyBufferError("cannot sample: the storage holds 0 items")
+        size = min(size, self._max_capacity)
+        total, smallest = self._prefix_sum_min(size)
+        if not total > 0:
+            raise PriorityError(f"priority: expected a positive total over the {size} stored items, got {total}")
+        if not smallest > 0:
+            raise PriorityError(
+                f"priority: expected every stored item to have q = (p + eps) ** alpha > 0, got {smallest}"
+                f" (eps={self._eps}); importance weights are undefined for a zero priority"
+            )
+        return size, total, smallest
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -334,16 +354,12 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         if raw.shape[0] == 1:
             raw = np.broadcast_to(raw, (count,))
         elif raw.shape[0] != count:
-            raise PriorityError(
-                f"priority: expected {count} values (one per index), got {raw.shape[0]}"
-            )
+            raise PriorityError(f"priority: expected {count} values (one per index), got {raw.shape[0]}")
         if count == 0:
             return
         if flat_index.max() >= self._max_capacity:
-            raise StoredIndexError(
-                f"index: expected values in [0, {self._max_capacity}) (or negative to skip),"
-                f" got {int(flat_index.max())}"
-            )
+            raise StoredIndexError(f"index: expected values in [0, {self._max_capacity}) (or negative to skip),"
+                                   f" got {int(flat_index.max())}")
         leaf_value = checked_leaf_values(raw, self._eps, self._alpha, _DTYPES[self.dtype])
         if flat_index.min() < 0:
             kept = flat_index >= 0
@@ -385,9 +401,7 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
             "beta": self._beta,
             "eps": self._eps,
             "max_priority": -1.0 if self._max_priority_value is None else self._max_priority_value,
-            "max_priority_index": -1
-            if self._max_priority_index is None
-            else self._max_priority_index,
+            "max_priority_index": -1 if self._max_priority_index is None else self._max_priority_index,
             "sum_leaves": torch.from_numpy(sums.copy()),
             "min_leaves": torch.from_numpy(mins.copy()),
         }
@@ -403,18 +417,10 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         """
         version = state_dict.get("format_version")
         if version != _FORMAT_VERSION:
-            raise CheckpointError(
-                f"sampler state format_version: expected {_FORMAT_VERSION}, got {version!r}"
-            )
-        self._restore(
-            sums=torch.as_tensor(state_dict["sum_leaves"]).numpy(),
-            mins=torch.as_tensor(state_dict["min_leaves"]).numpy(),
-            alpha=state_dict["alpha"],
-            beta=state_dict["beta"],
-            eps=state_dict["eps"],
-            max_priority=state_dict["max_priority"],
-            max_priority_index=state_dict["max_priority_index"],
-        )
+            raise CheckpointError(f"sampler state format_version: expected {_FORMAT_VERSION}, got {version!r}")
+        self._restore(sums=torch.as_tensor(state_dict["sum_leaves"]).numpy(),
+                      mins=torch.as_tensor(state_dict["min_leaves"]).numpy(),
+                      **{key: state_dict[key] for key in _SCALARS})
 
     def dumps(self, path: str | Path) -> None:
         """Write the sampler to directory ``path``: two ``.npy`` leaf arrays and a JSON metadata file.
@@ -456,15 +462,7 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
                 f"sampler at {path}: expected max_capacity {self._max_capacity},"
                 f" got {metadata.get('max_capacity')!r}"
             )
-        self._restore(
-            sums=sums,
-            mins=mins,
-            alpha=metadata["alpha"],
-            beta=metadata["beta"],
-            eps=metadata["eps"],
-            max_priority=metadata["max_priority"],
-            max_priority_index=metadata["max_priority_index"],
-        )
+        self._restore(sums=sums, mins=mins, **{key: metadata[key] for key in _SCALARS})
 
     def __repr__(self) -> str:
         return (

@@ -127,6 +127,11 @@ def descend(tree: torch.Tensor, mass: npt.NDArray[np.float64], size: int) -> tup
     return leaf, value
 
 
+def importance_weights(value: _FloatArray, smallest: float, beta: float) -> torch.Tensor:
+    """``(q_i / min_j q_j) ** -beta`` of leaf values ``value`` as float32: 1 for the least likely item."""
+    return torch.from_numpy((value.astype(np.float64) / float(smallest)) ** -beta).to(torch.float32)
+
+
 def check_exponent(name: str, value: float) -> None:
     try:
         valid = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0 and math.isfinite(value)

@@ -15,7 +15,8 @@ Saving writes into a temporary sibling directory ``.<name>.tmp-<hex>`` (files fs
 manifest last), then swaps it into place atomically (``renameat2(RENAME_EXCHANGE)`` on Linux),
 so a save killed at any moment leaves the previous checkpoint whole. A temporary sibling left
 by a killed save is never loaded (it is either unfinished or the superseded checkpoint; rename
-it to load it anyway). Saving replaces only an empty directory or an rlbuf checkpoint. Loading
+it to load it anyway), and the next save or load of that path removes it (see
+``remove_stale_saves``). Saving replaces only an empty directory or an rlbuf checkpoint. Loading
 verifies the manifest, the format version, that the directory holds exactly the listed files,
 and every checksum, before a single tensor is read (XXH3 guards against corruption at disk
 speed; safety against hostile files comes from never unpickling and from checking the manifest
@@ -36,6 +37,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -177,13 +179,14 @@ def _write_all(write: Callable[[memoryview], int], data: memoryview) -> None:
 
 
 def remove_spare(path: str | Path) -> bool:
-    """Give back the disk space of the superseded version that saves to ``path`` keep for the next one.
+    """Give back the disk space of the superseded version that saves with ``keep_spare=True`` keep.
 
-    Saving over a checkpoint keeps the version it replaced as a hidden sibling,
-    ``.<name>.spare`` (without its manifest, so it is never loaded), and the next save to
-    ``path`` rewrites its files in place: writing over allocated blocks is several times faster
-    than allocating new ones on many disks. A save needs room for two versions anyway; this
-    frees the second one between saves, and the next save writes new files.
+    A save over a checkpoint with ``keep_spare=True`` keeps the version it replaced as a hidden
+    sibling, ``.<name>.spare`` (without its manifest, so it is never loaded), and the next save
+    to ``path`` rewrites its files in place: on disks where allocating blocks is slow
+    (thin-provisioned, ``discard``-mounted) that is several times faster. A save needs room for
+    two versions anyway; this frees the second one between saves (as does the next save
+    without ``keep_spare``), and the next save writes new files.
 
     Returns:
         Whether there was a spare to remove.
@@ -192,7 +195,7 @@ def remove_spare(path: str | Path) -> bool:
         >>> import tempfile
         >>> path = Path(tempfile.mkdtemp()) / "ckpt"
         >>> save_state({"kind": "Demo", "x": torch.arange(3)}, path)
-        >>> save_state({"kind": "Demo", "x": torch.arange(4)}, path)
+        >>> save_state({"kind": "Demo", "x": torch.arange(4)}, path, keep_spare=True)
         >>> remove_spare(path), remove_spare(path)
         (True, False)
     """
@@ -319,10 +322,12 @@ class RowFiles:
 def remove_stale_saves(path: str | Path) -> list[Path]:
     """Remove what saves to ``path`` killed mid-way left behind; return what was removed.
 
-    A temporary sibling ``.<name>.tmp-<hex>`` / ``.<name>.old-<hex>`` is stale when the lock
-    file of its save (``.<name>.lock-<hex>``) is gone or no longer locked (its process died:
-    the kernel drops an flock with the process). A save in progress keeps its lock, so its
-    files are never touched.
+    Every save and load of ``path`` calls this first. A temporary sibling
+    ``.<name>.tmp-<hex>`` / ``.<name>.old-<hex>`` is stale when the lock file of its save
+    (``.<name>.lock-<hex>``, locked before the temporary is made) is gone or no longer locked:
+    its process died, and the kernel dropped the ``flock`` with it. A save in progress, in
+    this process or another, keeps its lock, so its files are never touched. What cannot be
+    removed (a read-only directory) is left as it is, without an error.
 
     Example:
         >>> import tempfile
@@ -339,35 +344,39 @@ def remove_stale_saves(path: str | Path) -> list[Path]:
     except OSError:
         return removed
     for sibling in siblings:
-        if stale_lock_in_making(path, sibling):
-            sibling.unlink(missing_ok=True)
-            removed.append(sibling)
-            continue
-        match = pattern.fullmatch(sibling.name)
-        if match is None:
-            continue
-        lock = lock_path(path, match.group(2))
-        try:
-            fd = os.open(lock, os.O_RDONLY)
-        except FileNotFoundError:
-            fd = -1
-        except OSError:
-            continue
-        try:
-            if fd >= 0:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    continue  # a live save holds it
-            if match.group(1) == "lock":
-                lock.unlink(missing_ok=True)
-            else:
-                remove(sibling)
-            removed.append(sibling)
-        finally:
-            if fd >= 0:
-                os.close(fd)
+        with contextlib.suppress(OSError):  # a read-only directory, another user's file: left alone
+            if _remove_if_stale(path, sibling, pattern):
+                removed.append(sibling)
     return removed
+
+
+def _remove_if_stale(path: Path, sibling: Path, pattern: re.Pattern[str]) -> bool:
+    """Remove ``sibling`` if a killed save of ``path`` left it; whether it did."""
+    if stale_lock_in_making(path, sibling):
+        sibling.unlink(missing_ok=True)
+        return True
+    match = pattern.fullmatch(sibling.name)
+    if match is None:
+        return False
+    lock = lock_path(path, match.group(2))
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fd = -1
+    try:
+        if fd >= 0:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return False  # a live save holds it
+        if match.group(1) == "lock":
+            lock.unlink(missing_ok=True)
+        else:
+            remove(sibling)
+        return True
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _save_failed(path: Path, error: OSError) -> str:
@@ -375,20 +384,24 @@ def _save_failed(path: Path, error: OSError) -> str:
     return f"{path}: saving failed: {reason}; the previous checkpoint, if any, is untouched"
 
 
-def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], path: str | Path) -> None:
+def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], path: str | Path, *,
+               keep_spare: bool = False) -> None:
     """Write ``state`` (JSON values and tensors) as a checkpoint directory at ``path``, atomically.
 
     The new checkpoint is written to a temporary sibling, fsynced, read back and verified
     (every checksum) before it replaces the previous one, so a failure at any point leaves the
-    previous checkpoint whole. Stale siblings of saves killed earlier are removed first. The
-    version replaced is kept as ``.<name>.spare``, whose files the next save rewrites in place
-    (see [`remove_spare`][rlbuf.checkpoint.remove_spare]).
+    previous checkpoint whole. Stale siblings of saves killed earlier are removed first (see
+    [`remove_stale_saves`][rlbuf.checkpoint.remove_stale_saves]). The version replaced is
+    removed, or with ``keep_spare`` kept as ``.<name>.spare``; a save finding a spare rewrites
+    its files in place (see [`remove_spare`][rlbuf.checkpoint.remove_spare]).
 
     Args:
         state: the state, or a function that writes the row files through the
             [`RowFiles`][rlbuf.checkpoint.RowFiles] it is given and returns the state
             (referring to them with [`RowFile`][rlbuf.checkpoint.RowFile]).
         path: the checkpoint directory.
+        keep_spare: keep the replaced version's files on disk for the next save to rewrite
+            (twice the disk between saves; faster saves only where allocating blocks is slow).
 
     Raises:
         CheckpointError: the target is not a checkpoint directory, the state holds something
@@ -454,7 +467,7 @@ def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], pat
     except CheckpointError as error:
         raise CheckpointError(f"{error}; the previous checkpoint at {path}, if any, is untouched") from error
     finally:
-        if superseded is not None:
+        if superseded is not None and keep_spare:
             keep_as_spare(superseded, spare_path(path))
         else:
             remove(staging)
@@ -469,11 +482,14 @@ def load_state(path: str | Path, *, kind: str) -> dict[str, Any]:
     Tensors are copy-on-write memory maps of the files, so loading a memmap buffer never
     needs the whole of it in RAM. Each map holds the shared lock its file was verified under,
     so no later save rewrites the bytes behind it (see [`save_state`][rlbuf.checkpoint.save_state]).
+    What saves to ``path`` killed mid-way left beside it is removed first (see
+    [`remove_stale_saves`][rlbuf.checkpoint.remove_stale_saves]).
 
     Raises:
         CheckpointError: a missing, truncated, corrupted, wrong-version or wrong-kind checkpoint.
     """
     root = Path(path)
+    remove_stale_saves(root)
 
     def check_kind(manifest: dict[str, Any]) -> None:
         found = manifest["state"].get("kind")

@@ -31,6 +31,7 @@ from rlbuf._convert import all_finite, as_array, positive_int
 from rlbuf._stats_inputs import Reasons as _Reasons
 from rlbuf._stats_inputs import StepInputs
 from rlbuf._stats_inputs import Values as _Values
+from rlbuf._stats_metrics import DeclaredMetrics, MetricMode, Plan
 from rlbuf._stats_state import Episode, checked_state
 from rlbuf.errors import ConfigError, DtypeError, NonFiniteError
 from rlbuf.storage import available_ram
@@ -57,10 +58,16 @@ class EpisodeStats:
     Args:
         num_envs: Number of vectorised environments stepped together.
         window: How many finished episodes to keep for [`summary`][rlbuf.EpisodeStats.summary].
+        metrics: Per-step metrics to track, name -> ``"sum"`` (summed over the episode, e.g.
+            energy used) or ``"last"`` (the value at its last step, e.g. the final x position).
+            Every [`update`][rlbuf.EpisodeStats.update] then gives ``[num_envs]`` values of
+            each; finished episodes report them with their return and length.
 
     Raises:
-        ConfigError: ``num_envs`` or ``window`` is not a positive int, or the running returns
-            and lengths of ``num_envs`` envs (16 bytes each) would not fit the available memory.
+        ConfigError: ``num_envs`` or ``window`` is not a positive int, the running returns
+            and lengths of ``num_envs`` envs (16 bytes each) would not fit the available memory,
+            or ``metrics`` is not a mapping of names (other than ``summary``'s own keys) to
+            ``"sum"`` or ``"last"``.
 
     Example:
         >>> from rlbuf.stats import EpisodeStats
@@ -69,9 +76,15 @@ class EpisodeStats:
         ...     stats.update(reward, terminated)
         >>> stats.episodes_finished, stats.recent_returns(), stats.recent_lengths()
         (1, [1.5], [2])
+        >>> tracked = EpisodeStats(num_envs=1, metrics={"x_position": "last", "energy": "sum"})
+        >>> for x, energy, terminated in [(0.5, 2.0, False), (0.75, 1.0, True)]:
+        ...     tracked.update(1.0, terminated, metrics={"x_position": x, "energy": energy})
+        >>> tracked.recent_metric("x_position"), tracked.recent_metric("energy")
+        ([0.75], [3.0])
     """
 
-    def __init__(self, num_envs: int, *, window: int = 100) -> None:
+    def __init__(self, num_envs: int, *, window: int = 100,
+                 metrics: Mapping[str, MetricMode] | None = None) -> None:
         self._num_envs = positive_int("num_envs", num_envs)
         self._window = positive_int("window", window)
         needed, available = _BYTES_PER_ENV * self._num_envs, available_ram()
@@ -88,6 +101,7 @@ class EpisodeStats:
         self._episodes: deque[Episode] = deque(maxlen=self._window)
         self._finished = 0
         self._inputs = StepInputs(self._num_envs)
+        self._declared = DeclaredMetrics(self._num_envs, metrics)
 
     @property
     def num_envs(self) -> int:
@@ -114,6 +128,16 @@ class EpisodeStats:
             5
         """
         return self._window
+
+    @property
+    def metrics(self) -> dict[str, MetricMode]:
+        """The per-step metrics this tracker was built to track, name -> ``"sum"`` or ``"last"``.
+
+        Example:
+            >>> EpisodeStats(2, metrics={"energy": "sum"}).metrics
+            {'energy': 'sum'}
+        """
+        return dict(self._declared.modes)
 
     @property
     def episodes_finished(self) -> int:
@@ -151,8 +175,11 @@ class EpisodeStats:
             terminated: ``[num_envs]`` bools: the episode reached a terminal state.
             truncated: ``[num_envs]`` bools: the episode was cut short (e.g. a time limit);
                 ``None`` means no env was truncated.
-            metrics: Name -> ``[num_envs]`` values (float, int or bool, e.g. a score or a
-                success flag), read only for the envs whose episode ends at this step.
+            metrics: Name -> ``[num_envs]`` values (float, int or bool). Every metric declared
+                with ``EpisodeStats(metrics=...)`` is required at every step, its values finite
+                for every env (summed, or kept as the last, over each env's episode); any other
+                name (e.g. a score or a success flag) is read only for the envs whose episode
+                ends at this step.
             reasons: Why each ending episode ended: a sequence of ``num_envs`` entries or a
                 mapping env index -> reason. Only entries of envs that end now are read; a
                 missing or ``None`` entry defaults to ``"terminated"`` or ``"truncated"``
@@ -165,10 +192,12 @@ class EpisodeStats:
             ShapeError: A field is not ``[num_envs]``, or ``reasons`` has the wrong length or an
                 env index out of range.
             DtypeError: A field has an unusable dtype, or a reason is not a str.
-            NonFiniteError: A reward is NaN or infinite, a metric of an ending env is, or a
-                running return would overflow float64 (nothing is added then).
+            NonFiniteError: A reward is NaN or infinite, a declared metric is, an undeclared
+                metric of an ending env is, or a running return or declared sum would overflow
+                float64 (nothing is added then).
             ConfigError: A metric name is not a str or is one of ``summary``'s own keys
-                (``return``, ``length``, ``reasons``, ``episodes``).
+                (``return``, ``length``, ``reasons``, ``episodes``), or a declared metric is
+                missing.
 
         Example:
             >>> import numpy as np
@@ -224,6 +253,7 @@ class EpisodeStats:
             and reasons is None
             and env_mask is None
             and math.isfinite(reward)
+            and not self._declared.modes
         ):
             # One gymnasium env mid-episode: plain Python in, no array to build
             # (measured ~0.4 us against ~5 us for the general path).
@@ -243,7 +273,7 @@ class EpisodeStats:
         done = terminated_a
         if truncated is not None:
             done = terminated_a | self._inputs.flag("truncated", truncated)
-        checked_metrics = self._inputs.metrics(metrics) if metrics else None
+        checked_metrics = self._inputs.metrics(metrics) if metrics else {}
         if reasons is not None:
             self._inputs.reasons(reasons)
         steps: np.ndarray[Any, Any] | int = 1
@@ -251,6 +281,7 @@ class EpisodeStats:
             steps = self._inputs.flag("env_mask", env_mask)
             reward_a = np.where(steps, reward_a, 0)
             done = done & steps
+        declared = self._declared.plan(checked_metrics, steps) if self._declared.modes else {}
 
         # The sums first, checked, then stored: a return that overflows float64 changes nothing.
         with np.errstate(over="ignore", invalid="ignore"):
@@ -259,19 +290,20 @@ class EpisodeStats:
             env = int(np.flatnonzero(~np.isfinite(totals))[0])
             raise self._overflow(env, reward_a[env])
         if not done.any():
-            return partial(self._continue, totals, steps)
+            return partial(self._continue, totals, steps, declared)
 
         # Rare path: some episodes end. Read and check what they need before changing anything.
         index = np.flatnonzero(done)
         envs: list[int] = index.tolist()
         ended_terminated: list[bool] = terminated_a[index].tolist()
-        ended_metrics = self._inputs.ended_metrics(checked_metrics, index) if checked_metrics else {}
+        others = {name: value for name, value in checked_metrics.items() if name not in declared}
+        ended_metrics = {**self._inputs.ended_metrics(others, index), **self._declared.ended(declared, index)}
         ended_reasons = [
             self._inputs.reason(reasons, env, was_terminated)
             for env, was_terminated in zip(envs, ended_terminated, strict=True)
         ]
 
-        return partial(self._end, totals, steps, index, ended_reasons, ended_metrics)
+        return partial(self._end, totals, steps, declared, index, ended_reasons, ended_metrics)
 
     @contextlib.contextmanager
     def restored_on_error(self) -> Iterator[None]:
@@ -292,10 +324,12 @@ class EpisodeStats:
             0
         """
         saved = (self._return_view.copy(), self._length_view.copy(), list(self._episodes), self._finished)
+        running = self._declared.snapshot()
         try:
             yield
         except BaseException:
             returns, lengths, episodes, finished = saved
+            self._declared.commit(running)
             self._return_view[:] = returns
             self._length_view[:] = lengths
             self._episodes.clear()
@@ -307,14 +341,16 @@ class EpisodeStats:
         self._return_view[0] = total
         self._length_view[0] += 1
 
-    def _continue(self, totals: np.ndarray[Any, Any], steps: np.ndarray[Any, Any] | int) -> None:
+    def _continue(self, totals: np.ndarray[Any, Any], steps: np.ndarray[Any, Any] | int, declared: Plan) -> None:
         self._return_view[:] = totals
         self._length_view += steps
+        self._declared.commit(declared)
 
-    def _end(self, totals: np.ndarray[Any, Any], steps: np.ndarray[Any, Any] | int, index: np.ndarray[Any, Any],
-             ended_reasons: list[str], ended_metrics: dict[str, list[Any]]) -> None:
+    def _end(self, totals: np.ndarray[Any, Any], steps: np.ndarray[Any, Any] | int, declared: Plan,
+             index: np.ndarray[Any, Any], ended_reasons: list[str], ended_metrics: dict[str, list[Any]]) -> None:
         """Record a step in which the episodes of the envs at ``index`` end (everything checked before)."""
-        self._continue(totals, steps)
+        self._continue(totals, steps, declared)
+        self._declared.restart(index)
         envs: list[int] = index.tolist()
         returns: list[float] = self._return_view[index].tolist()
         lengths: list[int] = self._length_view[index].tolist()
@@ -418,6 +454,27 @@ class EpisodeStats:
         """
         return [e.length for e in self._recent(k)]
 
+    def recent_metric(self, name: str, k: int | None = None) -> list[float | None]:
+        """Values of metric ``name`` for the last ``k`` finished episodes, oldest first (aligned with ``recent_returns``).
+
+        ``None`` marks an episode without it (only an undeclared metric can be missing).
+
+        Raises:
+            ConfigError: ``k`` is not a positive int, or ``name`` is neither declared nor in a kept episode.
+
+        Example:
+            >>> stats = EpisodeStats(2, metrics={"energy": "sum"})
+            >>> stats.update([1.0, 1.0], [False, True], metrics={"energy": [2.0, 5.0]})
+            >>> stats.update([1.0, 1.0], [True, False], metrics={"energy": [1.5, 1.0]})
+            >>> stats.recent_metric("energy")
+            [5.0, 3.5]
+        """
+        episodes = self._recent(k)
+        if name not in self._declared.modes and not any(name in e.metrics for e in self._episodes):
+            raise ConfigError(f"metric {name!r}: not declared and in no kept episode; declared: "
+                              f"{sorted(self._declared.modes)}")
+        return [e.metrics.get(name) for e in episodes]
+
     def reset(self) -> None:
         """Forget running episodes and all finished ones, as if newly built.
 
@@ -430,6 +487,7 @@ class EpisodeStats:
         """
         self._running_return.zero_()
         self._running_length.zero_()
+        self._declared.restart(np.arange(self._num_envs))
         self._episodes.clear()
         self._finished = 0
 
@@ -441,7 +499,9 @@ class EpisodeStats:
             (float64 ``[num_envs]``) and ``running_length`` (int64 ``[num_envs]``) tensors;
             ``returns``, ``lengths``, ``reasons`` lists of the kept episodes, oldest first;
             ``metrics``: name -> list aligned with ``returns`` (``None`` where an episode
-            lacks that metric). The tensors are copies.
+            lacks that metric); ``metric_modes``: the declared metrics (name -> ``"sum"`` or
+            ``"last"``) and ``running_metrics``: name -> their running values (float64
+            ``[num_envs]``). The tensors are copies.
 
         Example:
             >>> stats = EpisodeStats(1)
@@ -463,6 +523,8 @@ class EpisodeStats:
             "lengths": [e.length for e in self._episodes],
             "reasons": [e.reason for e in self._episodes],
             "metrics": {name: [e.metrics.get(name) for e in self._episodes] for name in names},
+            "metric_modes": dict(self._declared.modes),
+            "running_metrics": self._declared.state(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -475,9 +537,9 @@ class EpisodeStats:
             state: A mapping as returned by [`state_dict`][rlbuf.EpisodeStats.state_dict].
 
         Raises:
-            CheckpointError: A key is missing, ``num_envs`` differs, or a value has the wrong
-                type, shape, length or range (NaN or infinite returns and metrics, negative
-                lengths), naming the key.
+            CheckpointError: A key is missing, ``num_envs`` or the declared metrics differ, or
+                a value has the wrong type, shape, length or range (NaN or infinite returns and
+                metrics, negative lengths), naming the key.
 
         Example:
             >>> stats = EpisodeStats(1)
@@ -489,9 +551,10 @@ class EpisodeStats:
             >>> resumed.recent_returns()
             [1.0, 1.0]
         """
-        checked = checked_state(state, self._num_envs)
+        checked = checked_state(state, self._num_envs, modes=self._declared.modes)
         self._running_return.copy_(checked.running_return)
         self._running_length.copy_(checked.running_length)
+        self._declared.commit({name: value.numpy() for name, value in checked.running_metrics.items()})
         self._episodes.clear()
         self._episodes.extend(checked.episodes)
         self._finished = checked.finished
@@ -506,10 +569,9 @@ class EpisodeStats:
             >>> EpisodeStats(4, window=50)
             EpisodeStats(num_envs=4, window=50, episodes_finished=0, kept=0)
         """
-        return (
-            f"EpisodeStats(num_envs={self._num_envs}, window={self._window}, "
-            f"episodes_finished={self._finished}, kept={len(self._episodes)})"
-        )
+        declared = f", metrics={self._declared.modes}" if self._declared.modes else ""
+        return (f"EpisodeStats(num_envs={self._num_envs}, window={self._window}{declared}, "
+                f"episodes_finished={self._finished}, kept={len(self._episodes)})")
 
     def _recent(self, k: int | None) -> list[Episode]:
         episodes = list(self._episodes)

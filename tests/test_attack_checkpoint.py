@@ -236,7 +236,7 @@ while True:
     version += 1
     for _ in range(64):
         buffer.add(torch.full((64,), float(version)), 0.0, float(version), torch.zeros(64), False)
-    buffer.save(path)
+    buffer.save(path, keep_spare=True)
     print(version, flush=True)
 """
 
@@ -255,10 +255,11 @@ def _cloned(value: Any) -> Any:
 
 
 def _kill_saves(tmp_path: Path, kills: int, seed: int) -> dict[str, int]:
-    """Kill a saving process at random moments; the checkpoint always loads, the last whole version.
+    """Kill a saving process at random moments; the checkpoint always loads, the last whole version,
+    and the load removes what the kill left.
 
     Every version loaded stays mapped (a load still copying) while the later processes save: the
-    spare's files are rewritten in place, but never those under a live map.
+    spare (kept by these saves) has its files rewritten in place, but never those under a live map.
     """
     path, rng = tmp_path / "ckpt", random.Random(seed)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -272,21 +273,22 @@ def _kill_saves(tmp_path: Path, kills: int, seed: int) -> dict[str, int]:
         process.send_signal(signal.SIGKILL)
         process.wait()
         last = max([first, *(int(line) for line in process.stdout.read().split())])
+        # What this kill left beside the checkpoint; the load removes it.
+        left = sum(1 for p in tmp_path.iterdir() if p.is_dir() and p.name.startswith(".ckpt.") and p.name != SPARE)
+        assert left <= 1  # this kill's one temporary; those of earlier kills are gone: nothing accumulates
+        killed_temporaries += left
         loaded = ReplayBuffer.load(path)
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ckpt.") and p.name != SPARE] == []
         version = int(loaded.sample_all().reward.max())
         assert version in (last, last + 1)  # the last reported save, or one killed after its swap
         assert loaded.check_valid() == (True, "")
         mapped = load_state(path, kind="ReplayBuffer")
         held.append((mapped, _cloned(mapped)))
         loads += 1
-        # What this kill left beside the checkpoint; the next process's first save removes it.
-        left = sum(1 for p in tmp_path.iterdir() if p.is_dir() and p.name.startswith(".ckpt.") and p.name != SPARE)
-        assert left <= 2  # this kill's; those of earlier kills are gone: nothing accumulates
-        killed_temporaries += left
     filled().save(tmp_path / "other")
-    ReplayBuffer(16, obs_shape=(3,), action_shape=()).save(path)  # the next save cleans what kills left
+    ReplayBuffer(16, obs_shape=(3,), action_shape=()).save(path)  # keeps no spare: removes the one kept
     assert all(same_state(mapped, copy) for mapped, copy in held)
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ckpt.")] == [SPARE]  # the replaced version
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ckpt.")] == []
     return {"kills": kills, "loads": loads, "temporaries_left_by_kills_then_removed": killed_temporaries}
 
 
@@ -407,7 +409,7 @@ def _fork_saver(path: Path, versions: list[int]) -> int:
         try:
             os.close(ready)
             for turn in itertools.count():
-                save_state(states[turn % len(states)], path)
+                save_state(states[turn % len(states)], path, keep_spare=True)
                 if turn == 0:
                     os.write(tell, b"1")
         finally:
@@ -436,14 +438,16 @@ def _loads_during_saves(tmp_path: Path, loads: int, savers: int) -> dict[str, in
                 held.append((whole_version(state), state))  # maps kept while later saves run
         for version, state in held:
             assert whole_version(state) == version  # no save rewrote the bytes behind a live map
+        # Every saver still runs: no load removed a live save's temporaries (a save would fail, and its child exit).
+        assert [os.waitpid(child, os.WNOHANG) for child in children] == [(0, 0)] * savers
     finally:
         for child in children:
             os.kill(child, signal.SIGKILL)
             os.waitpid(child, 0)
     del held
     assert whole_version(load_state(path, kind="Demo")) > 0
-    save_state(_sized_state(0), path)  # cleans up what the kills left
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".ckpt.spare", "ckpt"]
+    save_state(_sized_state(0), path)  # cleans up what the kills left, and keeps no spare
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
     return {"savers": savers, "loads": loads, "versions_seen": len(seen)}
 
 

@@ -1,5 +1,7 @@
 """Attacks on the spare and the locks of saves: loads racing saves, full disks, files that cannot be
-rewritten, links swapped in mid-save, saves killed in each phase of reusing the spare."""
+rewritten, links swapped in mid-save, saves killed in each phase of reusing the spare.
+
+Every save here keeps the spare (``keep_spare=True``; off by default): the spare is what these tests attack."""
 
 from __future__ import annotations
 
@@ -23,14 +25,19 @@ from rlbuf import DistillationBuffer, ReplayBuffer, RolloutBuffer
 from rlbuf import checkpoint as checkpoint_module
 from rlbuf._inspect import inspect_checkpoint
 from rlbuf._manifest import read_manifest
-from rlbuf.checkpoint import load_state, save_state
+from rlbuf.checkpoint import RowFiles, load_state
 from rlbuf.errors import CheckpointError
+
+
+def save_state(state: dict[str, Any] | Callable[[RowFiles], dict[str, Any]], path: Path) -> None:
+    """``rlbuf.checkpoint.save_state`` keeping the spare (looked up at each call: tests patch the module)."""
+    checkpoint_module.save_state(state, path, keep_spare=True)
 
 
 @pytest.fixture
 def saved(tmp_path: Path) -> Path:
     path = tmp_path / "ckpt"
-    filled(prioritized=True, stats=True).save(path)
+    filled(prioritized=True, stats=True).save(path, keep_spare=True)
     return path
 
 
@@ -189,11 +196,11 @@ def test_a_loaded_buffer_holds_no_lock_on_its_checkpoint(tmp_path: Path, storage
     buffer = ReplayBuffer(16, obs_shape=(3,), action_shape=(), seed=0, storage=storage,  # type: ignore[arg-type]
                           scratch_dir=tmp_path / "scratch" if storage == "memmap" else None)
     buffer.add(torch.ones(3), 0.0, 1.0, torch.ones(3), False)
-    buffer.save(path)
+    buffer.save(path, keep_spare=True)
     loaded = ReplayBuffer.load(path)
     first = _inodes(path)
-    buffer.save(path)
-    buffer.save(path)  # rewrites the files of the version `loaded` came from: it keeps no map of them
+    buffer.save(path, keep_spare=True)
+    buffer.save(path, keep_spare=True)  # rewrites the files of the version `loaded` came from: it keeps no map of them
     assert _inodes(path) == first
     assert len(loaded) == 1 and torch.equal(loaded.sample_all().obs, torch.ones(1, 3))
 
@@ -467,7 +474,7 @@ def test_a_spare_left_by_another_kind_size_storage_or_a_data_free_save_is_reused
     sequence: list[tuple[Any, bool]] = [(replay, True), (memmap, True), (rollout, True), (replay, False),
                                         (distill, True), (memmap, False), (memmap, True), (replay, True)]
     for step, (buffer, data) in enumerate(sequence):
-        buffer.save(path, data=data)
+        buffer.save(path, data=data, keep_spare=True)
         if data:
             loaded = type(buffer).load(path)
             assert len(loaded) == len(buffer) and loaded.check_valid() == (True, "")

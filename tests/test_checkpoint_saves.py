@@ -220,19 +220,19 @@ def test_a_save_killed_just_before_or_after_the_swap(saver: Saver, tmp_path: Pat
     wait_dead(saver.start("once", 1, path))
     assert version_at(path) == 1
     wait_dead(saver.start("crash-before-swap", 2, path))
-    assert version_at(path) == 1
-    [unfinished] = leftovers(path)
+    [unfinished] = leftovers(path)  # looked at before a load of path removes it
     with pytest.raises(CheckpointError, match=rf"{re.escape(str(unfinished))}: left by an interrupted save .* the "
                                               rf"checkpoint is {re.escape(str(path))} \(rename"):
         read_manifest(unfinished)
     os.rename(unfinished, tmp_path / "never-swapped-in")
+    assert version_at(path) == 1
     assert version_at(tmp_path / "never-swapped-in") == 2  # whole, but not the checkpoint
     wait_dead(saver.start("crash-after-swap", 3, path))
-    assert version_at(path) == 3
     [superseded] = leftovers(path)
     with pytest.raises(CheckpointError, match="left by an interrupted save"):
         ReplayBuffer.load(superseded)
     os.rename(superseded, tmp_path / "superseded")
+    assert version_at(path) == 3
     assert version_at(tmp_path / "superseded") == 1
     wait_dead(saver.start("once", 4, path))  # a later save swaps in over the debris
     assert version_at(path) == 4
@@ -259,7 +259,7 @@ def test_save_replaces_only_a_checkpoint_or_an_empty_directory(tmp_path: Path) -
     buf.save(tmp_path / "empty")
     buf.save(tmp_path / "empty")  # now a checkpoint: replaced
     assert len(ReplayBuffer.load(tmp_path / "empty")) == len(buf)
-    assert sorted(os.listdir(tmp_path)) == [".empty.spare", "empty", "file", "results"]  # the replaced one: a spare
+    assert sorted(os.listdir(tmp_path)) == ["empty", "file", "results"]  # the replaced one removed: no spare by default
 
 
 def test_saving_through_a_symlink_replaces_the_link_and_leaves_its_target(tmp_path: Path) -> None:
@@ -300,7 +300,7 @@ def test_without_an_atomic_swap_a_save_replaces_the_checkpoint_or_keeps_it(
         monkeypatch.undo()
     else:
         buf.save(path)
-    assert sorted(os.listdir(tmp_path)) == ["ckpt"] if second_rename_fails else [".ckpt.spare", "ckpt"]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]  # the replaced version removed, or the failed save's files
     assert_same([ReplayBuffer.load(path).sample_all(), before if second_rename_fails else buf.sample_all()])
 
 
@@ -376,38 +376,55 @@ def test_a_save_rewrites_the_files_of_the_version_it_replaced_one_save_earlier(t
     path = tmp_path / "ckpt"
     checkpoint_module.save_state(versioned_state(1), path)
     first = _inodes(path)
-    checkpoint_module.save_state(versioned_state(2), path)
+    checkpoint_module.save_state(versioned_state(2), path, keep_spare=True)
     spare = tmp_path / ".ckpt.spare"
     assert _inodes(spare) == first and not (spare / MANIFEST).exists()  # kept, and never loadable
-    checkpoint_module.save_state(versioned_state(3), path)
+    checkpoint_module.save_state(versioned_state(3), path, keep_spare=True)
     assert _inodes(path) == first  # the same files, rewritten in place: their disk blocks reused
     assert loaded_version(path) == 3
     assert checkpoint_module.remove_spare(path) and sorted(os.listdir(tmp_path)) == ["ckpt"]
-    checkpoint_module.save_state(versioned_state(4), path)  # without a spare: new files
+    checkpoint_module.save_state(versioned_state(4), path, keep_spare=True)  # without a spare: new files
     assert loaded_version(path) == 4 and sorted(os.listdir(tmp_path)) == [".ckpt.spare", "ckpt"]
+    spared = _inodes(spare)
+    checkpoint_module.save_state(versioned_state(5), path)  # rewrites the spare's files; keeps no spare
+    assert _inodes(path) == spared and sorted(os.listdir(tmp_path)) == ["ckpt"] and loaded_version(path) == 5
+
+
+def test_saves_keep_no_spare_by_default(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt"
+    for version in (1, 2, 3):
+        checkpoint_module.save_state(versioned_state(version), path)
+        assert sorted(os.listdir(tmp_path)) == ["ckpt"] and loaded_version(path) == version
+    buf = make("replay")
+    add_steps([buf], "replay", torch.Generator().manual_seed(0), 2)
+    buf.save(path)
+    buf.save(path, keep_spare=True)
+    assert sorted(os.listdir(tmp_path)) == [".ckpt.spare", "ckpt"]
+    buf.save(path)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"] and len(ReplayBuffer.load(path)) == len(buf)
 
 
 def test_a_save_never_rewrites_files_a_load_still_maps(tmp_path: Path) -> None:
     path = tmp_path / "ckpt"
-    checkpoint_module.save_state(versioned_state(1), path)
+    checkpoint_module.save_state(versioned_state(1), path, keep_spare=True)
     held = load_state(path, kind="Demo")  # maps of version 1's files, e.g. a load still copying
     first = _inodes(path)
-    checkpoint_module.save_state(versioned_state(2), path)
-    checkpoint_module.save_state(versioned_state(3), path)  # would rewrite version 1's files in place
+    checkpoint_module.save_state(versioned_state(2), path, keep_spare=True)
+    checkpoint_module.save_state(versioned_state(3), path, keep_spare=True)  # would rewrite version 1's files in place
     assert whole_version(held) == 1
     assert not set(_inodes(path).values()) & set(first.values())
     assert loaded_version(path) == 3
     del held
-    checkpoint_module.save_state(versioned_state(4), path)  # version 2's files are free: rewritten
+    checkpoint_module.save_state(versioned_state(4), path, keep_spare=True)  # version 2's files are free: rewritten
     assert loaded_version(path) == 4
 
 
 def test_a_hard_linked_backup_of_a_checkpoint_survives_later_saves(tmp_path: Path) -> None:
     path, backup = tmp_path / "ckpt", tmp_path / "backup"
-    checkpoint_module.save_state(versioned_state(1), path)
+    checkpoint_module.save_state(versioned_state(1), path, keep_spare=True)
     shutil.copytree(path, backup, copy_function=os.link)  # `cp -al`: the same inodes
     for version in (2, 3, 4):
-        checkpoint_module.save_state(versioned_state(version), path)
+        checkpoint_module.save_state(versioned_state(version), path, keep_spare=True)
     assert loaded_version(backup) == 1 and loaded_version(path) == 4
 
 
@@ -416,8 +433,8 @@ def test_a_forged_spare_is_never_written_through(tmp_path: Path) -> None:
     victim_dir.mkdir()
     victim = victim_dir / "precious.txt"
     victim.write_text("mine")
-    checkpoint_module.save_state(versioned_state(1), path)
-    checkpoint_module.save_state(versioned_state(2), path)
+    checkpoint_module.save_state(versioned_state(1), path, keep_spare=True)
+    checkpoint_module.save_state(versioned_state(2), path, keep_spare=True)
     spare = tmp_path / ".ckpt.spare"
     names = sorted(os.listdir(spare / "tensors"))
     (spare / "tensors" / names[0]).unlink()
@@ -426,12 +443,12 @@ def test_a_forged_spare_is_never_written_through(tmp_path: Path) -> None:
     os.mkfifo(spare / "tensors" / names[1])                      # a FIFO where another was
     (spare / "tensors" / "state.extra.bin").write_bytes(b"junk")  # a file no save writes
     (spare / "notes").mkdir()
-    checkpoint_module.save_state(versioned_state(3), path)
+    checkpoint_module.save_state(versioned_state(3), path, keep_spare=True)
     assert victim.read_text() == "mine" and loaded_version(path) == 3
     shutil.rmtree(tmp_path / ".ckpt.spare")
     (tmp_path / ".ckpt.spare").symlink_to(victim_dir)           # the spare itself a link
-    checkpoint_module.save_state(versioned_state(4), path)
-    checkpoint_module.save_state(versioned_state(5), path)
+    checkpoint_module.save_state(versioned_state(4), path, keep_spare=True)
+    checkpoint_module.save_state(versioned_state(5), path, keep_spare=True)
     assert os.listdir(victim_dir) == ["precious.txt"] and victim.read_text() == "mine"
     assert loaded_version(path) == 5
 
