@@ -204,9 +204,9 @@ class ReplayBufferHost:
         """See [`ReplayBuffer.load_state_dict`][rlbuf.ReplayBuffer.load_state_dict]."""
         self.buffer.load_state_dict(_from_wire(dict(state)))
 
-    def rlbuf_save(self, path: str, data: bool = True) -> None:
+    def rlbuf_save(self, path: str, data: bool = True, keep_spare: bool = False) -> None:
         """See [`ReplayBuffer.save`][rlbuf.ReplayBuffer.save]."""
-        self.buffer.save(path, data=data)
+        self.buffer.save(path, data=data, keep_spare=keep_spare)
 
     def rlbuf_close(self) -> None:
         """Remove the memmap scratch directory rlbuf made (a killed actor cannot), then exit the actor."""
@@ -370,14 +370,14 @@ class RemoteReplayBufferHandle:
         """Replace the remote buffer's contents with ``state`` (sent to the actor)."""
         self._call("rlbuf_load_state_dict", _to_wire(dict(state)))
 
-    def save(self, path: str | Path, *, data: bool = True) -> None:
+    def save(self, path: str | Path, *, data: bool = True, keep_spare: bool = False) -> None:
         """Write a checkpoint at ``path`` on the actor's node (see [`ReplayBuffer.save`][rlbuf.ReplayBuffer.save]).
 
         A relative ``path`` is made absolute here first. On a multi-node cluster ``path`` must
         be storage the actor's node can write, e.g. a shared file system;
         ``save_state(buffer.state_dict(), path)`` writes on this machine.
         """
-        self._call("rlbuf_save", str(Path(path).absolute()), data)
+        self._call("rlbuf_save", str(Path(path).absolute()), data, keep_spare)
 
     def _batch(self, fields: dict[str, Any]) -> ReplayBatch:
         fields = _from_wire(fields)
