@@ -224,6 +224,19 @@ def as_array(name: str, value: object, error: type[RlbufError] | None = None) ->
     return array
 
 
+def tensor_of(array: np.ndarray[Any, Any]) -> torch.Tensor:
+    """``array`` as a tensor sharing its memory, or a copy when it is read-only (as some envs return
+    arrays): torch would warn that it cannot protect read-only memory.
+
+    Example:
+        >>> frozen = np.zeros(2)
+        >>> frozen.flags.writeable = False
+        >>> tensor_of(frozen)
+        tensor([0., 0.], dtype=torch.float64)
+    """
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
 def _all_ints(array: np.ndarray[Any, Any]) -> bool:
     return all(isinstance(item, int) and not isinstance(item, bool) for item in array.reshape(-1).tolist())
 
@@ -314,5 +327,5 @@ def stored_positions(index: Any, size: int, storing_device: torch.device) -> tor
         if low < 0 or high >= size:
             raise StoredIndexError(f"index: expected positions in [0, {size}), got values in [{low}, {high}]")
     if isinstance(values, np.ndarray):
-        values = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
+        values = tensor_of(np.ascontiguousarray(values, dtype=np.int64))
     return values.reshape(-1).to(storing_device, torch.long)

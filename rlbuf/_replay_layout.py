@@ -40,6 +40,7 @@ from rlbuf._sizing import row_bytes
 from rlbuf._streams import PaddingType
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.errors import ConfigError, ShapeError
+from rlbuf._convert import tensor_of
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, as_tensordict, positive_int
 
 
@@ -244,7 +245,7 @@ class ReplayWriter:
         keep = as_array("env_mask", env_mask)
         if keep.dtype.kind != "b" or keep.shape != (n,):
             raise ShapeError(f"env_mask: expected {n} bools (one per env), got {keep.dtype} of shape {keep.shape}")
-        return torch.as_tensor(keep)
+        return tensor_of(keep)
 
     def _kept_rows(self, specs: Sequence[FieldSpec], values: Sequence[Any], keep: torch.Tensor) -> dict[str, torch.Tensor]:
         """Read all ``num_envs`` rows of each value with its reader; return the rows ``keep`` marks, by name."""

@@ -33,7 +33,7 @@ from tensordict import TensorDictBase
 from torchrl.data import RandomSampler
 
 from rlbuf._buffer import RingBuffer, refuse_foreign_options
-from rlbuf._convert import as_num_envs
+from rlbuf._convert import as_num_envs, tensor_of
 from rlbuf._fields import extra_specs
 from rlbuf._keywords import check_extras
 from rlbuf._obs import ObsDtype, ObsShape, as_shape, leaf_names, read_td, record_layout
@@ -135,7 +135,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         check_extras(self._extra_specs, extras)
         names = leaf_names("obs", self._obs)
         leaves = self._obs.split("obs", obs) if self._obs.structured else [obs]
-        leaves = [leaf if isinstance(leaf, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(as_array(name, leaf)))
+        leaves = [leaf if isinstance(leaf, torch.Tensor) else tensor_of(np.ascontiguousarray(as_array(name, leaf)))
                   for name, leaf in zip(names, leaves, strict=True)]  # checked: numbers, not ragged
         values = {**dict(zip(names, leaves, strict=True)), "expert_action": expert_action, **extras}
         ordered = tuple(values[spec.name] for spec in self._ring.input_specs)
