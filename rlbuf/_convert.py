@@ -111,6 +111,33 @@ MAX_NUM_ENVS = 2**31 - 1
 """rlbuf's limit on ``num_envs`` (rows per add): far beyond any vector env, and checked before anything is allocated."""
 
 
+class _Required:
+    """The default of a constructor's size that must be given: shown as ``REQUIRED`` in signatures, so
+    ``ReplayBuffer(buffer_size=...)`` still gets its message naming ``capacity``."""
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+
+def require(example: str, **options: object) -> None:
+    """Raise [`ConfigError`][rlbuf.ConfigError] naming the first of ``options`` left out (``REQUIRED``).
+
+    Example:
+        >>> require("ReplayBuffer(100_000, observation_space=...)", capacity=REQUIRED)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: capacity: required (the rows the buffer keeps), e.g. ReplayBuffer(100_000, observation_space=...)
+    """
+    for name, value in options.items():
+        if value is REQUIRED:
+            what = {"capacity": " (the rows the buffer keeps)", "num_steps": " (steps per rollout)",
+                    "num_envs": " (envs stepped together)"}.get(name, "")
+            raise ConfigError(f"{name}: required{what}, e.g. {example}")
+
+
 def as_num_envs(value: object) -> int:
     """``num_envs`` as a positive int up to ``MAX_NUM_ENVS``, checked before a buffer allocates anything per env.
 

@@ -68,20 +68,30 @@ def _refusal(name: str, value: Any) -> ConfigError:
                        f"{', '.join(repr(n) for n in sorted(_BY_NAME))}")
 
 
-def dtype_options(obs_dtype: Any, action_dtype: Any, extra_fields: Any) -> tuple[Any, Any, Any]:
-    """A constructor's dtype options with every dtype name read as a torch dtype (``obs_dtype`` may be a
-    mapping by key, ``extra_fields`` maps names to ``(shape, dtype)``); anything else passes on unchanged
-    to the option's own check.
+def dtype_options(obs_dtype: Any, action_dtype: Any) -> tuple[Any, Any]:
+    """``obs_dtype`` (one dtype, or a mapping by key) and ``action_dtype`` with every dtype name read as a
+    torch dtype; anything else passes on unchanged to the option's own check.
 
     Example:
-        >>> dtype_options({"a": "uint8"}, "int64", {"w": ((), "float32")})
-        ({'a': torch.uint8}, torch.int64, {'w': ((), torch.float32)})
+        >>> dtype_options({"a": "uint8"}, "int64")
+        ({'a': torch.uint8}, torch.int64)
     """
-    if isinstance(extra_fields, Mapping):
-        extra_fields = {key: (declared[0], as_dtype(f"extra_fields[{key!r}]", declared[1]))
-                        if isinstance(declared, (tuple, list)) and len(declared) == 2 else declared
-                        for key, declared in extra_fields.items()}
-    return _nested(obs_dtype, "obs_dtype"), as_dtype("action_dtype", action_dtype), extra_fields
+    return _nested(obs_dtype, "obs_dtype"), as_dtype("action_dtype", action_dtype)
+
+
+def extra_field_dtypes(extra_fields: Any) -> Any:
+    """``extra_fields`` (``{name: (shape, dtype)}``) with every dtype name read as a torch dtype, so the
+    options a checkpoint records are dtypes; anything else passes on to ``extra_fields``'s own check.
+
+    Example:
+        >>> extra_field_dtypes({"w": ((), "float32")})
+        {'w': ((), torch.float32)}
+    """
+    if not isinstance(extra_fields, Mapping):
+        return extra_fields
+    return {key: (declared[0], as_dtype(f"extra_fields[{key!r}]", declared[1]))
+            if isinstance(declared, (tuple, list)) and len(declared) == 2 else declared
+            for key, declared in extra_fields.items()}
 
 
 def _nested(value: Any, name: str) -> Any:

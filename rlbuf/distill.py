@@ -33,12 +33,12 @@ from tensordict import TensorDictBase
 from torchrl.data import RandomSampler
 
 from rlbuf._buffer import RingBuffer, refuse_foreign_options
-from rlbuf._convert import as_num_envs, tensor_of
+from rlbuf._convert import REQUIRED, as_num_envs, require, tensor_of
 from rlbuf._fields import extra_specs
 from rlbuf._keywords import check_extras
 from rlbuf._obs import ObsDtype, ObsShape, as_shape, leaf_names, read_td, record_layout
 from rlbuf.batches import DistillationBatch
-from rlbuf.spaces import resolve_fields
+from rlbuf.spaces import extra_field_dtypes, resolve_fields
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_tensordict
 from rlbuf.storage import DeviceLike, StorageKind
 
@@ -80,7 +80,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
 
     def __init__(
         self,
-        capacity: int = 0,
+        capacity: int = REQUIRED,
         *,
         obs_shape: ObsShape | None = None,
         action_shape: Sequence[int] | int | None = None,
@@ -98,8 +98,10 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         **foreign: Any,
     ) -> None:
         refuse_foreign_options(DistillationBuffer.__init__, foreign)
+        require("DistillationBuffer(100_000, observation_space=envs.single_observation_space, action_space=envs.single_action_space)", capacity=capacity)
+        extra_fields = extra_field_dtypes(extra_fields)
         obs_shape, obs_dtype, action_shape, action_dtype = resolve_fields(
-            observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype)
+            observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype, num_envs=num_envs)
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         as_num_envs(num_envs)

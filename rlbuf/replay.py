@@ -30,7 +30,7 @@ from torchrl.data import TensorDictReplayBuffer
 
 from rlbuf._buffer import RingBuffer, done_of, refuse_foreign_options
 from rlbuf._compact import CompactLayout
-from rlbuf._convert import as_num_envs
+from rlbuf._convert import REQUIRED, as_num_envs, require
 from rlbuf._keywords import check_extras
 from rlbuf._obs import (
     ObsDtype,
@@ -59,7 +59,7 @@ from rlbuf.errors import (
     PriorityError,
 )
 from rlbuf.sequences import ReplaySequenceBatch, sample_replay_sequences
-from rlbuf.spaces import resolve_fields
+from rlbuf.spaces import extra_field_dtypes, resolve_fields
 from rlbuf.spec import ExtraFields, priorities
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
@@ -125,7 +125,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
 
     def __init__(
         self,
-        capacity: int = 0,
+        capacity: int = REQUIRED,
         *,
         obs_shape: ObsShape | None = None,
         action_shape: Sequence[int] | int | None = None,
@@ -153,8 +153,10 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         **foreign: Any,
     ) -> None:
         refuse_foreign_options(ReplayBuffer.__init__, foreign)
+        require("ReplayBuffer(100_000, observation_space=envs.single_observation_space, action_space=envs.single_action_space, num_envs=envs.num_envs)", capacity=capacity)
+        extra_fields = extra_field_dtypes(extra_fields)
         obs_shape, obs_dtype, action_shape, action_dtype = resolve_fields(
-            observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype)
+            observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype, num_envs=num_envs)
         # Parsed before the options are recorded: a mapping nested too deep is refused by name first.
         self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
         self._record_options(locals())

@@ -30,7 +30,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import SamplerWithoutReplacement
 
 from rlbuf._buffer import RingBuffer, done_of, refuse_foreign_options
-from rlbuf._convert import as_num_envs
+from rlbuf._convert import REQUIRED, as_num_envs, require
 from rlbuf._delivery import deliver
 from rlbuf._obs import (
     ObsDtype,
@@ -58,7 +58,7 @@ from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options
 from rlbuf.errors import BufferFullError, CheckpointError, NonFiniteError, RolloutIncompleteError
 from rlbuf.gae import compute_gae
 from rlbuf.sequences import PaddedTrajectories, SequenceBatch, split_trajectories
-from rlbuf.spaces import resolve_fields
+from rlbuf.spaces import extra_field_dtypes, resolve_fields
 from rlbuf.spec import (
     ExtraFields,
     FieldSpec,
@@ -117,8 +117,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
 
     def __init__(
         self,
-        num_steps: int = 0,
-        num_envs: int = 0,
+        num_steps: int = REQUIRED,
+        num_envs: int = REQUIRED,
         *,
         obs_shape: ObsShape | None = None,
         action_shape: Sequence[int] | int | None = None,
@@ -138,16 +138,17 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         **foreign: Any,
     ) -> None:
         refuse_foreign_options(RolloutBuffer.__init__, foreign)
+        require("RolloutBuffer(num_steps=128, num_envs=envs.num_envs, observation_space=...)", num_steps=num_steps, num_envs=num_envs)
+        extra_fields = extra_field_dtypes(extra_fields)
         obs_shape, obs_dtype, action_shape, action_dtype = resolve_fields(
-            observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype)
+            observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype, num_envs=num_envs)
         # Parsed before the options are recorded: a mapping nested too deep is refused by name first.
         self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
-        positive_int("num_steps", num_steps)
+        self._num_steps = positive_int("num_steps", num_steps)
         as_num_envs(num_envs)
         self._attach_stats(stats, num_envs)
-        self._num_steps = num_steps
         privileged = None if privileged_obs_shape is None else as_shape(privileged_obs_shape, "privileged_obs_shape")
         specs = rollout_specs(obs_shape, as_shape(action_shape, "action_shape"), privileged,
                               obs_dtype, action_dtype, extra_fields)
@@ -262,8 +263,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                                   bootstrap_value=bootstrap_value), hidden_state, extras, num_envs=self._num_envs,
                              obs_layout=self._obs, hidden=self._hidden, extra_specs=self._extra_specs,
                              privileged=self._has_privileged)
-        truncated = values["truncated"]
-        record = self._planned_stats(reward, terminated, truncated)
+        record = self._planned_stats(reward, terminated, values["truncated"])
         self._ring.add(tuple(values[spec.name] for spec in self._ring.input_specs), self._num_envs)
         self._advantages_ready = False
         if record is not None:
