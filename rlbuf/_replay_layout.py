@@ -33,6 +33,7 @@ from torchrl.data import RandomSampler
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from rlbuf._compact import CompactLayout, layout_options
+from rlbuf._convert import tensor_of
 from rlbuf._fields import extra_specs
 from rlbuf._obs import Layout, as_shape, hidden_state_key, hidden_state_layout, read_td
 from rlbuf._ring import RowRing
@@ -40,7 +41,6 @@ from rlbuf._sizing import row_bytes
 from rlbuf._streams import PaddingType
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.errors import ConfigError, ShapeError
-from rlbuf._convert import tensor_of
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, as_tensordict, positive_int
 
 

@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tensordict import TensorDictBase
 from torchrl.data import TensorDictReplayBuffer
 
+from rlbuf._autoreset import ResetSteps, reset_steps, truncated_missing
 from rlbuf._buffer import RingBuffer, done_of, refuse_foreign_options
 from rlbuf._compact import CompactLayout
 from rlbuf._convert import REQUIRED, as_num_envs, require
@@ -57,9 +57,10 @@ from rlbuf.errors import (
     CheckpointError,
     ConfigError,
     PriorityError,
+    ShapeError,
 )
 from rlbuf.sequences import ReplaySequenceBatch, sample_replay_sequences
-from rlbuf.spaces import extra_field_dtypes, resolve_fields
+from rlbuf.spaces import batched_hint, extra_field_dtypes, resolve_fields
 from rlbuf.spec import ExtraFields, priorities
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
@@ -178,7 +179,6 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._interleaved = True
         self._setup(specs, capacity, sampler, num_envs=num_envs, storage=storage, scratch_dir=scratch_dir,
                     storing_device=storing_device, device=device, seed=seed, derived={"done": done_of})
-        self._no_truncation: bool | np.ndarray[Any, Any] = False if num_envs == 1 else np.zeros(num_envs, np.bool_)
         single_obs = self._obs.leaves[0]
         self._compact = CompactLayout(self._ring, single_obs.shape, single_obs.dtype, num_envs=num_envs,
                                       frame_stack=frame_stack, padding_type=padding_type, n_step=n_step, gamma=self._gamma,
@@ -188,6 +188,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._writer = ReplayWriter(self._ring, num_envs=num_envs, obs=self._obs, hidden=self._hidden,
                                     extra_names=list(self._extra_specs), compact=self._compact)
         self._plain = self._compact is None and not self._obs.structured and self._hidden is None and not self._extra_specs
+        self._resets: ResetSteps | None = reset_steps(self._ring, self._obs, self._compact, num_envs)
+        names = [spec.name for spec in self._ring.input_specs]
+        self._flag_at = (names.index("terminated"), names.index("truncated"))
 
     @property
     def compact(self) -> bool:
@@ -221,6 +224,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         """
         super().clear()
         self._interleaved = True
+        if self._resets is not None:
+            self._resets.clear()
         if self._compact is not None:
             self._compact.clear()
 
@@ -379,7 +384,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             next_obs: observations after the step (the final observation for a truncated
                 episode, not the reset one).
             terminated: the MDP ended the episode (no bootstrap) ``[num_envs]`` bool.
-            truncated: a time limit cut the episode ``[num_envs]`` bool; ``None`` = False.
+            truncated: a time limit cut the episode ``[num_envs]`` bool, required (``False`` for an
+                env without time limit: a timeout is not a death, and CleanRL's ``done`` is not ``terminated``).
             hidden_state: the policy's hidden state the action was computed from, if the buffer
                 stores one (``[num_envs, *shape]``, a dict for ``{"h": ..., "c": ...}``).
             env_mask: ``[num_envs]`` bools: store only the rows of these envs (e.g. leave out
@@ -391,22 +397,49 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             ShapeError, DtypeError, DeviceError, NonFiniteError, MissingFieldError: before
                 anything is stored.
 
+        Warns:
+            NextStepResetWarning: once per buffer, before anything is stored, for the reset step of
+                gymnasium's ``NEXT_STEP`` autoreset (an env whose previous stored row ended and whose
+                ``obs`` is that row's ``next_obs``); see [Gymnasium](gymnasium.md).
+
         Example:
             >>> buf = ReplayBuffer(10, obs_shape=(3,), action_shape=(), num_envs=2, seed=0)
             >>> buf.add(obs=torch.zeros(2, 3), action=torch.zeros(2), reward=torch.ones(2),
-            ...         next_obs=torch.zeros(2, 3), terminated=torch.tensor([False, True]))
+            ...         next_obs=torch.zeros(2, 3), terminated=torch.tensor([False, True]),
+            ...         truncated=torch.tensor([False, False]))
             >>> len(buf)
             2
         """
-        if self._plain and not extras and hidden_state is None and env_mask is None and not isinstance(obs, Transition):
-            # The plain layout (decided once, in the constructor): the fields go to the ring's add as given.
-            # Statistics checked first and recorded once the rows are stored: a refusal changes neither.
-            record = None if self._stats is None else self._planned_stats(reward, terminated, truncated)
-            self._ring.add((obs, action, reward, next_obs, terminated,
-                            self._no_truncation if truncated is None else truncated), self._num_envs)
-            if record is not None:
-                record()
-            return
+        try:
+            if (self._plain and truncated is not None and not extras and hidden_state is None and env_mask is None
+                    and not isinstance(obs, Transition)):
+                # The plain layout (decided once, in the constructor): the fields go to the ring's add as given.
+                # Statistics checked first and recorded once the rows are stored: a refusal changes neither.
+                record = None if self._stats is None else self._planned_stats(reward, terminated, truncated)
+                resets = self._resets
+                if resets is not None and resets.watching and resets.check(obs, None):
+                    self._resets = resets = None  # warned: once per buffer
+                ring = self._ring
+                ring.add((obs, action, reward, next_obs, terminated, truncated), self._num_envs)
+                if resets is not None:
+                    # The step's flags as stored: when no episode ends, two reads of Python bools (one env).
+                    ended, cut = ring.last_read[4], ring.last_read[5]
+                    if resets.watching or ended is True or cut is True or (
+                            ended is not False and (ended.any() or cut.any())):
+                        resets.record(ended, cut, next_obs, None)
+                if record is not None:
+                    record()
+                return
+            self._add(obs, action, reward, next_obs, terminated, truncated, hidden_state, env_mask, extras)
+        except ShapeError as error:
+            hinted = batched_hint(error, self._ring.input_specs, self._num_envs)
+            if hinted is error:
+                raise
+            raise hinted from None
+
+    def _add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
+             hidden_state: Any, env_mask: Any, extras: dict[str, Any]) -> None:
+        """``add`` of every layout but the plain one (a Transition, env_mask, extras, dict observations ...)."""
         if isinstance(obs, Transition):
             if any(v is not None for v in (action, reward, next_obs, terminated, truncated)) or extras:
                 raise ConfigError("add: pass either a Transition or the fields, not both")
@@ -414,14 +447,21 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             extras = dict(given or {})
             hidden_state = extras.pop("hidden_state", None)
         if truncated is None:
-            truncated = self._no_truncation
+            raise truncated_missing()
         if len(extras) != len(self._extra_specs) or (extras and extras.keys() != self._extra_specs.keys()):
             check_extras(self._extra_specs, extras)
         check_hidden_state(self._hidden, hidden_state)
         record = self._planned_stats(reward, terminated, truncated, env_mask=env_mask)
+        resets = self._resets
+        stored = None if env_mask is None or resets is None else self._writer.checked_env_mask(env_mask).numpy()
+        if resets is not None and resets.watching and resets.check(obs, stored):
+            self._resets = resets = None
         interleaved = self._writer.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, extras,
                                        env_mask)
         self._interleaved = self._interleaved and interleaved
+        if resets is not None and (stored is None or stored.any()):
+            read = self._ring.last_read
+            resets.record(read[self._flag_at[0]], read[self._flag_at[1]], next_obs, stored)
         if record is not None:
             record()
 
@@ -448,6 +488,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             10
         """
         stats = self._stats
+        if self._resets is not None:
+            self._resets.clear()  # the last row of each env is a collector's now
         if stats is None:
             interleaved = self._writer.extend(td, per_env=False)
         else:

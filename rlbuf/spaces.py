@@ -175,9 +175,9 @@ def resolve_fields(observation_space: Any, obs_shape: Any, obs_dtype: Any, actio
     for space, name in ((observation_space, "observation_space"), (action_space, "action_space")):
         warn_if_batched(space, name, num_envs)
     if isinstance(observation_space, spaces.Box) and observation_space.dtype == np.float64 and obs_dtype is None:
-        warnings.warn(f"observation_space: a float64 Box (as MuJoCo's) is stored as float64, 8 bytes a value; "
-                      f"obs_dtype=torch.float32 halves the memory (float64 observations are converted as they are "
-                      f"added)", MemoryWarning, stacklevel=3)
+        warnings.warn("observation_space: a float64 Box (as MuJoCo's) is stored as float64, 8 bytes a value; "
+                      "obs_dtype=torch.float32 halves the memory (float64 observations are converted as they are "
+                      "added)", MemoryWarning, stacklevel=3)
     obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype, space_name="observation_space",
                                          shape_name="obs_shape", structured=True)
     action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype, space_name="action_space",

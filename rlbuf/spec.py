@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase, is_tensor_collection
 
-from rlbuf._convert import _NUMPY_DTYPES, all_finite, largest_finite, numpy_dtype_or_none
+from rlbuf._convert import _NUMPY_DTYPES, all_finite, largest_finite, numpy_dtype_or_none, tensor_of
 from rlbuf._convert import as_array as as_array
 from rlbuf._convert import as_flag as as_flag
 from rlbuf._convert import as_int as as_int
@@ -33,7 +33,6 @@ from rlbuf._convert import float_limit as float_limit
 from rlbuf._convert import numpy_dtype as numpy_dtype
 from rlbuf._convert import positive_int as positive_int
 from rlbuf._convert import short_repr as short_repr
-from rlbuf._convert import tensor_of
 from rlbuf._dtypes import as_dtype, cast_hint
 from rlbuf.errors import (
     ConfigError,
