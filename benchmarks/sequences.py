@@ -102,7 +102,7 @@ def replay_sequences(capacity: int, repeats: int, number: int) -> None:
 
     mine = ReplayBuffer(capacity, obs_shape=(32,), action_shape=(), num_envs=num_envs, seed=0)
     for t in range(steps):
-        mine.add(obs[t], torch.zeros(num_envs), torch.zeros(num_envs), obs[t], done[t])
+        mine.add(obs[t], torch.zeros(num_envs), torch.zeros(num_envs), obs[t], done[t], truncated=False)
 
     def torchrl_buffer(cache: bool) -> TensorDictReplayBuffer:
         env_major = {"observation": obs.transpose(0, 1).reshape(-1, 32), "action": torch.zeros(capacity),
@@ -126,7 +126,7 @@ def replay_sequences(capacity: int, repeats: int, number: int) -> None:
                                 "truncated": torch.zeros(num_envs, 1, dtype=torch.bool)}}, batch_size=[num_envs])
 
     def rlbuf_add_and_sample() -> None:
-        mine.add(obs[0], torch.zeros(num_envs), torch.zeros(num_envs), obs[0], done[0])
+        mine.add(obs[0], torch.zeros(num_envs), torch.zeros(num_envs), obs[0], done[0], truncated=False)
         mine.sample_sequences(batch, length)
 
     def torchrl_add_and_sample() -> None:

@@ -8,7 +8,7 @@ Example:
     >>> from rlbuf import ReplayBuffer, ShapeError
     >>> buf = ReplayBuffer(10, obs_shape=(3,), action_shape=(1,))
     >>> try:
-    ...     buf.add(torch.zeros(4), torch.zeros(1), 1.0, torch.zeros(3), False)
+    ...     buf.add(torch.zeros(4), torch.zeros(1), 1.0, torch.zeros(3), False, truncated=False)
     ... except ShapeError as error:
     ...     print(error)
     obs: expected shape (1, 3) or (3,), got (4,)

@@ -188,6 +188,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._writer = ReplayWriter(self._ring, num_envs=num_envs, obs=self._obs, hidden=self._hidden,
                                     extra_names=list(self._extra_specs), compact=self._compact)
         self._plain = self._compact is None and not self._obs.structured and self._hidden is None and not self._extra_specs
+        # truncated=False says it of every env (no time limit): one flag for every row.
+        self._no_truncation: bool | np.ndarray[Any, Any] = False if num_envs == 1 else np.zeros(num_envs, np.bool_)
         self._resets: ResetSteps | None = reset_steps(self._ring, self._obs, self._compact, num_envs)
         names = [spec.name for spec in self._ring.input_specs]
         self._flag_at = (names.index("terminated"), names.index("truncated"))
@@ -216,9 +218,9 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
 
         Example:
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), compact=True)
-            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False)
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False, truncated=False)
             >>> buf.clear()
-            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False)   # a new stream: any obs may start it
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False, truncated=False)   # a new stream: any obs may start it
             >>> len(buf)
             1
         """
@@ -239,7 +241,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
 
         Example:
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
-            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False)
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False, truncated=False)
             >>> [len(batch) for batch in buf.epochs(1)]
             [1]
         """
@@ -384,8 +386,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             next_obs: observations after the step (the final observation for a truncated
                 episode, not the reset one).
             terminated: the MDP ended the episode (no bootstrap) ``[num_envs]`` bool.
-            truncated: a time limit cut the episode ``[num_envs]`` bool, required (``False`` for an
-                env without time limit: a timeout is not a death, and CleanRL's ``done`` is not ``terminated``).
+            truncated: a time limit cut the episode ``[num_envs]`` bool, required: ``False`` (for
+                every env) without time limit. A timeout is not a death: CleanRL's ``done`` is not ``terminated``.
             hidden_state: the policy's hidden state the action was computed from, if the buffer
                 stores one (``[num_envs, *shape]``, a dict for ``{"h": ..., "c": ...}``).
             env_mask: ``[num_envs]`` bools: store only the rows of these envs (e.g. leave out
@@ -410,6 +412,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             >>> len(buf)
             2
         """
+        if truncated is False:
+            truncated = self._no_truncation
         try:
             if (self._plain and truncated is not None and not extras and hidden_state is None and env_mask is None
                     and not isinstance(obs, Transition)):
@@ -448,6 +452,8 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             hidden_state = extras.pop("hidden_state", None)
         if truncated is None:
             raise truncated_missing()
+        if truncated is False:
+            truncated = self._no_truncation
         if len(extras) != len(self._extra_specs) or (extras and extras.keys() != self._extra_specs.keys()):
             check_extras(self._extra_specs, extras)
         check_hidden_state(self._hidden, hidden_state)
@@ -512,7 +518,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
 
         Example:
             >>> buf = ReplayBuffer(10, obs_shape=(3,), action_shape=(), seed=0)
-            >>> buf.add(torch.zeros(3), 0.0, 1.0, torch.ones(3), False)
+            >>> buf.add(torch.zeros(3), 0.0, 1.0, torch.ones(3), False, truncated=False)
             >>> batch = buf.sample(4)
             >>> batch.obs.shape, batch.reward.tolist(), batch.weight.tolist()
             (torch.Size([4, 3]), [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0])
@@ -592,7 +598,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             >>> buf = ReplayBuffer(100, obs_shape=(1,), action_shape=(), num_envs=2, seed=0)
             >>> for t in range(10):
             ...     buf.add(torch.full((2, 1), float(t)), torch.zeros(2), torch.zeros(2),
-            ...             torch.full((2, 1), t + 1.0), torch.tensor([t == 4, False]))
+            ...             torch.full((2, 1), t + 1.0), torch.tensor([t == 4, False]), truncated=False)
             >>> batch = buf.sample_sequences(4, 3, burn_in=2)
             >>> batch.obs.shape, batch.mask.shape
             (torch.Size([4, 5, 1]), torch.Size([4, 5]))
@@ -624,7 +630,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         Example:
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), prioritized=True, seed=0)
             >>> for _ in range(4):
-            ...     buf.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False)
+            ...     buf.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
             >>> buf.update_priority([0, 1, 2, 3], [0.0, 0.0, 1.0, 0.0])
             >>> buf.sample(5).index.tolist()
             [2, 2, 2, 2, 2]

@@ -235,7 +235,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             terminated: the MDP ended the episode at this step ``[num_envs]`` bool.
             value: V(obs) ``[num_envs]``.
             log_prob: log-probability of ``action`` ``[num_envs]``.
-            truncated: a time limit ended the episode ``[num_envs]`` bool (``None`` = none).
+            truncated: a time limit ended the episode ``[num_envs]`` bool, required (``False``: no env).
             privileged_obs: critic-only observations, if the buffer has them.
             bootstrap_value: V(final observation) ``[num_envs]``, read where ``truncated``:
                 required whenever an env is truncated at this step.

@@ -51,7 +51,7 @@ def test_samples_of_the_spaces_go_in_unchanged() -> None:
     for action_space in (gym.spaces.Discrete(3), gym.spaces.MultiDiscrete([2, 5]), gym.spaces.MultiBinary(4)):
         buffer = ReplayBuffer(8, observation_space=obs_space, action_space=action_space)
         obs, action = obs_space.sample(), action_space.sample()
-        buffer.add(obs, action, 1.0, obs_space.sample(), False)
+        buffer.add(obs, action, 1.0, obs_space.sample(), False, truncated=False)
         batch = buffer.sample_all()
         assert torch.equal(batch.obs[0], torch.from_numpy(obs))
         assert torch.equal(batch.action[0], torch.as_tensor(action).to(batch.action.dtype))
@@ -125,7 +125,7 @@ def test_integer_actions_into_a_float_action_buffer_are_refused_with_the_fix() -
     for action in (np.array([0, 1]), torch.tensor([0, 1]), [0, 1]):
         with pytest.raises(DtypeError, match=r"action_dtype=torch\.int64 or action_space="):
             buffer.add(np.zeros((2, 3), np.float32), action, np.ones(2), np.zeros((2, 3), np.float32),
-                       np.zeros(2, bool))
+                       np.zeros(2, bool), truncated=False)
     single = DistillationBuffer(10, obs_shape=(3,), action_shape=())
     for action in (1, np.int64(1)):
         with pytest.raises(DtypeError, match="action_space="):

@@ -317,7 +317,7 @@ def test_an_epoch_that_began_with_fewer_rows_still_resumes(tmp_path: Any) -> Non
     buf = replay_with_steps(40, 2, 5)
     iterator = buf.epochs(3, n_epochs=2)
     next(iterator)
-    buf.add(torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), torch.zeros(2, 1), torch.zeros(2, dtype=torch.bool))
+    buf.add(torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), torch.zeros(2, 1), torch.zeros(2, dtype=torch.bool), truncated=False)
     buf.save(tmp_path / "ckpt")
     restored = ReplayBuffer.load(tmp_path / "ckpt")
     resumed = restored.current_epochs
@@ -540,7 +540,7 @@ def test_sequence_batches_drive_torchrl_lstm_modules_in_recurrent_mode() -> None
     for t in range(20):
         replay.add({"proprio": torch.randn(2, 5)}, torch.zeros(2), torch.ones(2), {"proprio": torch.randn(2, 5)},
                    torch.tensor([t % 4 == 3, t % 5 == 4]),
-                   hidden_state={"h": torch.randn(2, LAYERS, H), "c": torch.randn(2, LAYERS, H)})
+                   hidden_state={"h": torch.randn(2, LAYERS, H), "c": torch.randn(2, LAYERS, H)}, truncated=False)
     sequences = replay.sample_sequences(6, 5, burn_in=2)
     replay_td = sequences.to_tensordict()
     assert bool(sequences.is_first[:, 1:].any()) and replay_td["next", "done"].shape == (6, 7, 1)
