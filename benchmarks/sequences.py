@@ -70,7 +70,7 @@ def recurrent_minibatches(num_envs: int, repeats: int) -> None:
     for t in range(T):
         obs = {"policy": data["policy"][t], "critic": data["critic"][t]}
         mine.add(obs, data["action"][t], torch.ones(num_envs), done[t], torch.zeros(num_envs), torch.zeros(num_envs),
-                 hidden_state={"h": data["h"][t].transpose(0, 1), "c": data["c"][t].transpose(0, 1)})
+                 hidden_state={"h": data["h"][t].transpose(0, 1), "c": data["c"][t].transpose(0, 1)}, truncated=False)
         step = RolloutStorage.Transition()
         step.observations = TensorDict(obs, batch_size=[num_envs])
         step.actions, step.rewards, step.dones = data["action"][t], torch.ones(num_envs), done[t].to(torch.uint8)

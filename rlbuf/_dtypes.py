@@ -123,7 +123,7 @@ def cast_hint(field: str, given: np.dtype[Any] | None, stored: torch.dtype) -> s
                     f"observation_space=envs.single_observation_space, or convert them yourself")
         return f"; declare the field with dtype torch.{given}, or convert the values yourself"
     method = _METHOD.get(stored)
-    name = field.split("[", 1)[0]
+    name = field  # obs["camera"] and info["final_obs"][1] read as Python expressions too
     cast = f"{name}.{method}()" if method else f"{name}.to({stored})"
     numpy_cast = f"{name}.astype({'bool' if target == 'b' else 'np.' + str(_NUMPY_DTYPES[stored])})"
     hint = f"; convert the values: {cast} (numpy: {numpy_cast})"

@@ -254,7 +254,7 @@ class RolloutBatch(_OnPolicyFields):
             >>> from rlbuf import RolloutBuffer
             >>> buf = RolloutBuffer(1, 2, obs_shape=(3,), action_shape=())
             >>> buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]),
-            ...         torch.zeros(2), torch.zeros(2))
+            ...         torch.zeros(2), torch.zeros(2), truncated=False)
             >>> buf.compute_returns_and_advantages(torch.zeros(2))
             >>> td = buf.get_all_data().to_tensordict()
             >>> td["advantage"].shape, td["next", "done"].shape

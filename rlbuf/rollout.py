@@ -12,7 +12,7 @@ Example:
     >>> for t in range(4):
     ...     buf.add(obs=torch.randn(2, 3), action=torch.zeros(2), reward=torch.ones(2),
     ...             terminated=torch.tensor([t == 3, False]), value=torch.zeros(2),
-    ...             log_prob=torch.zeros(2))
+    ...             log_prob=torch.zeros(2), truncated=False)
     >>> buf.compute_returns_and_advantages(last_value=torch.zeros(2), gamma=0.99, gae_lambda=0.95)
     >>> [batch.advantage.shape for batch in buf.minibatches(num_minibatches=2)]
     [torch.Size([4]), torch.Size([4])]
@@ -314,7 +314,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         Example:
             >>> buf = RolloutBuffer(1, 2, obs_shape=(3,), action_shape=())
             >>> buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]),
-            ...         torch.zeros(2), torch.zeros(2))
+            ...         torch.zeros(2), torch.zeros(2), truncated=False)
             >>> buf.clear()
             >>> buf.steps, buf.advantages_ready
             (0, False)
@@ -340,7 +340,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=())
             >>> for _ in range(2):
             ...     buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]),
-            ...             torch.zeros(2), torch.zeros(2))
+            ...             torch.zeros(2), torch.zeros(2), truncated=False)
             >>> buf.set_extras({"advantage": torch.ones(2, 2), "returns": torch.ones(2, 2),
             ...                 "old_logits": torch.zeros(2, 2, 5)})
             >>> batch = buf.get_all_data()
@@ -385,7 +385,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf = RolloutBuffer(2, 1, obs_shape=(1,), action_shape=())
             >>> for _ in range(2):
             ...     buf.add(torch.zeros(1, 1), torch.zeros(1), torch.ones(1), torch.tensor([False]),
-            ...             torch.zeros(1), torch.zeros(1))
+            ...             torch.zeros(1), torch.zeros(1), truncated=False)
             >>> buf.compute_returns_and_advantages(torch.zeros(1), gamma=0.5, gae_lambda=1.0)
             >>> buf.view("returns").flatten().tolist()
             [1.5, 1.0]
@@ -441,7 +441,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=())
             >>> for _ in range(2):
             ...     buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]),
-            ...             torch.zeros(2), torch.zeros(2))
+            ...             torch.zeros(2), torch.zeros(2), truncated=False)
             >>> buf.compute_returns_and_advantages(torch.zeros(2))
             >>> data = buf.get_all_data()
             >>> len(data), data.obs.shape
@@ -496,7 +496,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=(), seed=0)
             >>> for _ in range(2):
             ...     buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]),
-            ...             torch.zeros(2), torch.zeros(2))
+            ...             torch.zeros(2), torch.zeros(2), truncated=False)
             >>> buf.compute_returns_and_advantages(torch.zeros(2))
             >>> [len(batch) for batch in buf.minibatches(3, n_epochs=2)]
             [3, 1, 3, 1]

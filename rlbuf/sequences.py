@@ -186,7 +186,7 @@ class SequenceBatch(_OnPolicyFields):
             >>> buf = RolloutBuffer(3, 2, obs_shape=(1,), action_shape=(), seed=0)
             >>> for t in range(3):
             ...     buf.add(torch.zeros(2, 1), torch.zeros(2), torch.ones(2), torch.tensor([t == 1, False]),
-            ...             torch.zeros(2), torch.zeros(2))
+            ...             torch.zeros(2), torch.zeros(2), truncated=False)
             >>> buf.compute_returns_and_advantages(torch.zeros(2))
             >>> td = next(iter(buf.minibatches(num_minibatches=1, sequences=True, shuffle=False))).to_tensordict()
             >>> td.batch_size, td["mask"].tolist()

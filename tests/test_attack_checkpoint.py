@@ -348,7 +348,7 @@ if kind == "replay":
     buffer.add(torch.zeros(3), 0.0, 1.0, torch.zeros(3), False, truncated=False)
 elif kind == "rollout":
     buffer = RolloutBuffer(4, 1, obs_shape=(3,), action_shape=(), storage=storage)
-    buffer.add(torch.zeros(3), 0.0, 1.0, False, 0.5, -0.1)
+    buffer.add(torch.zeros(3), 0.0, 1.0, False, 0.5, -0.1, truncated=False)
 else:
     buffer = DistillationBuffer(100, obs_shape=(3,), action_shape=(), storage=storage)
     buffer.add(torch.zeros(3), 0.0)

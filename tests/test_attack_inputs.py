@@ -487,7 +487,7 @@ def test_rewards_that_would_be_stored_as_inf_are_refused_everywhere(value: Any) 
     rollout = RolloutBuffer(2, 1, obs_shape=(1,), action_shape=())
     with pytest.raises((rlbuf.DtypeError, rlbuf.NonFiniteError), match="reward"):
         rollout.add(torch.zeros(1, 1), torch.zeros(1), value, torch.zeros(1, dtype=torch.bool), torch.zeros(1),
-                    torch.zeros(1))
+                    torch.zeros(1), truncated=False)
     distill = make_distill("partial")
     with pytest.raises((rlbuf.DtypeError, rlbuf.NonFiniteError), match="expert_value"):
         distill.add(torch.zeros(3), torch.zeros(2), expert_value=value)

@@ -32,7 +32,7 @@ def rollout(reward: float = 1.0, value: float = 0.0, *, computed: bool = True) -
     buf = RolloutBuffer(4, 2, obs_shape=(3,), action_shape=(), seed=0)
     for _ in range(4):
         buf.add(torch.zeros(2, 3), torch.zeros(2), torch.full((2,), reward), torch.zeros(2, dtype=torch.bool),
-                torch.full((2,), value), torch.zeros(2))
+                torch.full((2,), value), torch.zeros(2), truncated=False)
     if computed and abs(reward) < 1e30 and abs(value) < 1e30:
         buf.compute_returns_and_advantages(torch.zeros(2))
     return buf
@@ -87,7 +87,7 @@ def test_normalizing_advantages_spread_beyond_float32_is_refused() -> None:
     buf = RolloutBuffer(8, 1, obs_shape=(1,), action_shape=(), seed=0)
     for reward in (-3e38, *[3e38] * 7):  # each step its own episode: the advantages are the rewards
         buf.add(torch.zeros(1, 1), torch.zeros(1), torch.tensor([reward]), torch.tensor([True]), torch.zeros(1),
-                torch.zeros(1))
+                torch.zeros(1), truncated=False)
     before = snapshot(buf)
     with pytest.raises(NonFiniteError, match=r"^advantage: normalizing gave NaN or inf"):
         buf.compute_returns_and_advantages(torch.zeros(1), normalize_advantages=True)

@@ -461,7 +461,7 @@ def test_a_spare_left_by_another_kind_size_storage_or_a_data_free_save_is_reused
         memmap.add(torch.full((5,), float(i)), 1.0, float(i), torch.zeros(5), False, truncated=False)
     rollout = RolloutBuffer(4, 2, obs_shape=(3,), action_shape=())
     rollout.add(torch.ones(2, 3), torch.zeros(2), torch.ones(2), torch.zeros(2, dtype=torch.bool), torch.ones(2),
-                torch.zeros(2))
+                torch.zeros(2), truncated=False)
     distill = DistillationBuffer(32, obs_shape=(3,), action_shape=())
     distill.add(torch.full((3,), 2.0), 1.0)
     sequence: list[tuple[Any, bool]] = [(replay, True), (memmap, True), (rollout, True), (replay, False),

@@ -182,7 +182,7 @@ def _rollout() -> RolloutBuffer:
     buffer = RolloutBuffer(4, 2, obs_shape=(3,), action_shape=(), seed=0)
     for t in range(2):
         buffer.add(torch.full((2, 3), float(t)), torch.zeros(2), torch.ones(2), torch.zeros(2, dtype=torch.bool),
-                   torch.zeros(2), torch.zeros(2))
+                   torch.zeros(2), torch.zeros(2), truncated=False)
     return buffer
 
 

@@ -137,18 +137,18 @@ def test_integer_observations_into_a_float_buffer_are_refused_kinds_never_change
     buffer = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=())
     with pytest.raises(DtypeError, match=r"obs: .* got uint8; store them as they come with obs_dtype=torch.uint8"):
         buffer.add(np.zeros((2, 3), np.uint8), np.zeros(2, np.float32), np.ones(2), np.zeros(2, bool),
-                   np.zeros(2, np.float32), np.zeros(2, np.float32))
+                   np.zeros(2, np.float32), np.zeros(2, np.float32), truncated=False)
     assert buffer.steps == 0
 
 
 def test_rewards_and_values_still_take_integers_but_not_bools() -> None:
     buffer = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=())
     buffer.add(np.zeros((2, 3), np.float32), np.zeros(2, np.float32), np.array([1, 2]), np.zeros(2, bool),
-               np.array([0, 1]), np.zeros(2, np.float32))
+               np.array([0, 1]), np.zeros(2, np.float32), truncated=False)
     assert buffer.view("reward")[0].tolist() == [1.0, 2.0]
     with pytest.raises(DtypeError, match="reward"):
         buffer.add(np.zeros((2, 3), np.float32), np.zeros(2, np.float32), np.array([True, False]),
-                   np.zeros(2, bool), np.zeros(2, np.float32), np.zeros(2, np.float32))
+                   np.zeros(2, bool), np.zeros(2, np.float32), np.zeros(2, np.float32), truncated=False)
 
 
 def goal_space(dtype: Any = np.float64) -> gym.spaces.Dict:

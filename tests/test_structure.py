@@ -203,7 +203,7 @@ def test_rollout_buffer_with_dict_observations() -> None:
                         seed=0)
     for t in range(4):
         buf.add(make_obs(value=t), torch.zeros(N), torch.ones(N), torch.zeros(N, dtype=torch.bool), torch.zeros(N),
-                torch.zeros(N), privileged_obs=torch.full((N, 7), float(t)))
+                torch.zeros(N), privileged_obs=torch.full((N, 7), float(t)), truncated=False)
     buf.compute_returns_and_advantages(torch.zeros(N))
     batches = list(buf.minibatches(num_minibatches=2))
     for batch in batches:
@@ -216,7 +216,7 @@ def test_rollout_buffer_with_dict_observations() -> None:
     buf.clear()
     with pytest.raises(ShapeError, match=r'obs\["proprio"\]: expected shape \(3, 5\), got \(3, 4\)'):
         buf.add(bad, torch.zeros(N), torch.ones(N), torch.zeros(N, dtype=torch.bool), torch.zeros(N), torch.zeros(N),
-                privileged_obs=torch.zeros(N, 7))
+                privileged_obs=torch.zeros(N, 7), truncated=False)
     assert buf.steps == 0
 
 

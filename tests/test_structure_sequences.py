@@ -104,7 +104,7 @@ def test_every_trajectory_once_per_epoch_padded_with_zeros_from_its_first_state(
     buf = RolloutBuffer(steps, envs, obs_shape=(1,), action_shape=(), hidden_state_shape=(1,), seed=seed)
     for t in range(steps):
         buf.add(step_id[t, :, None], torch.zeros(envs), torch.ones(envs), done[t], torch.zeros(envs),
-                torch.zeros(envs), hidden_state=step_id[t, :, None])
+                torch.zeros(envs), hidden_state=step_id[t, :, None], truncated=False)
     buf.compute_returns_and_advantages(torch.zeros(envs))
     count = len(split_trajectories(done))
     if batch > count:
@@ -343,7 +343,7 @@ def test_a_gru_hidden_state_is_one_tensor_at_torchrl_key() -> None:
     assert [spec.key for spec in buf.fields if spec.name == "hidden_state"] == ["recurrent_state"]
     for _ in range(2):
         buf.add(torch.zeros(1, 3), torch.zeros(1), torch.ones(1), torch.tensor([False]), torch.zeros(1),
-                torch.zeros(1), hidden_state=torch.ones(1, 1, 4))
+                torch.zeros(1), hidden_state=torch.ones(1, 1, 4), truncated=False)
     buf.compute_returns_and_advantages(torch.zeros(1))
     batch = next(iter(buf.minibatches(num_minibatches=1, sequences=True)))
     assert isinstance(batch.hidden_state, torch.Tensor) and batch.hidden_state.shape == (1, 1, 4)
