@@ -14,10 +14,10 @@ Example:
     >>> import torch
     >>> from rlbuf import NextStepResetWarning, ReplayBuffer
     >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
-    >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), terminated=True, truncated=False)
+    >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), terminated=True, truncated=False)  # the episode ends
     >>> with warnings.catch_warnings(record=True) as caught:
     ...     warnings.simplefilter("always")
-    ...     buf.add(torch.ones(1), 0.0, 0.0, torch.full((1,), 5.0), terminated=False, truncated=False)
+    ...     buf.add(torch.ones(1), 0.0, 0.0, torch.full((1,), 5.0), terminated=False, truncated=False)  # reset
     >>> [type(warning.message).__name__ for warning in caught]
     ['NextStepResetWarning']
 """
@@ -52,13 +52,15 @@ class ResetSteps:
         obs: the specs of the observation's leaves, as ``add`` takes them (a stack with ``frame_stack``).
         next_obs: the specs of ``next_obs``'s leaves.
         split: one add's ``obs`` or ``next_obs`` as its leaves, in spec order.
+        step: the specs of ``reward``, ``terminated`` and ``truncated``: a reset step has reward 0 and no flag.
         num_envs: rows per add.
         devices: where a tensor may be (the ring's accepted devices).
     """
 
     def __init__(self, obs: Sequence[FieldSpec], next_obs: Sequence[FieldSpec], split: Callable[[str, Any], list[Any]],
-                 *, num_envs: int, devices: tuple[torch.device, ...]) -> None:
+                 step: Sequence[FieldSpec], *, num_envs: int, devices: tuple[torch.device, ...]) -> None:
         self._obs = [RowReader(spec, num_envs, devices) for spec in obs]
+        self._step = [RowReader(spec, num_envs, devices) for spec in step]
         self._next_obs = [RowReader(spec, num_envs, devices) for spec in next_obs]
         self._split = split
         self._num_envs = num_envs
@@ -71,8 +73,9 @@ class ResetSteps:
         self.watching = False
         self._ended[:] = False
 
-    def check(self, obs: Any, stored: np.ndarray[Any, Any] | None) -> bool:
-        """Before an add: warn if an env stored now (``stored``: all when ``None``) resets as ``NEXT_STEP`` does.
+    def check(self, obs: Any, reward: Any, terminated: Any, truncated: Any, stored: np.ndarray[Any, Any] | None) -> bool:
+        """Before an add: warn if an env stored now (``stored``: all when ``None``) resets as ``NEXT_STEP`` does:
+        its ``obs`` is its last row's ``next_obs``, with reward 0 and no flag, as gymnasium gives the reset step.
 
         Returns:
             Whether it warned (the buffer then stops watching; a warning made an error raises here).
@@ -82,9 +85,11 @@ class ResetSteps:
             return False
         try:
             leaves = [reader.tensor(value) for reader, value in zip(self._obs, self._split("obs", obs), strict=True)]
+            step = [_rows(reader.tensor(value)) for reader, value in zip(self._step, (reward, terminated, truncated),
+                                                                         strict=True)]
         except RlbufError:
             return False  # the add refuses it, by the same reader
-        same = watched.copy()
+        same = watched & (step[0] == 0) & ~step[1].astype(bool) & ~step[2].astype(bool)
         for leaf, final in zip(leaves, self._final, strict=True):
             rows = leaf.detach().cpu().numpy().reshape(self._num_envs, -1)
             same &= (rows == final.reshape(self._num_envs, -1)).all(axis=1)
@@ -124,7 +129,8 @@ def reset_steps(ring: RowRing, obs: Layout, compact: CompactLayout | None, num_e
         specs: tuple[list[FieldSpec], list[FieldSpec]] = ([compact.obs_spec], [compact.next_obs_spec])
     else:
         specs = (obs.specs("obs", "observation"), obs.specs("next_obs", ("next", "observation")))
-    return ResetSteps(*specs, obs.split, num_envs=num_envs, devices=ring.accepted_devices)
+    step = [ring.by_name[name] for name in ("reward", "terminated", "truncated")]
+    return ResetSteps(*specs, obs.split, step, num_envs=num_envs, devices=ring.accepted_devices)
 
 
 def truncated_missing() -> MissingFieldError:

@@ -76,7 +76,10 @@ def dtype_options(obs_dtype: Any, action_dtype: Any) -> tuple[Any, Any]:
         >>> dtype_options({"a": "uint8"}, "int64")
         ({'a': torch.uint8}, torch.int64)
     """
-    return _nested(obs_dtype, "obs_dtype"), as_dtype("action_dtype", action_dtype)
+    return _nested(obs_dtype, "obs_dtype", 0), as_dtype("action_dtype", action_dtype)
+
+
+_MAX_DEPTH = 32  # a dict observation's nesting; deeper is refused by name where the shapes are read
 
 
 def extra_field_dtypes(extra_fields: Any) -> Any:
@@ -94,9 +97,11 @@ def extra_field_dtypes(extra_fields: Any) -> Any:
             for key, declared in extra_fields.items()}
 
 
-def _nested(value: Any, name: str) -> Any:
+def _nested(value: Any, name: str, depth: int) -> Any:
     if isinstance(value, Mapping):
-        return {key: _nested(sub, f"{name}[{key!r}]") for key, sub in value.items()}
+        if depth >= _MAX_DEPTH:
+            return value
+        return {key: _nested(sub, f"{name}[{key!r}]", depth + 1) for key, sub in value.items()}
     return as_dtype(name, value)
 
 

@@ -422,7 +422,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                 # Statistics checked first and recorded once the rows are stored: a refusal changes neither.
                 record = None if self._stats is None else self._planned_stats(reward, terminated, truncated)
                 resets = self._resets
-                if resets is not None and resets.watching and resets.check(obs, None):
+                if resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated, None):
                     self._resets = resets = None  # warned: once per buffer
                 ring = self._ring
                 ring.add((obs, action, reward, next_obs, terminated, truncated), self._num_envs)
@@ -451,17 +451,17 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             obs, action, reward, next_obs, terminated, truncated, given = obs
             extras = dict(given or {})
             hidden_state = extras.pop("hidden_state", None)
+        if len(extras) != len(self._extra_specs) or (extras and extras.keys() != self._extra_specs.keys()):
+            check_extras(self._extra_specs, extras)  # first: done= gets its own answer
         if truncated is None:
             raise truncated_missing()
         if truncated is False:
             truncated = self._no_truncation
-        if len(extras) != len(self._extra_specs) or (extras and extras.keys() != self._extra_specs.keys()):
-            check_extras(self._extra_specs, extras)
         check_hidden_state(self._hidden, hidden_state)
         record = self._planned_stats(reward, terminated, truncated, env_mask=env_mask)
         resets = self._resets
         stored = None if env_mask is None or resets is None else self._writer.checked_env_mask(env_mask).numpy()
-        if resets is not None and resets.watching and resets.check(obs, stored):
+        if resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated, stored):
             self._resets = resets = None
         interleaved = self._writer.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, extras,
                                        env_mask)

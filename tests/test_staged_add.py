@@ -255,7 +255,8 @@ GOOD: tuple[Any, ...] = (torch.zeros(1, 3), torch.zeros(1, 2), torch.ones(1), to
     (3, torch.zeros(1, 3, device="meta"), DeviceError, "next_obs: expected a tensor on cpu, got one on meta"),
     (4, torch.tensor([[False]]), ShapeError, "terminated: expected shape (1,) or (), got (1, 1)"),
     (5, np.array([0.0]), DtypeError, "truncated: expected dtype torch.bool"),
-    (5, None, None, None),  # truncated=None means False: taken
+    (5, None, MissingFieldError, "truncated: required with every step"),  # no silent default
+    (5, False, None, None),  # truncated=False: taken
     (4, None, MissingFieldError, "terminated: a value is required"),
 ])
 def test_a_refused_one_row_add_changes_nothing(storage: str, field: int, value: Any, error: type[Exception] | None,
