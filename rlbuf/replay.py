@@ -157,8 +157,10 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         refuse_foreign_options(ReplayBuffer.__init__, foreign)
         require("ReplayBuffer(100_000, observation_space=envs.single_observation_space, action_space=envs.single_action_space, num_envs=envs.num_envs)", capacity=capacity)
         extra_fields = extra_field_dtypes(extra_fields)
+        # A stack of frame_stack == num_envs frames starts with num_envs as a batched space does: no warning.
         obs_shape, obs_dtype, action_shape, action_dtype = resolve_fields(
-            observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype, num_envs=num_envs)
+            observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype,
+            num_envs=num_envs if frame_stack != num_envs else 1)
         # Parsed before the options are recorded: a mapping nested too deep is refused by name first.
         self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
         self._record_options(locals())
