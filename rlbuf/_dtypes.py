@@ -1,8 +1,8 @@
-"""Dtypes users name: torch dtypes, their names (``"int64"``) or numpy dtypes, and the cast a refused value needs.
+"""Dtypes users name: torch dtypes, their names (``"int64"``) or numpy dtypes.
 
 Every dtype option (``obs_dtype``, ``action_dtype``, the dtype of an extra field) is read by
 [`as_dtype`][rlbuf._dtypes.as_dtype]; a value of the wrong kind is refused with the cast that
-converts it ([`cast_hint`][rlbuf._dtypes.cast_hint]).
+converts it ([`cast_hint`][rlbuf._hints.cast_hint]).
 
 Example:
     >>> import numpy as np
@@ -27,9 +27,6 @@ from rlbuf.errors import ConfigError
 
 _BY_NAME = {str(dtype).removeprefix("torch."): dtype for dtype in _NUMPY_DTYPES}
 _BY_NUMPY = {np_dtype: dtype for dtype, np_dtype in _NUMPY_DTYPES.items()}
-# torch's method for each cast, where it has one (``x.long()``); else ``x.to(torch.uint8)``.
-_METHOD = {torch.bool: "bool", torch.int64: "long", torch.int32: "int", torch.float32: "float",
-           torch.float64: "double", torch.float16: "half"}
 
 
 def as_dtype(name: str, value: Any) -> Any:
@@ -103,38 +100,3 @@ def _nested(value: Any, name: str, depth: int) -> Any:
             return value
         return {key: _nested(sub, f"{name}[{key!r}]", depth + 1) for key, sub in value.items()}
     return as_dtype(name, value)
-
-
-def cast_hint(field: str, given: np.dtype[Any] | None, stored: torch.dtype) -> str:
-    """The end of a dtype refusal: the cast that converts ``given`` values to the ``stored`` dtype.
-
-    Example:
-        >>> cast_hint("terminated", np.dtype(np.float32), torch.bool)
-        '; convert the values: terminated.bool() (numpy: terminated.astype(bool)); dones stored as floats (CleanRL) are flags: pass terminated=terminations.bool(), truncated=truncations.bool()'
-        >>> cast_hint("action", np.dtype(np.float32), torch.int64)
-        '; convert the values: action.long() (numpy: action.astype(np.int64)), e.g. actions kept as floats'
-    """
-    if given is None or stored not in _NUMPY_DTYPES:
-        return ""
-    kind, target = given.kind, _NUMPY_DTYPES[stored].kind
-    if target == "f" and kind == "b" and field in ("reward", "value", "log_prob", "bootstrap_value"):
-        return "; a flag where a number belongs: check the order of the arguments"
-    if target == "f" and kind in "biu":
-        if field in ("action", "expert_action"):
-            return ("; for discrete actions build the buffer with action_dtype=torch.int64 or "
-                    "action_space=envs.single_action_space")
-        if field in ("obs", "next_obs", "privileged_obs") or field.startswith(("obs[", "next_obs[")):
-            return (f"; store them as they come with obs_dtype=torch.{given} or "
-                    f"observation_space=envs.single_observation_space, or convert them yourself")
-        return f"; declare the field with dtype torch.{given}, or convert the values yourself"
-    method = _METHOD.get(stored)
-    name = field  # obs["camera"] and info["final_obs"][1] read as Python expressions too
-    cast = f"{name}.{method}()" if method else f"{name}.to({stored})"
-    numpy_cast = f"{name}.astype({'bool' if target == 'b' else 'np.' + str(_NUMPY_DTYPES[stored])})"
-    hint = f"; convert the values: {cast} (numpy: {numpy_cast})"
-    if target == "b" and name in ("terminated", "truncated"):
-        return (hint + "; dones stored as floats (CleanRL) are flags: pass terminated=terminations.bool(), "
-                "truncated=truncations.bool()")
-    if target in "iu" and kind == "f" and name in ("action", "expert_action"):
-        return hint + ", e.g. actions kept as floats"
-    return hint

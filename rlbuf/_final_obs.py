@@ -18,7 +18,7 @@ Example:
     >>> with_final_obs(layout, np.zeros((2, 2), np.uint8), np.array([False, True]), final, 2)
     Traceback (most recent call last):
     ...
-    rlbuf.errors.DtypeError: info["final_obs"][1]: expected dtype torch.uint8 (or one that converts to it without changing kind), got float64; convert the values: info["final_obs"][1].to(torch.uint8) (numpy: info["final_obs"][1].astype(np.uint8)); env 1's final observation is its next_obs (stored, or passed to bootstrap): give it as the envs give observations, one row of (2,) uint8 (nothing is broadcast or converted)
+    rlbuf.errors.DtypeError: info["final_obs"][1]: expected dtype torch.uint8 (or one that converts to it without changing kind), got float64; env 1's final observation is its next_obs (stored, or passed to bootstrap): give it as the envs give observations, one row of (2,) uint8 (nothing is broadcast or converted)
 """
 
 from __future__ import annotations

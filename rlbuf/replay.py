@@ -25,23 +25,21 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
 from torchrl.data import TensorDictReplayBuffer
 
-from rlbuf._autoreset import ResetSteps, reset_steps, truncated_missing
-from rlbuf._buffer import RingBuffer, done_of, refuse_foreign_options
+from rlbuf._autoreset import ResetSteps, reset_steps
+from rlbuf._buffer import done_of, refuse_foreign_options
 from rlbuf._compact import CompactLayout
 from rlbuf._convert import REQUIRED, as_num_envs, require
-from rlbuf._keywords import check_extras
 from rlbuf._obs import (
     ObsDtype,
     ObsShape,
     as_shape,
-    check_hidden_state,
     hidden_state_key,
     hidden_state_layout,
     record_layout,
 )
+from rlbuf._replay_add import ReplayWriting
 from rlbuf._replay_layout import (
     ReplayWriter,
     replay_sampler,
@@ -52,22 +50,21 @@ from rlbuf._replay_layout import (
 )
 from rlbuf._streams import PaddingType
 from rlbuf._sumtree import SumTreeSampler
-from rlbuf.batches import ReplayBatch, Transition
+from rlbuf.batches import ReplayBatch
 from rlbuf.epochs import EpochIterator
 from rlbuf.errors import (
     CheckpointError,
     ConfigError,
     PriorityError,
-    ShapeError,
 )
 from rlbuf.sequences import ReplaySequenceBatch, sample_replay_sequences
-from rlbuf.spaces import batched_hint, extra_field_dtypes, resolve_fields
+from rlbuf.spaces import extra_field_dtypes, resolve_fields
 from rlbuf.spec import ExtraFields, priorities
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
 
 
-class ReplayBuffer(RingBuffer[ReplayBatch]):
+class ReplayBuffer(ReplayWriting):
     """A ring buffer of transitions for off-policy RL, backed by TorchRL.
 
     Args:
@@ -361,151 +358,6 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                                 action_dtype=action_dtype, extra_fields=extra_fields, prioritized=prioritized,
                                 frame_stack=frame_stack, n_step=n_step, compact=compact,
                                 hidden_state_shape=hidden_state_shape, episode_length=episode_length)
-
-    # -- writing -----------------------------------------------------------------------------
-    def add(
-        self,
-        obs: Any,
-        action: Any = None,
-        reward: Any = None,
-        next_obs: Any = None,
-        terminated: Any = None,
-        truncated: Any = None,
-        hidden_state: Any = None,
-        *,
-        env_mask: Any = None,
-        **extras: Any,
-    ) -> None:
-        """Store one env step: ``num_envs`` transitions (the env dim may be omitted if 1).
-
-        Accepts torch tensors (CPU or the storing device), numpy arrays and, for a single
-        env, Python numbers. Values are converted to the stored dtype when the conversion
-        stays within its kind (float64 → float32 is fine, float → uint8 is refused).
-
-        Args:
-            obs: observations ``[num_envs, *obs_shape]``; or a [`Transition`][rlbuf.Transition].
-            action: actions ``[num_envs, *action_shape]``.
-            reward: rewards ``[num_envs]``, finite.
-            next_obs: observations after the step (the final observation for a truncated
-                episode, not the reset one).
-            terminated: the MDP ended the episode (no bootstrap) ``[num_envs]`` bool.
-            truncated: a time limit cut the episode ``[num_envs]`` bool, required: ``False`` (for
-                every env) without time limit. A timeout is not a death: CleanRL's ``done`` is not ``terminated``.
-            hidden_state: the policy's hidden state the action was computed from, if the buffer
-                stores one (``[num_envs, *shape]``, a dict for ``{"h": ..., "c": ...}``).
-            env_mask: ``[num_envs]`` bools: store only the rows of these envs (e.g. leave out
-                the reset steps of gymnasium's ``NEXT_STEP`` autoreset; [`Recorder`][rlbuf.gym.Recorder]
-                does it for you). Every row is still validated; the stats skip the others.
-            **extras: one value per declared extra field.
-
-        Raises:
-            ShapeError, DtypeError, DeviceError, NonFiniteError, MissingFieldError: before
-                anything is stored.
-
-        Warns:
-            NextStepResetWarning: once per buffer, before anything is stored, for the reset step of
-                gymnasium's ``NEXT_STEP`` autoreset (an env whose previous stored row ended and whose
-                ``obs`` is that row's ``next_obs``); see [Gymnasium](gymnasium.md).
-
-        Example:
-            >>> buf = ReplayBuffer(10, obs_shape=(3,), action_shape=(), num_envs=2, seed=0)
-            >>> buf.add(obs=torch.zeros(2, 3), action=torch.zeros(2), reward=torch.ones(2),
-            ...         next_obs=torch.zeros(2, 3), terminated=torch.tensor([False, True]),
-            ...         truncated=torch.tensor([False, False]))
-            >>> len(buf)
-            2
-        """
-        if truncated is False:
-            truncated = self._no_truncation
-        try:
-            if (self._plain and truncated is not None and not extras and hidden_state is None and env_mask is None
-                    and not isinstance(obs, Transition)):
-                # The plain layout (decided once, in the constructor): the fields go to the ring's add as given.
-                # Statistics checked first and recorded once the rows are stored: a refusal changes neither.
-                record = None if self._stats is None else self._planned_stats(reward, terminated, truncated)
-                resets = self._resets
-                if resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated, None):
-                    self._resets = resets = None  # warned: once per buffer
-                ring = self._ring
-                ring.add((obs, action, reward, next_obs, terminated, truncated), self._num_envs)
-                if resets is not None:
-                    # The step's flags as stored: when no episode ends, two reads of Python bools (one env).
-                    ended, cut = ring.last_read[4], ring.last_read[5]
-                    if resets.watching or ended is True or cut is True or (
-                            ended is not False and (ended.any() or cut.any())):
-                        resets.record(ended, cut, next_obs, None)
-                if record is not None:
-                    record()
-                return
-            self._add(obs, action, reward, next_obs, terminated, truncated, hidden_state, env_mask, extras)
-        except ShapeError as error:
-            hinted = batched_hint(error, self._ring.input_specs, self._num_envs)
-            if hinted is error:
-                raise
-            raise hinted from None
-
-    def _add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
-             hidden_state: Any, env_mask: Any, extras: dict[str, Any]) -> None:
-        """``add`` of every layout but the plain one (a Transition, env_mask, extras, dict observations ...)."""
-        if isinstance(obs, Transition):
-            if any(v is not None for v in (action, reward, next_obs, terminated, truncated)) or extras:
-                raise ConfigError("add: pass either a Transition or the fields, not both")
-            obs, action, reward, next_obs, terminated, truncated, given = obs
-            extras = dict(given or {})
-            hidden_state = extras.pop("hidden_state", None)
-        if len(extras) != len(self._extra_specs) or (extras and extras.keys() != self._extra_specs.keys()):
-            check_extras(self._extra_specs, extras)  # first: done= gets its own answer
-        if truncated is None:
-            raise truncated_missing()
-        if truncated is False:
-            truncated = self._no_truncation
-        check_hidden_state(self._hidden, hidden_state)
-        record = self._planned_stats(reward, terminated, truncated, env_mask=env_mask)
-        resets = self._resets
-        stored = None if env_mask is None or resets is None else self._writer.checked_env_mask(env_mask).numpy()
-        if resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated, stored):
-            self._resets = resets = None
-        interleaved = self._writer.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, extras,
-                                       env_mask)
-        self._interleaved = self._interleaved and interleaved
-        if resets is not None and (stored is None or stored.any()):
-            read = self._ring.last_read
-            resets.record(read[self._flag_at[0]], read[self._flag_at[1]], next_obs, stored)
-        if record is not None:
-            record()
-
-    def extend(self, td: TensorDictBase) -> None:
-        """Store a TensorDict in TorchRL layout, e.g. a collector's ``[num_envs, T]`` batch.
-
-        Reads ``"observation"``, ``"action"``, ``("next", "observation")``,
-        ``("next", "reward")``, ``("next", "terminated")`` and ``("next", "truncated")``
-        (derived as ``done & ~terminated`` when absent) plus the extra fields; every batch
-        dim is flattened, row-major. Other keys are ignored.
-
-        Raises:
-            MissingFieldError, ShapeError, DtypeError, DeviceError, NonFiniteError: before
-                anything is stored (``ShapeError`` too for a plain dict: wrap it in a TensorDict).
-
-        Example:
-            >>> from tensordict import TensorDict
-            >>> td = TensorDict({"observation": torch.zeros(2, 5, 3), "action": torch.zeros(2, 5),
-            ...                  "next": {"observation": torch.zeros(2, 5, 3), "reward": torch.ones(2, 5, 1),
-            ...                           "terminated": torch.zeros(2, 5, 1, dtype=torch.bool)}}, batch_size=[2, 5])
-            >>> buf = ReplayBuffer(100, obs_shape=(3,), action_shape=(), seed=0)
-            >>> buf.extend(td)
-            >>> len(buf)
-            10
-        """
-        stats = self._stats
-        if self._resets is not None:
-            self._resets.clear()  # the last row of each env is a collector's now
-        if stats is None:
-            interleaved = self._writer.extend(td, per_env=False)
-        else:
-            with stats.restored_on_error():  # statistics fed before the rows are stored, undone if refused
-                interleaved = self._writer.extend(td, per_env=True, before_write=lambda tensors: (
-                    self._feed_stats_from_rollout(tensors["reward"], tensors["terminated"], tensors["truncated"])))
-        self._interleaved = self._interleaved and interleaved
 
     # -- reading -----------------------------------------------------------------------------
     def sample(self, batch_size: int) -> ReplayBatch:

@@ -45,7 +45,7 @@ from gymnasium import spaces
 from rlbuf._dtypes import dtype_options
 from rlbuf._dtypes import extra_field_dtypes as extra_field_dtypes
 from rlbuf._obs import Layout, as_shape, is_structured
-from rlbuf.errors import BatchedSpaceWarning, ConfigError, MemoryWarning, ShapeError
+from rlbuf.errors import BatchedSpaceWarning, ConfigError, MemoryWarning
 
 _ENTRY = {"observation_space": "observation", "action_space": "action"}
 
@@ -220,28 +220,6 @@ def warn_if_batched(space: Any, name: str, num_envs: Any) -> None:
         warnings.warn(f"{name}: shape {tuple(space.shape)} starts with num_envs={num_envs}: it looks like a vector "
                       f"env's batched space (envs.{name}); pass envs.single_{name} (one env's space), else every "
                       f"add is refused", BatchedSpaceWarning, stacklevel=4)
-
-
-def batched_hint(error: ShapeError, specs: Any, num_envs: int) -> ShapeError:
-    """``error`` (a refused add), with the fix when the field it names was declared with ``num_envs``
-    as its first dim: the buffer was likely built from a vector env's batched space.
-
-    Example:
-        >>> from rlbuf.spec import FieldSpec
-        >>> spec = FieldSpec("obs", "observation", (4, 3), torch.float32)
-        >>> print(batched_hint(ShapeError("obs: expected shape (4, 4, 3), got (4, 3)"), [spec], 4))
-        obs: expected shape (4, 4, 3), got (4, 3); this buffer stores obs of shape (4, 3), whose first dim is num_envs=4: was it built from envs.observation_space? Build it with observation_space=envs.single_observation_space (one env's space)
-    """
-    message = str(error)
-    for spec in specs:
-        field = spec.name.split("[", 1)[0]
-        if (num_envs > 1 and spec.shape[:1] == (num_envs,) and message.startswith(spec.name + ":")
-                and field in ("obs", "next_obs", "action")):
-            space = "action_space" if field == "action" else "observation_space"
-            return ShapeError(f"{message}; this buffer stores {spec.name} of shape {spec.shape}, whose first dim is "
-                              f"num_envs={num_envs}: was it built from envs.{space}? Build it with "
-                              f"{space}=envs.single_{space} (one env's space)")
-    return error
 
 
 def _torch_dtype(dtype: Any, name: str) -> torch.dtype:

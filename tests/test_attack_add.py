@@ -68,7 +68,7 @@ def _plain(**options: Any) -> Callable[[], ReplayBuffer]:
 def _step(obs: Any = None, terminated: Any = False, reward: Any = 1.0, **extras: Any,
           ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     obs = torch.arange(3.0) if obs is None else obs
-    return (obs, torch.zeros(2), reward, torch.ones(3), terminated), extras
+    return (obs, torch.zeros(2), reward, torch.ones(3), terminated, False), extras
 
 
 # Not tested: a view whose storage was shrunk after the view was made (``untyped_storage().resize_``)

@@ -73,7 +73,7 @@ def test_positional_calls_passing_both_flags_and_truncated_false_for_every_env_w
 def test_the_done_keyword_still_gets_its_own_answer() -> None:
     step = _step()
     step["done"] = step.pop("terminated")
-    with pytest.raises(MissingFieldError, match="^done: not a field of this buffer"):
+    with pytest.raises(MissingFieldError, match=r"^done: not a field of this buffer"):
         _replay().add(**step)
 
 
@@ -81,7 +81,7 @@ def test_a_rollout_add_without_truncated_is_refused_with_the_fix() -> None:
     buf = RolloutBuffer(4, N, obs_shape=(3,), action_shape=())
     args = (torch.zeros(N, 3), torch.zeros(N), torch.ones(N), torch.zeros(N, dtype=torch.bool), torch.zeros(N),
             torch.zeros(N))
-    with pytest.raises(MissingFieldError, match="^truncated: required with every step: pass truncated=False"):
+    with pytest.raises(MissingFieldError, match=r"^truncated: required with every step: pass truncated=False"):
         buf.add(*args)
     assert buf.steps == 0
     buf.add(*args, truncated=False)

@@ -352,7 +352,7 @@ def test_a_gru_hidden_state_is_one_tensor_at_torchrl_key() -> None:
 def test_hidden_state_inputs_are_validated_by_key() -> None:
     buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=(), hidden_state_shape={"h": (1, 4), "c": (1, 4)})
     args = (torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]), torch.zeros(2),
-            torch.zeros(2))
+            torch.zeros(2), False)
     with pytest.raises(MissingFieldError, match="hidden_state: this buffer stores one"):
         buf.add(*args)
     with pytest.raises(MissingFieldError, match=r'hidden_state\["c"\]: missing'):
@@ -394,7 +394,7 @@ def replay_with_steps(capacity: int, num_envs: int, steps: int, done_every: int 
         extra = {"hidden_state": {"h": (envs * 1000 + t).view(num_envs, 1, 1).expand(num_envs, 1, 2)}} \
             if "hidden_state_shape" in kwargs else {}
         buf.add((envs * 1000 + t).unsqueeze(1), torch.zeros(num_envs), torch.zeros(num_envs),
-                (envs * 1000 + t + 1).unsqueeze(1), done, **extra)
+                (envs * 1000 + t + 1).unsqueeze(1), done, truncated=False, **extra)
     return buf
 
 
@@ -468,7 +468,7 @@ def test_env_major_extends_are_refused_and_time_major_ones_work() -> None:
 
 def test_an_add_that_leaves_envs_out_stops_sequences_until_clear() -> None:
     buf = replay_with_steps(40, 2, 4)
-    step = (torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), torch.zeros(2, 1), torch.zeros(2, dtype=torch.bool))
+    step = (torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), torch.zeros(2, 1), torch.zeros(2, dtype=torch.bool), False)
     buf.add(*step, env_mask=torch.tensor([True, True]))  # every env: rows stay interleaved
     assert len(buf.sample_sequences(2, 3)) == 2
     buf.add(*step, env_mask=torch.tensor([False, True]))  # one row: env 1's steps no longer 2 rows apart
