@@ -138,10 +138,17 @@ def test_a_buffer_built_from_the_batched_space_warns_and_its_add_says_the_fix() 
         "num_envs=4: was it built from envs.observation_space? Build it with "
         "observation_space=envs.single_observation_space (one env's space)")
     assert len(buf) == 0
+    cartpole = gym.make_vec("CartPole-v1", num_envs=4)
     with pytest.warns(BatchedSpaceWarning, match="^action_space: shape .4,. starts with num_envs=4.*"
                                                  "envs.single_action_space"):
-        RolloutBuffer(8, 4, observation_space=envs.single_observation_space,
-                      action_space=gym.make_vec("CartPole-v1", num_envs=4).action_space)
+        rollout = RolloutBuffer(8, 4, observation_space=envs.single_observation_space,
+                                action_space=cartpole.action_space)
+    with pytest.raises(ShapeError, match=r"action: expected shape \(4, 4\), got \(4,\); this buffer stores action of "
+                                         r"shape \(4,\).*action_space=envs.single_action_space"):
+        rollout.add(obs, cartpole.action_space.sample(), reward, terminated, np.zeros(4), np.zeros(4), truncated)
+    with pytest.warns(BatchedSpaceWarning):  # its add takes any batch: a (4, 3) step would read as one row
+        DistillationBuffer(10, observation_space=envs.observation_space, action_space=envs.single_action_space,
+                           num_envs=4)
     envs.close()
 
 

@@ -250,7 +250,7 @@ def test_a_saved_window_that_is_no_int_is_refused_at_load(tmp_path: Path) -> Non
 def test_an_extra_named_like_a_sequence_column_is_refused_by_sample_sequences(name: str) -> None:
     buffer = ReplayBuffer(8, obs_shape=(1,), action_shape=(), extra_fields={name: ((), torch.float32)})
     for _ in range(4):
-        buffer.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, **{name: 7.0})
+        buffer.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, **{name: 7.0}, truncated=False)
     assert buffer.sample_all().extras[name].tolist() == [7.0] * 4  # stored and sampled as usual
     with pytest.raises(ConfigError, match=f"the extra field '{name}' has the name of a column of sample_sequences"):
         buffer.sample_sequences(2, 2)
