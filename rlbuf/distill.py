@@ -66,7 +66,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
             or a TorchRL spec (a ``Discrete`` space stores an ``int64`` index).
         obs_dtype: stored observation dtype, or a mapping by key for dict observations (default:
             the space's or spec's, else float32).
-        action_dtype: stored expert-action dtype (default: the space's, else float32).
+        action_dtype: stored expert-action dtype, a torch dtype or its name (``"int64"``); default: the space's, else float32.
 
     Raises:
         ConfigError: invalid options.

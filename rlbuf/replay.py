@@ -90,7 +90,7 @@ class ReplayBuffer(ReplayWriting):
             or a TorchRL spec (a ``Discrete`` space stores an ``int64`` index).
         obs_dtype: stored observation dtype (``torch.uint8`` for images: 1 byte per value); for
             dict observations one dtype or a mapping by key. Unset: the spec's or space's dtype, else float32.
-        action_dtype: stored action dtype (default: the space's, else float32).
+        action_dtype: stored action dtype, a torch dtype or its name (``"int64"``); default: the space's, else float32.
         stats: an [`EpisodeStats`][rlbuf.EpisodeStats] fed with every step added (returns, lengths).
         frame_stack: ``k`` for stacked observations ``obs_shape=(k, *frame)`` (gymnasium's
             ``FrameStackObservation``, newest frame last): each frame is stored once and the

@@ -63,6 +63,13 @@ def test_an_unknown_dtype_name_is_refused_clearly(options: dict[str, Any], messa
     assert str(error.value).startswith(message) and "'int64'" in str(error.value)
 
 
+def test_bytes_per_transition_takes_dtype_names_too() -> None:
+    named = ReplayBuffer.bytes_per_transition(obs_shape=(4, 84, 84), action_shape=(), obs_dtype="uint8",
+                                              action_dtype="int64", extra_fields={"w": ((), "float16")})
+    assert named == ReplayBuffer.bytes_per_transition(obs_shape=(4, 84, 84), action_shape=(), obs_dtype=torch.uint8,
+                                                      action_dtype=torch.int64, extra_fields={"w": ((), torch.float16)})
+
+
 # -- refusals that name the cast ---------------------------------------------------------------
 @pytest.mark.parametrize("as_numpy", [False, True])
 def test_float_dones_are_refused_with_bool(as_numpy: bool) -> None:
