@@ -6,7 +6,7 @@ reward 0 and no flag, a transition the env never made. Such a row is an env whos
 stored row ended an episode and whose ``obs`` now equals that row's ``next_obs``.
 [`ResetSteps`][rlbuf._autoreset.ResetSteps] remembers, per env, whether its last stored row
 ended and, only then, that row's ``next_obs``; the next add of that env compares. It warns
-([`NextStepResetWarning`][rlbuf.NextStepResetWarning]) before anything is stored, once per
+([`NextStepResetWarning`][rlbuf.errors.NextStepResetWarning]) before anything is stored, once per
 buffer, and then stops watching: an add refused by a warnings filter (``"error"``) stores nothing.
 
 Example:

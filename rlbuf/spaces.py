@@ -158,8 +158,8 @@ def resolve_fields(observation_space: Any, obs_shape: Any, obs_dtype: Any, actio
     """A buffer constructor's ``(obs_shape, obs_dtype, action_shape, action_dtype)``, from spaces or shapes.
 
     Each pair goes through ``resolve_field``; observations may be structured (a dict observation),
-    actions may not. Dtypes may be named (``"int64"``). Warns ([`BatchedSpaceWarning`][rlbuf.BatchedSpaceWarning])
-    for a vector env's batched space given for ``num_envs`` envs, and ([`MemoryWarning`][rlbuf.MemoryWarning])
+    actions may not. Dtypes may be named (``"int64"``). Warns ([`BatchedSpaceWarning`][rlbuf.errors.BatchedSpaceWarning])
+    for a vector env's batched space given for ``num_envs`` envs, and ([`MemoryWarning`][rlbuf.errors.MemoryWarning])
     for a float64 ``Box`` observation space without ``obs_dtype``.
 
     Raises:
@@ -214,7 +214,7 @@ def looks_batched(space: Any, num_envs: Any) -> bool:
 
 
 def warn_if_batched(space: Any, name: str, num_envs: Any) -> None:
-    """Warn ([`BatchedSpaceWarning`][rlbuf.BatchedSpaceWarning]) when ``space`` looks like ``envs.{name}``
+    """Warn ([`BatchedSpaceWarning`][rlbuf.errors.BatchedSpaceWarning]) when ``space`` looks like ``envs.{name}``
     given for ``envs.single_{name}`` (see [`looks_batched`][rlbuf.spaces.looks_batched])."""
     if looks_batched(space, num_envs):
         warnings.warn(f"{name}: shape {tuple(space.shape)} starts with num_envs={num_envs}: it looks like a vector "
