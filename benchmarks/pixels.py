@@ -231,7 +231,7 @@ def compare_layouts(repeats: int) -> None:
             obs = (torch.rand(4, *shape, generator=generator) * 255).to(dtype)
             for _ in range(5000):
                 next_obs = (torch.rand(4, *shape, generator=generator) * 255).to(dtype)
-                buf.add(obs, torch.zeros(4), torch.ones(4), next_obs, torch.rand(4, generator=generator) < 0.001)
+                buf.add(obs, torch.zeros(4), torch.ones(4), next_obs, torch.rand(4, generator=generator) < 0.001, truncated=False)
                 obs = next_obs
             buffers["compact" if compact else "classic"] = buf
         for batch in (32, 256):

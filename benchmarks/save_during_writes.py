@@ -68,7 +68,7 @@ def main(rows: int = 1_000_000, rounds: int = 5) -> None:
         count, longest, began = 0, 0.0, time.perf_counter()
         while not until.is_set() if isinstance(until, threading.Event) else time.perf_counter() - began < until:
             before = time.perf_counter()
-            buffer.add(obs, 0, 0.0, next_obs, False)
+            buffer.add(obs, 0, 0.0, next_obs, False, truncated=False)
             longest = max(longest, time.perf_counter() - before)
             count += 1
             if started is not None and count == 1:

@@ -70,7 +70,7 @@ def recurrent_minibatches(num_envs: int, repeats: int) -> None:
     for t in range(T):
         obs = {"policy": data["policy"][t], "critic": data["critic"][t]}
         mine.add(obs, data["action"][t], torch.ones(num_envs), done[t], torch.zeros(num_envs), torch.zeros(num_envs),
-                 hidden_state={"h": data["h"][t].transpose(0, 1), "c": data["c"][t].transpose(0, 1)})
+                 hidden_state={"h": data["h"][t].transpose(0, 1), "c": data["c"][t].transpose(0, 1)}, truncated=False)
         step = RolloutStorage.Transition()
         step.observations = TensorDict(obs, batch_size=[num_envs])
         step.actions, step.rewards, step.dones = data["action"][t], torch.ones(num_envs), done[t].to(torch.uint8)
@@ -102,7 +102,7 @@ def replay_sequences(capacity: int, repeats: int, number: int) -> None:
 
     mine = ReplayBuffer(capacity, obs_shape=(32,), action_shape=(), num_envs=num_envs, seed=0)
     for t in range(steps):
-        mine.add(obs[t], torch.zeros(num_envs), torch.zeros(num_envs), obs[t], done[t])
+        mine.add(obs[t], torch.zeros(num_envs), torch.zeros(num_envs), obs[t], done[t], truncated=False)
 
     def torchrl_buffer(cache: bool) -> TensorDictReplayBuffer:
         env_major = {"observation": obs.transpose(0, 1).reshape(-1, 32), "action": torch.zeros(capacity),
@@ -126,7 +126,7 @@ def replay_sequences(capacity: int, repeats: int, number: int) -> None:
                                 "truncated": torch.zeros(num_envs, 1, dtype=torch.bool)}}, batch_size=[num_envs])
 
     def rlbuf_add_and_sample() -> None:
-        mine.add(obs[0], torch.zeros(num_envs), torch.zeros(num_envs), obs[0], done[0])
+        mine.add(obs[0], torch.zeros(num_envs), torch.zeros(num_envs), obs[0], done[0], truncated=False)
         mine.sample_sequences(batch, length)
 
     def torchrl_add_and_sample() -> None:

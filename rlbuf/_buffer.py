@@ -204,7 +204,7 @@ class RingBuffer(BufferState, Generic[BatchT]):
         Example:
             >>> from rlbuf import ReplayBuffer
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
-            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, truncated=False)
             >>> len(buf.torchrl), buf.torchrl[0]["next", "reward"].tolist()
             (1, [1.0])
         """
@@ -228,7 +228,7 @@ class RingBuffer(BufferState, Generic[BatchT]):
         Example:
             >>> from rlbuf import ReplayBuffer
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
-            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, truncated=False)
             >>> buf.clear()
             >>> len(buf), buf.capacity
             (0, 10)
@@ -279,7 +279,7 @@ class RingBuffer(BufferState, Generic[BatchT]):
             >>> from rlbuf import ReplayBuffer
             >>> buf = ReplayBuffer(3, obs_shape=(1,), action_shape=())
             >>> for r in range(5):
-            ...     buf.add(torch.zeros(1), 0.0, float(r), torch.zeros(1), False)
+            ...     buf.add(torch.zeros(1), 0.0, float(r), torch.zeros(1), False, truncated=False)
             >>> buf.sample_all().reward.tolist()
             [2.0, 3.0, 4.0]
         """
@@ -317,7 +317,7 @@ class RingBuffer(BufferState, Generic[BatchT]):
             >>> from rlbuf import ReplayBuffer
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
             >>> for r in range(4):
-            ...     buf.add(torch.zeros(1), 0.0, float(r), torch.zeros(1), False)
+            ...     buf.add(torch.zeros(1), 0.0, float(r), torch.zeros(1), False, truncated=False)
             >>> buf.sample_by_index([3, 1]).reward.tolist()
             [3.0, 1.0]
             >>> only = buf.sample_by_index(2, fields=["reward"])
@@ -355,7 +355,7 @@ class RingBuffer(BufferState, Generic[BatchT]):
             >>> from rlbuf import ReplayBuffer
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
             >>> for _ in range(5):
-            ...     buf.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False)
+            ...     buf.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
             >>> [len(batch) for batch in buf.epochs(batch_size=2, n_epochs=2)]
             [2, 2, 1, 2, 2, 1]
         """
@@ -384,7 +384,7 @@ class RingBuffer(BufferState, Generic[BatchT]):
         Example:
             >>> from rlbuf import ReplayBuffer
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
-            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, truncated=False)
             >>> buf.current_epochs is None, buf.epochs(batch_size=1) is buf.current_epochs
             (True, True)
         """
@@ -403,7 +403,7 @@ class RingBuffer(BufferState, Generic[BatchT]):
             >>> from rlbuf import ReplayBuffer
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
             >>> for _ in range(5):
-            ...     buf.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False)
+            ...     buf.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
             >>> buf.num_batches(2), buf.num_batches(2, drop_last=True)
             (3, 2)
         """

@@ -11,7 +11,7 @@ Example:
     >>> from rlbuf import ReplayBuffer
     >>> buf = ReplayBuffer(8, obs_shape=(2, 1), action_shape=(), frame_stack=2, seed=0)
     >>> for t in range(3):
-    ...     buf.add(torch.tensor([[max(t - 1.0, 0.0)], [t]]), 0.0, 1.0, torch.tensor([[t], [t + 1.0]]), False)
+    ...     buf.add(torch.tensor([[max(t - 1.0, 0.0)], [t]]), 0.0, 1.0, torch.tensor([[t], [t + 1.0]]), False, truncated=False)
     >>> buf.sample_all().obs[:, :, 0].tolist()    # the third row waits for the row after it
     [[0.0, 0.0], [0.0, 1.0]]
 """

@@ -111,6 +111,33 @@ MAX_NUM_ENVS = 2**31 - 1
 """rlbuf's limit on ``num_envs`` (rows per add): far beyond any vector env, and checked before anything is allocated."""
 
 
+class _Required:
+    """The default of a constructor's size that must be given: shown as ``REQUIRED`` in signatures, so
+    ``ReplayBuffer(buffer_size=...)`` still gets its message naming ``capacity``."""
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+
+def require(example: str, **options: object) -> None:
+    """Raise [`ConfigError`][rlbuf.ConfigError] naming the first of ``options`` left out (``REQUIRED``).
+
+    Example:
+        >>> require("ReplayBuffer(100_000, observation_space=...)", capacity=REQUIRED)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: capacity: required (the rows the buffer keeps), e.g. ReplayBuffer(100_000, observation_space=...)
+    """
+    for name, value in options.items():
+        if value is REQUIRED:
+            what = {"capacity": " (the rows the buffer keeps)", "num_steps": " (steps per rollout)",
+                    "num_envs": " (envs stepped together)"}.get(name, "")
+            raise ConfigError(f"{name}: required{what}, e.g. {example}")
+
+
 def as_num_envs(value: object) -> int:
     """``num_envs`` as a positive int up to ``MAX_NUM_ENVS``, checked before a buffer allocates anything per env.
 
@@ -224,6 +251,19 @@ def as_array(name: str, value: object, error: type[RlbufError] | None = None) ->
     return array
 
 
+def tensor_of(array: np.ndarray[Any, Any]) -> torch.Tensor:
+    """``array`` as a tensor sharing its memory, or a copy when it is read-only (as some envs return
+    arrays): torch would warn that it cannot protect read-only memory.
+
+    Example:
+        >>> frozen = np.zeros(2)
+        >>> frozen.flags.writeable = False
+        >>> tensor_of(frozen)
+        tensor([0., 0.], dtype=torch.float64)
+    """
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
 def _all_ints(array: np.ndarray[Any, Any]) -> bool:
     return all(isinstance(item, int) and not isinstance(item, bool) for item in array.reshape(-1).tolist())
 
@@ -314,5 +354,5 @@ def stored_positions(index: Any, size: int, storing_device: torch.device) -> tor
         if low < 0 or high >= size:
             raise StoredIndexError(f"index: expected positions in [0, {size}), got values in [{low}, {high}]")
     if isinstance(values, np.ndarray):
-        values = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
+        values = tensor_of(np.ascontiguousarray(values, dtype=np.int64))
     return values.reshape(-1).to(storing_device, torch.long)

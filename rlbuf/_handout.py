@@ -14,7 +14,7 @@ Example:
     >>> import torch
     >>> from rlbuf import ReplayBuffer
     >>> buf = ReplayBuffer(8, obs_shape=(2,), action_shape=())
-    >>> buf.add(torch.zeros(2), 0.0, 1.0, torch.ones(2), False)
+    >>> buf.add(torch.zeros(2), 0.0, 1.0, torch.ones(2), False, truncated=False)
     >>> rb = buf.torchrl
     >>> type(rb).__name__, len(rb)
     ('FlushingReplayBuffer', 1)

@@ -9,7 +9,7 @@ Example:
     >>> from pathlib import Path
     >>> from rlbuf import ReplayBuffer
     >>> buf = ReplayBuffer(8, obs_shape=(2,), action_shape=(), action_dtype=torch.int64, seed=0)
-    >>> buf.add(torch.zeros(2), 1, 0.5, torch.ones(2), False)
+    >>> buf.add(torch.zeros(2), 1, 0.5, torch.ones(2), False, truncated=False)
     >>> path = Path(tempfile.mkdtemp()) / "ckpt"
     >>> buf.save(path)
     >>> report = inspect_checkpoint(path)

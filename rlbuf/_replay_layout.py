@@ -33,6 +33,8 @@ from torchrl.data import RandomSampler
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from rlbuf._compact import CompactLayout, layout_options
+from rlbuf._convert import tensor_of
+from rlbuf._dtypes import dtype_options, extra_field_dtypes
 from rlbuf._fields import extra_specs
 from rlbuf._obs import Layout, as_shape, hidden_state_key, hidden_state_layout, read_td
 from rlbuf._ring import RowRing
@@ -137,6 +139,8 @@ def transition_bytes(*, obs_shape: Any, action_shape: Any, obs_dtype: Any, actio
         ...                  hidden_state_shape=None, episode_length=None)
         47.0
     """
+    obs_dtype, action_dtype = dtype_options(obs_dtype, action_dtype)  # "uint8" too, as the constructor takes
+    extra_fields = extra_field_dtypes(extra_fields)
     obs = Layout.parse(obs_shape, obs_dtype)
     compact, stored, stored_dtype = stored_obs(obs, obs_shape, obs_dtype, hidden_state_shape,
                                                frame_stack=frame_stack, padding_type="reset", n_step=n_step,
@@ -244,7 +248,7 @@ class ReplayWriter:
         keep = as_array("env_mask", env_mask)
         if keep.dtype.kind != "b" or keep.shape != (n,):
             raise ShapeError(f"env_mask: expected {n} bools (one per env), got {keep.dtype} of shape {keep.shape}")
-        return torch.as_tensor(keep)
+        return tensor_of(keep)
 
     def _kept_rows(self, specs: Sequence[FieldSpec], values: Sequence[Any], keep: torch.Tensor) -> dict[str, torch.Tensor]:
         """Read all ``num_envs`` rows of each value with its reader; return the rows ``keep`` marks, by name."""

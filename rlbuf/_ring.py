@@ -55,6 +55,7 @@ _SMALL_BATCH_BYTES = 64 * 2**20
 CapturedT = TypeVar("CapturedT")
 _WIDE_ROW_BYTES = 4096
 _CPU = torch.device("cpu")
+_FLAGS = ("terminated", "truncated")
 
 
 def _plain(tensor: torch.Tensor) -> torch.Tensor:
@@ -189,6 +190,9 @@ class RowRing:
             self._add_one_row if rows_per_add == 1 and self.pending_limit
             else self._add_rows if self.pending_limit else self.add_unstaged)
         self.pending = 0
+        # The rows of the last add, as their readers returned them, in input field order (the buffer reads a
+        # step's flags there once it is stored: a Python bool for one row); of a larger write, only the flags.
+        self.last_read: Sequence[Any] = ()
         self._pending_start = 0
         self._derived_rows = 0  # pending rows whose derived fields are computed already (``settle``)
         self.generation = 0  # bumped when rows change without a write: clear, load, rewrites, TorchRL's __setitem__
@@ -332,6 +336,7 @@ class RowRing:
             for target, row in zip(self._target_list, read):  # noqa: B905 (one per field, read above)
                 target[position] = row
             self.pending += 1
+            self.last_read = read
             if self.handed_out:
                 self.flush()  # TorchRL's storage and writer are read directly: keep them current
         finally:
@@ -357,6 +362,7 @@ class RowRing:
                     target[position:] = array[:first]
                     target[:rows - first] = array[first:]
             self.pending += rows
+            self.last_read = arrays
             if self.handed_out:
                 self.flush()
         return None
@@ -426,6 +432,8 @@ class RowRing:
         with self.lock:
             self.flush()
             self.write(columns, rows)
+            # Only the flags: a large write (an extend) is not kept alive by the ring.
+            self.last_read = [columns.get(spec.name) if spec.name in _FLAGS else None for spec in self.input_specs]
 
     @contextlib.contextmanager
     def rewriting(self) -> Iterator[None]:

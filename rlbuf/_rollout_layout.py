@@ -216,7 +216,7 @@ def step_values(fields: dict[str, Any], hidden_state: Any, extras: Mapping[str, 
     Example:
         >>> layout = Layout.parse((1,), None)
         >>> fields = dict(obs=torch.zeros(1, 1), action=0.0, reward=0.0, terminated=False, value=0.0, log_prob=0.0,
-        ...               truncated=None, privileged_obs=None, bootstrap_value=None)
+        ...               truncated=False, privileged_obs=None, bootstrap_value=None)
         >>> sorted(step_values(fields, None, {}, num_envs=1, obs_layout=layout, hidden=None, extra_specs={},
         ...                    privileged=False))[:3]
         ['action', 'bootstrap_value', 'log_prob']
@@ -225,6 +225,11 @@ def step_values(fields: dict[str, Any], hidden_state: Any, extras: Mapping[str, 
     value, log_prob, truncated = fields["value"], fields["log_prob"], fields["truncated"]
     privileged_obs, bootstrap_value = fields["privileged_obs"], fields["bootstrap_value"]
     if truncated is None:
+        raise MissingFieldError("truncated: required with every step: pass truncated=False for envs without time "
+                                "limit; with gymnasium, add(..., terminated=terminations, value, log_prob, "
+                                "truncated=truncations, bootstrap_value=...); CleanRL's done is not terminated (a "
+                                "timeout would count as a death)")
+    if truncated is False:  # for every env: one flag per row
         truncated = np.zeros(num_envs, np.bool_)
     if bootstrap_value is None:
         if any_true(truncated):

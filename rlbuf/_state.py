@@ -10,7 +10,7 @@ Example:
     >>> import torch
     >>> from rlbuf import ReplayBuffer
     >>> buf = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0)
-    >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+    >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, truncated=False)
     >>> state = buf.state_dict()
     >>> state["cursor"] = 5
     >>> ReplayBuffer(8, obs_shape=(1,), action_shape=()).load_state_dict(state)
@@ -189,7 +189,7 @@ class BufferState:
         Example:
             >>> from rlbuf import ReplayBuffer
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
-            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, truncated=False)
             >>> state = buf.state_dict()
             >>> state["kind"], state["size"], state["fields"]["reward"].tolist()
             ('ReplayBuffer', 1, [1.0])
@@ -210,7 +210,7 @@ class BufferState:
         Example:
             >>> from rlbuf import ReplayBuffer
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
-            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, truncated=False)
             >>> buf.check_valid()
             (True, '')
         """
@@ -356,7 +356,7 @@ class BufferState:
         Example:
             >>> from rlbuf import ReplayBuffer
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
-            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, truncated=False)
             >>> copy = ReplayBuffer(10, obs_shape=(1,), action_shape=())
             >>> copy.load_state_dict(buf.state_dict())
             >>> len(copy), copy.sample_all().reward.tolist()
@@ -416,7 +416,7 @@ class BufferState:
             >>> import os, tempfile
             >>> from rlbuf import ReplayBuffer
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
-            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, truncated=False)
             >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
             >>> buf.save(path)
             >>> os.path.isdir(path)
@@ -443,7 +443,7 @@ class BufferState:
             >>> import os, tempfile
             >>> from rlbuf import ReplayBuffer
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
-            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False)
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, truncated=False)
             >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
             >>> buf.save(path)
             >>> restored = ReplayBuffer.load(path)

@@ -8,7 +8,7 @@ Example:
     >>> import torch
     >>> from rlbuf import ReplayBuffer
     >>> buf = ReplayBuffer(8, obs_shape=(2,), action_shape=(), action_dtype=torch.int64, seed=0)
-    >>> buf.add(torch.ones(2), 1, 0.5, torch.zeros(2), False)
+    >>> buf.add(torch.ones(2), 1, 0.5, torch.zeros(2), False, truncated=False)
     >>> batch = buf.sample(4)
     >>> batch.obs.shape, batch.reward.shape, batch.done.dtype
     (torch.Size([4, 2]), torch.Size([4]), torch.bool)
@@ -57,9 +57,9 @@ class Transition(NamedTuple):
 
     Example:
         >>> import torch
-        >>> step = Transition(torch.zeros(3), torch.zeros(1), 1.0, torch.ones(3), False)
-        >>> step.truncated is None          # no time limit hit: False for every env
-        True
+        >>> step = Transition(torch.zeros(3), torch.zeros(1), 1.0, torch.ones(3), False, truncated=False)
+        >>> step.truncated                  # required by ReplayBuffer.add: False without time limit
+        False
     """
 
     obs: Any
@@ -139,7 +139,7 @@ class ReplayBatch(_TransitionFields):
         Example:
             >>> from rlbuf import ReplayBuffer
             >>> buf = ReplayBuffer(8, obs_shape=(2,), action_shape=(), seed=0)
-            >>> buf.add(torch.ones(2), 0.0, 1.0, torch.zeros(2), False)
+            >>> buf.add(torch.ones(2), 0.0, 1.0, torch.zeros(2), False, truncated=False)
             >>> td = buf.sample(4).to_tensordict()
             >>> td["next", "done"].shape, td["priority_weight"].tolist()
             (torch.Size([4, 1]), [1.0, 1.0, 1.0, 1.0])
@@ -254,7 +254,7 @@ class RolloutBatch(_OnPolicyFields):
             >>> from rlbuf import RolloutBuffer
             >>> buf = RolloutBuffer(1, 2, obs_shape=(3,), action_shape=())
             >>> buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]),
-            ...         torch.zeros(2), torch.zeros(2))
+            ...         torch.zeros(2), torch.zeros(2), truncated=False)
             >>> buf.compute_returns_and_advantages(torch.zeros(2))
             >>> td = buf.get_all_data().to_tensordict()
             >>> td["advantage"].shape, td["next", "done"].shape

@@ -33,12 +33,12 @@ from tensordict import TensorDictBase
 from torchrl.data import RandomSampler
 
 from rlbuf._buffer import RingBuffer, refuse_foreign_options
-from rlbuf._convert import as_num_envs
+from rlbuf._convert import REQUIRED, as_num_envs, require, tensor_of
 from rlbuf._fields import extra_specs
 from rlbuf._keywords import check_extras
 from rlbuf._obs import ObsDtype, ObsShape, as_shape, leaf_names, read_td, record_layout
 from rlbuf.batches import DistillationBatch
-from rlbuf.spaces import resolve_fields
+from rlbuf.spaces import extra_field_dtypes, resolve_fields
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_tensordict
 from rlbuf.storage import DeviceLike, StorageKind
 
@@ -66,7 +66,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
             or a TorchRL spec (a ``Discrete`` space stores an ``int64`` index).
         obs_dtype: stored observation dtype, or a mapping by key for dict observations (default:
             the space's or spec's, else float32).
-        action_dtype: stored expert-action dtype (default: the space's, else float32).
+        action_dtype: stored expert-action dtype, a torch dtype or its name (``"int64"``); default: the space's, else float32.
 
     Raises:
         ConfigError: invalid options.
@@ -80,7 +80,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
 
     def __init__(
         self,
-        capacity: int = 0,
+        capacity: int = REQUIRED,
         *,
         obs_shape: ObsShape | None = None,
         action_shape: Sequence[int] | int | None = None,
@@ -98,8 +98,10 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         **foreign: Any,
     ) -> None:
         refuse_foreign_options(DistillationBuffer.__init__, foreign)
+        require("DistillationBuffer(100_000, observation_space=envs.single_observation_space, action_space=envs.single_action_space)", capacity=capacity)
+        extra_fields = extra_field_dtypes(extra_fields)
         obs_shape, obs_dtype, action_shape, action_dtype = resolve_fields(
-            observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype)
+            observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype, num_envs=num_envs)
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         as_num_envs(num_envs)
@@ -135,7 +137,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         check_extras(self._extra_specs, extras)
         names = leaf_names("obs", self._obs)
         leaves = self._obs.split("obs", obs) if self._obs.structured else [obs]
-        leaves = [leaf if isinstance(leaf, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(as_array(name, leaf)))
+        leaves = [leaf if isinstance(leaf, torch.Tensor) else tensor_of(np.ascontiguousarray(as_array(name, leaf)))
                   for name, leaf in zip(names, leaves, strict=True)]  # checked: numbers, not ragged
         values = {**dict(zip(names, leaves, strict=True)), "expert_action": expert_action, **extras}
         ordered = tuple(values[spec.name] for spec in self._ring.input_specs)

@@ -8,7 +8,7 @@ Example:
     >>> from rlbuf import ReplayBuffer, ShapeError
     >>> buf = ReplayBuffer(10, obs_shape=(3,), action_shape=(1,))
     >>> try:
-    ...     buf.add(torch.zeros(4), torch.zeros(1), 1.0, torch.zeros(3), False)
+    ...     buf.add(torch.zeros(4), torch.zeros(1), 1.0, torch.zeros(3), False, truncated=False)
     ... except ShapeError as error:
     ...     print(error)
     obs: expected shape (1, 3) or (3,), got (4,)
@@ -88,3 +88,23 @@ class StreamError(RlbufError, ValueError):
 
 class CheckpointError(RlbufError, ValueError):
     """A checkpoint that is missing, truncated, corrupted, of another version or kind."""
+
+
+class RlbufWarning(UserWarning):
+    """Base class of every warning rlbuf gives about a likely mistake; make them errors with
+    ``warnings.simplefilter("error", rlbuf.RlbufWarning)``."""
+
+
+class NextStepResetWarning(RlbufWarning):
+    """An ``add`` that looks like the reset step of gymnasium's ``NEXT_STEP`` autoreset: the env's
+    previous stored row ended an episode and its ``obs`` is that row's ``next_obs`` (a final
+    observation followed by a reset one, which is no transition of the env)."""
+
+
+class BatchedSpaceWarning(RlbufWarning):
+    """A buffer built from a vector env's batched space (``envs.observation_space``), whose first
+    dim is ``num_envs``, instead of ``envs.single_observation_space``."""
+
+
+class MemoryWarning(RlbufWarning):
+    """An option that stores more bytes than needed (a float64 observation space without ``obs_dtype``)."""

@@ -65,7 +65,7 @@ class ReplayBufferHost:
 
     Example:
         >>> host = ReplayBufferHost(capacity=10, obs_shape=(2,), action_shape=())
-        >>> host.rlbuf_add(torch.zeros(2), 0.0, 1.0, torch.ones(2), False)
+        >>> host.rlbuf_add(torch.zeros(2), 0.0, 1.0, torch.ones(2), False, truncated=False)
         >>> len(host), host.sample(4)["next", "reward"].shape
         (1, torch.Size([4, 1]))
     """

@@ -25,22 +25,21 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
 from torchrl.data import TensorDictReplayBuffer
 
-from rlbuf._buffer import RingBuffer, done_of, refuse_foreign_options
+from rlbuf._autoreset import ResetSteps, reset_steps
+from rlbuf._buffer import done_of, refuse_foreign_options
 from rlbuf._compact import CompactLayout
-from rlbuf._convert import as_num_envs
-from rlbuf._keywords import check_extras
+from rlbuf._convert import REQUIRED, as_num_envs, require
 from rlbuf._obs import (
     ObsDtype,
     ObsShape,
     as_shape,
-    check_hidden_state,
     hidden_state_key,
     hidden_state_layout,
     record_layout,
 )
+from rlbuf._replay_add import ReplayWriting
 from rlbuf._replay_layout import (
     ReplayWriter,
     replay_sampler,
@@ -51,7 +50,7 @@ from rlbuf._replay_layout import (
 )
 from rlbuf._streams import PaddingType
 from rlbuf._sumtree import SumTreeSampler
-from rlbuf.batches import ReplayBatch, Transition
+from rlbuf.batches import ReplayBatch
 from rlbuf.epochs import EpochIterator, sizes_by_keyword
 from rlbuf.errors import (
     CheckpointError,
@@ -59,13 +58,13 @@ from rlbuf.errors import (
     PriorityError,
 )
 from rlbuf.sequences import ReplaySequenceBatch, sample_replay_sequences
-from rlbuf.spaces import resolve_fields
+from rlbuf.spaces import extra_field_dtypes, resolve_fields
 from rlbuf.spec import ExtraFields, priorities
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
 
 
-class ReplayBuffer(RingBuffer[ReplayBatch]):
+class ReplayBuffer(ReplayWriting):
     """A ring buffer of transitions for off-policy RL, backed by TorchRL.
 
     Args:
@@ -91,7 +90,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             or a TorchRL spec (a ``Discrete`` space stores an ``int64`` index).
         obs_dtype: stored observation dtype (``torch.uint8`` for images: 1 byte per value); for
             dict observations one dtype or a mapping by key. Unset: the spec's or space's dtype, else float32.
-        action_dtype: stored action dtype (default: the space's, else float32).
+        action_dtype: stored action dtype, a torch dtype or its name (``"int64"``); default: the space's, else float32.
         stats: an [`EpisodeStats`][rlbuf.EpisodeStats] fed with every step added (returns, lengths).
         frame_stack: ``k`` for stacked observations ``obs_shape=(k, *frame)`` (gymnasium's
             ``FrameStackObservation``, newest frame last): each frame is stored once and the
@@ -125,7 +124,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
 
     def __init__(
         self,
-        capacity: int = 0,
+        capacity: int = REQUIRED,
         *,
         obs_shape: ObsShape | None = None,
         action_shape: Sequence[int] | int | None = None,
@@ -153,8 +152,12 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         **foreign: Any,
     ) -> None:
         refuse_foreign_options(ReplayBuffer.__init__, foreign)
+        require("ReplayBuffer(100_000, observation_space=envs.single_observation_space, action_space=envs.single_action_space, num_envs=envs.num_envs)", capacity=capacity)
+        extra_fields = extra_field_dtypes(extra_fields)
+        # A stack of frame_stack == num_envs frames starts with num_envs as a batched space does: no warning.
         obs_shape, obs_dtype, action_shape, action_dtype = resolve_fields(
-            observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype)
+            observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype,
+            num_envs=num_envs if frame_stack != num_envs else 1)
         # Parsed before the options are recorded: a mapping nested too deep is refused by name first.
         self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
         self._record_options(locals())
@@ -176,7 +179,6 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._interleaved = True
         self._setup(specs, capacity, sampler, num_envs=num_envs, storage=storage, scratch_dir=scratch_dir,
                     storing_device=storing_device, device=device, seed=seed, derived={"done": done_of})
-        self._no_truncation: bool | np.ndarray[Any, Any] = False if num_envs == 1 else np.zeros(num_envs, np.bool_)
         single_obs = self._obs.leaves[0]
         self._compact = CompactLayout(self._ring, single_obs.shape, single_obs.dtype, num_envs=num_envs,
                                       frame_stack=frame_stack, padding_type=padding_type, n_step=n_step, gamma=self._gamma,
@@ -186,6 +188,11 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         self._writer = ReplayWriter(self._ring, num_envs=num_envs, obs=self._obs, hidden=self._hidden,
                                     extra_names=list(self._extra_specs), compact=self._compact)
         self._plain = self._compact is None and not self._obs.structured and self._hidden is None and not self._extra_specs
+        # truncated=False says it of every env (no time limit): one flag for every row.
+        self._no_truncation: bool | np.ndarray[Any, Any] = False if num_envs == 1 else np.zeros(num_envs, np.bool_)
+        self._resets: ResetSteps | None = reset_steps(self._ring, self._obs, self._compact, num_envs)
+        names = [spec.name for spec in self._ring.input_specs]
+        self._flag_at = (names.index("terminated"), names.index("truncated"))
 
     @property
     def compact(self) -> bool:
@@ -211,14 +218,16 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
 
         Example:
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), compact=True)
-            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False)
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False, truncated=False)
             >>> buf.clear()
-            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False)   # a new stream: any obs may start it
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False, truncated=False)   # a new stream: any obs may start it
             >>> len(buf)
             1
         """
         super().clear()
         self._interleaved = True
+        if self._resets is not None:
+            self._resets.clear()
         if self._compact is not None:
             self._compact.clear()
 
@@ -233,7 +242,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
 
         Example:
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
-            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False)
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False, truncated=False)
             >>> [len(batch) for batch in buf.epochs(batch_size=1)]
             [1]
         """
@@ -351,110 +360,6 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
                                 frame_stack=frame_stack, n_step=n_step, compact=compact,
                                 hidden_state_shape=hidden_state_shape, episode_length=episode_length)
 
-    # -- writing -----------------------------------------------------------------------------
-    def add(
-        self,
-        obs: Any,
-        action: Any = None,
-        reward: Any = None,
-        next_obs: Any = None,
-        terminated: Any = None,
-        truncated: Any = None,
-        hidden_state: Any = None,
-        *,
-        env_mask: Any = None,
-        **extras: Any,
-    ) -> None:
-        """Store one env step: ``num_envs`` transitions (the env dim may be omitted if 1).
-
-        Accepts torch tensors (CPU or the storing device), numpy arrays and, for a single
-        env, Python numbers. Values are converted to the stored dtype when the conversion
-        stays within its kind (float64 → float32 is fine, float → uint8 is refused).
-
-        Args:
-            obs: observations ``[num_envs, *obs_shape]``; or a [`Transition`][rlbuf.Transition].
-            action: actions ``[num_envs, *action_shape]``.
-            reward: rewards ``[num_envs]``, finite.
-            next_obs: observations after the step (the final observation for a truncated
-                episode, not the reset one).
-            terminated: the MDP ended the episode (no bootstrap) ``[num_envs]`` bool.
-            truncated: a time limit cut the episode ``[num_envs]`` bool; ``None`` = False.
-            hidden_state: the policy's hidden state the action was computed from, if the buffer
-                stores one (``[num_envs, *shape]``, a dict for ``{"h": ..., "c": ...}``).
-            env_mask: ``[num_envs]`` bools: store only the rows of these envs (e.g. leave out
-                the reset steps of gymnasium's ``NEXT_STEP`` autoreset; [`Recorder`][rlbuf.gym.Recorder]
-                does it for you). Every row is still validated; the stats skip the others.
-            **extras: one value per declared extra field.
-
-        Raises:
-            ShapeError, DtypeError, DeviceError, NonFiniteError, MissingFieldError: before
-                anything is stored.
-
-        Example:
-            >>> buf = ReplayBuffer(10, obs_shape=(3,), action_shape=(), num_envs=2, seed=0)
-            >>> buf.add(obs=torch.zeros(2, 3), action=torch.zeros(2), reward=torch.ones(2),
-            ...         next_obs=torch.zeros(2, 3), terminated=torch.tensor([False, True]))
-            >>> len(buf)
-            2
-        """
-        if self._plain and not extras and hidden_state is None and env_mask is None and not isinstance(obs, Transition):
-            # The plain layout (decided once, in the constructor): the fields go to the ring's add as given.
-            # Statistics checked first and recorded once the rows are stored: a refusal changes neither.
-            record = None if self._stats is None else self._planned_stats(reward, terminated, truncated)
-            self._ring.add((obs, action, reward, next_obs, terminated,
-                            self._no_truncation if truncated is None else truncated), self._num_envs)
-            if record is not None:
-                record()
-            return
-        if isinstance(obs, Transition):
-            if any(v is not None for v in (action, reward, next_obs, terminated, truncated)) or extras:
-                raise ConfigError("add: pass either a Transition or the fields, not both")
-            obs, action, reward, next_obs, terminated, truncated, given = obs
-            extras = dict(given or {})
-            hidden_state = extras.pop("hidden_state", None)
-        if truncated is None:
-            truncated = self._no_truncation
-        if len(extras) != len(self._extra_specs) or (extras and extras.keys() != self._extra_specs.keys()):
-            check_extras(self._extra_specs, extras)
-        check_hidden_state(self._hidden, hidden_state)
-        record = self._planned_stats(reward, terminated, truncated, env_mask=env_mask)
-        interleaved = self._writer.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, extras,
-                                       env_mask)
-        self._interleaved = self._interleaved and interleaved
-        if record is not None:
-            record()
-
-    def extend(self, td: TensorDictBase) -> None:
-        """Store a TensorDict in TorchRL layout, e.g. a collector's ``[num_envs, T]`` batch.
-
-        Reads ``"observation"``, ``"action"``, ``("next", "observation")``,
-        ``("next", "reward")``, ``("next", "terminated")`` and ``("next", "truncated")``
-        (derived as ``done & ~terminated`` when absent) plus the extra fields; every batch
-        dim is flattened, row-major. Other keys are ignored.
-
-        Raises:
-            MissingFieldError, ShapeError, DtypeError, DeviceError, NonFiniteError: before
-                anything is stored (``ShapeError`` too for a plain dict: wrap it in a TensorDict).
-
-        Example:
-            >>> from tensordict import TensorDict
-            >>> td = TensorDict({"observation": torch.zeros(2, 5, 3), "action": torch.zeros(2, 5),
-            ...                  "next": {"observation": torch.zeros(2, 5, 3), "reward": torch.ones(2, 5, 1),
-            ...                           "terminated": torch.zeros(2, 5, 1, dtype=torch.bool)}}, batch_size=[2, 5])
-            >>> buf = ReplayBuffer(100, obs_shape=(3,), action_shape=(), seed=0)
-            >>> buf.extend(td)
-            >>> len(buf)
-            10
-        """
-        stats = self._stats
-        if stats is None:
-            interleaved = self._writer.extend(td, per_env=False)
-        else:
-            with stats.restored_on_error():  # statistics fed before the rows are stored, undone if refused
-                interleaved = self._writer.extend(td, per_env=True, before_write=lambda tensors: (
-                    self._feed_stats_from_rollout(tensors["reward"], tensors["terminated"], tensors["truncated"])))
-        self._interleaved = self._interleaved and interleaved
-
     # -- reading -----------------------------------------------------------------------------
     def sample(self, batch_size: int) -> ReplayBatch:
         """Draw ``batch_size`` transitions (with replacement), delivered on ``device``.
@@ -469,7 +374,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
 
         Example:
             >>> buf = ReplayBuffer(10, obs_shape=(3,), action_shape=(), seed=0)
-            >>> buf.add(torch.zeros(3), 0.0, 1.0, torch.ones(3), False)
+            >>> buf.add(torch.zeros(3), 0.0, 1.0, torch.ones(3), False, truncated=False)
             >>> batch = buf.sample(4)
             >>> batch.obs.shape, batch.reward.tolist(), batch.weight.tolist()
             (torch.Size([4, 3]), [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0])
@@ -549,7 +454,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
             >>> buf = ReplayBuffer(100, obs_shape=(1,), action_shape=(), num_envs=2, seed=0)
             >>> for t in range(10):
             ...     buf.add(torch.full((2, 1), float(t)), torch.zeros(2), torch.zeros(2),
-            ...             torch.full((2, 1), t + 1.0), torch.tensor([t == 4, False]))
+            ...             torch.full((2, 1), t + 1.0), torch.tensor([t == 4, False]), truncated=False)
             >>> batch = buf.sample_sequences(4, 3, burn_in=2)
             >>> batch.obs.shape, batch.mask.shape
             (torch.Size([4, 5, 1]), torch.Size([4, 5]))
@@ -581,7 +486,7 @@ class ReplayBuffer(RingBuffer[ReplayBatch]):
         Example:
             >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), prioritized=True, seed=0)
             >>> for _ in range(4):
-            ...     buf.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False)
+            ...     buf.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
             >>> buf.update_priority([0, 1, 2, 3], [0.0, 0.0, 1.0, 0.0])
             >>> buf.sample(5).index.tolist()
             [2, 2, 2, 2, 2]

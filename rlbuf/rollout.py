@@ -12,7 +12,7 @@ Example:
     >>> for t in range(4):
     ...     buf.add(obs=torch.randn(2, 3), action=torch.zeros(2), reward=torch.ones(2),
     ...             terminated=torch.tensor([t == 3, False]), value=torch.zeros(2),
-    ...             log_prob=torch.zeros(2))
+    ...             log_prob=torch.zeros(2), truncated=False)
     >>> buf.compute_returns_and_advantages(last_value=torch.zeros(2), gamma=0.99, gae_lambda=0.95)
     >>> [batch.advantage.shape for batch in buf.minibatches(num_minibatches=2)]
     [torch.Size([4]), torch.Size([4])]
@@ -30,7 +30,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import SamplerWithoutReplacement
 
 from rlbuf._buffer import RingBuffer, done_of, refuse_foreign_options
-from rlbuf._convert import as_num_envs
+from rlbuf._convert import REQUIRED, as_num_envs, require
 from rlbuf._delivery import deliver
 from rlbuf._obs import (
     ObsDtype,
@@ -58,7 +58,7 @@ from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options, sizes
 from rlbuf.errors import BufferFullError, CheckpointError, NonFiniteError, RolloutIncompleteError
 from rlbuf.gae import compute_gae
 from rlbuf.sequences import PaddedTrajectories, SequenceBatch, split_trajectories
-from rlbuf.spaces import resolve_fields
+from rlbuf.spaces import extra_field_dtypes, resolve_fields
 from rlbuf.spec import (
     ExtraFields,
     FieldSpec,
@@ -117,8 +117,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
 
     def __init__(
         self,
-        num_steps: int = 0,
-        num_envs: int = 0,
+        num_steps: int = REQUIRED,
+        num_envs: int = REQUIRED,
         *,
         obs_shape: ObsShape | None = None,
         action_shape: Sequence[int] | int | None = None,
@@ -138,16 +138,17 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         **foreign: Any,
     ) -> None:
         refuse_foreign_options(RolloutBuffer.__init__, foreign)
+        require("RolloutBuffer(num_steps=128, num_envs=envs.num_envs, observation_space=...)", num_steps=num_steps, num_envs=num_envs)
+        extra_fields = extra_field_dtypes(extra_fields)
         obs_shape, obs_dtype, action_shape, action_dtype = resolve_fields(
-            observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype)
+            observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype, num_envs=num_envs)
         # Parsed before the options are recorded: a mapping nested too deep is refused by name first.
         self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
-        positive_int("num_steps", num_steps)
+        self._num_steps = positive_int("num_steps", num_steps)
         as_num_envs(num_envs)
         self._attach_stats(stats, num_envs)
-        self._num_steps = num_steps
         privileged = None if privileged_obs_shape is None else as_shape(privileged_obs_shape, "privileged_obs_shape")
         specs = rollout_specs(obs_shape, as_shape(action_shape, "action_shape"), privileged,
                               obs_dtype, action_dtype, extra_fields)
@@ -234,7 +235,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             terminated: the MDP ended the episode at this step ``[num_envs]`` bool.
             value: V(obs) ``[num_envs]``.
             log_prob: log-probability of ``action`` ``[num_envs]``.
-            truncated: a time limit ended the episode ``[num_envs]`` bool (``None`` = none).
+            truncated: a time limit ended the episode ``[num_envs]`` bool, required (``False``: no env).
             privileged_obs: critic-only observations, if the buffer has them.
             bootstrap_value: V(final observation) ``[num_envs]``, read where ``truncated``:
                 required whenever an env is truncated at this step.
@@ -262,8 +263,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                                   bootstrap_value=bootstrap_value), hidden_state, extras, num_envs=self._num_envs,
                              obs_layout=self._obs, hidden=self._hidden, extra_specs=self._extra_specs,
                              privileged=self._has_privileged)
-        truncated = values["truncated"]
-        record = self._planned_stats(reward, terminated, truncated)
+        record = self._planned_stats(reward, terminated, values["truncated"])
         self._ring.add(tuple(values[spec.name] for spec in self._ring.input_specs), self._num_envs)
         self._advantages_ready = False
         if record is not None:
@@ -314,7 +314,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         Example:
             >>> buf = RolloutBuffer(1, 2, obs_shape=(3,), action_shape=())
             >>> buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]),
-            ...         torch.zeros(2), torch.zeros(2))
+            ...         torch.zeros(2), torch.zeros(2), truncated=False)
             >>> buf.clear()
             >>> buf.steps, buf.advantages_ready
             (0, False)
@@ -340,7 +340,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=())
             >>> for _ in range(2):
             ...     buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]),
-            ...             torch.zeros(2), torch.zeros(2))
+            ...             torch.zeros(2), torch.zeros(2), truncated=False)
             >>> buf.set_extras({"advantage": torch.ones(2, 2), "returns": torch.ones(2, 2),
             ...                 "old_logits": torch.zeros(2, 2, 5)})
             >>> batch = buf.get_all_data()
@@ -385,7 +385,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf = RolloutBuffer(2, 1, obs_shape=(1,), action_shape=())
             >>> for _ in range(2):
             ...     buf.add(torch.zeros(1, 1), torch.zeros(1), torch.ones(1), torch.tensor([False]),
-            ...             torch.zeros(1), torch.zeros(1))
+            ...             torch.zeros(1), torch.zeros(1), truncated=False)
             >>> buf.compute_returns_and_advantages(torch.zeros(1), gamma=0.5, gae_lambda=1.0)
             >>> buf.view("returns").flatten().tolist()
             [1.5, 1.0]
@@ -441,7 +441,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=())
             >>> for _ in range(2):
             ...     buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]),
-            ...             torch.zeros(2), torch.zeros(2))
+            ...             torch.zeros(2), torch.zeros(2), truncated=False)
             >>> buf.compute_returns_and_advantages(torch.zeros(2))
             >>> data = buf.get_all_data()
             >>> len(data), data.obs.shape
@@ -495,7 +495,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=(), seed=0)
             >>> for _ in range(2):
             ...     buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]),
-            ...             torch.zeros(2), torch.zeros(2))
+            ...             torch.zeros(2), torch.zeros(2), truncated=False)
             >>> buf.compute_returns_and_advantages(torch.zeros(2))
             >>> [len(batch) for batch in buf.minibatches(batch_size=3, n_epochs=2)]
             [3, 1, 3, 1]

@@ -186,7 +186,7 @@ class SequenceBatch(_OnPolicyFields):
             >>> buf = RolloutBuffer(3, 2, obs_shape=(1,), action_shape=(), seed=0)
             >>> for t in range(3):
             ...     buf.add(torch.zeros(2, 1), torch.zeros(2), torch.ones(2), torch.tensor([t == 1, False]),
-            ...             torch.zeros(2), torch.zeros(2))
+            ...             torch.zeros(2), torch.zeros(2), truncated=False)
             >>> buf.compute_returns_and_advantages(torch.zeros(2))
             >>> td = next(iter(buf.minibatches(num_minibatches=1, sequences=True, shuffle=False))).to_tensordict()
             >>> td.batch_size, td["mask"].tolist()
@@ -265,7 +265,7 @@ class ReplaySequenceBatch(_TransitionFields):
             >>> from rlbuf import ReplayBuffer
             >>> buf = ReplayBuffer(20, obs_shape=(2,), action_shape=(), hidden_state_shape=(1, 4), seed=0)
             >>> for t in range(6):
-            ...     buf.add(torch.zeros(2), 0.0, 1.0, torch.zeros(2), t == 2, hidden_state=torch.zeros(1, 4))
+            ...     buf.add(torch.zeros(2), 0.0, 1.0, torch.zeros(2), t == 2, hidden_state=torch.zeros(1, 4), truncated=False)
             >>> td = buf.sample_sequences(3, 4).to_tensordict()
             >>> td.batch_size, td["next", "reward"].shape, td["recurrent_state"].shape
             (torch.Size([3, 4]), torch.Size([3, 4, 1]), torch.Size([3, 4, 1, 4]))
@@ -359,7 +359,7 @@ def sample_replay_sequences(ring: RowRing, batch_size: int, length: int, burn_in
         >>> from rlbuf import ReplayBuffer
         >>> buf = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0)
         >>> for t in range(4):
-        ...     buf.add(torch.full((1,), float(t)), 0.0, 0.0, torch.full((1,), t + 1.0), False)
+        ...     buf.add(torch.full((1,), float(t)), 0.0, 0.0, torch.full((1,), t + 1.0), False, truncated=False)
         >>> columns, span = sample_replay_sequences(buf._ring, 2, 3, 0, num_envs=1, interleaved=True, hidden=None,
         ...                                         device=torch.device("cpu"))
         >>> span, columns["obs"].shape

@@ -35,14 +35,17 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 import torch
 from gymnasium import spaces
 
+from rlbuf._dtypes import dtype_options
+from rlbuf._dtypes import extra_field_dtypes as extra_field_dtypes
 from rlbuf._obs import Layout, as_shape, is_structured
-from rlbuf.errors import ConfigError
+from rlbuf.errors import BatchedSpaceWarning, ConfigError, MemoryWarning
 
 _ENTRY = {"observation_space": "observation", "action_space": "action"}
 
@@ -151,11 +154,13 @@ def resolve_field(space: Any, shape: Any, dtype: Any, *, space_name: str, shape_
 
 
 def resolve_fields(observation_space: Any, obs_shape: Any, obs_dtype: Any, action_space: Any, action_shape: Any,
-                   action_dtype: Any) -> tuple[Any, Any, Any, Any]:
+                   action_dtype: Any, *, num_envs: Any = 1) -> tuple[Any, Any, Any, Any]:
     """A buffer constructor's ``(obs_shape, obs_dtype, action_shape, action_dtype)``, from spaces or shapes.
 
     Each pair goes through ``resolve_field``; observations may be structured (a dict observation),
-    actions may not.
+    actions may not. Dtypes may be named (``"int64"``). Warns ([`BatchedSpaceWarning`][rlbuf.errors.BatchedSpaceWarning])
+    for a vector env's batched space given for ``num_envs`` envs, and ([`MemoryWarning`][rlbuf.errors.MemoryWarning])
+    for a float64 ``Box`` observation space without ``obs_dtype``.
 
     Raises:
         ConfigError: a space and its shape both given, or neither, an unsupported space, or a
@@ -166,6 +171,13 @@ def resolve_fields(observation_space: Any, obs_shape: Any, obs_dtype: Any, actio
         >>> resolve_fields(None, (3,), None, gym.spaces.Discrete(2), None, None)
         ((3,), None, (), torch.int64)
     """
+    obs_dtype, action_dtype = dtype_options(obs_dtype, action_dtype)
+    for space, name in ((observation_space, "observation_space"), (action_space, "action_space")):
+        warn_if_batched(space, name, num_envs)
+    if isinstance(observation_space, spaces.Box) and observation_space.dtype == np.float64 and obs_dtype is None:
+        warnings.warn("observation_space: a float64 Box (as MuJoCo's) is stored as float64, 8 bytes a value; "
+                      "obs_dtype=torch.float32 halves the memory (float64 observations are converted as they are "
+                      "added)", MemoryWarning, stacklevel=3)
     obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype, space_name="observation_space",
                                          shape_name="obs_shape", structured=True)
     action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype, space_name="action_space",
@@ -174,6 +186,40 @@ def resolve_fields(observation_space: Any, obs_shape: Any, obs_dtype: Any, actio
     Layout.parse(obs_shape, obs_dtype)
     as_shape(action_shape, "action_shape")
     return obs_shape, obs_dtype, action_shape, action_dtype
+
+
+def looks_batched(space: Any, num_envs: Any) -> bool:
+    """Whether ``space`` looks like a vector env's batched space for ``num_envs`` envs: its first dim is
+    ``num_envs`` and it repeats one space along it (a ``Box`` of 2 dims or more with the same bounds in
+    every slice, or a ``MultiDiscrete`` of ``num_envs`` equal entries, the batch of a ``Discrete``).
+
+    A single env's space may look so too (4 stacked frames with ``num_envs=4``): it is a warning.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> envs_space = gym.vector.utils.batch_space(gym.spaces.Box(-1, 1, (3,)), 4)
+        >>> looks_batched(envs_space, 4), looks_batched(gym.spaces.Box(-1, 1, (4,)), 4)
+        (True, False)
+    """
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 2:
+        return False
+    shape = tuple(getattr(space, "shape", None) or ())
+    if not shape or shape[0] != num_envs:
+        return False
+    if isinstance(space, spaces.Box):
+        return len(shape) >= 2 and all(bool((bound == bound[:1]).all()) for bound in (space.low, space.high))
+    if isinstance(space, spaces.MultiDiscrete):
+        return len(shape) == 1 and bool((space.nvec == space.nvec[0]).all())
+    return len(shape) >= 2 and isinstance(space, spaces.MultiBinary)
+
+
+def warn_if_batched(space: Any, name: str, num_envs: Any) -> None:
+    """Warn ([`BatchedSpaceWarning`][rlbuf.errors.BatchedSpaceWarning]) when ``space`` looks like ``envs.{name}``
+    given for ``envs.single_{name}`` (see [`looks_batched`][rlbuf.spaces.looks_batched])."""
+    if looks_batched(space, num_envs):
+        warnings.warn(f"{name}: shape {tuple(space.shape)} starts with num_envs={num_envs}: it looks like a vector "
+                      f"env's batched space (envs.{name}); pass envs.single_{name} (one env's space), else every "
+                      f"add is refused", BatchedSpaceWarning, stacklevel=4)
 
 
 def _torch_dtype(dtype: Any, name: str) -> torch.dtype:

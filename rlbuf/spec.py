@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase, is_tensor_collection
 
-from rlbuf._convert import _NUMPY_DTYPES, all_finite, largest_finite, numpy_dtype_or_none
+from rlbuf._convert import _NUMPY_DTYPES, all_finite, largest_finite, numpy_dtype_or_none, tensor_of
 from rlbuf._convert import as_array as as_array
 from rlbuf._convert import as_flag as as_flag
 from rlbuf._convert import as_int as as_int
@@ -33,6 +33,8 @@ from rlbuf._convert import float_limit as float_limit
 from rlbuf._convert import numpy_dtype as numpy_dtype
 from rlbuf._convert import positive_int as positive_int
 from rlbuf._convert import short_repr as short_repr
+from rlbuf._dtypes import as_dtype
+from rlbuf._hints import batched_hint, cast_hint
 from rlbuf.errors import (
     ConfigError,
     DeviceError,
@@ -82,6 +84,7 @@ class FieldSpec:
     float_limit: float = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", as_dtype(f"{self.name}: dtype", self.dtype))  # "int64" too
         if any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in self.shape):
             raise ConfigError(f"{self.name}: shape must be a tuple of non-negative ints, got {self.shape!r}")
         if not isinstance(self.dtype, torch.dtype) or self.dtype not in _NUMPY_DTYPES:
@@ -137,7 +140,7 @@ class FieldSpec:
             >>> FieldSpec("obs", "observation", (2,), torch.uint8).check_dtype(torch.float32)
             Traceback (most recent call last):
             ...
-            rlbuf.errors.DtypeError: obs: expected dtype torch.uint8 (or one that converts to it without changing kind), got torch.float32
+            rlbuf.errors.DtypeError: obs: expected dtype torch.uint8 (or one that converts to it without changing kind), got torch.float32; convert the values: obs.to(torch.uint8) (numpy: obs.astype(np.uint8))
             >>> FieldSpec("action", "action", (), torch.float32).check_dtype(np.dtype(np.int64))
             Traceback (most recent call last):
             ...
@@ -155,18 +158,7 @@ class FieldSpec:
         )
         if not ok:
             raise DtypeError(f"{self.name}: expected dtype {self.dtype} (or one that converts to it "
-                             f"without changing kind), got {dtype}{self._dtype_hint(kind)}")
-
-    def _dtype_hint(self, kind: np.dtype[Any] | None) -> str:
-        if self.np_dtype.kind != "f" or kind is None or kind.kind not in "biu":
-            return ""
-        if self.name in ("action", "expert_action"):
-            return ("; for discrete actions build the buffer with action_dtype=torch.int64 or "
-                    "action_space=envs.single_action_space")
-        if self.name in ("obs", "next_obs", "privileged_obs"):
-            return (f"; store them as they come with obs_dtype=torch.{kind} or "
-                    f"observation_space=envs.single_observation_space, or convert them yourself")
-        return f"; declare the field with dtype torch.{kind}, or convert the values yourself"
+                             f"without changing kind), got {dtype}{cast_hint(self.name, kind, self.dtype)}")
 
     def check_range(self, values: np.ndarray[Any, Any] | torch.Tensor) -> None:
         """Raise [`DtypeError`][rlbuf.errors.DtypeError] if ``values`` do not fit the stored dtype's range.
@@ -439,11 +431,11 @@ class RowReader:
             rows: torch.Tensor = value.detach().to(spec.dtype)
             return rows
         array = np.ascontiguousarray(np.asarray(self.checked(value), spec.np_dtype).reshape(self.row_shape))
-        return torch.from_numpy(array if array.flags.writeable else array.copy())
+        return tensor_of(array)
 
     def _shape_message(self, got: tuple[int, ...]) -> str:
         expected = str(self.row_shape) + (f" or {self.single_shape}" if self.single_shape is not None else "")
-        return f"{self.spec.name}: expected shape {expected}, got {got}"
+        return f"{self.spec.name}: expected shape {expected}, got {got}" + batched_hint(self.spec, self.rows, got)
 
     def _other_input(self, value: Any) -> np.ndarray[Any, Any]:
         """Lists and scalars, as arrays (or a specific error)."""

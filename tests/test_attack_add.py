@@ -68,7 +68,7 @@ def _plain(**options: Any) -> Callable[[], ReplayBuffer]:
 def _step(obs: Any = None, terminated: Any = False, reward: Any = 1.0, **extras: Any,
           ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     obs = torch.arange(3.0) if obs is None else obs
-    return (obs, torch.zeros(2), reward, torch.ones(3), terminated), extras
+    return (obs, torch.zeros(2), reward, torch.ones(3), terminated, False), extras
 
 
 # Not tested: a view whose storage was shrunk after the view was made (``untyped_storage().resize_``)
@@ -285,7 +285,7 @@ def test_an_image_observation_in_any_memory_format_is_stored_as_the_reference_wa
     }[form]
     bufs = {way: _twin(way, _plain(obs_shape=(4, 84, 84), obs_dtype=torch.uint8)()) for way in WAYS}
     for buf in bufs.values():
-        buf.add(make(images[0]), torch.zeros(2), 1.0, make(images[1]), False)
+        buf.add(make(images[0]), torch.zeros(2), 1.0, make(images[1]), False, truncated=False)
         assert buf.sample_all().obs.tolist() == images[0].tolist()
         assert buf.sample_all().next_obs.tolist() == images[1].tolist()
     assert same(snapshot(bufs["fast"]), snapshot(bufs["reference"]))

@@ -216,7 +216,7 @@ def test_a_refused_load_state_dict_leaves_the_buffer_exactly_as_it_was(case: str
     state = source.state_dict()
     REFUSED_STATES[case](state)
     target = filled(prioritized=True, stats=True)
-    target.add(torch.zeros(3), 1.0, 9.0, torch.zeros(3), False)
+    target.add(torch.zeros(3), 1.0, 9.0, torch.zeros(3), False, truncated=False)
     running = target.epochs(batch_size=2)
     next(running)
     before = _fingerprint(target)
@@ -235,7 +235,7 @@ buffer = ReplayBuffer(4096, obs_shape=(64,), action_shape=(), seed=0, prioritize
 while True:
     version += 1
     for _ in range(64):
-        buffer.add(torch.full((64,), float(version)), 0.0, float(version), torch.zeros(64), False)
+        buffer.add(torch.full((64,), float(version)), 0.0, float(version), torch.zeros(64), False, truncated=False)
     buffer.save(path, keep_spare=True)
     print(version, flush=True)
 """
@@ -347,10 +347,10 @@ from rlbuf import DistillationBuffer, ReplayBuffer, RolloutBuffer
 kind, storage, prioritized = {kind!r}, {storage!r}, {prioritized!r}
 if kind == "replay":
     buffer = ReplayBuffer(100, obs_shape=(3,), action_shape=(), storage=storage, prioritized=prioritized)
-    buffer.add(torch.zeros(3), 0.0, 1.0, torch.zeros(3), False)
+    buffer.add(torch.zeros(3), 0.0, 1.0, torch.zeros(3), False, truncated=False)
 elif kind == "rollout":
     buffer = RolloutBuffer(4, 1, obs_shape=(3,), action_shape=(), storage=storage)
-    buffer.add(torch.zeros(3), 0.0, 1.0, False, 0.5, -0.1)
+    buffer.add(torch.zeros(3), 0.0, 1.0, False, 0.5, -0.1, truncated=False)
 else:
     buffer = DistillationBuffer(100, obs_shape=(3,), action_shape=(), storage=storage)
     buffer.add(torch.zeros(3), 0.0)

@@ -46,7 +46,7 @@ def _buffer(capacity: int, storage: str = "memory", **options: Any) -> ReplayBuf
 
 def _add(buffer: ReplayBuffer, uid: int) -> None:
     value = float(uid)
-    buffer.add(torch.full((3,), value), torch.full((2,), value), value, torch.full((3,), value + 0.5), uid % 2 == 0)
+    buffer.add(torch.full((3,), value), torch.full((2,), value), value, torch.full((3,), value + 0.5), uid % 2 == 0, truncated=False)
 
 
 def _mixed_round(tmp_path: Path, *, rows: int, storage: str, prioritized: bool) -> dict[str, int]:

@@ -483,11 +483,11 @@ def test_nan_advantages_are_refused_by_set_extras() -> None:
 def test_rewards_that_would_be_stored_as_inf_are_refused_everywhere(value: Any) -> None:
     replay = make_replay("partial")
     with pytest.raises((rlbuf.DtypeError, rlbuf.NonFiniteError), match="reward"):
-        replay.add(torch.zeros(3), 0.0, value, torch.zeros(3), False, cost=1.0)
+        replay.add(torch.zeros(3), 0.0, value, torch.zeros(3), False, cost=1.0, truncated=False)
     rollout = RolloutBuffer(2, 1, obs_shape=(1,), action_shape=())
     with pytest.raises((rlbuf.DtypeError, rlbuf.NonFiniteError), match="reward"):
         rollout.add(torch.zeros(1, 1), torch.zeros(1), value, torch.zeros(1, dtype=torch.bool), torch.zeros(1),
-                    torch.zeros(1))
+                    torch.zeros(1), truncated=False)
     distill = make_distill("partial")
     with pytest.raises((rlbuf.DtypeError, rlbuf.NonFiniteError), match="expert_value"):
         distill.add(torch.zeros(3), torch.zeros(2), expert_value=value)
@@ -502,11 +502,11 @@ def test_rewards_that_would_be_stored_as_inf_are_refused_everywhere(value: Any) 
 def test_bfloat16_input_is_stored_exactly() -> None:
     buf = make_replay("empty")
     obs = torch.tensor([1.5, -2.25, 3e38], dtype=torch.bfloat16)
-    buf.add(obs, 0.0, torch.tensor(1.0, dtype=torch.bfloat16), obs, False, cost=1.0)
+    buf.add(obs, 0.0, torch.tensor(1.0, dtype=torch.bfloat16), obs, False, cost=1.0, truncated=False)
     assert torch.equal(buf.sample_all().obs[0], obs.float())
     half = make_replay("empty", obs_dtype=torch.float16)
     with pytest.raises(rlbuf.DtypeError, match="obs"):
-        half.add(obs, 0.0, 1.0, obs, False, cost=1.0)
+        half.add(obs, 0.0, 1.0, obs, False, cost=1.0, truncated=False)
 
 
 @settings(max_examples=STRESS_EXAMPLES, deadline=None, database=None,
@@ -551,12 +551,12 @@ def test_numbers_in_every_numpy_spelling_are_converted_or_refused_by_name(value:
             rollout.compute_returns_and_advantages(value)
         with pytest.raises(rlbuf.DtypeError, match="reward"):
             replay.add(torch.zeros(2, 3), torch.zeros(2), value, torch.zeros(2, 3), torch.zeros(2, dtype=torch.bool),
-                       cost=torch.ones(2))
+                       cost=torch.ones(2), truncated=False)
         return
     rollout.compute_returns_and_advantages(value)
     assert rollout.advantages_ready and bool(torch.isfinite(rollout.view("advantage")).all())
     replay.add(torch.zeros(2, 3), torch.zeros(2), value, torch.zeros(2, 3), torch.zeros(2, dtype=torch.bool),
-               cost=torch.ones(2))
+               cost=torch.ones(2), truncated=False)
     assert replay.sample_all().reward[-2:].tolist() == value.astype(np.float32).tolist()
 
 

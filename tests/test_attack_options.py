@@ -32,7 +32,7 @@ def rollout(reward: float = 1.0, value: float = 0.0, *, computed: bool = True) -
     buf = RolloutBuffer(4, 2, obs_shape=(3,), action_shape=(), seed=0)
     for _ in range(4):
         buf.add(torch.zeros(2, 3), torch.zeros(2), torch.full((2,), reward), torch.zeros(2, dtype=torch.bool),
-                torch.full((2,), value), torch.zeros(2))
+                torch.full((2,), value), torch.zeros(2), truncated=False)
     if computed and abs(reward) < 1e30 and abs(value) < 1e30:
         buf.compute_returns_and_advantages(torch.zeros(2))
     return buf
@@ -87,7 +87,7 @@ def test_normalizing_advantages_spread_beyond_float32_is_refused() -> None:
     buf = RolloutBuffer(8, 1, obs_shape=(1,), action_shape=(), seed=0)
     for reward in (-3e38, *[3e38] * 7):  # each step its own episode: the advantages are the rewards
         buf.add(torch.zeros(1, 1), torch.zeros(1), torch.tensor([reward]), torch.tensor([True]), torch.zeros(1),
-                torch.zeros(1))
+                torch.zeros(1), truncated=False)
     before = snapshot(buf)
     with pytest.raises(NonFiniteError, match=r"^advantage: normalizing gave NaN or inf"):
         buf.compute_returns_and_advantages(torch.zeros(1), normalize_advantages=True)
@@ -161,7 +161,7 @@ def test_62_dims_fill_torch_with_two_batch_dims() -> None:
     shape = (1,) * 62
     buf = ReplayBuffer(8, obs_shape=shape, action_shape=(), seed=0)
     for _ in range(4):
-        buf.add(torch.zeros(shape), 0.0, 1.0, torch.zeros(shape), False)
+        buf.add(torch.zeros(shape), 0.0, 1.0, torch.zeros(shape), False, truncated=False)
     assert buf.sample_sequences(2, 2).obs.dim() == 64
 
 
@@ -169,7 +169,7 @@ def test_62_dims_fill_torch_with_two_batch_dims() -> None:
 
 def replay() -> ReplayBuffer:
     buf = ReplayBuffer(8, obs_shape=(3,), action_shape=(), seed=0, num_envs=2)
-    buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.zeros(2, 3), torch.tensor([False, False]))
+    buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.zeros(2, 3), torch.tensor([False, False]), truncated=False)
     return buf
 
 
@@ -184,15 +184,15 @@ def test_a_masked_array_with_masked_entries_is_refused(field: str) -> None:
     with pytest.raises(DtypeError, match=rf"^{field}: expected plain values, got a masked array with 1 masked "
                        r"entries .*\.filled\("):
         buf.add(values["obs"], values["action"], values["reward"], np.zeros((2, 3), np.float32),
-                np.zeros(2, bool))
+                np.zeros(2, bool), truncated=False)
     assert same(before, snapshot(buf))
 
 
 def test_a_masked_array_with_nothing_masked_is_stored_as_its_values() -> None:
     buf = replay()
-    buf.add(np.zeros((2, 3)), np.zeros(2), np.ma.masked_array([1.5, 2.5]), np.zeros((2, 3)), np.zeros(2, bool))
+    buf.add(np.zeros((2, 3)), np.zeros(2), np.ma.masked_array([1.5, 2.5]), np.zeros((2, 3)), np.zeros(2, bool), truncated=False)
     buf.add(np.zeros((2, 3)), np.zeros(2), np.ma.masked_array([3.5, 4.5], mask=[False, False]), np.zeros((2, 3)),
-            np.zeros(2, bool))
+            np.zeros(2, bool), truncated=False)
     assert buf.sample_all().reward.tolist()[-4:] == [1.5, 2.5, 3.5, 4.5]
 
 
@@ -208,7 +208,7 @@ def test_every_refusal_here_is_an_rlbuf_error() -> None:
 ])
 def test_a_value_rounding_to_float16s_largest_is_stored_as_it(value: Any) -> None:
     buf = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0, obs_dtype=torch.float16)
-    buf.add(value, 0.0, 0.0, torch.zeros(1), False)
+    buf.add(value, 0.0, 0.0, torch.zeros(1), False, truncated=False)
     assert buf.sample_all().obs.tolist() == [[65504.0]]
 
 
@@ -220,7 +220,7 @@ def test_a_value_rounding_to_inf_in_float16_is_refused(value: Any) -> None:
     buf = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0, obs_dtype=torch.float16)
     before = snapshot(buf)
     with pytest.raises(DtypeError, match=r"^obs: values up to 6\.552e\+04 in magnitude do not fit torch\.float16"):
-        buf.add(value, 0.0, 0.0, torch.zeros(1), False)
+        buf.add(value, 0.0, 0.0, torch.zeros(1), False, truncated=False)
     assert same(before, snapshot(buf))
 
 
@@ -228,8 +228,8 @@ def test_a_value_rounding_to_inf_in_float16_is_refused(value: Any) -> None:
                                     torch.tensor([3.4028235e38], dtype=torch.float64)])
 def test_a_float64_rounding_to_float32s_largest_is_stored(reward: Any) -> None:
     buf = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0)
-    buf.add(torch.zeros(1), 0.0, reward, torch.zeros(1), False)
+    buf.add(torch.zeros(1), 0.0, reward, torch.zeros(1), False, truncated=False)
     assert buf.sample_all().reward.tolist() == [float(np.finfo(np.float32).max)]
     with pytest.raises(DtypeError, match=r"^reward: .*do not fit torch\.float32|^reward: .*does not fit"):
-        buf.add(torch.zeros(1), 0.0, 3.4028235677973366e38, torch.zeros(1), False)
+        buf.add(torch.zeros(1), 0.0, 3.4028235677973366e38, torch.zeros(1), False, truncated=False)
     assert len(buf) == 1

@@ -195,7 +195,7 @@ def test_a_loaded_buffer_holds_no_lock_on_its_checkpoint(tmp_path: Path, storage
     path = tmp_path / "ckpt"
     buffer = ReplayBuffer(16, obs_shape=(3,), action_shape=(), seed=0, storage=storage,  # type: ignore[arg-type]
                           scratch_dir=tmp_path / "scratch" if storage == "memmap" else None)
-    buffer.add(torch.ones(3), 0.0, 1.0, torch.ones(3), False)
+    buffer.add(torch.ones(3), 0.0, 1.0, torch.ones(3), False, truncated=False)
     buffer.save(path, keep_spare=True)
     loaded = ReplayBuffer.load(path)
     first = _inodes(path)
@@ -465,10 +465,10 @@ def test_a_spare_left_by_another_kind_size_storage_or_a_data_free_save_is_reused
     replay = filled(prioritized=True, stats=True)
     memmap = ReplayBuffer(64, obs_shape=(5,), action_shape=(), storage="memmap", scratch_dir=tmp_path / "scratch", seed=1)
     for i in range(40):
-        memmap.add(torch.full((5,), float(i)), 1.0, float(i), torch.zeros(5), False)
+        memmap.add(torch.full((5,), float(i)), 1.0, float(i), torch.zeros(5), False, truncated=False)
     rollout = RolloutBuffer(4, 2, obs_shape=(3,), action_shape=())
     rollout.add(torch.ones(2, 3), torch.zeros(2), torch.ones(2), torch.zeros(2, dtype=torch.bool), torch.ones(2),
-                torch.zeros(2))
+                torch.zeros(2), truncated=False)
     distill = DistillationBuffer(32, obs_shape=(3,), action_shape=())
     distill.add(torch.full((3,), 2.0), 1.0)
     sequence: list[tuple[Any, bool]] = [(replay, True), (memmap, True), (rollout, True), (replay, False),

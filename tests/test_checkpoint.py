@@ -206,7 +206,7 @@ def test_episode_stats_are_restored(tmp_path: Path) -> None:
     buf = ReplayBuffer(8, obs_shape=(3,), action_shape=(2,), num_envs=2, seed=0, stats=EpisodeStats(2, window=5))
     for step in range(5):
         buf.add(torch.zeros(2, 3), torch.zeros(2, 2), torch.tensor([1.0, 2.0]), torch.zeros(2, 3),
-                torch.tensor([step == 2, False]))
+                torch.tensor([step == 2, False]), truncated=False)
     buf.save(tmp_path / "ckpt")
     loaded = ReplayBuffer.load(tmp_path / "ckpt")
     assert loaded.stats is not None and buf.stats is not None
@@ -451,8 +451,8 @@ def test_state_of_another_capacity_or_sampler_is_refused_before_anything_changes
     big = ReplayBuffer(10, obs_shape=(3,), action_shape=(2,), seed=0)
     prioritized = ReplayBuffer(4, obs_shape=(3,), action_shape=(2,), seed=0, prioritized=True)
     for _ in range(6):
-        small.add(torch.ones(3), torch.ones(2), 1.0, torch.ones(3), False)
-    big.add(torch.zeros(3), torch.zeros(2), 0.0, torch.zeros(3), False)
+        small.add(torch.ones(3), torch.ones(2), 1.0, torch.ones(3), False, truncated=False)
+    big.add(torch.zeros(3), torch.zeros(2), 0.0, torch.zeros(3), False, truncated=False)
     with pytest.raises(CheckpointError, match="capacity 4, this buffer's is 10"):
         big.load_state_dict(small.state_dict())
     with pytest.raises(CheckpointError, match="sampled by a RandomSampler"):
@@ -469,7 +469,7 @@ def _rewrite_manifest(path: Path, change: Any) -> None:
 def test_a_crafted_manifest_cannot_call_other_methods_or_pass_other_options(tmp_path: Path) -> None:
     buf = ReplayBuffer(8, obs_shape=(3,), action_shape=(2,), seed=0)
     for _ in range(4):
-        buf.add(torch.ones(3), torch.ones(2), 1.0, torch.ones(3), False)
+        buf.add(torch.ones(3), torch.ones(2), 1.0, torch.ones(3), False, truncated=False)
     buf.epochs(batch_size=2)
     buf.save(tmp_path / "a")
     _rewrite_manifest(tmp_path / "a", lambda state: state["iterator"].update(

@@ -66,7 +66,7 @@ def save(mode, version, path):
     while True:
         value = torch.full((rows,), float(version))
         buf.add(obs=value[:, None].expand(rows, 48), action=value[:, None].expand(rows, 4), reward=value,
-                next_obs=value[:, None].expand(rows, 48), terminated=torch.zeros(rows, dtype=torch.bool))
+                next_obs=value[:, None].expand(rows, 48), terminated=torch.zeros(rows, dtype=torch.bool), truncated=False)
         buf.save(path)
         print(version, flush=True)
         if mode != "loop":

@@ -135,7 +135,7 @@ def test_bad_usage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 def checkpoint(tmp_path: Path) -> Path:
     buffer = ReplayBuffer(16, obs_shape=(3,), action_shape=(), action_dtype=torch.int64, prioritized=True, seed=0)
     for step in range(5):
-        buffer.add(torch.randn(3), step % 2, 1.0, torch.randn(3), step == 4)
+        buffer.add(torch.randn(3), step % 2, 1.0, torch.randn(3), step == 4, truncated=False)
     buffer.save(tmp_path / "ckpt")
     return tmp_path / "ckpt"
 
@@ -208,7 +208,7 @@ def test_inspect_refuses_an_unexpected_pickle(checkpoint: Path, capsys: pytest.C
 
 def _small_checkpoint(path: Path) -> Path:
     buffer = ReplayBuffer(8, obs_shape=(2,), action_shape=())
-    buffer.add(torch.zeros(2), 0.0, 1.0, torch.ones(2), False)
+    buffer.add(torch.zeros(2), 0.0, 1.0, torch.ones(2), False, truncated=False)
     buffer.save(path)
     return path
 

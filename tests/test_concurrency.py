@@ -18,7 +18,7 @@ WRITERS, STEPS = 4, 300
 def _row(uid: int) -> dict[str, torch.Tensor | float | bool]:
     value = float(uid)
     return {"obs": torch.full((3,), value), "action": torch.full((2,), value), "reward": value,
-            "next_obs": torch.full((3,), value + 0.5), "terminated": uid % 2 == 0}
+            "next_obs": torch.full((3,), value + 0.5), "terminated": uid % 2 == 0, "truncated": False}
 
 
 @pytest.fixture(autouse=True)

@@ -172,7 +172,7 @@ def test_gather_rows_equals_index_select_for_narrow_bool_and_wide_rows(storage: 
                       num_envs=8, storage=storage, seed=0) as buf:  # type: ignore[arg-type]
         for step in range(5):
             frames = torch.randint(0, 256, (8, 84, 84, 4), dtype=torch.uint8)
-            buf.add(frames, torch.arange(8) + step, torch.ones(8), frames, torch.arange(8) % 2 == 0)
+            buf.add(frames, torch.arange(8) + step, torch.ones(8), frames, torch.arange(8) % 2 == 0, truncated=False)
         ring = buf._ring
         ring.flush()
         assert "obs" in ring._wide_rows  # images take numpy's path
@@ -306,7 +306,7 @@ def test_pinned_non_blocking_batches_are_intact_for_the_next_kernel() -> None:
     def add_random() -> None:
         obs = torch.randn(1000, 48, generator=generator)
         buf.add(obs, torch.randn(1000, ACT, generator=generator), torch.randn(1000, generator=generator),
-                obs + 1, torch.zeros(1000, dtype=torch.bool))
+                obs + 1, torch.zeros(1000, dtype=torch.bool), truncated=False)
 
     def checksum(obs: torch.Tensor, next_obs: torch.Tensor) -> torch.Tensor:
         return obs.view(torch.int32).long().sum(1) + next_obs.view(torch.int32).long().sum(1)

@@ -384,15 +384,15 @@ def test_env_mask_validates_every_row_and_stores_the_kept_ones() -> None:
     buffer = ReplayBuffer(10, obs_shape=(2,), action_shape=(), action_dtype=torch.int64, num_envs=3, stats=stats)
     keep = np.array([True, False, True])
     buffer.add(np.arange(6, dtype=np.float32).reshape(3, 2), np.array([0, 1, 2]), np.ones(3), np.zeros((3, 2)),
-               np.array([False, False, True]), env_mask=keep)
+               np.array([False, False, True]), env_mask=keep, truncated=False)
     assert buffer.sample_all().action.tolist() == [0, 2]
     assert stats.recent_lengths() == [1]
     with pytest.raises(ShapeError, match=r"obs: expected shape \(3, 2\), got \(3, 3\)"):
         buffer.add(np.zeros((3, 3)), np.zeros(3, np.int64), np.ones(3), np.zeros((3, 2)), np.zeros(3, bool),
-                   env_mask=keep)
+                   env_mask=keep, truncated=False)
     with pytest.raises(ShapeError, match="env_mask: expected 3 bools"):
         buffer.add(np.zeros((3, 2)), np.zeros(3, np.int64), np.ones(3), np.zeros((3, 2)), np.zeros(3, bool),
-                   env_mask=np.array([1, 0, 1]))
+                   env_mask=np.array([1, 0, 1]), truncated=False)
     assert len(buffer) == 2
     assert stats.recent_lengths() == [1]
 

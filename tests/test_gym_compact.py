@@ -178,17 +178,17 @@ def test_env_mask_on_a_compact_buffer_validates_every_row_before_storing_any() -
     buffer = ReplayBuffer(10, obs_shape=(2, 1), action_shape=(), num_envs=2, frame_stack=2)
     stack = np.zeros((2, 2, 1), np.float32)
     keep = np.array([True, False])
-    buffer.add(stack, np.zeros(2), np.ones(2), stack, np.zeros(2, bool), env_mask=keep)
+    buffer.add(stack, np.zeros(2), np.ones(2), stack, np.zeros(2, bool), env_mask=keep, truncated=False)
     bad_reward = np.array([1.0, np.nan])               # a left-out row is still checked
     with pytest.raises(NonFiniteError, match="reward"):
-        buffer.add(stack, np.zeros(2), bad_reward, stack, np.zeros(2, bool), env_mask=keep)
+        buffer.add(stack, np.zeros(2), bad_reward, stack, np.zeros(2, bool), env_mask=keep, truncated=False)
     with pytest.raises(ShapeError, match="env_mask"):
-        buffer.add(stack, np.zeros(2), np.ones(2), stack, np.zeros(2, bool), env_mask=np.array([True]))
+        buffer.add(stack, np.zeros(2), np.ones(2), stack, np.zeros(2, bool), env_mask=np.array([True]), truncated=False)
     broken = stack.copy()
     broken[0, 0] = 5.0                                 # env 0's obs does not continue its stream
     with pytest.raises(StreamError):
-        buffer.add(broken, np.zeros(2), np.ones(2), stack, np.zeros(2, bool), env_mask=keep)
+        buffer.add(broken, np.zeros(2), np.ones(2), stack, np.zeros(2, bool), env_mask=keep, truncated=False)
     assert len(buffer) == 1
-    buffer.add(stack, np.zeros(2), np.ones(2), stack, np.zeros(2, bool), env_mask=np.array([False, False]))
-    buffer.add(stack, np.zeros(2), np.ones(2), stack, np.zeros(2, bool), env_mask=np.array([True, True]))
+    buffer.add(stack, np.zeros(2), np.ones(2), stack, np.zeros(2, bool), env_mask=np.array([False, False]), truncated=False)
+    buffer.add(stack, np.zeros(2), np.ones(2), stack, np.zeros(2, bool), env_mask=np.array([True, True]), truncated=False)
     assert len(buffer) == 3 and len(buffer.sample_all()) == 1  # env 0's first row is complete now

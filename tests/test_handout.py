@@ -43,7 +43,7 @@ NAMES = {"observation": "obs", "action": "action", ("next", "observation"): "nex
 def make(*, prioritized: bool = False, rows: int = 3) -> ReplayBuffer:
     buf = ReplayBuffer(8, obs_shape=(3,), action_shape=(), seed=0, prioritized=prioritized)
     for i in range(rows):
-        buf.add(torch.full((3,), float(i)), 0.0, float(i), torch.zeros(3), False)
+        buf.add(torch.full((3,), float(i)), 0.0, float(i), torch.zeros(3), False, truncated=False)
     return buf
 
 
@@ -60,7 +60,7 @@ def rows(n: int | None = 2, *, reward: Any = 1.0, terminated: bool = False, trun
 
 def refused(buf: ReplayBuffer, error: type[RlbufError], match: str, call: Callable[[], Any]) -> None:
     """``call`` raises ``error`` (message matching ``match``) and changes nothing in ``buf``."""
-    buf.add(torch.zeros(3), 0.0, 5.0, torch.zeros(3), False)  # a pending row: must stay pending, uncommitted or not
+    buf.add(torch.zeros(3), 0.0, 5.0, torch.zeros(3), False, truncated=False)  # a pending row: must stay pending, uncommitted or not
     before = snapshot(buf)
     with pytest.raises(error, match=match):
         call()

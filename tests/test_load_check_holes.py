@@ -48,7 +48,7 @@ def _refused_in_place(buffer: Any, state: dict[str, Any], match: str) -> None:
 def test_fields_whose_sanitised_names_collide_get_their_own_files(tmp_path: Path) -> None:
     buffer = ReplayBuffer(8, obs_shape={"a": {"b": (2,)}, "a_b": (2,)}, action_shape=(), seed=0)
     obs = {"a": {"b": torch.ones(2)}, "a_b": torch.full((2,), 2.0)}
-    buffer.add(obs, 0.0, 1.0, obs, False)
+    buffer.add(obs, 0.0, 1.0, obs, False, truncated=False)
     buffer.save(tmp_path / "ck")
     loaded = ReplayBuffer.load(tmp_path / "ck").sample_all().obs
     assert loaded["a", "b"].tolist() == [[1.0, 1.0]] and loaded["a_b"].tolist() == [[2.0, 2.0]]
@@ -58,7 +58,7 @@ def test_a_hidden_state_and_an_extra_field_of_the_same_file_name_stay_apart(tmp_
     buffer = ReplayBuffer(8, obs_shape=(2,), action_shape=(), seed=0, hidden_state_shape={"h": (2,)},
                           extra_fields={"hidden_state_h_": ((2,), torch.float32)})
     buffer.add(torch.zeros(2), 0.0, 1.0, torch.zeros(2), False, hidden_state={"h": torch.ones(2)},
-               hidden_state_h_=torch.full((2,), 5.0))
+               hidden_state_h_=torch.full((2,), 5.0), truncated=False)
     buffer.save(tmp_path / "ck")
     batch = ReplayBuffer.load(tmp_path / "ck").sample_all()
     assert batch.hidden_state["h"].tolist() == [[1.0, 1.0]] and batch.extras["hidden_state_h_"].tolist() == [[5.0, 5.0]]
@@ -67,7 +67,7 @@ def test_a_hidden_state_and_an_extra_field_of_the_same_file_name_stay_apart(tmp_
 def _plain(tmp_path: Path) -> Path:
     buffer = ReplayBuffer(8, obs_shape=(2,), action_shape=(), seed=0)
     for i in range(5):
-        buffer.add(torch.full((2,), float(i)), 0.0, float(i), torch.zeros(2), False)
+        buffer.add(torch.full((2,), float(i)), 0.0, float(i), torch.zeros(2), False, truncated=False)
     buffer.save(tmp_path / "ck")
     return tmp_path / "ck"
 
@@ -103,7 +103,7 @@ def test_a_manifest_that_is_a_link_is_refused(tmp_path: Path) -> None:
 def _filled() -> ReplayBuffer:
     buffer = ReplayBuffer(8, obs_shape=(2,), action_shape=(), seed=0, prioritized=True)
     for i in range(5):
-        buffer.add(torch.full((2,), float(i)), 0.0, float(i), torch.zeros(2), False)
+        buffer.add(torch.full((2,), float(i)), 0.0, float(i), torch.zeros(2), False, truncated=False)
     return buffer
 
 
@@ -157,7 +157,7 @@ def test_a_legacy_compact_checkpoint_loads_valid_and_round_trips(tmp_path: Path)
     buffer = ReplayBuffer(8, obs_shape=(2,), action_shape=(), num_envs=2, seed=0, compact=True)
     for t in range(5):
         buffer.add(torch.full((2, 2), float(t)), torch.zeros(2), torch.zeros(2), torch.full((2, 2), t + 1.0),
-                   torch.tensor([t == 2, False]))
+                   torch.tensor([t == 2, False]), truncated=False)
     buffer.save(tmp_path / "ck")
 
     def drop_env(manifest: dict[str, Any]) -> None:
@@ -167,7 +167,7 @@ def test_a_legacy_compact_checkpoint_loads_valid_and_round_trips(tmp_path: Path)
     _edit(tmp_path / "ck", drop_env)
     loaded = ReplayBuffer.load(tmp_path / "ck")
     assert loaded.check_valid() == (True, "")
-    loaded.add(torch.full((2, 2), 5.0), torch.zeros(2), torch.zeros(2), torch.full((2, 2), 6.0), torch.zeros(2, dtype=torch.bool))
+    loaded.add(torch.full((2, 2), 5.0), torch.zeros(2), torch.zeros(2), torch.full((2, 2), 6.0), torch.zeros(2, dtype=torch.bool), truncated=False)
     assert loaded.check_valid() == (True, "")
     loaded.save(tmp_path / "again")
     assert ReplayBuffer.load(tmp_path / "again").check_valid() == (True, "")
@@ -182,7 +182,7 @@ def _rollout() -> RolloutBuffer:
     buffer = RolloutBuffer(4, 2, obs_shape=(3,), action_shape=(), seed=0)
     for t in range(2):
         buffer.add(torch.full((2, 3), float(t)), torch.zeros(2), torch.ones(2), torch.zeros(2, dtype=torch.bool),
-                   torch.zeros(2), torch.zeros(2))
+                   torch.zeros(2), torch.zeros(2), truncated=False)
     return buffer
 
 
@@ -207,7 +207,7 @@ def test_interleaved_with_a_write_count_of_part_of_a_step_is_refused() -> None:
     buffer = ReplayBuffer(16, obs_shape=(1,), action_shape=(), num_envs=2, seed=0)
     for t in range(5):
         buffer.add(torch.tensor([[float(t)], [0.0]]), torch.zeros(2), torch.zeros(2), torch.tensor([[t + 1.0], [0.0]]),
-                   torch.tensor([False, False]), env_mask=np.array([True, False]))
+                   torch.tensor([False, False]), env_mask=np.array([True, False]), truncated=False)
     state = buffer.state_dict()
     assert state["extra"]["interleaved"] is False
     state["extra"]["interleaved"] = True
@@ -218,7 +218,7 @@ def test_interleaved_with_a_write_count_of_part_of_a_step_is_refused() -> None:
 def _with_stats() -> ReplayBuffer:
     buffer = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0, stats=EpisodeStats(1, window=3))
     for t in range(4):
-        buffer.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), t % 2 == 1)
+        buffer.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), t % 2 == 1, truncated=False)
     return buffer
 
 
@@ -250,7 +250,7 @@ def test_a_saved_window_that_is_no_int_is_refused_at_load(tmp_path: Path) -> Non
 def test_an_extra_named_like_a_sequence_column_is_refused_by_sample_sequences(name: str) -> None:
     buffer = ReplayBuffer(8, obs_shape=(1,), action_shape=(), extra_fields={name: ((), torch.float32)})
     for _ in range(4):
-        buffer.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, **{name: 7.0})
+        buffer.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, **{name: 7.0}, truncated=False)
     assert buffer.sample_all().extras[name].tolist() == [7.0] * 4  # stored and sampled as usual
     with pytest.raises(ConfigError, match=f"the extra field '{name}' has the name of a column of sample_sequences"):
         buffer.sample_sequences(2, 2)

@@ -276,19 +276,19 @@ def test_checkpoint_resumes_exactly(tmp_path: Path, storage: str, prioritized: b
 
 def test_an_observation_that_breaks_its_stream_is_refused_and_nothing_changes() -> None:
     buf = ReplayBuffer(10, obs_shape=(2, 1), action_shape=(), frame_stack=2, seed=0)
-    buf.add(torch.tensor([[1.0], [1.0]]), 0.0, 1.0, torch.tensor([[1.0], [2.0]]), False)
+    buf.add(torch.tensor([[1.0], [1.0]]), 0.0, 1.0, torch.tensor([[1.0], [2.0]]), False, truncated=False)
     before = buf.state_dict()
     with pytest.raises(StreamError, match=r"obs: env 0's observation differs from the next_obs"):
-        buf.add(torch.tensor([[1.0], [3.0]]), 0.0, 1.0, torch.tensor([[3.0], [4.0]]), False)
+        buf.add(torch.tensor([[1.0], [3.0]]), 0.0, 1.0, torch.tensor([[3.0], [4.0]]), False, truncated=False)
     with pytest.raises(StreamError, match=r"next_obs: env 0's stack is not obs shifted by one frame"):
-        buf.add(torch.tensor([[1.0], [2.0]]), 0.0, 1.0, torch.tensor([[9.0], [4.0]]), False)
+        buf.add(torch.tensor([[1.0], [2.0]]), 0.0, 1.0, torch.tensor([[9.0], [4.0]]), False, truncated=False)
     after = buf.state_dict()
     assert after["size"] == before["size"] and after["write_count"] == before["write_count"]
     assert torch.equal(after["extra"]["streams"]["expected"], before["extra"]["streams"]["expected"])
-    buf.add(torch.tensor([[1.0], [2.0]]), 0.0, 1.0, torch.tensor([[2.0], [4.0]]), True)
+    buf.add(torch.tensor([[1.0], [2.0]]), 0.0, 1.0, torch.tensor([[2.0], [4.0]]), True, truncated=False)
     with pytest.raises(StreamError, match=r"starts an episode .* expected the older frames of its stack to be "
                                           r"its first frame \(padding_type='reset'\)"):
-        buf.add(torch.tensor([[0.0], [5.0]]), 0.0, 1.0, torch.tensor([[5.0], [6.0]]), False)
+        buf.add(torch.tensor([[0.0], [5.0]]), 0.0, 1.0, torch.tensor([[5.0], [6.0]]), False, truncated=False)
 
 
 def test_options_are_checked() -> None:
@@ -304,14 +304,14 @@ def test_options_are_checked() -> None:
 
 def test_compact_buffer_refuses_torchrl_handles_epochs_and_incomplete_indices() -> None:
     buf = ReplayBuffer(10, obs_shape=(3,), action_shape=(), compact=True, seed=0)
-    buf.add(torch.zeros(3), 0.0, 1.0, torch.ones(3), False)
+    buf.add(torch.zeros(3), 0.0, 1.0, torch.ones(3), False, truncated=False)
     with pytest.raises(ConfigError, match="torchrl: this buffer stores next_obs once"):
         _ = buf.torchrl
     with pytest.raises(ConfigError, match="epochs: not available for a compact buffer"):
         buf.epochs(batch_size=1)
     with pytest.raises(StoredIndexError, match="index: the transition at position 0 is not complete"):
         buf.sample_by_index(0)
-    buf.add(torch.ones(3), 0.0, 2.0, torch.full((3,), 2.0), False)
+    buf.add(torch.ones(3), 0.0, 2.0, torch.full((3,), 2.0), False, truncated=False)
     assert buf.sample_by_index(0, fields=["next_obs", "discount"]).next_obs.tolist() == [[1.0, 1.0, 1.0]]
 
 
@@ -464,5 +464,5 @@ def test_env_mask_on_a_compact_buffer_stores_the_kept_envs_rows() -> None:
     stacks = torch.tensor([[[0.0], [0.0]], [[5.0], [5.0]]])
     after = torch.tensor([[[0.0], [1.0]], [[5.0], [6.0]]])
     buf.add(stacks, torch.zeros(2), torch.ones(2), after, torch.tensor([False, True]),
-            env_mask=torch.tensor([False, True]))
+            env_mask=torch.tensor([False, True]), truncated=False)
     assert len(buf) == 1 and torch.equal(buf.sample_all().next_obs, after[1:])

@@ -80,7 +80,7 @@ def extend_chunks(buffer: RemoteReplayBufferHandle, worker: int, chunks: int, fa
 def add_steps(buffer: RemoteReplayBufferHandle, worker: int, steps: int) -> int:
     for step in range(steps):
         uid = float(worker * 1_000_000 + step)
-        buffer.add(torch.full((3,), uid), torch.full((2,), uid), uid, torch.full((3,), uid + 0.5), step % 2 == 0)
+        buffer.add(torch.full((3,), uid), torch.full((2,), uid), uid, torch.full((3,), uid + 0.5), step % 2 == 0, truncated=False)
     return steps
 
 
@@ -153,17 +153,17 @@ def test_errors_reach_the_caller_as_rlbuf_errors_and_close_stops_the_actor() -> 
     with pytest.raises(EmptyBufferError):
         buffer.sample(4)
     with pytest.raises(ShapeError, match=r"obs: expected shape \(1, 3\) or \(3,\), got \(4,\)"):
-        buffer.add(torch.zeros(4), torch.zeros(2), 1.0, torch.zeros(3), False)
+        buffer.add(torch.zeros(4), torch.zeros(2), 1.0, torch.zeros(3), False, truncated=False)
     with pytest.raises(ShapeError):               # the same from a writer's handle
-        handle.add(torch.zeros(4), torch.zeros(2), 1.0, torch.zeros(3), False)
+        handle.add(torch.zeros(4), torch.zeros(2), 1.0, torch.zeros(3), False, truncated=False)
     with pytest.raises(DtypeError, match="reward"):  # would be stored as inf
-        buffer.add(torch.zeros(3), torch.zeros(2), np.float64(1e300), torch.zeros(3), False)
+        buffer.add(torch.zeros(3), torch.zeros(2), np.float64(1e300), torch.zeros(3), False, truncated=False)
     huge = _chunk(1, 0)
     huge["next", "reward"] = torch.full((ROWS, 1), 1e300, dtype=torch.float64)
     with pytest.raises(DtypeError, match="reward"):
         buffer.extend(huge)
     assert len(buffer) == 0
-    buffer.add(Transition(torch.ones(3), torch.ones(2), 1.0, torch.full((3,), 1.5), False))
+    buffer.add(Transition(torch.ones(3), torch.ones(2), 1.0, torch.full((3,), 1.5), False, truncated=False))
     buffer.extend(_chunk(1, 0))
     assert len(handle) == ROWS + 1
     check_id_rows(buffer.sample_all())
@@ -272,14 +272,14 @@ def test_dict_observations_and_hidden_states_travel_both_ways() -> None:
     with RemoteReplayBuffer(64, obs_shape={"camera": (2, 2), "proprio": (3,)}, obs_dtype={"camera": torch.uint8},
                             action_shape=(), num_envs=2, seed=0, hidden_state_shape={"h": (1, 2)}) as buffer:
         buffer.add(obs, torch.zeros(2), torch.ones(2), obs, torch.zeros(2, dtype=torch.bool),
-                   hidden_state={"h": torch.ones(2, 1, 2)})
+                   hidden_state={"h": torch.ones(2, 1, 2)}, truncated=False)
         # TorchRL's GymEnv puts a Dict space's keys at the top level: extend reads them there too.
         buffer.extend(TensorDict({**obs, "action": torch.zeros(2), "recurrent_state_h": torch.full((2, 1, 2), 2.0),
                                   "next": {**obs, "reward": torch.ones(2), "terminated": torch.zeros(2, dtype=torch.bool)}},
                                  batch_size=[2]))
         with pytest.raises(ShapeError, match=r'obs\["proprio"\]'):
             buffer.add({**obs, "proprio": torch.zeros(2, 4)}, torch.zeros(2), torch.ones(2), obs,
-                       torch.zeros(2, dtype=torch.bool), hidden_state={"h": torch.ones(2, 1, 2)})
+                       torch.zeros(2, dtype=torch.bool), hidden_state={"h": torch.ones(2, 1, 2)}, truncated=False)
         batch = buffer.sample_all()
         sequences = buffer.sample_sequences(3, 1, burn_in=1)
     assert sequences.obs["camera"].shape == (3, 2, 2, 2) and sequences.burn_in == 1

@@ -58,7 +58,7 @@ GOOD: dict[str, Any] = {
 def test_single_env_add_accepts_numbers_numpy_and_omitted_env_dim(storage: str) -> None:
     buf = make(storage=storage, action_shape=(), action_dtype=torch.int64)
     buf.add(np.zeros(3, np.float32), 1, 0.5, np.ones(3, np.float32), False, True)
-    buf.add(torch.ones(1, 3), torch.tensor([0]), torch.tensor([2.0]), torch.zeros(1, 3), torch.tensor([True]))
+    buf.add(torch.ones(1, 3), torch.tensor([0]), torch.tensor([2.0]), torch.zeros(1, 3), torch.tensor([True]), truncated=False)
     batch = buf.sample_all()
     assert batch.action.tolist() == [1, 0]
     assert batch.reward.tolist() == [0.5, 2.0]
@@ -96,7 +96,7 @@ def test_ring_overwrites_oldest_first_and_reports_fullness(storage: str) -> None
 
 def test_float64_numpy_observations_are_stored_as_float32() -> None:
     buf = make()
-    buf.add(np.full(3, 0.25), np.zeros(2), 1.0, np.zeros(3), False)
+    buf.add(np.full(3, 0.25), np.zeros(2), 1.0, np.zeros(3), False, truncated=False)
     assert buf.sample_all().obs.dtype == torch.float32
     assert buf.sample_all().obs.tolist() == [[0.25] * 3]
 
@@ -104,7 +104,7 @@ def test_float64_numpy_observations_are_stored_as_float32() -> None:
 def test_uint8_observations_take_one_byte_per_value() -> None:
     buf = make(capacity=8, obs_shape=(84, 84, 4), obs_dtype=torch.uint8, action_shape=(), action_dtype=torch.int64)
     frame = np.random.default_rng(0).integers(0, 256, (84, 84, 4), dtype=np.uint8)
-    buf.add(frame, 3, 1.0, frame, False)
+    buf.add(frame, 3, 1.0, frame, False, truncated=False)
     leaf = buf.torchrl.storage._storage["observation"]
     assert leaf.dtype == torch.uint8 and leaf.element_size() == 1
     assert leaf.numel() * leaf.element_size() == 8 * 84 * 84 * 4
@@ -239,7 +239,7 @@ def test_a_handed_out_torchrl_storage_is_current_after_every_add() -> None:
     buf = ReplayBuffer(64, obs_shape=(2,), action_shape=(), seed=0)
     rb = buf.torchrl
     for i in range(40):
-        buf.add(torch.full((2,), float(i)), 0.0, 1.0, torch.zeros(2), False)
+        buf.add(torch.full((2,), float(i)), 0.0, 1.0, torch.zeros(2), False, truncated=False)
         # Read straight from the storage and writer, not through rb's methods (which flush anyway).
         assert len(rb.storage) == i + 1
     from torchrl.data import TensorDictReplayBuffer
@@ -432,7 +432,7 @@ def test_cuda_storage_takes_cpu_and_cuda_inputs() -> None:
     buf = make(storing_device="cuda", num_envs=2)
     add_ids(buf, range(3))
     buf.add(torch.zeros(2, 3, device="cuda"), torch.zeros(2, 2, device="cuda"), torch.zeros(2, device="cuda"),
-            torch.zeros(2, 3, device="cuda"), torch.zeros(2, dtype=torch.bool, device="cuda"))
+            torch.zeros(2, 3, device="cuda"), torch.zeros(2, dtype=torch.bool, device="cuda"), truncated=False)
     assert len(buf) == 8 and buf.sample(4).obs.is_cuda
     assert buf.sample_all().reward.tolist()[:6] == [0.0, 1.0, 1000.0, 1001.0, 2000.0, 2001.0]
 
@@ -528,7 +528,7 @@ def test_batch_sizes_may_be_numpy_or_tensor_integers_and_transition_excludes_key
     add_ids(buf, range(3))
     assert len(buf.sample(np.int64(4))) == len(buf.sample(torch.tensor(4))) == 4
     with pytest.raises(ConfigError, match="either a Transition or the fields"):
-        buf.add(Transition(torch.zeros(3), torch.zeros(2), 1.0, torch.zeros(3), False), reward=5.0)
+        buf.add(Transition(torch.zeros(3), torch.zeros(2), 1.0, torch.zeros(3), False, truncated=False), reward=5.0)
 
 
 def test_torchrl_side_extends_without_done_get_it_derived() -> None:
@@ -545,5 +545,5 @@ def test_torchrl_side_extends_without_done_get_it_derived() -> None:
 
 def test_a_transition_without_truncated_works_for_several_envs() -> None:
     buf = make(num_envs=2)
-    buf.add(Transition(torch.zeros(2, 3), torch.zeros(2, 2), torch.ones(2), torch.zeros(2, 3), torch.tensor([True, False])))
+    buf.add(Transition(torch.zeros(2, 3), torch.zeros(2, 2), torch.ones(2), torch.zeros(2, 3), torch.tensor([True, False]), truncated=False))
     assert buf.sample_all().truncated.tolist() == [False, False]

@@ -61,10 +61,10 @@ def test_a_bad_env_mask_is_refused_by_name_and_changes_nothing(env_mask: Any) ->
     before = snapshot(buf)
     with pytest.raises(RlbufError, match=r"^env_mask: "):
         buf.add(torch.zeros(2, 3), torch.zeros(2, 2), torch.zeros(2), torch.zeros(2, 3), torch.zeros(2, dtype=torch.bool),
-                env_mask=env_mask)
+                env_mask=env_mask, truncated=False)
     assert same(before, snapshot(buf))
     buf.add(torch.ones(2, 3), torch.zeros(2, 2), torch.zeros(2), torch.zeros(2, 3), torch.zeros(2, dtype=torch.bool),
-            env_mask=[False, True])
+            env_mask=[False, True], truncated=False)
     assert len(buf) == 3
 
 
@@ -156,7 +156,7 @@ def test_a_uniform_buffer_saved_by_0_1_0_still_loads(tmp_path: Any) -> None:
 def test_one_number_tensors_are_checked_like_any_input() -> None:
     buf = make(4, action_shape=())
     zeros = torch.zeros(1, 3)
-    buf.add(zeros, torch.tensor([1.0]), torch.tensor([2.5], requires_grad=True), zeros, torch.tensor([True]))
+    buf.add(zeros, torch.tensor([1.0]), torch.tensor([2.5], requires_grad=True), zeros, torch.tensor([True]), truncated=False)
     before = snapshot(buf)
     refusals = [
         (NonFiniteError, "reward: expected finite values, got nan at row 0", torch.tensor([float("nan")]),
@@ -166,7 +166,7 @@ def test_one_number_tensors_are_checked_like_any_input() -> None:
     ]
     for error, message, reward, terminated in refusals:
         with pytest.raises(error, match=message):
-            buf.add(zeros, torch.tensor([0.0]), reward, zeros, terminated)
+            buf.add(zeros, torch.tensor([0.0]), reward, zeros, terminated, truncated=False)
         assert same(snapshot(buf), before)
     batch = buf.sample_all()
     assert batch.reward.tolist() == [2.5] and batch.action.tolist() == [1.0] and batch.terminated.tolist() == [True]
@@ -234,9 +234,9 @@ def test_bad_input_on_the_direct_write_path_changes_nothing() -> None:
     bad = {name: torch.zeros(300, *shape) for name, shape in (("obs", (3,)), ("action", (2,)), ("next_obs", (3,)))}
     with pytest.raises(NonFiniteError):
         buf.add(bad["obs"], bad["action"], torch.full((300,), float("nan")), bad["next_obs"],
-                torch.zeros(300, dtype=torch.bool))
+                torch.zeros(300, dtype=torch.bool), truncated=False)
     with pytest.raises(ShapeError, match=r"terminated: expected shape \(300,\), got \(299,\)"):
-        buf.add(bad["obs"], bad["action"], torch.zeros(300), bad["next_obs"], torch.zeros(299, dtype=torch.bool))
+        buf.add(bad["obs"], bad["action"], torch.zeros(300), bad["next_obs"], torch.zeros(299, dtype=torch.bool), truncated=False)
     assert same(snapshot(buf), before)
 
 

@@ -228,7 +228,7 @@ def test_uint8_observations_and_integer_actions() -> None:
     buf = make(obs_shape=(8, 8), obs_dtype=torch.uint8, action_dtype=torch.int64)
     frame = np.full((N, 8, 8), 255, np.uint8)
     for _ in range(T):
-        buf.add(frame, np.arange(N), np.ones(N, np.float32), np.zeros(N, bool), np.zeros(N, np.float32), np.zeros(N, np.float32))
+        buf.add(frame, np.arange(N), np.ones(N, np.float32), np.zeros(N, bool), np.zeros(N, np.float32), np.zeros(N, np.float32), truncated=False)
     assert buf.view("obs").dtype == torch.uint8 and int(buf.view("obs").max()) == 255
     assert buf.view("action").dtype == torch.int64
 
@@ -310,7 +310,7 @@ def test_a_bool_reward_is_refused_before_the_stats_see_it() -> None:
     stats = EpisodeStats(1)
     buf = make(num_envs=1, stats=stats)
     with pytest.raises(DtypeError, match="reward: expected a number, got the bool True"):
-        buf.add(torch.zeros(2), 0.0, True, False, 0.0, 0.0)
+        buf.add(torch.zeros(2), 0.0, True, False, 0.0, 0.0, truncated=False)
     assert buf.steps == 0 and stats.summary()["episodes"] == 0
 
 
@@ -327,9 +327,9 @@ def test_an_add_without_terminated_names_it_and_done_gets_the_rlbuf_names() -> N
     buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=())
     zeros = torch.zeros(2)
     with pytest.raises(MissingFieldError, match=r"done: .*terminated= and truncated="):
-        buf.add(torch.zeros(2, 3), zeros, zeros, value=zeros, log_prob=zeros, done=torch.zeros(2, dtype=torch.bool))
+        buf.add(torch.zeros(2, 3), zeros, zeros, value=zeros, log_prob=zeros, done=torch.zeros(2, dtype=torch.bool), truncated=False)
     with pytest.raises(MissingFieldError, match=r"^terminated: required"):
-        buf.add(torch.zeros(2, 3), zeros, zeros, value=zeros, log_prob=zeros)
+        buf.add(torch.zeros(2, 3), zeros, zeros, value=zeros, log_prob=zeros, truncated=False)
     assert buf.steps == 0
 
 
@@ -337,7 +337,7 @@ def _filled_rollout() -> RolloutBuffer:
     buf = RolloutBuffer(3, 2, obs_shape=(1,), action_shape=(), seed=0)
     for t in range(3):
         buf.add(torch.full((2, 1), float(t)), torch.zeros(2), torch.ones(2), torch.tensor([False, t == 1]),
-                torch.zeros(2), torch.zeros(2))
+                torch.zeros(2), torch.zeros(2), truncated=False)
     return buf
 
 

@@ -51,7 +51,7 @@ def test_samples_of_the_spaces_go_in_unchanged() -> None:
     for action_space in (gym.spaces.Discrete(3), gym.spaces.MultiDiscrete([2, 5]), gym.spaces.MultiBinary(4)):
         buffer = ReplayBuffer(8, observation_space=obs_space, action_space=action_space)
         obs, action = obs_space.sample(), action_space.sample()
-        buffer.add(obs, action, 1.0, obs_space.sample(), False)
+        buffer.add(obs, action, 1.0, obs_space.sample(), False, truncated=False)
         batch = buffer.sample_all()
         assert torch.equal(batch.obs[0], torch.from_numpy(obs))
         assert torch.equal(batch.action[0], torch.as_tensor(action).to(batch.action.dtype))
@@ -125,7 +125,7 @@ def test_integer_actions_into_a_float_action_buffer_are_refused_with_the_fix() -
     for action in (np.array([0, 1]), torch.tensor([0, 1]), [0, 1]):
         with pytest.raises(DtypeError, match=r"action_dtype=torch\.int64 or action_space="):
             buffer.add(np.zeros((2, 3), np.float32), action, np.ones(2), np.zeros((2, 3), np.float32),
-                       np.zeros(2, bool))
+                       np.zeros(2, bool), truncated=False)
     single = DistillationBuffer(10, obs_shape=(3,), action_shape=())
     for action in (1, np.int64(1)):
         with pytest.raises(DtypeError, match="action_space="):
@@ -137,18 +137,18 @@ def test_integer_observations_into_a_float_buffer_are_refused_kinds_never_change
     buffer = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=())
     with pytest.raises(DtypeError, match=r"obs: .* got uint8; store them as they come with obs_dtype=torch.uint8"):
         buffer.add(np.zeros((2, 3), np.uint8), np.zeros(2, np.float32), np.ones(2), np.zeros(2, bool),
-                   np.zeros(2, np.float32), np.zeros(2, np.float32))
+                   np.zeros(2, np.float32), np.zeros(2, np.float32), truncated=False)
     assert buffer.steps == 0
 
 
 def test_rewards_and_values_still_take_integers_but_not_bools() -> None:
     buffer = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=())
     buffer.add(np.zeros((2, 3), np.float32), np.zeros(2, np.float32), np.array([1, 2]), np.zeros(2, bool),
-               np.array([0, 1]), np.zeros(2, np.float32))
+               np.array([0, 1]), np.zeros(2, np.float32), truncated=False)
     assert buffer.view("reward")[0].tolist() == [1.0, 2.0]
     with pytest.raises(DtypeError, match="reward"):
         buffer.add(np.zeros((2, 3), np.float32), np.zeros(2, np.float32), np.array([True, False]),
-                   np.zeros(2, bool), np.zeros(2, np.float32), np.zeros(2, np.float32))
+                   np.zeros(2, bool), np.zeros(2, np.float32), np.zeros(2, np.float32), truncated=False)
 
 
 def goal_space(dtype: Any = np.float64) -> gym.spaces.Dict:

@@ -255,7 +255,8 @@ GOOD: tuple[Any, ...] = (torch.zeros(1, 3), torch.zeros(1, 2), torch.ones(1), to
     (3, torch.zeros(1, 3, device="meta"), DeviceError, "next_obs: expected a tensor on cpu, got one on meta"),
     (4, torch.tensor([[False]]), ShapeError, "terminated: expected shape (1,) or (), got (1, 1)"),
     (5, np.array([0.0]), DtypeError, "truncated: expected dtype torch.bool"),
-    (5, None, None, None),  # truncated=None means False: taken
+    (5, None, MissingFieldError, "truncated: required with every step"),  # no silent default
+    (5, False, None, None),  # truncated=False: taken
     (4, None, MissingFieldError, "terminated: a value is required"),
 ])
 def test_a_refused_one_row_add_changes_nothing(storage: str, field: int, value: Any, error: type[Exception] | None,
@@ -291,10 +292,10 @@ def test_extras_and_hidden_states_are_still_checked_on_a_plain_buffer() -> None:
 def test_an_input_changed_after_the_add_leaves_the_stored_row_as_it_was() -> None:
     buf = make(capacity=3)
     obs, reward = torch.full((1, 3), 7.0), np.array([2.0], np.float32)
-    buf.add(obs, torch.zeros(1, 2), reward, obs, torch.tensor([False]))
+    buf.add(obs, torch.zeros(1, 2), reward, obs, torch.tensor([False]), truncated=False)
     obs += 1
     reward += 1
-    buf.add(obs, torch.zeros(1, 2), reward, obs, torch.tensor([False]))
+    buf.add(obs, torch.zeros(1, 2), reward, obs, torch.tensor([False]), truncated=False)
     batch = buf.sample_all()
     assert batch.obs[-2:, 0].tolist() == [7.0, 8.0]
     assert batch.reward[-2:].tolist() == [2.0, 3.0]
@@ -305,7 +306,7 @@ def test_a_negated_view_that_is_contiguous_is_stored_with_its_values_not_its_byt
     buf = ReplayBuffer(4, obs_shape=(1,), action_shape=(1,), seed=0)
     negated = torch.complex(torch.zeros(1, 1), torch.tensor([[-2.5]])).conj().imag  # the value 2.5, bytes of -2.5
     assert negated.is_contiguous() and negated.is_neg()
-    buf.add(negated, negated, 1.0, negated, False)
+    buf.add(negated, negated, 1.0, negated, False, truncated=False)
     batch = buf.sample_all()
     assert batch.obs.item() == batch.action.item() == batch.next_obs.item() == 2.5
 
@@ -343,7 +344,7 @@ def test_torch_adds_land_in_the_storage_after_it_moves_to_shared_memory() -> Non
     buf = make(capacity=4)
     ring = buf._ring
     ring.share_storage()  # what handing the buffer to a worker process does: the storage moves
-    buf.add(torch.full((1, 3), 4.0), torch.full((1, 2), 5.0), 6.0, torch.full((1, 3), 7.0), torch.tensor([True]))
+    buf.add(torch.full((1, 3), 4.0), torch.full((1, 2), 5.0), 6.0, torch.full((1, 3), 7.0), torch.tensor([True]), truncated=False)
     stored = buf.sample_all()  # oldest first
     assert (stored.obs[-1].tolist(), stored.action[-1].tolist(), stored.next_obs[-1].tolist()) == (
         [4.0] * 3, [5.0] * 2, [7.0] * 3)
@@ -373,13 +374,13 @@ def test_non_finite_rewards_are_refused_not_warned_about_even_under_warnings_as_
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         huge = np.full(num_envs, 3e38, np.float32)  # finite, though its sum overflows
-        buf.add(obs, obs[:, :2], huge, obs, flags)
+        buf.add(obs, obs[:, :2], huge, obs, flags, truncated=False)
         for bad in (np.inf, -np.inf, np.nan):
             reward = huge.copy()
             reward[-1] = bad
             reward[0] = -np.inf if num_envs > 1 else bad  # inf - inf: NaN in a sum
             with pytest.raises(NonFiniteError, match="reward: expected finite values"):
-                buf.add(obs, obs[:, :2], reward, obs, flags)
+                buf.add(obs, obs[:, :2], reward, obs, flags, truncated=False)
 
 
 # -- one pipeline: every path stores the same rows, a refused add changes nothing --------------

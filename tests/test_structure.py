@@ -33,7 +33,7 @@ def replay(**kwargs: Any) -> ReplayBuffer:
 def add_steps(buf: ReplayBuffer, steps: int) -> None:
     for t in range(steps):
         buf.add(make_obs(value=t), torch.full((N,), float(t)), torch.full((N,), float(t)), make_obs(value=t + 1),
-                torch.zeros(N, dtype=torch.bool))
+                torch.zeros(N, dtype=torch.bool), truncated=False)
 
 
 def test_each_leaf_is_a_field_at_a_nested_torchrl_key() -> None:
@@ -63,7 +63,7 @@ def test_batch_obs_is_a_tensordict_with_the_stored_values() -> None:
 
 def test_a_flat_observation_stays_a_plain_tensor() -> None:
     buf = ReplayBuffer(8, obs_shape=(2,), action_shape=())
-    buf.add(torch.zeros(2), 0.0, 1.0, torch.zeros(2), False)
+    buf.add(torch.zeros(2), 0.0, 1.0, torch.zeros(2), False, truncated=False)
     assert type(buf.sample(2).obs) is torch.Tensor
 
 
@@ -74,11 +74,11 @@ def test_a_wrong_leaf_shape_names_the_key_and_stores_nothing() -> None:
     bad = make_obs()
     bad["proprio"] = torch.zeros(N, 6)
     with pytest.raises(ShapeError, match=r'obs\["proprio"\]: expected shape \(3, 5\), got \(3, 6\)'):
-        buf.add(bad, torch.zeros(N), torch.zeros(N), make_obs(), torch.zeros(N, dtype=torch.bool))
+        buf.add(bad, torch.zeros(N), torch.zeros(N), make_obs(), torch.zeros(N, dtype=torch.bool), truncated=False)
     nested_bad = make_obs()
     nested_bad["sensors"]["imu"] = torch.zeros(N, 2, dtype=torch.float32).numpy().astype(np.complex64)
     with pytest.raises(DtypeError, match=r'next_obs\["sensors"\]\["imu"\]'):
-        buf.add(make_obs(), torch.zeros(N), torch.zeros(N), nested_bad, torch.zeros(N, dtype=torch.bool))
+        buf.add(make_obs(), torch.zeros(N), torch.zeros(N), nested_bad, torch.zeros(N, dtype=torch.bool), truncated=False)
     after = buf.state_dict()
     assert after["size"] == before["size"] and after["cursor"] == before["cursor"]
     assert torch.equal(after["rng"]["sample"], before["rng"]["sample"])
@@ -89,12 +89,12 @@ def test_missing_and_unknown_keys_are_refused_by_name() -> None:
     missing = make_obs()
     del missing["sensors"]["imu"]
     with pytest.raises(MissingFieldError, match=r'obs\["sensors"\]\["imu"\]: missing'):
-        buf.add(missing, torch.zeros(N), torch.zeros(N), make_obs(), torch.zeros(N, dtype=torch.bool))
+        buf.add(missing, torch.zeros(N), torch.zeros(N), make_obs(), torch.zeros(N, dtype=torch.bool), truncated=False)
     unknown = make_obs() | {"lidar": torch.zeros(N, 3)}
     with pytest.raises(MissingFieldError, match=r'obs\["lidar"\]: not a key'):
-        buf.add(unknown, torch.zeros(N), torch.zeros(N), make_obs(), torch.zeros(N, dtype=torch.bool))
+        buf.add(unknown, torch.zeros(N), torch.zeros(N), make_obs(), torch.zeros(N, dtype=torch.bool), truncated=False)
     with pytest.raises(ShapeError, match="obs: expected a dict or TensorDict"):
-        buf.add(torch.zeros(N, 5), torch.zeros(N), torch.zeros(N), make_obs(), torch.zeros(N, dtype=torch.bool))
+        buf.add(torch.zeros(N, 5), torch.zeros(N), torch.zeros(N), make_obs(), torch.zeros(N, dtype=torch.bool), truncated=False)
     assert len(buf) == 0
 
 
@@ -112,7 +112,7 @@ def test_obs_may_be_a_tensordict_and_numpy_leaves_work() -> None:
     obs = TensorDict(make_obs(), batch_size=[N])
     numpy_obs = {"camera": np.zeros((N, 3, 4, 4), np.uint8), "proprio": np.ones((N, 5)),
                  "sensors": {"imu": np.ones((N, 2), np.float32)}}
-    buf.add(obs, torch.zeros(N), torch.zeros(N), numpy_obs, torch.zeros(N, dtype=torch.bool))
+    buf.add(obs, torch.zeros(N), torch.zeros(N), numpy_obs, torch.zeros(N, dtype=torch.bool), truncated=False)
     assert buf.sample_all().next_obs["proprio"].eq(1).all()
 
 
@@ -203,7 +203,7 @@ def test_rollout_buffer_with_dict_observations() -> None:
                         seed=0)
     for t in range(4):
         buf.add(make_obs(value=t), torch.zeros(N), torch.ones(N), torch.zeros(N, dtype=torch.bool), torch.zeros(N),
-                torch.zeros(N), privileged_obs=torch.full((N, 7), float(t)))
+                torch.zeros(N), privileged_obs=torch.full((N, 7), float(t)), truncated=False)
     buf.compute_returns_and_advantages(torch.zeros(N))
     batches = list(buf.minibatches(num_minibatches=2))
     for batch in batches:
@@ -216,7 +216,7 @@ def test_rollout_buffer_with_dict_observations() -> None:
     buf.clear()
     with pytest.raises(ShapeError, match=r'obs\["proprio"\]: expected shape \(3, 5\), got \(3, 4\)'):
         buf.add(bad, torch.zeros(N), torch.ones(N), torch.zeros(N, dtype=torch.bool), torch.zeros(N), torch.zeros(N),
-                privileged_obs=torch.zeros(N, 7))
+                privileged_obs=torch.zeros(N, 7), truncated=False)
     assert buf.steps == 0
 
 

@@ -104,7 +104,7 @@ def test_every_trajectory_once_per_epoch_padded_with_zeros_from_its_first_state(
     buf = RolloutBuffer(steps, envs, obs_shape=(1,), action_shape=(), hidden_state_shape=(1,), seed=seed)
     for t in range(steps):
         buf.add(step_id[t, :, None], torch.zeros(envs), torch.ones(envs), done[t], torch.zeros(envs),
-                torch.zeros(envs), hidden_state=step_id[t, :, None])
+                torch.zeros(envs), hidden_state=step_id[t, :, None], truncated=False)
     buf.compute_returns_and_advantages(torch.zeros(envs))
     count = len(split_trajectories(done))
     if batch > count:
@@ -317,7 +317,7 @@ def test_an_epoch_that_began_with_fewer_rows_still_resumes(tmp_path: Any) -> Non
     buf = replay_with_steps(40, 2, 5)
     iterator = buf.epochs(batch_size=3, n_epochs=2)
     next(iterator)
-    buf.add(torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), torch.zeros(2, 1), torch.zeros(2, dtype=torch.bool))
+    buf.add(torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), torch.zeros(2, 1), torch.zeros(2, dtype=torch.bool), truncated=False)
     buf.save(tmp_path / "ckpt")
     restored = ReplayBuffer.load(tmp_path / "ckpt")
     resumed = restored.current_epochs
@@ -343,7 +343,7 @@ def test_a_gru_hidden_state_is_one_tensor_at_torchrl_key() -> None:
     assert [spec.key for spec in buf.fields if spec.name == "hidden_state"] == ["recurrent_state"]
     for _ in range(2):
         buf.add(torch.zeros(1, 3), torch.zeros(1), torch.ones(1), torch.tensor([False]), torch.zeros(1),
-                torch.zeros(1), hidden_state=torch.ones(1, 1, 4))
+                torch.zeros(1), hidden_state=torch.ones(1, 1, 4), truncated=False)
     buf.compute_returns_and_advantages(torch.zeros(1))
     batch = next(iter(buf.minibatches(num_minibatches=1, sequences=True)))
     assert isinstance(batch.hidden_state, torch.Tensor) and batch.hidden_state.shape == (1, 1, 4)
@@ -352,7 +352,7 @@ def test_a_gru_hidden_state_is_one_tensor_at_torchrl_key() -> None:
 def test_hidden_state_inputs_are_validated_by_key() -> None:
     buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=(), hidden_state_shape={"h": (1, 4), "c": (1, 4)})
     args = (torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.tensor([False, False]), torch.zeros(2),
-            torch.zeros(2))
+            torch.zeros(2), False)
     with pytest.raises(MissingFieldError, match="hidden_state: this buffer stores one"):
         buf.add(*args)
     with pytest.raises(MissingFieldError, match=r'hidden_state\["c"\]: missing'):
@@ -394,7 +394,7 @@ def replay_with_steps(capacity: int, num_envs: int, steps: int, done_every: int 
         extra = {"hidden_state": {"h": (envs * 1000 + t).view(num_envs, 1, 1).expand(num_envs, 1, 2)}} \
             if "hidden_state_shape" in kwargs else {}
         buf.add((envs * 1000 + t).unsqueeze(1), torch.zeros(num_envs), torch.zeros(num_envs),
-                (envs * 1000 + t + 1).unsqueeze(1), done, **extra)
+                (envs * 1000 + t + 1).unsqueeze(1), done, truncated=False, **extra)
     return buf
 
 
@@ -468,7 +468,7 @@ def test_env_major_extends_are_refused_and_time_major_ones_work() -> None:
 
 def test_an_add_that_leaves_envs_out_stops_sequences_until_clear() -> None:
     buf = replay_with_steps(40, 2, 4)
-    step = (torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), torch.zeros(2, 1), torch.zeros(2, dtype=torch.bool))
+    step = (torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), torch.zeros(2, 1), torch.zeros(2, dtype=torch.bool), False)
     buf.add(*step, env_mask=torch.tensor([True, True]))  # every env: rows stay interleaved
     assert len(buf.sample_sequences(2, 3)) == 2
     buf.add(*step, env_mask=torch.tensor([False, True]))  # one row: env 1's steps no longer 2 rows apart
@@ -540,7 +540,7 @@ def test_sequence_batches_drive_torchrl_lstm_modules_in_recurrent_mode() -> None
     for t in range(20):
         replay.add({"proprio": torch.randn(2, 5)}, torch.zeros(2), torch.ones(2), {"proprio": torch.randn(2, 5)},
                    torch.tensor([t % 4 == 3, t % 5 == 4]),
-                   hidden_state={"h": torch.randn(2, LAYERS, H), "c": torch.randn(2, LAYERS, H)})
+                   hidden_state={"h": torch.randn(2, LAYERS, H), "c": torch.randn(2, LAYERS, H)}, truncated=False)
     sequences = replay.sample_sequences(6, 5, burn_in=2)
     replay_td = sequences.to_tensordict()
     assert bool(sequences.is_first[:, 1:].any()) and replay_td["next", "done"].shape == (6, 7, 1)

@@ -80,7 +80,7 @@ def save_checkpoint(out: Path, demo: str, args: RunArgs, frames: int, buffer: Ri
         >>> args = RunArgs(out=tempfile.mkdtemp() + "/run", progress=False)
         >>> out = setup(args, "demo")
         >>> buffer = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0)
-        >>> buffer.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False)
+        >>> buffer.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False, truncated=False)
         >>> path = save_checkpoint(out, "demo", args, 100, buffer, {"frames": 100})
         >>> path.name, latest_checkpoint(out) == path, read_meta(path)["frames"]
         ('frames-000000000100', True, 100)

@@ -1,0 +1,146 @@
+"""The reset step of gymnasium's ``NEXT_STEP`` autoreset, recognised at ``ReplayBuffer.add``.
+
+With ``NEXT_STEP`` (``gym.make_vec``'s default), the step after an episode's end resets the env:
+a loop that adds every step stores a row from the final observation to the reset one, with
+reward 0 and no flag, a transition the env never made. Such a row is an env whose previous
+stored row ended an episode and whose ``obs`` now equals that row's ``next_obs``.
+[`ResetSteps`][rlbuf._autoreset.ResetSteps] remembers, per env, whether its last stored row
+ended and, only then, that row's ``next_obs``; the next add of that env compares. It warns
+([`NextStepResetWarning`][rlbuf.errors.NextStepResetWarning]) before anything is stored, once per
+buffer, and then stops watching: an add refused by a warnings filter (``"error"``) stores nothing.
+
+Example:
+    >>> import warnings
+    >>> import torch
+    >>> from rlbuf import NextStepResetWarning, ReplayBuffer
+    >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
+    >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), terminated=True, truncated=False)  # the episode ends
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     buf.add(torch.ones(1), 0.0, 0.0, torch.full((1,), 5.0), terminated=False, truncated=False)  # reset
+    >>> [type(warning.message).__name__ for warning in caught]
+    ['NextStepResetWarning']
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlbuf._compact import CompactLayout
+from rlbuf._obs import Layout
+from rlbuf._ring import RowRing
+from rlbuf.errors import MissingFieldError, NextStepResetWarning, RlbufError
+from rlbuf.spec import FieldSpec, RowReader
+
+
+def _rows(value: Any) -> np.ndarray[Any, Any]:
+    """Rows read by a ring's reader (a Python bool, a numpy array or a tensor) as a flat numpy array."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy().reshape(-1)
+    return np.asarray(value).reshape(-1)
+
+
+class ResetSteps:
+    """Per env: did its last stored row end an episode, and that row's ``next_obs`` (see the module).
+
+    Args:
+        obs: the specs of the observation's leaves, as ``add`` takes them (a stack with ``frame_stack``).
+        next_obs: the specs of ``next_obs``'s leaves.
+        split: one add's ``obs`` or ``next_obs`` as its leaves, in spec order.
+        step: the specs of ``reward``, ``terminated`` and ``truncated``: a reset step has reward 0 and no flag.
+        num_envs: rows per add.
+        devices: where a tensor may be (the ring's accepted devices).
+    """
+
+    def __init__(self, obs: Sequence[FieldSpec], next_obs: Sequence[FieldSpec], split: Callable[[str, Any], list[Any]],
+                 step: Sequence[FieldSpec], *, num_envs: int, devices: tuple[torch.device, ...]) -> None:
+        self._obs = [RowReader(spec, num_envs, devices) for spec in obs]
+        self._step = [RowReader(spec, num_envs, devices) for spec in step]
+        self._next_obs = [RowReader(spec, num_envs, devices) for spec in next_obs]
+        self._split = split
+        self._num_envs = num_envs
+        self.watching = False  # whether some env's last stored row ended an episode
+        self._ended = np.zeros(num_envs, np.bool_)
+        self._final: list[np.ndarray[Any, Any]] | None = None  # per leaf, [num_envs, *shape], read where ended
+
+    def clear(self) -> None:
+        """Forget every env's last row (the buffer was cleared, loaded or extended)."""
+        self.watching = False
+        self._ended[:] = False
+
+    def check(self, obs: Any, reward: Any, terminated: Any, truncated: Any, stored: np.ndarray[Any, Any] | None) -> bool:
+        """Before an add: warn if an env stored now (``stored``: all when ``None``) resets as ``NEXT_STEP`` does:
+        its ``obs`` is its last row's ``next_obs``, with reward 0 and no flag, as gymnasium gives the reset step.
+
+        Returns:
+            Whether it warned (the buffer then stops watching; a warning made an error raises here).
+        """
+        watched = self._ended if stored is None else self._ended & stored
+        if not watched.any() or self._final is None:
+            return False
+        try:
+            leaves = [reader.tensor(value) for reader, value in zip(self._obs, self._split("obs", obs), strict=True)]
+            step = [_rows(reader.tensor(value)) for reader, value in zip(self._step, (reward, terminated, truncated),
+                                                                         strict=True)]
+        except RlbufError:
+            return False  # the add refuses it, by the same reader
+        same = watched & (step[0] == 0) & ~step[1].astype(bool) & ~step[2].astype(bool)
+        for leaf, final in zip(leaves, self._final, strict=True):
+            rows = leaf.detach().cpu().numpy().reshape(self._num_envs, -1)
+            same &= (rows == final.reshape(self._num_envs, -1)).all(axis=1)
+        if not same.any():
+            return False
+        env = int(np.flatnonzero(same)[0])
+        warnings.warn(
+            f"add: env {env}'s obs is the next_obs of its previous row, which ended an episode: this is the reset "
+            f"step of gymnasium's NEXT_STEP autoreset (make_vec's default), a final observation followed by a reset "
+            f"one, which is no transition of the env (or, with SAME_STEP, that row's next_obs was the reset "
+            f"observation, not info['final_obs']). Collect with rlbuf.gym.Recorder, which leaves those steps out, "
+            f"or pass env_mask=~(terminated | truncated) of the previous step to add (warned once per buffer)",
+            NextStepResetWarning, stacklevel=3)
+        return True
+
+    def record(self, terminated: Any, truncated: Any, next_obs: Any, stored: np.ndarray[Any, Any] | None) -> None:
+        """After an add: remember which envs stored now ended (their flags as the ring read them, for the
+        envs in ``stored``), and their ``next_obs``."""
+        ended = _rows(terminated) | _rows(truncated)
+        envs = np.arange(self._num_envs) if stored is None else np.flatnonzero(stored)
+        self._ended[envs] = ended
+        self.watching = bool(self._ended.any())
+        if not ended.any():
+            return
+        leaves = [reader.tensor(value) for reader, value in zip(self._next_obs, self._split("next_obs", next_obs),
+                                                                  strict=True)]
+        if self._final is None:
+            self._final = [np.zeros((self._num_envs, *reader.spec.shape), reader.spec.np_dtype) for reader in self._next_obs]
+        for leaf, final in zip(leaves, self._final, strict=True):
+            final[envs[ended]] = leaf.detach().cpu().numpy()[envs[ended]]
+
+
+def reset_steps(ring: RowRing, obs: Layout, compact: CompactLayout | None, num_envs: int) -> ResetSteps:
+    """The [`ResetSteps`][rlbuf._autoreset.ResetSteps] of a replay buffer's layout (``obs`` and ``next_obs`` as
+    ``add`` takes them: whole stacks with ``frame_stack``)."""
+    if compact is not None:
+        specs: tuple[list[FieldSpec], list[FieldSpec]] = ([compact.obs_spec], [compact.next_obs_spec])
+    else:
+        specs = (obs.specs("obs", "observation"), obs.specs("next_obs", ("next", "observation")))
+    step = [ring.by_name[name] for name in ("reward", "terminated", "truncated")]
+    return ResetSteps(*specs, obs.split, step, num_envs=num_envs, devices=ring.accepted_devices)
+
+
+def truncated_missing() -> MissingFieldError:
+    """The refusal of an ``add`` without ``truncated``, with the one-line fix.
+
+    Example:
+        >>> print(truncated_missing())
+        truncated: required with every step: pass truncated=False for an env without time limit; with gymnasium, add(obs, action, reward, next_obs, terminated=terminations, truncated=truncations); CleanRL's done is not terminated (a timeout would count as a death)
+    """
+    return MissingFieldError("truncated: required with every step: pass truncated=False for an env without time "
+                             "limit; with gymnasium, add(obs, action, reward, next_obs, terminated=terminations, "
+                             "truncated=truncations); CleanRL's done is not terminated (a timeout would count as a "
+                             "death)")

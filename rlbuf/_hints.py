@@ -1,0 +1,73 @@
+"""The fix a refusal of a user's value ends with: the cast for a dtype, the single space for a batched shape.
+
+Example:
+    >>> import numpy as np
+    >>> cast_hint("terminated", np.dtype(np.float32), torch.bool)[:52]
+    '; convert the values: terminated.bool() (numpy: term'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlbuf._convert import _NUMPY_DTYPES
+
+# torch's method for each cast, where it has one (``x.long()``); else ``x.to(torch.uint8)``.
+_METHOD = {torch.bool: "bool", torch.int64: "long", torch.int32: "int", torch.float32: "float",
+           torch.float64: "double", torch.float16: "half"}
+_SPACE_OF = {"obs": "observation_space", "next_obs": "observation_space", "privileged_obs": "observation_space",
+             "action": "action_space", "expert_action": "action_space"}
+
+
+def cast_hint(field: str, given: np.dtype[Any] | None, stored: torch.dtype) -> str:
+    """The end of a dtype refusal: the cast that converts ``given`` values to the ``stored`` dtype.
+
+    Example:
+        >>> cast_hint("terminated", np.dtype(np.float32), torch.bool)
+        '; convert the values: terminated.bool() (numpy: terminated.astype(bool)); dones stored as floats (CleanRL) are flags: pass terminated=terminations.bool(), truncated=truncations.bool()'
+        >>> cast_hint("action", np.dtype(np.float32), torch.int64)
+        '; convert the values: action.long() (numpy: action.astype(np.int64)), e.g. actions kept as floats'
+    """
+    if given is None or stored not in _NUMPY_DTYPES or field.startswith("info["):
+        return ""  # a final observation from info: its message says how to give it
+    kind, target = given.kind, _NUMPY_DTYPES[stored].kind
+    if target == "f" and kind == "b" and field in ("reward", "value", "log_prob", "bootstrap_value"):
+        return "; a flag where a number belongs: check the order of the arguments"
+    if target == "f" and kind in "biu":
+        if field in ("action", "expert_action"):
+            return ("; for discrete actions build the buffer with action_dtype=torch.int64 or "
+                    "action_space=envs.single_action_space")
+        if field in ("obs", "next_obs", "privileged_obs") or field.startswith(("obs[", "next_obs[")):
+            return (f"; store them as they come with obs_dtype=torch.{given} or "
+                    f"observation_space=envs.single_observation_space, or convert them yourself")
+        return f"; declare the field with dtype torch.{given}, or convert the values yourself"
+    method = _METHOD.get(stored)
+    name = field  # obs["camera"] and info["final_obs"][1] read as Python expressions too
+    cast = f"{name}.{method}()" if method else f"{name}.to({stored})"
+    numpy_cast = f"{name}.astype({'bool' if target == 'b' else 'np.' + str(_NUMPY_DTYPES[stored])})"
+    hint = f"; convert the values: {cast} (numpy: {numpy_cast})"
+    if target == "b" and name in ("terminated", "truncated"):
+        return (hint + "; dones stored as floats (CleanRL) are flags: pass terminated=terminations.bool(), "
+                "truncated=truncations.bool()")
+    if target in "iu" and kind == "f" and name in ("action", "expert_action"):
+        return hint + ", e.g. actions kept as floats"
+    return hint
+
+
+def batched_hint(spec: Any, rows: int, got: tuple[int, ...]) -> str:
+    """The end of a refused shape when ``spec`` was declared from a vector env's batched space: ``got``
+    is one step of ``rows`` envs (``rows`` > 1) and the declared row shape itself, ``(num_envs, *shape)``.
+
+    Example:
+        >>> from rlbuf.spec import FieldSpec
+        >>> print(batched_hint(FieldSpec("obs", "observation", (4, 3), torch.float32), 4, (4, 3)))
+        ; this buffer stores obs of shape (4, 3), whose first dim is num_envs=4: was it built from envs.observation_space? Build it with observation_space=envs.single_observation_space (one env's space)
+    """
+    space = _SPACE_OF.get(spec.name.split("[", 1)[0])
+    if rows < 2 or space is None or spec.shape[:1] != (rows,) or tuple(got) != spec.shape:
+        return ""
+    return (f"; this buffer stores {spec.name} of shape {spec.shape}, whose first dim is num_envs={rows}: was it "
+            f"built from envs.{space}? Build it with {space}=envs.single_{space} (one env's space)")

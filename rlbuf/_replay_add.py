@@ -1,0 +1,190 @@
+"""The writing half of [`ReplayBuffer`][rlbuf.ReplayBuffer]: ``add`` and ``extend``, with the checks of a step.
+
+``add`` takes the plain layout's fast path (the fields straight to the ring) or the general one
+(a [`Transition`][rlbuf.Transition], ``env_mask``, extras, hidden states, dict observations, the
+compact layout). Both refuse a step without ``truncated``, warn once for the reset step of
+gymnasium's ``NEXT_STEP`` autoreset ([`ResetSteps`][rlbuf._autoreset.ResetSteps]) and add the fix to
+a refused shape when the buffer was built from a vector env's batched space.
+
+Example:
+    >>> import torch
+    >>> from rlbuf import ReplayBuffer
+    >>> buf = ReplayBuffer(10, obs_shape=(2,), action_shape=(), num_envs=2)
+    >>> buf.add(torch.zeros(2, 2), torch.zeros(2), torch.ones(2), torch.ones(2, 2), torch.tensor([False, True]),
+    ...         truncated=False)
+    >>> len(buf)
+    2
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from tensordict import TensorDictBase
+
+from rlbuf._autoreset import ResetSteps, truncated_missing
+from rlbuf._buffer import RingBuffer
+from rlbuf._keywords import check_extras
+from rlbuf._obs import Layout, check_hidden_state
+from rlbuf._replay_layout import ReplayWriter
+from rlbuf.batches import ReplayBatch, Transition
+from rlbuf.errors import ConfigError
+from rlbuf.spec import FieldSpec
+
+
+class ReplayWriting(RingBuffer[ReplayBatch]):
+    """``add`` and ``extend`` of [`ReplayBuffer`][rlbuf.ReplayBuffer] (which sets the attributes below); not used
+    directly."""
+
+    _plain: bool
+    _writer: ReplayWriter
+    _resets: ResetSteps | None
+    _no_truncation: bool | np.ndarray[Any, Any]
+    _extra_specs: dict[str, FieldSpec]
+    _hidden: Layout | None
+    _interleaved: bool
+    _flag_at: tuple[int, int]  # where the ring's last read holds terminated and truncated
+
+    def add(
+        self,
+        obs: Any,
+        action: Any = None,
+        reward: Any = None,
+        next_obs: Any = None,
+        terminated: Any = None,
+        truncated: Any = None,
+        hidden_state: Any = None,
+        *,
+        env_mask: Any = None,
+        **extras: Any,
+    ) -> None:
+        """Store one env step: ``num_envs`` transitions (the env dim may be omitted if 1).
+
+        Accepts torch tensors (CPU or the storing device), numpy arrays and, for a single
+        env, Python numbers. Values are converted to the stored dtype when the conversion
+        stays within its kind (float64 → float32 is fine, float → uint8 is refused).
+
+        Args:
+            obs: observations ``[num_envs, *obs_shape]``; or a [`Transition`][rlbuf.Transition].
+            action: actions ``[num_envs, *action_shape]``.
+            reward: rewards ``[num_envs]``, finite.
+            next_obs: observations after the step (the final observation for a truncated
+                episode, not the reset one).
+            terminated: the MDP ended the episode (no bootstrap) ``[num_envs]`` bool.
+            truncated: a time limit cut the episode ``[num_envs]`` bool, required: ``False`` (for
+                every env) without time limit. A timeout is not a death: CleanRL's ``done`` is not ``terminated``.
+            hidden_state: the policy's hidden state the action was computed from, if the buffer
+                stores one (``[num_envs, *shape]``, a dict for ``{"h": ..., "c": ...}``).
+            env_mask: ``[num_envs]`` bools: store only the rows of these envs (e.g. leave out
+                the reset steps of gymnasium's ``NEXT_STEP`` autoreset; [`Recorder`][rlbuf.gym.Recorder]
+                does it for you). Every row is still validated; the stats skip the others.
+            **extras: one value per declared extra field.
+
+        Raises:
+            ShapeError, DtypeError, DeviceError, NonFiniteError, MissingFieldError: before
+                anything is stored.
+
+        Warns:
+            NextStepResetWarning: once per buffer, before anything is stored, for the reset step of
+                gymnasium's ``NEXT_STEP`` autoreset (an env whose previous stored row ended and whose
+                ``obs`` is that row's ``next_obs``); see [Gymnasium](gymnasium.md).
+
+        Example:
+            >>> import torch
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(10, obs_shape=(3,), action_shape=(), num_envs=2, seed=0)
+            >>> buf.add(obs=torch.zeros(2, 3), action=torch.zeros(2), reward=torch.ones(2),
+            ...         next_obs=torch.zeros(2, 3), terminated=torch.tensor([False, True]),
+            ...         truncated=torch.tensor([False, False]))
+            >>> len(buf)
+            2
+        """
+        if truncated is False:
+            truncated = self._no_truncation
+        if (self._plain and truncated is not None and not extras and hidden_state is None and env_mask is None
+                and not isinstance(obs, Transition)):
+            # The plain layout (decided once, in the constructor): the fields go to the ring's add as given.
+            # Statistics checked first and recorded once the rows are stored: a refusal changes neither.
+            record = None if self._stats is None else self._planned_stats(reward, terminated, truncated)
+            resets = self._resets
+            if resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated, None):
+                self._resets = resets = None  # warned: once per buffer
+            ring = self._ring
+            ring.add((obs, action, reward, next_obs, terminated, truncated), self._num_envs)
+            if resets is not None:
+                # The step's flags as stored: when no episode ends, two reads of Python bools (one env).
+                ended, cut = ring.last_read[4], ring.last_read[5]
+                if resets.watching or ended is True or cut is True or (
+                        ended is not False and (ended.any() or cut.any())):
+                    resets.record(ended, cut, next_obs, None)
+            if record is not None:
+                record()
+            return
+        self._add(obs, action, reward, next_obs, terminated, truncated, hidden_state, env_mask, extras)
+
+    def _add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
+             hidden_state: Any, env_mask: Any, extras: dict[str, Any]) -> None:
+        """``add`` of every layout but the plain one (a Transition, env_mask, extras, dict observations ...)."""
+        if isinstance(obs, Transition):
+            if any(v is not None for v in (action, reward, next_obs, terminated, truncated)) or extras:
+                raise ConfigError("add: pass either a Transition or the fields, not both")
+            obs, action, reward, next_obs, terminated, truncated, given = obs
+            extras = dict(given or {})
+            hidden_state = extras.pop("hidden_state", None)
+        if len(extras) != len(self._extra_specs) or (extras and extras.keys() != self._extra_specs.keys()):
+            check_extras(self._extra_specs, extras)  # first: done= gets its own answer
+        if truncated is None:
+            raise truncated_missing()
+        if truncated is False:
+            truncated = self._no_truncation
+        check_hidden_state(self._hidden, hidden_state)
+        record = self._planned_stats(reward, terminated, truncated, env_mask=env_mask)
+        resets = self._resets
+        stored = None if env_mask is None or resets is None else self._writer.checked_env_mask(env_mask).numpy()
+        if resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated, stored):
+            self._resets = resets = None
+        interleaved = self._writer.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, extras,
+                                       env_mask)
+        self._interleaved = self._interleaved and interleaved
+        if resets is not None and (stored is None or stored.any()):
+            read = self._ring.last_read
+            resets.record(read[self._flag_at[0]], read[self._flag_at[1]], next_obs, stored)
+        if record is not None:
+            record()
+
+    def extend(self, td: TensorDictBase) -> None:
+        """Store a TensorDict in TorchRL layout, e.g. a collector's ``[num_envs, T]`` batch.
+
+        Reads ``"observation"``, ``"action"``, ``("next", "observation")``,
+        ``("next", "reward")``, ``("next", "terminated")`` and ``("next", "truncated")``
+        (derived as ``done & ~terminated`` when absent) plus the extra fields; every batch
+        dim is flattened, row-major. Other keys are ignored.
+
+        Raises:
+            MissingFieldError, ShapeError, DtypeError, DeviceError, NonFiniteError: before
+                anything is stored (``ShapeError`` too for a plain dict: wrap it in a TensorDict).
+
+        Example:
+            >>> from tensordict import TensorDict
+            >>> import torch
+            >>> from rlbuf import ReplayBuffer
+            >>> td = TensorDict({"observation": torch.zeros(2, 5, 3), "action": torch.zeros(2, 5),
+            ...                  "next": {"observation": torch.zeros(2, 5, 3), "reward": torch.ones(2, 5, 1),
+            ...                           "terminated": torch.zeros(2, 5, 1, dtype=torch.bool)}}, batch_size=[2, 5])
+            >>> buf = ReplayBuffer(100, obs_shape=(3,), action_shape=(), seed=0)
+            >>> buf.extend(td)
+            >>> len(buf)
+            10
+        """
+        stats = self._stats
+        if self._resets is not None:
+            self._resets.clear()  # the last row of each env is a collector's now
+        if stats is None:
+            interleaved = self._writer.extend(td, per_env=False)
+        else:
+            with stats.restored_on_error():  # statistics fed before the rows are stored, undone if refused
+                interleaved = self._writer.extend(td, per_env=True, before_write=lambda tensors: (
+                    self._feed_stats_from_rollout(tensors["reward"], tensors["terminated"], tensors["truncated"])))
+        self._interleaved = self._interleaved and interleaved
+
