@@ -100,6 +100,9 @@ class RingBuffer(BufferState, Generic[BatchT]):
         the buffer's words, as without statistics.
         """
         if self._stats is None:
+            if metrics is not None:
+                raise ConfigError("metrics: this buffer keeps no episode statistics to feed them to; build it with "
+                                  "stats=EpisodeStats(num_envs, metrics={'name': 'sum' or 'last'})")
             return None
         try:
             return self._stats.planned_update(reward, terminated, truncated, env_mask=env_mask, metrics=metrics)

@@ -34,7 +34,8 @@ SEQUENCE_COLUMNS = {"mask": "a column of sample_sequences batches (steps inside 
                     "is_first": "a column of sample_sequences batches (the first step of an episode)"}
 # Keyword arguments of add() that are not fields: an extra field of that name could never be given.
 ADD_ARGUMENTS = {"hidden_state": "an argument of add() (declare hidden states with hidden_state_shape=)",
-                 "env_mask": "an argument of add()"}
+                 "env_mask": "an argument of add()",
+                 "metrics": "an argument of add() (per-step values for EpisodeStats(metrics=...))"}
 
 
 def extra_specs(extra_fields: Mapping[str, tuple[Sequence[int] | int, torch.dtype]] | None,

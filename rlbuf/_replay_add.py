@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
         hidden_state: Any = None,
         *,
         env_mask: Any = None,
+        metrics: Mapping[str, Any] | None = None,
         **extras: Any,
     ) -> None:
         """Store one env step: ``num_envs`` transitions (the env dim may be omitted if 1).
@@ -79,6 +81,8 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             env_mask: ``[num_envs]`` bools: store only the rows of these envs (e.g. leave out
                 the reset steps of gymnasium's ``NEXT_STEP`` autoreset; [`Recorder`][rlbuf.gym.Recorder]
                 does it for you). Every row is still validated; the stats skip the others.
+            metrics: per-step values for the buffer's [`EpisodeStats`][rlbuf.EpisodeStats]
+                (``{name: [num_envs] values}``, every metric it declares), summed or kept per episode.
             **extras: one value per declared extra field.
 
         Raises:
@@ -103,7 +107,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
         if truncated is False:
             truncated = self._no_truncation
         if (self._plain and truncated is not None and not extras and hidden_state is None and env_mask is None
-                and not isinstance(obs, Transition)):
+                and metrics is None and not isinstance(obs, Transition)):
             # The plain layout (decided once, in the constructor): the fields go to the ring's add as given.
             # Statistics checked first and recorded once the rows are stored: a refusal changes neither.
             record = None if self._stats is None else self._planned_stats(reward, terminated, truncated)
@@ -121,10 +125,10 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             if record is not None:
                 record()
             return
-        self._add(obs, action, reward, next_obs, terminated, truncated, hidden_state, env_mask, extras)
+        self._add(obs, action, reward, next_obs, terminated, truncated, hidden_state, env_mask, extras, metrics)
 
     def _add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
-             hidden_state: Any, env_mask: Any, extras: dict[str, Any]) -> None:
+             hidden_state: Any, env_mask: Any, extras: dict[str, Any], metrics: Mapping[str, Any] | None) -> None:
         """``add`` of every layout but the plain one (a Transition, env_mask, extras, dict observations ...)."""
         if isinstance(obs, Transition):
             if any(v is not None for v in (action, reward, next_obs, terminated, truncated)) or extras:
@@ -139,7 +143,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
         if truncated is False:
             truncated = self._no_truncation
         check_hidden_state(self._hidden, hidden_state)
-        record = self._planned_stats(reward, terminated, truncated, env_mask=env_mask)
+        record = self._planned_stats(reward, terminated, truncated, env_mask=env_mask, metrics=metrics)
         resets = self._resets
         stored = None if env_mask is None or resets is None else self._writer.checked_env_mask(env_mask).numpy()
         if resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated, stored):

@@ -210,8 +210,7 @@ class Recorder:
             keep = None
         buffer = self.buffer
         if isinstance(buffer, ReplayBuffer):
-            buffer.add(obs, action, reward, stored_next, terminated, truncated,
-                       **({} if keep is None else {"env_mask": keep}), **fields)
+            buffer.add(obs, action, reward, stored_next, terminated, truncated, env_mask=keep, **fields)
         elif isinstance(buffer, RolloutBuffer):
             if truncated_np.any() and "bootstrap_value" not in fields:
                 fields["bootstrap_value"] = self._bootstrap_values(stored_next, truncated_np, reward)

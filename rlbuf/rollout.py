@@ -1,9 +1,9 @@
 """RolloutBuffer: the on-policy buffer (PPO, A2C) with GAE that treats timeouts correctly.
 
-Storage is preallocated ``[num_steps, num_envs, ...]`` (a TorchRL storage of
-``num_steps * num_envs`` rows, row ``t * num_envs + n``). Fill it step by step with
-[`RolloutBuffer.add`][rlbuf.RolloutBuffer.add] or in one go with [`RolloutBuffer.extend`][rlbuf.RolloutBuffer.extend] from a TorchRL
-collector, compute advantages, then iterate shuffled minibatches on the training device.
+Storage is preallocated ``[num_steps, num_envs, ...]`` (a TorchRL storage of ``num_steps * num_envs`` rows, row
+``t * num_envs + n``). Fill it step by step with [`RolloutBuffer.add`][rlbuf.RolloutBuffer.add] or in one go with
+[`RolloutBuffer.extend`][rlbuf.RolloutBuffer.extend] from a TorchRL collector, compute advantages, then iterate
+shuffled minibatches on the training device.
 
 Example:
     >>> import torch
@@ -59,13 +59,7 @@ from rlbuf.errors import BufferFullError, CheckpointError, NonFiniteError, Rollo
 from rlbuf.gae import compute_gae
 from rlbuf.sequences import PaddedTrajectories, SequenceBatch, split_trajectories
 from rlbuf.spaces import extra_field_dtypes, resolve_fields
-from rlbuf.spec import (
-    ExtraFields,
-    FieldSpec,
-    RowReader,
-    as_flag,
-    positive_int,
-)
+from rlbuf.spec import ExtraFields, FieldSpec, RowReader, as_flag, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
 
@@ -224,6 +218,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         privileged_obs: Any = None,
         bootstrap_value: Any = None,
         hidden_state: Any = None,
+        *, metrics: Mapping[str, Any] | None = None,
         **extras: Any,
     ) -> None:
         """Store one step for all ``num_envs`` envs.
@@ -241,6 +236,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                 required whenever an env is truncated at this step.
             hidden_state: the policy's hidden state the action was computed from
                 ``[num_envs, *shape]`` (a dict for ``{"h": ..., "c": ...}``), if the buffer has one.
+            metrics: per-step values for the buffer's [`EpisodeStats`][rlbuf.EpisodeStats] (every metric it declares).
             **extras: one value per declared extra field.
 
         Raises:
@@ -263,7 +259,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                                   bootstrap_value=bootstrap_value), hidden_state, extras, num_envs=self._num_envs,
                              obs_layout=self._obs, hidden=self._hidden, extra_specs=self._extra_specs,
                              privileged=self._has_privileged)
-        record = self._planned_stats(reward, terminated, values["truncated"])
+        record = self._planned_stats(reward, terminated, values["truncated"], metrics=metrics)
         self._ring.add(tuple(values[spec.name] for spec in self._ring.input_specs), self._num_envs)
         self._advantages_ready = False
         if record is not None:
