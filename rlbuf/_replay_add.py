@@ -119,8 +119,8 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             if resets is not None:
                 # The step's flags as stored: when no episode ends, two reads of Python bools (one env).
                 ended, cut = ring.last_read[4], ring.last_read[5]
-                if resets.watching or ended is True or cut is True or (
-                        ended is not False and (ended.any() or cut.any())):
+                if resets.watching or ended is True or cut is True or (ended is not False and ended.any()) or (
+                        cut is not False and cut.any()):
                     resets.record(ended, cut, next_obs, None)
             if record is not None:
                 record()
