@@ -27,13 +27,6 @@ DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 MAX_CHARS = 80
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})")
 
-# Pages whose examples are still to be rewrapped to MAX_CHARS (strict: a page that fits must
-# leave this list).
-NOT_YET_WRAPPED = {
-    "docs/pixels.md", "docs/structured.md",
-}
-
-
 def code_lines(text: str) -> list[tuple[int, str]]:
     """``(line number, line)`` of every line inside a fenced code block, the fence's indentation removed."""
     found: list[tuple[int, str]] = []
@@ -56,12 +49,7 @@ def too_long(path: Path) -> list[str]:
             for number, line in code_lines(path.read_text(encoding="utf-8")) if len(line) > MAX_CHARS]
 
 
-def _marks(path: Path) -> list[pytest.MarkDecorator]:
-    name = str(path.relative_to(ROOT))
-    return [pytest.mark.xfail(strict=True, reason="examples not rewrapped yet")] if name in NOT_YET_WRAPPED else []
-
-
-@pytest.mark.parametrize("path", [pytest.param(p, marks=_marks(p), id=str(p.relative_to(ROOT))) for p in DOCUMENTS])
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_code_lines_fit_the_page(path: Path) -> None:
     assert too_long(path) == []
 
