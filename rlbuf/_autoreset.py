@@ -97,11 +97,39 @@ class ResetSteps:
             return False
         env = int(np.flatnonzero(same)[0])
         warnings.warn(
-            f"add: env {env}'s obs is the next_obs of its previous row, which ended an episode: this is the reset "
-            f"step of gymnasium's NEXT_STEP autoreset (make_vec's default), a final observation followed by a reset "
-            f"one, which is no transition of the env (or, with SAME_STEP, that row's next_obs was the reset "
-            f"observation, not info['final_obs']). Collect with rlbuf.gym.Recorder, which leaves those steps out, "
-            f"or pass env_mask=~(terminated | truncated) of the previous step to add (warned once per buffer)",
+            f"add: env {env}'s obs is the next_obs of its previous row, which ended an episode, with reward 0 and no "
+            f"flag: this is the reset step of gymnasium's NEXT_STEP autoreset (make_vec's default), a final "
+            f"observation followed by a reset one, which is no transition of the env. Collect with "
+            f"rlbuf.gym.Recorder, which leaves those steps out, or pass env_mask=~(prev_terminated | prev_truncated), "
+            f"the flags of the step BEFORE this one. (An env that can end an episode in the very state it restarts "
+            f"from, with no reward, looks the same: ignore this warning there.) Warned once per buffer",
+            NextStepResetWarning, stacklevel=3)
+        return True
+
+    def check_mask(self, terminated: Any, truncated: Any, kept: np.ndarray[Any, Any]) -> bool:
+        """Before an add with ``env_mask``: warn if the mask leaves out a row that ends an episode.
+
+        The reset steps of ``NEXT_STEP`` carry no flag; a row left out with ``terminated`` or
+        ``truncated`` set is the last real transition of its episode, most often dropped by a mask
+        built from this step's flags instead of the previous step's.
+
+        Returns:
+            Whether it warned (a warning made an error raises here, before anything is stored).
+        """
+        try:
+            flags = [_rows(reader.tensor(value)).astype(bool) for reader, value in
+                     zip(self._step[1:], (terminated, truncated), strict=True)]
+        except RlbufError:
+            return False  # the add refuses it, by the same reader
+        dropped = ~kept & (flags[0] | flags[1])
+        if not dropped.any():
+            return False
+        env = int(np.flatnonzero(dropped)[0])
+        warnings.warn(
+            f"add: env_mask leaves out env {env}'s row, which ends an episode (terminated or truncated): that row is "
+            f"a real transition, the last of its episode. The NEXT_STEP reset steps to leave out come one step "
+            f"later: env_mask=~(prev_terminated | prev_truncated), the flags of the PREVIOUS step "
+            f"(rlbuf.gym.Recorder does this for you). Warned once per buffer",
             NextStepResetWarning, stacklevel=3)
         return True
 

@@ -46,10 +46,11 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
     _hidden: Layout | None
     _interleaved: bool
     _flag_at: tuple[int, int]  # where the ring's last read holds terminated and truncated
+    _mask_unchecked = True  # no env_mask has left out a row ending an episode yet (warned once)
 
     def add(
         self,
-        obs: Any,
+        obs: Any = None,
         action: Any = None,
         reward: Any = None,
         next_obs: Any = None,
@@ -148,6 +149,8 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
         stored = None if env_mask is None or resets is None else self._writer.checked_env_mask(env_mask).numpy()
         if resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated, stored):
             self._resets = resets = None
+        if stored is not None and self._mask_unchecked and not stored.all() and resets is not None:
+            self._mask_unchecked = not resets.check_mask(terminated, truncated, stored)
         interleaved = self._writer.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, extras,
                                        env_mask)
         self._interleaved = self._interleaved and interleaved

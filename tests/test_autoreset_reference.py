@@ -49,3 +49,41 @@ def test_the_warning_comes_exactly_at_the_first_reset_step_of_the_reference(give
             warned_at = i
     assert warned_at == expected_at
     assert len(buffer) == len(given_steps)
+
+
+def _cartpole_rows(mask_from: str) -> tuple[ReplayBuffer, list[warnings.WarningMessage]]:
+    import gymnasium as gym
+
+    envs = gym.make_vec("CartPole-v1", num_envs=4)  # NEXT_STEP, gymnasium's default
+    buffer = ReplayBuffer(2000, observation_space=envs.single_observation_space,
+                          action_space=envs.single_action_space, num_envs=4, seed=0)
+    envs.action_space.seed(0)
+    obs, _ = envs.reset(seed=0)
+    previous_end = np.zeros(4, bool)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(120):
+            action = envs.action_space.sample()
+            next_obs, reward, terminated, truncated, _ = envs.step(action)
+            mask = ~(terminated | truncated) if mask_from == "this step" else ~previous_end
+            buffer.add(obs, action, reward, next_obs, terminated=terminated, truncated=truncated, env_mask=mask)
+            previous_end = terminated | truncated
+            obs = next_obs
+    envs.close()
+    return buffer, [w for w in caught if issubclass(w.category, NextStepResetWarning)]
+
+
+def test_a_mask_built_from_this_steps_flags_is_warned_with_the_previous_steps_fix():
+    buffer, caught = _cartpole_rows("this step")
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert "env_mask leaves out env" in message and "ends an episode" in message
+    assert "env_mask=~(prev_terminated | prev_truncated)" in message and "PREVIOUS step" in message
+    assert not buffer.sample_all().terminated.any()  # what the habit loses: every episode end
+
+
+def test_a_mask_of_the_previous_steps_flags_stores_every_end_without_a_warning():
+    buffer, caught = _cartpole_rows("previous step")
+    assert caught == []
+    rows = buffer.sample_all()
+    assert rows.terminated.any() and bool((rows.reward == 1).all())  # no reset step stored
