@@ -71,3 +71,30 @@ def batched_hint(spec: Any, rows: int, got: tuple[int, ...]) -> str:
         return ""
     return (f"; this buffer stores {spec.name} of shape {spec.shape}, whose first dim is num_envs={rows}: was it "
             f"built from envs.{space}? Build it with {space}=envs.single_{space} (one env's space)")
+
+
+def shape_hint(spec: Any, rows: int, got: tuple[int, ...]) -> str:
+    """The end of a refused shape: the fix for the usual slips (a batched space, a missing
+    ``num_envs``, a trailing dim of 1 too many or too few), or ``""``.
+
+    Example:
+        >>> from rlbuf.spec import FieldSpec
+        >>> print(shape_hint(FieldSpec("value", "value", (), torch.float32), 4, (4, 1)))
+        ; drop the trailing dim of 1: value.squeeze(-1)
+        >>> print(shape_hint(FieldSpec("obs", "observation", (3,), torch.float32), 1, (4, 3)))
+        ; this buffer was built for one env (num_envs=1): for 4 envs per add, build it with num_envs=4
+    """
+    got, shape = tuple(got), tuple(spec.shape)
+    name = spec.name.split("[", 1)[0]
+    if batched := batched_hint(spec, rows, got):
+        return batched
+    if got in ((rows, *shape, 1), (*shape, 1)) and rows >= 1:
+        return f"; drop the trailing dim of 1: {name}.squeeze(-1)"
+    if shape[-1:] == (1,) and got in ((rows, *shape[:-1]), shape[:-1]):
+        wanted = (rows, *shape) if got == (rows, *shape[:-1]) else shape
+        return f"; {name} has a trailing dim of 1 in this buffer: give shape {wanted} ({name}[..., None] for an array)"
+    if rows == 1 and len(got) == len(shape) + 1 and got[1:] == shape and got[0] > 1:
+        return (f"; this buffer was built for one env (num_envs=1): for {got[0]} envs per add, build it with "
+                f"num_envs={got[0]}")
+    return ""
+

@@ -34,7 +34,7 @@ from rlbuf._convert import numpy_dtype as numpy_dtype
 from rlbuf._convert import positive_int as positive_int
 from rlbuf._convert import short_repr as short_repr
 from rlbuf._dtypes import as_dtype
-from rlbuf._hints import batched_hint, cast_hint
+from rlbuf._hints import cast_hint, shape_hint
 from rlbuf.errors import (
     ConfigError,
     DeviceError,
@@ -435,7 +435,7 @@ class RowReader:
 
     def _shape_message(self, got: tuple[int, ...]) -> str:
         expected = str(self.row_shape) + (f" or {self.single_shape}" if self.single_shape is not None else "")
-        return f"{self.spec.name}: expected shape {expected}, got {got}" + batched_hint(self.spec, self.rows, got)
+        return f"{self.spec.name}: expected shape {expected}, got {got}" + shape_hint(self.spec, self.rows, got)
 
     def _other_input(self, value: Any) -> np.ndarray[Any, Any]:
         """Lists and scalars, as arrays (or a specific error)."""

@@ -1,0 +1,44 @@
+"""A refused shape ends with the fix for the usual slips: a missing ``num_envs``, a trailing dim of
+1 too many (``[N, 1]`` values from a critic) or too few (a scalar action for ``Box((1,))``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rlbuf import ReplayBuffer, RolloutBuffer, ShapeError
+
+
+def test_a_buffer_built_without_num_envs_says_to_pass_it():
+    buffer = ReplayBuffer(10, obs_shape=(3,), action_shape=())
+    with pytest.raises(ShapeError, match=r"got \(4, 3\); this buffer was built for one env .* build it with num_envs=4"):
+        buffer.add(np.zeros((4, 3)), np.zeros(4), np.zeros(4), np.zeros((4, 3)), terminated=np.zeros(4, bool),
+                   truncated=np.zeros(4, bool))
+    assert len(buffer) == 0
+
+
+def test_a_critics_n_by_1_values_are_told_to_squeeze():
+    rollout = RolloutBuffer(2, 4, obs_shape=(3,), action_shape=())
+    with pytest.raises(ShapeError, match=r"value: expected shape \(4,\), got \(4, 1\); drop the trailing dim of 1: "
+                                         r"value.squeeze\(-1\)"):
+        rollout.add(torch.zeros(4, 3), torch.zeros(4), torch.zeros(4), torch.zeros(4, dtype=torch.bool),
+                    torch.zeros(4, 1), torch.zeros(4), truncated=False)
+    assert rollout.steps == 0
+
+
+@pytest.mark.parametrize(("num_envs", "action", "wanted"), [(1, 0.5, r"\(1,\)"), (3, np.zeros(3), r"\(3, 1\)")])
+def test_a_scalar_action_for_a_box_of_one_is_told_the_shape(num_envs, action, wanted):
+    buffer = ReplayBuffer(10, obs_shape=(2,), action_shape=(1,), num_envs=num_envs)
+    obs = np.zeros((num_envs, 2)) if num_envs > 1 else np.zeros(2)
+    flags = np.zeros(num_envs, bool) if num_envs > 1 else False
+    with pytest.raises(ShapeError, match=r"action has a trailing dim of 1 in this buffer: give shape " + wanted):
+        buffer.add(obs, action, np.zeros(num_envs) if num_envs > 1 else 0.0, obs, terminated=flags, truncated=flags)
+    assert len(buffer) == 0
+
+
+def test_a_plain_wrong_shape_gets_no_made_up_hint():
+    buffer = ReplayBuffer(10, obs_shape=(3,), action_shape=())
+    with pytest.raises(ShapeError) as caught:
+        buffer.add(np.zeros(5), 0, 0.0, np.zeros(3), terminated=False, truncated=False)
+    assert str(caught.value) == "obs: expected shape (1, 3) or (3,), got (5,)"
