@@ -160,7 +160,7 @@ def resolve_fields(observation_space: Any, obs_shape: Any, obs_dtype: Any, actio
     Each pair goes through ``resolve_field``; observations may be structured (a dict observation),
     actions may not. Dtypes may be named (``"int64"``). Warns ([`BatchedSpaceWarning`][rlbuf.errors.BatchedSpaceWarning])
     for a vector env's batched space given for ``num_envs`` envs, and ([`MemoryWarning`][rlbuf.errors.MemoryWarning])
-    for a float64 ``Box`` observation space without ``obs_dtype``.
+    for a float64 ``Box`` observation or action space without ``obs_dtype`` / ``action_dtype``.
 
     Raises:
         ConfigError: a space and its shape both given, or neither, an unsupported space, or a
@@ -174,10 +174,12 @@ def resolve_fields(observation_space: Any, obs_shape: Any, obs_dtype: Any, actio
     obs_dtype, action_dtype = dtype_options(obs_dtype, action_dtype)
     for space, name in ((observation_space, "observation_space"), (action_space, "action_space")):
         warn_if_batched(space, name, num_envs)
-    if isinstance(observation_space, spaces.Box) and observation_space.dtype == np.float64 and obs_dtype is None:
-        warnings.warn("observation_space: a float64 Box (as MuJoCo's) is stored as float64, 8 bytes a value; "
-                      "obs_dtype=torch.float32 halves the memory (float64 observations are converted as they are "
-                      "added)", MemoryWarning, stacklevel=3)
+    for space, dtype, (name, option, what) in ((observation_space, obs_dtype, ("observation", "obs", "observations")),
+                                               (action_space, action_dtype, ("action", "action", "actions"))):
+        if isinstance(space, spaces.Box) and space.dtype == np.float64 and dtype is None:
+            warnings.warn(f"{name}_space: a float64 Box (as MuJoCo's) is stored as float64, 8 bytes a value; "
+                          f"{option}_dtype=torch.float32 halves the memory and matches a float32 network (float64 "
+                          f"{what} are converted as they are added)", MemoryWarning, stacklevel=3)
     obs_shape, obs_dtype = resolve_field(observation_space, obs_shape, obs_dtype, space_name="observation_space",
                                          shape_name="obs_shape", structured=True)
     action_shape, action_dtype = resolve_field(action_space, action_shape, action_dtype, space_name="action_space",

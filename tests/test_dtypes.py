@@ -182,6 +182,19 @@ def test_a_float64_box_warns_that_obs_dtype_halves_the_memory() -> None:
     assert small.fields[0].dtype is torch.float32
 
 
+def test_a_float64_action_box_warns_that_action_dtype_matches_a_float32_network() -> None:
+    actions = gym.spaces.Box(-1.0, 1.0, (6,), np.float64)
+    with pytest.warns(MemoryWarning) as caught:
+        buf = ReplayBuffer(10, obs_shape=(3,), action_space=actions)
+    assert len(caught) == 1
+    assert "action_space" in str(caught[0].message) and "action_dtype=torch.float32" in str(caught[0].message)
+    assert buf.fields[1].dtype is torch.float64
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RlbufWarning)
+        assert ReplayBuffer(10, obs_shape=(3,), action_space=actions, action_dtype="float32").fields[1].dtype \
+            is torch.float32
+
+
 # -- read-only arrays --------------------------------------------------------------------------
 def test_read_only_arrays_are_stored_without_torchs_warning() -> None:
     # torch warns once per process: every path runs in a fresh one, with warnings as errors.
