@@ -13,7 +13,7 @@ import inspect
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, Self, TypeVar, cast
+from typing import Any, Generic, NoReturn, Self, SupportsIndex, TypeVar, cast
 
 import torch
 from torchrl.data import TensorDictReplayBuffer
@@ -25,7 +25,7 @@ from rlbuf._ring import RowRing
 from rlbuf._state import BufferState
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options, sizes_by_keyword
-from rlbuf.errors import ConfigError, EmptyBufferError, RlbufError
+from rlbuf.errors import ConfigError, EmptyBufferError, NotPicklableError, RlbufError
 from rlbuf.spec import FieldSpec, RowReader, as_flag, as_int, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device
@@ -36,7 +36,7 @@ BatchT = TypeVar("BatchT")
 
 # Constructor keywords users bring from SB3, cpprb or TorchRL, and what rlbuf takes instead.
 FOREIGN_OPTIONS = {
-    "buffer_size": "rlbuf's name is capacity (RolloutBuffer: num_steps, per env)",
+    "buffer_size": "rlbuf's name is capacity",
     "max_size": "rlbuf's name is capacity",
     "size": "rlbuf's name is capacity",
     "n_envs": "rlbuf's name is num_envs",
@@ -48,7 +48,30 @@ FOREIGN_OPTIONS = {
     "env_dict": "declare obs_shape=/action_shape= (or observation_space=/action_space=) and extra_fields=",
     "storage_device": "rlbuf's name is storing_device",
 }
-"""Foreign constructor keyword -> what to pass instead."""
+"""Foreign constructor keyword -> what to pass instead (unless ``FOREIGN_OPTIONS_OF`` answers for the class)."""
+
+_ROLLOUT_SIZE = "rlbuf's name is num_steps (steps per env; SB3's buffer_size is num_steps too)"
+_NO_RETURNS = "a DistillationBuffer stores no rewards or returns (obs and expert_action only)"
+FOREIGN_OPTIONS_OF = {
+    "RolloutBuffer": {
+        "buffer_size": _ROLLOUT_SIZE,
+        "max_size": _ROLLOUT_SIZE,
+        "size": _ROLLOUT_SIZE,
+        "capacity": "rlbuf's RolloutBuffer takes num_steps (steps per env) and num_envs; it holds num_steps * num_envs rows",
+        "handle_timeout_termination": "always on in rlbuf: pass truncated= and bootstrap_value= to add()",
+    },
+    "ReplayBuffer": {
+        "n_steps": "rlbuf's ReplayBuffer has no num_steps (a RolloutBuffer option); n_step= sets n-step returns",
+        "gae_lambda": "GAE is RolloutBuffer's: compute_returns_and_advantages(gamma=, gae_lambda=)",
+    },
+    "DistillationBuffer": {
+        "n_steps": "rlbuf's name is capacity (rows; a DistillationBuffer keeps no steps per env)",
+        "gamma": _NO_RETURNS,
+        "gae_lambda": _NO_RETURNS,
+        "handle_timeout_termination": "a DistillationBuffer stores no episode ends (obs and expert_action only)",
+    },
+}
+"""Class name -> foreign constructor keyword -> what that class takes instead."""
 
 
 def refuse_foreign_options(owner: Callable[..., Any], given: Mapping[str, Any]) -> None:
@@ -60,14 +83,16 @@ def refuse_foreign_options(owner: Callable[..., Any], given: Mapping[str, Any]) 
         >>> build(10, buffer_size=10)
         Traceback (most recent call last):
         ...
-        rlbuf.errors.ConfigError: buffer_size: not an option of build; rlbuf's name is capacity (RolloutBuffer: num_steps, per env)
+        rlbuf.errors.ConfigError: buffer_size: not an option of build; rlbuf's name is capacity
     """
+    cls = owner.__qualname__.split(".")[0]
+    hints = {**FOREIGN_OPTIONS, **FOREIGN_OPTIONS_OF.get(cls, {})}
     for name in given:
-        if name in FOREIGN_OPTIONS:
-            raise ConfigError(f"{name}: not an option of {owner.__qualname__.split('.')[0]}; {FOREIGN_OPTIONS[name]}")
+        if name in hints:
+            raise ConfigError(f"{name}: not an option of {cls}; {hints[name]}")
     if given:
         known = [p for p in inspect.signature(owner).parameters if p not in ("self", "foreign")]
-        raise ConfigError(f"{', '.join(given)}: not options of {owner.__qualname__.split('.')[0]}; it takes {known}")
+        raise ConfigError(f"{', '.join(given)}: not options of {cls}; it takes {known}")
 
 
 def done_of(columns: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -84,6 +109,25 @@ class RingBuffer(BufferState, Generic[BatchT]):
         if stats is not None and stats.num_envs != num_envs:
             raise ConfigError(f"stats: built for {stats.num_envs} envs, this buffer has num_envs={num_envs}")
         self._stats = stats
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        """Refuse ``pickle``, ``torch.save`` and ``copy``/``copy.deepcopy`` of the buffer, before anything
+        changes (pickling ``buffer.torchrl`` switches torch's sharing strategy; this never gets there).
+
+        Example:
+            >>> import pickle
+            >>> from rlbuf import ReplayBuffer
+            >>> pickle.dumps(ReplayBuffer(8, obs_shape=(2,), action_shape=()))  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+            ...
+            rlbuf.errors.NotPicklableError: ReplayBuffer: cannot be pickled or copied (pickle, torch.save, copy.deepcopy)...
+        """
+        cls = type(self).__name__
+        raise NotPicklableError(
+            f"{cls}: cannot be pickled or copied (pickle, torch.save, copy.deepcopy): its storage, lock and "
+            f"sampler belong to this process; for a copy on disk use buffer.save(path) and {cls}.load(path), "
+            f"in memory buffer.state_dict() and load_state_dict(state) on a buffer built with the same options; "
+            f"send buffer.torchrl to worker processes")
 
     @property
     def stats(self) -> EpisodeStats | None:

@@ -15,8 +15,9 @@ from rlbuf.spec import FieldSpec
 
 # Keywords users bring from other libraries (SB3, CleanRL, TorchRL), and what rlbuf takes instead.
 _DONE_HINT = "pass terminated= and truncated= instead; done is derived (terminated | truncated)"
-_INFO_HINT = ("rlbuf stores no info dicts: pass the final observation as next_obs, declare what else you need "
-              "in extra_fields")
+_INFO_HINT = ("rlbuf's add takes no infos; with gymnasium use rlbuf.gym.Recorder, which reads info['final_obs'] "
+              "(else pass the final observation as next_obs, and declare what else you need in extra_fields)")
+_FLAGS_HINT = "pass terminated= and truncated= (rlbuf's names for gymnasium's terminations and truncations)"
 FOREIGN_NAMES = {
     "done": _DONE_HINT,
     "dones": _DONE_HINT,
@@ -26,6 +27,8 @@ FOREIGN_NAMES = {
     "rewards": "rlbuf's name is reward",
     "next_observations": "rlbuf's name is next_obs (the final observation where an episode ended)",
     "next_observation": "rlbuf's name is next_obs (the final observation where an episode ended)",
+    "terminations": _FLAGS_HINT,
+    "truncations": _FLAGS_HINT,
     "terminals": "rlbuf's name is terminated",
     "timeouts": "rlbuf's name is truncated",
     "values": "rlbuf's name is value",
@@ -36,6 +39,22 @@ FOREIGN_NAMES = {
     "episode_starts": "rlbuf derives episode starts from the previous step's terminated and truncated",
 }
 """Foreign keyword -> what to pass instead, for the message of ``check_extras``."""
+
+
+def refuse_foreign_names(expected: Mapping[str, FieldSpec], given: Mapping[str, Any]) -> None:
+    """Raise [`MissingFieldError`][rlbuf.errors.MissingFieldError] for a keyword of another library that is
+    not a declared extra field, with the rlbuf name (checked before any other check of ``add``).
+
+    Example:
+        >>> refuse_foreign_names({}, {"terminations": 1})
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.MissingFieldError: terminations: not a field of this buffer; pass terminated= and truncated= (rlbuf's names for gymnasium's terminations and truncations)
+        >>> refuse_foreign_names({}, {"cost": 1})  # not a foreign name: check_extras answers it
+    """
+    for name in given:
+        if name not in expected and name in FOREIGN_NAMES:
+            raise MissingFieldError(f"{name}: not a field of this buffer; {FOREIGN_NAMES[name]}")
 
 
 def check_extras(expected: Mapping[str, FieldSpec], given: Mapping[str, Any]) -> None:
@@ -54,10 +73,9 @@ def check_extras(expected: Mapping[str, FieldSpec], given: Mapping[str, Any]) ->
         ...
         rlbuf.errors.MissingFieldError: dones: not a field of this buffer; pass terminated= and truncated= instead; done is derived (terminated | truncated)
     """
+    refuse_foreign_names(expected, given)
     for name in given:
         if name not in expected:
-            if name in FOREIGN_NAMES:
-                raise MissingFieldError(f"{name}: not a field of this buffer; {FOREIGN_NAMES[name]}")
             raise MissingFieldError(f"{name}: not a field of this buffer (declare it in extra_fields); "
                                     f"extra fields are {sorted(expected)}")
     for name in expected:

@@ -18,7 +18,7 @@ from tensordict import TensorDictBase
 
 from rlbuf._convert import _NUMPY_DTYPES
 from rlbuf._fields import BATCH_NAMES, extra_specs
-from rlbuf._keywords import check_extras
+from rlbuf._keywords import check_extras, refuse_foreign_names
 from rlbuf._obs import Layout, check_hidden_state, leaf_names, torchrl_env_key
 from rlbuf._ring import RowRing
 from rlbuf.errors import (
@@ -224,6 +224,7 @@ def step_values(fields: dict[str, Any], hidden_state: Any, extras: Mapping[str, 
     obs, action, reward, terminated = fields["obs"], fields["action"], fields["reward"], fields["terminated"]
     value, log_prob, truncated = fields["value"], fields["log_prob"], fields["truncated"]
     privileged_obs, bootstrap_value = fields["privileged_obs"], fields["bootstrap_value"]
+    refuse_foreign_names(extra_specs, extras)  # first: done=, truncations= and SB3's names get the rlbuf names
     if truncated is None:
         raise MissingFieldError("truncated: required with every step: pass truncated=False for envs without time "
                                 "limit; with gymnasium, add(..., terminated=terminations, value, log_prob, "
@@ -241,8 +242,8 @@ def step_values(fields: dict[str, Any], hidden_state: Any, extras: Mapping[str, 
     if not privileged and privileged_obs is not None:
         raise MissingFieldError("privileged_obs: this buffer was built without privileged_obs_shape")
     check_hidden_state(hidden, hidden_state)
-    check_extras(extra_specs, extras)  # before: done= gets the rlbuf names
-    required = {"action": action, "reward": reward, "terminated": terminated, "value": value, "log_prob": log_prob}
+    check_extras(extra_specs, extras)
+    required = {"obs": obs, "action": action, "reward": reward, "terminated": terminated, "value": value, "log_prob": log_prob}
     missing = [name for name, value_given in required.items() if value_given is None]
     if missing:
         raise MissingFieldError(f"{', '.join(missing)}: required with every step (add(obs, action, reward, "

@@ -7,8 +7,9 @@
     rlbuf demo ppo-continuous [--fold-truncation]  PPO on Pendulum-v1 via a gymnasium vector env
     rlbuf demo distill [--teacher DIR]  DAgger from a PPO teacher into a smaller student
     rlbuf inspect PATH [--json]     a checkpoint's manifest, sizes, fields and checksums
+    rlbuf --version                 prints rlbuf <version>
 
-Only what a command needs is imported: ``--help`` (of every command and demo) and ``rlbuf inspect``
+Only what a command needs is imported: ``--help`` (of every command and demo), ``--version`` and ``rlbuf inspect``
 never import torch or TorchRL; the parser is built from ``rlbuf.demos._options`` and the demos'
 docstrings, read from their source files, and ``rlbuf demo NAME`` imports that demo's module alone
 once it runs.
@@ -27,6 +28,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from rlbuf import __version__
 from rlbuf.demos import DEMOS
 from rlbuf.demos._options import ARGS, add_arguments
 from rlbuf.errors import ConfigError, RlbufError
@@ -45,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         8
     """
     parser = argparse.ArgumentParser(prog="rlbuf", description="rlbuf: typed, fast RL buffers over TorchRL.")
+    parser.add_argument("--version", action="version", version=f"rlbuf {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="train a demo agent (CartPole-v1; Pendulum-v1 for ppo-continuous)",

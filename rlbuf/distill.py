@@ -38,6 +38,7 @@ from rlbuf._fields import extra_specs
 from rlbuf._keywords import check_extras
 from rlbuf._obs import ObsDtype, ObsShape, as_shape, leaf_names, read_td, record_layout
 from rlbuf.batches import DistillationBatch
+from rlbuf.errors import MissingFieldError
 from rlbuf.spaces import extra_field_dtypes, resolve_fields
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_tensordict
 from rlbuf.storage import DeviceLike, StorageKind
@@ -112,7 +113,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         self._setup((*fixed, *extras), capacity, RandomSampler(), num_envs=num_envs, storage=storage,
                     scratch_dir=scratch_dir, storing_device=storing_device, device=device, seed=seed)
 
-    def add(self, obs: Any, expert_action: Any, **extras: Any) -> None:
+    def add(self, obs: Any = None, expert_action: Any = None, **extras: Any) -> None:
         """Store a batch of rows of any size: observations and the expert's actions (plus extras).
 
         The batch is whatever the envs gave: ``[B, *obs_shape]`` for any ``B``, or one row
@@ -134,7 +135,10 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
             >>> len(buf), buf.sample_all().expert_action[-4:].tolist()
             (20, [0, 1, 2, 1])
         """
-        check_extras(self._extra_specs, extras)
+        check_extras(self._extra_specs, extras)  # first: SB3's observations=, actions= get the rlbuf names
+        missing = [name for name, value in (("obs", obs), ("expert_action", expert_action)) if value is None]
+        if missing:
+            raise MissingFieldError(f"{', '.join(missing)}: required with every row (add(obs, expert_action))")
         names = leaf_names("obs", self._obs)
         leaves = self._obs.split("obs", obs) if self._obs.structured else [obs]
         leaves = [leaf if isinstance(leaf, torch.Tensor) else tensor_of(np.ascontiguousarray(as_array(name, leaf)))

@@ -82,6 +82,15 @@ class ConfigError(RlbufError, ValueError):
     """Constructor options that contradict each other or the platform."""
 
 
+class NotPicklableError(ConfigError, TypeError):
+    """Pickling or copying a buffer (``pickle``, ``torch.save``, ``copy.deepcopy``): its storage, lock
+    and sampler belong to this process. ``buffer.save``/``load`` copy it to disk, ``state_dict`` in
+    memory, and ``buffer.torchrl`` is what goes to worker processes.
+
+    Also a ``TypeError``, as Python's own refusal to pickle an object.
+    """
+
+
 class StreamError(RlbufError, ValueError):
     """An observation that does not continue its env's stream in a buffer that stores ``next_obs`` once."""
 

@@ -208,7 +208,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
     # -- writing -----------------------------------------------------------------------------
     def add(
         self,
-        obs: Any,
+        obs: Any = None,
         action: Any = None,
         reward: Any = None,
         terminated: Any = None,

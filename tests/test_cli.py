@@ -58,6 +58,18 @@ def test_python_dash_m_rlbuf() -> None:
     assert "demo" in result.stdout and "inspect" in result.stdout
 
 
+def test_version_prints_rlbufs_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import rlbuf
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"rlbuf {rlbuf.__version__}\n"
+    result = subprocess.run([sys.executable, "-m", "rlbuf", "--version"], capture_output=True, text=True, cwd=ROOT,
+                            check=False)
+    assert (result.returncode, result.stdout) == (0, f"rlbuf {rlbuf.__version__}\n"), result.stderr
+
+
 HEAVY = ("torch", "torchrl", "tensordict", "numba")
 
 
@@ -76,6 +88,8 @@ def heavy_modules_after(code: str) -> list[str]:
         "import rlbuf.cli",
         "from rlbuf import RlbufError, __version__",
         "import runpy; sys.argv = ['rlbuf', '--help']; runpy.run_module('rlbuf', run_name='__main__')",
+        "import runpy; sys.argv = ['rlbuf', '--version']; runpy.run_module('rlbuf', run_name='__main__')",
+        "from rlbuf.cli import main; main(['--version'])",
         "from rlbuf.cli import main; main(['demo', '--help'])",
         "from rlbuf.cli import build_parser; build_parser()",
         *[f"from rlbuf.cli import main; main(['demo', {name!r}, '--help'])" for name in DEMOS],

@@ -1,0 +1,143 @@
+"""A new user's first calls with other libraries' habits: SB3's and gymnasium's keywords, SB3's
+constructor options, and pickling a buffer, each answered with rlbuf's own names and fix."""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from rlbuf import (
+    ConfigError,
+    DistillationBuffer,
+    MissingFieldError,
+    NotPicklableError,
+    ReplayBuffer,
+    RolloutBuffer,
+)
+
+Z = torch.zeros(2, 3)
+F = torch.zeros(2, dtype=torch.bool)
+
+
+def replay() -> ReplayBuffer:
+    return ReplayBuffer(8, obs_shape=(3,), action_shape=(), num_envs=2)
+
+
+def rollout() -> RolloutBuffer:
+    return RolloutBuffer(4, 2, obs_shape=(3,), action_shape=())
+
+
+def distill() -> DistillationBuffer:
+    return DistillationBuffer(8, obs_shape=(3,), action_shape=(), num_envs=2)
+
+
+SB3_ADDS: list[tuple[Callable[[], Any], dict[str, Any], str]] = [
+    (replay, dict(observations=Z, actions=torch.zeros(2), rewards=torch.zeros(2), next_observations=Z, dones=F),
+     "observations: not a field of this buffer; rlbuf's name is obs$"),
+    (rollout, dict(observations=Z, actions=torch.zeros(2), rewards=torch.zeros(2), episode_starts=F,
+                   values=torch.zeros(2), log_probs=torch.zeros(2)),
+     "observations: not a field of this buffer; rlbuf's name is obs$"),
+    (distill, dict(observations=Z, actions=torch.zeros(2)), "observations: not a field of this buffer; rlbuf's name is obs$"),
+    (distill, dict(obs=Z, actions=torch.zeros(2)), r"actions: .*rlbuf's name is action \(expert_action in a Distill"),
+    (replay, dict(obs=Z, action=torch.zeros(2), reward=torch.zeros(2), next_obs=Z, terminations=F, truncations=F),
+     r"^terminations: not a field of this buffer; pass terminated= and truncated= \(rlbuf's names for gymnasium's"),
+    (rollout, dict(obs=Z, action=torch.zeros(2), reward=torch.zeros(2), value=torch.zeros(2), log_prob=torch.zeros(2),
+                   terminations=F, truncations=F),
+     r"^terminations: not a field of this buffer; pass terminated= and truncated="),
+    (rollout, dict(obs=Z, action=torch.zeros(2), reward=torch.zeros(2), terminated=F, value=torch.zeros(2),
+                   log_prob=torch.zeros(2), truncated=F, infos={}),
+     r"^infos: .*rlbuf's add takes no infos; with gymnasium use rlbuf.gym.Recorder, which reads info\['final_obs'\]"),
+]
+
+
+@pytest.mark.parametrize(("make", "keywords", "message"), SB3_ADDS)
+def test_other_libraries_keywords_reach_rlbufs_check_and_get_rlbufs_names(
+        make: Callable[[], Any], keywords: dict[str, Any], message: str) -> None:
+    buf = make()
+    with pytest.raises(MissingFieldError, match=message):
+        buf.add(**keywords)  # not Python's "missing 1 required positional argument: 'obs'"
+    assert len(buf) == 0
+
+
+@pytest.mark.parametrize(("make", "keywords", "message"), [
+    (replay, dict(action=torch.zeros(2), reward=torch.zeros(2), next_obs=Z, terminated=F, truncated=F),
+     "^obs: a value is required"),
+    (rollout, dict(action=torch.zeros(2), reward=torch.zeros(2), terminated=F, value=torch.zeros(2),
+                   log_prob=torch.zeros(2), truncated=F), r"^obs: required with every step \(add\(obs, action"),
+    (distill, dict(expert_action=torch.zeros(2)), r"^obs: required with every row \(add\(obs, expert_action\)\)"),
+    (distill, {}, r"^obs, expert_action: required with every row"),
+])
+def test_a_missing_obs_is_refused_by_name(make: Callable[[], Any], keywords: dict[str, Any], message: str) -> None:
+    buf = make()
+    with pytest.raises(MissingFieldError, match=message):
+        buf.add(**keywords)
+    assert len(buf) == 0
+
+
+@pytest.mark.parametrize(("build", "message"), [
+    (lambda: RolloutBuffer(buffer_size=4, num_envs=2),
+     r"^buffer_size: not an option of RolloutBuffer; rlbuf's name is num_steps \(steps per env; SB3's buffer_size "
+     r"is num_steps too\)$"),
+    (lambda: RolloutBuffer(capacity=8, num_envs=2), r"^capacity: not an option of RolloutBuffer; .*takes num_steps"),
+    (lambda: RolloutBuffer(4, 2, gamma=0.9), r"^gamma: .*compute_returns_and_advantages\(\)"),
+    (lambda: ReplayBuffer(buffer_size=4), r"^buffer_size: not an option of ReplayBuffer; rlbuf's name is capacity$"),
+    (lambda: ReplayBuffer(8, n_steps=3), r"^n_steps: .*ReplayBuffer has no num_steps.*n_step= sets n-step returns"),
+    (lambda: DistillationBuffer(buffer_size=4),
+     r"^buffer_size: not an option of DistillationBuffer; rlbuf's name is capacity$"),
+    (lambda: DistillationBuffer(8, gamma=0.9), r"^gamma: .*DistillationBuffer stores no rewards or returns"),
+])
+def test_each_buffer_class_answers_a_foreign_option_with_its_own_name(build: Callable[[], Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build()
+
+
+def filled(make: Callable[[], Any]) -> Any:
+    buf = make()
+    if isinstance(buf, ReplayBuffer):
+        buf.add(Z, torch.zeros(2), torch.ones(2), Z, F, truncated=F)
+    elif isinstance(buf, RolloutBuffer):
+        buf.add(Z, torch.zeros(2), torch.ones(2), F, torch.zeros(2), torch.zeros(2), truncated=F)
+    else:
+        buf.add(Z, torch.zeros(2))
+    return buf
+
+
+def torch_save(value: Any) -> None:
+    torch.save(value, io.BytesIO())
+
+
+@pytest.mark.parametrize("copier", [pickle.dumps, copy.deepcopy, copy.copy, torch_save,
+                                    lambda buf: torch.save({"buffer": buf, "step": 3}, io.BytesIO())],
+                         ids=["pickle", "deepcopy", "copy", "torch.save", "torch.save of a dict"])
+@pytest.mark.parametrize("make", [replay, rollout, distill])
+def test_pickling_or_copying_a_buffer_is_refused_with_the_fix_before_any_global_change(
+        make: Callable[[], Any], copier: Callable[[Any], Any]) -> None:
+    buf = filled(make)
+    name = type(buf).__name__
+    strategy = torch.multiprocessing.get_sharing_strategy()  # type: ignore[no-untyped-call]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RuntimeWarning about switching the sharing strategy
+        with pytest.raises(NotPicklableError) as error:
+            copier(buf)
+    assert isinstance(error.value, TypeError) and isinstance(error.value, ConfigError)
+    message = str(error.value)
+    assert message.startswith(f"{name}: cannot be pickled or copied")
+    for fix in ("buffer.save(path)", f"{name}.load(path)", "buffer.state_dict()", "load_state_dict(state)",
+                "buffer.torchrl"):
+        assert fix in message
+    assert torch.multiprocessing.get_sharing_strategy() == strategy  # type: ignore[no-untyped-call]
+    assert len(buf) == 2  # still usable
+    assert pickle.loads(pickle.dumps(buf.state_dict()))  # the in-memory fix named works
+
+
+def test_save_and_load_named_by_the_refusal_keep_the_rows(tmp_path: Any) -> None:
+    buf = filled(replay)
+    buf.save(tmp_path / "ckpt")
+    assert ReplayBuffer.load(tmp_path / "ckpt").sample_all().reward.tolist() == [1.0, 1.0]
