@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -93,18 +94,13 @@ class ResetSteps:
         for leaf, final in zip(leaves, self._final, strict=True):
             rows = leaf.detach().cpu().numpy().reshape(self._num_envs, -1)
             same &= (rows == final.reshape(self._num_envs, -1)).all(axis=1)
-        if not same.any():
-            return False
-        env = int(np.flatnonzero(same)[0])
-        warnings.warn(
+        return _warn_first(same, lambda env: (
             f"add: env {env}'s obs is the next_obs of its previous row, which ended an episode, with reward 0 and no "
             f"flag: this is the reset step of gymnasium's NEXT_STEP autoreset (make_vec's default), a final "
             f"observation followed by a reset one, which is no transition of the env. Collect with "
             f"rlbuf.gym.Recorder, which leaves those steps out, or pass env_mask=~(prev_terminated | prev_truncated), "
             f"the flags of the step BEFORE this one. (An env that can end an episode in the very state it restarts "
-            f"from, with no reward, looks the same: ignore this warning there.) Warned once per buffer",
-            NextStepResetWarning, stacklevel=3)
-        return True
+            f"from, with no reward, looks the same: ignore this warning there.) Warned once per buffer"))
 
     def check_mask(self, terminated: Any, truncated: Any, kept: np.ndarray[Any, Any]) -> bool:
         """Before an add with ``env_mask``: warn if the mask leaves out a row that ends an episode.
@@ -121,17 +117,11 @@ class ResetSteps:
                      zip(self._step[1:], (terminated, truncated), strict=True)]
         except RlbufError:
             return False  # the add refuses it, by the same reader
-        dropped = ~kept & (flags[0] | flags[1])
-        if not dropped.any():
-            return False
-        env = int(np.flatnonzero(dropped)[0])
-        warnings.warn(
+        return _warn_first(~kept & (flags[0] | flags[1]), lambda env: (
             f"add: env_mask leaves out env {env}'s row, which ends an episode (terminated or truncated): that row is "
             f"a real transition, the last of its episode. The NEXT_STEP reset steps to leave out come one step "
             f"later: env_mask=~(prev_terminated | prev_truncated), the flags of the PREVIOUS step "
-            f"(rlbuf.gym.Recorder does this for you). Warned once per buffer",
-            NextStepResetWarning, stacklevel=3)
-        return True
+            f"(rlbuf.gym.Recorder does this for you). Warned once per buffer"))
 
     def record(self, terminated: Any, truncated: Any, next_obs: Any, stored: np.ndarray[Any, Any] | None) -> None:
         """After an add: remember which envs stored now ended (their flags as the ring read them, for the
@@ -148,6 +138,18 @@ class ResetSteps:
             self._final = [np.zeros((self._num_envs, *reader.spec.shape), reader.spec.np_dtype) for reader in self._next_obs]
         for leaf, final in zip(leaves, self._final, strict=True):
             final[envs[ended]] = leaf.detach().cpu().numpy()[envs[ended]]
+
+
+def _warn_first(envs: np.ndarray[Any, Any], message: Callable[[int], str]) -> bool:
+    """Warn ``message(env)`` for the first env flagged in ``envs``, at the line that called rlbuf; whether it did."""
+    if not envs.any():
+        return False
+    level, frame = 2, inspect.currentframe()  # 1: this function; 2: its caller ...
+    frame = frame.f_back if frame is not None else None
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("rlbuf."):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message(int(np.flatnonzero(envs)[0])), NextStepResetWarning, stacklevel=level)
+    return True
 
 
 def reset_steps(ring: RowRing, obs: Layout, compact: CompactLayout | None, num_envs: int) -> ResetSteps:

@@ -87,3 +87,15 @@ def test_a_mask_of_the_previous_steps_flags_stores_every_end_without_a_warning()
     assert caught == []
     rows = buffer.sample_all()
     assert rows.terminated.any() and bool((rows.reward == 1).all())  # no reset step stored
+
+
+def test_the_warning_points_at_the_users_line_on_every_path():
+    for options in ({}, {"extra_fields": {"cost": ((), torch.float32)}}):  # the plain add, the general one
+        buffer = ReplayBuffer(10, obs_shape=(1,), action_shape=(), **options)
+        extra = {"cost": 0.0} if options else {}
+        buffer.add(np.zeros(1), 0.0, 1.0, np.ones(1), terminated=True, truncated=False, **extra)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            buffer.add(np.ones(1), 0.0, 0.0, np.ones(1), terminated=False, truncated=False, **extra)
+        [warning] = caught
+        assert warning.category is NextStepResetWarning and warning.filename == __file__
