@@ -107,6 +107,8 @@ def positive_int(name: str, value: object, error: type[RlbufError] = ConfigError
     return as_int(name, value, error=error)
 
 
+MAX_DEPTH = 32
+"""How deep a dict observation (or its mapping of dtypes) may nest: deeper is refused, not recursed into."""
 MAX_NUM_ENVS = 2**31 - 1
 """rlbuf's limit on ``num_envs`` (rows per add): far beyond any vector env, and checked before anything is allocated."""
 

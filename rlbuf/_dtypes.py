@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlbuf._convert import _NUMPY_DTYPES, short_repr
+from rlbuf._convert import _NUMPY_DTYPES, MAX_DEPTH, short_repr
 from rlbuf.errors import ConfigError
 
 _BY_NAME = {str(dtype).removeprefix("torch."): dtype for dtype in _NUMPY_DTYPES}
@@ -76,9 +76,6 @@ def dtype_options(obs_dtype: Any, action_dtype: Any) -> tuple[Any, Any]:
     return _nested(obs_dtype, "obs_dtype", 0), as_dtype("action_dtype", action_dtype)
 
 
-_MAX_DEPTH = 32  # a dict observation's nesting; deeper is refused by name where the shapes are read
-
-
 def extra_field_dtypes(extra_fields: Any) -> Any:
     """``extra_fields`` (``{name: (shape, dtype)}``) with every dtype name read as a torch dtype, so the
     options a checkpoint records are dtypes; anything else passes on to ``extra_fields``'s own check.
@@ -96,7 +93,7 @@ def extra_field_dtypes(extra_fields: Any) -> Any:
 
 def _nested(value: Any, name: str, depth: int) -> Any:
     if isinstance(value, Mapping):
-        if depth >= _MAX_DEPTH:
+        if depth >= MAX_DEPTH:  # deeper is refused by name where the shapes are read
             return value
         return {key: _nested(sub, f"{name}[{key!r}]", depth + 1) for key, sub in value.items()}
     return as_dtype(name, value)

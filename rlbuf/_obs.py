@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 
+from rlbuf._convert import MAX_DEPTH
 from rlbuf.errors import ConfigError, MissingFieldError, ShapeError
 from rlbuf.spec import FieldSpec, NestedKey, as_int, short_repr
 
@@ -37,8 +38,6 @@ ObsShape: TypeAlias = "Sequence[int] | int | Mapping[str, Any] | Any"
 ObsDtype: TypeAlias = "torch.dtype | Mapping[str, Any]"
 """One dtype, or a (nested) mapping of dtypes by observation key."""
 _FLOAT_DEFAULT = torch.float32
-MAX_DEPTH = 32
-"""How deep a dict observation (or its mapping of dtypes) may nest: deeper is refused, not recursed into."""
 MAX_DIMS = 62
 """Dims a row shape may have: torch's 64 less the two batch dims rlbuf puts before it (``[num_steps, num_envs]``,
 ``[batch, seq_len]``)."""

@@ -47,8 +47,8 @@ import torch
 from gymnasium.vector import AutoresetMode
 from tensordict import is_tensor_collection
 
+from rlbuf._convert import MAX_DEPTH
 from rlbuf._final_obs import rows_of, with_final_obs
-from rlbuf._obs import MAX_DEPTH
 from rlbuf.distill import DistillationBuffer
 from rlbuf.errors import ConfigError, DeviceError, DtypeError, MissingFieldError, ShapeError
 from rlbuf.replay import ReplayBuffer
