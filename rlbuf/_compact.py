@@ -38,7 +38,7 @@ from rlbuf.errors import (
     ShapeError,
     StoredIndexError,
 )
-from rlbuf.spec import FieldSpec, checked_rows, positive_int
+from rlbuf.spec import FieldSpec, RowReader, positive_int
 from rlbuf.storage import available_ram
 
 MAX_FRAME_STACK = 1024
@@ -87,6 +87,7 @@ class CompactLayout:
                                padding_type=padding_type, n_step=n_step, storing_device=ring.storing_device)
         self.all_envs = np.arange(num_envs, dtype=np.int64)
         self._sampled: tuple[torch.Tensor, Chain] | None = None
+        self._readers: dict[tuple[str, int], RowReader] = {}
 
     # -- writing -----------------------------------------------------------------------------
     def write(self, obs: Any, next_obs: Any, terminated: Any, truncated: Any, env_ids: npt.NDArray[np.int64],
@@ -100,10 +101,10 @@ class CompactLayout:
         """
         ring = self.ring
         rows = len(env_ids)
-        obs_rows = _rows(self.obs_spec, obs, rows, ring.accepted_devices)
-        next_rows = _rows(self.next_obs_spec, next_obs, rows, ring.accepted_devices)
-        terminated_rows = _rows(ring.by_name["terminated"], terminated, rows, ring.accepted_devices).to(torch.bool)
-        truncated_rows = _rows(ring.by_name["truncated"], truncated, rows, ring.accepted_devices).to(torch.bool)
+        obs_rows = self._rows(self.obs_spec, obs, rows)
+        next_rows = self._rows(self.next_obs_spec, next_obs, rows)
+        terminated_rows = self._rows(ring.by_name["terminated"], terminated, rows).to(torch.bool)
+        truncated_rows = self._rows(ring.by_name["truncated"], truncated, rows).to(torch.bool)
         terminated_np, truncated_np = terminated_rows.numpy(), truncated_rows.numpy()
         with ring.lock:
             self.streams.check(obs_rows, next_rows, env_ids, terminated_np, truncated_np)
@@ -111,6 +112,13 @@ class CompactLayout:
             store(obs_rows[:, -1] if self.frame_stack > 1 else obs_rows, terminated_rows, truncated_rows)
             self.streams.record(env_ids, first, next_rows, terminated_np, truncated_np,
                                 write_count=ring.write_count, size=len(ring))
+
+    def _rows(self, spec: FieldSpec, value: Any, rows: int) -> torch.Tensor:
+        """``rows`` rows of ``spec``, checked by its reader, on the CPU in the stored dtype."""
+        reader = self._readers.get((spec.name, rows))
+        if reader is None:
+            reader = self._readers[(spec.name, rows)] = RowReader(spec, rows, self.ring.accepted_devices)
+        return reader.tensor(value).detach().to("cpu", spec.dtype)
 
     def env_ids_of(self, lead: tuple[int, ...]) -> npt.NDArray[np.int64]:
         """The env of each row of a tensordict of batch size ``lead``, flattened row-major.
@@ -243,11 +251,6 @@ class CompactLayout:
 
 _NOTHING_COMPLETE = ("sample: no transition is complete yet: each needs the observation after it (n_step of them "
                      "with n_step > 1) unless its episode ended; add more steps first")
-
-
-def _rows(spec: FieldSpec, value: Any, rows: int, devices: tuple[torch.device, ...]) -> torch.Tensor:
-    """``rows`` rows of ``spec``, checked, on the CPU in the stored dtype."""
-    return checked_rows(spec, value, rows, devices).detach().to("cpu", spec.dtype)
 
 
 def layout_options(obs_shape: tuple[int, ...], *, frame_stack: int, padding_type: str, n_step: int, gamma: float,

@@ -37,9 +37,9 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 
 from rlbuf import _torchrl
 from rlbuf._convert import stored_positions
+from rlbuf._priorities import priorities
 from rlbuf._torchrl_rows import TorchRLRows, positions
 from rlbuf.errors import ConfigError, ShapeError
-from rlbuf.spec import priorities
 
 if TYPE_CHECKING:
     from rlbuf._ring import RowRing

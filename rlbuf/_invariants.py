@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
-from rlbuf.errors import CheckpointError
-from rlbuf.spec import _MAX_PRIORITY, FieldSpec
+from rlbuf._priorities import MAX_PRIORITY
+from rlbuf.errors import CheckpointError, OutOfRangeError
+from rlbuf.spec import FieldSpec
 
 _STATE_BYTES = {"cpu": 5056, "cuda": 16}  # Mersenne Twister; Philox seed and offset
 DEVICE_OPTIONS = ("device", "storing_device", "seed", "storage")
@@ -158,11 +159,16 @@ def fields_problem(specs: Sequence[FieldSpec], fields: Any, size: int) -> str:
 
 
 def rows_problem(specs: Sequence[FieldSpec], fields: Mapping[str, torch.Tensor], *, derives_done: bool) -> str:
-    """Non-finite values in must-be-finite fields, or a ``done`` that is not ``terminated | truncated``."""
+    """Non-finite values in must-be-finite fields, values outside a field's bounds, or a ``done`` that is not ``terminated | truncated``."""
     for spec in specs:
         column = fields[spec.name]
         if spec.finite and column.is_floating_point() and not bool(torch.isfinite(column).all()):
             return f"field {spec.name!r} holds non-finite values"
+        if spec.bounds is not None:
+            try:
+                spec.bounds.check(spec.name, column, spec.shape)
+            except OutOfRangeError as error:
+                return f"field {spec.name!r} holds a value outside its bounds ({str(error).split(';')[0]})"
     # Other derived columns (a rollout's advantage) start as zeros and are computed later.
     if derives_done:
         done = fields["terminated"].to(torch.bool) | fields["truncated"].to(torch.bool)
@@ -219,8 +225,8 @@ def max_priority_problem(state: Mapping[str, Any], leaves: torch.Tensor, *, capa
         if raw is not None and default is not None and not bool(default.all()):
             return "max_priority is -1 (no priority set yet) but stored rows hold priorities other than the default 1.0"
         return ""
-    if not (math.isfinite(value) and 0 <= value <= _MAX_PRIORITY):
-        return f"max_priority {value!r} is outside [0, {_MAX_PRIORITY:g}], the priorities update_priority takes"
+    if not (math.isfinite(value) and 0 <= value <= MAX_PRIORITY):
+        return f"max_priority {value!r} is outside [0, {MAX_PRIORITY:g}], the priorities update_priority takes"
     if not 0 <= index < capacity:
         return f"max_priority_index {index} is not a row position in [0, {capacity})"
     if raw is not None and default is not None:

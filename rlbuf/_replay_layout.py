@@ -32,6 +32,7 @@ from tensordict import TensorDictBase
 from torchrl.data import RandomSampler
 from torchrl.data.replay_buffers.samplers import Sampler
 
+from rlbuf._bounds import Bounds
 from rlbuf._compact import CompactLayout, layout_options
 from rlbuf._convert import tensor_of
 from rlbuf._dtypes import dtype_options, extra_field_dtypes
@@ -47,7 +48,7 @@ from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, as_tensordict,
 
 def replay_specs(obs_shape: Any, action_shape: tuple[int, ...], obs_dtype: Any,
                  action_dtype: torch.dtype, extra_fields: ExtraFields | None, *,
-                 next_obs: bool = True) -> tuple[FieldSpec, ...]:
+                 next_obs: bool = True, action_range: Any = None) -> tuple[FieldSpec, ...]:
     """The stored fields of a replay buffer, in TorchRL keys (one per leaf of a dict observation;
     ``next_obs=False``: the compact layout).
 
@@ -58,7 +59,7 @@ def replay_specs(obs_shape: Any, action_shape: tuple[int, ...], obs_dtype: Any,
     obs = Layout.parse(obs_shape, obs_dtype)
     specs = [
         *obs.specs("obs", "observation"),
-        FieldSpec("action", "action", action_shape, action_dtype),
+        FieldSpec("action", "action", action_shape, action_dtype, bounds=Bounds.parse(action_range, action_shape)),
         FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True, trailing_one=True),
         *(obs.specs("next_obs", ("next", "observation")) if next_obs else []),
         FieldSpec("terminated", ("next", "terminated"), (), torch.bool, trailing_one=True),

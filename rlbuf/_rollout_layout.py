@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from rlbuf._bounds import Bounds
 from rlbuf._convert import _NUMPY_DTYPES
 from rlbuf._fields import BATCH_NAMES, extra_specs
 from rlbuf._keywords import check_extras, refuse_foreign_names
@@ -40,7 +41,7 @@ BUILT_IN = frozenset((*_STEP_FIELDS, *COMPUTED, "done", "privileged_obs"))
 
 def rollout_specs(obs_shape: Any, action_shape: tuple[int, ...], privileged_obs_shape: tuple[int, ...] | None,
                   obs_dtype: Any, action_dtype: torch.dtype,
-                  extra_fields: ExtraFields | None) -> tuple[FieldSpec, ...]:
+                  extra_fields: ExtraFields | None, action_range: Any = None) -> tuple[FieldSpec, ...]:
     """The stored fields of a rollout buffer, in TorchRL keys.
 
     Example:
@@ -49,7 +50,7 @@ def rollout_specs(obs_shape: Any, action_shape: tuple[int, ...], privileged_obs_
     """
     specs = [
         *Layout.parse(obs_shape, obs_dtype).specs("obs", "observation"),
-        FieldSpec("action", "action", action_shape, action_dtype),
+        FieldSpec("action", "action", action_shape, action_dtype, bounds=Bounds.parse(action_range, action_shape)),
         FieldSpec("reward", ("next", "reward"), (), torch.float32, finite=True, trailing_one=True),
         FieldSpec("terminated", ("next", "terminated"), (), torch.bool, trailing_one=True),
         FieldSpec("truncated", ("next", "truncated"), (), torch.bool, trailing_one=True),

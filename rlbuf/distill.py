@@ -32,6 +32,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data import RandomSampler
 
+from rlbuf._bounds import Bounds
 from rlbuf._buffer import RingBuffer, refuse_foreign_options
 from rlbuf._convert import REQUIRED, as_num_envs, require, tensor_of
 from rlbuf._fields import extra_specs
@@ -39,7 +40,7 @@ from rlbuf._keywords import check_extras
 from rlbuf._obs import ObsDtype, ObsShape, as_shape, leaf_names, read_td, record_layout
 from rlbuf.batches import DistillationBatch
 from rlbuf.errors import MissingFieldError
-from rlbuf.spaces import extra_field_dtypes, resolve_fields
+from rlbuf.spaces import extra_field_dtypes, resolve_action_range, resolve_fields
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_tensordict
 from rlbuf.storage import DeviceLike, StorageKind
 
@@ -68,6 +69,8 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         obs_dtype: stored observation dtype, or a mapping by key for dict observations (default:
             the space's or spec's, else float32).
         action_dtype: stored expert-action dtype, a torch dtype or its name (``"int64"``); default: the space's, else float32.
+        action_range: ``(low, high)``, the expert actions allowed (ints, or one per element), refused
+            outside with an ``OutOfRangeError``; default: a discrete ``action_space``'s range, else none.
 
     Raises:
         ConfigError: invalid options.
@@ -96,6 +99,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         action_space: Any = None,
         obs_dtype: ObsDtype | None = None,
         action_dtype: torch.dtype | None = None,
+        action_range: Sequence[Any] | None = None,
         **foreign: Any,
     ) -> None:
         refuse_foreign_options(DistillationBuffer.__init__, foreign)
@@ -103,11 +107,13 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         extra_fields = extra_field_dtypes(extra_fields)
         obs_shape, obs_dtype, action_shape, action_dtype = resolve_fields(
             observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype, num_envs=num_envs)
+        action_range = resolve_action_range(action_space, action_range, action_shape)
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         as_num_envs(num_envs)
         fixed = [*self._obs.specs("obs", "observation"),
-                 FieldSpec("expert_action", "expert_action", as_shape(action_shape, "action_shape"), action_dtype)]
+                 FieldSpec("expert_action", "expert_action", as_shape(action_shape, "action_shape"), action_dtype,
+                           bounds=Bounds.parse(action_range, as_shape(action_shape, "action_shape")))]
         extras = extra_specs(extra_fields, fixed)
         self._extra_specs = {s.name: s for s in extras}
         self._setup((*fixed, *extras), capacity, RandomSampler(), num_envs=num_envs, storage=storage,

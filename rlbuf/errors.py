@@ -39,6 +39,10 @@ class NonFiniteError(RlbufError, ValueError):
     """A reward, value or priority is NaN or infinite."""
 
 
+class OutOfRangeError(RlbufError, ValueError):
+    """A value outside the range its field allows (an action outside a discrete action space)."""
+
+
 class MissingFieldError(RlbufError, KeyError, TypeError):
     """A required field is absent, or an unknown extra field was given.
 

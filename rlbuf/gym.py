@@ -49,6 +49,7 @@ from tensordict import is_tensor_collection
 
 from rlbuf._convert import MAX_DEPTH
 from rlbuf._final_obs import rows_of, with_final_obs
+from rlbuf._gym_seam import pending_resets
 from rlbuf.distill import DistillationBuffer
 from rlbuf.errors import ConfigError, DeviceError, DtypeError, MissingFieldError, ShapeError
 from rlbuf.replay import ReplayBuffer
@@ -84,6 +85,11 @@ class Recorder:
             returns ``[k]`` or ``[k, 1]``), passed as ``bootstrap_value``.
         autoreset_mode: the envs' autoreset mode when ``envs.metadata`` does not say
             (``"same_step"`` for SB3 ``VecEnv``s and Isaac Lab-style envs).
+        resetting: for a Recorder made while ``NEXT_STEP`` envs are mid-run: ``[num_envs]`` bools,
+            the envs whose last step ended an episode (``terminated | truncated`` of that step),
+            so that their next step, a reset step, is left out. Default: read from gymnasium's
+            ``SyncVectorEnv`` and its own vector envs (``CartPole-v1``'s); none for other envs
+            (``AsyncVectorEnv`` does not say: pass it there).
 
     Raises:
         ConfigError: an unknown mode or buffer, a ``RolloutBuffer`` with ``NEXT_STEP`` envs
@@ -104,7 +110,8 @@ class Recorder:
     """
 
     def __init__(self, envs: Any, buffer: ReplayBuffer | RolloutBuffer | DistillationBuffer, *,
-                 bootstrap: Bootstrap | None = None, autoreset_mode: AutoresetMode | str | None = None) -> None:
+                 bootstrap: Bootstrap | None = None, autoreset_mode: AutoresetMode | str | None = None,
+                 resetting: Any = None) -> None:
         self.autoreset_mode = _mode(envs, autoreset_mode)
         if not isinstance(buffer, (ReplayBuffer, RolloutBuffer, DistillationBuffer)):
             raise ConfigError(f"buffer: expected a ReplayBuffer, RolloutBuffer or DistillationBuffer, "
@@ -125,9 +132,22 @@ class Recorder:
         self.buffer = buffer
         self.bootstrap = bootstrap
         self.num_envs = num_envs
-        self._resetting = np.zeros(num_envs, np.bool_)
+        self._resetting = self._pending(envs, resetting)
+        # Read from the envs, not given: an envs.reset() before the first record makes them real
+        # steps, which a reward or a flag there proves (a reset step has neither).
+        self._read_from_envs = self._resetting.copy() if resetting is None else np.zeros(num_envs, np.bool_)
         self.skipped = 0
         """Reset steps (env rows) left out so far (``NEXT_STEP`` only)."""
+
+    def _pending(self, envs: Any, resetting: Any) -> np.ndarray[Any, Any]:
+        """The envs whose next step is a reset step, when the Recorder starts."""
+        if resetting is not None:
+            if self.autoreset_mode is not AutoresetMode.NEXT_STEP:
+                raise ConfigError(f"resetting: only NEXT_STEP envs have reset steps; these are "
+                                  f"{self.autoreset_mode.name} envs")
+            return _flags("resetting", resetting, self.num_envs).copy()
+        pending = pending_resets(envs) if self.autoreset_mode is AutoresetMode.NEXT_STEP else None
+        return np.zeros(self.num_envs, np.bool_) if pending is None else pending
 
     def reset(self, env_mask: Any = None) -> None:
         """Forget pending ``NEXT_STEP`` reset steps after you reset the envs yourself (``envs.reset()``).
@@ -151,6 +171,7 @@ class Recorder:
             self._resetting[:] = False
         else:
             self._resetting &= ~_flags("env_mask", env_mask, self.num_envs)
+        self._read_from_envs &= self._resetting
 
     def record(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
                info: Mapping[str, Any] | None = None, **fields: Any) -> None:
@@ -206,6 +227,9 @@ class Recorder:
         stored_next = next_obs if isinstance(self.buffer, DistillationBuffer) else self._final_observations(
             next_obs, ended, info)
         keep = ~self._resetting if self.autoreset_mode is AutoresetMode.NEXT_STEP else None
+        if keep is not None and self._read_from_envs.any():
+            rewarded = np.asarray(as_array("reward", reward) != 0).reshape(-1)
+            keep = keep | (self._read_from_envs & (ended | (rewarded if rewarded.shape == (n,) else False)))
         if keep is not None and keep.all():
             keep = None
         buffer = self.buffer
@@ -225,6 +249,7 @@ class Recorder:
         if self.autoreset_mode is AutoresetMode.NEXT_STEP:
             self.skipped += 0 if keep is None else int((~keep).sum())
             self._resetting = ended
+            self._read_from_envs[:] = False
 
     def _checked_info(self, info: Any) -> Mapping[str, Any] | None:
         """``info`` once it is a mapping that agrees with the autoreset mode."""

@@ -39,6 +39,7 @@ from rlbuf._obs import (
     hidden_state_layout,
     record_layout,
 )
+from rlbuf._priorities import priorities
 from rlbuf._replay_add import ReplayWriting
 from rlbuf._replay_layout import (
     ReplayWriter,
@@ -58,8 +59,8 @@ from rlbuf.errors import (
     PriorityError,
 )
 from rlbuf.sequences import ReplaySequenceBatch, sample_replay_sequences
-from rlbuf.spaces import extra_field_dtypes, resolve_fields
-from rlbuf.spec import ExtraFields, priorities
+from rlbuf.spaces import extra_field_dtypes, resolve_action_range, resolve_fields
+from rlbuf.spec import ExtraFields
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
 
@@ -91,6 +92,8 @@ class ReplayBuffer(ReplayWriting):
         obs_dtype: stored observation dtype (``torch.uint8`` for images: 1 byte per value); for
             dict observations one dtype or a mapping by key. Unset: the spec's or space's dtype, else float32.
         action_dtype: stored action dtype, a torch dtype or its name (``"int64"``); default: the space's, else float32.
+        action_range: ``(low, high)``, the actions allowed (ints, or one per element), refused outside
+            with an ``OutOfRangeError``; default: a discrete ``action_space``'s range, else none.
         stats: an [`EpisodeStats`][rlbuf.EpisodeStats] fed with every step added (returns, lengths).
         frame_stack: ``k`` for stacked observations ``obs_shape=(k, *frame)`` (gymnasium's
             ``FrameStackObservation``, newest frame last): each frame is stored once and the
@@ -142,6 +145,7 @@ class ReplayBuffer(ReplayWriting):
         action_space: Any = None,
         obs_dtype: ObsDtype | None = None,
         action_dtype: torch.dtype | None = None,
+        action_range: Sequence[Any] | None = None,
         stats: EpisodeStats | None = None,
         frame_stack: int = 1,
         padding_type: PaddingType = "reset",
@@ -158,6 +162,7 @@ class ReplayBuffer(ReplayWriting):
         obs_shape, obs_dtype, action_shape, action_dtype = resolve_fields(
             observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype,
             num_envs=num_envs if frame_stack != num_envs else 1)
+        action_range = resolve_action_range(action_space, action_range, action_shape)
         # Parsed before the options are recorded: a mapping nested too deep is refused by name first.
         self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
         self._record_options(locals())
@@ -172,7 +177,7 @@ class ReplayBuffer(ReplayWriting):
         prioritized, sampler = replay_sampler(capacity, prioritized, alpha, beta)
         self._prioritized = prioritized
         specs = replay_specs(stored_obs_shape, as_shape(action_shape, "action_shape"),
-                             obs_dtype, action_dtype, extra_fields, next_obs=not compact)
+                             obs_dtype, action_dtype, extra_fields, next_obs=not compact, action_range=action_range)
         self._extra_specs = {s.name: s for s in specs if s.name in (extra_fields or {})}
         if self._hidden is not None:
             specs = (*specs, *self._hidden.specs("hidden_state", hidden_state_key))

@@ -58,7 +58,7 @@ from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options, sizes
 from rlbuf.errors import BufferFullError, CheckpointError, NonFiniteError, RolloutIncompleteError
 from rlbuf.gae import compute_gae
 from rlbuf.sequences import PaddedTrajectories, SequenceBatch, split_trajectories
-from rlbuf.spaces import extra_field_dtypes, resolve_fields
+from rlbuf.spaces import extra_field_dtypes, resolve_action_range, resolve_fields
 from rlbuf.spec import ExtraFields, FieldSpec, RowReader, as_flag, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind
@@ -95,6 +95,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             Unset: the spec's or space's dtype, else float32.
         action_dtype: stored action dtype (default: the space's, else float32; ``torch.int64``
             for discrete actions).
+        action_range: ``(low, high)``, the actions allowed, refused outside (default: a discrete space's).
         stats: an [`EpisodeStats`][rlbuf.EpisodeStats] fed with every step added.
 
     Raises:
@@ -128,6 +129,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         action_space: Any = None,
         obs_dtype: ObsDtype | None = None,
         action_dtype: torch.dtype | None = None,
+        action_range: Sequence[Any] | None = None,
         stats: EpisodeStats | None = None,
         **foreign: Any,
     ) -> None:
@@ -136,6 +138,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         extra_fields = extra_field_dtypes(extra_fields)
         obs_shape, obs_dtype, action_shape, action_dtype = resolve_fields(
             observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype, num_envs=num_envs)
+        action_range = resolve_action_range(action_space, action_range, action_shape)
         # Parsed before the options are recorded: a mapping nested too deep is refused by name first.
         self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
         self._record_options(locals())
@@ -145,7 +148,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         self._attach_stats(stats, num_envs)
         privileged = None if privileged_obs_shape is None else as_shape(privileged_obs_shape, "privileged_obs_shape")
         specs = rollout_specs(obs_shape, as_shape(action_shape, "action_shape"), privileged,
-                              obs_dtype, action_dtype, extra_fields)
+                              obs_dtype, action_dtype, extra_fields, action_range)
         self._has_privileged = privileged is not None
         self._extra_specs = {s.name: s for s in specs if s.name not in BUILT_IN and not s.name.startswith("obs[")}
         if self._hidden is not None:

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from rlbuf._bounds import Bounds
 from rlbuf._dtypes import dtype_options
 from rlbuf._dtypes import extra_field_dtypes as extra_field_dtypes
 from rlbuf._obs import Layout, as_shape, is_structured
@@ -229,3 +230,25 @@ def _torch_dtype(dtype: Any, name: str) -> torch.dtype:
         return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
     except TypeError:
         raise ConfigError(f"{name}: the space's dtype {dtype} has no torch equivalent") from None
+
+
+def resolve_action_range(action_space: Any, action_range: Any, action_shape: Any) -> list[Any] | None:
+    """The ``action_range`` option as recorded (``[low, high]``): the discrete action space's, or the one given.
+
+    Raises:
+        ConfigError: both a range and an action space given, or a malformed range.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> resolve_action_range(gym.spaces.Discrete(4), None, ())
+        [0, 3]
+        >>> resolve_action_range(None, (0, 9), ()), resolve_action_range(gym.spaces.Box(-1, 1), None, (1,))
+        ([0, 9], None)
+    """
+    if action_range is not None and action_space is not None:
+        raise ConfigError("action_range, action_space: give one of them, not both (a discrete space sets the range)")
+    shape = as_shape(action_shape, "action_shape")
+    bounds = Bounds.of_space(action_space) if action_space is not None else Bounds.parse(action_range, shape)
+    if bounds is not None:
+        bounds.check_shape("action_range", shape)
+    return None if bounds is None else bounds.to_json()

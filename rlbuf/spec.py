@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase, is_tensor_collection
 
+from rlbuf._bounds import Bounds
 from rlbuf._convert import _NUMPY_DTYPES, all_finite, largest_finite, numpy_dtype_or_none, tensor_of
 from rlbuf._convert import as_array as as_array
 from rlbuf._convert import as_flag as as_flag
@@ -41,7 +42,6 @@ from rlbuf.errors import (
     DtypeError,
     MissingFieldError,
     NonFiniteError,
-    PriorityError,
     ShapeError,
 )
 
@@ -66,6 +66,7 @@ class FieldSpec:
         finite: whether values must be finite (rewards, values, log-probs).
         trailing_one: a scalar that TorchRL stores with a trailing 1 (``("next", "reward")``,
             the done flags, ``"state_value"``); actions and log-probs have none.
+        bounds: the values allowed (a discrete action space's; see [`Bounds`][rlbuf._bounds.Bounds]), or ``None``.
 
     Example:
         >>> spec = FieldSpec("obs", "observation", (84, 84, 4), torch.uint8)
@@ -79,6 +80,7 @@ class FieldSpec:
     dtype: torch.dtype
     finite: bool = False
     trailing_one: bool = False
+    bounds: Bounds | None = None
     np_dtype: np.dtype[Any] = field(init=False, compare=False, repr=False)
     float_max: float = field(init=False, compare=False, repr=False)
     float_limit: float = field(init=False, compare=False, repr=False)
@@ -91,6 +93,8 @@ class FieldSpec:
             raise ConfigError(f"{self.name}: dtype {self.dtype!r} is not supported; use one of "
                               f"{sorted(map(str, _NUMPY_DTYPES))}")
         object.__setattr__(self, "np_dtype", numpy_dtype(self.dtype))
+        if self.bounds is not None:
+            self.bounds.check_shape(self.name, self.shape)
         # The largest finite value a float field holds (read on every narrowing conversion).
         object.__setattr__(self, "float_max", float(np.finfo(self.np_dtype).max) if self.dtype.is_floating_point
                            else 0.0)
@@ -121,8 +125,9 @@ class FieldSpec:
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable description (used by checkpoints)."""
         key = list(self.key) if isinstance(self.key, tuple) else self.key
+        bounds = {} if self.bounds is None else {"bounds": self.bounds.to_json()}
         return {"name": self.name, "key": key, "shape": list(self.shape),
-                "dtype": str(self.dtype).removeprefix("torch."), "finite": self.finite}
+                "dtype": str(self.dtype).removeprefix("torch."), "finite": self.finite, **bounds}
 
     def check_dtype(self, dtype: torch.dtype | np.dtype[Any]) -> None:
         """Raise [`DtypeError`][rlbuf.DtypeError] unless ``dtype`` converts to the stored dtype within its kind.
@@ -263,6 +268,8 @@ class FieldSpec:
             self.check_range(value)
         if self.finite and value.is_floating_point() and not bool(torch.isfinite(value).all()):
             check_finite_rows(self, as_array(self.name, value).reshape(-1, max(math.prod(self.shape), 1)))
+        if self.bounds is not None:
+            self.bounds.check(self.name, value, self.shape)
 
 
 def _check_device(spec: FieldSpec, value: torch.Tensor, devices: tuple[torch.device, ...]) -> None:
@@ -399,6 +406,8 @@ class RowReader:
             spec.check_scalar(value)  # type: ignore[arg-type]
             if spec.finite and not math.isfinite(value):  # type: ignore[arg-type]
                 check_finite_rows(spec, np.asarray([value]))
+            if spec.bounds is not None:
+                spec.bounds.check(spec.name, value, ())
             return value
         else:
             array = self._other_input(value)
@@ -412,6 +421,8 @@ class RowReader:
                 spec.check_range(array)
         if spec.finite and array.dtype.kind == "f" and not all_finite(array):
             check_finite_rows(spec, array.reshape(self.rows, -1))
+        if spec.bounds is not None:
+            spec.bounds.check(spec.name, array, spec.shape)
         if self.single_shape == ():
             return array.item()
         return _zeros_and_ones(array) if stored.kind == "b" else array
@@ -459,6 +470,9 @@ class RowReader:
         finite = spec.finite and np_dtype.kind == "f"
         boolean, integer = np_dtype.kind == "b", np_dtype.kind in "iu"
         low, high = (int(np.iinfo(np_dtype).min), int(np.iinfo(np_dtype).max)) if integer else (0, 0)
+        bounds = spec.bounds
+        if bounds is not None and integer:  # a discrete action: its space's range, in the same compare
+            low, high = max(low, int(bounds.low)), min(high, int(bounds.high))  # type: ignore[arg-type]
         largest = spec.float_limit
         tensor, ndarray, isfinite = torch.Tensor, np.ndarray, math.isfinite
 
@@ -489,11 +503,26 @@ class RowReader:
                 return checked(value)
             if finite and not isfinite(number):
                 check_finite_rows(spec, np.asarray([number]))
+            if bounds is not None:
+                bounds.check(spec.name, number, ())
             return number
         return read_number
 
     def _array_reader(self) -> Callable[[Any], Any]:
-        """``read`` for rows of arrays: a tensor or array of the stored dtype and shape as it is."""
+        """``read`` for rows of arrays: a tensor or array of the stored dtype and shape as it is
+        (within the field's bounds, where it has some)."""
+        read = self._unbounded_array_reader()
+        spec, bounds = self.spec, self.spec.bounds
+        if bounds is None:
+            return read
+
+        def read_bounded(value: Any) -> Any:
+            rows = read(value)
+            bounds.check(spec.name, rows, spec.shape)
+            return rows
+        return read_bounded
+
+    def _unbounded_array_reader(self) -> Callable[[Any], Any]:
         spec, checked, row_shape, single_shape = self.spec, self.checked, self.row_shape, self.single_shape
         np_dtype = spec.np_dtype
         finite = spec.finite and np_dtype.kind == "f"
@@ -544,35 +573,6 @@ def checked_rows(spec: FieldSpec, value: Any, rows: int, devices: tuple[torch.de
         tensor([1., 2.])
     """
     return RowReader(spec, rows, devices).tensor(value)
-
-
-_MAX_PRIORITY = 1e100
-
-
-def priorities(priority: Any, count: int) -> torch.Tensor:
-    """``count`` priorities (e.g. ``|TD error|``) as float64, each finite, non-negative and at most 1e100.
-
-    Raises:
-        PriorityError: not numbers, not ``count`` of them, or a value out of range.
-
-    Example:
-        >>> priorities([0.5, 2], 2).tolist()
-        [0.5, 2.0]
-        >>> priorities([-1.0], 1)
-        Traceback (most recent call last):
-        ...
-        rlbuf.errors.PriorityError: priority: expected finite, non-negative values up to 1e+100
-    """
-    array = as_array("priority", priority, PriorityError)
-    if array.dtype.kind == "b":
-        raise PriorityError(f"priority: expected numbers, got dtype {array.dtype}")
-    values = torch.from_numpy(array.astype(np.float64)).reshape(-1)
-    if values.numel() != count:
-        raise PriorityError(f"priority: expected {count} values (one per index), got {values.numel()}")
-    # Priorities are summed in float64: a bound far below its range keeps every total finite.
-    if not bool(torch.isfinite(values).all()) or bool((values < 0).any()) or bool((values > _MAX_PRIORITY).any()):
-        raise PriorityError(f"priority: expected finite, non-negative values up to {_MAX_PRIORITY:g}")
-    return values
 
 
 def as_tensordict(td: Any) -> TensorDictBase:

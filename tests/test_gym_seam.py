@@ -1,0 +1,117 @@
+"""A Recorder made while NEXT_STEP envs are mid-run leaves out their reset steps too.
+
+What rlbuf assumes of gymnasium's private attributes (``rlbuf/_gym_seam.py``) is pinned here
+against the installed gymnasium: a release that renames them fails here first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+from rlbuf import ConfigError, ReplayBuffer
+from rlbuf._gym_seam import pending_resets
+from rlbuf.gym import Recorder
+
+CHANGED = "gymnasium changed what rlbuf._gym_seam relies on: {}"
+
+
+def _envs(mode: str) -> Any:
+    if mode == "cartpole vector env":  # make_vec's default for CartPole-v1: its own vector env
+        return gym.make_vec("CartPole-v1", num_envs=3)
+    return gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode=mode)
+
+
+def _transitions(buffer: ReplayBuffer) -> list[tuple[Any, ...]]:
+    batch = buffer.sample_all()
+    return sorted(zip(batch.obs.tolist(), batch.action.tolist(), batch.reward.tolist(), batch.next_obs.tolist(),
+                      strict=True))
+
+
+def _buffer() -> ReplayBuffer:
+    space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    return ReplayBuffer(2000, observation_space=space, action_space=gym.spaces.Discrete(2), num_envs=3)
+
+
+@pytest.mark.parametrize("mode", ["sync", "cartpole vector env", "async"])
+def test_a_recorder_made_mid_run_stores_what_one_made_at_the_start_stores(mode: str) -> None:
+    envs = _envs(mode)
+    whole, late = _buffer(), _buffer()
+    from_start = Recorder(envs, whole)
+    late_recorder = None
+    obs, _ = envs.reset(seed=1)
+    envs.action_space.seed(1)
+    ended_before_join = None
+    for _ in range(150):
+        if late_recorder is None and ended_before_join is not None and ended_before_join.any():
+            # The envs that ended at the last step are in their reset step now.
+            resetting = ended_before_join if mode == "async" else None
+            late_recorder = Recorder(envs, late, resetting=resetting)
+            joined_at = len(whole)
+        action = envs.action_space.sample()
+        next_obs, reward, terminated, truncated, info = envs.step(action)
+        for recorder in (from_start, late_recorder):
+            if recorder is not None:
+                recorder.record(obs, action, reward, next_obs, terminated, truncated, info)
+        ended_before_join = terminated | truncated
+        obs = next_obs
+    envs.close()
+    assert late_recorder is not None and late_recorder.skipped > 0
+    kept = _transitions(whole)
+    after_join = sorted(zip(*(getattr(whole.sample_by_index(np.arange(joined_at, len(whole))), name).tolist()
+                              for name in ("obs", "action", "reward", "next_obs")), strict=True))
+    assert _transitions(late) == after_join
+    assert len(kept) == len(whole)
+
+
+def test_pending_resets_reads_the_envs_that_just_ended() -> None:
+    for mode in ("sync", "cartpole vector env"):
+        envs = _envs(mode)
+        envs.reset(seed=0)
+        assert pending_resets(envs) is not None, CHANGED.format(f"{type(envs.unwrapped).__name__} says nothing")
+        for _ in range(200):
+            _, _, terminated, truncated, _ = envs.step(envs.action_space.sample())
+            pending = pending_resets(envs)
+            assert pending is not None
+            assert pending.tolist() == (terminated | truncated).tolist(), CHANGED.format(
+                f"{type(envs.unwrapped).__name__}'s pending resets are not the last step's ends")
+        envs.close()
+    envs = _envs("async")
+    assert pending_resets(envs) is None  # kept in the worker processes
+    envs.close()
+
+
+def test_resetting_is_checked() -> None:
+    envs = _envs("sync")
+    with pytest.raises(ValueError, match=r"resetting: expected shape \(3,\)"):
+        Recorder(envs, _buffer(), resetting=[True, False])
+    same_step = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync",
+                             vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
+    with pytest.raises(ConfigError, match="resetting: only NEXT_STEP envs"):
+        Recorder(same_step, _buffer(), resetting=[True, False, False])
+    envs.close()
+    same_step.close()
+
+
+def test_a_recorder_made_mid_run_then_reset_stores_every_step() -> None:
+    envs = _envs("sync")
+    envs.reset(seed=2)
+    envs.action_space.seed(2)
+    while True:  # run until an env is in its reset step
+        _, _, terminated, truncated, _ = envs.step(envs.action_space.sample())
+        if (terminated | truncated).any():
+            break
+    buffer = _buffer()
+    recorder = Recorder(envs, buffer)
+    obs, _ = envs.reset(seed=3)  # every step after this is real; CartPole rewards each with 1
+    for _ in range(5):
+        action = envs.action_space.sample()
+        next_obs, reward, terminated, truncated, info = envs.step(action)
+        recorder.record(obs, action, reward, next_obs, terminated, truncated, info)
+        obs = next_obs
+    envs.close()
+    assert recorder.skipped == 0 and len(buffer) == 15
