@@ -66,6 +66,13 @@ class Feed:
         self.add(*self.steps[self.at])
         self.at += 1
 
+    def refill(self) -> None:
+        """Clear the buffer and feed it every step."""
+        self.restart()
+        for step in self.steps:
+            self.add(*step)
+        self.at = len(self.steps)
+
 
 def peers(envs: Any, steps: list[tuple[Any, ...]], capacity: int) -> dict[str, Feed]:
     from stable_baselines3.common.buffers import ReplayBuffer as Sb3Buffer
@@ -117,9 +124,11 @@ def main() -> None:
         medians = time_interleaved(feeds, repeats=repeats, number=number)
         print_table(f"add of one step of {num_envs} env(s), real Breakout frames", medians,
                     ours=["rlbuf", "rlbuf-recorder"])
+        for name in ("rlbuf", "sb3-optimized"):  # full buffers to sample from: every recorded step
+            feeds[name].refill()
         for batch in (32, 256):
-            sampled = time_interleaved({"rlbuf": lambda b=batch: ours.sample(b),
-                                        "sb3-optimized": lambda b=batch: sb3.sample(b)},
+            sampled = time_interleaved({"rlbuf": lambda b=batch, buffer=ours: buffer.sample(b),
+                                        "sb3-optimized": lambda b=batch, buffer=sb3: buffer.sample(b)},
                                        repeats=repeats, number=max(1, number // 5))
             print_table(f"sample({batch}) of {len(ours)} rows ({num_envs} env(s))", sampled, ours=["rlbuf"])
         envs.close()
