@@ -128,6 +128,12 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             return
         self._add(obs, action, reward, next_obs, terminated, truncated, hidden_state, env_mask, extras, metrics)
 
+    def _fed_by_recorder(self) -> None:
+        """A [`Recorder`][rlbuf.gym.Recorder] feeds this buffer and leaves NEXT_STEP's reset steps out
+        itself: the reset-step heuristic is off (it takes an episode that ends in its start state
+        with no reward, an idle Breakout truncated, for a reset step)."""
+        self._resets = None
+
     def _add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
              hidden_state: Any, env_mask: Any, extras: dict[str, Any], metrics: Mapping[str, Any] | None) -> None:
         """``add`` of every layout but the plain one (a Transition, env_mask, extras, dict observations ...)."""

@@ -130,6 +130,8 @@ class Recorder:
         _check_obs_shape(envs, buffer)
         self.envs = envs
         self.buffer = buffer
+        if isinstance(buffer, ReplayBuffer):
+            buffer._fed_by_recorder()
         self.bootstrap = bootstrap
         self.num_envs = num_envs
         self._resetting = self._pending(envs, resetting)

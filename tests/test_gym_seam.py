@@ -115,3 +115,41 @@ def test_a_recorder_made_mid_run_then_reset_stores_every_step() -> None:
         obs = next_obs
     envs.close()
     assert recorder.skipped == 0 and len(buffer) == 15
+
+
+class _IdleEnv(gym.Env[np.ndarray, np.int64]):
+    """An episode that ends, truncated, in the very state it starts from, with no reward (an idle Breakout)."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.steps = 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.steps += 1
+        return np.zeros(4, np.float32), 0.0, False, self.steps == 3, {}
+
+
+def test_the_recorder_does_not_take_an_episode_ending_in_its_start_state_for_a_reset_step() -> None:
+    import warnings
+
+    from rlbuf import NextStepResetWarning
+
+    envs = gym.vector.SyncVectorEnv([_IdleEnv, _IdleEnv])
+    buffer = ReplayBuffer(100, observation_space=_IdleEnv.observation_space, action_space=_IdleEnv.action_space,
+                          num_envs=2, frame_stack=1)
+    recorder = Recorder(envs, buffer)
+    obs, _ = envs.reset(seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NextStepResetWarning)
+        for _ in range(12):
+            action = envs.action_space.sample()
+            next_obs, reward, terminated, truncated, info = envs.step(action)
+            recorder.record(obs, action, reward, next_obs, terminated, truncated, info)
+            obs = next_obs
+    envs.close()
+    assert recorder.skipped == 2 * 3  # steps 4, 8 and 12 of each env: its reset steps
+    assert len(buffer) == 2 * 12 - recorder.skipped
