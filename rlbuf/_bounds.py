@@ -135,30 +135,43 @@ class Bounds:
         ``values``: a Python number, or rows of ``shape`` (a numpy array or a tensor, one row or
         ``[rows, *shape]``).
         """
+        problem = self.outside(values, shape)
+        if problem:
+            raise OutOfRangeError(
+                f"{name}: {problem}; an action outside the action space (a policy's argmax over the wrong dim?): "
+                "fix the policy's output, or build the buffer with action_range=(low, high) for the values you "
+                "mean to store")
+
+    def outside(self, values: Any, shape: tuple[int, ...]) -> str:
+        """``""`` if every value lies within the bounds, else the first one outside, described.
+
+        Example:
+            >>> Bounds((0, 0), (2, 3)).outside(np.array([[1, 1], [2, 4]]), (2,))
+            'expected values in [0, 3], got 4 at row 1, element 1'
+        """
         width = math.prod(shape)
         if width == 0:
-            return
+            return ""
         if isinstance(values, torch.Tensor):
             rows = values.reshape(-1, width)
             below = rows < torch.as_tensor(self._low, device=values.device)
             above = rows > torch.as_tensor(self._high, device=values.device)
             if values.dtype is torch.bool or not bool((below | above).any()):
-                return
+                return ""
             array = values.cpu().numpy()
         elif isinstance(values, np.ndarray):
             array = values
         elif self._low.ndim or self.low <= values <= self.high:  # a scalar row: one pair of ints
-            return
+            return ""
         else:
             array = np.asarray([values])
+        if array.dtype.kind == "b" or array.size == 0:
+            return ""
         flat = array.reshape(-1, width)
-        if array.dtype.kind == "b" or array.size == 0 or not ((flat < self._low) | (flat > self._high)).any():
-            return
-        low, high = np.broadcast_to(self._low, (width,)), np.broadcast_to(self._high, (width,))
-        row, column = (int(i) for i in np.argwhere((flat < low) | (flat > high))[0])
+        bad = (flat < self._low) | (flat > self._high)
+        if not bad.any():
+            return ""
+        row, column = (int(i) for i in np.argwhere(bad)[0])
+        low, high = np.broadcast_to(self._low, (width,))[column], np.broadcast_to(self._high, (width,))[column]
         where = ", ".join(([f"row {row}"] if flat.shape[0] > 1 else []) + ([f"element {column}"] if width > 1 else []))
-        where = f" at {where}" if where else ""
-        raise OutOfRangeError(
-            f"{name}: expected values in [{low[column]}, {high[column]}], got {flat[row, column].item()}{where}; "
-            "an action outside the action space (a policy's argmax over the wrong dim?): fix the policy's output, "
-            "or build the buffer with action_range=(low, high) for the values you mean to store")
+        return f"expected values in [{low}, {high}], got {flat[row, column].item()}" + (f" at {where}" if where else "")

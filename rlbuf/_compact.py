@@ -38,7 +38,7 @@ from rlbuf.errors import (
     ShapeError,
     StoredIndexError,
 )
-from rlbuf.spec import FieldSpec, RowReader, positive_int
+from rlbuf.spec import FieldSpec, positive_int
 from rlbuf.storage import available_ram
 
 MAX_FRAME_STACK = 1024
@@ -87,7 +87,6 @@ class CompactLayout:
                                padding_type=padding_type, n_step=n_step, storing_device=ring.storing_device)
         self.all_envs = np.arange(num_envs, dtype=np.int64)
         self._sampled: tuple[torch.Tensor, Chain] | None = None
-        self._readers: dict[tuple[str, int], RowReader] = {}
 
     # -- writing -----------------------------------------------------------------------------
     def write(self, obs: Any, next_obs: Any, terminated: Any, truncated: Any, env_ids: npt.NDArray[np.int64],
@@ -115,10 +114,7 @@ class CompactLayout:
 
     def _rows(self, spec: FieldSpec, value: Any, rows: int) -> torch.Tensor:
         """``rows`` rows of ``spec``, checked by its reader, on the CPU in the stored dtype."""
-        reader = self._readers.get((spec.name, rows))
-        if reader is None:
-            reader = self._readers[(spec.name, rows)] = RowReader(spec, rows, self.ring.accepted_devices)
-        return reader.tensor(value).detach().to("cpu", spec.dtype)
+        return self.ring.reader(spec, rows).tensor(value).detach().to("cpu", spec.dtype)
 
     def env_ids_of(self, lead: tuple[int, ...]) -> npt.NDArray[np.int64]:
         """The env of each row of a tensordict of batch size ``lead``, flattened row-major.

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from rlbuf._priorities import MAX_PRIORITY
-from rlbuf.errors import CheckpointError, OutOfRangeError
+from rlbuf.errors import CheckpointError
 from rlbuf.spec import FieldSpec
 
 _STATE_BYTES = {"cpu": 5056, "cuda": 16}  # Mersenne Twister; Philox seed and offset
@@ -164,11 +164,9 @@ def rows_problem(specs: Sequence[FieldSpec], fields: Mapping[str, torch.Tensor],
         column = fields[spec.name]
         if spec.finite and column.is_floating_point() and not bool(torch.isfinite(column).all()):
             return f"field {spec.name!r} holds non-finite values"
-        if spec.bounds is not None:
-            try:
-                spec.bounds.check(spec.name, column, spec.shape)
-            except OutOfRangeError as error:
-                return f"field {spec.name!r} holds a value outside its bounds ({str(error).split(';')[0]})"
+        outside = "" if spec.bounds is None else spec.bounds.outside(column, spec.shape)
+        if outside:
+            return f"field {spec.name!r} holds a value outside its bounds ({outside})"
     # Other derived columns (a rollout's advantage) start as zeros and are computed later.
     if derives_done:
         done = fields["terminated"].to(torch.bool) | fields["truncated"].to(torch.bool)

@@ -26,10 +26,18 @@ def _envs(mode: str) -> Any:
     return gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode=mode)
 
 
-def _transitions(buffer: ReplayBuffer) -> list[tuple[Any, ...]]:
-    batch = buffer.sample_all()
+def _transitions(batch: Any) -> list[tuple[Any, ...]]:
     return sorted(zip(batch.obs.tolist(), batch.action.tolist(), batch.reward.tolist(), batch.next_obs.tolist(),
                       strict=True))
+
+
+def _record(envs: Any, recorder: Recorder, obs: Any, steps: int) -> None:
+    """Step ``envs`` ``steps`` times from ``obs`` with random actions, every step recorded."""
+    for _ in range(steps):
+        action = envs.action_space.sample()
+        next_obs, reward, terminated, truncated, info = envs.step(action)
+        recorder.record(obs, action, reward, next_obs, terminated, truncated, info)
+        obs = next_obs
 
 
 def _buffer() -> ReplayBuffer:
@@ -61,11 +69,7 @@ def test_a_recorder_made_mid_run_stores_what_one_made_at_the_start_stores(mode: 
         obs = next_obs
     envs.close()
     assert late_recorder is not None and late_recorder.skipped > 0
-    kept = _transitions(whole)
-    after_join = sorted(zip(*(getattr(whole.sample_by_index(np.arange(joined_at, len(whole))), name).tolist()
-                              for name in ("obs", "action", "reward", "next_obs")), strict=True))
-    assert _transitions(late) == after_join
-    assert len(kept) == len(whole)
+    assert _transitions(late.sample_all()) == _transitions(whole.sample_by_index(np.arange(joined_at, len(whole))))
 
 
 def test_pending_resets_reads_the_envs_that_just_ended() -> None:
@@ -108,11 +112,7 @@ def test_a_recorder_made_mid_run_then_reset_stores_every_step() -> None:
     buffer = _buffer()
     recorder = Recorder(envs, buffer)
     obs, _ = envs.reset(seed=3)  # every step after this is real; CartPole rewards each with 1
-    for _ in range(5):
-        action = envs.action_space.sample()
-        next_obs, reward, terminated, truncated, info = envs.step(action)
-        recorder.record(obs, action, reward, next_obs, terminated, truncated, info)
-        obs = next_obs
+    _record(envs, recorder, obs, 5)
     envs.close()
     assert recorder.skipped == 0 and len(buffer) == 15
 
@@ -145,11 +145,7 @@ def test_the_recorder_does_not_take_an_episode_ending_in_its_start_state_for_a_r
     obs, _ = envs.reset(seed=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error", NextStepResetWarning)
-        for _ in range(12):
-            action = envs.action_space.sample()
-            next_obs, reward, terminated, truncated, info = envs.step(action)
-            recorder.record(obs, action, reward, next_obs, terminated, truncated, info)
-            obs = next_obs
+        _record(envs, recorder, obs, 12)
     envs.close()
     assert recorder.skipped == 2 * 3  # steps 4, 8 and 12 of each env: its reset steps
     assert len(buffer) == 2 * 12 - recorder.skipped
