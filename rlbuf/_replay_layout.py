@@ -254,7 +254,9 @@ class ReplayWriter:
     def _kept_rows(self, specs: Sequence[FieldSpec], values: Sequence[Any], keep: torch.Tensor) -> dict[str, torch.Tensor]:
         """Read all ``num_envs`` rows of each value with its reader; return the rows ``keep`` marks, by name."""
         rows = self.ring.read_tensors(specs, values, self.num_envs)
-        return {name: tensor[keep.to(tensor.device)] for name, tensor in rows.items()}
+        kept = keep.numpy()  # numpy on the CPU: a tensor's boolean indexing costs ~10x more per frame stack
+        return {name: torch.from_numpy(tensor.numpy()[kept]) if tensor.is_cpu else tensor[keep.to(tensor.device)]
+                for name, tensor in rows.items()}
 
     def extend(self, td: Any, *, per_env: bool,
                before_write: Callable[[dict[str, torch.Tensor]], None] | None = None) -> bool:

@@ -57,6 +57,11 @@ from rlbuf._convert import numpy_dtype_or_none
 from rlbuf.errors import CheckpointError, StreamError
 
 PaddingType = Literal["reset", "zero"]
+# What a check finds first: an obs that does not continue its env's stream, a next_obs stack that is not
+# obs shifted by one frame, an episode's first stack not padded as it should (rlbuf._streams_numba's codes too).
+CONTINUITY, SHIFT, PADDING = 1, 2, 3
+# Observations compared as bytes by the compiled check: equal bytes are equal values (floats are not: -0.0).
+_BYTE_EXACT = frozenset((torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool))
 
 
 _Ints = npt.NDArray[np.int64]
@@ -201,6 +206,8 @@ class Streams:
         Rows are in the order they happened; ``env_ids`` may repeat (several steps of one env).
         Changes nothing.
         """
+        if self._checked_compiled(obs, next_obs, env_ids):
+            return
         ended = terminated | truncated
         previous = _previous_in_call(env_ids)
         first = previous < 0
@@ -213,18 +220,12 @@ class Streams:
             if rows.size:
                 bad = differs(_take(obs, rows), _take(source, at[rows]))
                 if bad.any():
-                    env = int(env_ids[rows[bad.argmax()]])
-                    raise StreamError(
-                        f"obs: env {env}'s observation differs from the next_obs added with its previous step, "
-                        "whose episode did not end; a buffer that stores next_obs once follows each env's stream "
-                        "(mark the end of every episode with terminated or truncated, or build it with compact=False)")
+                    raise self._stream_error(CONTINUITY, int(env_ids[rows[bad.argmax()]]))
         if self.frame_stack == 1:
             return
         shifted = differs(next_obs[:, :-1], obs[:, 1:])
         if shifted.any():
-            env = int(env_ids[shifted.argmax()])
-            raise StreamError(f"next_obs: env {env}'s stack is not obs shifted by one frame (frame_stack="
-                              f"{self.frame_stack}, newest frame last), as gymnasium's FrameStackObservation gives")
+            raise self._stream_error(SHIFT, int(env_ids[shifted.argmax()]))
         rows = np.flatnonzero(starts)
         if rows.size:
             stacks = _take(obs, rows)
@@ -232,23 +233,83 @@ class Streams:
             pad = stacks[:, -1:].expand_as(first_frames) if self.padding_type == "reset" else torch.zeros_like(first_frames)
             bad = differs(first_frames, pad)
             if bad.any():
-                env = int(env_ids[rows[bad.argmax()]])
-                what = "its first frame" if self.padding_type == "reset" else "zeros"
-                raise StreamError(f"obs: env {env} starts an episode (its previous step ended one, or it is its "
-                                  f"first step here), expected the older frames of its stack to be {what} "
-                                  f"(padding_type={self.padding_type!r}), got other frames")
+                raise self._stream_error(PADDING, int(env_ids[rows[bad.argmax()]]))
+
+    def _checked_compiled(self, obs: torch.Tensor, next_obs: torch.Tensor, env_ids: _Ints) -> bool:
+        """``check`` of one step of each env with integer observations (Atari frames), compiled: True once
+        checked (or raises), False where it does not apply (the numpy path checks those)."""
+        if not (_distinct(env_ids) and obs.dtype in _BYTE_EXACT and obs.is_cpu and next_obs.is_cpu
+                and obs.is_contiguous() and next_obs.is_contiguous() and next_obs.dtype is obs.dtype):
+            return False
+        from rlbuf._streams_numba import as_words, check_steps
+
+        frame = obs[0, 0].numel() * obs.element_size() if self.frame_stack > 1 and len(obs) else 0
+        stacks, next_stacks, expected = (as_words(rows.numpy(), frame) for rows in (obs, next_obs, self.expected))
+        words_per_frame = frame // stacks.itemsize if frame else stacks.shape[1]
+        problem, env = check_steps(stacks, next_stacks, expected, env_ids.astype(np.int64, copy=False), self.last,
+                                   words_per_frame, self.padding_type == "zero")
+        if problem:
+            raise self._stream_error(problem, int(env))
+        return True
+
+    def _stream_error(self, problem: int, env: int) -> StreamError:
+        """The error of what a check found first (``CONTINUITY``, ``SHIFT`` or ``PADDING``) at ``env``."""
+        if problem == CONTINUITY:
+            return StreamError(
+                f"obs: env {env}'s observation differs from the next_obs added with its previous step, whose "
+                "episode did not end; a buffer that stores next_obs once follows each env's stream (mark the end "
+                "of every episode with terminated or truncated, or build it with compact=False)")
+        if problem == SHIFT:
+            return StreamError(f"next_obs: env {env}'s stack is not obs shifted by one frame (frame_stack="
+                               f"{self.frame_stack}, newest frame last), as gymnasium's FrameStackObservation gives")
+        what = "its first frame" if self.padding_type == "reset" else "zeros"
+        return StreamError(f"obs: env {env} starts an episode (its previous step ended one, or it is its first "
+                           f"step here), expected the older frames of its stack to be {what} "
+                           f"(padding_type={self.padding_type!r}), got other frames")
 
     def record(self, env_ids: _Ints, first_serial: int, next_obs: torch.Tensor, terminated: _Bools,
                truncated: _Bools, *, write_count: int, size: int) -> None:
         """Note rows of serials ``first_serial, first_serial + 1, ...``, already written and checked."""
         count = len(env_ids)
-        serials = first_serial + np.arange(count, dtype=np.int64)
         ended = terminated | truncated
+        oldest = write_count - size
+        if _distinct(env_ids):  # one step of each env (every add): the compiled loop
+            from rlbuf._streams_numba import record_steps
+
+            released = np.empty(count, np.int64)
+            freed = record_steps(env_ids.astype(np.int64, copy=False), first_serial, terminated, truncated, oldest,
+                                 self.back, self.next, self.terminated, self.truncated, self.final_slot, self.env,
+                                 self.last, released)
+            if freed:
+                self.finals.release(released[:freed])
+            newest = None
+        else:
+            newest = self._record_rows(env_ids, first_serial, ended, oldest, terminated, truncated)
+        source = next_obs.to(self.expected.dtype).cpu().numpy()
+        if ended.any():
+            ending = np.flatnonzero(ended & (first_serial + np.arange(count) >= oldest))
+            if ending.size:
+                rows = source[ending]  # numpy: a tensor indexed by an array is far slower
+                frames = torch.from_numpy(rows[:, -1] if self.frame_stack > 1 else rows)
+                self.final_slot[(first_serial + ending) % self.capacity] = self.finals.put(frames)
+        # numpy copies: a tensor's indexed assignment costs ~50x more per 84x84 stack on the CPU.
+        expected = self.expected.numpy()
+        if newest is None and count == len(expected) and count and env_ids[0] == 0 and env_ids[-1] == count - 1:
+            expected[...] = source  # every env, in order: one contiguous copy
+        elif newest is None:
+            expected[env_ids] = source
+        else:
+            expected[env_ids[newest]] = source[newest]
+
+    def _record_rows(self, env_ids: _Ints, first_serial: int, ended: _Bools, oldest: int, terminated: _Bools,
+                     truncated: _Bools) -> _Ints:
+        """``record``'s table updates for rows of which several may belong to one env (an ``extend``
+        of ``[num_envs, T]``); returns the index of each env's newest row."""
+        serials = first_serial + np.arange(len(env_ids), dtype=np.int64)
+        kept = np.flatnonzero(serials >= oldest)
         previous = _previous_in_call(env_ids)
         links = np.where(previous >= 0, serials[np.maximum(previous, 0)], self.last[env_ids])
         links[(previous >= 0) & ended[np.maximum(previous, 0)]] = -1
-        oldest = write_count - size
-        kept = np.flatnonzero(serials >= oldest)
         positions = serials[kept] % self.capacity
         released = self.final_slot[positions]
         self.finals.release(released[released >= 0])
@@ -262,26 +323,17 @@ class Streams:
         self.next[stored_links[linked] % self.capacity] = serials[kept][linked]
         if self.frame_stack > 1:
             self._record_back(serials, links, kept, previous, oldest)
-        ending = kept[ended[kept]]
-        if ending.size:
-            rows = next_obs.cpu().numpy()[ending]  # numpy: a tensor indexed by an array is far slower
-            frames = torch.from_numpy(rows[:, -1] if self.frame_stack > 1 else rows)
-            self.final_slot[serials[ending] % self.capacity] = self.finals.put(frames)
         newest = _last_in_call(env_ids)
-        envs = env_ids[newest]
-        self.last[envs] = np.where(ended[newest], -1, serials[newest])
-        # numpy copies: a tensor's indexed assignment costs ~50x more per 84x84 stack on the CPU.
-        source = next_obs.to(self.expected.dtype).cpu()
-        self.expected.numpy()[envs] = source.numpy()[newest]
+        self.last[env_ids[newest]] = np.where(ended[newest], -1, serials[newest])
+        return newest
 
     def _record_back(self, serials: _Ints, links: _Ints, kept: _Ints, previous: _Ints, oldest: int) -> None:
         """Fill ``back`` of the kept rows, a row after the one it links to (rows of one env come in rounds)."""
-        repeated = np.flatnonzero(previous >= 0).tolist()
         rounds = np.zeros(len(serials), np.int64)
-        for row in repeated:
+        for row in np.flatnonzero(previous >= 0).tolist():
             rounds[row] = rounds[previous[row]] + 1
         for round_ in range(int(rounds[kept].max()) + 1 if kept.size else 0):
-            rows = kept[rounds[kept] == round_] if repeated else kept  # one step per env: one round
+            rows = kept[rounds[kept] == round_]
             own, link = serials[rows], links[rows]
             back = np.empty((len(rows), self.frame_stack - 1), np.int64)
             start = link < 0
