@@ -21,6 +21,7 @@ from rlbuf import _streams
 from rlbuf._streams import Streams
 from rlbuf.errors import StreamError
 
+
 def _streams_pair(capacity: int, num_envs: int, stack: int, padding: str,
                   frame: tuple[int, ...]) -> tuple[Streams, Streams]:
     shape = (stack, *frame) if stack > 1 else frame
