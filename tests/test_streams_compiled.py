@@ -35,9 +35,9 @@ def _tables(streams: Streams) -> list[Any]:
             streams.finals.frames[:streams.finals.top].tolist(), sorted(streams.finals.free)]
 
 
-def _outcome(call: Any) -> str:
+def _outcome(call: Any, *args: Any) -> str:
     try:
-        call()
+        call(*args)
     except StreamError as error:
         return str(error)
     return ""
@@ -80,8 +80,9 @@ def test_the_compiled_path_matches_the_numpy_path(capacity: int, num_envs: int, 
         truncated = np.array(data.draw(st.lists(st.booleans(), min_size=num_envs, max_size=num_envs)))
         envs = np.arange(num_envs, dtype=np.int64)
         obs_t, next_t = torch.from_numpy(np.stack(obs)), torch.from_numpy(np.stack(next_obs))
-        expected = _outcome(lambda: reference_check(reference, obs_t, next_t, envs, terminated, truncated))
-        assert _outcome(lambda: compiled.check(obs_t, next_t, envs, terminated, truncated)) == expected
+        step = (obs_t, next_t, envs, terminated, truncated)
+        expected = _outcome(reference_check, reference, *step)
+        assert _outcome(compiled.check, *step) == expected
         if expected:
             return  # refused by both, alike: the rest of the sequence would build on a step never stored
         write_count += num_envs
