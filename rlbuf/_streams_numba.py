@@ -1,6 +1,6 @@
 """The compact add's stream check and record for one step of each env, compiled by numba.
 
-An add of one step of ``n`` envs (distinct envs: every ``add`` and every ``Recorder.record``)
+Sampling walks each sampled row's stack back and its n steps forward (``walk_rows``). An add of one step of ``n`` envs (distinct envs: every ``add`` and every ``Recorder.record``)
 checks each stack against its env's stream and links the new rows into the stream tables (see
 [`rlbuf._streams`][rlbuf._streams]). In numpy that is some sixty small calls per add; here it is
 two compiled loops that read each 8-byte word once and stop at the first mismatch. They do what
@@ -105,6 +105,49 @@ def record_steps(env_ids: Any, first_serial: int, terminated: Any, truncated: An
                     back[position, older - 1] = link
         last[owner] = -1 if terminated[i] or truncated[i] else serial
     return count
+
+
+@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+def walk_rows(positions: Any, oldest: int, n_step: int, back: Any, next_: Any, stored_terminated: Any,
+              stored_truncated: Any, stored_final_slot: Any, rows: Any, padded: Any, steps: Any, terminated: Any,
+              truncated: Any, final_slot: Any, complete: Any) -> None:  # pragma: no cover (compiled)
+    """Fill a ``Chain``'s arrays (``rows`` ... ``complete``, preset as ``Streams.walk`` says) for ``positions``.
+
+    Per sampled row: the ``frame_stack - 1`` rows of its stack before it (from ``back``, oldest
+    first; complete only if all are still stored), then up to ``n_step`` rows after it along
+    ``next_`` until an episode ends (its flags and final slot noted) or a row is missing.
+    """
+    capacity = next_.shape[0]
+    older = back.shape[1]
+    for i in range(len(positions)):
+        position = positions[i]
+        rows[i, older] = position
+        whole = True
+        for j in range(older):
+            link = back[position, j]
+            serial = -1 - link if link < 0 else link
+            padded[i, j] = link < 0
+            rows[i, j] = serial % capacity
+            whole = whole and serial >= oldest
+        row = position
+        walking = whole
+        for step in range(1, n_step + 1):
+            if walking:
+                if stored_terminated[row] or stored_truncated[row]:
+                    steps[i] = step
+                    terminated[i] = stored_terminated[row]
+                    truncated[i] = stored_truncated[row]
+                    final_slot[i] = stored_final_slot[row]
+                    walking = False
+                elif next_[row] < 0:
+                    whole = False
+                    walking = False
+                else:
+                    row = next_[row] % capacity
+            rows[i, older + step] = row
+        if walking:
+            steps[i] = n_step
+        complete[i] = whole
 
 
 def as_words(rows: np.ndarray[Any, Any], frame: int) -> np.ndarray[Any, Any]:

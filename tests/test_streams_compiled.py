@@ -1,4 +1,4 @@
-"""The compiled stream check and record (one step of each env) agree with the numpy path, table for table.
+"""The compiled stream check, record and walk agree with the numpy path and a plain numpy walk, table for table.
 
 The numpy path (``Streams.check``/``Streams.record`` for rows of any envs) is the reference here,
 itself held to a plain reference by the compact layout's property tests. Steps are drawn with
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlbuf import _streams
-from rlbuf._streams import Streams
+from rlbuf._streams import Chain, Streams
 from rlbuf.errors import StreamError
 
 
@@ -91,6 +91,11 @@ def test_the_compiled_path_matches_the_numpy_path(capacity: int, num_envs: int, 
                         size=size)
         reference_record(reference, envs, write_count - num_envs, next_t, terminated, truncated, write_count, size)
         assert _tables(compiled) == _tables(reference)
+        positions = np.arange(size, dtype=np.int64)
+        walked, expected_walk = compiled.walk(positions, write_count=write_count, size=size), reference_walk(
+            reference, positions, write_count, size)
+        for name in Chain.__slots__:
+            assert getattr(walked, name).tolist() == getattr(expected_walk, name).tolist(), name
         for env in np.flatnonzero(terminated | truncated):
             stacks[env] = None
 
@@ -109,3 +114,44 @@ def reference_record(streams: Streams, envs: Any, first: int, next_obs: Any, ter
                      write_count: int, size: int) -> None:
     _numpy_only(lambda: streams.record(envs, first, next_obs, terminated, truncated, write_count=write_count,
                                        size=size))
+
+
+def reference_walk(streams: Streams, positions: Any, write_count: int, size: int) -> Chain:
+    """``Streams.walk`` in plain numpy, step by step over the sampled rows (the code before the compiled one)."""
+    capacity, stack, n_step = streams.capacity, streams.frame_stack, streams.n_step
+    count = len(positions)
+    oldest = write_count - size
+    rows = np.empty((count, stack + n_step), np.int64)
+    padded = np.zeros((count, stack + n_step), np.bool_)
+    rows[:, stack - 1] = positions
+    if stack > 1:
+        back = streams.back[positions]
+        before = back < 0
+        serials = np.where(before, -1 - back, back)
+        complete = np.asarray((serials >= oldest).all(axis=1))
+        rows[:, :stack - 1] = serials % capacity
+        padded[:, :stack - 1] = before
+    else:
+        complete = np.ones(count, np.bool_)
+    row = positions
+    steps = np.zeros(count, np.int64)
+    terminated = np.zeros(count, np.bool_)
+    truncated = np.zeros(count, np.bool_)
+    final_slot = np.full(count, -1, np.int64)
+    walking = complete.copy()
+    for step in range(1, n_step + 1):
+        row_terminated, row_truncated = streams.terminated[row], streams.truncated[row]
+        ends = walking & (row_terminated | row_truncated)
+        steps[ends] = step
+        terminated |= ends & row_terminated
+        truncated |= ends & row_truncated
+        final_slot[ends] = streams.final_slot[row[ends]]
+        walking &= ~ends
+        link = streams.next[row]
+        missing = walking & (link < 0)
+        complete &= ~missing
+        walking &= ~missing
+        row = np.where(walking, link % capacity, row)
+        rows[:, stack - 1 + step] = row
+    steps[walking] = n_step
+    return Chain(complete, rows, padded, steps, terminated, truncated, final_slot)
