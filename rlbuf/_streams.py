@@ -46,6 +46,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -243,7 +244,7 @@ class Streams:
             return False
         from rlbuf._streams_numba import as_words, check_steps
 
-        frame = obs[0, 0].numel() * obs.element_size() if self.frame_stack > 1 and len(obs) else 0
+        frame = math.prod(obs.shape[2:]) * obs.element_size() if self.frame_stack > 1 else 0
         stacks, next_stacks, expected = (as_words(rows.numpy(), frame) for rows in (obs, next_obs, self.expected))
         words_per_frame = frame // stacks.itemsize if frame else stacks.shape[1]
         problem, env = check_steps(stacks, next_stacks, expected, env_ids.astype(np.int64, copy=False), self.last,
@@ -285,7 +286,8 @@ class Streams:
             newest = None
         else:
             newest = self._record_rows(env_ids, first_serial, ended, oldest, terminated, truncated)
-        source = next_obs.to(self.expected.dtype).cpu().numpy()
+        source = (next_obs if next_obs.dtype is self.expected.dtype and next_obs.is_cpu
+                  else next_obs.to(self.expected.dtype).cpu()).numpy()
         if ended.any():
             ending = np.flatnonzero(ended & (first_serial + np.arange(count) >= oldest))
             if ending.size:

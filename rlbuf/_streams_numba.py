@@ -161,5 +161,5 @@ def as_words(rows: np.ndarray[Any, Any], frame: int) -> np.ndarray[Any, Any]:
         (2, 6)
     """
     flat = rows.reshape(len(rows), -1).view(np.uint8)
-    words = flat.shape[1] % 8 == 0 and frame % 8 == 0 and flat.ctypes.data % 8 == 0
+    words = flat.shape[1] % 8 == 0 and frame % 8 == 0
     return flat.view(np.uint64) if words else flat
