@@ -295,13 +295,10 @@ class Streams:
                 frames = torch.from_numpy(rows[:, -1] if self.frame_stack > 1 else rows)
                 self.final_slot[(first_serial + ending) % self.capacity] = self.finals.put(frames)
         # numpy copies: a tensor's indexed assignment costs ~50x more per 84x84 stack on the CPU.
-        expected = self.expected.numpy()
-        if newest is None and count == len(expected) and count and env_ids[0] == 0 and env_ids[-1] == count - 1:
-            expected[...] = source  # every env, in order: one contiguous copy
-        elif newest is None:
-            expected[env_ids] = source
+        if newest is None:
+            self.expected.numpy()[env_ids] = source
         else:
-            expected[env_ids[newest]] = source[newest]
+            self.expected.numpy()[env_ids[newest]] = source[newest]
 
     def _record_rows(self, env_ids: _Ints, first_serial: int, ended: _Bools, oldest: int, terminated: _Bools,
                      truncated: _Bools) -> _Ints:

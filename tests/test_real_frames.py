@@ -1,6 +1,6 @@
 """Real Breakout frames through the compact layout: every sampled transition equals the recorded one.
 
-``tests/data/breakout_steps.npz`` (made by ``tests/data/make_breakout_steps.py``, 46 KB): two envs
+``tests/data/breakout_steps.npz`` (made by ``benchmarks/make_breakout_steps.py``, 46 KB): two envs
 of ale-py's Breakout with the DQN preprocessing, life losses ending episodes and a 60-step time
 limit, 300 real transitions each. The stacks rebuilt from it are what gymnasium's
 ``FrameStackObservation(4)`` gives; the reference is ``test_pixels``' plain one, computed from

@@ -1,4 +1,4 @@
-"""Write ``breakout_steps.npz``: real Breakout frames for the compact layout's tests (run once; ale-py and OpenCV).
+"""Write ``tests/data/breakout_steps.npz``: real Breakout frames for the compact layout's tests (run once; ale-py and OpenCV).
 
 Two envs of ale-py's Breakout with the DQN preprocessing (frame skip 4, 84×84 grey, life loss
 ends an episode) and a 60-step time limit, random actions from a fixed seed, stepped with
@@ -7,7 +7,7 @@ in order, the frames a ``FrameStackObservation(4)`` (``padding_type="reset"``) s
 from: each episode's first frame, then the newest frame of each step's ``next_obs`` (the final
 observation's at an episode's end); and per step the actions, rewards and flags.
 
-    PYTHONPATH=. python tests/data/make_breakout_steps.py
+    PYTHONPATH=. python benchmarks/make_breakout_steps.py
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def main() -> None:
         terminated.append(term)
         truncated.append(trunc)
     envs.close()
-    np.savez_compressed(Path(__file__).with_name("breakout_steps.npz"),
+    np.savez_compressed(Path(__file__).parents[1] / "tests" / "data" / "breakout_steps.npz",
                         **{f"frames_{env}": np.stack(frames[env]) for env in range(NUM_ENVS)},
                         action=np.array(actions), reward=np.array(rewards, np.float32),
                         terminated=np.array(terminated), truncated=np.array(truncated))
