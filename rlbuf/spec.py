@@ -466,7 +466,7 @@ class RowReader:
     def _number_reader(self) -> Callable[[Any], Any]:
         """``read`` for one scalar row: a Python number."""
         spec, checked = self.spec, self.checked
-        dtype, np_dtype = spec.dtype, spec.np_dtype
+        np_dtype = spec.np_dtype
         finite = spec.finite and np_dtype.kind == "f"
         boolean, integer = np_dtype.kind == "b", np_dtype.kind in "iu"
         low, high = (int(np.iinfo(np_dtype).min), int(np.iinfo(np_dtype).max)) if integer else (0, 0)
@@ -474,18 +474,13 @@ class RowReader:
         if bounds is not None and integer:  # a discrete action: its space's range, in the same compare
             low, high = max(low, int(bounds.low)), min(high, int(bounds.high))  # type: ignore[arg-type]
         largest = spec.float_limit
+        floating = np_dtype.kind == "f" and bounds is None  # within range and finite: taken as it is
         tensor, ndarray, isfinite = torch.Tensor, np.ndarray, math.isfinite
 
         def read_number(value: Any) -> Any:
             kind = type(value)
-            if kind is float and finite:  # a gymnasium env's reward
-                return value if isfinite(value) and abs(value) <= largest else checked(value)
-            if kind is bool and boolean:  # a gymnasium env's flags
-                return value
-            if kind is int and integer:  # a discrete action
-                return value if low <= value <= high else checked(value)
             if kind is tensor:
-                if value.dtype is not dtype or not value.is_cpu:
+                if not value.is_cpu:
                     return checked(value)
                 try:
                     # One call for the value and its layout: tolist() refuses sparse, mkldnn and nested
@@ -497,7 +492,23 @@ class RowReader:
                     if len(number) != 1 or type(number[0]) is list:
                         return checked(value)
                     number = number[0]
-            elif kind is ndarray and value.dtype is np_dtype and value.size == 1 and value.ndim <= 1:
+                # The number is judged as a Python number would be; its tensor's dtype decides nothing
+                # more (a float64 reward within float32's range is stored as a Python float would be).
+                kind = type(number)
+                if kind is float and floating:
+                    return number if isfinite(number) and abs(number) <= largest else checked(value)
+                if kind is bool and boolean:
+                    return number
+                if kind is int and integer:
+                    return number if low <= number <= high else checked(value)
+                return checked(value)
+            if kind is float and floating:  # a gymnasium env's reward
+                return value if isfinite(value) and abs(value) <= largest else checked(value)
+            if kind is bool and boolean:  # a gymnasium env's flags
+                return value
+            if kind is int and integer:  # a discrete action
+                return value if low <= value <= high else checked(value)
+            if kind is ndarray and value.dtype is np_dtype and value.size == 1 and value.ndim <= 1:
                 number = value.item()
             else:
                 return checked(value)
