@@ -26,11 +26,13 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from rlbuf._frames import Codec, FrameLog
 from rlbuf._nstep import nstep_discount, nstep_return
 from rlbuf._ring import RowRing
 from rlbuf._stream_check import streams_problem
 from rlbuf._streams import Chain, PaddingType, Streams
 from rlbuf.errors import (
+    CheckpointError,
     ConfigError,
     EmptyBufferError,
     MissingFieldError,
@@ -67,11 +69,13 @@ class CompactLayout:
         n_step: steps per transition at most.
         gamma: the discount of the n-step return.
         extra_names: the buffer's extra fields.
+        codec: how frames are compressed (the ring's ``obs`` field then holds each row's
+            compressed size, and a [`FrameLog`][rlbuf._frames.FrameLog] the frames), or ``None``.
     """
 
     def __init__(self, ring: RowRing, obs_shape: tuple[int, ...], obs_dtype: torch.dtype, *, num_envs: int,
                  frame_stack: int, padding_type: PaddingType, n_step: int, gamma: float,
-                 extra_names: Sequence[str]) -> None:
+                 extra_names: Sequence[str], codec: Codec | None = None) -> None:
         table_bytes = ring.capacity * (frame_stack + 2) * 8 + num_envs * math.prod(obs_shape) * obs_dtype.itemsize
         if table_bytes > available_ram():
             raise ConfigError(f"frame_stack: the stream tables of {ring.capacity} rows with frame_stack={frame_stack} "
@@ -86,7 +90,10 @@ class CompactLayout:
         self.streams = Streams(ring.capacity, num_envs, obs_shape, obs_dtype, frame_stack=frame_stack,
                                padding_type=padding_type, n_step=n_step, storing_device=ring.storing_device)
         self.all_envs = np.arange(num_envs, dtype=np.int64)
+        self.frame_shape = obs_shape[1:] if frame_stack > 1 else obs_shape
+        self.log = None if codec is None else FrameLog(ring.capacity, self.frame_shape, obs_dtype, codec)
         self._sampled: tuple[torch.Tensor, Chain] | None = None
+        self._checked_frames: tuple[Any, FrameLog] | None = None  # the log a load check built, for the load
 
     # -- writing -----------------------------------------------------------------------------
     def write(self, obs: Any, next_obs: Any, terminated: Any, truncated: Any, env_ids: npt.NDArray[np.int64],
@@ -105,12 +112,32 @@ class CompactLayout:
         terminated_rows = self._rows(ring.by_name["terminated"], terminated, rows).to(torch.bool)
         truncated_rows = self._rows(ring.by_name["truncated"], truncated, rows).to(torch.bool)
         terminated_np, truncated_np = terminated_rows.numpy(), truncated_rows.numpy()
+        frames = obs_rows[:, -1] if self.frame_stack > 1 else obs_rows
         with ring.lock:
             self.streams.check(obs_rows, next_rows, env_ids, terminated_np, truncated_np)
             first = ring.write_count
-            store(obs_rows[:, -1] if self.frame_stack > 1 else obs_rows, terminated_rows, truncated_rows)
+            if self.log is None:
+                store(frames, terminated_rows, truncated_rows)
+            else:
+                # Compressed and placed first (the arena may grow, no frame changes); appended once stored.
+                blobs = self.log.compress(frames.numpy())
+                at = self.log.place(blobs)
+                store(torch.tensor([len(blob) for blob in blobs], dtype=torch.int32), terminated_rows, truncated_rows)
+                self.log.append(first, blobs, at)
+                if self.log.training_due(len(blobs)):
+                    self._train_dictionary()
             self.streams.record(env_ids, first, next_rows, terminated_np, truncated_np,
                                 write_count=ring.write_count, size=len(ring))
+
+    def _train_dictionary(self) -> None:
+        """Compress the stored frames again with a dictionary trained on them; their new sizes into the ring."""
+        assert self.log is not None
+        with self.ring.rewriting():
+            positions = self.log.train()
+            if positions is not None:
+                sizes = torch.from_numpy(self.log.length[positions].astype(np.int32))
+                leaf = self.ring.leaves["obs"]
+                leaf[torch.from_numpy(positions).to(leaf.device)] = sizes.to(leaf.device)
 
     def _rows(self, spec: FieldSpec, value: Any, rows: int) -> torch.Tensor:
         """``rows`` rows of ``spec``, checked by its reader, on the CPU in the stored dtype."""
@@ -134,6 +161,8 @@ class CompactLayout:
     def clear(self) -> None:
         """Forget every stream (the ring is cleared by its owner)."""
         self.streams.clear()
+        if self.log is not None:
+            self.log.clear()
         self._sampled = None
 
     # -- reading -----------------------------------------------------------------------------
@@ -209,11 +238,15 @@ class CompactLayout:
                 f"(frame_stack={self.frame_stack}) were overwritten")
         device = index.device
 
+        log = self.log
+
         def frames(positions: npt.NDArray[np.int64]) -> torch.Tensor:
+            if log is not None:
+                return torch.from_numpy(log.take(positions)).to(device)
             return ring.gather(torch.from_numpy(positions).to(device), ["obs"])["obs"]
 
         columns = ring.gather(index, ["action", *(("reward",) if self.n_step == 1 else ()), *self.extra_names])
-        columns["obs"], columns["next_obs"] = self.streams.stacks(ring.leaves["obs"], chain, frames)
+        columns["obs"], columns["next_obs"] = self.streams.stacks(self.frame_shape, chain, frames)
         start = self.frame_stack - 1
         steps = torch.from_numpy(chain.steps).to(device)
         if self.n_step > 1:
@@ -231,18 +264,43 @@ class CompactLayout:
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The stream bookkeeping (for checkpoints)."""
-        return self.streams.state_dict()
+        """The buffer's extra state of this layout: the stream bookkeeping, and the compressed frames."""
+        state = {"streams": self.streams.state_dict()}
+        if self.log is not None:
+            state["frames"] = self.log.state_dict()
+        return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore ``state_dict``."""
-        self.streams.load_state_dict(state)
+    def load_state_dict(self, state: Mapping[str, Any], *, write_count: int, size: int) -> None:
+        """Restore a ``state_dict`` checked by ``state_problem`` (with the ring's rows already loaded)."""
+        self.streams.load_state_dict(state["streams"])
+        if self.log is not None:
+            checked, self._checked_frames = self._checked_frames, None
+            saved = state["frames"]
+            log = checked[1] if checked is not None and checked[0] is saved else self.log.loaded(
+                saved, self.ring.leaves["obs"][:size], write_count=write_count)
+            self.log.adopt(log)
 
-    def state_problem(self, tables: Any, fields: Mapping[str, torch.Tensor], *, write_count: int, size: int) -> str:
-        """``""`` when ``tables`` are the stream tables of the stored ``fields`` (see
-        [`streams_problem`][rlbuf._stream_check.streams_problem]), else why not."""
-        return streams_problem(self.streams, tables, terminated=fields["terminated"], truncated=fields["truncated"],
-                               frames=fields["obs"], write_count=write_count, size=size)
+    def state_problem(self, state: Mapping[str, Any], fields: Mapping[str, torch.Tensor], *, write_count: int,
+                      size: int) -> str:
+        """``""`` when ``state`` holds the stream tables of the stored ``fields`` (see
+        [`streams_problem`][rlbuf._stream_check.streams_problem]) and frames that decompress, else why not."""
+        if self.log is None:
+            stored = fields["obs"]
+
+            def frames(positions: npt.NDArray[np.int64]) -> torch.Tensor:
+                return stored.cpu().index_select(0, torch.from_numpy(positions))
+        else:
+            try:
+                log = self.log.loaded(state["frames"], fields["obs"], write_count=write_count)
+            except CheckpointError as error:
+                return str(error)
+            self._checked_frames = (state["frames"], log)
+
+            def frames(positions: npt.NDArray[np.int64]) -> torch.Tensor:
+                return torch.from_numpy(log.take(positions))
+        return streams_problem(self.streams, state["streams"], terminated=fields["terminated"],
+                               truncated=fields["truncated"], frames=frames, frame_shape=self.frame_shape,
+                               write_count=write_count, size=size)
 
 
 _NOTHING_COMPLETE = ("sample: no transition is complete yet: each needs the observation after it (n_step of them "

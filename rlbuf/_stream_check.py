@@ -30,20 +30,20 @@ Example:
     >>> from rlbuf._streams import Streams
     >>> streams = Streams(4, 1, (1,), torch.float32, frame_stack=1, padding_type="reset", n_step=2,
     ...                   storing_device=torch.device("cpu"))
-    >>> flags = torch.zeros(0, dtype=torch.bool)
-    >>> streams_problem(streams, streams.state_dict(), terminated=flags, truncated=flags,
-    ...                 frames=torch.zeros(0, 1), write_count=0, size=0)
+    >>> flags, frames = torch.zeros(0, dtype=torch.bool), lambda positions: torch.zeros(len(positions), 1)
+    >>> streams_problem(streams, streams.state_dict(), terminated=flags, truncated=flags, frames=frames,
+    ...                 frame_shape=(1,), write_count=0, size=0)
     ''
     >>> tables = streams.state_dict()
     >>> tables["next"][0] = 3
-    >>> streams_problem(streams, tables, terminated=flags, truncated=flags, frames=torch.zeros(0, 1),
+    >>> streams_problem(streams, tables, terminated=flags, truncated=flags, frames=frames, frame_shape=(1,),
     ...                 write_count=0, size=0)
     'stream table next: position 0 holds no row but is not empty'
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -58,7 +58,8 @@ _OPTIONAL = {"env"}  # the first compact checkpoints did not store each row's en
 
 
 def streams_problem(streams: Streams, tables: Any, *, terminated: torch.Tensor, truncated: torch.Tensor,
-                    frames: torch.Tensor, write_count: int, size: int) -> str:
+                    frames: Callable[[_Ints], torch.Tensor], frame_shape: tuple[int, ...], write_count: int,
+                    size: int) -> str:
     """``""`` when ``tables`` are what ``streams`` would hold after writing the stored rows, else why not.
 
     Args:
@@ -66,7 +67,8 @@ def streams_problem(streams: Streams, tables: Any, *, terminated: torch.Tensor, 
         tables: a ``Streams.state_dict()`` to check.
         terminated: the stored rows' flags ``[size]`` (storage positions).
         truncated: likewise.
-        frames: the stored observations (one frame per row) ``[size, *frame]``.
+        frames: the stored frames (one per row) at an array of positions ``[n, *frame_shape]``.
+        frame_shape: one stored frame.
         write_count: rows written since the ring was last cleared.
         size: rows stored (``min(write_count, capacity)``, checked by the caller).
     """
@@ -95,7 +97,7 @@ def streams_problem(streams: Streams, tables: Any, *, terminated: torch.Tensor, 
             or _last_problem(arrays["last"], arrays["next"], ended, stored, serial, oldest, write_count)
             or _finals_problem(arrays["final_slot"], ended, stored, tables["finals"])
             or _back_problem(arrays["back"], arrays["next"], serial, oldest)
-            or _expected_problem(streams, tables, arrays["last"], frames, oldest, write_count))
+            or _expected_problem(streams, tables, arrays["last"], frames, frame_shape, oldest))
 
 
 def _shapes_problem(streams: Streams, tables: Any) -> str:
@@ -233,8 +235,8 @@ def _back_problem(back: _Ints, next_: _Ints, serial: _Ints, oldest: int) -> str:
     return ""
 
 
-def _expected_problem(streams: Streams, tables: Mapping[str, Any], last: _Ints, frames: torch.Tensor,
-                      oldest: int, write_count: int) -> str:
+def _expected_problem(streams: Streams, tables: Mapping[str, Any], last: _Ints,
+                      frames: Callable[[_Ints], torch.Tensor], frame_shape: tuple[int, ...], oldest: int) -> str:
     """An open episode's stack is its newest row's stack shifted by one (``frame_stack > 1``)."""
     if streams.frame_stack == 1:
         return ""
@@ -250,8 +252,7 @@ def _expected_problem(streams: Streams, tables: Mapping[str, Any], last: _Ints, 
     if not envs.size:
         return ""
     stack_rows = np.concatenate((rows % streams.capacity, positions[:, None]), axis=1)
-    stacks = frames.cpu().index_select(0, torch.from_numpy(stack_rows.reshape(-1))).view(
-        len(envs), streams.frame_stack, *frames.shape[1:]).clone()
+    stacks = frames(stack_rows.reshape(-1)).cpu().view(len(envs), streams.frame_stack, *frame_shape).clone()
     if streams.padding_type == "zero":
         stacks[:, :-1][torch.from_numpy(padded)] = 0
     expected = tables["expected"].index_select(0, torch.from_numpy(envs))

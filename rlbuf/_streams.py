@@ -370,12 +370,12 @@ class Streams:
                   chain.terminated, chain.truncated, chain.final_slot, chain.complete)
         return chain
 
-    def stacks(self, frames: torch.Tensor, chain: Chain,
+    def stacks(self, frame_shape: tuple[int, ...], chain: Chain,
                gather: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``obs`` and ``next_obs`` of complete transitions, rebuilt from stored frames.
 
         Args:
-            frames: the stored frames (one per row), for shape and dtype.
+            frame_shape: one stored frame.
             chain: the walk of the sampled rows (all complete).
             gather: ``gather(positions) -> frames`` reading the ring at a 1-D position array.
         """
@@ -390,7 +390,7 @@ class Streams:
             next_rows[short] = np.take_along_axis(chain.rows[short], offsets, axis=1)
             next_padded[short] = np.take_along_axis(chain.padded[short], offsets, axis=1)
         both = gather(np.concatenate((chain.rows[:, :stack].reshape(-1), next_rows.reshape(-1))))
-        both = both.view(2, count, *((stack,) if stack > 1 else ()), *frames.shape[1:])
+        both = both.view(2, count, *((stack,) if stack > 1 else ()), *frame_shape)
         obs, next_obs = both[0], both[1]
         ended = np.flatnonzero(chain.ended)
         # On the CPU through numpy views: a tensor's indexed assignment costs ~10-50x more per frame.

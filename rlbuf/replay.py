@@ -30,6 +30,7 @@ from torchrl.data import TensorDictReplayBuffer
 from rlbuf._autoreset import ResetSteps, reset_steps
 from rlbuf._buffer import done_of, refuse_foreign_options
 from rlbuf._compact import CompactLayout
+from rlbuf._frames import frame_codec
 from rlbuf._convert import REQUIRED, as_num_envs, require
 from rlbuf._obs import (
     ObsDtype,
@@ -109,6 +110,12 @@ class ReplayBuffer(ReplayWriting):
             observations. Steps must then be added in each env's order, with every episode end
             marked. ``None``: compact when ``frame_stack > 1`` or ``n_step > 1``.
             See [Pixels and memory](pixels.md).
+        compression: ``"zstd"`` or ``"lz4"``: the compact layout stores each frame compressed
+            (bit-exact; decompressed when sampled), with a dictionary trained on the first frames:
+            Atari frames take 20-80× less memory. ``None``: frames as they are. See
+            [Pixels and memory](pixels.md#compressed-frames).
+        compression_level: zstd's level (1-22, default 3) or lz4's high-compression level (1-12;
+            default: lz4's fast mode).
         hidden_state_shape: a recurrent policy's hidden state stored with every step, e.g.
             ``{"h": (layers, 256), "c": (layers, 256)}`` (float32, TorchRL's
             ``"recurrent_state_h"`` keys); [`sample_sequences`][rlbuf.ReplayBuffer.sample_sequences] gives it at each sequence start.
@@ -152,6 +159,8 @@ class ReplayBuffer(ReplayWriting):
         n_step: int = 1,
         gamma: float = 0.99,
         compact: bool | None = None,
+        compression: str | None = None,
+        compression_level: int | None = None,
         hidden_state_shape: Sequence[int] | int | Mapping[str, Sequence[int] | int] | None = None,
         **foreign: Any,
     ) -> None:
@@ -171,13 +180,17 @@ class ReplayBuffer(ReplayWriting):
         compact, stored_obs_shape, obs_dtype = stored_obs(
             self._obs, obs_shape, obs_dtype, hidden_state_shape, frame_stack=frame_stack, padding_type=padding_type,
             n_step=n_step, gamma=gamma, compact=compact)
+        codec = frame_codec(compression, compression_level, compact=compact)
         self._gamma = float(gamma)
         self._attach_stats(stats, num_envs)
         # The sum tree checks alpha and beta: built here, before anything is allocated.
         prioritized, sampler = replay_sampler(capacity, prioritized, alpha, beta)
         self._prioritized = prioritized
-        specs = replay_specs(stored_obs_shape, as_shape(action_shape, "action_shape"),
-                             obs_dtype, action_dtype, extra_fields, next_obs=not compact, action_range=action_range)
+        # Compressed frames live in the layout's log; the ring's obs column holds each one's size.
+        specs = replay_specs((), as_shape(action_shape, "action_shape"), torch.int32, action_dtype, extra_fields,
+                             next_obs=False, action_range=action_range) if codec is not None else replay_specs(
+            stored_obs_shape, as_shape(action_shape, "action_shape"), obs_dtype, action_dtype, extra_fields,
+            next_obs=not compact, action_range=action_range)
         self._extra_specs = {s.name: s for s in specs if s.name in (extra_fields or {})}
         if self._hidden is not None:
             specs = (*specs, *self._hidden.specs("hidden_state", hidden_state_key))
@@ -187,7 +200,7 @@ class ReplayBuffer(ReplayWriting):
         single_obs = self._obs.leaves[0]
         self._compact = CompactLayout(self._ring, single_obs.shape, single_obs.dtype, num_envs=num_envs,
                                       frame_stack=frame_stack, padding_type=padding_type, n_step=n_step, gamma=self._gamma,
-                                      extra_names=list(self._extra_specs)) if compact else None
+                                      extra_names=list(self._extra_specs), codec=codec) if compact else None
         # The layout's writer, chosen once; with one tensor per obs, no hidden state and no extra field
         # (plain), ``add`` hands the fields to the ring's add as they are.
         self._writer = ReplayWriter(self._ring, num_envs=num_envs, obs=self._obs, hidden=self._hidden,
@@ -259,7 +272,7 @@ class ReplayBuffer(ReplayWriting):
     def _extra_state(self) -> dict[str, Any]:
         state = {**super()._extra_state(), "interleaved": self._interleaved}
         if self._compact is not None:
-            state["streams"] = self._compact.state_dict()
+            state.update(self._compact.state_dict())
         return state
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
@@ -268,7 +281,8 @@ class ReplayBuffer(ReplayWriting):
         if self._compact is not None:
             if not isinstance(state.get("streams"), dict):
                 raise CheckpointError("state: a compact buffer's checkpoint must hold its streams, found none")
-            self._compact.load_state_dict(state["streams"])
+            ring = self._ring
+            self._compact.load_state_dict(state, write_count=ring.write_count, size=len(ring))
 
     def _check_step(self, reward: Any, terminated: Any, truncated: Any, env_mask: Any) -> None:
         super()._check_step(reward, terminated, truncated, env_mask)
@@ -279,7 +293,7 @@ class ReplayBuffer(ReplayWriting):
                         count: int) -> str:
         if self._compact is None:
             return ""
-        return self._compact.state_problem(extra["streams"], fields, write_count=count, size=size)
+        return self._compact.state_problem(extra, fields, write_count=count, size=size)
 
     @classmethod
     def _options_from_checkpoint(cls, options: dict[str, Any]) -> dict[str, Any]:
