@@ -261,10 +261,14 @@ class RingBuffer(BufferState, Generic[BatchT]):
         return ""
 
     def __repr__(self) -> str:
-        fields = ", ".join(s.describe() for s in self._ring.specs)
+        fields = ", ".join(self._field_descriptions())
         return (f"{type(self).__name__}(size={len(self)}/{self.capacity}, storage={self._storage_kind}, "
                 f"storing_device={self._storing_device}, device={self._device}{self._repr_options()}, "
                 f"fields=[{fields}])")
+
+    def _field_descriptions(self) -> list[str]:
+        """The stored fields as the repr lists them."""
+        return [spec.describe() for spec in self._ring.specs]
 
     # -- lifecycle -------------------------------------------------------------------------
     def clear(self) -> None:

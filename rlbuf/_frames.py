@@ -31,7 +31,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -133,6 +133,8 @@ class Codec:
 
     def __init__(self, name: str, level: int | None, dictionary: bytes = b"") -> None:
         self.name, self.level, self.dictionary = name, level, dictionary
+        self.compress: Callable[[Any], bytes]
+        self._decompress: Callable[[Any, int], bytes]
         lz4_block, zstandard = _libraries()
         self._errors: tuple[type[Exception], ...] = (zstandard.ZstdError, lz4_block.LZ4BlockError, ValueError)
         if name == "zstd":
@@ -316,14 +318,14 @@ class FrameLog:
     # -- reading -----------------------------------------------------------------------------
     def _frame(self, position: int) -> bytes:
         start = int(self.start[position])
-        return self.codec.decompress(memoryview(self.arena)[start:start + int(self.length[position])],
+        return self.codec.decompress(self.arena.data[start:start + int(self.length[position])],
                                      self.frame_bytes)
 
     def take(self, positions: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
         """The frames at ring ``positions`` ``[len(positions), *frame]``, each distinct one decoded once."""
         unique, inverse = np.unique(positions, return_inverse=True)
         decoded = np.empty((len(unique), self.frame_bytes), np.uint8)
-        arena, decompress, size = memoryview(self.arena), self.codec.decompress, self.frame_bytes
+        arena, decompress, size = self.arena.data, self.codec.decompress, self.frame_bytes
         for row, (start, length) in enumerate(zip(self.start[unique].tolist(), self.length[unique].tolist(),
                                                   strict=True)):
             decoded[row] = np.frombuffer(decompress(arena[start:start + length], size), np.uint8)

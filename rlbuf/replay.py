@@ -30,8 +30,8 @@ from torchrl.data import TensorDictReplayBuffer
 from rlbuf._autoreset import ResetSteps, reset_steps
 from rlbuf._buffer import done_of, refuse_foreign_options
 from rlbuf._compact import CompactLayout
-from rlbuf._frames import frame_codec
 from rlbuf._convert import REQUIRED, as_num_envs, require
+from rlbuf._frames import frame_codec
 from rlbuf._obs import (
     ObsDtype,
     ObsShape,
@@ -331,6 +331,13 @@ class ReplayBuffer(ReplayWriting):
         if not isinstance(sampler, SumTreeSampler):
             raise PriorityError("beta: this buffer is not prioritized (build it with prioritized=True)")
         return sampler
+
+    def _field_descriptions(self) -> list[str]:
+        log = None if self._compact is None else self._compact.log
+        if log is None:
+            return super()._field_descriptions()
+        frames = f"obs: {log.frame_shape} {str(log.dtype).removeprefix('torch.')} {log.codec.name}-compressed"
+        return [frames if spec.name == "obs" else spec.describe() for spec in self._ring.specs]
 
     def _repr_options(self) -> str:
         return repr_options(self._ring.specs, prioritized=self._prioritized, compact=self._compact)

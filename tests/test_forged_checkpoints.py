@@ -67,10 +67,12 @@ def plain(storage: str = "memory") -> ReplayBuffer:
     return buffer
 
 
-def compact(frame_stack: int = 4, n_step: int = 3, padding_type: str = "reset", gamma: float = 0.9) -> ReplayBuffer:
+def compact(frame_stack: int = 4, n_step: int = 3, padding_type: str = "reset", gamma: float = 0.9,
+            compression: str | None = None) -> ReplayBuffer:
     shape = (frame_stack, 2) if frame_stack > 1 else (2,)
     buffer = ReplayBuffer(CAPACITY, obs_shape=shape, action_shape=(), num_envs=2, frame_stack=frame_stack,
-                          n_step=n_step, gamma=gamma, padding_type=padding_type, seed=0, compact=True)  # type: ignore[arg-type]
+                          n_step=n_step, gamma=gamma, padding_type=padding_type, seed=0, compact=True,  # type: ignore[arg-type]
+                          compression=compression)
     _stacked_steps(buffer, 13, frame_stack)
     return buffer
 
@@ -121,6 +123,8 @@ LAYOUTS: dict[str, Callable[[], Buffer]] = {
     "plain": plain,
     "compact": compact,
     "compact n_step only": lambda: compact(frame_stack=1),
+    "compressed zstd": lambda: compact(compression="zstd"),
+    "compressed lz4, n_step only": lambda: compact(frame_stack=1, compression="lz4"),
     "dict observations": structured,
     "hidden state": hidden,
     "prioritized": prioritized,
@@ -286,10 +290,11 @@ COMPACT_FORGERIES: dict[str, dict[str, Any]] = {
 }
 
 
+@pytest.mark.parametrize("layout", ["compact", "compressed zstd"])
 @pytest.mark.parametrize("version", [2, 1])
 @pytest.mark.parametrize("case", sorted(COMPACT_FORGERIES))
-def test_a_forged_compact_checkpoint_is_refused(tmp_path: Path, case: str, version: int) -> None:
-    path, _ = _saved(tmp_path, "compact")
+def test_a_forged_compact_checkpoint_is_refused(tmp_path: Path, case: str, version: int, layout: str) -> None:
+    path, _ = _saved(tmp_path, layout)
     _forge(path, version, **COMPACT_FORGERIES[case])
     with pytest.raises(CheckpointError):
         ReplayBuffer.load(path)
