@@ -31,8 +31,8 @@ from rlbuf import ReplayBuffer
 from rlbuf.gym import Recorder
 
 
-def record_steps(num_envs: int, steps: int, seed: int = 0) -> tuple[Any, list[tuple[Any, ...]]]:
-    """``steps`` steps of ``num_envs`` preprocessed Breakout envs: (obs, action, reward, next_obs, terminated,
+def record_steps(num_envs: int, steps: int, seed: int = 0, game: str = "Breakout") -> tuple[Any, list[tuple[Any, ...]]]:
+    """``steps`` steps of ``num_envs`` preprocessed envs of ``game``: (obs, action, reward, next_obs, terminated,
     truncated, info)."""
     import ale_py
     import gymnasium as gym
@@ -41,7 +41,7 @@ def record_steps(num_envs: int, steps: int, seed: int = 0) -> tuple[Any, list[tu
     wrappers = [lambda env: gym.wrappers.AtariPreprocessing(env, frame_skip=4, terminal_on_life_loss=True),
                 lambda env: gym.wrappers.TimeLimit(env, 400),
                 lambda env: gym.wrappers.FrameStackObservation(env, 4)]
-    envs = gym.make_vec("BreakoutNoFrameskip-v4", num_envs=num_envs, vectorization_mode="sync", wrappers=wrappers)
+    envs = gym.make_vec(f"{game}NoFrameskip-v4", num_envs=num_envs, vectorization_mode="sync", wrappers=wrappers)
     envs.action_space.seed(seed)
     obs, _ = envs.reset(seed=seed)
     recorded = []

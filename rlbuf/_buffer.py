@@ -226,6 +226,23 @@ class RingBuffer(BufferState, Generic[BatchT]):
         return self._num_envs
 
     @property
+    def nbytes(self) -> int:
+        """Bytes the buffer holds: its storage (every row's fields, allocated for ``capacity`` rows) and
+        its layout's own tables (the compact layout's streams, final observations and compressed frames).
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(10, obs_shape=(3,), action_shape=())
+            >>> buf.nbytes   # 10 rows: obs and next_obs 12 bytes each, action and reward 4, three flags 1
+            350
+        """
+        return sum(leaf.numel() * leaf.element_size() for leaf in self._ring.leaves.values()) + self._layout_nbytes()
+
+    def _layout_nbytes(self) -> int:
+        """Bytes of the layout's tables beside the storage."""
+        return 0
+
+    @property
     def storing_device(self) -> torch.device:
         """Where rows are stored."""
         return self._storing_device

@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from rlbuf._frames import Codec, FrameLog
+from rlbuf._frames import Codec, CompressedFinals, FrameLog
 from rlbuf._nstep import nstep_discount, nstep_return
 from rlbuf._ring import RowRing
 from rlbuf._stream_check import streams_problem
@@ -92,6 +92,8 @@ class CompactLayout:
         self.all_envs = np.arange(num_envs, dtype=np.int64)
         self.frame_shape = obs_shape[1:] if frame_stack > 1 else obs_shape
         self.log = None if codec is None else FrameLog(ring.capacity, self.frame_shape, obs_dtype, codec)
+        if self.log is not None:
+            self.streams.finals = CompressedFinals(self.log)
         self._sampled: tuple[torch.Tensor, Chain] | None = None
         self._checked_frames: tuple[Any, FrameLog] | None = None  # the log a load check built, for the load
 
@@ -133,8 +135,10 @@ class CompactLayout:
         """Compress the stored frames again with a dictionary trained on them; their new sizes into the ring."""
         assert self.log is not None
         with self.ring.rewriting():
+            old = self.log.codec
             positions = self.log.train()
             if positions is not None:
+                self.streams.finals.recompress(old)
                 sizes = torch.from_numpy(self.log.length[positions].astype(np.int32))
                 leaf = self.ring.leaves["obs"]
                 leaf[torch.from_numpy(positions).to(leaf.device)] = sizes.to(leaf.device)
@@ -262,6 +266,15 @@ class CompactLayout:
             return columns
         return {name: columns[name] for name in names}
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stream tables, the final observations and the compressed frames (allocated)."""
+        streams = self.streams
+        tables = (streams.back, streams.next, streams.terminated, streams.truncated, streams.final_slot, streams.env,
+                  streams.last)
+        held = sum(table.nbytes for table in tables) + streams.expected.nbytes + streams.finals.nbytes
+        return held + (0 if self.log is None else self.log.nbytes)
+
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The buffer's extra state of this layout: the stream bookkeeping, and the compressed frames."""
@@ -272,13 +285,13 @@ class CompactLayout:
 
     def load_state_dict(self, state: Mapping[str, Any], *, write_count: int, size: int) -> None:
         """Restore a ``state_dict`` checked by ``state_problem`` (with the ring's rows already loaded)."""
-        self.streams.load_state_dict(state["streams"])
-        if self.log is not None:
+        if self.log is not None:  # first: the final observations are decoded with its codec
             checked, self._checked_frames = self._checked_frames, None
             saved = state["frames"]
             log = checked[1] if checked is not None and checked[0] is saved else self.log.loaded(
                 saved, self.ring.leaves["obs"][:size], write_count=write_count)
             self.log.adopt(log)
+        self.streams.load_state_dict(state["streams"])
 
     def state_problem(self, state: Mapping[str, Any], fields: Mapping[str, torch.Tensor], *, write_count: int,
                       size: int) -> str:
@@ -298,9 +311,14 @@ class CompactLayout:
 
             def frames(positions: npt.NDArray[np.int64]) -> torch.Tensor:
                 return torch.from_numpy(log.take(positions))
-        return streams_problem(self.streams, state["streams"], terminated=fields["terminated"],
-                               truncated=fields["truncated"], frames=frames, frame_shape=self.frame_shape,
-                               write_count=write_count, size=size)
+        tables = state["streams"]
+        reason = streams_problem(self.streams, tables, terminated=fields["terminated"], truncated=fields["truncated"],
+                                 frames=frames, frame_shape=self.frame_shape, write_count=write_count, size=size)
+        if reason or self.log is None:
+            return reason
+        final_slot = tables["final_slot"].numpy()
+        problem: str = self.streams.finals.frames_problem(tables["finals"], final_slot[final_slot >= 0], log.codec)
+        return problem
 
 
 _NOTHING_COMPLETE = ("sample: no transition is complete yet: each needs the observation after it (n_step of them "

@@ -30,7 +30,9 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,7 +51,7 @@ DICTIONARY_BYTES = 16 * 1024
 _LEVELS = {"zstd": (1, 22), "lz4": (1, 12)}
 _DEFAULT_ZSTD_LEVEL = 3
 _MIN_ARENA = 1 << 16
-_GROWTH = 1.5
+_GROWTH = 1.25
 _MAX_DICTIONARY = 1 << 20
 
 
@@ -134,7 +136,7 @@ class Codec:
     def __init__(self, name: str, level: int | None, dictionary: bytes = b"") -> None:
         self.name, self.level, self.dictionary = name, level, dictionary
         self.compress: Callable[[Any], bytes]
-        self._decompress: Callable[[Any, int], bytes]
+        self._decoder: Callable[[int], Callable[[Any], bytes]]
         lz4_block, zstandard = _libraries()
         self._errors: tuple[type[Exception], ...] = (zstandard.ZstdError, lz4_block.LZ4BlockError, ValueError)
         if name == "zstd":
@@ -144,15 +146,20 @@ class Codec:
                                                   write_content_size=False, write_checksum=False, write_dict_id=False)
             decompressor = zstandard.ZstdDecompressor(dict_data=data)
             self.compress = compressor.compress
-            self._decompress = lambda blob, size: decompressor.decompress(blob, max_output_size=size)
+            self._decoder = lambda size: functools.partial(decompressor.decompress, max_output_size=size)
         else:
             options: dict[str, Any] = {"store_size": False, "dict": dictionary} if dictionary else {"store_size": False}
             if level is not None:
                 options.update(mode="high_compression", compression=level)
-            block = lz4_block
-            self.compress = lambda frame: block.compress(frame, **options)
-            self._decompress = lambda blob, size: block.decompress(blob, uncompressed_size=size,
-                                                                   **({"dict": dictionary} if dictionary else {}))
+            self.compress = functools.partial(lz4_block.compress, **options)
+            primed = {"dict": dictionary} if dictionary else {}
+            self._decoder = lambda size: functools.partial(lz4_block.decompress, uncompressed_size=size, **primed)
+
+    def decoder(self, size: int) -> Callable[[Any], bytes]:
+        """``decode(blob) -> bytes`` of frames of ``size`` bytes, unchecked (a C call: frames this log wrote,
+        or checked by ``decompress`` at load)."""
+        decode: Callable[[Any], bytes] = self._decoder(size)
+        return decode
 
     def decompress(self, blob: Any, size: int) -> bytes:
         """The ``size`` bytes ``blob`` was compressed from.
@@ -161,7 +168,7 @@ class Codec:
             ValueError: ``blob`` is not a compressed frame of ``size`` bytes (with this dictionary).
         """
         try:
-            frame: bytes = self._decompress(blob, size)
+            frame: bytes = self._decoder(size)(blob)
         except self._errors as error:
             raise ValueError(f"not a {self.name} frame of {size} bytes ({error})") from None
         if len(frame) != size:
@@ -309,7 +316,7 @@ class FrameLog:
         codec = self.codec.with_dictionary(dictionary)
         blobs = [codec.compress(frame) for frame in frames]
         lengths = np.fromiter(map(len, blobs), np.int64, len(blobs))
-        arena = np.empty(max(_MIN_ARENA, int(lengths.sum() * _GROWTH), len(self.arena)), np.uint8)
+        arena = np.empty(max(_MIN_ARENA, int(lengths.sum() * _GROWTH)), np.uint8)
         arena[:int(lengths.sum())] = np.frombuffer(b"".join(blobs), np.uint8)
         self.start[positions], self.length[positions] = np.cumsum(lengths) - lengths, lengths
         self.arena, self.codec, self.head, self.wrap_end = arena, codec, int(lengths.sum()), 0
@@ -322,15 +329,29 @@ class FrameLog:
                                      self.frame_bytes)
 
     def take(self, positions: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
-        """The frames at ring ``positions`` ``[len(positions), *frame]``, each distinct one decoded once."""
-        unique, inverse = np.unique(positions, return_inverse=True)
-        decoded = np.empty((len(unique), self.frame_bytes), np.uint8)
-        arena, decompress, size = self.arena.data, self.codec.decompress, self.frame_bytes
-        for row, (start, length) in enumerate(zip(self.start[unique].tolist(), self.length[unique].tolist(),
-                                                  strict=True)):
-            decoded[row] = np.frombuffer(decompress(arena[start:start + length], size), np.uint8)
-        frames: npt.NDArray[Any] = decoded.view(self.np_dtype).reshape(len(unique), *self.frame_shape)
-        return frames[inverse.reshape(-1)]
+        """The frames at ring ``positions`` ``[len(positions), *frame]``, each distinct one decoded once.
+
+        Decoded straight into the result through a byte view (a numpy assignment from bytes costs
+        five times more), into the first row that asks for it; the other rows copy it.
+        """
+        unique, first, inverse = np.unique(positions, return_index=True, return_inverse=True)
+        size = self.frame_bytes
+        result = np.empty((len(positions), size), np.uint8)
+        out, arena, decode = memoryview(result).cast("B"), self.arena.data, self.codec.decoder(size)
+        for row, start, length in zip(first.tolist(), self.start[unique].tolist(), self.length[unique].tolist(),
+                                      strict=True):
+            out[row * size:(row + 1) * size] = decode(arena[start:start + length])
+        source = first[inverse.reshape(-1)]
+        again = np.flatnonzero(source != np.arange(len(positions)))
+        if again.size:
+            result[again] = result[source[again]]
+        frames: npt.NDArray[Any] = result.view(self.np_dtype).reshape(len(positions), *self.frame_shape)
+        return frames
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated: the arena (stored frames and free room) and the offsets."""
+        return self.arena.nbytes + self.start.nbytes + self.length.nbytes
 
     @property
     def stored_bytes(self) -> int:
@@ -408,3 +429,113 @@ class FrameLog:
         """Hold ``other``'s frames (a log from ``loaded``)."""
         self.arena, self.start, self.length = other.arena, other.start, other.length
         self.head, self.wrap_end, self.count, self.codec = other.head, other.wrap_end, other.count, other.codec
+
+
+class CompressedFinals:
+    """The final observations of a compressed compact layout: ``FinalFrames``' slots, each frame
+    compressed with the log's codec (episode ends are a few percent of the rows, but raw they would
+    take more memory than every other frame compressed).
+
+    Args:
+        log: the layout's frame log (its codec and frame; the dictionary it trains applies here too).
+
+    Example:
+        >>> log = FrameLog(4, (2,), torch.uint8, Codec("zstd", None))
+        >>> finals = CompressedFinals(log)
+        >>> slots = finals.put(torch.tensor([[1, 2], [3, 4]], dtype=torch.uint8))
+        >>> finals.take(slots[::-1]).tolist()
+        [[3, 4], [1, 2]]
+    """
+
+    def __init__(self, log: FrameLog) -> None:
+        self.log = log
+        self.blobs: list[bytes] = []
+        self.free: list[int] = []
+
+    def put(self, values: torch.Tensor) -> npt.NDArray[np.int64]:
+        """Store ``values`` (one frame per row) and return their slots."""
+        blobs = self.log.compress(values.cpu().numpy())
+        slots = []
+        for blob in blobs:
+            slot = self.free.pop() if self.free else len(self.blobs)
+            if slot == len(self.blobs):
+                self.blobs.append(blob)
+            else:
+                self.blobs[slot] = blob
+            slots.append(slot)
+        return np.array(slots, np.int64)
+
+    def release(self, slots: npt.NDArray[np.int64]) -> None:
+        """Free ``slots`` for reuse (their rows were overwritten)."""
+        for slot in slots.tolist():
+            self.blobs[slot] = b""
+            self.free.append(slot)
+
+    def take(self, slots: npt.NDArray[np.int64]) -> torch.Tensor:
+        """The frames in ``slots``, on the CPU."""
+        log = self.log
+        size, decode = log.frame_bytes, log.codec.decoder(log.frame_bytes)
+        result = np.empty((len(slots), size), np.uint8)
+        out = memoryview(result).cast("B")
+        for row, slot in enumerate(slots.tolist()):
+            out[row * size:(row + 1) * size] = decode(self.blobs[slot])
+        return torch.from_numpy(result.view(log.np_dtype).reshape(len(slots), *log.frame_shape))
+
+    def recompress(self, old: Codec) -> None:
+        """Compress the kept frames again with the log's codec (it has trained a dictionary; they were ``old``'s)."""
+        size, new = self.log.frame_bytes, self.log.codec.compress
+        self.blobs = [new(old.decompress(blob, size)) if blob else blob for blob in self.blobs]
+
+    def clear(self) -> None:
+        """Forget every frame."""
+        self.blobs, self.free = [], []
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the compressed frames and a Python object each."""
+        return sum(len(blob) for blob in self.blobs) + len(self.blobs) * (sys.getsizeof(b"") + 8)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The slots' compressed bytes (a free slot holds none), their sizes and the free list."""
+        data = b"".join(self.blobs)
+        return {"bytes": torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8),
+                "sizes": torch.tensor([len(blob) for blob in self.blobs], dtype=torch.int64),
+                "free": torch.tensor(self.free, dtype=torch.int64)}
+
+    def structure_problem(self, state: Any) -> str:
+        """``""`` when ``state`` has the form of a ``state_dict`` (its frames are checked by ``frames_problem``)."""
+        if not isinstance(state, dict) or set(state) != {"bytes", "sizes", "free"}:
+            return "stream table finals must hold 'bytes', 'sizes' and 'free' (compressed final observations)"
+        for name, dtype in (("bytes", torch.uint8), ("sizes", torch.int64), ("free", torch.int64)):
+            value = state[name]
+            if not isinstance(value, torch.Tensor) or value.dtype != dtype or value.dim() != 1:
+                return f"compressed final observations {name!r} must be a 1-D {dtype} tensor"
+        return ""
+
+    @staticmethod
+    def slots(state: dict[str, torch.Tensor]) -> int:
+        """Slots kept in a ``state_dict`` (used or free)."""
+        return int(state["sizes"].shape[0])
+
+    def frames_problem(self, state: dict[str, torch.Tensor], used: npt.NDArray[np.int64], codec: Codec) -> str:
+        """``""`` when the ``used`` slots of ``state`` hold frames ``codec`` decompresses and free ones none."""
+        sizes = state["sizes"].numpy()
+        if (sizes < 0).any() or int(sizes.sum()) != int(state["bytes"].shape[0]):
+            return "compressed final observations: the slots' sizes do not add up to the bytes kept"
+        in_use = np.zeros(len(sizes), np.bool_)
+        in_use[used] = True
+        if (sizes[~in_use] != 0).any() or (sizes[in_use] == 0).any():
+            return "compressed final observations: a free slot holds bytes, or a used one none"
+        data, ends = state["bytes"].numpy(), np.cumsum(sizes)
+        for slot in np.flatnonzero(in_use).tolist():
+            try:
+                codec.decompress(data[ends[slot] - sizes[slot]:ends[slot]].tobytes(), self.log.frame_bytes)
+            except ValueError as error:
+                return f"compressed final observation slot {slot} does not decompress: {error}"
+        return ""
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore a ``state_dict`` checked by ``structure_problem`` and ``frames_problem``."""
+        data, ends = bytes(state["bytes"].numpy()), np.cumsum(state["sizes"].numpy()).tolist()
+        self.blobs = [data[start:end] for start, end in zip([0, *ends][:len(ends)], ends, strict=True)]
+        self.free = [int(slot) for slot in state["free"].tolist()]

@@ -95,7 +95,7 @@ def streams_problem(streams: Streams, tables: Any, *, terminated: torch.Tensor, 
             return reason
     return (_next_problem(arrays["next"], serial, ended, oldest, write_count)
             or _last_problem(arrays["last"], arrays["next"], ended, stored, serial, oldest, write_count)
-            or _finals_problem(arrays["final_slot"], ended, stored, tables["finals"])
+            or _finals_problem(arrays["final_slot"], ended, stored, tables["finals"], streams.finals.slots(tables["finals"]))
             or _back_problem(arrays["back"], arrays["next"], serial, oldest)
             or _expected_problem(streams, tables, arrays["last"], frames, frame_shape, oldest))
 
@@ -113,17 +113,8 @@ def _shapes_problem(streams: Streams, tables: Any) -> str:
                 or tuple(value.shape) != tuple(expected.shape)):
             got = (value.dtype, tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
             return f"stream table {name} is {got}, expected {expected.dtype} of shape {tuple(expected.shape)}"
-    finals = tables["finals"]
-    if not isinstance(finals, Mapping) or set(finals) != {"frames", "free"}:
-        return "stream table finals must hold 'frames' and 'free'"
-    frames, free = finals["frames"], finals["free"]
-    frame = tuple(own["finals"]["frames"].shape[1:])
-    if (not isinstance(frames, torch.Tensor) or frames.dtype != own["finals"]["frames"].dtype
-            or frames.dim() != 1 + len(frame) or tuple(frames.shape[1:]) != frame):
-        return f"final observations must be {own['finals']['frames'].dtype} frames of shape {frame}"
-    if not isinstance(free, torch.Tensor) or free.dtype != torch.int64 or free.dim() != 1:
-        return "the free final-observation slots must be a 1-D int64 tensor"
-    return ""
+    reason: str = streams.finals.structure_problem(tables["finals"])
+    return reason
 
 
 def _env_problem(env: _Ints, arrays: Mapping[str, Any], ended: npt.NDArray[np.bool_], serial: _Ints,
@@ -197,8 +188,7 @@ def _last_problem(last: _Ints, next_: _Ints, ended: npt.NDArray[np.bool_], store
 
 
 def _finals_problem(final_slot: _Ints, ended: npt.NDArray[np.bool_], stored: npt.NDArray[np.bool_],
-                    finals: Mapping[str, torch.Tensor]) -> str:
-    top = int(finals["frames"].shape[0])
+                    finals: Mapping[str, torch.Tensor], top: int) -> str:
     used = final_slot[stored & ended]
     if bool(((final_slot >= 0) != (stored & ended)).any()):
         return "stream table final_slot: a row holds a final observation slot exactly when it ended its episode"

@@ -102,6 +102,11 @@ class FinalFrames:
             self.frames[torch.from_numpy(slots).to(self.frames.device)] = values.to(self.frames.device)
         return slots
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the slots allocated."""
+        return self.frames.numel() * self.frames.element_size()
+
     def release(self, slots: _Ints) -> None:
         """Free ``slots`` for reuse (their rows were overwritten)."""
         self.free.extend(int(s) for s in slots)
@@ -119,6 +124,23 @@ class FinalFrames:
     def state_dict(self) -> dict[str, Any]:
         """The used slots and the free list, as tensors."""
         return {"frames": self.frames[:self.top].cpu(), "free": torch.tensor(self.free, dtype=torch.int64)}
+
+    def structure_problem(self, state: Any) -> str:
+        """``""`` when ``state`` has the form of this ``state_dict``, else why not."""
+        if not isinstance(state, dict) or set(state) != {"frames", "free"}:
+            return "stream table finals must hold 'frames' and 'free'"
+        frames, free, frame = state["frames"], state["free"], tuple(self.frames.shape[1:])
+        if (not isinstance(frames, torch.Tensor) or frames.dtype != self.frames.dtype
+                or frames.dim() != 1 + len(frame) or tuple(frames.shape[1:]) != frame):
+            return f"final observations must be {self.frames.dtype} frames of shape {frame}"
+        if not isinstance(free, torch.Tensor) or free.dtype != torch.int64 or free.dim() != 1:
+            return "the free final-observation slots must be a 1-D int64 tensor"
+        return ""
+
+    @staticmethod
+    def slots(state: dict[str, Any]) -> int:
+        """Slots kept in a ``state_dict`` (used or free)."""
+        return int(state["frames"].shape[0])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a ``state_dict``."""
@@ -197,7 +219,7 @@ class Streams:
         self.last = np.full(num_envs, -1, np.int64)
         self.expected = torch.zeros((num_envs, *obs_shape), dtype=obs_dtype)
         frame_shape = obs_shape[1:] if frame_stack > 1 else obs_shape
-        self.finals = FinalFrames(frame_shape, obs_dtype, storing_device)
+        self.finals: Any = FinalFrames(frame_shape, obs_dtype, storing_device)  # or a compressed layout's
 
     # -- writing -----------------------------------------------------------------------------
     def check(self, obs: torch.Tensor, next_obs: torch.Tensor, env_ids: _Ints, terminated: _Bools,

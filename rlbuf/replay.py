@@ -332,6 +332,9 @@ class ReplayBuffer(ReplayWriting):
             raise PriorityError("beta: this buffer is not prioritized (build it with prioritized=True)")
         return sampler
 
+    def _layout_nbytes(self) -> int:
+        return 0 if self._compact is None else self._compact.nbytes
+
     def _field_descriptions(self) -> list[str]:
         log = None if self._compact is None else self._compact.log
         if log is None:

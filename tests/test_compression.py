@@ -347,6 +347,12 @@ FRAME_FORGERIES: dict[str, Any] = {
     "bytes cut by one": lambda path: _set_entry(path, "frames.bytes.bin", _bytes_of(path)[:-1]),
     "a byte appended": lambda path: _set_entry(path, "frames.bytes.bin", _bytes_of(path) + b"\0"),
     "bytes zeroed": lambda path: _set_entry(path, "frames.bytes.bin", bytes(len(_bytes_of(path)))),
+    "a final frame's size + 1": lambda path: _forge_tensor(path, "finals.sizes.bin", lambda t: t.view(-1).__setitem__(
+        int(t.view(-1).argmax()), t.view(-1).max() + 1)),
+    "two final sizes moved": lambda path: _forge_tensor(path, "finals.sizes.bin", lambda t: t.view(-1).__setitem__(
+        slice(0, 2), t.view(-1)[:2].flip(0) + torch.tensor([1, -1]))),
+    "final bytes cut by one": lambda path: _set_entry(path, "finals.bytes.bin", _finals_of(path)[:-1]),
+    "final bytes zeroed": lambda path: _set_entry(path, "finals.bytes.bin", bytes(len(_finals_of(path)))),
     "the dictionary dropped": lambda path: _set_entry(path, "frames.dictionary.bin", b""),
     "the dictionary changed": lambda path: _set_entry(path, "frames.dictionary.bin", bytes(
         b ^ 0x5A for b in _dictionary_of(path))),
@@ -357,6 +363,12 @@ def _bytes_of(path: Path) -> bytes:
     from test_forged_checkpoints import _file_of, _manifest
 
     return (path / _file_of(_manifest(path), "frames.bytes.bin")).read_bytes()
+
+
+def _finals_of(path: Path) -> bytes:
+    from test_forged_checkpoints import _file_of, _manifest
+
+    return (path / _file_of(_manifest(path), "finals.bytes.bin")).read_bytes()
 
 
 def _dictionary_of(path: Path) -> bytes:
@@ -376,7 +388,7 @@ def test_hostile_frame_bytes_are_refused(tmp_path: Path, case: str, codec: str) 
         return
     # Bytes that decode to frames of the right size are data, as a changed pixel of an
     # uncompressed frame is; nothing else may load.
-    assert case in ("the dictionary changed", "bytes zeroed") and loaded.check_valid() == (True, "")
+    assert case in ("the dictionary changed", "bytes zeroed", "final bytes zeroed") and loaded.check_valid() == (True, "")
 
 
 def test_a_dictionary_before_its_time_is_refused(tmp_path: Path) -> None:
