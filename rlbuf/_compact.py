@@ -272,7 +272,7 @@ class CompactLayout:
         streams = self.streams
         tables = (streams.back, streams.next, streams.terminated, streams.truncated, streams.final_slot, streams.env,
                   streams.last)
-        held = sum(table.nbytes for table in tables) + streams.expected.nbytes + streams.finals.nbytes
+        held: int = sum(table.nbytes for table in tables) + streams.expected.nbytes + streams.finals.nbytes
         return held + (0 if self.log is None else self.log.nbytes)
 
     # -- state -------------------------------------------------------------------------------

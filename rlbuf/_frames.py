@@ -337,7 +337,7 @@ class FrameLog:
         unique, first, inverse = np.unique(positions, return_index=True, return_inverse=True)
         size = self.frame_bytes
         result = np.empty((len(positions), size), np.uint8)
-        out, arena, decode = memoryview(result).cast("B"), self.arena.data, self.codec.decoder(size)
+        out, arena, decode = result.data.cast("B"), self.arena.data, self.codec.decoder(size)
         for row, start, length in zip(first.tolist(), self.start[unique].tolist(), self.length[unique].tolist(),
                                       strict=True):
             out[row * size:(row + 1) * size] = decode(arena[start:start + length])
@@ -476,7 +476,7 @@ class CompressedFinals:
         log = self.log
         size, decode = log.frame_bytes, log.codec.decoder(log.frame_bytes)
         result = np.empty((len(slots), size), np.uint8)
-        out = memoryview(result).cast("B")
+        out = result.data.cast("B")
         for row, slot in enumerate(slots.tolist()):
             out[row * size:(row + 1) * size] = decode(self.blobs[slot])
         return torch.from_numpy(result.view(log.np_dtype).reshape(len(slots), *log.frame_shape))
