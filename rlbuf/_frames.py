@@ -218,7 +218,7 @@ class FrameLog:
         self.codec = codec
         self.arena = np.empty(0, np.uint8)
         self.start = np.zeros(capacity, np.int64)
-        self.length = np.zeros(capacity, np.int64)
+        self.length = np.zeros(capacity, np.int32)
         self.head = 0  # where the newest frame ends
         self.wrap_end = 0  # where the frames before the arena's wrap end (when the log wraps)
         self.count = 0  # frames ever appended (the ring's write count)

@@ -1,0 +1,172 @@
+"""Ten million Atari transitions in RAM: compressed rlbuf filled with real frames, memory and throughput as it grows.
+
+Real frames: ale-py's Breakout (or ``--game``) with the DQN preprocessing, 8 envs, gymnasium's
+default ``NEXT_STEP`` autoreset, random actions; a recording of ``--steps`` steps is fed in order
+again and again (each env's last recorded step marked truncated, so the recording loops as new
+episodes; see ``compression.py``). ``ReplayBuffer(capacity=--transitions, frame_stack=4,
+n_step=3, compression="zstd")`` is filled; at each tenth of the way (or when ``--minutes`` run
+out) it reports the rows stored, the process's resident memory above what it held before the
+buffer (RSS, from ``/proc/self/statm``) per transition, ``buffer.nbytes`` per transition, the
+add of one step of 8 envs and batches of ``sample(256)`` per second. Where the run stops short
+of ``--transitions``, the RSS at the target is extrapolated from a straight line fitted to the
+measured points (the buffer's memory grows linearly with its rows), and said to be. "since last" is the RSS
+added per row since the previous point: the first point also holds one-off costs (compiled
+kernels, the stream tables allocated for every row at the first add).
+
+Then the peers, filled with ``--peer-rows`` transitions of the same frames, one after the other
+in this process, each freed before the next: uncompressed rlbuf, Stable-Baselines3's
+``ReplayBuffer(optimize_memory_usage=True)`` and TorchRL's ``CompressedListStorage`` (each
+transition's stacks compressed by TorchRL); their RSS per transition and ``sample(256)`` per second.
+
+    PYTHONPATH=benchmarks python benchmarks/atari_scale.py                       # 10M, ~25 minutes
+    PYTHONPATH=benchmarks python benchmarks/atari_scale.py --transitions 200000 --peer-rows 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import multiprocessing
+import os
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from atari_add import record_steps
+from compression import Feed, looped
+
+from rlbuf import ReplayBuffer
+
+
+def rss() -> int:
+    """Resident bytes of this process."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def per_second(call: Callable[[], object], seconds: float = 2.0) -> float:
+    """Calls per second of ``call`` over about ``seconds``."""
+    call()
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        call()
+        count += 1
+    return count / (time.perf_counter() - start)
+
+
+def fill_compressed(recorded: list[tuple[Any, ...]], space: Any, actions: Any, transitions: int,
+                    minutes: float) -> None:
+    base = rss()
+    buffer = ReplayBuffer(transitions, observation_space=space, action_space=actions, num_envs=8, frame_stack=4,
+                          n_step=3, seed=0, compression="zstd")
+    feed = Feed(buffer, recorded)
+    deadline = time.perf_counter() + 60 * minutes
+    points: list[tuple[int, int]] = []
+    print(f"{'rows':>11} {'RSS B/row':>10} {'since last':>11} {'nbytes B/row':>13} {'add µs/step':>12} "
+          f"{'sample(256)/s':>14}")
+    for tenth in range(1, 11):
+        goal = transitions * tenth // 10
+        steps, start = 0, time.perf_counter()
+        while len(buffer) < goal:
+            feed()
+            steps += 1
+            if time.perf_counter() > deadline:
+                break
+        add = (time.perf_counter() - start) / max(steps, 1) * 1e6
+        rows = len(buffer)
+        held = rss() - base
+        last_rows, last_held = points[-1] if points else (0, 0)
+        points.append((rows, held))
+        rate = per_second(lambda: buffer.sample(256))
+        marginal = (held - last_held) / max(rows - last_rows, 1)
+        print(f"{rows:>11,} {held / rows:>10.1f} {marginal:>11.1f} {buffer.nbytes / rows:>13.1f} {add:>12.0f} "
+              f"{rate:>14.1f}")
+        if time.perf_counter() > deadline:
+            break
+    rows, held = points[-1]
+    if rows < transitions and len(points) >= 2:
+        slope, intercept = np.polyfit([p[0] for p in points], [p[1] for p in points], 1)
+        print(f"stopped at {rows:,} rows ({minutes} minutes); RSS at {transitions:,} extrapolated from the "
+              f"{len(points)} points: {(intercept + slope * transitions) / 2**30:.2f} GiB")
+    else:
+        print(f"RSS at {rows:,} rows: {held / 2**30:.2f} GiB")
+    del buffer, feed
+    gc.collect()
+
+
+def peers(recorded: list[tuple[Any, ...]], space: Any, actions: Any, rows: int) -> None:
+    from stable_baselines3.common.buffers import ReplayBuffer as Sb3Buffer
+    from tensordict import TensorDict
+    from torchrl.data import CompressedListStorage, TensorDictReplayBuffer
+
+    def rlbuf_uncompressed() -> Callable[[], object]:
+        buffer = ReplayBuffer(rows, observation_space=space, action_space=actions, num_envs=8, frame_stack=4,
+                              n_step=3, seed=0)
+        feed = Feed(buffer, recorded)
+        while len(buffer) < rows:
+            feed()
+        return lambda: buffer.sample(256)
+
+    def sb3() -> Callable[[], object]:
+        buffer = Sb3Buffer(rows, space, actions, device="cpu", n_envs=8, optimize_memory_usage=True,
+                           handle_timeout_termination=False)
+        infos = [{}] * 8
+        for step in range(rows // 8):
+            obs, action, reward, next_obs, terminated, truncated, _ = recorded[step % len(recorded)]
+            buffer.add(obs, next_obs, action, reward, terminated | truncated, infos)
+        return lambda: buffer.sample(256)
+
+    def torchrl_compressed() -> Callable[[], object]:
+        buffer = TensorDictReplayBuffer(storage=CompressedListStorage(rows), batch_size=256)
+        for step in range(rows // 8):
+            obs, action, reward, next_obs, terminated, truncated, _ = recorded[step % len(recorded)]
+            buffer.extend(TensorDict({"observation": torch.from_numpy(obs), "action": torch.from_numpy(action),
+                                      ("next", "observation"): torch.from_numpy(next_obs),
+                                      ("next", "reward"): torch.from_numpy(reward),
+                                      ("next", "terminated"): torch.from_numpy(terminated),
+                                      ("next", "truncated"): torch.from_numpy(truncated)}, batch_size=[8]))
+        return lambda: buffer.sample()
+
+    def measure(make: Callable[[], Callable[[], object]], results: Any) -> None:
+        base, start = rss(), time.perf_counter()
+        sample = make()
+        results.send((rss() - base, time.perf_counter() - start, per_second(sample)))
+
+    print(f"\npeers at {rows:,} transitions: {'RSS B/row':>10} {'fill s':>8} {'sample(256)/s':>14}")
+    for name, make in (("rlbuf uncompressed", rlbuf_uncompressed), ("sb3-optimized", sb3),
+                       ("torchrl compressed", torchrl_compressed)):
+        # A forked process each: its resident memory grows by what the peer allocates, and is given back.
+        context = multiprocessing.get_context("fork")
+        receive, send = context.Pipe(duplex=False)
+        child = context.Process(target=measure, args=(make, send))
+        child.start()
+        held, fill, rate = receive.recv()
+        child.join()
+        print(f"{name:>20} {held / rows:>21.1f} {fill:>8.1f} {rate:>14.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--transitions", type=int, default=10_000_000)
+    parser.add_argument("--steps", type=int, default=1000, help="steps of 8 envs recorded (then looped)")
+    parser.add_argument("--minutes", type=float, default=25.0, help="stop filling after this long")
+    parser.add_argument("--peer-rows", type=int, default=50_000)
+    parser.add_argument("--game", default="Breakout")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore", DeprecationWarning)
+    torch.set_num_threads(1)
+    envs, recorded = record_steps(8, args.steps, game=args.game)
+    recorded = looped(recorded)
+    space, actions = envs.single_observation_space, envs.single_action_space
+    envs.close()
+    print(f"## {args.game}: {args.transitions:,} transitions, compression='zstd', frame_stack=4, n_step=3, 8 envs")
+    fill_compressed(recorded, space, actions, args.transitions, args.minutes)
+    if args.peer_rows:
+        peers(recorded, space, actions, args.peer_rows)
+
+
+if __name__ == "__main__":
+    main()
