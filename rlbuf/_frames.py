@@ -491,6 +491,11 @@ class CompressedFinals:
         self.blobs, self.free = [], []
 
     @property
+    def stored_bytes(self) -> int:
+        """Bytes of the kept compressed frames."""
+        return sum(len(blob) for blob in self.blobs)
+
+    @property
     def nbytes(self) -> int:
         """Bytes held: the compressed frames and a Python object each."""
         return sum(len(blob) for blob in self.blobs) + len(self.blobs) * (sys.getsizeof(b"") + 8)

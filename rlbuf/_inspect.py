@@ -97,7 +97,8 @@ def _describe(report: dict[str, Any], buffer_dir: Path, manifest: dict[str, Any]
         "versions": manifest.get("versions"),
         "size": state.get("size"),
         "capacity": _capacity(options),
-        "bytes_per_transition": manifest_row_bytes(state.get("kind"), options, _as_list(state.get("spec"))),
+        "bytes_per_transition": _with_compressed_frames(
+            manifest_row_bytes(state.get("kind"), options, _as_list(state.get("spec"))), options, files, state),
         "storage": options.get("storage"),
         "storing_device": options.get("storing_device"),
         "device": options.get("device") or options.get("storing_device"),
@@ -107,6 +108,18 @@ def _describe(report: dict[str, Any], buffer_dir: Path, manifest: dict[str, Any]
                   for rel in sorted(files)[:LISTED_FILES]],
         "files_not_listed": max(0, len(files) - LISTED_FILES),
     })
+
+
+def _with_compressed_frames(estimate: float | None, options: dict[str, Any], files: dict[str, Any],
+                            state: dict[str, Any]) -> float | None:
+    """The estimate with a compressed buffer's frames as the checkpoint holds them: their bytes per stored
+    row (the final observations' too) and 12 bytes of offsets (the row's own column holds each frame's size)."""
+    size = state.get("size")
+    if estimate is None or not options.get("compression") or not isinstance(size, int) or size <= 0:
+        return estimate
+    held = sum(entry.get("bytes", 0) for rel, entry in files.items() if isinstance(entry, dict) and isinstance(
+        entry.get("bytes"), int) and str(rel).endswith(("frames.bytes.bin", "finals.bytes.bin")))
+    return estimate + 12 + held / size
 
 
 def format_report(report: dict[str, Any]) -> str:

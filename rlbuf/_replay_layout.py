@@ -128,10 +128,10 @@ def repr_options(specs: Sequence[FieldSpec], *, prioritized: bool, compact: Comp
                      compact=compact is not None, frame_stack=1 if compact is None else compact.frame_stack)
     log = None if compact is None else compact.log
     if log is not None:
-        # Measured: the frames' compressed bytes per stored row, and the 12 bytes of their offsets.
+        # Measured: the frames' compressed bytes (final ones too) per stored row, and 12 bytes of offsets.
         rows = min(log.count, log.capacity)
         layout += f", compression={log.codec.name!r}"
-        size += 12 + (log.stored_bytes / rows if rows else 0)
+        size += 12 + ((log.stored_bytes + compact.streams.finals.stored_bytes) / rows if rows else 0)
     return f", prioritized={prioritized}{layout}, bytes_per_transition~{human_bytes(size)}"
 
 

@@ -3,6 +3,7 @@ what the same buffer without compression gives, through every entry path, checkp
 
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 from collections.abc import Iterator
@@ -420,3 +421,19 @@ def test_a_forged_compression_option_is_refused(tmp_path: Path, option: str, val
     _forge(path, state={("options", option): value})
     with pytest.raises(CheckpointError):
         ReplayBuffer.load(path)
+
+
+def test_memory_reports_count_the_compressed_bytes(tmp_path: Path) -> None:
+    """``repr``, ``nbytes`` and ``rlbuf inspect`` report what the compressed frames take, not their raw size."""
+    from rlbuf._inspect import inspect_checkpoint
+
+    path, buffer = _saved(tmp_path)
+    log, finals = buffer._compact.log, buffer._compact.streams.finals  # type: ignore[union-attr]
+    raw = math.prod(FRAME)
+    frames = (log.stored_bytes + finals.stored_bytes) / len(buffer)
+    assert 0 < frames < raw
+    stored = float(repr(buffer).split("bytes_per_transition~")[1].split(" B")[0])
+    report = inspect_checkpoint(str(path))
+    assert report["bytes_per_transition"] == pytest.approx(stored, abs=0.1)
+    assert buffer.nbytes >= log.stored_bytes + finals.stored_bytes + sum(
+        leaf.numel() * leaf.element_size() for leaf in buffer._ring.leaves.values())
