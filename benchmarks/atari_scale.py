@@ -25,7 +25,6 @@ transition's stacks compressed by TorchRL); their RSS per transition and ``sampl
 from __future__ import annotations
 
 import argparse
-import gc
 import multiprocessing
 import os
 import time
@@ -93,8 +92,6 @@ def fill_compressed(recorded: list[tuple[Any, ...]], space: Any, actions: Any, t
               f"{len(points)} points: {(intercept + slope * transitions) / 2**30:.2f} GiB")
     else:
         print(f"RSS at {rows:,} rows: {held / 2**30:.2f} GiB")
-    del buffer, feed
-    gc.collect()
 
 
 def peers(recorded: list[tuple[Any, ...]], space: Any, actions: Any, rows: int) -> None:
