@@ -26,7 +26,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from rlbuf._frames import Codec, CompressedFinals, FrameLog
+from rlbuf._codec import Codec
+from rlbuf._frames import CompressedFinals, FrameLog
 from rlbuf._nstep import nstep_discount, nstep_return
 from rlbuf._ring import RowRing
 from rlbuf._stream_check import streams_problem
@@ -122,11 +123,12 @@ class CompactLayout:
                 store(frames, terminated_rows, truncated_rows)
             else:
                 # Compressed and placed first (the arena may grow, no frame changes); appended once stored.
-                blobs = self.log.compress(frames.numpy())
-                at = self.log.place(blobs)
-                store(torch.tensor([len(blob) for blob in blobs], dtype=torch.int32), terminated_rows, truncated_rows)
-                self.log.append(first, blobs, at)
-                if self.log.training_due(len(blobs)):
+                packed = self.log.compress(frames.numpy())
+                at = self.log.place(packed)
+                store(torch.tensor([len(blob) for blob in packed.blobs], dtype=torch.int32), terminated_rows,
+                      truncated_rows)
+                self.log.append(first, packed, at)
+                if self.log.training_due(len(packed.blobs)):
                     self._train_dictionary()
             self.streams.record(env_ids, first, next_rows, terminated_np, truncated_np,
                                 write_count=ring.write_count, size=len(ring))

@@ -5,7 +5,7 @@ each row's compressed frame, and the frames themselves live here, in one numpy b
 (the *arena*) used as a circular log: an add appends its rows' frames after the newest ones,
 and the ring overwrites its oldest rows first, so the bytes of the oldest frame are the next
 to be freed. No Python object per frame, no allocator: a row costs its compressed bytes and
-12 bytes of offsets.
+16 bytes (offset, size, checksum).
 
 Frames are compressed once at ``add`` and decompressed at ``sample``, bit-exact; each sample
 decodes every distinct frame of the batch once. Small frames compress poorly on their own (an
@@ -16,180 +16,44 @@ Breakout frames this takes a frame from 25× to 65× smaller.
 
 A checkpoint stores the compressed bytes as they are (no decompression at save) with the
 dictionary; the row sizes are the ring's ``obs`` column. A load derives every offset from those
-sizes and decompresses every frame once to check it (see ``FrameLog.loaded``).
+sizes and decompresses every frame once, against the checksum of the raw frame taken at ``add``
+(see ``FrameLog.loaded``): bytes that decode to anything but the frames added are refused.
 
 Example:
     >>> import numpy as np, torch
     >>> log = FrameLog(4, (2, 3), torch.uint8, Codec("zstd", None))
     >>> frames = np.arange(12, dtype=np.uint8).reshape(2, 2, 3)
-    >>> blobs = log.compress(frames)
-    >>> log.append(0, blobs, log.place(blobs))
+    >>> packed = log.compress(frames)
+    >>> log.append(0, packed, log.place(packed))
     >>> bool((log.take(np.array([1, 0, 1])) == frames[[1, 0, 1]]).all())
     True
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
+from rlbuf._codec import MAX_DICTIONARY, Codec, checksums
 from rlbuf._convert import numpy_dtype_or_none
 from rlbuf.errors import CheckpointError, ConfigError
 
-CODECS = ("zstd", "lz4")
-"""The ``compression`` options of the compact layout (``None``: frames stored as they are)."""
 DICTIONARY_AFTER = 1024
 """Frames written before the dictionary is trained (from the frames then stored)."""
-DICTIONARY_BYTES = 16 * 1024
-_LEVELS = {"zstd": (1, 22), "lz4": (1, 12)}
-_DEFAULT_ZSTD_LEVEL = 3
 _MIN_ARENA = 1 << 16
 _GROWTH = 1.25
-_MAX_DICTIONARY = 1 << 20
 
 
-def compression_options(compression: Any, level: Any) -> tuple[str | None, int | None]:
-    """Check the ``compression`` and ``compression_level`` options: ``(codec, level)``.
+class Packed(NamedTuple):
+    """Frames compressed for an add: the compressed bytes and the checksum of each raw frame."""
 
-    Raises:
-        ConfigError: an unknown codec, a level outside its range, a level without a codec, or
-            the codec's library missing.
-
-    Example:
-        >>> compression_options("zstd", None), compression_options(None, None)
-        (('zstd', 3), (None, None))
-        >>> compression_options("zstd", 30)
-        Traceback (most recent call last):
-        ...
-        rlbuf.errors.ConfigError: compression_level: expected an int in [1, 22] for zstd, got 30
-    """
-    if compression is None:
-        if level is not None:
-            raise ConfigError(f"compression_level: only used with compression='zstd' or 'lz4', got "
-                              f"compression_level={level!r} without compression")
-        return None, None
-    if compression not in CODECS:
-        raise ConfigError(f"compression: expected one of {list(CODECS)} or None, got {compression!r}")
-    if level is not None:
-        low, high = _LEVELS[compression]
-        if isinstance(level, bool) or not isinstance(level, int) or not low <= level <= high:
-            raise ConfigError(f"compression_level: expected an int in [{low}, {high}] for {compression}, got {level!r}")
-    _libraries()
-    if compression == "zstd" and level is None:
-        level = _DEFAULT_ZSTD_LEVEL
-    return compression, level
-
-
-def frame_codec(compression: Any, level: Any, *, compact: bool) -> Codec | None:
-    """The codec of a replay buffer's ``compression`` options, or ``None`` without compression.
-
-    Raises:
-        ConfigError: invalid options, or compression without the compact layout.
-
-    Example:
-        >>> frame_codec("lz4", None, compact=False)
-        Traceback (most recent call last):
-        ...
-        rlbuf.errors.ConfigError: compression: compresses the frames of the compact layout; add frame_stack=k, n_step=n or compact=True, got compression='lz4' with compact=False
-    """
-    name, level = compression_options(compression, level)
-    if name is None:
-        return None
-    if not compact:
-        raise ConfigError(f"compression: compresses the frames of the compact layout; add frame_stack=k, n_step=n "
-                          f"or compact=True, got compression={compression!r} with compact=False")
-    return Codec(name, level)
-
-
-def _libraries() -> tuple[Any, Any]:
-    """``(lz4.block, zstandard)``; both are needed (the dictionary is trained by zstandard)."""
-    try:
-        import lz4.block
-        import zstandard
-    except ImportError as error:
-        raise ConfigError(f"compression: needs the lz4 and zstandard packages ({error}); install them with "
-                          f"pip install 'rlbuf[compression]'") from None
-    return lz4.block, zstandard
-
-
-class Codec:
-    """One frame's compression and decompression, with an optional dictionary.
-
-    Args:
-        name: ``"zstd"`` or ``"lz4"``.
-        level: zstd's level (1-22), or lz4's high-compression level (1-12; ``None``: lz4's fast mode).
-        dictionary: bytes that both sides prime their history with (``b""``: none).
-
-    Example:
-        >>> codec = Codec("lz4", None)
-        >>> codec.decompress(codec.compress(bytes(100)), 100) == bytes(100)
-        True
-    """
-
-    def __init__(self, name: str, level: int | None, dictionary: bytes = b"") -> None:
-        self.name, self.level, self.dictionary = name, level, dictionary
-        self.compress: Callable[[Any], bytes]
-        self._decoder: Callable[[int], Callable[[Any], bytes]]
-        lz4_block, zstandard = _libraries()
-        self._errors: tuple[type[Exception], ...] = (zstandard.ZstdError, lz4_block.LZ4BlockError, ValueError)
-        if name == "zstd":
-            data = zstandard.ZstdCompressionDict(dictionary) if dictionary else None
-            # No frame header fields: the size is known, and the checkpoint has its own checksums.
-            compressor = zstandard.ZstdCompressor(level=level or _DEFAULT_ZSTD_LEVEL, dict_data=data,
-                                                  write_content_size=False, write_checksum=False, write_dict_id=False)
-            decompressor = zstandard.ZstdDecompressor(dict_data=data)
-            self.compress = compressor.compress
-            self._decoder = lambda size: functools.partial(decompressor.decompress, max_output_size=size)
-        else:
-            options: dict[str, Any] = {"store_size": False, "dict": dictionary} if dictionary else {"store_size": False}
-            if level is not None:
-                options.update(mode="high_compression", compression=level)
-            self.compress = functools.partial(lz4_block.compress, **options)
-            primed = {"dict": dictionary} if dictionary else {}
-            self._decoder = lambda size: functools.partial(lz4_block.decompress, uncompressed_size=size, **primed)
-
-    def decoder(self, size: int) -> Callable[[Any], bytes]:
-        """``decode(blob) -> bytes`` of frames of ``size`` bytes, unchecked (a C call: frames this log wrote,
-        or checked by ``decompress`` at load)."""
-        decode: Callable[[Any], bytes] = self._decoder(size)
-        return decode
-
-    def decompress(self, blob: Any, size: int) -> bytes:
-        """The ``size`` bytes ``blob`` was compressed from.
-
-        Raises:
-            ValueError: ``blob`` is not a compressed frame of ``size`` bytes (with this dictionary).
-        """
-        try:
-            frame: bytes = self._decoder(size)(blob)
-        except self._errors as error:
-            raise ValueError(f"not a {self.name} frame of {size} bytes ({error})") from None
-        if len(frame) != size:
-            raise ValueError(f"a {self.name} frame of {len(frame)} bytes, expected {size}")
-        return frame
-
-    def with_dictionary(self, dictionary: bytes) -> Codec:
-        """The same codec primed with ``dictionary``."""
-        return Codec(self.name, self.level, dictionary)
-
-    def train(self, frames: Sequence[bytes]) -> bytes:
-        """A dictionary trained on ``frames`` (``b""`` when zstd cannot train one from them)."""
-        _, zstandard = _libraries()
-        try:
-            # Fixed COVER parameters: deterministic, and 50 ms rather than 0.2 s on 1,024 Atari frames.
-            trained = zstandard.train_dictionary(DICTIONARY_BYTES, list(frames), k=1024, d=8, steps=4)
-        except zstandard.ZstdError:
-            return b""
-        dictionary: bytes = trained.as_bytes()
-        return dictionary
-
+    blobs: list[bytes]
+    sums: npt.NDArray[np.uint32]
 
 class FrameLog:
     """The compressed frames of a ring of ``capacity`` rows (see the module docstring).
@@ -219,29 +83,31 @@ class FrameLog:
         self.arena = np.empty(0, np.uint8)
         self.start = np.zeros(capacity, np.int64)
         self.length = np.zeros(capacity, np.int32)
+        self.sums = np.zeros(capacity, np.uint32)  # of the raw frames, checked at load
         self.head = 0  # where the newest frame ends
         self.wrap_end = 0  # where the frames before the arena's wrap end (when the log wraps)
         self.count = 0  # frames ever appended (the ring's write count)
 
     # -- writing -----------------------------------------------------------------------------
-    def compress(self, frames: npt.NDArray[Any]) -> list[bytes]:
-        """Each of ``frames`` (``[rows, *frame]``, the stored dtype) compressed; changes nothing."""
+    def compress(self, frames: npt.NDArray[Any]) -> Packed:
+        """Each of ``frames`` (``[rows, *frame]``, the stored dtype) compressed, and its checksum; changes nothing."""
         compress = self.codec.compress
         rows = np.ascontiguousarray(frames, self.np_dtype).reshape(len(frames), -1).view(np.uint8)
-        return [compress(row) for row in rows]
+        return Packed([compress(row) for row in rows], checksums(rows))
 
-    def place(self, blobs: Sequence[bytes]) -> int:
-        """Where ``blobs`` will go: room after the newest frame, the arena grown if needed (the frames
+    def place(self, packed: Packed) -> int:
+        """Where ``packed`` will go: room after the newest frame, the arena grown if needed (the frames
         this add overwrites are kept until ``append``)."""
-        needed = sum(map(len, blobs))
+        needed = sum(map(len, packed.blobs))
         at = self._free_offset(needed)
         if at is None:
             self._grow(needed)
             at = self.head
         return at
 
-    def append(self, first_serial: int, blobs: Sequence[bytes], at: int) -> None:
-        """Store ``blobs`` as the frames of serials ``first_serial, ...`` at ``at`` (from ``place``)."""
+    def append(self, first_serial: int, packed: Packed, at: int) -> None:
+        """Store ``packed`` as the frames of serials ``first_serial, ...`` at ``at`` (from ``place``)."""
+        blobs = packed.blobs
         if first_serial != self.count:
             raise AssertionError(f"frames appended at serial {first_serial}, the log holds {self.count}")
         if at < self.head:
@@ -250,7 +116,7 @@ class FrameLog:
         starts = at + np.cumsum(lengths) - lengths
         self.arena[at:at + int(lengths.sum())] = np.frombuffer(b"".join(blobs), np.uint8)
         positions = (first_serial + np.arange(len(blobs))) % self.capacity
-        self.start[positions], self.length[positions] = starts, lengths
+        self.start[positions], self.length[positions], self.sums[positions] = starts, lengths, packed.sums
         self.head = at + int(lengths.sum())
         self.count += len(blobs)
 
@@ -351,7 +217,7 @@ class FrameLog:
     @property
     def nbytes(self) -> int:
         """Bytes allocated: the arena (stored frames and free room) and the offsets."""
-        return self.arena.nbytes + self.start.nbytes + self.length.nbytes
+        return self.arena.nbytes + self.start.nbytes + self.length.nbytes + self.sums.nbytes
 
     @property
     def stored_bytes(self) -> int:
@@ -368,10 +234,11 @@ class FrameLog:
             self.codec = self.codec.with_dictionary(b"")
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The stored compressed bytes, oldest frame first, and the dictionary (copies)."""
+        """The stored compressed bytes and their frames' checksums, oldest frame first, and the dictionary (copies)."""
         segments = self._segments()
         data = np.concatenate([self.arena[low:high] for low, high in segments]) if segments else np.empty(0, np.uint8)
         return {"bytes": torch.from_numpy(data.copy()),
+                "checksums": torch.from_numpy(self.sums[self._stored_positions()].astype(np.int64)),
                 "dictionary": torch.frombuffer(bytearray(self.codec.dictionary), dtype=torch.uint8)
                 if self.codec.dictionary else torch.zeros(0, dtype=torch.uint8)}
 
@@ -379,24 +246,29 @@ class FrameLog:
         """A new log holding a ``state_dict``, every frame decompressed once to check it.
 
         Args:
-            state: the saved ``{"bytes", "dictionary"}``.
+            state: the saved ``{"bytes", "checksums", "dictionary"}``.
             sizes: the ring's ``obs`` column: each stored row's compressed size ``[size]`` (positions).
             write_count: rows written (the newest row's serial + 1).
 
         Raises:
-            CheckpointError: sizes that do not add up to the bytes, or a frame that is not one.
+            CheckpointError: sizes that do not add up to the bytes, or a frame that does not
+                decompress to a frame with its checksum.
         """
-        if not isinstance(state, dict) or set(state) != {"bytes", "dictionary"}:
+        if not isinstance(state, dict) or set(state) != {"bytes", "checksums", "dictionary"}:
             found = sorted(state) if isinstance(state, dict) else type(state).__name__
-            raise CheckpointError(f"compressed frames must hold 'bytes' and 'dictionary', found {found}")
-        for name in ("bytes", "dictionary"):
+            raise CheckpointError(f"compressed frames must hold 'bytes', 'checksums' and 'dictionary', found {found}")
+        for name, dtype in (("bytes", torch.uint8), ("checksums", torch.int64), ("dictionary", torch.uint8)):
             value = state[name]
-            if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8 or value.dim() != 1:
-                raise CheckpointError(f"compressed frames {name!r} must be a 1-D uint8 tensor")
+            if not isinstance(value, torch.Tensor) or value.dtype != dtype or value.dim() != 1:
+                raise CheckpointError(f"compressed frames {name!r} must be a 1-D {dtype} tensor")
+        sums = state["checksums"].numpy()
+        if len(sums) != int(sizes.shape[0]) or ((sums < 0) | (sums > 0xFFFFFFFF)).any():
+            raise CheckpointError(f"compressed frames: {len(sums)} checksums of 32 bits expected one per stored "
+                                  f"row ({int(sizes.shape[0])})")
         dictionary = bytes(state["dictionary"].numpy())
-        if len(dictionary) > _MAX_DICTIONARY:
+        if len(dictionary) > MAX_DICTIONARY:
             raise CheckpointError(f"a compression dictionary of {len(dictionary)} bytes, at most "
-                                  f"{_MAX_DICTIONARY} are written")
+                                  f"{MAX_DICTIONARY} are written")
         if dictionary and write_count < DICTIONARY_AFTER:
             raise CheckpointError(f"a compression dictionary after {write_count} frames; rlbuf trains one after "
                                   f"{DICTIONARY_AFTER}")
@@ -417,17 +289,21 @@ class FrameLog:
                                   f"checkpoint holds {len(data)}")
         log.arena = np.array(data, np.uint8, copy=True) if len(data) else np.empty(_MIN_ARENA, np.uint8)
         log.start[positions], log.length[positions] = np.cumsum(lengths) - lengths, lengths
+        log.sums[positions] = sums.astype(np.uint32)
         log.head = len(data)
         for position in positions.tolist():
             try:
-                log._frame(position)
+                frame = log._frame(position)
             except ValueError as error:
                 raise CheckpointError(f"row {position}'s compressed frame does not decompress: {error}") from None
+            if checksums(np.frombuffer(frame, np.uint8)[None])[0] != log.sums[position]:
+                raise CheckpointError(f"row {position}'s compressed frame decompresses to another frame than the "
+                                      f"one added (its checksum differs)")
         return log
 
     def adopt(self, other: FrameLog) -> None:
         """Hold ``other``'s frames (a log from ``loaded``)."""
-        self.arena, self.start, self.length = other.arena, other.start, other.length
+        self.arena, self.start, self.length, self.sums = other.arena, other.start, other.length, other.sums
         self.head, self.wrap_end, self.count, self.codec = other.head, other.wrap_end, other.count, other.codec
 
 
@@ -450,25 +326,27 @@ class CompressedFinals:
     def __init__(self, log: FrameLog) -> None:
         self.log = log
         self.blobs: list[bytes] = []
+        self.sums: list[int] = []  # of the raw frames, checked at load (0: a free slot)
         self.free: list[int] = []
 
     def put(self, values: torch.Tensor) -> npt.NDArray[np.int64]:
         """Store ``values`` (one frame per row) and return their slots."""
-        blobs = self.log.compress(values.cpu().numpy())
+        packed = self.log.compress(values.cpu().numpy())
         slots = []
-        for blob in blobs:
+        for blob, checksum in zip(packed.blobs, packed.sums.tolist(), strict=True):
             slot = self.free.pop() if self.free else len(self.blobs)
             if slot == len(self.blobs):
                 self.blobs.append(blob)
+                self.sums.append(checksum)
             else:
-                self.blobs[slot] = blob
+                self.blobs[slot], self.sums[slot] = blob, checksum
             slots.append(slot)
         return np.array(slots, np.int64)
 
     def release(self, slots: npt.NDArray[np.int64]) -> None:
         """Free ``slots`` for reuse (their rows were overwritten)."""
         for slot in slots.tolist():
-            self.blobs[slot] = b""
+            self.blobs[slot], self.sums[slot] = b"", 0
             self.free.append(slot)
 
     def take(self, slots: npt.NDArray[np.int64]) -> torch.Tensor:
@@ -488,7 +366,7 @@ class CompressedFinals:
 
     def clear(self) -> None:
         """Forget every frame."""
-        self.blobs, self.free = [], []
+        self.blobs, self.sums, self.free = [], [], []
 
     @property
     def stored_bytes(self) -> int:
@@ -505,16 +383,21 @@ class CompressedFinals:
         data = b"".join(self.blobs)
         return {"bytes": torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8),
                 "sizes": torch.tensor([len(blob) for blob in self.blobs], dtype=torch.int64),
+                "checksums": torch.tensor(self.sums, dtype=torch.int64),
                 "free": torch.tensor(self.free, dtype=torch.int64)}
 
     def structure_problem(self, state: Any) -> str:
         """``""`` when ``state`` has the form of a ``state_dict`` (its frames are checked by ``frames_problem``)."""
-        if not isinstance(state, dict) or set(state) != {"bytes", "sizes", "free"}:
-            return "stream table finals must hold 'bytes', 'sizes' and 'free' (compressed final observations)"
-        for name, dtype in (("bytes", torch.uint8), ("sizes", torch.int64), ("free", torch.int64)):
+        if not isinstance(state, dict) or set(state) != {"bytes", "sizes", "checksums", "free"}:
+            return ("stream table finals must hold 'bytes', 'sizes', 'checksums' and 'free' (compressed final "
+                    "observations)")
+        for name, dtype in (("bytes", torch.uint8), ("sizes", torch.int64), ("checksums", torch.int64),
+                            ("free", torch.int64)):
             value = state[name]
             if not isinstance(value, torch.Tensor) or value.dtype != dtype or value.dim() != 1:
                 return f"compressed final observations {name!r} must be a 1-D {dtype} tensor"
+        if state["checksums"].shape != state["sizes"].shape:
+            return "compressed final observations: one checksum per slot expected"
         return ""
 
     @staticmethod
@@ -531,16 +414,21 @@ class CompressedFinals:
         in_use[used] = True
         if (sizes[~in_use] != 0).any() or (sizes[in_use] == 0).any():
             return "compressed final observations: a free slot holds bytes, or a used one none"
-        data, ends = state["bytes"].numpy(), np.cumsum(sizes)
+        data, ends, sums = state["bytes"].numpy(), np.cumsum(sizes), state["checksums"].numpy()
+        if (sums[~in_use] != 0).any():
+            return "compressed final observations: a free slot holds a checksum"
         for slot in np.flatnonzero(in_use).tolist():
             try:
-                codec.decompress(data[ends[slot] - sizes[slot]:ends[slot]].tobytes(), self.log.frame_bytes)
+                frame = codec.decompress(data[ends[slot] - sizes[slot]:ends[slot]].tobytes(), self.log.frame_bytes)
             except ValueError as error:
                 return f"compressed final observation slot {slot} does not decompress: {error}"
+            if int(checksums(np.frombuffer(frame, np.uint8)[None])[0]) != int(sums[slot]):
+                return f"compressed final observation slot {slot} decompresses to another frame than the one kept"
         return ""
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Restore a ``state_dict`` checked by ``structure_problem`` and ``frames_problem``."""
         data, ends = bytes(state["bytes"].numpy()), np.cumsum(state["sizes"].numpy()).tolist()
         self.blobs = [data[start:end] for start, end in zip([0, *ends][:len(ends)], ends, strict=True)]
+        self.sums = [int(checksum) for checksum in state["checksums"].tolist()]
         self.free = [int(slot) for slot in state["free"].tolist()]

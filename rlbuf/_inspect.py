@@ -113,13 +113,13 @@ def _describe(report: dict[str, Any], buffer_dir: Path, manifest: dict[str, Any]
 def _with_compressed_frames(estimate: float | None, options: dict[str, Any], files: dict[str, Any],
                             state: dict[str, Any]) -> float | None:
     """The estimate with a compressed buffer's frames as the checkpoint holds them: their bytes per stored
-    row (the final observations' too) and 12 bytes of offsets (the row's own column holds each frame's size)."""
+    row (the final observations' too) and 16 bytes of offset, size and checksum."""
     size = state.get("size")
     if estimate is None or not options.get("compression") or not isinstance(size, int) or size <= 0:
         return estimate
-    held = sum(entry.get("bytes", 0) for rel, entry in files.items() if isinstance(entry, dict) and isinstance(
+    held: int = sum(entry["bytes"] for rel, entry in files.items() if isinstance(entry, dict) and isinstance(
         entry.get("bytes"), int) and str(rel).endswith(("frames.bytes.bin", "finals.bytes.bin")))
-    return estimate + 12 + held / size
+    return estimate + 16 + held / size
 
 
 def format_report(report: dict[str, Any]) -> str:

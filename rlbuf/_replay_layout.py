@@ -126,12 +126,13 @@ def repr_options(specs: Sequence[FieldSpec], *, prioritized: bool, compact: Comp
     layout = "" if compact is None else f", compact=True, frame_stack={compact.frame_stack}, n_step={compact.n_step}"
     size = row_bytes([(s.shape, s.dtype.itemsize) for s in specs], prioritized=prioritized,
                      compact=compact is not None, frame_stack=1 if compact is None else compact.frame_stack)
-    log = None if compact is None else compact.log
-    if log is not None:
-        # Measured: the frames' compressed bytes (final ones too) per stored row, and 12 bytes of offsets.
+    if compact is not None and compact.log is not None:
+        # Measured: the frames' compressed bytes (final ones too) per stored row, and 16 bytes of offset,
+        # size and checksum.
+        log = compact.log
         rows = min(log.count, log.capacity)
         layout += f", compression={log.codec.name!r}"
-        size += 12 + ((log.stored_bytes + compact.streams.finals.stored_bytes) / rows if rows else 0)
+        size += 16 + ((log.stored_bytes + compact.streams.finals.stored_bytes) / rows if rows else 0)
     return f", prioritized={prioritized}{layout}, bytes_per_transition~{human_bytes(size)}"
 
 

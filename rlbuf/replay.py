@@ -29,9 +29,9 @@ from torchrl.data import TensorDictReplayBuffer
 
 from rlbuf._autoreset import ResetSteps, reset_steps
 from rlbuf._buffer import done_of, refuse_foreign_options
+from rlbuf._codec import frame_codec
 from rlbuf._compact import CompactLayout
 from rlbuf._convert import REQUIRED, as_num_envs, require
-from rlbuf._frames import frame_codec
 from rlbuf._obs import (
     ObsDtype,
     ObsShape,

@@ -21,7 +21,8 @@ from tensordict import TensorDict
 
 import rlbuf._frames as frames_module
 from rlbuf import CheckpointError, ConfigError, EmptyBufferError, ReplayBuffer, ShapeError
-from rlbuf._frames import Codec, FrameLog
+from rlbuf._codec import Codec
+from rlbuf._frames import FrameLog
 from rlbuf.gym import Recorder
 
 DATA = Path(__file__).parent / "data" / "breakout_steps.npz"
@@ -243,12 +244,12 @@ def test_the_log_holds_the_newest_frames_through_wraps_and_growth(capacity: int,
     for kinds in adds:
         kinds = kinds[:capacity]
         batch = np.stack([_frame(rng, kind) for kind in kinds])
-        blobs = log.compress(batch)
+        packed = log.compress(batch)
         first = log.count
-        log.append(first, blobs, log.place(blobs))
+        log.append(first, packed, log.place(packed))
         for offset, frame in enumerate(batch):
             reference[(first + offset) % capacity] = frame
-        if log.training_due(len(blobs)):
+        if log.training_due(len(packed.blobs)):
             log.train()
         positions = np.array(sorted(reference), np.int64)
         assert (log.take(positions) == np.stack([reference[p] for p in positions.tolist()])).all()
@@ -354,6 +355,10 @@ FRAME_FORGERIES: dict[str, Any] = {
         slice(0, 2), t.view(-1)[:2].flip(0) + torch.tensor([1, -1]))),
     "final bytes cut by one": lambda path: _set_entry(path, "finals.bytes.bin", _finals_of(path)[:-1]),
     "final bytes zeroed": lambda path: _set_entry(path, "finals.bytes.bin", bytes(len(_finals_of(path)))),
+    "a frame's checksum changed": lambda path: _forge_tensor(path, "frames.checksums.bin", lambda t: t.view(-1).__setitem__(
+        0, (t.view(-1)[0] + 1) % 2**32)),
+    "a final frame's checksum changed": lambda path: _forge_tensor(path, "finals.checksums.bin", lambda t: t.view(
+        -1).__setitem__(int(t.view(-1).argmax()), t.view(-1).max() - 1)),
     "the dictionary dropped": lambda path: _set_entry(path, "frames.dictionary.bin", b""),
     "the dictionary changed": lambda path: _set_entry(path, "frames.dictionary.bin", bytes(
         b ^ 0x5A for b in _dictionary_of(path))),
@@ -383,13 +388,8 @@ def _dictionary_of(path: Path) -> bytes:
 def test_hostile_frame_bytes_are_refused(tmp_path: Path, case: str, codec: str) -> None:
     path, _ = _saved(tmp_path, codec)
     FRAME_FORGERIES[case](path)
-    try:
-        loaded = ReplayBuffer.load(path)
-    except CheckpointError:
-        return
-    # Bytes that decode to frames of the right size are data, as a changed pixel of an
-    # uncompressed frame is; nothing else may load.
-    assert case in ("the dictionary changed", "bytes zeroed", "final bytes zeroed") and loaded.check_valid() == (True, "")
+    with pytest.raises(CheckpointError):
+        ReplayBuffer.load(path)
 
 
 def test_a_dictionary_before_its_time_is_refused(tmp_path: Path) -> None:
