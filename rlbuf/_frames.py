@@ -275,6 +275,9 @@ class FrameLog:
         log = FrameLog(self.capacity, self.frame_shape, self.dtype, self.codec.with_dictionary(dictionary)
                        if dictionary != self.codec.dictionary else self.codec)
         size = int(sizes.shape[0])
+        if size != min(write_count, self.capacity):
+            raise CheckpointError(f"compressed frames: {size} rows after {write_count} writes, expected "
+                                  f"{min(write_count, self.capacity)}")
         log.count = write_count
         positions = log._stored_positions()
         lengths = sizes.cpu().numpy().astype(np.int64)[positions] if size else np.zeros(0, np.int64)
