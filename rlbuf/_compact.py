@@ -41,7 +41,7 @@ from rlbuf.errors import (
     ShapeError,
     StoredIndexError,
 )
-from rlbuf.spec import FieldSpec, positive_int
+from rlbuf.spec import FieldSpec, NotStaged, positive_int
 from rlbuf.storage import available_ram
 
 MAX_FRAME_STACK = 1024
@@ -100,7 +100,7 @@ class CompactLayout:
 
     # -- writing -----------------------------------------------------------------------------
     def write(self, obs: Any, next_obs: Any, terminated: Any, truncated: Any, env_ids: npt.NDArray[np.int64],
-              store: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]) -> None:
+              store: Callable[[torch.Tensor, npt.NDArray[np.bool_], npt.NDArray[np.bool_]], None]) -> None:
         """Check steps against their envs' streams, store them with ``store(frames, terminated,
         truncated)`` (which validates the other fields and writes the ring), then link them.
 
@@ -112,21 +112,20 @@ class CompactLayout:
         rows = len(env_ids)
         obs_rows = self._rows(self.obs_spec, obs, rows)
         next_rows = self._rows(self.next_obs_spec, next_obs, rows)
-        terminated_rows = self._rows(ring.by_name["terminated"], terminated, rows).to(torch.bool)
-        truncated_rows = self._rows(ring.by_name["truncated"], truncated, rows).to(torch.bool)
-        terminated_np, truncated_np = terminated_rows.numpy(), truncated_rows.numpy()
+        terminated_np = self._flags(ring.by_name["terminated"], terminated, rows)
+        truncated_np = self._flags(ring.by_name["truncated"], truncated, rows)
         frames = obs_rows[:, -1] if self.frame_stack > 1 else obs_rows
         with ring.lock:
             self.streams.check(obs_rows, next_rows, env_ids, terminated_np, truncated_np)
             first = ring.write_count
             if self.log is None:
-                store(frames, terminated_rows, truncated_rows)
+                store(frames, terminated_np, truncated_np)
             else:
                 # Compressed and placed first (the arena may grow, no frame changes); appended once stored.
                 packed = self.log.compress(frames.numpy())
                 at = self.log.place(packed)
-                store(torch.tensor([len(blob) for blob in packed.blobs], dtype=torch.int32), terminated_rows,
-                      truncated_rows)
+                store(torch.tensor([len(blob) for blob in packed.blobs], dtype=torch.int32), terminated_np,
+                      truncated_np)
                 self.log.append(first, packed, at)
                 if self.log.training_due(len(packed.blobs)):
                     self._train_dictionary()
@@ -144,6 +143,16 @@ class CompactLayout:
                 sizes = torch.from_numpy(self.log.length[positions].astype(np.int32))
                 leaf = self.ring.leaves["obs"]
                 leaf[torch.from_numpy(positions).to(leaf.device)] = sizes.to(leaf.device)
+
+    def _flags(self, spec: FieldSpec, value: Any, rows: int) -> npt.NDArray[np.bool_]:
+        """``rows`` flags of ``spec`` as numpy bools, checked by its reader (a Python bool of one env
+        is read as it is: a tensor made of it would cost ten times more)."""
+        reader = self.ring.reader(spec, rows)
+        try:
+            read = reader.read(value)
+        except NotStaged:  # a tensor on the storing device
+            read = reader.tensor(value).cpu().numpy()
+        return np.asarray(read, np.bool_).reshape(rows)
 
     def _rows(self, spec: FieldSpec, value: Any, rows: int) -> torch.Tensor:
         """``rows`` rows of ``spec``, checked by its reader, on the CPU in the stored dtype."""

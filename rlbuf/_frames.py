@@ -336,7 +336,8 @@ class CompressedFinals:
         """Store ``values`` (one frame per row) and return their slots."""
         packed = self.log.compress(values.cpu().numpy())
         slots = []
-        for blob, checksum in zip(packed.blobs, packed.sums.tolist(), strict=True):
+        # Copied: a compressor's bytes object may hold the whole buffer it was made in (a frame's size).
+        for blob, checksum in zip(map(_exact, packed.blobs), packed.sums.tolist(), strict=True):
             slot = self.free.pop() if self.free else len(self.blobs)
             if slot == len(self.blobs):
                 self.blobs.append(blob)
@@ -365,7 +366,7 @@ class CompressedFinals:
     def recompress(self, old: Codec) -> None:
         """Compress the kept frames again with the log's codec (it has trained a dictionary; they were ``old``'s)."""
         size, new = self.log.frame_bytes, self.log.codec.compress
-        self.blobs = [new(old.decompress(blob, size)) if blob else blob for blob in self.blobs]
+        self.blobs = [_exact(new(old.decompress(blob, size))) if blob else blob for blob in self.blobs]
 
     def clear(self) -> None:
         """Forget every frame."""
@@ -435,3 +436,13 @@ class CompressedFinals:
         self.blobs = [data[start:end] for start, end in zip([0, *ends][:len(ends)], ends, strict=True)]
         self.sums = [int(checksum) for checksum in state["checksums"].tolist()]
         self.free = [int(slot) for slot in state["free"].tolist()]
+
+
+def _exact(blob: bytes) -> bytes:
+    """A copy of ``blob`` holding its own bytes only.
+
+    Example:
+        >>> _exact(b"abc")
+        b'abc'
+    """
+    return bytes(memoryview(blob))
