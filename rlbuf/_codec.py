@@ -53,7 +53,7 @@ def compression_options(compression: Any, level: Any) -> tuple[str | None, int |
             raise ConfigError(f"compression_level: only used with compression='zstd' or 'lz4', got "
                               f"compression_level={level!r} without compression")
         return None, None
-    if compression not in CODECS:
+    if not isinstance(compression, str) or compression not in CODECS:
         raise ConfigError(f"compression: expected one of {list(CODECS)} or None, got {compression!r}")
     if level is not None:
         low, high = _LEVELS[compression]
@@ -115,6 +115,7 @@ class Codec:
         self.name, self.level, self.dictionary = name, level, dictionary
         self.compress: Callable[[Any], bytes]
         self._decoder: Callable[[int], Callable[[Any], bytes]]
+        self._strict: Callable[[int], Callable[[Any], bytes]]
         lz4_block, zstandard = _libraries()
         self._errors: tuple[type[Exception], ...] = (zstandard.ZstdError, lz4_block.LZ4BlockError, ValueError)
         if name == "zstd":
@@ -125,17 +126,21 @@ class Codec:
             decompressor = zstandard.ZstdDecompressor(dict_data=data)
             self.compress = compressor.compress
             self._decoder = lambda size: functools.partial(decompressor.decompress, max_output_size=size)
+            # A frame followed by other bytes is no frame rlbuf wrote (zstd ignores them by default).
+            self._strict = lambda size: functools.partial(decompressor.decompress, max_output_size=size,
+                                                          allow_extra_data=False)
         else:
             options: dict[str, Any] = {"store_size": False, "dict": dictionary} if dictionary else {"store_size": False}
             if level is not None:
                 options.update(mode="high_compression", compression=level)
             self.compress = functools.partial(lz4_block.compress, **options)
             primed = {"dict": dictionary} if dictionary else {}
-            self._decoder = lambda size: functools.partial(lz4_block.decompress, uncompressed_size=size, **primed)
+            self._decoder = self._strict = lambda size: functools.partial(lz4_block.decompress,
+                                                                          uncompressed_size=size, **primed)
 
     def decoder(self, size: int) -> Callable[[Any], bytes]:
         """``decode(blob) -> bytes`` of frames of ``size`` bytes, unchecked (a C call: frames this log wrote,
-        or checked by ``decompress`` at load)."""
+        or checked by ``decompress`` at load). Not thread-safe: call with the buffer's lock held."""
         decode: Callable[[Any], bytes] = self._decoder(size)
         return decode
 
@@ -146,7 +151,7 @@ class Codec:
             ValueError: ``blob`` is not a compressed frame of ``size`` bytes (with this dictionary).
         """
         try:
-            frame: bytes = self._decoder(size)(blob)
+            frame: bytes = self._strict(size)(blob)
         except self._errors as error:
             raise ValueError(f"not a {self.name} frame of {size} bytes ({error})") from None
         if len(frame) != size:
@@ -154,8 +159,18 @@ class Codec:
         return frame
 
     def with_dictionary(self, dictionary: bytes) -> Codec:
-        """The same codec primed with ``dictionary``."""
-        return Codec(self.name, self.level, dictionary)
+        """A new codec of the same kind and level primed with ``dictionary`` (its own (de)compressor:
+        they are not thread-safe).
+
+        Raises:
+            ValueError: ``dictionary`` is none the codec takes (it is tried on one frame).
+        """
+        try:
+            codec = Codec(self.name, self.level, dictionary)
+            codec.decompress(codec.compress(bytes(64)), 64)
+        except self._errors as error:
+            raise ValueError(f"not a {self.name} dictionary ({error})") from None
+        return codec
 
     def train(self, frames: Sequence[bytes]) -> bytes:
         """A dictionary trained on ``frames`` (``b""`` when zstd cannot train one from them)."""

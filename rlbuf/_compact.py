@@ -96,7 +96,6 @@ class CompactLayout:
         if self.log is not None:
             self.streams.finals = CompressedFinals(self.log)
         self._sampled: tuple[torch.Tensor, Chain] | None = None
-        self._checked_frames: tuple[Any, FrameLog] | None = None  # the log a load check built, for the load
 
     # -- writing -----------------------------------------------------------------------------
     def write(self, obs: Any, next_obs: Any, terminated: Any, truncated: Any, env_ids: npt.NDArray[np.int64],
@@ -297,11 +296,9 @@ class CompactLayout:
     def load_state_dict(self, state: Mapping[str, Any], *, write_count: int, size: int) -> None:
         """Restore a ``state_dict`` checked by ``state_problem`` (with the ring's rows already loaded)."""
         if self.log is not None:  # first: the final observations are decoded with its codec
-            checked, self._checked_frames = self._checked_frames, None
-            saved = state["frames"]
-            log = checked[1] if checked is not None and checked[0] is saved else self.log.loaded(
-                saved, self.ring.leaves["obs"][:size], write_count=write_count)
-            self.log.adopt(log)
+            # Checked frame by frame by the load's check of this very state (state_problem).
+            self.log.adopt(self.log.loaded(state["frames"], self.ring.leaves["obs"][:size], write_count=write_count,
+                                           verify=False))
         self.streams.load_state_dict(state["streams"])
 
     def state_problem(self, state: Mapping[str, Any], fields: Mapping[str, torch.Tensor], *, write_count: int,
@@ -318,7 +315,6 @@ class CompactLayout:
                 log = self.log.loaded(state["frames"], fields["obs"], write_count=write_count)
             except CheckpointError as error:
                 return str(error)
-            self._checked_frames = (state["frames"], log)
 
             def frames(positions: npt.NDArray[np.int64]) -> torch.Tensor:
                 return torch.from_numpy(log.take(positions))
@@ -357,7 +353,7 @@ def layout_options(obs_shape: tuple[int, ...], *, frame_stack: int, padding_type
                               f"transition), got {value}")
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 <= gamma <= 1:
         raise ConfigError(f"gamma: expected a number in [0, 1], got {gamma!r}")
-    if padding_type not in ("reset", "zero"):
+    if not isinstance(padding_type, str) or padding_type not in ("reset", "zero"):
         raise ConfigError(f"padding_type: expected 'reset' or 'zero' (gymnasium's FrameStackObservation modes), "
                           f"got {padding_type!r}")
     if frame_stack > 1 and (not obs_shape or obs_shape[0] != frame_stack):

@@ -79,6 +79,8 @@ class FrameLog:
         self.dtype = dtype
         self.np_dtype = np_dtype
         self.frame_bytes = math.prod(frame_shape) * np_dtype.itemsize
+        if not self.frame_bytes:
+            raise ConfigError(f"compression: frames of shape {self.frame_shape} hold no bytes to compress")
         self.codec = codec
         self.arena = np.empty(0, np.uint8)
         self.start = np.zeros(capacity, np.int64)
@@ -92,7 +94,8 @@ class FrameLog:
     def compress(self, frames: npt.NDArray[Any]) -> Packed:
         """Each of ``frames`` (``[rows, *frame]``, the stored dtype) compressed, and its checksum; changes nothing."""
         compress = self.codec.compress
-        rows = np.ascontiguousarray(frames, self.np_dtype).reshape(len(frames), -1).view(np.uint8)
+        rows = np.ascontiguousarray(frames, self.np_dtype).reshape(len(frames), math.prod(self.frame_shape)).view(
+            np.uint8)
         return Packed([compress(row) for row in rows], checksums(rows))
 
     def place(self, packed: Packed) -> int:
@@ -172,15 +175,18 @@ class FrameLog:
         return self.count >= DICTIONARY_AFTER > self.count - appended and not self.codec.dictionary
 
     def train(self) -> npt.NDArray[np.int64] | None:
-        """Train the dictionary on the stored frames and compress them again with it: the positions
-        whose compressed sizes changed (``length``), or None where zstd trained no dictionary."""
+        """Train the dictionary on the newest ``DICTIONARY_AFTER`` stored frames and compress every stored
+        frame again with it, one at a time (an ``extend`` of a whole dataset never holds its frames raw):
+        the positions whose compressed sizes changed (``length``), or None where zstd trained none."""
         positions = self._stored_positions()
-        frames = [self._frame(int(p)) for p in positions]
-        dictionary = self.codec.train(frames)
+        dictionary = self.codec.train([self._frame(int(p)) for p in positions[-DICTIONARY_AFTER:]])
         if not dictionary:
             return None
-        codec = self.codec.with_dictionary(dictionary)
-        blobs = [codec.compress(frame) for frame in frames]
+        try:
+            codec = self.codec.with_dictionary(dictionary)
+        except ValueError:  # a dictionary zstd trained but cannot use: go on without one
+            return None
+        blobs = [codec.compress(self._frame(int(p))) for p in positions]
         lengths = np.fromiter(map(len, blobs), np.int64, len(blobs))
         arena = np.empty(max(_MIN_ARENA, int(lengths.sum() * _GROWTH)), np.uint8)
         arena[:int(lengths.sum())] = np.frombuffer(b"".join(blobs), np.uint8)
@@ -200,9 +206,12 @@ class FrameLog:
         Decoded straight into the result through a byte view (a numpy assignment from bytes costs
         five times more), into the first row that asks for it; the other rows copy it.
         """
-        unique, first, inverse = np.unique(positions, return_index=True, return_inverse=True)
         size = self.frame_bytes
         result = np.empty((len(positions), size), np.uint8)
+        if not len(positions):
+            empty: npt.NDArray[Any] = result.view(self.np_dtype).reshape(0, *self.frame_shape)
+            return empty
+        unique, first, inverse = np.unique(positions, return_index=True, return_inverse=True)
         out, arena, decode = result.data.cast("B"), self.arena.data, self.codec.decoder(size)
         for row, start, length in zip(first.tolist(), self.start[unique].tolist(), self.length[unique].tolist(),
                                       strict=True):
@@ -242,13 +251,15 @@ class FrameLog:
                 "dictionary": torch.frombuffer(bytearray(self.codec.dictionary), dtype=torch.uint8)
                 if self.codec.dictionary else torch.zeros(0, dtype=torch.uint8)}
 
-    def loaded(self, state: Any, sizes: torch.Tensor, *, write_count: int) -> FrameLog:
-        """A new log holding a ``state_dict``, every frame decompressed once to check it.
+    def loaded(self, state: Any, sizes: torch.Tensor, *, write_count: int, verify: bool = True) -> FrameLog:
+        """A new log holding a ``state_dict``, every frame decompressed once to check it (with its own codec:
+        a check may run while the buffer samples).
 
         Args:
             state: the saved ``{"bytes", "checksums", "dictionary"}``.
             sizes: the ring's ``obs`` column: each stored row's compressed size ``[size]`` (positions).
             write_count: rows written (the newest row's serial + 1).
+            verify: decompress every frame against its checksum (``False``: a state this check passed).
 
         Raises:
             CheckpointError: sizes that do not add up to the bytes, or a frame that does not
@@ -272,8 +283,11 @@ class FrameLog:
         if dictionary and write_count < DICTIONARY_AFTER:
             raise CheckpointError(f"a compression dictionary after {write_count} frames; rlbuf trains one after "
                                   f"{DICTIONARY_AFTER}")
-        log = FrameLog(self.capacity, self.frame_shape, self.dtype, self.codec.with_dictionary(dictionary)
-                       if dictionary != self.codec.dictionary else self.codec)
+        try:
+            codec = self.codec.with_dictionary(dictionary)
+        except ValueError as error:
+            raise CheckpointError(f"compressed frames: {error}") from None
+        log = FrameLog(self.capacity, self.frame_shape, self.dtype, codec)
         size = int(sizes.shape[0])
         if size != min(write_count, self.capacity):
             raise CheckpointError(f"compressed frames: {size} rows after {write_count} writes, expected "
@@ -294,7 +308,7 @@ class FrameLog:
         log.start[positions], log.length[positions] = np.cumsum(lengths) - lengths, lengths
         log.sums[positions] = sums.astype(np.uint32)
         log.head = len(data)
-        for position in positions.tolist():
+        for position in positions.tolist() if verify else ():
             try:
                 frame = log._frame(position)
             except ValueError as error:
@@ -358,6 +372,8 @@ class CompressedFinals:
         log = self.log
         size, decode = log.frame_bytes, log.codec.decoder(log.frame_bytes)
         result = np.empty((len(slots), size), np.uint8)
+        if not len(slots):
+            return torch.from_numpy(result.view(log.np_dtype).reshape(0, *log.frame_shape))
         out = result.data.cast("B")
         for row, slot in enumerate(slots.tolist()):
             out[row * size:(row + 1) * size] = decode(self.blobs[slot])

@@ -380,7 +380,8 @@ class BufferState:
                 _torchrl.set_counts(rb, cursor=checked.cursor, write_count=checked.write_count, size=checked.size)
             rb.sampler.load_state_dict(state["sampler"])
             ring.generation += 1
-        self._load_extra_state(dict(state["extra"]))
+            # Under the same lock: an add must find the rows and the layout's tables of one state.
+            self._load_extra_state(dict(state["extra"]))
         rng_moved = checked.rng_moved
         iterator = state.get("iterator")
         if iterator is not None:

@@ -242,12 +242,13 @@ class ReplayBuffer(ReplayWriting):
             >>> len(buf)
             1
         """
-        super().clear()
-        self._interleaved = True
-        if self._resets is not None:
-            self._resets.clear()
-        if self._compact is not None:
-            self._compact.clear()
+        with self._ring.lock:  # an add between the ring's clear and the layout's would write to half a buffer
+            super().clear()
+            self._interleaved = True
+            if self._resets is not None:
+                self._resets.clear()
+            if self._compact is not None:
+                self._compact.clear()
 
     @sizes_by_keyword
     def epochs(self, *, batch_size: int, n_epochs: int = 1, drop_last: bool = False,

@@ -437,3 +437,111 @@ def test_memory_reports_count_the_compressed_bytes(tmp_path: Path) -> None:
     assert report["bytes_per_transition"] == pytest.approx(stored, abs=0.1)
     assert buffer.nbytes >= log.stored_bytes + finals.stored_bytes + sum(
         leaf.numel() * leaf.element_size() for leaf in buffer._ring.leaves.values())
+
+
+# -- found by review ------------------------------------------------------------------------------
+def test_a_load_check_beside_sampling_threads_shares_no_decompressor() -> None:
+    """python-zstandard's (de)compressors are not thread-safe: a load's check builds its own codec."""
+    import threading
+
+    _, compressed = _pair(64, 2, 4, 1)
+    for step in _steps(2, 4, 60, 9, 0.1):
+        _add((compressed,), step)
+    expected = compressed.sample_by_index(torch.arange(0, 40, 3)).obs.clone()
+    bad = compressed.state_dict()
+    bad["iterator"] = {"method": "nope"}  # refused at the end of the check, after the frames are decoded
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        try:
+            while not stop.is_set():
+                assert torch.equal(compressed.sample_by_index(torch.arange(0, 40, 3)).obs, expected)
+        except BaseException as error:
+            failures.append(error)
+
+    thread = threading.Thread(target=sample)
+    thread.start()
+    try:
+        for _ in range(30):
+            with pytest.raises(CheckpointError):
+                compressed.load_state_dict(bad)
+    finally:
+        stop.set()
+        thread.join()
+    assert failures == []
+
+
+def test_a_dictionary_zstd_cannot_use_is_a_checkpoint_error() -> None:
+    _, compressed = _pair(64, 2, 4, 1)
+    for step in _steps(2, 4, 30, 10, 0.1):
+        _add((compressed,), step)
+    state = compressed.state_dict()
+    state["extra"]["frames"]["dictionary"] = torch.frombuffer(bytearray(b"\x37\xa4\x30\xec" + bytes(200)),
+                                                              dtype=torch.uint8)
+    before = snapshot(compressed)
+    with pytest.raises(CheckpointError, match="dictionary"):
+        compressed.load_state_dict(state)
+    assert same(snapshot(compressed), before)
+
+
+def test_trailing_bytes_after_a_frame_are_refused() -> None:
+    _, compressed = _pair(16, 1, 2, 1)
+    for step in _steps(1, 2, 10, 11, 0.0):
+        _add((compressed,), step)
+    state = compressed.state_dict()
+    newest = (compressed._ring.write_count - 1) % 16
+    state["fields"]["obs"][newest] += 3
+    state["extra"]["frames"]["bytes"] = torch.cat([state["extra"]["frames"]["bytes"], torch.zeros(3, dtype=torch.uint8)])
+    with pytest.raises(CheckpointError):
+        compressed.load_state_dict(state)
+
+
+def test_empty_selections_and_checks_keep_no_second_copy() -> None:
+    plain, compressed = _pair(16, 1, 2, 1)
+    for step in _steps(1, 2, 10, 12, 0.0):
+        _add((plain, compressed), step)
+    assert _equal(plain.sample_by_index(torch.zeros(0, dtype=torch.int64)).obs,
+                  compressed.sample_by_index(torch.zeros(0, dtype=torch.int64)).obs)
+    logs = _live_logs()
+    assert compressed.check_valid() == (True, "")
+    assert _live_logs() == logs  # the check's own log of the frames is gone with it
+
+
+def _live_logs() -> int:
+    import gc
+
+    gc.collect()
+    return sum(isinstance(item, FrameLog) for item in gc.get_objects())
+
+
+def test_frames_without_bytes_and_array_options_are_refused() -> None:
+    with pytest.raises(ConfigError, match="no bytes"):
+        ReplayBuffer(8, obs_shape=(0,), action_shape=(), n_step=2, compression="zstd")
+    for option in (np.array(["zstd", "lz4"]), np.array("zstd")):
+        with pytest.raises(ConfigError, match="compression"):
+            ReplayBuffer(8, obs_shape=(2, 3), action_shape=(), frame_stack=2, compression=option)
+
+
+def test_training_reads_a_bounded_sample_of_the_stored_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An extend past the threshold trains on the newest DICTIONARY_AFTER frames, not on all it wrote."""
+    seen: list[int] = []
+    train = Codec.train
+
+    def counting(self: Codec, frames: Any) -> bytes:
+        seen.append(len(frames))
+        return train(self, frames)
+
+    monkeypatch.setattr(Codec, "train", counting)
+    plain, compressed = _pair(400, 2, 1, 1)
+    steps = list(_steps(2, 1, 150, 13, 0.0))
+    td = TensorDict({"observation": torch.stack([s["obs"] for s in steps], 1),
+                     "action": torch.stack([s["action"] for s in steps], 1),
+                     ("next", "observation"): torch.stack([s["next_obs"] for s in steps], 1),
+                     ("next", "reward"): torch.stack([s["reward"] for s in steps], 1),
+                     ("next", "terminated"): torch.stack([s["terminated"] for s in steps], 1),
+                     ("next", "truncated"): torch.stack([s["truncated"] for s in steps], 1)}, batch_size=[2, 150])
+    plain.extend(td)
+    compressed.extend(td)
+    assert seen == [frames_module.DICTIONARY_AFTER]
+    assert _equal(_everything(plain), _everything(compressed))
