@@ -478,40 +478,33 @@ class RowReader:
         tensor, ndarray, isfinite = torch.Tensor, np.ndarray, math.isfinite
 
         def read_number(value: Any) -> Any:
-            kind = type(value)
+            given, kind = value, type(value)
             if kind is tensor:
                 if not value.is_cpu:
-                    return checked(value)
+                    return checked(given)
                 try:
                     # One call for the value and its layout: tolist() refuses sparse, mkldnn and nested
                     # tensors and reads a negated view by value (a bool as True or False, whatever its byte).
-                    number = value.tolist()
+                    value = value.tolist()
                 except (RuntimeError, NotImplementedError, TypeError):
-                    return checked(value)
-                if type(number) is list:
-                    if len(number) != 1 or type(number[0]) is list:
-                        return checked(value)
-                    number = number[0]
-                # The number is judged as a Python number would be; its tensor's dtype decides nothing
-                # more (a float64 reward within float32's range is stored as a Python float would be).
-                kind = type(number)
-                if kind is float and floating:
-                    return number if isfinite(number) and abs(number) <= largest else checked(value)
-                if kind is bool and boolean:
-                    return number
-                if kind is int and integer:
-                    return number if low <= number <= high else checked(value)
-                return checked(value)
+                    return checked(given)
+                if type(value) is list:
+                    if len(value) != 1 or type(value[0]) is list:
+                        return checked(given)
+                    value = value[0]
+                # Then judged as a Python number is: the tensor's dtype decides nothing more (a float64
+                # reward within float32's range is stored as a Python float would be).
+                kind = type(value)
             if kind is float and floating:  # a gymnasium env's reward
-                return value if isfinite(value) and abs(value) <= largest else checked(value)
+                return value if isfinite(value) and abs(value) <= largest else checked(given)
             if kind is bool and boolean:  # a gymnasium env's flags
                 return value
             if kind is int and integer:  # a discrete action
-                return value if low <= value <= high else checked(value)
+                return value if low <= value <= high else checked(given)
             if kind is ndarray and value.dtype is np_dtype and value.size == 1 and value.ndim <= 1:
                 number = value.item()
             else:
-                return checked(value)
+                return checked(given)
             if finite and not isfinite(number):
                 check_finite_rows(spec, np.asarray([number]))
             if bounds is not None:
