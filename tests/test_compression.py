@@ -587,7 +587,7 @@ def test_writers_samplers_and_savers_race_without_tearing() -> None:
                 next_stack = [*stack[1:], _serial_frame(serial)]
                 buffer.add(np.stack(stack), 0, 1.0, np.stack(next_stack), False, truncated=False)
                 stack = next_stack
-        except BaseException as error:  # noqa: BLE001 (any failure of a thread is the finding)
+        except BaseException as error:
             failures.append(error)
         finally:
             done.set()
@@ -598,7 +598,7 @@ def test_writers_samplers_and_savers_race_without_tearing() -> None:
                 if len(buffer) > 8:
                     batch = buffer.sample(16)
                     consecutive(batch.obs, batch.next_obs)
-        except BaseException as error:  # noqa: BLE001
+        except BaseException as error:
             failures.append(error)
 
     def save() -> None:
@@ -610,7 +610,7 @@ def test_writers_samplers_and_savers_race_without_tearing() -> None:
                 if len(copy) > 8:
                     batch = copy.sample_all()
                     consecutive(batch.obs, batch.next_obs)
-        except BaseException as error:  # noqa: BLE001
+        except BaseException as error:
             failures.append(error)
 
     threads = [threading.Thread(target=target) for target in (write, sample, save)]
