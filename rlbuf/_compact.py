@@ -120,7 +120,7 @@ class CompactLayout:
             if self.log is None:
                 store(frames, terminated_np, truncated_np)
             else:
-                # Compressed and placed first (the arena may grow, no frame changes); appended once stored.
+                # Compressed and placed first (a larger arena allocated if needed); appended once stored.
                 packed = self.log.compress(frames.numpy())
                 at = self.log.place(packed)
                 store(torch.tensor([len(blob) for blob in packed.blobs], dtype=torch.int32), terminated_np,

@@ -49,6 +49,13 @@ _MIN_ARENA = 1 << 16
 _GROWTH = 1.25
 
 
+class Placement(NamedTuple):
+    """Where an add's frames go: at ``at`` of the arena, or of ``arena``, a larger one allocated for them."""
+
+    at: int
+    arena: npt.NDArray[np.uint8] | None
+
+
 class Packed(NamedTuple):
     """Frames compressed for an add: the compressed bytes and the checksum of each raw frame."""
 
@@ -98,22 +105,29 @@ class FrameLog:
             np.uint8)
         return Packed([compress(row) for row in rows], checksums(rows))
 
-    def place(self, packed: Packed) -> int:
-        """Where ``packed`` will go: room after the newest frame, the arena grown if needed (the frames
-        this add overwrites are kept until ``append``)."""
+    def place(self, packed: Packed) -> Placement:
+        """Where ``packed`` will go, changing nothing: room after the newest frame (the frames this add
+        overwrites are kept until ``append``), or, allocated now, a larger arena the stored frames move
+        to at ``append`` (so an add refused after ``place`` leaves the log as it was)."""
         needed = sum(map(len, packed.blobs))
         at = self._free_offset(needed)
-        if at is None:
-            self._grow(needed)
-            at = self.head
-        return at
+        if at is not None:
+            return Placement(at, None)
+        used = self.stored_bytes
+        size = max(_MIN_ARENA, int((used + needed) * _GROWTH), int(len(self.arena) * _GROWTH))
+        return Placement(used, np.empty(size, np.uint8))
 
-    def append(self, first_serial: int, packed: Packed, at: int) -> None:
-        """Store ``packed`` as the frames of serials ``first_serial, ...`` at ``at`` (from ``place``)."""
+    def append(self, first_serial: int, packed: Packed, placement: Placement) -> None:
+        """Store ``packed`` as the frames of serials ``first_serial, ...`` where ``place`` said."""
         blobs = packed.blobs
         if first_serial != self.count:
             raise AssertionError(f"frames appended at serial {first_serial}, the log holds {self.count}")
-        if at < self.head:
+        if placement.arena is not None:
+            self._move_to(placement.arena)
+        at = placement.at
+        if self._stored() == 0:
+            self.head = self.wrap_end = 0
+        elif at < self.head:
             self.wrap_end = self.head
         lengths = np.fromiter(map(len, blobs), np.int64, len(blobs))
         starts = at + np.cumsum(lengths) - lengths
@@ -127,7 +141,6 @@ class FrameLog:
         """Where ``needed`` bytes fit after the newest frame without touching a stored one, or None."""
         size = len(self.arena)
         if self._stored() == 0:
-            self.head = self.wrap_end = 0
             return 0 if needed <= size else None
         tail = int(self.start[self._oldest() % self.capacity])
         if self.head > tail:  # not wrapped: room after the head, then before the tail
@@ -136,11 +149,9 @@ class FrameLog:
             return 0 if needed <= tail else None
         return self.head if self.head + needed <= tail else None
 
-    def _grow(self, needed: int) -> None:
-        """A larger arena with the stored frames in order from offset 0 (same frames, new offsets)."""
+    def _move_to(self, arena: npt.NDArray[np.uint8]) -> None:
+        """Move the stored frames, in order from offset 0, to ``arena`` (same frames, new offsets)."""
         live = self._segments()
-        used = sum(high - low for low, high in live)
-        arena = np.empty(max(_MIN_ARENA, int((used + needed) * _GROWTH), int(len(self.arena) * _GROWTH)), np.uint8)
         positions = self._stored_positions()
         offset = 0
         starts = self.start[positions]

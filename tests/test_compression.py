@@ -281,18 +281,23 @@ def test_missing_libraries_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> No
         ReplayBuffer(10, obs_shape=(4, *FRAME), action_shape=(), frame_stack=4, compression="zstd")
 
 
-def test_a_refused_add_leaves_the_buffer_as_it_was() -> None:
-    """Also when the refused add needed the arena to grow (incompressible frames fill it first)."""
+def test_a_refused_add_leaves_the_buffer_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also when the refused add needs a larger arena (a small first arena, steps added until the next needs one)."""
+    monkeypatch.setattr(frames_module, "_MIN_ARENA", 1)
     _, compressed = _pair(16, 1, 2, 1, "lz4")
-    steps = list(_steps(1, 2, 40, 5, 0.0))
-    for step in steps[:30]:
+    log = compressed._compact.log  # type: ignore[union-attr]
+    for step in _steps(1, 2, 200, 5, 0.0):
+        if step["t"] > 30 and log.place(log.compress(step["obs"][:, -1].numpy())).arena is not None:
+            break
         _add((compressed,), step)
-    before = snapshot(compressed)
-    step = steps[30]
+    else:
+        pytest.fail("no add needed a larger arena")
+    before, held = snapshot(compressed), compressed.nbytes
     with pytest.raises(ShapeError):
         compressed.add(step["obs"], torch.zeros(1, 3, dtype=torch.int64), step["reward"], step["next_obs"],
                        step["terminated"], step["truncated"])
     assert same(snapshot(compressed), before)
+    assert compressed.nbytes == held  # a larger arena for the refused frames was made, and dropped
 
 
 def _saved(tmp_path: Path, codec: str = "zstd") -> tuple[Path, ReplayBuffer]:
