@@ -132,8 +132,11 @@ class FrameLog:
         lengths = np.fromiter(map(len, blobs), np.int64, len(blobs))
         starts = at + np.cumsum(lengths) - lengths
         self.arena[at:at + int(lengths.sum())] = np.frombuffer(b"".join(blobs), np.uint8)
-        positions = (first_serial + np.arange(len(blobs))) % self.capacity
-        self.start[positions], self.length[positions], self.sums[positions] = starts, lengths, packed.sums
+        # Of more frames than rows, the newest `capacity` are kept (no repeated index in one assignment).
+        kept = slice(max(0, len(blobs) - self.capacity), None)
+        positions = (first_serial + np.arange(len(blobs))[kept]) % self.capacity
+        self.start[positions], self.length[positions] = starts[kept], lengths[kept]
+        self.sums[positions] = packed.sums[kept]
         self.head = at + int(lengths.sum())
         self.count += len(blobs)
 
