@@ -66,8 +66,8 @@ class FrameLog:
     """The compressed frames of a ring of ``capacity`` rows (see the module docstring).
 
     Writing is two steps, so that nothing can fail once the ring holds the rows: ``place``
-    (room for the add's frames; grows the arena, changing no frame) before the ring is written,
-    ``append`` after.
+    (room for the add's frames, or a larger arena allocated for them; changes nothing) before
+    the ring is written, ``append`` after.
 
     Args:
         capacity: rows in the ring.
