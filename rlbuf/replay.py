@@ -361,6 +361,7 @@ class ReplayBuffer(ReplayWriting):
         compact: bool | None = None,
         hidden_state_shape: Sequence[int] | int | Mapping[str, Sequence[int] | int] | None = None,
         episode_length: float | None = None,
+        compression: str | None = None,
     ) -> float:
         """Estimated bytes one stored transition takes, to size a buffer for a machine.
 
@@ -375,7 +376,8 @@ class ReplayBuffer(ReplayWriting):
         observations not counted).
 
         Raises:
-            ConfigError: invalid or contradictory options.
+            ConfigError: invalid or contradictory options, or ``compression``: what compressed
+                frames take depends on the frames, so it is measured, not estimated.
 
         Example:
             >>> atari = dict(obs_shape=(4, 84, 84), action_shape=(), obs_dtype=torch.uint8,
@@ -385,6 +387,10 @@ class ReplayBuffer(ReplayWriting):
             >>> ReplayBuffer.bytes_per_transition(**atari, frame_stack=4, episode_length=1000)
             7128.056
         """
+        if compression is not None:
+            raise ConfigError(f"compression={compression!r}: what compressed frames take depends on the frames: "
+                              "fill a buffer with some of yours and read buffer.nbytes / len(buffer) (real Atari "
+                              "frames: 200-420 bytes per transition with zstd, docs/pixels.md)")
         return transition_bytes(obs_shape=obs_shape, action_shape=action_shape, obs_dtype=obs_dtype,
                                 action_dtype=action_dtype, extra_fields=extra_fields, prioritized=prioritized,
                                 frame_stack=frame_stack, n_step=n_step, compact=compact,

@@ -625,3 +625,9 @@ def test_writers_samplers_and_savers_race_without_tearing() -> None:
         thread.join()
     assert failures == []
     assert len(buffer) == 64 and buffer._compact.log.codec.dictionary  # type: ignore[union-attr]
+
+
+def test_the_size_estimate_sends_compression_to_a_measurement() -> None:
+    with pytest.raises(ConfigError, match="nbytes"):
+        ReplayBuffer.bytes_per_transition(obs_shape=(4, 84, 84), action_shape=(), obs_dtype=torch.uint8,
+                                          frame_stack=4, compression="zstd")
