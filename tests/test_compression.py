@@ -170,15 +170,20 @@ def test_env_mask_leaves_out_reset_steps_alike() -> None:
     assert _equal(_everything(plain), _everything(compressed))
 
 
+def _env_major(steps: list[dict[str, Any]]) -> TensorDict:
+    """``steps`` as one TensorDict of batch size ``[num_envs, T]``, as TorchRL collectors give them."""
+    def stacked(name: str) -> torch.Tensor:
+        return torch.stack([step[name] for step in steps], 1)
+    return TensorDict({"observation": stacked("obs"), "action": stacked("action"),
+                       ("next", "observation"): stacked("next_obs"), ("next", "reward"): stacked("reward"),
+                       ("next", "terminated"): stacked("terminated"), ("next", "truncated"): stacked("truncated")},
+                      batch_size=[len(steps[0]["obs"]), len(steps)])
+
+
 def test_extend_of_env_major_steps() -> None:
     plain, compressed = _pair(40, 2, 4, 1)
     steps = list(_steps(2, 4, 12, 4, 0.0))
-    td = TensorDict({"observation": torch.stack([s["obs"] for s in steps], 1),
-                     "action": torch.stack([s["action"] for s in steps], 1),
-                     ("next", "observation"): torch.stack([s["next_obs"] for s in steps], 1),
-                     ("next", "reward"): torch.stack([s["reward"] for s in steps], 1),
-                     ("next", "terminated"): torch.stack([s["terminated"] for s in steps], 1),
-                     ("next", "truncated"): torch.stack([s["truncated"] for s in steps], 1)}, batch_size=[2, 12])
+    td = _env_major(steps)
     plain.extend(td)
     compressed.extend(td)
     assert len(compressed) == 24
@@ -351,41 +356,29 @@ FRAME_FORGERIES: dict[str, Any] = {
     "two sizes swapped": lambda path: _forge_tensor(path, "fields.obs.bin", _swap_two_sizes),
     "a size of 0": lambda path: _forge_tensor(path, "fields.obs.bin", lambda t: t.view(-1).__setitem__(0, 0)),
     "a size of 10**9": lambda path: _forge_tensor(path, "fields.obs.bin", lambda t: t.view(-1).__setitem__(0, 10**9)),
-    "bytes cut by one": lambda path: _set_entry(path, "frames.bytes.bin", _bytes_of(path)[:-1]),
-    "a byte appended": lambda path: _set_entry(path, "frames.bytes.bin", _bytes_of(path) + b"\0"),
-    "bytes zeroed": lambda path: _set_entry(path, "frames.bytes.bin", bytes(len(_bytes_of(path)))),
+    "bytes cut by one": lambda path: _set_entry(path, "frames.bytes.bin", _file_bytes(path, "frames.bytes.bin")[:-1]),
+    "a byte appended": lambda path: _set_entry(path, "frames.bytes.bin", _file_bytes(path, "frames.bytes.bin") + b"\0"),
+    "bytes zeroed": lambda path: _set_entry(path, "frames.bytes.bin", bytes(len(_file_bytes(path, "frames.bytes.bin")))),
     "a final frame's size + 1": lambda path: _forge_tensor(path, "finals.sizes.bin", lambda t: t.view(-1).__setitem__(
         int(t.view(-1).argmax()), t.view(-1).max() + 1)),
     "two final sizes moved": lambda path: _forge_tensor(path, "finals.sizes.bin", lambda t: t.view(-1).__setitem__(
         slice(0, 2), t.view(-1)[:2].flip(0) + torch.tensor([1, -1]))),
-    "final bytes cut by one": lambda path: _set_entry(path, "finals.bytes.bin", _finals_of(path)[:-1]),
-    "final bytes zeroed": lambda path: _set_entry(path, "finals.bytes.bin", bytes(len(_finals_of(path)))),
+    "final bytes cut by one": lambda path: _set_entry(path, "finals.bytes.bin", _file_bytes(path, "finals.bytes.bin")[:-1]),
+    "final bytes zeroed": lambda path: _set_entry(path, "finals.bytes.bin", bytes(len(_file_bytes(path, "finals.bytes.bin")))),
     "a frame's checksum changed": lambda path: _forge_tensor(path, "frames.checksums.bin", lambda t: t.view(-1).__setitem__(
         0, (t.view(-1)[0] + 1) % 2**32)),
     "a final frame's checksum changed": lambda path: _forge_tensor(path, "finals.checksums.bin", lambda t: t.view(
         -1).__setitem__(int(t.view(-1).argmax()), t.view(-1).max() - 1)),
     "the dictionary dropped": lambda path: _set_entry(path, "frames.dictionary.bin", b""),
     "the dictionary changed": lambda path: _set_entry(path, "frames.dictionary.bin", bytes(
-        b ^ 0x5A for b in _dictionary_of(path))),
+        b ^ 0x5A for b in _file_bytes(path, "frames.dictionary.bin"))),
 }
 
 
-def _bytes_of(path: Path) -> bytes:
+def _file_bytes(path: Path, suffix: str) -> bytes:
     from test_forged_checkpoints import _file_of, _manifest
 
-    return (path / _file_of(_manifest(path), "frames.bytes.bin")).read_bytes()
-
-
-def _finals_of(path: Path) -> bytes:
-    from test_forged_checkpoints import _file_of, _manifest
-
-    return (path / _file_of(_manifest(path), "finals.bytes.bin")).read_bytes()
-
-
-def _dictionary_of(path: Path) -> bytes:
-    from test_forged_checkpoints import _file_of, _manifest
-
-    return (path / _file_of(_manifest(path), "frames.dictionary.bin")).read_bytes()
+    return (path / _file_of(_manifest(path), suffix)).read_bytes()
 
 
 @pytest.mark.parametrize("codec", ["zstd", "lz4"])
@@ -542,12 +535,7 @@ def test_training_reads_a_bounded_sample_of_the_stored_frames(monkeypatch: pytes
     monkeypatch.setattr(Codec, "train", counting)
     plain, compressed = _pair(400, 2, 1, 1)
     steps = list(_steps(2, 1, 150, 13, 0.0))
-    td = TensorDict({"observation": torch.stack([s["obs"] for s in steps], 1),
-                     "action": torch.stack([s["action"] for s in steps], 1),
-                     ("next", "observation"): torch.stack([s["next_obs"] for s in steps], 1),
-                     ("next", "reward"): torch.stack([s["reward"] for s in steps], 1),
-                     ("next", "terminated"): torch.stack([s["terminated"] for s in steps], 1),
-                     ("next", "truncated"): torch.stack([s["truncated"] for s in steps], 1)}, batch_size=[2, 150])
+    td = _env_major(steps)
     plain.extend(td)
     compressed.extend(td)
     assert seen == [frames_module.DICTIONARY_AFTER]
