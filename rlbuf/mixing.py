@@ -1,0 +1,683 @@
+"""Offline → online: batches drawn from a dataset buffer and a live buffer in a set ratio, seeded, saved as a pair.
+
+[`MixedReplay`][rlbuf.mixing.MixedReplay] samples each batch from two
+[`ReplayBuffer`][rlbuf.ReplayBuffer]s with their own ``sample`` (so prioritized replay, n-step
+returns and frame stacks of each apply unchanged) and joins the two typed batches into one
+[`MixedBatch`][rlbuf.mixing.MixedBatch]: offline rows first, then online rows, with a
+``from_online`` mask. Writes go to the buffers themselves; the offline one is read-only while mixing.
+
+Example:
+    >>> import torch
+    >>> from rlbuf import ReplayBuffer
+    >>> def filled(rows, **options):
+    ...     buffer = ReplayBuffer(100, obs_shape=(2,), action_shape=(), seed=0, **options)
+    ...     for i in range(rows):
+    ...         buffer.add(torch.full((2,), float(i)), 0.0, 1.0, torch.zeros(2), False, truncated=False)
+    ...     return buffer
+    >>> mixed = MixedReplay(filled(50), filled(10, prioritized=True), offline_fraction=0.25, seed=0)
+    >>> batch = mixed.sample(8)
+    >>> batch.from_online.tolist()
+    [False, False, True, True, True, True, True, True]
+    >>> mixed.update_priority(batch, torch.rand(8))   # the online rows' go to the online buffer
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import re
+import secrets
+import shutil
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar, cast, get_args
+
+import torch
+from tensordict import TensorDict
+
+from rlbuf._convert import as_int, positive_int, stored_positions
+from rlbuf._priorities import priorities
+from rlbuf.batches import ReplayBatch
+from rlbuf.checkpoint import load_state, save_state
+from rlbuf.errors import (
+    BatchSizeError,
+    CheckpointError,
+    ConfigError,
+    DeviceError,
+    DtypeError,
+    EmptyBufferError,
+    MissingFieldError,
+    PriorityError,
+    RlbufError,
+    ShapeError,
+)
+from rlbuf.replay import ReplayBuffer
+from rlbuf.storage import DeviceLike
+
+Split = Literal["exact", "binomial"]
+_SPLITS: tuple[str, ...] = get_args(Split)
+_KIND = "MixedReplay"
+_MIXER_DIR = "mixer"
+_PART = re.compile(r"\.?(offline|online)-([0-9a-f]{12})(\..*)?")
+_OPTIONS = ("offline_fraction", "split", "min_online", "seed")
+_STATE_KEYS = {"kind", "options", "generator", "parts", "offline", "online"}
+MixedReplayT = TypeVar("MixedReplayT", bound="MixedReplay")
+Layout = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+@dataclass(slots=True, frozen=True)
+class MixedBatch(ReplayBatch):
+    """A [`ReplayBatch`][rlbuf.ReplayBatch] drawn from two buffers: the offline rows first, then the online rows.
+
+    Every field is the two buffers' batches joined row-wise; ``index`` holds each row's position
+    in its own buffer and ``weight`` the weight its own buffer gave it (ones from a uniform
+    buffer, importance weights from a prioritized one).
+
+    Attributes:
+        from_online: ``[B]`` bool, True for the rows drawn from the online buffer.
+
+    Example:
+        >>> import torch
+        >>> from rlbuf import ReplayBuffer
+        >>> buffers = [ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0) for _ in range(2)]
+        >>> for reward, buffer in enumerate(buffers):
+        ...     buffer.add(torch.zeros(1), 0.0, float(reward), torch.zeros(1), False, truncated=False)
+        >>> batch = MixedReplay(*buffers, seed=0).sample(4)
+        >>> batch.reward.tolist(), batch.from_online.tolist()
+        ([0.0, 0.0, 1.0, 1.0], [False, False, True, True])
+    """
+
+    from_online: torch.Tensor = field(kw_only=True)
+
+    def to_tensordict(self) -> TensorDict:
+        """The batch in TorchRL layout, as [`ReplayBatch.to_tensordict`][rlbuf.ReplayBatch.to_tensordict], with ``"from_online"``.
+
+        Example:
+            >>> import torch
+            >>> from rlbuf import ReplayBuffer
+            >>> buffers = [ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0) for _ in range(2)]
+            >>> for buffer in buffers:
+            ...     buffer.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, truncated=False)
+            >>> MixedReplay(*buffers, seed=0).sample(2).to_tensordict()["from_online"].tolist()
+            [False, True]
+        """
+        td = ReplayBatch.to_tensordict(self)
+        td.set("from_online", self.from_online)
+        return td
+
+
+def _options_of(buffer: ReplayBuffer) -> dict[str, Any]:
+    """The buffer's constructor options as its checkpoints record them (no rows are copied)."""
+    return cast(dict[str, Any], buffer.state_dict(data=False)["options"])
+
+
+def _write_count(buffer: ReplayBuffer) -> int:
+    return int(buffer.state_dict(data=False)["write_count"])
+
+
+def _batch_layout(buffer: ReplayBuffer, options: Mapping[str, Any]) -> Layout:
+    """Shape of one row and dtype of every tensor in the buffer's batches, by field name."""
+    layout = {spec.name: (tuple(spec.shape), spec.dtype) for spec in buffer.fields
+              if not spec.name.startswith("next_obs")}  # every batch has a next_obs like its obs
+    if "obs" in layout:  # one tensor: the compact layout stores single frames, or the sizes of compressed ones
+        dtype = layout["obs"][1]
+        if options.get("compression") is not None:
+            saved = options.get("obs_dtype")
+            dtype = getattr(torch, saved.removeprefix("dtype:")) if isinstance(saved, str) else torch.float32
+        layout["obs"] = (tuple(options["obs_shape"]), dtype)
+    return layout
+
+
+def _check_pair(offline: Any, online: Any) -> None:
+    """Refuse two buffers whose batches cannot be joined, naming the first field that differs.
+
+    Raises:
+        ConfigError: not two distinct ``ReplayBuffer``s, or different ``gamma``.
+        MissingFieldError: a field in the batches of one buffer only.
+        ShapeError: a field of another shape.
+        DtypeError: a field of another dtype.
+        DeviceError: batches delivered on different devices.
+        EmptyBufferError: the offline buffer holds nothing.
+    """
+    for name, buffer in (("offline", offline), ("online", online)):
+        if not isinstance(buffer, ReplayBuffer):
+            raise ConfigError(f"{name}: expected a ReplayBuffer, got {type(buffer).__name__}")
+    if offline is online:
+        raise ConfigError("online: the same buffer as offline; mix two buffers (a dataset and a live one)")
+    if len(offline) == 0:
+        raise EmptyBufferError("offline: the offline buffer is empty; fill it with the dataset (e.g. "
+                               "rlbuf.offline.from_minari) before mixing, it is read-only from then on")
+    off_options, on_options = _options_of(offline), _options_of(online)
+    expected, got = _batch_layout(offline, off_options), _batch_layout(online, on_options)
+    for name in [*expected, *(name for name in got if name not in expected)]:
+        if name not in got:
+            raise MissingFieldError(f"{name}: in the offline buffer's batches ({expected[name][0]} "
+                                    f"{expected[name][1]}), not in the online buffer's")
+        if name not in expected:
+            raise MissingFieldError(f"{name}: in the online buffer's batches ({got[name][0]} {got[name][1]}), "
+                                    "not in the offline buffer's")
+        (shape, dtype), (got_shape, got_dtype) = expected[name], got[name]
+        if shape != got_shape:
+            raise ShapeError(f"{name}: expected shape {shape} (the offline buffer's), got {got_shape} in the online buffer")
+        if dtype != got_dtype:
+            raise DtypeError(f"{name}: expected dtype {dtype} (the offline buffer's), got {got_dtype} in the online buffer")
+    if offline.device != online.device:
+        raise DeviceError(f"device: expected {offline.device} (where the offline buffer delivers), got {online.device} "
+                          "for the online buffer; build both with the same device=")
+    if off_options.get("gamma") != on_options.get("gamma"):
+        raise ConfigError(f"gamma: expected {off_options.get('gamma')} (the offline buffer's), got "
+                          f"{on_options.get('gamma')} in the online buffer: batch.discount would mix two discounts")
+
+
+def _join(first: Any, second: Any) -> Any:
+    """Two values of one batch field joined row-wise (tensors, TensorDicts, extras by name, or ``None``)."""
+    if first is None:
+        return None
+    if isinstance(first, dict):
+        return {name: torch.cat([value, second[name]]) for name, value in first.items()}
+    return torch.cat([first, second])
+
+
+def _mixed(offline: ReplayBatch | None, online: ReplayBatch | None) -> MixedBatch:
+    """The two batches as one, offline rows first (either may be ``None``: no rows of it)."""
+    names = [item.name for item in dataclasses.fields(ReplayBatch)]
+    if offline is None or online is None:
+        only = cast(ReplayBatch, offline if online is None else online)
+        values = {name: getattr(only, name) for name in names}
+        from_online = torch.full((len(only),), online is not None, dtype=torch.bool, device=only.reward.device)
+    else:
+        values = {name: _join(getattr(offline, name), getattr(online, name)) for name in names}
+        from_online = torch.cat([torch.zeros(len(offline), dtype=torch.bool, device=offline.reward.device),
+                                 torch.ones(len(online), dtype=torch.bool, device=online.reward.device)])
+    return MixedBatch(**values, from_online=from_online)
+
+
+def _generator_problem(saved: Any) -> str:
+    """Why ``saved`` is no state of a CPU generator (``""``: it is one)."""
+    size = torch.Generator().get_state().numel()
+    if (not isinstance(saved, torch.Tensor) or saved.dtype != torch.uint8 or saved.dim() != 1
+            or saved.device.type != "cpu" or saved.numel() != size):
+        got = f"{saved.dtype} {tuple(saved.shape)}" if isinstance(saved, torch.Tensor) else type(saved).__name__
+        return f"generator: expected a CPU generator state (uint8, ({size},)), got {got}"
+    try:
+        torch.Generator().set_state(saved.clone())
+    except RuntimeError as error:
+        return f"generator: not a valid generator state ({error})"
+    return ""
+
+
+def _checked_fraction(value: Any, error: type[RlbufError] = ConfigError) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
+        raise error(f"offline_fraction: expected a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def _manifest_digest(part: Path) -> str:
+    return hashlib.sha256((part / "manifest.json").read_bytes()).hexdigest()
+
+
+class MixedReplay:
+    """Batches from an offline (dataset) buffer and an online (live) buffer, ``offline_fraction`` of each batch offline.
+
+    Each buffer samples its part with its own ``sample`` and generator; the split of each batch is
+    drawn from the mixer's own generator, so seeded buffers and a seeded mixer fed the same data draw
+    the same batches. The offline buffer is read-only while mixing: a change of its row count is
+    refused at every ``sample``, of its write count at every ``state_dict``/``save``. Until the
+    online buffer holds ``min_online`` rows, every row of a batch comes from the offline buffer
+    (``batch.from_online`` says so).
+
+    Args:
+        offline: the dataset buffer (not empty).
+        online: the buffer your envs add to; its batches must hold the same fields, shapes and dtypes.
+        offline_fraction: the share of each batch drawn offline, in ``[0, 1]``; settable (annealing).
+        split: ``"exact"``: ``floor(f * B)`` or ``ceil(f * B)`` offline rows, the latter with probability
+            ``f * B - floor(f * B)`` (exactly ``f * B`` when that is whole, ``f * B`` on average);
+            ``"binomial"``: ``Binomial(B, f)`` offline rows, as if each row picked its buffer by a coin.
+        min_online: online rows needed before any batch row is drawn online.
+        seed: seeds the mixer's generator (the buffers keep their own seeds).
+
+    Raises:
+        ConfigError: not two distinct ``ReplayBuffer``s, a different ``gamma``, or invalid options.
+        MissingFieldError: a batch field of one buffer only (the message names it).
+        ShapeError: a batch field of another shape. DtypeError: of another dtype.
+        DeviceError: batches delivered on different devices.
+        EmptyBufferError: the offline buffer is empty.
+
+    Example:
+        >>> import torch
+        >>> from rlbuf import ReplayBuffer
+        >>> offline = ReplayBuffer(100, obs_shape=(2,), action_shape=(), seed=0)
+        >>> for i in range(100):
+        ...     offline.add(torch.zeros(2), 0.0, 0.0, torch.zeros(2), False, truncated=False)
+        >>> online = ReplayBuffer(100, obs_shape=(3,), action_shape=())
+        >>> MixedReplay(offline, online)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ShapeError: obs: expected shape (2,) (the offline buffer's), got (3,) in the online buffer
+    """
+
+    def __init__(self, offline: ReplayBuffer, online: ReplayBuffer, *, offline_fraction: float = 0.5,
+                 split: Split = "exact", min_online: int = 1, seed: int | None = None) -> None:
+        fraction = _checked_fraction(offline_fraction)
+        if split not in _SPLITS:
+            raise ConfigError(f"split: expected one of {list(_SPLITS)}, got {split!r}")
+        self._min_online = positive_int("min_online", min_online)
+        self._seed = secrets.randbits(62) if seed is None else as_int("seed", seed, minimum=0, maximum=2**63 - 1)
+        _check_pair(offline, online)
+        self._offline, self._online = offline, online
+        self._offline_fraction, self._split = fraction, split
+        self._generator = torch.Generator().manual_seed(self._seed)
+        self._offline_rows, self._offline_writes = len(offline), _write_count(offline)
+
+    # -- options ---------------------------------------------------------------------------
+    @property
+    def offline(self) -> ReplayBuffer:
+        """The offline (dataset) buffer: read-only while mixing."""
+        return self._offline
+
+    @property
+    def online(self) -> ReplayBuffer:
+        """The online buffer: add to it as to any ``ReplayBuffer``."""
+        return self._online
+
+    @property
+    def offline_fraction(self) -> float:
+        """The share of each batch drawn offline; set it between samples to anneal towards online data.
+
+        Raises:
+            ConfigError: a value outside ``[0, 1]`` (the fraction is left as it was).
+
+        Example:
+            >>> import torch
+            >>> from rlbuf import ReplayBuffer
+            >>> buffers = [ReplayBuffer(10, obs_shape=(1,), action_shape=()) for _ in range(2)]
+            >>> buffers[0].add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
+            >>> mixed = MixedReplay(*buffers, offline_fraction=0.5)
+            >>> step, total = 250, 1000
+            >>> mixed.offline_fraction = 0.5 * max(0.0, 1 - step / total)   # linear annealing
+            >>> mixed.offline_fraction
+            0.375
+        """
+        return self._offline_fraction
+
+    @offline_fraction.setter
+    def offline_fraction(self, value: float) -> None:
+        self._offline_fraction = _checked_fraction(value)
+
+    @property
+    def split(self) -> Split:
+        """How each batch is split: ``"exact"`` or ``"binomial"`` (see the class)."""
+        return self._split
+
+    @property
+    def min_online(self) -> int:
+        """Online rows needed before any batch row is drawn online."""
+        return self._min_online
+
+    def __repr__(self) -> str:
+        return (f"MixedReplay(offline_fraction={self._offline_fraction}, split={self._split!r}, "
+                f"offline={len(self._offline)} rows, online={len(self._online)} rows, min_online={self._min_online})")
+
+    # -- sampling --------------------------------------------------------------------------
+    def _offline_count(self, batch_size: int) -> int:
+        """Offline rows of the next batch, drawn from the mixer's generator (one draw per batch)."""
+        fraction = self._offline_fraction
+        if self._split == "binomial":
+            total, share = torch.tensor([float(batch_size)]), torch.tensor([fraction])
+            return int(torch.binomial(total, share, generator=self._generator).item())
+        uniform = float(torch.rand((), dtype=torch.float64, generator=self._generator))
+        expected = fraction * batch_size
+        low = math.floor(expected + 1e-9)  # 0.3 * 10 is 3.0000000000000004: whole, no extra row
+        return low + int(uniform < expected - low)
+
+    def _require_read_only(self, write_count: int | None = None) -> None:
+        """Refuse when the offline buffer changed since mixing began (its rows; with ``write_count``, its writes)."""
+        rows = len(self._offline)
+        if rows != self._offline_rows or (write_count is not None and write_count != self._offline_writes):
+            raise ConfigError(f"offline: the offline buffer is read-only while mixing, but it changed ({self._offline_rows} "
+                              f"rows and {self._offline_writes} writes when mixing began, {rows} rows"
+                              + ("" if write_count is None else f" and {write_count} writes") + " now); add to the "
+                              "online buffer, or build a new MixedReplay over the changed dataset")
+
+    def sample(self, batch_size: int) -> MixedBatch:
+        """Draw ``batch_size`` transitions: the split from the mixer's generator, each part from its buffer's ``sample``.
+
+        Returns:
+            A [`MixedBatch`][rlbuf.mixing.MixedBatch]: offline rows first; ``from_online`` marks the others.
+
+        Raises:
+            BatchSizeError: ``batch_size`` is not a positive int.
+            ConfigError: the offline buffer changed while mixing.
+            EmptyBufferError: the online buffer is empty and the offline fraction is 0 (nothing to draw from).
+
+        A refused call leaves the mixer's generator and both buffers' as they were (checks come before
+        any draw; a buffer refusing its own part, e.g. a compact one with no complete transition yet,
+        leaves the mixer's generator as it was).
+
+        Example:
+            >>> import torch
+            >>> from rlbuf import ReplayBuffer
+            >>> offline = ReplayBuffer(100, obs_shape=(1,), action_shape=(), seed=0)
+            >>> online = ReplayBuffer(100, obs_shape=(1,), action_shape=(), seed=1)
+            >>> offline.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
+            >>> mixed = MixedReplay(offline, online, offline_fraction=0.5, seed=0)
+            >>> mixed.sample(4).from_online.tolist()   # the online buffer is empty: all offline
+            [False, False, False, False]
+            >>> online.add(torch.ones(1), 0.0, 1.0, torch.ones(1), False, truncated=False)
+            >>> mixed.sample(4).reward.tolist()
+            [0.0, 0.0, 1.0, 1.0]
+        """
+        batch_size = positive_int("batch_size", batch_size, BatchSizeError)
+        self._require_read_only()
+        online_ready = len(self._online) >= self._min_online
+        if not online_ready and self._offline_fraction == 0.0:
+            raise EmptyBufferError(f"sample: offline_fraction is 0 and the online buffer holds {len(self._online)} rows "
+                                   f"(min_online={self._min_online}); add online data first")
+        before = self._generator.get_state()
+        offline_rows = self._offline_count(batch_size) if online_ready else batch_size
+        try:
+            offline = self._offline.sample(offline_rows) if offline_rows else None
+            online = self._online.sample(batch_size - offline_rows) if offline_rows < batch_size else None
+        except BaseException:
+            self._generator.set_state(before)
+            raise
+        return _mixed(offline, online)
+
+    # -- priorities ------------------------------------------------------------------------
+    def update_priority(self, batch: MixedBatch | Any, priority: Any, *, from_online: Any = None) -> None:
+        """Set the priorities of a batch's rows (e.g. ``|TD error|``), each in the buffer it came from.
+
+        A row's priority goes to its buffer when that buffer is prioritized; the rows of a uniform
+        buffer have no priority to set, and theirs are checked and left out (so the same call works
+        while batches are all offline, early on). Every part is checked before any is set.
+
+        Args:
+            batch: the [`MixedBatch`][rlbuf.mixing.MixedBatch] sampled, or its ``index``.
+            priority: one value per row of the batch.
+            from_online: with an index only: the batch's ``from_online`` mask.
+
+        Raises:
+            PriorityError: neither buffer is prioritized, ``from_online`` missing or not one bool per
+                row, or priorities of the wrong length, negative or not finite.
+            StoredIndexError: a position outside what its buffer stores.
+
+        Example:
+            >>> import torch
+            >>> from rlbuf import ReplayBuffer
+            >>> offline = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
+            >>> online = ReplayBuffer(10, obs_shape=(1,), action_shape=(), prioritized=True, seed=0)
+            >>> for buffer in (offline, online):
+            ...     for _ in range(2):
+            ...         buffer.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
+            >>> mixed = MixedReplay(offline, online, seed=0)
+            >>> batch = mixed.sample(16)
+            >>> sorted(set(batch.index[batch.from_online].tolist()))
+            [0, 1]
+            >>> mixed.update_priority(batch, batch.index.eq(1).double())   # online: only row 1 left
+            >>> online.sample(3).index.tolist()
+            [1, 1, 1]
+        """
+        if isinstance(batch, MixedBatch):
+            if from_online is not None:
+                raise PriorityError("from_online: the batch holds its own; pass from_online only with an index")
+            index, mask = batch.index, batch.from_online
+        elif from_online is None:
+            raise PriorityError("from_online: an index alone does not say which buffer each row came from; pass the "
+                                "MixedBatch, or update_priority(batch.index, priority, from_online=batch.from_online)")
+        else:
+            index, mask = torch.as_tensor(batch), torch.as_tensor(from_online)
+        if index.dim() != 1 or mask.dtype != torch.bool or tuple(mask.shape) != tuple(index.shape):
+            raise PriorityError(f"from_online: expected {tuple(index.shape)} bools (one per row), got "
+                                f"{mask.dtype} {tuple(mask.shape)}")
+        if not (self._offline.prioritized or self._online.prioritized):
+            raise PriorityError("update_priority: neither buffer is prioritized (build one with prioritized=True)")
+        values = priorities(priority, index.numel())
+        updates = []
+        for buffer, rows in ((self._offline, ~mask), (self._online, mask)):
+            rows = rows.to(index.device)
+            if buffer.prioritized and bool(rows.any()):
+                positions = stored_positions(index[rows], len(buffer), buffer.storing_device)
+                updates.append((buffer, positions, values[rows.cpu()]))
+        for buffer, positions, part in updates:
+            buffer.update_priority(positions, part)
+
+    # -- state -----------------------------------------------------------------------------
+    def _mixer_state(self) -> dict[str, Any]:
+        """Options, generator and the parts' counters (the offline buffer checked unchanged first)."""
+        offline_writes = _write_count(self._offline)
+        self._require_read_only(offline_writes)
+        online = self._online.state_dict(data=False)
+        return {"kind": _KIND, "options": {"offline_fraction": self._offline_fraction, "split": self._split,
+                                           "min_online": self._min_online, "seed": self._seed},
+                "generator": self._generator.get_state(),
+                "parts": {"offline": {"size": len(self._offline), "write_count": offline_writes},
+                          "online": {"size": int(online["size"]), "write_count": int(online["write_count"])}}}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The mixer's options and generator, and both buffers' ``state_dict()``, as plain values and tensors.
+
+        Raises:
+            ConfigError: the offline buffer changed while mixing.
+
+        Example:
+            >>> import torch
+            >>> from rlbuf import ReplayBuffer
+            >>> buffers = [ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0) for _ in range(2)]
+            >>> buffers[0].add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
+            >>> state = MixedReplay(*buffers, seed=0).state_dict()
+            >>> state["options"]["offline_fraction"], state["offline"]["size"], state["online"]["size"]
+            (0.5, 1, 0)
+        """
+        return {**self._mixer_state(), "offline": self._offline.state_dict(), "online": self._online.state_dict()}
+
+    @staticmethod
+    def _checked_options(state: Any) -> dict[str, Any]:
+        """The mixer part of a state, checked; its options as the constructor takes them.
+
+        Raises:
+            CheckpointError: naming the first part that is not what ``state_dict`` writes.
+        """
+        if not isinstance(state, Mapping) or state.get("kind") != _KIND:
+            found = state.get("kind") if isinstance(state, Mapping) else type(state).__name__
+            raise CheckpointError(f"state: holds a {found}, not a {_KIND}")
+        unknown = sorted(str(key) for key in set(state) - _STATE_KEYS - {"versions"})
+        if unknown:
+            raise CheckpointError(f"state: {unknown} are not parts of a {_KIND} state")
+        options = state.get("options")
+        if not isinstance(options, Mapping) or set(options) != set(_OPTIONS):
+            raise CheckpointError(f"state: options must hold exactly {list(_OPTIONS)}, got "
+                                  f"{sorted(options) if isinstance(options, Mapping) else options!r}")
+        _checked_fraction(options["offline_fraction"], CheckpointError)
+        if options["split"] not in _SPLITS:
+            raise CheckpointError(f"split: expected one of {list(_SPLITS)}, got {options['split']!r}")
+        for name, minimum in (("min_online", 1), ("seed", 0)):
+            as_int(name, options[name], minimum=minimum, maximum=2**63 - 1, error=CheckpointError)
+        reason = _generator_problem(state.get("generator"))
+        if reason:
+            raise CheckpointError(f"state: {reason}")
+        parts = state.get("parts")
+        if not isinstance(parts, Mapping) or set(parts) - {"offline", "online"} or any(
+                not isinstance(parts.get(name), Mapping) for name in ("offline", "online")):
+            raise CheckpointError("state: parts must hold the 'offline' and 'online' counters")
+        return dict(options)
+
+    @staticmethod
+    def _check_part(state: Mapping[str, Any], name: str, buffer_state: Mapping[str, Any]) -> None:
+        """Refuse a part whose counters are not those the mixer recorded (a swapped or stale part)."""
+        recorded = state["parts"][name]
+        found = {key: buffer_state.get(key) for key in ("size", "write_count")}
+        if {key: recorded.get(key) for key in ("size", "write_count")} != found:
+            raise CheckpointError(f"{name}: the buffer holds size {found['size']} and write count {found['write_count']}, "
+                                  f"the mixer was saved with its {name} part at {recorded.get('size')} and "
+                                  f"{recorded.get('write_count')} (a swapped or stale part)")
+
+    def _restore(self, options: Mapping[str, Any], generator: torch.Tensor) -> None:
+        self._offline_fraction, self._split = float(options["offline_fraction"]), options["split"]
+        self._min_online, self._seed = int(options["min_online"]), int(options["seed"])
+        self._generator.set_state(generator.clone())
+        self._offline_rows, self._offline_writes = len(self._offline), _write_count(self._offline)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a ``state_dict`` into this mixer and its two buffers (built with the same options).
+
+        Everything is checked first: the mixer's part here, each buffer's part by its own
+        ``load_state_dict``; a refused state leaves the mixer and both buffers as they were.
+
+        Raises:
+            CheckpointError: another kind of state, an option out of range, a generator state of
+                the wrong size, parts that are not the ones the mixer recorded, or a part its
+                buffer refuses.
+
+        Example:
+            >>> import torch
+            >>> from rlbuf import ReplayBuffer
+            >>> def pair():
+            ...     buffers = [ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0) for _ in range(2)]
+            ...     for buffer in buffers:
+            ...         buffer.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
+            ...     return buffers
+            >>> mixed, copy = MixedReplay(*pair(), seed=0), MixedReplay(*pair(), seed=1)
+            >>> copy.load_state_dict(mixed.state_dict())
+            >>> torch.equal(copy.sample(16).from_online, mixed.sample(16).from_online)
+            True
+        """
+        options = self._checked_options(state)
+        for name in ("offline", "online"):
+            if not isinstance(state.get(name), Mapping):
+                raise CheckpointError(f"state: {name} must be that buffer's state_dict()")
+            self._check_part(state, name, state[name])
+        online_before = self._online.state_dict()
+        self._online.load_state_dict(state["online"])
+        try:
+            self._offline.load_state_dict(state["offline"])
+        except BaseException:
+            self._online.load_state_dict(online_before)
+            raise
+        self._restore(options, state["generator"])
+
+    def check_valid(self) -> tuple[bool, str]:
+        """Check both buffers' invariants and that the offline buffer did not change: ``(True, "")`` or ``(False, reason)``.
+
+        Example:
+            >>> import torch
+            >>> from rlbuf import ReplayBuffer
+            >>> buffers = [ReplayBuffer(10, obs_shape=(1,), action_shape=()) for _ in range(2)]
+            >>> buffers[0].add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
+            >>> mixed = MixedReplay(*buffers)
+            >>> buffers[0].add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
+            >>> mixed.check_valid()[1].startswith("offline: the offline buffer is read-only")
+            True
+        """
+        for name, buffer in (("offline", self._offline), ("online", self._online)):
+            valid, reason = buffer.check_valid()
+            if not valid:
+                return False, f"{name}: {reason}"
+        try:
+            self._require_read_only(_write_count(self._offline))
+        except ConfigError as error:
+            return False, str(error)
+        return True, ""
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        """Write a checkpoint directory: each buffer saved by its own ``save``, then the mixer's state.
+
+        ``path/offline-<token>`` and ``path/online-<token>`` are the buffers' checkpoints and
+        ``path/mixer`` the mixer's (options, generator, the parts' names, counters and manifest
+        checksums), written last and atomically: a save killed at any point leaves the previous
+        pair whole and loadable. Parts of earlier saves are removed after. One save at a time per path.
+
+        Raises:
+            ConfigError: the offline buffer changed while mixing.
+            CheckpointError: ``path`` holds something else than a mixed checkpoint, or a save failed.
+
+        Example:
+            >>> import os, tempfile, torch
+            >>> from rlbuf import ReplayBuffer
+            >>> buffers = [ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0) for _ in range(2)]
+            >>> for buffer in buffers:
+            ...     buffer.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
+            >>> mixed = MixedReplay(*buffers, seed=0)
+            >>> path = os.path.join(tempfile.mkdtemp(), "mixed")
+            >>> mixed.save(path)
+            >>> restored = MixedReplay.load(path)
+            >>> torch.equal(restored.sample(8).index, mixed.sample(8).index)
+            True
+        """
+        root = Path(path)
+        if root.exists() and (not root.is_dir() or (any(root.iterdir()) and not (root / _MIXER_DIR).is_dir())):
+            raise CheckpointError(f"{root}: exists and is not a mixed checkpoint (no {_MIXER_DIR}/ inside); "
+                                  "save to a new or empty directory")
+        state = self._mixer_state()
+        token = uuid.uuid4().hex[:12]
+        parts = {}
+        for name, buffer in (("offline", self._offline), ("online", self._online)):
+            directory = f"{name}-{token}"
+            buffer.save(root / directory)
+            parts[name] = {**state["parts"][name], "directory": directory,
+                           "manifest_sha256": _manifest_digest(root / directory)}
+        save_state({**state, "parts": parts}, root / _MIXER_DIR)
+        for entry in root.iterdir():  # parts of earlier or killed saves: the mixer names only this save's
+            match = _PART.fullmatch(entry.name)
+            if match is not None and match.group(2) != token:
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+
+    @classmethod
+    def load(cls: type[MixedReplayT], path: str | Path, *, device: DeviceLike | None = None,
+             storing_device: DeviceLike | None = None) -> MixedReplayT:
+        """Rebuild the mixer and both buffers from ``save``; the next batches equal the original's.
+
+        Args:
+            path: a directory written by ``save``.
+            device: training device for both buffers instead of the saved ones.
+            storing_device: storing device for both buffers instead of the saved ones.
+
+        Raises:
+            CheckpointError: a missing or damaged part, an option out of range, a generator state of the
+                wrong size, parts that are not the ones the mixer was saved with (swapped, replaced,
+                from another save), or buffers whose batches no longer mix.
+
+        Example:
+            >>> import json, os, tempfile, torch
+            >>> from rlbuf import ReplayBuffer
+            >>> buffers = [ReplayBuffer(10, obs_shape=(1,), action_shape=()) for _ in range(2)]
+            >>> buffers[0].add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
+            >>> path = os.path.join(tempfile.mkdtemp(), "mixed")
+            >>> MixedReplay(*buffers).save(path)
+            >>> manifest = os.path.join(path, "mixer", "manifest.json")
+            >>> text = open(manifest).read().replace('"offline_fraction": 0.5', '"offline_fraction": 1.5')
+            >>> _ = open(manifest, "w").write(text)
+            >>> MixedReplay.load(path)
+            Traceback (most recent call last):
+            ...
+            rlbuf.errors.CheckpointError: ...: offline_fraction: expected a number in [0, 1], got 1.5
+        """
+        root = Path(path)
+        try:
+            state = load_state(root / _MIXER_DIR, kind=_KIND)
+            options = cls._checked_options(state)
+            buffers = []
+            for name in ("offline", "online"):
+                part = state["parts"][name]
+                directory = part.get("directory")
+                if not isinstance(directory, str) or not re.fullmatch(f"{name}-[0-9a-f]{{12}}", directory):
+                    raise CheckpointError(f"{name}: the part's directory {directory!r} is not one a save writes")
+                if not (root / directory / "manifest.json").is_file() or _manifest_digest(
+                        root / directory) != part.get("manifest_sha256"):
+                    raise CheckpointError(f"{name}: {directory}/ is not the checkpoint the mixer was saved with "
+                                          "(missing, swapped or replaced)")
+                buffer = ReplayBuffer.load(root / directory, device=device, storing_device=storing_device)
+                cls._check_part(state, name, buffer.state_dict(data=False))
+                buffers.append(buffer)
+            try:
+                mixed = cls(buffers[0], buffers[1], offline_fraction=options["offline_fraction"],
+                            split=options["split"], min_online=options["min_online"], seed=options["seed"])
+            except (ConfigError, ValueError) as error:
+                raise CheckpointError(f"the two buffers do not mix: {error}") from error
+            mixed._restore(options, state["generator"])
+            return mixed
+        except CheckpointError as error:
+            raise CheckpointError(f"{root}: {error}" if str(root) not in str(error) else str(error)) from error
