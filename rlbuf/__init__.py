@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     )
     from rlbuf.gae import GAE
     from rlbuf.gym import Recorder
+    from rlbuf.hindsight import Hindsight
     from rlbuf.replay import ReplayBuffer
     from rlbuf.rollout import RolloutBuffer
     from rlbuf.sequences import ReplaySequenceBatch, SequenceBatch
@@ -81,6 +82,7 @@ _MODULE_OF = {
     "SequenceBatch": "rlbuf.sequences",
     "GAE": "rlbuf.gae",
     "Recorder": "rlbuf.gym",
+    "Hindsight": "rlbuf.hindsight",
     "ReplayBuffer": "rlbuf.replay",
     "Transition": "rlbuf.batches",
     "RolloutBuffer": "rlbuf.rollout",
@@ -103,6 +105,7 @@ __all__ = [
     "EpisodeStats",
     "EpochIterator",
     "FieldSpec",
+    "Hindsight",
     "MemoryWarning",
     "MetadataOnlyWarning",
     "MissingFieldError",

@@ -27,6 +27,7 @@ import numpy.typing as npt
 import torch
 
 from rlbuf._codec import Codec
+from rlbuf._episodes import env_ids_of
 from rlbuf._frames import CompressedFinals, FrameLog
 from rlbuf._nstep import nstep_discount, nstep_return
 from rlbuf._ring import RowRing
@@ -38,7 +39,6 @@ from rlbuf.errors import (
     EmptyBufferError,
     MissingFieldError,
     PriorityError,
-    ShapeError,
     StoredIndexError,
 )
 from rlbuf.spec import FieldSpec, NotStaged, positive_int
@@ -163,14 +163,7 @@ class CompactLayout:
         Raises:
             ShapeError: a batch size that does not tell envs apart.
         """
-        num_envs = len(self.all_envs)
-        if len(lead) == 2 and lead[0] == num_envs:
-            return np.repeat(self.all_envs, lead[1])
-        if len(lead) == 1 and num_envs == 1:
-            return np.zeros(lead[0], np.int64)
-        raise ShapeError(f"td: a buffer that stores next_obs once follows each env's stream, so it needs batch "
-                         f"size ({num_envs}, T) (time last, as TorchRL collectors give)"
-                         f"{' or (T,)' if num_envs == 1 else ''}, got {lead}")
+        return env_ids_of(lead, len(self.all_envs), "a buffer that stores next_obs once follows each env's stream")
 
     def clear(self) -> None:
         """Forget every stream (the ring is cleared by its owner)."""

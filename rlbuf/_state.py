@@ -128,6 +128,12 @@ class BufferState:
         """The saved constructor options as this version takes them (older checkpoints may differ)."""
         return options
 
+    @classmethod
+    def _options_to_build(cls, options: dict[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+        """The checkpoint's options as the constructor takes them, with what ``load`` was given
+        (a function, which no checkpoint holds)."""
+        return options
+
     def _record_options(self, arguments: Mapping[str, Any]) -> None:
         """Keep the constructor arguments (JSON form) so a checkpoint can rebuild this buffer."""
         self._options = {k: option_to_json(v) for k, v in arguments.items() if k not in NOT_OPTIONS}
@@ -451,8 +457,14 @@ class BufferState:
             >>> len(restored), torch.equal(restored.sample(4).index, buf.sample(4).index)
             (1, True)
         """
+        return cls._load_checked(path, device=device, storing_device=storing_device, given={})
+
+    @classmethod
+    def _load_checked(cls: type[BufferT], path: str | Path, *, device: DeviceLike | None,
+                      storing_device: DeviceLike | None, given: Mapping[str, Any]) -> BufferT:
+        """``load``, with what the caller gives that a checkpoint cannot hold (see ``_options_to_build``)."""
         try:
-            return cls._load(path, device=device, storing_device=storing_device)
+            return cls._load(path, device=device, storing_device=storing_device, given=given)
         except CheckpointError as error:
             raise CheckpointError(f"{path}: {error}" if str(path) not in str(error) else str(error)) from error
         except Exception as error:  # a damaged checkpoint may fail anywhere; only CheckpointError escapes
@@ -460,14 +472,14 @@ class BufferState:
 
     @classmethod
     def _load(cls: type[BufferT], path: str | Path, *, device: DeviceLike | None,
-              storing_device: DeviceLike | None) -> BufferT:
+              storing_device: DeviceLike | None, given: Mapping[str, Any]) -> BufferT:
         state = load_state(path, kind=cls.__name__)
         options = _option_from_json(state["options"])
         accepted = set(inspect.signature(cls.__init__).parameters) - {"self", *NOT_OPTIONS}
         if not isinstance(options, dict) or set(options) - accepted:
             unknown = sorted(set(options) - accepted) if isinstance(options, dict) else options
             raise CheckpointError(f"options {unknown} are not options of {cls.__name__}")
-        options = cls._options_from_checkpoint(options)
+        options = cls._options_to_build(cls._options_from_checkpoint(options), given)
         if device is not None:
             options["device"] = device
         if storing_device is not None:

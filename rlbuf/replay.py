@@ -32,6 +32,7 @@ from rlbuf._buffer import done_of, refuse_foreign_options
 from rlbuf._codec import frame_codec
 from rlbuf._compact import CompactLayout
 from rlbuf._convert import REQUIRED, as_num_envs, require
+from rlbuf._delivery import deliver
 from rlbuf._obs import (
     ObsDtype,
     ObsShape,
@@ -59,6 +60,7 @@ from rlbuf.errors import (
     ConfigError,
     PriorityError,
 )
+from rlbuf.hindsight import Hindsight, Relabeller, check_goal_layout
 from rlbuf.sequences import ReplaySequenceBatch, sample_replay_sequences
 from rlbuf.spaces import extra_field_dtypes, resolve_action_range, resolve_fields
 from rlbuf.spec import ExtraFields
@@ -119,6 +121,9 @@ class ReplayBuffer(ReplayWriting):
         hidden_state_shape: a recurrent policy's hidden state stored with every step, e.g.
             ``{"h": (layers, 256), "c": (layers, 256)}`` (float32, TorchRL's
             ``"recurrent_state_h"`` keys); [`sample_sequences`][rlbuf.ReplayBuffer.sample_sequences] gives it at each sequence start.
+        hindsight: a [`Hindsight`][rlbuf.Hindsight]: ``sample`` relabels goals of a goal env's dict
+            observations (``"observation"``, ``"achieved_goal"``, ``"desired_goal"``) with goals
+            their episode reached. See [Hindsight](hindsight.md).
 
     Raises:
         ConfigError: contradictory or invalid options.
@@ -162,6 +167,7 @@ class ReplayBuffer(ReplayWriting):
         compression: str | None = None,
         compression_level: int | None = None,
         hidden_state_shape: Sequence[int] | int | Mapping[str, Sequence[int] | int] | None = None,
+        hindsight: Hindsight | None = None,
         **foreign: Any,
     ) -> None:
         refuse_foreign_options(ReplayBuffer.__init__, foreign)
@@ -176,6 +182,7 @@ class ReplayBuffer(ReplayWriting):
         self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
+        self._options["hindsight"] = _hindsight_options(hindsight, self._obs.leaves)
         as_num_envs(num_envs)  # the capacity (>= num_envs, in memory) is checked before any row is allocated
         compact, stored_obs_shape, obs_dtype = stored_obs(
             self._obs, obs_shape, obs_dtype, hidden_state_shape, frame_stack=frame_stack, padding_type=padding_type,
@@ -203,8 +210,10 @@ class ReplayBuffer(ReplayWriting):
                                       extra_names=list(self._extra_specs), codec=codec) if compact else None
         # The layout's writer, chosen once; with one tensor per obs, no hidden state and no extra field
         # (plain), ``add`` hands the fields to the ring's add as they are.
+        self._relabeller = None if hindsight is None else Relabeller(hindsight, self._ring, num_envs)
         self._writer = ReplayWriter(self._ring, num_envs=num_envs, obs=self._obs, hidden=self._hidden,
-                                    extra_names=list(self._extra_specs), compact=self._compact)
+                                    extra_names=list(self._extra_specs), compact=self._compact,
+                                    episodes=None if self._relabeller is None else self._relabeller.episodes)
         self._plain = self._compact is None and not self._obs.structured and self._hidden is None and not self._extra_specs
         # truncated=False says it of every env (no time limit): one flag for every row.
         self._no_truncation: bool | np.ndarray[Any, Any] = False if num_envs == 1 else np.zeros(num_envs, np.bool_)
@@ -229,6 +238,10 @@ class ReplayBuffer(ReplayWriting):
             raise ConfigError("torchrl: this buffer stores next_obs once (compact layout), which TorchRL's own "
                               "reads and writes do not know; build it with compact=False (and frame_stack=1, "
                               "n_step=1) to hand it to TorchRL, or use its extend() and sample()")
+        if self._relabeller is not None:
+            raise ConfigError("torchrl: this buffer relabels goals (hindsight), which needs the env of every row; "
+                              "TorchRL's writes do not say it: use its add() or extend() with batch size "
+                              "(num_envs, T), and sample()")
         return self._ring.hand_out()
 
     def clear(self) -> None:
@@ -249,6 +262,8 @@ class ReplayBuffer(ReplayWriting):
                 self._resets.clear()
             if self._compact is not None:
                 self._compact.clear()
+            if self._relabeller is not None:
+                self._relabeller.episodes.clear()
 
     @sizes_by_keyword
     def epochs(self, *, batch_size: int, n_epochs: int = 1, drop_last: bool = False,
@@ -274,6 +289,8 @@ class ReplayBuffer(ReplayWriting):
         state = {**super()._extra_state(), "interleaved": self._interleaved}
         if self._compact is not None:
             state.update(self._compact.state_dict())
+        if self._relabeller is not None:
+            state.update(self._relabeller.state_dict())
         return state
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
@@ -284,6 +301,8 @@ class ReplayBuffer(ReplayWriting):
                 raise CheckpointError("state: a compact buffer's checkpoint must hold its streams, found none")
             ring = self._ring
             self._compact.load_state_dict(state, write_count=ring.write_count, size=len(ring))
+        if self._relabeller is not None:
+            self._relabeller.load_state_dict(state)
 
     def _check_step(self, reward: Any, terminated: Any, truncated: Any, env_mask: Any) -> None:
         super()._check_step(reward, terminated, truncated, env_mask)
@@ -292,6 +311,8 @@ class ReplayBuffer(ReplayWriting):
 
     def _layout_problem(self, extra: Mapping[str, Any], fields: Mapping[str, torch.Tensor], *, size: int,
                         count: int) -> str:
+        if self._relabeller is not None:
+            return self._relabeller.state_problem(extra, fields, size=size, write_count=count)
         if self._compact is None:
             return ""
         return self._compact.state_problem(extra, fields, write_count=count, size=size)
@@ -302,6 +323,36 @@ class ReplayBuffer(ReplayWriting):
         if not options.get("prioritized", False):
             options = {**options, "alpha": None, "beta": None}
         return options
+
+    @classmethod
+    def _options_to_build(cls, options: dict[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+        saved, reward_fn = options.get("hindsight"), given.get("reward_fn")
+        if saved is None:
+            return options
+        if not isinstance(saved, dict) or set(saved) != {"strategy", "ratio"}:
+            raise CheckpointError(f"options: hindsight must be {{'strategy': ..., 'ratio': ...}}, got {saved!r}")
+        if reward_fn is None:
+            raise CheckpointError(f"this buffer relabels goals (hindsight {saved['strategy']}, ratio {saved['ratio']}), "
+                                  "and a checkpoint holds no function: load it with "
+                                  "ReplayBuffer.load(path, reward_fn=env.unwrapped.compute_reward)")
+        return {**options, "hindsight": Hindsight(saved["strategy"], saved["ratio"], reward_fn)}
+
+    @classmethod
+    def load(cls, path: str | Path, *, device: DeviceLike | None = None, storing_device: DeviceLike | None = None,
+             reward_fn: Any = None) -> ReplayBuffer:
+        """Rebuild a buffer from a checkpoint (see ``RingBuffer.load``); ``reward_fn``: the
+        hindsight reward function of a buffer that relabels goals (no checkpoint holds a function).
+
+        Example:
+            >>> import os, tempfile
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, truncated=False)
+            >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
+            >>> buf.save(path)
+            >>> len(ReplayBuffer.load(path))
+            1
+        """
+        return cls._load_checked(path, device=device, storing_device=storing_device, given={"reward_fn": reward_fn})
 
     @property
     def prioritized(self) -> bool:
@@ -344,7 +395,8 @@ class ReplayBuffer(ReplayWriting):
         return [frames if spec.name == "obs" else spec.describe() for spec in self._ring.specs]
 
     def _repr_options(self) -> str:
-        return repr_options(self._ring.specs, prioritized=self._prioritized, compact=self._compact)
+        options = repr_options(self._ring.specs, prioritized=self._prioritized, compact=self._compact)
+        return options if self._relabeller is None else f"{options}, {self._relabeller.options.describe()}"
 
     @classmethod
     def bytes_per_transition(
@@ -422,7 +474,19 @@ class ReplayBuffer(ReplayWriting):
                 ring.flush()  # the sum tree and the streams read TorchRL's committed state
             if self._compact is not None:
                 return self._batch(*self._compact.draw(batch_size, self._draw))
+            if self._relabeller is not None:
+                return self._relabelled(*self._draw(batch_size))
             return self._batch(*self._draw(batch_size))
+
+    def _relabelled(self, index: torch.Tensor, weight: torch.Tensor | None) -> ReplayBatch:
+        """The batch of the rows at ``index``, a ratio of them with goals their episodes reached."""
+        assert self._relabeller is not None
+        columns = self._gather(index, pinned=self._pinned_delivery)
+        self._relabeller.relabel(columns, index)
+        columns["index"] = index
+        if weight is not None:
+            columns["weight"] = weight
+        return self._make_batch(deliver(columns, self._device))
 
     def _draw(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Positions (and importance weights when prioritized) of ``batch_size`` stored rows."""
@@ -532,3 +596,17 @@ class ReplayBuffer(ReplayWriting):
         positions = self._ring.as_index(index)
         values = priorities(priority, positions.numel())
         self._ring.rb.update_priority(positions, values)
+
+
+def _hindsight_options(hindsight: Any, leaves: Sequence[Any]) -> dict[str, Any] | None:
+    """The ``hindsight`` option as a checkpoint records it (its function left out), once checked.
+
+    Raises:
+        ConfigError: not a [`Hindsight`][rlbuf.Hindsight], or observations that are not a goal env's.
+    """
+    if hindsight is None:
+        return None
+    if not isinstance(hindsight, Hindsight):
+        raise ConfigError(f"hindsight: expected rlbuf.Hindsight(strategy, ratio, reward_fn), got {hindsight!r}")
+    check_goal_layout({leaf.path[0]: (leaf.shape, leaf.dtype) for leaf in leaves if len(leaf.path) == 1})
+    return {"strategy": hindsight.strategy, "ratio": hindsight.ratio}
