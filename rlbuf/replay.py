@@ -475,7 +475,12 @@ class ReplayBuffer(ReplayWriting):
             if self._compact is not None:
                 return self._batch(*self._compact.draw(batch_size, self._draw))
             if self._relabeller is not None:
-                return self._relabelled(*self._draw(batch_size))
+                state = ring.generator.get_state()
+                try:
+                    return self._relabelled(*self._draw(batch_size))
+                except Exception:  # a reward_fn that failed or returned no rewards: no draw happened
+                    ring.generator.set_state(state)
+                    raise
             return self._batch(*self._draw(batch_size))
 
     def _relabelled(self, index: torch.Tensor, weight: torch.Tensor | None) -> ReplayBatch:

@@ -1,0 +1,275 @@
+"""Hindsight relabelling against a plain reference: goals only from the row's own episode, as
+each strategy says, on vector envs with interleaved and masked rows, across the ring's wrap,
+through the Recorder in every autoreset mode and through checkpoints."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tensordict import TensorDict
+
+from rlbuf import (
+    CheckpointError,
+    ConfigError,
+    DtypeError,
+    Hindsight,
+    NonFiniteError,
+    ReplayBuffer,
+    ShapeError,
+)
+from rlbuf._episodes import EpisodeIndex
+from rlbuf.demos.bitflip import BitFlipEnv
+from rlbuf.gym import Recorder
+from tests._snapshot import same, snapshot
+
+STRATEGIES = ("future", "episode", "final")
+SENTINEL = -7.0  # every stored desired goal: a relabelled row is recognised by its goal
+
+
+def reached(achieved: np.ndarray[Any, Any], desired: np.ndarray[Any, Any], info: Any) -> np.ndarray[Any, Any]:
+    """0 where the goals match, else -1 (gymnasium-robotics' signature)."""
+    return np.where((achieved == desired).all(-1), 0.0, -1.0)
+
+
+def goal_buffer(capacity: int, num_envs: int, strategy: str = "future", ratio: float = 1.0, **options: Any) -> ReplayBuffer:
+    return ReplayBuffer(capacity, obs_shape={"observation": 1, "achieved_goal": 2, "desired_goal": 2},
+                        action_shape=(), num_envs=num_envs, seed=3,
+                        hindsight=Hindsight(strategy, ratio, reached), **options)  # type: ignore[arg-type]
+
+
+@dataclass
+class Reference:
+    """Every row written, in write order: the plain-loop model of which rows make up an episode."""
+
+    capacity: int
+    env: list[int] = field(default_factory=list)
+    ended: list[bool] = field(default_factory=list)
+
+    def stored(self) -> list[int]:
+        return list(range(max(0, len(self.env) - self.capacity), len(self.env)))
+
+    def candidates(self, serial: int, strategy: str) -> list[int]:
+        """Serials a goal for the row ``serial`` may come from, in order."""
+        env, oldest = self.env[serial], max(0, len(self.env) - self.capacity)
+        mine = [s for s in range(len(self.env)) if self.env[s] == env]
+        episode: list[int] = []
+        for s in mine:
+            episode.append(s)
+            if s >= serial and self.ended[s]:
+                break
+            if self.ended[s]:
+                episode = []
+        stored = [s for s in episode if s >= oldest]
+        if strategy == "final":
+            return stored[-1:]
+        return [s for s in stored if s >= serial] if strategy == "future" else stored
+
+
+def add_step(buf: ReplayBuffer, ref: Reference, mask: list[bool], ended: list[bool], truncated: list[bool]) -> None:
+    """One vector step whose achieved goals name the row's serial: ``[serial, env]``."""
+    n = len(mask)
+    serials, serial = [], len(ref.env)
+    for e in range(n):
+        serials.append(serial if mask[e] else -1)
+        serial += mask[e]
+    code = torch.tensor([[s, e] for e, s in enumerate(serials)], dtype=torch.float32)
+    obs = {"observation": torch.zeros(n, 1), "achieved_goal": code - 0.5, "desired_goal": torch.full((n, 2), SENTINEL)}
+    nxt = {"observation": torch.ones(n, 1), "achieved_goal": code, "desired_goal": torch.full((n, 2), SENTINEL)}
+    terminated = [a and not t for a, t in zip(ended, truncated, strict=True)]
+    buf.add(obs, torch.zeros(n), torch.full((n,), -1.0), nxt, torch.tensor(terminated), torch.tensor(truncated),
+            env_mask=None if all(mask) else torch.tensor(mask))
+    for e in range(n):
+        if mask[e]:
+            ref.env.append(e)
+            ref.ended.append(ended[e])
+
+
+steps = st.integers(1, 3).flatmap(lambda n: st.tuples(st.just(n), st.integers(3, 24), st.lists(st.tuples(
+    st.lists(st.booleans(), min_size=n, max_size=n), st.lists(st.integers(0, 5), min_size=n, max_size=n),
+    st.lists(st.booleans(), min_size=n, max_size=n)), min_size=1, max_size=40)))
+
+
+def fill(n: int, capacity: int, plan: list[Any], strategy: str = "future", ratio: float = 1.0) -> tuple[ReplayBuffer, Reference]:
+    buf, ref = goal_buffer(capacity, n, strategy, ratio), Reference(capacity)
+    for keep, end, cut in plan:
+        mask = [k or (sum(keep) == 0 and e == 0) for e, k in enumerate(keep)]
+        add_step(buf, ref, mask, [x == 0 for x in end], [x == 0 and c for x, c in zip(end, cut, strict=True)])
+    return buf, ref
+
+
+MASKED_ENDS = pytest.mark.filterwarnings("ignore:add. env_mask leaves out")
+
+
+@MASKED_ENDS
+@settings(max_examples=60, deadline=None)
+@given(steps, st.sampled_from(STRATEGIES), st.integers(0, 2**31))
+def test_goal_rows_equal_the_reference_for_every_stored_row(case: Any, strategy: str, seed: int) -> None:
+    """The index picks, for the same uniform draw, the row a plain loop over episodes picks."""
+    n, capacity, plan = case
+    buf, ref = fill(n, capacity, plan, strategy)
+    index: EpisodeIndex = buf._relabeller.episodes  # type: ignore[union-attr]
+    stored = ref.stored()
+    positions = np.array([s % capacity for s in stored], np.int64)
+    uniform = np.random.default_rng(seed).random(len(stored))
+    got = index.goal_rows(positions, strategy, uniform)  # type: ignore[arg-type]
+    for serial, u, position in zip(stored, uniform, got, strict=True):
+        candidates = ref.candidates(serial, strategy)
+        assert position == candidates[math.floor(u * len(candidates))] % capacity, (serial, candidates)
+
+
+@MASKED_ENDS
+@settings(max_examples=40, deadline=None)
+@given(steps, st.sampled_from(STRATEGIES))
+def test_sampled_goals_come_from_the_rows_own_episode_and_rewards_follow(case: Any, strategy: str) -> None:
+    n, capacity, plan = case
+    buf, ref = fill(n, capacity, plan, strategy)
+    batch = buf.sample(64)
+    real = buf.sample_by_index(batch.index)
+    goal = batch.obs["desired_goal"]
+    assert torch.equal(goal, batch.next_obs["desired_goal"])
+    for row in range(64):
+        serial, env = (int(v) for v in real.next_obs["achieved_goal"][row])
+        goal_serial, goal_env = (int(v) for v in goal[row])
+        assert goal_env == env and goal_serial in ref.candidates(serial, strategy)
+        assert batch.reward[row] == (0.0 if goal_serial == serial else -1.0)
+    for name in ("action", "terminated", "truncated", "done"):  # a time limit still bootstraps
+        assert torch.equal(getattr(batch, name), getattr(real, name))
+    assert torch.equal(batch.obs["observation"], real.obs["observation"])
+
+
+def test_the_relabelled_share_is_the_ratio_within_binomial_error() -> None:
+    rng = np.random.default_rng(0)
+    buf = goal_buffer(500, 2, "future", 0.3)
+    ref = Reference(500)
+    for _ in range(300):
+        add_step(buf, ref, [True, True], list(rng.random(2) < 0.1), [False, False])
+    draws = 20 * 512
+    relabelled = sum(int((buf.sample(512).obs["desired_goal"][:, 0] != SENTINEL).sum()) for _ in range(20))
+    assert abs(relabelled - 0.3 * draws) < 5 * math.sqrt(draws * 0.3 * 0.7)
+
+
+def test_ratio_zero_relabels_nothing_and_equals_the_stored_rows() -> None:
+    buf, _ = fill(2, 16, [([True, True], [1, 0], [False, True])] * 10, ratio=0.0)
+    batch = buf.sample(32)
+    assert torch.equal(batch.reward, buf.sample_by_index(batch.index).reward)
+    assert bool((batch.obs["desired_goal"] == SENTINEL).all())
+
+
+def test_extend_env_first_batches_index_each_envs_episodes() -> None:
+    buf = goal_buffer(64, 2, "final")
+    T = 5
+    code = torch.tensor([[[t * 2 + e, e] for t in range(T)] for e in range(2)], dtype=torch.float32)
+    ended = torch.tensor([[False, True, False, False, True], [False, False, False, False, False]])
+    td = TensorDict({"observation": {"observation": torch.zeros(2, T, 1), "achieved_goal": code - 0.5,
+                                     "desired_goal": torch.full((2, T, 2), SENTINEL)},
+                     "action": torch.zeros(2, T),
+                     "next": {"observation": {"observation": torch.ones(2, T, 1), "achieved_goal": code,
+                                              "desired_goal": torch.full((2, T, 2), SENTINEL)},
+                              "reward": torch.zeros(2, T, 1), "terminated": ended[..., None],
+                              "truncated": torch.zeros(2, T, 1, dtype=torch.bool)}}, batch_size=[2, T])
+    buf.extend(td)
+    finals = buf._relabeller.episodes.goal_rows(np.arange(10), "final", np.zeros(10))  # type: ignore[union-attr]
+    # rows are env-major: env 0 at 0..4 (episodes 0-1 and 2-4), env 1 at 5..9 (one running episode)
+    assert finals.tolist() == [1, 1, 4, 4, 4, 9, 9, 9, 9, 9]
+    with pytest.raises(ShapeError, match="hindsight buffer follows each env's episodes"):
+        buf.extend(td.reshape(-1))
+
+
+def test_checkpoints_resume_the_same_relabelled_batches(tmp_path: Path) -> None:
+    buf, _ = fill(3, 20, [([True, e % 2 == 0, True], [e % 4, 1, e % 5], [True, False, False]) for e in range(30)])
+    buf.save(tmp_path / "ckpt")
+    loaded = ReplayBuffer.load(tmp_path / "ckpt", reward_fn=reached)
+    for _ in range(3):
+        a, b = buf.sample(16), loaded.sample(16)
+        assert torch.equal(a.index, b.index) and torch.equal(a.reward, b.reward)
+        assert torch.equal(a.obs["desired_goal"], b.obs["desired_goal"])
+    live, derived = (x._relabeller.episodes for x in (buf, loaded))  # type: ignore[union-attr]
+    positions, uniform = np.arange(20), np.random.default_rng(1).random(20)
+    for strategy in STRATEGIES:
+        assert np.array_equal(live.goal_rows(positions, strategy, uniform), derived.goal_rows(positions, strategy, uniform))
+    with pytest.raises(CheckpointError, match=r"reward_fn=env\.unwrapped\.compute_reward"):
+        ReplayBuffer.load(tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize("forge", ["out of range", "wrong length", "missing", "float"])
+def test_forged_episode_tables_are_refused(forge: str) -> None:
+    buf, _ = fill(2, 12, [([True, True], [1, 2], [False, False])] * 8)
+    state = buf.state_dict()
+    env = state["extra"]["episodes"]["env"]
+    state["extra"]["episodes"] = {"out of range": {"env": env + 2}, "wrong length": {"env": env[:-1]},
+                                  "missing": {}, "float": {"env": env.double()}}[forge]
+    target = goal_buffer(12, 2)
+    before = snapshot(target)
+    with pytest.raises(CheckpointError, match="hindsight"):
+        target.load_state_dict(state)
+    assert same(before, snapshot(target))
+
+
+@pytest.mark.parametrize("returned", [np.zeros(3), np.zeros((64, 2)), np.array(["a"] * 64), np.full(64, np.nan)])
+def test_a_bad_reward_fn_result_is_refused_and_sampling_state_kept(returned: Any) -> None:
+    buf = ReplayBuffer(32, obs_shape={"observation": 1, "achieved_goal": 2, "desired_goal": 2}, action_shape=(),
+                       seed=0, hindsight=Hindsight("future", 1.0, lambda a, d, i: returned[:len(a)]))
+    for t in range(5):
+        add_step(buf, Reference(32), [True], [t == 4], [False])
+    before = snapshot(buf)
+    with pytest.raises((ShapeError, NonFiniteError, DtypeError), match="hindsight reward_fn"):
+        buf.sample(64)
+    assert same(before, snapshot(buf))
+
+
+def test_options_and_layouts_that_cannot_relabel_are_refused() -> None:
+    with pytest.raises(ConfigError, match="strategy"):
+        Hindsight("past", 0.5, reached)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="ratio"):
+        Hindsight("future", True, reached)
+    with pytest.raises(ConfigError, match="reward_fn"):
+        Hindsight("future", 0.5, None)
+    with pytest.raises(ConfigError, match="missing"):
+        ReplayBuffer(8, obs_shape=(3,), action_shape=(), hindsight=Hindsight("future", 0.5, reached))
+    with pytest.raises(ConfigError, match="match in shape"):
+        ReplayBuffer(8, obs_shape={"observation": 1, "achieved_goal": 2, "desired_goal": 3}, action_shape=(),
+                     hindsight=Hindsight("future", 0.5, reached))
+    with pytest.raises(ConfigError, match="hindsight"):
+        goal_buffer(8, 1).torchrl  # noqa: B018
+
+
+@pytest.mark.parametrize("mode", list(gym.vector.AutoresetMode))
+def test_the_recorder_stores_whole_episodes_in_every_autoreset_mode(mode: gym.vector.AutoresetMode) -> None:
+    """Each stored row's episode, as the index finds it, chains obs to next_obs from a reset to its end."""
+    envs = gym.vector.SyncVectorEnv([lambda: BitFlipEnv(3)] * 3, autoreset_mode=mode)
+    buf = ReplayBuffer(60, observation_space=envs.single_observation_space, action_space=envs.single_action_space,
+                       num_envs=3, seed=0, hindsight=Hindsight("episode", 1.0, BitFlipEnv.compute_reward))
+    recorder = Recorder(envs, buf)
+    obs, _ = envs.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        action = rng.integers(0, 3, 3)
+        next_obs, reward, terminated, truncated, info = envs.step(action)
+        recorder.record(obs, action, reward, next_obs, terminated, truncated, info)
+        obs = next_obs
+        if mode == gym.vector.AutoresetMode.DISABLED and (terminated | truncated).any():
+            obs, _ = envs.reset(options={"reset_mask": terminated | truncated})
+    index = buf._relabeller.episodes  # type: ignore[union-attr]
+    rows = buf.sample_all()
+    by_position = {int(p): i for i, p in enumerate(rows.index)}
+    for position in rows.index.tolist():
+        episode = index.episode_rows(np.array(position)).tolist()
+        chain = [by_position[p] for p in episode]
+        for a, b in itertools.pairwise(chain):
+            assert torch.equal(rows.next_obs["observation"][a], rows.obs["observation"][b])
+            assert not rows.done[a]
+        assert rows.obs["desired_goal"][chain].unique(dim=0).shape[0] == 1   # one goal per episode
+    batch = buf.sample(128)
+    achieved = buf.sample_by_index(batch.index).next_obs["achieved_goal"]
+    expected = BitFlipEnv.compute_reward(achieved.numpy(), batch.obs["desired_goal"].numpy(), {})
+    assert np.array_equal(batch.reward.numpy(), expected)
