@@ -1,0 +1,232 @@
+"""Writing episodes to a Minari dataset for [`to_minari`][rlbuf.offline.to_minari], images losslessly.
+
+Minari 0.5 JPEG-encodes (lossy) every observation of an *image space* (a ``uint8`` ``Box`` of
+shape ``(H >= 32, W >= 32[, C])`` bounded by 0 and 255) in both backends, and decodes it with
+``PIL.Image.open``, which reads any format. The HDF5 writer also JPEG-encodes every ``uint8``
+array that looks like images (2 or 3 dims a row, or a last dim of 1 or 3), whatever its space,
+and then reads the JPEG bytes back as they are: a small ``uint8`` observation does not survive.
+So rlbuf writes:
+
+* an image space's frames as PNG (lossless; ``Image.open`` decodes it to the same bytes): in
+  HDF5, an array of PNG byte strings goes through the writer's public path unchanged; the Arrow
+  writer has no such path, and its ``_encode_space`` is wrapped while rlbuf writes (the one seam to
+  Minari's internals, pinned by ``tests/test_offline.py``);
+* any other ``uint8`` leaf of an HDF5 dataset as a tensor, which the writer stores as raw bytes.
+
+Example:
+    >>> import numpy as np
+    >>> is_image_space(space_of(np.zeros((2, 64, 64, 3), np.uint8)))
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces as gym_spaces
+
+from rlbuf._minari_read import Spaces, check_episode, leaf_label, minari_module
+from rlbuf.errors import ConfigError, DtypeError
+
+_ARROW_SEAM = threading.Lock()
+
+
+def is_image_space(space: Any) -> bool:
+    """Whether Minari encodes this space's observations as images (its own test, in ``minari_storage``)."""
+    return bool(minari_module("minari.dataset.minari_storage").is_image_space(space))
+
+
+def space_of(rows: np.ndarray[Any, Any], bounds: Any = None) -> Any:
+    """A gymnasium space for rows shaped ``[N, *shape]``: ``Discrete`` for an int scalar with ``bounds``,
+    else a ``Box`` bounded by the dtype (0-255 for ``uint8``, unbounded for floats).
+
+    Raises:
+        ConfigError: a dtype no ``Box`` holds (bool): pass the space.
+
+    Example:
+        >>> space_of(np.zeros((5, 3))), space_of(np.zeros(5, np.int64), bounds=(0, 3))
+        (Box(-inf, inf, (3,), float64), Discrete(4))
+    """
+    shape, dtype = tuple(rows.shape[1:]), rows.dtype
+    if bounds is not None and shape == () and dtype.kind in "iu":
+        low, high = (int(np.min(bound)) for bound in bounds)
+        return gym_spaces.Discrete(high - low + 1, start=low)
+    if dtype.kind == "f":
+        return gym_spaces.Box(-np.inf, np.inf, shape, dtype)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return gym_spaces.Box(int(info.min), int(info.max), shape, dtype)
+    raise ConfigError(f"observation_space, action_space: no Box holds dtype {dtype}; pass the space to to_minari")
+
+
+def observation_space_of(tree: Any) -> Any:
+    """The space of an observation tree (an array of rows, or a nested mapping of them)."""
+    if isinstance(tree, Mapping):
+        return gym_spaces.Dict({key: observation_space_of(value) for key, value in tree.items()})
+    return space_of(tree)
+
+
+def _png(frame: np.ndarray[Any, Any]) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(frame).save(out, format="PNG", compress_level=1)
+    return out.getvalue()
+
+
+def _pngs(frames: np.ndarray[Any, Any], label: str) -> np.ndarray[Any, Any]:
+    if frames.ndim == 4 and frames.shape[-1] not in (2, 3, 4):
+        raise ConfigError(f"{label}: an image space of {frames.shape[-1]} channels, which Minari cannot decode "
+                          f"(it reads images with PIL: 1 channel comes back without its channel dim); store the "
+                          f"frames channel-first (C, H, W), which Minari keeps as raw bytes")
+    return np.array([_png(frame) for frame in frames])
+
+
+def _leaf_out(value: np.ndarray[Any, Any], space: Any, data_format: str, label: str) -> Any:
+    if is_image_space(space):
+        return _pngs(value, label) if data_format == "hdf5" else value
+    if data_format == "hdf5" and value.dtype == np.uint8:
+        return torch.from_numpy(np.ascontiguousarray(value))  # raw bytes, not the writer's JPEG guess
+    return value
+
+
+def _tree_out(tree: Any, spaces: Spaces, data_format: str) -> Any:
+    if not spaces.structured:
+        return _leaf_out(tree, spaces.obs[0][1], data_format, "observations")
+    out: dict[str, Any] = {}
+    for path, space in spaces.obs:
+        node, value = out, tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+            value = value[key]
+        node[path[-1]] = _leaf_out(value[path[-1]], space, data_format, leaf_label("observations", path))
+    return out
+
+
+def cast_to_space(tree: Any, space: Any, label: str) -> Any:
+    """An observation or action tree in its space's dtypes (a cast that loses nothing), keys as the space's.
+
+    Raises:
+        DtypeError: a cast that would lose values (float64 rows for a float32 space).
+        ShapeError: a key of the space missing from the rows.
+    """
+    if isinstance(space, gym_spaces.Dict):
+        if not isinstance(tree, Mapping) or set(tree) != set(space.spaces):
+            found = sorted(tree) if isinstance(tree, Mapping) else type(tree).__name__
+            raise ConfigError(f"{label}: the space has the keys {sorted(space.spaces)}, the rows {found}; pass "
+                              f"the space the rows were stored with")
+        return {key: cast_to_space(tree[key], sub, f'{label}["{key}"]') for key, sub in space.spaces.items()}
+    value = np.asarray(tree)
+    if value.dtype == space.dtype:
+        return value
+    if not np.can_cast(value.dtype, space.dtype, "safe"):
+        raise DtypeError(f"{label}: the rows are {value.dtype}, the space is {space.dtype}, which cannot hold "
+                         f"them exactly; pass a space of dtype {value.dtype}")
+    return value.astype(space.dtype)
+
+
+@contextlib.contextmanager
+def _arrow_png() -> Iterator[None]:
+    """Minari's Arrow writer with image spaces encoded as PNG instead of JPEG, while rlbuf writes."""
+    pa = minari_module("pyarrow")
+    arrow_storage = minari_module("minari.dataset._storages.arrow_storage")
+
+    with _ARROW_SEAM:
+        jpeg: Callable[..., Any] = arrow_storage._encode_space
+
+        def encode(space: Any, values: Any, pad: int = 0) -> Any:
+            if is_image_space(space):
+                return pa.array(list(_pngs(np.asarray(values), "observations")), type=pa.binary())
+            return jpeg(space, values, pad=pad)
+
+        arrow_storage._encode_space = encode
+        try:
+            yield
+        finally:
+            arrow_storage._encode_space = jpeg
+
+
+def checked_episodes(episodes: Iterable[Mapping[str, Any]], spaces: Spaces) -> list[dict[str, Any]]:
+    """Every episode in the spaces' dtypes, checked (all of them, before anything is written).
+
+    Raises:
+        ShapeError, DtypeError, NonFiniteError, OutOfRangeError, StreamError: as ``check_episode``.
+        MissingFieldError: an episode without one of the fields.
+    """
+    from rlbuf.errors import MissingFieldError
+
+    out = []
+    for number, episode in enumerate(episodes):
+        missing = [name for name in ("observations", "actions", "rewards", "terminations", "truncations")
+                   if name not in episode]
+        if missing:
+            raise MissingFieldError(f"episode {number}: {', '.join(missing)}: expected the fields observations "
+                                    f"(T + 1, the final one last), actions, rewards, terminations, truncations "
+                                    f"(optional: seed), got {sorted(episode)}")
+        checked = {"id": number, "seed": episode.get("seed"),
+                   "observations": cast_to_space(_as_numpy(episode["observations"]), spaces.observation_space,
+                                                 f"episode {number}: observations"),
+                   "actions": cast_to_space(_as_numpy(episode["actions"]), spaces.action_space,
+                                            f"episode {number}: actions"),
+                   **{name: _as_numpy(episode[name]) for name in ("rewards", "terminations", "truncations")}}
+        check_episode(checked, spaces)
+        out.append(checked)
+    return out
+
+
+def _as_numpy(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _as_numpy(sub) for key, sub in value.items()}
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def write_dataset(dataset_id: str, episodes: list[dict[str, Any]], spaces: Spaces, data_format: str,
+                  metadata: Mapping[str, Any]) -> Any:
+    """Create the Minari dataset ``dataset_id`` from checked episodes; on failure, nothing is left behind.
+
+    Raises:
+        ConfigError: a malformed id, an id already taken, or an unknown ``data_format``.
+    """
+    minari = minari_module()
+    episode_buffer = minari_module("minari.data_collector").EpisodeBuffer
+    parse_dataset_id = minari_module("minari.dataset.minari_dataset").parse_dataset_id
+    get_dataset_path = minari_module("minari.storage.datasets_root_dir").get_dataset_path
+
+    if data_format not in ("hdf5", "arrow"):
+        raise ConfigError(f"data_format: expected 'hdf5' or 'arrow', got {data_format!r}")
+    try:
+        parse_dataset_id(dataset_id)
+    except ValueError as error:
+        raise ConfigError(f"dataset_id {dataset_id!r}: expected (namespace/)name-v(version), e.g. "
+                          f"'rlbuf/pendulum-v0' (a namespace has at least 2 characters)") from error
+    path = get_dataset_path(dataset_id)
+    if path.exists():
+        raise ConfigError(f"dataset_id {dataset_id!r}: {path} exists already; delete it "
+                          f"(minari.delete_dataset({dataset_id!r})) or choose another id or version")
+    buffers = (episode_buffer(seed=episode["seed"], observations=_tree_out(episode["observations"], spaces,
+                                                                          data_format),
+                             actions=_leaf_out(episode["actions"], spaces.action, data_format, "actions"),
+                             rewards=episode["rewards"], terminations=episode["terminations"],
+                             truncations=episode["truncations"])
+               for episode in episodes)
+    seam = _arrow_png() if data_format == "arrow" else contextlib.nullcontext()
+    try:
+        with seam, warnings.catch_warnings():
+            # Minari's reminders of the metadata it was not given (author, code_permalink ...).
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"minari\.")
+            return minari.create_dataset_from_buffers(dataset_id, buffers, observation_space=spaces.observation_space,
+                                                      action_space=spaces.action_space, data_format=data_format,
+                                                      **metadata)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise

@@ -1,0 +1,320 @@
+"""Offline data: Minari datasets into a [`ReplayBuffer`][rlbuf.ReplayBuffer] and back out, exactly.
+
+[`from_minari`][rlbuf.offline.from_minari] reads a local Minari dataset (HDF5 or Arrow) a chunk of
+episodes at a time, checks every episode of the chunk and hands the chunk to the buffer's one write
+path (``extend``). [`to_minari`][rlbuf.offline.to_minari] rebuilds the episodes of a buffer (or takes
+a list of them) and writes them with ``minari.create_dataset_from_buffers``. Minari → rlbuf → Minari
+→ rlbuf is the identity, byte for byte, for every episode: observations (the final one included),
+actions, rewards, ``terminations`` and ``truncations`` as they are, episode boundaries and seeds.
+
+Design:
+
+* **Rows.** An episode of ``T`` steps has ``T + 1`` observations; row ``t`` holds ``obs[t]``,
+  ``next_obs = obs[t + 1]`` and the step's own flags: the last row of a truncated episode keeps its
+  real final observation (never zeroed, never ``truncated = done``), so a timeout still bootstraps.
+* **Episode ids and seeds are fields.** With ``exact=True`` (the default) every row stores
+  ``episode_id`` and ``episode_seed`` (``int64``; ``-1``: reset without a seed), and, when the
+  dataset's rewards are not ``float32`` (Minari's are usually ``float64``, and ``batch.reward`` is
+  ``float32``), ``dataset_reward`` in the dataset's dtype. Fields, not a side table: they follow
+  their rows through sampling (``batch.extras``), the ring, the compact layout and checkpoints
+  (``save``/``load``), which a table beside the buffer would not; they cost 16 to 24 bytes a row.
+  ``exact=False`` stores the plain transition only (boundaries still survive: they are the flags).
+* **Refused, never half-loaded.** An inconsistent episode is refused with the error of its kind
+  (``ShapeError``: lengths that disagree, a missing final observation, a shape not the space's;
+  ``DtypeError``; ``NonFiniteError``: NaN in an observation or action, a reward that is not finite;
+  ``OutOfRangeError``: a discrete value outside its space; ``StreamError``: an end flag before the
+  last step, or a last step neither terminated nor truncated), naming the episode, the field, what
+  was expected, what was received and the fix. ``from_minari`` then closes the buffer it was
+  filling and returns nothing; ``to_minari`` checks every episode before it writes a byte, and
+  removes what it wrote if Minari fails.
+* **Episodes of a buffer.** ``to_minari`` splits each env's rows (a buffer with ``num_envs > 1``
+  must have been filled a whole step at a time, as ``add`` and the ``Recorder`` do) at every
+  ``terminated | truncated`` row. The newest episode of an env is skipped while it has not ended,
+  and the oldest one once the ring has overwritten rows (its start may be gone): only complete
+  episodes are written. Consecutive rows of an episode must chain (``obs`` of one is ``next_obs`` of
+  the one before), or the export is refused.
+* **Images, losslessly.** Minari JPEG-encodes image observations; ``to_minari`` writes them as PNG,
+  which Minari's reader decodes to the same bytes (see ``rlbuf._minari_write``).
+
+Example:
+    >>> import os, tempfile
+    >>> import gymnasium as gym
+    >>> import numpy as np
+    >>> os.environ["MINARI_DATASETS_PATH"] = tempfile.mkdtemp()
+    >>> episode = {"observations": np.arange(8, dtype=np.float32).reshape(4, 2), "actions": np.array([0, 1, 0]),
+    ...            "rewards": np.array([1.0, 0.5, 2.0]), "terminations": np.array([False, False, False]),
+    ...            "truncations": np.array([False, False, True]), "seed": 3}
+    >>> dataset = to_minari([episode], "rlbuf/doctest-v0", observation_space=gym.spaces.Box(-9, 9, (2,)),
+    ...                     action_space=gym.spaces.Discrete(2))
+    >>> buffer = from_minari(dataset, seed=0)
+    >>> len(buffer), buffer.sample_all().next_obs[-1].tolist()   # the final observation, kept
+    (3, [6.0, 7.0])
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+from rlbuf._minari_read import (
+    NO_SEED,
+    Spaces,
+    check_episode,
+    chunk_rows,
+    episode_chunks,
+    open_dataset,
+    step_bytes,
+)
+from rlbuf._minari_write import checked_episodes, observation_space_of, space_of, write_dataset
+from rlbuf.errors import ConfigError, DtypeError, StreamError
+from rlbuf.replay import ReplayBuffer
+
+__all__ = ["from_minari", "to_minari"]
+
+_SET_BY_DATASET = ("observation_space", "action_space", "obs_shape", "action_shape", "extra_fields")
+_METADATA = ("env", "eval_env", "algorithm_name", "author", "author_email", "code_permalink", "ref_min_score",
+             "ref_max_score", "expert_policy", "num_episodes_average_score", "description", "requirements")
+_CHUNK_BYTES = 32 << 20  # read a chunk of episodes at a time: the import's memory beyond the buffer
+
+
+def _torch_dtype(dtype: Any) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype)).dtype
+
+
+def from_minari(dataset: Any, *, exact: bool = True, **buffer_options: Any) -> ReplayBuffer:
+    """Load a local Minari dataset into a new [`ReplayBuffer`][rlbuf.ReplayBuffer], every episode checked.
+
+    Args:
+        dataset: a ``minari.MinariDataset``, the id of a dataset in the local Minari root
+            (``MINARI_DATASETS_PATH``, else ``~/.minari/datasets``) or a dataset's directory. Never downloaded.
+        exact: store ``episode_id``, ``episode_seed`` and (for rewards that are not float32)
+            ``dataset_reward`` with every row, so that [`to_minari`][rlbuf.offline.to_minari] writes the
+            dataset back byte for byte. ``False``: the plain transitions only.
+        **buffer_options: the [`ReplayBuffer`][rlbuf.ReplayBuffer] options: ``capacity`` (default: the
+            dataset's steps; more leaves room to add online), ``storage="memmap"`` for datasets larger than
+            RAM, ``compact=True`` (observations stored once), ``frame_stack``, ``n_step``, ``device``,
+            ``seed``, ``prioritized`` ... Observation and action dtypes default to the spaces' own
+            (``obs_dtype=torch.float32`` stores a float64 dataset in half the memory, inexactly).
+
+    Returns:
+        The buffer, holding every step of the dataset in episode order.
+
+    Raises:
+        ConfigError: a dataset that is not local, a space rlbuf cannot store, an option the dataset sets
+            (``observation_space``, ``extra_fields`` ...), or a ``capacity`` below the dataset's steps.
+        ShapeError, DtypeError, NonFiniteError, OutOfRangeError, StreamError: an inconsistent episode
+            (see the module's docstring); no buffer is returned.
+
+    Example:
+        >>> import gymnasium as gym, numpy as np, os, tempfile
+        >>> os.environ["MINARI_DATASETS_PATH"] = tempfile.mkdtemp()
+        >>> _ = to_minari([{"observations": np.zeros((3, 2), np.float32), "actions": np.zeros((2, 1), np.float32),
+        ...                 "rewards": np.ones(2), "terminations": np.array([False, True]),
+        ...                 "truncations": np.array([False, False])}], "rlbuf/tiny-v0")
+        >>> buffer = from_minari("rlbuf/tiny-v0", capacity=100)
+        >>> len(buffer), sorted(buffer.sample_all().extras)
+        (2, ['dataset_reward', 'episode_id', 'episode_seed'])
+    """
+    data = open_dataset(dataset)
+    spaces = Spaces.of(data.observation_space, data.action_space)
+    given = [name for name in _SET_BY_DATASET if name in buffer_options]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: set by the dataset (its spaces, and the fields exact= asks for); "
+                          f"leave them out")
+    total = int(data.total_steps)
+    capacity = buffer_options.pop("capacity", total)
+    if total == 0:
+        raise ConfigError(f"dataset {data.id!r}: holds no steps")
+    if isinstance(capacity, int) and capacity < total:
+        raise ConfigError(f"capacity={capacity}: below the dataset's {total} steps, whose oldest would be "
+                          f"overwritten; pass capacity >= {total} (or leave it out)")
+    chunks = episode_chunks(data, max(1, _CHUNK_BYTES // step_bytes(spaces)))
+    first = next(chunks)
+    check_episode(first[0][0], spaces)
+    reward_dtype = first[0][0]["rewards"].dtype
+    exact_reward = exact and reward_dtype != np.float32
+    extra_fields: dict[str, Any] = {}
+    if exact:
+        extra_fields = {"episode_id": ((), torch.int64), "episode_seed": ((), torch.int64)}
+    if exact_reward:
+        extra_fields["dataset_reward"] = ((), _torch_dtype(reward_dtype))
+    if not spaces.structured:
+        buffer_options.setdefault("obs_dtype", _torch_dtype(spaces.obs[0][1].dtype))
+    buffer_options.setdefault("action_dtype", _torch_dtype(spaces.action.dtype))
+    buffer = ReplayBuffer(capacity, observation_space=data.observation_space, action_space=data.action_space,
+                          extra_fields=extra_fields or None, **buffer_options)
+    try:
+        if buffer.compact and buffer.num_envs != 1:
+            raise ConfigError(f"num_envs={buffer.num_envs}: a compact buffer chains each env's steps, and a "
+                              f"dataset is one stream of episodes; leave num_envs out (or use compact=False)")
+        for episodes, seeds in itertools.chain([first], chunks):
+            for episode in episodes:
+                check_episode(episode, spaces)
+                if exact_reward and episode["rewards"].dtype != reward_dtype:
+                    raise DtypeError(f"episode {episode['id']}: rewards: expected dtype {reward_dtype} (as the "
+                                     f"first episode's), got {episode['rewards'].dtype}; save every episode's "
+                                     f"rewards with one dtype")
+            buffer.extend(chunk_rows(episodes, seeds, spaces, exact_reward=exact_reward, episode_fields=exact))
+    except BaseException:
+        buffer.close()
+        raise
+    return buffer
+
+
+def to_minari(source: ReplayBuffer | Sequence[Mapping[str, Any]], dataset_id: str, *, data_format: str = "hdf5",
+              observation_space: Any = None, action_space: Any = None, **metadata: Any) -> Any:
+    """Write a buffer's complete episodes, or a list of episodes, as a new local Minari dataset.
+
+    Args:
+        source: a [`ReplayBuffer`][rlbuf.ReplayBuffer] (not compact-only state: its ``sample_all`` rows),
+            or a list of episodes: dicts of ``observations`` (``T + 1`` rows, the final one last; a dict
+            of arrays for dict observations), ``actions``, ``rewards``, ``terminations``, ``truncations``
+            (``T`` rows each) and an optional ``seed``.
+        dataset_id: the new dataset's id, ``(namespace/)name-v(version)``; it is written to the Minari root
+            (``MINARI_DATASETS_PATH``, else ``~/.minari/datasets``).
+        data_format: ``"hdf5"`` or ``"arrow"``.
+        observation_space: the dataset's observation space (pass the source dataset's to keep its
+            bounds); default: derived from the rows (an unbounded ``Box`` for floats, 0-255 for ``uint8``).
+        action_space: the same for actions (default: ``Discrete`` for a buffer with a discrete action range).
+        **metadata: Minari's dataset metadata, as ``minari.create_dataset_from_buffers`` takes it
+            (``algorithm_name``, ``author``, ``author_email``, ``code_permalink``, ``description``, ``env``,
+            ``eval_env``, ``requirements``, ``ref_min_score``, ``ref_max_score`` ...).
+
+    Returns:
+        The new ``minari.MinariDataset``.
+
+    Raises:
+        ConfigError: an unknown metadata key or format, a malformed or taken id, a buffer whose env
+            streams cannot be told apart, a space that does not match the rows, or no complete episode.
+        ShapeError, DtypeError, NonFiniteError, OutOfRangeError, StreamError, MissingFieldError: an
+            inconsistent episode; nothing is written.
+
+    Example:
+        >>> import gymnasium as gym, numpy as np, os, tempfile
+        >>> os.environ["MINARI_DATASETS_PATH"] = tempfile.mkdtemp()
+        >>> buffer = ReplayBuffer(10, obs_shape=(1,), action_space=gym.spaces.Discrete(2))
+        >>> for t in range(4):   # one episode of 3 steps, then one not finished
+        ...     buffer.add(np.array([t], np.float32), 1, 0.5, np.array([t + 1], np.float32), t == 2, truncated=False)
+        >>> dataset = to_minari(buffer, "rlbuf/from-buffer-v0")
+        >>> dataset.total_episodes, dataset.action_space
+        (1, Discrete(2))
+    """
+    unknown = sorted(set(metadata) - set(_METADATA))
+    if unknown:
+        raise ConfigError(f"{', '.join(unknown)}: not Minari dataset metadata; expected some of {list(_METADATA)}")
+    if isinstance(source, ReplayBuffer):
+        episodes, action_bounds = buffer_episodes(source), _action_bounds(source)
+    elif isinstance(source, Sequence) and not isinstance(source, (str, bytes)):
+        episodes, action_bounds = [dict(episode) for episode in source], None
+    else:
+        raise ConfigError(f"source: expected a ReplayBuffer or a list of episode dicts, got {type(source).__name__}")
+    if not episodes:
+        raise ConfigError("source: holds no complete episode (a buffer's unfinished newest episode is not "
+                          "written); finish an episode first")
+    if observation_space is None:
+        observation_space = observation_space_of(_rows(episodes[0]["observations"]))
+    if action_space is None:
+        action_space = space_of(np.asarray(_rows(episodes[0]["actions"])), action_bounds)
+    spaces = Spaces.of(observation_space, action_space)
+    return write_dataset(dataset_id, checked_episodes(episodes, spaces), spaces, data_format, metadata)
+
+
+def _rows(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _rows(sub) for key, sub in value.items()}
+    return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+
+
+def _action_bounds(buffer: ReplayBuffer) -> tuple[Any, Any] | None:
+    bounds = next(spec.bounds for spec in buffer.fields if spec.name == "action")
+    return None if bounds is None else (bounds.low, bounds.high)
+
+
+def _numpy_tree(value: Any) -> Any:
+    if isinstance(value, TensorDictBase):
+        return {key: _numpy_tree(value.get(key)) for key in value}
+    return value.detach().cpu().numpy()
+
+
+def _take(tree: Any, rows: np.ndarray[Any, Any]) -> Any:
+    if isinstance(tree, dict):
+        return {key: _take(sub, rows) for key, sub in tree.items()}
+    return tree[rows]
+
+
+def _append(tree: Any, last: Any) -> Any:
+    if isinstance(tree, dict):
+        return {key: _append(sub, last[key]) for key, sub in tree.items()}
+    return np.concatenate([tree, last[None]])
+
+
+def _leaves(tree: Any) -> list[np.ndarray[Any, Any]]:
+    return [leaf for sub in tree.values() for leaf in _leaves(sub)] if isinstance(tree, dict) else [tree]
+
+
+def buffer_episodes(buffer: ReplayBuffer) -> list[dict[str, Any]]:
+    """The complete episodes of a buffer's rows, per env stream, oldest first (see the module's rules).
+
+    Raises:
+        ConfigError: a buffer with ``num_envs > 1`` whose rows were not written a whole step at a time.
+        StreamError: consecutive rows of an episode that do not chain (``obs`` is not the previous ``next_obs``).
+        EmptyBufferError: nothing is stored.
+    """
+    batch = buffer.sample_all()
+    state = buffer.state_dict(data=False)
+    count, capacity, size = int(state["write_count"]), int(state["capacity"]), int(state["size"])
+    num_envs = buffer.num_envs
+    if num_envs > 1 and not buffer._interleaved:
+        raise ConfigError(f"source: a buffer of num_envs={num_envs} whose rows were not all written a whole step "
+                          f"at a time (extend of env-major batches, or add with env_mask), so its env streams "
+                          f"cannot be told apart; export a buffer filled by add(), or pass its episodes as a list")
+    position = batch.index.cpu().numpy().astype(np.int64)
+    written = count - 1 - ((count - 1 - position) % capacity)  # when each row was written
+    obs, next_obs = _numpy_tree(batch.obs), _numpy_tree(batch.next_obs)
+    action = batch.action.cpu().numpy()
+    extras = {name: value.cpu().numpy() for name, value in batch.extras.items()}
+    reward = extras.get("dataset_reward", batch.reward.cpu().numpy())
+    terminated, truncated = batch.terminated.cpu().numpy(), batch.truncated.cpu().numpy()
+    ended = terminated | truncated
+    found: list[tuple[int, dict[str, Any]]] = []
+    for env in range(num_envs):
+        rows = np.flatnonzero(written % num_envs == env)
+        rows = rows[np.argsort(written[rows], kind="stable")]
+        ends = np.flatnonzero(ended[rows])
+        starts = np.concatenate([[0], ends[:-1] + 1])
+        if count > size and len(ends):
+            starts, ends = starts[1:], ends[1:]  # the oldest episode's first steps may be overwritten
+        for start, end in zip(starts, ends, strict=True):
+            steps = rows[start:end + 1]
+            _check_chain(obs, next_obs, steps, position, env)
+            seed = int(extras["episode_seed"][steps[0]]) if "episode_seed" in extras else NO_SEED
+            found.append((int(written[steps[0]]), {
+                "observations": _append(_take(obs, steps), _last(next_obs, int(steps[-1]))),
+                "actions": action[steps], "rewards": reward[steps], "terminations": terminated[steps],
+                "truncations": truncated[steps], "seed": None if seed == NO_SEED else seed}))
+    return [episode for _, episode in sorted(found, key=lambda pair: pair[0])]
+
+
+def _last(tree: Any, row: int) -> Any:
+    if isinstance(tree, dict):
+        return {key: _last(sub, row) for key, sub in tree.items()}
+    return tree[row]
+
+
+def _check_chain(obs: Any, next_obs: Any, steps: np.ndarray[Any, Any], position: np.ndarray[Any, Any],
+                 env: int) -> None:
+    if len(steps) < 2:
+        return
+    for now, before in zip(_leaves(_take(obs, steps[1:])), _leaves(_take(next_obs, steps[:-1])), strict=True):
+        same = (now == before).reshape(len(now), -1).all(axis=1)
+        if not same.all():
+            step = int(np.argmin(same))
+            raise StreamError(f"source: rows at positions {position[steps[step]]} and {position[steps[step + 1]]} "
+                              f"(env {env}) are not consecutive steps of one episode: the obs of the second is "
+                              f"not the next_obs of the first, and neither ended the episode; export a buffer "
+                              f"that holds every step of each episode in order, with every end marked")
