@@ -9,12 +9,11 @@ returns and frame stacks of each apply unchanged) and joins the two typed batche
 Example:
     >>> import torch
     >>> from rlbuf import ReplayBuffer
-    >>> def filled(rows, **options):
-    ...     buffer = ReplayBuffer(100, obs_shape=(2,), action_shape=(), seed=0, **options)
-    ...     for i in range(rows):
-    ...         buffer.add(torch.full((2,), float(i)), 0.0, 1.0, torch.zeros(2), False, truncated=False)
-    ...     return buffer
-    >>> mixed = MixedReplay(filled(50), filled(10, prioritized=True), offline_fraction=0.25, seed=0)
+    >>> offline = ReplayBuffer(100, obs_shape=(2,), action_shape=(), seed=0)   # e.g. from_minari(...)
+    >>> online = ReplayBuffer(100, obs_shape=(2,), action_shape=(), prioritized=True, seed=0)
+    >>> for buffer in (offline, online):
+    ...     buffer.add(torch.zeros(2), 0.0, 1.0, torch.zeros(2), False, truncated=False)
+    >>> mixed = MixedReplay(offline, online, offline_fraction=0.25, seed=0)
     >>> batch = mixed.sample(8)
     >>> batch.from_online.tolist()
     [False, False, True, True, True, True, True, True]
@@ -33,7 +32,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 import torch
 from tensordict import TensorDict
@@ -80,8 +79,6 @@ class MixedBatch(ReplayBatch):
         from_online: ``[B]`` bool, True for the rows drawn from the online buffer.
 
     Example:
-        >>> import torch
-        >>> from rlbuf import ReplayBuffer
         >>> buffers = [ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0) for _ in range(2)]
         >>> for reward, buffer in enumerate(buffers):
         ...     buffer.add(torch.zeros(1), 0.0, float(reward), torch.zeros(1), False, truncated=False)
@@ -96,12 +93,8 @@ class MixedBatch(ReplayBatch):
         """The batch in TorchRL layout, as [`ReplayBatch.to_tensordict`][rlbuf.ReplayBatch.to_tensordict], with ``"from_online"``.
 
         Example:
-            >>> import torch
-            >>> from rlbuf import ReplayBuffer
-            >>> buffers = [ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0) for _ in range(2)]
-            >>> for buffer in buffers:
-            ...     buffer.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, truncated=False)
-            >>> MixedReplay(*buffers, seed=0).sample(2).to_tensordict()["from_online"].tolist()
+            >>> batch = MixedBatch(*(torch.zeros(2),) * 10, from_online=torch.tensor([False, True]))
+            >>> batch.to_tensordict()["from_online"].tolist()
             [False, True]
         """
         td = ReplayBatch.to_tensordict(self)
@@ -109,13 +102,9 @@ class MixedBatch(ReplayBatch):
         return td
 
 
-def _options_of(buffer: ReplayBuffer) -> dict[str, Any]:
-    """The buffer's constructor options as its checkpoints record them (no rows are copied)."""
-    return cast(dict[str, Any], buffer.state_dict(data=False)["options"])
-
-
-def _write_count(buffer: ReplayBuffer) -> int:
-    return int(buffer.state_dict(data=False)["write_count"])
+def _counts(buffer: ReplayBuffer) -> dict[str, int]:
+    header = buffer.state_dict(data=False)  # options and counters only: no rows copied
+    return {"size": int(header["size"]), "write_count": int(header["write_count"])}
 
 
 def _batch_layout(buffer: ReplayBuffer, options: Mapping[str, Any]) -> Layout:
@@ -132,16 +121,7 @@ def _batch_layout(buffer: ReplayBuffer, options: Mapping[str, Any]) -> Layout:
 
 
 def _check_pair(offline: Any, online: Any) -> None:
-    """Refuse two buffers whose batches cannot be joined, naming the first field that differs.
-
-    Raises:
-        ConfigError: not two distinct ``ReplayBuffer``s, or different ``gamma``.
-        MissingFieldError: a field in the batches of one buffer only.
-        ShapeError: a field of another shape.
-        DtypeError: a field of another dtype.
-        DeviceError: batches delivered on different devices.
-        EmptyBufferError: the offline buffer holds nothing.
-    """
+    """Refuse two buffers whose batches cannot be joined, naming the first field that differs (see ``MixedReplay``)."""
     for name, buffer in (("offline", offline), ("online", online)):
         if not isinstance(buffer, ReplayBuffer):
             raise ConfigError(f"{name}: expected a ReplayBuffer, got {type(buffer).__name__}")
@@ -150,15 +130,13 @@ def _check_pair(offline: Any, online: Any) -> None:
     if len(offline) == 0:
         raise EmptyBufferError("offline: the offline buffer is empty; fill it with the dataset (e.g. "
                                "rlbuf.offline.from_minari) before mixing, it is read-only from then on")
-    off_options, on_options = _options_of(offline), _options_of(online)
+    off_options, on_options = (buffer.state_dict(data=False)["options"] for buffer in (offline, online))
     expected, got = _batch_layout(offline, off_options), _batch_layout(online, on_options)
     for name in [*expected, *(name for name in got if name not in expected)]:
-        if name not in got:
-            raise MissingFieldError(f"{name}: in the offline buffer's batches ({expected[name][0]} "
-                                    f"{expected[name][1]}), not in the online buffer's")
-        if name not in expected:
-            raise MissingFieldError(f"{name}: in the online buffer's batches ({got[name][0]} {got[name][1]}), "
-                                    "not in the offline buffer's")
+        if name not in got or name not in expected:
+            (side, other), (shape, dtype) = (("offline", "online"), expected[name]) if name in expected else (
+                ("online", "offline"), got[name])
+            raise MissingFieldError(f"{name}: in the {side} buffer's batches ({shape} {dtype}), not in the {other} buffer's")
         (shape, dtype), (got_shape, got_dtype) = expected[name], got[name]
         if shape != got_shape:
             raise ShapeError(f"{name}: expected shape {shape} (the offline buffer's), got {got_shape} in the online buffer")
@@ -172,26 +150,20 @@ def _check_pair(offline: Any, online: Any) -> None:
                           f"{on_options.get('gamma')} in the online buffer: batch.discount would mix two discounts")
 
 
-def _join(first: Any, second: Any) -> Any:
-    """Two values of one batch field joined row-wise (tensors, TensorDicts, extras by name, or ``None``)."""
-    if first is None:
-        return None
-    if isinstance(first, dict):
-        return {name: torch.cat([value, second[name]]) for name, value in first.items()}
-    return torch.cat([first, second])
+def _join(values: list[Any]) -> Any:
+    """The values of one batch field joined row-wise (tensors, TensorDicts, extras by name, or ``None``)."""
+    if values[0] is None or len(values) == 1:
+        return values[0]
+    if isinstance(values[0], dict):
+        return {name: torch.cat([value[name] for value in values]) for name in values[0]}
+    return torch.cat(values)
 
 
 def _mixed(offline: ReplayBatch | None, online: ReplayBatch | None) -> MixedBatch:
     """The two batches as one, offline rows first (either may be ``None``: no rows of it)."""
-    names = [item.name for item in dataclasses.fields(ReplayBatch)]
-    if offline is None or online is None:
-        only = cast(ReplayBatch, offline if online is None else online)
-        values = {name: getattr(only, name) for name in names}
-        from_online = torch.full((len(only),), online is not None, dtype=torch.bool, device=only.reward.device)
-    else:
-        values = {name: _join(getattr(offline, name), getattr(online, name)) for name in names}
-        from_online = torch.cat([torch.zeros(len(offline), dtype=torch.bool, device=offline.reward.device),
-                                 torch.ones(len(online), dtype=torch.bool, device=online.reward.device)])
+    parts = [(batch, flag) for batch, flag in ((offline, False), (online, True)) if batch is not None]
+    values = {item.name: _join([getattr(batch, item.name) for batch, _ in parts]) for item in dataclasses.fields(ReplayBatch)}
+    from_online = torch.cat([torch.full((len(batch),), flag, device=batch.reward.device) for batch, flag in parts])
     return MixedBatch(**values, from_online=from_online)
 
 
@@ -247,11 +219,8 @@ class MixedReplay:
         EmptyBufferError: the offline buffer is empty.
 
     Example:
-        >>> import torch
-        >>> from rlbuf import ReplayBuffer
         >>> offline = ReplayBuffer(100, obs_shape=(2,), action_shape=(), seed=0)
-        >>> for i in range(100):
-        ...     offline.add(torch.zeros(2), 0.0, 0.0, torch.zeros(2), False, truncated=False)
+        >>> offline.add(torch.zeros(2), 0.0, 0.0, torch.zeros(2), False, truncated=False)
         >>> online = ReplayBuffer(100, obs_shape=(3,), action_shape=())
         >>> MixedReplay(offline, online)
         Traceback (most recent call last):
@@ -270,9 +239,8 @@ class MixedReplay:
         self._offline, self._online = offline, online
         self._offline_fraction, self._split = fraction, split
         self._generator = torch.Generator().manual_seed(self._seed)
-        self._offline_rows, self._offline_writes = len(offline), _write_count(offline)
+        self._offline_rows, self._offline_writes = len(offline), _counts(offline)["write_count"]
 
-    # -- options ---------------------------------------------------------------------------
     @property
     def offline(self) -> ReplayBuffer:
         """The offline (dataset) buffer: read-only while mixing."""
@@ -291,13 +259,10 @@ class MixedReplay:
             ConfigError: a value outside ``[0, 1]`` (the fraction is left as it was).
 
         Example:
-            >>> import torch
-            >>> from rlbuf import ReplayBuffer
             >>> buffers = [ReplayBuffer(10, obs_shape=(1,), action_shape=()) for _ in range(2)]
             >>> buffers[0].add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
             >>> mixed = MixedReplay(*buffers, offline_fraction=0.5)
-            >>> step, total = 250, 1000
-            >>> mixed.offline_fraction = 0.5 * max(0.0, 1 - step / total)   # linear annealing
+            >>> mixed.offline_fraction = 0.5 * max(0.0, 1 - 250 / 1000)   # linear annealing: step 250 of 1000
             >>> mixed.offline_fraction
             0.375
         """
@@ -312,16 +277,10 @@ class MixedReplay:
         """How each batch is split: ``"exact"`` or ``"binomial"`` (see the class)."""
         return self._split
 
-    @property
-    def min_online(self) -> int:
-        """Online rows needed before any batch row is drawn online."""
-        return self._min_online
-
     def __repr__(self) -> str:
         return (f"MixedReplay(offline_fraction={self._offline_fraction}, split={self._split!r}, "
                 f"offline={len(self._offline)} rows, online={len(self._online)} rows, min_online={self._min_online})")
 
-    # -- sampling --------------------------------------------------------------------------
     def _offline_count(self, batch_size: int) -> int:
         """Offline rows of the next batch, drawn from the mixer's generator (one draw per batch)."""
         fraction = self._offline_fraction
@@ -348,18 +307,12 @@ class MixedReplay:
         Returns:
             A [`MixedBatch`][rlbuf.mixing.MixedBatch]: offline rows first; ``from_online`` marks the others.
 
-        Raises:
+        Raises (no generator moves: checks come first, and a part its buffer refuses puts the mixer's back):
             BatchSizeError: ``batch_size`` is not a positive int.
             ConfigError: the offline buffer changed while mixing.
             EmptyBufferError: the online buffer is empty and the offline fraction is 0 (nothing to draw from).
 
-        A refused call leaves the mixer's generator and both buffers' as they were (checks come before
-        any draw; a buffer refusing its own part, e.g. a compact one with no complete transition yet,
-        leaves the mixer's generator as it was).
-
         Example:
-            >>> import torch
-            >>> from rlbuf import ReplayBuffer
             >>> offline = ReplayBuffer(100, obs_shape=(1,), action_shape=(), seed=0)
             >>> online = ReplayBuffer(100, obs_shape=(1,), action_shape=(), seed=1)
             >>> offline.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
@@ -386,13 +339,11 @@ class MixedReplay:
             raise
         return _mixed(offline, online)
 
-    # -- priorities ------------------------------------------------------------------------
     def update_priority(self, batch: MixedBatch | Any, priority: Any, *, from_online: Any = None) -> None:
         """Set the priorities of a batch's rows (e.g. ``|TD error|``), each in the buffer it came from.
 
-        A row's priority goes to its buffer when that buffer is prioritized; the rows of a uniform
-        buffer have no priority to set, and theirs are checked and left out (so the same call works
-        while batches are all offline, early on). Every part is checked before any is set.
+        A row's priority goes to its buffer if that buffer is prioritized; a uniform buffer's rows have none to
+        set, theirs are checked and left out (the same call works while batches are all offline). All checked first.
 
         Args:
             batch: the [`MixedBatch`][rlbuf.mixing.MixedBatch] sampled, or its ``index``.
@@ -405,28 +356,20 @@ class MixedReplay:
             StoredIndexError: a position outside what its buffer stores.
 
         Example:
-            >>> import torch
-            >>> from rlbuf import ReplayBuffer
             >>> offline = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
             >>> online = ReplayBuffer(10, obs_shape=(1,), action_shape=(), prioritized=True, seed=0)
-            >>> for buffer in (offline, online):
-            ...     for _ in range(2):
-            ...         buffer.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
+            >>> for buffer in (offline, online, online):
+            ...     buffer.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
             >>> mixed = MixedReplay(offline, online, seed=0)
-            >>> batch = mixed.sample(16)
-            >>> sorted(set(batch.index[batch.from_online].tolist()))
-            [0, 1]
-            >>> mixed.update_priority(batch, batch.index.eq(1).double())   # online: only row 1 left
-            >>> online.sample(3).index.tolist()
+            >>> mixed.update_priority([0, 0, 1], [9.0, 0.0, 1.0], from_online=torch.tensor([False, True, True]))
+            >>> online.sample(3).index.tolist()     # row 0 of online has priority 0 now
             [1, 1, 1]
         """
-        if isinstance(batch, MixedBatch):
-            if from_online is not None:
-                raise PriorityError("from_online: the batch holds its own; pass from_online only with an index")
+        if isinstance(batch, MixedBatch) and from_online is None:
             index, mask = batch.index, batch.from_online
-        elif from_online is None:
-            raise PriorityError("from_online: an index alone does not say which buffer each row came from; pass the "
-                                "MixedBatch, or update_priority(batch.index, priority, from_online=batch.from_online)")
+        elif isinstance(batch, MixedBatch) or from_online is None:
+            raise PriorityError("from_online: pass a MixedBatch alone, or its index with from_online=batch.from_online "
+                                "(an index alone does not say which buffer each row came from)")
         else:
             index, mask = torch.as_tensor(batch), torch.as_tensor(from_online)
         if index.dim() != 1 or mask.dtype != torch.bool or tuple(mask.shape) != tuple(index.shape):
@@ -444,17 +387,13 @@ class MixedReplay:
         for buffer, positions, part in updates:
             buffer.update_priority(positions, part)
 
-    # -- state -----------------------------------------------------------------------------
     def _mixer_state(self) -> dict[str, Any]:
         """Options, generator and the parts' counters (the offline buffer checked unchanged first)."""
-        offline_writes = _write_count(self._offline)
-        self._require_read_only(offline_writes)
-        online = self._online.state_dict(data=False)
+        parts = {"offline": _counts(self._offline), "online": _counts(self._online)}
+        self._require_read_only(parts["offline"]["write_count"])
         return {"kind": _KIND, "options": {"offline_fraction": self._offline_fraction, "split": self._split,
                                            "min_online": self._min_online, "seed": self._seed},
-                "generator": self._generator.get_state(),
-                "parts": {"offline": {"size": len(self._offline), "write_count": offline_writes},
-                          "online": {"size": int(online["size"]), "write_count": int(online["write_count"])}}}
+                "generator": self._generator.get_state(), "parts": parts}
 
     def state_dict(self) -> dict[str, Any]:
         """The mixer's options and generator, and both buffers' ``state_dict()``, as plain values and tensors.
@@ -463,8 +402,6 @@ class MixedReplay:
             ConfigError: the offline buffer changed while mixing.
 
         Example:
-            >>> import torch
-            >>> from rlbuf import ReplayBuffer
             >>> buffers = [ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0) for _ in range(2)]
             >>> buffers[0].add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
             >>> state = MixedReplay(*buffers, seed=0).state_dict()
@@ -475,32 +412,25 @@ class MixedReplay:
 
     @staticmethod
     def _checked_options(state: Any) -> dict[str, Any]:
-        """The mixer part of a state, checked; its options as the constructor takes them.
-
-        Raises:
-            CheckpointError: naming the first part that is not what ``state_dict`` writes.
-        """
+        """The options of a state whose mixer part is what ``state_dict`` writes (else ``CheckpointError``)."""
         if not isinstance(state, Mapping) or state.get("kind") != _KIND:
             found = state.get("kind") if isinstance(state, Mapping) else type(state).__name__
             raise CheckpointError(f"state: holds a {found}, not a {_KIND}")
-        unknown = sorted(str(key) for key in set(state) - _STATE_KEYS - {"versions"})
-        if unknown:
+        if unknown := sorted(str(key) for key in set(state) - _STATE_KEYS - {"versions"}):
             raise CheckpointError(f"state: {unknown} are not parts of a {_KIND} state")
         options = state.get("options")
         if not isinstance(options, Mapping) or set(options) != set(_OPTIONS):
-            raise CheckpointError(f"state: options must hold exactly {list(_OPTIONS)}, got "
-                                  f"{sorted(options) if isinstance(options, Mapping) else options!r}")
+            raise CheckpointError(f"state: options must hold exactly {list(_OPTIONS)}, got {options!r}")
         _checked_fraction(options["offline_fraction"], CheckpointError)
         if options["split"] not in _SPLITS:
             raise CheckpointError(f"split: expected one of {list(_SPLITS)}, got {options['split']!r}")
         for name, minimum in (("min_online", 1), ("seed", 0)):
             as_int(name, options[name], minimum=minimum, maximum=2**63 - 1, error=CheckpointError)
-        reason = _generator_problem(state.get("generator"))
-        if reason:
+        if reason := _generator_problem(state.get("generator")):
             raise CheckpointError(f"state: {reason}")
         parts = state.get("parts")
-        if not isinstance(parts, Mapping) or set(parts) - {"offline", "online"} or any(
-                not isinstance(parts.get(name), Mapping) for name in ("offline", "online")):
+        if not isinstance(parts, Mapping) or set(parts) != {"offline", "online"} or not all(map(
+                lambda part: isinstance(part, Mapping), parts.values())):
             raise CheckpointError("state: parts must hold the 'offline' and 'online' counters")
         return dict(options)
 
@@ -518,7 +448,7 @@ class MixedReplay:
         self._offline_fraction, self._split = float(options["offline_fraction"]), options["split"]
         self._min_online, self._seed = int(options["min_online"]), int(options["seed"])
         self._generator.set_state(generator.clone())
-        self._offline_rows, self._offline_writes = len(self._offline), _write_count(self._offline)
+        self._offline_rows, self._offline_writes = len(self._offline), _counts(self._offline)["write_count"]
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a ``state_dict`` into this mixer and its two buffers (built with the same options).
@@ -532,14 +462,10 @@ class MixedReplay:
                 buffer refuses.
 
         Example:
-            >>> import torch
-            >>> from rlbuf import ReplayBuffer
-            >>> def pair():
-            ...     buffers = [ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0) for _ in range(2)]
-            ...     for buffer in buffers:
-            ...         buffer.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
-            ...     return buffers
-            >>> mixed, copy = MixedReplay(*pair(), seed=0), MixedReplay(*pair(), seed=1)
+            >>> buffers = [ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0) for _ in range(4)]
+            >>> for buffer in buffers:
+            ...     buffer.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
+            >>> mixed, copy = MixedReplay(*buffers[:2], seed=0), MixedReplay(*buffers[2:], seed=1)
             >>> copy.load_state_dict(mixed.state_dict())
             >>> torch.equal(copy.sample(16).from_online, mixed.sample(16).from_online)
             True
@@ -562,8 +488,6 @@ class MixedReplay:
         """Check both buffers' invariants and that the offline buffer did not change: ``(True, "")`` or ``(False, reason)``.
 
         Example:
-            >>> import torch
-            >>> from rlbuf import ReplayBuffer
             >>> buffers = [ReplayBuffer(10, obs_shape=(1,), action_shape=()) for _ in range(2)]
             >>> buffers[0].add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
             >>> mixed = MixedReplay(*buffers)
@@ -576,12 +500,11 @@ class MixedReplay:
             if not valid:
                 return False, f"{name}: {reason}"
         try:
-            self._require_read_only(_write_count(self._offline))
+            self._require_read_only(_counts(self._offline)["write_count"])
         except ConfigError as error:
             return False, str(error)
         return True, ""
 
-    # -- checkpoints -----------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
         """Write a checkpoint directory: each buffer saved by its own ``save``, then the mixer's state.
 
@@ -595,16 +518,12 @@ class MixedReplay:
             CheckpointError: ``path`` holds something else than a mixed checkpoint, or a save failed.
 
         Example:
-            >>> import os, tempfile, torch
-            >>> from rlbuf import ReplayBuffer
+            >>> import os, tempfile
             >>> buffers = [ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0) for _ in range(2)]
-            >>> for buffer in buffers:
-            ...     buffer.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
-            >>> mixed = MixedReplay(*buffers, seed=0)
-            >>> path = os.path.join(tempfile.mkdtemp(), "mixed")
+            >>> buffers[0].add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
+            >>> mixed, path = MixedReplay(*buffers, seed=0), os.path.join(tempfile.mkdtemp(), "mixed")
             >>> mixed.save(path)
-            >>> restored = MixedReplay.load(path)
-            >>> torch.equal(restored.sample(8).index, mixed.sample(8).index)
+            >>> torch.equal(MixedReplay.load(path).sample(8).index, mixed.sample(8).index)
             True
         """
         root = Path(path)
@@ -627,33 +546,25 @@ class MixedReplay:
 
     @classmethod
     def load(cls: type[MixedReplayT], path: str | Path, *, device: DeviceLike | None = None,
-             storing_device: DeviceLike | None = None) -> MixedReplayT:
+             storing_device: DeviceLike | None = None, reward_fn: Any = None) -> MixedReplayT:
         """Rebuild the mixer and both buffers from ``save``; the next batches equal the original's.
 
         Args:
             path: a directory written by ``save``.
             device: training device for both buffers instead of the saved ones.
             storing_device: storing device for both buffers instead of the saved ones.
+            reward_fn: the hindsight reward function of a buffer that relabels goals (see ``ReplayBuffer.load``).
 
         Raises:
-            CheckpointError: a missing or damaged part, an option out of range, a generator state of the
-                wrong size, parts that are not the ones the mixer was saved with (swapped, replaced,
-                from another save), or buffers whose batches no longer mix.
+            CheckpointError: a missing or damaged part, an option out of range, a generator state of the wrong
+                size, parts not the ones the mixer was saved with (swapped, replaced), or buffers that do not mix.
 
         Example:
-            >>> import json, os, tempfile, torch
-            >>> from rlbuf import ReplayBuffer
-            >>> buffers = [ReplayBuffer(10, obs_shape=(1,), action_shape=()) for _ in range(2)]
-            >>> buffers[0].add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
-            >>> path = os.path.join(tempfile.mkdtemp(), "mixed")
-            >>> MixedReplay(*buffers).save(path)
-            >>> manifest = os.path.join(path, "mixer", "manifest.json")
-            >>> text = open(manifest).read().replace('"offline_fraction": 0.5', '"offline_fraction": 1.5')
-            >>> _ = open(manifest, "w").write(text)
-            >>> MixedReplay.load(path)
+            >>> import tempfile
+            >>> MixedReplay.load(tempfile.mkdtemp())  # doctest: +ELLIPSIS
             Traceback (most recent call last):
             ...
-            rlbuf.errors.CheckpointError: ...: offline_fraction: expected a number in [0, 1], got 1.5
+            rlbuf.errors.CheckpointError: .../mixer: not a checkpoint directory
         """
         root = Path(path)
         try:
@@ -669,7 +580,8 @@ class MixedReplay:
                         root / directory) != part.get("manifest_sha256"):
                     raise CheckpointError(f"{name}: {directory}/ is not the checkpoint the mixer was saved with "
                                           "(missing, swapped or replaced)")
-                buffer = ReplayBuffer.load(root / directory, device=device, storing_device=storing_device)
+                buffer = ReplayBuffer.load(root / directory, device=device, storing_device=storing_device,
+                                           reward_fn=reward_fn)
                 cls._check_part(state, name, buffer.state_dict(data=False))
                 buffers.append(buffer)
             try:
