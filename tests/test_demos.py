@@ -27,6 +27,7 @@ TINY = {
     "dqn": ["--learning-starts", "256"],
     "ppo-continuous": ["--num-steps", "32", "--epochs", "2", "--num-minibatches", "4"],
     "distill": ["--teacher-frames", "512", "--num-steps", "32", "--gradient-steps", "4", "--eval-episodes", "2"],
+    "her": ["--n-bits", "6", "--num-envs", "8", "--learning-starts", "256", "--batch-size", "32", "--hidden", "32"],
 }
 
 
@@ -41,7 +42,7 @@ def final_parameters(out: Path) -> dict[str, torch.Tensor]:
             for key, value in state.items()}
 
 
-@pytest.mark.parametrize("name", ["ppo", "dqn", "ppo-continuous", "distill"])
+@pytest.mark.parametrize("name", ["ppo", "dqn", "ppo-continuous", "distill", "her"])
 def test_demo_writes_curve_summary_model_and_checkpoints(name: str, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     storage = "memmap" if name == "dqn" else "memory"
@@ -64,9 +65,9 @@ def test_demo_writes_curve_summary_model_and_checkpoints(name: str, tmp_path: Pa
         assert (out / "teacher" / "model.pt").is_file()
 
 
-# Checkpoint boundaries the Ctrl-C test hits exactly: the DQN demo logs (and so gets interrupted, in
+# Checkpoint boundaries the Ctrl-C test hits exactly: the DQN demos (dqn, her) log (and so get interrupted, in
 # the test) every 1000 frames, the others after every 256-frame rollout.
-EVERY = {"ppo": 1024, "dqn": 1000, "ppo-continuous": 1024, "distill": 1024}
+EVERY = {"ppo": 1024, "dqn": 1000, "ppo-continuous": 1024, "distill": 1024, "her": 1000}
 
 
 def interrupt_at(monkeypatch: pytest.MonkeyPatch, frames: int) -> None:
@@ -84,7 +85,7 @@ def interrupt_at(monkeypatch: pytest.MonkeyPatch, frames: int) -> None:
     monkeypatch.setattr(_progress.Progress, "log", log_then_interrupt)
 
 
-@pytest.mark.parametrize("name", ["ppo", "dqn", "ppo-continuous", "distill"])
+@pytest.mark.parametrize("name", ["ppo", "dqn", "ppo-continuous", "distill", "her"])
 def test_stopped_or_interrupted_and_resumed_runs_end_with_the_same_parameters(
         name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     every = EVERY[name]
@@ -225,3 +226,42 @@ def test_pendulum_compare_stops_on_ctrl_c_and_the_same_command_continues(
     resumed = json.loads((tmp_path / "bootstrapped-seed1" / "summary.json").read_text())
     assert resumed["status"] == "finished" and resumed["resumed_at_frames"] == [2048]
     assert (tmp_path / "compare.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("hindsight", [True, False])
+def test_her_demo_reports_success_rates_and_samples_relabelled_goals_only_with_hindsight(
+        hindsight: bool, tmp_path: Path) -> None:
+    from rlbuf import ReplayBuffer
+    from rlbuf.demos.bitflip import BitFlipEnv
+
+    out = tmp_path / "her"
+    assert demo("her", out, "--hindsight" if hindsight else "--no-hindsight", frames=1024) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["variant"] == ("hindsight (future, 0.8)" if hindsight else "no hindsight")
+    assert summary["success_window"] == 100 and summary["episodes"] >= 100
+    assert 0.0 <= summary["success_rate"] <= 1.0 and 0.0 <= summary["mean_return_last_20"] <= 1.0
+
+    checkpoint = _run.latest_checkpoint(out)
+    assert checkpoint is not None
+    buffer = ReplayBuffer.load(checkpoint / "buffer", reward_fn=BitFlipEnv.compute_reward if hindsight else None)
+    batch = buffer.sample(2048)
+    stored = buffer.sample_by_index(batch.index)
+    relabelled = (batch.obs["desired_goal"] != stored.obs["desired_goal"]).any(-1)
+    # ratio 0.8; a goal drawn equal to the stored one (rare with 6 bits) counts as not relabelled
+    assert 0.6 < relabelled.float().mean().item() < 0.85 if hindsight else not relabelled.any()
+    assert torch.equal(batch.obs["desired_goal"], batch.next_obs["desired_goal"])
+    expected = BitFlipEnv.compute_reward(batch.next_obs["achieved_goal"].numpy(), batch.next_obs["desired_goal"].numpy(), {})
+    assert torch.equal(batch.reward, torch.from_numpy(expected))
+    assert torch.equal(batch.terminated, stored.terminated) and torch.equal(batch.truncated, stored.truncated)
+
+
+def test_her_compare_runs_both_variants_and_plots_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rlbuf.demos import her
+
+    results = her.compare(1, tmp_path, 512, {"n_bits": 4, "num_envs": 8, "learning_starts": 256, "batch_size": 32,
+                                             "hidden": 16, "progress": False})
+    assert list(results) == ["hindsight", "no-hindsight"]
+    assert [run["frames"] for variant in results.values() for run in variant["runs"]] == [512, 512]
+    assert all(0.0 <= variant["mean"] <= 1.0 for variant in results.values())
+    assert (tmp_path / "compare.png").read_bytes().startswith(b"\x89PNG")
+    assert json.loads((tmp_path / "compare.json").read_text()) == json.loads(json.dumps(results))

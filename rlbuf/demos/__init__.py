@@ -1,9 +1,10 @@
-"""Demo training runs (CartPole-v1, Pendulum-v1), one module per algorithm, run by ``rlbuf demo <name>`` (module: the name with ``_`` for ``-``).
+"""Demo training runs (CartPole-v1, Pendulum-v1, bit flipping), one module per algorithm, run by ``rlbuf demo <name>`` (module: the name with ``_`` for ``-``).
 
 - ``rlbuf.demos.ppo``: PPO with a TorchRL collector, the RolloutBuffer, GAE and EpisodeStats.
 - ``rlbuf.demos.dqn``: double DQN with a target network and the ReplayBuffer (``--prioritized``).
 - ``rlbuf.demos.ppo_continuous``: PPO on Pendulum-v1 through a gymnasium vector env and the Recorder.
 - ``rlbuf.demos.distill``: DAgger from a PPO teacher to a smaller student via the DistillationBuffer.
+- ``rlbuf.demos.her``: DQN with hindsight relabelling on a bit-flipping goal env (``rlbuf.demos.bitflip``).
 
 Each module has an ``Args`` dataclass (its options, defined in ``rlbuf.demos._options`` so that
 ``--help`` needs no torch) and ``run(args)``. What they share:
@@ -12,7 +13,7 @@ Each module has an ``Args`` dataclass (its options, defined in ``rlbuf.demos._op
 
 Example:
     >>> sorted(DEMOS)
-    ['distill', 'dqn', 'ppo', 'ppo-continuous']
+    ['distill', 'dqn', 'her', 'ppo', 'ppo-continuous']
 """
 
 DEMOS = {
@@ -21,5 +22,7 @@ DEMOS = {
     "ppo-continuous": "PPO on Pendulum-v1, CleanRL-style: gymnasium vector env + Recorder + RolloutBuffer + GAE "
                       "(--fold-truncation: the timeout-as-death baseline)",
     "distill": "DAgger on CartPole-v1: a PPO teacher labels a smaller student's states in a DistillationBuffer",
+    "her": "DQN on 15-bit flipping, a sparse-reward goal env: Recorder + ReplayBuffer(hindsight=Hindsight(...)) "
+           "(--no-hindsight: the baseline that learns nothing)",
 }
 """Demo name -> one line of what it does."""

@@ -103,8 +103,11 @@ class Progress:
         self.bar.close()
 
 
-def plot_curve(history: list[list[float | None]], path: Path, title: str, target: float) -> None:
+def plot_curve(history: list[list[float | None]], path: Path, title: str, target: float,
+               ylabel: str = "episode return") -> None:
     """Save the learning curve (mean return of the last episodes against frames) as a PNG.
+
+    ``ylabel`` names what the episode statistics were fed (``rlbuf demo her``: a success rate).
 
     Example:
         >>> import tempfile
@@ -122,10 +125,10 @@ def plot_curve(history: list[list[float | None]], path: Path, title: str, target
     figure, axes = plt.subplots(figsize=(7, 4))
     if points:
         axes.plot([p[0] for p in points], [p[1] for p in points], color="tab:blue",
-                  label=f"mean return, last {WINDOW} episodes")
+                  label=f"mean return, last {WINDOW} episodes" if ylabel == "episode return" else ylabel)
     axes.axhline(target, color="tab:gray", linestyle="--", linewidth=1, label=f"target {target:g}")
     axes.set_xlabel("frames")
-    axes.set_ylabel("episode return")
+    axes.set_ylabel(ylabel)
     axes.set_title(title)
     axes.grid(alpha=0.3)
     axes.legend(loc="lower right")
@@ -135,7 +138,8 @@ def plot_curve(history: list[list[float | None]], path: Path, title: str, target
 
 
 def finish(out: Path, demo: str, args: RunArgs, progress: Progress, frames: int, stats: EpisodeStats,
-           stopped: bool, interrupted_at: Path | None, title: str | None = None, **extra: Any) -> dict[str, Any]:
+           stopped: bool, interrupted_at: Path | None, title: str | None = None, ylabel: str = "episode return",
+           **extra: Any) -> dict[str, Any]:
     """Write ``summary.json`` and ``curve.png`` into ``out``; return the summary, or raise after a Ctrl-C.
 
     Args:
@@ -149,6 +153,7 @@ def finish(out: Path, demo: str, args: RunArgs, progress: Progress, frames: int,
             Ctrl-C or ``"stopped"`` by ``--stop-after-frames``.
         interrupted_at: the Ctrl-C checkpoint, if one was written.
         title: the curve's title (default: ``"<demo> on CartPole-v1 (seed <seed>)"``).
+        ylabel: the curve's y-axis label.
         extra: more fields for the summary.
 
     Raises:
@@ -192,7 +197,7 @@ def finish(out: Path, demo: str, args: RunArgs, progress: Progress, frames: int,
                     "model": str(out / "model.pt"), "checkpoints": str(out / "checkpoints")},
     }
     plot_curve(progress.history, out / "curve.png", title or f"{demo} on CartPole-v1 (seed {args.seed})",
-               args.target_return)
+               args.target_return, ylabel)
     write_json(out / "summary.json", summary)
     if interrupted_at is not None:
         raise Interrupted(interrupted_at, out, frames, demo)
