@@ -126,6 +126,13 @@ class EpisodeIndex:
         self.open_first[env[ends_group]] = np.where(done[ends_group], rank[ends_group] + 1, first[ends_group])
         self.next_rank += counts
 
+    def running_rows(self, envs: _Ints) -> _Ints:
+        """Positions of the newest stored row of each of ``envs`` whose episode is still running."""
+        newest = self.next_rank[envs] - 1
+        running = (newest >= self.oldest[envs]) & (self.open_first[envs] <= newest)
+        positions: _Ints = self.slots[envs[running], newest[running] % self.width]
+        return positions
+
     def _positions(self, env: int, low: int, high: int) -> _Ints:
         """Ring positions of ranks ``[low, high)`` of ``env`` (all stored)."""
         positions: _Ints = self.slots[env, np.arange(low, high) % self.width]

@@ -37,7 +37,7 @@ from rlbuf._bounds import Bounds
 from rlbuf._compact import CompactLayout, layout_options
 from rlbuf._convert import tensor_of
 from rlbuf._dtypes import dtype_options, extra_field_dtypes
-from rlbuf._episodes import EpisodeIndex, env_ids_of
+from rlbuf._episodes import env_ids_of
 from rlbuf._fields import extra_specs
 from rlbuf._obs import Layout, as_shape, hidden_state_key, hidden_state_layout, read_td
 from rlbuf._ring import RowRing
@@ -45,6 +45,7 @@ from rlbuf._sizing import row_bytes
 from rlbuf._streams import PaddingType
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.errors import ConfigError, ShapeError
+from rlbuf.hindsight import Relabeller
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, as_tensordict, positive_int
 
 
@@ -183,14 +184,14 @@ class ReplayWriter:
         hidden: the hidden state's layout, if stored.
         extra_names: the declared extra fields, in order.
         compact: the compact layout, if ``next_obs`` is stored once.
-        episodes: the episode index of a hindsight buffer, told the env of every row written.
+        relabeller: a hindsight buffer's relabelling, which checks and indexes every row written.
     """
 
     def __init__(self, ring: RowRing, *, num_envs: int, obs: Layout, hidden: Layout | None,
                  extra_names: Sequence[str], compact: CompactLayout | None,
-                 episodes: EpisodeIndex | None = None) -> None:
+                 relabeller: Relabeller | None = None) -> None:
         self.ring = ring
-        self.episodes = episodes
+        self.relabeller = relabeller
         self.num_envs = num_envs
         self.obs = obs
         self.hidden = hidden
@@ -221,38 +222,17 @@ class ReplayWriter:
                                        terminated, truncated, *extra_values, *hidden)
         else:
             values = (obs, action, reward, next_obs, terminated, truncated, *extra_values)
-        if env_mask is None and self.episodes is None:
+        if env_mask is None and self.relabeller is None:
             ring.add(values, self.num_envs)
             return True
-        if env_mask is None:
-            with ring.lock:  # the episode index learns the rows' positions in the same state
-                first = ring.write_count
-                ring.add(values, self.num_envs)
-                self._index(first, np.arange(self.num_envs))
-            return True
-        keep = self.checked_env_mask(env_mask)
+        keep = torch.ones(self.num_envs, dtype=torch.bool) if env_mask is None else self.checked_env_mask(env_mask)
         rows = self._kept_rows(ring.input_specs, values, keep)
         kept = int(keep.sum())
-        if kept:
-            with ring.lock:
-                first = ring.write_count
-                ring.write_checked(rows, kept)
-                if self.episodes is not None:
-                    self._index(first, np.flatnonzero(keep.numpy()))
+        if kept and self.relabeller is not None:
+            self.relabeller.write(rows, np.flatnonzero(keep.numpy()))
+        elif kept:
+            ring.write_checked(rows, kept)
         return kept in (0, self.num_envs)
-
-    def _index(self, first: int, env_ids: np.ndarray[Any, Any]) -> None:
-        """Tell the episode index the envs of the rows just written from write count ``first``
-        (their flags: the ring's last read)."""
-        assert self.episodes is not None
-        ring, n = self.ring, len(env_ids)
-        names = [spec.name for spec in ring.input_specs]
-        ended = np.zeros(n, np.bool_)
-        for name in ("terminated", "truncated"):
-            flag = ring.last_read[names.index(name)]
-            ended |= np.broadcast_to(np.asarray(flag.cpu() if isinstance(flag, torch.Tensor) else flag, np.bool_)
-                                     .reshape(-1), (n,))
-        self.episodes.record((first + np.arange(n, dtype=np.int64)) % ring.capacity, env_ids.astype(np.int64), ended)
 
     def _add_compact_envs(self, obs: Any, next_obs: Any, terminated: Any, truncated: Any, others: Sequence[Any],
                           env_mask: Any) -> bool:
@@ -315,8 +295,8 @@ class ReplayWriter:
         # Rows of one env stay num_envs apart (what sample_sequences reads) only for [..., num_envs] batches.
         interleaved = self.num_envs == 1 or (bool(lead) and lead[-1] == self.num_envs)
         ring, compact = self.ring, self.compact
-        env_ids = None if self.episodes is None else env_ids_of(lead, self.num_envs,
-                                                                "a hindsight buffer follows each env's episodes")
+        env_ids = None if self.relabeller is None else env_ids_of(lead, self.num_envs,
+                                                                  "a hindsight buffer follows each env's episodes")
         tensors: dict[str, torch.Tensor] = {}
         for spec in ring.specs:
             if spec.name in ("truncated", "done") or (compact is not None and spec.name == "obs"):
@@ -329,11 +309,9 @@ class ReplayWriter:
         flat = {name: value.reshape(rows, *ring.by_name[name].shape) for name, value in tensors.items()}
         if before_write is not None:
             before_write({name: value.reshape(*lead, *value.shape[1:]) for name, value in flat.items()})
-        if env_ids is not None:
-            with ring.lock:
-                first = ring.write_count
-                ring.write_tensors(flat, rows)
-                self._index(first, env_ids)
+        if self.relabeller is not None and env_ids is not None:
+            self.relabeller.write(ring.read_tensors(ring.input_specs, [flat[spec.name] for spec in ring.input_specs],
+                                                    rows), env_ids)
         elif compact is None:
             ring.write_tensors(flat, rows)
         else:

@@ -42,7 +42,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -51,8 +51,16 @@ import numpy.typing as npt
 import torch
 
 from rlbuf._episodes import EpisodeIndex, Strategy
+from rlbuf._obs import Layout, Leaf, leaf_names
 from rlbuf._ring import RowRing
-from rlbuf.errors import ConfigError, DtypeError, NonFiniteError, ShapeError
+from rlbuf.errors import (
+    CheckpointError,
+    ConfigError,
+    DtypeError,
+    NonFiniteError,
+    ShapeError,
+    StreamError,
+)
 
 RewardFn = Callable[[np.ndarray[Any, Any], np.ndarray[Any, Any], dict[str, Any]], Any]
 GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
@@ -119,6 +127,40 @@ def check_goal_layout(leaves: Mapping[str, tuple[tuple[int, ...], torch.dtype]])
                           f"got {achieved} and {desired}")
 
 
+def recorded_options(hindsight: Any, leaves: Sequence[Leaf]) -> dict[str, Any] | None:
+    """The ``hindsight`` option as a checkpoint records it (its function left out), once checked
+    against the observation's ``leaves``.
+
+    Raises:
+        ConfigError: not a [`Hindsight`][rlbuf.Hindsight], or observations that are not a goal env's.
+    """
+    if hindsight is None:
+        return None
+    if not isinstance(hindsight, Hindsight):
+        raise ConfigError(f"hindsight: expected rlbuf.Hindsight(strategy, ratio, reward_fn), got {hindsight!r}")
+    check_goal_layout({leaf.path[0]: (leaf.shape, leaf.dtype) for leaf in leaves if len(leaf.path) == 1})
+    return {"strategy": hindsight.strategy, "ratio": hindsight.ratio}
+
+
+def with_reward_fn(options: dict[str, Any], reward_fn: Any) -> dict[str, Any]:
+    """A checkpoint's constructor options with its recorded ``hindsight`` made a
+    [`Hindsight`][rlbuf.Hindsight] again, around the ``reward_fn`` given to ``load``.
+
+    Raises:
+        CheckpointError: a malformed record, or no ``reward_fn`` for a buffer that relabels.
+    """
+    saved = options.get("hindsight")
+    if saved is None:
+        return options
+    if not isinstance(saved, dict) or set(saved) != {"strategy", "ratio"}:
+        raise CheckpointError(f"options: hindsight must be {{'strategy': ..., 'ratio': ...}}, got {saved!r}")
+    if reward_fn is None:
+        raise CheckpointError(f"this buffer relabels goals (hindsight {saved['strategy']}, ratio {saved['ratio']}), "
+                              "and a checkpoint holds no function: load it with "
+                              "ReplayBuffer.load(path, reward_fn=env.unwrapped.compute_reward)")
+    return {**options, "hindsight": Hindsight(saved["strategy"], saved["ratio"], reward_fn)}
+
+
 def relabel(columns: dict[str, torch.Tensor], positions: npt.NDArray[np.int64], draws: npt.NDArray[np.float64],
             options: Hindsight, episodes: EpisodeIndex, achieved_at: Callable[[torch.Tensor], torch.Tensor]) -> None:
     """Relabel a ``ratio`` of the sampled rows of ``columns`` in place (new goals and rewards).
@@ -173,13 +215,44 @@ class Relabeller:
     Args:
         options: the strategy, ratio and reward function.
         ring: the buffer's ring.
+        obs: the observation's layout.
         num_envs: envs whose rows are added.
     """
 
-    def __init__(self, options: Hindsight, ring: RowRing, num_envs: int) -> None:
+    def __init__(self, options: Hindsight, ring: RowRing, obs: Layout, num_envs: int) -> None:
         self.options = options
         self.ring = ring
         self.episodes = EpisodeIndex(ring.capacity, num_envs)
+        self._obs_names = leaf_names("obs", obs)
+        self._next_names = leaf_names("next_obs", obs)
+
+    def write(self, columns: Mapping[str, torch.Tensor], env_ids: npt.NDArray[np.int64]) -> None:
+        """Write rows read by the ring's readers (of envs ``env_ids``, in order) and index them.
+
+        Raises:
+            StreamError: a row's ``obs`` is not the ``next_obs`` of its env's previous row, whose
+                episode had not ended (rows of an episode out of order, or one left out).
+        """
+        ring, episodes = self.ring, self.episodes
+        rows = len(env_ids)
+        ended = (columns["terminated"] | columns["truncated"]).cpu().numpy().astype(np.bool_)
+        with ring.lock:  # the index learns the rows' positions in the state that stores them
+            previous = episodes.running_rows(np.unique(env_ids))
+            before = ring.gather(torch.from_numpy(previous).to(ring.storing_device), self._next_names)
+            broken = broken_link(np.concatenate([episodes.env[previous], env_ids]),
+                                 np.concatenate([np.zeros(len(previous), np.bool_), ended]),
+                                 [torch.cat([before[n], columns[o]]) for o, n in zip(self._obs_names, self._next_names,
+                                                                                     strict=True)],
+                                 [torch.cat([before[n], columns[n]]) for n in self._next_names])
+            if broken is not None:
+                env = int(env_ids[broken[1] - len(previous)])
+                raise StreamError(f"hindsight: env {env}'s obs is not the next_obs of its previous row, whose episode "
+                                  "had not ended: a hindsight buffer needs each env's steps in order, none left out "
+                                  "inside an episode (leave out only the reset steps of gymnasium's NEXT_STEP "
+                                  "autoreset; rlbuf.gym.Recorder does)")
+            first = ring.write_count
+            ring.write_checked(columns, rows)
+            episodes.record((first + np.arange(rows, dtype=np.int64)) % ring.capacity, env_ids, ended)
 
     def relabel(self, columns: dict[str, torch.Tensor], index: torch.Tensor) -> None:
         """Relabel sampled ``columns`` (rows at ``index``) in place; call with the ring's lock held."""
@@ -201,7 +274,21 @@ class Relabeller:
     def state_problem(self, extra: Mapping[str, Any], fields: Mapping[str, torch.Tensor], *, size: int,
                       write_count: int) -> str:
         """What is wrong with a checkpoint's episode state for its stored ``fields``, or ``""``."""
-        return self.episodes.problem(extra.get("episodes"), self._ended(fields, size, write_count))
+        ended = self._ended(fields, size, write_count)
+        state = extra.get("episodes")
+        problem = self.episodes.problem(state, ended)
+        if problem or not size or not isinstance(state, Mapping):
+            return problem
+        chronological = self._chronological(size, write_count)
+        order = torch.from_numpy(chronological)
+        broken = broken_link(state["env"].numpy().astype(np.int64), ended,
+                             [fields[name].index_select(0, order.to(fields[name].device)) for name in self._obs_names],
+                             [fields[name].index_select(0, order.to(fields[name].device)) for name in self._next_names])
+        if broken is None:
+            return ""
+        before, after = (int(chronological[i]) for i in broken)
+        return (f"hindsight: the row at position {after} does not continue row {before} of the same env "
+                f"({int(state['env'][broken[1]])}), whose episode had not ended: its obs is not that row's next_obs")
 
     def _ended(self, fields: Mapping[str, torch.Tensor], size: int, write_count: int) -> npt.NDArray[np.bool_]:
         positions = torch.from_numpy(self._chronological(size, write_count))
@@ -213,3 +300,30 @@ class Relabeller:
         ring = self.ring
         size, count = len(ring), ring.write_count
         self.episodes.derive(extra["episodes"], self._chronological(size, count), self._ended(ring.leaves, size, count))
+
+
+def broken_link(env: npt.NDArray[np.int64], ended: npt.NDArray[np.bool_], obs: Sequence[torch.Tensor],
+                next_obs: Sequence[torch.Tensor]) -> tuple[int, int] | None:
+    """The first rows ``(a, b)``, ``b`` the next row of ``a``'s env, ``a`` not ending its episode,
+    where ``b``'s obs is not ``a``'s next_obs (each leaf, bit for bit; NaN continues NaN); rows in
+    write order.
+
+    Example:
+        >>> next_obs = [torch.tensor([[1.0], [2.0], [9.0]])]
+        >>> broken_link(np.array([0, 0, 0]), np.zeros(3, np.bool_), [torch.tensor([[0.0], [1.0], [3.0]])], next_obs)
+        (1, 2)
+    """
+    order = np.argsort(env, kind="stable")
+    a, b = order[:-1], order[1:]
+    linked = (env[a] == env[b]) & ~ended[a]
+    a, b = a[linked], b[linked]
+    if len(a) == 0:
+        return None
+    same = np.ones(len(a), np.bool_)
+    for leaf, next_leaf in zip(obs, next_obs, strict=True):
+        x = leaf.index_select(0, torch.from_numpy(b).to(leaf.device))
+        y = next_leaf.index_select(0, torch.from_numpy(a).to(next_leaf.device))
+        equal = (x == y) | ((x != x) & (y != y))
+        same &= equal.reshape(len(a), -1).all(dim=1).cpu().numpy()
+    bad = np.flatnonzero(~same)
+    return None if len(bad) == 0 else (int(a[bad[0]]), int(b[bad[0]]))

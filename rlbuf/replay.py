@@ -60,7 +60,7 @@ from rlbuf.errors import (
     ConfigError,
     PriorityError,
 )
-from rlbuf.hindsight import Hindsight, Relabeller, check_goal_layout
+from rlbuf.hindsight import Hindsight, Relabeller, recorded_options, with_reward_fn
 from rlbuf.sequences import ReplaySequenceBatch, sample_replay_sequences
 from rlbuf.spaces import extra_field_dtypes, resolve_action_range, resolve_fields
 from rlbuf.spec import ExtraFields
@@ -182,7 +182,7 @@ class ReplayBuffer(ReplayWriting):
         self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
-        self._options["hindsight"] = _hindsight_options(hindsight, self._obs.leaves)
+        self._options["hindsight"] = recorded_options(hindsight, self._obs.leaves)
         as_num_envs(num_envs)  # the capacity (>= num_envs, in memory) is checked before any row is allocated
         compact, stored_obs_shape, obs_dtype = stored_obs(
             self._obs, obs_shape, obs_dtype, hidden_state_shape, frame_stack=frame_stack, padding_type=padding_type,
@@ -210,10 +210,10 @@ class ReplayBuffer(ReplayWriting):
                                       extra_names=list(self._extra_specs), codec=codec) if compact else None
         # The layout's writer, chosen once; with one tensor per obs, no hidden state and no extra field
         # (plain), ``add`` hands the fields to the ring's add as they are.
-        self._relabeller = None if hindsight is None else Relabeller(hindsight, self._ring, num_envs)
+        self._relabeller = None if hindsight is None else Relabeller(hindsight, self._ring, self._obs, num_envs)
         self._writer = ReplayWriter(self._ring, num_envs=num_envs, obs=self._obs, hidden=self._hidden,
                                     extra_names=list(self._extra_specs), compact=self._compact,
-                                    episodes=None if self._relabeller is None else self._relabeller.episodes)
+                                    relabeller=self._relabeller)
         self._plain = self._compact is None and not self._obs.structured and self._hidden is None and not self._extra_specs
         # truncated=False says it of every env (no time limit): one flag for every row.
         self._no_truncation: bool | np.ndarray[Any, Any] = False if num_envs == 1 else np.zeros(num_envs, np.bool_)
@@ -326,32 +326,13 @@ class ReplayBuffer(ReplayWriting):
 
     @classmethod
     def _options_to_build(cls, options: dict[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
-        saved, reward_fn = options.get("hindsight"), given.get("reward_fn")
-        if saved is None:
-            return options
-        if not isinstance(saved, dict) or set(saved) != {"strategy", "ratio"}:
-            raise CheckpointError(f"options: hindsight must be {{'strategy': ..., 'ratio': ...}}, got {saved!r}")
-        if reward_fn is None:
-            raise CheckpointError(f"this buffer relabels goals (hindsight {saved['strategy']}, ratio {saved['ratio']}), "
-                                  "and a checkpoint holds no function: load it with "
-                                  "ReplayBuffer.load(path, reward_fn=env.unwrapped.compute_reward)")
-        return {**options, "hindsight": Hindsight(saved["strategy"], saved["ratio"], reward_fn)}
+        return with_reward_fn(options, given.get("reward_fn"))
 
     @classmethod
     def load(cls, path: str | Path, *, device: DeviceLike | None = None, storing_device: DeviceLike | None = None,
              reward_fn: Any = None) -> ReplayBuffer:
         """Rebuild a buffer from a checkpoint (see ``RingBuffer.load``); ``reward_fn``: the
-        hindsight reward function of a buffer that relabels goals (no checkpoint holds a function).
-
-        Example:
-            >>> import os, tempfile
-            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
-            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, truncated=False)
-            >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
-            >>> buf.save(path)
-            >>> len(ReplayBuffer.load(path))
-            1
-        """
+        hindsight reward function of a buffer that relabels goals (no checkpoint holds a function)."""
         return cls._load_checked(path, device=device, storing_device=storing_device, given={"reward_fn": reward_fn})
 
     @property
@@ -602,16 +583,3 @@ class ReplayBuffer(ReplayWriting):
         values = priorities(priority, positions.numel())
         self._ring.rb.update_priority(positions, values)
 
-
-def _hindsight_options(hindsight: Any, leaves: Sequence[Any]) -> dict[str, Any] | None:
-    """The ``hindsight`` option as a checkpoint records it (its function left out), once checked.
-
-    Raises:
-        ConfigError: not a [`Hindsight`][rlbuf.Hindsight], or observations that are not a goal env's.
-    """
-    if hindsight is None:
-        return None
-    if not isinstance(hindsight, Hindsight):
-        raise ConfigError(f"hindsight: expected rlbuf.Hindsight(strategy, ratio, reward_fn), got {hindsight!r}")
-    check_goal_layout({leaf.path[0]: (leaf.shape, leaf.dtype) for leaf in leaves if len(leaf.path) == 1})
-    return {"strategy": hindsight.strategy, "ratio": hindsight.ratio}

@@ -26,6 +26,7 @@ from rlbuf import (
     NonFiniteError,
     ReplayBuffer,
     ShapeError,
+    StreamError,
 )
 from rlbuf._episodes import EpisodeIndex
 from rlbuf.demos.bitflip import BitFlipEnv
@@ -54,6 +55,7 @@ class Reference:
     capacity: int
     env: list[int] = field(default_factory=list)
     ended: list[bool] = field(default_factory=list)
+    running: dict[int, torch.Tensor] = field(default_factory=dict)  # next_obs of each env's running episode
 
     def stored(self) -> list[int]:
         return list(range(max(0, len(self.env) - self.capacity), len(self.env)))
@@ -76,15 +78,17 @@ class Reference:
 
 
 def add_step(buf: ReplayBuffer, ref: Reference, mask: list[bool], ended: list[bool], truncated: list[bool]) -> None:
-    """One vector step whose achieved goals name the row's serial: ``[serial, env]``."""
+    """One vector step whose achieved goals name the row's serial, ``[serial, env]``; each env's
+    obs continues its running episode (a left-out row never happened)."""
     n = len(mask)
     serials, serial = [], len(ref.env)
     for e in range(n):
         serials.append(serial if mask[e] else -1)
         serial += mask[e]
     code = torch.tensor([[s, e] for e, s in enumerate(serials)], dtype=torch.float32)
-    obs = {"observation": torch.zeros(n, 1), "achieved_goal": code - 0.5, "desired_goal": torch.full((n, 2), SENTINEL)}
-    nxt = {"observation": torch.ones(n, 1), "achieved_goal": code, "desired_goal": torch.full((n, 2), SENTINEL)}
+    start = torch.stack([ref.running.get(e, torch.full((2,), -0.5 - e)) for e in range(n)])
+    obs = {"observation": start[:, :1], "achieved_goal": start, "desired_goal": torch.full((n, 2), SENTINEL)}
+    nxt = {"observation": code[:, :1], "achieved_goal": code, "desired_goal": torch.full((n, 2), SENTINEL)}
     terminated = [a and not t for a, t in zip(ended, truncated, strict=True)]
     buf.add(obs, torch.zeros(n), torch.full((n,), -1.0), nxt, torch.tensor(terminated), torch.tensor(truncated),
             env_mask=None if all(mask) else torch.tensor(mask))
@@ -92,6 +96,10 @@ def add_step(buf: ReplayBuffer, ref: Reference, mask: list[bool], ended: list[bo
         if mask[e]:
             ref.env.append(e)
             ref.ended.append(ended[e])
+            if ended[e]:
+                ref.running.pop(e, None)
+            else:
+                ref.running[e] = code[e]
 
 
 steps = st.integers(1, 3).flatmap(lambda n: st.tuples(st.just(n), st.integers(3, 24), st.lists(st.tuples(
@@ -170,10 +178,11 @@ def test_extend_env_first_batches_index_each_envs_episodes() -> None:
     T = 5
     code = torch.tensor([[[t * 2 + e, e] for t in range(T)] for e in range(2)], dtype=torch.float32)
     ended = torch.tensor([[False, True, False, False, True], [False, False, False, False, False]])
-    td = TensorDict({"observation": {"observation": torch.zeros(2, T, 1), "achieved_goal": code - 0.5,
+    start = torch.cat([torch.full((2, 1, 2), -1.0), code[:, :-1]], dim=1)   # each step continues the last
+    td = TensorDict({"observation": {"observation": start[..., :1], "achieved_goal": start,
                                      "desired_goal": torch.full((2, T, 2), SENTINEL)},
                      "action": torch.zeros(2, T),
-                     "next": {"observation": {"observation": torch.ones(2, T, 1), "achieved_goal": code,
+                     "next": {"observation": {"observation": code[..., :1], "achieved_goal": code,
                                               "desired_goal": torch.full((2, T, 2), SENTINEL)},
                               "reward": torch.zeros(2, T, 1), "terminated": ended[..., None],
                               "truncated": torch.zeros(2, T, 1, dtype=torch.bool)}}, batch_size=[2, T])
@@ -215,12 +224,35 @@ def test_forged_episode_tables_are_refused(forge: str) -> None:
     assert same(before, snapshot(target))
 
 
+def test_a_step_that_does_not_continue_its_running_episode_is_refused_and_nothing_changes() -> None:
+    buf, ref = goal_buffer(16, 2), Reference(16)
+    add_step(buf, ref, [True, True], [False, True], [False, False])
+    before = snapshot(buf)
+    wrong = {"observation": torch.zeros(2, 1), "achieved_goal": torch.zeros(2, 2), "desired_goal": torch.zeros(2, 2)}
+    with pytest.raises(StreamError, match="env 0's obs is not the next_obs of its previous row"):
+        buf.add(wrong, torch.zeros(2), torch.zeros(2), wrong, torch.tensor([False, False]), False)
+    assert same(before, snapshot(buf))
+    add_step(buf, Reference(16), [False, True], [False, False], [False, False])   # env 1's episode ended: any obs
+    assert len(buf) == 3
+
+
+def test_a_checkpoint_whose_envs_break_an_episode_is_refused() -> None:
+    buf, _ = fill(2, 12, [([True, True], [1, 2], [False, False])] * 4)
+    state = buf.state_dict()
+    env = state["extra"]["episodes"]["env"].clone()
+    env[2], env[3] = env[3].item(), env[2].item()   # two rows handed to the other env: envs still in range
+    state["extra"]["episodes"] = {"env": env}
+    with pytest.raises(CheckpointError, match="does not continue row"):
+        goal_buffer(12, 2).load_state_dict(state)
+
+
 @pytest.mark.parametrize("returned", [np.zeros(3), np.zeros((64, 2)), np.array(["a"] * 64), np.full(64, np.nan)])
 def test_a_bad_reward_fn_result_is_refused_and_sampling_state_kept(returned: Any) -> None:
     buf = ReplayBuffer(32, obs_shape={"observation": 1, "achieved_goal": 2, "desired_goal": 2}, action_shape=(),
                        seed=0, hindsight=Hindsight("future", 1.0, lambda a, d, i: returned[:len(a)]))
+    ref = Reference(32)
     for t in range(5):
-        add_step(buf, Reference(32), [True], [t == 4], [False])
+        add_step(buf, ref, [True], [t == 4], [False])
     before = snapshot(buf)
     with pytest.raises((ShapeError, NonFiniteError, DtypeError), match="hindsight reward_fn"):
         buf.sample(64)
