@@ -53,7 +53,7 @@ def same_batch(a: MixedBatch, b: MixedBatch) -> bool:
 
 
 # -- the split ---------------------------------------------------------------------------------
-@settings(max_examples=25, deadline=None, derandomize=True)
+@settings(max_examples=20, deadline=None, derandomize=True)
 @given(fraction=st.floats(0.0, 1.0), batch_size=st.integers(1, 48), split=st.sampled_from(["exact", "binomial"]),
        seed=st.integers(0, 2**32))
 def test_offline_rows_per_batch_match_the_ratio_within_binomial_error(fraction: float, batch_size: int, split: str,
@@ -96,7 +96,7 @@ def test_a_whole_share_is_drawn_exactly_every_batch() -> None:
 
 
 # -- rows are what their buffers store ------------------------------------------------------------
-@settings(max_examples=8, deadline=None, derandomize=True)
+@settings(max_examples=6, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 2**32), split=st.sampled_from(["exact", "binomial"]),
        prioritized=st.sampled_from([(False, True), (True, False), (True, True)]))
 def test_every_row_is_a_stored_row_of_the_buffer_it_claims(seed: int, split: str,
