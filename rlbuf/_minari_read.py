@@ -163,8 +163,11 @@ def _check_leaf(value: np.ndarray[Any, Any], space: Any, rows: int, steps: int, 
                              f"rewards, plus the final observation), got {steps}: the final observation is "
                              f"missing; save every episode with all T + 1 observations (Minari's DataCollector "
                              f"keeps the final one, of a truncated episode too)")
-        raise ShapeError(f"episode {episode}: {label}: expected shape {shape} ({steps} steps), got {value.shape}; "
-                         f"save the episode with {rows} rows of the space's shape {tuple(space.shape)}")
+        encoded = (" of encoded bytes (Minari's HDF5 writer JPEG-encodes uint8 arrays of 2 or 3 dims a row even "
+                   "when their space is no image space, and reads the bytes back: write such data with "
+                   "rlbuf.offline.to_minari, which stores it raw)") if value.dtype == object else ""
+        raise ShapeError(f"episode {episode}: {label}: expected shape {shape} ({steps} steps), got {value.shape}"
+                         f"{encoded}; save the episode with {rows} rows of the space's shape {tuple(space.shape)}")
     if value.dtype != space.dtype:
         raise DtypeError(f"episode {episode}: {label}: expected dtype {space.dtype} (the space's), got "
                          f"{value.dtype}; save the dataset with arrays of its spaces' dtypes, or declare the space "

@@ -237,7 +237,7 @@ def _action_bounds(buffer: ReplayBuffer) -> tuple[Any, Any] | None:
 
 def _numpy_tree(value: Any) -> Any:
     if isinstance(value, TensorDictBase):
-        return {key: _numpy_tree(value.get(key)) for key in value}
+        return {key: _numpy_tree(value.get(key)) for key in value.keys()}  # noqa: SIM118 (iterating gives rows)
     return value.detach().cpu().numpy()
 
 

@@ -1,0 +1,319 @@
+"""rlbuf.offline: Minari → rlbuf → Minari → rlbuf is the identity, and inconsistent datasets are refused by name.
+
+Datasets are made here with Minari's own ``create_dataset_from_buffers`` (both backends), in a
+temporary ``MINARI_DATASETS_PATH``; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+minari = pytest.importorskip("minari")
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from minari.data_collector import EpisodeBuffer  # noqa: E402
+
+import rlbuf.offline  # noqa: E402
+from rlbuf import ReplayBuffer  # noqa: E402
+from rlbuf.errors import (  # noqa: E402
+    ConfigError,
+    DtypeError,
+    NonFiniteError,
+    OutOfRangeError,
+    ShapeError,
+    StreamError,
+)
+from rlbuf.offline import from_minari, to_minari  # noqa: E402
+
+_IDS = itertools.count()
+BOX = gym.spaces.Box(-np.inf, np.inf, (3,), np.float64)
+ACTIONS = gym.spaces.Box(-1, 1, (2,), np.float32)
+SPACES: dict[str, tuple[Any, Any]] = {
+    "flat": (BOX, ACTIONS),
+    "dict": (gym.spaces.Dict({"observation": gym.spaces.Box(-5, 5, (2,), np.float32),
+                              "goal": gym.spaces.Dict({"xy": gym.spaces.Box(-1, 1, (2,), np.float64)}),
+                              "count": gym.spaces.Discrete(4)}), gym.spaces.Discrete(3)),
+    "image": (gym.spaces.Box(0, 255, (32, 32, 3), np.uint8), gym.spaces.Discrete(2)),
+    "small_uint8": (gym.spaces.Box(0, 255, (4, 4), np.uint8), gym.spaces.Discrete(2)),
+}
+
+
+@pytest.fixture(autouse=True)
+def minari_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A temporary Minari root for the whole test (hypothesis examples too: ids never repeat)."""
+    with tempfile.TemporaryDirectory() as root:
+        monkeypatch.setenv("MINARI_DATASETS_PATH", root)
+        yield Path(root)
+
+
+def _new_id() -> str:
+    return f"rlbuf-test/d{next(_IDS)}-v0"
+
+
+def _sample(space: Any, rows: int, rng: np.random.Generator) -> Any:
+    if isinstance(space, gym.spaces.Dict):
+        return {key: _sample(sub, rows, rng) for key, sub in space.spaces.items()}
+    if isinstance(space, gym.spaces.Discrete):
+        return rng.integers(space.start, space.start + space.n, rows).astype(space.dtype)
+    if space.dtype == np.uint8:
+        return rng.integers(0, 256, (rows, *space.shape), dtype=np.uint8)
+    return rng.uniform(-1, 1, (rows, *space.shape)).astype(space.dtype)
+
+
+def _episode(kind: str, steps: int, end: str, seed: int | None, rng: np.random.Generator) -> dict[str, Any]:
+    observation_space, action_space = SPACES[kind]
+    return {"observations": _sample(observation_space, steps + 1, rng),
+            "actions": _sample(action_space, steps, rng),
+            "rewards": rng.standard_normal(steps),  # float64, as Minari's collector stores them
+            "terminations": np.arange(steps) == steps - 1 if end == "terminated" else np.zeros(steps, bool),
+            "truncations": np.arange(steps) == steps - 1 if end == "truncated" else np.zeros(steps, bool),
+            "seed": seed}
+
+
+def _minari_dataset(episodes: list[dict[str, Any]], kind: str = "flat", data_format: str = "hdf5") -> Any:
+    """A dataset written by Minari itself (not by rlbuf)."""
+    observation_space, action_space = SPACES[kind]
+    buffers = [EpisodeBuffer(seed=episode.get("seed"), observations=episode["observations"],
+                             actions=episode["actions"], rewards=episode["rewards"],
+                             terminations=episode["terminations"], truncations=episode["truncations"])
+               for episode in episodes]
+    with pytest.warns(UserWarning):  # Minari's reminders of metadata (author, code_permalink ...)
+        return minari.create_dataset_from_buffers(_new_id(), buffers, observation_space=observation_space,
+                                                  action_space=action_space, data_format=data_format)
+
+
+def _assert_same_tree(first: Any, second: Any) -> None:
+    if isinstance(first, dict):
+        assert isinstance(second, dict) and first.keys() == second.keys()
+        for key in first:
+            _assert_same_tree(first[key], second[key])
+        return
+    assert first.dtype == second.dtype and first.shape == second.shape
+    assert first.tobytes() == second.tobytes()
+
+
+def _assert_same_episodes(first: Any, second: Any) -> None:
+    """Every episode byte-identical: observations (the final one too), actions, rewards, flags, seed."""
+    assert first.total_episodes == second.total_episodes and first.total_steps == second.total_steps
+    seeds = [[m.get("seed") for m in d.storage.get_episode_metadata(d.episode_indices)] for d in (first, second)]
+    assert seeds[0] == seeds[1]
+    for one, two in zip(first.iterate_episodes(), second.iterate_episodes(), strict=True):
+        _assert_same_tree(one.observations, two.observations)
+        for name in ("actions", "rewards", "terminations", "truncations"):
+            _assert_same_tree(getattr(one, name), getattr(two, name))
+
+
+def _rows(buffer: ReplayBuffer) -> dict[str, Any]:
+    batch = buffer.sample_all()
+    return {"obs": batch.obs, "action": batch.action, "reward": batch.reward, "next_obs": batch.next_obs,
+            "terminated": batch.terminated, "truncated": batch.truncated, **batch.extras}
+
+
+def _assert_same_rows(first: ReplayBuffer, second: ReplayBuffer) -> None:
+    one, two = _rows(first), _rows(second)
+    assert one.keys() == two.keys()
+    for name in one:
+        assert (one[name] == two[name]).all(), name
+
+
+episodes_strategy = st.lists(st.tuples(st.integers(1, 5), st.sampled_from(["terminated", "truncated"]),
+                                       st.one_of(st.none(), st.integers(0, 2**40))), min_size=1, max_size=4)
+
+
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(sorted(SPACES)), data_format=st.sampled_from(["hdf5", "arrow"]),
+       shapes=episodes_strategy, seed=st.integers(0, 2**16))
+def test_minari_rlbuf_minari_rlbuf_is_the_identity(kind: str, data_format: str,
+                                                    shapes: list[tuple[int, str, int | None]], seed: int) -> None:
+    assume(not (kind == "small_uint8" and data_format == "hdf5"))  # Minari's own writer breaks it (test below)
+    rng = np.random.default_rng(seed)
+    source = _minari_dataset([_episode(kind, *shape, rng) for shape in shapes], kind, data_format)
+    first = from_minari(source)
+    exported = to_minari(first, _new_id(), data_format=data_format, observation_space=source.observation_space,
+                         action_space=source.action_space)
+    again = minari.load_dataset(exported.id)  # as any Minari user reads it
+    _assert_same_episodes(source, again)
+    second = from_minari(exported.id)
+    _assert_same_rows(first, second)
+    assert len(second) == sum(steps for steps, _, _ in shapes)
+
+
+def test_each_row_is_a_step_and_a_truncated_episode_keeps_its_final_observation() -> None:
+    rng = np.random.default_rng(0)
+    episodes = [_episode("flat", 3, "truncated", 7, rng), _episode("flat", 2, "terminated", None, rng)]
+    buffer = from_minari(_minari_dataset(episodes))
+    rows = _rows(buffer)
+    observations = np.concatenate([episodes[0]["observations"][:-1], episodes[1]["observations"][:-1]])
+    finals = np.concatenate([episodes[0]["observations"][1:], episodes[1]["observations"][1:]])
+    assert np.array_equal(rows["obs"].numpy(), observations) and np.array_equal(rows["next_obs"].numpy(), finals)
+    assert rows["obs"].dtype == torch.float64  # the space's dtype, exactly
+    assert rows["truncated"].tolist() == [False, False, True, False, False]
+    assert rows["terminated"].tolist() == [False, False, False, False, True]  # never truncated = done
+    assert rows["episode_id"].tolist() == [0, 0, 0, 1, 1]
+    assert rows["episode_seed"].tolist() == [7, 7, 7, -1, -1]
+    assert rows["dataset_reward"].dtype == torch.float64
+    assert np.array_equal(rows["dataset_reward"].numpy(), np.concatenate([e["rewards"] for e in episodes]))
+    assert buffer.capacity == 5
+
+
+@pytest.mark.parametrize("options", [{"compact": True}, {"storage": "memmap"}, {"exact": False}],
+                         ids=["compact", "memmap", "not-exact"])
+def test_buffer_options_store_the_same_transitions(options: dict[str, Any]) -> None:
+    rng = np.random.default_rng(1)
+    dataset = _minari_dataset([_episode("flat", n, end, None, rng) for n, end in
+                               [(4, "truncated"), (1, "terminated"), (3, "terminated")]])
+    plain, other = from_minari(dataset), from_minari(dataset, capacity=20, seed=0, **options)
+    one, two = _rows(plain), _rows(other)
+    for name in ("obs", "action", "reward", "next_obs", "terminated", "truncated"):
+        assert (one[name] == two[name]).all(), name
+    assert other.capacity == 20
+    if options.get("exact") is False:
+        assert two.keys() == {"obs", "action", "reward", "next_obs", "terminated", "truncated"}
+    with pytest.raises(ConfigError, match="capacity=5: below the dataset's 8 steps"):
+        from_minari(dataset, capacity=5)
+    with pytest.raises(ConfigError, match="extra_fields: set by the dataset"):
+        from_minari(dataset, extra_fields={"cost": ((), torch.float32)})
+
+
+def test_a_missing_id_is_refused_by_name_with_the_way_to_get_it() -> None:
+    with pytest.raises(ConfigError, match=r"'D4RL/door/human-v2': not a local Minari dataset .* `minari download "
+                                          r"D4RL/door/human-v2`"):
+        from_minari("D4RL/door/human-v2")
+
+
+def test_a_dataset_is_found_by_id_and_by_path() -> None:
+    dataset = _minari_dataset([_episode("flat", 2, "terminated", None, np.random.default_rng(2))])
+    by_id, by_path = from_minari(dataset.id), from_minari(Path(os.environ["MINARI_DATASETS_PATH"]) / dataset.id)
+    _assert_same_rows(by_id, by_path)
+
+
+def _with(episode: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    return {**episode, **changes}
+
+
+GOOD = _episode("flat", 4, "truncated", None, np.random.default_rng(3))
+INCONSISTENT = {
+    "lengths": (_with(GOOD, actions=GOOD["actions"][:3]), ShapeError,
+                r"episode 1: actions: expected shape \(4, 2\) \(4 steps\), got \(3, 2\)"),
+    "final_obs": (_with(GOOD, observations=GOOD["observations"][:4]), ShapeError,
+                  r"episode 1: observations: expected 5 rows .* got 4: the final observation is missing"),
+    "shape": (_with(GOOD, observations=np.zeros((5, 4))), ShapeError,
+              r"episode 1: observations: expected shape \(5, 3\) \(4 steps\), got \(5, 4\)"),
+    "unfinished": (_with(GOOD, truncations=np.zeros(4, bool)), StreamError,
+                   r"episode 1: terminations, truncations: expected the last step 3 to be terminated or truncated"),
+    "early_end": (_with(GOOD, terminations=np.array([False, True, False, False])), StreamError,
+                  r"episode 1: terminations: expected no end before the last step 3, got True at step 1"),
+    "nan_obs": (_with(GOOD, observations=np.where(np.arange(5)[:, None] == 2, np.nan, GOOD["observations"])),
+                NonFiniteError, r"episode 1: observations: NaN at row 2"),
+    "nan_reward": (_with(GOOD, rewards=np.array([0.0, np.nan, 0.0, 0.0])), NonFiniteError,
+                   r"episode 1: rewards: expected finite float32 values, got nan at step 1"),
+    "dtype": (_with(GOOD, actions=GOOD["actions"].astype(np.float64)), DtypeError,
+              r"episode 1: actions: expected dtype float32 \(the space's\), got float64"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INCONSISTENT))
+def test_an_inconsistent_dataset_is_refused_by_name_and_nothing_is_returned(
+        case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    bad, error, message = INCONSISTENT[case]
+    dataset = _minari_dataset([GOOD, bad, GOOD])
+    monkeypatch.setattr(rlbuf.offline, "_CHUNK_BYTES", 1)  # one episode a chunk: the good first one goes in
+    extended, closed = [], []
+    monkeypatch.setattr(ReplayBuffer, "extend", lambda self, td: extended.append(td.batch_size[0]))
+    monkeypatch.setattr(ReplayBuffer, "close", lambda self: closed.append(self))
+    with pytest.raises(error, match=message):
+        from_minari(dataset)
+    assert extended == [4] and len(closed) == 1  # the buffer that took the first episode was closed, not returned
+
+
+def test_a_discrete_value_outside_its_space_is_refused() -> None:
+    episode = _episode("dict", 2, "terminated", None, np.random.default_rng(4))
+    episode["actions"] = np.array([0, 3])
+    with pytest.raises(OutOfRangeError, match=r"episode 0: actions: expected values in \[0, 2\] .* got 3 at row 1"):
+        from_minari(_minari_dataset([episode], "dict"))
+
+
+def test_small_uint8_data_that_minaris_hdf5_writer_broke_is_refused_with_the_cause() -> None:
+    episode = _episode("small_uint8", 2, "terminated", None, np.random.default_rng(6))
+    with pytest.raises(ShapeError, match=r"episode 0: observations: expected shape \(3, 4, 4\) \(2 steps\), got "
+                                         r"\(3,\) of encoded bytes \(Minari's HDF5 writer JPEG-encodes"):
+        from_minari(_minari_dataset([episode], "small_uint8", "hdf5"))
+
+
+def test_to_minari_checks_every_episode_before_writing(minari_root: Path) -> None:
+    bad = _with(GOOD, observations=GOOD["observations"][:4])
+    with pytest.raises(ShapeError, match=r"episode 1: observations: .* the final observation is missing"):
+        to_minari([GOOD, bad], "rlbuf-test/refused-v0", observation_space=BOX, action_space=ACTIONS)
+    assert not (minari_root / "rlbuf-test" / "refused-v0").exists()
+    to_minari([GOOD], "rlbuf-test/taken-v0")
+    with pytest.raises(ConfigError, match="exists already"):
+        to_minari([GOOD], "rlbuf-test/taken-v0")
+    with pytest.raises(ConfigError, match="autor: not Minari dataset metadata"):
+        to_minari([GOOD], "rlbuf-test/other-v0", autor="me")
+
+
+@pytest.mark.parametrize("data_format", ["hdf5", "arrow"])
+@pytest.mark.parametrize("kind", ["image", "small_uint8"])
+def test_images_are_written_losslessly(kind: str, data_format: str) -> None:
+    """Noise frames, which JPEG would change, come back from Minari's own reader byte for byte."""
+    from minari.dataset._storages import arrow_storage
+
+    episode = _episode(kind, 3, "truncated", 1, np.random.default_rng(5))
+    encode = arrow_storage._encode_space  # the seam rlbuf wraps while it writes Arrow, and restores
+    dataset = to_minari([episode], _new_id(), data_format=data_format, observation_space=SPACES[kind][0],
+                        action_space=SPACES[kind][1], author="rlbuf")
+    assert arrow_storage._encode_space is encode
+    read = next(minari.load_dataset(dataset.id).iterate_episodes())
+    _assert_same_tree(read.observations, episode["observations"])
+
+
+def _add_episode(buffer: ReplayBuffer, start: float, steps: int, *, terminated: bool = True) -> None:
+    for t in range(steps):
+        last = t == steps - 1
+        buffer.add(np.array([start + t], np.float32), 0.0, 1.0, np.array([start + t + 1], np.float32),
+                   terminated and last, truncated=last and not terminated)
+
+
+def test_a_buffer_exports_complete_episodes_only() -> None:
+    buffer = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0)
+    _add_episode(buffer, 0, 3)
+    _add_episode(buffer, 10, 2, terminated=False)
+    _add_episode(buffer, 20, 2)  # unfinished: one step of it
+    buffer.add(np.array([30], np.float32), 0.0, 1.0, np.array([31], np.float32), False, truncated=False)
+    dataset = to_minari(buffer, _new_id())
+    episodes = list(dataset.iterate_episodes())
+    assert [e.observations[:, 0].tolist() for e in episodes] == [[0, 1, 2, 3], [10, 11, 12], [20, 21, 22]]
+    assert [e.truncations.tolist() for e in episodes] == [[False, False, False], [False, True], [False, False]]
+    _add_episode(buffer, 31, 2)  # the last episode ends; the ring wraps over the first one's first steps
+    wrapped = [e.observations[:, 0].tolist() for e in to_minari(buffer, _new_id()).iterate_episodes()]
+    assert wrapped == [[10, 11, 12], [20, 21, 22], [30, 31, 32, 33]]
+
+
+def test_a_buffer_of_several_envs_exports_each_envs_episodes() -> None:
+    buffer = ReplayBuffer(16, obs_shape=(1,), action_shape=(), num_envs=2, seed=0)
+    for t in range(4):
+        buffer.add(np.array([[t], [100 + t]], np.float32), np.zeros(2), np.ones(2),
+                   np.array([[t + 1], [101 + t]], np.float32), np.array([t == 1, False]),
+                   truncated=np.array([False, t == 3]))
+    episodes = list(to_minari(buffer, _new_id()).iterate_episodes())
+    assert [e.observations[:, 0].tolist() for e in episodes] == [[0, 1, 2], [100, 101, 102, 103, 104]]
+    assert [e.terminations[-1] for e in episodes] == [True, False]
+
+
+def test_rows_that_do_not_chain_are_refused() -> None:
+    buffer = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0)
+    buffer.add(np.array([0], np.float32), 0.0, 1.0, np.array([1], np.float32), False, truncated=False)
+    buffer.add(np.array([5], np.float32), 0.0, 1.0, np.array([6], np.float32), True, truncated=False)
+    with pytest.raises(StreamError, match=r"rows at positions 0 and 1 .* not consecutive steps of one episode"):
+        to_minari(buffer, _new_id())
