@@ -1,5 +1,5 @@
 """nox sessions: `tests` (lint, types, tests, doctests, doc examples), `stress`, `demo`, `demos-full`, `pendulum-compare`,
-`docs`,
+`her-compare`, `docs`,
 `bench`, `compat` (the tests against TorchRL's and tensordict's nightly builds); on a GPU machine `gpu`,
 fed by `gpu-wheels` on a networked one (see docs/devices.md).
 
@@ -71,7 +71,8 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(name="demos-full", python=PYTHON)
 def demos_full(session: nox.Session) -> None:
-    """Every demo with its default budget: PPO, DQN, DQN with PER, and distillation of the PPO run."""
+    """Every demo with its default budget: PPO, DQN, DQN with PER, distillation of the PPO run, PPO on
+    Pendulum, and DQN on bit flipping with and without hindsight."""
     _install(session)
     runs = f"runs/full-{time.strftime('%Y%m%d-%H%M%S')}"
     session.run("rlbuf", "demo", "ppo", "--out", f"{runs}/ppo", *session.posargs)
@@ -79,6 +80,8 @@ def demos_full(session: nox.Session) -> None:
     session.run("rlbuf", "demo", "dqn", "--prioritized", "--out", f"{runs}/dqn-per", *session.posargs)
     session.run("rlbuf", "demo", "distill", "--teacher", f"{runs}/ppo", "--out", f"{runs}/distill", *session.posargs)
     session.run("rlbuf", "demo", "ppo-continuous", "--out", f"{runs}/ppo-continuous", *session.posargs)
+    session.run("rlbuf", "demo", "her", "--out", f"{runs}/her", *session.posargs)
+    session.run("rlbuf", "demo", "her", "--no-hindsight", "--out", f"{runs}/her-no-hindsight", *session.posargs)
     session.log(f"all outputs in {runs}/ (curve.png, summary.json, model.pt, checkpoints/ in each)")
 
 
@@ -91,6 +94,17 @@ def pendulum_compare(session: nox.Session) -> None:
     _install(session)
     session.run("python", "-m", "rlbuf.demos.ppo_continuous", "compare", "--seeds", "3",
                 "--out", f"runs/pendulum-compare-{time.strftime('%Y%m%d-%H%M%S')}", *session.posargs)
+
+
+@nox.session(name="her-compare", python=PYTHON)
+def her_compare(session: nox.Session) -> None:
+    """DQN on 15-bit flipping with and without hindsight relabelling, over seeds, in one figure.
+
+    `nox -s her-compare -- --seeds 5` (default 3 seeds each, one run after the other).
+    """
+    _install(session)
+    session.run("python", "-m", "rlbuf.demos.her", "compare", "--seeds", "3",
+                "--out", f"runs/her-compare-{time.strftime('%Y%m%d-%H%M%S')}", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -6,6 +6,7 @@
     rlbuf demo dqn [--prioritized]  double DQN on CartPole-v1
     rlbuf demo ppo-continuous [--fold-truncation]  PPO on Pendulum-v1 via a gymnasium vector env
     rlbuf demo distill [--teacher DIR]  DAgger from a PPO teacher into a smaller student
+    rlbuf demo her [--no-hindsight] DQN with hindsight relabelling on 15-bit flipping
     rlbuf inspect PATH [--json]     a checkpoint's manifest, sizes, fields and checksums
     rlbuf --version                 prints rlbuf <version>
 
@@ -50,8 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"rlbuf {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = commands.add_parser("demo", help="train a demo agent (CartPole-v1; Pendulum-v1 for ppo-continuous)",
-                               description="Train a demo agent on CartPole-v1 (ppo-continuous: on Pendulum-v1). "
+    demo = commands.add_parser("demo", help="train a demo agent (CartPole-v1; Pendulum-v1 for ppo-continuous, "
+                                            "bit flipping for her)",
+                               description="Train a demo agent on CartPole-v1 (ppo-continuous: on Pendulum-v1; "
+                                           "her: on a bit-flipping goal env). "
                                            "Every demo writes a learning "
                                            "curve, a JSON summary, the final networks and checkpoints to --out, "
                                            "and continues a stopped run with --resume. Ctrl-C writes a checkpoint "
@@ -155,6 +158,8 @@ def _demo(options: argparse.Namespace) -> int:
     for key in ("teacher_return", "student_return"):
         if key in summary:
             print(f"  {key.replace('_', ' ')}: {summary[key]:.1f}")
+    if summary.get("success_rate") is not None:  # rlbuf demo her: its episode "returns" are successes
+        print(f"  success rate of the last {summary['success_window']} episodes: {summary['success_rate']:.2f}")
     from pathlib import Path
 
     out = Path(summary["outputs"]["summary"]).parent.resolve()

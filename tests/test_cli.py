@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("argv", [[], ["demo"], ["demo", "ppo"], ["demo", "dqn"], ["demo", "ppo-continuous"],
-                                  ["demo", "distill"], ["inspect"]])
+                                  ["demo", "distill"], ["demo", "her"], ["inspect"]])
 def test_every_command_has_help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main([*argv, "--help"])

@@ -185,11 +185,11 @@ class DistillArgs(RunArgs):
 class HERArgs(RunArgs):
     """DQN on bit flipping; the defaults reach a success rate of 0.9 with hindsight and stay near 0 without."""
 
-    frames: int = arg(100_000, "environment frames to train for")
+    frames: int = arg(50_000, "environment frames to train for")
     checkpoint_every: int = arg(25_000, "write a checkpoint every this many frames (0: only at the end)")
     target_return: float = arg(0.9, f"report when the success rate of the last {WINDOW} episodes reaches this")
     stop_at_target: bool = arg(False, "stop training once the target success rate is reached")
-    n_bits: int = arg(15, "bits of the state and goal (a random policy succeeds about once in 2**n_bits)")
+    n_bits: int = arg(15, "bits of the state and goal (15: a random policy reaches the goal in 1 episode of 2,400)")
     hindsight: bool = arg(True, "relabel sampled goals (--no-hindsight: plain DQN on the sparse reward)")
     strategy: Literal["future", "final", "episode"] = arg("future", "where relabelled goals come from")
     relabel_ratio: float = arg(0.8, "fraction of sampled transitions relabelled")

@@ -3,8 +3,8 @@
 Run it with ``rlbuf demo her`` (``--help`` lists the options). The env
 ([`BitFlipEnv`][rlbuf.demos.bitflip.BitFlipEnv]) has ``n_bits`` bits and a random target; action
 ``i`` flips bit ``i``; the reward is 0 at the target and -1 everywhere else. With 15 bits a random
-policy reaches the target about once in tens of thousands of episodes, so plain DQN sees nothing
-but -1 and learns nothing; relabelling a sampled transition with a goal its episode did reach
+policy reaches the target in about one episode of 2,400, so plain DQN sees almost nothing but
+-1 and learns nothing; relabelling a sampled transition with a goal its episode did reach
 later (Andrychowicz et al., 2017) turns every episode into successes for some goal. The loop, top
 to bottom:
 
