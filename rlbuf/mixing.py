@@ -307,7 +307,8 @@ class MixedReplay:
         Returns:
             A [`MixedBatch`][rlbuf.mixing.MixedBatch]: offline rows first; ``from_online`` marks the others.
 
-        Raises (no generator moves: checks come first, and a part its buffer refuses puts the mixer's back):
+        Raises (checks come first; a part its buffer refuses puts the mixer's generator back, and the online
+        part is drawn first, so an online buffer refusing leaves the offline one's generator as it was):
             BatchSizeError: ``batch_size`` is not a positive int.
             ConfigError: the offline buffer changed while mixing.
             EmptyBufferError: the online buffer is empty and the offline fraction is 0 (nothing to draw from).
@@ -331,9 +332,9 @@ class MixedReplay:
                                    f"(min_online={self._min_online}); add online data first")
         before = self._generator.get_state()
         offline_rows = self._offline_count(batch_size) if online_ready else batch_size
-        try:
-            offline = self._offline.sample(offline_rows) if offline_rows else None
+        try:  # online first: a live buffer may refuse (compact, no complete transition yet) before the dataset draws
             online = self._online.sample(batch_size - offline_rows) if offline_rows < batch_size else None
+            offline = self._offline.sample(offline_rows) if offline_rows else None
         except BaseException:
             self._generator.set_state(before)
             raise

@@ -7,13 +7,15 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from _replays import same_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tensordict import TensorDict
 
-from rlbuf import ReplayBuffer
+from rlbuf import Hindsight, ReplayBuffer
 from rlbuf.errors import (
     BatchSizeError,
     CheckpointError,
@@ -48,8 +50,17 @@ def random_states(mixed: MixedReplay) -> list[torch.Tensor]:
     return states
 
 
+def equal(a: Any, b: Any) -> bool:
+    """Tensors or TensorDicts (dict observations) equal in every value, dtype and key."""
+    if isinstance(a, TensorDict):
+        keys = sorted(a.keys(include_nested=True, leaves_only=True), key=str)  # iterating a TensorDict gives rows
+        return (isinstance(b, TensorDict) and keys == sorted(b.keys(include_nested=True, leaves_only=True), key=str)
+                and all(equal(a[key], b[key]) for key in keys))
+    return bool(a.dtype == b.dtype and torch.equal(a, b))
+
+
 def same_batch(a: MixedBatch, b: MixedBatch) -> bool:
-    return all(torch.equal(getattr(a, name), getattr(b, name)) for name in (*FIELDS, "from_online"))
+    return all(equal(getattr(a, name), getattr(b, name)) for name in (*FIELDS, "from_online"))
 
 
 # -- the split ---------------------------------------------------------------------------------
@@ -145,9 +156,11 @@ def test_dict_observations_and_hidden_states_are_joined_row_wise() -> None:
     assert torch.equal(batch.cost, expected) and torch.equal(batch.hidden_state["h"][:, 0, 0], expected)
 
 
-def test_a_frame_stacked_compact_online_buffer_mixes_with_a_plain_offline_one() -> None:
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_a_frame_stacked_compact_online_buffer_mixes_with_a_plain_offline_one(compression: str | None) -> None:
     offline = ReplayBuffer(16, obs_shape=(4, 5, 5), obs_dtype=torch.uint8, action_shape=(), compact=False, seed=0)
-    online = ReplayBuffer(16, obs_shape=(4, 5, 5), obs_dtype=torch.uint8, action_shape=(), frame_stack=4, seed=0)
+    online = ReplayBuffer(16, obs_shape=(4, 5, 5), obs_dtype=torch.uint8, action_shape=(), frame_stack=4, seed=0,
+                          compression=compression)
     for t in range(6):
         stack = torch.stack([torch.full((5, 5), max(0, t + k - 3), dtype=torch.uint8) for k in range(4)])
         step = torch.stack([torch.full((5, 5), max(0, t + k - 2), dtype=torch.uint8) for k in range(4)])
@@ -237,6 +250,16 @@ def test_nothing_to_draw_from_is_refused_without_a_draw() -> None:
     assert all(same_state(a, b) for a, b in zip(before, random_states(mixed), strict=True))
     with pytest.raises(EmptyBufferError, match="offline buffer is empty"):
         MixedReplay(filled(0, 0.0), filled(10, 1.0))
+
+
+def test_an_online_buffer_refusing_its_part_moves_no_other_generator() -> None:
+    online = ReplayBuffer(16, obs_shape=(2,), action_shape=(), action_dtype=torch.int64, n_step=3, seed=0)
+    online.add(torch.zeros(2), 0, 0.0, torch.ones(2), False, truncated=False)  # no 3-step transition complete yet
+    mixed = MixedReplay(filled(20, 0.0), online, seed=0)
+    before = random_states(mixed)[:3]  # the mixer's and the offline buffer's
+    with pytest.raises(EmptyBufferError):
+        mixed.sample(8)
+    assert all(same_state(a, b) for a, b in zip(before, random_states(mixed)[:3], strict=True))
 
 
 def test_the_offline_buffer_is_read_only_while_mixing(tmp_path: Path) -> None:
@@ -372,6 +395,50 @@ def test_a_refused_state_leaves_the_mixer_and_both_buffers_as_they_were() -> Non
         with pytest.raises(CheckpointError, match=message):
             mixed.load_state_dict(state)
         assert same_state(mixed.state_dict(), before)
+
+
+def test_a_save_that_fails_midway_leaves_the_previous_pair_whole(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    mixed = training_pair()
+    mixed.save(tmp_path / "mixed")
+    expected = [mixed.sample(16) for _ in range(3)]
+    resume_steps(mixed, 2)
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        raise CheckpointError("killed before the mixer's part was written")
+
+    monkeypatch.setattr("rlbuf.mixing.save_state", killed)
+    with pytest.raises(CheckpointError, match="killed"):
+        mixed.save(tmp_path / "mixed")
+    assert len(list((tmp_path / "mixed").glob("offline-*"))) == 2  # the new parts are there, unnamed
+    monkeypatch.undo()
+    restored = MixedReplay.load(tmp_path / "mixed")  # the previous pair, whole
+    assert all(same_batch(a, restored.sample(16)) for a in expected)
+    mixed.save(tmp_path / "mixed")
+    assert len(list((tmp_path / "mixed").glob("offline-*"))) == 1  # what the failed save left is gone
+
+
+def test_hindsight_buffers_mix_and_load_with_their_reward_function(tmp_path: Path) -> None:
+    def reward_fn(achieved: Any, desired: Any, info: Any) -> Any:
+        return np.where((achieved == desired).all(-1), 0.0, -1.0)
+
+    shape = {"observation": 2, "achieved_goal": 2, "desired_goal": 2}
+    offline = ReplayBuffer(32, obs_shape=shape, action_shape=(), seed=0)
+    online = ReplayBuffer(32, obs_shape=shape, action_shape=(), seed=0,
+                          hindsight=Hindsight("final", ratio=1.0, reward_fn=reward_fn))
+    for buffer in (offline, online):
+        for t in range(4):
+            obs = {key: torch.full((2,), float(t)) for key in shape}
+            nxt = {key: torch.full((2,), t + 1.0) for key in shape}
+            buffer.add(obs, 0.0, -1.0, nxt, False, truncated=t == 3)
+    mixed = MixedReplay(offline, online, seed=0)
+    batch = mixed.sample(16)
+    assert torch.equal(batch.obs["desired_goal"][batch.from_online, 0], torch.full((8,), 4.0))  # relabelled
+    mixed.save(tmp_path / "mixed")
+    with pytest.raises(CheckpointError, match="reward_fn"):
+        MixedReplay.load(tmp_path / "mixed")
+    restored = MixedReplay.load(tmp_path / "mixed", reward_fn=reward_fn)
+    assert all(same_batch(mixed.sample(16), restored.sample(16)) for _ in range(3))
 
 
 def test_saving_over_something_else_is_refused(tmp_path: Path) -> None:
