@@ -90,9 +90,9 @@ class EpisodeIndex:
         return sum(array.nbytes for array in (self.env, self.rank, self.first, self.last, self.slots))
 
     # -- writing -----------------------------------------------------------------------------
-    def record(self, positions: _Ints, env_ids: _Ints, ended: _Bools) -> None:
+    def record(self, positions: _Ints, env_ids: _Ints, ended: _Bools, *, distinct: bool = False) -> None:
         """Index rows just written at ``positions`` (distinct, in write order) of envs ``env_ids``;
-        ``ended``: each row ended its episode."""
+        ``ended``: each row ended its episode; ``distinct``: no env has two of the rows."""
         n = len(positions)
         if n == 0:
             return
@@ -100,15 +100,18 @@ class EpisodeIndex:
         stored = overwritten >= 0
         if stored.any():
             np.maximum.at(self.oldest, overwritten[stored], self.rank[positions[stored]] + 1)
+        if distinct:
+            self._record_distinct(positions, env_ids, ended)
+            return
         order = np.argsort(env_ids, kind="stable")
         env = env_ids[order]
         done = ended[order]
         where = positions[order]
         index = np.arange(n)
-        starts_group = np.r_[True, env[1:] != env[:-1]]
+        starts_group = np.concatenate([[True], env[1:] != env[:-1]])
         rank = self.next_rank[env] + index - np.maximum.accumulate(np.where(starts_group, index, 0))
         # Where an episode starts: the env's running one at its first row, a new one after an ended row.
-        begins = np.where(starts_group, self.open_first[env], np.where(np.r_[False, done[:-1]], rank, -1))
+        begins = np.where(starts_group, self.open_first[env], np.where(np.concatenate([[False], done[:-1]]), rank, -1))
         first = begins[np.maximum.accumulate(np.where(begins >= 0, index, 0))]
         closing = np.minimum.accumulate(np.where(done, index, n)[::-1])[::-1]
         closes = (closing < n) & (env[np.minimum(closing, n - 1)] == env)
@@ -122,9 +125,23 @@ class EpisodeIndex:
                                       int(self.next_rank[e]))] = last[group]
         self.slots[env, rank % self.width] = where
         self.env[where], self.rank[where], self.first[where], self.last[where] = env, rank, first, last
-        ends_group = np.r_[starts_group[1:], True]
+        ends_group = np.concatenate([starts_group[1:], [True]])
         self.open_first[env[ends_group]] = np.where(done[ends_group], rank[ends_group] + 1, first[ends_group])
         self.next_rank += counts
+
+    def _record_distinct(self, positions: _Ints, env: _Ints, done: _Bools) -> None:
+        """``record`` of rows of distinct envs (one step of a vector env): no sorting."""
+        rank = self.next_rank[env]
+        first = self.open_first[env]
+        self._fit(int((rank - self.oldest[env]).max()) + 1)
+        last = np.where(done, rank, -1)
+        if done.any():  # the stored rows of the episodes that end here learn their last rank
+            for e, r in zip(env[done].tolist(), rank[done].tolist(), strict=True):
+                self.last[self._positions(e, max(int(self.open_first[e]), int(self.oldest[e])), r)] = r
+        self.slots[env, rank % self.width] = positions
+        self.env[positions], self.rank[positions], self.first[positions], self.last[positions] = env, rank, first, last
+        self.open_first[env] = np.where(done, rank + 1, first)
+        self.next_rank[env] = rank + 1
 
     def running_rows(self, envs: _Ints) -> _Ints:
         """Positions of the newest stored row of each of ``envs`` whose episode is still running."""

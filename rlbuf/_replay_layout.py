@@ -40,12 +40,12 @@ from rlbuf._dtypes import dtype_options, extra_field_dtypes
 from rlbuf._episodes import env_ids_of
 from rlbuf._fields import extra_specs
 from rlbuf._obs import Layout, as_shape, hidden_state_key, hidden_state_layout, read_td
+from rlbuf._relabeller import Relabeller
 from rlbuf._ring import RowRing
 from rlbuf._sizing import row_bytes
 from rlbuf._streams import PaddingType
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.errors import ConfigError, ShapeError
-from rlbuf.hindsight import Relabeller
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_flag, as_tensordict, positive_int
 
 
@@ -222,10 +222,13 @@ class ReplayWriter:
                                        terminated, truncated, *extra_values, *hidden)
         else:
             values = (obs, action, reward, next_obs, terminated, truncated, *extra_values)
-        if env_mask is None and self.relabeller is None:
-            ring.add(values, self.num_envs)
+        if env_mask is None:
+            if self.relabeller is None:
+                ring.add(values, self.num_envs)
+            else:
+                self.relabeller.add(values)
             return True
-        keep = torch.ones(self.num_envs, dtype=torch.bool) if env_mask is None else self.checked_env_mask(env_mask)
+        keep = self.checked_env_mask(env_mask)
         rows = self._kept_rows(ring.input_specs, values, keep)
         kept = int(keep.sum())
         if kept and self.relabeller is not None:

@@ -346,12 +346,25 @@ class RowRing:
     def _add_rows(self, values: Sequence[Any], rows: int) -> None:
         """``add`` of several rows per add, staged when they fit the stage, else the tensor way."""
         with self.lock:
-            if rows != self.rows_per_add or rows > self.pending_limit or self.rb.shared:
+            arrays = self.read_staged(values, rows)
+            if arrays is None:
                 return self.add_unstaged(values, rows)
-            try:
-                arrays = [read(value) for read, value in zip(self._reads, values, strict=True)]
-            except NotStaged:
-                return self.add_unstaged(values, rows)
+            self.write_staged(arrays, rows)
+        return None
+
+    def read_staged(self, values: Sequence[Any], rows: int) -> list[Any] | None:
+        """Every input field of an add of ``rows`` rows read by its staged reader (numpy rows,
+        checked), in field order; ``None`` where the add cannot be staged (read it as tensors)."""
+        if rows != self.rows_per_add or rows > self.pending_limit or self.rb.shared:
+            return None
+        try:
+            return [read(value) for read, value in zip(self._reads, values, strict=True)]
+        except NotStaged:
+            return None
+
+    def write_staged(self, arrays: Sequence[Any], rows: int) -> None:
+        """Write rows that ``read_staged`` returned, after the pending ones (with the lock held)."""
+        with self.lock:
             position = self._claim(rows)
             if position + rows <= self.capacity:
                 for target, array in zip(self._target_list, arrays, strict=True):

@@ -51,20 +51,18 @@ import numpy.typing as npt
 import torch
 
 from rlbuf._episodes import EpisodeIndex, Strategy
-from rlbuf._obs import Layout, Leaf, leaf_names
-from rlbuf._ring import RowRing
+from rlbuf._obs import Leaf
 from rlbuf.errors import (
     CheckpointError,
     ConfigError,
     DtypeError,
     NonFiniteError,
     ShapeError,
-    StreamError,
 )
 
 RewardFn = Callable[[np.ndarray[Any, Any], np.ndarray[Any, Any], dict[str, Any]], Any]
 GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
-_ACHIEVED, _DESIRED = 'next_obs["achieved_goal"]', '["desired_goal"]'
+ACHIEVED, _DESIRED = 'next_obs["achieved_goal"]', '["desired_goal"]'
 
 
 @dataclass(frozen=True)
@@ -183,7 +181,7 @@ def relabel(columns: dict[str, torch.Tensor], positions: npt.NDArray[np.int64], 
     goal_rows = episodes.goal_rows(positions[chosen], options.strategy, draws[1, chosen])
     desired = columns["obs" + _DESIRED]
     goals = achieved_at(torch.from_numpy(goal_rows)).to(desired.device)
-    achieved = columns[_ACHIEVED][torch.from_numpy(chosen).to(desired.device)]
+    achieved = columns[ACHIEVED][torch.from_numpy(chosen).to(desired.device)]
     assert options.reward_fn is not None  # checked when built
     rewards = _rewards(options.reward_fn(achieved.cpu().numpy(), goals.cpu().numpy(), {}), len(chosen))
     rows = torch.from_numpy(chosen).to(desired.device)
@@ -207,123 +205,3 @@ def _rewards(value: Any, rows: int) -> torch.Tensor:
         raise NonFiniteError(f"hindsight reward_fn: expected finite rewards, got {bad} "
                              f"(of {int((~np.isfinite(array)).sum())} non-finite)")
     return torch.from_numpy(array)
-
-
-class Relabeller:
-    """A hindsight buffer's relabelling: its options, its episode index and their checkpoint state.
-
-    Args:
-        options: the strategy, ratio and reward function.
-        ring: the buffer's ring.
-        obs: the observation's layout.
-        num_envs: envs whose rows are added.
-    """
-
-    def __init__(self, options: Hindsight, ring: RowRing, obs: Layout, num_envs: int) -> None:
-        self.options = options
-        self.ring = ring
-        self.episodes = EpisodeIndex(ring.capacity, num_envs)
-        self._obs_names = leaf_names("obs", obs)
-        self._next_names = leaf_names("next_obs", obs)
-
-    def write(self, columns: Mapping[str, torch.Tensor], env_ids: npt.NDArray[np.int64]) -> None:
-        """Write rows read by the ring's readers (of envs ``env_ids``, in order) and index them.
-
-        Raises:
-            StreamError: a row's ``obs`` is not the ``next_obs`` of its env's previous row, whose
-                episode had not ended (rows of an episode out of order, or one left out).
-        """
-        ring, episodes = self.ring, self.episodes
-        rows = len(env_ids)
-        ended = (columns["terminated"] | columns["truncated"]).cpu().numpy().astype(np.bool_)
-        with ring.lock:  # the index learns the rows' positions in the state that stores them
-            previous = episodes.running_rows(np.unique(env_ids))
-            before = ring.gather(torch.from_numpy(previous).to(ring.storing_device), self._next_names)
-            broken = broken_link(np.concatenate([episodes.env[previous], env_ids]),
-                                 np.concatenate([np.zeros(len(previous), np.bool_), ended]),
-                                 [torch.cat([before[n], columns[o]]) for o, n in zip(self._obs_names, self._next_names,
-                                                                                     strict=True)],
-                                 [torch.cat([before[n], columns[n]]) for n in self._next_names])
-            if broken is not None:
-                env = int(env_ids[broken[1] - len(previous)])
-                raise StreamError(f"hindsight: env {env}'s obs is not the next_obs of its previous row, whose episode "
-                                  "had not ended: a hindsight buffer needs each env's steps in order, none left out "
-                                  "inside an episode (leave out only the reset steps of gymnasium's NEXT_STEP "
-                                  "autoreset; rlbuf.gym.Recorder does)")
-            first = ring.write_count
-            ring.write_checked(columns, rows)
-            episodes.record((first + np.arange(rows, dtype=np.int64)) % ring.capacity, env_ids, ended)
-
-    def relabel(self, columns: dict[str, torch.Tensor], index: torch.Tensor) -> None:
-        """Relabel sampled ``columns`` (rows at ``index``) in place; call with the ring's lock held."""
-        ring = self.ring
-        generator = ring.generator
-        draws = torch.rand((2, len(index)), generator=generator, dtype=torch.float64,
-                           device=generator.device).cpu().numpy()
-        relabel(columns, index.cpu().numpy(), draws, self.options, self.episodes,
-                lambda rows: ring.gather(rows.to(ring.storing_device), [_ACHIEVED])[_ACHIEVED])
-
-    def _chronological(self, size: int, write_count: int) -> npt.NDArray[np.int64]:
-        capacity = self.ring.capacity
-        return (np.arange(size, dtype=np.int64) + (write_count - size)) % capacity
-
-    def state_dict(self) -> dict[str, Any]:
-        """The episode index's state (call with the ring's lock held, the ring flushed)."""
-        return {"episodes": self.episodes.state_dict(self._chronological(len(self.ring), self.ring.write_count))}
-
-    def state_problem(self, extra: Mapping[str, Any], fields: Mapping[str, torch.Tensor], *, size: int,
-                      write_count: int) -> str:
-        """What is wrong with a checkpoint's episode state for its stored ``fields``, or ``""``."""
-        ended = self._ended(fields, size, write_count)
-        state = extra.get("episodes")
-        problem = self.episodes.problem(state, ended)
-        if problem or not size or not isinstance(state, Mapping):
-            return problem
-        chronological = self._chronological(size, write_count)
-        order = torch.from_numpy(chronological)
-        broken = broken_link(state["env"].numpy().astype(np.int64), ended,
-                             [fields[name].index_select(0, order.to(fields[name].device)) for name in self._obs_names],
-                             [fields[name].index_select(0, order.to(fields[name].device)) for name in self._next_names])
-        if broken is None:
-            return ""
-        before, after = (int(chronological[i]) for i in broken)
-        return (f"hindsight: the row at position {after} does not continue row {before} of the same env "
-                f"({int(state['env'][broken[1]])}), whose episode had not ended: its obs is not that row's next_obs")
-
-    def _ended(self, fields: Mapping[str, torch.Tensor], size: int, write_count: int) -> npt.NDArray[np.bool_]:
-        positions = torch.from_numpy(self._chronological(size, write_count))
-        return ((fields["terminated"].cpu()[positions] | fields["truncated"].cpu()[positions]).numpy()
-                .astype(np.bool_))
-
-    def load_state_dict(self, extra: Mapping[str, Any]) -> None:
-        """Rebuild the episode index from a checked state (the ring holds its rows)."""
-        ring = self.ring
-        size, count = len(ring), ring.write_count
-        self.episodes.derive(extra["episodes"], self._chronological(size, count), self._ended(ring.leaves, size, count))
-
-
-def broken_link(env: npt.NDArray[np.int64], ended: npt.NDArray[np.bool_], obs: Sequence[torch.Tensor],
-                next_obs: Sequence[torch.Tensor]) -> tuple[int, int] | None:
-    """The first rows ``(a, b)``, ``b`` the next row of ``a``'s env, ``a`` not ending its episode,
-    where ``b``'s obs is not ``a``'s next_obs (each leaf, bit for bit; NaN continues NaN); rows in
-    write order.
-
-    Example:
-        >>> next_obs = [torch.tensor([[1.0], [2.0], [9.0]])]
-        >>> broken_link(np.array([0, 0, 0]), np.zeros(3, np.bool_), [torch.tensor([[0.0], [1.0], [3.0]])], next_obs)
-        (1, 2)
-    """
-    order = np.argsort(env, kind="stable")
-    a, b = order[:-1], order[1:]
-    linked = (env[a] == env[b]) & ~ended[a]
-    a, b = a[linked], b[linked]
-    if len(a) == 0:
-        return None
-    same = np.ones(len(a), np.bool_)
-    for leaf, next_leaf in zip(obs, next_obs, strict=True):
-        x = leaf.index_select(0, torch.from_numpy(b).to(leaf.device))
-        y = next_leaf.index_select(0, torch.from_numpy(a).to(next_leaf.device))
-        equal = (x == y) | ((x != x) & (y != y))
-        same &= equal.reshape(len(a), -1).all(dim=1).cpu().numpy()
-    bad = np.flatnonzero(~same)
-    return None if len(bad) == 0 else (int(a[bad[0]]), int(b[bad[0]]))

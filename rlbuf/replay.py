@@ -42,6 +42,7 @@ from rlbuf._obs import (
     record_layout,
 )
 from rlbuf._priorities import priorities
+from rlbuf._relabeller import Relabeller
 from rlbuf._replay_add import ReplayWriting
 from rlbuf._replay_layout import (
     ReplayWriter,
@@ -60,7 +61,7 @@ from rlbuf.errors import (
     ConfigError,
     PriorityError,
 )
-from rlbuf.hindsight import Hindsight, Relabeller, recorded_options, with_reward_fn
+from rlbuf.hindsight import Hindsight, recorded_options, with_reward_fn
 from rlbuf.sequences import ReplaySequenceBatch, sample_replay_sequences
 from rlbuf.spaces import extra_field_dtypes, resolve_action_range, resolve_fields
 from rlbuf.spec import ExtraFields
@@ -263,7 +264,7 @@ class ReplayBuffer(ReplayWriting):
             if self._compact is not None:
                 self._compact.clear()
             if self._relabeller is not None:
-                self._relabeller.episodes.clear()
+                self._relabeller.clear()
 
     @sizes_by_keyword
     def epochs(self, *, batch_size: int, n_epochs: int = 1, drop_last: bool = False,

@@ -1,0 +1,244 @@
+"""A hindsight buffer's write and sample side: rows checked and indexed by episode, goals relabelled.
+
+Every row a hindsight buffer stores goes through [`Relabeller.add`][rlbuf._relabeller.Relabeller.add]
+(an ``add`` of every env: the ring's staged numpy path) or
+[`Relabeller.write`][rlbuf._relabeller.Relabeller.write] (``env_mask``, ``extend``: rows read as
+tensors): the ring's readers check the fields, then each row's ``obs`` must be the ``next_obs`` of
+its env's previous row unless that row ended its episode (so an episode is one unbroken chain,
+and a goal drawn from it is one the agent reached from there), then the rows are written and the
+[`EpisodeIndex`][rlbuf._episodes.EpisodeIndex] learns their env and position under the same lock.
+A checkpoint holds the env of each row; a load derives the index from it and checks the same
+chain on the stored rows.
+
+Example:
+    >>> import numpy as np, torch
+    >>> from rlbuf import Hindsight, ReplayBuffer, StreamError
+    >>> buf = ReplayBuffer(8, obs_shape={"observation": 1, "achieved_goal": 1, "desired_goal": 1}, action_shape=(),
+    ...                    hindsight=Hindsight("future", 0.5, lambda a, d, i: -np.abs(a - d).sum(-1)))
+    >>> step = lambda x: {"observation": torch.tensor([x]), "achieved_goal": torch.tensor([x]),
+    ...                   "desired_goal": torch.tensor([5.0])}
+    >>> buf.add(step(0.0), 0.0, -1.0, step(1.0), False, truncated=False)
+    >>> try:
+    ...     buf.add(step(3.0), 0.0, -1.0, step(4.0), False, truncated=False)   # not where the episode was
+    ... except StreamError as error:
+    ...     print(str(error)[:72])
+    hindsight: env 0's obs is not the next_obs of its previous row, whose ep
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from rlbuf._episodes import EpisodeIndex
+from rlbuf._obs import Layout, leaf_names
+from rlbuf._ring import RowRing
+from rlbuf.errors import StreamError
+from rlbuf.hindsight import ACHIEVED, Hindsight, relabel
+
+_Ints = npt.NDArray[np.int64]
+_Bools = npt.NDArray[np.bool_]
+_Array = np.ndarray[Any, Any]
+
+
+class Relabeller:
+    """A hindsight buffer's relabelling: its options, its episode index and their checkpoint state.
+
+    Args:
+        options: the strategy, ratio and reward function.
+        ring: the buffer's ring.
+        obs: the observation's layout.
+        num_envs: envs whose rows are added.
+    """
+
+    def __init__(self, options: Hindsight, ring: RowRing, obs: Layout, num_envs: int) -> None:
+        self.options = options
+        self.ring = ring
+        self.num_envs = num_envs
+        self.episodes = EpisodeIndex(ring.capacity, num_envs)
+        self._obs_names = leaf_names("obs", obs)
+        self._next_names = leaf_names("next_obs", obs)
+        self._all_envs = np.arange(num_envs, dtype=np.int64)
+        # Each env's last next_obs while its episode runs: what its next row's obs must be.
+        self._last_next = [np.zeros((num_envs, *ring.by_name[name].shape), ring.by_name[name].np_dtype)
+                           for name in self._next_names]
+        self._running = np.zeros(num_envs, np.bool_)
+
+    def clear(self) -> None:
+        """Forget every row and episode."""
+        self.episodes.clear()
+        self._running[:] = False
+
+    # -- writing -----------------------------------------------------------------------------
+    def add(self, values: Sequence[Any]) -> None:
+        """Store one step of every env (``values``: one per input field, in field order).
+
+        Raises:
+            ShapeError, DtypeError, DeviceError, NonFiniteError: a field's reader refused it.
+            StreamError: a row does not continue its env's running episode (see ``write``).
+        """
+        ring, rows = self.ring, self.num_envs
+        with ring.lock:
+            arrays = ring.read_staged(values, rows)
+            if arrays is None:
+                self.write(ring.read_tensors(ring.input_specs, values, rows), self._all_envs)
+                return
+            columns = dict(zip((spec.name for spec in ring.input_specs), arrays, strict=True))
+            ended, next_rows = self._check(columns, self._all_envs)
+            first = ring.write_count
+            ring.write_staged(arrays, rows)
+            self._record(first, self._all_envs, ended, next_rows)
+
+    def write(self, columns: Mapping[str, Any], env_ids: _Ints) -> None:
+        """Store rows read by the ring's readers, of envs ``env_ids`` (in write order).
+
+        Raises:
+            StreamError: a row's ``obs`` is not the ``next_obs`` of its env's previous row, whose
+                episode had not ended (rows of an episode out of order, or one left out).
+        """
+        ring = self.ring
+        with ring.lock:  # the index learns the rows' positions in the state that stores them
+            ended, next_rows = self._check(columns, env_ids)
+            first = ring.write_count
+            ring.write_checked(columns, len(env_ids))
+            self._record(first, env_ids, ended, next_rows)
+
+    def _rows(self, columns: Mapping[str, Any], name: str, rows: int) -> _Array:
+        value = columns[name]
+        array = value.cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+        return array.reshape(rows, *self.ring.by_name[name].shape)
+
+    def _check(self, columns: Mapping[str, Any], env_ids: _Ints) -> tuple[_Bools, list[_Array]]:
+        """The rows' ended flags and next_obs leaves, once every row continues its env's episode."""
+        rows = len(env_ids)
+        ended = self._rows(columns, "terminated", rows) | self._rows(columns, "truncated", rows)
+        next_rows = [self._rows(columns, name, rows) for name in self._next_names]
+        if env_ids is self._all_envs:  # one row per env: each continues its env's last next_obs
+            continues = np.ones(rows, np.bool_)
+            for last, name in zip(self._last_next, self._obs_names, strict=True):
+                continues &= _same_rows(self._rows(columns, name, rows), last)
+            broken_envs = np.flatnonzero(self._running & ~continues)
+            if len(broken_envs):
+                raise _not_continued(int(broken_envs[0]))
+            return ended, next_rows
+        envs = np.unique(env_ids)
+        before = envs[self._running[envs]]
+        broken = broken_link(np.concatenate([before, env_ids]), np.concatenate([np.zeros(len(before), np.bool_), ended]),
+                             [np.concatenate([last[before], self._rows(columns, name, rows)])
+                              for last, name in zip(self._last_next, self._obs_names, strict=True)],
+                             [np.concatenate([last[before], rows_]) for last, rows_ in zip(self._last_next, next_rows,
+                                                                                           strict=True)])
+        if broken is not None:
+            raise _not_continued(int(env_ids[broken[1] - len(before)]))
+        return ended, next_rows
+
+    def _record(self, first: int, env_ids: _Ints, ended: _Bools, next_rows: list[_Array]) -> None:
+        """Index rows written from write count ``first``; keep each env's last next_obs."""
+        rows = len(env_ids)
+        self.episodes.record((first + np.arange(rows, dtype=np.int64)) % self.ring.capacity, env_ids, ended,
+                             distinct=env_ids is self._all_envs)
+        if env_ids is self._all_envs:
+            envs, newest = env_ids, env_ids
+        else:
+            envs, from_end = np.unique(env_ids[::-1], return_index=True)
+            newest = rows - 1 - from_end
+        for last, rows_ in zip(self._last_next, next_rows, strict=True):
+            last[envs] = rows_[newest]
+        self._running[envs] = ~ended[newest]
+
+    # -- sampling ----------------------------------------------------------------------------
+    def relabel(self, columns: dict[str, torch.Tensor], index: torch.Tensor) -> None:
+        """Relabel sampled ``columns`` (rows at ``index``) in place; call with the ring's lock held."""
+        ring = self.ring
+        generator = ring.generator
+        draws = torch.rand((2, len(index)), generator=generator, dtype=torch.float64,
+                           device=generator.device).cpu().numpy()
+        relabel(columns, index.cpu().numpy(), draws, self.options, self.episodes,
+                lambda rows: ring.gather(rows.to(ring.storing_device), [ACHIEVED])[ACHIEVED])
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def _chronological(self, size: int, write_count: int) -> _Ints:
+        return (np.arange(size, dtype=np.int64) + (write_count - size)) % self.ring.capacity
+
+    def state_dict(self) -> dict[str, Any]:
+        """The episode index's state (call with the ring's lock held, the ring flushed)."""
+        return {"episodes": self.episodes.state_dict(self._chronological(len(self.ring), self.ring.write_count))}
+
+    def _ended(self, fields: Mapping[str, torch.Tensor], size: int, write_count: int) -> _Bools:
+        positions = torch.from_numpy(self._chronological(size, write_count))
+        return ((fields["terminated"].cpu()[positions] | fields["truncated"].cpu()[positions]).numpy()
+                .astype(np.bool_))
+
+    def state_problem(self, extra: Mapping[str, Any], fields: Mapping[str, torch.Tensor], *, size: int,
+                      write_count: int) -> str:
+        """What is wrong with a checkpoint's episode state for its stored ``fields``, or ``""``."""
+        ended = self._ended(fields, size, write_count)
+        state = extra.get("episodes")
+        problem = self.episodes.problem(state, ended)
+        if problem or not size or not isinstance(state, Mapping):
+            return problem
+        chronological = self._chronological(size, write_count)
+        order = torch.from_numpy(chronological)
+        broken = broken_link(state["env"].numpy().astype(np.int64), ended,
+                             *([fields[name].cpu().index_select(0, order).numpy() for name in names]
+                               for names in (self._obs_names, self._next_names)))
+        if broken is None:
+            return ""
+        before, after = (int(chronological[i]) for i in broken)
+        return (f"hindsight: the row at position {after} does not continue row {before} of the same env "
+                f"({int(state['env'][broken[1]])}), whose episode had not ended: its obs is not that row's next_obs")
+
+    def load_state_dict(self, extra: Mapping[str, Any]) -> None:
+        """Rebuild the episode index and each env's running episode from a checked state (the
+        ring holds its rows)."""
+        ring, episodes = self.ring, self.episodes
+        size, count = len(ring), ring.write_count
+        episodes.derive(extra["episodes"], self._chronological(size, count), self._ended(ring.leaves, size, count))
+        self._running[:] = False
+        rows = episodes.running_rows(self._all_envs)
+        envs = episodes.env[rows]
+        for last, name in zip(self._last_next, self._next_names, strict=True):
+            last[envs] = ring.leaves[name].index_select(0, torch.from_numpy(rows).to(ring.storing_device)).cpu().numpy()
+        self._running[envs] = True
+
+
+def _not_continued(env: int) -> StreamError:
+    return StreamError(f"hindsight: env {env}'s obs is not the next_obs of its previous row, whose episode had not "
+                       "ended: a hindsight buffer needs each env's steps in order, none left out inside an episode "
+                       "(leave out only the reset steps of gymnasium's NEXT_STEP autoreset; rlbuf.gym.Recorder does)")
+
+
+def _same_rows(x: _Array, y: _Array) -> _Bools:
+    """Per row, whether ``x`` and ``y`` hold the same values (NaN equals NaN)."""
+    equal = x == y
+    if x.dtype.kind == "f" and not equal.all():
+        equal |= np.isnan(x) & np.isnan(y)
+    same: _Bools = equal.reshape(len(x), -1).all(axis=1)
+    return same
+
+
+def broken_link(env: _Ints, ended: _Bools, obs: Sequence[_Array], next_obs: Sequence[_Array]) -> tuple[int, int] | None:
+    """The first rows ``(a, b)``, ``b`` the next row of ``a``'s env, ``a`` not ending its episode,
+    where ``b``'s obs is not ``a``'s next_obs (each leaf, bit for bit; NaN continues NaN); rows in
+    write order.
+
+    Example:
+        >>> broken_link(np.array([0, 0, 0]), np.zeros(3, np.bool_), [np.array([[0.0], [1.0], [3.0]])],
+        ...             [np.array([[1.0], [2.0], [9.0]])])
+        (1, 2)
+    """
+    order = np.argsort(env, kind="stable")
+    a, b = order[:-1], order[1:]
+    linked = (env[a] == env[b]) & ~ended[a]
+    a, b = a[linked], b[linked]
+    if len(a) == 0:
+        return None
+    same = np.ones(len(a), np.bool_)
+    for leaf, next_leaf in zip(obs, next_obs, strict=True):
+        same &= _same_rows(leaf[b], next_leaf[a])
+    bad = np.flatnonzero(~same)
+    return None if len(bad) == 0 else (int(a[bad[0]]), int(b[bad[0]]))
