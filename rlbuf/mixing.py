@@ -72,8 +72,8 @@ class MixedBatch(ReplayBatch):
     """A [`ReplayBatch`][rlbuf.ReplayBatch] drawn from two buffers: the offline rows first, then the online rows.
 
     Every field is the two buffers' batches joined row-wise; ``index`` holds each row's position
-    in its own buffer and ``weight`` the weight its own buffer gave it (ones from a uniform
-    buffer, importance weights from a prioritized one).
+    in its own buffer (so priorities go through [`MixedReplay.update_priority`][rlbuf.mixing.MixedReplay.update_priority],
+    never one buffer's) and ``weight`` the weight its own buffer gave it (ones if uniform).
 
     Attributes:
         from_online: ``[B]`` bool, True for the rows drawn from the online buffer.
