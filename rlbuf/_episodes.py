@@ -193,6 +193,25 @@ class EpisodeIndex:
             chosen = low + np.minimum(np.floor(uniform * (last - low + 1)).astype(np.int64), last - low)
         return self.slots[env, chosen % self.width]
 
+    def window(self, positions: _Ints, n_step: int) -> tuple[_Ints, _Ints]:
+        """For each row at ``positions``, the positions ``[B, n_step]`` of it and the rows after it
+        in its episode (the last one repeated past the episode's newest row), and how many
+        there are (``m <= n_step``).
+
+        Example:
+            >>> index = EpisodeIndex(8, 1)
+            >>> index.record(np.arange(4), np.zeros(4, np.int64), np.array([False, True, False, False]))
+            >>> rows, steps = index.window(np.array([0, 2, 3]), 3)
+            >>> rows.tolist(), steps.tolist()
+            ([[0, 1, 1], [2, 3, 3], [3, 3, 3]], [2, 2, 1])
+        """
+        env, _, last = self._range(positions)
+        rank = self.rank[positions]
+        steps = np.minimum(last - rank + 1, n_step)
+        ranks = rank[:, None] + np.minimum(np.arange(n_step), steps[:, None] - 1)
+        rows: _Ints = self.slots[env[:, None], ranks % self.width]
+        return rows, steps
+
     def episode_rows(self, position: npt.NDArray[np.int64]) -> _Ints:
         """Positions of the stored rows of the episode of the row at ``position``, in order."""
         env, oldest, last = self._range(np.atleast_1d(position))

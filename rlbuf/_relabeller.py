@@ -35,10 +35,11 @@ import numpy.typing as npt
 import torch
 
 from rlbuf._episodes import EpisodeIndex
+from rlbuf._nstep import nstep_discount, nstep_return
 from rlbuf._obs import Layout, leaf_names
 from rlbuf._ring import RowRing
 from rlbuf.errors import StreamError
-from rlbuf.hindsight import ACHIEVED, Hindsight, relabel
+from rlbuf.hindsight import ACHIEVED, DESIRED_GOAL, Hindsight, relabel, reward_values
 
 _Ints = npt.NDArray[np.int64]
 _Bools = npt.NDArray[np.bool_]
@@ -53,10 +54,15 @@ class Relabeller:
         ring: the buffer's ring.
         obs: the observation's layout.
         num_envs: envs whose rows are added.
+        n_step: steps per sampled transition at most (never past its episode's end or newest row).
+        gamma: the discount of n-step returns.
     """
 
-    def __init__(self, options: Hindsight, ring: RowRing, obs: Layout, num_envs: int) -> None:
+    def __init__(self, options: Hindsight, ring: RowRing, obs: Layout, num_envs: int, *, n_step: int = 1,
+                 gamma: float = 0.99) -> None:
         self.options = options
+        self.n_step = n_step
+        self.gamma = gamma
         self.ring = ring
         self.num_envs = num_envs
         self.episodes = EpisodeIndex(ring.capacity, num_envs)
@@ -157,8 +163,49 @@ class Relabeller:
         generator = ring.generator
         draws = torch.rand((2, len(index)), generator=generator, dtype=torch.float64,
                            device=generator.device).cpu().numpy()
-        relabel(columns, index.cpu().numpy(), draws, self.options, self.episodes,
-                lambda rows: ring.gather(rows.to(ring.storing_device), [ACHIEVED])[ACHIEVED])
+        positions = index.cpu().numpy()
+        if self.n_step == 1:
+            relabel(columns, positions, draws, self.options, self.episodes,
+                    lambda rows: ring.gather(rows.to(ring.storing_device), [ACHIEVED])[ACHIEVED])
+            return
+        self._relabel_steps(columns, positions, draws)
+
+    def _relabel_steps(self, columns: dict[str, torch.Tensor], positions: _Ints, draws: npt.NDArray[np.float64]) -> None:
+        """``relabel`` of n-step transitions: each row's next ``m <= n_step`` rows of its episode
+        give the discounted reward sum (recomputed for the new goal where relabelled), the
+        observation it bootstraps from, its flags and ``gamma**m`` (0 once terminated)."""
+        ring, options, n = self.ring, self.options, self.n_step
+        rows, steps = self.episodes.window(positions, n)
+        device = columns["reward"].device
+        window = ring.gather(torch.from_numpy(rows.reshape(-1)).to(ring.storing_device), ["reward", ACHIEVED])
+        rewards = window["reward"].to(device).view(len(positions), n).clone()
+        chosen = np.flatnonzero(draws[0] < options.ratio)
+        goals = None
+        if len(chosen):
+            goal_rows = self.episodes.goal_rows(positions[chosen], options.strategy, draws[1, chosen])
+            goals = ring.gather(torch.from_numpy(goal_rows).to(ring.storing_device), [ACHIEVED])[ACHIEVED]
+            achieved = window[ACHIEVED].view(len(positions), n, *goals.shape[1:])[torch.from_numpy(chosen)]
+            used = np.arange(n)[None, :] < steps[chosen, None]
+            assert options.reward_fn is not None  # checked when built
+            per_step = reward_values(options.reward_fn(achieved.cpu().numpy()[used],
+                                                       np.repeat(goals.cpu().numpy(), steps[chosen], axis=0), {}),
+                                     int(used.sum()))
+            relabelled = rewards[torch.from_numpy(chosen).to(device)]
+            relabelled[torch.from_numpy(used).to(device)] = per_step.to(device, rewards.dtype)
+            rewards[torch.from_numpy(chosen).to(device)] = relabelled
+        last = torch.from_numpy(rows[np.arange(len(positions)), steps - 1]).to(ring.storing_device)
+        ends = ring.gather(last, [*self._next_names, "terminated", "truncated"])
+        for name in self._next_names:
+            columns[name] = ends[name].to(device)
+        if goals is not None:
+            where = torch.from_numpy(chosen).to(device)
+            for name in (DESIRED_GOAL, "next_" + DESIRED_GOAL):
+                columns[name].index_copy_(0, where, goals.to(device))
+        step_count = torch.from_numpy(steps).to(device)
+        terminated, truncated = ends["terminated"].to(device), ends["truncated"].to(device)
+        columns["reward"] = nstep_return(rewards, step_count, self.gamma)
+        columns["terminated"], columns["truncated"], columns["done"] = terminated, truncated, terminated | truncated
+        columns["discount"] = nstep_discount(step_count, terminated, self.gamma)
 
     # -- checkpoints -------------------------------------------------------------------------
     def _chronological(self, size: int, write_count: int) -> _Ints:

@@ -62,7 +62,7 @@ from rlbuf.errors import (
 
 RewardFn = Callable[[np.ndarray[Any, Any], np.ndarray[Any, Any], dict[str, Any]], Any]
 GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
-ACHIEVED, _DESIRED = 'next_obs["achieved_goal"]', '["desired_goal"]'
+ACHIEVED, DESIRED_GOAL = 'next_obs["achieved_goal"]', 'obs["desired_goal"]'
 
 
 @dataclass(frozen=True)
@@ -179,19 +179,19 @@ def relabel(columns: dict[str, torch.Tensor], positions: npt.NDArray[np.int64], 
     if len(chosen) == 0:
         return
     goal_rows = episodes.goal_rows(positions[chosen], options.strategy, draws[1, chosen])
-    desired = columns["obs" + _DESIRED]
+    desired = columns[DESIRED_GOAL]
     goals = achieved_at(torch.from_numpy(goal_rows)).to(desired.device)
     achieved = columns[ACHIEVED][torch.from_numpy(chosen).to(desired.device)]
     assert options.reward_fn is not None  # checked when built
-    rewards = _rewards(options.reward_fn(achieved.cpu().numpy(), goals.cpu().numpy(), {}), len(chosen))
+    rewards = reward_values(options.reward_fn(achieved.cpu().numpy(), goals.cpu().numpy(), {}), len(chosen))
     rows = torch.from_numpy(chosen).to(desired.device)
     desired.index_copy_(0, rows, goals)
-    columns["next_obs" + _DESIRED].index_copy_(0, rows, goals)
+    columns["next_" + DESIRED_GOAL].index_copy_(0, rows, goals)
     reward = columns["reward"]
     reward.index_copy_(0, rows.to(reward.device), rewards.to(reward.device, reward.dtype))
 
 
-def _rewards(value: Any, rows: int) -> torch.Tensor:
+def reward_values(value: Any, rows: int) -> torch.Tensor:
     """``reward_fn``'s result as ``[rows]`` finite float32."""
     array = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value)
     if array.dtype.kind not in "biuf":

@@ -30,7 +30,7 @@ from torchrl.data import TensorDictReplayBuffer
 from rlbuf._autoreset import ResetSteps, reset_steps
 from rlbuf._buffer import done_of, refuse_foreign_options
 from rlbuf._codec import frame_codec
-from rlbuf._compact import CompactLayout
+from rlbuf._compact import CompactLayout, layout_options
 from rlbuf._convert import REQUIRED, as_num_envs, require
 from rlbuf._delivery import deliver
 from rlbuf._obs import (
@@ -106,7 +106,7 @@ class ReplayBuffer(ReplayWriting):
             frame repeated) or ``"zero"``, as in ``FrameStackObservation``.
         n_step: transitions of up to ``n_step`` steps: ``batch.reward`` is their discounted
             reward sum and ``batch.next_obs`` the observation they bootstrap from (never past
-            an episode's end). Needs the compact layout.
+            an episode's end). Needs the compact layout, or ``hindsight``.
         gamma: the discount of n-step returns and of ``batch.discount``.
         compact: store ``next_obs`` once (it is the next row's ``obs`` of the same env; only
             observations that end an episode are kept aside), halving the memory of
@@ -185,9 +185,12 @@ class ReplayBuffer(ReplayWriting):
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
         self._options["hindsight"] = recorded_options(hindsight, self._obs.leaves)
         as_num_envs(num_envs)  # the capacity (>= num_envs, in memory) is checked before any row is allocated
+        # A hindsight buffer follows each env's episodes itself: its n-step transitions need no compact layout.
+        if hindsight is not None:
+            layout_options((), frame_stack=1, padding_type=padding_type, n_step=n_step, gamma=gamma, compact=None)
         compact, stored_obs_shape, obs_dtype = stored_obs(
             self._obs, obs_shape, obs_dtype, hidden_state_shape, frame_stack=frame_stack, padding_type=padding_type,
-            n_step=n_step, gamma=gamma, compact=compact)
+            n_step=1 if hindsight is not None else n_step, gamma=gamma, compact=compact)
         codec = frame_codec(compression, compression_level, compact=compact)
         self._gamma = float(gamma)
         self._attach_stats(stats, num_envs)
@@ -211,7 +214,8 @@ class ReplayBuffer(ReplayWriting):
                                       extra_names=list(self._extra_specs), codec=codec) if compact else None
         # The layout's writer, chosen once; with one tensor per obs, no hidden state and no extra field
         # (plain), ``add`` hands the fields to the ring's add as they are.
-        self._relabeller = None if hindsight is None else Relabeller(hindsight, self._ring, self._obs, num_envs)
+        self._relabeller = None if hindsight is None else Relabeller(hindsight, self._ring, self._obs, num_envs,
+                                                                       n_step=n_step, gamma=self._gamma)
         self._writer = ReplayWriter(self._ring, num_envs=num_envs, obs=self._obs, hidden=self._hidden,
                                     extra_names=list(self._extra_specs), compact=self._compact,
                                     relabeller=self._relabeller)

@@ -108,7 +108,10 @@ steps = st.integers(1, 3).flatmap(lambda n: st.tuples(st.just(n), st.integers(3,
 
 
 def fill(n: int, capacity: int, plan: list[Any], strategy: str = "future", ratio: float = 1.0) -> tuple[ReplayBuffer, Reference]:
-    buf, ref = goal_buffer(capacity, n, strategy, ratio), Reference(capacity)
+    return fill_into(goal_buffer(capacity, n, strategy, ratio), Reference(capacity), plan)
+
+
+def fill_into(buf: ReplayBuffer, ref: Reference, plan: list[Any]) -> tuple[ReplayBuffer, Reference]:
     for keep, end, cut in plan:
         mask = [k or (sum(keep) == 0 and e == 0) for e, k in enumerate(keep)]
         add_step(buf, ref, mask, [x == 0 for x in end], [x == 0 and c for x, c in zip(end, cut, strict=True)])
@@ -305,3 +308,31 @@ def test_the_recorder_stores_whole_episodes_in_every_autoreset_mode(mode: gym.ve
     achieved = buf.sample_by_index(batch.index).next_obs["achieved_goal"]
     expected = BitFlipEnv.compute_reward(achieved.numpy(), batch.obs["desired_goal"].numpy(), {})
     assert np.array_equal(batch.reward.numpy(), expected)
+
+
+@MASKED_ENDS
+@settings(max_examples=30, deadline=None)
+@given(steps, st.sampled_from(STRATEGIES), st.integers(2, 4))
+def test_n_step_transitions_sum_the_relabelled_rewards_of_their_own_episode(case: Any, strategy: str,
+                                                                            n_step: int) -> None:
+    """Against a plain loop: the next m <= n rows of the row's episode, rewards for the sampled goal."""
+    n, capacity, plan = case
+    buf, ref = goal_buffer(capacity, n, strategy, 0.5, n_step=n_step, gamma=0.5), Reference(capacity)
+    buf, ref = fill_into(buf, ref, plan)
+    batch = buf.sample(64)
+    stored = buf.sample_all()
+    by_serial = {int(s): i for i, s in enumerate(stored.next_obs["achieved_goal"][:, 0])}
+    for row in range(64):
+        serial = int(buf.sample_by_index(batch.index[row:row + 1]).next_obs["achieved_goal"][0, 0])
+        episode = ref.candidates(serial, "future")[:n_step]   # this row and the ones after it
+        goal = batch.obs["desired_goal"][row]
+        relabelled = bool(goal[0] != SENTINEL)
+        rewards = [(0.0 if int(goal[0]) == s else -1.0) if relabelled else -1.0 for s in episode]
+        assert math.isclose(float(batch.reward[row]), sum(r * 0.5**k for k, r in enumerate(rewards)), abs_tol=1e-6)
+        end = by_serial[episode[-1]]
+        assert int(batch.next_obs["achieved_goal"][row, 0]) == episode[-1]
+        assert bool(batch.terminated[row]) == bool(stored.terminated[end])
+        assert bool(batch.truncated[row]) == bool(stored.truncated[end])
+        expected = 0.0 if bool(stored.terminated[end]) else 0.5 ** len(episode)
+        assert math.isclose(float(batch.discount[row]), expected)
+        assert torch.equal(batch.next_obs["desired_goal"][row], goal if relabelled else torch.full((2,), SENTINEL))
