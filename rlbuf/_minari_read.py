@@ -16,7 +16,7 @@ Example:
     ...            "truncations": np.array([False, False])}
     >>> check_episode(episode, spaces)
     2
-    >>> td = chunk_rows([episode], [None], spaces, exact_reward=False)
+    >>> td = chunk_rows([episode], spaces, exact_reward=False)
     >>> td["next", "terminated"].tolist()
     [False, True]
 """
@@ -277,8 +277,8 @@ def episode_seed(seed: Any, episode: Any) -> int:
     return int(seed)
 
 
-def chunk_rows(episodes: Sequence[Mapping[str, Any]], seeds: Sequence[Any], spaces: Spaces, *,
-               exact_reward: bool, episode_fields: bool = True) -> TensorDict:
+def chunk_rows(episodes: Sequence[Mapping[str, Any]], spaces: Spaces, *, exact_reward: bool,
+               episode_fields: bool = True) -> TensorDict:
     """The rows of checked episodes, in order, as a TorchRL tensordict for ``ReplayBuffer.extend``.
 
     Row ``t`` of an episode: ``observation = obs[t]``, ``("next", "observation") = obs[t + 1]``, the
@@ -317,34 +317,84 @@ def chunk_rows(episodes: Sequence[Mapping[str, Any]], seeds: Sequence[Any], spac
         ids = np.array([int(episode["id"]) for episode in episodes], np.int64)
         fields["episode_id"] = torch.from_numpy(np.repeat(ids, lengths))
         fields["episode_seed"] = torch.from_numpy(np.repeat(
-            np.array([episode_seed(seed, episode["id"]) for seed, episode in zip(seeds, episodes, strict=True)],
-                     np.int64), lengths))
+            np.array([episode_seed(episode.get("seed"), episode["id"]) for episode in episodes], np.int64), lengths))
     if exact_reward:
         fields["dataset_reward"] = torch.from_numpy(rewards)
     return TensorDict(fields, batch_size=[rows])
 
 
-def episode_chunks(dataset: Any, steps_per_chunk: int) -> Iterator[tuple[list[dict[str, Any]], list[Any]]]:
-    """The dataset's episodes in order, as lists of about ``steps_per_chunk`` steps, with their seeds.
+def _hdf5_tree(group: Any, name: str, paths: Sequence[Key], episode: int, h5py: Any) -> Any:
+    def read(path: Key) -> np.ndarray[Any, Any]:
+        where = "/".join((name, *path))
+        try:
+            dataset = h5py.h5d.open(group.id, where.encode())
+        except KeyError:
+            raise ShapeError(f"episode {episode}: {leaf_label(name, path)}: expected the dataset {where!r} in "
+                             f"the episode's group, found {sorted(group)}; save every field of the episode") from None
+        out = np.empty(dataset.shape, dataset.dtype)
+        dataset.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
+        return out
 
-    Reads through Minari's own reader (``dataset.storage.get_episodes``, both backends), so only one
-    chunk of episodes is in memory at a time.
+    if paths == [()]:
+        return read(())
+    tree: dict[str, Any] = {}
+    for path in paths:
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = read(path)
+    return tree
+
+
+def _hdf5_episodes(dataset: Any, ids: Sequence[int], spaces: Spaces) -> Iterator[dict[str, Any]]:
+    """Episodes of an HDF5 dataset read with h5py's low-level calls (a third of the high-level calls' cost
+    for Minari's small chunks), as ``MinariStorage.get_episodes`` gives them, with their seeds."""
+    h5py = minari_module("h5py")
+    paths = [path for path, _ in spaces.obs]
+    with h5py.File(Path(dataset.storage.data_path) / "main_data.hdf5", "r") as file:
+        for episode in ids:
+            group = h5py.Group(h5py.h5g.open(file.id, f"episode_{episode}".encode()))
+            seed = None
+            if h5py.h5a.exists(group.id, b"seed"):
+                attribute = h5py.h5a.open(group.id, b"seed")
+                value = np.empty(attribute.shape, attribute.dtype)
+                attribute.read(value)
+                seed = int(value)
+            yield {"id": episode, "seed": seed,
+                   "observations": _hdf5_tree(group, "observations", paths, episode, h5py),
+                   **{name: _hdf5_tree(group, name, [()], episode, h5py)
+                      for name in ("actions", "rewards", "terminations", "truncations")}}
+
+
+def _minari_episodes(dataset: Any, ids: Sequence[int]) -> Iterator[dict[str, Any]]:
+    storage = dataset.storage
+    for episode, metadata in zip(storage.get_episodes(ids), storage.get_episode_metadata(ids), strict=True):
+        yield {**episode, "seed": metadata.get("seed")}
+
+
+def episode_chunks(dataset: Any, spaces: Spaces, steps_per_chunk: int) -> Iterator[list[dict[str, Any]]]:
+    """The dataset's episodes in order (their ``seed`` included), as lists of about ``steps_per_chunk`` steps.
+
+    Only one chunk of episodes is in memory at a time. An HDF5 dataset without image spaces is read
+    with h5py directly (Minari's layout: a group ``episode_{id}`` of datasets ``observations``, a group
+    of them for a ``Dict`` space, ``actions``, ``rewards``, ``terminations``, ``truncations``, and the
+    attribute ``seed``; ``tests/test_offline.py`` pins it against Minari's reader); others through
+    Minari's reader (``dataset.storage.get_episodes``), which decodes images.
     """
     ids = [int(i) for i in dataset.episode_indices]
-    storage = dataset.storage
-    metadata = iter(storage.get_episode_metadata(ids))
+    images = any(minari_module("minari.dataset.minari_storage").is_image_space(space) for _, space in spaces.obs)
+    fast = dataset.storage.FORMAT == "hdf5" and not images
+    episodes = _hdf5_episodes(dataset, ids, spaces) if fast else _minari_episodes(dataset, ids)
     chunk: list[dict[str, Any]] = []
-    seeds: list[Any] = []
     steps = 0
-    for episode in storage.get_episodes(ids):
+    for episode in episodes:
         chunk.append(episode)
-        seeds.append(next(metadata).get("seed"))
         steps += len(episode["rewards"])
         if steps >= steps_per_chunk:
-            yield chunk, seeds
-            chunk, seeds, steps = [], [], 0
+            yield chunk
+            chunk, steps = [], 0
     if chunk:
-        yield chunk, seeds
+        yield chunk
 
 
 def step_bytes(spaces: Spaces) -> int:

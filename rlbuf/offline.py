@@ -54,8 +54,9 @@ Example:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -76,10 +77,12 @@ from rlbuf.replay import ReplayBuffer
 
 __all__ = ["from_minari", "to_minari"]
 
+T = TypeVar("T")
+
 _SET_BY_DATASET = ("observation_space", "action_space", "obs_shape", "action_shape", "extra_fields")
 _METADATA = ("env", "eval_env", "algorithm_name", "author", "author_email", "code_permalink", "ref_min_score",
              "ref_max_score", "expert_policy", "num_episodes_average_score", "description", "requirements")
-_CHUNK_BYTES = 32 << 20  # read a chunk of episodes at a time: the import's memory beyond the buffer
+_CHUNK_BYTES = 8 << 20  # read a chunk of episodes at a time: the import's memory beyond the buffer
 
 
 def _torch_dtype(dtype: Any) -> torch.dtype:
@@ -133,10 +136,10 @@ def from_minari(dataset: Any, *, exact: bool = True, **buffer_options: Any) -> R
     if isinstance(capacity, int) and capacity < total:
         raise ConfigError(f"capacity={capacity}: below the dataset's {total} steps, whose oldest would be "
                           f"overwritten; pass capacity >= {total} (or leave it out)")
-    chunks = episode_chunks(data, max(1, _CHUNK_BYTES // step_bytes(spaces)))
+    chunks = episode_chunks(data, spaces, max(1, _CHUNK_BYTES // step_bytes(spaces)))
     first = next(chunks)
-    check_episode(first[0][0], spaces)
-    reward_dtype = first[0][0]["rewards"].dtype
+    check_episode(first[0], spaces)
+    reward_dtype = first[0]["rewards"].dtype
     exact_reward = exact and reward_dtype != np.float32
     extra_fields: dict[str, Any] = {}
     if exact:
@@ -148,22 +151,45 @@ def from_minari(dataset: Any, *, exact: bool = True, **buffer_options: Any) -> R
     buffer_options.setdefault("action_dtype", _torch_dtype(spaces.action.dtype))
     buffer = ReplayBuffer(capacity, observation_space=data.observation_space, action_space=data.action_space,
                           extra_fields=extra_fields or None, **buffer_options)
+
+    def rows(episodes: list[dict[str, Any]]) -> TensorDictBase:
+        for episode in episodes:
+            check_episode(episode, spaces)
+            if exact_reward and episode["rewards"].dtype != reward_dtype:
+                raise DtypeError(f"episode {episode['id']}: rewards: expected dtype {reward_dtype} (as the first "
+                                 f"episode's), got {episode['rewards'].dtype}; save every episode's rewards with "
+                                 f"one dtype")
+        return chunk_rows(episodes, spaces, exact_reward=exact_reward, episode_fields=exact)
+
     try:
         if buffer.compact and buffer.num_envs != 1:
             raise ConfigError(f"num_envs={buffer.num_envs}: a compact buffer chains each env's steps, and a "
                               f"dataset is one stream of episodes; leave num_envs out (or use compact=False)")
-        for episodes, seeds in itertools.chain([first], chunks):
-            for episode in episodes:
-                check_episode(episode, spaces)
-                if exact_reward and episode["rewards"].dtype != reward_dtype:
-                    raise DtypeError(f"episode {episode['id']}: rewards: expected dtype {reward_dtype} (as the "
-                                     f"first episode's), got {episode['rewards'].dtype}; save every episode's "
-                                     f"rewards with one dtype")
-            buffer.extend(chunk_rows(episodes, seeds, spaces, exact_reward=exact_reward, episode_fields=exact))
+        for td in _ahead(map(rows, itertools.chain([first], chunks))):
+            buffer.extend(td)
     except BaseException:
         buffer.close()
         raise
     return buffer
+
+
+_DONE = object()
+
+
+def _ahead(items: Iterator[T]) -> Iterator[T]:
+    """The items of ``items``, the next one made in a worker thread while the caller uses this one.
+
+    Reading and checking a chunk (h5py, numpy) overlaps with the buffer copying the one before
+    (torch's copies release the GIL). The iterator is only ever advanced by one thread at a time.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="rlbuf-from-minari") as worker:
+        future = worker.submit(next, items, _DONE)
+        while True:
+            item = future.result()
+            if item is _DONE:
+                return
+            future = worker.submit(next, items, _DONE)
+            yield item  # type: ignore[misc]
 
 
 def to_minari(source: ReplayBuffer | Sequence[Mapping[str, Any]], dataset_id: str, *, data_format: str = "hdf5",

@@ -1,0 +1,178 @@
+"""How fast, and in how much memory, does a local Minari dataset load: rlbuf's from_minari vs TorchRL's loader?
+
+One synthetic HDF5 dataset, made once with ``minari.create_dataset_from_buffers`` in a temporary
+``MINARI_DATASETS_PATH``: 1,000,000 steps in 1,000 episodes of 1,000 (half terminated, half
+truncated, each with a seed), MuJoCo-like: observations 17 float64, actions 6 float32, rewards
+float64. Its arrays (observations T + 1 a episode, actions, rewards, flags) are the *dataset size*.
+
+Peers, each load in a fresh subprocess (so every peak RSS is its own), rounds interleaved and the
+median taken (as ``_timing.py`` does):
+
+* ``minari read``: Minari's own reader over every episode (``dataset.storage.get_episodes``),
+  storing nothing: what reading through Minari costs.
+* ``rlbuf``: ``from_minari(id)``: a plain ``ReplayBuffer`` (``obs`` and ``next_obs`` stored),
+  ``exact=True`` (``episode_id``, ``episode_seed``, the float64 reward beside the float32 one).
+* ``rlbuf compact``: ``from_minari(id, compact=True)``: each observation stored once.
+* ``rlbuf compact, not exact``: ``compact=True, exact=False``: the transitions only.
+* ``rlbuf memmap``: ``from_minari(id, storage="memmap")``: the rows in files on disk.
+* ``torchrl``: TorchRL's ``MinariExperienceReplay(id, batch_size=256, root=<tmp>,
+  load_from_local_minari=True)``, which reads the local HDF5 file under ``MINARI_DATASETS_PATH``
+  without a download, builds a TensorDict of every step in RAM and writes it as a memmap under
+  ``root`` (a fresh directory each run).
+
+Each row gives the median seconds, steps per second, the peak RSS above the process's RSS just
+before the load (``ru_maxrss`` less the baseline; each child first loads a 4-episode dataset the
+same way, so imports and first-use allocations are not counted), that peak divided by the
+dataset size and (rlbuf) by the bytes the buffer stores (``buffer.nbytes``), and
+rlbuf's seconds and peak divided by TorchRL's (below 1: rlbuf is faster / smaller). The targets
+(issue 23): ≥ 1,000,000 steps/s for flat observations, peak RSS ≤ 1.2 × the dataset.
+
+One torch thread. Run from the repository root::
+
+    PYTHONPATH=. python benchmarks/minari_import.py            # 3 rounds, about 5 minutes on 2 cores
+    PYTHONPATH=. python benchmarks/minari_import.py --quick    # 100,000 steps, a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+PEERS = ["minari read", "rlbuf", "rlbuf compact", "rlbuf compact, not exact", "rlbuf memmap", "torchrl"]
+DATASET_ID = "bench/mujoco-like-v0"
+WARM_UP_ID = "bench/warm-up-v0"  # loaded first by each peer: imports and first-use allocations are not counted
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def make_dataset(root: Path, steps: int, episode_length: int, dataset_id: str = DATASET_ID) -> int:
+    """Write the dataset under ``root``; return the bytes of its arrays."""
+    import gymnasium as gym
+    import minari
+    import numpy as np
+    from minari.data_collector import EpisodeBuffer
+
+    os.environ["MINARI_DATASETS_PATH"] = str(root)
+    rng = np.random.default_rng(0)
+    episodes = steps // episode_length
+    end = np.arange(episode_length) == episode_length - 1
+
+    def buffers() -> Any:
+        for number in range(episodes):
+            yield EpisodeBuffer(seed=number, observations=rng.standard_normal((episode_length + 1, 17)),
+                                actions=rng.uniform(-1, 1, (episode_length, 6)).astype(np.float32),
+                                rewards=rng.standard_normal(episode_length),
+                                terminations=end & (number % 2 == 0), truncations=end & (number % 2 == 1))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Minari's reminders of metadata
+        minari.create_dataset_from_buffers(dataset_id, buffers(), data_format="hdf5",
+                                           observation_space=gym.spaces.Box(-np.inf, np.inf, (17,), np.float64),
+                                           action_space=gym.spaces.Box(-1, 1, (6,), np.float32))
+    return episodes * ((episode_length + 1) * 17 * 8 + episode_length * (6 * 4 + 8 + 1 + 1))
+
+
+def load(peer: str, root: Path, scratch: Path) -> dict[str, float]:
+    """One load by ``peer`` in this process: seconds, and peak bytes above the RSS before it."""
+    import logging
+
+    import torch
+
+    torch.set_num_threads(1)
+    logging.getLogger("torchrl").setLevel(logging.WARNING)
+    os.environ["MINARI_DATASETS_PATH"] = str(root)
+    import minari
+    from torchrl.data.datasets import MinariExperienceReplay
+
+    from rlbuf.offline import from_minari
+
+    options: dict[str, Any] = {"rlbuf": {}, "rlbuf compact": {"compact": True},
+                               "rlbuf compact, not exact": {"compact": True, "exact": False},
+                               "rlbuf memmap": {"storage": "memmap", "scratch_dir": scratch}}.get(peer, {})
+    def run(dataset_id: str, scratch: Path) -> tuple[int, int]:
+        """Steps loaded, and the bytes rlbuf's buffer holds (0 for the others)."""
+        if peer == "minari read":
+            dataset = minari.load_dataset(dataset_id)
+            return sum(len(episode["rewards"]) for episode in dataset.storage.get_episodes(dataset.episode_indices)), 0
+        if peer == "torchrl":
+            return len(MinariExperienceReplay(dataset_id, batch_size=256, root=scratch, load_from_local_minari=True)), 0
+        buffer = from_minari(dataset_id, **options)
+        return len(buffer), buffer.nbytes
+
+    run(WARM_UP_ID, scratch / "warm-up")
+    baseline = _rss()
+    start = time.perf_counter()
+    steps, stored = run(DATASET_ID, scratch)
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"seconds": seconds, "steps": steps, "peak": max(0, peak - baseline), "stored": stored}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=1_000_000)
+    parser.add_argument("--episode-length", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="100,000 steps, one round")
+    parser.add_argument("--json", type=Path, help="write the medians here")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--root", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(load(args.child, args.root, args.scratch)))
+        return
+    if args.quick:
+        args.steps, args.rounds = 100_000, 1
+    with tempfile.TemporaryDirectory(prefix="rlbuf-minari-") as tmp:
+        root = Path(tmp) / "datasets"
+        started = time.perf_counter()
+        size = make_dataset(root, args.steps, args.episode_length)
+        make_dataset(root, 4 * args.episode_length, args.episode_length, WARM_UP_ID)
+        print(f"dataset: {args.steps:,} steps, {size / 1e6:.0f} MB of arrays "
+              f"(written in {time.perf_counter() - started:.1f} s)")
+        runs: dict[str, list[dict[str, float]]] = {peer: [] for peer in PEERS}
+        for round_ in range(args.rounds):
+            shift = round_ % len(PEERS)
+            for peer in PEERS[shift:] + PEERS[:shift]:
+                scratch = Path(tmp) / "scratch"
+                shutil.rmtree(scratch, ignore_errors=True)
+                scratch.mkdir()
+                out = subprocess.run([sys.executable, __file__, "--child", peer, "--root", str(root),
+                                      "--scratch", str(scratch)], check=True, capture_output=True, text=True)
+                runs[peer].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    medians = {peer: {key: statistics.median(run[key] for run in values)
+                      for key in ("seconds", "peak", "steps", "stored")} for peer, values in runs.items()}
+    torchrl = medians["torchrl"]
+    print(f"\n{'peer':<26} {'s':>7} {'steps/s':>11} {'peak MB':>8} {'÷ dataset':>9} {'÷ stored':>8} "
+          f"{'s ÷ torchrl':>11} {'peak ÷ torchrl':>14}")
+    for peer, median in medians.items():
+        stored = f"{median['peak'] / median['stored']:>8.2f}" if median["stored"] else f"{'':>8}"
+        print(f"{peer:<26} {median['seconds']:>7.2f} {median['steps'] / median['seconds']:>11,.0f} "
+              f"{median['peak'] / 1e6:>8.0f} {median['peak'] / size:>9.2f} {stored} "
+              f"{median['seconds'] / torchrl['seconds']:>11.2f} {median['peak'] / torchrl['peak']:>14.2f}")
+    rate = medians["rlbuf"]["steps"] / medians["rlbuf"]["seconds"]
+    print(f"\n{'PASS' if rate >= 1e6 else 'MISS'}: from_minari {rate:,.0f} steps/s (target >= 1,000,000)")
+    for peer in ("rlbuf", "rlbuf compact", "rlbuf compact, not exact", "rlbuf memmap"):
+        ratio = medians[peer]["peak"] / size
+        print(f"{'PASS' if ratio <= 1.2 else 'MISS'}: {peer} peak RSS {ratio:.2f} x the dataset (target <= 1.2)")
+    if args.json:
+        args.json.write_text(json.dumps({"dataset_bytes": size, "medians": medians}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
