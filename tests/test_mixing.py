@@ -114,9 +114,10 @@ def test_every_row_is_a_stored_row_of_the_buffer_it_claims(seed: int, split: str
                                                            prioritized: tuple[bool, bool]) -> None:
     offline = filled(40, 0.0, prioritized=prioritized[0], seed=seed, n_step=3, gamma=0.9)
     online = filled(30, 1.0, prioritized=prioritized[1], seed=seed + 1, n_step=3, gamma=0.9)
+    generator = torch.Generator().manual_seed(seed)
     for buffer in (offline, online):
         if buffer.prioritized:
-            buffer.update_priority(list(range(len(buffer))), torch.rand(len(buffer)) + 0.1)
+            buffer.update_priority(list(range(len(buffer))), torch.rand(len(buffer), generator=generator) + 0.1)
     mixed = MixedReplay(offline, online, offline_fraction=0.4, split=split, seed=seed)  # type: ignore[arg-type]
     for _ in range(10):
         batch = mixed.sample(32)
@@ -182,9 +183,10 @@ def test_each_rows_priority_goes_to_the_buffer_it_came_from(offline_prioritized:
     offline, online = filled(12, 0.0, prioritized=offline_prioritized), filled(12, 1.0, prioritized=True)
     twins = {"offline": filled(12, 0.0, prioritized=offline_prioritized), "online": filled(12, 1.0, prioritized=True)}
     mixed = MixedReplay(offline, online, offline_fraction=0.5, seed=0)
+    generator = torch.Generator().manual_seed(0)
     for _ in range(3):
         batch = mixed.sample(16)
-        priority = torch.rand(16) * 5
+        priority = torch.rand(16, generator=generator) * 5
         mixed.update_priority(batch, priority)
         twins["online"].update_priority(batch.index[batch.from_online], priority[batch.from_online])
         if offline_prioritized:
