@@ -297,8 +297,9 @@ def buffer_episodes(buffer: ReplayBuffer) -> list[dict[str, Any]]:
     num_envs = buffer.num_envs
     if num_envs > 1 and not buffer._interleaved:
         raise ConfigError(f"source: a buffer of num_envs={num_envs} whose rows were not all written a whole step "
-                          f"at a time (extend of env-major batches, or add with env_mask), so its env streams "
-                          f"cannot be told apart; export a buffer filled by add(), or pass its episodes as a list")
+                          f"at a time (add with env_mask, as the Recorder does for NEXT_STEP envs, or extend of "
+                          f"env-major batches), so its env streams cannot be told apart; record SAME_STEP envs "
+                          f"(or one env), or pass the episodes as a list")
     position = batch.index.cpu().numpy().astype(np.int64)
     written = count - 1 - ((count - 1 - position) % capacity)  # when each row was written
     obs, next_obs = _numpy_tree(batch.obs), _numpy_tree(batch.next_obs)

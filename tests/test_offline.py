@@ -131,7 +131,7 @@ episodes_strategy = st.lists(st.tuples(st.integers(1, 5), st.sampled_from(["term
                                        st.one_of(st.none(), st.integers(0, 2**40))), min_size=1, max_size=4)
 
 
-@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kind=st.sampled_from(sorted(SPACES)), data_format=st.sampled_from(["hdf5", "arrow"]),
        shapes=episodes_strategy, seed=st.integers(0, 2**16))
 def test_minari_rlbuf_minari_rlbuf_is_the_identity(kind: str, data_format: str,
@@ -309,6 +309,30 @@ def test_a_buffer_of_several_envs_exports_each_envs_episodes() -> None:
     episodes = list(to_minari(buffer, _new_id()).iterate_episodes())
     assert [e.observations[:, 0].tolist() for e in episodes] == [[0, 1, 2], [100, 101, 102, 103, 104]]
     assert [e.terminations[-1] for e in episodes] == [True, False]
+
+
+def test_a_buffer_whose_env_streams_cannot_be_told_apart_is_refused() -> None:
+    buffer = ReplayBuffer(16, obs_shape=(1,), action_shape=(), num_envs=2, seed=0)
+    buffer.add(np.zeros((2, 1), np.float32), np.zeros(2), np.ones(2), np.ones((2, 1), np.float32),
+               np.array([True, False]), truncated=False, env_mask=np.array([True, False]))
+    with pytest.raises(ConfigError, match="num_envs=2 whose rows were not all written a whole step at a time"):
+        to_minari(buffer, _new_id())
+
+
+def test_the_hdf5_reader_reads_what_minaris_reader_reads() -> None:
+    """Pins Minari's HDF5 layout, which from_minari reads with h5py directly."""
+    from rlbuf._minari_read import Spaces, _hdf5_episodes, _minari_episodes
+
+    rng = np.random.default_rng(7)
+    for kind in ("flat", "dict"):
+        dataset = _minari_dataset([_episode(kind, n, "truncated", seed, rng) for n, seed in [(3, 5), (2, None)]],
+                                  kind)
+        ids = [int(i) for i in dataset.episode_indices]
+        spaces = Spaces.of(dataset.observation_space, dataset.action_space)
+        for ours, theirs in zip(_hdf5_episodes(dataset, ids, spaces), _minari_episodes(dataset, ids), strict=True):
+            assert ours["id"] == theirs["id"] and ours["seed"] == theirs["seed"]
+            for name in ("observations", "actions", "rewards", "terminations", "truncations"):
+                _assert_same_tree(ours[name], theirs[name])
 
 
 def test_rows_that_do_not_chain_are_refused() -> None:
