@@ -336,3 +336,15 @@ def test_n_step_transitions_sum_the_relabelled_rewards_of_their_own_episode(case
         expected = 0.0 if bool(stored.terminated[end]) else 0.5 ** len(episode)
         assert math.isclose(float(batch.discount[row]), expected)
         assert torch.equal(batch.next_obs["desired_goal"][row], goal if relabelled else torch.full((2,), SENTINEL))
+
+
+def test_prioritized_hindsight_samples_by_priority_and_relabels_from_that_rows_episode() -> None:
+    buf, ref = goal_buffer(32, 2, "episode", 1.0, prioritized=True), Reference(32)
+    buf, ref = fill_into(buf, ref, [([True, True], [t % 3, 1], [False, False]) for t in range(10)])
+    priorities = torch.zeros(len(buf))
+    priorities[7] = 1.0
+    buf.update_priority(torch.arange(len(buf)), priorities)
+    batch = buf.sample(32)
+    assert batch.index.tolist() == [7] * 32 and bool((batch.weight == batch.weight[0]).all())
+    serial = int(buf.sample_by_index([7]).next_obs["achieved_goal"][0, 0])
+    assert {int(g) for g in batch.obs["desired_goal"][:, 0]} <= set(ref.candidates(serial, "episode"))
