@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,8 @@ def open_dataset(dataset: Any) -> Any:
     for data in (path / "data", path):
         if (data / "metadata.json").is_file():
             return minari.MinariDataset(data)
-    root = minari_module("minari.storage.datasets_root_dir").get_dataset_path()
+    # Minari's rule for its root, read without creating the directory as get_dataset_path() does.
+    root = Path(os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets")
     if isinstance(dataset, str) and (root / dataset / "data" / "metadata.json").is_file():
         return minari.load_dataset(dataset, download=False)
     raise ConfigError(f"dataset {str(dataset)!r}: not a local Minari dataset (looked in {root}, the Minari root "

@@ -99,7 +99,8 @@ def from_minari(dataset: Any, *, exact: bool = True, **buffer_options: Any) -> R
             ``dataset_reward`` with every row, so that [`to_minari`][rlbuf.offline.to_minari] writes the
             dataset back byte for byte. ``False``: the plain transitions only.
         **buffer_options: the [`ReplayBuffer`][rlbuf.ReplayBuffer] options: ``capacity`` (default: the
-            dataset's steps; more leaves room to add online), ``storage="memmap"`` for datasets larger than
+            dataset's steps; more leaves room to add online, with ``exact=False``: an exact buffer's ``add``
+            needs its extra fields too), ``storage="memmap"`` for datasets larger than
             RAM, ``compact=True`` (observations stored once), ``frame_stack``, ``n_step``, ``device``,
             ``seed``, ``prioritized`` ... Observation and action dtypes default to the spaces' own
             (``obs_dtype=torch.float32`` stores a float64 dataset in half the memory, inexactly).

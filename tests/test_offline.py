@@ -198,6 +198,13 @@ def test_a_dataset_is_found_by_id_and_by_path() -> None:
     _assert_same_rows(by_id, by_path)
 
 
+def test_a_filtered_dataset_loads_its_episodes_with_their_ids_and_seeds() -> None:
+    rng = np.random.default_rng(8)
+    dataset = _minari_dataset([_episode("flat", n, "terminated", seed, rng) for n, seed in [(2, 1), (3, 2), (1, 3)]])
+    rows = _rows(from_minari(dataset.filter_episodes(lambda episode: len(episode) != 3)))
+    assert rows["episode_id"].tolist() == [0, 0, 2] and rows["episode_seed"].tolist() == [1, 1, 3]
+
+
 def _with(episode: dict[str, Any], **changes: Any) -> dict[str, Any]:
     return {**episode, **changes}
 
