@@ -253,7 +253,8 @@ def compare(seeds: int, out: Path, frames: int | None = None, extra: dict[str, A
                     options["resume"] = str(run_dir)
                 summary = run(Args(**options))
             reached = summary["reached_target"]
-            runs.append({"seed": seed, "final": summary["success_rate"], "frames": summary["frames"],
+            runs.append({"seed": seed, "n_bits": summary["args"]["n_bits"], "final": summary["success_rate"],
+                         "frames": summary["frames"],
                          "minutes": round(summary["seconds"] / 60, 2),
                          "reached_at_frames": None if reached is None else reached["frames"],
                          "history": _history(run_dir)})
