@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import xxhash
 from _replays import same_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -378,6 +379,18 @@ def test_a_checkpoint_whose_parts_disagree_is_refused(tmp_path: Path) -> None:
     changed["state"]["parts"]["online"]["directory"] = "../elsewhere"
     manifest.write_text(json.dumps(changed))
     with pytest.raises(CheckpointError, match="not one a save writes"):
+        MixedReplay.load(path)
+    changed = json.loads(json.dumps(original))
+    changed["state"]["parts"]["online"]["size"] = 9
+    manifest.write_text(json.dumps(changed))
+    with pytest.raises(CheckpointError, match=r"online: the buffer holds size 10 .* at 9 and 10 \(a swapped or stale part\)"):
+        MixedReplay.load(path)
+    forged = json.loads(json.dumps(original))  # a generator state of the wrong size, with a valid checksum
+    [generator] = [rel for rel in forged["files"] if rel.endswith("generator.bin")]
+    (path / "mixer" / generator).write_bytes(bytes(16))
+    forged["files"][generator].update(shape=[16], bytes=16, xxh3_128=xxhash.xxh3_128(bytes(16)).hexdigest())
+    manifest.write_text(json.dumps(forged))
+    with pytest.raises(CheckpointError, match=r"generator: expected a CPU generator state \(uint8, \(5056,\)\)"):
         MixedReplay.load(path)
 
 
