@@ -124,12 +124,12 @@ class Relabeller:
         ended = self._rows(columns, "terminated", rows) | self._rows(columns, "truncated", rows)
         next_rows = [self._rows(columns, name, rows) for name in self._next_names]
         if env_ids is self._all_envs:  # one row per env: each continues its env's last next_obs
-            continues = np.ones(rows, np.bool_)
             for last, name in zip(self._last_next, self._obs_names, strict=True):
-                continues &= _same_rows(self._rows(columns, name, rows), last)
-            broken_envs = np.flatnonzero(self._running & ~continues)
-            if len(broken_envs):
-                raise _not_continued(int(broken_envs[0]))
+                obs = self._rows(columns, name, rows)
+                if not np.array_equal(obs, last):  # some env's differs, or a NaN: which one, by row
+                    broken_envs = np.flatnonzero(self._running & ~_same_rows(obs, last))
+                    if len(broken_envs):
+                        raise _not_continued(int(broken_envs[0]))
             return ended, next_rows
         envs = np.unique(env_ids)
         before = envs[self._running[envs]]
