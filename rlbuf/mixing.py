@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import numbers
 import re
 import secrets
 import shutil
@@ -182,7 +183,7 @@ def _generator_problem(saved: Any) -> str:
 
 
 def _checked_fraction(value: Any, error: type[RlbufError] = ConfigError) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= float(value) <= 1.0:
         raise error(f"offline_fraction: expected a number in [0, 1], got {value!r}")
     return float(value)
 

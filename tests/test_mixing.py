@@ -237,7 +237,7 @@ def test_a_refused_call_leaves_every_random_state_as_it_was() -> None:
     for bad in (0, -3, 2.5, True, "8", None):
         with pytest.raises(BatchSizeError):
             mixed.sample(bad)  # type: ignore[arg-type]
-    for fraction in (1.5, -0.1, float("nan"), "0.5"):
+    for fraction in (1.5, -0.1, float("nan"), "0.5", None):
         with pytest.raises(ConfigError, match="offline_fraction"):
             mixed.offline_fraction = fraction  # type: ignore[assignment]
     assert mixed.offline_fraction == 0.3
@@ -341,6 +341,7 @@ def test_a_loaded_pair_draws_exactly_the_batches_the_original_would(tmp_path: Pa
     in_memory.load_state_dict(mixed.state_dict())
     restored = MixedReplay.load(tmp_path / "mixed")
     assert (restored.offline_fraction, restored.split) == (0.3, "binomial")
+    assert restored.check_valid() == (True, "") and in_memory.check_valid() == (True, "")
     expected = resume_steps(mixed, 8, start=5)
     for copy in (restored, in_memory):
         assert all(same_batch(a, b) for a, b in zip(expected, resume_steps(copy, 8, start=5), strict=True))
