@@ -215,7 +215,8 @@ class MixedReplay:
     Raises:
         ConfigError: not two distinct ``ReplayBuffer``s, a different ``gamma``, or invalid options.
         MissingFieldError: a batch field of one buffer only (the message names it).
-        ShapeError: a batch field of another shape. DtypeError: of another dtype.
+        ShapeError: a batch field of another shape.
+        DtypeError: a batch field of another dtype.
         DeviceError: batches delivered on different devices.
         EmptyBufferError: the offline buffer is empty.
 
