@@ -205,7 +205,7 @@ class HERArgs(RunArgs):
     tau: float = arg(0.05, "target update: target += tau * (online - target); 1 copies the online network")
     exploration_frames: int = arg(20_000, "frames over which ε decays linearly from 1")
     final_epsilon: float = arg(0.05, "ε after the decay")
-    hidden: int = arg(256, "hidden units of the Q-network's two layers")
+    hidden: int = arg(128, "hidden units of the Q-network's two layers")
 
 
 ARGS: dict[str, type[RunArgs]] = {"ppo": PPOArgs, "dqn": DQNArgs, "ppo-continuous": PPOContinuousArgs,

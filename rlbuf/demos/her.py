@@ -129,7 +129,7 @@ def run(args: Args) -> dict[str, Any]:
     q_net = q_network(args.n_bits, args.hidden).to(device)
     target_net = q_network(args.n_bits, args.hidden).to(device)
     target_net.load_state_dict(q_net.state_dict())
-    optimizer = torch.optim.Adam(q_net.parameters(), lr=args.lr)
+    optimizer = torch.optim.Adam(q_net.parameters(), lr=args.lr, fused=True)
     rng = np.random.default_rng(args.seed)  # ε-greedy draws
     stats = EpisodeStats(args.num_envs, window=SUCCESS_WINDOW)  # fed successes, not rewards: see the docstring
     hindsight = Hindsight(args.strategy, args.relabel_ratio, BitFlipEnv.compute_reward) if args.hindsight else None
