@@ -82,7 +82,7 @@ T = TypeVar("T")
 _SET_BY_DATASET = ("observation_space", "action_space", "obs_shape", "action_shape", "extra_fields")
 _METADATA = ("env", "eval_env", "algorithm_name", "author", "author_email", "code_permalink", "ref_min_score",
              "ref_max_score", "expert_policy", "num_episodes_average_score", "description", "requirements")
-_CHUNK_BYTES = 8 << 20  # read a chunk of episodes at a time: the import's memory beyond the buffer
+_CHUNK_BYTES = 4 << 20  # episodes read at a time: with the one being copied, the memory beyond the buffer
 
 
 def _torch_dtype(dtype: Any) -> torch.dtype:
