@@ -137,7 +137,9 @@ def _check_pair(offline: Any, online: Any) -> None:
         if name not in got or name not in expected:
             (side, other), (shape, dtype) = (("offline", "online"), expected[name]) if name in expected else (
                 ("online", "offline"), got[name])
-            raise MissingFieldError(f"{name}: in the {side} buffer's batches ({shape} {dtype}), not in the {other} buffer's")
+            raise MissingFieldError(f"{name}: in the {side} buffer's batches ({shape} {dtype}), not in the {other} buffer's" + (
+                "" if name.startswith(("obs", "hidden_state")) else "; give both the same extra_fields (an offline buffer "
+                "from rlbuf.offline.from_minari(..., exact=False) has none)"))
         (shape, dtype), (got_shape, got_dtype) = expected[name], got[name]
         if shape != got_shape:
             raise ShapeError(f"{name}: expected shape {shape} (the offline buffer's), got {got_shape} in the online buffer")
@@ -443,9 +445,9 @@ class MixedReplay:
         recorded = state["parts"][name]
         found = {key: buffer_state.get(key) for key in ("size", "write_count")}
         if {key: recorded.get(key) for key in ("size", "write_count")} != found:
-            raise CheckpointError(f"{name}: the buffer holds size {found['size']} and write count {found['write_count']}, "
-                                  f"the mixer was saved with its {name} part at {recorded.get('size')} and "
-                                  f"{recorded.get('write_count')} (a swapped or stale part)")
+            raise CheckpointError(f"{name}: the buffer holds size {found['size']} and write count {found['write_count']}, the "
+                                  f"mixer was saved with them at {recorded.get('size')} and {recorded.get('write_count')} "
+                                  "(a swapped or stale part)")
 
     def _restore(self, options: Mapping[str, Any], generator: torch.Tensor) -> None:
         self._offline_fraction, self._split = float(options["offline_fraction"]), options["split"]
@@ -511,10 +513,9 @@ class MixedReplay:
     def save(self, path: str | Path) -> None:
         """Write a checkpoint directory: each buffer saved by its own ``save``, then the mixer's state.
 
-        ``path/offline-<token>`` and ``path/online-<token>`` are the buffers' checkpoints and
-        ``path/mixer`` the mixer's (options, generator, the parts' names, counters and manifest
-        checksums), written last and atomically: a save killed at any point leaves the previous
-        pair whole and loadable. Parts of earlier saves are removed after. One save at a time per path.
+        ``path/offline-<token>`` and ``path/online-<token>`` are the buffers' checkpoints, ``path/mixer`` the mixer's
+        (options, generator, the parts' names, counters and manifest checksums), written last and atomically: a save
+        killed at any point leaves the previous pair whole. Earlier parts are removed after. One save at a time per path.
 
         Raises:
             ConfigError: the offline buffer changed while mixing.
@@ -590,7 +591,7 @@ class MixedReplay:
             try:
                 mixed = cls(buffers[0], buffers[1], offline_fraction=options["offline_fraction"],
                             split=options["split"], min_online=options["min_online"], seed=options["seed"])
-            except (ConfigError, ValueError) as error:
+            except RlbufError as error:  # the pair refused: the buffers no longer mix
                 raise CheckpointError(f"the two buffers do not mix: {error}") from error
             mixed._restore(options, state["generator"])
             return mixed

@@ -283,7 +283,9 @@ def test_the_offline_buffer_is_read_only_while_mixing(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("online_options", "error", "message"), [
     ({"obs_shape": (3,)}, ShapeError, r"obs: expected shape \(2,\) \(the offline buffer's\), got \(3,\)"),
     ({"action_dtype": torch.float32}, DtypeError, "action: expected dtype torch.int64"),
-    ({"extra_fields": {"cost": ((), torch.float32)}}, MissingFieldError, "cost: in the online buffer's batches"),
+    ({"extra_fields": {"cost": ((), torch.float32)}}, MissingFieldError,
+     r"cost: in the online buffer's batches \(\(\) torch.float32\), not in the offline buffer's; give both the same "
+     "extra_fields"),
     ({"hidden_state_shape": (4,)}, MissingFieldError, "hidden_state: in the online buffer's batches"),
     ({"gamma": 0.9}, ConfigError, "gamma: expected 0.99"),
 ])
