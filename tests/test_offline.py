@@ -76,8 +76,8 @@ def _episode(kind: str, steps: int, end: str, seed: int | None, rng: np.random.G
     return {"observations": _sample(observation_space, steps + 1, rng),
             "actions": _sample(action_space, steps, rng),
             "rewards": rng.standard_normal(steps),  # float64, as Minari's collector stores them
-            "terminations": np.arange(steps) == steps - 1 if end == "terminated" else np.zeros(steps, bool),
-            "truncations": np.arange(steps) == steps - 1 if end == "truncated" else np.zeros(steps, bool),
+            "terminations": (np.arange(steps) == steps - 1) & (end != "truncated"),
+            "truncations": (np.arange(steps) == steps - 1) & (end != "terminated"),
             "seed": seed}
 
 
@@ -127,7 +127,7 @@ def _assert_same_rows(first: ReplayBuffer, second: ReplayBuffer) -> None:
         assert (one[name] == two[name]).all(), name
 
 
-episodes_strategy = st.lists(st.tuples(st.integers(1, 5), st.sampled_from(["terminated", "truncated"]),
+episodes_strategy = st.lists(st.tuples(st.integers(1, 5), st.sampled_from(["terminated", "truncated", "both"]),
                                        st.one_of(st.none(), st.integers(0, 2**40))), min_size=1, max_size=4)
 
 
