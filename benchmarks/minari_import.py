@@ -20,6 +20,9 @@ median taken (as ``_timing.py`` does):
   without a download, builds a TensorDict of every step in RAM and writes it as a memmap under
   ``root`` (a fresh directory each run).
 
+After the peak is read, the first episode's rows (``obs``, ``next_obs``, the float64 rewards)
+are compared with what Minari's own reader gives: the last column says whether they match.
+
 Each row gives the median seconds, steps per second, the peak RSS above the process's RSS just
 before the load (``ru_maxrss`` less the baseline; each child first loads a 4-episode dataset the
 same way, so imports and first-use allocations are not counted), that peak divided by the
@@ -90,6 +93,7 @@ def load(peer: str, root: Path, scratch: Path) -> dict[str, float]:
     """One load by ``peer`` in this process: seconds, and peak bytes above the RSS before it."""
     import logging
 
+    import numpy as np
     import torch
 
     torch.set_num_threads(1)
@@ -103,23 +107,36 @@ def load(peer: str, root: Path, scratch: Path) -> dict[str, float]:
     options: dict[str, Any] = {"rlbuf": {}, "rlbuf compact": {"compact": True},
                                "rlbuf compact, not exact": {"compact": True, "exact": False},
                                "rlbuf memmap": {"storage": "memmap", "scratch_dir": scratch}}.get(peer, {})
-    def run(dataset_id: str, scratch: Path) -> tuple[int, int]:
-        """Steps loaded, and the bytes rlbuf's buffer holds (0 for the others)."""
+    def run(dataset_id: str, scratch: Path) -> tuple[int, int, Any]:
+        """Steps loaded, the bytes rlbuf's buffer holds (0 for the others), and a reader of the first rows."""
         if peer == "minari read":
             dataset = minari.load_dataset(dataset_id)
-            return sum(len(episode["rewards"]) for episode in dataset.storage.get_episodes(dataset.episode_indices)), 0
+            steps = sum(len(episode["rewards"]) for episode in dataset.storage.get_episodes(dataset.episode_indices))
+            return steps, 0, None
         if peer == "torchrl":
-            return len(MinariExperienceReplay(dataset_id, batch_size=256, root=scratch, load_from_local_minari=True)), 0
+            replay = MinariExperienceReplay(dataset_id, batch_size=256, root=scratch, load_from_local_minari=True)
+            return len(replay), 0, lambda rows: replay[:rows]
         buffer = from_minari(dataset_id, **options)
-        return len(buffer), buffer.nbytes
+        return len(buffer), buffer.nbytes, lambda rows: buffer.sample_by_index(torch.arange(rows))
 
     run(WARM_UP_ID, scratch / "warm-up")
     baseline = _rss()
     start = time.perf_counter()
-    steps, stored = run(DATASET_ID, scratch)
+    steps, stored, first_rows = run(DATASET_ID, scratch)
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"seconds": seconds, "steps": steps, "peak": max(0, peak - baseline), "stored": stored}
+    correct = -1.0  # not a loader: nothing to compare
+    if first_rows is not None:  # after the peak is read: the first episode's rows against Minari's own reader
+        episode = next(minari.load_dataset(DATASET_ID).iterate_episodes())
+        rows = first_rows(len(episode.rewards))
+        obs = rows["observation"] if peer == "torchrl" else rows.obs
+        next_obs = rows["next", "observation"] if peer == "torchrl" else rows.next_obs
+        reward = rows["next", "reward"].reshape(-1) if peer == "torchrl" else rows.extras.get("dataset_reward")
+        correct = float(np.array_equal(obs.numpy(), episode.observations[:-1])
+                        and np.array_equal(next_obs.numpy(), episode.observations[1:])
+                        and (reward is None or np.array_equal(reward.numpy(), episode.rewards)))
+    return {"seconds": seconds, "steps": steps, "peak": max(0, peak - baseline), "stored": stored,
+            "correct": correct}
 
 
 def main() -> None:
@@ -156,15 +173,16 @@ def main() -> None:
                                       "--scratch", str(scratch)], check=True, capture_output=True, text=True)
                 runs[peer].append(json.loads(out.stdout.strip().splitlines()[-1]))
     medians = {peer: {key: statistics.median(run[key] for run in values)
-                      for key in ("seconds", "peak", "steps", "stored")} for peer, values in runs.items()}
+                      for key in ("seconds", "peak", "steps", "stored", "correct")} for peer, values in runs.items()}
     torchrl = medians["torchrl"]
     print(f"\n{'peer':<26} {'s':>7} {'steps/s':>11} {'peak MB':>8} {'÷ dataset':>9} {'÷ stored':>8} "
-          f"{'s ÷ torchrl':>11} {'peak ÷ torchrl':>14}")
+          f"{'s ÷ torchrl':>11} {'peak ÷ torchrl':>14}  rows match Minari")
     for peer, median in medians.items():
         stored = f"{median['peak'] / median['stored']:>8.2f}" if median["stored"] else f"{'':>8}"
         print(f"{peer:<26} {median['seconds']:>7.2f} {median['steps'] / median['seconds']:>11,.0f} "
               f"{median['peak'] / 1e6:>8.0f} {median['peak'] / size:>9.2f} {stored} "
-              f"{median['seconds'] / torchrl['seconds']:>11.2f} {median['peak'] / torchrl['peak']:>14.2f}")
+              f"{median['seconds'] / torchrl['seconds']:>11.2f} {median['peak'] / torchrl['peak']:>14.2f}  "
+              f"{ {1: 'yes', 0: 'NO'}.get(int(median['correct']), '-')}")
     rate = medians["rlbuf"]["steps"] / medians["rlbuf"]["seconds"]
     print(f"\n{'PASS' if rate >= 1e6 else 'MISS'}: from_minari {rate:,.0f} steps/s (target >= 1,000,000)")
     for peer in ("rlbuf", "rlbuf compact", "rlbuf compact, not exact", "rlbuf memmap"):
