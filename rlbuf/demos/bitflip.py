@@ -62,6 +62,8 @@ class BitFlipEnv(gym.Env[dict[str, Bits], int]):  # type: ignore[misc]
         return self._obs(), {}
 
     def step(self, action: int) -> tuple[dict[str, Bits], float, bool, bool, dict[str, Any]]:
+        if not self.action_space.contains(np.int64(action)):
+            raise ValueError(f"action: expected a bit index in [0, {self.n_bits}), got {action!r}")
         self._state[int(action)] = 1.0 - self._state[int(action)]
         self._steps += 1
         reward = float(self.compute_reward(self._state, self._goal, {}))
