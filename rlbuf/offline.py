@@ -72,7 +72,7 @@ from rlbuf._minari_read import (
     step_bytes,
 )
 from rlbuf._minari_write import checked_episodes, observation_space_of, space_of, write_dataset
-from rlbuf.errors import ConfigError, DtypeError, StreamError
+from rlbuf.errors import ConfigError, DtypeError, ShapeError, StreamError
 from rlbuf.replay import ReplayBuffer
 
 __all__ = ["from_minari", "to_minari"]
@@ -112,7 +112,8 @@ def from_minari(dataset: Any, *, exact: bool = True, **buffer_options: Any) -> R
         ConfigError: a dataset that is not local, a space rlbuf cannot store, an option the dataset sets
             (``observation_space``, ``extra_fields`` ...), or a ``capacity`` below the dataset's steps.
         ShapeError, DtypeError, NonFiniteError, OutOfRangeError, StreamError: an inconsistent episode
-            (see the module's docstring); no buffer is returned.
+            (see the module's docstring), or episodes whose steps are not the metadata's ``total_steps``
+            (``ShapeError``); no buffer is returned.
 
     Example:
         >>> import gymnasium as gym, numpy as np, os, tempfile
@@ -166,8 +167,16 @@ def from_minari(dataset: Any, *, exact: bool = True, **buffer_options: Any) -> R
         if buffer.compact and buffer.num_envs != 1:
             raise ConfigError(f"num_envs={buffer.num_envs}: a compact buffer chains each env's steps, and a "
                               f"dataset is one stream of episodes; leave num_envs out (or use compact=False)")
+        stored = 0
         for td in _ahead(map(rows, itertools.chain([first], chunks))):
+            stored += int(td.batch_size[0])
+            if stored > total:
+                break
             buffer.extend(td)
+        if stored != total:
+            raise ShapeError(f"dataset {data.id!r}: total_steps: expected the {total} steps its metadata says, got "
+                             f"{'more' if stored > total else stored} in its episodes; fix the metadata (or "
+                             f"re-create the dataset) before importing it")
     except BaseException:
         buffer.close()
         raise

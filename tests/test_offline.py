@@ -244,6 +244,17 @@ def test_an_inconsistent_dataset_is_refused_by_name_and_nothing_is_returned(
     assert extended == [4] and len(closed) == 1  # the buffer that took the first episode was closed, not returned
 
 
+def test_steps_that_are_not_the_metadatas_total_are_refused() -> None:
+    import json
+
+    dataset = _minari_dataset([GOOD, GOOD])
+    path = Path(dataset.storage.data_path) / "metadata.json"
+    metadata = json.loads(path.read_text())
+    path.write_text(json.dumps({**metadata, "total_steps": 5}))
+    with pytest.raises(ShapeError, match=r"total_steps: expected the 5 steps its metadata says, got more"):
+        from_minari(dataset.id)
+
+
 def test_a_discrete_value_outside_its_space_is_refused() -> None:
     episode = _episode("dict", 2, "terminated", None, np.random.default_rng(4))
     episode["actions"] = np.array([0, 3])
