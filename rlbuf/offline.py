@@ -77,7 +77,7 @@ from rlbuf.replay import ReplayBuffer
 
 __all__ = ["from_minari", "to_minari"]
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 _SET_BY_DATASET = ("observation_space", "action_space", "obs_shape", "action_shape", "extra_fields")
 _METADATA = ("env", "eval_env", "algorithm_name", "author", "author_email", "code_permalink", "ref_min_score",
@@ -186,7 +186,7 @@ def from_minari(dataset: Any, *, exact: bool = True, **buffer_options: Any) -> R
 _DONE = object()
 
 
-def _ahead(items: Iterator[T]) -> Iterator[T]:
+def _ahead(items: Iterator[_T]) -> Iterator[_T]:
     """The items of ``items``, the next one made in a worker thread while the caller uses this one.
 
     Reading and checking a chunk (h5py, numpy) overlaps with the buffer copying the one before
@@ -207,8 +207,8 @@ def to_minari(source: ReplayBuffer | Sequence[Mapping[str, Any]], dataset_id: st
     """Write a buffer's complete episodes, or a list of episodes, as a new local Minari dataset.
 
     Args:
-        source: a [`ReplayBuffer`][rlbuf.ReplayBuffer] (not compact-only state: its ``sample_all`` rows),
-            or a list of episodes: dicts of ``observations`` (``T + 1`` rows, the final one last; a dict
+        source: a [`ReplayBuffer`][rlbuf.ReplayBuffer] (its rows as ``sample_all`` gives them; compact
+            layouts too), or a list of episodes: dicts of ``observations`` (``T + 1`` rows, the final one last; a dict
             of arrays for dict observations), ``actions``, ``rewards``, ``terminations``, ``truncations``
             (``T`` rows each) and an optional ``seed``.
         dataset_id: the new dataset's id, ``(namespace/)name-v(version)``; it is written to the Minari root
@@ -244,7 +244,7 @@ def to_minari(source: ReplayBuffer | Sequence[Mapping[str, Any]], dataset_id: st
     if unknown:
         raise ConfigError(f"{', '.join(unknown)}: not Minari dataset metadata; expected some of {list(_METADATA)}")
     if isinstance(source, ReplayBuffer):
-        episodes, action_bounds = buffer_episodes(source), _action_bounds(source)
+        episodes, action_bounds = _buffer_episodes(source), _action_bounds(source)
     elif isinstance(source, Sequence) and not isinstance(source, (str, bytes)):
         episodes, action_bounds = [dict(episode) for episode in source], None
     else:
@@ -293,7 +293,7 @@ def _leaves(tree: Any) -> list[np.ndarray[Any, Any]]:
     return [leaf for sub in tree.values() for leaf in _leaves(sub)] if isinstance(tree, dict) else [tree]
 
 
-def buffer_episodes(buffer: ReplayBuffer) -> list[dict[str, Any]]:
+def _buffer_episodes(buffer: ReplayBuffer) -> list[dict[str, Any]]:
     """The complete episodes of a buffer's rows, per env stream, oldest first (see the module's rules).
 
     Raises:
