@@ -280,12 +280,13 @@ def episode_seed(seed: Any, episode: Any) -> int:
 
 
 def chunk_rows(episodes: Sequence[Mapping[str, Any]], spaces: Spaces, *, exact_reward: bool,
-               episode_fields: bool = True) -> TensorDict:
+               episode_fields: bool = True, infos: Sequence[str] = ()) -> TensorDict:
     """The rows of checked episodes, in order, as a TorchRL tensordict for ``ReplayBuffer.extend``.
 
     Row ``t`` of an episode: ``observation = obs[t]``, ``("next", "observation") = obs[t + 1]``, the
     step's action, reward and flags; with ``episode_fields``, ``episode_id`` and ``episode_seed``;
-    with ``exact_reward``, ``dataset_reward``: the reward in the dataset's own dtype.
+    with ``exact_reward``, ``dataset_reward``: the reward in the dataset's own dtype; for each key of
+    ``infos``, ``info_<key> = infos[key][t]`` and ``next_info_<key> = infos[key][t + 1]``.
     """
     lengths = np.array([len(episode["rewards"]) for episode in episodes])
     rows = int(lengths.sum())
@@ -322,7 +323,57 @@ def chunk_rows(episodes: Sequence[Mapping[str, Any]], spaces: Spaces, *, exact_r
             np.array([episode_seed(episode.get("seed"), episode["id"]) for episode in episodes], np.int64), lengths))
     if exact_reward:
         fields["dataset_reward"] = torch.from_numpy(rewards)
+    for key in infos:
+        fields[f"info_{key}"] = torch.from_numpy(np.concatenate([episode["infos"][key][:-1] for episode in episodes]))
+        fields[f"next_info_{key}"] = torch.from_numpy(np.concatenate([episode["infos"][key][1:]
+                                                                      for episode in episodes]))
     return TensorDict(fields, batch_size=[rows])
+
+
+def info_keys(episode: Mapping[str, Any], infos: bool | Sequence[str]) -> list[str]:
+    """The info keys to store: the flat numeric ones of the first episode (``True``) or the given ones.
+
+    Raises:
+        ConfigError: a key that is no identifier (it names a field).
+
+    Example:
+        >>> info_keys({"infos": {"success": np.zeros(3, bool), "name": ["a", "b", "c"]}}, True)
+        ['success']
+    """
+    if infos is False:
+        return []
+    found = episode.get("infos") or {}
+    keys = sorted(key for key, value in found.items() if isinstance(value, np.ndarray) and value.dtype.kind in "biuf"
+                  ) if infos is True else list(infos)
+    for key in keys:
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ConfigError(f"infos: {key!r} is no identifier, so it cannot name the fields info_{key} and "
+                              f"next_info_{key}; pass the keys to keep (infos=[...])")
+    return keys
+
+
+def check_infos(episode: Mapping[str, Any], keys: Sequence[str], steps: int, first: Mapping[str, Any]) -> None:
+    """Check the requested infos of an episode: numbers, one row per observation, as the first episode's.
+
+    Raises:
+        ShapeError: a missing key, or not one row per observation (``T + 1``) of the first episode's shape.
+        DtypeError: not numbers, or another dtype than the first episode's.
+    """
+    found = episode.get("infos") or {}
+    for key in keys:
+        value = found.get(key)
+        label = f'episode {episode.get("id")}: infos["{key}"]'
+        if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
+            raise DtypeError(f"{label}: expected an array of numbers (one per observation), got "
+                             f"{type(value).__name__ if not isinstance(value, np.ndarray) else value.dtype}; "
+                             f"import without it (infos=[...] with the other keys)")
+        reference = first["infos"][key]
+        if value.shape != (steps + 1, *reference.shape[1:]):
+            raise ShapeError(f"{label}: expected shape {(steps + 1, *reference.shape[1:])} (one row per "
+                             f"observation), got {value.shape}; import without it (infos=[...])")
+        if value.dtype != reference.dtype:
+            raise DtypeError(f"{label}: expected dtype {reference.dtype} (as the first episode's), got "
+                             f"{value.dtype}; save every episode's info with one dtype")
 
 
 def _hdf5_tree(group: Any, name: str, paths: Sequence[Key], episode: int, h5py: Any) -> Any:
@@ -348,7 +399,8 @@ def _hdf5_tree(group: Any, name: str, paths: Sequence[Key], episode: int, h5py: 
     return tree
 
 
-def _hdf5_episodes(dataset: Any, ids: Sequence[int], spaces: Spaces) -> Iterator[dict[str, Any]]:
+def _hdf5_episodes(dataset: Any, ids: Sequence[int], spaces: Spaces,
+                   infos: bool | Sequence[str] = False) -> Iterator[dict[str, Any]]:
     """Episodes of an HDF5 dataset read with h5py's low-level calls (a third of the high-level calls' cost
     for Minari's small chunks), as ``MinariStorage.get_episodes`` gives them, with their seeds."""
     h5py = minari_module("h5py")
@@ -362,10 +414,12 @@ def _hdf5_episodes(dataset: Any, ids: Sequence[int], spaces: Spaces) -> Iterator
                 value = np.empty(attribute.shape, attribute.dtype)
                 attribute.read(value)
                 seed = int(value)
+            keys = (list(group["infos"]) if "infos" in group else []) if infos is True else list(infos or ())
             yield {"id": episode, "seed": seed,
                    "observations": _hdf5_tree(group, "observations", paths, episode, h5py),
                    **{name: _hdf5_tree(group, name, [()], episode, h5py)
-                      for name in ("actions", "rewards", "terminations", "truncations")}}
+                      for name in ("actions", "rewards", "terminations", "truncations")},
+                   "infos": _hdf5_tree(group, "infos", [(key,) for key in keys], episode, h5py) if keys else {}}
 
 
 def _minari_episodes(dataset: Any, ids: Sequence[int]) -> Iterator[dict[str, Any]]:
@@ -374,7 +428,8 @@ def _minari_episodes(dataset: Any, ids: Sequence[int]) -> Iterator[dict[str, Any
         yield {**episode, "seed": metadata.get("seed")}
 
 
-def episode_chunks(dataset: Any, spaces: Spaces, steps_per_chunk: int) -> Iterator[list[dict[str, Any]]]:
+def episode_chunks(dataset: Any, spaces: Spaces, steps_per_chunk: int,
+                   infos: bool | Sequence[str] = False) -> Iterator[list[dict[str, Any]]]:
     """The dataset's episodes in order (their ``seed`` included), as lists of about ``steps_per_chunk`` steps.
 
     Only one chunk of episodes is in memory at a time. An HDF5 dataset without image spaces is read
@@ -386,7 +441,7 @@ def episode_chunks(dataset: Any, spaces: Spaces, steps_per_chunk: int) -> Iterat
     ids = [int(i) for i in dataset.episode_indices]
     images = any(minari_module("minari.dataset.minari_storage").is_image_space(space) for _, space in spaces.obs)
     fast = dataset.storage.FORMAT == "hdf5" and not images
-    episodes = _hdf5_episodes(dataset, ids, spaces) if fast else _minari_episodes(dataset, ids)
+    episodes = _hdf5_episodes(dataset, ids, spaces, infos) if fast else _minari_episodes(dataset, ids)
     chunk: list[dict[str, Any]] = []
     steps = 0
     for episode in episodes:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from gymnasium import spaces as gym_spaces
 
-from rlbuf._minari_read import Spaces, check_episode, leaf_label, minari_module
+from rlbuf._minari_read import Spaces, check_episode, check_infos, leaf_label, minari_module
 from rlbuf.errors import ConfigError, DtypeError
 
 _ARROW_SEAM = threading.Lock()
@@ -163,7 +163,7 @@ def checked_episodes(episodes: Iterable[Mapping[str, Any]], spaces: Spaces) -> l
     """
     from rlbuf.errors import MissingFieldError
 
-    out = []
+    out: list[dict[str, Any]] = []
     for number, episode in enumerate(episodes):
         missing = [name for name in ("observations", "actions", "rewards", "terminations", "truncations")
                    if name not in episode]
@@ -171,13 +171,16 @@ def checked_episodes(episodes: Iterable[Mapping[str, Any]], spaces: Spaces) -> l
             raise MissingFieldError(f"episode {number}: {', '.join(missing)}: expected the fields observations "
                                     f"(T + 1, the final one last), actions, rewards, terminations, truncations "
                                     f"(optional: seed), got {sorted(episode)}")
-        checked = {"id": number, "seed": episode.get("seed"),
+        infos = {key: _as_numpy(value) for key, value in (episode.get("infos") or {}).items()}
+        checked = {"id": number, "seed": episode.get("seed"), "infos": infos,
                    "observations": cast_to_space(_as_numpy(episode["observations"]), spaces.observation_space,
                                                  f"episode {number}: observations"),
                    "actions": cast_to_space(_as_numpy(episode["actions"]), spaces.action_space,
                                             f"episode {number}: actions"),
                    **{name: _as_numpy(episode[name]) for name in ("rewards", "terminations", "truncations")}}
-        check_episode(checked, spaces)
+        steps = check_episode(checked, spaces)
+        if out or infos:
+            check_infos(checked, sorted(out[0]["infos"] if out else infos), steps, out[0] if out else checked)
         out.append(checked)
     return out
 
@@ -188,6 +191,14 @@ def _as_numpy(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().cpu().numpy()
     return np.asarray(value)
+
+
+def _infos_out(infos: Mapping[str, np.ndarray[Any, Any]], data_format: str) -> dict[str, Any] | None:
+    """Infos as Minari's writer takes them: Arrow reads a 1-D array back only if it was given as a list
+    (Minari 0.5.3 decodes the shape of an array column from an empty string otherwise)."""
+    if not infos:
+        return None
+    return {key: list(value) if data_format == "arrow" and value.ndim == 1 else value for key, value in infos.items()}
 
 
 def write_dataset(dataset_id: str, episodes: list[dict[str, Any]], spaces: Spaces, data_format: str,
@@ -217,7 +228,7 @@ def write_dataset(dataset_id: str, episodes: list[dict[str, Any]], spaces: Space
                                                                           data_format),
                              actions=_leaf_out(episode["actions"], spaces.action, data_format, "actions"),
                              rewards=episode["rewards"], terminations=episode["terminations"],
-                             truncations=episode["truncations"])
+                             truncations=episode["truncations"], infos=_infos_out(episode["infos"], data_format))
                for episode in episodes)
     seam = _arrow_png() if data_format == "arrow" else contextlib.nullcontext()
     try:

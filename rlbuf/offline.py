@@ -66,8 +66,10 @@ from rlbuf._minari_read import (
     NO_SEED,
     Spaces,
     check_episode,
+    check_infos,
     chunk_rows,
     episode_chunks,
+    info_keys,
     open_dataset,
     step_bytes,
 )
@@ -89,7 +91,8 @@ def _torch_dtype(dtype: Any) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype)).dtype
 
 
-def from_minari(dataset: Any, *, exact: bool = True, **buffer_options: Any) -> ReplayBuffer:
+def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str] = False,
+                **buffer_options: Any) -> ReplayBuffer:
     """Load a local Minari dataset into a new [`ReplayBuffer`][rlbuf.ReplayBuffer], every episode checked.
 
     Args:
@@ -98,6 +101,9 @@ def from_minari(dataset: Any, *, exact: bool = True, **buffer_options: Any) -> R
         exact: store ``episode_id``, ``episode_seed`` and (for rewards that are not float32)
             ``dataset_reward`` with every row, so that [`to_minari`][rlbuf.offline.to_minari] writes the
             dataset back byte for byte. ``False``: the plain transitions only.
+        infos: store infos (arrays of numbers, one row per observation) as extra fields
+            ``info_<key>`` (at ``obs``) and ``next_info_<key>`` (at ``next_obs``): ``True`` for every
+            such key of the first episode, or a list of keys. ``to_minari`` writes them back.
         **buffer_options: the [`ReplayBuffer`][rlbuf.ReplayBuffer] options: ``capacity`` (default: the
             dataset's steps; more leaves room to add online, with ``exact=False``: an exact buffer's ``add``
             needs its extra fields too), ``storage="memmap"`` for datasets larger than
@@ -138,9 +144,11 @@ def from_minari(dataset: Any, *, exact: bool = True, **buffer_options: Any) -> R
     if isinstance(capacity, int) and capacity < total:
         raise ConfigError(f"capacity={capacity}: below the dataset's {total} steps, whose oldest would be "
                           f"overwritten; pass capacity >= {total} (or leave it out)")
-    chunks = episode_chunks(data, spaces, max(1, _CHUNK_BYTES // step_bytes(spaces)))
+    chunks = episode_chunks(data, spaces, max(1, _CHUNK_BYTES // step_bytes(spaces)), infos)
     first = next(chunks)
     check_episode(first[0], spaces)
+    keys = info_keys(first[0], infos)
+    check_infos(first[0], keys, len(first[0]["rewards"]), first[0])
     reward_dtype = first[0]["rewards"].dtype
     exact_reward = exact and reward_dtype != np.float32
     extra_fields: dict[str, Any] = {}
@@ -148,6 +156,9 @@ def from_minari(dataset: Any, *, exact: bool = True, **buffer_options: Any) -> R
         extra_fields = {"episode_id": ((), torch.int64), "episode_seed": ((), torch.int64)}
     if exact_reward:
         extra_fields["dataset_reward"] = ((), _torch_dtype(reward_dtype))
+    for key in keys:
+        value = first[0]["infos"][key]
+        extra_fields[f"info_{key}"] = extra_fields[f"next_info_{key}"] = (value.shape[1:], _torch_dtype(value.dtype))
     if not spaces.structured:
         buffer_options.setdefault("obs_dtype", _torch_dtype(spaces.obs[0][1].dtype))
     buffer_options.setdefault("action_dtype", _torch_dtype(spaces.action.dtype))
@@ -156,12 +167,12 @@ def from_minari(dataset: Any, *, exact: bool = True, **buffer_options: Any) -> R
 
     def rows(episodes: list[dict[str, Any]]) -> TensorDictBase:
         for episode in episodes:
-            check_episode(episode, spaces)
+            check_infos(episode, keys, check_episode(episode, spaces), first[0])
             if exact_reward and episode["rewards"].dtype != reward_dtype:
                 raise DtypeError(f"episode {episode['id']}: rewards: expected dtype {reward_dtype} (as the first "
                                  f"episode's), got {episode['rewards'].dtype}; save every episode's rewards with "
                                  f"one dtype")
-        return chunk_rows(episodes, spaces, exact_reward=exact_reward, episode_fields=exact)
+        return chunk_rows(episodes, spaces, exact_reward=exact_reward, episode_fields=exact, infos=keys)
 
     try:
         if buffer.compact and buffer.num_envs != 1:
@@ -210,7 +221,8 @@ def to_minari(source: ReplayBuffer | Sequence[Mapping[str, Any]], dataset_id: st
         source: a [`ReplayBuffer`][rlbuf.ReplayBuffer] (its rows as ``sample_all`` gives them; compact
             layouts too), or a list of episodes: dicts of ``observations`` (``T + 1`` rows, the final one last; a dict
             of arrays for dict observations), ``actions``, ``rewards``, ``terminations``, ``truncations``
-            (``T`` rows each) and an optional ``seed``.
+            (``T`` rows each), an optional ``seed`` and optional ``infos`` (a dict of arrays of numbers,
+            ``T + 1`` rows each); a buffer's ``info_<key>`` and ``next_info_<key>`` fields are written as infos.
         dataset_id: the new dataset's id, ``(namespace/)name-v(version)``; it is written to the Minari root
             (``MINARI_DATASETS_PATH``, else ``~/.minari/datasets``).
         data_format: ``"hdf5"`` or ``"arrow"``.
@@ -330,10 +342,12 @@ def _buffer_episodes(buffer: ReplayBuffer) -> list[dict[str, Any]]:
             steps = rows[start:end + 1]
             _check_chain(obs, next_obs, steps, position, env)
             seed = int(extras["episode_seed"][steps[0]]) if "episode_seed" in extras else NO_SEED
+            infos = {name.removeprefix("info_"): np.concatenate([value[steps], extras["next_" + name][steps[-1:]]])
+                     for name, value in extras.items() if name.startswith("info_") and "next_" + name in extras}
             found.append((int(written[steps[0]]), {
                 "observations": _append(_take(obs, steps), _last(next_obs, int(steps[-1]))),
                 "actions": action[steps], "rewards": reward[steps], "terminations": terminated[steps],
-                "truncations": truncated[steps], "seed": None if seed == NO_SEED else seed}))
+                "truncations": truncated[steps], "seed": None if seed == NO_SEED else seed, "infos": infos}))
     return [episode for _, episode in sorted(found, key=lambda pair: pair[0])]
 
 

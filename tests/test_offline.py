@@ -186,6 +186,35 @@ def test_buffer_options_store_the_same_transitions(options: dict[str, Any]) -> N
         from_minari(dataset, extra_fields={"cost": ((), torch.float32)})
 
 
+@pytest.mark.parametrize("data_format", ["hdf5", "arrow"])
+def test_infos_asked_for_are_fields_and_go_back_out(data_format: str) -> None:
+    rng = np.random.default_rng(9)
+    episodes = [_episode("flat", n, "truncated", None, rng) for n in (3, 2)]
+    infos = [{"success": np.arange(n + 1) == n, "distance": rng.random(n + 1).astype(np.float32),
+              "contact": rng.random((n + 1, 2))} for n in (3, 2)]
+    observation_space, action_space = SPACES["flat"]
+    buffers = [EpisodeBuffer(observations=e["observations"], actions=e["actions"], rewards=e["rewards"],
+                             terminations=e["terminations"], truncations=e["truncations"],
+                             infos={k: list(v) if data_format == "arrow" and v.ndim == 1 else v for k, v in i.items()})
+               for e, i in zip(episodes, infos, strict=True)]  # Minari's Arrow reads 1-D infos back from lists only
+    with pytest.warns(UserWarning):
+        source = minari.create_dataset_from_buffers(_new_id(), buffers, observation_space=observation_space,
+                                                    action_space=action_space, data_format=data_format)
+    buffer = from_minari(source, infos=True)
+    rows = _rows(buffer)
+    assert rows["info_success"].tolist() == [False, False, False, False, False]
+    assert rows["next_info_success"].tolist() == [False, False, True, False, True]
+    assert rows["next_info_contact"].shape == (5, 2) and rows["info_distance"].dtype == torch.float32
+    assert "info_contact" not in _rows(from_minari(source, infos=["success", "distance"]))
+    exported = to_minari(buffer, _new_id(), data_format=data_format, observation_space=observation_space,
+                         action_space=action_space)
+    for written, expected in zip(minari.load_dataset(exported.id).iterate_episodes(), infos, strict=True):
+        assert written.infos.keys() == expected.keys()
+        for key in expected:
+            _assert_same_tree(np.asarray(written.infos[key]), expected[key])
+    _assert_same_rows(buffer, from_minari(exported.id, infos=True))
+
+
 def test_a_missing_id_is_refused_by_name_with_the_way_to_get_it() -> None:
     with pytest.raises(ConfigError, match=r"'D4RL/door/human-v2': not a local Minari dataset .* `minari download "
                                           r"D4RL/door/human-v2`"):
