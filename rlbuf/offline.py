@@ -19,6 +19,8 @@ Design:
   their rows through sampling (``batch.extras``), the ring, the compact layout and checkpoints
   (``save``/``load``), which a table beside the buffer would not; they cost 16 to 24 bytes a row.
   ``exact=False`` stores the plain transition only (boundaries still survive: they are the flags).
+  Infos, where asked (``infos=True`` or a list of keys), are fields too: ``info_<key>`` at ``obs``
+  and ``next_info_<key>`` at ``next_obs`` (a Minari episode has one info per observation).
 * **Refused, never half-loaded.** An inconsistent episode is refused with the error of its kind
   (``ShapeError``: lengths that disagree, a missing final observation, a shape not the space's;
   ``DtypeError``; ``NonFiniteError``: NaN in an observation or action, a reward that is not finite;
