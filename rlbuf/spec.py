@@ -66,7 +66,7 @@ class FieldSpec:
         finite: whether values must be finite (rewards, values, log-probs).
         trailing_one: a scalar that TorchRL stores with a trailing 1 (``("next", "reward")``,
             the done flags, ``"state_value"``); actions and log-probs have none.
-        bounds: the values allowed (a discrete action space's; see [`Bounds`][rlbuf._bounds.Bounds]), or ``None``.
+        bounds: the values allowed (a discrete action space's: an ``rlbuf._bounds.Bounds``), or ``None``.
 
     Example:
         >>> spec = FieldSpec("obs", "observation", (84, 84, 4), torch.uint8)
