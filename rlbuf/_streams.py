@@ -461,10 +461,9 @@ def _previous_in_call(env_ids: _Ints) -> _Ints:
     previous = np.full(len(env_ids), -1, np.int64)
     if _distinct(env_ids):
         return previous
-    seen: dict[int, int] = {}
-    for row, env in enumerate(env_ids.tolist()):
-        previous[row] = seen.get(env, -1)
-        seen[env] = row
+    order = np.argsort(env_ids, kind="stable")   # each env's rows together, in call order
+    same_env = env_ids[order[1:]] == env_ids[order[:-1]]
+    previous[order[1:][same_env]] = order[:-1][same_env]
     return previous
 
 
