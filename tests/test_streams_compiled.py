@@ -155,3 +155,13 @@ def reference_walk(streams: Streams, positions: Any, write_count: int, size: int
         rows[:, stack - 1 + step] = row
     steps[walking] = n_step
     return Chain(complete, rows, padded, steps, terminated, truncated, final_slot)
+
+
+@given(st.lists(st.integers(0, 3), max_size=24))
+def test_each_rows_previous_row_of_its_env_in_a_call_is_found_as_a_loop_finds_it(envs: list[int]) -> None:
+    seen: dict[int, int] = {}
+    expected = []
+    for row, env in enumerate(envs):
+        expected.append(seen.get(env, -1))
+        seen[env] = row
+    assert _streams._previous_in_call(np.array(envs, np.int64)).tolist() == expected
