@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from rlbuf.gae import GAE
     from rlbuf.gym import Recorder
     from rlbuf.hindsight import Hindsight
+    from rlbuf.mixing import MixedBatch, MixedReplay
     from rlbuf.replay import ReplayBuffer
     from rlbuf.rollout import RolloutBuffer
     from rlbuf.sequences import ReplaySequenceBatch, SequenceBatch
@@ -83,6 +84,8 @@ _MODULE_OF = {
     "GAE": "rlbuf.gae",
     "Recorder": "rlbuf.gym",
     "Hindsight": "rlbuf.hindsight",
+    "MixedBatch": "rlbuf.mixing",
+    "MixedReplay": "rlbuf.mixing",
     "ReplayBuffer": "rlbuf.replay",
     "Transition": "rlbuf.batches",
     "RolloutBuffer": "rlbuf.rollout",
@@ -109,6 +112,8 @@ __all__ = [
     "MemoryWarning",
     "MetadataOnlyWarning",
     "MissingFieldError",
+    "MixedBatch",
+    "MixedReplay",
     "NextStepResetWarning",
     "NonFiniteError",
     "NotPicklableError",
