@@ -25,6 +25,7 @@ from rlbuf import (
     Hindsight,
     NonFiniteError,
     ReplayBuffer,
+    RlbufError,
     ShapeError,
     StreamError,
 )
@@ -348,3 +349,34 @@ def test_prioritized_hindsight_samples_by_priority_and_relabels_from_that_rows_e
     assert batch.index.tolist() == [7] * 32 and bool((batch.weight == batch.weight[0]).all())
     serial = int(buf.sample_by_index([7]).next_obs["achieved_goal"][0, 0])
     assert {int(g) for g in batch.obs["desired_goal"][:, 0]} <= set(ref.candidates(serial, "episode"))
+
+
+REFUSALS = {
+    "obs shape": lambda o, n: ({**o, "observation": torch.zeros(2, 3)}, n, {}),
+    "goal dtype": lambda o, n: ({**o, "desired_goal": torch.zeros(2, 2, dtype=torch.int64)}, n, {}),
+    "broken chain": lambda o, n: ({**o, "observation": o["observation"] + 100}, n, {}),
+    "env_mask": lambda o, n: (o, n, {"env_mask": torch.tensor([True])}),
+    "nan reward": lambda o, n: (o, n, {"reward": torch.tensor([float("nan"), 0.0])}),
+}
+
+
+@pytest.mark.parametrize("refusal", list(REFUSALS))
+def test_a_refused_step_leaves_the_buffer_as_its_twin_that_never_saw_it(refusal: str) -> None:
+    """Refused anywhere in the pipeline: state snapshot unchanged, and the next steps and samples
+    equal a twin's that was never given the refused step."""
+    (buf, ref), (twin, twin_ref) = (fill(2, 10, [([True, True], [1, 2], [False, False])] * 6) for _ in range(2))
+    before = snapshot(buf)
+    start = torch.stack([ref.running[e] for e in range(2)])
+    obs = {"observation": start[:, :1], "achieved_goal": start, "desired_goal": torch.full((2, 2), SENTINEL)}
+    nxt = {**obs, "observation": obs["observation"] + 0.25}
+    given, given_next, options = REFUSALS[refusal](obs, nxt)
+    reward = options.pop("reward", torch.zeros(2))
+    with pytest.raises(RlbufError):
+        buf.add(given, torch.zeros(2), reward, given_next, torch.zeros(2, dtype=torch.bool), False, **options)
+    assert same(before, snapshot(buf))
+    for target, target_ref in ((buf, ref), (twin, twin_ref)):
+        fill_into(target, target_ref, [([True, True], [0, 3], [True, False])] * 3)
+    for _ in range(3):
+        a, b = buf.sample(16), twin.sample(16)
+        assert torch.equal(a.index, b.index) and torch.equal(a.reward, b.reward)
+        assert torch.equal(a.obs["desired_goal"], b.obs["desired_goal"])
