@@ -38,8 +38,6 @@ Example (not run here: each run trains for minutes)::
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,7 +48,7 @@ import torch
 from torch import nn
 
 from rlbuf import EpisodeStats, Hindsight, ReplayBuffer
-from rlbuf.demos import _checkpoint, _progress, _run
+from rlbuf.demos import _checkpoint, _compare, _progress, _run
 from rlbuf.demos._options import WINDOW
 from rlbuf.demos._options import HERArgs as Args
 from rlbuf.demos.bitflip import BitFlipEnv
@@ -223,8 +221,24 @@ def run(args: Args) -> dict[str, Any]:
 
 
 # -- both variants over several seeds, one figure --------------------------------------------------
-VARIANTS = {"hindsight": True, "no-hindsight": False}
-"""Variant name (the run folders' prefix) -> ``Args.hindsight``."""
+def _entry(summary: dict[str, Any]) -> dict[str, Any]:
+    """A run's entry in ``compare.json``: its bit count, final success rate, frames, minutes, frames to 0.9."""
+    reached = summary["reached_target"]
+    return {"n_bits": summary["args"]["n_bits"], "final": summary["success_rate"], "frames": summary["frames"],
+            "minutes": round(summary["seconds"] / 60, 2),
+            "reached_at_frames": None if reached is None else reached["frames"]}
+
+
+_COMPARISON = _compare.Comparison(
+    demo="her",
+    description="Run DQN on bit flipping with and without hindsight over several seeds, in sequence, and plot "
+                "both in one figure.",
+    default_out="runs/her-compare",
+    variants=(_compare.Variant("hindsight", {"hindsight": True}, "with hindsight (future, 0.8)", "tab:blue"),
+              _compare.Variant("no-hindsight", {"hindsight": False}, "without hindsight", "tab:red")),
+    run=lambda options: run(Args(**options)), entry=_entry,
+    ylabel=f"success rate, last {WINDOW} episodes", line="{variant}: success rate {mean} (seeds: {seeds})",
+    ylim=(-0.03, 1.03), legend="center right", number=".2f")
 
 
 def compare(seeds: int, out: Path, frames: int | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -234,123 +248,37 @@ def compare(seeds: int, out: Path, frames: int | None = None, extra: dict[str, A
     resumed), ``out/compare.png`` and ``out/compare.json``: per variant, every run's final
     success rate, frames, minutes and curve, and the mean and std of the final success rates.
 
+    Args:
+        seeds: runs of each variant (``hindsight``, ``no-hindsight``), seeds 1 to ``seeds``.
+        out: the output folder.
+        frames: frames per run; None: the demo's default.
+        extra: more options for every run (``HERArgs`` fields; ``n_bits`` also names the figure).
+
+    Returns:
+        What ``compare.json`` holds; ``final`` is a run's success rate.
+
     Example (not run here)::
 
         python -m rlbuf.demos.her compare --seeds 3 --out runs/her
     """
-    results: dict[str, Any] = {}
     n_bits = Args(**(extra or {})).n_bits
-    for variant, hindsight in VARIANTS.items():
-        runs = []
-        for seed in range(1, seeds + 1):
-            run_dir = out / f"{variant}-seed{seed}"
-            summary = _finished_summary(run_dir, frames)
-            if summary is None:  # a fresh run, or the continuation of one stopped, interrupted or killed before
-                options: dict[str, Any] = {"seed": seed, "out": str(run_dir), "hindsight": hindsight, **(extra or {})}
-                if frames is not None:
-                    options["frames"] = frames
-                if (run_dir / "config.json").exists():
-                    options["resume"] = str(run_dir)
-                summary = run(Args(**options))
-            reached = summary["reached_target"]
-            runs.append({"seed": seed, "n_bits": summary["args"]["n_bits"], "final": summary["success_rate"],
-                         "frames": summary["frames"],
-                         "minutes": round(summary["seconds"] / 60, 2),
-                         "reached_at_frames": None if reached is None else reached["frames"],
-                         "history": _history(run_dir)})
-        finals = [r["final"] for r in runs if r["final"] is not None]
-        results[variant] = {"runs": runs, "mean": float(np.mean(finals)) if finals else None,
-                            "std": float(np.std(finals)) if finals else None}
-    plot_compare(results, out / "compare.png", f"DQN on {n_bits}-bit flipping: a sparse reward")
-    (out / "compare.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    return results
+    return _COMPARISON.compare(seeds, out, frames, extra, f"DQN on {n_bits}-bit flipping: a sparse reward")
 
 
-def _finished_summary(run_dir: Path, frames: int | None) -> dict[str, Any] | None:
-    """The summary of a run that finished (with ``frames`` frames, if given), to reuse; else None."""
-    path = run_dir / "summary.json"
-    summary: dict[str, Any] | None = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
-    if summary is None or summary["status"] != "finished" or (frames is not None and summary["args"]["frames"] != frames):
-        return None
-    return summary
-
-
-def _history(run_dir: Path) -> list[list[float | None]]:
-    """The curve of a run (``[frames, seconds, success rate]`` points) from its newest checkpoint."""
-    checkpoint = _run.latest_checkpoint(run_dir)
-    if checkpoint is None:
-        return []
-    state = torch.load(checkpoint / "state.pt", weights_only=True)
-    return [list(point) for point in state["progress"]["history"]]
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rlbuf.demos.her compare --seeds N --out DIR [--frames F]``; 130 on Ctrl-C."""
+    return _COMPARISON.main(compare, argv)
 
 
 def plot_compare(results: dict[str, Any], path: Path, title: str = "DQN on bit flipping") -> None:
     """Both variants' success-rate curves (every seed thin, the mean thick) in one PNG.
 
-    Example:
-        >>> import tempfile
-        >>> path = Path(tempfile.mkdtemp()) / "compare.png"
-        >>> run = {"seed": 1, "final": 1.0, "history": [[1000, 1.0, 0.1], [2000, 2.0, 1.0]]}
-        >>> plot_compare({"hindsight": {"runs": [run], "mean": 1.0, "std": 0.0}}, path)
-        >>> path.read_bytes()[:4]
-        b'\\x89PNG'
+    Args:
+        results: what ``compare`` returns, or a ``compare.json`` read (docs/scripts/plot_hindsight.py).
+        path: the PNG to write.
+        title: the figure's title.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"hindsight": "tab:blue", "no-hindsight": "tab:red"}
-    labels = {"hindsight": "with hindsight (future, 0.8)", "no-hindsight": "without hindsight"}
-    figure, axes = plt.subplots(figsize=(7, 4))
-    for variant, result in results.items():
-        curves = [[(p[0], p[2]) for p in run["history"] if p[2] is not None] for run in result["runs"]]
-        for curve in curves:
-            if curve:
-                axes.plot(*zip(*curve, strict=True), color=colors.get(variant), alpha=0.3, linewidth=0.8)
-        shortest = min((len(c) for c in curves if c), default=0)
-        if shortest:
-            x = [p[0] for p in curves[0][-shortest:]]
-            y = np.mean([[p[1] for p in c[-shortest:]] for c in curves if c], axis=0)
-            summary = "" if result["mean"] is None else f": {result['mean']:.2f} ± {result['std']:.2f}"
-            axes.plot(x, y, color=colors.get(variant), linewidth=2,
-                      label=f"{labels.get(variant, variant)}{summary} ({len(curves)} seeds)")
-    axes.set_xlabel("frames")
-    axes.set_ylabel(f"success rate, last {WINDOW} episodes")
-    axes.set_ylim(-0.03, 1.03)
-    axes.set_title(title)
-    axes.grid(alpha=0.3)
-    if axes.get_legend_handles_labels()[0]:  # no curve yet when the runs stopped before their first episodes
-        axes.legend(loc="center right")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m rlbuf.demos.her compare --seeds N --out DIR [--frames F]``; 130 on Ctrl-C."""
-    parser = argparse.ArgumentParser(prog="python -m rlbuf.demos.her",
-                                     description="Run DQN on bit flipping with and without hindsight over several "
-                                                 "seeds, in sequence, and plot both in one figure.")
-    parser.add_argument("command", choices=["compare"])
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per variant (default: 3)")
-    parser.add_argument("--out", default="runs/her-compare", help="output folder")
-    parser.add_argument("--frames", type=int, default=None, help="frames per run (default: the demo's)")
-    options = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    try:
-        with _run.stop_on_interrupt():  # Ctrl-C: the running run writes a checkpoint and stops
-            report = compare(options.seeds, Path(options.out), options.frames)
-    except _run.Interrupted as stop:
-        print(f"{parser.prog} compare: {stop.demo} in {stop.run_dir} interrupted at {stop.frames} frames; run the "
-              "same command again to continue (finished runs are reused, this one resumes)", file=sys.stderr)
-        return 130
-    for variant, result in report.items():
-        finals = ", ".join("-" if r["final"] is None else f"{r['final']:.2f}" for r in result["runs"])
-        shown = "-" if result["mean"] is None else f"{result['mean']:.2f} ± {result['std']:.2f}"
-        print(f"{variant}: success rate {shown} (seeds: {finals})")
-    print(f"figure: {Path(options.out) / 'compare.png'}")
-    return 0
+    _COMPARISON.plot(results, path, title)
 
 
 if __name__ == "__main__":

@@ -36,8 +36,6 @@ Example (not run here: each run trains for minutes)::
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -50,7 +48,7 @@ from gymnasium.wrappers.utils import update_mean_var_count_from_moments
 from torch import nn
 
 from rlbuf import EpisodeStats, RolloutBuffer
-from rlbuf.demos import _checkpoint, _progress, _run
+from rlbuf.demos import _checkpoint, _compare, _progress, _run
 from rlbuf.demos._options import WINDOW
 from rlbuf.demos._options import PPOContinuousArgs as Args
 from rlbuf.demos.ppo import mlp
@@ -252,124 +250,61 @@ def run(args: Args) -> dict[str, Any]:
 
 
 # -- both variants over several seeds, one figure --------------------------------------------------
+def _entry(summary: dict[str, Any]) -> dict[str, Any]:
+    """A run's entry in ``compare.json``: its final mean return, minutes and frames."""
+    return {"final": summary[f"mean_return_last_{WINDOW}"], "minutes": round(summary["seconds"] / 60, 2),
+            "frames": summary["frames"]}
+
+
+_COMPARISON = _compare.Comparison(
+    demo="ppo_continuous",
+    description="Run the bootstrapped and the folded PPO on Pendulum-v1 over several seeds, in sequence, and plot "
+                "both in one figure.",
+    default_out="runs/pendulum-compare",
+    variants=(_compare.Variant("bootstrapped", {"fold_truncation": False}, "rlbuf: timeouts bootstrap", "tab:blue"),
+              _compare.Variant("folded", {"fold_truncation": True}, "folded done (timeout = death)", "tab:red")),
+    run=lambda options: run(Args(**options)), entry=_entry,
+    ylabel=f"mean return, last {WINDOW} episodes", line="{variant}: {mean} (seeds: {seeds})",
+    legend="lower right", number=".0f")
+_TITLE = "PPO on Pendulum-v1: every episode ends by its time limit"
+
+
 def compare(seeds: int, out: Path, frames: int | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run the bootstrapped and the folded variant for ``seeds`` seeds each, in sequence; plot both.
 
-    Writes ``out/<variant>-seed<k>/`` (each a full run) and ``out/compare.png``, ``out/compare.json``
-    (the final mean return of the last 20 episodes of every run, mean and std per variant).
+    Writes ``out/<variant>-seed<k>/`` (each a full run; a finished one is reused, a stopped one
+    resumed) and ``out/compare.png``, ``out/compare.json`` (the final mean return of the last 20
+    episodes of every run, mean and std per variant).
+
+    Args:
+        seeds: runs of each variant (``bootstrapped``, ``folded``), seeds 1 to ``seeds``.
+        out: the output folder.
+        frames: frames per run; None: the demo's default.
+        extra: more options for every run (``PPOContinuousArgs`` fields).
+
+    Returns:
+        What ``compare.json`` holds; ``final`` is a run's mean return of its last 20 episodes.
 
     Example (not run here)::
 
         python -m rlbuf.demos.ppo_continuous compare --seeds 3 --out runs/pendulum
     """
-    results: dict[str, Any] = {}
-    for variant, fold in (("bootstrapped", False), ("folded", True)):
-        runs = []
-        for seed in range(1, seeds + 1):
-            run_dir = out / f"{variant}-seed{seed}"
-            summary = _finished_summary(run_dir, frames)
-            if summary is None:  # a fresh run, or the continuation of one stopped, interrupted or killed before
-                options: dict[str, Any] = {"seed": seed, "out": str(run_dir), "fold_truncation": fold,
-                                           **(extra or {})}
-                if frames is not None:
-                    options["frames"] = frames
-                if (run_dir / "config.json").exists():
-                    options["resume"] = str(run_dir)
-                summary = run(Args(**options))
-            runs.append({"seed": seed, "final": summary[f"mean_return_last_{WINDOW}"],
-                         "minutes": round(summary["seconds"] / 60, 2), "frames": summary["frames"],
-                         "history": _history(run_dir)})
-        finals = [r["final"] for r in runs if r["final"] is not None]
-        results[variant] = {"runs": runs, "mean": float(np.mean(finals)) if finals else None,
-                            "std": float(np.std(finals)) if finals else None}
-    plot_compare(results, out / "compare.png")
-    (out / "compare.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    return results
-
-
-def _finished_summary(run_dir: Path, frames: int | None) -> dict[str, Any] | None:
-    """The summary of a run that finished (with ``frames`` frames, if given), to reuse; else None."""
-    path = run_dir / "summary.json"
-    summary: dict[str, Any] | None = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
-    if summary is None or summary["status"] != "finished" or (frames is not None and summary["args"]["frames"] != frames):
-        return None
-    return summary
-
-
-def _history(run_dir: Path) -> list[list[float | None]]:
-    checkpoint = _run.latest_checkpoint(run_dir)
-    if checkpoint is None:
-        return []
-    state = torch.load(checkpoint / "state.pt", weights_only=True)
-    return [list(point) for point in state["progress"]["history"]]
-
-
-def plot_compare(results: dict[str, Any], path: Path) -> None:
-    """Both variants' curves (every seed thin, the mean thick) in one PNG.
-
-    Example:
-        >>> import tempfile
-        >>> path = Path(tempfile.mkdtemp()) / "compare.png"
-        >>> run = {"seed": 1, "final": -200.0, "history": [[2048, 1.0, -900.0], [4096, 2.0, -200.0]]}
-        >>> plot_compare({"bootstrapped": {"runs": [run], "mean": -200.0, "std": 0.0}}, path)
-        >>> path.read_bytes()[:4]
-        b'\\x89PNG'
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"bootstrapped": "tab:blue", "folded": "tab:red"}
-    labels = {"bootstrapped": "rlbuf: timeouts bootstrap", "folded": "folded done (timeout = death)"}
-    figure, axes = plt.subplots(figsize=(7, 4))
-    for variant, result in results.items():
-        curves = [[(p[0], p[2]) for p in run["history"] if p[2] is not None] for run in result["runs"]]
-        for curve in curves:
-            if curve:
-                axes.plot(*zip(*curve, strict=True), color=colors.get(variant), alpha=0.3, linewidth=0.8)
-        shortest = min((len(c) for c in curves if c), default=0)
-        if shortest:
-            x = [p[0] for p in curves[0][-shortest:]]
-            y = np.mean([[p[1] for p in c[-shortest:]] for c in curves if c], axis=0)
-            summary = "" if result["mean"] is None else f": {result['mean']:.0f} ± {result['std']:.0f}"
-            axes.plot(x, y, color=colors.get(variant), linewidth=2,
-                      label=f"{labels.get(variant, variant)}{summary} ({len(curves)} seeds)")
-    axes.set_xlabel("frames")
-    axes.set_ylabel(f"mean return, last {WINDOW} episodes")
-    axes.set_title("PPO on Pendulum-v1: every episode ends by its time limit")
-    axes.grid(alpha=0.3)
-    if axes.get_legend_handles_labels()[0]:  # no curve yet when the run stopped before its first episodes
-        axes.legend(loc="lower right")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    return _COMPARISON.compare(seeds, out, frames, extra, _TITLE)
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m rlbuf.demos.ppo_continuous compare --seeds N --out DIR [--frames F]``; 130 on Ctrl-C."""
-    parser = argparse.ArgumentParser(prog="python -m rlbuf.demos.ppo_continuous",
-                                     description="Run the bootstrapped and the folded PPO on Pendulum-v1 over "
-                                                 "several seeds, in sequence, and plot both in one figure.")
-    parser.add_argument("command", choices=["compare"])
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per variant (default: 3)")
-    parser.add_argument("--out", default="runs/pendulum-compare", help="output folder")
-    parser.add_argument("--frames", type=int, default=None, help="frames per run (default: the demo's)")
-    options = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    try:
-        with _run.stop_on_interrupt():  # Ctrl-C: the running run writes a checkpoint and stops
-            report = compare(options.seeds, Path(options.out), options.frames)
-    except _run.Interrupted as stop:
-        print(f"{parser.prog} compare: {stop.demo} in {stop.run_dir} interrupted at {stop.frames} frames; run the "
-              "same command again to continue (finished runs are reused, this one resumes)", file=sys.stderr)
-        return 130
-    for variant, result in report.items():
-        finals = ", ".join("-" if r["final"] is None else f"{r['final']:.0f}" for r in result["runs"])
-        shown = "-" if result["mean"] is None else f"{result['mean']:.0f} ± {result['std']:.0f}"
-        print(f"{variant}: {shown} (seeds: {finals})")
-    print(f"figure: {Path(options.out) / 'compare.png'}")
-    return 0
+    return _COMPARISON.main(compare, argv)
+
+
+def plot_compare(results: dict[str, Any], path: Path) -> None:
+    """Both variants' return curves (every seed thin, the mean thick) in one PNG, titled ``_TITLE``.
+
+    Args:
+        results: what ``compare`` returns, or a ``compare.json`` read.
+        path: the PNG to write.
+    """
+    _COMPARISON.plot(results, path, _TITLE)
 
 
 if __name__ == "__main__":
