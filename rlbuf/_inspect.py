@@ -43,7 +43,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
 
     Returns:
         ``{"path", "ok", "error", "kind", "size", "capacity", "storage", "storing_device",
-        "device", "fields": [{name, key, shape, dtype}], "versions", "format_version",
+        "device", "hindsight", "fields": [{name, key, shape, dtype}], "versions", "format_version",
         "files": [{path, dtype, shape, bytes, status}], "files_not_listed", "demo"}`` (the first
         ``LISTED_FILES`` files, in name order); ``status`` is ``ok``,
         ``failed`` (size or checksum differ), ``missing``, or ``outside`` (a path outside the
@@ -102,6 +102,7 @@ def _describe(report: dict[str, Any], buffer_dir: Path, manifest: dict[str, Any]
         "storage": options.get("storage"),
         "storing_device": options.get("storing_device"),
         "device": options.get("device") or options.get("storing_device"),
+        "hindsight": options.get("hindsight"),
         "fields": [{"name": s.get("name"), "key": s.get("key"), "shape": s.get("shape"), "dtype": s.get("dtype")}
                    for s in _as_list(state.get("spec")) if isinstance(s, dict)],
         "files": [_check_file(buffer_dir, str(rel), files[rel], verified=verified)
@@ -140,6 +141,9 @@ def format_report(report: dict[str, Any]) -> str:
               if report.get("bytes_per_transition") else []),
             f"storage     {report['storage']}  (storing device {report['storing_device']}, "
             f"device {report['device']})",
+            *([f"hindsight   {hindsight.get('strategy')}, ratio {hindsight.get('ratio')}  "
+               "(load with ReplayBuffer.load(path, reward_fn=...))"]
+              if isinstance(hindsight := report.get("hindsight"), dict) else []),
             "versions    " + ", ".join(f"{k} {v}" for k, v in versions.items()),
         ]
     if report["demo"] is not None:

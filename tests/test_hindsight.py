@@ -380,3 +380,13 @@ def test_a_refused_step_leaves_the_buffer_as_its_twin_that_never_saw_it(refusal:
         a, b = buf.sample(16), twin.sample(16)
         assert torch.equal(a.index, b.index) and torch.equal(a.reward, b.reward)
         assert torch.equal(a.obs["desired_goal"], b.obs["desired_goal"])
+
+
+def test_rlbuf_inspect_names_the_hindsight_settings_and_how_to_load(tmp_path: Path) -> None:
+    from rlbuf._inspect import format_report, inspect_checkpoint
+
+    buf, _ = fill(2, 12, [([True, True], [1, 2], [False, False])] * 3, "final", 0.5)
+    buf.save(tmp_path / "ckpt")
+    report = inspect_checkpoint(tmp_path / "ckpt")
+    assert report["ok"] and report["hindsight"] == {"strategy": "final", "ratio": 0.5}
+    assert "hindsight   final, ratio 0.5  (load with ReplayBuffer.load(path, reward_fn=...))" in format_report(report)
