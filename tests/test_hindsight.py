@@ -14,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from _snapshot import same, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
@@ -32,7 +33,6 @@ from rlbuf import (
 from rlbuf._episodes import EpisodeIndex
 from rlbuf.demos.bitflip import BitFlipEnv
 from rlbuf.gym import Recorder
-from tests._snapshot import same, snapshot
 
 STRATEGIES = ("future", "episode", "final")
 SENTINEL = -7.0  # every stored desired goal: a relabelled row is recognised by its goal
