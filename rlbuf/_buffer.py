@@ -331,7 +331,10 @@ class RingBuffer(BufferState, Generic[BatchT]):
         return self._ring.chronological_index()
 
     def _batch(self, index: torch.Tensor, weight: torch.Tensor | None = None) -> BatchT:
-        columns = self._gather(index, pinned=self._pinned_delivery)
+        return self._delivered(self._gather(index, pinned=self._pinned_delivery), index, weight)
+
+    def _delivered(self, columns: dict[str, torch.Tensor], index: torch.Tensor, weight: torch.Tensor | None) -> BatchT:
+        """The typed batch of gathered ``columns`` (rows at ``index``), on the training device."""
         columns["index"] = index
         if weight is not None:
             columns["weight"] = weight

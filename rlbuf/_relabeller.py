@@ -36,10 +36,17 @@ import torch
 
 from rlbuf._episodes import EpisodeIndex
 from rlbuf._nstep import nstep_discount, nstep_return
-from rlbuf._obs import Layout, leaf_names
+from rlbuf._obs import Layout, Leaf, leaf_names
 from rlbuf._ring import RowRing
-from rlbuf.errors import StreamError
-from rlbuf.hindsight import ACHIEVED, DESIRED_GOAL, Hindsight, relabel, reward_values
+from rlbuf.errors import (
+    CheckpointError,
+    ConfigError,
+    DtypeError,
+    NonFiniteError,
+    ShapeError,
+    StreamError,
+)
+from rlbuf.hindsight import ACHIEVED, DESIRED_GOAL, GOAL_KEYS, Hindsight
 
 _Ints = npt.NDArray[np.int64]
 _Bools = npt.NDArray[np.bool_]
@@ -73,6 +80,11 @@ class Relabeller:
         self._last_next = [np.zeros((num_envs, *ring.by_name[name].shape), ring.by_name[name].np_dtype)
                            for name in self._next_names]
         self._running = np.zeros(num_envs, np.bool_)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the episode index and of each env's last ``next_obs``."""
+        return self.episodes.nbytes + sum(last.nbytes for last in self._last_next) + self._running.nbytes
 
     def clear(self) -> None:
         """Forget every row and episode."""
@@ -158,38 +170,58 @@ class Relabeller:
 
     # -- sampling ----------------------------------------------------------------------------
     def relabel(self, columns: dict[str, torch.Tensor], index: torch.Tensor) -> None:
-        """Relabel sampled ``columns`` (rows at ``index``) in place; call with the ring's lock held."""
-        ring = self.ring
-        generator = ring.generator
+        """Relabel a ``ratio`` of the sampled ``columns`` (rows at ``index``) in place: new goals
+        and rewards (and, with ``n_step > 1``, the n-step transitions); call with the ring's lock
+        held.
+
+        Raises:
+            ShapeError, DtypeError, NonFiniteError: ``reward_fn`` returned something that is not one
+                finite number per row; nothing was changed.
+        """
+        generator = self.ring.generator
         draws = torch.rand((2, len(index)), generator=generator, dtype=torch.float64,
                            device=generator.device).cpu().numpy()
         positions = index.cpu().numpy()
-        if self.n_step == 1:
-            relabel(columns, positions, draws, self.options, self.episodes,
-                    lambda rows: ring.gather(rows.to(ring.storing_device), [ACHIEVED])[ACHIEVED])
-            return
-        self._relabel_steps(columns, positions, draws)
+        chosen = np.flatnonzero(draws[0] < self.options.ratio)
+        goals = None
+        if len(chosen):
+            goal_rows = self.episodes.goal_rows(positions[chosen], self.options.strategy, draws[1, chosen])
+            goals = self.ring.gather(torch.from_numpy(goal_rows).to(self.ring.storing_device), [ACHIEVED])[ACHIEVED]
+        if self.n_step > 1:
+            self._relabel_steps(columns, positions, chosen, goals)
+        elif goals is not None:
+            rewards = self._rewards(columns[ACHIEVED][torch.from_numpy(chosen).to(columns[ACHIEVED].device)], goals)
+            self._set_goals(columns, chosen, goals)
+            reward = columns["reward"]
+            reward.index_copy_(0, torch.from_numpy(chosen).to(reward.device), rewards.to(reward.device, reward.dtype))
 
-    def _relabel_steps(self, columns: dict[str, torch.Tensor], positions: _Ints, draws: npt.NDArray[np.float64]) -> None:
+    def _rewards(self, achieved: torch.Tensor, goals: torch.Tensor) -> torch.Tensor:
+        """``reward_fn`` of achieved goals and desired ones (``[rows, *goal_shape]`` each), checked."""
+        assert self.options.reward_fn is not None  # checked when built
+        return reward_values(self.options.reward_fn(achieved.cpu().numpy(), goals.cpu().numpy(), {}), len(achieved))
+
+    @staticmethod
+    def _set_goals(columns: dict[str, torch.Tensor], chosen: _Ints, goals: torch.Tensor) -> None:
+        """The desired goal of ``obs`` and ``next_obs`` of the ``chosen`` rows becomes ``goals``."""
+        for name in (DESIRED_GOAL, "next_" + DESIRED_GOAL):
+            column = columns[name]
+            column.index_copy_(0, torch.from_numpy(chosen).to(column.device), goals.to(column.device))
+
+    def _relabel_steps(self, columns: dict[str, torch.Tensor], positions: _Ints, chosen: _Ints,
+                       goals: torch.Tensor | None) -> None:
         """``relabel`` of n-step transitions: each row's next ``m <= n_step`` rows of its episode
         give the discounted reward sum (recomputed for the new goal where relabelled), the
         observation it bootstraps from, its flags and ``gamma**m`` (0 once terminated)."""
-        ring, options, n = self.ring, self.options, self.n_step
+        ring, n = self.ring, self.n_step
         rows, steps = self.episodes.window(positions, n)
         device = columns["reward"].device
         window = ring.gather(torch.from_numpy(rows.reshape(-1)).to(ring.storing_device), ["reward", ACHIEVED])
         rewards = window["reward"].to(device).view(len(positions), n).clone()
-        chosen = np.flatnonzero(draws[0] < options.ratio)
-        goals = None
-        if len(chosen):
-            goal_rows = self.episodes.goal_rows(positions[chosen], options.strategy, draws[1, chosen])
-            goals = ring.gather(torch.from_numpy(goal_rows).to(ring.storing_device), [ACHIEVED])[ACHIEVED]
+        if goals is not None:
             achieved = window[ACHIEVED].view(len(positions), n, *goals.shape[1:])[torch.from_numpy(chosen)]
             used = np.arange(n)[None, :] < steps[chosen, None]
-            assert options.reward_fn is not None  # checked when built
-            per_step = reward_values(options.reward_fn(achieved.cpu().numpy()[used],
-                                                       np.repeat(goals.cpu().numpy(), steps[chosen], axis=0), {}),
-                                     int(used.sum()))
+            per_step = self._rewards(achieved[torch.from_numpy(used)],
+                                     goals.repeat_interleave(torch.from_numpy(steps[chosen]).to(goals.device), dim=0))
             relabelled = rewards[torch.from_numpy(chosen).to(device)]
             relabelled[torch.from_numpy(used).to(device)] = per_step.to(device, rewards.dtype)
             rewards[torch.from_numpy(chosen).to(device)] = relabelled
@@ -198,9 +230,7 @@ class Relabeller:
         for name in self._next_names:
             columns[name] = ends[name].to(device)
         if goals is not None:
-            where = torch.from_numpy(chosen).to(device)
-            for name in (DESIRED_GOAL, "next_" + DESIRED_GOAL):
-                columns[name].index_copy_(0, where, goals.to(device))
+            self._set_goals(columns, chosen, goals)
         step_count = torch.from_numpy(steps).to(device)
         terminated, truncated = ends["terminated"].to(device), ends["truncated"].to(device)
         columns["reward"] = nstep_return(rewards, step_count, self.gamma)
@@ -251,6 +281,75 @@ class Relabeller:
         for last, name in zip(self._last_next, self._next_names, strict=True):
             last[envs] = ring.leaves[name].index_select(0, torch.from_numpy(rows).to(ring.storing_device)).cpu().numpy()
         self._running[envs] = True
+
+
+def check_goal_layout(leaves: Mapping[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
+    """Refuse an observation layout that is not a goal env's.
+
+    Args:
+        leaves: shape and dtype of each top-level observation key (``{}`` for a single tensor).
+
+    Raises:
+        ConfigError: keys missing, or achieved and desired goals that differ in shape or dtype.
+    """
+    missing = [key for key in GOAL_KEYS if key not in leaves]
+    if missing:
+        raise ConfigError(f"hindsight: needs a dict observation with keys {list(GOAL_KEYS)} (a goal env's), "
+                          f"got {sorted(leaves) or 'a single tensor'}; missing {missing}")
+    achieved, desired = leaves["achieved_goal"], leaves["desired_goal"]
+    if achieved != desired:
+        raise ConfigError(f'hindsight: obs["achieved_goal"] and obs["desired_goal"] must match in shape and dtype, '
+                          f"got {achieved} and {desired}")
+
+
+def recorded_options(hindsight: Any, leaves: Sequence[Leaf]) -> dict[str, Any] | None:
+    """The ``hindsight`` option as a checkpoint records it (its function left out), once checked
+    against the observation's ``leaves``.
+
+    Raises:
+        ConfigError: not a [`Hindsight`][rlbuf.Hindsight], or observations that are not a goal env's.
+    """
+    if hindsight is None:
+        return None
+    if not isinstance(hindsight, Hindsight):
+        raise ConfigError(f"hindsight: expected rlbuf.Hindsight(strategy, ratio, reward_fn), got {hindsight!r}")
+    check_goal_layout({leaf.path[0]: (leaf.shape, leaf.dtype) for leaf in leaves if len(leaf.path) == 1})
+    return {"strategy": hindsight.strategy, "ratio": hindsight.ratio}
+
+
+def with_reward_fn(options: dict[str, Any], reward_fn: Any) -> dict[str, Any]:
+    """A checkpoint's constructor options with its recorded ``hindsight`` made a
+    [`Hindsight`][rlbuf.Hindsight] again, around the ``reward_fn`` given to ``load``.
+
+    Raises:
+        CheckpointError: a malformed record, or no ``reward_fn`` for a buffer that relabels.
+    """
+    saved = options.get("hindsight")
+    if saved is None:
+        return options
+    if not isinstance(saved, dict) or set(saved) != {"strategy", "ratio"}:
+        raise CheckpointError(f"options: hindsight must be {{'strategy': ..., 'ratio': ...}}, got {saved!r}")
+    if reward_fn is None:
+        raise CheckpointError(f"this buffer relabels goals (hindsight {saved['strategy']}, ratio {saved['ratio']}), "
+                              "and a checkpoint holds no function: load it with "
+                              "ReplayBuffer.load(path, reward_fn=env.unwrapped.compute_reward)")
+    return {**options, "hindsight": Hindsight(saved["strategy"], saved["ratio"], reward_fn)}
+
+
+def reward_values(value: Any, rows: int) -> torch.Tensor:
+    """``reward_fn``'s result as ``[rows]`` finite float32."""
+    array = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value)
+    if array.dtype.kind not in "biuf":
+        raise DtypeError(f"hindsight reward_fn: expected numbers, got {array.dtype}; return a float array")
+    if array.shape not in ((rows,), (rows, 1)):
+        raise ShapeError(f"hindsight reward_fn: expected {rows} rewards (shape ({rows},)), got shape {array.shape}; "
+                         "it is called with [B, *goal_shape] goals and must be vectorised over B")
+    array = array.reshape(rows).astype(np.float32)
+    if not np.isfinite(array).all():
+        bad = array[~np.isfinite(array)][0]
+        raise NonFiniteError(f"hindsight reward_fn: expected finite rewards, got {bad} "
+                             f"(of {int((~np.isfinite(array)).sum())} non-finite)")
+    return torch.from_numpy(array)
 
 
 def _not_continued(env: int) -> StreamError:

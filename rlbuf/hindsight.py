@@ -42,22 +42,15 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, get_args
 
 import numpy as np
-import numpy.typing as npt
-import torch
 
-from rlbuf._episodes import EpisodeIndex, Strategy
-from rlbuf._obs import Leaf
+from rlbuf._episodes import Strategy
 from rlbuf.errors import (
-    CheckpointError,
     ConfigError,
-    DtypeError,
-    NonFiniteError,
-    ShapeError,
 )
 
 RewardFn = Callable[[np.ndarray[Any, Any], np.ndarray[Any, Any], dict[str, Any]], Any]
@@ -104,104 +97,3 @@ class Hindsight:
     def describe(self) -> str:
         """The options as ``repr`` shows them."""
         return f"hindsight={self.strategy}:{self.ratio}"
-
-
-def check_goal_layout(leaves: Mapping[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
-    """Refuse an observation layout that is not a goal env's.
-
-    Args:
-        leaves: shape and dtype of each top-level observation key (``{}`` for a single tensor).
-
-    Raises:
-        ConfigError: keys missing, or achieved and desired goals that differ in shape or dtype.
-    """
-    missing = [key for key in GOAL_KEYS if key not in leaves]
-    if missing:
-        raise ConfigError(f"hindsight: needs a dict observation with keys {list(GOAL_KEYS)} (a goal env's), "
-                          f"got {sorted(leaves) or 'a single tensor'}; missing {missing}")
-    achieved, desired = leaves["achieved_goal"], leaves["desired_goal"]
-    if achieved != desired:
-        raise ConfigError(f'hindsight: obs["achieved_goal"] and obs["desired_goal"] must match in shape and dtype, '
-                          f"got {achieved} and {desired}")
-
-
-def recorded_options(hindsight: Any, leaves: Sequence[Leaf]) -> dict[str, Any] | None:
-    """The ``hindsight`` option as a checkpoint records it (its function left out), once checked
-    against the observation's ``leaves``.
-
-    Raises:
-        ConfigError: not a [`Hindsight`][rlbuf.Hindsight], or observations that are not a goal env's.
-    """
-    if hindsight is None:
-        return None
-    if not isinstance(hindsight, Hindsight):
-        raise ConfigError(f"hindsight: expected rlbuf.Hindsight(strategy, ratio, reward_fn), got {hindsight!r}")
-    check_goal_layout({leaf.path[0]: (leaf.shape, leaf.dtype) for leaf in leaves if len(leaf.path) == 1})
-    return {"strategy": hindsight.strategy, "ratio": hindsight.ratio}
-
-
-def with_reward_fn(options: dict[str, Any], reward_fn: Any) -> dict[str, Any]:
-    """A checkpoint's constructor options with its recorded ``hindsight`` made a
-    [`Hindsight`][rlbuf.Hindsight] again, around the ``reward_fn`` given to ``load``.
-
-    Raises:
-        CheckpointError: a malformed record, or no ``reward_fn`` for a buffer that relabels.
-    """
-    saved = options.get("hindsight")
-    if saved is None:
-        return options
-    if not isinstance(saved, dict) or set(saved) != {"strategy", "ratio"}:
-        raise CheckpointError(f"options: hindsight must be {{'strategy': ..., 'ratio': ...}}, got {saved!r}")
-    if reward_fn is None:
-        raise CheckpointError(f"this buffer relabels goals (hindsight {saved['strategy']}, ratio {saved['ratio']}), "
-                              "and a checkpoint holds no function: load it with "
-                              "ReplayBuffer.load(path, reward_fn=env.unwrapped.compute_reward)")
-    return {**options, "hindsight": Hindsight(saved["strategy"], saved["ratio"], reward_fn)}
-
-
-def relabel(columns: dict[str, torch.Tensor], positions: npt.NDArray[np.int64], draws: npt.NDArray[np.float64],
-            options: Hindsight, episodes: EpisodeIndex, achieved_at: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    """Relabel a ``ratio`` of the sampled rows of ``columns`` in place (new goals and rewards).
-
-    Args:
-        columns: the sampled columns by field name (``obs["desired_goal"]`` ...).
-        positions: their storage positions.
-        draws: ``[2, B]`` uniform draws in ``[0, 1)``: which rows are relabelled, and their goal rows.
-        options: the strategy, ratio and reward function.
-        episodes: the ring's episode index.
-        achieved_at: the stored ``next_obs["achieved_goal"]`` of the rows at some positions.
-
-    Raises:
-        ShapeError, DtypeError, NonFiniteError: ``reward_fn`` returned something that is not one
-            finite number per row; nothing was changed.
-    """
-    chosen = np.flatnonzero(draws[0] < options.ratio)
-    if len(chosen) == 0:
-        return
-    goal_rows = episodes.goal_rows(positions[chosen], options.strategy, draws[1, chosen])
-    desired = columns[DESIRED_GOAL]
-    goals = achieved_at(torch.from_numpy(goal_rows)).to(desired.device)
-    achieved = columns[ACHIEVED][torch.from_numpy(chosen).to(desired.device)]
-    assert options.reward_fn is not None  # checked when built
-    rewards = reward_values(options.reward_fn(achieved.cpu().numpy(), goals.cpu().numpy(), {}), len(chosen))
-    rows = torch.from_numpy(chosen).to(desired.device)
-    desired.index_copy_(0, rows, goals)
-    columns["next_" + DESIRED_GOAL].index_copy_(0, rows, goals)
-    reward = columns["reward"]
-    reward.index_copy_(0, rows.to(reward.device), rewards.to(reward.device, reward.dtype))
-
-
-def reward_values(value: Any, rows: int) -> torch.Tensor:
-    """``reward_fn``'s result as ``[rows]`` finite float32."""
-    array = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value)
-    if array.dtype.kind not in "biuf":
-        raise DtypeError(f"hindsight reward_fn: expected numbers, got {array.dtype}; return a float array")
-    if array.shape not in ((rows,), (rows, 1)):
-        raise ShapeError(f"hindsight reward_fn: expected {rows} rewards (shape ({rows},)), got shape {array.shape}; "
-                         "it is called with [B, *goal_shape] goals and must be vectorised over B")
-    array = array.reshape(rows).astype(np.float32)
-    if not np.isfinite(array).all():
-        bad = array[~np.isfinite(array)][0]
-        raise NonFiniteError(f"hindsight reward_fn: expected finite rewards, got {bad} "
-                             f"(of {int((~np.isfinite(array)).sum())} non-finite)")
-    return torch.from_numpy(array)

@@ -32,7 +32,6 @@ from rlbuf._buffer import done_of, refuse_foreign_options
 from rlbuf._codec import frame_codec
 from rlbuf._compact import CompactLayout, layout_options
 from rlbuf._convert import REQUIRED, as_num_envs, require
-from rlbuf._delivery import deliver
 from rlbuf._obs import (
     ObsDtype,
     ObsShape,
@@ -42,7 +41,7 @@ from rlbuf._obs import (
     record_layout,
 )
 from rlbuf._priorities import priorities
-from rlbuf._relabeller import Relabeller
+from rlbuf._relabeller import Relabeller, recorded_options, with_reward_fn
 from rlbuf._replay_add import ReplayWriting
 from rlbuf._replay_layout import (
     ReplayWriter,
@@ -61,7 +60,7 @@ from rlbuf.errors import (
     ConfigError,
     PriorityError,
 )
-from rlbuf.hindsight import Hindsight, recorded_options, with_reward_fn
+from rlbuf.hindsight import Hindsight
 from rlbuf.sequences import ReplaySequenceBatch, sample_replay_sequences
 from rlbuf.spaces import extra_field_dtypes, resolve_action_range, resolve_fields
 from rlbuf.spec import ExtraFields
@@ -371,6 +370,8 @@ class ReplayBuffer(ReplayWriting):
         return sampler
 
     def _layout_nbytes(self) -> int:
+        if self._relabeller is not None:
+            return self._relabeller.nbytes
         return 0 if self._compact is None else self._compact.nbytes
 
     def _field_descriptions(self) -> list[str]:
@@ -463,21 +464,14 @@ class ReplayBuffer(ReplayWriting):
             if self._relabeller is not None:
                 state = ring.generator.get_state()
                 try:
-                    return self._relabelled(*self._draw(batch_size))
+                    index, weight = self._draw(batch_size)
+                    columns = self._gather(index, pinned=self._pinned_delivery)
+                    self._relabeller.relabel(columns, index)
+                    return self._delivered(columns, index, weight)
                 except Exception:  # a reward_fn that failed or returned no rewards: no draw happened
                     ring.generator.set_state(state)
                     raise
             return self._batch(*self._draw(batch_size))
-
-    def _relabelled(self, index: torch.Tensor, weight: torch.Tensor | None) -> ReplayBatch:
-        """The batch of the rows at ``index``, a ratio of them with goals their episodes reached."""
-        assert self._relabeller is not None
-        columns = self._gather(index, pinned=self._pinned_delivery)
-        self._relabeller.relabel(columns, index)
-        columns["index"] = index
-        if weight is not None:
-            columns["weight"] = weight
-        return self._make_batch(deliver(columns, self._device))
 
     def _draw(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Positions (and importance weights when prioritized) of ``batch_size`` stored rows."""

@@ -390,3 +390,11 @@ def test_rlbuf_inspect_names_the_hindsight_settings_and_how_to_load(tmp_path: Pa
     report = inspect_checkpoint(tmp_path / "ckpt")
     assert report["ok"] and report["hindsight"] == {"strategy": "final", "ratio": 0.5}
     assert "hindsight   final, ratio 0.5  (load with ReplayBuffer.load(path, reward_fn=...))" in format_report(report)
+
+
+def test_nbytes_counts_the_episode_index() -> None:
+    buf = goal_buffer(64, 2)
+    plain = ReplayBuffer(64, obs_shape={"observation": 1, "achieved_goal": 2, "desired_goal": 2}, action_shape=(),
+                         num_envs=2)
+    index = buf._relabeller.episodes  # type: ignore[union-attr]
+    assert buf.nbytes - plain.nbytes >= index.nbytes > 64 * 8 * 4
