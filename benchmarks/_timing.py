@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 
 def time_interleaved(peers: Mapping[str, Callable[[], object]], *, repeats: int,
-                     number: int, sync: Callable[[], object] = lambda: None) -> dict[str, float]:
+                     number: int, sync: Callable[[], object] = lambda: None,
+                     clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
     """Median seconds per call of each peer.
 
     Args:
@@ -23,6 +24,8 @@ def time_interleaved(peers: Mapping[str, Callable[[], object]], *, repeats: int,
         number: calls per peer per round; one round's time divided by it is one sample.
         sync: waits for queued device work (``torch.cuda.synchronize``), called before each
             round starts and before it is stopped, so a round counts the work it launched.
+        clock: what a round is timed by: wall time, or ``time.thread_time`` (this thread's CPU
+            time, which leaves out the time other processes hold the cores) for one-thread CPU work.
 
     Returns:
         The median over rounds of each peer's seconds per call.
@@ -40,11 +43,11 @@ def time_interleaved(peers: Mapping[str, Callable[[], object]], *, repeats: int,
             for name in names[shift:] + names[:shift]:
                 call = peers[name]
                 sync()
-                start = time.perf_counter()
+                start = clock()
                 for _ in range(number):
                     call()
                 sync()
-                samples[name].append((time.perf_counter() - start) / number)
+                samples[name].append((clock() - start) / number)
     finally:
         if gc_was_enabled:
             gc.enable()
