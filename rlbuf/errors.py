@@ -103,6 +103,14 @@ class CheckpointError(RlbufError, ValueError):
     """A checkpoint that is missing, truncated, corrupted, of another version or kind."""
 
 
+class RateLimitTimeoutError(RlbufError, TimeoutError):
+    """An insert or sample that a rate limiter held longer than its timeout; it changed nothing."""
+
+
+class ShardDiedError(RlbufError, RuntimeError):
+    """A shard of a replay service whose Ray actor died: its rows since the last checkpoint are gone."""
+
+
 class RlbufWarning(UserWarning):
     """Base class of every warning rlbuf gives about a likely mistake; make them errors with
     ``warnings.simplefilter("error", rlbuf.RlbufWarning)``."""

@@ -29,22 +29,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
 
 from rlbuf._delivery import deliver
 from rlbuf._obs import torchrl_env_key
+from rlbuf._ray_wire import fields_of, from_wire, to_wire
 from rlbuf.batches import ReplayBatch, Transition
 from rlbuf.checkpoint import load_state
 from rlbuf.errors import RlbufError
 from rlbuf.replay import ReplayBuffer
 from rlbuf.sequences import ReplaySequenceBatch
 from rlbuf.storage import DeviceLike, resolve_device
-
-_BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "done", "index", "weight",
-                 "discount", "hidden_state")
 
 
 class ReplayBufferHost:
@@ -173,36 +170,36 @@ class ReplayBufferHost:
 
     def rlbuf_extend(self, columns: list[tuple[Any, Any]], batch_size: list[int]) -> None:
         """See [`ReplayBuffer.extend`][rlbuf.ReplayBuffer.extend]: the TensorDict's leaves as ``(key, array)`` pairs."""
-        self.buffer.extend(TensorDict({key: _from_wire(value) for key, value in columns}, batch_size=batch_size))
+        self.buffer.extend(TensorDict({key: from_wire(value) for key, value in columns}, batch_size=batch_size))
 
     def rlbuf_sample(self, batch_size: int) -> dict[str, Any]:
         """See [`ReplayBuffer.sample`][rlbuf.ReplayBuffer.sample] (the batch as a dict of its fields)."""
-        fields: dict[str, Any] = _to_wire(_fields(self.buffer.sample(batch_size)))
+        fields: dict[str, Any] = to_wire(fields_of(self.buffer.sample(batch_size)))
         return fields
 
     def rlbuf_sample_sequences(self, batch_size: int, length: int, burn_in: int = 0) -> dict[str, Any]:
         """See [`ReplayBuffer.sample_sequences`][rlbuf.ReplayBuffer.sample_sequences] (the batch as a dict)."""
         batch = self.buffer.sample_sequences(batch_size, length, burn_in=burn_in)
-        fields: dict[str, Any] = _to_wire({field.name: getattr(batch, field.name) for field in dataclasses.fields(batch)})
+        fields: dict[str, Any] = to_wire({field.name: getattr(batch, field.name) for field in dataclasses.fields(batch)})
         return fields
 
     def rlbuf_sample_all(self) -> dict[str, Any]:
         """See [`ReplayBuffer.sample_all`][rlbuf.ReplayBuffer.sample_all]."""
-        fields: dict[str, Any] = _to_wire(_fields(self.buffer.sample_all()))
+        fields: dict[str, Any] = to_wire(fields_of(self.buffer.sample_all()))
         return fields
 
     def rlbuf_update_priority(self, index: Any, priority: Any) -> None:
         """See [`ReplayBuffer.update_priority`][rlbuf.ReplayBuffer.update_priority]."""
-        self.buffer.update_priority(_from_wire(index), _from_wire(priority))
+        self.buffer.update_priority(from_wire(index), from_wire(priority))
 
     def rlbuf_state_dict(self, data: bool = True) -> dict[str, Any]:
         """See [`ReplayBuffer.state_dict`][rlbuf.ReplayBuffer.state_dict]."""
-        state: dict[str, Any] = _to_wire(self.buffer.state_dict(data=data))
+        state: dict[str, Any] = to_wire(self.buffer.state_dict(data=data))
         return state
 
     def rlbuf_load_state_dict(self, state: Mapping[str, Any]) -> None:
         """See [`ReplayBuffer.load_state_dict`][rlbuf.ReplayBuffer.load_state_dict]."""
-        self.buffer.load_state_dict(_from_wire(dict(state)))
+        self.buffer.load_state_dict(from_wire(dict(state)))
 
     def rlbuf_save(self, path: str, data: bool = True, keep_spare: bool = False) -> None:
         """See [`ReplayBuffer.save`][rlbuf.ReplayBuffer.save]."""
@@ -229,38 +226,6 @@ def _wait_until_dead(client: Any, timeout: float = 30.0) -> None:
         except RayActorError:
             return
         time.sleep(0.01)
-
-
-def _fields(batch: ReplayBatch) -> dict[str, Any]:
-    fields: dict[str, Any] = {name: getattr(batch, name) for name in _BATCH_FIELDS}
-    fields["extras"] = dict(batch.extras)
-    return fields
-
-
-def _to_wire(value: Any) -> Any:
-    """Tensors (also inside dicts and lists) as numpy arrays, which Ray sends without pickling."""
-    if isinstance(value, torch.Tensor):
-        tensor = value.detach().cpu()
-        try:
-            return tensor.numpy()
-        except TypeError:  # a dtype numpy lacks (bfloat16): pickled as a tensor
-            return tensor
-    if isinstance(value, dict):
-        return {key: _to_wire(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_to_wire(item) for item in value]
-    return value
-
-
-def _from_wire(value: Any) -> Any:
-    """Undo ``_to_wire``. Arrays Ray hands over are read-only views of its buffers: copied."""
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(value if value.flags.writeable else value.copy())
-    if isinstance(value, dict):
-        return {key: _from_wire(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_from_wire(item) for item in value]
-    return value
 
 
 class RemoteReplayBufferHandle:
@@ -314,9 +279,9 @@ class RemoteReplayBufferHandle:
             truncated: Any = None, **extras: Any) -> None:
         """Store one env step; see [`ReplayBuffer.add`][rlbuf.ReplayBuffer.add] (tensors travel via CPU)."""
         if isinstance(obs, Transition):
-            obs = obs._replace(**{name: _to_wire(getattr(obs, name)) for name in obs._fields})
-        values = [_to_wire(v) for v in (obs, action, reward, next_obs, terminated, truncated)]
-        self._call("rlbuf_add", *values, **{name: _to_wire(v) for name, v in extras.items()})
+            obs = obs._replace(**{name: to_wire(getattr(obs, name)) for name in obs._fields})
+        values = [to_wire(v) for v in (obs, action, reward, next_obs, terminated, truncated)]
+        self._call("rlbuf_add", *values, **{name: to_wire(v) for name, v in extras.items()})
 
     def extend(self, td: TensorDictBase) -> None:
         """Store a TensorDict batch in TorchRL layout; see [`ReplayBuffer.extend`][rlbuf.ReplayBuffer.extend].
@@ -324,7 +289,7 @@ class RemoteReplayBufferHandle:
         Only the keys the buffer stores travel (all leaves for a handle made by hand).
         """
         keys = self._keys if self._keys is not None else list(td.keys(include_nested=True, leaves_only=True))
-        columns = [(key, _to_wire(value)) for key in keys if (value := td.get(key, None)) is not None]
+        columns = [(key, to_wire(value)) for key in keys if (value := td.get(key, None)) is not None]
         self._call("rlbuf_extend", columns, list(td.batch_size))
 
     def sample(self, batch_size: int) -> ReplayBatch:
@@ -344,7 +309,7 @@ class RemoteReplayBufferHandle:
             BatchSizeError: a size that is not a positive int, or longer than what each env holds.
             ConfigError: the remote buffer's rows are not interleaved by env (see there).
         """
-        fields = _from_wire(self._call("rlbuf_sample_sequences", batch_size, length, burn_in))
+        fields = from_wire(self._call("rlbuf_sample_sequences", batch_size, length, burn_in))
         return ReplaySequenceBatch(**{name: value.to(self._device) if hasattr(value, "to") else value
                                       for name, value in fields.items() if name != "extras"},
                                    extras=deliver(fields["extras"], self._device) if fields["extras"] else {})
@@ -355,7 +320,7 @@ class RemoteReplayBufferHandle:
 
     def update_priority(self, index: Any, priority: Any) -> None:
         """See [`ReplayBuffer.update_priority`][rlbuf.ReplayBuffer.update_priority]."""
-        self._call("rlbuf_update_priority", _to_wire(torch.as_tensor(index)), _to_wire(torch.as_tensor(priority)))
+        self._call("rlbuf_update_priority", to_wire(torch.as_tensor(index)), to_wire(torch.as_tensor(priority)))
 
     def state_dict(self, *, data: bool = True) -> dict[str, Any]:
         """The remote buffer's [`state_dict`][rlbuf.ReplayBuffer.state_dict], copied here.
@@ -363,12 +328,12 @@ class RemoteReplayBufferHandle:
         Write it on this machine with ``rlbuf.checkpoint.save_state(state, path)``; it loads
         with [`ReplayBuffer.load`][rlbuf.ReplayBuffer.load].
         """
-        state: dict[str, Any] = _from_wire(self._call("rlbuf_state_dict", data))
+        state: dict[str, Any] = from_wire(self._call("rlbuf_state_dict", data))
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Replace the remote buffer's contents with ``state`` (sent to the actor)."""
-        self._call("rlbuf_load_state_dict", _to_wire(dict(state)))
+        self._call("rlbuf_load_state_dict", to_wire(dict(state)))
 
     def save(self, path: str | Path, *, data: bool = True, keep_spare: bool = False) -> None:
         """Write a checkpoint at ``path`` on the actor's node (see [`ReplayBuffer.save`][rlbuf.ReplayBuffer.save]).
@@ -380,7 +345,7 @@ class RemoteReplayBufferHandle:
         self._call("rlbuf_save", str(Path(path).absolute()), data, keep_spare)
 
     def _batch(self, fields: dict[str, Any]) -> ReplayBatch:
-        fields = _from_wire(fields)
+        fields = from_wire(fields)
         extras, hidden_state = fields.pop("extras"), fields.pop("hidden_state")
         fields = deliver(fields, self._device)
         return ReplayBatch(**fields, extras=deliver(extras, self._device) if extras else {},
@@ -542,3 +507,11 @@ class RemoteReplayBuffer(RemoteReplayBufferHandle):
             return "RemoteReplayBuffer(closed)"
         hosted = self._call("rlbuf_info")["repr"].removeprefix("ReplayBuffer(")
         return f"RemoteReplayBuffer({hosted[:-1]}, delivered_to={self._device})"
+
+
+# The service's names live in their own modules (this one stays one buffer behind one actor).
+from rlbuf._rate_limit import RateLimiter  # noqa: E402
+from rlbuf._ray_service import ReplayService, ServiceWriter  # noqa: E402
+
+__all__ = ["RateLimiter", "RemoteReplayBuffer", "RemoteReplayBufferHandle", "ReplayBufferHost", "ReplayService",
+           "ServiceWriter"]

@@ -1,0 +1,554 @@
+"""Replay as a service on Ray: N shard actors behind one handle, a rate limiter per shard, exact checkpoints.
+
+Each shard is a [`ReplayBuffer`][rlbuf.ReplayBuffer] in its own Ray actor
+([`ShardHost`][rlbuf._ray_shard.ShardHost]). Writers ([`ServiceWriter`][rlbuf.ray.ServiceWriter])
+send TorchRL-layout batches to one shard per call, round-robin or a fixed one; the learner
+([`ReplayService`][rlbuf.ray.ReplayService]) splits each sample across the shards in proportion
+to their sizes (to their priority mass with prioritized replay) with its own seeded generator,
+and routes ``update_priority`` back by index. Arrays travel as numpy arrays through Ray's
+object store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+from rlbuf._delivery import deliver
+from rlbuf._priorities import priorities
+from rlbuf._rate_limit import RateLimiter
+from rlbuf._ray_wire import from_wire, to_wire
+from rlbuf.batches import ReplayBatch
+from rlbuf.errors import (
+    BatchSizeError,
+    CheckpointError,
+    ConfigError,
+    EmptyBufferError,
+    PriorityError,
+    RlbufError,
+    ShapeError,
+    ShardDiedError,
+    StoredIndexError,
+)
+from rlbuf.storage import DeviceLike, resolve_device
+
+FORMAT = "rlbuf.ray.ReplayService"
+VERSION = 1
+_THREADS = 16  # calls a shard actor runs at once: writers held by its limiter must not block the learner
+
+
+def _get(calls: Sequence[tuple[int, Any]]) -> list[Any]:
+    """Results of remote calls ``(shard, ref)``; rlbuf errors as themselves, a dead actor as ShardDiedError."""
+    import ray
+    from ray.exceptions import RayActorError, RayTaskError
+
+    results = []
+    for shard, ref in calls:
+        try:
+            results.append(ray.get(ref))
+        except RayTaskError as error:
+            if isinstance(error.cause, RlbufError):
+                raise error.cause from None
+            raise
+        except RayActorError as error:
+            raise ShardDiedError(
+                f"shard {shard}: its Ray actor is gone ({type(error).__name__}); the rows it held since the last"
+                " checkpoint are lost. Rebuild the service from that checkpoint with ReplayService.load(path)"
+            ) from error
+    return results
+
+
+def _timeout(timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
+        raise ConfigError(f"timeout: expected None or a number of seconds >= 0, got {timeout!r}")
+    return float(timeout)
+
+
+class ServiceWriter:
+    """A writer's handle on a [`ReplayService`][rlbuf.ray.ReplayService]: picklable, sends batches to the shards.
+
+    What a Ray task or actor receives when given a ``ReplayService`` (or
+    [`ReplayService.writer`][rlbuf.ray.ReplayService.writer]). Each ``extend`` is one round trip
+    to one shard: the same shard every time when built with ``shard=``, else the next one in
+    turn.
+
+    Example:
+        >>> @ray.remote                                          # doctest: +SKIP
+        ... def collect(writer):
+        ...     for step in range(100):
+        ...         writer.extend(batch_of_64_transitions)       # a TensorDict, TorchRL layout
+        >>> ray.get([collect.remote(service.writer(writer_id=w)) for w in range(2)])  # doctest: +SKIP
+    """
+
+    def __init__(self, shards: Sequence[Any], keys: Sequence[Any], *, shard: int | None = None, start: int = 0,
+                 timeout: float | None = 60.0) -> None:
+        self._shards = list(shards)
+        self._keys = list(keys)
+        self._shard = shard
+        self._next = start % len(self._shards)
+        self._timeout = timeout
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+        return (ServiceWriter, (self._shards, self._keys),
+                {"_shard": self._shard, "_next": self._next, "_timeout": self._timeout})
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    @property
+    def num_shards(self) -> int:
+        """Shards of the service."""
+        return len(self._shards)
+
+    def extend(self, td: TensorDictBase, *, timeout: float | str | None = "default") -> int:
+        """Store a TensorDict batch in TorchRL layout in one shard; returns that shard's number.
+
+        Args:
+            td: rows in TorchRL layout (any batch shape, flattened), as for
+                [`ReplayBuffer.extend`][rlbuf.ReplayBuffer.extend].
+            timeout: seconds the rate limiter may hold the batch (the service's by default;
+                ``None``: no limit).
+
+        Raises:
+            ShapeError, DtypeError ...: as [`ReplayBuffer.extend`][rlbuf.ReplayBuffer.extend]; nothing is stored.
+            RateLimitTimeoutError: the shard's rate limiter held the batch for ``timeout`` seconds.
+            ShardDiedError: the shard's actor is gone.
+        """
+        if not isinstance(td, TensorDictBase):
+            raise ShapeError(f"td: expected a TensorDict with a batch size, got {type(td).__name__}; wrap it: "
+                             "TensorDict(d, batch_size=[n])")
+        wait = self._timeout if timeout == "default" else _timeout(timeout)
+        shard = self._shard if self._shard is not None else self._next
+        columns = [(key, to_wire(value)) for key in self._keys if (value := td.get(key, None)) is not None]
+        _get([(shard, self._shards[shard].shard_extend.remote(columns, list(td.batch_size), wait))])
+        if self._shard is None:
+            self._next = (shard + 1) % len(self._shards)
+        return shard
+
+
+class ReplayService:
+    """N [`ReplayBuffer`][rlbuf.ReplayBuffer] shards in Ray actors, a rate limiter each, one learner.
+
+    Starts Ray (``ray.init(**ray_init_config)``) if it is not running, and shuts it down on
+    [`close`][rlbuf.ray.ReplayService.close] if it started it. Give the service itself (or
+    [`writer`][rlbuf.ray.ReplayService.writer]) to the Ray tasks and actors that write: they get a
+    [`ServiceWriter`][rlbuf.ray.ServiceWriter]. The learner calls ``sample``,
+    ``update_priority`` and ``save`` from one thread.
+
+    Args:
+        capacity: rows kept in all, ``capacity // num_shards`` per shard (a multiple of ``num_shards``).
+        num_shards: buffer actors.
+        obs_shape: shape of one observation.
+        action_shape: shape of one action.
+        rate_limiter: a [`RateLimiter`][rlbuf.ray.RateLimiter] whose settings each shard applies
+            to its own rows and samples (as Reverb's sharded tables do); ``None``: no limit.
+        timeout: seconds an insert or a sample may wait for a rate limiter before
+            ``RateLimitTimeoutError`` (``None``: no limit).
+        device: where sampled batches are delivered on this process.
+        seed: seeds every shard's sampler and the learner's split of each batch.
+        actor_options: Ray resources of each shard actor (``{"num_cpus": 1}`` by default).
+        ray_init_config: arguments of ``ray.init`` when Ray is not running yet.
+        **options: the other [`ReplayBuffer`][rlbuf.ReplayBuffer] options (``prioritized``,
+            ``storage``, ``extra_fields``, dtypes ...), applied in every shard.
+
+    Raises:
+        ConfigError: a bad ``capacity``, ``num_shards``, ``timeout`` or ``rate_limiter``,
+            or [`ReplayBuffer`][rlbuf.ReplayBuffer] options it refuses (no actor is left running).
+
+    Example:
+        >>> limiter = RateLimiter(samples_per_insert=4.0, min_size_to_sample=1000,
+        ...                       error_buffer=2000.0)                       # doctest: +SKIP
+        >>> with ReplayService(100_000, num_shards=2, obs_shape=(4,), action_shape=(),
+        ...                    rate_limiter=limiter, seed=0) as service:   # doctest: +SKIP
+        ...     ray.get([collect.remote(service.writer(writer_id=w)) for w in range(2)])
+        ...     batch = service.sample(256)        # a ReplayBatch; batch.index is global
+        ...     service.save("/shared/replay")     # every shard, while writers write
+    """
+
+    def __init__(self, capacity: int | None = None, *, num_shards: int = 2, obs_shape: Any = None,
+                 action_shape: Any = None, rate_limiter: RateLimiter | None = None, timeout: float | None = 60.0,
+                 device: DeviceLike = "cpu", seed: int | None = None, actor_options: Mapping[str, Any] | None = None,
+                 ray_init_config: Mapping[str, Any] | None = None, _checkpoint: Path | None = None,
+                 **options: Any) -> None:
+        self._timeout = _timeout(timeout)
+        self._device = resolve_device(device, name="device")
+        manifest: dict[str, Any] | None = None
+        if _checkpoint is None:
+            shard_capacity = _shard_capacity(capacity, num_shards)
+            if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
+                raise ConfigError(f"rate_limiter: expected a RateLimiter or None, got {type(rate_limiter).__name__}")
+            if rate_limiter is not None and rate_limiter.min_size_to_sample > shard_capacity:
+                raise ConfigError(
+                    f"rate_limiter: min_size_to_sample={rate_limiter.min_size_to_sample} rows per shard can never be"
+                    f" reached with {shard_capacity} rows per shard; lower it or raise capacity")
+            if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+                raise ConfigError(f"seed: expected an int or None, got {seed!r}")
+            seeds = np.random.SeedSequence(seed).spawn(num_shards + 1)
+            self._rng = np.random.Generator(np.random.PCG64(seeds[-1]))
+            limiter = None if rate_limiter is None else rate_limiter.config()
+            specs = [{"capacity": shard_capacity, "obs_shape": obs_shape, "action_shape": action_shape,
+                      "seed": None if seed is None else int(seeds[k].generate_state(1)[0]) >> 1,
+                      "rate_limiter": limiter, **options} for k in range(num_shards)]
+        else:
+            manifest = _read_manifest(_checkpoint)
+            num_shards, shard_capacity, limiter = manifest["num_shards"], manifest["shard_capacity"], manifest["rate_limiter"]
+            self._rng = np.random.Generator(np.random.PCG64())
+            self._rng.bit_generator.state = manifest["rng"]
+            specs = [{"checkpoint": str(_checkpoint / f"shard_{k}"), "rate_limiter": limiter,
+                      "limiter_counters": manifest["limiter_counters"][k]} for k in range(num_shards)]
+        self._limiter_config = limiter
+        self._shard_capacity = shard_capacity
+        self._started_ray = _start_ray(ray_init_config)
+        import ray
+
+        from rlbuf._ray_shard import ShardHost  # it imports rlbuf.ray, which imports this module
+
+        remote = ray.remote(ShardHost).options(max_concurrency=_THREADS, **dict(actor_options or {"num_cpus": 1}))
+        self._shards: list[Any] | None = [remote.remote(**spec) for spec in specs]
+        try:
+            infos = _get([(k, shard.shard_info.remote()) for k, shard in enumerate(self._shards)])
+            if any(info["capacity"] != shard_capacity for info in infos):
+                raise CheckpointError(f"shard capacity: expected {shard_capacity} in every shard (service.json), got "
+                                      f"{[info['capacity'] for info in infos]}")
+        except BaseException:
+            self.close()
+            raise
+        self._prioritized = bool(infos[0]["prioritized"])
+        self._beta = float(infos[0]["beta"])
+        self._keys = infos[0]["keys"]
+        self._repr = infos[0]["repr"]
+        self._sizes = [0] * num_shards
+        self._writer = ServiceWriter(self._shards, self._keys, timeout=self._timeout,
+                                     start=0 if manifest is None else manifest["writer_next"])
+
+    @classmethod
+    def load(cls, path: str | Path, *, device: DeviceLike = "cpu", timeout: float | None = 60.0,
+             actor_options: Mapping[str, Any] | None = None,
+             ray_init_config: Mapping[str, Any] | None = None) -> ReplayService:
+        """A new service of the same shape rebuilt from the checkpoint ``save`` wrote at ``path``.
+
+        Every shard's rows, sampler and RNG, its limiter's counters and the learner's split
+        generator are restored: the next samples equal those the saved service would have drawn.
+
+        Raises:
+            CheckpointError: ``path`` is not a service checkpoint, or a shard's checkpoint fails
+                its checks.
+        """
+        return cls(device=device, timeout=timeout, actor_options=actor_options, ray_init_config=ray_init_config,
+                   _checkpoint=Path(path).absolute())
+
+    # -- shape ------------------------------------------------------------------------------
+    @property
+    def num_shards(self) -> int:
+        """Shard actors."""
+        return len(self._live())
+
+    @property
+    def shard_capacity(self) -> int:
+        """Rows each shard keeps."""
+        return self._shard_capacity
+
+    @property
+    def capacity(self) -> int:
+        """Rows kept in all."""
+        return self._shard_capacity * self.num_shards
+
+    @property
+    def prioritized(self) -> bool:
+        """Whether sampling follows priorities."""
+        return self._prioritized
+
+    @property
+    def device(self) -> torch.device:
+        """Where sampled batches are delivered."""
+        return self._device
+
+    @property
+    def actors(self) -> list[Any]:
+        """The shard actors' Ray handles, shard 0 first (for placement and monitoring)."""
+        return list(self._live())
+
+    def sizes(self) -> list[int]:
+        """Rows each shard holds now (one round trip to each)."""
+        stats = _get([(k, shard.shard_stats.remote()) for k, shard in enumerate(self._live())])
+        self._sizes = [int(stat["size"]) for stat in stats]
+        return list(self._sizes)
+
+    def __len__(self) -> int:
+        return sum(self.sizes())
+
+    def rate_limiters(self) -> list[dict[str, Any]] | None:
+        """Each shard's limiter settings and counters, or ``None`` without a limiter."""
+        if self._limiter_config is None:
+            return None
+        return _get([(k, shard.shard_limiter.remote()) for k, shard in enumerate(self._live())])
+
+    # -- writing ----------------------------------------------------------------------------
+    def writer(self, shard: int | None = None, *, writer_id: int | None = None) -> ServiceWriter:
+        """A picklable writer: to ``shard`` always, else round-robin starting at ``writer_id % num_shards``.
+
+        Raises:
+            ConfigError: ``shard`` is not a shard number, or both ``shard`` and ``writer_id`` given.
+        """
+        shards = self._live()
+        if shard is not None and writer_id is not None:
+            raise ConfigError("writer: expected shard= or writer_id=, got both; use one")
+        if shard is not None and (isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < len(shards)):
+            raise ConfigError(f"shard: expected an int in [0, {len(shards)}), got {shard!r}")
+        if writer_id is not None and (isinstance(writer_id, bool) or not isinstance(writer_id, int) or writer_id < 0):
+            raise ConfigError(f"writer_id: expected an int >= 0, got {writer_id!r}")
+        return ServiceWriter(shards, self._keys, shard=shard, start=writer_id or 0, timeout=self._timeout)
+
+    def extend(self, td: TensorDictBase, *, timeout: float | str | None = "default") -> int:
+        """Store a batch from the learner's process (round-robin); see [`ServiceWriter.extend`][rlbuf.ray.ServiceWriter.extend]."""
+        self._live()
+        return self._writer.extend(td, timeout=timeout)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+        return ServiceWriter(self._live(), self._keys, timeout=self._timeout).__reduce__()
+
+    # -- sampling ---------------------------------------------------------------------------
+    def sample(self, batch_size: int) -> ReplayBatch:
+        """Draw ``batch_size`` rows across the shards, delivered on [`device`][rlbuf.ray.ReplayService.device].
+
+        The split is multinomial over the shards' sizes (priority masses when prioritized),
+        drawn by the service's seeded generator; each shard then samples its share. With
+        priorities, importance weights are normalised over all shards (the largest possible
+        weight is 1). ``batch.index`` is global: ``shard * shard_capacity + position``.
+
+        Raises:
+            BatchSizeError: ``batch_size`` is not a positive int (or wider than a limiter's band).
+            EmptyBufferError: every shard is empty.
+            RateLimitTimeoutError: a shard's limiter held its share for ``timeout`` seconds;
+                no shard sampled (no counter moved).
+            ShardDiedError: a shard's actor is gone.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise BatchSizeError(f"batch_size: expected a positive int, got {batch_size!r}")
+        shards = self._live()
+        stats = _get([(k, shard.shard_stats.remote()) for k, shard in enumerate(shards)])
+        self._sizes = [int(stat["size"]) for stat in stats]
+        mass = np.array([stat["mass"] for stat in stats], dtype=np.float64)
+        if not mass.sum() > 0:
+            raise EmptyBufferError(f"sample: every shard is empty (sizes {self._sizes})")
+        counts = self._rng.multinomial(batch_size, mass / mass.sum())
+        drawn = [(k, int(count)) for k, count in enumerate(counts) if count > 0]
+        if self._limiter_config is not None and len(drawn) > 1:
+            # First wait until every share may be drawn, so a timeout leaves every shard's counters as they were.
+            _get([(k, shards[k].shard_wait_sample.remote(count, self._timeout)) for k, count in drawn])
+        replies = _get([(k, shards[k].shard_sample.remote(count, self._timeout)) for k, count in drawn])
+        return self._merge(drawn, replies, stats)
+
+    def _merge(self, drawn: list[tuple[int, int]], replies: list[dict[str, Any]],
+               stats: list[dict[str, Any]]) -> ReplayBatch:
+        parts = [from_wire(reply["fields"]) for reply in replies]
+        for (k, _), part in zip(drawn, parts, strict=True):
+            part["index"] = part["index"] + k * self._shard_capacity
+        if self._prioritized:
+            smallest = [reply["stats"]["smallest"] for reply in replies]
+            smallest += [stat["smallest"] for stat in stats if stat["size"]]
+            overall = min(smallest)
+            for reply, part in zip(replies, parts, strict=True):
+                part["weight"] = part["weight"] * float((reply["stats"]["smallest"] / overall) ** -self._beta)
+        fields = _concat(parts)
+        extras, hidden_state = fields.pop("extras"), fields.pop("hidden_state")
+        fields = deliver(fields, self._device)
+        return ReplayBatch(**fields, extras=deliver(extras, self._device) if extras else {},
+                           hidden_state=None if hidden_state is None else deliver(hidden_state, self._device))
+
+    def sample_all(self) -> ReplayBatch:
+        """Every stored row, shard 0 first, oldest first in each; ``index`` is global."""
+        shards = self._live()
+        replies = _get([(k, shard.rlbuf_sample_all.remote()) for k, shard in enumerate(shards)])
+        drawn = [(k, 1) for k, reply in enumerate(replies) if reply["index"].shape[0]]
+        if not drawn:
+            raise EmptyBufferError("sample_all: every shard is empty")
+        parts = [{"fields": replies[k], "stats": {"smallest": 1.0}} for k, _ in drawn]
+        prioritized, self._prioritized = self._prioritized, False
+        try:
+            return self._merge(drawn, parts, [])
+        finally:
+            self._prioritized = prioritized
+
+    def update_priority(self, index: Any, priority: Any) -> None:
+        """Set priorities of the rows at global ``index`` (e.g. ``batch.index``), each in its shard.
+
+        Checked whole before any shard changes.
+
+        Raises:
+            PriorityError: the service is not prioritized, lengths differ, or a bad priority.
+            StoredIndexError: an index outside what the shards hold.
+        """
+        if not self._prioritized:
+            raise PriorityError("update_priority: this service is not prioritized (build it with prioritized=True)")
+        shards = self._live()
+        positions = torch.as_tensor(index)
+        if positions.dtype.is_floating_point or positions.dtype in (torch.bool, torch.complex64, torch.complex128):
+            raise StoredIndexError(f"index: expected integers (batch.index), got dtype {positions.dtype}")
+        positions = positions.reshape(-1).to(torch.int64).cpu()
+        values = priorities(priority, positions.numel())
+        shard_of, local = positions // self._shard_capacity, positions % self._shard_capacity
+        if positions.numel() and (int(positions.min()) < 0 or int(shard_of.max()) >= len(shards)):
+            raise StoredIndexError(f"index: expected global indices in [0, {self.capacity}), got "
+                                   f"{int(positions.min())} to {int(positions.max())}")
+        sizes = torch.tensor(self._sizes)
+        if positions.numel() and bool((local >= sizes[shard_of]).any()):
+            bad = int(positions[local >= sizes[shard_of]][0])
+            raise StoredIndexError(f"index: {bad} is not stored (shard sizes {self._sizes}); pass batch.index")
+        _get([(k, shards[k].shard_update_priority.remote(to_wire(local[mask]), to_wire(values[mask])))
+              for k in range(len(shards)) if bool((mask := shard_of == k).any())])
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        """Write every shard's checkpoint and the service's state to the directory ``path``.
+
+        Writers keep writing: each shard copies its rows at one write count and writes them
+        outside its lock. Call it from the learner's thread, between samples. The directory is
+        written beside ``path`` and renamed into place, so an interrupted save leaves the previous
+        one whole. ``path`` is where the shard actors write (shared storage on a multi-node cluster).
+
+        Raises:
+            CheckpointError: ``path`` holds something that is not a service checkpoint, or a shard's save failed.
+            ShardDiedError: a shard's actor is gone.
+        """
+        path = Path(path).absolute()
+        if path.exists() and not (path / "service.json").is_file():
+            raise CheckpointError(f"{path}: expected a ReplayService checkpoint directory (service.json) or no file; "
+                                  "choose another path")
+        shards = self._live()
+        staging = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:12]}"
+        try:
+            counters = _get([(k, shard.shard_save.remote(str(staging / f"shard_{k}"))) for k, shard in enumerate(shards)])
+            manifest = {"format": FORMAT, "version": VERSION, "num_shards": len(shards),
+                        "shard_capacity": self._shard_capacity, "rate_limiter": self._limiter_config,
+                        "limiter_counters": counters, "rng": self._rng.bit_generator.state,
+                        "writer_next": self._writer._next}
+            (staging / "service.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:12]}"
+            if path.exists():
+                path.rename(old)
+            staging.rename(path)
+            shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def _live(self) -> list[Any]:
+        if self._shards is None:
+            raise RuntimeError("ReplayService: closed; its actors are stopped")
+        return self._shards
+
+    @property
+    def closed(self) -> bool:
+        """Whether [`close`][rlbuf.ray.ReplayService.close] has stopped the shards."""
+        return self._shards is None
+
+    def close(self) -> None:
+        """Stop every shard actor (their rows are gone; save first), and Ray if the service started it."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        shards, self._shards = self._shards, None
+        # Each actor removes what it made (a memmap scratch directory) and exits; kill any that do not.
+        exits = [shard.rlbuf_close.remote() for shard in shards or []]
+        for shard, exit_ in zip(shards or [], exits, strict=True):
+            with contextlib.suppress(RayActorError):
+                ray.get(exit_, timeout=30)
+            ray.kill(shard)
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()
+
+    def __enter__(self) -> ReplayService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._shards is None:
+            return "ReplayService(closed)"
+        shard = self._repr.removeprefix("ReplayBuffer(")[:-1]
+        return f"ReplayService(num_shards={len(self._shards)}, shard={{{shard}}}, delivered_to={self._device})"
+
+
+def _shard_capacity(capacity: Any, num_shards: Any) -> int:
+    if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
+        raise ConfigError(f"num_shards: expected an int >= 1, got {num_shards!r}")
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < num_shards:
+        raise ConfigError(f"capacity: expected an int >= num_shards={num_shards}, got {capacity!r}")
+    if capacity % num_shards:
+        low = capacity - capacity % num_shards
+        raise ConfigError(f"capacity: expected a multiple of num_shards={num_shards}, got {capacity}; use {low} or "
+                          f"{low + num_shards}")
+    return capacity // num_shards
+
+
+def _start_ray(ray_init_config: Mapping[str, Any] | None) -> bool:
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(**dict(ray_init_config or {}))
+    return True
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """``service.json``, checked: the shape and state a service is rebuilt from."""
+    file = path / "service.json"
+    try:
+        manifest = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{file}: expected a ReplayService checkpoint's service.json, could not read it "
+                              f"({error}); pass the directory ReplayService.save wrote") from error
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise CheckpointError(f"{file}: expected format {FORMAT!r} version {VERSION}, got "
+                              f"{manifest.get('format') if isinstance(manifest, dict) else manifest!r}")
+    num_shards, capacity = manifest.get("num_shards"), manifest.get("shard_capacity")
+    for name, value in (("num_shards", num_shards), ("shard_capacity", capacity)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"{file}: {name}: expected an int >= 1, got {value!r}")
+    counters = manifest.get("limiter_counters")
+    if not isinstance(counters, list) or len(counters) != num_shards:
+        raise CheckpointError(f"{file}: limiter_counters: expected one entry per shard ({num_shards}), got {counters!r}")
+    writer_next = manifest.get("writer_next")
+    if isinstance(writer_next, bool) or not isinstance(writer_next, int) or not 0 <= writer_next < num_shards:
+        raise CheckpointError(f"{file}: writer_next: expected an int in [0, {num_shards}), got {writer_next!r}")
+    try:
+        np.random.PCG64().state = manifest["rng"]
+        limiter = manifest.get("rate_limiter")
+        if limiter is not None:
+            for shard_counters in counters:
+                RateLimiter.from_config(limiter, shard_counters)
+    except (TypeError, ValueError, KeyError) as error:
+        raise CheckpointError(f"{file}: {error}") from error
+    missing = [k for k in range(num_shards) if not (path / f"shard_{k}").is_dir()]
+    if missing:
+        raise CheckpointError(f"{path}: expected shard_0 .. shard_{num_shards - 1}, missing {missing}")
+    return manifest
+
+
+def _concat(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Fields of several shards' batches, row-concatenated (nested dicts key by key, ``None`` kept)."""
+    first = parts[0]
+    merged: dict[str, Any] = {}
+    for name, value in first.items():
+        values = [part[name] for part in parts]
+        if value is None:
+            merged[name] = None
+        elif isinstance(value, dict):
+            merged[name] = _concat(values)
+        else:
+            merged[name] = torch.cat(values) if len(values) > 1 else value
+    return merged
+

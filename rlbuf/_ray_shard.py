@@ -1,0 +1,178 @@
+"""One shard of a [`ReplayService`][rlbuf.ray.ReplayService]: a ReplayBuffer and its rate limiter in a Ray actor.
+
+The actor is threaded (Ray's ``max_concurrency``): an insert held by the rate limiter waits on
+a condition while the learner's sample, which frees it, runs in another thread. Every row goes
+through the hosted buffer's validated ``extend``; the limiter's counters move only once the
+buffer has accepted a batch (a refused batch, or one held past its timeout, changes nothing).
+
+Example:
+    >>> from tensordict import TensorDict
+    >>> shard = ShardHost(capacity=8, obs_shape=(1,), action_shape=(), seed=0,
+    ...                   rate_limiter={"samples_per_insert": 1.0, "min_size_to_sample": 2, "error_buffer": 4.0})
+    >>> rows = TensorDict({"observation": torch.zeros(3, 1), "action": torch.zeros(3),
+    ...                    ("next", "observation"): torch.ones(3, 1), ("next", "reward"): torch.ones(3),
+    ...                    ("next", "terminated"): torch.zeros(3, dtype=torch.bool),
+    ...                    ("next", "truncated"): torch.zeros(3, dtype=torch.bool)}, batch_size=[3])
+    >>> shard.shard_extend([(k, v.numpy()) for k, v in rows.items(True, True)], [3], None)
+    >>> shard.shard_stats()["size"], shard.shard_limiter()["counters"]["inserts"]
+    (3, 3)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from tensordict import TensorDict
+
+from rlbuf._rate_limit import RateLimiter, wait_until
+from rlbuf._ray_wire import fields_of, from_wire, to_wire
+from rlbuf.checkpoint import save_state
+from rlbuf.errors import CheckpointError, RlbufError
+from rlbuf.ray import ReplayBufferHost
+
+
+class ShardHost(ReplayBufferHost):
+    """What runs inside one shard actor: [`ReplayBufferHost`][rlbuf.ray.ReplayBufferHost] plus a rate limiter.
+
+    Args:
+        checkpoint: rebuild the buffer from this checkpoint directory instead of ``options``.
+        rate_limiter: the limiter's ``config()`` (``None``: no limit).
+        limiter_counters: the limiter's counters to start from (a service checkpoint's).
+        **options: [`ReplayBuffer`][rlbuf.ReplayBuffer] arguments.
+    """
+
+    def __init__(self, *, checkpoint: str | None = None, rate_limiter: Mapping[str, Any] | None = None,
+                 limiter_counters: Mapping[str, int] | None = None, **options: Any) -> None:
+        super().__init__(checkpoint=checkpoint, **options)
+        self._condition = threading.Condition()
+        self._limiter: RateLimiter | None = None
+        self._base = 0
+        if self._error is not None:
+            return
+        try:
+            if rate_limiter is not None:
+                self._limiter = RateLimiter.from_config(rate_limiter, limiter_counters)
+                if self._limiter.size != len(self._buffer):
+                    raise CheckpointError(f"rate_limiter: counters say {self._limiter.size} rows, the buffer holds "
+                                     f"{len(self._buffer)}; the checkpoint's service.json and shard differ")
+        except RlbufError as error:
+            self._error = error
+            return
+        # The limiter's inserts follow the buffer's write count from here on: a snapshot's write
+        # count gives the inserts it holds, without stopping writers (see shard_save).
+        inserts = 0 if self._limiter is None else self._limiter.inserts
+        self._base = self._write_count() - inserts
+
+    def _write_count(self) -> int:
+        return int(self.buffer.state_dict(data=False)["write_count"])
+
+    def shard_info(self) -> dict[str, Any]:
+        """[`rlbuf_info`][rlbuf.ray.ReplayBufferHost.rlbuf_info] and the importance-sampling exponent."""
+        buffer = self.buffer
+        return {**self.rlbuf_info(), "beta": buffer.beta if buffer.prioritized else 0.0}
+
+    def shard_extend(self, columns: list[tuple[Any, Any]], batch_size: list[int], timeout: float | None) -> None:
+        """Store a TorchRL-layout batch, first waiting for the rate limiter (``timeout`` seconds at most).
+
+        Raises:
+            RateLimitTimeoutError: the limiter held the batch for ``timeout`` seconds.
+            ShapeError, DtypeError ...: as [`ReplayBuffer.extend`][rlbuf.ReplayBuffer.extend].
+        """
+        buffer = self.buffer
+        td = TensorDict({key: from_wire(value) for key, value in columns}, batch_size=batch_size)
+        rows = int(td.batch_size.numel())
+        limiter = self._limiter
+        with self._condition:
+            if limiter is not None and rows:
+                limiter.check_insert(rows)
+                wait_until(self._condition, lambda: limiter.can_insert(rows), timeout,
+                           lambda: f"extend: the rate limiter held {rows} rows for {timeout} s ({limiter}); the "
+                                   "learner samples too slowly for samples_per_insert: sample more, widen "
+                                   "error_buffer or raise timeout")
+            before = len(buffer)
+            buffer.extend(td)
+            if limiter is not None:
+                limiter.record_insert(rows)
+                limiter.record_delete(before + rows - len(buffer))
+                self._condition.notify_all()
+
+    def shard_stats(self) -> dict[str, Any]:
+        """``size``, and with priorities the total and smallest ``priority ** alpha`` of the stored rows."""
+        with self._condition:
+            return self._stats()
+
+    def _stats(self) -> dict[str, Any]:
+        buffer = self.buffer
+        size = len(buffer)
+        if not buffer.prioritized or size == 0:
+            return {"size": size, "mass": float(size), "smallest": 1.0}
+        rb = buffer.torchrl
+        _, total, smallest = rb.sampler._sampled_mass(rb.storage)
+        return {"size": size, "mass": float(total), "smallest": float(smallest)}
+
+    def shard_wait_sample(self, batch_size: int, timeout: float | None) -> None:
+        """Return once the rate limiter lets ``batch_size`` rows be sampled; changes nothing.
+
+        Raises:
+            RateLimitTimeoutError: not within ``timeout`` seconds.
+        """
+        limiter = self._limiter
+        if limiter is None:
+            return
+        limiter.check_sample(batch_size)
+        with self._condition:
+            wait_until(self._condition, lambda: limiter.can_sample(batch_size), timeout,
+                       lambda: self._sample_held(limiter, batch_size, timeout))
+
+    @staticmethod
+    def _sample_held(limiter: RateLimiter, batch_size: int, timeout: float | None) -> str:
+        reason = ("too few rows to sample" if limiter.size < limiter.min_size_to_sample
+                  else "sampling would run ahead of samples_per_insert")
+        return (f"sample: the rate limiter held {batch_size} rows for {timeout} s ({reason}; {limiter}): insert"
+                " more, widen error_buffer or raise timeout")
+
+    def shard_sample(self, batch_size: int, timeout: float | None) -> dict[str, Any]:
+        """``batch_size`` rows (as [`ReplayBuffer.sample`][rlbuf.ReplayBuffer.sample]) and the stats they were drawn with."""
+        limiter = self._limiter
+        if limiter is not None:
+            limiter.check_sample(batch_size)
+        with self._condition:
+            if limiter is not None:
+                wait_until(self._condition, lambda: limiter.can_sample(batch_size), timeout,
+                           lambda: self._sample_held(limiter, batch_size, timeout))
+            stats = self._stats()
+            batch = self.buffer.sample(batch_size)
+            if limiter is not None:
+                limiter.record_sample(batch_size)
+                self._condition.notify_all()
+        fields: dict[str, Any] = to_wire(fields_of(batch))
+        return {"fields": fields, "stats": stats}
+
+    def shard_update_priority(self, index: Any, priority: Any) -> None:
+        """See [`ReplayBuffer.update_priority`][rlbuf.ReplayBuffer.update_priority]."""
+        with self._condition:
+            self.buffer.update_priority(from_wire(index), from_wire(priority))
+
+    def shard_limiter(self) -> dict[str, Any] | None:
+        """The limiter's ``config()`` and ``counters()``, or ``None`` without one."""
+        limiter = self._limiter
+        if limiter is None:
+            return None
+        with self._condition:
+            return {"config": limiter.config(), "counters": limiter.counters()}
+
+    def shard_save(self, path: str) -> dict[str, int] | None:
+        """Write the buffer's checkpoint at ``path``; return the limiter's counters at the same write count.
+
+        Writers keep writing: the buffer's snapshot holds them off only while it copies rows.
+        Samples must not run meanwhile (the learner saves between its samples).
+        """
+        state = self.buffer.state_dict()
+        save_state(state, path)
+        limiter = self._limiter
+        if limiter is None:
+            return None
+        inserts = int(state["write_count"]) - self._base
+        return {"inserts": inserts, "samples": limiter.samples, "deletes": inserts - int(state["size"])}
