@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -319,13 +320,18 @@ class ReplayService:
         return ServiceWriter(self._live(), self._keys, timeout=self._timeout).__reduce__()
 
     # -- sampling ---------------------------------------------------------------------------
-    def sample(self, batch_size: int) -> ReplayBatch:
+    def sample(self, batch_size: int, *, timeout: float | str | None = "default") -> ReplayBatch:
         """Draw ``batch_size`` rows across the shards, delivered on [`device`][rlbuf.ray.ReplayService.device].
 
         The split is multinomial over the shards' sizes (priority masses when prioritized),
         drawn by the service's seeded generator; each shard then samples its share. With
         priorities, importance weights are normalised over all shards (the largest possible
         weight is 1). ``batch.index`` is global: ``shard * shard_capacity + position``.
+
+        Args:
+            batch_size: rows to draw.
+            timeout: seconds the rate limiters may hold the sample (the service's by default;
+                ``None``: no limit).
 
         Raises:
             BatchSizeError: ``batch_size`` is not a positive int (or wider than a limiter's band).
@@ -336,6 +342,7 @@ class ReplayService:
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise BatchSizeError(f"batch_size: expected a positive int, got {batch_size!r}")
+        wait = self._timeout if timeout == "default" else _timeout(timeout)
         shards = self._live()
         stats = _get([(k, shard.shard_stats.remote()) for k, shard in enumerate(shards)])
         self._sizes = [int(stat["size"]) for stat in stats]
@@ -346,8 +353,10 @@ class ReplayService:
         drawn = [(k, int(count)) for k, count in enumerate(counts) if count > 0]
         if self._limiter_config is not None and len(drawn) > 1:
             # First wait until every share may be drawn, so a timeout leaves every shard's counters as they were.
-            _get([(k, shards[k].shard_wait_sample.remote(count, self._timeout)) for k, count in drawn])
-        replies = _get([(k, shards[k].shard_sample.remote(count, self._timeout)) for k, count in drawn])
+            _get([(k, shards[k].shard_wait_sample.remote(count, wait)) for k, count in drawn])
+        replies = _get([(k, shards[k].shard_sample.remote(count, wait)) for k, count in drawn])
+        for (k, _), reply in zip(drawn, replies, strict=True):  # a shard held by its limiter grew meanwhile
+            self._sizes[k] = max(self._sizes[k], int(reply["stats"]["size"]))
         return self._merge(drawn, replies, stats)
 
     def _merge(self, drawn: list[tuple[int, int]], replies: list[dict[str, Any]],
@@ -457,15 +466,16 @@ class ReplayService:
     def close(self) -> None:
         """Stop every shard actor (their rows are gone; save first), and Ray if the service started it."""
         import ray
-        from ray.exceptions import RayActorError
+        from ray.exceptions import GetTimeoutError, RayActorError
 
         shards, self._shards = self._shards, None
         # Each actor removes what it made (a memmap scratch directory) and exits; kill any that do not.
         exits = [shard.rlbuf_close.remote() for shard in shards or []]
         for shard, exit_ in zip(shards or [], exits, strict=True):
-            with contextlib.suppress(RayActorError):
+            with contextlib.suppress(RayActorError, GetTimeoutError):
                 ray.get(exit_, timeout=30)
             ray.kill(shard)
+            _wait_until_dead(shard)
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
 
@@ -480,6 +490,21 @@ class ReplayService:
             return "ReplayService(closed)"
         shard = self._repr.removeprefix("ReplayBuffer(")[:-1]
         return f"ReplayService(num_shards={len(self._shards)}, shard={{{shard}}}, delivered_to={self._device})"
+
+
+def _wait_until_dead(shard: Any, timeout: float = 30.0) -> None:
+    """Return once ``shard``'s actor is gone (an exit or a kill is not instant)."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get(shard.synchronize.remote(), timeout=1.0)
+        except (RayActorError, GetTimeoutError) as error:
+            if isinstance(error, RayActorError):
+                return
+        time.sleep(0.01)
 
 
 def _shard_capacity(capacity: Any, num_shards: Any) -> int:

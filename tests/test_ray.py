@@ -3,6 +3,7 @@ unsent data, the remote state checkpoints like a local buffer, and closing stops
 
 from __future__ import annotations
 
+import json
 import sys
 import warnings
 from collections.abc import Iterator
@@ -24,12 +25,21 @@ from rlbuf import (  # noqa: E402
     ConfigError,
     DtypeError,
     EmptyBufferError,
+    RateLimitTimeoutError,
+    ReplayBatch,
     ReplayBuffer,
     ShapeError,
+    ShardDiedError,
     Transition,
 )
 from rlbuf.checkpoint import save_state  # noqa: E402
-from rlbuf.ray import RemoteReplayBuffer, RemoteReplayBufferHandle  # noqa: E402
+from rlbuf.ray import (  # noqa: E402
+    RateLimiter,
+    RemoteReplayBuffer,
+    RemoteReplayBufferHandle,
+    ReplayService,
+    ServiceWriter,
+)
 
 CHUNKS, ROWS = 12, 8
 
@@ -287,3 +297,124 @@ def test_dict_observations_and_hidden_states_travel_both_ways() -> None:
     assert isinstance(batch.obs, TensorDict) and batch.obs["camera"].dtype is torch.uint8
     assert torch.equal(batch.next_obs["proprio"], obs["proprio"].repeat(2, 1))
     assert batch.hidden_state is not None and batch.hidden_state["h"][:, 0, 0].tolist() == [1.0, 1.0, 2.0, 2.0]
+
+
+# -- ReplayService: shards, rate limits, checkpoints ------------------------------------------
+SERVICE_CHUNKS = 24
+
+
+@pytest.fixture(scope="module")
+def service(ray_cluster: None) -> Iterator[ReplayService]:
+    """One 2-shard prioritized service with a rate limiter, shared by the service tests (starting
+    a shard actor costs seconds here: each imports torch)."""
+    limiter = RateLimiter(samples_per_insert=1.0, min_size_to_sample=16, error_buffer=1024.0)
+    with ReplayService(2 * 4096, num_shards=2, obs_shape=(3,), action_shape=(2,), prioritized=True, seed=0,
+                       rate_limiter=limiter, timeout=60.0, actor_options={"num_cpus": 0}) as built:
+        yield built
+
+
+@ray.remote(num_cpus=0.5)
+def write_chunks(writer: ServiceWriter, worker: int, chunks: int) -> list[int]:
+    return [writer.extend(_chunk(worker, chunk)) for chunk in range(chunks)]
+
+
+def _chunks_by_shard(ids: list[int]) -> dict[tuple[int, int], list[int]]:
+    """``(worker, chunk) -> ids`` of the rows stored, for chunks of ROWS ids each."""
+    chunks: dict[tuple[int, int], list[int]] = {}
+    for uid in ids:
+        chunks.setdefault((uid // 1_000_000, uid % 1_000_000 // ROWS), []).append(uid)
+    return chunks
+
+
+def test_service_shards_lose_and_duplicate_no_row_under_writers_samples_priorities_and_a_save(
+        service: ReplayService, tmp_path: Path) -> None:
+    counters = service.rate_limiters()
+    service.extend(_chunk(9, 0))                                   # 8 rows into shard 0: below min size
+    with pytest.raises(RateLimitTimeoutError, match="too few rows to sample"):
+        service.sample(4, timeout=0.0)
+    with pytest.raises(ShapeError, match="obs"):                    # refused whole by the shard
+        service.writer(shard=1).extend(_chunk(9, 1).set("observation", torch.zeros(ROWS, 4)))
+    assert service.sizes() == [ROWS, 0] and service.rate_limiters() != counters
+    counters = service.rate_limiters()
+    assert [c["counters"] for c in counters or []] == [{"inserts": ROWS, "samples": 0, "deletes": 0},
+                                                       {"inserts": 0, "samples": 0, "deletes": 0}]
+
+    writers = [write_chunks.remote(service.writer(writer_id=w), w + 1, SERVICE_CHUNKS) for w in range(2)]
+    for step in range(6):                                           # the learner, while they write
+        batch = service.sample(32)
+        check_id_rows(batch)
+        service.update_priority(batch.index, torch.rand(32) + 0.1)
+        if step == 2:
+            service.save(tmp_path / "during")                       # writers keep writing
+    shard_of = ray.get(writers)
+    assert shard_of == [[(w + c) % 2 for c in range(SERVICE_CHUNKS)] for w in range(2)]   # round-robin
+
+    everything = service.sample_all()
+    ids = check_id_rows(everything)
+    expected = {9_000_000 + i for i in range(ROWS)} | {
+        w * 1_000_000 + i for w in (1, 2) for i in range(SERVICE_CHUNKS * ROWS)}
+    assert len(ids) == len(set(ids)) == len(expected) and set(ids) == expected
+    # Every chunk whole in the shard its writer sent it to (the global index says which).
+    shard = (everything.index // service.shard_capacity).tolist()
+    for (worker, chunk), members in _chunks_by_shard(ids).items():
+        where = {shard[ids.index(uid)] for uid in members}
+        assert len(members) == ROWS and where == {0 if worker == 9 else shard_of[worker - 1][chunk]}
+
+    # The checkpoint taken during the writes: whole chunks, each writer's a prefix of what it sent
+    # to each shard, and limiter counters that match each shard's rows.
+    saved = json.loads((tmp_path / "during" / "service.json").read_text())
+    for k in range(2):
+        rows = check_id_rows(ReplayBuffer.load(tmp_path / "during" / f"shard_{k}").sample_all())
+        assert saved["limiter_counters"][k]["inserts"] == len(rows) == len(set(rows))
+        chunks = _chunks_by_shard(rows)
+        assert all(len(members) == ROWS for members in chunks.values())
+        for worker in (1, 2):
+            sent = [c for c in range(SERVICE_CHUNKS) if shard_of[worker - 1][c] == k]
+            stored = sorted(c for w, c in chunks if w == worker)
+            assert stored == sent[:len(stored)]
+
+
+def test_the_service_checkpoint_resumes_exactly(service: ReplayService, tmp_path: Path) -> None:
+    if min(service.sizes()) < 16:
+        for chunk in range(4):
+            service.extend(_chunk(7, chunk))
+    service.save(tmp_path / "resume")
+    generator = torch.Generator().manual_seed(0)
+    steps = [torch.rand(48, generator=generator) + 0.1 for _ in range(4)]
+
+    def run(on: ReplayService) -> list[ReplayBatch]:
+        batches = []
+        for priority in steps:
+            batches.append(on.sample(48))
+            on.update_priority(batches[-1].index, priority)
+        return batches
+
+    uninterrupted, counters = run(service), service.rate_limiters()
+    with ReplayService.load(tmp_path / "resume", actor_options={"num_cpus": 0}) as resumed:
+        assert resumed.sizes() == service.sizes() and resumed.num_shards == 2
+        for got, expected in zip(run(resumed), uninterrupted, strict=True):
+            for name in ("index", "weight", "reward", "obs"):
+                assert torch.equal(getattr(got, name), getattr(expected, name)), name
+        assert resumed.rate_limiters() == counters
+
+
+def test_a_killed_shard_is_reported_to_the_learner_and_the_writers(service: ReplayService) -> None:
+    writer = service.writer(shard=1)
+    ray.kill(service.actors[1])
+    with pytest.raises(ShardDiedError, match="shard 1: its Ray actor is gone"):
+        service.sample(64)
+    with pytest.raises(ShardDiedError, match=r"shard 1: .*ReplayService.load"):
+        writer.extend(_chunk(5, 0))
+    with pytest.raises(ShardDiedError, match="shard 1"):
+        ray.get(write_chunks.remote(service.writer(shard=1), 5, 1))
+    service.writer(shard=0).extend(_chunk(5, 0))                    # the live shard keeps serving
+
+
+def test_service_options_are_refused_before_any_actor_starts() -> None:
+    with pytest.raises(ConfigError, match=r"capacity: expected a multiple of num_shards=3, got 100; use 99 or 102"):
+        ReplayService(100, num_shards=3, obs_shape=(3,), action_shape=(2,))
+    with pytest.raises(ConfigError, match="min_size_to_sample=64 rows per shard can never be reached with 32"):
+        ReplayService(64, num_shards=2, obs_shape=(3,), action_shape=(2,),
+                      rate_limiter=RateLimiter(min_size_to_sample=64))
+    with pytest.raises(ConfigError, match="timeout: expected None or a number of seconds >= 0, got -1"):
+        ReplayService(64, obs_shape=(3,), action_shape=(2,), timeout=-1)
