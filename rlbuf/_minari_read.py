@@ -7,6 +7,10 @@ with a message that names the episode, the field, what was expected, what was re
 [`chunk_rows`][rlbuf._minari_read.chunk_rows] turns checked episodes into rows: row ``t`` holds ``obs[t]``,
 ``next_obs = obs[t + 1]`` and the step's flags as they are.
 
+This module and ``rlbuf._minari_write`` are rlbuf's one seam to Minari: besides Minari's public
+reader, it reads the HDF5 layout of Minari 0.5 with h5py directly (pinned against Minari's reader by
+``tests/test_offline.py``).
+
 Example:
     >>> import gymnasium as gym
     >>> import numpy as np
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +50,8 @@ from rlbuf.errors import (
 )
 
 Key = tuple[str, ...]
+MINARI_VERSION = (0, 5, 4)
+"""The oldest Minari rlbuf.offline works with (the ``offline`` extra's pin)."""
 NO_SEED = -1
 """``episode_seed`` of an episode reset without a seed."""
 _LEAF_SPACES = (gym_spaces.Box, gym_spaces.Discrete, gym_spaces.MultiDiscrete, gym_spaces.MultiBinary)
@@ -54,17 +61,25 @@ def minari_module(name: str = "minari") -> Any:
     """A module of Minari, an optional dependency (``pip install "rlbuf[offline]"``).
 
     Raises:
-        ConfigError: Minari (or the backend it needs: h5py, pyarrow) is not installed.
+        ConfigError: Minari (or the backend it needs: h5py, pyarrow) is not installed, or a Minari older
+            than 0.5.4 (whose writers have no ``jpeg_encoding``: images would be written lossily).
 
     Example:
         >>> minari_module().__name__
         'minari'
     """
     try:
-        return importlib.import_module(name)
+        module = importlib.import_module(name)
     except ImportError as error:
         raise ConfigError(f"rlbuf.offline needs Minari with both backends: pip install \"rlbuf[offline]\" "
                           f"({error})") from error
+    if name == "minari":
+        version = tuple(int(part) for part in re.findall(r"\d+", module.__version__)[:3])
+        if version < MINARI_VERSION:
+            raise ConfigError(f"rlbuf.offline needs Minari >= {'.'.join(map(str, MINARI_VERSION))} (its writers' "
+                              f"jpeg_encoding=False keeps images lossless), got {module.__version__}: "
+                              f"pip install \"rlbuf[offline]\"")
+    return module
 
 
 def open_dataset(dataset: Any) -> Any:
@@ -165,9 +180,10 @@ def _check_leaf(value: np.ndarray[Any, Any], space: Any, rows: int, steps: int, 
                              f"rewards, plus the final observation), got {steps}: the final observation is "
                              f"missing; save every episode with all T + 1 observations (Minari's DataCollector "
                              f"keeps the final one, of a truncated episode too)")
-        encoded = (" of encoded bytes (Minari's HDF5 writer JPEG-encodes uint8 arrays of 2 or 3 dims a row even "
-                   "when their space is no image space, and reads the bytes back: write such data with "
-                   "rlbuf.offline.to_minari, which stores it raw)") if value.dtype == object else ""
+        encoded = (" of encoded bytes (the HDF5 writer of Minari 0.5.3 and older JPEG-encoded uint8 arrays of 2 "
+                   "or 3 dims a row even when their space was no image space, and read the bytes back: write "
+                   "such data again with Minari >= 0.5.4 or rlbuf.offline.to_minari, which store it raw)"
+                   ) if value.dtype == object else ""
         raise ShapeError(f"episode {episode}: {label}: expected shape {shape} ({steps} steps), got {value.shape}"
                          f"{encoded}; save the episode with {rows} rows of the space's shape {tuple(space.shape)}")
     if value.dtype != space.dtype:
@@ -280,13 +296,14 @@ def episode_seed(seed: Any, episode: Any) -> int:
 
 
 def chunk_rows(episodes: Sequence[Mapping[str, Any]], spaces: Spaces, *, exact_reward: bool,
-               episode_fields: bool = True, infos: Sequence[str] = ()) -> TensorDict:
+               episode_fields: bool = True, infos: Sequence[str] = (), options: Sequence[str] = ()) -> TensorDict:
     """The rows of checked episodes, in order, as a TorchRL tensordict for ``ReplayBuffer.extend``.
 
     Row ``t`` of an episode: ``observation = obs[t]``, ``("next", "observation") = obs[t + 1]``, the
     step's action, reward and flags; with ``episode_fields``, ``episode_id`` and ``episode_seed``;
     with ``exact_reward``, ``dataset_reward``: the reward in the dataset's own dtype; for each key of
-    ``infos``, ``info_<key> = infos[key][t]`` and ``next_info_<key> = infos[key][t + 1]``.
+    ``infos``, ``info_<key> = infos[key][t]`` and ``next_info_<key> = infos[key][t + 1]``; for each
+    field of ``options``, the episode's value (``episode["option_fields"]``, see ``check_options``).
     """
     lengths = np.array([len(episode["rewards"]) for episode in episodes])
     rows = int(lengths.sum())
@@ -327,6 +344,10 @@ def chunk_rows(episodes: Sequence[Mapping[str, Any]], spaces: Spaces, *, exact_r
         fields[f"info_{key}"] = torch.from_numpy(np.concatenate([episode["infos"][key][:-1] for episode in episodes]))
         fields[f"next_info_{key}"] = torch.from_numpy(np.concatenate([episode["infos"][key][1:]
                                                                       for episode in episodes]))
+    for name in options:
+        fields[name] = torch.from_numpy(np.concatenate([np.broadcast_to(episode["option_fields"][name],
+                                                                        (steps, *episode["option_fields"][name].shape))
+                                                        for episode, steps in zip(episodes, lengths, strict=True)]))
     return TensorDict(fields, batch_size=[rows])
 
 
@@ -425,23 +446,32 @@ def _hdf5_episodes(dataset: Any, ids: Sequence[int], spaces: Spaces,
 def _minari_episodes(dataset: Any, ids: Sequence[int]) -> Iterator[dict[str, Any]]:
     storage = dataset.storage
     for episode, metadata in zip(storage.get_episodes(ids), storage.get_episode_metadata(ids), strict=True):
-        yield {**episode, "seed": metadata.get("seed")}
+        yield {**episode, "seed": metadata.get("seed"), "options": metadata.get("options")}
 
 
-def episode_chunks(dataset: Any, spaces: Spaces, steps_per_chunk: int,
-                   infos: bool | Sequence[str] = False) -> Iterator[list[dict[str, Any]]]:
-    """The dataset's episodes in order (their ``seed`` included), as lists of about ``steps_per_chunk`` steps.
+def _with_options(dataset: Any, ids: Sequence[int], episodes: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for episode, metadata in zip(episodes, dataset.storage.get_episode_metadata(ids), strict=True):
+        yield {**episode, "options": metadata.get("options")}
+
+
+def episode_chunks(dataset: Any, spaces: Spaces, steps_per_chunk: int, infos: bool | Sequence[str] = False,
+                   options: bool = False) -> Iterator[list[dict[str, Any]]]:
+    """The dataset's episodes in order (their ``seed`` included, and with ``options`` their reset
+    options, as Minari's ``get_episode_metadata`` reads them), as lists of about ``steps_per_chunk`` steps.
 
     Only one chunk of episodes is in memory at a time. An HDF5 dataset without image spaces is read
     with h5py directly (Minari's layout: a group ``episode_{id}`` of datasets ``observations``, a group
     of them for a ``Dict`` space, ``actions``, ``rewards``, ``terminations``, ``truncations``, and the
-    attribute ``seed``; ``tests/test_offline.py`` pins it against Minari's reader); others through
-    Minari's reader (``dataset.storage.get_episodes``), which decodes images.
+    attribute ``seed``; ``tests/test_offline.py`` pins it against Minari's reader); others (JPEG-encoded
+    images) through Minari's reader (``dataset.storage.get_episodes``), which decodes them.
     """
     ids = [int(i) for i in dataset.episode_indices]
-    images = any(minari_module("minari.dataset.minari_storage").is_image_space(space) for _, space in spaces.obs)
-    fast = dataset.storage.FORMAT == "hdf5" and not images
+    is_image_space = minari_module("minari.dataset.minari_storage").is_image_space
+    images = any(is_image_space(space) for space in [*(space for _, space in spaces.obs), spaces.action])
+    fast = dataset.storage.FORMAT == "hdf5" and not (images and dataset.storage.jpeg_encoding)
     episodes = _hdf5_episodes(dataset, ids, spaces, infos) if fast else _minari_episodes(dataset, ids)
+    if fast and options:
+        episodes = _with_options(dataset, ids, episodes)
     chunk: list[dict[str, Any]] = []
     steps = 0
     for episode in episodes:

@@ -1,47 +1,32 @@
 """Writing episodes to a Minari dataset for [`to_minari`][rlbuf.offline.to_minari], images losslessly.
 
-Minari 0.5 JPEG-encodes (lossy) every observation of an *image space* (a ``uint8`` ``Box`` of
-shape ``(H >= 32, W >= 32[, C])`` bounded by 0 and 255) in both backends, and decodes it with
-``PIL.Image.open``, which reads any format. The HDF5 writer also JPEG-encodes every ``uint8``
-array that looks like images (2 or 3 dims a row, or a last dim of 1 or 3), whatever its space,
-and then reads the JPEG bytes back as they are: a small ``uint8`` observation does not survive.
-So rlbuf writes:
-
-* an image space's frames as PNG (lossless; ``Image.open`` decodes it to the same bytes): in
-  HDF5, an array of PNG byte strings goes through the writer's public path unchanged; the Arrow
-  writer has no such path, and its ``_encode_space`` is wrapped while rlbuf writes (the one seam to
-  Minari's internals, pinned by ``tests/test_offline.py``);
-* any other ``uint8`` leaf of an HDF5 dataset as a tensor, which the writer stores as raw bytes.
+By default Minari JPEG-encodes (lossy) every observation and action of an *image space* (a
+``uint8`` ``Box`` of shape ``(H >= 32, W >= 32[, C])`` bounded by 0 and 255). rlbuf writes with
+``create_dataset_from_buffers(..., jpeg_encoding=False)`` (Minari 0.5.4's public option, kept in
+the dataset's metadata, which Minari's reader follows): every array is stored as it is, in both
+backends, so images come back byte for byte. This module and ``rlbuf._minari_read`` are rlbuf's
+one seam to Minari; it uses Minari's public functions only.
 
 Example:
     >>> import numpy as np
-    >>> is_image_space(space_of(np.zeros((2, 64, 64, 3), np.uint8)))
-    True
+    >>> space_of(np.zeros((2, 64, 64, 3), np.uint8))
+    Box(0, 255, (64, 64, 3), uint8)
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import shutil
-import threading
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from gymnasium import spaces as gym_spaces
 
-from rlbuf._minari_read import Spaces, check_episode, check_infos, leaf_label, minari_module
+from rlbuf._minari_options import checked_options, options_out
+from rlbuf._minari_read import Spaces, check_episode, check_infos, minari_module
 from rlbuf.errors import ConfigError, DtypeError
-
-_ARROW_SEAM = threading.Lock()
-
-
-def is_image_space(space: Any) -> bool:
-    """Whether Minari encodes this space's observations as images (its own test, in ``minari_storage``)."""
-    return bool(minari_module("minari.dataset.minari_storage").is_image_space(space))
 
 
 def space_of(rows: np.ndarray[Any, Any], bounds: Any = None) -> Any:
@@ -74,43 +59,6 @@ def observation_space_of(tree: Any) -> Any:
     return space_of(tree)
 
 
-def _png(frame: np.ndarray[Any, Any]) -> bytes:
-    from PIL import Image
-
-    out = io.BytesIO()
-    Image.fromarray(frame).save(out, format="PNG", compress_level=1)
-    return out.getvalue()
-
-
-def _pngs(frames: np.ndarray[Any, Any], label: str) -> np.ndarray[Any, Any]:
-    if frames.ndim == 4 and frames.shape[-1] not in (2, 3, 4):
-        raise ConfigError(f"{label}: an image space of {frames.shape[-1]} channels, which Minari cannot decode "
-                          f"(it reads images with PIL: 1 channel comes back without its channel dim); store the "
-                          f"frames channel-first (C, H, W), which Minari keeps as raw bytes")
-    return np.array([_png(frame) for frame in frames])
-
-
-def _leaf_out(value: np.ndarray[Any, Any], space: Any, data_format: str, label: str) -> Any:
-    if is_image_space(space):
-        return _pngs(value, label) if data_format == "hdf5" else value
-    if data_format == "hdf5" and value.dtype == np.uint8:
-        return torch.from_numpy(np.ascontiguousarray(value))  # raw bytes, not the writer's JPEG guess
-    return value
-
-
-def _tree_out(tree: Any, spaces: Spaces, data_format: str) -> Any:
-    if not spaces.structured:
-        return _leaf_out(tree, spaces.obs[0][1], data_format, "observations")
-    out: dict[str, Any] = {}
-    for path, space in spaces.obs:
-        node, value = out, tree
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-            value = value[key]
-        node[path[-1]] = _leaf_out(value[path[-1]], space, data_format, leaf_label("observations", path))
-    return out
-
-
 def cast_to_space(tree: Any, space: Any, label: str) -> Any:
     """An observation or action tree in its space's dtypes (a cast that loses nothing), keys as the space's.
 
@@ -133,33 +81,13 @@ def cast_to_space(tree: Any, space: Any, label: str) -> Any:
     return value.astype(space.dtype)
 
 
-@contextlib.contextmanager
-def _arrow_png() -> Iterator[None]:
-    """Minari's Arrow writer with image spaces encoded as PNG instead of JPEG, while rlbuf writes."""
-    pa = minari_module("pyarrow")
-    arrow_storage = minari_module("minari.dataset._storages.arrow_storage")
-
-    with _ARROW_SEAM:
-        jpeg: Callable[..., Any] = arrow_storage._encode_space
-
-        def encode(space: Any, values: Any, pad: int = 0) -> Any:
-            if is_image_space(space):
-                return pa.array(list(_pngs(np.asarray(values), "observations")), type=pa.binary())
-            return jpeg(space, values, pad=pad)
-
-        arrow_storage._encode_space = encode
-        try:
-            yield
-        finally:
-            arrow_storage._encode_space = jpeg
-
-
 def checked_episodes(episodes: Iterable[Mapping[str, Any]], spaces: Spaces) -> list[dict[str, Any]]:
     """Every episode in the spaces' dtypes, checked (all of them, before anything is written).
 
     Raises:
         ShapeError, DtypeError, NonFiniteError, OutOfRangeError, StreamError: as ``check_episode``.
         MissingFieldError: an episode without one of the fields.
+        ConfigError: ``options`` that are not a dict of str keys.
     """
     from rlbuf.errors import MissingFieldError
 
@@ -170,9 +98,10 @@ def checked_episodes(episodes: Iterable[Mapping[str, Any]], spaces: Spaces) -> l
         if missing:
             raise MissingFieldError(f"episode {number}: {', '.join(missing)}: expected the fields observations "
                                     f"(T + 1, the final one last), actions, rewards, terminations, truncations "
-                                    f"(optional: seed), got {sorted(episode)}")
+                                    f"(optional: seed, options, infos), got {sorted(episode)}")
         infos = {key: _as_numpy(value) for key, value in (episode.get("infos") or {}).items()}
         checked = {"id": number, "seed": episode.get("seed"), "infos": infos,
+                   "options": checked_options(episode.get("options"), number),
                    "observations": cast_to_space(_as_numpy(episode["observations"]), spaces.observation_space,
                                                  f"episode {number}: observations"),
                    "actions": cast_to_space(_as_numpy(episode["actions"]), spaces.action_space,
@@ -195,7 +124,7 @@ def _as_numpy(value: Any) -> Any:
 
 def _infos_out(infos: Mapping[str, np.ndarray[Any, Any]], data_format: str) -> dict[str, Any] | None:
     """Infos as Minari's writer takes them: Arrow reads a 1-D array back only if it was given as a list
-    (Minari 0.5.3 decodes the shape of an array column from an empty string otherwise)."""
+    (Minari 0.5.4 decodes the shape of an array column from an empty string otherwise)."""
     if not infos:
         return None
     return {key: list(value) if data_format == "arrow" and value.ndim == 1 else value for key, value in infos.items()}
@@ -224,20 +153,18 @@ def write_dataset(dataset_id: str, episodes: list[dict[str, Any]], spaces: Space
     if path.exists():
         raise ConfigError(f"dataset_id {dataset_id!r}: {path} exists already; delete it "
                           f"(minari.delete_dataset({dataset_id!r})) or choose another id or version")
-    buffers = (episode_buffer(seed=episode["seed"], observations=_tree_out(episode["observations"], spaces,
-                                                                          data_format),
-                             actions=_leaf_out(episode["actions"], spaces.action, data_format, "actions"),
+    buffers = (episode_buffer(seed=episode["seed"], options=options_out(episode["options"], data_format),
+                             observations=episode["observations"], actions=episode["actions"],
                              rewards=episode["rewards"], terminations=episode["terminations"],
                              truncations=episode["truncations"], infos=_infos_out(episode["infos"], data_format))
                for episode in episodes)
-    seam = _arrow_png() if data_format == "arrow" else contextlib.nullcontext()
     try:
-        with seam, warnings.catch_warnings():
+        with warnings.catch_warnings():
             # Minari's reminders of the metadata it was not given (author, code_permalink ...).
             warnings.filterwarnings("ignore", category=UserWarning, module=r"minari\.")
             return minari.create_dataset_from_buffers(dataset_id, buffers, observation_space=spaces.observation_space,
                                                       action_space=spaces.action_space, data_format=data_format,
-                                                      **metadata)
+                                                      jpeg_encoding=False, **metadata)
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise

@@ -5,7 +5,8 @@ episodes at a time, checks every episode of the chunk and hands the chunk to the
 path (``extend``). [`to_minari`][rlbuf.offline.to_minari] rebuilds the episodes of a buffer (or takes
 a list of them) and writes them with ``minari.create_dataset_from_buffers``. Minari → rlbuf → Minari
 → rlbuf is the identity, byte for byte, for every episode: observations (the final one included),
-actions, rewards, ``terminations`` and ``truncations`` as they are, episode boundaries and seeds.
+actions, rewards, ``terminations`` and ``truncations`` as they are, episode boundaries and seeds,
+and infos and reset options where asked. It needs Minari 0.5.4 or newer (``rlbuf[offline]``).
 
 Design:
 
@@ -20,7 +21,9 @@ Design:
   (``save``/``load``), which a table beside the buffer would not; they cost 16 to 24 bytes a row.
   ``exact=False`` stores the plain transition only (boundaries still survive: they are the flags).
   Infos, where asked (``infos=True`` or a list of keys), are fields too: ``info_<key>`` at ``obs``
-  and ``next_info_<key>`` at ``next_obs`` (a Minari episode has one info per observation).
+  and ``next_info_<key>`` at ``next_obs`` (a Minari episode has one info per observation). So are
+  reset options, where asked (``options=True`` or a list of keys): ``option_<key>``, the episode's
+  value on each of its rows, as its seed (``rlbuf._minari_options``).
 * **Refused, never half-loaded.** An inconsistent episode is refused with the error of its kind
   (``ShapeError``: lengths that disagree, a missing final observation, a shape not the space's;
   ``DtypeError``; ``NonFiniteError``: NaN in an observation or action, a reward that is not finite;
@@ -35,8 +38,8 @@ Design:
   and the oldest one once the ring has overwritten rows (its start may be gone): only complete
   episodes are written. Consecutive rows of an episode must chain (``obs`` of one is ``next_obs`` of
   the one before), or the export is refused.
-* **Images, losslessly.** Minari JPEG-encodes image observations; ``to_minari`` writes them as PNG,
-  which Minari's reader decodes to the same bytes (see ``rlbuf._minari_write``).
+* **Images, losslessly.** Minari JPEG-encodes image observations by default; ``to_minari`` writes
+  with its ``jpeg_encoding=False``: every array raw (see ``rlbuf._minari_write``).
 
 Example:
     >>> import os, tempfile
@@ -64,6 +67,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from rlbuf._minari_options import check_options, option_paths, row_options
 from rlbuf._minari_read import (
     NO_SEED,
     Spaces,
@@ -94,7 +98,7 @@ def _torch_dtype(dtype: Any) -> torch.dtype:
 
 
 def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str] = False,
-                **buffer_options: Any) -> ReplayBuffer:
+                options: bool | Sequence[str] = False, **buffer_options: Any) -> ReplayBuffer:
     """Load a local Minari dataset into a new [`ReplayBuffer`][rlbuf.ReplayBuffer], every episode checked.
 
     Args:
@@ -106,6 +110,10 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
         infos: store infos (arrays of numbers, one row per observation) as extra fields
             ``info_<key>`` (at ``obs``) and ``next_info_<key>`` (at ``next_obs``): ``True`` for every
             such key of the first episode, or a list of keys. ``to_minari`` writes them back.
+        options: store each episode's reset ``options`` (numbers, bools and arrays of them) on its
+            rows as fields ``option_<key>`` (nested keys joined by ``__``): ``True`` for every option
+            (every episode must have the same ones), or a list of top-level keys. ``to_minari`` writes
+            them back as each episode's ``options``.
         **buffer_options: the [`ReplayBuffer`][rlbuf.ReplayBuffer] options: ``capacity`` (default: the
             dataset's steps; more leaves room to add online, with ``exact=False``: an exact buffer's ``add``
             needs its extra fields too), ``storage="memmap"`` for datasets larger than
@@ -122,6 +130,8 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
         ShapeError, DtypeError, NonFiniteError, OutOfRangeError, StreamError: an inconsistent episode
             (see the module's docstring), or episodes whose steps are not the metadata's ``total_steps``
             (``ShapeError``); no buffer is returned.
+        MissingFieldError: an option asked for that an episode lacks (options of other kinds, shapes or
+            dtypes than the first episode's: ``DtypeError``, ``ShapeError``).
 
     Example:
         >>> import gymnasium as gym, numpy as np, os, tempfile
@@ -146,11 +156,14 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
     if isinstance(capacity, int) and capacity < total:
         raise ConfigError(f"capacity={capacity}: below the dataset's {total} steps, whose oldest would be "
                           f"overwritten; pass capacity >= {total} (or leave it out)")
-    chunks = episode_chunks(data, spaces, max(1, _CHUNK_BYTES // step_bytes(spaces)), infos)
+    chunks = episode_chunks(data, spaces, max(1, _CHUNK_BYTES // step_bytes(spaces)), infos,
+                            options=bool(options))
     first = next(chunks)
     check_episode(first[0], spaces)
     keys = info_keys(first[0], infos)
     check_infos(first[0], keys, len(first[0]["rewards"]), first[0])
+    paths = option_paths(first[0].get("options"), options, first[0]["id"])
+    option_fields = check_options(first[0], paths, options is True, first[0])
     reward_dtype = first[0]["rewards"].dtype
     exact_reward = exact and reward_dtype != np.float32
     extra_fields: dict[str, Any] = {}
@@ -161,6 +174,8 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
     for key in keys:
         value = first[0]["infos"][key]
         extra_fields[f"info_{key}"] = extra_fields[f"next_info_{key}"] = (value.shape[1:], _torch_dtype(value.dtype))
+    for name, value in option_fields.items():
+        extra_fields[name] = (value.shape, _torch_dtype(value.dtype))
     if not spaces.structured:
         buffer_options.setdefault("obs_dtype", _torch_dtype(spaces.obs[0][1].dtype))
     buffer_options.setdefault("action_dtype", _torch_dtype(spaces.action.dtype))
@@ -170,11 +185,13 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
     def rows(episodes: list[dict[str, Any]]) -> TensorDictBase:
         for episode in episodes:
             check_infos(episode, keys, check_episode(episode, spaces), first[0])
+            episode["option_fields"] = check_options(episode, paths, options is True, first[0])
             if exact_reward and episode["rewards"].dtype != reward_dtype:
                 raise DtypeError(f"episode {episode['id']}: rewards: expected dtype {reward_dtype} (as the first "
                                  f"episode's), got {episode['rewards'].dtype}; save every episode's rewards with "
                                  f"one dtype")
-        return chunk_rows(episodes, spaces, exact_reward=exact_reward, episode_fields=exact, infos=keys)
+        return chunk_rows(episodes, spaces, exact_reward=exact_reward, episode_fields=exact, infos=keys,
+                          options=list(option_fields))
 
     try:
         if buffer.compact and buffer.num_envs != 1:
@@ -349,7 +366,8 @@ def _buffer_episodes(buffer: ReplayBuffer) -> list[dict[str, Any]]:
             found.append((int(written[steps[0]]), {
                 "observations": _append(_take(obs, steps), _last(next_obs, int(steps[-1]))),
                 "actions": action[steps], "rewards": reward[steps], "terminations": terminated[steps],
-                "truncations": truncated[steps], "seed": None if seed == NO_SEED else seed, "infos": infos}))
+                "truncations": truncated[steps], "seed": None if seed == NO_SEED else seed, "infos": infos,
+                "options": row_options(extras, int(steps[0]))}))
     return [episode for _, episode in sorted(found, key=lambda pair: pair[0])]
 
 
