@@ -12,10 +12,7 @@ object store.
 from __future__ import annotations
 
 import contextlib
-import json
-import shutil
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +24,7 @@ from tensordict import TensorDictBase
 from rlbuf._delivery import deliver
 from rlbuf._priorities import priorities
 from rlbuf._rate_limit import RateLimiter
+from rlbuf._ray_checkpoint import read_manifest, write_checkpoint
 from rlbuf._ray_wire import from_wire, to_wire
 from rlbuf.batches import ReplayBatch
 from rlbuf.errors import (
@@ -42,8 +40,6 @@ from rlbuf.errors import (
 )
 from rlbuf.storage import DeviceLike, resolve_device
 
-FORMAT = "rlbuf.ray.ReplayService"
-VERSION = 1
 _THREADS = 16  # calls a shard actor runs at once: writers held by its limiter must not block the learner
 
 
@@ -202,7 +198,7 @@ class ReplayService:
                       "seed": None if seed is None else int(seeds[k].generate_state(1)[0]) >> 1,
                       "rate_limiter": limiter, **options} for k in range(num_shards)]
         else:
-            manifest = _read_manifest(_checkpoint)
+            manifest = read_manifest(_checkpoint)
             num_shards, shard_capacity, limiter = manifest["num_shards"], manifest["shard_capacity"], manifest["rate_limiter"]
             self._rng = np.random.Generator(np.random.PCG64())
             self._rng.bit_generator.state = manifest["rng"]
@@ -431,26 +427,11 @@ class ReplayService:
             CheckpointError: ``path`` holds something that is not a service checkpoint, or a shard's save failed.
             ShardDiedError: a shard's actor is gone.
         """
-        path = Path(path).absolute()
-        if path.exists() and not (path / "service.json").is_file():
-            raise CheckpointError(f"{path}: expected a ReplayService checkpoint directory (service.json) or no file; "
-                                  "choose another path")
         shards = self._live()
-        staging = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:12]}"
-        try:
-            counters = _get([(k, shard.shard_save.remote(str(staging / f"shard_{k}"))) for k, shard in enumerate(shards)])
-            manifest = {"format": FORMAT, "version": VERSION, "num_shards": len(shards),
-                        "shard_capacity": self._shard_capacity, "rate_limiter": self._limiter_config,
-                        "limiter_counters": counters, "rng": self._rng.bit_generator.state,
-                        "writer_next": self._writer._next}
-            (staging / "service.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:12]}"
-            if path.exists():
-                path.rename(old)
-            staging.rename(path)
-            shutil.rmtree(old, ignore_errors=True)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        write_checkpoint(Path(path).absolute(), lambda staging: _get(
+            [(k, shard.shard_save.remote(str(staging / f"shard_{k}"))) for k, shard in enumerate(shards)]),
+            {"num_shards": len(shards), "shard_capacity": self._shard_capacity, "rate_limiter": self._limiter_config,
+             "rng": self._rng.bit_generator.state, "writer_next": self._writer._next})
 
     # -- lifetime ---------------------------------------------------------------------------
     def _live(self) -> list[Any]:
@@ -526,41 +507,6 @@ def _start_ray(ray_init_config: Mapping[str, Any] | None) -> bool:
         return False
     ray.init(**dict(ray_init_config or {}))
     return True
-
-
-def _read_manifest(path: Path) -> dict[str, Any]:
-    """``service.json``, checked: the shape and state a service is rebuilt from."""
-    file = path / "service.json"
-    try:
-        manifest = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"{file}: expected a ReplayService checkpoint's service.json, could not read it "
-                              f"({error}); pass the directory ReplayService.save wrote") from error
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise CheckpointError(f"{file}: expected format {FORMAT!r} version {VERSION}, got "
-                              f"{manifest.get('format') if isinstance(manifest, dict) else manifest!r}")
-    num_shards, capacity = manifest.get("num_shards"), manifest.get("shard_capacity")
-    for name, value in (("num_shards", num_shards), ("shard_capacity", capacity)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise CheckpointError(f"{file}: {name}: expected an int >= 1, got {value!r}")
-    counters = manifest.get("limiter_counters")
-    if not isinstance(counters, list) or len(counters) != num_shards:
-        raise CheckpointError(f"{file}: limiter_counters: expected one entry per shard ({num_shards}), got {counters!r}")
-    writer_next = manifest.get("writer_next")
-    if isinstance(writer_next, bool) or not isinstance(writer_next, int) or not 0 <= writer_next < num_shards:
-        raise CheckpointError(f"{file}: writer_next: expected an int in [0, {num_shards}), got {writer_next!r}")
-    try:
-        np.random.PCG64().state = manifest["rng"]
-        limiter = manifest.get("rate_limiter")
-        if limiter is not None:
-            for shard_counters in counters:
-                RateLimiter.from_config(limiter, shard_counters)
-    except (TypeError, ValueError, KeyError) as error:
-        raise CheckpointError(f"{file}: {error}") from error
-    missing = [k for k in range(num_shards) if not (path / f"shard_{k}").is_dir()]
-    if missing:
-        raise CheckpointError(f"{path}: expected shard_0 .. shard_{num_shards - 1}, missing {missing}")
-    return manifest
 
 
 def _concat(parts: list[dict[str, Any]]) -> dict[str, Any]:
