@@ -2,7 +2,8 @@
 
 ```
 path/service.json   format, version, num_shards, shard_capacity, rate_limiter settings, each shard's
-                    limiter counters, the learner's split generator, the learner's round-robin cursor
+                    limiter counters, the learner's split generator, its round-robin cursor and
+                    what it last heard from each shard (sizes, priority mass: the next split)
 path/shard_<k>/     shard k's ReplayBuffer checkpoint (rlbuf's format: checksummed, never unpickled)
 ```
 
@@ -84,6 +85,11 @@ def read_manifest(path: Path) -> dict[str, Any]:
                 RateLimiter.from_config(limiter, shard_counters)
     except (TypeError, ValueError, KeyError, ConfigError) as error:
         raise CheckpointError(f"{file}: {error}") from error
+    stats = manifest.get("shard_stats")
+    keys = {"size", "mass", "smallest", "limiter"}
+    if stats is not None and (not isinstance(stats, list) or len(stats) != num_shards
+                              or not all(isinstance(stat, dict) and set(stat) == keys for stat in stats)):
+        raise CheckpointError(f"{file}: shard_stats: expected null or one {sorted(keys)} entry per shard")
     missing = [k for k in range(num_shards) if not (path / f"shard_{k}").is_dir()]
     if missing:
         raise CheckpointError(f"{path}: expected shard_0 .. shard_{num_shards - 1}, missing {missing}")

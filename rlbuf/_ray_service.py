@@ -225,7 +225,9 @@ class ReplayService:
         self._beta = float(infos[0]["beta"])
         self._keys = infos[0]["keys"]
         self._repr = infos[0]["repr"]
-        self._sizes = [0] * num_shards
+        # Each shard's size, priority mass and limiter counters as of the learner's last call to it:
+        # the next split uses them (sizes only grow meanwhile), saving a round trip per sample.
+        self._stats: list[dict[str, Any]] | None = None if manifest is None else manifest["shard_stats"]
         self._writer = ServiceWriter(self._shards, self._keys, timeout=self._timeout,
                                      start=0 if manifest is None else manifest["writer_next"])
 
@@ -279,8 +281,7 @@ class ReplayService:
     def sizes(self) -> list[int]:
         """Rows each shard holds now (one round trip to each)."""
         stats = _get([(k, shard.shard_stats.remote()) for k, shard in enumerate(self._live())])
-        self._sizes = [int(stat["size"]) for stat in stats]
-        return list(self._sizes)
+        return [int(stat["size"]) for stat in stats]
 
     def __len__(self) -> int:
         return sum(self.sizes())
@@ -340,20 +341,31 @@ class ReplayService:
             raise BatchSizeError(f"batch_size: expected a positive int, got {batch_size!r}")
         wait = self._timeout if timeout == "default" else _timeout(timeout)
         shards = self._live()
-        stats = _get([(k, shard.shard_stats.remote()) for k, shard in enumerate(shards)])
-        self._sizes = [int(stat["size"]) for stat in stats]
+        stats = self._stats
+        if stats is None or not all(stat["size"] for stat in stats):  # an empty shard is asked again each time
+            stats = self._stats = _get([(k, shard.shard_stats.remote()) for k, shard in enumerate(shards)])
         mass = np.array([stat["mass"] for stat in stats], dtype=np.float64)
         if not mass.sum() > 0:
-            raise EmptyBufferError(f"sample: every shard is empty (sizes {self._sizes})")
+            raise EmptyBufferError(f"sample: every shard is empty (sizes {[stat['size'] for stat in stats]})")
         counts = self._rng.multinomial(batch_size, mass / mass.sum())
         drawn = [(k, int(count)) for k, count in enumerate(counts) if count > 0]
-        if self._limiter_config is not None and len(drawn) > 1:
-            # First wait until every share may be drawn, so a timeout leaves every shard's counters as they were.
+        if len(drawn) > 1 and not all(self._may_sample(stats[k], count) for k, count in drawn):
+            # Wait until every share may be drawn first, so a timeout leaves every shard's counters as they were.
             _get([(k, shards[k].shard_wait_sample.remote(count, wait)) for k, count in drawn])
         replies = _get([(k, shards[k].shard_sample.remote(count, wait)) for k, count in drawn])
-        for (k, _), reply in zip(drawn, replies, strict=True):  # a shard held by its limiter grew meanwhile
-            self._sizes[k] = max(self._sizes[k], int(reply["stats"]["size"]))
+        for (k, _), reply in zip(drawn, replies, strict=True):
+            stats[k] = reply["stats"]
         return self._merge(drawn, replies, stats)
+
+    def _may_sample(self, stats: Mapping[str, Any], count: int) -> bool:
+        """Whether a shard's limiter lets ``count`` rows be sampled, judged from its last known counters.
+
+        Since then only inserts can have moved them (the learner is the one sampler), and
+        inserts only make room: a yes stays a yes.
+        """
+        if self._limiter_config is None:
+            return True
+        return RateLimiter.from_config(self._limiter_config, stats["limiter"]).can_sample(count)
 
     def _merge(self, drawn: list[tuple[int, int]], replies: list[dict[str, Any]],
                stats: list[dict[str, Any]]) -> ReplayBatch:
@@ -407,12 +419,18 @@ class ReplayService:
         if positions.numel() and (int(positions.min()) < 0 or int(shard_of.max()) >= len(shards)):
             raise StoredIndexError(f"index: expected global indices in [0, {self.capacity}), got "
                                    f"{int(positions.min())} to {int(positions.max())}")
-        sizes = torch.tensor(self._sizes)
-        if positions.numel() and bool((local >= sizes[shard_of]).any()):
-            bad = int(positions[local >= sizes[shard_of]][0])
-            raise StoredIndexError(f"index: {bad} is not stored (shard sizes {self._sizes}); pass batch.index")
-        _get([(k, shards[k].shard_update_priority.remote(to_wire(local[mask]), to_wire(values[mask])))
-              for k in range(len(shards)) if bool((mask := shard_of == k).any())])
+        if self._stats is None:
+            self._stats = _get([(k, shard.shard_stats.remote()) for k, shard in enumerate(shards)])
+        known = [int(stat["size"]) for stat in self._stats]
+        outside = local >= torch.tensor(known)[shard_of]
+        if positions.numel() and bool(outside.any()):
+            raise StoredIndexError(f"index: {int(positions[outside][0])} is not stored (shard sizes {known}); "
+                                   "pass batch.index")
+        updated = [k for k in range(len(shards)) if bool((shard_of == k).any())]
+        replies = _get([(k, shards[k].shard_update_priority.remote(to_wire(local[shard_of == k]),
+                                                                   to_wire(values[shard_of == k]))) for k in updated])
+        for k, reply in zip(updated, replies, strict=True):
+            self._stats[k] = reply
 
     # -- checkpoints ------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
@@ -431,7 +449,7 @@ class ReplayService:
         write_checkpoint(Path(path).absolute(), lambda staging: _get(
             [(k, shard.shard_save.remote(str(staging / f"shard_{k}"))) for k, shard in enumerate(shards)]),
             {"num_shards": len(shards), "shard_capacity": self._shard_capacity, "rate_limiter": self._limiter_config,
-             "rng": self._rng.bit_generator.state, "writer_next": self._writer._next})
+             "rng": self._rng.bit_generator.state, "writer_next": self._writer._next, "shard_stats": self._stats})
 
     # -- lifetime ---------------------------------------------------------------------------
     def _live(self) -> list[Any]:

@@ -100,18 +100,20 @@ class ShardHost(ReplayBufferHost):
                 self._condition.notify_all()
 
     def shard_stats(self) -> dict[str, Any]:
-        """``size``, and with priorities the total and smallest ``priority ** alpha`` of the stored rows."""
+        """``size``, the total and smallest ``priority ** alpha`` of the stored rows (``size`` and 1 without
+        priorities), and the limiter's counters."""
         with self._condition:
             return self._stats()
 
     def _stats(self) -> dict[str, Any]:
         buffer = self.buffer
         size = len(buffer)
+        counters = None if self._limiter is None else self._limiter.counters()
         if not buffer.prioritized or size == 0:
-            return {"size": size, "mass": float(size), "smallest": 1.0}
+            return {"size": size, "mass": float(size), "smallest": 1.0, "limiter": counters}
         rb = buffer.torchrl
-        _, total, smallest = rb.sampler._sampled_mass(rb.storage)
-        return {"size": size, "mass": float(total), "smallest": float(smallest)}
+        _, total, smallest = rb.sampler._sampled_mass(rb.storage)  # rlbuf's own SumTreeSampler
+        return {"size": size, "mass": float(total), "smallest": float(smallest), "limiter": counters}
 
     def shard_wait_sample(self, batch_size: int, timeout: float | None) -> None:
         """Return once the rate limiter lets ``batch_size`` rows be sampled; changes nothing.
@@ -135,7 +137,7 @@ class ShardHost(ReplayBufferHost):
                 " more, widen error_buffer or raise timeout")
 
     def shard_sample(self, batch_size: int, timeout: float | None) -> dict[str, Any]:
-        """``batch_size`` rows (as [`ReplayBuffer.sample`][rlbuf.ReplayBuffer.sample]) and the stats they were drawn with."""
+        """``batch_size`` rows (as [`ReplayBuffer.sample`][rlbuf.ReplayBuffer.sample]) and the shard's stats after the draw."""
         limiter = self._limiter
         if limiter is not None:
             limiter.check_sample(batch_size)
@@ -143,18 +145,19 @@ class ShardHost(ReplayBufferHost):
             if limiter is not None:
                 wait_until(self._condition, lambda: limiter.can_sample(batch_size), timeout,
                            lambda: self._sample_held(limiter, batch_size, timeout))
-            stats = self._stats()
             batch = self.buffer.sample(batch_size)
             if limiter is not None:
                 limiter.record_sample(batch_size)
                 self._condition.notify_all()
+            stats = self._stats()
         fields: dict[str, Any] = to_wire(fields_of(batch))
         return {"fields": fields, "stats": stats}
 
-    def shard_update_priority(self, index: Any, priority: Any) -> None:
-        """See [`ReplayBuffer.update_priority`][rlbuf.ReplayBuffer.update_priority]."""
+    def shard_update_priority(self, index: Any, priority: Any) -> dict[str, Any]:
+        """See [`ReplayBuffer.update_priority`][rlbuf.ReplayBuffer.update_priority]; returns the stats after it."""
         with self._condition:
             self.buffer.update_priority(from_wire(index), from_wire(priority))
+            return self._stats()
 
     def shard_limiter(self) -> dict[str, Any] | None:
         """The limiter's ``config()`` and ``counters()``, or ``None`` without one."""
