@@ -45,7 +45,9 @@ class RateLimiter:
             ``samples_per_insert * min_size_to_sample``: a number ``e`` gives the band
             ``[target - e, target + e]``, a pair ``(min_diff, max_diff)`` gives it directly,
             ``None`` (the default) gives no ratio limit at all (Reverb's ``MinSize``).
-        inserts, samples, deletes: counters to start from (a checkpoint's).
+        inserts: inserted rows to start from (a checkpoint's counters).
+        samples: sampled rows to start from.
+        deletes: overwritten rows to start from.
 
     Raises:
         ConfigError: a ratio that is not positive and finite, a size below 1, or a band
