@@ -368,11 +368,12 @@ class ReplayService:
         return RateLimiter.from_config(self._limiter_config, stats["limiter"]).can_sample(count)
 
     def _merge(self, drawn: list[tuple[int, int]], replies: list[dict[str, Any]],
-               stats: list[dict[str, Any]]) -> ReplayBatch:
+               stats: list[dict[str, Any]] | None) -> ReplayBatch:
+        """One batch from the shards' replies: global indices, and with ``stats`` weights over all shards."""
         parts = [from_wire(reply["fields"]) for reply in replies]
         for (k, _), part in zip(drawn, parts, strict=True):
             part["index"] = part["index"] + k * self._shard_capacity
-        if self._prioritized:
+        if self._prioritized and stats is not None:
             smallest = [reply["stats"]["smallest"] for reply in replies]
             smallest += [stat["smallest"] for stat in stats if stat["size"]]
             overall = min(smallest)
@@ -392,11 +393,7 @@ class ReplayService:
         if not drawn:
             raise EmptyBufferError("sample_all: every shard is empty")
         parts = [{"fields": replies[k], "stats": {"smallest": 1.0}} for k, _ in drawn]
-        prioritized, self._prioritized = self._prioritized, False
-        try:
-            return self._merge(drawn, parts, [])
-        finally:
-            self._prioritized = prioritized
+        return self._merge(drawn, parts, None)
 
     def update_priority(self, index: Any, priority: Any) -> None:
         """Set priorities of the rows at global ``index`` (e.g. ``batch.index``), each in its shard.
