@@ -126,11 +126,14 @@ class ResetSteps:
     def record(self, terminated: Any, truncated: Any, next_obs: Any, stored: np.ndarray[Any, Any] | None) -> None:
         """After an add: remember which envs stored now ended (their flags as the ring read them, for the
         envs in ``stored``), and their ``next_obs``."""
+        if terminated is False and truncated is False and stored is None:  # one env whose episode goes on
+            self._ended[0] = self.watching = False
+            return
         ended = _rows(terminated) | _rows(truncated)
         envs = np.arange(self._num_envs) if stored is None else np.flatnonzero(stored)
         self._ended[envs] = ended
         self.watching = bool(self._ended.any())
-        if not ended.any():
+        if not self.watching or not ended.any():
             return
         leaves = [reader.tensor(value) for reader, value in zip(self._next_obs, self._split("next_obs", next_obs),
                                                                   strict=True)]

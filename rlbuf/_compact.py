@@ -41,7 +41,7 @@ from rlbuf.errors import (
     PriorityError,
     StoredIndexError,
 )
-from rlbuf.spec import FieldSpec, NotStaged, positive_int
+from rlbuf.spec import FieldSpec, NotStaged, RowReader, positive_int
 from rlbuf.storage import available_ram
 
 MAX_FRAME_STACK = 1024
@@ -52,6 +52,8 @@ MAX_N_STEP = 10_000
 # Draws of rows that turn out incomplete are replaced by new draws; these bound the rounds.
 _REDRAW_ROUNDS = 64
 _MAX_ROUNDS = 4096
+# One env's flag as the kernels read it (never written: the kernels only read flags).
+_ONE_FLAG = {False: np.zeros(1, np.bool_), True: np.ones(1, np.bool_)}
 _COMPUTED = ("obs", "next_obs", "reward", "terminated", "truncated", "done", "discount")
 
 Draw = Callable[[int], tuple[torch.Tensor, torch.Tensor | None]]
@@ -96,12 +98,14 @@ class CompactLayout:
         if self.log is not None:
             self.streams.finals = CompressedFinals(self.log)
         self._sampled: tuple[torch.Tensor, Chain] | None = None
+        self._readers: dict[tuple[str, int], RowReader] = {}
 
     # -- writing -----------------------------------------------------------------------------
     def write(self, obs: Any, next_obs: Any, terminated: Any, truncated: Any, env_ids: npt.NDArray[np.int64],
-              store: Callable[[torch.Tensor, npt.NDArray[np.bool_], npt.NDArray[np.bool_]], None]) -> None:
+              store: Callable[[np.ndarray[Any, Any], Any, Any], None]) -> None:
         """Check steps against their envs' streams, store them with ``store(frames, terminated,
-        truncated)`` (which validates the other fields and writes the ring), then link them.
+        truncated)`` (which validates the other fields and writes the ring; the flags as their
+        readers read them), then link them.
 
         Raises:
             ShapeError, DtypeError, DeviceError, MissingFieldError, StreamError: before anything
@@ -109,27 +113,27 @@ class CompactLayout:
         """
         ring = self.ring
         rows = len(env_ids)
-        obs_rows = self._rows(self.obs_spec, obs, rows)
-        next_rows = self._rows(self.next_obs_spec, next_obs, rows)
-        terminated_np = self._flags(ring.by_name["terminated"], terminated, rows)
-        truncated_np = self._flags(ring.by_name["truncated"], truncated, rows)
+        obs_rows = self._rows("obs", obs, rows)
+        next_rows = self._rows("next_obs", next_obs, rows)
+        done, terminated_np = self._flags("terminated", terminated, rows)
+        cut, truncated_np = self._flags("truncated", truncated, rows)
         frames = obs_rows[:, -1] if self.frame_stack > 1 else obs_rows
         with ring.lock:
             self.streams.check(obs_rows, next_rows, env_ids, terminated_np, truncated_np)
-            first = ring.write_count
+            first, size = ring.write_count, len(ring)
             if self.log is None:
-                store(frames, terminated_np, truncated_np)
+                store(frames, done, cut)
             else:
                 # Compressed and placed first (a larger arena allocated if needed); appended once stored.
-                packed = self.log.compress(frames.numpy())
+                packed = self.log.compress(frames)
                 at = self.log.place(packed)
-                store(torch.tensor([len(blob) for blob in packed.blobs], dtype=torch.int32), terminated_np,
-                      truncated_np)
+                store(np.array([len(blob) for blob in packed.blobs], np.int32), done, cut)
                 self.log.append(first, packed, at)
                 if self.log.training_due(len(packed.blobs)):
                     self._train_dictionary()
-            self.streams.record(env_ids, first, next_rows, terminated_np, truncated_np,
-                                write_count=ring.write_count, size=len(ring))
+            # A store writes ``rows`` rows or refuses them all.
+            self.streams.record(env_ids, first, next_rows, terminated_np, truncated_np, write_count=first + rows,
+                                size=min(size + rows, ring.capacity))
 
     def _train_dictionary(self) -> None:
         """Compress the stored frames again with a dictionary trained on them; their new sizes into the ring."""
@@ -143,19 +147,33 @@ class CompactLayout:
                 leaf = self.ring.leaves["obs"]
                 leaf[torch.from_numpy(positions).to(leaf.device)] = sizes.to(leaf.device)
 
-    def _flags(self, spec: FieldSpec, value: Any, rows: int) -> npt.NDArray[np.bool_]:
-        """``rows`` flags of ``spec`` as numpy bools, checked by its reader (a Python bool of one env
-        is read as it is: a tensor made of it would cost ten times more)."""
-        reader = self.ring.reader(spec, rows)
+    def _flags(self, name: str, value: Any, rows: int) -> tuple[Any, npt.NDArray[np.bool_]]:
+        """``rows`` flags of field ``name`` as its reader read them (a Python bool for one env), and as
+        numpy bools for the stream kernels."""
+        reader = self._readers.get((name, rows)) or self._reader(name, rows)
         try:
             read = reader.read(value)
         except NotStaged:  # a tensor on the storing device
             read = reader.tensor(value).cpu().numpy()
-        return np.asarray(read, np.bool_).reshape(rows)
+        if read is True or read is False:
+            return read, _ONE_FLAG[read]
+        return read, np.ascontiguousarray(read, np.bool_).reshape(rows)
 
-    def _rows(self, spec: FieldSpec, value: Any, rows: int) -> torch.Tensor:
-        """``rows`` rows of ``spec``, checked by its reader, on the CPU in the stored dtype."""
-        return self.ring.reader(spec, rows).tensor(value).detach().to("cpu", spec.dtype)
+    def _rows(self, name: str, value: Any, rows: int) -> np.ndarray[Any, Any]:
+        """``rows`` rows of field ``name`` (``obs`` or ``next_obs``), checked by its reader: C-contiguous numpy
+        rows of the stored dtype, on the CPU."""
+        reader = self._readers.get((name, rows)) or self._reader(name, rows)
+        try:
+            read = reader.read(value)
+        except NotStaged:  # a tensor on the storing device
+            read = reader.tensor(value).cpu().numpy()
+        return np.ascontiguousarray(read, reader.spec.np_dtype).reshape(reader.row_shape)
+
+    def _reader(self, name: str, rows: int) -> RowReader:
+        """The ring's reader of ``rows`` rows of field ``name``, kept by name (a spec's hash costs microseconds)."""
+        spec = {"obs": self.obs_spec, "next_obs": self.next_obs_spec}.get(name) or self.ring.by_name[name]
+        reader = self._readers[(name, rows)] = self.ring.reader(spec, rows)
+        return reader
 
     def env_ids_of(self, lead: tuple[int, ...]) -> npt.NDArray[np.int64]:
         """The env of each row of a tensordict of batch size ``lead``, flattened row-major.

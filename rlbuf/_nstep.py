@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -30,13 +31,21 @@ def nstep_return(rewards: torch.Tensor, steps: torch.Tensor, gamma: float) -> to
         gamma: the discount.
     """
     n = rewards.shape[1]
-    powers = torch.tensor([gamma**i for i in range(n)], dtype=torch.float64, device=rewards.device)
-    used = torch.arange(n, device=rewards.device) < steps.to(rewards.device)[:, None]
-    total = (rewards.to(torch.float64) * powers * used).sum(dim=1)
+    powers = [gamma**i for i in range(n)]
+    if rewards.is_cpu and steps.is_cpu:  # numpy: each small torch op costs several times more on the CPU
+        used = np.arange(n) < steps.numpy()[:, None]
+        summed = (rewards.to(torch.float64).numpy() * np.array(powers) * used).sum(axis=1)
+        return torch.from_numpy(summed.astype(np.float32))
+    used_t = torch.arange(n, device=rewards.device) < steps.to(rewards.device)[:, None]
+    total = (rewards.to(torch.float64) * torch.tensor(powers, dtype=torch.float64, device=rewards.device)
+             * used_t).sum(dim=1)
     return total.to(torch.float32)
 
 
 def nstep_discount(steps: torch.Tensor, terminated: torch.Tensor, gamma: float) -> torch.Tensor:
     """``gamma**m``, or 0 where the episode terminated within the ``m`` steps (float32 ``[B]``)."""
-    discount = (gamma ** steps.to(torch.float64)).to(torch.float32)
-    return discount.masked_fill_(terminated, 0.0)
+    if steps.is_cpu and terminated.is_cpu:
+        discount = np.array([gamma**m for m in range(int(steps.max()) + 1 if steps.numel() else 1)], np.float32)
+        return torch.from_numpy(np.where(terminated.numpy(), np.float32(0.0), discount[steps.numpy()]))
+    discount_t = (gamma ** steps.to(torch.float64)).to(torch.float32)
+    return discount_t.masked_fill_(terminated, 0.0)

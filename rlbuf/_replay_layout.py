@@ -206,7 +206,7 @@ class ReplayWriter:
         Returns:
             Whether the rows of each env are still ``num_envs`` apart (every env's row stored).
         """
-        extra_values = tuple(extras[name] for name in self.extra_names)
+        extra_values = tuple(extras[name] for name in self.extra_names) if self.extra_names else ()
         ring, compact = self.ring, self.compact
         if compact is not None:
             if env_mask is not None:

@@ -246,7 +246,7 @@ def _expected_problem(streams: Streams, tables: Mapping[str, Any], last: _Ints,
     if streams.padding_type == "zero":
         stacks[:, :-1][torch.from_numpy(padded)] = 0
     expected = tables["expected"].index_select(0, torch.from_numpy(envs))
-    bad = differs(expected[:, :-1].cpu(), stacks[:, 1:])
+    bad = differs(expected[:, :-1].cpu().numpy(), stacks[:, 1:].numpy())
     if bad.any():
         return (f"stream table expected: env {int(envs[bad.argmax()])}'s open stack is not its newest row's stack "
                 f"shifted by one frame (padding_type={streams.padding_type!r})")

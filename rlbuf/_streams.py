@@ -54,7 +54,6 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from rlbuf._convert import numpy_dtype_or_none
 from rlbuf.errors import CheckpointError, StreamError
 
 PaddingType = Literal["reset", "zero"]
@@ -113,6 +112,8 @@ class FinalFrames:
 
     def take(self, slots: _Ints) -> torch.Tensor:
         """The frames in ``slots``."""
+        if self.frames.is_cpu:  # numpy: torch's index_select of uint8 frames is several times slower on the CPU
+            return torch.from_numpy(self.frames.numpy().take(slots, axis=0))
         return self.frames.index_select(0, torch.from_numpy(slots).to(self.frames.device))
 
     def clear(self) -> None:
@@ -217,17 +218,33 @@ class Streams:
         # Per env: the serial of its newest row while that row's episode is open (else -1), and
         # the next_obs given with it, which the env's next observation must equal.
         self.last = np.full(num_envs, -1, np.int64)
+        self._released = np.empty(num_envs, np.int64)
         self.expected = torch.zeros((num_envs, *obs_shape), dtype=obs_dtype)
+        # numpy views of it (a load copies into it in place): the checks read them, ``record`` writes them.
+        self._expected = self.expected.numpy()
+        self._expected_bytes = as_words(self._expected, 0)
         frame_shape = obs_shape[1:] if frame_stack > 1 else obs_shape
+        self._frame_bytes = math.prod(frame_shape) * obs_dtype.itemsize if frame_stack > 1 else 0
+        self._expected_words = as_words(self._expected, self._frame_bytes)
+        # What as_words makes of rows of this shape, with and without frames, in one reshape and one view.
+        self._row_items = math.prod(obs_shape)
+        self._word, self._byte = self._expected_words.dtype, self._expected_bytes.dtype
+        self._byte_exact = obs_dtype in _BYTE_EXACT
+        self._zero_pad = padding_type == "zero"
         self.finals: Any = FinalFrames(frame_shape, obs_dtype, storing_device)  # or a compressed layout's
+        # numba is imported with the first compact buffer, not with rlbuf; its kernels are loaded here.
+        from rlbuf._streams_numba import loaded
+
+        self._check_steps, self._record_steps, self._walk_rows = loaded(self._expected_words, self._expected_bytes,
+                                                                        self.back)
 
     # -- writing -----------------------------------------------------------------------------
-    def check(self, obs: torch.Tensor, next_obs: torch.Tensor, env_ids: _Ints, terminated: _Bools,
+    def check(self, obs: np.ndarray[Any, Any], next_obs: np.ndarray[Any, Any], env_ids: _Ints, terminated: _Bools,
               truncated: _Bools) -> None:
         """Raise ``StreamError`` unless rows ``obs``/``next_obs`` continue their envs' streams.
 
-        Rows are in the order they happened; ``env_ids`` may repeat (several steps of one env).
-        Changes nothing.
+        Rows (numpy, ``[n, *obs_shape]`` of the stored dtype) are in the order they happened;
+        ``env_ids`` may repeat (several steps of one env). Changes nothing.
         """
         if self._checked_compiled(obs, next_obs, env_ids):
             return
@@ -238,10 +255,11 @@ class Streams:
         following = ~first
         following[following] = ~ended[previous[following]]
         starts = ~(inherited | following)
-        continued = ((np.flatnonzero(inherited), self.expected, env_ids), (np.flatnonzero(following), next_obs, previous))
+        continued = ((np.flatnonzero(inherited), self._expected, env_ids), (np.flatnonzero(following), next_obs,
+                                                                             previous))
         for rows, source, at in continued:
             if rows.size:
-                bad = differs(_take(obs, rows), _take(source, at[rows]))
+                bad = differs(obs[rows], source[at[rows]])
                 if bad.any():
                     raise self._stream_error(CONTINUITY, int(env_ids[rows[bad.argmax()]]))
         if self.frame_stack == 1:
@@ -251,26 +269,25 @@ class Streams:
             raise self._stream_error(SHIFT, int(env_ids[shifted.argmax()]))
         rows = np.flatnonzero(starts)
         if rows.size:
-            stacks = _take(obs, rows)
+            stacks = obs[rows]
             first_frames = stacks[:, :-1]
-            pad = stacks[:, -1:].expand_as(first_frames) if self.padding_type == "reset" else torch.zeros_like(first_frames)
+            pad = np.broadcast_to(stacks[:, -1:], first_frames.shape) if self.padding_type == "reset" else np.zeros_like(
+                first_frames)
             bad = differs(first_frames, pad)
             if bad.any():
                 raise self._stream_error(PADDING, int(env_ids[rows[bad.argmax()]]))
 
-    def _checked_compiled(self, obs: torch.Tensor, next_obs: torch.Tensor, env_ids: _Ints) -> bool:
+    def _checked_compiled(self, obs: np.ndarray[Any, Any], next_obs: np.ndarray[Any, Any], env_ids: _Ints) -> bool:
         """``check`` of one step of each env with integer observations (Atari frames), compiled: True once
         checked (or raises), False where it does not apply (the numpy path checks those)."""
-        if not (_distinct(env_ids) and obs.dtype in _BYTE_EXACT and obs.is_cpu and next_obs.is_cpu
-                and obs.is_contiguous() and next_obs.is_contiguous() and next_obs.dtype is obs.dtype):
+        if not (self._byte_exact and _distinct(env_ids) and obs.flags.c_contiguous and next_obs.flags.c_contiguous):
             return False
-        from rlbuf._streams_numba import as_words, check_steps
-
-        frame = math.prod(obs.shape[2:]) * obs.element_size() if self.frame_stack > 1 else 0
-        stacks, next_stacks, expected = (as_words(rows.numpy(), frame) for rows in (obs, next_obs, self.expected))
+        frame = self._frame_bytes
+        shape, word = (len(obs), self._row_items), self._word
+        stacks, next_stacks = obs.reshape(shape).view(word), next_obs.reshape(shape).view(word)
         words_per_frame = frame // stacks.itemsize if frame else stacks.shape[1]
-        problem, env = check_steps(stacks, next_stacks, expected, env_ids.astype(np.int64, copy=False), self.last,
-                                   words_per_frame, self.padding_type == "zero")
+        problem, env = self._check_steps(stacks, next_stacks, self._expected_words, env_ids, self.last, words_per_frame,
+                                   self._zero_pad)
         if problem:
             raise self._stream_error(problem, int(env))
         return True
@@ -290,37 +307,37 @@ class Streams:
                            f"step here), expected the older frames of its stack to be {what} "
                            f"(padding_type={self.padding_type!r}), got other frames")
 
-    def record(self, env_ids: _Ints, first_serial: int, next_obs: torch.Tensor, terminated: _Bools,
+    def record(self, env_ids: _Ints, first_serial: int, next_obs: np.ndarray[Any, Any], terminated: _Bools,
                truncated: _Bools, *, write_count: int, size: int) -> None:
-        """Note rows of serials ``first_serial, first_serial + 1, ...``, already written and checked."""
-        count = len(env_ids)
-        ended = terminated | truncated
+        """Note rows of serials ``first_serial, first_serial + 1, ...``, already written and checked
+        (``next_obs``: numpy rows of the stored dtype)."""
         oldest = write_count - size
-        if _distinct(env_ids):  # one step of each env (every add): the compiled loop
-            from rlbuf._streams_numba import record_steps
-
-            released = np.empty(count, np.int64)
-            freed = record_steps(env_ids.astype(np.int64, copy=False), first_serial, terminated, truncated, oldest,
-                                 self.back, self.next, self.terminated, self.truncated, self.final_slot, self.env,
-                                 self.last, released)
+        if _distinct(env_ids) and next_obs.flags.c_contiguous:  # one step of each env (every add): compiled
+            released = self._released  # distinct envs: at most one slot each
+            freed, ends = self._record_steps(env_ids, first_serial, terminated, truncated, oldest, self.back,
+                                             self.next, self.terminated, self.truncated, self.final_slot, self.env,
+                                             self.last, released,
+                                             next_obs.reshape(len(next_obs), self._row_items).view(self._byte),
+                                             self._expected_bytes)
             if freed:
                 self.finals.release(released[:freed])
-            newest = None
-        else:
-            newest = self._record_rows(env_ids, first_serial, ended, oldest, terminated, truncated)
-        source = (next_obs if next_obs.dtype is self.expected.dtype and next_obs.is_cpu
-                  else next_obs.to(self.expected.dtype).cpu()).numpy()
+            if ends:
+                self._keep_finals(first_serial, next_obs, terminated | truncated, oldest)
+            return
+        ended = terminated | truncated
+        newest = self._record_rows(env_ids, first_serial, ended, oldest, terminated, truncated)
         if ended.any():
-            ending = np.flatnonzero(ended & (first_serial + np.arange(count) >= oldest))
-            if ending.size:
-                rows = source[ending]  # numpy: a tensor indexed by an array is far slower
-                frames = torch.from_numpy(rows[:, -1] if self.frame_stack > 1 else rows)
-                self.final_slot[(first_serial + ending) % self.capacity] = self.finals.put(frames)
+            self._keep_finals(first_serial, next_obs, ended, oldest)
         # numpy copies: a tensor's indexed assignment costs ~50x more per 84x84 stack on the CPU.
-        if newest is None:
-            self.expected.numpy()[env_ids] = source
-        else:
-            self.expected.numpy()[env_ids[newest]] = source[newest]
+        self._expected[env_ids[newest]] = next_obs[newest]
+
+    def _keep_finals(self, first_serial: int, next_obs: np.ndarray[Any, Any], ended: _Bools, oldest: int) -> None:
+        """Keep the final observation (its newest frame) of each stored row that ended an episode."""
+        ending = np.flatnonzero(ended & (first_serial + np.arange(len(ended)) >= oldest))
+        if ending.size:
+            rows = next_obs[ending]
+            frames = torch.from_numpy(np.ascontiguousarray(rows[:, -1] if self.frame_stack > 1 else rows))
+            self.final_slot[(first_serial + ending) % self.capacity] = self.finals.put(frames)
 
     def _record_rows(self, env_ids: _Ints, first_serial: int, ended: _Bools, oldest: int, terminated: _Bools,
                      truncated: _Bools) -> _Ints:
@@ -381,13 +398,11 @@ class Streams:
     def walk(self, positions: _Ints, *, write_count: int, size: int) -> Chain:
         """The rows making up the transitions of the rows at ``positions`` (see ``Chain``; compiled:
         ``rlbuf._streams_numba.walk_rows``)."""
-        from rlbuf._streams_numba import walk_rows
-
         count, width = len(positions), self.frame_stack + self.n_step
         chain = Chain(np.zeros(count, np.bool_), np.empty((count, width), np.int64), np.zeros((count, width), np.bool_),
                       np.zeros(count, np.int64), np.zeros(count, np.bool_), np.zeros(count, np.bool_),
                       np.full(count, -1, np.int64))
-        walk_rows(np.ascontiguousarray(positions, np.int64), write_count - size, self.n_step, self.back, self.next,
+        self._walk_rows(np.ascontiguousarray(positions, np.int64), write_count - size, self.n_step, self.back, self.next,
                   self.terminated, self.truncated, self.final_slot, chain.rows, chain.padded, chain.steps,
                   chain.terminated, chain.truncated, chain.final_slot, chain.complete)
         return chain
@@ -480,31 +495,31 @@ def _distinct(env_ids: _Ints) -> bool:
     return len(env_ids) <= 1 or len(set(env_ids.tolist())) == len(env_ids)
 
 
-def _take(tensor: torch.Tensor, rows: _Ints) -> torch.Tensor:
-    """``tensor[rows]`` without a copy when ``rows`` are all the rows in order."""
-    if len(rows) == len(tensor) and (len(rows) == 0 or (rows[0] == 0 and rows[-1] == len(rows) - 1)):
-        return tensor
-    return tensor.index_select(0, torch.from_numpy(rows))
-
-
-def differs(a: torch.Tensor, b: torch.Tensor) -> npt.NDArray[np.bool_]:
+def differs(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> npt.NDArray[np.bool_]:
     """Per row, whether ``a`` and ``b`` differ anywhere (NaN equals NaN: a stored NaN rebuilds as NaN).
 
-    On the CPU the compare runs on numpy views: a memcmp-speed ``array_equal`` for the common case
-    (every stack continues), an order of magnitude below ``torch.equal`` on uint8 frames.
+    A memcmp-speed ``array_equal`` first, for the common case (every stack continues).
 
     Example:
-        >>> differs(torch.tensor([[1, 2], [3, 4]]), torch.tensor([[1, 2], [3, 5]])).tolist()
+        >>> differs(np.array([[1, 2], [3, 4]]), np.array([[1, 2], [3, 5]])).tolist()
         [False, True]
     """
-    if a.is_cpu and b.is_cpu and a.dtype is b.dtype and numpy_dtype_or_none(a.dtype) is not None:
-        x, y = a.numpy(), b.numpy()
-        if np.array_equal(x, y):
-            return np.zeros(len(x), np.bool_)
-        same_np = (x == y) | (np.isnan(x) & np.isnan(y)) if x.dtype.kind == "f" else x == y
-        return ~same_np.reshape(len(x), -1).all(axis=1)  # type: ignore[no-any-return]
-    if torch.equal(a, b):
+    if np.array_equal(a, b):
         return np.zeros(len(a), np.bool_)
-    same = (a == b) | (a.isnan() & b.isnan()) if a.is_floating_point() else a == b
-    result: npt.NDArray[np.bool_] = ~same.reshape(len(a), -1).all(dim=1).cpu().numpy()
-    return result
+    same = (a == b) | (np.isnan(a) & np.isnan(b)) if a.dtype.kind == "f" else a == b
+    return ~same.reshape(len(a), -1).all(axis=1)  # type: ignore[no-any-return]
+
+
+def as_words(rows: np.ndarray[Any, Any], frame: int) -> np.ndarray[Any, Any]:
+    """``[n, ...]`` C-contiguous rows as ``[n, words]``, without a copy: 8-byte words where rows and
+    frames of ``frame`` bytes split into them (an 84×84 frame does), else bytes (the compiled kernels' input).
+
+    Example:
+        >>> as_words(np.zeros((2, 4, 84, 84), np.uint8), 84 * 84).shape
+        (2, 3528)
+        >>> as_words(np.zeros((2, 3), np.int16), 0).shape
+        (2, 6)
+    """
+    flat = rows.reshape(len(rows), math.prod(rows.shape[1:])).view(np.uint8)
+    words = flat.shape[1] % 8 == 0 and frame % 8 == 0
+    return flat.view(np.uint64) if words else flat

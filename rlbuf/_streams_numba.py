@@ -3,11 +3,14 @@
 Sampling walks each sampled row's stack back and its n steps forward (``walk_rows``). An add of one step of ``n`` envs (distinct envs: every ``add`` and every ``Recorder.record``)
 checks each stack against its env's stream and links the new rows into the stream tables (see
 [`rlbuf._streams`][rlbuf._streams]). In numpy that is some sixty small calls per add; here it is
-two compiled loops that read each 8-byte word once and stop at the first mismatch. They do what
+two compiled loops that read each 8-byte word once, in blocks that compile to vector instructions,
+and stop at the first differing block; the record also copies each env's ``next_obs`` into the
+stack its next add is checked against. They do what
 ``Streams.check`` and ``Streams.record`` do for such an add, and the property tests of the
 compact layout hold them to it. Observations are compared as bytes, so only integer and bool
 observations (Atari frames) take this path: a float's ``-0.0`` and ``0.0`` differ as bytes.
-numba compiles each kernel once (about a second) and keeps it in its on-disk cache.
+numba compiles each kernel once (about a second) and keeps it in its on-disk cache; ``loaded`` calls
+each one on no rows when a compact buffer is made, so the first add does not load them.
 
 Example:
     >>> obs = np.array([[1, 2, 3, 3]], np.uint8)       # one env, 2 frames of 2 bytes
@@ -29,6 +32,20 @@ from rlbuf._streams import CONTINUITY, PADDING, SHIFT
 
 _JIT = {"cache": True, "nogil": True, "boundscheck": False}
 
+_BLOCK = 64  # words compared per block: a block's loop has no exit, so it compiles to vector instructions
+
+
+@numba.njit(**_JIT, inline="always")  # type: ignore[untyped-decorator]
+def _same(a: Any, a_start: int, b: Any, b_start: int, count: int) -> bool:  # pragma: no cover (compiled)
+    """Whether ``a[a_start:a_start + count]`` and ``b[b_start:b_start + count]`` hold the same words, read in
+    blocks that stop at the first differing one."""
+    for block in range(0, count, _BLOCK):
+        differ = False
+        for w in range(block, min(block + _BLOCK, count)):
+            differ |= a[a_start + w] != b[b_start + w]
+        if differ:
+            return False
+    return True
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
@@ -43,23 +60,23 @@ def check_steps(obs: Any, next_obs: Any, expected: Any, env_ids: Any, last: Any,
     n, size = obs.shape
     for i in range(n):
         env = env_ids[i]
-        if last[env] >= 0:
-            for b in range(size):
-                if obs[i, b] != expected[env, b]:
-                    return CONTINUITY, env
+        if last[env] >= 0 and not _same(obs[i], 0, expected[env], 0, size):
+            return CONTINUITY, env
     if frame == size:
         return 0, -1
     newest = size - frame
     for i in range(n):
-        for b in range(newest):
-            if next_obs[i, b] != obs[i, b + frame]:
-                return SHIFT, env_ids[i]
+        if not _same(next_obs[i], 0, obs[i], frame, newest):
+            return SHIFT, env_ids[i]
     for i in range(n):
         env = env_ids[i]
         if last[env] < 0:
-            for b in range(newest):
-                pad = 0 if zero_pad else obs[i, newest + b % frame]
-                if obs[i, b] != pad:
+            for start in range(0, newest, frame):
+                if zero_pad:
+                    for b in range(frame):
+                        if obs[i, start + b] != 0:
+                            return PADDING, env
+                elif not _same(obs[i], start, obs[i], newest, frame):
                     return PADDING, env
     return 0, -1
 
@@ -67,9 +84,10 @@ def check_steps(obs: Any, next_obs: Any, expected: Any, env_ids: Any, last: Any,
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
 def record_steps(env_ids: Any, first_serial: int, terminated: Any, truncated: Any, oldest: int, back: Any,
                  next_: Any, stored_terminated: Any, stored_truncated: Any, final_slot: Any, env: Any,
-                 last: Any, released: Any) -> int:  # pragma: no cover (compiled)
-    """Link rows of serials ``first_serial + i`` (one per env) into the tables; return how many final-frame
-    slots of overwritten rows were written to ``released``.
+                 last: Any, released: Any, next_obs: Any, expected: Any) -> tuple[int, int]:  # pragma: no cover
+    """Link rows of serials ``first_serial + i`` (one per env) into the tables and copy each row's ``next_obs``
+    (``[n, words]``) to its env's ``expected``; return how many final-frame slots of overwritten rows were
+    written to ``released``, and how many of the rows stored end an episode.
 
     The same updates as ``Streams.record`` for distinct envs, but for the final frames of the rows
     that end an episode (kept aside by the caller).
@@ -77,10 +95,12 @@ def record_steps(env_ids: Any, first_serial: int, terminated: Any, truncated: An
     capacity = next_.shape[0]
     older = back.shape[1]
     count = 0
+    ends = 0
     for i in range(len(env_ids)):
         serial = first_serial + i
         owner = env_ids[i]
         link = last[owner]
+        ended = terminated[i] or truncated[i]
         if serial >= oldest:
             position = serial % capacity
             if final_slot[position] >= 0:
@@ -103,8 +123,11 @@ def record_steps(env_ids: Any, first_serial: int, terminated: Any, truncated: An
                     for j in range(older - 1):
                         back[position, j] = back[linked, j + 1]
                     back[position, older - 1] = link
-        last[owner] = -1 if terminated[i] or truncated[i] else serial
-    return count
+            if ended:
+                ends += 1
+        last[owner] = -1 if ended else serial
+        expected[owner, :] = next_obs[i, :]
+    return count, ends
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
@@ -150,16 +173,24 @@ def walk_rows(positions: Any, oldest: int, n_step: int, back: Any, next_: Any, s
         complete[i] = whole
 
 
-def as_words(rows: np.ndarray[Any, Any], frame: int) -> np.ndarray[Any, Any]:
-    """``[n, ...]`` C-contiguous rows as ``[n, words]``, without a copy: 8-byte words where rows and
-    frames of ``frame`` bytes split into them (an 84×84 frame does), else bytes.
+def loaded(expected_words: Any, expected_bytes: Any, back: Any) -> tuple[Any, Any, Any]:
+    """``check_steps``, ``record_steps`` and ``walk_rows``, each called once on no rows of a buffer's
+    table types (``expected_words``, ``expected_bytes``: its open stacks as ``as_words`` gives them with and
+    without frames; ``back``: its table of older rows), so numba loads (or compiles) them now: a buffer's
+    constructor, not its first add, pays the second that takes.
 
     Example:
-        >>> as_words(np.zeros((2, 4, 84, 84), np.uint8), 84 * 84).shape
-        (2, 3528)
-        >>> as_words(np.zeros((2, 3), np.int16), 0).shape
-        (2, 6)
+        >>> from rlbuf._streams import as_words
+        >>> words = as_words(np.zeros((1, 2, 8), np.uint8), 8)
+        >>> check, record, walk = loaded(words, as_words(np.zeros((1, 2, 8), np.uint8), 0), np.zeros((4, 1), np.int64))
+        >>> check is check_steps
+        True
     """
-    flat = rows.reshape(len(rows), -1).view(np.uint8)
-    words = flat.shape[1] % 8 == 0 and frame % 8 == 0
-    return flat.view(np.uint64) if words else flat
+    none, flags, tables = np.zeros(0, np.int64), np.zeros(0, np.bool_), np.zeros(len(back), np.int64)
+    marks = np.zeros(len(back), np.bool_)
+    check_steps(expected_words[:0], expected_words[:0], expected_words, none, none, 1, False)
+    record_steps(none, 0, flags, flags, 0, back, tables, marks, marks, tables, tables, none, none, expected_bytes[:0],
+                 expected_bytes)
+    walk_rows(none, 0, 1, back, tables, marks, marks, tables, np.zeros((0, back.shape[1] + 2), np.int64),
+              np.zeros((0, back.shape[1] + 2), np.bool_), none, flags, flags, none, flags)
+    return check_steps, record_steps, walk_rows

@@ -477,7 +477,7 @@ class RowReader:
         floating = np_dtype.kind == "f" and bounds is None  # within range and finite: taken as it is
         tensor, ndarray, isfinite = torch.Tensor, np.ndarray, math.isfinite
 
-        def read_number(value: Any) -> Any:
+        def read_number(value: Any) -> Any:  # a float64 reward array is judged as the Python float it holds
             given, kind = value, type(value)
             if kind is tensor:
                 if not value.is_cpu:
@@ -501,8 +501,12 @@ class RowReader:
                 return value
             if kind is int and integer:  # a discrete action
                 return value if low <= value <= high else checked(given)
-            if kind is ndarray and value.dtype is np_dtype and value.size == 1 and value.ndim <= 1:
+            if kind is not ndarray or value.size != 1 or value.ndim > 1:
+                return checked(given)
+            if value.dtype is np_dtype:
                 number = value.item()
+            elif floating and value.dtype.kind == "f" and type(number := value.item()) is float:
+                return number if isfinite(number) and abs(number) <= largest else checked(given)
             else:
                 return checked(given)
             if finite and not isfinite(number):

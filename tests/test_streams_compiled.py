@@ -79,7 +79,7 @@ def test_the_compiled_path_matches_the_numpy_path(capacity: int, num_envs: int, 
         terminated = np.array(data.draw(st.lists(st.booleans(), min_size=num_envs, max_size=num_envs)))
         truncated = np.array(data.draw(st.lists(st.booleans(), min_size=num_envs, max_size=num_envs)))
         envs = np.arange(num_envs, dtype=np.int64)
-        obs_t, next_t = torch.from_numpy(np.stack(obs)), torch.from_numpy(np.stack(next_obs))
+        obs_t, next_t = np.stack(obs), np.stack(next_obs)
         step = (obs_t, next_t, envs, terminated, truncated)
         expected = _outcome(reference_check, reference, *step)
         assert _outcome(compiled.check, *step) == expected
