@@ -62,7 +62,8 @@ def option_paths(options: Mapping[str, Any] | None, wanted: bool | Sequence[str]
     under the given keys.
 
     Raises:
-        ConfigError: a key that cannot name a field (letters and digits, single ``_`` between).
+        ConfigError: ``wanted`` not a bool or a list, or a key that cannot name a field (letters and digits,
+            single ``_`` between).
         MissingFieldError: a given key that ``options`` lacks.
 
     Example:
@@ -71,6 +72,9 @@ def option_paths(options: Mapping[str, Any] | None, wanted: bool | Sequence[str]
     """
     if wanted is False:
         return []
+    if wanted is not True and (isinstance(wanted, str) or not isinstance(wanted, Sequence)):
+        raise ConfigError(f"options: expected True, False or a list of keys, got {wanted!r}"
+                          + (f"; pass [{wanted!r}]" if isinstance(wanted, str) else ""))
     found = _flatten(options or {})
     if wanted is not True:
         missing = [key for key in wanted if not any(path[0] == key for path in found)]

@@ -241,6 +241,8 @@ BAD_OPTIONS = {
     "name": (_options_of({"a__b": 1}), True, ConfigError, r"the key 'a__b' cannot name the field option_"),
     "not_there": (_options_of({"low": 1.0}), ["high"], MissingFieldError,
                   r"episode 0: options: no 'high', got \['low'\]"),
+    "a_str": (_options_of({"low": 1.0}), "low", ConfigError,
+              r"options: expected True, False or a list of keys, got 'low'; pass \['low'\]"),
 }
 
 
