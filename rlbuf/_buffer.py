@@ -95,9 +95,15 @@ def refuse_foreign_options(owner: Callable[..., Any], given: Mapping[str, Any]) 
         raise ConfigError(f"{', '.join(given)}: not options of {cls}; it takes {known}")
 
 
-def done_of(columns: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """``terminated | truncated``: the derived ``done`` column of every buffer that stores both."""
-    return columns["terminated"].to(torch.bool) | columns["truncated"].to(torch.bool)
+def done_of(columns: Mapping[str, Any]) -> Any:
+    """``terminated | truncated`` (bool tensors, or numpy views of a CPU storage): the derived ``done``
+    column of every buffer that stores both.
+
+    Example:
+        >>> done_of({"terminated": torch.tensor([True, False]), "truncated": torch.tensor([False, False])})
+        tensor([ True, False])
+    """
+    return columns["terminated"] | columns["truncated"]
 
 
 class RingBuffer(BufferState, Generic[BatchT]):

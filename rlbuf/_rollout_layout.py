@@ -73,8 +73,13 @@ def rollout_specs(obs_shape: Any, action_shape: tuple[int, ...], privileged_obs_
     return (*specs, *extra_specs(extra_fields, specs, reserved))
 
 
-def zeros_column(columns: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    return torch.zeros(columns["reward"].shape[0], dtype=torch.float32, device=columns["reward"].device)
+def zeros_column(columns: Mapping[str, Any]) -> Any:
+    """Advantages and returns until GAE computes them: zeros, one per row (numpy for the numpy views
+    of a CPU storage, else a tensor on the rewards' device)."""
+    reward = columns["reward"]
+    if isinstance(reward, np.ndarray):
+        return np.zeros(reward.shape[0], np.float32)
+    return torch.zeros(reward.shape[0], dtype=torch.float32, device=reward.device)
 
 
 def rollout_columns(td: Any, ring: RowRing, *, num_envs: int, free_steps: int,
