@@ -36,7 +36,7 @@ from rlbuf._compact import CompactLayout
 from rlbuf._obs import Layout
 from rlbuf._ring import RowRing
 from rlbuf.errors import MissingFieldError, NextStepResetWarning, RlbufError
-from rlbuf.spec import FieldSpec, RowReader
+from rlbuf.spec import FieldSpec, NotStaged, RowReader
 
 
 def _rows(value: Any) -> np.ndarray[Any, Any]:
@@ -44,6 +44,15 @@ def _rows(value: Any) -> np.ndarray[Any, Any]:
     if isinstance(value, torch.Tensor):
         return value.detach().cpu().numpy().reshape(-1)
     return np.asarray(value).reshape(-1)
+
+
+def _read(reader: RowReader, value: Any) -> np.ndarray[Any, Any]:
+    """``value`` read and checked by ``reader``, as numpy rows ``[rows, *shape]`` (copied only off the CPU)."""
+    try:
+        rows = reader.read(value)
+    except NotStaged:  # a tensor on the storing device
+        rows = reader.tensor(value).cpu().numpy()
+    return np.asarray(rows).reshape(reader.row_shape)
 
 
 class ResetSteps:
@@ -85,14 +94,14 @@ class ResetSteps:
         if not watched.any() or self._final is None:
             return False
         try:
-            leaves = [reader.tensor(value) for reader, value in zip(self._obs, self._split("obs", obs), strict=True)]
-            step = [_rows(reader.tensor(value)) for reader, value in zip(self._step, (reward, terminated, truncated),
-                                                                         strict=True)]
+            leaves = [_read(reader, value) for reader, value in zip(self._obs, self._split("obs", obs), strict=True)]
+            step = [_read(reader, value).reshape(-1) for reader, value in zip(self._step, (reward, terminated, truncated),
+                                                                              strict=True)]
         except RlbufError:
             return False  # the add refuses it, by the same reader
         same = watched & (step[0] == 0) & ~step[1].astype(bool) & ~step[2].astype(bool)
         for leaf, final in zip(leaves, self._final, strict=True):
-            rows = leaf.detach().cpu().numpy().reshape(self._num_envs, -1)
+            rows = leaf.reshape(self._num_envs, -1)
             same &= (rows == final.reshape(self._num_envs, -1)).all(axis=1)
         return _warn_first(same, lambda env: (
             f"add: env {env}'s obs is the next_obs of its previous row, which ended an episode, with reward 0 and no "
@@ -113,7 +122,7 @@ class ResetSteps:
             Whether it warned (a warning made an error raises here, before anything is stored).
         """
         try:
-            flags = [_rows(reader.tensor(value)).astype(bool) for reader, value in
+            flags = [_read(reader, value).reshape(-1).astype(bool) for reader, value in
                      zip(self._step[1:], (terminated, truncated), strict=True)]
         except RlbufError:
             return False  # the add refuses it, by the same reader
@@ -135,12 +144,12 @@ class ResetSteps:
         self.watching = bool(self._ended.any())
         if not self.watching or not ended.any():
             return
-        leaves = [reader.tensor(value) for reader, value in zip(self._next_obs, self._split("next_obs", next_obs),
-                                                                  strict=True)]
+        leaves = [_read(reader, value) for reader, value in zip(self._next_obs, self._split("next_obs", next_obs),
+                                                                strict=True)]
         if self._final is None:
             self._final = [np.zeros((self._num_envs, *reader.spec.shape), reader.spec.np_dtype) for reader in self._next_obs]
         for leaf, final in zip(leaves, self._final, strict=True):
-            final[envs[ended]] = leaf.detach().cpu().numpy()[envs[ended]]
+            final[envs[ended]] = leaf[envs[ended]]
 
 
 def _warn_first(envs: np.ndarray[Any, Any], message: Callable[[int], str]) -> bool:

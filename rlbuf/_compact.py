@@ -113,10 +113,10 @@ class CompactLayout:
         """
         ring = self.ring
         rows = len(env_ids)
-        obs_rows = self._rows("obs", obs, rows)
-        next_rows = self._rows("next_obs", next_obs, rows)
-        done, terminated_np = self._flags("terminated", terminated, rows)
-        cut, truncated_np = self._flags("truncated", truncated, rows)
+        obs_rows = self.read_rows("obs", obs, rows)
+        next_rows = self.read_rows("next_obs", next_obs, rows)
+        done, terminated_np = self.read_flags("terminated", terminated, rows)
+        cut, truncated_np = self.read_flags("truncated", truncated, rows)
         frames = obs_rows[:, -1] if self.frame_stack > 1 else obs_rows
         with ring.lock:
             self.streams.check(obs_rows, next_rows, env_ids, terminated_np, truncated_np)
@@ -147,7 +147,7 @@ class CompactLayout:
                 leaf = self.ring.leaves["obs"]
                 leaf[torch.from_numpy(positions).to(leaf.device)] = sizes.to(leaf.device)
 
-    def _flags(self, name: str, value: Any, rows: int) -> tuple[Any, npt.NDArray[np.bool_]]:
+    def read_flags(self, name: str, value: Any, rows: int) -> tuple[Any, npt.NDArray[np.bool_]]:
         """``rows`` flags of field ``name`` as its reader read them (a Python bool for one env), and as
         numpy bools for the stream kernels."""
         reader = self._readers.get((name, rows)) or self._reader(name, rows)
@@ -159,7 +159,7 @@ class CompactLayout:
             return read, _ONE_FLAG[read]
         return read, np.ascontiguousarray(read, np.bool_).reshape(rows)
 
-    def _rows(self, name: str, value: Any, rows: int) -> np.ndarray[Any, Any]:
+    def read_rows(self, name: str, value: Any, rows: int) -> np.ndarray[Any, Any]:
         """``rows`` rows of field ``name`` (``obs`` or ``next_obs``), checked by its reader: C-contiguous numpy
         rows of the stored dtype, on the CPU."""
         reader = self._readers.get((name, rows)) or self._reader(name, rows)

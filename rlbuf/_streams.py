@@ -89,7 +89,7 @@ class FinalFrames:
         reused = [self.free.pop() for _ in range(min(count, len(self.free)))]
         fresh = count - len(reused)
         if self.top + fresh > self.frames.shape[0]:
-            grown = torch.zeros((max(16, 2 * self.frames.shape[0], self.top + fresh), *self.frames.shape[1:]),
+            grown = torch.empty((max(16, 2 * self.frames.shape[0], self.top + fresh), *self.frames.shape[1:]),
                                 dtype=self.frames.dtype, device=self.frames.device)
             grown[:self.top] = self.frames[:self.top]
             self.frames = grown
