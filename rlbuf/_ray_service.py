@@ -11,7 +11,6 @@ object store.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ from tensordict import TensorDictBase
 from rlbuf._delivery import deliver
 from rlbuf._priorities import priorities
 from rlbuf._rate_limit import RateLimiter
+from rlbuf._ray_calls import get, start_ray, stop
 from rlbuf._ray_checkpoint import read_manifest, write_checkpoint
 from rlbuf._ray_wire import from_wire, to_wire
 from rlbuf.batches import ReplayBatch
@@ -33,7 +33,7 @@ from rlbuf.errors import (
     ConfigError,
     EmptyBufferError,
     PriorityError,
-    RlbufError,
+    RateLimitTimeoutError,
     ShapeError,
     ShardDiedError,
     StoredIndexError,
@@ -41,27 +41,6 @@ from rlbuf.errors import (
 from rlbuf.storage import DeviceLike, resolve_device
 
 _THREADS = 16  # calls a shard actor runs at once: writers held by its limiter must not block the learner
-
-
-def _get(calls: Sequence[tuple[int, Any]]) -> list[Any]:
-    """Results of remote calls ``(shard, ref)``; rlbuf errors as themselves, a dead actor as ShardDiedError."""
-    import ray
-    from ray.exceptions import RayActorError, RayTaskError
-
-    results = []
-    for shard, ref in calls:
-        try:
-            results.append(ray.get(ref))
-        except RayTaskError as error:
-            if isinstance(error.cause, RlbufError):
-                raise error.cause from None
-            raise
-        except RayActorError as error:
-            raise ShardDiedError(
-                f"shard {shard}: its Ray actor is gone ({type(error).__name__}); the rows it held since the last"
-                " checkpoint are lost. Rebuild the service from that checkpoint with ReplayService.load(path)"
-            ) from error
-    return results
 
 
 def _timeout(timeout: Any) -> float | None:
@@ -128,7 +107,7 @@ class ServiceWriter:
         wait = self._timeout if timeout == "default" else _timeout(timeout)
         shard = self._shard if self._shard is not None else self._next
         columns = [(key, to_wire(value)) for key in self._keys if (value := td.get(key, None)) is not None]
-        _get([(shard, self._shards[shard].shard_extend.remote(columns, list(td.batch_size), wait))])
+        get([(shard, self._shards[shard].shard_extend.remote(columns, list(td.batch_size), wait))])
         if self._shard is None:
             self._next = (shard + 1) % len(self._shards)
         return shard
@@ -206,15 +185,16 @@ class ReplayService:
                       "limiter_counters": manifest["limiter_counters"][k]} for k in range(num_shards)]
         self._limiter_config = limiter
         self._shard_capacity = shard_capacity
-        self._started_ray = _start_ray(ray_init_config)
+        self._started_ray = start_ray(ray_init_config)
         import ray
 
         from rlbuf._ray_shard import ShardHost  # it imports rlbuf.ray, which imports this module
 
         remote = ray.remote(ShardHost).options(max_concurrency=_THREADS, **dict(actor_options or {"num_cpus": 1}))
+        self._remote = remote
         self._shards: list[Any] | None = [remote.remote(**spec) for spec in specs]
         try:
-            infos = _get([(k, shard.shard_info.remote()) for k, shard in enumerate(self._shards)])
+            infos = get([(k, shard.shard_info.remote()) for k, shard in enumerate(self._shards)])
             if any(info["capacity"] != shard_capacity for info in infos):
                 raise CheckpointError(f"shard capacity: expected {shard_capacity} in every shard (service.json), got "
                                       f"{[info['capacity'] for info in infos]}")
@@ -280,7 +260,7 @@ class ReplayService:
 
     def sizes(self) -> list[int]:
         """Rows each shard holds now (one round trip to each)."""
-        stats = _get([(k, shard.shard_stats.remote()) for k, shard in enumerate(self._live())])
+        stats = get([(k, shard.shard_stats.remote()) for k, shard in enumerate(self._live())])
         return [int(stat["size"]) for stat in stats]
 
     def __len__(self) -> int:
@@ -290,7 +270,7 @@ class ReplayService:
         """Each shard's limiter settings and counters, or ``None`` without a limiter."""
         if self._limiter_config is None:
             return None
-        return _get([(k, shard.shard_limiter.remote()) for k, shard in enumerate(self._live())])
+        return get([(k, shard.shard_limiter.remote()) for k, shard in enumerate(self._live())])
 
     # -- writing ----------------------------------------------------------------------------
     def writer(self, shard: int | None = None, *, writer_id: int | None = None) -> ServiceWriter:
@@ -343,7 +323,9 @@ class ReplayService:
         shards = self._live()
         stats = self._stats
         if stats is None or not all(stat["size"] for stat in stats):  # an empty shard is asked again each time
-            stats = self._stats = _get([(k, shard.shard_stats.remote()) for k, shard in enumerate(shards)])
+            stats = self._stats = get([(k, shard.shard_stats.remote()) for k, shard in enumerate(shards)])
+        if self._limiter_config is not None and not any(stat["size"] for stat in stats):
+            stats = self._stats = self._await_rows(batch_size, wait)   # a limited sample waits for rows
         mass = np.array([stat["mass"] for stat in stats], dtype=np.float64)
         if not mass.sum() > 0:
             raise EmptyBufferError(f"sample: every shard is empty (sizes {[stat['size'] for stat in stats]})")
@@ -351,11 +333,28 @@ class ReplayService:
         drawn = [(k, int(count)) for k, count in enumerate(counts) if count > 0]
         if len(drawn) > 1 and not all(self._may_sample(stats[k], count) for k, count in drawn):
             # Wait until every share may be drawn first, so a timeout leaves every shard's counters as they were.
-            _get([(k, shards[k].shard_wait_sample.remote(count, wait)) for k, count in drawn])
-        replies = _get([(k, shards[k].shard_sample.remote(count, wait)) for k, count in drawn])
+            get([(k, shards[k].shard_wait_sample.remote(count, wait)) for k, count in drawn])
+        replies = get([(k, shards[k].shard_sample.remote(count, wait)) for k, count in drawn])
         for (k, _), reply in zip(drawn, replies, strict=True):
             stats[k] = reply["stats"]
         return self._merge(drawn, replies, stats)
+
+    def _await_rows(self, batch_size: int, timeout: float | None) -> list[dict[str, Any]]:
+        """The shards' stats once one of them holds a row (every shard is empty until the writers start).
+
+        Raises:
+            RateLimitTimeoutError: still empty after ``timeout`` seconds.
+        """
+        shards = self._live()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            stats = get([(k, shard.shard_stats.remote()) for k, shard in enumerate(shards)])
+            if any(stat["size"] for stat in stats):
+                return stats
+            if deadline is not None and time.monotonic() >= deadline:
+                raise RateLimitTimeoutError(f"sample: the rate limiters held {batch_size} rows for {timeout} s: every "
+                                            "shard is still empty; start the writers or raise timeout")
+            time.sleep(0.01)
 
     def _may_sample(self, stats: Mapping[str, Any], count: int) -> bool:
         """Whether a shard's limiter lets ``count`` rows be sampled, judged from its last known counters.
@@ -388,7 +387,7 @@ class ReplayService:
     def sample_all(self) -> ReplayBatch:
         """Every stored row, shard 0 first, oldest first in each; ``index`` is global."""
         shards = self._live()
-        replies = _get([(k, shard.rlbuf_sample_all.remote()) for k, shard in enumerate(shards)])
+        replies = get([(k, shard.rlbuf_sample_all.remote()) for k, shard in enumerate(shards)])
         drawn = [(k, 1) for k, reply in enumerate(replies) if reply["index"].shape[0]]
         if not drawn:
             raise EmptyBufferError("sample_all: every shard is empty")
@@ -417,14 +416,14 @@ class ReplayService:
             raise StoredIndexError(f"index: expected global indices in [0, {self.capacity}), got "
                                    f"{int(positions.min())} to {int(positions.max())}")
         if self._stats is None:
-            self._stats = _get([(k, shard.shard_stats.remote()) for k, shard in enumerate(shards)])
+            self._stats = get([(k, shard.shard_stats.remote()) for k, shard in enumerate(shards)])
         known = [int(stat["size"]) for stat in self._stats]
         outside = local >= torch.tensor(known)[shard_of]
         if positions.numel() and bool(outside.any()):
             raise StoredIndexError(f"index: {int(positions[outside][0])} is not stored (shard sizes {known}); "
                                    "pass batch.index")
         updated = [k for k in range(len(shards)) if bool((shard_of == k).any())]
-        replies = _get([(k, shards[k].shard_update_priority.remote(to_wire(local[shard_of == k]),
+        replies = get([(k, shards[k].shard_update_priority.remote(to_wire(local[shard_of == k]),
                                                                    to_wire(values[shard_of == k]))) for k in updated])
         for k, reply in zip(updated, replies, strict=True):
             self._stats[k] = reply
@@ -443,10 +442,51 @@ class ReplayService:
             ShardDiedError: a shard's actor is gone.
         """
         shards = self._live()
-        write_checkpoint(Path(path).absolute(), lambda staging: _get(
+        write_checkpoint(Path(path).absolute(), lambda staging: get(
             [(k, shard.shard_save.remote(str(staging / f"shard_{k}"))) for k, shard in enumerate(shards)]),
             {"num_shards": len(shards), "shard_capacity": self._shard_capacity, "rate_limiter": self._limiter_config,
              "rng": self._rng.bit_generator.state, "writer_next": self._writer._next, "shard_stats": self._stats})
+
+    def restore(self, path: str | Path) -> None:
+        """Put the service back to the checkpoint ``save`` wrote at ``path``, in place.
+
+        Every shard reads and verifies its part first; only then do all of them switch, with
+        the learner's split generator and cursor: the next samples are those the saved
+        service would have drawn. A shard whose actor died is started again from its part
+        (writers built before then keep the dead handle: give them ``service.writer()``).
+
+        Raises:
+            CheckpointError: ``path`` is not a checkpoint of a service of this shape (shards,
+                shard capacity, rate limiter), or a part fails its checks; nothing changed.
+        """
+        path = Path(path).absolute()
+        manifest = read_manifest(path)
+        shards = self._live()
+        shape = (manifest["num_shards"], manifest["shard_capacity"], manifest["rate_limiter"])
+        if shape != (len(shards), self._shard_capacity, self._limiter_config):
+            raise CheckpointError(f"{path}: expected a service of (num_shards, shard_capacity, rate_limiter) "
+                                  f"{(len(shards), self._shard_capacity, self._limiter_config)}, got {shape}")
+        counters = manifest["limiter_counters"]
+        dead = []
+        for k, shard in enumerate(shards):
+            try:
+                get([(k, shard.shard_stage.remote(str(path / f"shard_{k}"), counters[k]))])
+            except ShardDiedError:
+                dead.append(k)
+        restarted = {k: self._remote.remote(checkpoint=str(path / f"shard_{k}"), rate_limiter=self._limiter_config,
+                                            limiter_counters=counters[k]) for k in dead}
+        try:
+            get([(k, actor.shard_info.remote()) for k, actor in restarted.items()])
+        except BaseException:
+            for actor in restarted.values():
+                stop(actor)
+            raise
+        get([(k, shard.shard_commit.remote()) for k, shard in enumerate(shards) if k not in restarted])
+        for k, actor in restarted.items():
+            shards[k] = actor
+        self._rng.bit_generator.state = manifest["rng"]
+        self._stats = manifest["shard_stats"]
+        self._writer = ServiceWriter(shards, self._keys, timeout=self._timeout, start=manifest["writer_next"])
 
     # -- lifetime ---------------------------------------------------------------------------
     def _live(self) -> list[Any]:
@@ -462,16 +502,10 @@ class ReplayService:
     def close(self) -> None:
         """Stop every shard actor (their rows are gone; save first), and Ray if the service started it."""
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
 
         shards, self._shards = self._shards, None
-        # Each actor removes what it made (a memmap scratch directory) and exits; kill any that do not.
-        exits = [shard.rlbuf_close.remote() for shard in shards or []]
-        for shard, exit_ in zip(shards or [], exits, strict=True):
-            with contextlib.suppress(RayActorError, GetTimeoutError):
-                ray.get(exit_, timeout=30)
-            ray.kill(shard)
-            _wait_until_dead(shard)
+        for shard in shards or []:
+            stop(shard)
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
 
@@ -488,21 +522,6 @@ class ReplayService:
         return f"ReplayService(num_shards={len(self._shards)}, shard={{{shard}}}, delivered_to={self._device})"
 
 
-def _wait_until_dead(shard: Any, timeout: float = 30.0) -> None:
-    """Return once ``shard``'s actor is gone (an exit or a kill is not instant)."""
-    import ray
-    from ray.exceptions import GetTimeoutError, RayActorError
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            ray.get(shard.synchronize.remote(), timeout=1.0)
-        except (RayActorError, GetTimeoutError) as error:
-            if isinstance(error, RayActorError):
-                return
-        time.sleep(0.01)
-
-
 def _shard_capacity(capacity: Any, num_shards: Any) -> int:
     if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
         raise ConfigError(f"num_shards: expected an int >= 1, got {num_shards!r}")
@@ -514,14 +533,6 @@ def _shard_capacity(capacity: Any, num_shards: Any) -> int:
                           f"{low + num_shards}")
     return capacity // num_shards
 
-
-def _start_ray(ray_init_config: Mapping[str, Any] | None) -> bool:
-    import ray
-
-    if ray.is_initialized():
-        return False
-    ray.init(**dict(ray_init_config or {}))
-    return True
 
 
 def _concat(parts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from tensordict import TensorDict
 
 from rlbuf._rate_limit import RateLimiter, wait_until
 from rlbuf._ray_wire import fields_of, from_wire, to_wire
-from rlbuf.checkpoint import save_state
+from rlbuf.checkpoint import load_state, save_state
 from rlbuf.errors import CheckpointError, RlbufError
 from rlbuf.ray import ReplayBufferHost
 
@@ -50,6 +50,7 @@ class ShardHost(ReplayBufferHost):
         self._condition = threading.Condition()
         self._limiter: RateLimiter | None = None
         self._base = 0
+        self._staged: tuple[dict[str, Any], RateLimiter | None]
         if self._error is not None:
             return
         try:
@@ -166,6 +167,30 @@ class ShardHost(ReplayBufferHost):
             return None
         with self._condition:
             return {"config": limiter.config(), "counters": limiter.counters()}
+
+    def shard_stage(self, path: str, counters: Mapping[str, int] | None) -> None:
+        """Read and verify the shard checkpoint at ``path`` (and the limiter's ``counters``) for ``shard_commit``.
+
+        Raises:
+            CheckpointError: the checkpoint fails its checks, or the counters do not match its rows.
+        """
+        state = load_state(path, kind="ReplayBuffer")
+        limiter = None
+        if self._limiter is not None:
+            limiter = RateLimiter.from_config(self._limiter.config(), counters)
+            if limiter.size != int(state["size"]):
+                raise CheckpointError(f"rate_limiter: counters say {limiter.size} rows, {path} holds {state['size']}")
+        self._staged = (state, limiter)
+
+    def shard_commit(self) -> None:
+        """Replace the buffer and limiter with what ``shard_stage`` read: the service's restore."""
+        state, limiter = self._staged
+        with self._condition:
+            self.buffer.load_state_dict(state)
+            self._limiter = limiter
+            self._base = int(state["write_count"]) - (0 if limiter is None else limiter.inserts)
+            self._condition.notify_all()
+        del self._staged
 
     def shard_save(self, path: str) -> dict[str, int] | None:
         """Write the buffer's checkpoint at ``path``; return the limiter's counters at the same write count.

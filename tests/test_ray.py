@@ -3,6 +3,7 @@ unsent data, the remote state checkpoints like a local buffer, and closing stops
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import warnings
@@ -22,6 +23,7 @@ ray = pytest.importorskip("ray")
 from _rows import check_id_rows, id_rows  # noqa: E402
 
 from rlbuf import (  # noqa: E402
+    BatchSizeError,
     ConfigError,
     DtypeError,
     EmptyBufferError,
@@ -301,48 +303,150 @@ def test_dict_observations_and_hidden_states_travel_both_ways() -> None:
 
 # -- ReplayService: shards, rate limits, checkpoints ------------------------------------------
 SERVICE_CHUNKS = 24
+ID = 1_000_000  # id rows carry ids >= ID in every field; CartPole rows have reward 1
 
 
 @pytest.fixture(scope="module")
 def service(ray_cluster: None) -> Iterator[ReplayService]:
-    """One 2-shard prioritized service with a rate limiter, shared by the service tests (starting
-    a shard actor costs seconds here: each imports torch)."""
-    limiter = RateLimiter(samples_per_insert=1.0, min_size_to_sample=16, error_buffer=1024.0)
-    with ReplayService(2 * 4096, num_shards=2, obs_shape=(3,), action_shape=(2,), prioritized=True, seed=0,
-                       rate_limiter=limiter, timeout=60.0, actor_options={"num_cpus": 0}) as built:
+    """One CartPole-shaped 2-shard prioritized service with a rate limiter, shared by the service
+    tests in order (starting a shard actor costs seconds here: each imports torch)."""
+    limiter = RateLimiter(samples_per_insert=2.0, min_size_to_sample=64, error_buffer=2048.0)
+    with ReplayService(2 * 4096, num_shards=2, obs_shape=(4,), action_shape=(), action_dtype=torch.int64,
+                       prioritized=True, rate_limiter=limiter, timeout=60.0, seed=0,
+                       actor_options={"num_cpus": 0}) as built:
         yield built
+
+
+def epsilon(i: int, n: int, base: float = 0.4, alpha: float = 7.0) -> float:
+    """Ape-X's exploration of actor ``i`` of ``n``: from ``base`` down to ``base ** 8``."""
+    return base ** (1 + alpha * i / max(n - 1, 1))
+
+
+def q_network() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
+
+
+@ray.remote(num_cpus=0.5)
+def apex_actor(writer: ServiceWriter, weights: dict[str, torch.Tensor], i: int, n: int, steps: int,
+               chunk: int = 64) -> int:
+    """docs/ray.md's actor: CartPole, epsilon-greedy on the learner's weights, batches of ``chunk``."""
+    q = q_network()
+    q.load_state_dict(weights)
+    env, rng = gym.make("CartPole-v1"), np.random.default_rng(i)
+    obs, _ = env.reset(seed=i)
+    rows = []
+    for _ in range(steps):
+        if rng.random() < epsilon(i, n):
+            action = int(rng.integers(2))
+        else:
+            with torch.no_grad():
+                action = int(q(torch.as_tensor(obs)).argmax())
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        rows.append((obs, action, reward, next_obs, terminated, truncated))
+        obs = env.reset()[0] if terminated or truncated else next_obs
+        if len(rows) == chunk:
+            writer.extend(to_tensordict(rows))
+            rows = []
+    return steps
+
+
+def learn(service: ReplayService, q: torch.nn.Module, target: torch.nn.Module,
+          optimizer: torch.optim.Optimizer, gamma: float = 0.99) -> tuple[torch.Tensor, float]:
+    """docs/ray.md's learner step: double DQN on a prioritized batch, priorities back."""
+    batch = service.sample(64)
+    with torch.no_grad():
+        best = q(batch.next_obs).argmax(1, keepdim=True)
+        next_q = target(batch.next_obs).gather(1, best).squeeze(1)
+        y = batch.reward + gamma * (~batch.terminated) * next_q
+    td = y - q(batch.obs).gather(1, batch.action[:, None]).squeeze(1)
+    loss = (batch.weight * td.pow(2)).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    service.update_priority(batch.index, td.abs().detach() + 1e-3)
+    return batch.index, loss.item()
+
+
+def test_an_apex_shaped_run_checkpoints_and_resumes_exactly(service: ReplayService, tmp_path: Path) -> None:
+    """docs/ray.md's Ape-X example: per-actor epsilon, one learner, the rate limiter on, a save
+    while the actors write, and a restore whose next batches, losses and counters equal those
+    of the run that kept going."""
+    torch.manual_seed(0)
+    q = q_network()
+    learner = (q, q_network(), torch.optim.Adam(q.parameters(), lr=1e-3))
+    learner[1].load_state_dict(q.state_dict())
+    actors = [apex_actor.remote(service.writer(writer_id=i), q.state_dict(), i, 2, 512) for i in range(2)]
+    for step in range(12):                                  # waits for 64 rows a shard first
+        learn(service, *learner)
+        if step == 6:
+            service.save(tmp_path / "during")               # while the actors write
+    assert ray.get(actors) == [512, 512] and service.sizes() == [512, 512]
+    service.save(tmp_path / "apex")
+    saved = copy.deepcopy(learner)
+    uninterrupted = [learn(service, *learner) for _ in range(4)]
+    counters = service.rate_limiters()
+    service.restore(tmp_path / "apex")
+    for (index, loss), (expected_index, expected_loss) in zip(
+            [learn(service, *saved) for _ in range(4)], uninterrupted, strict=True):
+        assert torch.equal(index, expected_index) and loss == expected_loss
+    assert service.rate_limiters() == counters
+    during = [ReplayBuffer.load(tmp_path / "during" / f"shard_{k}") for k in range(2)]
+    assert all(len(shard) % 64 == 0 for shard in during)    # whole batches only
+
+
+def _id_rows(first: int, n: int = ROWS) -> TensorDict:
+    """CartPole-shaped rows whose every field carries its id (``first`` .. ``first + n - 1``)."""
+    uid = torch.arange(first, first + n, dtype=torch.int64)
+    return TensorDict({
+        "observation": uid[:, None].expand(n, 4).float(), "action": uid.clone(),
+        ("next", "observation"): uid[:, None].expand(n, 4).float() + 0.5, ("next", "reward"): uid.float(),
+        ("next", "terminated"): uid % 2 == 0, ("next", "truncated"): torch.zeros(n, dtype=torch.bool),
+        "step_count": torch.zeros(n, dtype=torch.int64),           # a key the service does not store
+    }, batch_size=[n])
+
+
+def _check_ids(batch: ReplayBatch) -> list[int]:
+    """Assert every field of every id row carries the same id; return the ids (CartPole rows left out)."""
+    mine = batch.reward >= ID
+    uid = batch.action[mine]
+    assert torch.equal(batch.reward[mine], uid.float()), "torn row: reward"
+    assert torch.equal(batch.obs[mine], uid[:, None].expand(-1, 4).float()), "torn row: obs"
+    assert torch.equal(batch.next_obs[mine], uid[:, None].expand(-1, 4).float() + 0.5), "torn row: next_obs"
+    assert torch.equal(batch.terminated[mine], uid % 2 == 0), "torn row: terminated"
+    return uid.tolist()
 
 
 @ray.remote(num_cpus=0.5)
 def write_chunks(writer: ServiceWriter, worker: int, chunks: int) -> list[int]:
-    return [writer.extend(_chunk(worker, chunk)) for chunk in range(chunks)]
+    return [writer.extend(_id_rows(worker * ID + chunk * ROWS)) for chunk in range(chunks)]
 
 
-def _chunks_by_shard(ids: list[int]) -> dict[tuple[int, int], list[int]]:
-    """``(worker, chunk) -> ids`` of the rows stored, for chunks of ROWS ids each."""
+def _chunks(ids: list[int]) -> dict[tuple[int, int], list[int]]:
+    """``(worker, chunk) -> ids`` of the id rows stored, for chunks of ROWS ids each."""
     chunks: dict[tuple[int, int], list[int]] = {}
     for uid in ids:
-        chunks.setdefault((uid // 1_000_000, uid % 1_000_000 // ROWS), []).append(uid)
+        chunks.setdefault((uid // ID, uid % ID // ROWS), []).append(uid)
     return chunks
 
 
 def test_service_shards_lose_and_duplicate_no_row_under_writers_samples_priorities_and_a_save(
         service: ReplayService, tmp_path: Path) -> None:
-    counters = service.rate_limiters()
-    service.extend(_chunk(9, 0))                                   # 8 rows into shard 0: below min size
-    with pytest.raises(RateLimitTimeoutError, match="too few rows to sample"):
-        service.sample(4, timeout=0.0)
     with pytest.raises(ShapeError, match="obs"):                    # refused whole by the shard
-        service.writer(shard=1).extend(_chunk(9, 1).set("observation", torch.zeros(ROWS, 4)))
-    assert service.sizes() == [ROWS, 0] and service.rate_limiters() != counters
+        service.writer(shard=1).extend(_id_rows(9 * ID).set("observation", torch.zeros(ROWS, 3)))
+    with pytest.raises(BatchSizeError, match="wider than the rate limiter's band"):
+        service.sample(5000 * 2)
     counters = service.rate_limiters()
-    assert [c["counters"] for c in counters or []] == [{"inserts": ROWS, "samples": 0, "deletes": 0},
-                                                       {"inserts": 0, "samples": 0, "deletes": 0}]
+    with pytest.raises(RateLimitTimeoutError, match="sampling would run ahead"):
+        for _ in range(8):                                          # the learner runs ahead of the band
+            counters = service.rate_limiters()
+            service.sample(2048, timeout=0.0)
+    assert service.rate_limiters() == counters                      # the held sample moved nothing
+    before = len(service)
 
     writers = [write_chunks.remote(service.writer(writer_id=w), w + 1, SERVICE_CHUNKS) for w in range(2)]
     for step in range(6):                                           # the learner, while they write
-        batch = service.sample(32)
-        check_id_rows(batch)
+        batch = service.sample(32)                                  # held until the writers make room
+        _check_ids(batch)
         service.update_priority(batch.index, torch.rand(32) + 0.1)
         if step == 2:
             service.save(tmp_path / "during")                       # writers keep writing
@@ -350,23 +454,22 @@ def test_service_shards_lose_and_duplicate_no_row_under_writers_samples_prioriti
     assert shard_of == [[(w + c) % 2 for c in range(SERVICE_CHUNKS)] for w in range(2)]   # round-robin
 
     everything = service.sample_all()
-    ids = check_id_rows(everything)
-    expected = {9_000_000 + i for i in range(ROWS)} | {
-        w * 1_000_000 + i for w in (1, 2) for i in range(SERVICE_CHUNKS * ROWS)}
+    ids = _check_ids(everything)
+    expected = {w * ID + i for w in (1, 2) for i in range(SERVICE_CHUNKS * ROWS)}
     assert len(ids) == len(set(ids)) == len(expected) and set(ids) == expected
-    # Every chunk whole in the shard its writer sent it to (the global index says which).
-    shard = (everything.index // service.shard_capacity).tolist()
-    for (worker, chunk), members in _chunks_by_shard(ids).items():
-        where = {shard[ids.index(uid)] for uid in members}
-        assert len(members) == ROWS and where == {0 if worker == 9 else shard_of[worker - 1][chunk]}
+    assert len(everything.reward) == before + len(expected)
+    shard = (everything.index[everything.reward >= ID] // service.shard_capacity).tolist()
+    for (worker, chunk), members in _chunks(ids).items():          # every chunk whole, where it was sent
+        assert len(members) == ROWS and {shard[ids.index(uid)] for uid in members} == {shard_of[worker - 1][chunk]}
 
     # The checkpoint taken during the writes: whole chunks, each writer's a prefix of what it sent
     # to each shard, and limiter counters that match each shard's rows.
     saved = json.loads((tmp_path / "during" / "service.json").read_text())
     for k in range(2):
-        rows = check_id_rows(ReplayBuffer.load(tmp_path / "during" / f"shard_{k}").sample_all())
-        assert saved["limiter_counters"][k]["inserts"] == len(rows) == len(set(rows))
-        chunks = _chunks_by_shard(rows)
+        rows = ReplayBuffer.load(tmp_path / "during" / f"shard_{k}").sample_all()
+        counted = saved["limiter_counters"][k]
+        assert counted["inserts"] - counted["deletes"] == len(rows.reward)
+        chunks = _chunks(_check_ids(rows))
         assert all(len(members) == ROWS for members in chunks.values())
         for worker in (1, 2):
             sent = [c for c in range(SERVICE_CHUNKS) if shard_of[worker - 1][c] == k]
@@ -374,40 +477,23 @@ def test_service_shards_lose_and_duplicate_no_row_under_writers_samples_prioriti
             assert stored == sent[:len(stored)]
 
 
-def test_the_service_checkpoint_resumes_exactly(service: ReplayService, tmp_path: Path) -> None:
-    if min(service.sizes()) < 16:
-        for chunk in range(4):
-            service.extend(_chunk(7, chunk))
-    service.save(tmp_path / "resume")
-    generator = torch.Generator().manual_seed(0)
-    steps = [torch.rand(48, generator=generator) + 0.1 for _ in range(4)]
-
-    def run(on: ReplayService) -> list[ReplayBatch]:
-        batches = []
-        for priority in steps:
-            batches.append(on.sample(48))
-            on.update_priority(batches[-1].index, priority)
-        return batches
-
-    uninterrupted, counters = run(service), service.rate_limiters()
-    with ReplayService.load(tmp_path / "resume", actor_options={"num_cpus": 0}) as resumed:
-        assert resumed.sizes() == service.sizes() and resumed.num_shards == 2
-        for got, expected in zip(run(resumed), uninterrupted, strict=True):
-            for name in ("index", "weight", "reward", "obs"):
-                assert torch.equal(getattr(got, name), getattr(expected, name)), name
-        assert resumed.rate_limiters() == counters
-
-
-def test_a_killed_shard_is_reported_to_the_learner_and_the_writers(service: ReplayService) -> None:
+def test_a_killed_shard_is_reported_then_restored_from_the_last_checkpoint(
+        service: ReplayService, tmp_path: Path) -> None:
+    service.save(tmp_path / "last")
+    sizes, counters = service.sizes(), service.rate_limiters()
     writer = service.writer(shard=1)
     ray.kill(service.actors[1])
     with pytest.raises(ShardDiedError, match="shard 1: its Ray actor is gone"):
-        service.sample(64)
+        service.save(tmp_path / "never")
     with pytest.raises(ShardDiedError, match=r"shard 1: .*ReplayService.load"):
-        writer.extend(_chunk(5, 0))
+        writer.extend(_id_rows(5 * ID))
     with pytest.raises(ShardDiedError, match="shard 1"):
         ray.get(write_chunks.remote(service.writer(shard=1), 5, 1))
-    service.writer(shard=0).extend(_chunk(5, 0))                    # the live shard keeps serving
+    service.writer(shard=0).extend(_id_rows(5 * ID))                # the live shard keeps serving
+    service.restore(tmp_path / "last")                              # shard 1 started again from its part
+    assert service.sizes() == sizes and service.rate_limiters() == counters
+    service.writer(shard=1).extend(_id_rows(6 * ID))
+    assert service.sizes() == [sizes[0], sizes[1] + ROWS]
 
 
 def test_service_options_are_refused_before_any_actor_starts() -> None:

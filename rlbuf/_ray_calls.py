@@ -1,0 +1,72 @@
+"""Calls from the learner and writers to a [`ReplayService`][rlbuf.ray.ReplayService]'s shard actors: results,
+errors (an rlbuf error raised as itself, a dead actor as [`ShardDiedError`][rlbuf.errors.ShardDiedError]), stopping.
+
+Example:
+    >>> get([])
+    []
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rlbuf.errors import RlbufError, ShardDiedError
+
+
+def get(calls: Sequence[tuple[int, Any]]) -> list[Any]:
+    """Results of remote calls ``(shard, ref)``; rlbuf errors as themselves, a dead actor as ShardDiedError."""
+    import ray
+    from ray.exceptions import RayActorError, RayTaskError
+
+    results = []
+    for shard, ref in calls:
+        try:
+            results.append(ray.get(ref))
+        except RayTaskError as error:
+            if isinstance(error.cause, RlbufError):
+                raise error.cause from None
+            raise
+        except RayActorError as error:
+            raise ShardDiedError(
+                f"shard {shard}: its Ray actor is gone ({type(error).__name__}); the rows it held since the last"
+                " checkpoint are lost. Rebuild the service from that checkpoint with ReplayService.load(path)"
+            ) from error
+    return results
+
+
+def stop(shard: Any) -> None:
+    """Stop a shard actor: it removes what it made (a memmap scratch directory) and exits, or is killed."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    with contextlib.suppress(RayActorError, GetTimeoutError):
+        ray.get(shard.rlbuf_close.remote(), timeout=30)
+    ray.kill(shard)
+    wait_until_dead(shard)
+
+
+def wait_until_dead(shard: Any, timeout: float = 30.0) -> None:
+    """Return once ``shard``'s actor is gone (an exit or a kill is not instant)."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get(shard.synchronize.remote(), timeout=1.0)
+        except (RayActorError, GetTimeoutError) as error:
+            if isinstance(error, RayActorError):
+                return
+        time.sleep(0.01)
+
+
+def start_ray(ray_init_config: Mapping[str, Any] | None) -> bool:
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(**dict(ray_init_config or {}))
+    return True
