@@ -24,6 +24,7 @@ from _rows import check_id_rows, id_rows  # noqa: E402
 
 from rlbuf import (  # noqa: E402
     BatchSizeError,
+    CheckpointError,
     ConfigError,
     DtypeError,
     EmptyBufferError,
@@ -496,7 +497,7 @@ def test_a_killed_shard_is_reported_then_restored_from_the_last_checkpoint(
     assert service.sizes() == [sizes[0], sizes[1] + ROWS]
 
 
-def test_service_options_are_refused_before_any_actor_starts() -> None:
+def test_service_options_and_checkpoints_are_refused_before_any_actor_starts(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"capacity: expected a multiple of num_shards=3, got 100; use 99 or 102"):
         ReplayService(100, num_shards=3, obs_shape=(3,), action_shape=(2,))
     with pytest.raises(ConfigError, match="min_size_to_sample=64 rows per shard can never be reached with 32"):
@@ -504,3 +505,10 @@ def test_service_options_are_refused_before_any_actor_starts() -> None:
                       rate_limiter=RateLimiter(min_size_to_sample=64))
     with pytest.raises(ConfigError, match="timeout: expected None or a number of seconds >= 0, got -1"):
         ReplayService(64, obs_shape=(3,), action_shape=(2,), timeout=-1)
+    with pytest.raises(CheckpointError, match=r"expected a ReplayService checkpoint's service\.json"):
+        ReplayService.load(tmp_path / "never-saved")
+    (tmp_path / "forged").mkdir()
+    (tmp_path / "forged" / "service.json").write_text(json.dumps({"format": "rlbuf.ray.ReplayService", "version": 1,
+                                                                 "num_shards": 2, "shard_capacity": 0}))
+    with pytest.raises(CheckpointError, match="shard_capacity: expected an int >= 1, got 0"):
+        ReplayService.load(tmp_path / "forged")
