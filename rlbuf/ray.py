@@ -17,6 +17,9 @@ order they arrive: an acknowledged ``add``/``extend`` is stored whole, and a rej
 (a ``ShapeError`` raised on the learner or writer, as if the buffer were local) stores nothing.
 Tensors travel as numpy arrays, which Ray moves without pickling their bytes: sending a
 64-row batch or receiving a 4096-row sample takes 1.5-2.5x less time than torch's pickling.
+
+For N buffers behind one handle, with Reverb's rate limiting and exact checkpoints of them
+all, see [`ReplayService`][rlbuf.ray.ReplayService] and [`RateLimiter`][rlbuf.ray.RateLimiter].
 """
 
 from __future__ import annotations
