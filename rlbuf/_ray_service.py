@@ -26,6 +26,7 @@ from rlbuf._rate_limit import RateLimiter
 from rlbuf._ray_calls import get, start_ray, stop
 from rlbuf._ray_checkpoint import read_manifest, write_checkpoint
 from rlbuf._ray_wire import from_wire, to_wire
+from rlbuf._sumtree_arrays import check_exponent
 from rlbuf.batches import ReplayBatch
 from rlbuf.errors import (
     BatchSizeError,
@@ -247,6 +248,27 @@ class ReplayService:
     def prioritized(self) -> bool:
         """Whether sampling follows priorities."""
         return self._prioritized
+
+    @property
+    def beta(self) -> float:
+        """Every shard's importance-sampling exponent; set it between samples to anneal it towards 1.
+
+        Raises:
+            PriorityError: the service is not prioritized.
+            ConfigError: a value that is not a finite number >= 0 (checked before any shard changes).
+        """
+        if not self._prioritized:
+            raise PriorityError("beta: this service is not prioritized (build it with prioritized=True)")
+        return self._beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        if not self._prioritized:
+            raise PriorityError("beta: this service is not prioritized (build it with prioritized=True)")
+        check_exponent("beta", value)
+        shards = self._live()
+        get([(k, shard.shard_set_beta.remote(float(value))) for k, shard in enumerate(shards)])
+        self._beta = float(value)
 
     @property
     def device(self) -> torch.device:
@@ -484,6 +506,7 @@ class ReplayService:
         get([(k, shard.shard_commit.remote()) for k, shard in enumerate(shards) if k not in restarted])
         for k, actor in restarted.items():
             shards[k] = actor
+        self._beta = float(get([(0, shards[0].shard_info.remote())])[0]["beta"])
         self._rng.bit_generator.state = manifest["rng"]
         self._stats = manifest["shard_stats"]
         self._writer = ServiceWriter(shards, self._keys, timeout=self._timeout, start=manifest["writer_next"])

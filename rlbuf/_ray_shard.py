@@ -75,6 +75,11 @@ class ShardHost(ReplayBufferHost):
         buffer = self.buffer
         return {**self.rlbuf_info(), "beta": buffer.beta if buffer.prioritized else 0.0}
 
+    def shard_set_beta(self, value: float) -> None:
+        """See [`ReplayBuffer.beta`][rlbuf.ReplayBuffer.beta]."""
+        with self._condition:
+            self.buffer.beta = value
+
     def shard_extend(self, columns: list[tuple[Any, Any]], batch_size: list[int], timeout: float | None) -> None:
         """Store a TorchRL-layout batch, first waiting for the rate limiter (``timeout`` seconds at most).
 

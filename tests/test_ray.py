@@ -28,11 +28,13 @@ from rlbuf import (  # noqa: E402
     ConfigError,
     DtypeError,
     EmptyBufferError,
+    PriorityError,
     RateLimitTimeoutError,
     ReplayBatch,
     ReplayBuffer,
     ShapeError,
     ShardDiedError,
+    StoredIndexError,
     Transition,
 )
 from rlbuf.checkpoint import save_state  # noqa: E402
@@ -462,6 +464,17 @@ def test_service_shards_lose_and_duplicate_no_row_under_writers_samples_prioriti
     shard = (everything.index[everything.reward >= ID] // service.shard_capacity).tolist()
     for (worker, chunk), members in _chunks(ids).items():          # every chunk whole, where it was sent
         assert len(members) == ROWS and {shard[ids.index(uid)] for uid in members} == {shard_of[worker - 1][chunk]}
+
+    with pytest.raises(StoredIndexError, match=r"expected global indices in \[0, 8192\), got 8192 to 8192"):
+        service.update_priority([service.capacity], [1.0])
+    with pytest.raises(StoredIndexError, match="expected integers"):
+        service.update_priority(torch.tensor([0.5]), [1.0])
+    with pytest.raises(PriorityError, match="expected 2 values"):
+        service.update_priority([0, 1], [1.0])
+    with pytest.raises(ConfigError, match="beta: expected a finite number >= 0"):
+        service.beta = -1.0
+    service.beta = 1.0                                              # annealed on every shard
+    assert service.beta == 1.0 and float(service.sample(64).weight.max()) <= 1.0
 
     # The checkpoint taken during the writes: whole chunks, each writer's a prefix of what it sent
     # to each shard, and limiter counters that match each shard's rows.
