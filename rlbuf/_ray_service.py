@@ -156,34 +156,30 @@ class ReplayService:
     def __init__(self, capacity: int | None = None, *, num_shards: int = 2, obs_shape: Any = None,
                  action_shape: Any = None, rate_limiter: RateLimiter | None = None, timeout: float | None = 60.0,
                  device: DeviceLike = "cpu", seed: int | None = None, actor_options: Mapping[str, Any] | None = None,
-                 ray_init_config: Mapping[str, Any] | None = None, _checkpoint: Path | None = None,
-                 **options: Any) -> None:
+                 ray_init_config: Mapping[str, Any] | None = None, **options: Any) -> None:
         self._timeout = _timeout(timeout)
         self._device = resolve_device(device, name="device")
-        manifest: dict[str, Any] | None = None
-        if _checkpoint is None:
-            shard_capacity = _shard_capacity(capacity, num_shards)
-            if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
-                raise ConfigError(f"rate_limiter: expected a RateLimiter or None, got {type(rate_limiter).__name__}")
-            if rate_limiter is not None and rate_limiter.min_size_to_sample > shard_capacity:
-                raise ConfigError(
-                    f"rate_limiter: min_size_to_sample={rate_limiter.min_size_to_sample} rows per shard can never be"
-                    f" reached with {shard_capacity} rows per shard; lower it or raise capacity")
-            if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-                raise ConfigError(f"seed: expected an int or None, got {seed!r}")
-            seeds = np.random.SeedSequence(seed).spawn(num_shards + 1)
-            self._rng = np.random.Generator(np.random.PCG64(seeds[-1]))
-            limiter = None if rate_limiter is None else rate_limiter.config()
-            specs = [{"capacity": shard_capacity, "obs_shape": obs_shape, "action_shape": action_shape,
-                      "seed": None if seed is None else int(seeds[k].generate_state(1)[0]) >> 1,
-                      "rate_limiter": limiter, **options} for k in range(num_shards)]
-        else:
-            manifest = read_manifest(_checkpoint)
-            num_shards, shard_capacity, limiter = manifest["num_shards"], manifest["shard_capacity"], manifest["rate_limiter"]
-            self._rng = np.random.Generator(np.random.PCG64())
-            self._rng.bit_generator.state = manifest["rng"]
-            specs = [{"checkpoint": str(_checkpoint / f"shard_{k}"), "rate_limiter": limiter,
-                      "limiter_counters": manifest["limiter_counters"][k]} for k in range(num_shards)]
+        shard_capacity = _shard_capacity(capacity, num_shards)
+        if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
+            raise ConfigError(f"rate_limiter: expected a RateLimiter or None, got {type(rate_limiter).__name__}")
+        if rate_limiter is not None and rate_limiter.min_size_to_sample > shard_capacity:
+            raise ConfigError(
+                f"rate_limiter: min_size_to_sample={rate_limiter.min_size_to_sample} rows per shard can never be"
+                f" reached with {shard_capacity} rows per shard; lower it or raise capacity")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ConfigError(f"seed: expected an int or None, got {seed!r}")
+        seeds = np.random.SeedSequence(seed).spawn(num_shards + 1)
+        self._rng = np.random.Generator(np.random.PCG64(seeds[-1]))
+        limiter = None if rate_limiter is None else rate_limiter.config()
+        specs = [{"capacity": shard_capacity, "obs_shape": obs_shape, "action_shape": action_shape,
+                  "seed": None if seed is None else int(seeds[k].generate_state(1)[0]) >> 1,
+                  "rate_limiter": limiter, **options} for k in range(num_shards)]
+        self._start(specs, shard_capacity, limiter, None, actor_options, ray_init_config)
+
+    def _start(self, specs: list[dict[str, Any]], shard_capacity: int, limiter: dict[str, Any] | None,
+               manifest: dict[str, Any] | None, actor_options: Mapping[str, Any] | None,
+               ray_init_config: Mapping[str, Any] | None) -> None:
+        """Start one shard actor per ``specs`` entry (after every check that needs no actor)."""
         self._limiter_config = limiter
         self._shard_capacity = shard_capacity
         self._started_ray = start_ray(ray_init_config)
@@ -225,8 +221,18 @@ class ReplayService:
             CheckpointError: ``path`` is not a service checkpoint, or a shard's checkpoint fails
                 its checks.
         """
-        return cls(device=device, timeout=timeout, actor_options=actor_options, ray_init_config=ray_init_config,
-                   _checkpoint=Path(path).absolute())
+        service = cls.__new__(cls)
+        service._timeout = _timeout(timeout)
+        service._device = resolve_device(device, name="device")
+        path = Path(path).absolute()
+        manifest = read_manifest(path)
+        service._rng = np.random.Generator(np.random.PCG64())
+        service._rng.bit_generator.state = manifest["rng"]
+        limiter = manifest["rate_limiter"]
+        specs = [{"checkpoint": str(path / f"shard_{k}"), "rate_limiter": limiter,
+                  "limiter_counters": manifest["limiter_counters"][k]} for k in range(manifest["num_shards"])]
+        service._start(specs, manifest["shard_capacity"], limiter, manifest, actor_options, ray_init_config)
+        return service
 
     # -- shape ------------------------------------------------------------------------------
     @property
