@@ -19,7 +19,7 @@ def gather_rows(leaf: torch.Tensor, wide: np.ndarray[Any, Any] | None, index: to
     """The rows of a CPU ``leaf`` at ``index``, in a new tensor (page-locked with ``pin_memory``).
 
     Gathering into the pinned tensor saves the copy that ``pin_memory()`` of a gathered batch
-    costs. ``wide`` is the leaf's numpy view when its rows are large (numpy ``take`` is faster).
+    costs. ``wide`` is the leaf's numpy view where it has one (a CPU storage: numpy ``take`` is faster).
 
     Example:
         >>> leaf = torch.arange(12.0).view(6, 2)

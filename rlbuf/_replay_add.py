@@ -111,20 +111,23 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
                 and metrics is None and not isinstance(obs, Transition)):
             # The plain layout (decided once, in the constructor): the fields go to the ring's add as given.
             # Statistics checked first and recorded once the rows are stored: a refusal changes neither.
-            record = None if self._stats is None else self._planned_stats(reward, terminated, truncated)
-            resets = self._resets
-            if resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated, None):
-                self._resets = resets = None  # warned: once per buffer
+            # Under the ring's (re-entrant) lock throughout: the flags read back and the statistics are this
+            # add's, whatever other threads add or extend meanwhile.
             ring = self._ring
-            ring.add((obs, action, reward, next_obs, terminated, truncated), self._num_envs)
-            if resets is not None:
-                # The step's flags as stored: when no episode ends, two reads of Python bools (one env).
-                ended, cut = ring.last_read[4], ring.last_read[5]
-                if resets.watching or ended is True or cut is True or (ended is not False and ended.any()) or (
-                        cut is not False and cut.any()):
-                    resets.record(ended, cut, next_obs, None)
-            if record is not None:
-                record()
+            with ring.lock:
+                record = None if self._stats is None else self._planned_stats(reward, terminated, truncated)
+                resets = self._resets
+                if resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated, None):
+                    self._resets = resets = None  # warned: once per buffer
+                ring.add((obs, action, reward, next_obs, terminated, truncated), self._num_envs)
+                if resets is not None:
+                    # The step's flags as stored: when no episode ends, two reads of Python bools (one env).
+                    ended, cut = ring.last_read[4], ring.last_read[5]
+                    if resets.watching or ended is True or cut is True or (ended is not False and ended.any()) or (
+                            cut is not False and cut.any()):
+                        resets.record(ended, cut, next_obs, None)
+                if record is not None:
+                    record()
             return
         self._add(obs, action, reward, next_obs, terminated, truncated, hidden_state, env_mask, extras, metrics)
 
@@ -150,21 +153,22 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
         if truncated is False:
             truncated = self._no_truncation
         check_hidden_state(self._hidden, hidden_state)
-        record = self._planned_stats(reward, terminated, truncated, env_mask=env_mask, metrics=metrics)
-        resets = self._resets
-        stored = None if env_mask is None or resets is None else self._writer.checked_env_mask(env_mask).numpy()
-        if resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated, stored):
-            self._resets = resets = None
-        if stored is not None and self._mask_unchecked and not stored.all() and resets is not None:
-            self._mask_unchecked = not resets.check_mask(terminated, truncated, stored)
-        interleaved = self._writer.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, extras,
-                                       env_mask)
-        self._interleaved = self._interleaved and interleaved
-        if resets is not None and (stored is None or stored.any()):
-            read = self._ring.last_read
-            resets.record(read[self._flag_at[0]], read[self._flag_at[1]], next_obs, stored)
-        if record is not None:
-            record()
+        with self._ring.lock:  # this add's flags read back, whatever other threads write (see add)
+            record = self._planned_stats(reward, terminated, truncated, env_mask=env_mask, metrics=metrics)
+            resets = self._resets
+            stored = None if env_mask is None or resets is None else self._writer.checked_env_mask(env_mask).numpy()
+            if resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated, stored):
+                self._resets = resets = None
+            if stored is not None and self._mask_unchecked and not stored.all() and resets is not None:
+                self._mask_unchecked = not resets.check_mask(terminated, truncated, stored)
+            interleaved = self._writer.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, extras,
+                                           env_mask)
+            self._interleaved = self._interleaved and interleaved
+            if resets is not None and (stored is None or stored.any()):
+                read = self._ring.last_read
+                resets.record(read[self._flag_at[0]], read[self._flag_at[1]], next_obs, stored)
+            if record is not None:
+                record()
 
     def extend(self, td: TensorDictBase) -> None:
         """Store a TensorDict in TorchRL layout, e.g. a collector's ``[num_envs, T]`` batch.
@@ -191,13 +195,14 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             10
         """
         stats = self._stats
-        if self._resets is not None:
-            self._resets.clear()  # the last row of each env is a collector's now
-        if stats is None:
-            interleaved = self._writer.extend(td, per_env=False)
-        else:
-            with stats.restored_on_error():  # statistics fed before the rows are stored, undone if refused
-                interleaved = self._writer.extend(td, per_env=True, before_write=lambda tensors: (
-                    self._feed_stats_from_rollout(tensors["reward"], tensors["terminated"], tensors["truncated"])))
-        self._interleaved = self._interleaved and interleaved
+        with self._ring.lock:  # one step of statistics and of the reset-step watcher at a time (see add)
+            if stats is None:
+                interleaved = self._writer.extend(td, per_env=False)
+            else:
+                with stats.restored_on_error():  # statistics fed before the rows are stored, undone if refused
+                    interleaved = self._writer.extend(td, per_env=True, before_write=lambda tensors: (
+                        self._feed_stats_from_rollout(tensors["reward"], tensors["terminated"], tensors["truncated"])))
+            if self._resets is not None:
+                self._resets.clear()  # stored: the last row of each env is a collector's now
+            self._interleaved = self._interleaved and interleaved
 
