@@ -118,7 +118,7 @@ class ShardHost(ReplayBufferHost):
         if not buffer.prioritized or size == 0:
             return {"size": size, "mass": float(size), "smallest": 1.0, "limiter": counters}
         rb = buffer.torchrl
-        _, total, smallest = rb.sampler._sampled_mass(rb.storage)  # rlbuf's own SumTreeSampler
+        _, total, smallest = rb.sampler.sampled_mass(rb.storage)  # rlbuf's own SumTreeSampler
         return {"size": size, "mass": float(total), "smallest": float(smallest), "limiter": counters}
 
     def shard_wait_sample(self, batch_size: int, timeout: float | None) -> None:

@@ -231,7 +231,7 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise BatchSizeError(f"batch_size: expected a positive integer, got {batch_size!r}")
-        size, total, smallest = self._sampled_mass(storage)
+        size, total, smallest = self.sampled_mass(storage)
         generator = sampler_generator(self)
         generator_device = generator.device if generator is not None else "cpu"
         uniform = torch.rand(batch_size, generator=generator, dtype=torch.float64, device=generator_device)
@@ -262,7 +262,7 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
             >>> sampler.weights(storage, torch.tensor([2, 0]))
             tensor([0.7071, 1.0000])
         """
-        size, _, smallest = self._sampled_mass(storage)
+        size, _, smallest = self.sampled_mass(storage)
         leaf = self._flat_index(index, storage)
         if leaf.size and not (leaf.min() >= 0 and leaf.max() < size):
             raise StoredIndexError(f"index: expected stored items in [0, {size}), got {leaf.min()} to {leaf.max()}")
@@ -270,7 +270,7 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         device = _storage_device(storage)
         return weight if device is None else weight.to(device)
 
-    def _sampled_mass(self, storage: Any) -> tuple[int, float, float]:
+    def sampled_mass(self, storage: Any) -> tuple[int, float, float]:
         """The items ``sample`` draws from, their total and smallest ``q`` (checked as ``sample`` needs)."""
         size = len(storage)
         if size == 0:
