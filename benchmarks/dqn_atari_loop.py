@@ -14,9 +14,9 @@ is synced every 1,000 steps. The agents:
 All start from the same seeds and run in lockstep chunks of ``--chunk`` steps (who goes first
 rotates), so a burst of load on this shared machine lands on both. Printed per agent: the
 loop's wall time, steps per second, and the part spent in the buffer (``add``, ``sample`` and the
-batch's conversion); then rlbuf's steps per second ÷ SB3's (issue 22: ≥ 1.0). rlbuf's figures
-include the first add's and sample's one-off cost in a new process (about 1 s: numba loads its
-compiled stream kernels).
+batch's conversion); then rlbuf's steps per second ÷ SB3's (issue 22: ≥ 1.0). numba loads rlbuf's
+compiled stream kernels (about 1 s in a new process) when the buffer is made, before the loop, as
+SB3 allocates its arrays there.
 
 One torch thread. ``pip install -e ".[bench]"`` brings ale-py and OpenCV. From the repository root::
 
