@@ -175,12 +175,13 @@ def test_gather_rows_equals_index_select_for_narrow_bool_and_wide_rows(storage: 
             buf.add(frames, torch.arange(8) + step, torch.ones(8), frames, torch.arange(8) % 2 == 0, truncated=False)
         ring = buf._ring
         ring.flush()
-        assert "obs" in ring._wide_rows  # images take numpy's path
         index = torch.tensor([39, 0, 7, 7, 21])
+        gathered = ring._select(index, None)  # a CPU storage: numpy's take for every field
         for name in ("obs", "action", "terminated", "reward"):
-            got = gather_rows(ring.leaves[name], ring._wide_rows.get(name), index, pin_memory=False)
-            assert got.dtype == ring.leaves[name].dtype
-            assert torch.equal(got, ring.leaves[name].index_select(0, index)), name
+            for got in (gather_rows(ring.leaves[name], ring._arrays[name], index, pin_memory=False),
+                        gather_rows(ring.leaves[name], None, index, pin_memory=False), gathered[name]):
+                assert got.dtype == ring.leaves[name].dtype
+                assert torch.equal(got, ring.leaves[name].index_select(0, index)), name
 
 
 # -- storing on the GPU ----------------------------------------------------------------------------
