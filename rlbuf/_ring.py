@@ -471,11 +471,20 @@ class RowRing:
                 n = capacity
             cursor = _torchrl.cursor(rb)
             first = min(n, capacity - cursor)
+            arrays = self._arrays
             for name, column in columns.items():
-                leaf = self.leaves[name]
-                leaf[cursor:cursor + first].copy_(column[:first], non_blocking=True)
-                if first < n:
-                    leaf[:n - first].copy_(column[first:], non_blocking=True)
+                if arrays and column.is_cpu:
+                    # A CPU storage through numpy: torch splits a copy of a few frames over its intra-op
+                    # threads, which stall whenever the other core of a small machine is busy.
+                    target, rows = arrays[name], column.numpy()
+                    target[cursor:cursor + first] = rows[:first]
+                    if first < n:
+                        target[:n - first] = rows[first:]
+                else:
+                    leaf = self.leaves[name]
+                    leaf[cursor:cursor + first].copy_(column[:first], non_blocking=True)
+                    if first < n:
+                        leaf[:n - first].copy_(column[first:], non_blocking=True)
             self._commit(n)
 
     def _commit(self, n: int, *, derived: int = 0) -> None:
