@@ -114,7 +114,9 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             # Under the ring's (re-entrant) lock throughout: the flags read back and the statistics are this
             # add's, whatever other threads add or extend meanwhile.
             ring = self._ring
-            with ring.lock:
+            lock = ring.lock
+            lock.acquire()  # not ``with``: 0.3 us of a 10 us add
+            try:
                 record = None if self._stats is None else self._planned_stats(reward, terminated, truncated)
                 resets = self._resets
                 if resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated, None):
@@ -128,6 +130,8 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
                         resets.record(ended, cut, next_obs, None)
                 if record is not None:
                     record()
+            finally:
+                lock.release()
             return
         self._add(obs, action, reward, next_obs, terminated, truncated, hidden_state, env_mask, extras, metrics)
 
