@@ -56,7 +56,10 @@ def tests(session: nox.Session) -> None:
     _install(session, "dev,ray")
     session.run("ruff", "check", "rlbuf", "tests", "benchmarks", "noxfile.py")
     session.run("mypy", "rlbuf")
-    session.run("pytest", "-q", "-p", "no:cacheprovider", "tests", "--doctest-modules", "rlbuf", *session.posargs)
+    # Two workers (the CI machine's two cores), each test file on one worker: a file's module fixtures (a
+    # local Ray cluster) start once. `nox -s tests -- -n 0` runs in one process.
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile", "tests",
+                "--doctest-modules", "rlbuf", *session.posargs)
 
 
 @nox.session(python=PYTHON)
