@@ -372,8 +372,8 @@ def learn(service: ReplayService, q: torch.nn.Module, target: torch.nn.Module,
 
 def test_an_apex_shaped_run_checkpoints_and_resumes_exactly(service: ReplayService, tmp_path: Path) -> None:
     """docs/ray.md's Ape-X example: per-actor epsilon, one learner, the rate limiter on, a save
-    while the actors write, and a restore whose next batches, losses and counters equal those
-    of the run that kept going."""
+    while the actors write, and a restore (in place, then into a new service by ``load``) whose
+    next batches, losses and counters equal those of the run that kept going."""
     torch.manual_seed(0)
     q = q_network()
     learner = (q, q_network(), torch.optim.Adam(q.parameters(), lr=1e-3))
@@ -385,7 +385,7 @@ def test_an_apex_shaped_run_checkpoints_and_resumes_exactly(service: ReplayServi
             service.save(tmp_path / "during")               # while the actors write
     assert ray.get(actors) == [512, 512] and service.sizes() == [512, 512]
     service.save(tmp_path / "apex")
-    saved = copy.deepcopy(learner)
+    saved, saved_again = copy.deepcopy(learner), copy.deepcopy(learner)
     uninterrupted = [learn(service, *learner) for _ in range(4)]
     counters = service.rate_limiters()
     service.restore(tmp_path / "apex")
@@ -393,6 +393,11 @@ def test_an_apex_shaped_run_checkpoints_and_resumes_exactly(service: ReplayServi
             [learn(service, *saved) for _ in range(4)], uninterrupted, strict=True):
         assert torch.equal(index, expected_index) and loss == expected_loss
     assert service.rate_limiters() == counters
+    with ReplayService.load(tmp_path / "apex", actor_options={"num_cpus": 0}) as loaded:  # a new service
+        for (index, loss), (expected_index, expected_loss) in zip(
+                [learn(loaded, *saved_again) for _ in range(4)], uninterrupted, strict=True):
+            assert torch.equal(index, expected_index) and loss == expected_loss
+        assert loaded.rate_limiters() == counters and loaded.sizes() == [512, 512]
     during = [ReplayBuffer.load(tmp_path / "during" / f"shard_{k}") for k in range(2)]
     assert all(len(shard) % 64 == 0 for shard in during)    # whole batches only
 
