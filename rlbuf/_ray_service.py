@@ -12,7 +12,7 @@ object store.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from rlbuf._rate_limit import RateLimiter
 from rlbuf._ray_calls import get, start_ray, stop
 from rlbuf._ray_checkpoint import read_manifest, write_checkpoint
 from rlbuf._ray_wire import from_wire, to_wire
+from rlbuf._ray_writer import ServiceWriter, check_batch_steps, timeout_of
 from rlbuf._sumtree_arrays import check_exponent
 from rlbuf.batches import ReplayBatch
 from rlbuf.errors import (
@@ -35,83 +36,12 @@ from rlbuf.errors import (
     EmptyBufferError,
     PriorityError,
     RateLimitTimeoutError,
-    ShapeError,
     ShardDiedError,
     StoredIndexError,
 )
 from rlbuf.storage import DeviceLike, resolve_device
 
 _THREADS = 16  # calls a shard actor runs at once: writers held by its limiter must not block the learner
-
-
-def _timeout(timeout: Any) -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
-        raise ConfigError(f"timeout: expected None or a number of seconds >= 0, got {timeout!r}")
-    return float(timeout)
-
-
-class ServiceWriter:
-    """A writer's handle on a [`ReplayService`][rlbuf.ray.ReplayService]: picklable, sends batches to the shards.
-
-    What a Ray task or actor receives when given a ``ReplayService`` (or
-    [`ReplayService.writer`][rlbuf.ray.ReplayService.writer]). Each ``extend`` is one round trip
-    to one shard: the same shard every time when built with ``shard=``, else the next one in
-    turn.
-
-    Example:
-        >>> @ray.remote                                          # doctest: +SKIP
-        ... def collect(writer):
-        ...     for step in range(100):
-        ...         writer.extend(batch_of_64_transitions)       # a TensorDict, TorchRL layout
-        >>> ray.get([collect.remote(service.writer(writer_id=w)) for w in range(2)])  # doctest: +SKIP
-    """
-
-    def __init__(self, shards: Sequence[Any], keys: Sequence[Any], *, shard: int | None = None, start: int = 0,
-                 timeout: float | None = 60.0) -> None:
-        self._shards = list(shards)
-        self._keys = list(keys)
-        self._shard = shard
-        self._next = start % len(self._shards)
-        self._timeout = timeout
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
-        return (ServiceWriter, (self._shards, self._keys),
-                {"_shard": self._shard, "_next": self._next, "_timeout": self._timeout})
-
-    def __setstate__(self, state: Mapping[str, Any]) -> None:
-        self.__dict__.update(state)
-
-    @property
-    def num_shards(self) -> int:
-        """Shards of the service."""
-        return len(self._shards)
-
-    def extend(self, td: TensorDictBase, *, timeout: float | str | None = "default") -> int:
-        """Store a TensorDict batch in TorchRL layout in one shard; returns that shard's number.
-
-        Args:
-            td: rows in TorchRL layout (any batch shape, flattened), as for
-                [`ReplayBuffer.extend`][rlbuf.ReplayBuffer.extend].
-            timeout: seconds the rate limiter may hold the batch (the service's by default;
-                ``None``: no limit).
-
-        Raises:
-            ShapeError, DtypeError ...: as [`ReplayBuffer.extend`][rlbuf.ReplayBuffer.extend]; nothing is stored.
-            RateLimitTimeoutError: the shard's rate limiter held the batch for ``timeout`` seconds.
-            ShardDiedError: the shard's actor is gone.
-        """
-        if not isinstance(td, TensorDictBase):
-            raise ShapeError(f"td: expected a TensorDict with a batch size, got {type(td).__name__}; wrap it: "
-                             "TensorDict(d, batch_size=[n])")
-        wait = self._timeout if timeout == "default" else _timeout(timeout)
-        shard = self._shard if self._shard is not None else self._next
-        columns = [(key, to_wire(value)) for key in self._keys if (value := td.get(key, None)) is not None]
-        get([(shard, self._shards[shard].shard_extend.remote(columns, list(td.batch_size), wait))])
-        if self._shard is None:
-            self._next = (shard + 1) % len(self._shards)
-        return shard
 
 
 class ReplayService:
@@ -157,7 +87,7 @@ class ReplayService:
                  action_shape: Any = None, rate_limiter: RateLimiter | None = None, timeout: float | None = 60.0,
                  device: DeviceLike = "cpu", seed: int | None = None, actor_options: Mapping[str, Any] | None = None,
                  ray_init_config: Mapping[str, Any] | None = None, **options: Any) -> None:
-        self._timeout = _timeout(timeout)
+        self._timeout = timeout_of(timeout)
         self._device = resolve_device(device, name="device")
         shard_capacity = _shard_capacity(capacity, num_shards)
         if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
@@ -202,10 +132,11 @@ class ReplayService:
         self._beta = float(infos[0]["beta"])
         self._keys = infos[0]["keys"]
         self._repr = infos[0]["repr"]
+        self._layout = {"options": infos[0]["options"], "compact": bool(infos[0]["compact"])}
         # Each shard's size, priority mass and limiter counters as of the learner's last call to it:
         # the next split uses them (sizes only grow meanwhile), saving a round trip per sample.
         self._stats: list[dict[str, Any]] | None = None if manifest is None else manifest["shard_stats"]
-        self._writer = ServiceWriter(self._shards, self._keys, timeout=self._timeout,
+        self._writer = ServiceWriter(self._shards, self._keys, timeout=self._timeout, layout=self._layout,
                                      start=0 if manifest is None else manifest["writer_next"])
 
     @classmethod
@@ -222,7 +153,7 @@ class ReplayService:
                 its checks.
         """
         service = cls.__new__(cls)
-        service._timeout = _timeout(timeout)
+        service._timeout = timeout_of(timeout)
         service._device = resolve_device(device, name="device")
         path = Path(path).absolute()
         manifest = read_manifest(path)
@@ -301,20 +232,40 @@ class ReplayService:
         return get([(k, shard.shard_limiter.remote()) for k, shard in enumerate(self._live())])
 
     # -- writing ----------------------------------------------------------------------------
-    def writer(self, shard: int | None = None, *, writer_id: int | None = None) -> ServiceWriter:
+    def writer(self, shard: int | None = None, *, writer_id: int | None = None, batch_steps: int = 64) -> ServiceWriter:
         """A picklable writer: to ``shard`` always, else round-robin starting at ``writer_id % num_shards``.
 
+        With a compact layout (``frame_stack``, ``n_step`` or ``compact=True``) each env's steps
+        must reach one shard in order: ``writer_id=w`` then means shard ``w``, one writer a shard.
+
+        Args:
+            shard: the shard this writer always sends to.
+            writer_id: the writer's number: where its round-robin starts (its shard, compact).
+            batch_steps: env steps [`ServiceWriter.add`][rlbuf.ray.ServiceWriter.add] gathers per batch.
+
         Raises:
-            ConfigError: ``shard`` is not a shard number, or both ``shard`` and ``writer_id`` given.
+            ConfigError: ``shard`` is not a shard number, both ``shard`` and ``writer_id`` given,
+                ``batch_steps`` below 1; with a compact layout, neither given or ``writer_id >= num_shards``.
         """
         shards = self._live()
+        check_batch_steps(batch_steps)
         if shard is not None and writer_id is not None:
             raise ConfigError("writer: expected shard= or writer_id=, got both; use one")
         if shard is not None and (isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < len(shards)):
             raise ConfigError(f"shard: expected an int in [0, {len(shards)}), got {shard!r}")
         if writer_id is not None and (isinstance(writer_id, bool) or not isinstance(writer_id, int) or writer_id < 0):
             raise ConfigError(f"writer_id: expected an int >= 0, got {writer_id!r}")
-        return ServiceWriter(shards, self._keys, shard=shard, start=writer_id or 0, timeout=self._timeout)
+        if self._layout["compact"]:
+            if shard is None and writer_id is None:
+                raise ConfigError("writer: the shards store next_obs once (frame_stack, n_step or compact), so each "
+                                  "env's steps must all go to one shard; give writer_id=w (shard w) or shard=k")
+            if writer_id is not None and writer_id >= len(shards):
+                raise ConfigError(f"writer_id: expected an int in [0, {len(shards)}) with compact shards (one writer a "
+                                  f"shard keeps each env's stream whole), got {writer_id}; build the service with "
+                                  f"num_shards >= the number of writers")
+            shard = writer_id if shard is None else shard
+        return ServiceWriter(shards, self._keys, shard=shard, start=writer_id or 0, timeout=self._timeout,
+                             layout=self._layout, batch_steps=batch_steps)
 
     def extend(self, td: TensorDictBase, *, timeout: float | str | None = "default") -> int:
         """Store a batch from the learner's process (round-robin); see [`ServiceWriter.extend`][rlbuf.ray.ServiceWriter.extend]."""
@@ -322,7 +273,7 @@ class ReplayService:
         return self._writer.extend(td, timeout=timeout)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
-        return ServiceWriter(self._live(), self._keys, timeout=self._timeout).__reduce__()
+        return ServiceWriter(self._live(), self._keys, timeout=self._timeout, layout=self._layout).__reduce__()
 
     # -- sampling ---------------------------------------------------------------------------
     def sample(self, batch_size: int, *, timeout: float | str | None = "default") -> ReplayBatch:
@@ -347,7 +298,7 @@ class ReplayService:
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise BatchSizeError(f"batch_size: expected a positive int, got {batch_size!r}")
-        wait = self._timeout if timeout == "default" else _timeout(timeout)
+        wait = self._timeout if timeout == "default" else timeout_of(timeout)
         shards = self._live()
         stats = self._stats
         if stats is None or not all(stat["size"] for stat in stats):  # an empty shard is asked again each time
@@ -415,11 +366,11 @@ class ReplayService:
     def sample_all(self) -> ReplayBatch:
         """Every stored row, shard 0 first, oldest first in each; ``index`` is global."""
         shards = self._live()
-        replies = get([(k, shard.rlbuf_sample_all.remote()) for k, shard in enumerate(shards)])
-        drawn = [(k, 1) for k, reply in enumerate(replies) if reply["index"].shape[0]]
+        drawn = [(k, 1) for k, size in enumerate(self.sizes()) if size]   # an empty shard refuses sample_all
         if not drawn:
             raise EmptyBufferError("sample_all: every shard is empty")
-        parts = [{"fields": replies[k], "stats": {"smallest": 1.0}} for k, _ in drawn]
+        replies = get([(k, shards[k].rlbuf_sample_all.remote()) for k, _ in drawn])
+        parts = [{"fields": reply, "stats": {"smallest": 1.0}} for reply in replies]
         return self._merge(drawn, parts, None)
 
     def update_priority(self, index: Any, priority: Any) -> None:
@@ -515,7 +466,8 @@ class ReplayService:
         self._beta = float(get([(0, shards[0].shard_info.remote())])[0]["beta"])
         self._rng.bit_generator.state = manifest["rng"]
         self._stats = manifest["shard_stats"]
-        self._writer = ServiceWriter(shards, self._keys, timeout=self._timeout, start=manifest["writer_next"])
+        self._writer = ServiceWriter(shards, self._keys, timeout=self._timeout, layout=self._layout,
+                                     start=manifest["writer_next"])
 
     # -- lifetime ---------------------------------------------------------------------------
     def _live(self) -> list[Any]:

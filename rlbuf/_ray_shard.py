@@ -71,9 +71,11 @@ class ShardHost(ReplayBufferHost):
         return int(self.buffer.state_dict(data=False)["write_count"])
 
     def shard_info(self) -> dict[str, Any]:
-        """[`rlbuf_info`][rlbuf.ray.ReplayBufferHost.rlbuf_info] and the importance-sampling exponent."""
+        """[`rlbuf_info`][rlbuf.ray.ReplayBufferHost.rlbuf_info], the importance-sampling exponent, and the
+        buffer's options (JSON form) and layout, from which a writer checks single steps."""
         buffer = self.buffer
-        return {**self.rlbuf_info(), "beta": buffer.beta if buffer.prioritized else 0.0}
+        return {**self.rlbuf_info(), "beta": buffer.beta if buffer.prioritized else 0.0, "compact": buffer.compact,
+                "options": buffer.state_dict(data=False)["options"]}
 
     def shard_set_beta(self, value: float) -> None:
         """See [`ReplayBuffer.beta`][rlbuf.ReplayBuffer.beta]."""

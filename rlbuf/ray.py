@@ -162,6 +162,9 @@ class ReplayBufferHost:
         """What the learner shows without a round trip per property."""
         buffer = self.buffer
         keys = [spec.key for spec in buffer.fields if spec.name != "done"] + [("next", "done")]
+        if buffer.compact:  # next_obs is stored once, but extend reads it
+            keys += [("next", *(spec.key if isinstance(spec.key, tuple) else (spec.key,)))
+                     for spec in buffer.fields if spec.name.startswith("obs")]
         # Where TorchRL's GymEnv puts a Dict space's keys (top level), which extend also reads.
         keys += [alternative for key in keys if (alternative := torchrl_env_key(key)) is not None]
         return {"capacity": buffer.capacity, "num_envs": buffer.num_envs, "prioritized": buffer.prioritized,
@@ -514,7 +517,8 @@ class RemoteReplayBuffer(RemoteReplayBufferHandle):
 
 # The service's names live in their own modules (this one stays one buffer behind one actor).
 from rlbuf._rate_limit import RateLimiter  # noqa: E402
-from rlbuf._ray_service import ReplayService, ServiceWriter  # noqa: E402
+from rlbuf._ray_service import ReplayService  # noqa: E402
+from rlbuf._ray_writer import ServiceWriter  # noqa: E402
 
 __all__ = ["RateLimiter", "RemoteReplayBuffer", "RemoteReplayBufferHandle", "ReplayBufferHost", "ReplayService",
            "ServiceWriter"]

@@ -1,0 +1,255 @@
+"""A writer's handle on a [`ReplayService`][rlbuf.ray.ReplayService]: batches to one shard, or single steps gathered first.
+
+``extend`` sends a TorchRL-layout batch in one round trip. ``add`` takes one env step, with
+[`ReplayBuffer.add`][rlbuf.ReplayBuffer.add]'s signature, checks it at once in a local staging
+``ReplayBuffer`` of the shards' fields (and, for a compact layout, a small compact buffer that
+follows each env's stream), and sends ``batch_steps`` steps as one batch: a Ray call costs
+milliseconds, a step microseconds. A step refused here was never staged; a batch the rate
+limiter holds, or a dead shard refuses, stays in the writer (``pending``) for the next flush.
+
+Example:
+    >>> @ray.remote                                          # doctest: +SKIP
+    ... def collect(writer):
+    ...     with writer:                                     # flushes the last steps at exit
+    ...         for step in range(1000):
+    ...             writer.add(obs, action, reward, next_obs, terminated, truncated)
+    >>> ray.get([collect.remote(service.writer(writer_id=w)) for w in range(2)])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+from tensordict import TensorDictBase
+
+from rlbuf._ray_calls import get
+from rlbuf._ray_wire import to_wire
+from rlbuf._state import _option_from_json
+from rlbuf.errors import ConfigError, NotPicklableError, ShapeError
+from rlbuf.replay import ReplayBuffer
+
+# Options of the shards' buffers a staging buffer leaves out: it stores plain rows, in order, on the CPU.
+_NOT_STAGED = ("capacity", "prioritized", "alpha", "beta", "storage", "storing_device", "device", "seed", "frame_stack",
+               "padding_type", "n_step", "gamma", "compact", "compression", "compression_level", "compact_key",
+               "hindsight")
+
+
+def timeout_of(timeout: Any) -> float | None:
+    """``timeout`` checked: ``None`` or seconds >= 0."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
+        raise ConfigError(f"timeout: expected None or a number of seconds >= 0, got {timeout!r}")
+    return float(timeout)
+
+
+def check_batch_steps(batch_steps: Any) -> int:
+    """``batch_steps`` checked: an int >= 1."""
+    if isinstance(batch_steps, bool) or not isinstance(batch_steps, int) or batch_steps < 1:
+        raise ConfigError(f"batch_steps: expected an int >= 1 (env steps a writer's add gathers per batch), got "
+                          f"{batch_steps!r}")
+    return batch_steps
+
+
+class ServiceWriter:
+    """A writer's handle on a [`ReplayService`][rlbuf.ray.ReplayService]: picklable, sends batches to the shards.
+
+    What a Ray task or actor receives when given a ``ReplayService`` (or
+    [`ReplayService.writer`][rlbuf.ray.ReplayService.writer]). Each batch is one round trip to
+    one shard: the same shard every time when built with ``shard=`` (always, for a compact
+    layout), else the next one in turn. ``add`` gathers single steps into batches of
+    ``batch_steps`` steps; ``flush`` (or leaving a ``with writer:`` block) sends what is left.
+
+    Example:
+        >>> @ray.remote                                          # doctest: +SKIP
+        ... def collect(writer):
+        ...     for step in range(100):
+        ...         writer.extend(batch_of_64_transitions)       # a TensorDict, TorchRL layout
+        >>> ray.get([collect.remote(service.writer(writer_id=w)) for w in range(2)])  # doctest: +SKIP
+    """
+
+    def __init__(self, shards: Sequence[Any], keys: Sequence[Any], *, shard: int | None = None, start: int = 0,
+                 timeout: float | None = 60.0, layout: Mapping[str, Any] | None = None, batch_steps: int = 64) -> None:
+        self._shards = list(shards)
+        self._keys = list(keys)
+        self._shard = shard
+        self._next = start % len(self._shards)
+        self._timeout = timeout
+        self._layout = dict(layout or {"options": None, "compact": False})
+        self._batch_steps = check_batch_steps(batch_steps)
+        self._staging: ReplayBuffer | None = None   # built on first add, in the writer's process
+        self._checker: ReplayBuffer | None = None   # compact layouts: follows each env's stream
+        self._steps = 0                              # steps in the staging buffer
+        self._masked = False                         # some staged step left envs out (env_mask)
+        self._ready: list[tuple[list[tuple[Any, Any]], list[int]]] = []  # batches not yet acknowledged, in order
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+        if self.pending:
+            raise NotPicklableError(f"ServiceWriter: {self.pending} rows not yet sent would be sent twice (here and "
+                                    "by the copy); call flush() before giving it to another process")
+        return (ServiceWriter, (self._shards, self._keys),
+                {"_shard": self._shard, "_next": self._next, "_timeout": self._timeout, "_layout": self._layout,
+                 "_batch_steps": self._batch_steps, "_staging": None, "_checker": None, "_steps": 0,
+                 "_masked": False, "_ready": []})
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    @property
+    def num_shards(self) -> int:
+        """Shards of the service."""
+        return len(self._shards)
+
+    @property
+    def shard(self) -> int | None:
+        """The shard this writer always sends to, or ``None`` (round-robin)."""
+        return self._shard
+
+    @property
+    def batch_steps(self) -> int:
+        """Env steps ``add`` gathers before it sends them as one batch."""
+        return self._batch_steps
+
+    @property
+    def pending(self) -> int:
+        """Rows added here and not yet acknowledged by a shard (not in any checkpoint yet)."""
+        staged = 0 if self._staging is None else len(self._staging)
+        return staged + sum(_rows(batch_size) for _, batch_size in self._ready)
+
+    def _route(self, call: str) -> None:
+        if self._layout["compact"] and self._shard is None:
+            raise ConfigError(f"{call}: the shards store next_obs once (frame_stack, n_step or compact), so each env's "
+                              "steps must all go to one shard; use service.writer(writer_id=w) (one writer a shard) "
+                              "or service.writer(shard=k), not a round-robin writer")
+
+    def add(self, obs: Any = None, action: Any = None, reward: Any = None, next_obs: Any = None,
+            terminated: Any = None, truncated: Any = None, hidden_state: Any = None, *, env_mask: Any = None,
+            metrics: Mapping[str, Any] | None = None, **extras: Any) -> None:
+        """Store one env step, as [`ReplayBuffer.add`][rlbuf.ReplayBuffer.add]: checked now, sent with the batch.
+
+        The step is validated here at once (shapes, dtypes, values and, for a compact layout,
+        that it continues each env's stream); every ``batch_steps`` steps the batch goes to
+        the writer's shard in one call.
+
+        Raises:
+            ShapeError, DtypeError, StreamError ...: as [`ReplayBuffer.add`][rlbuf.ReplayBuffer.add]; nothing is staged.
+            ConfigError: a round-robin writer of a compact layout, or ``env_mask`` with one.
+            RateLimitTimeoutError, ShardDiedError: sending a full batch failed; its rows stay
+                in the writer (``pending``) for the next ``flush``.
+        """
+        self._route("add")
+        if env_mask is not None and self._layout["compact"]:
+            raise ConfigError("env_mask: a writer to compact shards sends whole steps (each env's stream in order); "
+                              "add every env's row, or build the service with compact=False")
+        staging, checker = self._buffers()
+        if checker is not None:
+            checker.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, env_mask=env_mask,
+                        metrics=metrics, **extras)
+        staging.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, env_mask=env_mask,
+                    metrics=metrics, **extras)
+        self._masked = self._masked or env_mask is not None
+        self._steps += 1
+        if self._steps == self._batch_steps:
+            self.flush()
+
+    def extend(self, td: TensorDictBase, *, timeout: float | str | None = "default") -> int:
+        """Store a TensorDict batch in TorchRL layout in one shard (after any steps ``add`` gathered); returns the shard.
+
+        Args:
+            td: rows in TorchRL layout (any batch shape, flattened), as for
+                [`ReplayBuffer.extend`][rlbuf.ReplayBuffer.extend]; ``(num_envs, T)`` for a compact layout.
+            timeout: seconds the rate limiter may hold the batch (the service's by default;
+                ``None``: no limit).
+
+        Raises:
+            ShapeError, DtypeError, StreamError ...: as [`ReplayBuffer.extend`][rlbuf.ReplayBuffer.extend];
+                nothing is stored.
+            ConfigError: a round-robin writer of a compact layout.
+            RateLimitTimeoutError: the shard's rate limiter held the batch for ``timeout`` seconds;
+                ShardDiedError: the shard's actor is gone. In both cases the batch stays in the
+                writer (``pending``): the next ``flush`` sends it; never send it again.
+        """
+        if not isinstance(td, TensorDictBase):
+            raise ShapeError(f"td: expected a TensorDict with a batch size, got {type(td).__name__}; wrap it: "
+                             "TensorDict(d, batch_size=[n])")
+        self._route("extend")
+        timeout_of(None if timeout == "default" else timeout)
+        if self._layout["compact"]:   # the stream continues from this batch: checked here first
+            self._buffers()[1].extend(td)  # type: ignore[union-attr]  # a compact layout has a checker
+        self._stage()
+        self._ready.append(([(key, to_wire(value)) for key in self._keys if (value := td.get(key, None)) is not None],
+                            list(td.batch_size)))
+        return cast(int, self.flush(timeout=timeout))  # a batch was sent
+
+    def flush(self, *, timeout: float | str | None = "default") -> int | None:
+        """Send the steps ``add`` gathered (and any batch a failed send kept), oldest first.
+
+        Returns:
+            The shard the last batch went to (``None``: nothing to send).
+
+        Raises:
+            RateLimitTimeoutError, ShardDiedError: a batch was not stored; it and the ones after
+                it stay in the writer (``pending``): flush again, never send them again.
+        """
+        wait = self._timeout if timeout == "default" else timeout_of(timeout)
+        self._stage()
+        shard = None
+        while self._ready:
+            shard = self._shard if self._shard is not None else self._next
+            columns, batch_size = self._ready[0]
+            try:
+                get([(shard, self._shards[shard].shard_extend.remote(columns, batch_size, wait))])
+            except ValueError:  # refused by the shard (ShapeError, StreamError ...): it would be refused again
+                self._ready.pop(0)
+                raise
+            self._ready.pop(0)
+            if self._shard is None:
+                self._next = (shard + 1) % len(self._shards)
+        return shard
+
+    def _stage(self) -> None:
+        """Turn the steps ``add`` gathered into a batch ready to send (TorchRL layout, numpy arrays)."""
+        staging = self._staging
+        if staging is None or not len(staging):
+            return
+        td = staging.sample_all().to_tensordict()
+        if not self._masked:   # whole steps: rows of one env num_envs apart, or env-first for a compact shard
+            td = td.reshape(self._steps, staging.num_envs)
+            if self._layout["compact"]:
+                td = td.transpose(0, 1)
+        self._ready.append(([(key, to_wire(value)) for key in self._keys if (value := td.get(key, None)) is not None],
+                            list(td.batch_size)))
+        staging.clear()
+        self._steps, self._masked = 0, False
+
+    def _buffers(self) -> tuple[ReplayBuffer, ReplayBuffer | None]:
+        """The staging buffer (and the compact layout's stream checker), built on first use."""
+        if self._staging is None:
+            options = self._layout["options"]
+            if options is None:
+                raise ConfigError("add: this writer was built by hand without the shards' layout; take one from "
+                                  "service.writer()")
+            options = _option_from_json(options)
+            plain = {name: value for name, value in options.items() if name not in _NOT_STAGED}
+            rows = self._batch_steps * int(options.get("num_envs", 1))
+            self._staging = ReplayBuffer(rows, **plain)
+            if self._layout["compact"]:
+                kept = ("frame_stack", "padding_type", "compact", "compact_key")
+                compact = {name: options[name] for name in kept if name in options}
+                self._checker = ReplayBuffer(max(rows, 16 * int(options.get("num_envs", 1))),
+                                             **{**plain, **compact, "compact": True})
+        return self._staging, self._checker
+
+    def __enter__(self) -> ServiceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.flush()
+
+
+def _rows(batch_size: Sequence[int]) -> int:
+    rows = 1
+    for size in batch_size:
+        rows *= size
+    return rows

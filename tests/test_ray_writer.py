@@ -1,0 +1,181 @@
+"""ServiceWriter.add (single steps checked at once, sent in batches, nothing lost at flush) and a
+ReplayService whose shards use the compact layout (frame_stack=4, n_step=3, zstd frames): each env's
+stream stays in its writer's shard, no row is lost or duplicated, and a restore resumes exactly."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+ray = pytest.importorskip("ray")
+
+from rlbuf import ConfigError, NotPicklableError, ReplayBuffer, ShapeError, StreamError  # noqa: E402
+from rlbuf.ray import RateLimiter, ReplayService, ServiceWriter  # noqa: E402
+
+ID = 1_000_000   # writer w's env e has ids w * ID + e * STREAM + t
+STREAM = 10_000
+EPISODE = 7      # steps per episode: the last one terminates
+FRAME = (6, 6)
+STEPS = 6 * EPISODE  # steps per writer, 2 envs each: whole episodes
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster() -> Iterator[None]:
+    """One local Ray instance for the module, on loopback, shut down at the end."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    yield
+    try:
+        alive = [a for a in ray._private.state.actors().values() if a["State"] == "ALIVE"]
+        assert not alive, f"actors left alive: {[a['ActorClassName'] for a in alive]}"
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def plain(ray_cluster: None) -> Iterator[ReplayService]:
+    """Two plain shards of CartPole-shaped rows, a rate limiter that never binds here."""
+    limiter = RateLimiter(samples_per_insert=1.0, min_size_to_sample=1, error_buffer=1e9)
+    with ReplayService(2 * 512, num_shards=2, obs_shape=(4,), action_shape=(), action_dtype=torch.int64, num_envs=2,
+                       rate_limiter=limiter, seed=0, actor_options={"num_cpus": 0}) as built:
+        yield built
+
+
+@pytest.fixture(scope="module")
+def compact(ray_cluster: None) -> Iterator[ReplayService]:
+    """Two shards of Atari-like stacks stored compactly: frames once, zstd-compressed, n-step returns."""
+    with ReplayService(2 * 512, num_shards=2, obs_shape=(4, *FRAME), obs_dtype=torch.uint8, action_shape=(),
+                       action_dtype=torch.int64, num_envs=2, frame_stack=4, n_step=3, compression="zstd", seed=0,
+                       actor_options={"num_cpus": 0}) as built:
+        yield built
+
+
+def cartpole_step(uid: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """One step of 2 envs whose every field carries the row's id."""
+    obs = uid[:, None].expand(2, 4).float()
+    return obs, uid.clone(), uid.float(), obs + 0.5, uid % 2 == 0, torch.zeros(2, dtype=torch.bool)
+
+
+def test_add_checks_each_step_at_once_and_sends_whole_batches(plain: ReplayService, tmp_path: Path) -> None:
+    writer = plain.writer(shard=1, batch_steps=4)
+    with pytest.raises(ShapeError, match="obs"):                     # refused at the add, not at the flush
+        writer.add(torch.zeros(2, 3), torch.zeros(2, dtype=torch.int64), torch.ones(2), torch.zeros(2, 3),
+                   torch.zeros(2, dtype=torch.bool), truncated=torch.zeros(2, dtype=torch.bool))
+    assert writer.pending == 0
+    for t in range(6):
+        writer.add(*cartpole_step(torch.tensor([ID + 2 * t, ID + 2 * t + 1])))
+    assert writer.pending == 4 and plain.sizes() == [0, 8]           # one batch of 4 steps sent, 2 steps held
+    with pytest.raises(NotPicklableError, match="4 rows not yet sent"):
+        pickle.dumps(writer)
+    plain.save(tmp_path / "held")                                    # what is held is in no checkpoint
+    assert ReplayBuffer.load(tmp_path / "held" / "shard_1").size == 8
+    writer.flush()
+    assert writer.pending == 0 and plain.sizes() == [0, 12]
+    stored = plain.sample_all()
+    assert stored.action.tolist() == list(range(ID, ID + 12))        # every step once, in order
+    assert torch.equal(stored.obs, stored.action[:, None].expand(-1, 4).float())
+    with pytest.raises(ConfigError, match="batch_steps: expected an int >= 1"):
+        plain.writer(batch_steps=0)
+
+
+@ray.remote(num_cpus=0.5)
+def add_steps(writer: ServiceWriter, first: int, steps: int) -> int:
+    with writer:                                                     # the last, partial batch goes at exit
+        for t in range(steps):
+            writer.add(*cartpole_step(torch.tensor([first + 2 * t, first + 2 * t + 1])))
+    return writer.pending
+
+
+def test_remote_writers_adding_steps_lose_and_duplicate_nothing(plain: ReplayService) -> None:
+    before = set(plain.sample_all().action.tolist())
+    assert ray.get([add_steps.remote(plain.writer(writer_id=w, batch_steps=8), (w + 2) * ID, 29)
+                    for w in range(2)]) == [0, 0]
+    ids = plain.sample_all().action.tolist()
+    expected = before | {w * ID + i for w in (2, 3) for i in range(58)}
+    assert len(ids) == len(set(ids)) == len(expected) and set(ids) == expected
+
+
+def frame(uid: int) -> torch.Tensor:
+    """A frame that carries ``uid`` in its first four bytes."""
+    out = torch.full(FRAME, uid % 251, dtype=torch.uint8)
+    out[0, :4] = torch.tensor(list(uid.to_bytes(4, "little")), dtype=torch.uint8)
+    return out
+
+
+def uid_of(frames: torch.Tensor) -> torch.Tensor:
+    """The ids the frames ``[..., *FRAME]`` carry."""
+    raw = frames[..., 0, :4].to(torch.int64)
+    return raw[..., 0] + (raw[..., 1] << 8) + (raw[..., 2] << 16) + (raw[..., 3] << 24)
+
+
+def stack(first: int, uid: int) -> torch.Tensor:
+    """The 4-frame stack at ``uid`` of an episode starting at ``first`` (its first frame repeated before it)."""
+    return torch.stack([frame(max(first, uid - 3 + i)) for i in range(4)])
+
+
+def env_step(worker: int, t: int) -> tuple[torch.Tensor, ...]:
+    """Step ``t`` of writer ``worker``'s 2 envs: episodes of EPISODE steps, ids in every frame and action."""
+    uids = [worker * ID + e * STREAM + t for e in range(2)]
+    first = [u - t % EPISODE for u in uids]
+    obs = torch.stack([stack(f, u) for f, u in zip(first, uids, strict=True)])
+    next_obs = torch.stack([stack(f, u + 1) for f, u in zip(first, uids, strict=True)])
+    terminated = torch.full((2,), t % EPISODE == EPISODE - 1)
+    return obs, torch.tensor(uids), torch.ones(2), next_obs, terminated, torch.zeros(2, dtype=torch.bool)
+
+
+@ray.remote(num_cpus=0.5)
+def add_frames(writer: ServiceWriter, worker: int, steps: int) -> int:
+    with writer:
+        for t in range(steps):
+            writer.add(*env_step(worker, t))
+    return steps
+
+
+def test_compact_shards_keep_each_stream_whole_and_resume_exactly(compact: ReplayService, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="each env's steps must all go to one shard"):
+        compact.writer()                                             # round-robin would split the streams
+    with pytest.raises(ConfigError, match=r"writer_id: expected an int in \[0, 2\) with compact shards"):
+        compact.writer(writer_id=2)                                  # two writers in one shard
+    obs, action, reward, next_obs, terminated, truncated = env_step(0, 0)
+    with pytest.raises(ConfigError, match="round-robin writer"):     # the learner's writer is round-robin
+        compact.extend(TensorDict({"observation": obs, "action": action, ("next", "observation"): next_obs,
+                                   ("next", "reward"): reward, ("next", "terminated"): terminated}, batch_size=[2]))
+    writer = compact.writer(writer_id=0, batch_steps=4)
+    writer.add(obs, action, reward, next_obs, terminated, truncated)
+    with pytest.raises(StreamError, match="differs from the next_obs added with its previous step"):
+        writer.add(*env_step(0, 5))                                  # skips steps 1-4: refused at the add
+    with pytest.raises(ConfigError, match="env_mask"):
+        writer.add(*env_step(0, 1), env_mask=torch.tensor([True, False]))
+    assert writer.pending == 2 and compact.sizes() == [0, 0]
+    for t in range(1, EPISODE):                                      # the episodes end: a whole first batch
+        writer.add(*env_step(0, t))
+    writer.flush()
+    assert compact.sizes() == [2 * EPISODE, 0]
+
+    # Two remote writers, one a shard, each continuing its envs' streams in batches of 4 steps.
+    done = ray.get([add_frames.remote(compact.writer(writer_id=w, batch_steps=4), w + 1, STEPS) for w in range(2)])
+    assert done == [STEPS, STEPS] and compact.sizes() == [2 * EPISODE + 2 * STEPS, 2 * STEPS]
+    everything = compact.sample_all()
+    uid = everything.action
+    expected = {w * ID + e * STREAM + t for w in (1, 2) for e in range(2) for t in range(STEPS)}
+    expected |= {e * STREAM + t for e in range(2) for t in range(EPISODE)}
+    assert len(uid) == len(set(uid.tolist())) == len(expected) and set(uid.tolist()) == expected
+    assert torch.equal(everything.index // compact.shard_capacity, (uid // ID - 1).clamp(min=0))  # the writer's shard
+    first = uid - uid % STREAM % EPISODE
+    for i in range(4):                                               # each stack rebuilt from its own stream
+        assert torch.equal(uid_of(everything.obs[:, i]), torch.maximum(first, uid - 3 + i))
+    assert torch.equal(uid_of(everything.next_obs[:, -1]), torch.minimum(uid + 3, first + EPISODE))
+    assert torch.equal(everything.discount == 0, uid + 3 > first + EPISODE - 1)
+
+    compact.save(tmp_path / "compact")
+    kept_going = [compact.sample(32) for _ in range(3)]
+    compact.restore(tmp_path / "compact")
+    for got, expected_batch in zip([compact.sample(32) for _ in range(3)], kept_going, strict=True):
+        for name in ("index", "obs", "action", "reward", "next_obs", "discount"):
+            assert torch.equal(getattr(got, name), getattr(expected_batch, name)), name
