@@ -30,6 +30,7 @@ from rlbuf._codec import Codec
 from rlbuf._episodes import env_ids_of
 from rlbuf._frames import CompressedFinals, FrameLog
 from rlbuf._nstep import nstep_discount, nstep_return
+from rlbuf._obs import leaf_name
 from rlbuf._ring import RowRing
 from rlbuf._stream_check import streams_problem
 from rlbuf._streams import Chain, PaddingType, Streams
@@ -54,7 +55,7 @@ _REDRAW_ROUNDS = 64
 _MAX_ROUNDS = 4096
 # One env's flag as the kernels read it (never written: the kernels only read flags).
 _ONE_FLAG = {False: np.zeros(1, np.bool_), True: np.ones(1, np.bool_)}
-_COMPUTED = ("obs", "next_obs", "reward", "terminated", "truncated", "done", "discount")
+_COMPUTED = ("reward", "terminated", "truncated", "done", "discount")
 
 Draw = Callable[[int], tuple[torch.Tensor, torch.Tensor | None]]
 
@@ -74,11 +75,17 @@ class CompactLayout:
         extra_names: the buffer's extra fields.
         codec: how frames are compressed (the ring's ``obs`` field then holds each row's
             compressed size, and a [`FrameLog`][rlbuf._frames.FrameLog] the frames), or ``None``.
+        path: for dict observations, the key followed frame by frame (its ring field is
+            ``obs["image"]``); ``()`` for a single tensor.
+        row_leaves: ``(obs field, next_obs field)`` of a dict observation's other keys, stored whole
+            with each row: a sample reads ``obs`` at the sampled row and ``next_obs`` at the last row
+            of its n steps (see [`rlbuf._compact_dict`][rlbuf._compact_dict]).
     """
 
     def __init__(self, ring: RowRing, obs_shape: tuple[int, ...], obs_dtype: torch.dtype, *, num_envs: int,
                  frame_stack: int, padding_type: PaddingType, n_step: int, gamma: float,
-                 extra_names: Sequence[str], codec: Codec | None = None) -> None:
+                 extra_names: Sequence[str], codec: Codec | None = None, path: tuple[str, ...] = (),
+                 row_leaves: Sequence[tuple[str, str]] = ()) -> None:
         table_bytes = ring.capacity * (frame_stack + 2) * 8 + num_envs * math.prod(obs_shape) * obs_dtype.itemsize
         if table_bytes > available_ram():
             raise ConfigError(f"frame_stack: the stream tables of {ring.capacity} rows with frame_stack={frame_stack} "
@@ -88,8 +95,13 @@ class CompactLayout:
         self.n_step = n_step
         self.gamma = gamma
         self.extra_names = tuple(extra_names)
-        self.obs_spec = FieldSpec("obs", "observation", obs_shape, obs_dtype)
-        self.next_obs_spec = FieldSpec("next_obs", ("next", "observation"), obs_shape, obs_dtype)
+        self.path = path
+        self.field, self.next_field = leaf_name("obs", path), leaf_name("next_obs", path)  # the ring's frame field
+        self.row_leaves = tuple(row_leaves)
+        self.obs_spec = FieldSpec(self.field, ("observation", *path) if path else "observation", obs_shape, obs_dtype)
+        self.next_obs_spec = FieldSpec(self.next_field, ("next", "observation", *path), obs_shape, obs_dtype)
+        self.known = (self.field, self.next_field, *_COMPUTED, "action", *self.extra_names,
+                      *(name for pair in self.row_leaves for name in pair))
         self.streams = Streams(ring.capacity, num_envs, obs_shape, obs_dtype, frame_stack=frame_stack,
                                padding_type=padding_type, n_step=n_step, storing_device=ring.storing_device)
         self.all_envs = np.arange(num_envs, dtype=np.int64)
@@ -144,7 +156,7 @@ class CompactLayout:
             if positions is not None:
                 self.streams.finals.recompress(old)
                 sizes = torch.from_numpy(self.log.length[positions].astype(np.int32))
-                leaf = self.ring.leaves["obs"]
+                leaf = self.ring.leaves[self.field]
                 leaf[torch.from_numpy(positions).to(leaf.device)] = sizes.to(leaf.device)
 
     def read_flags(self, name: str, value: Any, rows: int) -> tuple[Any, npt.NDArray[np.bool_]]:
@@ -243,7 +255,7 @@ class CompactLayout:
             StoredIndexError: a transition that is not complete.
             MissingFieldError: an unknown field name.
         """
-        known = (*_COMPUTED, "action", *self.extra_names)
+        known = self.known
         if names is not None and any(name not in known for name in names):
             unknown = [name for name in names if name not in known]
             raise MissingFieldError(f"fields: unknown {unknown}; fields are {list(known)}")
@@ -263,16 +275,21 @@ class CompactLayout:
                 f"(frame_stack={self.frame_stack}) were overwritten")
         device = index.device
 
-        log = self.log
+        log, field, leaves = self.log, self.field, self.row_leaves
 
         def frames(positions: npt.NDArray[np.int64]) -> torch.Tensor:
             if log is not None:
                 return torch.from_numpy(log.take(positions)).to(device)
-            return ring.gather(torch.from_numpy(positions).to(device), ["obs"])["obs"]
+            return ring.gather(torch.from_numpy(positions).to(device), [field])[field]
 
-        columns = ring.gather(index, ["action", *(("reward",) if self.n_step == 1 else ()), *self.extra_names])
-        columns["obs"], columns["next_obs"] = self.streams.stacks(self.frame_shape, chain, frames)
+        one_step = self.n_step == 1
+        columns = ring.gather(index, ["action", *(("reward",) if one_step else ()), *self.extra_names,
+                                      *(name for pair in leaves for name in (pair if one_step else pair[:1]))])
+        columns[field], columns[self.next_field] = self.streams.stacks(self.frame_shape, chain, frames)
         start = self.frame_stack - 1
+        if leaves and not one_step:  # next_obs of a dict's other keys: of the last of the transition's rows
+            last = chain.rows[np.arange(len(chain.steps)), start + chain.steps - 1]
+            columns.update(ring.gather(torch.from_numpy(last).to(device), [pair[1] for pair in leaves]))
         steps = torch.from_numpy(chain.steps).to(device)
         if self.n_step > 1:
             rows = torch.from_numpy(chain.rows[:, start:start + self.n_step].reshape(-1)).to(device)
@@ -308,7 +325,7 @@ class CompactLayout:
         """Restore a ``state_dict`` checked by ``state_problem`` (with the ring's rows already loaded)."""
         if self.log is not None:  # first: the final observations are decoded with its codec
             # Checked frame by frame by the load's check of this very state (state_problem).
-            self.log.adopt(self.log.loaded(state["frames"], self.ring.leaves["obs"][:size], write_count=write_count,
+            self.log.adopt(self.log.loaded(state["frames"], self.ring.leaves[self.field][:size], write_count=write_count,
                                            verify=False))
         self.streams.load_state_dict(state["streams"])
 
@@ -317,13 +334,13 @@ class CompactLayout:
         """``""`` when ``state`` holds the stream tables of the stored ``fields`` (see
         [`streams_problem`][rlbuf._stream_check.streams_problem]) and frames that decompress, else why not."""
         if self.log is None:
-            stored = fields["obs"]
+            stored = fields[self.field]
 
             def frames(positions: npt.NDArray[np.int64]) -> torch.Tensor:
                 return stored.cpu().index_select(0, torch.from_numpy(positions))
         else:
             try:
-                log = self.log.loaded(state["frames"], fields["obs"], write_count=write_count)
+                log = self.log.loaded(state["frames"], fields[self.field], write_count=write_count)
             except CheckpointError as error:
                 return str(error)
 
@@ -344,7 +361,7 @@ _NOTHING_COMPLETE = ("sample: no transition is complete yet: each needs the obse
 
 
 def layout_options(obs_shape: tuple[int, ...], *, frame_stack: int, padding_type: str, n_step: int, gamma: float,
-                   compact: bool | None) -> bool:
+                   compact: bool | None, option: str = "obs_shape") -> bool:
     """Check a ReplayBuffer's layout options and return whether it is compact.
 
     Raises:
@@ -368,7 +385,7 @@ def layout_options(obs_shape: tuple[int, ...], *, frame_stack: int, padding_type
         raise ConfigError(f"padding_type: expected 'reset' or 'zero' (gymnasium's FrameStackObservation modes), "
                           f"got {padding_type!r}")
     if frame_stack > 1 and (not obs_shape or obs_shape[0] != frame_stack):
-        raise ConfigError(f"obs_shape: with frame_stack={frame_stack} the first dim holds the stack, expected "
+        raise ConfigError(f"{option}: with frame_stack={frame_stack} the first dim holds the stack, expected "
                           f"({frame_stack}, ...), got {obs_shape}")
     if compact is None:
         return frame_stack > 1 or n_step > 1

@@ -35,11 +35,21 @@ from torchrl.data.replay_buffers.samplers import Sampler
 
 from rlbuf._bounds import Bounds
 from rlbuf._compact import CompactLayout, layout_options
+from rlbuf._compact_dict import DictInputs, followed_path, ring_values, stored_options
 from rlbuf._convert import tensor_of
 from rlbuf._dtypes import dtype_options, extra_field_dtypes
 from rlbuf._episodes import env_ids_of
 from rlbuf._fields import extra_specs
-from rlbuf._obs import Layout, as_shape, hidden_state_key, hidden_state_layout, read_td
+from rlbuf._obs import (
+    Layout,
+    Leaf,
+    Path,
+    as_shape,
+    hidden_state_key,
+    hidden_state_layout,
+    leaf_name,
+    read_td,
+)
 from rlbuf._relabeller import Relabeller
 from rlbuf._ring import RowRing
 from rlbuf._sizing import row_bytes
@@ -84,25 +94,86 @@ def replay_specs(obs_shape: Any, action_shape: tuple[int, ...], obs_dtype: Any,
 
 
 def stored_obs(obs: Layout, obs_shape: Any, obs_dtype: Any, hidden_state_shape: Any, *, frame_stack: int,
-                padding_type: PaddingType, n_step: int, gamma: float, compact: bool | None) -> tuple[bool, Any, Any]:
-    """Whether the layout is compact, and the shape and dtype stored per observation (one frame
-    with ``frame_stack > 1``).
+               padding_type: PaddingType, n_step: int, gamma: float, compact: bool | None,
+               compact_key: Any = None, hindsight: bool = False) -> tuple[bool, Any, Any, Path | None]:
+    """Whether the layout is compact, the shape and dtype stored per observation (one frame with
+    ``frame_stack > 1``; a dict observation's shapes and dtypes when not compact), and the path of the
+    key a compact buffer of dict observations follows frame by frame (else ``None``). A ``hindsight``
+    buffer follows each env's episodes itself: its n-step transitions need no compact layout.
 
     Raises:
-        ConfigError: the compact layout asked for with a dict observation or hidden states, or
-            invalid compact-layout options.
+        ConfigError: the compact layout asked for with hidden states or hindsight, ``compact_key``
+            where no dict observation is compact, or invalid compact-layout options.
+
+    Example:
+        >>> obs = Layout.parse({"image": (4, 8, 8), "state": (3,)}, {"image": torch.uint8})
+        >>> stored_obs(obs, None, None, None, frame_stack=4, padding_type="reset", n_step=1, gamma=0.99,
+        ...            compact=None)
+        (True, (8, 8), torch.uint8, ('image',))
     """
-    if (compact is True or frame_stack != 1 or n_step != 1) and (obs.structured or hidden_state_shape is not None):
-        raise ConfigError("compact, frame_stack, n_step: the compact layout stores single-tensor observations "
-                          "without hidden states; got " + ("a dict observation" if obs.structured
-                                                           else "hidden_state_shape"))
-    # A dict observation gets here only with frame_stack == n_step == 1 (checked above).
-    single = None if obs.structured else obs.leaves[0]
+    if hindsight and (compact is True or frame_stack != 1):
+        raise ConfigError(f"hindsight: relabels whole transitions, not the compact layout's; got compact={compact!r}, "
+                          f"frame_stack={frame_stack!r} (leave both out)")
+    n_step = 1 if hindsight else n_step
+    asked = compact is True or frame_stack != 1 or n_step != 1
+    if asked and hidden_state_shape is not None:
+        raise ConfigError("compact, frame_stack, n_step: the compact layout stores no hidden states; got "
+                          "hidden_state_shape (build the buffer with compact=False, frame_stack=1, n_step=1)")
+    followed: Path | None = None
+    if obs.structured and asked:
+        followed = followed_path(obs, compact_key, frame_stack=frame_stack)
+        single: Leaf | None = next(leaf for leaf in obs.leaves if leaf.path == followed)
+    elif compact_key is not None:
+        why = ("this buffer is not compact (pass frame_stack, n_step or compact=True)" if obs.structured
+               else "only for dict observations")
+        raise ConfigError(f"compact_key={compact_key!r}: names the key of a dict observation that the compact "
+                          f"layout stores frame by frame; {why}")
+    else:
+        single = None if obs.structured else obs.leaves[0]
+    option = "obs_shape" if followed is None else leaf_name("obs_shape", followed)
     compact = layout_options(() if single is None else single.shape, frame_stack=frame_stack,
-                             padding_type=padding_type, n_step=n_step, gamma=gamma, compact=compact)
+                             padding_type=padding_type, n_step=n_step, gamma=gamma, compact=compact, option=option)
     if single is None:
-        return compact, obs_shape, obs_dtype
-    return compact, single.shape[1:] if frame_stack > 1 else single.shape, single.dtype
+        return compact, obs_shape, obs_dtype, None
+    return compact, single.shape[1:] if frame_stack > 1 else single.shape, single.dtype, followed
+
+
+def compact_dict_specs(obs: Layout, path: Path, frame_shape: tuple[int, ...], frame_dtype: torch.dtype,
+                       action_shape: tuple[int, ...], action_dtype: torch.dtype, extra_fields: ExtraFields | None, *,
+                       action_range: Any = None) -> tuple[FieldSpec, ...]:
+    """The stored fields of a compact buffer of dict observations: the followed key's frame in ``obs`` (an int32
+    size when compressed), every other key in ``obs`` and ``next_obs`` (see [`rlbuf._compact_dict`][rlbuf._compact_dict]).
+
+    Example:
+        >>> obs = Layout.parse({"image": (4, 8, 8), "state": (3,)}, {"image": torch.uint8})
+        >>> [s.describe() for s in compact_dict_specs(obs, ("image",), (8, 8), torch.uint8, (), torch.int64, None)]
+        ['obs["image"]: (8, 8) uint8', 'obs["state"]: (3,) float32', 'action: () int64', 'reward: () float32', 'next_obs["state"]: (3,) float32', 'terminated: () bool', 'truncated: () bool', 'done: () bool']
+    """
+    shapes, dtypes = stored_options(obs, path, frame_shape, frame_dtype)
+    specs = replay_specs(shapes, action_shape, dtypes, action_dtype, extra_fields, action_range=action_range)
+    followed_next = leaf_name("next_obs", path)
+    return tuple(spec for spec in specs if spec.name != followed_next)
+
+
+def stored_specs(obs: Layout, followed: Path | None, stored_shape: Any, stored_dtype: Any,
+                 action_shape: tuple[int, ...], action_dtype: torch.dtype, extra_fields: ExtraFields | None, *,
+                 compact: bool, compressed: bool, action_range: Any = None) -> tuple[FieldSpec, ...]:
+    """The ring's fields of a replay buffer's layout (``stored_shape``, ``stored_dtype``, ``followed``: what
+    [`stored_obs`][rlbuf._replay_layout.stored_obs] says); ``compressed``: each frame as its int32 size in the
+    ring (the frames live in the compact layout's log).
+
+    Example:
+        >>> obs = Layout.parse((4, 8, 8), torch.uint8)
+        >>> [s.describe() for s in stored_specs(obs, None, (8, 8), torch.uint8, (), torch.int64, None, compact=True,
+        ...                                     compressed=True)][:2]
+        ['obs: () int32', 'action: () int64']
+    """
+    frame_shape, frame_dtype = ((), torch.int32) if compressed else (stored_shape, stored_dtype)
+    if followed is None:
+        return replay_specs(frame_shape, action_shape, frame_dtype, action_dtype, extra_fields, next_obs=not compact,
+                            action_range=action_range)
+    return compact_dict_specs(obs, followed, frame_shape, frame_dtype, action_shape, action_dtype, extra_fields,
+                              action_range=action_range)
 
 
 _PER_ALPHA, _PER_BETA = 0.6, 0.4
@@ -150,7 +221,8 @@ def repr_options(specs: Sequence[FieldSpec], *, prioritized: bool, compact: Comp
 
 def transition_bytes(*, obs_shape: Any, action_shape: Any, obs_dtype: Any, action_dtype: torch.dtype,
                      extra_fields: ExtraFields | None, prioritized: bool, frame_stack: int, n_step: int,
-                     compact: bool | None, hidden_state_shape: Any, episode_length: float | None) -> float:
+                     compact: bool | None, hidden_state_shape: Any, episode_length: float | None,
+                     compact_key: Any = None) -> float:
     """Estimated bytes of one stored transition (see ``ReplayBuffer.bytes_per_transition``).
 
     Example:
@@ -162,14 +234,15 @@ def transition_bytes(*, obs_shape: Any, action_shape: Any, obs_dtype: Any, actio
     obs_dtype, action_dtype = dtype_options(obs_dtype, action_dtype)  # "uint8" too, as the constructor takes
     extra_fields = extra_field_dtypes(extra_fields)
     obs = Layout.parse(obs_shape, obs_dtype)
-    compact, stored, stored_dtype = stored_obs(obs, obs_shape, obs_dtype, hidden_state_shape,
-                                               frame_stack=frame_stack, padding_type="reset", n_step=n_step,
-                                               gamma=0.99, compact=compact)
-    specs = replay_specs(stored, as_shape(action_shape, "action_shape"), stored_dtype, action_dtype,
-                         extra_fields, next_obs=not compact)
+    compact, stored, stored_dtype, followed = stored_obs(obs, obs_shape, obs_dtype, hidden_state_shape,
+                                                         frame_stack=frame_stack, padding_type="reset", n_step=n_step,
+                                                         gamma=0.99, compact=compact, compact_key=compact_key)
+    specs = stored_specs(obs, followed, stored, stored_dtype, as_shape(action_shape, "action_shape"), action_dtype,
+                         extra_fields, compact=compact, compressed=False)
     if hidden_state_shape is not None:
         specs = (*specs, *hidden_state_layout(hidden_state_shape).specs("hidden_state", hidden_state_key))
-    final_obs = 0.0 if obs.structured else math.prod(stored) * obs.leaves[0].dtype.itemsize
+    # Kept aside per ended episode: the final frame of the followed observation (a dict's others are row fields).
+    final_obs = 0.0 if obs.structured and followed is None else math.prod(stored) * stored_dtype.itemsize
     return row_bytes([(s.shape, s.dtype.itemsize) for s in specs], prioritized=as_flag("prioritized", prioritized),
                      compact=compact, frame_stack=frame_stack, final_obs_bytes=final_obs,
                      episode_length=episode_length)
@@ -206,6 +279,8 @@ class ReplayWriter:
         self.hidden = hidden
         self.extra_names = tuple(extra_names)
         self.compact = compact
+        # A compact buffer of dict observations: its followed key goes through the streams, the others to the ring.
+        self.dict_inputs = None if compact is None or not obs.structured else DictInputs(obs, compact.path)
 
     def add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
             hidden_state: Any, extras: Mapping[str, Any], env_mask: Any) -> bool:
@@ -218,9 +293,11 @@ class ReplayWriter:
         extra_values = tuple(extras[name] for name in self.extra_names) if self.extra_names else ()
         ring, compact = self.ring, self.compact
         if compact is not None:
+            if self.dict_inputs is not None:
+                return self._add_compact_dict(obs, action, reward, next_obs, terminated, truncated, extras, env_mask)
             if env_mask is not None:
-                return self._add_compact_envs(obs, next_obs, terminated, truncated, (action, reward, *extra_values),
-                                              env_mask)
+                others = {"action": action, "reward": reward, **dict(zip(self.extra_names, extra_values, strict=True))}
+                return self._add_compact_envs(obs, next_obs, terminated, truncated, others, env_mask)
             compact.write(obs, next_obs, terminated, truncated, compact.all_envs,
                           lambda frames, done, cut: ring.add((frames, action, reward, done, cut, *extra_values),
                                                              self.num_envs))
@@ -246,24 +323,42 @@ class ReplayWriter:
             ring.write_checked(rows, kept)
         return kept in (0, self.num_envs)
 
-    def _add_compact_envs(self, obs: Any, next_obs: Any, terminated: Any, truncated: Any, others: Sequence[Any],
+    def _add_compact_dict(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
+                          extras: Mapping[str, Any], env_mask: Any) -> bool:
+        """``add`` of a compact buffer of dict observations: the followed key through the streams, every other
+        key a field of the row (see [`rlbuf._compact_dict`][rlbuf._compact_dict])."""
+        compact, ring, inputs = self.compact, self.ring, self.dict_inputs
+        assert compact is not None and inputs is not None
+        followed, followed_next, values = inputs.split(obs, next_obs)
+        values.update(action=action, reward=reward)
+        values.update((name, extras[name]) for name in self.extra_names)
+        if env_mask is not None:
+            return self._add_compact_envs(followed, followed_next, terminated, truncated, values, env_mask)
+        specs, field = ring.input_specs, compact.field
+        compact.write(followed, followed_next, terminated, truncated, compact.all_envs,
+                      lambda frames, done, cut: ring.add(ring_values(specs, {
+                          **values, field: frames, "terminated": done, "truncated": cut}), self.num_envs))
+        return True
+
+    def _add_compact_envs(self, obs: Any, next_obs: Any, terminated: Any, truncated: Any, others: Mapping[str, Any],
                           env_mask: Any) -> bool:
         """Read every row, then pass the rows of the envs in ``env_mask`` through the compact
-        layout's streams (an env left out continues its stream with its next kept row)."""
+        layout's streams (an env left out continues its stream with its next kept row); ``others``:
+        the values of the ring's other input fields, by name."""
         compact, ring, n = self.compact, self.ring, self.num_envs
         assert compact is not None
         keep = self.checked_env_mask(env_mask).numpy()
         obs_rows, next_rows = compact.read_rows("obs", obs, n), compact.read_rows("next_obs", next_obs, n)
         done, cut = compact.read_flags("terminated", terminated, n)[1], compact.read_flags("truncated", truncated, n)[1]
-        specs = [spec for spec in ring.input_specs if spec.name not in ("obs", "terminated", "truncated")]
-        rows = {spec.name: _read_rows(ring.reader(spec, n), value) for spec, value in zip(specs, others, strict=True)}
+        specs = [spec for spec in ring.input_specs if spec.name not in (compact.field, "terminated", "truncated")]
+        rows = {spec.name: _read_rows(ring.reader(spec, n), others[spec.name]) for spec in specs}
         kept = int(keep.sum())
         if kept:  # numpy on the CPU: a tensor's boolean indexing costs ~10x more per frame stack
             rows = {name: value[keep] if isinstance(value, np.ndarray) else value[torch.from_numpy(keep).to(value.device)]
                     for name, value in rows.items()}
             compact.write(obs_rows[keep], next_rows[keep], done[keep], cut[keep], compact.all_envs[keep],
                           lambda frames, done, cut: ring.write_tensors(
-                              {**rows, "obs": frames, "terminated": done, "truncated": cut}, kept))
+                              {**rows, compact.field: frames, "terminated": done, "truncated": cut}, kept))
         return kept in (0, n)
 
     def checked_env_mask(self, env_mask: Any) -> torch.Tensor:
@@ -312,7 +407,7 @@ class ReplayWriter:
                                                                   "a hindsight buffer follows each env's episodes")
         tensors: dict[str, torch.Tensor] = {}
         for spec in ring.specs:
-            if spec.name in ("truncated", "done") or (compact is not None and spec.name == "obs"):
+            if spec.name in ("truncated", "done") or (compact is not None and spec.name == compact.field):
                 continue
             tensors[spec.name] = read_td(td, spec, lead)
         tensors["truncated"] = truncated_from(td, lead, tensors["terminated"])
@@ -332,7 +427,7 @@ class ReplayWriter:
                              for spec in (compact.obs_spec, compact.next_obs_spec))
             compact.write(obs, next_obs, flat["terminated"], flat["truncated"], compact.env_ids_of(lead),
                           lambda frames, done, cut: ring.write_tensors(
-                              {**flat, "obs": frames, "terminated": done, "truncated": cut}, rows))
+                              {**flat, compact.field: frames, "terminated": done, "truncated": cut}, rows))
         return interleaved
 
 

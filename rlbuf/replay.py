@@ -31,6 +31,7 @@ from rlbuf._autoreset import ResetSteps, reset_steps
 from rlbuf._buffer import done_of, refuse_foreign_options
 from rlbuf._codec import frame_codec
 from rlbuf._compact import CompactLayout, layout_options
+from rlbuf._compact_dict import key_option, row_leaves
 from rlbuf._convert import REQUIRED, as_num_envs, require
 from rlbuf._obs import (
     ObsDtype,
@@ -46,9 +47,9 @@ from rlbuf._replay_add import ReplayWriting
 from rlbuf._replay_layout import (
     ReplayWriter,
     replay_sampler,
-    replay_specs,
     repr_options,
     stored_obs,
+    stored_specs,
     transition_bytes,
 )
 from rlbuf._streams import PaddingType
@@ -118,6 +119,10 @@ class ReplayBuffer(ReplayWriting):
             [Pixels and memory](pixels.md#compressed-frames).
         compression_level: zstd's level (1-22, default 3) or lz4's high-compression level (1-12;
             default: lz4's fast mode).
+        compact_key: with dict observations in the compact layout, the image key stored frame by
+            frame (``"image"``, or a path of keys ``("sensors", "camera")``); the other keys are
+            stored whole with every row. ``None``: the one ``uint8`` key whose frame has at least
+            2 dims. See [Pixels and memory](pixels.md#dict-observations-with-an-image).
         hidden_state_shape: a recurrent policy's hidden state stored with every step, e.g.
             ``{"h": (layers, 256), "c": (layers, 256)}`` (float32, TorchRL's
             ``"recurrent_state_h"`` keys); [`sample_sequences`][rlbuf.ReplayBuffer.sample_sequences] gives it at each sequence start.
@@ -166,6 +171,7 @@ class ReplayBuffer(ReplayWriting):
         compact: bool | None = None,
         compression: str | None = None,
         compression_level: int | None = None,
+        compact_key: str | Sequence[str] | None = None,
         hidden_state_shape: Sequence[int] | int | Mapping[str, Sequence[int] | int] | None = None,
         hindsight: Hindsight | None = None,
         **foreign: Any,
@@ -187,30 +193,34 @@ class ReplayBuffer(ReplayWriting):
         # A hindsight buffer follows each env's episodes itself: its n-step transitions need no compact layout.
         if hindsight is not None:
             layout_options((), frame_stack=1, padding_type=padding_type, n_step=n_step, gamma=gamma, compact=None)
-        compact, stored_obs_shape, obs_dtype = stored_obs(
+        compact, stored_obs_shape, obs_dtype, followed = stored_obs(
             self._obs, obs_shape, obs_dtype, hidden_state_shape, frame_stack=frame_stack, padding_type=padding_type,
-            n_step=1 if hindsight is not None else n_step, gamma=gamma, compact=compact)
+            n_step=n_step, gamma=gamma, compact=compact, compact_key=compact_key, hindsight=hindsight is not None)
+        if followed is not None:  # inferred or given: recorded as the key, which a checkpoint cross-checks
+            self._options["compact_key"] = key_option(followed)
         codec = frame_codec(compression, compression_level, compact=compact)
         self._gamma = float(gamma)
         self._attach_stats(stats, num_envs)
         # The sum tree checks alpha and beta: built here, before anything is allocated.
         prioritized, sampler = replay_sampler(capacity, prioritized, alpha, beta)
         self._prioritized = prioritized
-        # Compressed frames live in the layout's log; the ring's obs column holds each one's size.
-        specs = replay_specs((), as_shape(action_shape, "action_shape"), torch.int32, action_dtype, extra_fields,
-                             next_obs=False, action_range=action_range) if codec is not None else replay_specs(
-            stored_obs_shape, as_shape(action_shape, "action_shape"), obs_dtype, action_dtype, extra_fields,
-            next_obs=not compact, action_range=action_range)
+        specs = stored_specs(self._obs, followed, stored_obs_shape, obs_dtype, as_shape(action_shape, "action_shape"),
+                             action_dtype, extra_fields, compact=compact, compressed=codec is not None,
+                             action_range=action_range)
         self._extra_specs = {s.name: s for s in specs if s.name in (extra_fields or {})}
         if self._hidden is not None:
             specs = (*specs, *self._hidden.specs("hidden_state", hidden_state_key))
         self._interleaved = True
         self._setup(specs, capacity, sampler, num_envs=num_envs, storage=storage, scratch_dir=scratch_dir,
                     storing_device=storing_device, device=device, seed=seed, derived={"done": done_of})
-        single_obs = self._obs.leaves[0]
-        self._compact = CompactLayout(self._ring, single_obs.shape, single_obs.dtype, num_envs=num_envs,
-                                      frame_stack=frame_stack, padding_type=padding_type, n_step=n_step, gamma=self._gamma,
-                                      extra_names=list(self._extra_specs), codec=codec) if compact else None
+        self._compact = None
+        if compact:
+            path = followed or ()
+            single_obs = next(leaf for leaf in self._obs.leaves if leaf.path == path)
+            self._compact = CompactLayout(
+                self._ring, single_obs.shape, single_obs.dtype, num_envs=num_envs, frame_stack=frame_stack,
+                padding_type=padding_type, n_step=n_step, gamma=self._gamma, extra_names=list(self._extra_specs),
+                codec=codec, path=path, row_leaves=row_leaves(self._obs, path) if followed else ())
         # The layout's writer, chosen once; with one tensor per obs, no hidden state and no extra field
         # (plain), ``add`` hands the fields to the ring's add as they are.
         self._relabeller = None if hindsight is None else Relabeller(hindsight, self._ring, self._obs, num_envs,
@@ -221,7 +231,9 @@ class ReplayBuffer(ReplayWriting):
         self._plain = self._compact is None and not self._obs.structured and self._hidden is None and not self._extra_specs
         # truncated=False says it of every env (no time limit): one flag for every row.
         self._no_truncation: bool | np.ndarray[Any, Any] = False if num_envs == 1 else np.zeros(num_envs, np.bool_)
-        self._resets: ResetSteps | None = reset_steps(self._ring, self._obs, self._compact, num_envs)
+        # The reset-step watch compares observations as add takes them: a dict's every key, whole.
+        self._resets: ResetSteps | None = reset_steps(self._ring, self._obs,
+                                                      None if self._obs.structured else self._compact, num_envs)
         names = [spec.name for spec in self._ring.input_specs]
         self._flag_at = (names.index("terminated"), names.index("truncated"))
 
@@ -375,11 +387,12 @@ class ReplayBuffer(ReplayWriting):
         return 0 if self._compact is None else self._compact.nbytes
 
     def _field_descriptions(self) -> list[str]:
-        log = None if self._compact is None else self._compact.log
-        if log is None:
+        compact = self._compact
+        log = None if compact is None else compact.log
+        if compact is None or log is None:
             return super()._field_descriptions()
-        frames = f"obs: {log.frame_shape} {str(log.dtype).removeprefix('torch.')} {log.codec.name}-compressed"
-        return [frames if spec.name == "obs" else spec.describe() for spec in self._ring.specs]
+        frames = f"{compact.field}: {log.frame_shape} {str(log.dtype).removeprefix('torch.')} {log.codec.name}-compressed"
+        return [frames if spec.name == compact.field else spec.describe() for spec in self._ring.specs]
 
     def _repr_options(self) -> str:
         options = repr_options(self._ring.specs, prioritized=self._prioritized, compact=self._compact)
@@ -401,6 +414,7 @@ class ReplayBuffer(ReplayWriting):
         hidden_state_shape: Sequence[int] | int | Mapping[str, Sequence[int] | int] | None = None,
         episode_length: float | None = None,
         compression: str | None = None,
+        compact_key: str | Sequence[str] | None = None,
     ) -> float:
         """Estimated bytes one stored transition takes, to size a buffer for a machine.
 
@@ -433,7 +447,8 @@ class ReplayBuffer(ReplayWriting):
         return transition_bytes(obs_shape=obs_shape, action_shape=action_shape, obs_dtype=obs_dtype,
                                 action_dtype=action_dtype, extra_fields=extra_fields, prioritized=prioritized,
                                 frame_stack=frame_stack, n_step=n_step, compact=compact,
-                                hidden_state_shape=hidden_state_shape, episode_length=episode_length)
+                                hidden_state_shape=hidden_state_shape, episode_length=episode_length,
+                                compact_key=compact_key)
 
     # -- reading -----------------------------------------------------------------------------
     def sample(self, batch_size: int) -> ReplayBatch:

@@ -397,13 +397,13 @@ def test_a_collector_batch_whose_next_observation_breaks_the_stream_is_refused()
 
 
 @pytest.mark.parametrize("layout", [dict(compact=True), dict(frame_stack=2), dict(n_step=3)])
-def test_compact_layout_refuses_dict_observations_and_hidden_states(layout: dict[str, Any]) -> None:
-    dict_obs = dict(obs_shape={"camera": (2, 3), "proprio": (4,)}, action_shape=())
+def test_compact_layout_refuses_hidden_states_and_dict_observations_without_an_image(layout: dict[str, Any]) -> None:
+    dict_obs = dict(obs_shape={"camera": (2, 3), "proprio": (4,)}, action_shape=())  # float32: no uint8 image
     stack = (2, 3) if "frame_stack" not in layout else (2, 2, 3)
     hidden = dict(obs_shape=stack, action_shape=(), hidden_state_shape={"h": (1, 8), "c": (1, 8)})
-    for options, received in ((dict_obs, "a dict observation"), (hidden, "hidden_state_shape")):
-        message = rf"compact, frame_stack, n_step: the compact layout stores single-tensor observations without " \
-                  rf"hidden states; got {received}"
+    for options, message in ((dict_obs, "compact_key: the compact layout stores one image key of a dict observation"),
+                             (hidden, "compact, frame_stack, n_step: the compact layout stores no hidden states; "
+                                      "got hidden_state_shape")):
         with pytest.raises(ConfigError, match=message):
             ReplayBuffer(10, **options, **layout)
         with pytest.raises(ConfigError, match=message):
