@@ -16,8 +16,9 @@ from typing import Any
 from rlbuf.errors import RlbufError, ShardDiedError
 
 
-def get(calls: Sequence[tuple[int, Any]]) -> list[Any]:
-    """Results of remote calls ``(shard, ref)``; rlbuf errors as themselves, a dead actor as ShardDiedError."""
+def get(calls: Sequence[tuple[int, Any]], *, restarting: bool = False) -> list[Any]:
+    """Results of remote calls ``(shard, ref)``; rlbuf errors as themselves, a dead actor as ShardDiedError
+    (``restarting``: the service was built with ``restart_from``, so Ray starts it again)."""
     import ray
     from ray.exceptions import RayActorError, RayTaskError
 
@@ -30,6 +31,11 @@ def get(calls: Sequence[tuple[int, Any]]) -> list[Any]:
                 raise error.cause from None
             raise
         except RayActorError as error:
+            if restarting:
+                raise ShardDiedError(
+                    f"shard {shard}: its Ray actor died during this call ({type(error).__name__}), which did not "
+                    "complete; Ray starts it again from its part of the checkpoint at restart_from (the rows it took "
+                    "after that are lost, reported by a ShardRestartedWarning): call again") from error
             raise ShardDiedError(
                 f"shard {shard}: its Ray actor is gone ({type(error).__name__}); the rows it held since the last"
                 " checkpoint are lost. Rebuild the service from that checkpoint with ReplayService.load(path)"

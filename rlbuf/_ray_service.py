@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from rlbuf._priorities import priorities
 from rlbuf._rate_limit import RateLimiter
 from rlbuf._ray_calls import get, start_ray, stop
 from rlbuf._ray_checkpoint import read_manifest, write_checkpoint
+from rlbuf._ray_restart import Restarts, restart_path
 from rlbuf._ray_wire import from_wire, to_wire
 from rlbuf._ray_writer import ServiceWriter, check_batch_steps, timeout_of
 from rlbuf._sumtree_arrays import check_exponent
@@ -66,6 +68,12 @@ class ReplayService:
         seed: seeds every shard's sampler and the learner's split of each batch.
         actor_options: Ray resources of each shard actor (``{"num_cpus": 1}`` by default).
         ray_init_config: arguments of ``ray.init`` when Ray is not running yet.
+        restart_from: the directory ``save`` writes to: a shard actor that dies is started again
+            by Ray under the same handle (``max_restarts``), from its part of the checkpoint there
+            (empty if none was written yet), and the learner's next call that hears from it warns
+            with a [`ShardRestartedWarning`][rlbuf.ray.ShardRestartedWarning] saying what was lost
+            (also in [`shard_restarts`][rlbuf.ray.ReplayService.shard_restarts]). ``None``: a dead
+            shard stays dead (``ShardDiedError``) until [`restore`][rlbuf.ray.ReplayService.restore].
         **options: the other [`ReplayBuffer`][rlbuf.ReplayBuffer] options (``prioritized``,
             ``storage``, ``extra_fields``, dtypes ...), applied in every shard.
 
@@ -86,8 +94,10 @@ class ReplayService:
     def __init__(self, capacity: int | None = None, *, num_shards: int = 2, obs_shape: Any = None,
                  action_shape: Any = None, rate_limiter: RateLimiter | None = None, timeout: float | None = 60.0,
                  device: DeviceLike = "cpu", seed: int | None = None, actor_options: Mapping[str, Any] | None = None,
-                 ray_init_config: Mapping[str, Any] | None = None, **options: Any) -> None:
+                 ray_init_config: Mapping[str, Any] | None = None, restart_from: str | Path | None = None,
+                 **options: Any) -> None:
         self._timeout = timeout_of(timeout)
+        self._restart_from = restart_path(restart_from)
         self._device = resolve_device(device, name="device")
         shard_capacity = _shard_capacity(capacity, num_shards)
         if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
@@ -103,7 +113,8 @@ class ReplayService:
         limiter = None if rate_limiter is None else rate_limiter.config()
         specs = [{"capacity": shard_capacity, "obs_shape": obs_shape, "action_shape": action_shape,
                   "seed": None if seed is None else int(seeds[k].generate_state(1)[0]) >> 1,
-                  "rate_limiter": limiter, **options} for k in range(num_shards)]
+                  "rate_limiter": limiter, "restart_from": self._restart_from, "shard_index": k, **options}
+                 for k in range(num_shards)]
         self._start(specs, shard_capacity, limiter, None, actor_options, ray_init_config)
 
     def _start(self, specs: list[dict[str, Any]], shard_capacity: int, limiter: dict[str, Any] | None,
@@ -117,11 +128,13 @@ class ReplayService:
 
         from rlbuf._ray_shard import ShardHost  # it imports rlbuf.ray, which imports this module
 
-        remote = ray.remote(ShardHost).options(max_concurrency=_THREADS, **dict(actor_options or {"num_cpus": 1}))
+        restarts = {} if self._restart_from is None else {"max_restarts": -1}   # Ray starts a dead shard again
+        remote = ray.remote(ShardHost).options(max_concurrency=_THREADS, **restarts,
+                                               **dict(actor_options or {"num_cpus": 1}))
         self._remote = remote
         self._shards: list[Any] | None = [remote.remote(**spec) for spec in specs]
         try:
-            infos = get([(k, shard.shard_info.remote()) for k, shard in enumerate(self._shards)])
+            infos = self._get([(k, shard.shard_info.remote()) for k, shard in enumerate(self._shards)])
             if any(info["capacity"] != shard_capacity for info in infos):
                 raise CheckpointError(f"shard capacity: expected {shard_capacity} in every shard (service.json), got "
                                       f"{[info['capacity'] for info in infos]}")
@@ -132,7 +145,9 @@ class ReplayService:
         self._beta = float(infos[0]["beta"])
         self._keys = infos[0]["keys"]
         self._repr = infos[0]["repr"]
-        self._layout = {"options": infos[0]["options"], "compact": bool(infos[0]["compact"])}
+        self._layout = {"options": infos[0]["options"], "compact": bool(infos[0]["compact"]),
+                        "restart": self._restart_from is not None}
+        self._restarts = Restarts(infos)
         # Each shard's size, priority mass and limiter counters as of the learner's last call to it:
         # the next split uses them (sizes only grow meanwhile), saving a round trip per sample.
         self._stats: list[dict[str, Any]] | None = None if manifest is None else manifest["shard_stats"]
@@ -141,8 +156,8 @@ class ReplayService:
 
     @classmethod
     def load(cls, path: str | Path, *, device: DeviceLike = "cpu", timeout: float | None = 60.0,
-             actor_options: Mapping[str, Any] | None = None,
-             ray_init_config: Mapping[str, Any] | None = None) -> ReplayService:
+             actor_options: Mapping[str, Any] | None = None, ray_init_config: Mapping[str, Any] | None = None,
+             restart_from: str | Path | None = None) -> ReplayService:
         """A new service of the same shape rebuilt from the checkpoint ``save`` wrote at ``path``.
 
         Every shard's rows, sampler and RNG, its limiter's counters and the learner's split
@@ -155,13 +170,15 @@ class ReplayService:
         service = cls.__new__(cls)
         service._timeout = timeout_of(timeout)
         service._device = resolve_device(device, name="device")
+        service._restart_from = restart_path(restart_from)
         path = Path(path).absolute()
         manifest = read_manifest(path)
         service._rng = np.random.Generator(np.random.PCG64())
         service._rng.bit_generator.state = manifest["rng"]
         limiter = manifest["rate_limiter"]
         specs = [{"checkpoint": str(path / f"shard_{k}"), "rate_limiter": limiter,
-                  "limiter_counters": manifest["limiter_counters"][k]} for k in range(manifest["num_shards"])]
+                  "limiter_counters": manifest["limiter_counters"][k], "restart_from": service._restart_from,
+                  "shard_index": k} for k in range(manifest["num_shards"])]
         service._start(specs, manifest["shard_capacity"], limiter, manifest, actor_options, ray_init_config)
         return service
 
@@ -204,7 +221,7 @@ class ReplayService:
             raise PriorityError("beta: this service is not prioritized (build it with prioritized=True)")
         check_exponent("beta", value)
         shards = self._live()
-        get([(k, shard.shard_set_beta.remote(float(value))) for k, shard in enumerate(shards)])
+        self._get([(k, shard.shard_set_beta.remote(float(value))) for k, shard in enumerate(shards)])
         self._beta = float(value)
 
     @property
@@ -219,7 +236,7 @@ class ReplayService:
 
     def sizes(self) -> list[int]:
         """Rows each shard holds now (one round trip to each)."""
-        stats = get([(k, shard.shard_stats.remote()) for k, shard in enumerate(self._live())])
+        stats = self._heard(self._get([(k, shard.shard_stats.remote()) for k, shard in enumerate(self._live())]))
         return [int(stat["size"]) for stat in stats]
 
     def __len__(self) -> int:
@@ -229,7 +246,7 @@ class ReplayService:
         """Each shard's limiter settings and counters, or ``None`` without a limiter."""
         if self._limiter_config is None:
             return None
-        return get([(k, shard.shard_limiter.remote()) for k, shard in enumerate(self._live())])
+        return self._get([(k, shard.shard_limiter.remote()) for k, shard in enumerate(self._live())])
 
     # -- writing ----------------------------------------------------------------------------
     def writer(self, shard: int | None = None, *, writer_id: int | None = None, batch_steps: int = 64) -> ServiceWriter:
@@ -302,7 +319,7 @@ class ReplayService:
         shards = self._live()
         stats = self._stats
         if stats is None or not all(stat["size"] for stat in stats):  # an empty shard is asked again each time
-            stats = self._stats = get([(k, shard.shard_stats.remote()) for k, shard in enumerate(shards)])
+            stats = self._stats = self._heard(self._get([(k, shard.shard_stats.remote()) for k, shard in enumerate(shards)]))
         if self._limiter_config is not None and not any(stat["size"] for stat in stats):
             stats = self._stats = self._await_rows(batch_size, wait)   # a limited sample waits for rows
         mass = np.array([stat["mass"] for stat in stats], dtype=np.float64)
@@ -312,10 +329,10 @@ class ReplayService:
         drawn = [(k, int(count)) for k, count in enumerate(counts) if count > 0]
         if len(drawn) > 1 and not all(self._may_sample(stats[k], count) for k, count in drawn):
             # Wait until every share may be drawn first, so a timeout leaves every shard's counters as they were.
-            get([(k, shards[k].shard_wait_sample.remote(count, wait)) for k, count in drawn])
-        replies = get([(k, shards[k].shard_sample.remote(count, wait)) for k, count in drawn])
+            self._get([(k, shards[k].shard_wait_sample.remote(count, wait)) for k, count in drawn])
+        replies = self._get([(k, shards[k].shard_sample.remote(count, wait)) for k, count in drawn])
         for (k, _), reply in zip(drawn, replies, strict=True):
-            stats[k] = reply["stats"]
+            stats[k] = self._heard([reply["stats"]], k)[0]
         return self._merge(drawn, replies, stats)
 
     def _await_rows(self, batch_size: int, timeout: float | None) -> list[dict[str, Any]]:
@@ -327,7 +344,7 @@ class ReplayService:
         shards = self._live()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            stats = get([(k, shard.shard_stats.remote()) for k, shard in enumerate(shards)])
+            stats = self._heard(self._get([(k, shard.shard_stats.remote()) for k, shard in enumerate(shards)]))
             if any(stat["size"] for stat in stats):
                 return stats
             if deadline is not None and time.monotonic() >= deadline:
@@ -348,7 +365,9 @@ class ReplayService:
     def _merge(self, drawn: list[tuple[int, int]], replies: list[dict[str, Any]],
                stats: list[dict[str, Any]] | None) -> ReplayBatch:
         """One batch from the shards' replies: global indices, and with ``stats`` weights over all shards."""
-        parts = [from_wire(reply["fields"]) for reply in replies]
+        # Merged as numpy arrays first: Ray hands them over read-only, so one copy makes them
+        # the batch's (concatenating tensors would copy twice: pixel batches are megabytes).
+        parts = [dict(reply["fields"]) for reply in replies]
         for (k, _), part in zip(drawn, parts, strict=True):
             part["index"] = part["index"] + k * self._shard_capacity
         if self._prioritized and stats is not None:
@@ -357,7 +376,7 @@ class ReplayService:
             overall = min(smallest)
             for reply, part in zip(replies, parts, strict=True):
                 part["weight"] = part["weight"] * float((reply["stats"]["smallest"] / overall) ** -self._beta)
-        fields = _concat(parts)
+        fields = from_wire(_concat(parts))
         extras, hidden_state = fields.pop("extras"), fields.pop("hidden_state")
         fields = deliver(fields, self._device)
         return ReplayBatch(**fields, extras=deliver(extras, self._device) if extras else {},
@@ -369,7 +388,7 @@ class ReplayService:
         drawn = [(k, 1) for k, size in enumerate(self.sizes()) if size]   # an empty shard refuses sample_all
         if not drawn:
             raise EmptyBufferError("sample_all: every shard is empty")
-        replies = get([(k, shards[k].rlbuf_sample_all.remote()) for k, _ in drawn])
+        replies = self._get([(k, shards[k].rlbuf_sample_all.remote()) for k, _ in drawn])
         parts = [{"fields": reply, "stats": {"smallest": 1.0}} for reply in replies]
         return self._merge(drawn, parts, None)
 
@@ -395,17 +414,17 @@ class ReplayService:
             raise StoredIndexError(f"index: expected global indices in [0, {self.capacity}), got "
                                    f"{int(positions.min())} to {int(positions.max())}")
         if self._stats is None:
-            self._stats = get([(k, shard.shard_stats.remote()) for k, shard in enumerate(shards)])
+            self._stats = self._heard(self._get([(k, shard.shard_stats.remote()) for k, shard in enumerate(shards)]))
         known = [int(stat["size"]) for stat in self._stats]
         outside = local >= torch.tensor(known)[shard_of]
         if positions.numel() and bool(outside.any()):
             raise StoredIndexError(f"index: {int(positions[outside][0])} is not stored (shard sizes {known}); "
                                    "pass batch.index")
         updated = [k for k in range(len(shards)) if bool((shard_of == k).any())]
-        replies = get([(k, shards[k].shard_update_priority.remote(to_wire(local[shard_of == k]),
+        replies = self._get([(k, shards[k].shard_update_priority.remote(to_wire(local[shard_of == k]),
                                                                    to_wire(values[shard_of == k]))) for k in updated])
         for k, reply in zip(updated, replies, strict=True):
-            self._stats[k] = reply
+            self._stats[k] = self._heard([reply], k)[0]
 
     # -- checkpoints ------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
@@ -449,25 +468,46 @@ class ReplayService:
         dead = []
         for k, shard in enumerate(shards):
             try:
-                get([(k, shard.shard_stage.remote(str(path / f"shard_{k}"), counters[k]))])
+                self._get([(k, shard.shard_stage.remote(str(path / f"shard_{k}"), counters[k]))])
             except ShardDiedError:
                 dead.append(k)
         restarted = {k: self._remote.remote(checkpoint=str(path / f"shard_{k}"), rate_limiter=self._limiter_config,
-                                            limiter_counters=counters[k]) for k in dead}
+                                            limiter_counters=counters[k], restart_from=self._restart_from,
+                                            shard_index=k) for k in dead}
         try:
-            get([(k, actor.shard_info.remote()) for k, actor in restarted.items()])
+            self._get([(k, actor.shard_info.remote()) for k, actor in restarted.items()])
         except BaseException:
             for actor in restarted.values():
                 stop(actor)
             raise
-        get([(k, shard.shard_commit.remote()) for k, shard in enumerate(shards) if k not in restarted])
+        self._get([(k, shard.shard_commit.remote()) for k, shard in enumerate(shards) if k not in restarted])
         for k, actor in restarted.items():
             shards[k] = actor
-        self._beta = float(get([(0, shards[0].shard_info.remote())])[0]["beta"])
+        infos = self._get([(k, shard.shard_info.remote()) for k, shard in enumerate(shards)])
+        self._beta = float(infos[0]["beta"])
+        events, self._restarts = self._restarts.events, Restarts(infos)
+        self._restarts.events = events
         self._rng.bit_generator.state = manifest["rng"]
         self._stats = manifest["shard_stats"]
         self._writer = ServiceWriter(shards, self._keys, timeout=self._timeout, layout=self._layout,
                                      start=manifest["writer_next"])
+
+    # -- restarts ---------------------------------------------------------------------------
+    def _get(self, calls: list[tuple[int, Any]]) -> list[Any]:
+        return get(calls, restarting=self._restart_from is not None)
+
+    def _heard(self, stats: list[dict[str, Any]], first: int = 0) -> list[dict[str, Any]]:
+        """``stats`` of shards ``first``, ``first + 1`` ..., noted: a shard Ray restarted is reported."""
+        shards = self._live()
+        for k, stat in enumerate(stats, start=first):
+            self._restarts.heard(k, stat, partial(_info, k, shards[k]))
+        return stats
+
+    @property
+    def shard_restarts(self) -> list[dict[str, Any]]:
+        """Every restart of a dead shard seen so far (``restart_from``): ``shard``, ``restored_from`` (the
+        checkpoint part, ``None``: restarted empty), its ``write_count`` and ``lost_at_least`` rows."""
+        return [dict(event) for event in self._restarts.events]
 
     # -- lifetime ---------------------------------------------------------------------------
     def _live(self) -> list[Any]:
@@ -515,6 +555,10 @@ def _shard_capacity(capacity: Any, num_shards: Any) -> int:
     return capacity // num_shards
 
 
+def _info(k: int, shard: Any) -> dict[str, Any]:
+    info: dict[str, Any] = get([(k, shard.shard_info.remote())])[0]
+    return info
+
 
 def _concat(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """Fields of several shards' batches, row-concatenated (nested dicts key by key, ``None`` kept)."""
@@ -526,7 +570,11 @@ def _concat(parts: list[dict[str, Any]]) -> dict[str, Any]:
             merged[name] = None
         elif isinstance(value, dict):
             merged[name] = _concat(values)
-        else:
-            merged[name] = torch.cat(values) if len(values) > 1 else value
+        elif len(values) == 1:
+            merged[name] = value
+        elif isinstance(value, np.ndarray):
+            merged[name] = np.concatenate(values)
+        else:  # a dtype numpy lacks travels as a tensor
+            merged[name] = torch.cat(values)
     return merged
 

@@ -22,12 +22,15 @@ Example:
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from tensordict import TensorDict
 
 from rlbuf._rate_limit import RateLimiter, wait_until
+from rlbuf._ray_checkpoint import read_manifest
 from rlbuf._ray_wire import fields_of, from_wire, to_wire
 from rlbuf.checkpoint import load_state, save_state
 from rlbuf.errors import CheckpointError, RlbufError
@@ -45,8 +48,21 @@ class ShardHost(ReplayBufferHost):
     """
 
     def __init__(self, *, checkpoint: str | None = None, rate_limiter: Mapping[str, Any] | None = None,
-                 limiter_counters: Mapping[str, int] | None = None, **options: Any) -> None:
+                 limiter_counters: Mapping[str, int] | None = None, restart_from: str | None = None,
+                 shard_index: int = 0, **options: Any) -> None:
+        self._incarnation = uuid.uuid4().hex
+        self._restored_from: dict[str, Any] | None = None
+        restart_error: RlbufError | None = None
+        # Ray starting this actor again after its process died: rebuild from the last checkpoint.
+        if restart_from is not None and _reconstructed() and (Path(restart_from) / "service.json").is_file():
+            checkpoint = str(Path(restart_from) / f"shard_{shard_index}")
+            try:
+                limiter_counters = read_manifest(Path(restart_from))["limiter_counters"][shard_index]
+            except RlbufError as error:
+                restart_error = error
+            self._restored_from = {"path": checkpoint, "write_count": 0}
         super().__init__(checkpoint=checkpoint, **options)
+        self._error = self._error or restart_error
         self._condition = threading.Condition()
         self._limiter: RateLimiter | None = None
         self._base = 0
@@ -66,6 +82,8 @@ class ShardHost(ReplayBufferHost):
         # count gives the inserts it holds, without stopping writers (see shard_save).
         inserts = 0 if self._limiter is None else self._limiter.inserts
         self._base = self._write_count() - inserts
+        if self._restored_from is not None:
+            self._restored_from["write_count"] = self._write_count()
 
     def _write_count(self) -> int:
         return int(self.buffer.state_dict(data=False)["write_count"])
@@ -75,7 +93,8 @@ class ShardHost(ReplayBufferHost):
         buffer's options (JSON form) and layout, from which a writer checks single steps."""
         buffer = self.buffer
         return {**self.rlbuf_info(), "beta": buffer.beta if buffer.prioritized else 0.0, "compact": buffer.compact,
-                "options": buffer.state_dict(data=False)["options"]}
+                "options": buffer.state_dict(data=False)["options"], "incarnation": self._incarnation,
+                "write_count": self.write_count, "restored_from": self._restored_from}
 
     def shard_set_beta(self, value: float) -> None:
         """See [`ReplayBuffer.beta`][rlbuf.ReplayBuffer.beta]."""
@@ -109,7 +128,7 @@ class ShardHost(ReplayBufferHost):
 
     def shard_stats(self) -> dict[str, Any]:
         """``size``, the total and smallest ``priority ** alpha`` of the stored rows (``size`` and 1 without
-        priorities), and the limiter's counters."""
+        priorities), the limiter's counters, the rows ever written and which actor answers."""
         with self._condition:
             return self._stats()
 
@@ -117,11 +136,12 @@ class ShardHost(ReplayBufferHost):
         buffer = self.buffer
         size = len(buffer)
         counters = None if self._limiter is None else self._limiter.counters()
+        who = {"write_count": self.write_count, "incarnation": self._incarnation}
         if not buffer.prioritized or size == 0:
-            return {"size": size, "mass": float(size), "smallest": 1.0, "limiter": counters}
+            return {"size": size, "mass": float(size), "smallest": 1.0, "limiter": counters, **who}
         rb = buffer.torchrl
         _, total, smallest = rb.sampler.sampled_mass(rb.storage)  # rlbuf's own SumTreeSampler
-        return {"size": size, "mass": float(total), "smallest": float(smallest), "limiter": counters}
+        return {"size": size, "mass": float(total), "smallest": float(smallest), "limiter": counters, **who}
 
     def shard_wait_sample(self, batch_size: int, timeout: float | None) -> None:
         """Return once the rate limiter lets ``batch_size`` rows be sampled; changes nothing.
@@ -212,3 +232,10 @@ class ShardHost(ReplayBufferHost):
             return None
         inserts = int(state["write_count"]) - self._base
         return {"inserts": inserts, "samples": limiter.samples, "deletes": inserts - int(state["size"])}
+
+
+def _reconstructed() -> bool:
+    """Whether Ray is starting this actor again after its process died (``max_restarts``)."""
+    import ray
+
+    return bool(ray.get_runtime_context().was_current_actor_reconstructed)

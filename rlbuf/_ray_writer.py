@@ -199,7 +199,8 @@ class ServiceWriter:
             shard = self._shard if self._shard is not None else self._next
             columns, batch_size = self._ready[0]
             try:
-                get([(shard, self._shards[shard].shard_extend.remote(columns, batch_size, wait))])
+                get([(shard, self._shards[shard].shard_extend.remote(columns, batch_size, wait))],
+                    restarting=bool(self._layout.get("restart")))
             except ValueError:  # refused by the shard (ShapeError, StreamError ...): it would be refused again
                 self._ready.pop(0)
                 raise

@@ -517,8 +517,9 @@ class RemoteReplayBuffer(RemoteReplayBufferHandle):
 
 # The service's names live in their own modules (this one stays one buffer behind one actor).
 from rlbuf._rate_limit import RateLimiter  # noqa: E402
+from rlbuf._ray_restart import ShardRestartedWarning  # noqa: E402
 from rlbuf._ray_service import ReplayService  # noqa: E402
 from rlbuf._ray_writer import ServiceWriter  # noqa: E402
 
 __all__ = ["RateLimiter", "RemoteReplayBuffer", "RemoteReplayBufferHandle", "ReplayBufferHost", "ReplayService",
-           "ServiceWriter"]
+           "ServiceWriter", "ShardRestartedWarning"]

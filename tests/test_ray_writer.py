@@ -1,11 +1,13 @@
-"""ServiceWriter.add (single steps checked at once, sent in batches, nothing lost at flush) and a
+"""ServiceWriter.add (single steps checked at once, sent in batches, nothing lost at flush); a
 ReplayService whose shards use the compact layout (frame_stack=4, n_step=3, zstd frames): each env's
-stream stays in its writer's shard, no row is lost or duplicated, and a restore resumes exactly."""
+stream stays in its writer's shard, no row is lost or duplicated, and a restore resumes exactly; and
+a dead shard restarted from the last checkpoint (``restart_from``), with what was lost reported."""
 
 from __future__ import annotations
 
 import pickle
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,8 +17,15 @@ from tensordict import TensorDict
 
 ray = pytest.importorskip("ray")
 
-from rlbuf import ConfigError, NotPicklableError, ReplayBuffer, ShapeError, StreamError  # noqa: E402
-from rlbuf.ray import RateLimiter, ReplayService, ServiceWriter  # noqa: E402
+from rlbuf import (  # noqa: E402
+    ConfigError,
+    NotPicklableError,
+    ReplayBuffer,
+    ShapeError,
+    ShardDiedError,
+    StreamError,
+)
+from rlbuf.ray import RateLimiter, ReplayService, ServiceWriter, ShardRestartedWarning  # noqa: E402
 
 ID = 1_000_000   # writer w's env e has ids w * ID + e * STREAM + t
 STREAM = 10_000
@@ -179,3 +188,43 @@ def test_compact_shards_keep_each_stream_whole_and_resume_exactly(compact: Repla
     for got, expected_batch in zip([compact.sample(32) for _ in range(3)], kept_going, strict=True):
         for name in ("index", "obs", "action", "reward", "next_obs", "discount"):
             assert torch.equal(getattr(got, name), getattr(expected_batch, name)), name
+
+
+def until_restarted(service: ReplayService) -> list[int]:
+    """``service.sizes()`` once every shard answers: a call that reaches a shard while Ray restarts it
+    fails with ShardDiedError ("call again"); each try is one round trip, and Ray's restart is bounded."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return service.sizes()
+        except ShardDiedError:
+            if time.monotonic() > deadline:
+                raise
+
+
+def test_a_dead_shard_is_restarted_from_the_last_checkpoint_and_what_was_lost_is_reported(tmp_path: Path) -> None:
+    """``restart_from``: Ray starts a killed shard again under the same handle, from its part of
+    the checkpoint; the learner is warned with the rows lost, and writers keep their batch."""
+    path = tmp_path / "replay"
+    with ReplayService(2 * 64, num_shards=2, obs_shape=(4,), action_shape=(), action_dtype=torch.int64,
+                       num_envs=2, restart_from=path, seed=0, actor_options={"num_cpus": 0}) as service:
+        writer = service.writer(shard=1, batch_steps=2)
+        for t in range(4):
+            writer.add(*cartpole_step(torch.tensor([2 * t, 2 * t + 1])))
+        service.save(path)                                           # 8 rows in shard 1
+        for t in range(4, 7):
+            writer.add(*cartpole_step(torch.tensor([2 * t, 2 * t + 1])))
+        assert service.sizes() == [0, 12] and writer.pending == 2   # 4 rows after the checkpoint, 2 held
+        ray.kill(service.actors[1], no_restart=False)                # its process dies; Ray starts it again
+        with pytest.warns(ShardRestartedWarning, match=r"shard 1: .*restarted from .*shard_1 \(write count 8\).* "
+                                                       r"gone: 4 the learner knew of"):
+            sizes = until_restarted(service)
+        assert sizes == [0, 8] and service.shard_restarts == [
+            {"shard": 1, "restored_from": str(path / "shard_1"), "write_count": 8, "lost_at_least": 4}]
+        assert service.sample_all().action.tolist() == list(range(8))
+        writer.flush()                                               # the held rows go to the restarted shard
+        assert service.sample_all().action.tolist() == [*range(8), 12, 13]
+        service.sizes()                                              # heard again: no second warning
+        assert len(service.shard_restarts) == 1
+    with pytest.raises(ConfigError, match=r"restart_from: expected None or the path service\.save writes to"):
+        ReplayService(64, obs_shape=(4,), action_shape=(), restart_from=3)
