@@ -39,6 +39,7 @@ import torch
 from tensordict import TensorDict
 
 from rlbuf._convert import as_int, positive_int, stored_positions
+from rlbuf._obs import leaf_name
 from rlbuf._priorities import priorities
 from rlbuf.batches import ReplayBatch
 from rlbuf.checkpoint import load_state, save_state
@@ -108,17 +109,14 @@ def _counts(buffer: ReplayBuffer) -> dict[str, int]:
     return {"size": int(header["size"]), "write_count": int(header["write_count"])}
 
 
-def _batch_layout(buffer: ReplayBuffer, options: Mapping[str, Any]) -> Layout:
+def _batch_layout(buffer: ReplayBuffer) -> Layout:
     """Shape of one row and dtype of every tensor in the buffer's batches, by field name."""
-    layout = {spec.name: (tuple(spec.shape), spec.dtype) for spec in buffer.fields
-              if not spec.name.startswith("next_obs")}  # every batch has a next_obs like its obs
-    if "obs" in layout:  # one tensor: the compact layout stores single frames, or the sizes of compressed ones
-        dtype = layout["obs"][1]
-        if options.get("compression") is not None:
-            saved = options.get("obs_dtype")
-            dtype = getattr(torch, saved.removeprefix("dtype:")) if isinstance(saved, str) else torch.float32
-        layout["obs"] = (tuple(options["obs_shape"]), dtype)
-    return layout
+    # Observations as batches give them (whole stacks, decompressed), whatever a compact row stores of them;
+    # every batch has a next_obs like its obs.
+    observed = {leaf_name("obs", leaf.path): (leaf.shape, leaf.dtype) for leaf in buffer._obs.leaves}
+    skipped = {leaf_name(kind, leaf.path) for leaf in buffer._obs.leaves for kind in ("obs", "next_obs")}
+    return {**observed, **{spec.name: (tuple(spec.shape), spec.dtype) for spec in buffer.fields
+                           if spec.name not in skipped}}
 
 
 def _check_pair(offline: Any, online: Any) -> None:
@@ -132,7 +130,7 @@ def _check_pair(offline: Any, online: Any) -> None:
         raise EmptyBufferError("offline: the offline buffer is empty; fill it with the dataset (e.g. "
                                "rlbuf.offline.from_minari) before mixing, it is read-only from then on")
     off_options, on_options = (buffer.state_dict(data=False)["options"] for buffer in (offline, online))
-    expected, got = _batch_layout(offline, off_options), _batch_layout(online, on_options)
+    expected, got = _batch_layout(offline), _batch_layout(online)
     for name in [*expected, *(name for name in got if name not in expected)]:
         if name not in got or name not in expected:
             (side, other), (shape, dtype) = (("offline", "online"), expected[name]) if name in expected else (

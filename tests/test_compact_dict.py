@@ -449,3 +449,18 @@ def test_a_refused_add_leaves_the_buffer_as_it_was(compression: str | None) -> N
             assert same(snapshot(buffer), before), match
     buffer.add(obs, action, reward, next_obs, terminated, truncated, env_mask=keep)
     assert buffer.check_valid() == (True, "")
+
+
+def test_a_compact_dict_buffer_mixes_with_an_offline_buffer_of_whole_transitions() -> None:
+    from rlbuf.mixing import MixedReplay
+
+    envs = DictEnvs(1, 2, "reset", 0.1, False, 4)
+    offline = ReplayBuffer(40, obs_shape={"image": (2, *FRAME), "state": (2, *STATE)}, obs_dtype={"image": torch.uint8},
+                           action_shape=(), action_dtype=torch.int64)
+    online = _dict_buffer(40, 1, 2, n_step=2, compression="zstd")
+    for _ in range(30):
+        rows, _ = envs.step()
+        for target in (offline, online):
+            target.add(*_batched(rows))
+    batch = MixedReplay(offline, online, offline_fraction=0.5).sample(8)
+    assert batch.obs["image"].shape == (8, 2, *FRAME) and batch.next_obs["state"].shape == (8, 2, *STATE)
