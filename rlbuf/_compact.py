@@ -110,6 +110,7 @@ class CompactLayout:
         if self.log is not None:
             self.streams.finals = CompressedFinals(self.log)
         self._sampled: tuple[torch.Tensor, Chain] | None = None
+        self._powers = np.array([gamma**i for i in range(n_step + 1)])  # gamma**i as rlbuf._nstep takes it
         self._readers: dict[tuple[str, int], RowReader] = {}
 
     # -- writing -----------------------------------------------------------------------------
@@ -274,32 +275,39 @@ class CompactLayout:
                 f"(up to n_step={self.n_step}) are not added yet, or the oldest frames of its stack "
                 f"(frame_stack={self.frame_stack}) were overwritten")
         device = index.device
-
         log, field, leaves = self.log, self.field, self.row_leaves
-
-        def frames(positions: npt.NDArray[np.int64]) -> torch.Tensor:
-            if log is not None:
-                return torch.from_numpy(log.take(positions)).to(device)
-            return ring.gather(torch.from_numpy(positions).to(device), [field])[field]
-
         one_step = self.n_step == 1
-        columns = ring.gather(index, ["action", *(("reward",) if one_step else ()), *self.extra_names,
+        columns = ring.gather(index, ["action", *self.extra_names,
                                       *(name for pair in leaves for name in (pair if one_step else pair[:1]))])
-        columns[field], columns[self.next_field] = self.streams.stacks(self.frame_shape, chain, frames)
         start = self.frame_stack - 1
         if leaves and not one_step:  # next_obs of a dict's other keys: of the last of the transition's rows
             last = chain.rows[np.arange(len(chain.steps)), start + chain.steps - 1]
             columns.update(ring.gather(torch.from_numpy(last).to(device), [pair[1] for pair in leaves]))
-        steps = torch.from_numpy(chain.steps).to(device)
-        if self.n_step > 1:
+        # A CPU storage: stacks and n-step targets by compiled loops over its numpy views.
+        with ring.reading_arrays() as arrays:
+            if arrays is not None:
+                columns["reward"], columns["discount"] = self.streams.nstep_from(arrays["reward"], chain, self._powers)
+                stacks = None if log is not None else self.streams.stacks_from(arrays[field], chain)
+                if stacks is not None:
+                    columns[field], columns[self.next_field] = stacks
+        if field not in columns:
+
+            def frames(positions: npt.NDArray[np.int64]) -> torch.Tensor:
+                if log is not None:
+                    return torch.from_numpy(log.take(positions)).to(device)
+                return ring.gather(torch.from_numpy(positions).to(device), [field])[field]
+
+            columns[field], columns[self.next_field] = self.streams.stacks(self.frame_shape, chain, frames)
+        terminated = torch.from_numpy(chain.terminated).to(device)
+        columns["terminated"] = terminated
+        columns["truncated"] = torch.from_numpy(chain.truncated).to(device)
+        columns["done"] = torch.from_numpy(chain.ended).to(device)
+        if "reward" not in columns:
+            steps = torch.from_numpy(chain.steps).to(device)
             rows = torch.from_numpy(chain.rows[:, start:start + self.n_step].reshape(-1)).to(device)
             rewards = ring.gather(rows, ["reward"])["reward"].view(len(index), self.n_step)
             columns["reward"] = nstep_return(rewards, steps, self.gamma)
-        terminated = torch.from_numpy(chain.terminated).to(device)
-        truncated = torch.from_numpy(chain.truncated).to(device)
-        columns["terminated"], columns["truncated"] = terminated, truncated
-        columns["done"] = terminated | truncated
-        columns["discount"] = nstep_discount(steps, terminated, self.gamma)
+            columns["discount"] = nstep_discount(steps, terminated, self.gamma)
         if names is None:
             return columns
         return {name: columns[name] for name in names}

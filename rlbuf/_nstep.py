@@ -22,7 +22,8 @@ import torch
 
 
 def nstep_return(rewards: torch.Tensor, steps: torch.Tensor, gamma: float) -> torch.Tensor:
-    """``sum_{i<m} gamma**i * rewards[:, i]`` per row (float64 sums, float32 result).
+    """``sum_{i<m} gamma**i * rewards[:, i]`` per row (float64, summed in step order; float32 result), as the
+    compiled ``rlbuf._streams_numba.nstep_targets`` sums them.
 
     Args:
         rewards: ``[B, n]`` rewards of the steps after each transition's start (entries at
@@ -30,16 +31,18 @@ def nstep_return(rewards: torch.Tensor, steps: torch.Tensor, gamma: float) -> to
         steps: ``m`` per row ``[B]``.
         gamma: the discount.
     """
-    n = rewards.shape[1]
-    powers = [gamma**i for i in range(n)]
     if rewards.is_cpu and steps.is_cpu:  # numpy: each small torch op costs several times more on the CPU
-        used = np.arange(n) < steps.numpy()[:, None]
-        summed = (rewards.to(torch.float64).numpy() * np.array(powers) * used).sum(axis=1)
-        return torch.from_numpy(summed.astype(np.float32))
-    used_t = torch.arange(n, device=rewards.device) < steps.to(rewards.device)[:, None]
-    total = (rewards.to(torch.float64) * torch.tensor(powers, dtype=torch.float64, device=rewards.device)
-             * used_t).sum(dim=1)
-    return total.to(torch.float32)
+        values, counts = rewards.numpy().astype(np.float64), steps.numpy()
+        total = np.zeros(len(values))
+        for i in range(rewards.shape[1]):
+            total += np.where(i < counts, values[:, i] * gamma**i, 0.0)
+        return torch.from_numpy(total.astype(np.float32))
+    values_t = rewards.to(torch.float64)
+    counts_t = steps.to(rewards.device)
+    total_t = torch.zeros(len(values_t), dtype=torch.float64, device=rewards.device)
+    for i in range(rewards.shape[1]):
+        total_t += torch.where(i < counts_t, values_t[:, i] * gamma**i, 0.0)
+    return total_t.to(torch.float32)
 
 
 def nstep_discount(steps: torch.Tensor, terminated: torch.Tensor, gamma: float) -> torch.Tensor:

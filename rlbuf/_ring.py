@@ -43,6 +43,7 @@ from torchrl.data.replay_buffers.samplers import Sampler
 from rlbuf import _torchrl
 from rlbuf._convert import stored_positions
 from rlbuf._delivery import gather_rows
+from rlbuf._derive import derive_rows
 from rlbuf._handout import FlushingReplayBuffer
 from rlbuf._one_row import reading_all, writing_row
 from rlbuf._torchrl_rows import TorchRLRows
@@ -426,8 +427,9 @@ class RowRing:
             if not self.write_through:
                 self.flush()
             elif self.derived and self._derived_rows < self.pending:
-                self._derive((self._pending_start + self._derived_rows) % self.capacity,
-                             self.pending - self._derived_rows)
+                derive_rows(self._arrays or self.leaves, self.derived,
+                            (self._pending_start + self._derived_rows) % self.capacity,
+                            self.pending - self._derived_rows, capacity=self.capacity)
                 self._derived_rows = self.pending
 
     def write_tensors(self, values: Mapping[str, Any], rows: int) -> None:
@@ -493,21 +495,11 @@ class RowRing:
         rb, capacity = self.rb, self.capacity
         cursor = _torchrl.cursor(rb)
         if self.derived and n > derived:
-            self._derive((cursor + derived) % capacity, n - derived)
+            derive_rows(self._arrays or self.leaves, self.derived, (cursor + derived) % capacity, n - derived,
+                        capacity=capacity)
         # On the CPU whatever the storing device: TorchRL reads the last position with .item() and
         # the sum tree works in numpy, so a CUDA index would cost a sync and copies per commit.
         _torchrl.commit_rows(rb, torch.arange(cursor, cursor + n) % capacity, capacity)
-
-    def _derive(self, start: int, n: int) -> None:
-        """Compute the derived fields of the ``n`` stored rows from position ``start`` (wrapping)."""
-        capacity = self.capacity
-        segments = [(start, min(start + n, capacity))]
-        if start + n > capacity:
-            segments.append((0, start + n - capacity))
-        for low, high in segments:
-            views = _RowSlices(self._arrays or self.leaves, low, high)
-            for name, derive in self.derived.items():
-                views[name][...] = derive(views)
 
     # -- reading ---------------------------------------------------------------------------
     def require_rows(self, batch_size: int, *, without_replacement: bool) -> int:
@@ -556,6 +548,25 @@ class RowRing:
                             for name in (names or self.leaves)}
                 return self._select(index, names)
 
+    @contextlib.contextmanager
+    def reading_arrays(self) -> Iterator[Mapping[str, np.ndarray[Any, Any]] | None]:
+        """The stored fields as numpy arrays by name, for a compiled reader, readable (pending rows
+        settled) and held against writers (threads, and writer processes of a shared buffer) while the
+        block runs; ``None`` on a storage that is not in CPU memory. Call nothing that locks the ring
+        inside it (``gather``): a shared buffer's write lock is not re-entrant.
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> ring = ReplayBuffer(4, obs_shape=(2,), action_shape=())._ring
+            >>> with ring.reading_arrays() as arrays:
+            ...     arrays["obs"].shape
+            (4, 2)
+        """
+        with self.lock:
+            self.settle()
+            with _torchrl.write_lock(self.rb):
+                yield self._arrays or None
+
     def _select(self, index: torch.Tensor, names: Sequence[str] | None) -> dict[str, torch.Tensor]:
         arrays = self._arrays
         if not arrays:
@@ -572,24 +583,3 @@ class RowRing:
         if unknown:
             raise MissingFieldError(f"fields: unknown {unknown}; stored fields are {list(self.by_name)}")
 
-
-class _RowSlices(Mapping[str, Any]):
-    """Rows ``[low, high)`` of each leaf, sliced when first asked for (a derivation reads two or
-    three): numpy views of a CPU storage (a few rows' ``done`` costs 1 us in numpy, 16 us in
-    torch, every step of a loop that adds and samples), else tensors."""
-
-    def __init__(self, leaves: Mapping[str, torch.Tensor | np.ndarray[Any, Any]], low: int, high: int) -> None:
-        self.leaves, self.low, self.high = leaves, low, high
-        self.sliced: dict[str, Any] = {}
-
-    def __getitem__(self, name: str) -> Any:
-        rows = self.sliced.get(name)
-        if rows is None:
-            rows = self.sliced[name] = self.leaves[name][self.low:self.high]
-        return rows
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.leaves)
-
-    def __len__(self) -> int:
-        return len(self.leaves)

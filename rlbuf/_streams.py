@@ -235,8 +235,8 @@ class Streams:
         # numba is imported with the first compact buffer, not with rlbuf; its kernels are loaded here.
         from rlbuf._streams_numba import loaded
 
-        self._check_steps, self._record_steps, self._walk_rows = loaded(self._expected_words, self._expected_bytes,
-                                                                        self.back)
+        (self._check_steps, self._record_steps, self._walk_rows, self._build_stacks,
+         self._nstep_targets) = loaded(self._expected_words, self._expected_bytes, self.back)
 
     # -- writing -----------------------------------------------------------------------------
     def check(self, obs: np.ndarray[Any, Any], next_obs: np.ndarray[Any, Any], env_ids: _Ints, terminated: _Bools,
@@ -445,6 +445,49 @@ class Streams:
             for view, padded in ((obs_view, chain.padded[:, :stack]), (next_view, next_padded)):
                 view[padded if obs.is_cpu else torch.from_numpy(padded).to(obs.device)] = 0
         return obs, next_obs
+
+    def stacks_from(self, frames: np.ndarray[Any, Any], chain: Chain) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``stacks`` of frames held in a CPU array (``[capacity, *frame]``, the ring's numpy view), copied
+        once, by the compiled ``build_stacks``, straight into the batch; ``None`` where the frames or the kept
+        final observations are not plain C-contiguous CPU arrays (then ``stacks`` does it).
+
+        Example:
+            >>> streams = Streams(4, 1, (2, 1), torch.uint8, frame_stack=2, padding_type="reset", n_step=1,
+            ...                   storing_device=torch.device("cpu"))
+            >>> frames = np.arange(4, dtype=np.uint8).reshape(4, 1)
+            >>> chain = Chain(np.ones(1, np.bool_), np.array([[1, 2, 3]]), np.zeros((1, 3), np.bool_),
+            ...               np.ones(1, np.int64), np.zeros(1, np.bool_), np.zeros(1, np.bool_), np.full(1, -1))
+            >>> obs, next_obs = streams.stacks_from(frames, chain)
+            >>> obs[0, :, 0].tolist(), next_obs[0, :, 0].tolist()
+            ([1, 2], [2, 3])
+        """
+        finals = self.finals.frames if isinstance(self.finals, FinalFrames) else None
+        if finals is None or not finals.is_cpu or not frames.flags.c_contiguous:
+            return None
+        count, stack = len(chain.steps), self.frame_stack
+        obs = torch.empty((count, *((stack,) if stack > 1 else ()), *frames.shape[1:]), dtype=self.expected.dtype)
+        next_obs = torch.empty_like(obs)
+        stored = self._frame_words(frames)
+        self._build_stacks(stored, self._frame_words(finals.numpy()), chain.rows, chain.padded, chain.steps,
+                           chain.ended, chain.final_slot, self._zero_pad,
+                           self._frame_words(obs.numpy()).reshape(count, stack, stored.shape[1]),
+                           self._frame_words(next_obs.numpy()).reshape(count, stack, stored.shape[1]))
+        return obs, next_obs
+
+    def nstep_from(self, rewards: np.ndarray[Any, Any], chain: Chain, powers: np.ndarray[Any, Any]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The n-step ``reward`` and ``discount`` of complete transitions (as [`rlbuf._nstep`][rlbuf._nstep]
+        gives them), read along the walk from the stored ``rewards`` (a CPU array, one per row), compiled:
+        ``nstep_targets``. ``powers[i]``: ``gamma**i`` for ``i <= n_step``."""
+        count = len(chain.steps)
+        reward, discount = np.empty(count, np.float32), np.empty(count, np.float32)
+        self._nstep_targets(chain.rows, self.frame_stack - 1, chain.steps, chain.terminated,
+                            rewards.reshape(len(rewards)), powers, reward, discount)
+        return torch.from_numpy(reward), torch.from_numpy(discount)
+
+    def _frame_words(self, frames: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """C-contiguous ``[n, ..., *frame]`` as ``[n, words]`` of this stream's word type (no copy)."""
+        return frames.reshape(len(frames), math.prod(frames.shape[1:])).view(np.uint8).view(self._word)
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

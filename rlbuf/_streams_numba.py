@@ -173,24 +173,75 @@ def walk_rows(positions: Any, oldest: int, n_step: int, back: Any, next_: Any, s
         complete[i] = whole
 
 
-def loaded(expected_words: Any, expected_bytes: Any, back: Any) -> tuple[Any, Any, Any]:
-    """``check_steps``, ``record_steps`` and ``walk_rows``, each called once on no rows of a buffer's
-    table types (``expected_words``, ``expected_bytes``: its open stacks as ``as_words`` gives them with and
-    without frames; ``back``: its table of older rows), so numba loads (or compiles) them now: a buffer's
-    constructor, not its first add, pays the second that takes.
+@numba.njit(**_JIT, inline="always")  # type: ignore[untyped-decorator]
+def _copy(destination: Any, source: Any, zero: bool) -> None:  # pragma: no cover (compiled)
+    """``destination[:] = 0 if zero else source``, word by word (twice as fast as numba's slice assignment)."""
+    if zero:
+        for w in range(destination.shape[0]):
+            destination[w] = 0
+    else:
+        for w in range(destination.shape[0]):
+            destination[w] = source[w]
+
+
+@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+def build_stacks(frames: Any, finals: Any, rows: Any, padded: Any, steps: Any, ended: Any, final_slot: Any,
+                 zero_pad: bool, obs: Any, next_obs: Any) -> None:  # pragma: no cover (compiled)
+    """Copy each transition's ``obs`` and ``next_obs`` stacks (``[B, stack, words]``) from stored
+    ``frames`` (``[capacity, words]``) along a walk's ``rows``, as ``Streams.stacks`` rebuilds them.
+
+    ``next_obs`` of row ``i`` is the stack ``steps[i]`` rows later, its newest frame the kept final
+    observation ``finals[final_slot[i]]`` where the episode ``ended``; with ``zero_pad`` a frame
+    before the episode start is zeros.
+    """
+    stack = obs.shape[1]
+    for i in range(rows.shape[0]):
+        for j in range(stack):
+            _copy(obs[i, j], frames[rows[i, j]], zero_pad and padded[i, j])
+            k = steps[i] + j
+            if ended[i] and j == stack - 1:
+                _copy(next_obs[i, j], finals[final_slot[i]], False)
+            else:
+                _copy(next_obs[i, j], frames[rows[i, k]], zero_pad and padded[i, k])
+
+
+@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+def nstep_targets(rows: Any, start: int, steps: Any, terminated: Any, rewards: Any, powers: Any, reward: Any,
+                  discount: Any) -> None:  # pragma: no cover (compiled)
+    """Each transition's n-step ``reward`` (``sum_{i<m} gamma**i * r``, in float64, summed in step order) and
+    ``discount`` (``gamma**m``, 0 when it terminated) from stored ``rewards`` read along a walk's ``rows``
+    (the transition's first row at column ``start``; ``powers[i]``: ``gamma**i``); see ``rlbuf._nstep``."""
+    for i in range(rows.shape[0]):
+        total = 0.0
+        for step in range(steps[i]):
+            total += np.float64(rewards[rows[i, start + step]]) * powers[step]
+        reward[i] = np.float32(total)
+        discount[i] = 0.0 if terminated[i] else np.float32(powers[steps[i]])
+
+
+def loaded(expected_words: Any, expected_bytes: Any, back: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """``check_steps``, ``record_steps``, ``walk_rows``, ``build_stacks`` and ``nstep_targets``, each called once
+    on no rows of a buffer's table types (``expected_words``, ``expected_bytes``: its open stacks as
+    ``as_words`` gives them with and without frames; ``back``: its table of older rows), so numba loads (or
+    compiles) them now: a buffer's constructor, not its first add or sample, pays the second that takes.
 
     Example:
         >>> from rlbuf._streams import as_words
         >>> words = as_words(np.zeros((1, 2, 8), np.uint8), 8)
-        >>> check, record, walk = loaded(words, as_words(np.zeros((1, 2, 8), np.uint8), 0), np.zeros((4, 1), np.int64))
-        >>> check is check_steps
-        True
+        >>> kernels = loaded(words, as_words(np.zeros((1, 2, 8), np.uint8), 0), np.zeros((4, 1), np.int64))
+        >>> kernels[0] is check_steps, kernels[3] is build_stacks
+        (True, True)
     """
     none, flags, tables = np.zeros(0, np.int64), np.zeros(0, np.bool_), np.zeros(len(back), np.int64)
     marks = np.zeros(len(back), np.bool_)
+    width = back.shape[1] + 2
+    walked, padded = np.zeros((0, width), np.int64), np.zeros((0, width), np.bool_)
     check_steps(expected_words[:0], expected_words[:0], expected_words, none, none, 1, False)
     record_steps(none, 0, flags, flags, 0, back, tables, marks, marks, tables, tables, none, none, expected_bytes[:0],
                  expected_bytes)
-    walk_rows(none, 0, 1, back, tables, marks, marks, tables, np.zeros((0, back.shape[1] + 2), np.int64),
-              np.zeros((0, back.shape[1] + 2), np.bool_), none, flags, flags, none, flags)
-    return check_steps, record_steps, walk_rows
+    walk_rows(none, 0, 1, back, tables, marks, marks, tables, walked, padded, none, flags, flags, none, flags)
+    stacked = np.zeros((0, back.shape[1] + 1, expected_words.shape[1] // (back.shape[1] + 1)), expected_words.dtype)
+    build_stacks(stacked[:, 0].copy(), stacked[:, 0].copy(), walked, padded, none, flags, none, False, stacked, stacked)
+    rewards = np.zeros(0, np.float32)
+    nstep_targets(walked, 0, none, flags, rewards, np.ones(1), rewards, rewards)
+    return check_steps, record_steps, walk_rows, build_stacks, nstep_targets

@@ -1,4 +1,4 @@
-"""The compiled stream check, record and walk agree with the numpy path and a plain numpy walk, table for table.
+"""The compiled stream check, record, walk, stacks and n-step targets agree with the numpy path and a plain numpy walk, table for table.
 
 The numpy path (``Streams.check``/``Streams.record`` for rows of any envs) is the reference here,
 itself held to a plain reference by the compact layout's property tests. Steps are drawn with
@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlbuf import _streams
+from rlbuf._nstep import nstep_discount, nstep_return
 from rlbuf._streams import Chain, Streams
 from rlbuf.errors import StreamError
 
@@ -96,8 +97,35 @@ def test_the_compiled_path_matches_the_numpy_path(capacity: int, num_envs: int, 
             reference, positions, write_count, size)
         for name in Chain.__slots__:
             assert getattr(walked, name).tolist() == getattr(expected_walk, name).tolist(), name
+        _assert_compiled_batches_match(compiled, walked, frame, data)
         for env in np.flatnonzero(terminated | truncated):
             stacks[env] = None
+
+
+def _assert_compiled_batches_match(streams: Streams, walked: Chain, frame: tuple[int, ...],
+                                   data: st.DataObject) -> None:
+    """The compiled stacks and n-step targets of the complete walked rows equal ``Streams.stacks`` and
+    ``rlbuf._nstep``'s, on stored frames and rewards drawn at random (zeros, ties and signs included)."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    stored = rng.integers(0, 255, (streams.capacity, *frame), dtype=np.uint8)
+    rewards = rng.choice(np.array([0.0, -0.0, 1.0, -1.5, 0.1, 3e7], np.float32), streams.capacity)
+    complete = np.flatnonzero(walked.complete)
+    chain = Chain(*(getattr(walked, name)[complete] for name in Chain.__slots__))
+    built = streams.stacks_from(stored, chain)
+    assert built is not None
+    expected = streams.stacks(frame, chain, lambda positions: torch.from_numpy(stored[positions]))
+    for got, want in zip(built, expected, strict=True):
+        assert got.dtype == want.dtype and got.tolist() == want.tolist()
+    gamma = data.draw(st.sampled_from([0.99, 0.5, 1.0, 0.0]))
+    reward, discount = streams.nstep_from(rewards, chain, np.array([gamma**i for i in range(streams.n_step + 1)]))
+    start = streams.frame_stack - 1
+    walked_rewards = torch.from_numpy(rewards[chain.rows[:, start:start + streams.n_step]])
+    steps, ended_by_death = torch.from_numpy(chain.steps), torch.from_numpy(chain.terminated)
+    assert reward.tolist() == nstep_return(walked_rewards, steps, gamma).tolist()
+    assert discount.tolist() == nstep_discount(steps, ended_by_death, gamma).tolist()
+    for row, m in enumerate(chain.steps.tolist()):  # summed in step order, as a plain loop sums them
+        total = sum(gamma**i * float(rewards[chain.rows[row, start + i]]) for i in range(m))
+        assert reward[row].item() == np.float32(total)
 
 
 def _numpy_only(call: Any) -> Any:
