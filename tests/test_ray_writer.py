@@ -228,3 +228,23 @@ def test_a_dead_shard_is_restarted_from_the_last_checkpoint_and_what_was_lost_is
         assert len(service.shard_restarts) == 1
     with pytest.raises(ConfigError, match=r"restart_from: expected None or the path service\.save writes to"):
         ReplayService(64, obs_shape=(4,), action_shape=(), restart_from=3)
+
+
+def test_rlbuf_demo_apex_runs_with_a_checkpoint_and_resumes_exactly(tmp_path: Path) -> None:
+    """``rlbuf demo apex`` in short: actors with their own epsilon add steps through writers, the
+    learner samples under the limiter, checkpoints are written while the actors write, and the
+    learner's next steps after restoring the final checkpoint equal those of the run that kept going."""
+    from rlbuf.demos._options import ApexArgs
+    from rlbuf.demos.apex import run
+
+    out = tmp_path / "apex"
+    summary = run(ApexArgs(frames=800, chunk=100, batch_steps=25, checkpoint_every=400, learning_starts=100,
+                           buffer_size=4_000, out=str(out), progress=False))
+    assert summary["status"] == "finished" and summary["resume_exact"] is True
+    assert summary["shard_sizes"] == [summary["frames"]] and summary["frames"] >= 800
+    counters = summary["limiter_counters"][0]
+    assert counters["inserts"] == summary["frames"] and counters["samples"] == 64 * summary["learner_steps"]
+    assert summary["epsilons"][0] == 0.4 and summary["epsilons"][1] == pytest.approx(0.4 ** 8)
+    saved = sorted(path.name for path in (out / "checkpoints").iterdir())
+    assert "frames-400" in saved and f"frames-{summary['frames']}" in saved
+    assert ReplayBuffer.load(out / "checkpoints" / "frames-400" / "shard_0").size >= 100   # written mid-run

@@ -5,6 +5,7 @@
 - ``rlbuf.demos.ppo_continuous``: PPO on Pendulum-v1 through a gymnasium vector env and the Recorder.
 - ``rlbuf.demos.distill``: DAgger from a PPO teacher to a smaller student via the DistillationBuffer.
 - ``rlbuf.demos.her``: DQN with hindsight relabelling on a bit-flipping goal env (``rlbuf.demos.bitflip``).
+- ``rlbuf.demos.apex``: Ape-X-shaped DQN: actor processes on Ray, one learner, a rate-limited replay service.
 
 Each module has an ``Args`` dataclass (its options, defined in ``rlbuf.demos._options`` so that
 ``--help`` needs no torch) and ``run(args)``. What they share:
@@ -13,7 +14,7 @@ Each module has an ``Args`` dataclass (its options, defined in ``rlbuf.demos._op
 
 Example:
     >>> sorted(DEMOS)
-    ['distill', 'dqn', 'her', 'ppo', 'ppo-continuous']
+    ['apex', 'distill', 'dqn', 'her', 'ppo', 'ppo-continuous']
 """
 
 DEMOS = {
@@ -24,5 +25,7 @@ DEMOS = {
     "distill": "DAgger on CartPole-v1: a PPO teacher labels a smaller student's states in a DistillationBuffer",
     "her": "DQN on 15-bit flipping, a sparse-reward goal env: Recorder + ReplayBuffer(hindsight=Hindsight(...)) "
            "(--no-hindsight: the baseline that learns nothing)",
+    "apex": "Ape-X-shaped DQN on CartPole-v1: actor processes with their own epsilon, one learner, a rate-limited "
+            "ReplayService on Ray, a checkpoint while actors write and an exact-resume check (needs rlbuf[ray])",
 }
 """Demo name -> one line of what it does."""

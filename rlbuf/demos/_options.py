@@ -208,6 +208,28 @@ class HERArgs(RunArgs):
     hidden: int = arg(128, "hidden units of the Q-network's two layers")
 
 
+@dataclass
+class ApexArgs(RunArgs):
+    """Ape-X options: actor processes, one learner, a rate-limited replay service on Ray."""
+
+    frames: int = arg(20_000, "environment frames to collect in all, over all actors")
+    checkpoint_every: int = arg(10_000, "save the replay service every this many frames (while the actors write)")
+    num_actors: int = arg(2, "actor processes, each with its own CartPole and its own epsilon")
+    chunk: int = arg(200, "env steps an actor takes on one copy of the learner's weights")
+    batch_steps: int = arg(50, "env steps an actor's writer gathers before sending them as one batch")
+    buffer_size: int = arg(50_000, "replay capacity (transitions)")
+    batch_size: int = arg(64, "transitions per gradient step")
+    samples_per_insert: float = arg(8.0, "rate limiter: sampled transitions per inserted one")
+    learning_starts: int = arg(500, "transitions stored before the learner samples")
+    alpha: float = arg(0.6, "PER priority exponent")
+    beta: float = arg(0.4, "PER importance-sampling exponent")
+    lr: float = arg(1e-3, "Adam learning rate")
+    gamma: float = arg(0.99, "discount")
+    tau: float = arg(0.01, "target update after every step: target += tau * (online - target)")
+    hidden: int = arg(64, "hidden units of the Q-network's two layers")
+    resume_check_steps: int = arg(4, "learner steps compared after restoring the final checkpoint")
+
+
 ARGS: dict[str, type[RunArgs]] = {"ppo": PPOArgs, "dqn": DQNArgs, "ppo-continuous": PPOContinuousArgs,
-                                  "distill": DistillArgs, "her": HERArgs}
+                                  "distill": DistillArgs, "her": HERArgs, "apex": ApexArgs}
 """Demo name (as in ``rlbuf.demos.DEMOS``) -> its options."""
