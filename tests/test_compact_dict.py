@@ -5,6 +5,7 @@ compression, the Recorder, extend and checkpoints; refusals leave the buffer as 
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -464,3 +465,34 @@ def test_a_compact_dict_buffer_mixes_with_an_offline_buffer_of_whole_transitions
             target.add(*_batched(rows))
     batch = MixedReplay(offline, online, offline_fraction=0.5).sample(8)
     assert batch.obs["image"].shape == (8, 2, *FRAME) and batch.next_obs["state"].shape == (8, 2, *STATE)
+
+
+def test_a_saved_checkpoint_with_another_image_key_is_refused(tmp_path: Path) -> None:
+    """Two image keys of one shape: a manifest naming the other one rebuilds a buffer whose fields differ."""
+    frame = np.zeros((2, *FRAME), np.uint8)
+    buffer = ReplayBuffer(10, obs_shape={"a": (2, *FRAME), "b": (2, *FRAME)}, obs_dtype=torch.uint8,
+                          action_shape=(), frame_stack=2, compact_key="a")
+    for _ in range(4):
+        buffer.add({"a": frame, "b": frame}, 0.0, 1.0, {"a": frame, "b": frame}, False, truncated=False)
+    buffer.save(tmp_path / "ckpt")
+    manifest = tmp_path / "ckpt" / "manifest.json"
+    saved = json.loads(manifest.read_text())
+    assert saved["state"]["options"]["compact_key"] == "a"
+    saved["state"]["options"]["compact_key"] = "b"
+    manifest.write_text(json.dumps(saved))
+    with pytest.raises(CheckpointError, match=r"fields .* differ from this buffer's"):
+        ReplayBuffer.load(tmp_path / "ckpt")
+
+
+def test_sample_by_index_gathers_the_keys_asked_for() -> None:
+    buffer = _dict_buffer(20, 2, 2, n_step=2)
+    envs = DictEnvs(2, 2, "reset", 0.2, False, 9)
+    for _ in range(10):
+        buffer.add(*_batched(envs.step()[0]))
+    full = buffer.sample_all()
+    only = buffer.sample_by_index(full.index, fields=['obs["image"]', 'next_obs["state"]', "reward"])
+    assert torch.equal(only.extras['obs["image"]'], full.obs["image"])
+    assert torch.equal(only.extras['next_obs["state"]'], full.next_obs["state"])
+    assert torch.equal(only.reward, full.reward)
+    with pytest.raises(MissingFieldError, match="unknown"):
+        buffer.sample_by_index(full.index, fields=["obs"])
