@@ -19,23 +19,42 @@ Peers (each buffer's actors take no CPU reservation; the writers take one each):
 * ``... + rate limiter``: the same with a ``RateLimiter`` whose band never binds here, so what
   it costs is its checks and, on ``sample``, the extra round trip that waits on every shard.
 
+``--atari``: learner batches/s of ``sample(256)`` on real Breakout transitions (84x84 uint8
+frames, stacks of 4, from ``tests/data/breakout_steps.npz``, repeated to ``--transitions``),
+each peer holding the same transitions: TorchRL's ``RayReplayBuffer`` (both stacks stored per
+transition), a 2-shard service with the compact layout (``frame_stack=4, n_step=3``: each frame
+stored once, the stacks rebuilt in the shard), and the same with zstd-compressed frames. Beside
+them, what one shard's ``ReplayBuffer.sample(256)`` takes here without Ray, to show what the
+round trip adds.
+
+``--soak SECONDS``: two writer actors ``add`` single CartPole-shaped steps (``batch_steps``
+64) while the learner samples as fast as it can, for ``SECONDS``, with a rate limiter on;
+every second the samples-per-insert ratio of each shard is recorded, and the largest distance of
+``diff`` from its target, against the error buffer, is reported.
+
 Ratios are to TorchRL's ``RayReplayBuffer``. From the repository root::
 
     PYTHONPATH=. python benchmarks/ray_service.py            # about 3 minutes on 2 cores
     PYTHONPATH=. python benchmarks/ray_service.py --quick    # smoke run
+    PYTHONPATH=. python benchmarks/ray_service.py --atari    # about 3 minutes
+    PYTHONPATH=. python benchmarks/ray_service.py --soak 600
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
 import time
 import warnings
 from functools import partial
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from _timing import time_interleaved
 from tensordict import TensorDict
 
 OBS = 23  # 2 x 92 B of observations + 8 + 4 + 3 = 199 bytes a row
@@ -74,8 +93,181 @@ class Writer:
         return start, time.time()
 
 
+def breakout_steps(repeats: int) -> TensorDict:
+    """The recorded Breakout steps of 2 envs, ``repeats`` times over, as a ``(2, T)`` TensorDict of stacks.
+
+    Each repeat's last step is marked truncated, so the streams continue across repeats.
+    """
+    data = np.load(Path(__file__).parents[1] / "tests" / "data" / "breakout_steps.npz")
+    terminated, truncated = data["terminated"], data["truncated"].copy()
+    truncated[-1] |= ~terminated[-1]
+    per_env: list[tuple[np.ndarray, np.ndarray]] = []
+    for env in range(2):
+        frames, at, first = data[f"frames_{env}"], 0, 0
+        obs, next_obs = [], []
+        for t in range(len(terminated)):
+            window = [max(first, at - 3 + i) for i in range(4)]
+            obs.append(frames[window])
+            next_obs.append(frames[[max(first, at - 2 + i) for i in range(4)]])
+            at += 1
+            if terminated[t, env] or truncated[t, env]:
+                at += 1    # the next episode's first frame follows the final one
+                first = at
+        per_env.append((np.stack(obs), np.stack(next_obs)))
+    obs = torch.from_numpy(np.stack([o for o, _ in per_env]))
+    next_obs = torch.from_numpy(np.stack([n for _, n in per_env]))
+    one = TensorDict({
+        "observation": obs, "action": torch.from_numpy(data["action"].T.copy()),
+        ("next", "observation"): next_obs, ("next", "reward"): torch.from_numpy(data["reward"].T.copy()),
+        ("next", "terminated"): torch.from_numpy(terminated.T.copy()),
+        ("next", "truncated"): torch.from_numpy(truncated.T.copy()),
+    }, batch_size=[2, len(terminated)])
+    one["next", "done"] = one["next", "terminated"] | one["next", "truncated"]
+    return torch.cat([one] * repeats, dim=1)
+
+
+def atari(args: argparse.Namespace) -> None:
+    """Learner batches/s on Breakout transitions: TorchRL's RayReplayBuffer and the compact service."""
+    import ray
+    from torchrl.data import LazyTensorStorage, RayReplayBuffer
+
+    from rlbuf import ReplayBuffer
+    from rlbuf.ray import ReplayService
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+             _node_ip_address="127.0.0.1")
+    repeats = max(1, args.transitions // 1200)
+    steps = breakout_steps(repeats)                      # (2 envs, T): one shard's worth
+    per_shard = steps.batch_size.numel()
+    flat = steps.reshape(-1)
+    free = {"num_cpus": 0}
+    options: dict[str, Any] = {"obs_shape": (4, 84, 84), "obs_dtype": torch.uint8, "action_shape": (),
+                               "action_dtype": torch.int64, "num_envs": 2, "frame_stack": 4, "n_step": 3, "seed": 0}
+    torchrl_rb = RayReplayBuffer(storage=partial(LazyTensorStorage, 2 * per_shard), batch_size=BATCH,
+                                 remote_config=free)
+    services = {"rlbuf service, compact": ReplayService(2 * per_shard, num_shards=2, actor_options=free, **options),
+                "rlbuf service, compact + zstd": ReplayService(2 * per_shard, num_shards=2, actor_options=free,
+                                                               compression="zstd", **options)}
+    chunk = 600
+    for _ in range(2):                                   # the same transitions in each shard
+        for start in range(0, per_shard, chunk):
+            torchrl_rb.extend(flat[start:start + chunk])
+    for service in services.values():
+        for w in range(2):
+            writer = service.writer(writer_id=w)
+            for start in range(0, steps.batch_size[1], chunk // 2):
+                writer.extend(steps[:, start:start + chunk // 2])
+    assert len(torchrl_rb) == 2 * per_shard and all(len(s) == 2 * per_shard for s in services.values())
+    local = {name: ReplayBuffer(per_shard, **options, **extra) for name, extra in
+             (("one shard's sample, no Ray", {}), ("... with zstd frames", {"compression": "zstd"}))}
+    for buffer in local.values():
+        buffer.extend(steps)
+    peers: dict[str, Any] = {"torchrl RayReplayBuffer": lambda: torchrl_rb.sample(BATCH)}
+    peers.update({name: partial(service.sample, BATCH) for name, service in services.items()})
+    peers.update({name: partial(buffer.sample, BATCH) for name, buffer in local.items()})
+    per_call = time_interleaved(peers, repeats=args.rounds, number=args.samples)
+    print(f"Breakout transitions (84x84 uint8, stacks of 4), {2 * per_shard:,} in each peer; sample({BATCH}); "
+          f"{args.rounds} rounds of {args.samples}, medians; load average {os.getloadavg()[0]:.2f}")
+    base = 1 / per_call["torchrl RayReplayBuffer"]
+    print(f"{'peer':36} {'batches/s':>10} {'ratio':>6} {'ms/batch':>9}")
+    for name, seconds in per_call.items():
+        print(f"{name:36} {1 / seconds:10,.1f} {1 / seconds / base:6.2f} {seconds * 1e3:9.2f}")
+    batch = services["rlbuf service, compact + zstd"].sample(BATCH)
+    assert batch.obs.shape == (BATCH, 4, 84, 84) and batch.obs.dtype == torch.uint8
+    torchrl_rb.close()
+    for service in services.values():
+        service.close()
+    ray.shutdown()
+
+
+class StepWriter:
+    """A writer actor for ``--soak``: ``add`` of single 2-env CartPole-shaped steps until told to stop."""
+
+    def __init__(self, writer: Any, seed: int) -> None:
+        torch.set_num_threads(1)
+        self.writer, self.generator = writer, torch.Generator().manual_seed(seed)
+
+    def ready(self) -> bool:
+        return True
+
+    def run(self, seconds: float) -> int:
+        steps, end = 0, time.monotonic() + seconds
+        obs = torch.randn(2, 4, generator=self.generator)
+        while time.monotonic() < end:
+            next_obs = torch.randn(2, 4, generator=self.generator)
+            self.writer.add(obs, torch.randint(0, 2, (2,), generator=self.generator), torch.ones(2), next_obs,
+                            torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.bool))
+            obs, steps = next_obs, steps + 1
+        self.writer.flush()
+        return steps
+
+
+def soak(args: argparse.Namespace) -> None:
+    """Writers and a learner for ``args.soak`` seconds with the limiter on: the ratio over time."""
+    import ray
+
+    from rlbuf import RateLimitTimeoutError
+    from rlbuf.ray import RateLimiter, ReplayService
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+             _node_ip_address="127.0.0.1")
+    spi, min_size, error = 4.0, 1_000, 4_000.0
+    limiter = RateLimiter(samples_per_insert=spi, min_size_to_sample=min_size, error_buffer=error)
+    target = spi * min_size
+    with ReplayService(2 * 100_000, num_shards=2, obs_shape=(4,), action_shape=(), action_dtype=torch.int64,
+                       num_envs=2, rate_limiter=limiter, timeout=120.0, seed=0, actor_options={"num_cpus": 0},
+                       prioritized=True) as service:
+        writers = [ray.remote(num_cpus=1)(StepWriter).remote(service.writer(writer_id=w, batch_steps=64), w)
+                   for w in range(2)]
+        ray.get([writer.ready.remote() for writer in writers])         # actor start-up is not timed
+        runs = [writer.run.remote(args.soak) for writer in writers]
+        start = time.monotonic()
+        next_report, batches, held, worst = start + 1.0, 0, 0, 0.0
+        timeline: list[tuple[float, list[float], list[float]]] = []
+        last: list[dict[str, int]] | None = None
+        while len(ray.wait(runs, num_returns=2, timeout=0)[0]) < 2:   # until the writers stop
+            try:
+                batch = service.sample(BATCH, timeout=1.0)
+            except RateLimitTimeoutError:    # held a second: the writers are behind (or have stopped)
+                held += 1
+                continue
+            service.update_priority(batch.index, batch.reward + 0.1)
+            batches += 1
+            if time.monotonic() >= next_report:
+                counters = [limiter_state["counters"] for limiter_state in service.rate_limiters() or []]
+                diffs = [c["inserts"] * spi - c["samples"] for c in counters]
+                if all(c["inserts"] - c["deletes"] >= min_size for c in counters):
+                    worst = max([worst, *(abs(d - target) for d in diffs)])
+                    if last is not None:   # samples per insert over the last second, each shard
+                        ratios = [(c["samples"] - b["samples"]) / max(c["inserts"] - b["inserts"], 1)
+                                  for c, b in zip(counters, last, strict=True)]
+                        timeline.append((time.monotonic() - start, ratios, diffs))
+                    last = counters
+                next_report = time.monotonic() + 1.0
+        steps = ray.get(runs)
+        load = os.getloadavg()
+    print(f"soak: {args.soak:.0f} s, 2 writers adding single 2-env steps (batch_steps 64), a learner sampling {BATCH} "
+          f"with priorities; limiter samples_per_insert={spi}, min_size_to_sample={min_size}, error_buffer={error}")
+    print(f"learner batches: {batches:,} ({batches / args.soak:,.1f}/s, {held} samples held 1 s by the limiter); "
+          f"writer steps: {steps} "
+          f"({sum(steps) * 2 / args.soak:,.0f} rows/s); load average (1, 5, 15 min) {load}")
+    for at, ratios, diffs in timeline[:: max(1, len(timeline) // 10)]:
+        print(f"  t={at:6.1f} s  samples/insert over the last second, per shard {[f'{r:.2f}' for r in ratios]}  "
+              f"diff - target {[f'{d - target:+.0f}' for d in diffs]}")
+    windows = [r for _, ratios, _ in timeline for r in ratios]
+    if windows:
+        print(f"samples/insert over 1-s windows, every shard: median {statistics.median(windows):.2f}, "
+              f"min {min(windows):.2f}, max {max(windows):.2f} ({len(windows)} windows)")
+    print(f"largest |diff - target| once sampling started: {worst:.0f} (error buffer {error:.0f}): "
+          f"{'held' if worst <= error else 'NOT held'}")
+    ray.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--atari", action="store_true", help="learner batches/s on Breakout transitions")
+    parser.add_argument("--transitions", type=int, default=12_000, help="--atari: transitions in each peer")
+    parser.add_argument("--soak", type=float, default=0.0, help="seconds of writers + learner with the limiter on")
     parser.add_argument("--rows", type=int, default=1024, help="rows per writer batch")
     parser.add_argument("--batches", type=int, default=100, help="batches per writer per round")
     parser.add_argument("--rounds", type=int, default=3, help="write rounds and sample rounds")
@@ -86,6 +278,12 @@ def main() -> None:
         args.batches, args.rounds, args.samples = 10, 1, 20
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
+    if args.atari:
+        atari(args)
+        return
+    if args.soak:
+        soak(args)
+        return
 
     import ray
     from torchrl.data import LazyTensorStorage, RayReplayBuffer
