@@ -496,3 +496,15 @@ def test_sample_by_index_gathers_the_keys_asked_for() -> None:
     assert torch.equal(only.reward, full.reward)
     with pytest.raises(MissingFieldError, match="unknown"):
         buffer.sample_by_index(full.index, fields=["obs"])
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_extra_fields_are_stored_with_each_row(masked: bool) -> None:
+    buffer = _dict_buffer(20, 2, 2, n_step=2, extra_fields={"code": ((2,), torch.int64)})
+    envs = DictEnvs(2, 2, "reset", 0.0, False, 2)
+    for t in range(6):
+        codes = torch.tensor([[t, 0], [t, 1]])
+        buffer.add(*_batched(envs.step()[0]), code=codes, env_mask=np.ones(2, bool) if masked else None)
+    data = buffer.sample_all()  # rows 0..9 complete (each env's last step waits for the step after it)
+    serials = data.index.tolist()
+    assert data.extras["code"].tolist() == [[serial // 2, serial % 2] for serial in serials]
