@@ -505,6 +505,6 @@ def test_extra_fields_are_stored_with_each_row(masked: bool) -> None:
     for t in range(6):
         codes = torch.tensor([[t, 0], [t, 1]])
         buffer.add(*_batched(envs.step()[0]), code=codes, env_mask=np.ones(2, bool) if masked else None)
-    data = buffer.sample_all()  # rows 0..9 complete (each env's last step waits for the step after it)
+    data = buffer.sample_all()  # the complete ones: each env's last n_step steps wait for the steps after them
     serials = data.index.tolist()
     assert data.extras["code"].tolist() == [[serial // 2, serial % 2] for serial in serials]
