@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -26,7 +27,7 @@ from tensordict import TensorDictBase
 from rlbuf._ray_calls import get
 from rlbuf._ray_wire import to_wire
 from rlbuf._state import _option_from_json
-from rlbuf.errors import ConfigError, NotPicklableError, ShapeError
+from rlbuf.errors import ConfigError, NotPicklableError, RlbufError, ShapeError
 from rlbuf.replay import ReplayBuffer
 
 # Options of the shards' buffers a staging buffer leaves out: it stores plain rows, in order, on the CPU.
@@ -166,9 +167,9 @@ class ServiceWriter:
             ShapeError, DtypeError, StreamError ...: as [`ReplayBuffer.extend`][rlbuf.ReplayBuffer.extend];
                 nothing is stored.
             ConfigError: a round-robin writer of a compact layout.
-            RateLimitTimeoutError: the shard's rate limiter held the batch for ``timeout`` seconds;
-                ShardDiedError: the shard's actor is gone. In both cases the batch stays in the
-                writer (``pending``): the next ``flush`` sends it; never send it again.
+            RateLimitTimeoutError, ShardDiedError: the shard's rate limiter held the batch for
+                ``timeout`` seconds, or the shard's actor is gone; the batch stays in the writer
+                (``pending``): the next ``flush`` sends it, never send it again.
         """
         if not isinstance(td, TensorDictBase):
             raise ShapeError(f"td: expected a TensorDict with a batch size, got {type(td).__name__}; wrap it: "
@@ -245,8 +246,12 @@ class ServiceWriter:
     def __enter__(self) -> ServiceWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.flush()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.flush()
+            return
+        with contextlib.suppress(RlbufError):  # the block's own error is the one to see
+            self.flush()
 
 
 def _rows(batch_size: Sequence[int]) -> int:

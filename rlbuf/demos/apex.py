@@ -60,7 +60,7 @@ def epsilon(i: int, n: int, base: float = 0.4, alpha: float = 7.0) -> float:
         >>> round(epsilon(0, 3), 4), round(epsilon(2, 3), 6)
         (0.4, 0.000655)
     """
-    return base ** (1 + alpha * i / max(n - 1, 1))
+    return float(base ** (1 + alpha * i / max(n - 1, 1)))
 
 
 class Actor:
