@@ -164,7 +164,8 @@ class BufferState:
 
     def _header(self, data: bool) -> dict[str, Any]:
         ring = self._ring
-        return {"kind": type(self).__name__, "options": self._options, "capacity": ring.capacity,
+        # A copy: what a caller does to a state dict must not change the buffer's options.
+        return {"kind": type(self).__name__, "options": copy.deepcopy(self._options), "capacity": ring.capacity,
                 "sampler_kind": type(ring.rb.sampler).__name__, "spec": [spec.to_json() for spec in ring.specs],
                 "data": data}
 

@@ -191,6 +191,16 @@ def test_a_rollout_saved_mid_collection_after_an_earlier_rollout_loads(tmp_path:
     assert RolloutBuffer.load(tmp_path / "ckpt").steps == 1
 
 
+def test_changing_a_state_dict_leaves_the_buffer_and_its_next_state_dict_as_they_were(tmp_path: Path) -> None:
+    buf = ReplayBuffer(8, obs_shape={"image": (2, 3), "state": (4,)}, action_shape=(), seed=0)
+    state, before = buf.state_dict(), json.dumps(buf.state_dict()["options"], sort_keys=True)
+    state["options"]["capacity"] = 99
+    state["options"]["obs_shape"]["state"] = [5]
+    assert json.dumps(buf.state_dict()["options"], sort_keys=True) == before
+    buf.save(tmp_path / "ckpt")
+    assert ReplayBuffer.load(tmp_path / "ckpt").capacity == 8
+
+
 def test_a_replay_buffer_saved_after_clear_and_a_few_adds_loads(tmp_path: Path) -> None:
     buf = make("replay", capacity=8, num_envs=1)
     data = torch.Generator().manual_seed(0)
