@@ -1,15 +1,12 @@
-"""Reading a Minari dataset for [`from_minari`][rlbuf.offline.from_minari]: its spaces, its episodes checked one
-by one, and the rows of a chunk of episodes as one TorchRL tensordict.
+"""A Minari dataset for [`from_minari`][rlbuf.offline.from_minari]: opened (never downloaded), its spaces, and
+its episodes checked one by one.
 
 An episode of ``T`` steps holds ``T + 1`` observations (the final one last), ``T`` actions, rewards,
 ``terminations`` and ``truncations``. [`check_episode`][rlbuf._minari_read.check_episode] refuses anything else
-with a message that names the episode, the field, what was expected, what was received and the fix;
-[`chunk_rows`][rlbuf._minari_read.chunk_rows] turns checked episodes into rows: row ``t`` holds ``obs[t]``,
-``next_obs = obs[t + 1]`` and the step's flags as they are.
+with a message that names the episode, the field, what was expected, what was received and the fix.
+``rlbuf._minari_chunks`` reads the episodes (a chunk at a time) and makes their rows.
 
-This module and ``rlbuf._minari_write`` are rlbuf's one seam to Minari: besides Minari's public
-reader, it reads the HDF5 layout of Minari 0.5 with h5py directly (pinned against Minari's reader by
-``tests/test_offline.py``).
+This module, ``rlbuf._minari_chunks`` and ``rlbuf._minari_write`` are rlbuf's seam to Minari.
 
 Example:
     >>> import gymnasium as gym
@@ -20,9 +17,6 @@ Example:
     ...            "truncations": np.array([False, False])}
     >>> check_episode(episode, spaces)
     2
-    >>> td = chunk_rows([episode], spaces, exact_reward=False)
-    >>> td["next", "terminated"].tolist()
-    [False, True]
 """
 
 from __future__ import annotations
@@ -30,15 +24,13 @@ from __future__ import annotations
 import importlib
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from gymnasium import spaces as gym_spaces
-from tensordict import TensorDict
 
 from rlbuf.errors import (
     ConfigError,
@@ -295,62 +287,6 @@ def episode_seed(seed: Any, episode: Any) -> int:
     return int(seed)
 
 
-def chunk_rows(episodes: Sequence[Mapping[str, Any]], spaces: Spaces, *, exact_reward: bool,
-               episode_fields: bool = True, infos: Sequence[str] = (), options: Sequence[str] = ()) -> TensorDict:
-    """The rows of checked episodes, in order, as a TorchRL tensordict for ``ReplayBuffer.extend``.
-
-    Row ``t`` of an episode: ``observation = obs[t]``, ``("next", "observation") = obs[t + 1]``, the
-    step's action, reward and flags; with ``episode_fields``, ``episode_id`` and ``episode_seed``;
-    with ``exact_reward``, ``dataset_reward``: the reward in the dataset's own dtype; for each key of
-    ``infos``, ``info_<key> = infos[key][t]`` and ``next_info_<key> = infos[key][t + 1]``; for each
-    field of ``options``, the episode's value (``episode["option_fields"]``, see ``check_options``).
-    """
-    lengths = np.array([len(episode["rewards"]) for episode in episodes])
-    rows = int(lengths.sum())
-
-    def column(name: str) -> torch.Tensor:
-        return torch.from_numpy(np.concatenate([episode[name] for episode in episodes]))
-
-    def observations(path: Key, start: int, stop: int | None) -> torch.Tensor:
-        return torch.from_numpy(np.concatenate([_value(episode["observations"], path, episode.get("id"),
-                                                       "observations")[start:stop] for episode in episodes]))
-
-    def nest(start: int, stop: int | None) -> Any:
-        if not spaces.structured:
-            return observations((), start, stop)
-        tree: dict[str, Any] = {}
-        for path, _ in spaces.obs:
-            node = tree
-            for key in path[:-1]:
-                node = node.setdefault(key, {})
-            node[path[-1]] = observations(path, start, stop)
-        return tree
-
-    rewards = np.concatenate([episode["rewards"] for episode in episodes])
-    fields: dict[str, Any] = {
-        "observation": nest(0, -1),
-        "action": torch.from_numpy(np.concatenate([episode["actions"] for episode in episodes])),
-        "next": {"observation": nest(1, None), "reward": torch.from_numpy(rewards.astype(np.float32)),
-                 "terminated": column("terminations"), "truncated": column("truncations")},
-    }
-    if episode_fields:
-        ids = np.array([int(episode["id"]) for episode in episodes], np.int64)
-        fields["episode_id"] = torch.from_numpy(np.repeat(ids, lengths))
-        fields["episode_seed"] = torch.from_numpy(np.repeat(
-            np.array([episode_seed(episode.get("seed"), episode["id"]) for episode in episodes], np.int64), lengths))
-    if exact_reward:
-        fields["dataset_reward"] = torch.from_numpy(rewards)
-    for key in infos:
-        fields[f"info_{key}"] = torch.from_numpy(np.concatenate([episode["infos"][key][:-1] for episode in episodes]))
-        fields[f"next_info_{key}"] = torch.from_numpy(np.concatenate([episode["infos"][key][1:]
-                                                                      for episode in episodes]))
-    for name in options:
-        fields[name] = torch.from_numpy(np.concatenate([np.broadcast_to(episode["option_fields"][name],
-                                                                        (steps, *episode["option_fields"][name].shape))
-                                                        for episode, steps in zip(episodes, lengths, strict=True)]))
-    return TensorDict(fields, batch_size=[rows])
-
-
 def info_keys(episode: Mapping[str, Any], infos: bool | Sequence[str]) -> list[str]:
     """The info keys to store: the flat numeric ones of the first episode (``True``) or the given ones.
 
@@ -395,102 +331,3 @@ def check_infos(episode: Mapping[str, Any], keys: Sequence[str], steps: int, fir
         if value.dtype != reference.dtype:
             raise DtypeError(f"{label}: expected dtype {reference.dtype} (as the first episode's), got "
                              f"{value.dtype}; save every episode's info with one dtype")
-
-
-def _hdf5_tree(group: Any, name: str, paths: Sequence[Key], episode: int, h5py: Any) -> Any:
-    def read(path: Key) -> np.ndarray[Any, Any]:
-        where = "/".join((name, *path))
-        try:
-            dataset = h5py.h5d.open(group.id, where.encode())
-        except KeyError:
-            raise ShapeError(f"episode {episode}: {leaf_label(name, path)}: expected the dataset {where!r} in "
-                             f"the episode's group, found {sorted(group)}; save every field of the episode") from None
-        out = np.empty(dataset.shape, dataset.dtype)
-        dataset.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
-        return out
-
-    if paths == [()]:
-        return read(())
-    tree: dict[str, Any] = {}
-    for path in paths:
-        node = tree
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = read(path)
-    return tree
-
-
-def _hdf5_episodes(dataset: Any, ids: Sequence[int], spaces: Spaces,
-                   infos: bool | Sequence[str] = False) -> Iterator[dict[str, Any]]:
-    """Episodes of an HDF5 dataset read with h5py's low-level calls (a third of the high-level calls' cost
-    for Minari's small chunks), as ``MinariStorage.get_episodes`` gives them, with their seeds."""
-    h5py = minari_module("h5py")
-    paths = [path for path, _ in spaces.obs]
-    with h5py.File(Path(dataset.storage.data_path) / "main_data.hdf5", "r") as file:
-        for episode in ids:
-            group = h5py.Group(h5py.h5g.open(file.id, f"episode_{episode}".encode()))
-            seed = None
-            if h5py.h5a.exists(group.id, b"seed"):
-                attribute = h5py.h5a.open(group.id, b"seed")
-                value = np.empty(attribute.shape, attribute.dtype)
-                attribute.read(value)
-                seed = int(value)
-            keys = (list(group["infos"]) if "infos" in group else []) if infos is True else list(infos or ())
-            yield {"id": episode, "seed": seed,
-                   "observations": _hdf5_tree(group, "observations", paths, episode, h5py),
-                   **{name: _hdf5_tree(group, name, [()], episode, h5py)
-                      for name in ("actions", "rewards", "terminations", "truncations")},
-                   "infos": _hdf5_tree(group, "infos", [(key,) for key in keys], episode, h5py) if keys else {}}
-
-
-def _minari_episodes(dataset: Any, ids: Sequence[int]) -> Iterator[dict[str, Any]]:
-    storage = dataset.storage
-    for episode, metadata in zip(storage.get_episodes(ids), storage.get_episode_metadata(ids), strict=True):
-        yield {**episode, "seed": metadata.get("seed"), "options": metadata.get("options")}
-
-
-def _with_options(dataset: Any, ids: Sequence[int], episodes: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    for episode, metadata in zip(episodes, dataset.storage.get_episode_metadata(ids), strict=True):
-        yield {**episode, "options": metadata.get("options")}
-
-
-def episode_chunks(dataset: Any, spaces: Spaces, steps_per_chunk: int, infos: bool | Sequence[str] = False,
-                   options: bool = False) -> Iterator[list[dict[str, Any]]]:
-    """The dataset's episodes in order (their ``seed`` included, and with ``options`` their reset
-    options, as Minari's ``get_episode_metadata`` reads them), as lists of about ``steps_per_chunk`` steps.
-
-    Only one chunk of episodes is in memory at a time. An HDF5 dataset without image spaces is read
-    with h5py directly (Minari's layout: a group ``episode_{id}`` of datasets ``observations``, a group
-    of them for a ``Dict`` space, ``actions``, ``rewards``, ``terminations``, ``truncations``, and the
-    attribute ``seed``; ``tests/test_offline.py`` pins it against Minari's reader); others (JPEG-encoded
-    images) through Minari's reader (``dataset.storage.get_episodes``), which decodes them.
-    """
-    ids = [int(i) for i in dataset.episode_indices]
-    is_image_space = minari_module("minari.dataset.minari_storage").is_image_space
-    images = any(is_image_space(space) for space in [*(space for _, space in spaces.obs), spaces.action])
-    fast = dataset.storage.FORMAT == "hdf5" and not (images and dataset.storage.jpeg_encoding)
-    episodes = _hdf5_episodes(dataset, ids, spaces, infos) if fast else _minari_episodes(dataset, ids)
-    if fast and options:
-        episodes = _with_options(dataset, ids, episodes)
-    chunk: list[dict[str, Any]] = []
-    steps = 0
-    for episode in episodes:
-        chunk.append(episode)
-        steps += len(episode["rewards"])
-        if steps >= steps_per_chunk:
-            yield chunk
-            chunk, steps = [], 0
-    if chunk:
-        yield chunk
-
-
-def step_bytes(spaces: Spaces) -> int:
-    """Bytes one step takes in the dataset (its observation and action), to size chunks.
-
-    Example:
-        >>> import gymnasium as gym
-        >>> step_bytes(Spaces.of(gym.spaces.Box(-1, 1, (17,), np.float64), gym.spaces.Box(-1, 1, (6,))))
-        170
-    """
-    leaves = [space for _, space in spaces.obs] + [spaces.action]
-    return int(sum(int(np.prod(space.shape)) * np.dtype(space.dtype).itemsize for space in leaves)) + 10

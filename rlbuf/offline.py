@@ -58,7 +58,6 @@ Example:
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -67,17 +66,15 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from rlbuf._minari_chunks import Chunk, chunk_rows, dataset_chunks, first_episode, step_bytes
 from rlbuf._minari_options import check_options, option_paths, row_options
 from rlbuf._minari_read import (
     NO_SEED,
     Spaces,
     check_episode,
     check_infos,
-    chunk_rows,
-    episode_chunks,
     info_keys,
     open_dataset,
-    step_bytes,
 )
 from rlbuf._minari_write import checked_episodes, observation_space_of, space_of, write_dataset
 from rlbuf.errors import ConfigError, DtypeError, ShapeError, StreamError
@@ -90,7 +87,7 @@ _T = TypeVar("_T")
 _SET_BY_DATASET = ("observation_space", "action_space", "obs_shape", "action_shape", "extra_fields")
 _METADATA = ("env", "eval_env", "algorithm_name", "author", "author_email", "code_permalink", "ref_min_score",
              "ref_max_score", "expert_policy", "num_episodes_average_score", "description", "requirements")
-_CHUNK_BYTES = 4 << 20  # episodes read at a time: with the one being copied, the memory beyond the buffer
+_CHUNK_BYTES = 1 << 20  # dataset bytes read at a time (two chunks' arrays, 2.6 x that, are in memory)
 
 
 def _torch_dtype(dtype: Any) -> torch.dtype:
@@ -156,15 +153,14 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
     if isinstance(capacity, int) and capacity < total:
         raise ConfigError(f"capacity={capacity}: below the dataset's {total} steps, whose oldest would be "
                           f"overwritten; pass capacity >= {total} (or leave it out)")
-    chunks = episode_chunks(data, spaces, max(1, _CHUNK_BYTES // step_bytes(spaces)), infos,
-                            options=bool(options))
-    first = next(chunks)
-    check_episode(first[0], spaces)
-    keys = info_keys(first[0], infos)
-    check_infos(first[0], keys, len(first[0]["rewards"]), first[0])
-    paths = option_paths(first[0].get("options"), options, first[0]["id"])
-    option_fields = check_options(first[0], paths, options is True, first[0])
-    reward_dtype = first[0]["rewards"].dtype
+    probe = first_episode(data, spaces, infos)
+    keys = info_keys(probe, infos)
+    check_infos(probe, keys, check_episode(probe, spaces), probe)
+    paths = option_paths(probe.get("options"), options, probe["id"])
+    # What later episodes are checked against: the first one's info shapes and dtypes, and its options.
+    reference = {"infos": {key: probe["infos"][key] for key in keys}, "options": probe.get("options")}
+    option_fields = check_options(probe, paths, options is True, reference)
+    reward_dtype = probe["rewards"].dtype
     exact_reward = exact and reward_dtype != np.float32
     extra_fields: dict[str, Any] = {}
     if exact:
@@ -172,33 +168,38 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
     if exact_reward:
         extra_fields["dataset_reward"] = ((), _torch_dtype(reward_dtype))
     for key in keys:
-        value = first[0]["infos"][key]
+        value = probe["infos"][key]
         extra_fields[f"info_{key}"] = extra_fields[f"next_info_{key}"] = (value.shape[1:], _torch_dtype(value.dtype))
     for name, value in option_fields.items():
         extra_fields[name] = (value.shape, _torch_dtype(value.dtype))
+    del probe
     if not spaces.structured:
         buffer_options.setdefault("obs_dtype", _torch_dtype(spaces.obs[0][1].dtype))
     buffer_options.setdefault("action_dtype", _torch_dtype(spaces.action.dtype))
     buffer = ReplayBuffer(capacity, observation_space=data.observation_space, action_space=data.action_space,
                           extra_fields=extra_fields or None, **buffer_options)
 
-    def rows(episodes: list[dict[str, Any]]) -> TensorDictBase:
-        for episode in episodes:
-            check_infos(episode, keys, check_episode(episode, spaces), first[0])
-            episode["option_fields"] = check_options(episode, paths, options is True, first[0])
+    def rows(chunk: Chunk) -> TensorDictBase:
+        found = []
+        for number in range(len(chunk.ids)):
+            episode = chunk.episode(number, structured=spaces.structured)
+            check_infos(episode, keys, check_episode(episode, spaces), reference)
+            found.append(check_options(episode, paths, options is True, reference))
             if exact_reward and episode["rewards"].dtype != reward_dtype:
                 raise DtypeError(f"episode {episode['id']}: rewards: expected dtype {reward_dtype} (as the first "
                                  f"episode's), got {episode['rewards'].dtype}; save every episode's rewards with "
                                  f"one dtype")
-        return chunk_rows(episodes, spaces, exact_reward=exact_reward, episode_fields=exact, infos=keys,
-                          options=list(option_fields))
+        return chunk_rows(chunk, spaces, exact_reward=exact_reward, episode_fields=exact, infos=keys,
+                          options=found if option_fields else ())
 
     try:
         if buffer.compact and buffer.num_envs != 1:
             raise ConfigError(f"num_envs={buffer.num_envs}: a compact buffer chains each env's steps, and a "
                               f"dataset is one stream of episodes; leave num_envs out (or use compact=False)")
         stored = 0
-        for td in _ahead(map(rows, itertools.chain([first], chunks))):
+        chunks = dataset_chunks(data, spaces, max(1, _CHUNK_BYTES // step_bytes(spaces)), keys,
+                                options=bool(options))
+        for td in _ahead(map(rows, chunks)):
             stored += int(td.batch_size[0])
             if stored > total:
                 break

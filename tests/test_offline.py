@@ -491,20 +491,31 @@ def test_a_buffer_whose_env_streams_cannot_be_told_apart_is_refused() -> None:
         to_minari(buffer, _new_id())
 
 
-def test_the_hdf5_reader_reads_what_minaris_reader_reads() -> None:
-    """Pins Minari's HDF5 layout, which from_minari reads with h5py directly."""
-    from rlbuf._minari_read import Spaces, _hdf5_episodes, _minari_episodes
+@pytest.mark.parametrize("data_format", ["hdf5", "arrow"])
+def test_the_chunk_readers_read_what_minaris_reader_reads(data_format: str) -> None:
+    """Pins Minari's HDF5 and Arrow layouts, which from_minari reads with h5py and pyarrow directly,
+    chunk by chunk into reused arrays (each chunk compared before the next ones are read)."""
+    from rlbuf._minari_chunks import _minari_episodes, dataset_chunks, reader
+    from rlbuf._minari_read import Spaces
 
     rng = np.random.default_rng(7)
     for kind in ("flat", "dict"):
-        dataset = _minari_dataset([_episode(kind, n, "truncated", seed, rng) for n, seed in [(3, 5), (2, None)]],
-                                  kind)
+        lengths = [(3, 5), (2, None), (4, 1), (1, 2), (5, None), (2, 3)]
+        dataset = _minari_dataset([_episode(kind, n, "truncated", seed, rng) for n, seed in lengths], kind,
+                                  data_format)
         ids = [int(i) for i in dataset.episode_indices]
         spaces = Spaces.of(dataset.observation_space, dataset.action_space)
-        for ours, theirs in zip(_hdf5_episodes(dataset, ids, spaces), _minari_episodes(dataset, ids), strict=True):
-            assert ours["id"] == theirs["id"] and ours["seed"] == theirs["seed"]
-            for name in ("observations", "actions", "rewards", "terminations", "truncations"):
-                _assert_same_tree(ours[name], theirs[name])
+        assert reader(dataset, spaces, []) == data_format
+        theirs = _minari_episodes(dataset, ids)
+        chunks = 0
+        for chunk in dataset_chunks(dataset, spaces, 5):
+            chunks += 1
+            for number in range(len(chunk.ids)):
+                ours, expected = chunk.episode(number, structured=kind == "dict"), next(theirs)
+                assert ours["id"] == expected["id"] and ours["seed"] == expected["seed"]
+                for name in ("observations", "actions", "rewards", "terminations", "truncations"):
+                    _assert_same_tree(ours[name], expected[name])
+        assert chunks == 4 and next(theirs, None) is None  # several episodes a chunk, arrays reused
 
 
 def test_rows_that_do_not_chain_are_refused() -> None:

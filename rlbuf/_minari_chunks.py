@@ -1,0 +1,530 @@
+"""Reading a Minari dataset for [`from_minari`][rlbuf.offline.from_minari] a chunk of episodes at a time,
+each field straight into one array of the chunk.
+
+A [`Chunk`][rlbuf._minari_chunks.Chunk] holds consecutive episodes in one array per field: every
+episode's ``T + 1`` observations in turn, then its ``T`` actions, rewards and flags in turn. Its
+episodes are views of those arrays, checked one by one (``check_episode``), and its rows for the
+buffer come out of them with one copy a field: ``obs`` and ``next_obs`` are each episode's first
+and last ``T`` observations. The arrays are reused: two sets, one filled while the buffer copies
+the rows of the other, so what an import holds beside its buffer is two chunks, whatever the
+dataset's size, and the allocator is not asked for new memory chunk after chunk.
+
+How each backend is read:
+
+* **HDF5** (Minari's layout: a group ``episode_{id}`` of datasets ``observations``, a group of them
+  for a ``Dict`` space, ``actions``, ``rewards``, ``terminations``, ``truncations``, optional
+  ``infos/<key>``, and the attribute ``seed``): each dataset's shape and type are compared with its
+  rows of the chunk (HDF5 would convert another type silently), then h5py's low-level ``read``
+  writes it into those rows (a hyperslab of the chunk's array). An episode whose fields disagree with
+  its spaces or each other is read as it is into a chunk of its own, whose check names the problem.
+* **Arrow** (a directory ``<id>`` of Arrow IPC files an episode): each file is read with pyarrow and
+  its columns (fixed-size lists of numbers, structs of them for a ``Dict`` space) taken as numpy
+  views, then copied into the chunk.
+* **Anything else** (JPEG-encoded images; infos of an Arrow dataset): Minari's own reader
+  (``storage.get_episodes``), which decodes them.
+
+Seeds (and options, where asked) come from the HDF5 attribute or Minari's ``get_episode_metadata``.
+This module, ``rlbuf._minari_read`` and ``rlbuf._minari_write`` are rlbuf's seam to Minari; the
+layouts read here are pinned against Minari's reader by ``tests/test_offline.py``.
+
+Example:
+    >>> episode = {"id": 4, "observations": np.arange(3.0), "actions": np.zeros(2), "rewards": np.ones(2),
+    ...            "terminations": np.array([False, True]), "truncations": np.zeros(2, bool), "infos": {}}
+    >>> chunk = Chunk.of([episode, {**episode, "id": 5}], _Arrays())
+    >>> observations, steps, _ = chunk.joined([()], [])
+    >>> observations[()].tolist(), chunk.rows     # each episode's T + 1 observations in turn
+    ([0.0, 1.0, 2.0, 0.0, 1.0, 2.0], 4)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces as gym_spaces
+from tensordict import TensorDict
+
+from rlbuf._minari_read import Key, Spaces, episode_seed, leaf_label, minari_module
+from rlbuf.errors import ShapeError
+
+STEP_FIELDS = ("actions", "rewards", "terminations", "truncations")
+
+
+class _Arrays:
+    """Arrays kept from chunk to chunk: ``take`` gives the first ``rows`` rows of one that fits."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, np.ndarray[Any, Any]] = {}
+
+    def take(self, name: str, rows: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray[Any, Any]:
+        held = self.held.get(name)
+        if held is None or held.shape[1:] != shape or held.dtype != dtype:
+            held = self.held[name] = np.empty((rows, *shape), dtype)
+        elif len(held) < rows:  # a quarter more: chunks of episodes of varying lengths reallocate rarely
+            held = self.held[name] = np.empty((rows + rows // 4, *shape), dtype)
+        return held[:rows]
+
+
+@dataclass
+class Chunk:
+    """Consecutive episodes of a dataset (see the module's docstring).
+
+    Attributes:
+        ids, seeds, options: per episode (``options`` ``None`` unless asked for).
+        lengths: the number of steps ``T`` of each episode.
+        arrays: the reused arrays its fields are (or will be) views of; its rows for the buffer too.
+        columns: ``(observations, steps, infos)`` once in ``arrays``: per leaf path of the observation
+            space, every episode's ``T + 1`` rows in turn; ``actions``, ``rewards``, ``terminations``,
+            ``truncations``, every episode's ``T`` rows in turn; per info key, ``T + 1`` rows an episode.
+        source: the episodes as dicts, for a chunk not read into ``arrays`` yet (``joined`` copies them).
+    """
+
+    ids: list[int]
+    seeds: list[Any]
+    options: list[Any]
+    lengths: np.ndarray[Any, Any]
+    arrays: _Arrays
+    columns: tuple[dict[Key, np.ndarray[Any, Any]], dict[str, np.ndarray[Any, Any]],
+                   dict[str, np.ndarray[Any, Any]]] | None = None
+    source: Sequence[Mapping[str, Any]] | None = None
+
+    @classmethod
+    def of(cls, episodes: Sequence[Mapping[str, Any]], arrays: _Arrays) -> Chunk:
+        """A chunk of episodes given as dicts (as ``MinariStorage.get_episodes`` gives them, with ``id``,
+        ``seed`` and ``options``), copied into ``arrays`` only by ``joined``, once they are checked."""
+        lengths = np.array([len(np.atleast_1d(episode.get("rewards", ()))) for episode in episodes], np.int64)
+        return cls([int(episode["id"]) for episode in episodes], [episode.get("seed") for episode in episodes],
+                   [episode.get("options") for episode in episodes], lengths, arrays, source=episodes)
+
+    @property
+    def rows(self) -> int:
+        """Its number of steps (rows of the buffer)."""
+        return int(self.lengths.sum())
+
+    def episode(self, number: int, *, structured: bool) -> Mapping[str, Any]:
+        """Episode ``number`` as ``check_episode`` takes it (views of the chunk's arrays)."""
+        if self.source is not None:
+            return self.source[number]
+        assert self.columns is not None
+        observations, steps, infos = self.columns
+        length = int(self.lengths[number])
+        start = int(self.lengths[:number].sum())
+        first = start + number
+        tree: Any = {path: leaf[first:first + length + 1] for path, leaf in observations.items()}
+        if not structured:
+            tree = tree[()]
+        else:
+            nested: dict[str, Any] = {}
+            for path, leaf in tree.items():
+                node = nested
+                for key in path[:-1]:
+                    node = node.setdefault(key, {})
+                node[path[-1]] = leaf
+            tree = nested
+        return {"id": self.ids[number], "seed": self.seeds[number], "options": self.options[number],
+                "observations": tree, **{name: array[start:start + length] for name, array in steps.items()},
+                "infos": {key: array[first:first + length + 1] for key, array in infos.items()}}
+
+    def joined(self, paths: Sequence[Key], info_keys: Sequence[str]) -> tuple[Any, Any, Any]:
+        """Its columns (episodes given as dicts are copied into ``arrays`` here: check them first)."""
+        if self.columns is None:
+            assert self.source is not None
+            values = [{("observations", path): _leaf(episode["observations"], path) for path in paths}
+                      | {(name, ()): np.asarray(episode[name]) for name in STEP_FIELDS}
+                      | {("infos", (key,)): np.asarray(episode["infos"][key]) for key in info_keys}
+                      for episode in self.source]
+            out = {}
+            for field, first in values[0].items():
+                if len(values) == 1 and first.flags.writeable:
+                    out[field] = first
+                    continue
+                out[field] = self.arrays.take("/".join((field[0], *field[1])),
+                                              sum(len(value[field]) for value in values), first.shape[1:],
+                                              first.dtype)
+                np.concatenate([value[field] for value in values], out=out[field])
+            self.columns = ({path: out["observations", path] for path in paths},
+                            {name: out[name, ()] for name in STEP_FIELDS},
+                            {key: out["infos", (key,)] for key in info_keys})
+        return self.columns
+
+
+def _leaf(tree: Any, path: Key) -> np.ndarray[Any, Any]:
+    for key in path:
+        tree = tree[key]
+    return np.asarray(tree)
+
+
+def _signature(episode: Mapping[str, Any], paths: Sequence[Key], info_keys: Sequence[str]) -> Any:
+    """What episodes of one chunk share, each field's dtype and row shape; ``None`` for an episode that
+    is not even arrays of the fields (it goes alone: its check names the problem)."""
+    try:
+        leaves = [_leaf(episode["observations"], path) for path in paths]
+        leaves += [episode[name] for name in STEP_FIELDS] + [episode["infos"][key] for key in info_keys]
+    except (KeyError, TypeError, IndexError):
+        return None
+    if not all(isinstance(leaf, np.ndarray) and leaf.ndim for leaf in leaves):
+        return None
+    return [(leaf.dtype, leaf.shape[1:]) for leaf in leaves]
+
+
+def _grouped(episodes: Iterator[dict[str, Any]], paths: Sequence[Key], info_keys: Sequence[str],
+             steps_per_chunk: int) -> Iterator[Chunk]:
+    """Chunks of about ``steps_per_chunk`` steps of episodes given as dicts, alternating two sets of arrays."""
+    arrays = (_Arrays(), _Arrays())
+    group: list[dict[str, Any]] = []
+    signature: Any = None
+    steps = made = 0
+    for episode in episodes:
+        mine = _signature(episode, paths, info_keys)
+        if group and (mine is None or mine != signature):
+            yield Chunk.of(group, arrays[made % 2])
+            group, steps, made = [], 0, made + 1
+        group.append(episode)
+        signature = mine
+        steps += len(episode["rewards"]) if mine is not None else steps_per_chunk
+        if steps >= steps_per_chunk:
+            yield Chunk.of(group, arrays[made % 2])
+            group, steps, made = [], 0, made + 1
+    if group:
+        yield Chunk.of(group, arrays[made % 2])
+
+
+# -- HDF5 -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Opened:
+    """An HDF5 episode's datasets, opened: ``(field, path) -> (dataset, shape, type)``."""
+
+    id: int
+    seed: Any
+    datasets: dict[tuple[str, Key], tuple[Any, tuple[int, ...], Any]]
+
+    @property
+    def steps(self) -> int:
+        return self.datasets["rewards", ()][1][0]
+
+
+def _hdf5_seed(group: Any, h5py: Any) -> Any:
+    if not h5py.h5a.exists(group, b"seed"):
+        return None
+    attribute = h5py.h5a.open(group, b"seed")
+    value = np.empty(attribute.shape, attribute.dtype)
+    attribute.read(value)
+    return int(value)
+
+
+def _hdf5_tree(group: Any, name: str, paths: Sequence[Key], episode: int, h5py: Any) -> Any:
+    """A field of an HDF5 episode read as it is stored (an array, or a tree of them for ``paths``)."""
+    def read(path: Key) -> np.ndarray[Any, Any]:
+        where = "/".join((name, *path))
+        try:
+            dataset = h5py.h5d.open(group, where.encode())
+        except KeyError:
+            raise ShapeError(f"episode {episode}: {leaf_label(name, path)}: expected the dataset {where!r} in "
+                             f"the episode's group, found {sorted(h5py.Group(group))}; save every field of "
+                             f"the episode") from None
+        out = np.empty(dataset.shape, dataset.dtype)
+        dataset.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
+        return out
+
+    if list(paths) == [()]:
+        return read(())
+    tree: dict[str, Any] = {}
+    for path in paths:
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = read(path)
+    return tree
+
+
+def hdf5_episode(file: Any, episode: int, spaces: Spaces, info_keys: Sequence[str] | bool, h5py: Any
+                 ) -> dict[str, Any]:
+    """One HDF5 episode read as it is stored, as ``MinariStorage.get_episodes`` gives it, with its seed
+    (``info_keys=True``: every info)."""
+    group = h5py.h5g.open(file.id, f"episode_{episode}".encode())
+    if info_keys is True:
+        keys = list(h5py.Group(group)["infos"]) if "infos" in h5py.Group(group) else []
+    else:
+        keys = list(info_keys or ())
+    return {"id": episode, "seed": _hdf5_seed(group, h5py), "options": None,
+            "observations": _hdf5_tree(group, "observations", [path for path, _ in spaces.obs], episode, h5py),
+            **{name: _hdf5_tree(group, name, [()], episode, h5py) for name in STEP_FIELDS},
+            "infos": _hdf5_tree(group, "infos", [(key,) for key in keys], episode, h5py) if keys else {}}
+
+
+_METADATA_CACHE = 1 << 18
+"""Bytes of HDF5 metadata (object headers, B-tree nodes) cached while reading: with HDF5's default
+(2 MB, growing to 32 MB), reading the 6,000 objects of 1,000 episodes left about 35 MB of the process's
+memory taken; with 256 KB, about 4 MB, at the same speed (every object is read once)."""
+
+
+def _hdf5_file(dataset: Any, h5py: Any) -> Any:
+    """The dataset's HDF5 file, opened to read with a small metadata cache."""
+    file = h5py.File(Path(dataset.storage.data_path) / "main_data.hdf5", "r")
+    config = file.id.get_mdc_config()
+    config.set_initial_size = True
+    config.initial_size = config.min_size = config.max_size = _METADATA_CACHE
+    file.id.set_mdc_config(config)
+    return file
+
+
+def _hdf5_open(file: Any, episode: int, spaces: Spaces, info_keys: Sequence[str], types: Mapping[Any, Any],
+               h5py: Any) -> _Opened | None:
+    """The episode's datasets, opened, or ``None`` when a field is missing or does not fit its space
+    (shape, type: ``types``) or the other fields' steps."""
+    group = h5py.h5g.open(file.id, f"episode_{episode}".encode())
+    fields = [("observations", path) for path, _ in spaces.obs] + [(name, ()) for name in STEP_FIELDS]
+    datasets = {}
+    for field in fields + [("infos", (key,)) for key in info_keys]:
+        try:
+            dataset = h5py.h5d.open(group, "/".join((field[0], *field[1])).encode())
+        except KeyError:
+            return None
+        datasets[field] = (dataset, dataset.get_space().shape, dataset.get_type())
+    numbers = (h5py.h5t.INTEGER, h5py.h5t.FLOAT)
+    _, shape, kind = datasets["rewards", ()]
+    if len(shape) != 1 or kind.get_class() not in numbers:
+        return None
+    steps = shape[0]
+    for field, (_, shape, kind) in datasets.items():
+        if field[0] == "infos":
+            if not shape or shape[0] != steps + 1 or kind.get_class() not in numbers:
+                return None
+        elif field in types:
+            extra, row_shape, want = types[field]
+            if shape != (steps + extra, *row_shape) or not kind.equal(want):
+                return None
+    return _Opened(episode, _hdf5_seed(group, h5py), datasets)
+
+
+def _same_kind(first: _Opened, other: _Opened) -> bool:
+    """Whether ``other``'s rewards and infos have the types and row shapes of ``first``'s (one chunk)."""
+    return all(other.datasets[field][1][1:] == shape[1:] and other.datasets[field][2].equal(kind)
+               for field, (_, shape, kind) in first.datasets.items() if field[0] in ("rewards", "infos"))
+
+
+def _hdf5_fill(opened: Sequence[_Opened], paths: Sequence[Key], info_keys: Sequence[str], arrays: _Arrays,
+               h5py: Any) -> Chunk:
+    """Read episodes of one kind into one chunk: each dataset into its rows of the chunk's array."""
+    lengths = np.array([episode.steps for episode in opened], np.int64)
+    out: dict[tuple[str, Key], np.ndarray[Any, Any]] = {}
+    for field, (dataset, shape, _) in opened[0].datasets.items():
+        rows = int(lengths.sum()) + (len(opened) if field[0] in ("observations", "infos") else 0)
+        array = out[field] = arrays.take("/".join((field[0], *field[1])), rows, tuple(shape[1:]), dataset.dtype)
+        memory = h5py.h5s.create_simple(array.shape)
+        row = 0
+        for episode in opened:
+            dataset, shape, _ = episode.datasets[field]
+            if shape[0]:
+                memory.select_hyperslab((row,) + (0,) * (array.ndim - 1), shape)
+                dataset.read(memory, dataset.get_space(), array)
+            row += shape[0]
+    return Chunk([episode.id for episode in opened], [episode.seed for episode in opened], [None] * len(opened),
+                 lengths, arrays, columns=({path: out["observations", path] for path in paths},
+                                           {name: out[name, ()] for name in STEP_FIELDS},
+                                           {key: out["infos", (key,)] for key in info_keys}))
+
+
+def _hdf5_chunks(dataset: Any, ids: Sequence[int], spaces: Spaces, info_keys: Sequence[str],
+                 steps_per_chunk: int) -> Iterator[Chunk]:
+    h5py = minari_module("h5py")
+    paths = [path for path, _ in spaces.obs]
+    flag = h5py.h5t.py_create(np.dtype(bool))
+    types: dict[Any, Any] = {("observations", path): (1, tuple(space.shape), h5py.h5t.py_create(np.dtype(space.dtype)))
+                             for path, space in spaces.obs}
+    types["actions", ()] = (0, tuple(spaces.action.shape), h5py.h5t.py_create(np.dtype(spaces.action.dtype)))
+    types["terminations", ()] = types["truncations", ()] = (0, (), flag)
+    arrays = (_Arrays(), _Arrays())
+    group: list[_Opened] = []
+    steps = made = 0
+    with _hdf5_file(dataset, h5py) as file:
+        for episode in ids:
+            opened = _hdf5_open(file, episode, spaces, info_keys, types, h5py)
+            if group and (opened is None or not _same_kind(group[0], opened)):
+                yield _hdf5_fill(group, paths, info_keys, arrays[made % 2], h5py)
+                group, steps, made = [], 0, made + 1
+            if opened is None:  # read as it is stored, alone: its check names what is wrong
+                yield Chunk.of([hdf5_episode(file, episode, spaces, info_keys, h5py)], arrays[made % 2])
+                made += 1
+                continue
+            group.append(opened)
+            steps += opened.steps
+            if steps >= steps_per_chunk:
+                yield _hdf5_fill(group, paths, info_keys, arrays[made % 2], h5py)
+                group, steps, made = [], 0, made + 1
+        if group:
+            yield _hdf5_fill(group, paths, info_keys, arrays[made % 2], h5py)
+
+
+# -- Arrow ------------------------------------------------------------------------------------------------
+
+
+def _arrow_column(column: Any, space: Any, pa: Any) -> Any:
+    """A column of an Arrow episode as numpy: fixed-size lists reshaped to the space's shape, structs
+    (``Dict`` spaces) as dicts of them."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if isinstance(space, gym_spaces.Dict):
+        return {key: _arrow_column(column.field(key), sub, pa) for key, sub in space.spaces.items()}
+    if isinstance(column, pa.FixedSizeListArray):
+        values = column.flatten().to_numpy(zero_copy_only=False)
+        return values.reshape(len(column), *space.shape) if values.size == len(column) * math.prod(
+            space.shape) else values
+    return column.to_numpy(zero_copy_only=False)
+
+
+def _arrow_episodes(dataset: Any, ids: Sequence[int], spaces: Spaces) -> Iterator[dict[str, Any]]:
+    """Episodes of an Arrow dataset (Minari's layout: every column ``T + 1`` rows, the steps' padded by
+    one), as ``MinariStorage.get_episodes`` gives them, with their seeds."""
+    pa = minari_module("pyarrow")
+    ipc = minari_module("pyarrow.ipc")
+    root = Path(dataset.storage.data_path)
+    metadata = dataset.storage.get_episode_metadata(ids)
+    for episode, meta in zip(ids, metadata, strict=True):
+        files = sorted(path for path in (root / str(episode)).iterdir()
+                       if not path.name.startswith(("_", ".")) and path.name != "metadata.json")
+        tables = []
+        for path in files:
+            with ipc.open_file(str(path)) as reader:
+                tables.append(reader.read_all())
+        table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
+        yield {"id": episode, "seed": meta.get("seed"), "options": meta.get("options"),
+               "observations": _arrow_column(table.column("observations"), spaces.observation_space, pa),
+               "actions": _arrow_column(table.column("actions"), spaces.action_space, pa)[:-1],
+               **{name: _arrow_column(table.column(name), None, pa)[:-1]
+                  for name in ("rewards", "terminations", "truncations")}, "infos": {}}
+
+
+def _minari_episodes(dataset: Any, ids: Sequence[int]) -> Iterator[dict[str, Any]]:
+    storage = dataset.storage
+    for episode, metadata in zip(storage.get_episodes(ids), storage.get_episode_metadata(ids), strict=True):
+        yield {**episode, "seed": metadata.get("seed"), "options": metadata.get("options")}
+
+
+def reader(dataset: Any, spaces: Spaces, infos: bool | Sequence[str]) -> str:
+    """Which reader ``dataset_chunks`` uses: ``"hdf5"``, ``"arrow"`` or ``"minari"`` (JPEG-encoded
+    images; infos of an Arrow dataset)."""
+    is_image_space = minari_module("minari.dataset.minari_storage").is_image_space
+    images = any(is_image_space(space) for space in [*(space for _, space in spaces.obs), spaces.action])
+    if images and dataset.storage.jpeg_encoding:
+        return "minari"
+    if dataset.storage.FORMAT == "hdf5":
+        return "hdf5"
+    return "minari" if infos else "arrow"
+
+
+def first_episode(dataset: Any, spaces: Spaces, infos: bool | Sequence[str]) -> dict[str, Any]:
+    """The dataset's first episode as it is stored, every info included for ``infos=True`` (to find the
+    info keys to store before reading the rest)."""
+    ids = [int(next(iter(dataset.episode_indices)))]
+    kind = reader(dataset, spaces, infos)
+    if kind == "hdf5":
+        h5py = minari_module("h5py")
+        with _hdf5_file(dataset, h5py) as file:
+            episode = hdf5_episode(file, ids[0], spaces, infos or [], h5py)
+        return {**episode, "options": next(iter(dataset.storage.get_episode_metadata(ids))).get("options")}
+    return next(_arrow_episodes(dataset, ids, spaces) if kind == "arrow" else _minari_episodes(dataset, ids))
+
+
+def dataset_chunks(dataset: Any, spaces: Spaces, steps_per_chunk: int, info_keys: Sequence[str] = (),
+                   options: bool = False) -> Iterator[Chunk]:
+    """The dataset's episodes in order, in chunks of about ``steps_per_chunk`` steps (an episode is
+    never split), their seeds included, and with ``options`` their reset options (as Minari's
+    ``get_episode_metadata`` reads them). Two chunks are in memory at a time: a chunk's arrays are
+    reused by the chunk after the next."""
+    ids = [int(i) for i in dataset.episode_indices]
+    paths = [path for path, _ in spaces.obs]
+    kind = reader(dataset, spaces, list(info_keys))
+    if kind == "hdf5":
+        chunks = _hdf5_chunks(dataset, ids, spaces, info_keys, steps_per_chunk)
+    else:
+        episodes = _arrow_episodes(dataset, ids, spaces) if kind == "arrow" else _minari_episodes(dataset, ids)
+        chunks = _grouped(episodes, paths, info_keys, steps_per_chunk)
+    if not options or kind != "hdf5":
+        yield from chunks
+        return
+    metadata = iter(dataset.storage.get_episode_metadata(ids))
+    for chunk in chunks:
+        chunk.options = [next(metadata).get("options") for _ in chunk.ids]
+        yield chunk
+
+
+def chunk_rows(chunk: Chunk, spaces: Spaces, *, exact_reward: bool, episode_fields: bool = True,
+               infos: Sequence[str] = (), options: Sequence[Mapping[str, np.ndarray[Any, Any]]] = ()) -> TensorDict:
+    """The rows of a checked chunk, in order, as a TorchRL tensordict for ``ReplayBuffer.extend``.
+
+    Row ``t`` of an episode: ``observation = obs[t]``, ``("next", "observation") = obs[t + 1]``, the
+    step's action, reward and flags; with ``episode_fields``, ``episode_id`` and ``episode_seed``;
+    with ``exact_reward``, ``dataset_reward``: the reward in the dataset's own dtype; for each key of
+    ``infos``, ``info_<key> = infos[key][t]`` and ``next_info_<key> = infos[key][t + 1]``; ``options``:
+    each episode's option fields (``check_options``), on each of its rows. The tensors are views of the
+    chunk's reused arrays: extend the buffer with them before the chunk after the next is read.
+    """
+    paths = [path for path, _ in spaces.obs]
+    observations, steps, episode_infos = chunk.joined(paths, infos)
+    rows, lengths, arrays = chunk.rows, chunk.lengths, chunk.arrays
+
+    def shifted(name: str, values: np.ndarray[Any, Any], shift: int) -> torch.Tensor:
+        """Each episode's ``T`` rows of ``values`` (``T + 1`` an episode) from its row ``shift``."""
+        out = arrays.take(name, rows, values.shape[1:], values.dtype)
+        start = 0
+        for number, length in enumerate(lengths.tolist()):
+            out[start:start + length] = values[start + number + shift:start + number + shift + length]
+            start += length
+        return torch.from_numpy(out)
+
+    def nest(shift: int) -> Any:
+        leaves = {path: shifted(f"rows/{shift}/" + "/".join(path), observations[path], shift) for path in paths}
+        if not spaces.structured:
+            return leaves[()]
+        tree: dict[str, Any] = {}
+        for path, leaf in leaves.items():
+            node = tree
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = leaf
+        return tree
+
+    rewards = steps["rewards"]
+    reward = arrays.take("rows/reward", rows, (), np.dtype(np.float32))
+    np.copyto(reward, rewards, casting="unsafe")
+    fields: dict[str, Any] = {
+        "observation": nest(0), "action": torch.from_numpy(steps["actions"]),
+        "next": {"observation": nest(1), "reward": torch.from_numpy(reward),
+                 "terminated": torch.from_numpy(steps["terminations"]),
+                 "truncated": torch.from_numpy(steps["truncations"])},
+    }
+    if episode_fields:
+        fields["episode_id"] = torch.from_numpy(np.repeat(np.array(chunk.ids, np.int64), lengths))
+        fields["episode_seed"] = torch.from_numpy(np.repeat(
+            np.array([episode_seed(seed, episode) for seed, episode in zip(chunk.seeds, chunk.ids, strict=True)],
+                     np.int64), lengths))
+    if exact_reward:
+        fields["dataset_reward"] = torch.from_numpy(rewards)
+    for key in infos:
+        fields[f"info_{key}"] = shifted(f"rows/info/{key}", episode_infos[key], 0)
+        fields[f"next_info_{key}"] = shifted(f"rows/next_info/{key}", episode_infos[key], 1)
+    for name in options[0] if options else ():
+        fields[name] = torch.from_numpy(np.concatenate([
+            np.broadcast_to(values[name], (length, *values[name].shape))
+            for values, length in zip(options, lengths.tolist(), strict=True)]))
+    return TensorDict(fields, batch_size=[rows])
+
+
+def step_bytes(spaces: Spaces) -> int:
+    """Bytes one step takes in the dataset (its observation and action), to size chunks.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> step_bytes(Spaces.of(gym.spaces.Box(-1, 1, (17,), np.float64), gym.spaces.Box(-1, 1, (6,))))
+        170
+    """
+    leaves = [space for _, space in spaces.obs] + [spaces.action]
+    return int(sum(math.prod(space.shape) * np.dtype(space.dtype).itemsize for space in leaves)) + 10
