@@ -162,6 +162,8 @@ class ReplayService:
 
         Every shard's rows, sampler and RNG, its limiter's counters and the learner's split
         generator are restored: the next samples equal those the saved service would have drawn.
+        ``device``, ``timeout``, ``actor_options``, ``ray_init_config`` and ``restart_from`` are
+        the constructor's.
 
         Raises:
             CheckpointError: ``path`` is not a service checkpoint, or a shard's checkpoint fails
