@@ -27,13 +27,31 @@ from tensordict import TensorDictBase
 from rlbuf._ray_calls import get
 from rlbuf._ray_wire import to_wire
 from rlbuf._state import _option_from_json
-from rlbuf.errors import ConfigError, NotPicklableError, RlbufError, ShapeError
+from rlbuf.errors import (
+    BatchSizeError,
+    ConfigError,
+    DeviceError,
+    DtypeError,
+    MissingFieldError,
+    NonFiniteError,
+    NotPicklableError,
+    OutOfRangeError,
+    RlbufError,
+    ShapeError,
+    StreamError,
+)
 from rlbuf.replay import ReplayBuffer
 
 # Options of the shards' buffers a staging buffer leaves out: it stores plain rows, in order, on the CPU.
 _NOT_STAGED = ("capacity", "prioritized", "alpha", "beta", "storage", "storing_device", "device", "seed", "frame_stack",
                "padding_type", "n_step", "gamma", "compact", "compression", "compression_level", "compact_key",
                "hindsight")
+
+
+# What a shard says of a batch itself (sending it again changes nothing); anything else (a limiter's
+# timeout, a dead or broken shard) leaves the batch in the writer.
+_REFUSALS = (ShapeError, DtypeError, DeviceError, NonFiniteError, OutOfRangeError, MissingFieldError, StreamError,
+             BatchSizeError)
 
 
 def timeout_of(timeout: Any) -> float | None:
@@ -202,7 +220,7 @@ class ServiceWriter:
             try:
                 get([(shard, self._shards[shard].shard_extend.remote(columns, batch_size, wait))],
                     restarting=bool(self._layout.get("restart")))
-            except ValueError:  # refused by the shard (ShapeError, StreamError ...): it would be refused again
+            except _REFUSALS:  # the batch itself refused by the shard: it would be refused again
                 self._ready.pop(0)
                 raise
             self._ready.pop(0)
