@@ -103,7 +103,8 @@ class CompactLayout:
         self.known = (self.field, self.next_field, *_COMPUTED, "action", *self.extra_names,
                       *(name for pair in self.row_leaves for name in pair))
         self.streams = Streams(ring.capacity, num_envs, obs_shape, obs_dtype, frame_stack=frame_stack,
-                               padding_type=padding_type, n_step=n_step, storing_device=ring.storing_device)
+                               padding_type=padding_type, n_step=n_step, storing_device=ring.storing_device,
+                               names=(self.field, self.next_field))
         self.all_envs = np.arange(num_envs, dtype=np.int64)
         self.frame_shape = obs_shape[1:] if frame_stack > 1 else obs_shape
         self.log = None if codec is None else FrameLog(ring.capacity, self.frame_shape, obs_dtype, codec)

@@ -201,11 +201,14 @@ class Streams:
             frame, ``"zero"`` uses zeros (gymnasium's ``FrameStackObservation`` options).
         n_step: rows a transition spans at most.
         storing_device: where final observations are kept.
+        names: what errors call the observations and next observations followed.
     """
 
     def __init__(self, capacity: int, num_envs: int, obs_shape: tuple[int, ...], obs_dtype: torch.dtype, *,
-                 frame_stack: int, padding_type: PaddingType, n_step: int, storing_device: torch.device) -> None:
+                 frame_stack: int, padding_type: PaddingType, n_step: int, storing_device: torch.device,
+                 names: tuple[str, str] = ("obs", "next_obs")) -> None:
         self.capacity = capacity
+        self.names = names  # of the followed observation and its next one, in messages: obs["image"] ...
         self.frame_stack = frame_stack
         self.padding_type = padding_type
         self.n_step = n_step
@@ -295,15 +298,16 @@ class Streams:
     def _stream_error(self, problem: int, env: int) -> StreamError:
         """The error of what a check found first (``CONTINUITY``, ``SHIFT`` or ``PADDING``) at ``env``."""
         if problem == CONTINUITY:
+            obs, next_obs = self.names
             return StreamError(
-                f"obs: env {env}'s observation differs from the next_obs added with its previous step, whose "
+                f"{obs}: env {env}'s observation differs from the {next_obs} added with its previous step, whose "
                 "episode did not end; a buffer that stores next_obs once follows each env's stream (mark the end "
                 "of every episode with terminated or truncated, or build it with compact=False)")
         if problem == SHIFT:
-            return StreamError(f"next_obs: env {env}'s stack is not obs shifted by one frame (frame_stack="
+            return StreamError(f"{self.names[1]}: env {env}'s stack is not {self.names[0]} shifted by one frame (frame_stack="
                                f"{self.frame_stack}, newest frame last), as gymnasium's FrameStackObservation gives")
         what = "its first frame" if self.padding_type == "reset" else "zeros"
-        return StreamError(f"obs: env {env} starts an episode (its previous step ended one, or it is its first "
+        return StreamError(f"{self.names[0]}: env {env} starts an episode (its previous step ended one, or it is its first "
                            f"step here), expected the older frames of its stack to be {what} "
                            f"(padding_type={self.padding_type!r}), got other frames")
 
