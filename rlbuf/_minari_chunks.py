@@ -390,10 +390,9 @@ def _arrow_episodes(dataset: Any, ids: Sequence[int], spaces: Spaces) -> Iterato
     for episode, meta in zip(ids, metadata, strict=True):
         files = sorted(path for path in (root / str(episode)).iterdir()
                        if not path.name.startswith(("_", ".")) and path.name != "metadata.json")
-        tables = []
-        for path in files:
-            with ipc.open_file(str(path)) as reader:
-                tables.append(reader.read_all())
+        # Memory-mapped: the columns are views of the file's pages (pyarrow's allocator would keep
+        # what it read, chunk after chunk), unmapped once the chunk is copied out of them.
+        tables = [ipc.open_file(pa.memory_map(str(path))).read_all() for path in files]
         table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
         yield {"id": episode, "seed": meta.get("seed"), "options": meta.get("options"),
                "observations": _arrow_column(table.column("observations"), spaces.observation_space, pa),
