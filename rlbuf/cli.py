@@ -163,7 +163,8 @@ def _demo(options: argparse.Namespace) -> int:
     from pathlib import Path
 
     out = Path(summary["outputs"]["summary"]).parent.resolve()
-    print(f"outputs in {out}/: curve.png, summary.json, model.pt, checkpoints/ (rlbuf inspect {out})")
+    inspected = summary.get("inspect", out)  # apex: its checkpoints are a service's, each shard one rlbuf checkpoint
+    print(f"outputs in {out}/: curve.png, summary.json, model.pt, checkpoints/ (rlbuf inspect {inspected})")
     return 0
 
 

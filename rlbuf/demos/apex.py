@@ -216,6 +216,6 @@ def run(args: Args) -> dict[str, Any]:
     torch.save({"q": learner.q.state_dict(), "hidden": args.hidden}, out / "model.pt")
     (final / "resume_check.json").write_text(json.dumps({"resume_exact": exact, "steps": args.resume_check_steps}))
     return _progress.finish(out, "apex", args, progress, frames, stats, True, None, resume_exact=exact,
-                            learner_steps=learner.steps, shard_sizes=sizes,
+                            learner_steps=learner.steps, shard_sizes=sizes, inspect=str(final / "shard_0"),
                             limiter_counters=[limiter["counters"] for limiter in limiters],
                             epsilons=[epsilon(i, args.num_actors) for i in range(args.num_actors)])
