@@ -5,15 +5,21 @@ Minari keeps an episode's ``options`` (the dict its ``env.reset`` took) in the e
 read with ``dataset.storage.get_episode_metadata``: flattened into the HDF5 group's attributes
 (``options/<key>/<sub>``; numbers come back as numpy scalars and arrays of their dtype) or as JSON in
 the Arrow episode's ``metadata.json`` (numbers come back as Python ``int``, ``float``, ``bool`` and
-lists). rlbuf stores each option leaf as the field ``option_<key>`` (nested keys joined by ``__``),
-the episode's value repeated on each of its rows, as seeds are: numbers, bools and arrays of them of
-one shape and dtype in every episode. ``to_minari`` writes the fields back as each episode's
-``options``, in the form its format reads back: numpy values for HDF5, JSON values for Arrow.
+lists; strings as ``str`` in both). rlbuf stores each option leaf as the field ``option_<key>`` (nested keys
+joined by ``__``), the episode's value repeated on each of its rows, as seeds are: numbers, bools and
+arrays of them of one shape and dtype in every episode. A string option is the field ``str_option_<key>``:
+its UTF-8 bytes (``uint8``), zero-padded to the longest of the dataset (found by a first pass over
+every episode's options: ``text_widths``), so it takes one fixed width and comes back exactly (a
+string holding ``"\\0"`` is refused: the padding could not be told from it). ``to_minari`` writes the
+fields back as each episode's ``options``, in the form its format reads back: numpy values for HDF5,
+JSON values for Arrow.
 
 Example:
     >>> paths = option_paths({"low": -0.5, "goal": {"xy": [0.0, 1.0]}}, True, 0)
     >>> [field_name(path) for path in paths]
     ['option_low', 'option_goal__xy']
+    >>> text_value("hård", 6, "options")      # a string option: UTF-8 bytes, zero-padded
+    array([104, 195, 165, 114, 100,   0], dtype=uint8)
     >>> options_out({"low": np.float64(-0.5), "n": np.int64(3)}, "arrow")
     {'low': -0.5, 'n': 3}
 """
@@ -21,7 +27,7 @@ Example:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,6 +36,7 @@ from rlbuf.errors import ConfigError, DtypeError, MissingFieldError, ShapeError
 
 Key = tuple[str, ...]
 PREFIX = "option_"
+TEXT_PREFIX = "str_option_"
 _NAME = re.compile(r"[A-Za-z0-9]+(?:_[A-Za-z0-9]+)*")
 
 
@@ -47,14 +54,56 @@ def _flatten(options: Mapping[str, Any], path: Key = ()) -> dict[Key, Any]:
     return out
 
 
-def field_name(path: Key) -> str:
-    """The buffer field of an option: ``option_<key>``, nested keys joined by ``__``.
+def field_name(path: Key, *, text: bool = False) -> str:
+    """The buffer field of an option: ``option_<key>`` (``str_option_<key>`` for a string), nested keys
+    joined by ``__``.
 
     Example:
-        >>> field_name(("goal", "xy"))
-        'option_goal__xy'
+        >>> field_name(("goal", "xy")), field_name(("mode",), text=True)
+        ('option_goal__xy', 'str_option_mode')
     """
-    return PREFIX + "__".join(path)
+    return (TEXT_PREFIX if text else PREFIX) + "__".join(path)
+
+
+def text_widths(metadata: Iterable[Mapping[str, Any]], paths: Sequence[Key],
+                first: Mapping[str, Any]) -> dict[Key, int]:
+    """For each string option of ``first`` (an episode's metadata) among ``paths``, the most UTF-8 bytes it
+    takes in any episode of ``metadata`` (at least 1): the width of its field.
+
+    Example:
+        >>> text_widths([{"options": {"mode": "easy"}}, {"options": {"mode": "hård"}}], [("mode",)],
+        ...             {"options": {"mode": "easy"}})
+        {('mode',): 5}
+    """
+    texts = [path for path, value in _flatten(first.get("options") or {}).items()
+             if path in paths and isinstance(value, str)]
+    widths = dict.fromkeys(texts, 1)
+    if not texts:
+        return widths
+    for episode in metadata:
+        found = _flatten(episode.get("options") or {})
+        for path in texts:
+            if isinstance(found.get(path), str):
+                widths[path] = max(widths[path], len(found[path].encode("utf-8", "surrogatepass")))
+    return widths
+
+
+def text_value(value: Any, width: int, label: str) -> np.ndarray[Any, Any]:
+    """A string option as its field's value: UTF-8 bytes, zero-padded to ``width``.
+
+    Raises:
+        DtypeError: not a string (the first episode's is), or a string holding ``"\\0"``.
+    """
+    if not isinstance(value, str):
+        raise DtypeError(f"{label}: expected a str (as the first episode's), got {value!r}; import without it "
+                         f"(options=[...] with the other keys, or options=False)")
+    if "\0" in value:
+        raise DtypeError(f"{label}: expected a str without \"\\0\" (its field is zero-padded), got {value!r}; "
+                         f"import without it (options=[...] or options=False)")
+    data = value.encode("utf-8", "surrogatepass")
+    out = np.zeros(width, np.uint8)
+    out[:len(data)] = np.frombuffer(data, np.uint8)
+    return out
 
 
 def option_paths(options: Mapping[str, Any] | None, wanted: bool | Sequence[str], episode: Any) -> list[Key]:
@@ -113,7 +162,8 @@ def option_value(value: Any, label: str,
 
 
 def check_options(episode: Mapping[str, Any], paths: Sequence[Key], every: bool,
-                  first: Mapping[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
+                  first: Mapping[str, Any], widths: Mapping[Key, int] | None = None
+                  ) -> dict[str, np.ndarray[Any, Any]]:
     """The episode's stored options, ``{field: value}``, checked against the first episode's.
 
     Args:
@@ -121,6 +171,8 @@ def check_options(episode: Mapping[str, Any], paths: Sequence[Key], every: bool,
         paths: the option leaves to store (the first episode's, see ``option_paths``).
         every: whether every option is stored (``options=True``): then an episode may have no other.
         first: the first episode, whose options set the shapes and dtypes.
+        widths: the width of each string option's field (``text_widths``); a string option not in it is
+            refused.
 
     Raises:
         MissingFieldError: an option the first episode has and this one lacks.
@@ -142,6 +194,9 @@ def check_options(episode: Mapping[str, Any], paths: Sequence[Key], every: bool,
                                     f"it); import without it (options=[...] with the other keys, or "
                                     f"options=False)")
         label = _label(number, path)
+        if widths is not None and path in widths:
+            out[field_name(path, text=True)] = text_value(found[path], widths[path], label)
+            continue
         value, expected = option_value(found[path], label), option_value(reference[path], label)
         if value.shape != expected.shape:
             raise ShapeError(f"{label}: expected shape {expected.shape} (as the first episode's), got "
@@ -162,12 +217,14 @@ def row_options(extras: Mapping[str, np.ndarray[Any, Any]], row: int) -> dict[st
     """
     out: dict[str, Any] = {}
     for name, column in extras.items():
-        if name.startswith(PREFIX):
-            *keys, last = name.removeprefix(PREFIX).split("__")
+        text = name.startswith(TEXT_PREFIX)
+        if text or name.startswith(PREFIX):
+            *keys, last = name.removeprefix(TEXT_PREFIX if text else PREFIX).split("__")
             node = out
             for key in keys:
                 node = node.setdefault(key, {})
-            node[last] = column[row]
+            node[last] = (bytes(column[row]).rstrip(b"\0").decode("utf-8", "surrogatepass") if text
+                          else column[row])
     return out or None
 
 

@@ -23,7 +23,8 @@ Design:
   Infos, where asked (``infos=True`` or a list of keys), are fields too: ``info_<key>`` at ``obs``
   and ``next_info_<key>`` at ``next_obs`` (a Minari episode has one info per observation). So are
   reset options, where asked (``options=True`` or a list of keys): ``option_<key>``, the episode's
-  value on each of its rows, as its seed (``rlbuf._minari_options``).
+  value on each of its rows, as its seed; a string's UTF-8 bytes as ``str_option_<key>``
+  (``rlbuf._minari_options``).
 * **Refused, never half-loaded.** An inconsistent episode is refused with the error of its kind
   (``ShapeError``: lengths that disagree, a missing final observation, a shape not the space's;
   ``DtypeError``; ``NonFiniteError``: NaN in an observation or action, a reward that is not finite;
@@ -67,7 +68,7 @@ import torch
 from tensordict import TensorDictBase
 
 from rlbuf._minari_chunks import Chunk, chunk_rows, dataset_chunks, first_episode, step_bytes
-from rlbuf._minari_options import check_options, option_paths, row_options
+from rlbuf._minari_options import check_options, option_paths, row_options, text_widths
 from rlbuf._minari_read import (
     NO_SEED,
     Spaces,
@@ -108,9 +109,10 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
             ``info_<key>`` (at ``obs``) and ``next_info_<key>`` (at ``next_obs``): ``True`` for every
             such key of the first episode, or a list of keys. ``to_minari`` writes them back.
         options: store each episode's reset ``options`` (numbers, bools and arrays of them) on its
-            rows as fields ``option_<key>`` (nested keys joined by ``__``): ``True`` for every option
-            (every episode must have the same ones), or a list of top-level keys. ``to_minari`` writes
-            them back as each episode's ``options``.
+            rows as fields ``option_<key>`` (nested keys joined by ``__``), strings as ``str_option_<key>``
+            (UTF-8 bytes, zero-padded to the dataset's longest): ``True`` for every option (every episode
+            must have the same ones), or a list of top-level keys. ``to_minari`` writes them back as each
+            episode's ``options``.
         **buffer_options: the [`ReplayBuffer`][rlbuf.ReplayBuffer] options: ``capacity`` (default: the
             dataset's steps; more leaves room to add online, with ``exact=False``: an exact buffer's ``add``
             needs its extra fields too), ``storage="memmap"`` for datasets larger than
@@ -159,7 +161,9 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
     paths = option_paths(probe.get("options"), options, probe["id"])
     # What later episodes are checked against: the first one's info shapes and dtypes, and its options.
     reference = {"infos": {key: probe["infos"][key] for key in keys}, "options": probe.get("options")}
-    option_fields = check_options(probe, paths, options is True, reference)
+    # A string option's field is as wide as its longest value: a first pass over every episode's options.
+    widths = text_widths(data.storage.get_episode_metadata([int(i) for i in data.episode_indices]), paths, probe)
+    option_fields = check_options(probe, paths, options is True, reference, widths)
     reward_dtype = probe["rewards"].dtype
     exact_reward = exact and reward_dtype != np.float32
     extra_fields: dict[str, Any] = {}
@@ -184,7 +188,7 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
         for number in range(len(chunk.ids)):
             episode = chunk.episode(number, structured=spaces.structured)
             check_infos(episode, keys, check_episode(episode, spaces), reference)
-            found.append(check_options(episode, paths, options is True, reference))
+            found.append(check_options(episode, paths, options is True, reference, widths))
             if exact_reward and episode["rewards"].dtype != reward_dtype:
                 raise DtypeError(f"episode {episode['id']}: rewards: expected dtype {reward_dtype} (as the first "
                                  f"episode's), got {episode['rewards'].dtype}; save every episode's rewards with "

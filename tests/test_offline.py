@@ -173,6 +173,7 @@ def _options_strategy(data_format: str) -> st.SearchStrategy[Any]:
         "int": st.integers(-2**62, 2**62), "float": floats, "bool": st.booleans(),
         "vector": st.lists(floats, min_size=2, max_size=2), "ints": st.lists(st.integers(-9, 9), min_size=3,
                                                                             max_size=3)}
+    leaves["text"] = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\0"), max_size=6)
     if data_format == "hdf5":
         leaves["float32"] = st.floats(width=32, allow_nan=False).map(np.float32)
         leaves["int16"] = st.lists(st.integers(-9, 9), min_size=2, max_size=2).map(lambda v: np.array(v, np.int16))
@@ -198,14 +199,14 @@ def test_reset_options_asked_for_survive_minari_rlbuf_minari_rlbuf(
                 for shape in shapes]
     source = _minari_dataset(episodes, "flat", data_format)
     first = from_minari(source, options=True)
-    fields = [name for name in _rows(first) if name.startswith("option_")]
+    fields = [name for name in _rows(first) if name.startswith(("option_", "str_option_"))]
     assert bool(fields) == (options is not None)
     exported = to_minari(first, _new_id(), data_format=data_format, observation_space=source.observation_space,
                          action_space=source.action_space)
     _assert_same_episodes(source, minari.load_dataset(exported.id))
     _assert_same_rows(first, from_minari(exported.id, options=True))
     lean = from_minari(source, exact=False)  # options are left out unless asked for
-    assert not any(name.startswith("option_") for name in _rows(lean))
+    assert not any(name.startswith(("option_", "str_option_")) for name in _rows(lean))
 
 
 def test_options_are_fields_of_their_episodes_rows_and_only_those_asked_for() -> None:
@@ -218,6 +219,16 @@ def test_options_are_fields_of_their_episodes_rows_and_only_those_asked_for() ->
     assert rows["option_low"].dtype == torch.float64
     assert rows["option_goal__xy"].tolist() == [[-0.5, 1.0]] * 2 + [[0.25, 1.0]] * 3
     assert "option_goal__xy" not in _rows(from_minari(dataset, options=["low"]))
+    texts = from_minari(_minari_dataset([{**episode, "options": {"task": task}} for episode, task
+                                         in zip(episodes, ["reach", "pick-and-placé"], strict=True)]), options=True)
+    rows = _rows(texts)
+    assert rows["str_option_task"].dtype == torch.uint8 and rows["str_option_task"].shape == (5, 15)
+    assert bytes(rows["str_option_task"][-1].tolist()).decode() == "pick-and-placé"
+    back = to_minari(texts, _new_id())
+    assert [m["options"] for m in back.storage.get_episode_metadata([0, 1])] == [
+        {"task": "reach"}, {"task": "pick-and-placé"}]
+    with pytest.raises(DtypeError, match=r'episode 1: options\["task"\]: expected a str without "\\0"'):
+        from_minari(_minari_dataset(_options_of({"task": "a"}, {"task": "b\0"}), "flat", "arrow"), options=True)
     written = to_minari([{**episodes[0], "options": {"task": "reach", "low": np.float32(2)}}], _new_id())
     assert next(iter(written.storage.get_episode_metadata([0])))["options"] == {"task": "reach", "low": 2.0}
 
@@ -232,8 +243,10 @@ BAD_OPTIONS = {
                 r'episode 1: options\["low"\]: missing \(the first episode has it'),
     "extra": (_options_of({"low": 1.0}, {"low": 2.0, "high": 3.0}), True, ConfigError,
               r'episode 1: options\["high"\]: the first episode has no such option'),
-    "text": (_options_of({"task": "reach"}), True, DtypeError,
-             r"episode 0: options\[\"task\"\]: expected a number, a bool or an array of them, got 'reach'"),
+    "text": (_options_of({"task": "reach"}, {"task": 3}), True, DtypeError,
+             r"episode 1: options\[\"task\"\]: expected a str \(as the first episode's\), got np.int64\(3\)"),
+    "not_text": (_options_of({"task": 3}, {"task": "reach"}), True, DtypeError,
+                 r"episode 1: options\[\"task\"\]: expected a number, a bool or an array of them, got 'reach'"),
     "shape": (_options_of({"goal": [1.0, 2.0]}, {"goal": [1.0]}), True, ShapeError,
               r'episode 1: options\["goal"\]: expected shape \(2,\) \(as the first episode\'s\), got \(1,\)'),
     "dtype": (_options_of({"level": 1}, {"level": 1.5}), True, DtypeError,
