@@ -15,6 +15,8 @@ median taken (as ``_timing.py`` does):
 * ``rlbuf compact``: ``from_minari(id, compact=True)``: each observation stored once.
 * ``rlbuf compact, not exact``: ``compact=True, exact=False``: the transitions only.
 * ``rlbuf memmap``: ``from_minari(id, storage="memmap")``: the rows in files on disk.
+* ``... (Arrow)``: the same episodes written in Minari's Arrow format (one IPC file an episode):
+  Minari's reader, ``from_minari(id)`` and ``from_minari(id, compact=True, exact=False)``.
 * ``torchrl``: TorchRL's ``MinariExperienceReplay(id, batch_size=256, root=<tmp>,
   load_from_local_minari=True)``, which reads the local HDF5 file under ``MINARI_DATASETS_PATH``
   without a download, builds a TensorDict of every step in RAM and writes it as a memmap under
@@ -26,13 +28,15 @@ are compared with what Minari's own reader gives: the last column says whether t
 Each row gives the median seconds, steps per second, the peak RSS above the process's RSS just
 before the load (``ru_maxrss`` less the baseline; each child first loads a 4-episode dataset the
 same way, so imports and first-use allocations are not counted), that peak divided by the
-dataset size and (rlbuf) by the bytes the buffer stores (``buffer.nbytes``), and
+dataset size and (rlbuf) by the bytes the buffer stores (``buffer.nbytes``), the peak of anonymous
+memory alone (``RssAnon``, sampled every 5 ms: a memmap's rows are file pages, which the kernel
+writes back and drops, so this is what bounds a load larger than RAM), and
 rlbuf's seconds and peak divided by TorchRL's (below 1: rlbuf is faster / smaller). The targets
 (issue 23): ≥ 1,000,000 steps/s for flat observations, peak RSS ≤ 1.2 × the dataset.
 
 One torch thread. Run from the repository root::
 
-    PYTHONPATH=. python benchmarks/minari_import.py            # 3 rounds, about 5 minutes on 2 cores
+    PYTHONPATH=. python benchmarks/minari_import.py            # 3 rounds, about 10 minutes on 2 cores
     PYTHONPATH=. python benchmarks/minari_import.py --quick    # 100,000 steps, a smoke run
 """
 
@@ -47,14 +51,18 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-PEERS = ["minari read", "rlbuf", "rlbuf compact", "rlbuf compact, not exact", "rlbuf memmap", "torchrl"]
+PEERS = ["minari read", "rlbuf", "rlbuf compact", "rlbuf compact, not exact", "rlbuf memmap", "torchrl",
+         "minari read (Arrow)", "rlbuf (Arrow)", "rlbuf compact, not exact (Arrow)"]
 DATASET_ID = "bench/mujoco-like-v0"
+ARROW_ID = "bench/mujoco-like-arrow-v0"  # the same episodes, in Minari's Arrow format
 WARM_UP_ID = "bench/warm-up-v0"  # loaded first by each peer: imports and first-use allocations are not counted
+ARROW_WARM_UP_ID = "bench/warm-up-arrow-v0"
 
 
 def _rss() -> int:
@@ -62,7 +70,13 @@ def _rss() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def make_dataset(root: Path, steps: int, episode_length: int, dataset_id: str = DATASET_ID) -> int:
+def _rss_anon() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
+
+
+def make_dataset(root: Path, steps: int, episode_length: int, dataset_id: str = DATASET_ID,
+                 data_format: str = "hdf5") -> int:
     """Write the dataset under ``root``; return the bytes of its arrays."""
     import gymnasium as gym
     import minari
@@ -83,7 +97,7 @@ def make_dataset(root: Path, steps: int, episode_length: int, dataset_id: str = 
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Minari's reminders of metadata
-        minari.create_dataset_from_buffers(dataset_id, buffers(), data_format="hdf5",
+        minari.create_dataset_from_buffers(dataset_id, buffers(), data_format=data_format,
                                            observation_space=gym.spaces.Box(-np.inf, np.inf, (17,), np.float64),
                                            action_space=gym.spaces.Box(-1, 1, (6,), np.float32))
     return episodes * ((episode_length + 1) * 17 * 8 + episode_length * (6 * 4 + 8 + 1 + 1))
@@ -106,10 +120,13 @@ def load(peer: str, root: Path, scratch: Path) -> dict[str, float]:
 
     options: dict[str, Any] = {"rlbuf": {}, "rlbuf compact": {"compact": True},
                                "rlbuf compact, not exact": {"compact": True, "exact": False},
-                               "rlbuf memmap": {"storage": "memmap", "scratch_dir": scratch}}.get(peer, {})
+                               "rlbuf memmap": {"storage": "memmap", "scratch_dir": scratch}}.get(peer.removesuffix(" (Arrow)"), {})
+    arrow = peer.endswith("(Arrow)")
+    dataset_id, warm_up_id = (ARROW_ID, ARROW_WARM_UP_ID) if arrow else (DATASET_ID, WARM_UP_ID)
+
     def run(dataset_id: str, scratch: Path) -> tuple[int, int, Any]:
         """Steps loaded, the bytes rlbuf's buffer holds (0 for the others), and a reader of the first rows."""
-        if peer == "minari read":
+        if peer.startswith("minari read"):
             dataset = minari.load_dataset(dataset_id)
             steps = sum(len(episode["rewards"]) for episode in dataset.storage.get_episodes(dataset.episode_indices))
             return steps, 0, None
@@ -119,15 +136,27 @@ def load(peer: str, root: Path, scratch: Path) -> dict[str, float]:
         buffer = from_minari(dataset_id, **options)
         return len(buffer), buffer.nbytes, lambda rows: buffer.sample_by_index(torch.arange(rows))
 
-    run(WARM_UP_ID, scratch / "warm-up")
-    baseline = _rss()
+    run(warm_up_id, scratch / "warm-up")
+    baseline, anon_baseline = _rss(), _rss_anon()
+    anon_peak = [0]
+    done = threading.Event()
+
+    def sample_anon() -> None:  # anonymous memory only: a memmap's file pages are the page cache's
+        while not done.wait(0.005):
+            anon_peak[0] = max(anon_peak[0], _rss_anon() - anon_baseline)
+
+    sampler = threading.Thread(target=sample_anon, daemon=True)
+    sampler.start()
     start = time.perf_counter()
-    steps, stored, first_rows = run(DATASET_ID, scratch)
+    steps, stored, first_rows = run(dataset_id, scratch)
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    done.set()
+    sampler.join()
+    anon = max(anon_peak[0], _rss_anon() - anon_baseline)
     correct = -1.0  # not a loader: nothing to compare
     if first_rows is not None:  # after the peak is read: the first episode's rows against Minari's own reader
-        episode = next(minari.load_dataset(DATASET_ID).iterate_episodes())
+        episode = next(minari.load_dataset(dataset_id).iterate_episodes())
         rows = first_rows(len(episode.rewards))
         obs = rows["observation"] if peer == "torchrl" else rows.obs
         next_obs = rows["next", "observation"] if peer == "torchrl" else rows.next_obs
@@ -135,7 +164,7 @@ def load(peer: str, root: Path, scratch: Path) -> dict[str, float]:
         correct = float(np.array_equal(obs.numpy(), episode.observations[:-1])
                         and np.array_equal(next_obs.numpy(), episode.observations[1:])
                         and (reward is None or np.array_equal(reward.numpy(), episode.rewards)))
-    return {"seconds": seconds, "steps": steps, "peak": max(0, peak - baseline), "stored": stored,
+    return {"seconds": seconds, "steps": steps, "peak": max(0, peak - baseline), "anon": anon, "stored": stored,
             "correct": correct}
 
 
@@ -160,6 +189,8 @@ def main() -> None:
         started = time.perf_counter()
         size = make_dataset(root, args.steps, args.episode_length)
         make_dataset(root, 4 * args.episode_length, args.episode_length, WARM_UP_ID)
+        make_dataset(root, args.steps, args.episode_length, ARROW_ID, "arrow")
+        make_dataset(root, 4 * args.episode_length, args.episode_length, ARROW_WARM_UP_ID, "arrow")
         print(f"dataset: {args.steps:,} steps, {size / 1e6:.0f} MB of arrays "
               f"(written in {time.perf_counter() - started:.1f} s)")
         runs: dict[str, list[dict[str, float]]] = {peer: [] for peer in PEERS}
@@ -173,19 +204,21 @@ def main() -> None:
                                       "--scratch", str(scratch)], check=True, capture_output=True, text=True)
                 runs[peer].append(json.loads(out.stdout.strip().splitlines()[-1]))
     medians = {peer: {key: statistics.median(run[key] for run in values)
-                      for key in ("seconds", "peak", "steps", "stored", "correct")} for peer, values in runs.items()}
+                      for key in ("seconds", "peak", "anon", "steps", "stored", "correct")}
+               for peer, values in runs.items()}
     torchrl = medians["torchrl"]
-    print(f"\n{'peer':<26} {'s':>7} {'steps/s':>11} {'peak MB':>8} {'÷ dataset':>9} {'÷ stored':>8} "
+    print(f"\n{'peer':<34} {'s':>7} {'steps/s':>11} {'peak MB':>8} {'anon MB':>8} {'÷ dataset':>9} {'÷ stored':>8} "
           f"{'s ÷ torchrl':>11} {'peak ÷ torchrl':>14}  rows match Minari")
     for peer, median in medians.items():
         stored = f"{median['peak'] / median['stored']:>8.2f}" if median["stored"] else f"{'':>8}"
-        print(f"{peer:<26} {median['seconds']:>7.2f} {median['steps'] / median['seconds']:>11,.0f} "
-              f"{median['peak'] / 1e6:>8.0f} {median['peak'] / size:>9.2f} {stored} "
+        print(f"{peer:<34} {median['seconds']:>7.2f} {median['steps'] / median['seconds']:>11,.0f} "
+              f"{median['peak'] / 1e6:>8.0f} {median['anon'] / 1e6:>8.0f} {median['peak'] / size:>9.2f} {stored} "
               f"{median['seconds'] / torchrl['seconds']:>11.2f} {median['peak'] / torchrl['peak']:>14.2f}  "
               f"{ {1: 'yes', 0: 'NO'}.get(int(median['correct']), '-')}")
     rate = medians["rlbuf"]["steps"] / medians["rlbuf"]["seconds"]
     print(f"\n{'PASS' if rate >= 1e6 else 'MISS'}: from_minari {rate:,.0f} steps/s (target >= 1,000,000)")
-    for peer in ("rlbuf", "rlbuf compact", "rlbuf compact, not exact", "rlbuf memmap"):
+    for peer in ("rlbuf", "rlbuf compact", "rlbuf compact, not exact", "rlbuf memmap", "rlbuf (Arrow)",
+                 "rlbuf compact, not exact (Arrow)"):
         ratio = medians[peer]["peak"] / size
         print(f"{'PASS' if ratio <= 1.2 else 'MISS'}: {peer} peak RSS {ratio:.2f} x the dataset (target <= 1.2)")
     if args.json:
