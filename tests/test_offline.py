@@ -399,6 +399,34 @@ def test_an_inconsistent_dataset_is_refused_by_name_and_nothing_is_returned(
     assert extended == [4] and len(closed) == 1  # the buffer that took the first episode was closed, not returned
 
 
+@pytest.mark.parametrize("case", sorted(INCONSISTENT))
+def test_an_inconsistent_episode_amid_a_chunk_is_refused_by_name(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    bad, error, message = INCONSISTENT[case]
+    dataset = _minari_dataset([GOOD, GOOD, bad, GOOD])  # one chunk: the bad episode is read amid good ones
+    closed = []
+    monkeypatch.setattr(ReplayBuffer, "close", lambda self: closed.append(self))
+    with pytest.raises(error, match=message.replace("episode 1", "episode 2")):
+        from_minari(dataset)
+    assert len(closed) == 1
+
+
+@pytest.mark.parametrize("data_format", ["hdf5", "arrow"])
+@pytest.mark.parametrize("options", [{}, {"compact": True}, {"compact": True, "exact": False}], ids=str)
+def test_chunks_of_any_size_store_the_same_rows(data_format: str, options: dict[str, Any],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks reuse their arrays (two sets, alternating): many small chunks store what one chunk stores."""
+    rng = np.random.default_rng(5)
+    episodes = [_episode(kind, n, end, seed, rng) for kind, n, end, seed in
+                [("flat", 3, "terminated", 1), ("flat", 5, "truncated", None), ("flat", 1, "both", 7),
+                 ("flat", 4, "truncated", 2), ("flat", 2, "terminated", 3), ("flat", 6, "truncated", 4)]]
+    dataset = _minari_dataset(episodes, "flat", data_format)
+    whole = from_minari(dataset, **options)
+    for chunk_bytes in (1, 120):  # one episode a chunk; about 3 steps a chunk (BOX and ACTIONS: 42 bytes a step)
+        monkeypatch.setattr(rlbuf.offline, "_CHUNK_BYTES", chunk_bytes)
+        _assert_same_rows(whole, from_minari(dataset, **options))
+    assert len(whole) == 21
+
+
 def test_steps_that_are_not_the_metadatas_total_are_refused() -> None:
     import json
 
