@@ -27,7 +27,7 @@ from rlbuf._rate_limit import RateLimiter
 from rlbuf._ray_calls import get, start_ray, stop
 from rlbuf._ray_checkpoint import read_manifest, write_checkpoint
 from rlbuf._ray_restart import Restarts, restart_path
-from rlbuf._ray_wire import from_wire, to_wire
+from rlbuf._ray_wire import concat, from_wire, to_wire
 from rlbuf._ray_writer import ServiceWriter, check_batch_steps, timeout_of
 from rlbuf._sumtree_arrays import check_exponent
 from rlbuf.batches import ReplayBatch
@@ -299,9 +299,11 @@ class ReplayService:
         """Draw ``batch_size`` rows across the shards, delivered on [`device`][rlbuf.ray.ReplayService.device].
 
         The split is multinomial over the shards' sizes (priority masses when prioritized),
-        drawn by the service's seeded generator; each shard then samples its share. With
-        priorities, importance weights are normalised over all shards (the largest possible
-        weight is 1). ``batch.index`` is global: ``shard * shard_capacity + position``.
+        drawn by the service's seeded generator; each shard then samples its share. A shard
+        whose rate limiter holds its share is left out and the split drawn again over the
+        others; only when every shard holds does the sample wait. With priorities, importance
+        weights are normalised over all shards (the largest possible weight is 1).
+        ``batch.index`` is global: ``shard * shard_capacity + position``.
 
         Args:
             batch_size: rows to draw.
@@ -311,8 +313,8 @@ class ReplayService:
         Raises:
             BatchSizeError: ``batch_size`` is not a positive int (or wider than a limiter's band).
             EmptyBufferError: every shard is empty.
-            RateLimitTimeoutError: a shard's limiter held its share for ``timeout`` seconds;
-                no shard sampled (no counter moved).
+            RateLimitTimeoutError: every shard's limiter held the sample for ``timeout``
+                seconds; no shard sampled (no counter moved).
             ShardDiedError: a shard's actor is gone.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -329,13 +331,37 @@ class ReplayService:
             raise EmptyBufferError(f"sample: every shard is empty (sizes {[stat['size'] for stat in stats]})")
         counts = self._rng.multinomial(batch_size, mass / mass.sum())
         drawn = [(k, int(count)) for k, count in enumerate(counts) if count > 0]
-        if len(drawn) > 1 and not all(self._may_sample(stats[k], count) for k, count in drawn):
-            # Wait until every share may be drawn first, so a timeout leaves every shard's counters as they were.
-            self._get([(k, shards[k].shard_wait_sample.remote(count, wait)) for k, count in drawn])
+        if not all(self._may_sample(stats[k], count) for k, count in drawn):
+            drawn = self._split_around_held(batch_size, mass, stats, drawn, wait)
         replies = self._get([(k, shards[k].shard_sample.remote(count, wait)) for k, count in drawn])
         for (k, _), reply in zip(drawn, replies, strict=True):
             stats[k] = self._heard([reply["stats"]], k)[0]
         return self._merge(drawn, replies, stats)
+
+    def _split_around_held(self, batch_size: int, mass: np.ndarray[Any, Any], stats: list[dict[str, Any]],
+                           drawn: list[tuple[int, int]], wait: float | None) -> list[tuple[int, int]]:
+        """The batch split again over the shards whose limiters let their share be drawn now.
+
+        A shard the learner is ahead on is left out of this batch (as Reverb's clients of several
+        servers leave out a server whose limiter holds): the others keep being sampled, and their
+        writers are not held by a shard whose own writers have stopped. Only when every shard
+        holds does the learner wait, on all the first split's shards before drawing any, so a
+        timeout leaves every shard's counters as they were.
+        """
+        shards = self._live()
+        held = [k for k, count in drawn if not self._may_sample(stats[k], count)]
+        fresh = self._get([(k, shards[k].shard_stats.remote()) for k in held])  # inserts may have made room
+        for k, stat in zip(held, fresh, strict=True):
+            stats[k] = self._heard([stat], k)[0]
+        free, split = mass.copy(), drawn
+        while not all(self._may_sample(stats[k], count) for k, count in split):
+            free[[k for k, count in split if not self._may_sample(stats[k], count)]] = 0.0
+            if not free.sum() > 0:
+                self._get([(k, shards[k].shard_wait_sample.remote(count, wait)) for k, count in drawn])
+                return drawn
+            counts = self._rng.multinomial(batch_size, free / free.sum())
+            split = [(k, int(count)) for k, count in enumerate(counts) if count > 0]
+        return split
 
     def _await_rows(self, batch_size: int, timeout: float | None) -> list[dict[str, Any]]:
         """The shards' stats once one of them holds a row (every shard is empty until the writers start).
@@ -378,7 +404,7 @@ class ReplayService:
             overall = min(smallest)
             for reply, part in zip(replies, parts, strict=True):
                 part["weight"] = part["weight"] * float((reply["stats"]["smallest"] / overall) ** -self._beta)
-        fields = from_wire(_concat(parts))
+        fields = from_wire(concat(parts))
         extras, hidden_state = fields.pop("extras"), fields.pop("hidden_state")
         fields = deliver(fields, self._device)
         return ReplayBatch(**fields, extras=deliver(extras, self._device) if extras else {},
@@ -560,23 +586,3 @@ def _shard_capacity(capacity: Any, num_shards: Any) -> int:
 def _info(k: int, shard: Any) -> dict[str, Any]:
     info: dict[str, Any] = get([(k, shard.shard_info.remote())])[0]
     return info
-
-
-def _concat(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Fields of several shards' batches, row-concatenated (nested dicts key by key, ``None`` kept)."""
-    first = parts[0]
-    merged: dict[str, Any] = {}
-    for name, value in first.items():
-        values = [part[name] for part in parts]
-        if value is None:
-            merged[name] = None
-        elif isinstance(value, dict):
-            merged[name] = _concat(values)
-        elif len(values) == 1:
-            merged[name] = value
-        elif isinstance(value, np.ndarray):
-            merged[name] = np.concatenate(values)
-        else:  # a dtype numpy lacks travels as a tensor
-            merged[name] = torch.cat(values)
-    return merged
-

@@ -49,3 +49,24 @@ def from_wire(value: Any) -> Any:
     if isinstance(value, list):
         return [from_wire(item) for item in value]
     return value
+
+
+def concat(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Fields of several shards' batches in wire form, row-concatenated (nested dicts key by key,
+    ``None`` kept): numpy arrays by one copy, which also makes them writable."""
+    first = parts[0]
+    merged: dict[str, Any] = {}
+    for name, value in first.items():
+        values = [part[name] for part in parts]
+        if value is None:
+            merged[name] = None
+        elif isinstance(value, dict):
+            merged[name] = concat(values)
+        elif len(values) == 1:
+            merged[name] = value
+        elif isinstance(value, np.ndarray):
+            merged[name] = np.concatenate(values)
+        else:  # a dtype numpy lacks travels as a tensor
+            merged[name] = torch.cat(values)
+    return merged
+

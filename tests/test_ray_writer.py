@@ -20,6 +20,7 @@ ray = pytest.importorskip("ray")
 from rlbuf import (  # noqa: E402
     ConfigError,
     NotPicklableError,
+    RateLimitTimeoutError,
     ReplayBuffer,
     ShapeError,
     ShardDiedError,
@@ -248,3 +249,27 @@ def test_rlbuf_demo_apex_runs_with_a_checkpoint_and_resumes_exactly(tmp_path: Pa
     saved = sorted(path.name for path in (out / "checkpoints").iterdir())
     assert "frames-400" in saved and f"frames-{summary['frames']}" in saved
     assert ReplayBuffer.load(out / "checkpoints" / "frames-400" / "shard_0").size >= 100   # written mid-run
+
+
+def test_a_shard_the_learner_is_ahead_on_is_left_out_and_the_others_keep_serving() -> None:
+    """Shard 1's writer stops early: once the learner has drawn its rows, batches come from shard 0
+    alone (its writer is not held by shard 1); a sample waits, and times out, only when no shard
+    can give its share, and that timeout moves no counter."""
+    limiter = RateLimiter(samples_per_insert=1.0, min_size_to_sample=8, error_buffer=(0.0, 10_000.0))
+    with ReplayService(2 * 256, num_shards=2, obs_shape=(4,), action_shape=(), action_dtype=torch.int64,
+                       num_envs=2, rate_limiter=limiter, seed=0, actor_options={"num_cpus": 0}) as service:
+        for shard, steps in ((0, 32), (1, 8)):                       # 64 rows in shard 0, 16 in shard 1
+            with service.writer(shard=shard, batch_steps=8) as writer:
+                for t in range(steps):
+                    writer.add(*cartpole_step(torch.tensor([2 * t, 2 * t + 1])))
+        batches = []
+        with pytest.raises(RateLimitTimeoutError, match="sampling would run ahead"):
+            for _ in range(11):                                      # 80 rows may be drawn in all
+                counters = service.rate_limiters()
+                batches.append(service.sample(8, timeout=0.0))
+        assert service.rate_limiters() == counters                   # the held sample moved nothing
+        room = [c["counters"]["inserts"] - c["counters"]["samples"] for c in counters or []]
+        assert all(0 <= left < 8 for left in room)                   # no shard could give a share of 8
+        shard_of = [batch.index // service.shard_capacity for batch in batches]
+        assert sum(int((s == 1).sum()) for s in shard_of) == 16 - room[1]
+        assert any(bool((s == 0).all()) for s in shard_of[-3:])      # shard 1 drawn out: shard 0 alone

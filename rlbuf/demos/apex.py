@@ -144,8 +144,7 @@ def run(args: Args) -> dict[str, Any]:
         ray.init(num_cpus=max(2, args.num_actors), include_dashboard=False, log_to_driver=False)
     limiter = RateLimiter(samples_per_insert=args.samples_per_insert, min_size_to_sample=args.learning_starts,
                           error_buffer=args.samples_per_insert * args.learning_starts + 2 * args.batch_size)
-    # One shard: each shard has its own limiter, and a learner drawing across shards waits on every one of
-    # them, so a shard whose actor has finished its last chunk would hold the others' inserts.
+    # One shard, so the limiter's ratio is the whole run's (each shard of a service has its own limiter).
     service = ReplayService(args.buffer_size, num_shards=1, obs_shape=(4,), action_shape=(),
                             action_dtype=torch.int64, prioritized=True, alpha=args.alpha, beta=args.beta,
                             rate_limiter=limiter, seed=args.seed, storage=args.storage,
