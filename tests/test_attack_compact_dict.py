@@ -296,10 +296,19 @@ class IdEnvs:
         return {"image": np.stack([np.full(IMAGE, (2 * i + env) % 256, np.uint8) for i in ids]),
                 "state": np.array([[i, env, self.first[env]] for i in ids], np.float32)}
 
-    def step(self) -> tuple[Any, ...]:
+    def step(self, keep: tuple[bool, bool] = (True, True)) -> tuple[Any, ...]:
+        """One step of both envs; an env not in ``keep`` gives a junk row (for ``env_mask``) and does not advance."""
         obs, next_obs, reward, terminated, truncated = [], [], [], [], []
         for env in range(2):
             newest = self.ids[env]
+            if not keep[env]:
+                junk = self._stack(env, newest)
+                obs.append(junk)
+                next_obs.append(junk)
+                reward.append(0.0)
+                terminated.append(False)
+                truncated.append(False)
+                continue
             obs.append(self._stack(env, newest))
             next_obs.append(self._stack(env, newest + 1))
             reward.append(_reward(newest))
@@ -336,9 +345,10 @@ def check_id_batch(batch: Any, k: int, n: int, gamma: float) -> None:
         assert np.float32(batch.discount[row].item()) == np.float32(0.0 if ended and env == 0 else gamma**m)
 
 
-@pytest.mark.parametrize(("compression", "prioritized"), [(None, False), ("zstd", True), ("lz4", False)])
+@pytest.mark.parametrize(("compression", "prioritized", "masked"),
+                         [(None, False, False), ("zstd", True, False), ("lz4", False, True), (None, True, True)])
 def test_a_writer_and_a_sampler_on_two_threads(monkeypatch: pytest.MonkeyPatch, compression: str | None,
-                                                prioritized: bool) -> None:
+                                                prioritized: bool, masked: bool) -> None:
     import rlbuf._frames as frames_module
     monkeypatch.setattr(frames_module, "DICTIONARY_AFTER", 40)  # a dictionary trained while the sampler reads
     k, n, gamma = 3, 3, 0.5
@@ -354,8 +364,9 @@ def test_a_writer_and_a_sampler_on_two_threads(monkeypatch: pytest.MonkeyPatch, 
 
     def write() -> None:
         try:
-            for _ in range(300):
-                buffer.add(*envs.step())
+            for t in range(300):
+                keep = (t % 3 != 1, t % 4 != 2) if masked else (True, True)
+                buffer.add(*envs.step(keep), env_mask=np.array(keep) if masked else None)
         except BaseException as error:  # noqa: BLE001 (reported by the test)
             errors.append(error)
         finally:
@@ -800,3 +811,31 @@ def test_sample_all_while_another_thread_adds(compression: str | None) -> None:
             writer.join()
     assert not errors, errors
     check_id_batch(batch, 3, 2, 0.5)
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_refused_steps_leave_the_episode_statistics_as_they_were(compression: str | None) -> None:
+    from rlbuf import EpisodeStats
+
+    buffer = _dict_buffer(compression, stats=EpisodeStats(2))
+    envs = IdEnvs(3)
+    buffer.extend(_collected(envs, 6, nested=True))
+    for _ in range(3):
+        buffer.add(*envs.step())
+    good = _collected(envs, 5, nested=False)
+    bad = good.clone()
+    bad["image"] = bad["image"] ^ 1
+    before = snapshot(buffer)
+    stats = buffer.stats
+    assert stats is not None
+    stats_before = snapshot(stats)
+    with pytest.raises(StreamError):
+        buffer.extend(bad)
+    step = envs.step()
+    with pytest.raises(StreamError):
+        buffer.add(*_broken(step, 0, _with("image", lambda v: v ^ 1)), env_mask=np.array([True, False]))
+    assert same(snapshot(buffer), before) and same(snapshot(stats), stats_before)
+    buffer.extend(good)
+    buffer.add(*step)
+    assert stats.state_dict()["episodes_finished"] > 0
+    check_id_batch(buffer.sample_all(), 3, 2, 0.5)
