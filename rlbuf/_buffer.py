@@ -360,9 +360,10 @@ class RingBuffer(BufferState, Generic[BatchT]):
             >>> buf.sample_all().reward.tolist()
             [2.0, 3.0, 4.0]
         """
-        if len(self._ring) == 0:
-            raise EmptyBufferError("sample_all: the buffer is empty; add data first")
-        return self._batch(self._readable_index())
+        with self._ring.lock:  # the rows listed are the rows gathered, whatever other threads add
+            if len(self._ring) == 0:
+                raise EmptyBufferError("sample_all: the buffer is empty; add data first")
+            return self._batch(self._readable_index())
 
     def _index_weight(self, index: torch.Tensor) -> torch.Tensor | None:
         """The importance weights ``sample`` would give the rows at ``index`` now (``None``: uniform)."""

@@ -219,6 +219,15 @@ class CompactLayout:
             EmptyBufferError: no transition is complete yet.
             PriorityError: complete transitions hold (almost) none of the priority mass.
         """
+        generator = self.ring.generator
+        state = generator.get_state()  # a refused sample leaves the random state as it was
+        try:
+            return self._draw_complete(batch_size, draw)
+        except (EmptyBufferError, PriorityError):
+            generator.set_state(state)
+            raise
+
+    def _draw_complete(self, batch_size: int, draw: Draw) -> tuple[torch.Tensor, torch.Tensor | None]:
         index, weight = draw(batch_size)
         chain = self.walk(index.cpu().numpy())
         for round_ in range(_MAX_ROUNDS):

@@ -347,6 +347,33 @@ def torchrl_env_key(key: NestedKey) -> NestedKey | None:
     return stripped[0] if len(stripped) == 1 else stripped
 
 
+def find_in_td(td: TensorDictBase, key: NestedKey) -> torch.Tensor | None:
+    """The value at ``key`` in a tensordict, or where a TorchRL ``GymEnv`` puts it (a dict observation's
+    leaves at the top level, a goal env's ``"observation"`` leaf too), or ``None``.
+
+    Example:
+        >>> td = TensorDict({"observation": torch.zeros(2, 3), "achieved_goal": torch.ones(2, 1)}, batch_size=[2])
+        >>> find_in_td(td, ("observation", "observation")).shape, find_in_td(td, ("observation", "achieved_goal"))
+        (torch.Size([2, 3]), tensor([[1.],
+                [1.]]))
+    """
+    keys = [key, torchrl_env_key(key)]
+    if isinstance(key, tuple) and key[-1] == "observation" and "observation" in key[:-1]:
+        first = key.index("observation")  # a goal env's "observation" leaf, at the top level in GymEnv's layout
+        stripped = key[:first] + key[first + 1:]
+        keys.append(stripped[0] if len(stripped) == 1 else stripped)
+    for candidate in keys:
+        if candidate is None:
+            continue
+        try:
+            found: torch.Tensor | None = td.get(candidate, None)
+        except (ValueError, TypeError, KeyError):  # a tensor where the key needs a tensordict
+            continue
+        if found is not None:
+            return found
+    return None
+
+
 def read_td(td: TensorDictBase, spec: FieldSpec, lead: tuple[int, ...]) -> torch.Tensor:
     """The value of ``spec`` in a TorchRL tensordict of batch size ``lead``, at its key or the env's key.
 
@@ -359,10 +386,7 @@ def read_td(td: TensorDictBase, spec: FieldSpec, lead: tuple[int, ...]) -> torch
         >>> read_td(td, FieldSpec("reward", ("next", "reward"), (), torch.float32, trailing_one=True), (4,)).shape
         torch.Size([4, 1])
     """
-    value: torch.Tensor | None = td.get(spec.key, None)
-    env_key = torchrl_env_key(spec.key)
-    if value is None and env_key is not None:
-        value = td.get(env_key, None)
+    value = find_in_td(td, spec.key)
     if value is None:
         raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
     if not spec.fits_rows(value.shape, lead):

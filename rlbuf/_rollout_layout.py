@@ -20,7 +20,7 @@ from rlbuf._bounds import Bounds
 from rlbuf._convert import _NUMPY_DTYPES
 from rlbuf._fields import BATCH_NAMES, extra_specs
 from rlbuf._keywords import check_extras, refuse_foreign_names
-from rlbuf._obs import Layout, check_hidden_state, leaf_names, torchrl_env_key
+from rlbuf._obs import Layout, check_hidden_state, find_in_td, leaf_names
 from rlbuf._ring import RowRing
 from rlbuf.errors import (
     BufferFullError,
@@ -304,8 +304,4 @@ def _read_rollout_key(td: TensorDictBase, spec: FieldSpec) -> torch.Tensor | Non
             reward_: torch.Tensor = td.get(("next", "reward"))
             return torch.zeros(reward_.shape, dtype=torch.float32, device=reward_.device)
         return bootstrap
-    found: torch.Tensor | None = td.get(spec.key, None)
-    env_key = torchrl_env_key(spec.key)
-    if found is None and env_key is not None:
-        found = td.get(env_key, None)
-    return found
+    return find_in_td(td, spec.key)

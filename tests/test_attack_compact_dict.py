@@ -743,10 +743,6 @@ def test_state_dicts_taken_while_a_writer_adds_load_whole(monkeypatch: pytest.Mo
             pass
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: extend of a batch in TorchRL GymEnv's layout (a Dict space's keys at the "
-                   "top level) whose dict has a key named 'observation' (a GoalEnv: observation, achieved_goal, "
-                   "desired_goal) raises tensordict's raw ValueError from td.get(('observation', 'achieved_goal')) "
-                   "in rlbuf._obs.read_td: neither stored nor refused with an rlbuf error")
 @pytest.mark.parametrize("compact", [True, False])
 def test_extend_of_a_goal_env_batch_in_gymenv_layout(compact: bool) -> None:
     k = 2 if compact else 1
@@ -771,9 +767,6 @@ def test_extend_of_a_goal_env_batch_in_gymenv_layout(compact: bool) -> None:
     assert len(buffer) == steps
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: sample_all of a compact buffer is two locked steps (RingBuffer.sample_all: "
-                   "_readable_index() -> CompactLayout.complete_index, then _batch -> CompactLayout.columns): an add "
-                   "from another thread between them overwrites rows, and columns raises StoredIndexError")
 @pytest.mark.parametrize("compression", [None, "zstd"])
 def test_sample_all_while_another_thread_adds(compression: str | None) -> None:
     """Deterministic: another thread's add is started right after sample_all has listed the complete transitions
@@ -841,10 +834,6 @@ def test_refused_steps_leave_the_episode_statistics_as_they_were(compression: st
     check_id_batch(buffer.sample_all(), 3, 2, 0.5)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a refused sample of a compact buffer (EmptyBufferError: rows stored but no "
-                   "transition complete yet; PriorityError: complete transitions hold almost none of the priority "
-                   "mass) has advanced the sampling generator: CompactLayout.draw draws (64 / 4096 rounds) before it "
-                   "raises and never restores ring.generator, so a twin that was never refused draws other batches")
 @pytest.mark.parametrize("case", ["nothing complete", "nothing complete, prioritized", "no priority mass"])
 def test_a_refused_sample_leaves_the_random_state_as_it_was(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import rlbuf._compact as compact_module
