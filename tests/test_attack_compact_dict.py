@@ -866,3 +866,23 @@ def test_a_refused_sample_leaves_the_random_state_as_it_was(case: str, monkeypat
             target.update_priority(torch.arange(len(target)), torch.ones(len(target), dtype=torch.float64))
     assert refused_alike, "the refused sample changed the buffer's state"
     assert torch.equal(buffer.sample(8).index, twin.sample(8).index)
+
+
+def test_a_state_of_another_compression_or_layout_is_refused_unchanged() -> None:
+    buffers = {name: _dict_buffer(name) for name in (None, "zstd", "lz4")}
+    buffers["whole"] = ReplayBuffer(24, obs_shape={"image": (3, *IMAGE), "state": (3, 3)},
+                                    obs_dtype={"image": torch.uint8}, action_shape=(), num_envs=2, gamma=0.5,
+                                    compact=False, seed=0)
+    envs = IdEnvs(3)
+    for _ in range(10):
+        step = envs.step()
+        for buffer in buffers.values():
+            buffer.add(*step)
+    for source, saved in buffers.items():
+        for target_name, target in buffers.items():
+            if source == target_name:
+                continue
+            before = snapshot(target)
+            with pytest.raises(CheckpointError):
+                target.load_state_dict(saved.state_dict())
+            assert same(snapshot(target), before), (source, target_name)
