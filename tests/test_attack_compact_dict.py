@@ -906,3 +906,19 @@ def test_an_empty_extend_changes_nothing(compact: bool) -> None:
     assert same(snapshot(buffer), before)
     if not compact:
         buffer.sample_sequences(2, 2)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: extend of one step of every env in a collector's layout (batch size "
+                   "(num_envs, 1): rows in env order, exactly what add writes) sets 'interleaved' to False "
+                   "(ReplayWriter.extend tests only lead[-1] == num_envs), so sample_sequences refuses the buffer")
+def test_extend_of_one_step_per_env_keeps_sequences_available() -> None:
+    buffer = ReplayBuffer(24, obs_shape={"image": (3, *IMAGE), "state": (3, 3)}, obs_dtype={"image": torch.uint8},
+                          action_shape=(), num_envs=2, gamma=0.5, compact=False, seed=0)
+    twin = ReplayBuffer(24, obs_shape={"image": (3, *IMAGE), "state": (3, 3)}, obs_dtype={"image": torch.uint8},
+                        action_shape=(), num_envs=2, gamma=0.5, compact=False, seed=0)
+    envs, again = IdEnvs(3), IdEnvs(3)
+    for _ in range(4):
+        buffer.extend(_collected(envs, 1, nested=True))
+        twin.add(*again.step())
+    assert _behaviour(buffer) == _behaviour(twin)
+    assert torch.equal(buffer.sample_sequences(2, 2).obs["state"], twin.sample_sequences(2, 2).obs["state"])
