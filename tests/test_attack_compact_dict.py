@@ -885,10 +885,6 @@ def test_a_state_of_another_compression_or_layout_is_refused_unchanged() -> None
             assert same(snapshot(target), before), (source, target_name)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: extend of an empty batch (batch size (num_envs, 0)) stores nothing but "
-                   "sets the buffer's 'interleaved' flag to False (ReplayWriter.extend: interleaved = ... lead[-1] == "
-                   "num_envs, whatever the row count), so state_dict changes and sample_sequences / offline export "
-                   "then refuse the buffer until clear()")
 @pytest.mark.parametrize("compact", [True, False])
 def test_an_empty_extend_changes_nothing(compact: bool) -> None:
     buffer = _dict_buffer() if compact else ReplayBuffer(
@@ -905,9 +901,6 @@ def test_an_empty_extend_changes_nothing(compact: bool) -> None:
         buffer.sample_sequences(2, 2)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: extend of one step of every env in a collector's layout (batch size "
-                   "(num_envs, 1): rows in env order, exactly what add writes) sets 'interleaved' to False "
-                   "(ReplayWriter.extend tests only lead[-1] == num_envs), so sample_sequences refuses the buffer")
 def test_extend_of_one_step_per_env_keeps_sequences_available() -> None:
     buffer = ReplayBuffer(24, obs_shape={"image": (3, *IMAGE), "state": (3, 3)}, obs_dtype={"image": torch.uint8},
                           action_shape=(), num_envs=2, gamma=0.5, compact=False, seed=0)
