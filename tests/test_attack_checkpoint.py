@@ -278,6 +278,11 @@ def _kill_saves(tmp_path: Path, kills: int, seed: int) -> dict[str, int]:
         assert left <= 1  # this kill's one temporary; those of earlier kills are gone: nothing accumulates
         killed_temporaries += left
         loaded = ReplayBuffer.load(path)
+        making = [p for p in tmp_path.iterdir() if p.name.startswith(".ckpt.lock-") and p.name.endswith(".new")]
+        if making:  # killed between creating its lock and renaming it: unlocked, but too young to be judged stale
+            for lock in making:
+                os.utime(lock, (time.time() - 61, time.time() - 61))
+            loaded = ReplayBuffer.load(path)  # older than a minute: no live save's, removed
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ckpt.") and p.name != SPARE] == []
         version = int(loaded.sample_all().reward.max())
         assert version in (last, last + 1)  # the last reported save, or one killed after its swap
