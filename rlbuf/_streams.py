@@ -309,7 +309,8 @@ class Streams:
         what = "its first frame" if self.padding_type == "reset" else "zeros"
         return StreamError(f"{self.names[0]}: env {env} starts an episode (its previous step ended one, or it is its first "
                            f"step here), expected the older frames of its stack to be {what} "
-                           f"(padding_type={self.padding_type!r}), got other frames")
+                           f"(padding_type={self.padding_type!r}), got other frames (after clear(), each env's next "
+                           "step starts an episode: reset the envs when you clear the buffer)")
 
     def record(self, env_ids: _Ints, first_serial: int, next_obs: np.ndarray[Any, Any], terminated: _Bools,
                truncated: _Bools, *, write_count: int, size: int) -> None:

@@ -291,6 +291,16 @@ def test_an_observation_that_breaks_its_stream_is_refused_and_nothing_changes() 
         buf.add(torch.tensor([[0.0], [5.0]]), 0.0, 1.0, torch.tensor([[5.0], [6.0]]), False, truncated=False)
 
 
+def test_after_clear_a_step_in_mid_episode_is_refused_with_the_fix() -> None:
+    buf = ReplayBuffer(10, obs_shape=(2, 1), action_shape=(), frame_stack=2, seed=0)
+    buf.add(torch.tensor([[1.0], [1.0]]), 0.0, 1.0, torch.tensor([[1.0], [2.0]]), False, truncated=False)
+    buf.clear()
+    with pytest.raises(StreamError, match=r"after clear\(\), each env's next step starts an episode: reset the envs"):
+        buf.add(torch.tensor([[1.0], [2.0]]), 0.0, 1.0, torch.tensor([[2.0], [3.0]]), False, truncated=False)
+    buf.add(torch.tensor([[5.0], [5.0]]), 0.0, 1.0, torch.tensor([[5.0], [6.0]]), False, truncated=False)  # a reset
+    assert len(buf) == 1
+
+
 def test_options_are_checked() -> None:
     with pytest.raises(ConfigError, match=r"obs_shape: with frame_stack=4 the first dim holds the stack"):
         ReplayBuffer(10, obs_shape=(84, 84, 4), action_shape=(), frame_stack=4)
