@@ -33,15 +33,15 @@ def nstep_return(rewards: torch.Tensor, steps: torch.Tensor, gamma: float) -> to
     """
     if rewards.is_cpu and steps.is_cpu:  # numpy: each small torch op costs several times more on the CPU
         values, counts = rewards.numpy().astype(np.float64), steps.numpy()
-        total = np.zeros(len(values))
-        for i in range(rewards.shape[1]):
-            total += np.where(i < counts, values[:, i] * gamma**i, 0.0)
+        total = np.where(counts > 0, values[:, 0], 0.0)  # from the first term: a reward of -0.0 stays -0.0
+        for i in range(1, rewards.shape[1]):
+            total = np.where(i < counts, total + values[:, i] * gamma**i, total)
         return torch.from_numpy(total.astype(np.float32))
     values_t = rewards.to(torch.float64)
     counts_t = steps.to(rewards.device)
-    total_t = torch.zeros(len(values_t), dtype=torch.float64, device=rewards.device)
-    for i in range(rewards.shape[1]):
-        total_t += torch.where(i < counts_t, values_t[:, i] * gamma**i, 0.0)
+    total_t = torch.where(counts_t > 0, values_t[:, 0], 0.0)
+    for i in range(1, rewards.shape[1]):
+        total_t = torch.where(i < counts_t, total_t + values_t[:, i] * gamma**i, total_t)
     return total_t.to(torch.float32)
 
 

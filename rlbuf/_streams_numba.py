@@ -212,8 +212,8 @@ def nstep_targets(rows: Any, start: int, steps: Any, terminated: Any, rewards: A
     ``discount`` (``gamma**m``, 0 when it terminated) from stored ``rewards`` read along a walk's ``rows``
     (the transition's first row at column ``start``; ``powers[i]``: ``gamma**i``); see ``rlbuf._nstep``."""
     for i in range(rows.shape[0]):
-        total = 0.0
-        for step in range(steps[i]):
+        total = np.float64(rewards[rows[i, start]]) if steps[i] > 0 else 0.0  # from the first term: -0.0 stays -0.0
+        for step in range(1, steps[i]):
             total += np.float64(rewards[rows[i, start + step]]) * powers[step]
         reward[i] = np.float32(total)
         discount[i] = 0.0 if terminated[i] else np.float32(powers[steps[i]])

@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlbuf import _streams
+from rlbuf import ReplayBuffer, _streams
 from rlbuf._nstep import nstep_discount, nstep_return
 from rlbuf._streams import Chain, Streams
 from rlbuf.errors import StreamError
@@ -193,3 +193,16 @@ def test_each_rows_previous_row_of_its_env_in_a_call_is_found_as_a_loop_finds_it
         expected.append(seen.get(env, -1))
         seen[env] = row
     assert _streams._previous_in_call(np.array(envs, np.int64)).tolist() == expected
+
+
+def test_a_reward_of_minus_zero_stays_minus_zero_as_a_plain_buffer_stores_it() -> None:
+    buf = ReplayBuffer(8, obs_shape=(2, 1), action_shape=(), frame_stack=2, seed=0)
+    plain = ReplayBuffer(8, obs_shape=(2, 1), action_shape=(), seed=0)
+    for target in (buf, plain):
+        target.add(torch.tensor([[1.0], [1.0]]), 0.0, -0.0, torch.tensor([[1.0], [2.0]]), False, truncated=False)
+        target.add(torch.tensor([[1.0], [2.0]]), 0.0, -0.0, torch.tensor([[2.0], [3.0]]), True, truncated=False)
+    assert torch.signbit(buf.sample_all().reward).tolist() == torch.signbit(plain.sample_all().reward).tolist()
+    assert torch.signbit(buf.sample_all().reward).all()
+    rewards, steps = torch.tensor([[-0.0, 0.0, 5.0], [-0.0, -0.0, 1.0]]), torch.tensor([2, 1])
+    for stored in (rewards, rewards.to(torch.float64)):  # rlbuf._nstep, the sum sampled hindsight rows take
+        assert torch.signbit(nstep_return(stored, steps, 0.5)).tolist() == [False, True]
