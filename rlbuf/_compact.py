@@ -297,9 +297,8 @@ class CompactLayout:
         with ring.reading_arrays() as arrays:
             if arrays is not None:
                 columns["reward"], columns["discount"] = self.streams.nstep_from(arrays["reward"], chain, self._powers)
-                stacks = None if log is not None else self.streams.stacks_from(arrays[field], chain)
-                if stacks is not None:
-                    columns[field], columns[self.next_field] = stacks
+                if log is None:
+                    columns[field], columns[self.next_field] = self.streams.stacks_from(arrays[field], chain)
         if field not in columns:
 
             def frames(positions: npt.NDArray[np.int64]) -> torch.Tensor:

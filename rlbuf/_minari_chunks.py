@@ -38,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -106,6 +107,11 @@ class Chunk:
         """Its number of steps (rows of the buffer)."""
         return int(self.lengths.sum())
 
+    @functools.cached_property
+    def starts(self) -> list[int]:
+        """The first step of each episode in the chunk's step columns (summed once, not per episode)."""
+        return [0, *np.cumsum(self.lengths).tolist()]
+
     def episode(self, number: int, *, structured: bool) -> Mapping[str, Any]:
         """Episode ``number`` as ``check_episode`` takes it (views of the chunk's arrays)."""
         if self.source is not None:
@@ -113,7 +119,7 @@ class Chunk:
         assert self.columns is not None
         observations, steps, infos = self.columns
         length = int(self.lengths[number])
-        start = int(self.lengths[:number].sum())
+        start = self.starts[number]
         first = start + number
         tree: Any = {path: leaf[first:first + length + 1] for path, leaf in observations.items()}
         if not structured:

@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -134,7 +135,7 @@ class ServiceWriter:
     def pending(self) -> int:
         """Rows added here and not yet acknowledged by a shard (not in any checkpoint yet)."""
         staged = 0 if self._staging is None else len(self._staging)
-        return staged + sum(_rows(batch_size) for _, batch_size in self._ready)
+        return staged + sum(math.prod(batch_size) for _, batch_size in self._ready)
 
     def _route(self, call: str) -> None:
         if self._layout["compact"] and self._shard is None:
@@ -197,8 +198,7 @@ class ServiceWriter:
         if self._layout["compact"]:   # the stream continues from this batch: checked here first
             self._buffers()[1].extend(td)  # type: ignore[union-attr]  # a compact layout has a checker
         self._stage()
-        self._ready.append(([(key, to_wire(value)) for key in self._keys if (value := td.get(key, None)) is not None],
-                            list(td.batch_size)))
+        self._queue(td)
         return cast(int, self.flush(timeout=timeout))  # a batch was sent
 
     def flush(self, *, timeout: float | str | None = "default") -> int | None:
@@ -238,10 +238,14 @@ class ServiceWriter:
             td = td.reshape(self._steps, staging.num_envs)
             if self._layout["compact"]:
                 td = td.transpose(0, 1)
-        self._ready.append(([(key, to_wire(value)) for key in self._keys if (value := td.get(key, None)) is not None],
-                            list(td.batch_size)))
+        self._queue(td)
         staging.clear()
         self._steps, self._masked = 0, False
+
+    def _queue(self, td: TensorDictBase) -> None:
+        """Queue a batch to send: its shards' keys as numpy arrays, and its batch size."""
+        self._ready.append(([(key, to_wire(value)) for key in self._keys if (value := td.get(key, None)) is not None],
+                            list(td.batch_size)))
 
     def _buffers(self) -> tuple[ReplayBuffer, ReplayBuffer | None]:
         """The staging buffer (and the compact layout's stream checker), built on first use."""
@@ -271,9 +275,3 @@ class ServiceWriter:
         with contextlib.suppress(RlbufError):  # the block's own error is the one to see
             self.flush()
 
-
-def _rows(batch_size: Sequence[int]) -> int:
-    rows = 1
-    for size in batch_size:
-        rows *= size
-    return rows

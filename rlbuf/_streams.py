@@ -451,10 +451,10 @@ class Streams:
                 view[padded if obs.is_cpu else torch.from_numpy(padded).to(obs.device)] = 0
         return obs, next_obs
 
-    def stacks_from(self, frames: np.ndarray[Any, Any], chain: Chain) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``stacks`` of frames held in a CPU array (``[capacity, *frame]``, the ring's numpy view), copied
-        once, by the compiled ``build_stacks``, straight into the batch; ``None`` where the frames or the kept
-        final observations are not plain C-contiguous CPU arrays (then ``stacks`` does it).
+    def stacks_from(self, frames: np.ndarray[Any, Any], chain: Chain) -> tuple[torch.Tensor, torch.Tensor]:
+        """``stacks`` of frames held in a CPU array (``[capacity, *frame]``, the ring's numpy view, with the
+        final observations kept on the CPU: a CPU storage's, not a compressed layout's), copied once, by the
+        compiled ``build_stacks``, straight into the batch.
 
         Example:
             >>> streams = Streams(4, 1, (2, 1), torch.uint8, frame_stack=2, padding_type="reset", n_step=1,
@@ -466,9 +466,7 @@ class Streams:
             >>> obs[0, :, 0].tolist(), next_obs[0, :, 0].tolist()
             ([1, 2], [2, 3])
         """
-        finals = self.finals.frames if isinstance(self.finals, FinalFrames) else None
-        if finals is None or not finals.is_cpu or not frames.flags.c_contiguous:
-            return None
+        finals = self.finals.frames
         count, stack = len(chain.steps), self.frame_stack
         obs = torch.empty((count, *((stack,) if stack > 1 else ()), *frames.shape[1:]), dtype=self.expected.dtype)
         next_obs = torch.empty_like(obs)

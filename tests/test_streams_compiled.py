@@ -112,7 +112,6 @@ def _assert_compiled_batches_match(streams: Streams, walked: Chain, frame: tuple
     complete = np.flatnonzero(walked.complete)
     chain = Chain(*(getattr(walked, name)[complete] for name in Chain.__slots__))
     built = streams.stacks_from(stored, chain)
-    assert built is not None
     expected = streams.stacks(frame, chain, lambda positions: torch.from_numpy(stored[positions]))
     for got, want in zip(built, expected, strict=True):
         assert got.dtype == want.dtype and got.tolist() == want.tolist()
