@@ -192,15 +192,21 @@ def test_compact_shards_keep_each_stream_whole_and_resume_exactly(compact: Repla
 
 
 def until_restarted(service: ReplayService) -> list[int]:
-    """``service.sizes()`` once every shard answers: a call that reaches a shard while Ray restarts it
-    fails with ShardDiedError ("call again"); each try is one round trip, and Ray's restart is bounded."""
+    """``service.sizes()`` once the restarted shard answers. ``ray.kill`` returns before the actor is
+    dead, so a call may still reach the old actor (no restart heard yet: ask again); a call that
+    reaches the shard while Ray restarts it fails with ShardDiedError ("call again"). Ray's restart
+    is bounded."""
     deadline = time.monotonic() + 60
     while True:
         try:
-            return service.sizes()
+            sizes = service.sizes()
+            if service.shard_restarts:
+                return sizes
         except ShardDiedError:
-            if time.monotonic() > deadline:
-                raise
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError("the killed shard was not restarted within 60 s")
+        time.sleep(0.01)
 
 
 def test_a_dead_shard_is_restarted_from_the_last_checkpoint_and_what_was_lost_is_reported(tmp_path: Path) -> None:
