@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,24 +206,15 @@ def _grouped(episodes: Iterator[dict[str, Any]], paths: Sequence[Key], info_keys
 
 @dataclass
 class _Opened:
-    """An HDF5 episode's datasets, opened: ``(field, path) -> (dataset, shape, type)``."""
+    """An HDF5 episode's datasets, opened, in ``_Hdf5Reader.fields`` order: ``(dataset, space, shape, type)``."""
 
     id: int
     seed: Any
-    datasets: dict[tuple[str, Key], tuple[Any, tuple[int, ...], Any]]
+    datasets: list[tuple[Any, Any, tuple[int, ...], Any]]
 
     @property
     def steps(self) -> int:
-        return self.datasets["rewards", ()][1][0]
-
-
-def _hdf5_seed(group: Any, h5py: Any) -> Any:
-    if not h5py.h5a.exists(group, b"seed"):
-        return None
-    attribute = h5py.h5a.open(group, b"seed")
-    value = np.empty(attribute.shape, attribute.dtype)
-    attribute.read(value)
-    return int(value)
+        return int(self.datasets[-1][2][0])
 
 
 def _hdf5_tree(group: Any, name: str, paths: Sequence[Key], episode: int, h5py: Any) -> Any:
@@ -248,6 +240,17 @@ def _hdf5_tree(group: Any, name: str, paths: Sequence[Key], episode: int, h5py: 
             node = node.setdefault(key, {})
         node[path[-1]] = read(path)
     return tree
+
+
+def _hdf5_seed(group: Any, h5py: Any) -> Any:
+    """The episode's ``seed`` attribute as it is stored (``None`` without one)."""
+    try:
+        attribute = h5py.h5a.open(group, b"seed")
+    except KeyError:
+        return None
+    value = np.empty(attribute.shape, attribute.dtype)
+    attribute.read(value)
+    return value.item()
 
 
 def hdf5_episode(file: Any, episode: int, spaces: Spaces, info_keys: Sequence[str] | bool, h5py: Any
@@ -281,80 +284,117 @@ def _hdf5_file(dataset: Any, h5py: Any) -> Any:
     return file
 
 
-def _hdf5_open(file: Any, episode: int, spaces: Spaces, info_keys: Sequence[str], types: Mapping[Any, Any],
-               h5py: Any) -> _Opened | None:
-    """The episode's datasets, opened, or ``None`` when a field is missing or does not fit its space
-    (shape, type: ``types``) or the other fields' steps."""
-    group = h5py.h5g.open(file.id, f"episode_{episode}".encode())
-    fields = [("observations", path) for path, _ in spaces.obs] + [(name, ()) for name in STEP_FIELDS]
-    datasets = {}
-    for field in fields + [("infos", (key,)) for key in info_keys]:
+class _Hdf5Reader:
+    """Reads episodes of one HDF5 file into chunks, through h5py's low-level API.
+
+    What costs is per call, not per byte (1,000 steps of 17 float64 are 136 KB): a read that names
+    no memory type makes h5py build one from the array's dtype first (0.2 ms an episode of five
+    fields), and each ``get_space`` or ``dtype`` makes another object. So every expected type is
+    made once, each dataset's space is asked for once (it is its shape, and its selection when
+    read), and each read names its memory type and writes straight into the episode's rows of
+    the chunk's array. Rewards and infos may be of any number type: a chunk's episodes share
+    their first episode's (``same_kind``).
+    """
+
+    def __init__(self, file: Any, spaces: Spaces, info_keys: Sequence[str], h5py: Any) -> None:
+        self.file, self.h5py = file, h5py
+        self.mtypes: dict[np.dtype[Any], Any] = {}
+        # Per field: (rows beyond the steps, row shape, numpy dtype); None where any is allowed (rewards
+        # are one number a step, of any number type; infos one row per observation of any shape).
+        fields: list[tuple[tuple[str, Key], tuple[int, Any, Any]]] = [
+            *((("observations", path), (1, tuple(space.shape), np.dtype(space.dtype))) for path, space in spaces.obs),
+            *((("infos", (key,)), (1, None, None)) for key in info_keys),
+            (("actions", ()), (0, tuple(spaces.action.shape), np.dtype(spaces.action.dtype))),
+            (("terminations", ()), (0, (), np.dtype(bool))), (("truncations", ()), (0, (), np.dtype(bool))),
+            (("rewards", ()), (0, (), None))]  # last: ``_Opened.steps``
+        self.fields = [field for field, _ in fields]
+        self.names = ["/".join((name, *path)).encode() for name, path in self.fields]
+        self.expected = [(extra, shape, dtype, None if dtype is None else self.mtype(dtype))
+                         for _, (extra, shape, dtype) in fields]
+        self.numbers = (h5py.h5t.INTEGER, h5py.h5t.FLOAT)
+        self.int64, self.seed = self.mtype(np.dtype(np.int64)), np.empty((), np.int64)
+
+    def mtype(self, dtype: np.dtype[Any]) -> Any:
+        """The HDF5 memory type of a numpy dtype, made once."""
+        if dtype not in self.mtypes:
+            self.mtypes[dtype] = self.h5py.h5t.py_create(dtype)
+        return self.mtypes[dtype]
+
+    def open(self, episode: int) -> _Opened | None:
+        """The episode's datasets, opened, or ``None`` when a field is missing or does not fit its space
+        (shape, type) or the other fields' steps."""
+        h5d = self.h5py.h5d
+        group = self.h5py.h5g.open(self.file.id, b"episode_%d" % episode)
+        datasets = []
+        for name in self.names:
+            try:
+                dataset = h5d.open(group, name)
+            except KeyError:
+                return None
+            space = dataset.get_space()
+            datasets.append((dataset, space, space.shape, dataset.get_type()))
+        steps = datasets[-1][2][0] if len(datasets[-1][2]) == 1 else -1
+        for (_, _, shape, kind), (extra, row_shape, _, mtype) in zip(datasets, self.expected, strict=True):
+            if shape[:1] != (steps + extra,) or (row_shape is not None and shape[1:] != row_shape):
+                return None
+            if not (kind.get_class() in self.numbers if mtype is None else kind.equal(mtype)):
+                return None
+        return _Opened(episode, self.episode_seed(group), datasets)
+
+    def episode_seed(self, group: Any) -> Any:
+        """The ``seed`` attribute of an episode's group; Minari's (an int64 scalar) read without a new type."""
         try:
-            dataset = h5py.h5d.open(group, "/".join((field[0], *field[1])).encode())
+            attribute = self.h5py.h5a.open(group, b"seed")
         except KeyError:
             return None
-        datasets[field] = (dataset, dataset.get_space().shape, dataset.get_type())
-    numbers = (h5py.h5t.INTEGER, h5py.h5t.FLOAT)
-    _, shape, kind = datasets["rewards", ()]
-    if len(shape) != 1 or kind.get_class() not in numbers:
-        return None
-    steps = shape[0]
-    for field, (_, shape, kind) in datasets.items():
-        if field[0] == "infos":
-            if not shape or shape[0] != steps + 1 or kind.get_class() not in numbers:
-                return None
-        elif field in types:
-            extra, row_shape, want = types[field]
-            if shape != (steps + extra, *row_shape) or not kind.equal(want):
-                return None
-    return _Opened(episode, _hdf5_seed(group, h5py), datasets)
+        if attribute.get_type().equal(self.int64) and attribute.shape == ():
+            attribute.read(self.seed, self.int64)
+            return int(self.seed)
+        return _hdf5_seed(group, self.h5py)
 
+    def same_kind(self, first: _Opened, other: _Opened) -> bool:
+        """Whether ``other``'s rewards and infos have the types and row shapes of ``first``'s (one chunk)."""
+        return all(mine[2][1:] == theirs[2][1:] and mine[3].equal(theirs[3])
+                   for mine, theirs, expected in zip(first.datasets, other.datasets, self.expected, strict=True)
+                   if expected[3] is None)
 
-def _same_kind(first: _Opened, other: _Opened) -> bool:
-    """Whether ``other``'s rewards and infos have the types and row shapes of ``first``'s (one chunk)."""
-    return all(other.datasets[field][1][1:] == shape[1:] and other.datasets[field][2].equal(kind)
-               for field, (_, shape, kind) in first.datasets.items() if field[0] in ("rewards", "infos"))
-
-
-def _hdf5_fill(opened: Sequence[_Opened], paths: Sequence[Key], info_keys: Sequence[str], arrays: _Arrays,
-               h5py: Any) -> Chunk:
-    """Read episodes of one kind into one chunk: each dataset into its rows of the chunk's array."""
-    lengths = np.array([episode.steps for episode in opened], np.int64)
-    out: dict[tuple[str, Key], np.ndarray[Any, Any]] = {}
-    for field, (dataset, shape, _) in opened[0].datasets.items():
-        rows = int(lengths.sum()) + (len(opened) if field[0] in ("observations", "infos") else 0)
-        array = out[field] = arrays.take("/".join((field[0], *field[1])), rows, tuple(shape[1:]), dataset.dtype)
-        memory = h5py.h5s.create_simple(array.shape)
-        row = 0
-        for episode in opened:
-            dataset, shape, _ = episode.datasets[field]
-            if shape[0]:
-                memory.select_hyperslab((row,) + (0,) * (array.ndim - 1), shape)
-                dataset.read(memory, dataset.get_space(), array)
-            row += shape[0]
-    return Chunk([episode.id for episode in opened], [episode.seed for episode in opened], [None] * len(opened),
-                 lengths, arrays, columns=({path: out["observations", path] for path in paths},
-                                           {name: out[name, ()] for name in STEP_FIELDS},
-                                           {key: out["infos", (key,)] for key in info_keys}))
+    def fill(self, opened: Sequence[_Opened], paths: Sequence[Key], info_keys: Sequence[str], arrays: _Arrays
+             ) -> Chunk:
+        """Read episodes of one kind into one chunk: each dataset straight into its rows of the chunk's array."""
+        lengths = np.array([episode.steps for episode in opened], np.int64)
+        steps = int(lengths.sum())
+        out: dict[tuple[str, Key], np.ndarray[Any, Any]] = {}
+        for number, (field, (extra, _, dtype, _)) in enumerate(zip(self.fields, self.expected, strict=True)):
+            _, _, shape, kind = opened[0].datasets[number]
+            dtype = kind.dtype if dtype is None else dtype
+            array = out[field] = arrays.take(self.names[number].decode(), steps + extra * len(opened),
+                                             tuple(shape[1:]), dtype)
+            mtype, row = self.mtype(dtype), 0
+            for episode in opened:
+                dataset, space, shape, _ = episode.datasets[number]
+                if shape[0]:
+                    dataset.read(space, space, array[row:row + shape[0]], mtype)
+                row += shape[0]
+        return Chunk([episode.id for episode in opened], [episode.seed for episode in opened],
+                     [None] * len(opened), lengths, arrays,
+                     columns=({path: out["observations", path] for path in paths},
+                              {name: out[name, ()] for name in STEP_FIELDS},
+                              {key: out["infos", (key,)] for key in info_keys}))
 
 
 def _hdf5_chunks(dataset: Any, ids: Sequence[int], spaces: Spaces, info_keys: Sequence[str],
                  steps_per_chunk: int) -> Iterator[Chunk]:
     h5py = minari_module("h5py")
     paths = [path for path, _ in spaces.obs]
-    flag = h5py.h5t.py_create(np.dtype(bool))
-    types: dict[Any, Any] = {("observations", path): (1, tuple(space.shape), h5py.h5t.py_create(np.dtype(space.dtype)))
-                             for path, space in spaces.obs}
-    types["actions", ()] = (0, tuple(spaces.action.shape), h5py.h5t.py_create(np.dtype(spaces.action.dtype)))
-    types["terminations", ()] = types["truncations", ()] = (0, (), flag)
     arrays = (_Arrays(), _Arrays())
     group: list[_Opened] = []
     steps = made = 0
     with _hdf5_file(dataset, h5py) as file:
+        reader = _Hdf5Reader(file, spaces, info_keys, h5py)
         for episode in ids:
-            opened = _hdf5_open(file, episode, spaces, info_keys, types, h5py)
-            if group and (opened is None or not _same_kind(group[0], opened)):
-                yield _hdf5_fill(group, paths, info_keys, arrays[made % 2], h5py)
+            opened = reader.open(episode)
+            if group and (opened is None or not reader.same_kind(group[0], opened)):
+                yield reader.fill(group, paths, info_keys, arrays[made % 2])
                 group, steps, made = [], 0, made + 1
             if opened is None:  # read as it is stored, alone: its check names what is wrong
                 yield Chunk.of([hdf5_episode(file, episode, spaces, info_keys, h5py)], arrays[made % 2])
@@ -363,48 +403,66 @@ def _hdf5_chunks(dataset: Any, ids: Sequence[int], spaces: Spaces, info_keys: Se
             group.append(opened)
             steps += opened.steps
             if steps >= steps_per_chunk:
-                yield _hdf5_fill(group, paths, info_keys, arrays[made % 2], h5py)
+                yield reader.fill(group, paths, info_keys, arrays[made % 2])
                 group, steps, made = [], 0, made + 1
         if group:
-            yield _hdf5_fill(group, paths, info_keys, arrays[made % 2], h5py)
+            yield reader.fill(group, paths, info_keys, arrays[made % 2])
 
 
 # -- Arrow ------------------------------------------------------------------------------------------------
 
 
 def _arrow_column(column: Any, space: Any, pa: Any) -> Any:
-    """A column of an Arrow episode as numpy: fixed-size lists reshaped to the space's shape, structs
-    (``Dict`` spaces) as dicts of them."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
+    """A column of an Arrow record batch as numpy: fixed-size lists reshaped to the space's shape, structs
+    (``Dict`` spaces) as dicts of them; views of the batch where Arrow's layout allows."""
     if isinstance(space, gym_spaces.Dict):
         return {key: _arrow_column(column.field(key), sub, pa) for key, sub in space.spaces.items()}
     if isinstance(column, pa.FixedSizeListArray):
-        values = column.flatten().to_numpy(zero_copy_only=False)
-        return values.reshape(len(column), *space.shape) if values.size == len(column) * math.prod(
-            space.shape) else values
+        size = math.prod(space.shape)
+        # Without null lists the values are the child's slice (flatten(), a compute call, costs 30 us).
+        values = (column.values.slice(column.offset * size, len(column) * size) if column.null_count == 0
+                  else column.flatten()).to_numpy(zero_copy_only=False)
+        return values.reshape(len(column), *space.shape) if values.size == len(column) * size else values
     return column.to_numpy(zero_copy_only=False)
+
+
+def _concatenated(parts: Sequence[Any]) -> Any:
+    """One column from its parts (one per record batch): the part itself, or a copy of them joined."""
+    if len(parts) == 1:
+        return parts[0]
+    if isinstance(parts[0], dict):
+        return {key: _concatenated([part[key] for part in parts]) for key in parts[0]}
+    return np.concatenate(parts)
 
 
 def _arrow_episodes(dataset: Any, ids: Sequence[int], spaces: Spaces) -> Iterator[dict[str, Any]]:
     """Episodes of an Arrow dataset (Minari's layout: every column ``T + 1`` rows, the steps' padded by
-    one), as ``MinariStorage.get_episodes`` gives them, with their seeds."""
+    one), as ``MinariStorage.get_episodes`` gives them, with their seeds.
+
+    Each file's record batches are read as they are (no table, no combined chunks: a Table and
+    its ChunkedArrays cost more than the read for episodes of 1,000 steps), and each column taken as
+    a numpy view of its batch.
+    """
     pa = minari_module("pyarrow")
     ipc = minari_module("pyarrow.ipc")
-    root = Path(dataset.storage.data_path)
+    root = str(dataset.storage.data_path)
+    spaces_of = {"observations": spaces.observation_space, "actions": spaces.action_space,
+                 "rewards": None, "terminations": None, "truncations": None}
     metadata = dataset.storage.get_episode_metadata(ids)
     for episode, meta in zip(ids, metadata, strict=True):
-        files = sorted(path for path in (root / str(episode)).iterdir()
-                       if not path.name.startswith(("_", ".")) and path.name != "metadata.json")
+        directory = os.path.join(root, str(episode))
+        files = sorted(name for name in os.listdir(directory)
+                       if not name.startswith(("_", ".")) and name != "metadata.json")
         # Memory-mapped: the columns are views of the file's pages (pyarrow's allocator would keep
         # what it read, chunk after chunk), unmapped once the chunk is copied out of them.
-        tables = [ipc.open_file(pa.memory_map(str(path))).read_all() for path in files]
-        table = pa.concat_tables(tables) if len(tables) != 1 else tables[0]
+        readers = [ipc.open_file(pa.memory_map(os.path.join(directory, name))) for name in files]
+        batches = [reader.get_batch(number) for reader in readers for number in range(reader.num_record_batches)
+                   ] or [pa.RecordBatch.from_pylist([], schema=readers[0].schema)]
+        columns = {name: _concatenated([_arrow_column(batch.column(name), space, pa) for batch in batches])
+                   for name, space in spaces_of.items()}
         yield {"id": episode, "seed": meta.get("seed"), "options": meta.get("options"),
-               "observations": _arrow_column(table.column("observations"), spaces.observation_space, pa),
-               "actions": _arrow_column(table.column("actions"), spaces.action_space, pa)[:-1],
-               **{name: _arrow_column(table.column(name), None, pa)[:-1]
-                  for name in ("rewards", "terminations", "truncations")}, "infos": {}}
+               "observations": columns.pop("observations"),
+               **{name: column[:-1] for name, column in columns.items()}, "infos": {}}
 
 
 def _minari_episodes(dataset: Any, ids: Sequence[int]) -> Iterator[dict[str, Any]]:

@@ -559,6 +559,41 @@ def test_the_chunk_readers_read_what_minaris_reader_reads(data_format: str) -> N
         assert chunks == 4 and next(theirs, None) is None  # several episodes a chunk, arrays reused
 
 
+def test_an_arrow_episode_in_several_record_batches_and_files_loads_the_same_rows() -> None:
+    """from_minari takes each record batch of an episode's files as a view, and joins several in order
+    (Minari writes one batch an episode, and its own reader assumes so)."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    rng = np.random.default_rng(11)
+    for kind in ("flat", "dict"):
+        dataset = _minari_dataset([_episode(kind, n, "terminated", n, rng) for n in (5, 3, 6)], kind, "arrow")
+        whole = from_minari(dataset)
+        directory = Path(dataset.storage.data_path) / "1"
+        (path,) = directory.glob("*.arrow")
+        table = ipc.open_file(pa.py_buffer(path.read_bytes())).read_all()  # in memory: the file is rewritten
+        for name, parts in ((path.name, [table.slice(0, 1), table.slice(1, 1)]), ("part-9.arrow", [table.slice(2)])):
+            with ipc.new_file(str(directory / name), table.schema) as writer:
+                for part in parts:
+                    writer.write_table(part)
+        _assert_same_rows(whole, from_minari(dataset))
+        assert len(whole) == 5 + 3 + 6
+
+
+def test_an_hdf5_seed_of_another_type_is_read_as_it_is_stored() -> None:
+    """Minari's seeds are int64 attributes (read without a new type); others go through h5py's own read."""
+    import h5py
+
+    dataset = _minari_dataset([_episode("flat", 2, "terminated", seed, np.random.default_rng(0)) for seed in (4, 5)])
+    with h5py.File(Path(dataset.storage.data_path) / "main_data.hdf5", "r+") as file:
+        file["episode_1"].attrs["seed"] = np.uint16(7)
+    assert _rows(from_minari(dataset))["episode_seed"].tolist() == [4, 4, 7, 7]
+    with h5py.File(Path(dataset.storage.data_path) / "main_data.hdf5", "r+") as file:
+        file["episode_1"].attrs["seed"] = 7.5
+    with pytest.raises(OutOfRangeError, match=r"episode 1: seed: expected an int in \[0, 2\*\*63\), got 7.5"):
+        from_minari(dataset)
+
+
 def test_rows_that_do_not_chain_are_refused() -> None:
     buffer = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0)
     buffer.add(np.array([0], np.float32), 0.0, 1.0, np.array([1], np.float32), False, truncated=False)
