@@ -499,7 +499,7 @@ class RowRing:
                         capacity=capacity)
         # On the CPU whatever the storing device: TorchRL reads the last position with .item() and
         # the sum tree works in numpy, so a CUDA index would cost a sync and copies per commit.
-        _torchrl.commit_rows(rb, torch.arange(cursor, cursor + n) % capacity, capacity)
+        _torchrl.commit_rows(rb, cursor, n, capacity)
 
     # -- reading ---------------------------------------------------------------------------
     def require_rows(self, batch_size: int, *, without_replacement: bool) -> int:

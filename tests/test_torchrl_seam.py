@@ -67,24 +67,28 @@ def test_skip_rows_moves_cursor_and_write_count_only() -> None:
 
 
 @pytest.mark.parametrize("kind", ["random", "prioritized"])
-def test_commit_rows_leaves_the_state_torchrl_extend_leaves(kind: str) -> None:
+@pytest.mark.parametrize("stored", [3, 1], ids=["wrapping", "in-one-span"])
+def test_commit_rows_leaves_the_state_torchrl_extend_leaves(kind: str, stored: int) -> None:
+    """Rows copied into the leaves, then committed, leave what TorchRL's extend of them leaves: a span
+    that wraps (an index tensor) and one that does not (a ``range`` as the storage's cursor)."""
     def sampler() -> RandomSampler | SumTreeSampler:
         return RandomSampler() if kind == "random" else SumTreeSampler(4, alpha=0.6, beta=0.4)
 
     theirs, ours = _buffer(4, sampler()), _buffer(4, sampler())
     for rb in (theirs, ours):
-        rb.extend(_rows(0, 3))
-    theirs.extend(_rows(3, 3))
+        rb.extend(_rows(0, stored))
+    theirs.extend(_rows(stored, 3))
     leaves = _torchrl.storage_leaves(ours.storage)
-    leaves["obs"][3] = 3.0
-    leaves["obs"][0:2] = torch.tensor([[4.0], [5.0]])
+    for k, position in enumerate(range(stored, stored + 3)):
+        leaves["obs"][position % 4] = float(stored + k)
     before = ours.storage._mutation_revision
     with _torchrl.replay_lock(ours), _torchrl.write_lock(ours):
-        _torchrl.commit_rows(ours, torch.tensor([3, 0, 1]), 4)
+        _torchrl.commit_rows(ours, stored, 3, 4)
     assert ours.writer.state_dict() == theirs.writer.state_dict(), CHANGED.format(
         "commit_rows", f"writer state after extend is {theirs.writer.state_dict()}, ours {ours.writer.state_dict()}")
     assert len(ours) == len(theirs) and ours.storage._last_cursor_index == theirs.storage._last_cursor_index, \
-        CHANGED.format("commit_rows", "storage length and last cursor as extend leaves them")
+        CHANGED.format("commit_rows", "storage length and last cursor (a range or an index tensor) as extend "
+                       "leaves them")
     assert ours.storage._mutation_revision == before + 1 == theirs.storage._mutation_revision, CHANGED.format(
         "commit_rows", "storage._bump_mutation_revision() counts one more write in storage._mutation_revision, "
         "as each extend does")
