@@ -23,9 +23,13 @@ Peers (each buffer's actors take no CPU reservation; the writers take one each):
 frames, stacks of 4, from ``tests/data/breakout_steps.npz``, repeated to ``--transitions``),
 each peer holding the same transitions: TorchRL's ``RayReplayBuffer`` (both stacks stored per
 transition), a 2-shard service with the compact layout (``frame_stack=4, n_step=3``: each frame
-stored once, the stacks rebuilt in the shard), and the same with zstd-compressed frames. Beside
-them, what one shard's ``ReplayBuffer.sample(256)`` takes here without Ray, to show what the
-round trip adds.
+stored once), and the same with zstd-compressed frames. Each service is timed two ways on the
+same shards: its compact shards sending each distinct frame of a batch once (compressed as
+stored) for the learner to rebuild the stacks (``now``), and building the stacks themselves and
+sending them whole (``before``, the path kept behind a private switch). Beside them, what one
+shard's ``ReplayBuffer.sample(256)`` takes here without Ray. Two interleaved passes: wall time,
+then the CPU time of every process of the run (the learner, the actors and Ray's daemons, read
+from /proc) a batch.
 
 ``--soak SECONDS``: two writer actors ``add`` single CartPole-shaped steps (``batch_steps``
 64) while the learner samples as fast as it can, for ``SECONDS``, with a rate limiter on;
@@ -163,21 +167,62 @@ def atari(args: argparse.Namespace) -> None:
     for buffer in local.values():
         buffer.extend(steps)
     peers: dict[str, Any] = {"torchrl RayReplayBuffer": lambda: torchrl_rb.sample(BATCH)}
-    peers.update({name: partial(service.sample, BATCH) for name, service in services.items()})
+    for name, service in services.items():
+        peers[f"{name}: stacks sent (before)"] = partial(sample_stacks_on_learner, service, False)
+        peers[f"{name}: frames once (now)"] = partial(sample_stacks_on_learner, service, True)
     peers.update({name: partial(buffer.sample, BATCH) for name, buffer in local.items()})
-    per_call = time_interleaved(peers, repeats=args.rounds, number=args.samples)
+    load = os.getloadavg()
+    wall = time_interleaved(peers, repeats=args.rounds, number=args.samples)
+    cpu = time_interleaved(peers, repeats=args.rounds, number=args.samples, clock=session_cpu_seconds)
     print(f"Breakout transitions (84x84 uint8, stacks of 4), {2 * per_shard:,} in each peer; sample({BATCH}); "
-          f"{args.rounds} rounds of {args.samples}, medians; load average {os.getloadavg()[0]:.2f}")
-    base = 1 / per_call["torchrl RayReplayBuffer"]
-    print(f"{'peer':36} {'batches/s':>10} {'ratio':>6} {'ms/batch':>9}")
-    for name, seconds in per_call.items():
-        print(f"{name:36} {1 / seconds:10,.1f} {1 / seconds / base:6.2f} {seconds * 1e3:9.2f}")
-    batch = services["rlbuf service, compact + zstd"].sample(BATCH)
-    assert batch.obs.shape == (BATCH, 4, 84, 84) and batch.obs.dtype == torch.uint8
+          f"{args.rounds} interleaved rounds of {args.samples}, medians; load average {load[0]:.2f} before, "
+          f"{os.getloadavg()[0]:.2f} after")
+    print("CPU: seconds of every process of this run a batch: the learner, the buffer actors and Ray's daemons")
+    base, base_cpu = wall["torchrl RayReplayBuffer"], cpu["torchrl RayReplayBuffer"]
+    print(f"{'peer':50} {'batches/s':>10} {'ratio':>6} {'ms/batch':>9} {'CPU ms':>7} {'ratio':>6}")
+    for name in peers:
+        print(f"{name:50} {1 / wall[name]:10,.1f} {base / wall[name]:6.2f} {wall[name] * 1e3:9.2f} "
+              f"{cpu[name] * 1e3:7.2f} {cpu[name] / base_cpu:6.2f}")
+    for name in services:
+        before, now = f"{name}: stacks sent (before)", f"{name}: frames once (now)"
+        print(f"{name}: now / before: {wall[before] / wall[now]:.2f}x the batches a second, "
+              f"{cpu[now] / cpu[before]:.2f}x the CPU a batch")
+    for service in services.values():
+        batch = sample_stacks_on_learner(service, True)
+        assert batch.obs.shape == (BATCH, 4, 84, 84) and batch.obs.dtype == torch.uint8
     torchrl_rb.close()
     for service in services.values():
         service.close()
     ray.shutdown()
+
+
+def sample_stacks_on_learner(service: Any, on_learner: bool) -> Any:
+    """``service.sample(256)`` with the compact shards' frames sent once and stacked here, or stacked in the shards
+    and sent whole (the path before the learner rebuilt them: a private switch kept for this comparison and the
+    tests that check both give the same batches)."""
+    service._frames_on_learner = on_learner
+    return service.sample(BATCH)
+
+
+def session_cpu_seconds() -> float:
+    """User and system CPU seconds so far of this process and every process it started (Ray's daemons and
+    workers: ``ray.init`` starts them as its descendants), from /proc (Linux)."""
+    parents: dict[int, int] = {}
+    spent: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        parents[int(entry.name)], spent[int(entry.name)] = int(fields[1]), int(fields[11]) + int(fields[12])
+    ours, grown = {os.getpid()}, True
+    while grown:  # descendants at any depth, whatever the order of their pids
+        found = {pid for pid, parent in parents.items() if parent in ours} - ours
+        ours |= found
+        grown = bool(found)
+    return sum(spent[pid] for pid in ours) / os.sysconf("SC_CLK_TCK")
 
 
 class StepWriter:

@@ -237,6 +237,24 @@ class FrameLog:
         frames: npt.NDArray[Any] = result.view(self.np_dtype).reshape(len(positions), *self.frame_shape)
         return frames
 
+    def blobs(self, positions: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+        """The compressed frames at ring ``positions`` as stored, one after another, and each one's size
+        (what a learner decodes with this log's codec: see [`rlbuf._compact_wire`][rlbuf._compact_wire]).
+
+        Example:
+            >>> log = FrameLog(4, (8,), torch.uint8, Codec("lz4", None))
+            >>> packed = log.compress(np.zeros((2, 8), np.uint8))
+            >>> log.append(0, packed, log.place(packed))
+            >>> data, lengths = log.blobs(np.array([1, 0]))
+            >>> len(data) == int(lengths.sum()) and log.codec.decompress(data[:lengths[0]], 8) == bytes(8)
+            True
+        """
+        lengths = self.length[positions].astype(np.int64)
+        arena = self.arena.data
+        data = b"".join([arena[start:start + length] for start, length in
+                         zip(self.start[positions].tolist(), lengths.tolist(), strict=True)])
+        return np.frombuffer(data, np.uint8), lengths
+
     @property
     def nbytes(self) -> int:
         """Bytes allocated: the arena (stored frames and free room) and the offsets."""
@@ -392,6 +410,12 @@ class CompressedFinals:
         for row, slot in enumerate(slots.tolist()):
             out[row * size:(row + 1) * size] = decode(self.blobs[slot])
         return torch.from_numpy(result.view(log.np_dtype).reshape(len(slots), *log.frame_shape))
+
+    def blobs_at(self, slots: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+        """The compressed frames in ``slots``, one after another, and each one's size (see ``FrameLog.blobs``)."""
+        blobs = [self.blobs[slot] for slot in slots.tolist()]
+        return (np.frombuffer(b"".join(blobs), np.uint8),
+                np.fromiter(map(len, blobs), np.int64, len(blobs)))
 
     def recompress(self, old: Codec) -> None:
         """Compress the kept frames again with the log's codec (it has trained a dictionary; they were ``old``'s)."""

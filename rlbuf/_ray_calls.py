@@ -16,11 +16,23 @@ from typing import Any
 from rlbuf.errors import RlbufError, ShardDiedError
 
 
+class ShardRestartingError(ShardDiedError):
+    """A call to shard ``shard`` that Ray's restart of its actor (``restart_from``) cut short.
+
+    ``fate_unknown``: Ray could not tell whether the actor ran the call (``ActorUnavailableError``); else the
+    actor died before finishing it (``ActorDiedError``), and whatever the call did inside it died with it.
+    """
+
+    def __init__(self, message: str, shard: int, fate_unknown: bool) -> None:
+        super().__init__(message)
+        self.shard, self.fate_unknown = shard, fate_unknown
+
+
 def get(calls: Sequence[tuple[int, Any]], *, restarting: bool = False) -> list[Any]:
     """Results of remote calls ``(shard, ref)``; rlbuf errors as themselves, a dead actor as ShardDiedError
-    (``restarting``: the service was built with ``restart_from``, so Ray starts it again)."""
+    (``restarting``: the service was built with ``restart_from``, so Ray starts it again: ShardRestartingError)."""
     import ray
-    from ray.exceptions import RayActorError, RayTaskError
+    from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
     results = []
     for shard, ref in calls:
@@ -32,15 +44,36 @@ def get(calls: Sequence[tuple[int, Any]], *, restarting: bool = False) -> list[A
             raise
         except RayActorError as error:
             if restarting:
-                raise ShardDiedError(
+                raise ShardRestartingError(
                     f"shard {shard}: its Ray actor died during this call ({type(error).__name__}), which did not "
                     "complete; Ray starts it again from its part of the checkpoint at restart_from (the rows it took "
-                    "after that are lost, reported by a ShardRestartedWarning): call again") from error
+                    "after that are lost, reported by a ShardRestartedWarning): call again", shard,
+                    isinstance(error, ActorUnavailableError)) from error
             raise ShardDiedError(
                 f"shard {shard}: its Ray actor is gone ({type(error).__name__}); the rows it held since the last"
                 " checkpoint are lost. Rebuild the service from that checkpoint with ReplayService.load(path)"
             ) from error
     return results
+
+
+def answered(shard: Any, deadline: float | None) -> dict[str, Any] | None:
+    """``shard``'s stats once its actor answers (Ray restarting it), or ``None`` past ``deadline`` (monotonic)."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return None
+        try:
+            stats: dict[str, Any] = ray.get(shard.shard_stats.remote(), timeout=left)
+            return stats
+        except RayTaskError as error:  # the restarted shard could not rebuild itself: its error
+            if isinstance(error.cause, RlbufError):
+                raise error.cause from None
+            raise
+        except (RayActorError, GetTimeoutError):
+            time.sleep(0.01)
 
 
 def stop(shard: Any) -> None:

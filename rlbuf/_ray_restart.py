@@ -22,12 +22,16 @@ Example:
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from rlbuf._ray_calls import ShardRestartingError, answered
 from rlbuf.errors import ConfigError, RlbufWarning
+
+T = TypeVar("T")
 
 
 class ShardRestartedWarning(RlbufWarning):
@@ -77,3 +81,32 @@ class Restarts:
             f"shard {shard}: its Ray actor died and was restarted {where}; the rows it had taken after that are "
             f"gone: {lost} the learner knew of (write count {known}), and any written since it last heard from the "
             "shard. The service goes on; service.shard_restarts lists every restart"), stacklevel=4)
+
+
+def retried(call: Callable[[], T], shards: Sequence[Any], heard: Callable[[int, dict[str, Any]], None], *,
+            timeout: float | None, reads: bool) -> T:
+    """``call()``, made again once a shard that Ray was restarting when the call reached it answers, within
+    ``timeout`` seconds (``None``: no limit); ``heard(shard, stats)`` is told of the restarted shard first.
+
+    Made again only where that is exact: a call that changes nothing in the shards (``reads``), or one whose
+    actor died before finishing it (what it did died with it). A call Ray cannot say was run or not
+    (``ActorUnavailableError``) that changes a shard is never made twice: its ``ShardDiedError`` is raised.
+
+    Raises:
+        ShardDiedError: the shard did not answer within ``timeout``, or the call's fate is unknown.
+
+    Example:
+        >>> retried(lambda: 3, [], lambda shard, stats: None, timeout=1.0, reads=True)
+        3
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except ShardRestartingError as error:
+            if error.fate_unknown and not reads:
+                raise
+            stats = answered(shards[error.shard], deadline)
+            if stats is None:
+                raise
+            heard(error.shard, stats)

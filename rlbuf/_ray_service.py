@@ -11,23 +11,24 @@ object store.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from rlbuf._delivery import deliver
+from rlbuf._compact_wire import FrameDecoders
 from rlbuf._priorities import priorities
 from rlbuf._rate_limit import RateLimiter
+from rlbuf._ray_batches import batch_of, merged_fields
 from rlbuf._ray_calls import get, start_ray, stop
 from rlbuf._ray_checkpoint import read_manifest, write_checkpoint
-from rlbuf._ray_restart import Restarts, restart_path
-from rlbuf._ray_wire import concat, from_wire, to_wire
+from rlbuf._ray_restart import Restarts, restart_path, retried
+from rlbuf._ray_split import await_rows, may_sample, split_around_held
+from rlbuf._ray_wire import to_wire
 from rlbuf._ray_writer import ServiceWriter, check_batch_steps, timeout_of
 from rlbuf._sumtree_arrays import check_exponent
 from rlbuf.batches import ReplayBatch
@@ -37,12 +38,12 @@ from rlbuf.errors import (
     ConfigError,
     EmptyBufferError,
     PriorityError,
-    RateLimitTimeoutError,
     ShardDiedError,
     StoredIndexError,
 )
 from rlbuf.storage import DeviceLike, resolve_device
 
+T = TypeVar("T")
 _THREADS = 16  # calls a shard actor runs at once: writers held by its limiter must not block the learner
 
 
@@ -148,6 +149,8 @@ class ReplayService:
         self._layout = {"options": infos[0]["options"], "compact": bool(infos[0]["compact"]),
                         "restart": self._restart_from is not None}
         self._restarts = Restarts(infos)
+        self._decoders = FrameDecoders()
+        self._frames_on_learner = True  # False: compact shards build the stacks (what benchmarks compare with)
         # Each shard's size, priority mass and limiter counters as of the learner's last call to it:
         # the next split uses them (sizes only grow meanwhile), saving a round trip per sample.
         self._stats: list[dict[str, Any]] | None = None if manifest is None else manifest["shard_stats"]
@@ -223,7 +226,8 @@ class ReplayService:
             raise PriorityError("beta: this service is not prioritized (build it with prioritized=True)")
         check_exponent("beta", value)
         shards = self._live()
-        self._get([(k, shard.shard_set_beta.remote(float(value))) for k, shard in enumerate(shards)])
+        self._retried(lambda: self._get([(k, shard.shard_set_beta.remote(float(value))) for k, shard in enumerate(shards)]),
+                      reads=False)
         self._beta = float(value)
 
     @property
@@ -238,8 +242,7 @@ class ReplayService:
 
     def sizes(self) -> list[int]:
         """Rows each shard holds now (one round trip to each)."""
-        stats = self._heard(self._get([(k, shard.shard_stats.remote()) for k, shard in enumerate(self._live())]))
-        return [int(stat["size"]) for stat in stats]
+        return [int(stat["size"]) for stat in self._all_stats()]
 
     def __len__(self) -> int:
         return sum(self.sizes())
@@ -248,7 +251,8 @@ class ReplayService:
         """Each shard's limiter settings and counters, or ``None`` without a limiter."""
         if self._limiter_config is None:
             return None
-        return self._get([(k, shard.shard_limiter.remote()) for k, shard in enumerate(self._live())])
+        return self._retried(lambda: self._get([(k, shard.shard_limiter.remote()) for k, shard in enumerate(self._live())]),
+                             reads=True)
 
     # -- writing ----------------------------------------------------------------------------
     def writer(self, shard: int | None = None, *, writer_id: int | None = None, batch_steps: int = 64) -> ServiceWriter:
@@ -320,95 +324,62 @@ class ReplayService:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise BatchSizeError(f"batch_size: expected a positive int, got {batch_size!r}")
         wait = self._timeout if timeout == "default" else timeout_of(timeout)
+        state = self._rng.bit_generator.state
+        try:
+            return self._sample(batch_size, wait)
+        except ShardDiedError:  # a failed sample leaves the learner's split generator as it was
+            self._rng.bit_generator.state = state
+            raise
+
+    def _sample(self, batch_size: int, wait: float | None) -> ReplayBatch:
         shards = self._live()
         stats = self._stats
         if stats is None or not all(stat["size"] for stat in stats):  # an empty shard is asked again each time
-            stats = self._stats = self._heard(self._get([(k, shard.shard_stats.remote()) for k, shard in enumerate(shards)]))
+            stats = self._stats = self._all_stats(wait)
         if self._limiter_config is not None and not any(stat["size"] for stat in stats):
-            stats = self._stats = self._await_rows(batch_size, wait)   # a limited sample waits for rows
+            stats = self._stats = await_rows(self._all_stats, batch_size, wait)   # a limited sample waits for rows
         mass = np.array([stat["mass"] for stat in stats], dtype=np.float64)
         if not mass.sum() > 0:
             raise EmptyBufferError(f"sample: every shard is empty (sizes {[stat['size'] for stat in stats]})")
         counts = self._rng.multinomial(batch_size, mass / mass.sum())
         drawn = [(k, int(count)) for k, count in enumerate(counts) if count > 0]
-        if not all(self._may_sample(stats[k], count) for k, count in drawn):
-            drawn = self._split_around_held(batch_size, mass, stats, drawn, wait)
-        replies = self._get([(k, shards[k].shard_sample.remote(count, wait)) for k, count in drawn])
-        for (k, _), reply in zip(drawn, replies, strict=True):
-            stats[k] = self._heard([reply["stats"]], k)[0]
+        may = partial(may_sample, self._limiter_config)
+        if not all(may(stats[k], count) for k, count in drawn):
+            drawn = split_around_held(self._rng, batch_size, mass, stats, drawn, may=may,
+                                      stats_of=partial(self._stats_of, timeout=wait),
+                                      wait=partial(self._wait_sample, wait=wait))
+        # A compact shard sends each distinct frame once, compressed as stored; the stacks are rebuilt here.
+        known = self._decoders.known if self._frames_on_learner else None
+        sent = {k: shards[k].shard_sample.remote(count, wait, known) for k, count in drawn}
+
+        def reply(k: int, count: int) -> dict[str, Any]:
+            # A shard whose actor died before answering is asked again once restarted (its draw died with it);
+            # the others' draws are kept: no shard draws twice for one batch.
+            ref = sent.pop(k, None) or shards[k].shard_sample.remote(count, wait, known)
+            answer: dict[str, Any] = self._get([(k, ref)])[0]
+            return answer
+
+        replies = [self._retried(partial(reply, k, count), reads=False, timeout=wait) for k, count in drawn]
+        for (k, _), reply_k in zip(drawn, replies, strict=True):
+            stats[k] = self._heard([reply_k["stats"]], k)[0]
         return self._merge(drawn, replies, stats)
 
-    def _split_around_held(self, batch_size: int, mass: np.ndarray[Any, Any], stats: list[dict[str, Any]],
-                           drawn: list[tuple[int, int]], wait: float | None) -> list[tuple[int, int]]:
-        """The batch split again over the shards whose limiters let their share be drawn now.
-
-        A shard the learner is ahead on is left out of this batch (as Reverb's clients of several
-        servers leave out a server whose limiter holds): the others keep being sampled, and their
-        writers are not held by a shard whose own writers have stopped. Only when every shard
-        holds does the learner wait, on all the first split's shards before drawing any, so a
-        timeout leaves every shard's counters as they were.
-        """
+    def _wait_sample(self, drawn: list[tuple[int, int]], wait: float | None) -> None:
+        """Return once every shard of ``drawn`` lets its share be sampled (changes nothing)."""
         shards = self._live()
-        held = [k for k, count in drawn if not self._may_sample(stats[k], count)]
-        fresh = self._get([(k, shards[k].shard_stats.remote()) for k in held])  # inserts may have made room
-        for k, stat in zip(held, fresh, strict=True):
-            stats[k] = self._heard([stat], k)[0]
-        free, split = mass.copy(), drawn
-        while not all(self._may_sample(stats[k], count) for k, count in split):
-            free[[k for k, count in split if not self._may_sample(stats[k], count)]] = 0.0
-            if not free.sum() > 0:
-                self._get([(k, shards[k].shard_wait_sample.remote(count, wait)) for k, count in drawn])
-                return drawn
-            counts = self._rng.multinomial(batch_size, free / free.sum())
-            split = [(k, int(count)) for k, count in enumerate(counts) if count > 0]
-        return split
-
-    def _await_rows(self, batch_size: int, timeout: float | None) -> list[dict[str, Any]]:
-        """The shards' stats once one of them holds a row (every shard is empty until the writers start).
-
-        Raises:
-            RateLimitTimeoutError: still empty after ``timeout`` seconds.
-        """
-        shards = self._live()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            stats = self._heard(self._get([(k, shard.shard_stats.remote()) for k, shard in enumerate(shards)]))
-            if any(stat["size"] for stat in stats):
-                return stats
-            if deadline is not None and time.monotonic() >= deadline:
-                raise RateLimitTimeoutError(f"sample: the rate limiters held {batch_size} rows for {timeout} s: every "
-                                            "shard is still empty; start the writers or raise timeout")
-            time.sleep(0.01)
-
-    def _may_sample(self, stats: Mapping[str, Any], count: int) -> bool:
-        """Whether a shard's limiter lets ``count`` rows be sampled, judged from its last known counters.
-
-        Since then only inserts can have moved them (the learner is the one sampler), and
-        inserts only make room: a yes stays a yes.
-        """
-        if self._limiter_config is None:
-            return True
-        return RateLimiter.from_config(self._limiter_config, stats["limiter"]).can_sample(count)
+        self._retried(lambda: self._get([(k, shards[k].shard_wait_sample.remote(count, wait)) for k, count in drawn]),
+                      reads=True, timeout=wait)
 
     def _merge(self, drawn: list[tuple[int, int]], replies: list[dict[str, Any]],
                stats: list[dict[str, Any]] | None) -> ReplayBatch:
         """One batch from the shards' replies: global indices, and with ``stats`` weights over all shards."""
-        # Merged as numpy arrays first: Ray hands them over read-only, so one copy makes them
-        # the batch's (concatenating tensors would copy twice: pixel batches are megabytes).
-        parts = [dict(reply["fields"]) for reply in replies]
-        for (k, _), part in zip(drawn, parts, strict=True):
-            part["index"] = part["index"] + k * self._shard_capacity
+        weights = None
         if self._prioritized and stats is not None:
             smallest = [reply["stats"]["smallest"] for reply in replies]
             smallest += [stat["smallest"] for stat in stats if stat["size"]]
-            overall = min(smallest)
-            for reply, part in zip(replies, parts, strict=True):
-                part["weight"] = part["weight"] * float((reply["stats"]["smallest"] / overall) ** -self._beta)
-        fields = from_wire(concat(parts))
-        extras, hidden_state = fields.pop("extras"), fields.pop("hidden_state")
-        fields = deliver(fields, self._device)
-        return ReplayBatch(**fields, extras=deliver(extras, self._device) if extras else {},
-                           hidden_state=None if hidden_state is None else deliver(hidden_state, self._device))
+            weights = (min(smallest), self._beta)
+        return batch_of(merged_fields(drawn, replies, shard_capacity=self._shard_capacity, weights=weights,
+                                      decoders=self._decoders), self._device)
 
     def sample_all(self) -> ReplayBatch:
         """Every stored row, shard 0 first, oldest first in each; ``index`` is global."""
@@ -416,7 +387,8 @@ class ReplayService:
         drawn = [(k, 1) for k, size in enumerate(self.sizes()) if size]   # an empty shard refuses sample_all
         if not drawn:
             raise EmptyBufferError("sample_all: every shard is empty")
-        replies = self._get([(k, shards[k].rlbuf_sample_all.remote()) for k, _ in drawn])
+        replies = self._retried(lambda: self._get([(k, shards[k].rlbuf_sample_all.remote()) for k, _ in drawn]),
+                                reads=True)
         parts = [{"fields": reply, "stats": {"smallest": 1.0}} for reply in replies]
         return self._merge(drawn, parts, None)
 
@@ -442,7 +414,7 @@ class ReplayService:
             raise StoredIndexError(f"index: expected global indices in [0, {self.capacity}), got "
                                    f"{int(positions.min())} to {int(positions.max())}")
         if self._stats is None:
-            self._stats = self._heard(self._get([(k, shard.shard_stats.remote()) for k, shard in enumerate(shards)]))
+            self._stats = self._all_stats()
         known = [int(stat["size"]) for stat in self._stats]
         outside = local >= torch.tensor(known)[shard_of]
         if positions.numel() and bool(outside.any()):
@@ -468,10 +440,11 @@ class ReplayService:
             ShardDiedError: a shard's actor is gone.
         """
         shards = self._live()
-        write_checkpoint(Path(path).absolute(), lambda staging: get(
+        self._retried(lambda: write_checkpoint(Path(path).absolute(), lambda staging: self._get(
             [(k, shard.shard_save.remote(str(staging / f"shard_{k}"))) for k, shard in enumerate(shards)]),
             {"num_shards": len(shards), "shard_capacity": self._shard_capacity, "rate_limiter": self._limiter_config,
-             "rng": self._rng.bit_generator.state, "writer_next": self._writer._next, "shard_stats": self._stats})
+             "rng": self._rng.bit_generator.state, "writer_next": self._writer._next, "shard_stats": self._stats}),
+            reads=False)
 
     def restore(self, path: str | Path) -> None:
         """Put the service back to the checkpoint ``save`` wrote at ``path``, in place.
@@ -523,6 +496,33 @@ class ReplayService:
     # -- restarts ---------------------------------------------------------------------------
     def _get(self, calls: list[tuple[int, Any]]) -> list[Any]:
         return get(calls, restarting=self._restart_from is not None)
+
+    def _retried(self, call: Callable[[], T], *, reads: bool, timeout: float | str | None = "default") -> T:
+        """``call()``, made again where a shard it reached was being restarted by Ray and that is exact (see
+        [`retried`][rlbuf._ray_restart.retried]), within ``timeout`` (the service's by default)."""
+        if self._restart_from is None:
+            return call()
+        wait = self._timeout if timeout == "default" else timeout
+        return retried(call, self._live(), self._restarted, timeout=cast(float | None, wait), reads=reads)
+
+    def _restarted(self, k: int, stat: dict[str, Any]) -> None:
+        """Shard ``k`` answered after Ray restarted it: reported, and every shard asked again at the next sample."""
+        self._heard([stat], k)
+        self._stats = None
+
+    def _stats_of(self, ks: Sequence[int], timeout: float | str | None = "default") -> list[dict[str, Any]]:
+        """Shards ``ks``' stats now, noted (``_heard``)."""
+        shards = self._live()
+        stats = self._retried(lambda: self._get([(k, shards[k].shard_stats.remote()) for k in ks]), reads=True,
+                              timeout=timeout)
+        return [self._heard([stat], k)[0] for k, stat in zip(ks, stats, strict=True)]
+
+    def _all_stats(self, timeout: float | str | None = "default") -> list[dict[str, Any]]:
+        """Every shard's stats now (one round trip to each, in parallel)."""
+        shards = self._live()
+        return self._heard(self._retried(lambda: self._get([(k, shard.shard_stats.remote())
+                                                            for k, shard in enumerate(shards)]), reads=True,
+                                         timeout=timeout))
 
     def _heard(self, stats: list[dict[str, Any]], first: int = 0) -> list[dict[str, Any]]:
         """``stats`` of shards ``first``, ``first + 1`` ..., noted: a shard Ray restarted is reported."""

@@ -29,6 +29,7 @@ from typing import Any
 
 from tensordict import TensorDict
 
+from rlbuf._compact_wire import sample_wire, sends_frames
 from rlbuf._rate_limit import RateLimiter, wait_until
 from rlbuf._ray_checkpoint import read_manifest
 from rlbuf._ray_wire import fields_of, from_wire, to_wire
@@ -139,7 +140,7 @@ class ShardHost(ReplayBufferHost):
         who = {"write_count": self.write_count, "incarnation": self._incarnation}
         if not buffer.prioritized or size == 0:
             return {"size": size, "mass": float(size), "smallest": 1.0, "limiter": counters, **who}
-        rb = buffer.torchrl
+        rb = buffer._ring.rb  # not buffer.torchrl, which a compact buffer does not hand out
         _, total, smallest = rb.sampler.sampled_mass(rb.storage)  # rlbuf's own SumTreeSampler
         return {"size": size, "mass": float(total), "smallest": float(smallest), "limiter": counters, **who}
 
@@ -164,22 +165,31 @@ class ShardHost(ReplayBufferHost):
         return (f"sample: the rate limiter held {batch_size} rows for {timeout} s ({reason}; {limiter}): insert"
                 " more, widen error_buffer or raise timeout")
 
-    def shard_sample(self, batch_size: int, timeout: float | None) -> dict[str, Any]:
-        """``batch_size`` rows (as [`ReplayBuffer.sample`][rlbuf.ReplayBuffer.sample]) and the shard's stats after the draw."""
+    def shard_sample(self, batch_size: int, timeout: float | None,
+                     known: list[str] | None = None) -> dict[str, Any]:
+        """``batch_size`` rows (as [`ReplayBuffer.sample`][rlbuf.ReplayBuffer.sample]) and the shard's stats after the draw.
+
+        With ``known`` (the ids of the dictionaries the learner holds), a compact buffer's followed frames
+        travel apart, each distinct one once (``"frames"``, see [`rlbuf._compact_wire`][rlbuf._compact_wire]).
+        """
         limiter = self._limiter
         if limiter is not None:
             limiter.check_sample(batch_size)
+        payload = None
         with self._condition:
             if limiter is not None:
                 wait_until(self._condition, lambda: limiter.can_sample(batch_size), timeout,
                            lambda: self._sample_held(limiter, batch_size, timeout))
-            batch = self.buffer.sample(batch_size)
+            if known is not None and sends_frames(self.buffer):
+                batch, payload = sample_wire(self.buffer, batch_size, known=known)
+            else:
+                batch = self.buffer.sample(batch_size)
             if limiter is not None:
                 limiter.record_sample(batch_size)
                 self._condition.notify_all()
             stats = self._stats()
         fields: dict[str, Any] = to_wire(fields_of(batch))
-        return {"fields": fields, "stats": stats}
+        return {"fields": fields, "stats": stats, "frames": payload}
 
     def shard_update_priority(self, index: Any, priority: Any) -> dict[str, Any]:
         """See [`ReplayBuffer.update_priority`][rlbuf.ReplayBuffer.update_priority]; returns the stats after it."""

@@ -185,10 +185,13 @@ def test_compact_shards_keep_each_stream_whole_and_resume_exactly(compact: Repla
 
     compact.save(tmp_path / "compact")
     kept_going = [compact.sample(32) for _ in range(3)]
-    compact.restore(tmp_path / "compact")
-    for got, expected_batch in zip([compact.sample(32) for _ in range(3)], kept_going, strict=True):
-        for name in ("index", "obs", "action", "reward", "next_obs", "discount"):
-            assert torch.equal(getattr(got, name), getattr(expected_batch, name)), name
+    for frames_on_learner in (True, False):   # the shards' distinct frames sent, or their stacks built and sent
+        compact.restore(tmp_path / "compact")
+        compact._frames_on_learner = frames_on_learner
+        for got, expected_batch in zip([compact.sample(32) for _ in range(3)], kept_going, strict=True):
+            for name in ("index", "obs", "action", "reward", "next_obs", "discount"):
+                assert torch.equal(getattr(got, name), getattr(expected_batch, name)), name
+    compact._frames_on_learner = True
 
 
 def until_restarted(service: ReplayService) -> list[int]:
@@ -233,6 +236,13 @@ def test_a_dead_shard_is_restarted_from_the_last_checkpoint_and_what_was_lost_is
         assert service.sample_all().action.tolist() == [*range(8), 12, 13]
         service.sizes()                                              # heard again: no second warning
         assert len(service.shard_restarts) == 1
+        ray.kill(service.actors[1], no_restart=False)                # again: the learner's calls now wait
+        deadline = time.monotonic() + 60
+        with pytest.warns(ShardRestartedWarning, match=r"shard 1: .*restarted from .*shard_1 \(write count 8\)"):
+            while len(service.shard_restarts) < 2:                  # no ShardDiedError: each call waits for it
+                service.sizes()
+                assert len(service.sample(4)) == 4 and time.monotonic() < deadline
+        assert service.sizes() == [0, 8]
     with pytest.raises(ConfigError, match=r"restart_from: expected None or the path service\.save writes to"):
         ReplayService(64, obs_shape=(4,), action_shape=(), restart_from=3)
 

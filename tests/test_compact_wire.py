@@ -1,0 +1,151 @@
+"""rlbuf._compact_wire: a compact buffer's batch sent as distinct frames and rebuilt on the learner is, bit for
+bit, the batch its own ``sample`` draws with the same seed: raw and compressed frames, across wraps, episode
+ends, truncations, both padding types, n-step, dict observations, and a dictionary sent once."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from _stacked_envs import FRAME, STATE, Envs
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tensordict import TensorDictBase
+
+import rlbuf._frames as frames_module
+from rlbuf import ConfigError, EmptyBufferError, ReplayBuffer
+from rlbuf._compact_wire import FrameDecoders, put_frames, rebuild, sample_wire
+from rlbuf.batches import ReplayBatch
+
+
+def frozen(value: Any) -> Any:
+    """``value`` with every tensor as (dtype, shape, bytes): equal means bit for bit equal."""
+    if isinstance(value, TensorDictBase):
+        return {str(key): frozen(leaf) for key, leaf in value.items(include_nested=True, leaves_only=True)}
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().contiguous()
+        return (str(tensor.dtype), tuple(tensor.shape), tensor.view(torch.uint8).numpy().tobytes())
+    if isinstance(value, dict):
+        return {key: frozen(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [frozen(item) for item in value]
+    if dataclasses.is_dataclass(value):
+        return {field.name: frozen(getattr(value, field.name)) for field in dataclasses.fields(value)}
+    return value
+
+
+def make(num_envs: int, frame_stack: int, n_step: int, padding_type: str, dtype: torch.dtype, dict_obs: bool,
+         capacity: int, **options: Any) -> ReplayBuffer:
+    image = (frame_stack, *FRAME) if frame_stack > 1 else FRAME
+    if dict_obs:
+        state = (frame_stack, *STATE) if frame_stack > 1 else STATE
+        obs: dict[str, Any] = {"obs_shape": {"image": image, "state": state}, "obs_dtype": {"image": dtype}}
+    else:
+        obs = {"obs_shape": image, "obs_dtype": dtype}
+    return ReplayBuffer(capacity, **obs, action_shape=(), action_dtype=torch.int64, num_envs=num_envs,
+                        frame_stack=frame_stack, n_step=n_step, padding_type=padding_type, compact=True, seed=3,
+                        **options)
+
+
+def rebuilt(buffer: ReplayBuffer, batch_sizes: list[int], decoders: FrameDecoders) -> Any:
+    """The batches ``sample_wire`` draws, their frames rebuilt together (one merged batch's frames)."""
+    drawn = [sample_wire(buffer, size, known=decoders.known) for size in batch_sizes]
+    obs, next_obs = rebuild([payload for _, payload in drawn], decoders)
+    starts = np.cumsum([0, *batch_sizes])
+    batches = []
+    for (batch, payload), low, high in zip(drawn, starts[:-1], starts[1:], strict=True):
+        fields = {"obs": batch.obs, "next_obs": batch.next_obs}
+        put_frames(fields, payload.path, obs[low:high], next_obs[low:high])
+        batches.append(dataclasses.replace(batch, **fields))
+    return batches
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(frame_stack=st.sampled_from([1, 2, 4]), n_step=st.sampled_from([1, 2, 3]),
+       padding_type=st.sampled_from(["reset", "zero"]), compression=st.sampled_from([None, "zstd", "lz4"]),
+       prioritized=st.booleans(), num_envs=st.sampled_from([2, 3]), capacity=st.integers(6, 24),
+       float_frames=st.booleans(), dict_obs=st.booleans(),
+       ends=st.lists(st.lists(st.sampled_from([0, 0, 0, 0, 1, 2]), min_size=3, max_size=3), min_size=4, max_size=40),
+       batch_sizes=st.lists(st.integers(1, 12), min_size=1, max_size=3))
+def test_the_rebuilt_batch_is_the_buffers_own_sample(frame_stack: int, n_step: int, padding_type: str,
+                                                     compression: str | None, prioritized: bool, num_envs: int,
+                                                     capacity: int, float_frames: bool, dict_obs: bool,
+                                                     ends: list[list[int]], batch_sizes: list[int]) -> None:
+    dtype = torch.float32 if float_frames and not dict_obs else torch.uint8
+    shape = (num_envs, frame_stack, n_step, padding_type, dtype, dict_obs, capacity)
+    options = {"compression": compression, "prioritized": prioritized}
+    local, shard = make(*shape, **options), make(*shape, **options)
+    envs = Envs(num_envs, frame_stack, padding_type, dtype, dict_obs, seed=capacity)
+    decoders = FrameDecoders()
+    for t, step_ends in enumerate(ends):
+        step = envs.step(step_ends[:num_envs])
+        local.add(*step[:5], truncated=step[5])
+        shard.add(*step[:5], truncated=step[5])
+        if t % 3 != 2:
+            continue
+        try:
+            expected = [local.sample(size) for size in batch_sizes]
+        except EmptyBufferError:
+            with pytest.raises(EmptyBufferError):
+                sample_wire(shard, batch_sizes[0], known=decoders.known)
+            continue
+        got = rebuilt(shard, batch_sizes, decoders)
+        assert frozen(got) == frozen(expected)
+        if prioritized:
+            for buffer, batches in ((local, expected), (shard, got)):
+                for batch in batches:
+                    buffer.update_priority(batch.index, batch.reward.abs() + batch.index.float() * 0.01 + 0.1)
+
+
+def test_a_trained_dictionary_travels_once_and_is_cached_by_its_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(frames_module, "DICTIONARY_AFTER", 40)
+    shape = (2, 4, 3, "reset", torch.uint8, False, 64)
+    local, shard = make(*shape, compression="zstd"), make(*shape, compression="zstd")
+    envs = Envs(2, 4, "reset", torch.uint8, False, seed=0)
+    for t in range(60):
+        step = envs.step([1 if t % 11 == 10 else 0, 2 if t % 17 == 16 else 0])
+        local.add(*step[:5], truncated=step[5])
+        shard.add(*step[:5], truncated=step[5])
+    assert shard._compact is not None and shard._compact.log is not None and shard._compact.log.codec.dictionary
+    decoders = FrameDecoders()
+    _, first = sample_wire(shard, 16, known=decoders.known)
+    assert first.dictionary == shard._compact.log.codec.dictionary and first.blobs is not None
+    rebuild([first], decoders)
+    assert decoders.known == [first.dictionary_id]
+    batch, second = sample_wire(shard, 16, known=decoders.known)
+    assert second.dictionary is None and second.dictionary_id == first.dictionary_id   # sent once
+    obs, next_obs = rebuild([second], decoders)
+    local.sample(16)
+    expected = local.sample(16)
+    assert frozen(dataclasses.replace(batch, obs=obs, next_obs=next_obs)) == frozen(expected)
+    with pytest.raises(ConfigError, match=f"compressed with dictionary {second.dictionary_id}, which this learner"):
+        rebuild([second], FrameDecoders())
+
+
+def test_a_buffer_that_stores_next_obs_with_each_row_is_refused() -> None:
+    plain = ReplayBuffer(8, obs_shape=(2,), action_shape=())
+    plain.add(torch.zeros(2), 0.0, 0.0, torch.ones(2), False, truncated=False)
+    with pytest.raises(ConfigError, match="sample_wire: expected a compact buffer"):
+        sample_wire(plain, 4, known=())
+
+
+def test_the_payload_holds_each_distinct_frame_once() -> None:
+    """A batch of one transition drawn many times: its frames travel once; 256 Atari-like transitions
+    spanning 7 frames each need 7 frames each at most, not 8."""
+    shape = (2, 4, 3, "reset", torch.uint8, False, 64)
+    buffer = make(*shape)
+    envs = Envs(2, 4, "reset", torch.uint8, False, seed=0)
+    for _ in range(40):
+        buffer.add(*envs.step([0, 0])[:5], truncated=torch.zeros(2, dtype=torch.bool))
+    batch, payload = sample_wire(buffer, 256, known=())
+    assert payload.frames is not None and isinstance(batch, ReplayBatch)
+    assert len(payload.frames) == len(np.unique(payload.sources)) <= 2 * 40
+    # As Ray hands it over: unpickled (protocol 5, the arrays out of band), its arrays read-only.
+    sent = pickle.loads(pickle.dumps(payload, protocol=5))
+    sent.frames.flags.writeable = False
+    assert [torch.equal(a, b) for a, b in zip(rebuild([sent], FrameDecoders()), rebuild([payload], FrameDecoders()),
+                                              strict=True)] == [True, True]
