@@ -149,6 +149,14 @@ class CompactLayout:
             self.streams.record(env_ids, first, next_rows, terminated_np, truncated_np, write_count=first + rows,
                                 size=min(size + rows, ring.capacity))
 
+    def cut(self, env_ids: npt.NDArray[np.int64]) -> None:
+        """End the open episode of each of ``env_ids`` at its newest stored row, as a time limit would
+        (see [`ReplayBuffer.truncate_episodes`][rlbuf.ReplayBuffer.truncate_episodes])."""
+        ring = self.ring
+        with ring.rewriting():
+            positions = self.streams.cut(env_ids, ring.write_count - len(ring))
+            ring.mark_truncated(positions)
+
     def _train_dictionary(self) -> None:
         """Compress the stored frames again with a dictionary trained on them; their new sizes into the ring."""
         assert self.log is not None

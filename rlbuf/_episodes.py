@@ -143,6 +143,18 @@ class EpisodeIndex:
         self.open_first[env] = np.where(done, rank + 1, first)
         self.next_rank[env] = rank + 1
 
+    def end_running(self, envs: _Ints) -> _Ints:
+        """End the running episode of each of ``envs`` at its newest row (the rows stored learn their
+        last rank); return the positions of the newest rows that were stored."""
+        positions = self.running_rows(envs)
+        for env in envs.tolist():
+            newest, first = int(self.next_rank[env]) - 1, int(self.open_first[env])
+            if first <= newest:
+                if newest >= self.oldest[env]:
+                    self.last[self._positions(env, max(first, int(self.oldest[env])), newest + 1)] = newest
+                self.open_first[env] = newest + 1
+        return positions
+
     def running_rows(self, envs: _Ints) -> _Ints:
         """Positions of the newest stored row of each of ``envs`` whose episode is still running."""
         newest = self.next_rank[envs] - 1

@@ -168,6 +168,13 @@ class Relabeller:
             last[envs] = rows_[newest]
         self._running[envs] = ~ended[newest]
 
+    def cut(self, env_ids: _Ints) -> None:
+        """End the running episode of each of ``env_ids`` at its newest stored row, as a time limit would
+        (see [`ReplayBuffer.truncate_episodes`][rlbuf.ReplayBuffer.truncate_episodes])."""
+        with self.ring.rewriting():
+            self.ring.mark_truncated(self.episodes.end_running(env_ids))
+            self._running[env_ids] = False
+
     # -- sampling ----------------------------------------------------------------------------
     def relabel(self, columns: dict[str, torch.Tensor], index: torch.Tensor) -> None:
         """Relabel a ``ratio`` of the sampled ``columns`` (rows at ``index``) in place: new goals

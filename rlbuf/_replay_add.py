@@ -141,6 +141,47 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
         with no reward, an idle Breakout truncated, for a reset step)."""
         self._resets = None
 
+    def truncate_episodes(self, env_mask: Any = None) -> None:
+        """End each env's running episode at its newest stored step, as a time limit would: after you
+        reset envs yourself mid-episode (``envs.reset()``, a crashed worker started again).
+
+        That step's ``truncated`` flag is set (its ``next_obs`` stays: a target bootstraps from it) and
+        the env's next step starts an episode. A buffer that follows each env's stream (the compact
+        layout, ``hindsight``) needs this call before that step, and refuses the step otherwise
+        (``StreamError``); in a buffer of whole transitions each row stands alone and only the episode
+        statistics change. The running episodes leave the statistics unrecorded (no episode ended),
+        as gymnasium's ``RecordEpisodeStatistics`` leaves them at a reset.
+        [`Recorder.reset`][rlbuf.gym.Recorder.reset] calls it for you.
+
+        Args:
+            env_mask: ``[num_envs]`` bools: the envs reset (``None``: all). An env whose episode ended
+                with its last step is left as it is.
+
+        Raises:
+            ShapeError: ``env_mask`` is not one bool per env (nothing changes).
+
+        Example:
+            >>> import torch
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(8, obs_shape=(1,), action_shape=(), n_step=2, seed=0)
+            >>> buf.add(torch.zeros(1), 0.0, 1.0, torch.ones(1), False, truncated=False)
+            >>> buf.truncate_episodes()                 # the env was reset: its next obs starts anew
+            >>> buf.add(torch.full((1,), 5.0), 0.0, 1.0, torch.full((1,), 6.0), False, truncated=False)
+            >>> buf.sample_all().truncated.tolist()
+            [True]
+        """
+        envs = np.arange(self._num_envs) if env_mask is None else np.flatnonzero(
+            self._writer.checked_env_mask(env_mask).numpy())
+        with self._ring.lock:
+            if self._writer.compact is not None:
+                self._writer.compact.cut(envs)
+            elif self._writer.relabeller is not None:
+                self._writer.relabeller.cut(envs)
+            if self._stats is not None:
+                self._stats.reset(envs.tolist())
+            if self._resets is not None:
+                self._resets.clear()  # what it knew of each env's previous row is no longer what is stored
+
     def _add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
              hidden_state: Any, env_mask: Any, extras: dict[str, Any], metrics: Mapping[str, Any] | None) -> None:
         """``add`` of every layout but the plain one (a Transition, env_mask, extras, dict observations ...)."""

@@ -456,6 +456,15 @@ class RowRing:
             self.generation += 1
             yield
 
+    def mark_truncated(self, positions: np.ndarray[Any, Any]) -> None:
+        """Set ``truncated`` of the stored rows at ``positions`` and derive their computed fields again;
+        call inside [`rewriting`][rlbuf._ring.RowRing.rewriting]."""
+        leaves = self._arrays or self.leaves
+        for position in positions.tolist():
+            leaves["truncated"][position] = True
+            if self.derived:
+                derive_rows(leaves, self.derived, position, 1, capacity=self.capacity)
+
     def write(self, columns: Mapping[str, torch.Tensor], n: int) -> None:
         """Write ``n`` validated rows of the input fields at the cursor, oldest overwritten first.
 

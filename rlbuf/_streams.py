@@ -154,6 +154,9 @@ class FinalFrames:
         self.free = [int(s) for s in state["free"].tolist()]
 
 
+_ONE_TRUE = np.ones(1, np.bool_)  # one row that ends its episode (read only)
+
+
 @dataclass(frozen=True, slots=True)
 class Chain:
     """The rows that make up the transitions of some sampled rows (see ``Streams.walk``).
@@ -387,6 +390,25 @@ class Streams:
             back[live, :-1] = self.back[link[live] % self.capacity, 1:]
             back[live, -1] = link[live]
             self.back[own % self.capacity] = back
+
+    def cut(self, env_ids: _Ints, oldest: int) -> _Ints:
+        """End the open episode of each of ``env_ids`` at its newest row, as a time limit would: the row
+        is marked truncated and its ``next_obs`` (the stack its env's next step had to continue) is kept
+        as the final observation. Returns the storage positions of the rows marked (an episode whose
+        newest row is overwritten only ends). Each env's next step then starts an episode.
+        """
+        marked = []
+        for env in env_ids.tolist():
+            serial = int(self.last[env])
+            if serial < 0:
+                continue
+            self.last[env] = -1
+            if serial >= oldest:
+                position = serial % self.capacity
+                self.truncated[position] = True
+                self._keep_finals(serial, self._expected[env:env + 1], _ONE_TRUE, oldest)
+                marked.append(position)
+        return np.array(marked, np.int64)
 
     def clear(self) -> None:
         """Forget every row and every open episode."""

@@ -155,7 +155,9 @@ class Recorder:
         """Forget pending ``NEXT_STEP`` reset steps after you reset the envs yourself (``envs.reset()``).
 
         Gymnasium's ``envs.reset()`` makes the next step a real one for every env it resets,
-        including envs whose episode had just ended; tell the Recorder so it stores that step.
+        including envs whose episode had just ended; tell the Recorder so it stores that step. A
+        ``ReplayBuffer``'s running episodes of those envs end at their newest stored step, as a time
+        limit would ([`truncate_episodes`][rlbuf.ReplayBuffer.truncate_episodes]).
 
         Args:
             env_mask: ``[num_envs]`` bools: the envs that were reset (``None``: all).
@@ -169,10 +171,13 @@ class Recorder:
             >>> obs, _ = envs.reset(seed=0)
             >>> recorder.reset()
         """
-        if env_mask is None:
+        reset = None if env_mask is None else _flags("env_mask", env_mask, self.num_envs)
+        if isinstance(self.buffer, ReplayBuffer):
+            self.buffer.truncate_episodes(reset)
+        if reset is None:
             self._resetting[:] = False
         else:
-            self._resetting &= ~_flags("env_mask", env_mask, self.num_envs)
+            self._resetting &= ~reset
         self._read_from_envs &= self._resetting
 
     def record(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,

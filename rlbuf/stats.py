@@ -475,8 +475,9 @@ class EpisodeStats:
                               f"{sorted(self._declared.modes)}")
         return [e.metrics.get(name) for e in episodes]
 
-    def reset(self) -> None:
-        """Forget running episodes and all finished ones, as if newly built.
+    def reset(self, envs: Sequence[int] | None = None) -> None:
+        """Forget running episodes and all finished ones, as if newly built; with ``envs``, only the
+        running episodes of those envs (reset mid-episode: they are no finished episodes).
 
         Example:
             >>> stats = EpisodeStats(1)
@@ -485,11 +486,13 @@ class EpisodeStats:
             >>> stats.episodes_finished, stats.recent_returns()
             (0, [])
         """
-        self._running_return.zero_()
-        self._running_length.zero_()
-        self._declared.restart(np.arange(self._num_envs))
-        self._episodes.clear()
-        self._finished = 0
+        index = np.arange(self._num_envs) if envs is None else np.asarray(envs, np.int64)
+        self._return_view[index] = 0.0
+        self._length_view[index] = 0
+        self._declared.restart(index)
+        if envs is None:
+            self._episodes.clear()
+            self._finished = 0
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume, as plain tensors, lists, strings and numbers.
@@ -589,10 +592,4 @@ def _describe(values: Sequence[float] | Sequence[int]) -> _StatSummary:
         return {"mean": None, "std": None, "min": None, "max": None, "count": 0}
     mean = math.fsum(values) / count
     variance = math.fsum((v - mean) ** 2 for v in values) / count
-    return {
-        "mean": mean,
-        "std": math.sqrt(variance),
-        "min": min(values),
-        "max": max(values),
-        "count": count,
-    }
+    return {"mean": mean, "std": math.sqrt(variance), "min": min(values), "max": max(values), "count": count}
