@@ -7,7 +7,8 @@ buffer has accepted a batch (a refused batch, or one held past its timeout, chan
 
 Example:
     >>> import torch
-    >>> from tensordict import TensorDict
+    >>> import numpy as np
+from tensordict import TensorDict
     >>> shard = ShardHost(capacity=8, obs_shape=(1,), action_shape=(), seed=0,
     ...                   rate_limiter={"samples_per_insert": 1.0, "min_size_to_sample": 2, "error_buffer": 4.0})
     >>> rows = TensorDict({"observation": torch.zeros(3, 1), "action": torch.zeros(3),
@@ -27,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tensordict import TensorDict
 
 from rlbuf._compact_wire import sample_wire, sends_frames
@@ -126,6 +128,40 @@ class ShardHost(ReplayBufferHost):
                 limiter.record_insert(rows)
                 limiter.record_delete(before + rows - len(buffer))
                 self._condition.notify_all()
+
+    def shard_add(self, steps: list[tuple[list[Any], dict[str, Any]]], timeout: float | None) -> None:
+        """Store steps as [`ReplayBuffer.add`][rlbuf.ReplayBuffer.add] stores them (``(values, keywords)`` each: a
+        compact layout's steps that leave envs out with ``env_mask``), first waiting for the rate limiter.
+
+        Each step is checked and stored as one ``add``: a step refused raises with the steps before it
+        stored, as a local buffer given the same adds would hold them.
+
+        Raises:
+            RateLimitTimeoutError: the limiter held the rows for ``timeout`` seconds (nothing stored).
+            ShapeError, StreamError ...: as ``add``.
+        """
+        buffer = self.buffer
+        steps = [(from_wire(values), from_wire(keywords)) for values, keywords in steps]
+        rows = sum(buffer.num_envs if keywords.get("env_mask") is None else int(np.asarray(keywords["env_mask"]).sum())
+                   for _, keywords in steps)
+        limiter = self._limiter
+        with self._condition:
+            if limiter is not None and rows:
+                limiter.check_insert(rows)
+                wait_until(self._condition, lambda: limiter.can_insert(rows), timeout,
+                           lambda: f"add: the rate limiter held {rows} rows for {timeout} s ({limiter}); the "
+                                   "learner samples too slowly for samples_per_insert: sample more, widen "
+                                   "error_buffer or raise timeout")
+            before, written = len(buffer), self.write_count
+            try:
+                for values, keywords in steps:
+                    buffer.add(*values, **keywords)
+            finally:  # the limiter counts the rows stored, all of them or those before a refused step
+                if limiter is not None:
+                    stored = self.write_count - written
+                    limiter.record_insert(stored)
+                    limiter.record_delete(before + stored - len(buffer))
+                    self._condition.notify_all()
 
     def shard_stats(self) -> dict[str, Any]:
         """``size``, the total and smallest ``priority ** alpha`` of the stored rows (``size`` and 1 without

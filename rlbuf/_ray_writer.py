@@ -21,13 +21,15 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
+import numpy as np
 from tensordict import TensorDictBase
 
 from rlbuf._ray_calls import get
 from rlbuf._ray_wire import to_wire
 from rlbuf._state import _option_from_json
+from rlbuf.batches import Transition
 from rlbuf.errors import (
     BatchSizeError,
     ConfigError,
@@ -53,6 +55,18 @@ _NOT_STAGED = ("capacity", "prioritized", "alpha", "beta", "storage", "storing_d
 # timeout, a dead or broken shard) leaves the batch in the writer.
 _REFUSALS = (ShapeError, DtypeError, DeviceError, NonFiniteError, OutOfRangeError, MissingFieldError, StreamError,
              BatchSizeError)
+
+
+Step = tuple[tuple[list[Any], dict[str, Any]], int]  # an add's (positional, keyword) values, and the rows it keeps
+
+
+class Batch(NamedTuple):
+    """A batch a writer sends: TorchRL-layout ``columns`` of ``batch_size``, or the adds ``steps``; ``rows`` stored."""
+
+    columns: list[tuple[Any, Any]]
+    batch_size: list[int]
+    rows: int
+    steps: list[tuple[list[Any], dict[str, Any]]] | None = None
 
 
 def timeout_of(timeout: Any) -> float | None:
@@ -102,7 +116,8 @@ class ServiceWriter:
         self._checker: ReplayBuffer | None = None   # compact layouts: follows each env's stream
         self._steps = 0                              # steps in the staging buffer
         self._masked = False                         # some staged step left envs out (env_mask)
-        self._ready: list[tuple[list[tuple[Any, Any]], list[int]]] = []  # batches not yet acknowledged, in order
+        self._adds: list[Step] = []                  # compact layouts: steps sent as adds (env_mask), with their rows
+        self._ready: list[Batch] = []                # batches not yet acknowledged, in order
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
         if self.pending:
@@ -111,7 +126,7 @@ class ServiceWriter:
         return (ServiceWriter, (self._shards, self._keys),
                 {"_shard": self._shard, "_next": self._next, "_timeout": self._timeout, "_layout": self._layout,
                  "_batch_steps": self._batch_steps, "_staging": None, "_checker": None, "_steps": 0,
-                 "_masked": False, "_ready": []})
+                 "_masked": False, "_adds": [], "_ready": []})
 
     def __setstate__(self, state: Mapping[str, Any]) -> None:
         self.__dict__.update(state)
@@ -135,7 +150,7 @@ class ServiceWriter:
     def pending(self) -> int:
         """Rows added here and not yet acknowledged by a shard (not in any checkpoint yet)."""
         staged = 0 if self._staging is None else len(self._staging)
-        return staged + sum(math.prod(batch_size) for _, batch_size in self._ready)
+        return staged + sum(rows for _, rows in self._adds) + sum(batch.rows for batch in self._ready)
 
     def _route(self, call: str) -> None:
         if self._layout["compact"] and self._shard is None:
@@ -154,21 +169,28 @@ class ServiceWriter:
 
         Raises:
             ShapeError, DtypeError, StreamError ...: as [`ReplayBuffer.add`][rlbuf.ReplayBuffer.add]; nothing is staged.
-            ConfigError: a round-robin writer of a compact layout, or ``env_mask`` with one.
+            ConfigError: a round-robin writer of a compact layout.
             RateLimitTimeoutError, ShardDiedError: sending a full batch failed; its rows stay
                 in the writer (``pending``) for the next ``flush``.
         """
         self._route("add")
-        if env_mask is not None and self._layout["compact"]:
-            raise ConfigError("env_mask: a writer to compact shards sends whole steps (each env's stream in order); "
-                              "add every env's row, or build the service with compact=False")
         staging, checker = self._buffers()
         if checker is not None:
             checker.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, env_mask=env_mask,
                         metrics=metrics, **extras)
-        staging.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, env_mask=env_mask,
-                    metrics=metrics, **extras)
-        self._masked = self._masked or env_mask is not None
+        if checker is not None and (env_mask is not None or self._adds):
+            # Steps that leave envs out make no (num_envs, steps) block: they go as the adds they are.
+            if not self._adds:
+                self._stage()   # the whole steps before them go first
+            rows = checker.num_envs if env_mask is None else int(np.asarray(to_wire(env_mask)).sum())  # checked
+            if isinstance(obs, Transition):
+                obs = obs._replace(**{name: to_wire(getattr(obs, name)) for name in obs._fields})
+            values = [to_wire(value) for value in (obs, action, reward, next_obs, terminated, truncated, hidden_state)]
+            self._adds.append(((values, to_wire({"env_mask": env_mask, "metrics": metrics, **extras})), rows))
+        else:
+            staging.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, env_mask=env_mask,
+                        metrics=metrics, **extras)
+            self._masked = self._masked or env_mask is not None
         self._steps += 1
         if self._steps == self._batch_steps:
             self.flush()
@@ -216,10 +238,11 @@ class ServiceWriter:
         shard = None
         while self._ready:
             shard = self._shard if self._shard is not None else self._next
-            columns, batch_size = self._ready[0]
+            batch, remote = self._ready[0], self._shards[shard]
+            call = (remote.shard_add.remote(batch.steps, wait) if batch.steps is not None
+                    else remote.shard_extend.remote(batch.columns, batch.batch_size, wait))
             try:
-                get([(shard, self._shards[shard].shard_extend.remote(columns, batch_size, wait))],
-                    restarting=bool(self._layout.get("restart")))
+                get([(shard, call)], restarting=bool(self._layout.get("restart")))
             except _REFUSALS:  # the batch itself refused by the shard: it would be refused again
                 self._ready.pop(0)
                 raise
@@ -229,7 +252,13 @@ class ServiceWriter:
         return shard
 
     def _stage(self) -> None:
-        """Turn the steps ``add`` gathered into a batch ready to send (TorchRL layout, numpy arrays)."""
+        """Turn the steps ``add`` gathered into a batch ready to send (TorchRL layout, numpy arrays; or the adds
+        of a compact layout's steps that leave envs out)."""
+        if self._adds:
+            steps, self._adds = self._adds, []
+            self._ready.append(Batch([], [], sum(rows for _, rows in steps), [step for step, _ in steps]))
+            self._steps = 0
+            return
         staging = self._staging
         if staging is None or not len(staging):
             return
@@ -244,8 +273,8 @@ class ServiceWriter:
 
     def _queue(self, td: TensorDictBase) -> None:
         """Queue a batch to send: its shards' keys as numpy arrays, and its batch size."""
-        self._ready.append(([(key, to_wire(value)) for key in self._keys if (value := td.get(key, None)) is not None],
-                            list(td.batch_size)))
+        self._ready.append(Batch([(key, to_wire(value)) for key in self._keys if (value := td.get(key, None)) is not None],
+                             list(td.batch_size), math.prod(td.batch_size)))
 
     def _buffers(self) -> tuple[ReplayBuffer, ReplayBuffer | None]:
         """The staging buffer (and the compact layout's stream checker), built on first use."""

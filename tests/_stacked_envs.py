@@ -4,6 +4,7 @@ types, episode ends of either kind, dict observations), each frame unique: what 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -42,12 +43,18 @@ class Envs:
         state = image.float().reshape(*image.shape[:-2], -1)[..., :2] * 0.5
         return {"image": image, "state": state}
 
-    def step(self, ends: list[int]) -> tuple[Any, ...]:
-        """One step of every env; ``ends[e]``: 0 goes on, 1 terminates, 2 truncates env ``e``'s episode."""
+    def step(self, ends: list[int], reset_steps: Sequence[int] = ()) -> tuple[Any, ...]:
+        """One step of every env; ``ends[e]``: 0 goes on, 1 terminates, 2 truncates env ``e``'s episode.
+
+        An env in ``reset_steps`` gives gymnasium's ``NEXT_STEP`` reset step instead (its row is junk: leave it
+        out with ``env_mask``): its stream does not move, its flags are False.
+        """
         obs = [self._obs(stack) for stack in self.stacks]
-        for stack in self.stacks:
-            stack.append(self._frame())
+        for e, stack in enumerate(self.stacks):
+            if e not in reset_steps:
+                stack.append(self._frame())
         next_obs = [self._obs(stack) for stack in self.stacks]
+        ends = [0 if e in reset_steps else end for e, end in enumerate(ends)]
         for e, end in enumerate(ends):
             if end:
                 self.stacks[e] = self._started()

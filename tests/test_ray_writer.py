@@ -10,7 +10,9 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import _stacked_envs as stacked_envs
 import pytest
 import torch
 from tensordict import TensorDict
@@ -160,8 +162,6 @@ def test_compact_shards_keep_each_stream_whole_and_resume_exactly(compact: Repla
     writer.add(obs, action, reward, next_obs, terminated, truncated)
     with pytest.raises(StreamError, match="differs from the next_obs added with its previous step"):
         writer.add(*env_step(0, 5))                                  # skips steps 1-4: refused at the add
-    with pytest.raises(ConfigError, match="env_mask"):
-        writer.add(*env_step(0, 1), env_mask=torch.tensor([True, False]))
     assert writer.pending == 2 and compact.sizes() == [0, 0]
     for t in range(1, EPISODE):                                      # the episodes end: a whole first batch
         writer.add(*env_step(0, t))
@@ -289,3 +289,38 @@ def test_a_shard_the_learner_is_ahead_on_is_left_out_and_the_others_keep_serving
         shard_of = [batch.index // service.shard_capacity for batch in batches]
         assert sum(int((s == 1).sum()) for s in shard_of) == 16 - room[1]
         assert any(bool((s == 0).all()) for s in shard_of[-3:])      # shard 1 drawn out: shard 0 alone
+
+
+def test_a_compact_writers_steps_that_leave_envs_out_are_stored_as_a_local_buffer_stores_them() -> None:
+    """``add(..., env_mask=)`` to a compact shard: gymnasium's NEXT_STEP reset steps left out, checked at the
+    add and stored by the shard's own ``add`` of each step, so the shard holds, bit for bit, the transitions a
+    local buffer given the same adds holds (whole steps go as ``(num_envs, steps)`` blocks: env by env, so in
+    another order in the ring)."""
+    options: dict[str, Any] = {"obs_shape": (4, *stacked_envs.FRAME), "obs_dtype": torch.uint8, "action_shape": (),
+                               "action_dtype": torch.int64, "num_envs": 2, "frame_stack": 4, "n_step": 3,
+                               "padding_type": "zero", "seed": 0}
+    local = ReplayBuffer(64, **options)
+    envs = stacked_envs.Envs(2, 4, "zero", torch.uint8, False, seed=0)
+    with ReplayService(64, num_shards=1, actor_options={"num_cpus": 0}, **options) as service:
+        writer = service.writer(writer_id=0, batch_steps=5)
+        ended: list[int] = []
+        for t in range(30):
+            ends = [1 if t % 7 == 6 else 0, 2 if t % 5 == 4 else 0]
+            step = envs.step(ends, reset_steps=ended)
+            mask = None if not ended else torch.tensor([e not in ended for e in range(2)])
+            writer.add(*step, env_mask=mask)
+            local.add(*step[:5], truncated=step[5], env_mask=mask)
+            ended = [e for e, end in enumerate(ends) if end and e not in ended]
+        envs.step([0, 0])
+        with pytest.raises(StreamError, match="env 0's observation differs from the next_obs added"):
+            writer.add(*envs.step([0, 0]), env_mask=torch.tensor([True, False]))   # a step skipped: refused here
+        writer.flush()
+        assert not writer.pending
+        assert transitions(service.sample_all()) == transitions(local.sample_all())
+
+
+def transitions(batch: Any) -> list[bytes]:
+    """Each transition of a batch as bytes (every field but ``index`` and ``weight``), sorted."""
+    names = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "done", "discount")
+    columns = [getattr(batch, name).reshape(len(batch), -1).contiguous().view(torch.uint8).numpy() for name in names]
+    return sorted(b"".join(column[i].tobytes() for column in columns) for i in range(len(batch)))
