@@ -40,7 +40,7 @@ One torch thread. Run from the repository root::
 
     PYTHONPATH=. python benchmarks/minari_import.py            # 3 rounds, about 10 minutes on 2 cores
     PYTHONPATH=. python benchmarks/minari_import.py --quick    # 100,000 steps, a smoke run
-    PYTHONPATH=. python benchmarks/minari_import.py --peers "rlbuf,rlbuf (Arrow)" --datasets /tmp/minari-bench
+    PYTHONPATH=. python benchmarks/minari_import.py --peers rlbuf "rlbuf (Arrow)" --datasets /tmp/minari-bench
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def main() -> None:
     parser.add_argument("--episode-length", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="100,000 steps, one round")
-    parser.add_argument("--peers", help=f"a comma-separated subset of: {', '.join(PEERS)}")
+    parser.add_argument("--peers", nargs="+", choices=PEERS, metavar="PEER", help=f"a subset of: {PEERS}")
     parser.add_argument("--datasets", type=Path, help="keep the datasets in this directory (made once), not a "
                                                      "temporary one")
     parser.add_argument("--json", type=Path, help="write the medians here")
@@ -209,10 +209,7 @@ def main() -> None:
         return
     if args.quick:
         args.steps, args.rounds = 100_000, 1
-    peers = PEERS if args.peers is None else [peer.strip() for peer in args.peers.split(",")]
-    unknown = sorted(set(peers) - set(PEERS))
-    if unknown:
-        parser.error(f"--peers: unknown {unknown}; choose from {PEERS}")
+    peers = args.peers or PEERS
     with tempfile.TemporaryDirectory(prefix="rlbuf-minari-") as tmp:
         root = args.datasets or Path(tmp) / "datasets"
         size = _datasets(root, args.steps, args.episode_length)
