@@ -15,11 +15,12 @@ How each backend is read:
   for a ``Dict`` space, ``actions``, ``rewards``, ``terminations``, ``truncations``, optional
   ``infos/<key>``, and the attribute ``seed``): each dataset's shape and type are compared with its
   rows of the chunk (HDF5 would convert another type silently), then h5py's low-level ``read``
-  writes it into those rows (a hyperslab of the chunk's array). An episode whose fields disagree with
-  its spaces or each other is read as it is into a chunk of its own, whose check names the problem.
-* **Arrow** (a directory ``<id>`` of Arrow IPC files an episode): each file is read with pyarrow and
-  its columns (fixed-size lists of numbers, structs of them for a ``Dict`` space) taken as numpy
-  views, then copied into the chunk.
+  writes it into those rows (a view of the chunk's array), naming the memory type it made once
+  (``_Hdf5Reader``). An episode whose fields disagree with its spaces or each other is read as it
+  is into a chunk of its own, whose check names the problem.
+* **Arrow** (a directory ``<id>`` of Arrow IPC files an episode): each file is memory-mapped, its
+  record batches read with pyarrow and their columns (fixed-size lists of numbers, structs of them
+  for a ``Dict`` space) taken as numpy views, then copied into the chunk.
 * **Anything else** (JPEG-encoded images; infos of an Arrow dataset): Minari's own reader
   (``storage.get_episodes``), which decodes them.
 
