@@ -27,7 +27,8 @@ stored once), and the same with zstd-compressed frames. Each service is timed tw
 same shards: its compact shards sending each distinct frame of a batch once (compressed as
 stored) for the learner to rebuild the stacks (``now``), and building the stacks themselves and
 sending them whole (``before``, the path kept behind a private switch). Beside them, what one
-shard's ``ReplayBuffer.sample(256)`` takes here without Ray. Two interleaved passes: wall time,
+shard's ``ReplayBuffer.sample(256)`` takes here without Ray, and a round trip to both shards that
+moves no data (``service.sizes()``), the floor under every service figure. Two interleaved passes: wall time,
 then the CPU time of every process of the run (the learner, the actors and Ray's daemons, read
 from /proc) a batch.
 
@@ -171,6 +172,8 @@ def atari(args: argparse.Namespace) -> None:
         peers[f"{name}: stacks sent (before)"] = partial(sample_stacks_on_learner, service, False)
         peers[f"{name}: frames once (now)"] = partial(sample_stacks_on_learner, service, True)
     peers.update({name: partial(buffer.sample, BATCH) for name, buffer in local.items()})
+    # The floor under every service figure: a round trip to both shards that moves no data.
+    peers["service.sizes(): a round trip, no batch"] = next(iter(services.values())).sizes
     load = os.getloadavg()
     wall = time_interleaved(peers, repeats=args.rounds, number=args.samples)
     cpu = time_interleaved(peers, repeats=args.rounds, number=args.samples, clock=session_cpu_seconds)

@@ -152,7 +152,8 @@ def sample_wire(buffer: ReplayBuffer, batch_size: int, *, known: Collection[str]
 
 
 def _other_columns(layout: CompactLayout, index: torch.Tensor, chain: Chain) -> dict[str, torch.Tensor]:
-    """The batch columns but the followed frames, as ``CompactLayout.columns`` builds them."""
+    """The batch columns but the followed frames, as ``CompactLayout.columns`` builds them (the same calls, in the
+    same order; ``tests/test_compact_wire.py`` pins every field bit for bit against ``sample``)."""
     ring, device, leaves = layout.ring, index.device, layout.row_leaves
     one_step = layout.n_step == 1
     columns = ring.gather(index, ["action", *layout.extra_names,

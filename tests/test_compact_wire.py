@@ -149,3 +149,35 @@ def test_the_payload_holds_each_distinct_frame_once() -> None:
     sent.frames.flags.writeable = False
     assert [torch.equal(a, b) for a, b in zip(rebuild([sent], FrameDecoders()), rebuild([payload], FrameDecoders()),
                                               strict=True)] == [True, True]
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_the_learners_merge_of_two_shards_replies_rebuilds_each_shards_batch(compression: str | None) -> None:
+    """What ``ReplayService`` does with its shards' replies (``rlbuf._ray_batches``), without Ray: dict
+    observations, two shards' payloads rebuilt into one batch, global indices, prioritized weights."""
+    from rlbuf._ray_batches import batch_of, merged_fields
+    from rlbuf._ray_wire import fields_of, to_wire
+
+    shape = (2, 4, 3, "zero", torch.uint8, True, 32)
+    shards = [make(*shape, compression=compression, prioritized=True) for _ in range(2)]
+    twins = [make(*shape, compression=compression, prioritized=True) for _ in range(2)]
+    for k, envs in enumerate([Envs(2, 4, "zero", torch.uint8, True, seed=k) for k in range(2)]):
+        for t in range(20):
+            step = envs.step([1 if t % 6 == 5 else 0, 2 if t % 9 == 8 else 0])
+            for buffer in (shards[k], twins[k]):
+                buffer.add(*step[:5], truncated=step[5])
+    decoders = FrameDecoders()
+    replies = []
+    for shard in shards:
+        batch, payload = sample_wire(shard, 8, known=decoders.known)
+        replies.append({"fields": to_wire(fields_of(batch)), "stats": {"smallest": 1.0}, "frames": payload})
+    merged = batch_of(merged_fields([(0, 8), (1, 8)], replies, shard_capacity=32, weights=(1.0, 0.4),
+                                    decoders=decoders), torch.device("cpu"))
+    expected = [twin.sample(8) for twin in twins]
+    for k, batch in enumerate(expected):
+        part = slice(8 * k, 8 * (k + 1))
+        for name in ("obs", "next_obs"):
+            assert frozen(getattr(merged, name)[part]) == frozen(getattr(batch, name))
+        for name in ("action", "reward", "discount", "terminated", "truncated", "done", "weight"):
+            assert frozen(getattr(merged, name)[part]) == frozen(getattr(batch, name)), name
+        assert torch.equal(merged.index[part], batch.index + 32 * k)
