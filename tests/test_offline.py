@@ -580,6 +580,21 @@ def test_an_arrow_episode_in_several_record_batches_and_files_loads_the_same_row
         assert len(whole) == 5 + 3 + 6
 
 
+def test_an_arrow_observation_that_is_null_is_refused_by_episode() -> None:
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    dataset = _minari_dataset([GOOD, GOOD, GOOD], "flat", "arrow")
+    (path,) = (Path(dataset.storage.data_path) / "1").glob("*.arrow")
+    table = ipc.open_file(pa.py_buffer(path.read_bytes())).read_all()
+    column = table.column("observations").combine_chunks()
+    holed = pa.FixedSizeListArray.from_arrays(column.values, 3, mask=pa.array(np.arange(len(column)) == 2))
+    with ipc.new_file(str(path), table.schema) as writer:
+        writer.write_table(table.set_column(0, "observations", holed))
+    with pytest.raises(ShapeError, match=r"episode 1: observations: expected shape \(5, 3\) \(4 steps\), got \(12,\)"):
+        from_minari(dataset)
+
+
 def test_an_hdf5_seed_of_another_type_is_read_as_it_is_stored() -> None:
     """Minari's seeds are int64 attributes (read without a new type); others go through h5py's own read."""
     import h5py
