@@ -211,6 +211,7 @@ class Streams:
                  frame_stack: int, padding_type: PaddingType, n_step: int, storing_device: torch.device,
                  names: tuple[str, str] = ("obs", "next_obs")) -> None:
         self.capacity = capacity
+        self.num_envs = num_envs
         self.names = names  # of the followed observation and its next one, in messages: obs["image"] ...
         self.frame_stack = frame_stack
         self.padding_type = padding_type
@@ -255,7 +256,7 @@ class Streams:
         if self._checked_compiled(obs, next_obs, env_ids):
             return
         ended = terminated | truncated
-        previous = _previous_in_call(env_ids)
+        previous = _previous_in_call(env_ids, self.num_envs)
         first = previous < 0
         inherited = first & (self.last[env_ids] >= 0)
         following = ~first
@@ -286,7 +287,7 @@ class Streams:
     def _checked_compiled(self, obs: np.ndarray[Any, Any], next_obs: np.ndarray[Any, Any], env_ids: _Ints) -> bool:
         """``check`` of one step of each env with integer observations (Atari frames), compiled: True once
         checked (or raises), False where it does not apply (the numpy path checks those)."""
-        if not (self._byte_exact and _distinct(env_ids) and obs.flags.c_contiguous and next_obs.flags.c_contiguous):
+        if not (self._byte_exact and _distinct(env_ids, self.num_envs) and obs.flags.c_contiguous and next_obs.flags.c_contiguous):
             return False
         frame = self._frame_bytes
         shape, word = (len(obs), self._row_items), self._word
@@ -320,7 +321,7 @@ class Streams:
         """Note rows of serials ``first_serial, first_serial + 1, ...``, already written and checked
         (``next_obs``: numpy rows of the stored dtype)."""
         oldest = write_count - size
-        if _distinct(env_ids) and next_obs.flags.c_contiguous:  # one step of each env (every add): compiled
+        if _distinct(env_ids, self.num_envs) and next_obs.flags.c_contiguous:  # one step of each env (every add): compiled
             released = self._released  # distinct envs: at most one slot each
             freed, ends = self._record_steps(env_ids, first_serial, terminated, truncated, oldest, self.back,
                                              self.next, self.terminated, self.truncated, self.final_slot, self.env,
@@ -353,7 +354,7 @@ class Streams:
         of ``[num_envs, T]``); returns the index of each env's newest row."""
         serials = first_serial + np.arange(len(env_ids), dtype=np.int64)
         kept = np.flatnonzero(serials >= oldest)
-        previous = _previous_in_call(env_ids)
+        previous = _previous_in_call(env_ids, self.num_envs)
         links = np.where(previous >= 0, serials[np.maximum(previous, 0)], self.last[env_ids])
         links[(previous >= 0) & ended[np.maximum(previous, 0)]] = -1
         positions = serials[kept] % self.capacity
@@ -369,7 +370,7 @@ class Streams:
         self.next[stored_links[linked] % self.capacity] = serials[kept][linked]
         if self.frame_stack > 1:
             self._record_back(serials, links, kept, previous, oldest)
-        newest = _last_in_call(env_ids)
+        newest = _last_in_call(env_ids, self.num_envs)
         self.last[env_ids[newest]] = np.where(ended[newest], -1, serials[newest])
         return newest
 
@@ -539,10 +540,12 @@ class Streams:
         self.expected.copy_(state["expected"])
 
 
-def _previous_in_call(env_ids: _Ints) -> _Ints:
+def _previous_in_call(env_ids: _Ints, num_envs: int) -> _Ints:
     """For each row, the index of the previous row of the same env in this call, or -1."""
+    if num_envs == 1:  # every row follows the one before (a one-env extend: no sort)
+        return np.arange(-1, len(env_ids) - 1, dtype=np.int64)
     previous = np.full(len(env_ids), -1, np.int64)
-    if _distinct(env_ids):
+    if _distinct(env_ids, num_envs):
         return previous
     order = np.argsort(env_ids, kind="stable")   # each env's rows together, in call order
     same_env = env_ids[order[1:]] == env_ids[order[:-1]]
@@ -550,17 +553,20 @@ def _previous_in_call(env_ids: _Ints) -> _Ints:
     return previous
 
 
-def _last_in_call(env_ids: _Ints) -> _Ints:
+def _last_in_call(env_ids: _Ints, num_envs: int) -> _Ints:
     """Indices of the last row of each env present in this call."""
-    if _distinct(env_ids):
+    if _distinct(env_ids, num_envs):
         return np.arange(len(env_ids), dtype=np.int64)
+    if num_envs == 1:
+        return np.array([len(env_ids) - 1], np.int64)
     reversed_first = np.unique(env_ids[::-1], return_index=True)[1]
     return np.sort(len(env_ids) - 1 - reversed_first)
 
 
-def _distinct(env_ids: _Ints) -> bool:
-    """Whether no env has two rows in this call (one step of each env: every add)."""
-    return len(env_ids) <= 1 or len(set(env_ids.tolist())) == len(env_ids)
+def _distinct(env_ids: _Ints, num_envs: int) -> bool:
+    """Whether no env has two rows in this call (one step of each env: every add); more rows than
+    ``num_envs`` never are."""
+    return len(env_ids) <= 1 or (len(env_ids) <= num_envs and len(set(env_ids.tolist())) == len(env_ids))
 
 
 def differs(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> npt.NDArray[np.bool_]:

@@ -129,7 +129,7 @@ def _assert_compiled_batches_match(streams: Streams, walked: Chain, frame: tuple
 
 def _numpy_only(call: Any) -> Any:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_streams, "_distinct", lambda env_ids: False)
+        patch.setattr(_streams, "_distinct", lambda env_ids, num_envs: False)
         return call()
 
 
@@ -184,14 +184,20 @@ def reference_walk(streams: Streams, positions: Any, write_count: int, size: int
     return Chain(complete, rows, padded, steps, terminated, truncated, final_slot)
 
 
-@given(st.lists(st.integers(0, 3), max_size=24))
-def test_each_rows_previous_row_of_its_env_in_a_call_is_found_as_a_loop_finds_it(envs: list[int]) -> None:
+@given(st.lists(st.integers(0, 3), max_size=24), st.booleans())
+def test_each_rows_previous_and_each_envs_last_row_in_a_call_are_found_as_a_loop_finds_them(
+        envs: list[int], one_env: bool) -> None:
+    """Also with one env, whose rows each follow the one before (a shortcut: no sort)."""
+    envs, num_envs = ([0] * len(envs), 1) if one_env else (envs, 4)
     seen: dict[int, int] = {}
     expected = []
     for row, env in enumerate(envs):
         expected.append(seen.get(env, -1))
         seen[env] = row
-    assert _streams._previous_in_call(np.array(envs, np.int64)).tolist() == expected
+    ids = np.array(envs, np.int64)
+    assert _streams._previous_in_call(ids, num_envs).tolist() == expected
+    assert _streams._last_in_call(ids, num_envs).tolist() == sorted(seen.values())
+    assert _streams._distinct(ids, num_envs) == (len(set(envs)) == len(envs))
 
 
 def test_a_reward_of_minus_zero_stays_minus_zero_as_a_plain_buffer_stores_it() -> None:
