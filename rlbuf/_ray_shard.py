@@ -7,7 +7,6 @@ buffer has accepted a batch (a refused batch, or one held past its timeout, chan
 
 Example:
     >>> import torch
-    >>> import numpy as np
     >>> from tensordict import TensorDict
     >>> shard = ShardHost(capacity=8, obs_shape=(1,), action_shape=(), seed=0,
     ...                   rate_limiter={"samples_per_insert": 1.0, "min_size_to_sample": 2, "error_buffer": 4.0})
