@@ -162,6 +162,11 @@ class ShardHost(ReplayBufferHost):
                     limiter.record_delete(before + stored - len(buffer))
                     self._condition.notify_all()
 
+    def shard_truncate_episodes(self, env_mask: Any) -> None:
+        """See [`ReplayBuffer.truncate_episodes`][rlbuf.ReplayBuffer.truncate_episodes]."""
+        with self._condition:
+            self.buffer.truncate_episodes(env_mask)
+
     def shard_stats(self) -> dict[str, Any]:
         """``size``, the total and smallest ``priority ** alpha`` of the stored rows (``size`` and 1 without
         priorities), the limiter's counters, the rows ever written and which actor answers."""

@@ -251,6 +251,29 @@ class ServiceWriter:
                 self._next = (shard + 1) % len(self._shards)
         return shard
 
+    def truncate_episodes(self, env_mask: Any = None, *, timeout: float | str | None = "default") -> None:
+        """End the running episodes of this writer's envs at their newest stored step, as a time limit
+        would (see [`ReplayBuffer.truncate_episodes`][rlbuf.ReplayBuffer.truncate_episodes]): after the
+        envs were reset mid-episode, or in a writer that takes over from one that crashed (the shard's
+        streams still wait for the old writer's next steps). The steps gathered so far are sent first.
+
+        Args:
+            env_mask: ``[num_envs]`` bools: the envs reset (``None``: all).
+            timeout: for the steps sent first (the service's by default).
+
+        Raises:
+            ShapeError: ``env_mask`` is not one bool per env (checked before anything is sent).
+            ConfigError: a round-robin writer of a compact layout.
+        """
+        self._route("truncate_episodes")
+        self._buffers()[0].truncate_episodes(env_mask)   # checks env_mask: the staging buffer holds no episode
+        self.flush(timeout=timeout)
+        shards = range(len(self._shards)) if self._shard is None else [self._shard]
+        get([(k, self._shards[k].shard_truncate_episodes.remote(env_mask)) for k in shards],
+            restarting=bool(self._layout.get("restart")))
+        if self._checker is not None:
+            self._checker.truncate_episodes(env_mask)
+
     def _stage(self) -> None:
         """Turn the steps ``add`` gathered into a batch ready to send (TorchRL layout, numpy arrays; or the adds
         of a compact layout's steps that leave envs out)."""

@@ -193,6 +193,22 @@ def test_compact_shards_keep_each_stream_whole_and_resume_exactly(compact: Repla
                 assert torch.equal(getattr(got, name), getattr(expected_batch, name)), name
     compact._frames_on_learner = True
 
+    # A writer that takes over from one that crashed mid-episode ends the episodes the shard still holds open.
+    crashed = compact.writer(writer_id=0, batch_steps=1)
+    for t in range(3):
+        crashed.add(*env_step(5, t))
+    successor = compact.writer(writer_id=0, batch_steps=1)
+    with pytest.raises(StreamError, match="differs from the next_obs added with its previous step"):
+        successor.add(*env_step(6, 0))                               # checked here, refused by the shard
+    with pytest.raises(ShapeError, match="env_mask: expected 2 bools"):
+        successor.truncate_episodes([True])
+    before = compact.sizes()[0]
+    successor.truncate_episodes()
+    successor.add(*env_step(6, 0))
+    rows = compact.sample_all()
+    newest = (rows.action // ID == 5) & (rows.action % STREAM == 2)     # the crashed writer's last step
+    assert compact.sizes()[0] == before + 2 and newest.sum() == 2 and rows.truncated[newest].all()
+
 
 def until_restarted(service: ReplayService) -> list[int]:
     """``service.sizes()`` once the restarted shard answers. ``ray.kill`` returns before the actor is
