@@ -292,8 +292,17 @@ class CompactLayout:
                 f"index: the transition at position {position} is not complete: the observations after it "
                 f"(up to n_step={self.n_step}) are not added yet, or the oldest frames of its stack "
                 f"(frame_stack={self.frame_stack}) were overwritten")
-        device = index.device
-        log, field, leaves = self.log, self.field, self.row_leaves
+        columns = self.columns_but_frames(index, chain)
+        columns[self.field], columns[self.next_field] = self._stacks(index, chain)
+        if names is None:
+            return columns
+        return {name: columns[name] for name in names}
+
+    def columns_but_frames(self, index: torch.Tensor, chain: Chain) -> dict[str, torch.Tensor]:
+        """The batch columns of the complete transitions at ``index`` (walked: ``chain``) but the followed
+        frames: what ``columns`` builds beside the stacks, and what a Ray shard sends beside each distinct
+        frame ([`rlbuf._compact_wire`][rlbuf._compact_wire]). Call with the ring's lock held."""
+        ring, device, leaves = self.ring, index.device, self.row_leaves
         one_step = self.n_step == 1
         columns = ring.gather(index, ["action", *self.extra_names,
                                       *(name for pair in leaves for name in (pair if one_step else pair[:1]))])
@@ -301,20 +310,9 @@ class CompactLayout:
         if leaves and not one_step:  # next_obs of a dict's other keys: of the last of the transition's rows
             last = chain.rows[np.arange(len(chain.steps)), start + chain.steps - 1]
             columns.update(ring.gather(torch.from_numpy(last).to(device), [pair[1] for pair in leaves]))
-        # A CPU storage: stacks and n-step targets by compiled loops over its numpy views.
-        with ring.reading_arrays() as arrays:
+        with ring.reading_arrays() as arrays:  # a CPU storage: n-step targets by a compiled loop over its views
             if arrays is not None:
                 columns["reward"], columns["discount"] = self.streams.nstep_from(arrays["reward"], chain, self._powers)
-                if log is None:
-                    columns[field], columns[self.next_field] = self.streams.stacks_from(arrays[field], chain)
-        if field not in columns:
-
-            def frames(positions: npt.NDArray[np.int64]) -> torch.Tensor:
-                if log is not None:
-                    return torch.from_numpy(log.take(positions)).to(device)
-                return ring.gather(torch.from_numpy(positions).to(device), [field])[field]
-
-            columns[field], columns[self.next_field] = self.streams.stacks(self.frame_shape, chain, frames)
         terminated = torch.from_numpy(chain.terminated).to(device)
         columns["terminated"] = terminated
         columns["truncated"] = torch.from_numpy(chain.truncated).to(device)
@@ -325,9 +323,22 @@ class CompactLayout:
             rewards = ring.gather(rows, ["reward"])["reward"].view(len(index), self.n_step)
             columns["reward"] = nstep_return(rewards, steps, self.gamma)
             columns["discount"] = nstep_discount(steps, terminated, self.gamma)
-        if names is None:
-            return columns
-        return {name: columns[name] for name in names}
+        return columns
+
+    def _stacks(self, index: torch.Tensor, chain: Chain) -> tuple[torch.Tensor, torch.Tensor]:
+        """``obs`` and ``next_obs`` of the followed frames: on a CPU storage of raw frames by a compiled loop over
+        its numpy view, else gathered (or decoded) frame by frame."""
+        ring, log, field, device = self.ring, self.log, self.field, index.device
+        with ring.reading_arrays() as arrays:
+            if arrays is not None and log is None:
+                return self.streams.stacks_from(arrays[field], chain)
+
+        def frames(positions: npt.NDArray[np.int64]) -> torch.Tensor:
+            if log is not None:
+                return torch.from_numpy(log.take(positions)).to(device)
+            return ring.gather(torch.from_numpy(positions).to(device), [field])[field]
+
+        return self.streams.stacks(self.frame_shape, chain, frames)
 
     @property
     def nbytes(self) -> int:

@@ -45,7 +45,6 @@ import xxhash
 
 from rlbuf._codec import Codec
 from rlbuf._convert import numpy_dtype, numpy_dtype_or_none
-from rlbuf._nstep import nstep_discount, nstep_return
 from rlbuf._streams import Chain
 from rlbuf.batches import ReplayBatch
 from rlbuf.errors import ConfigError
@@ -144,38 +143,11 @@ def sample_wire(buffer: ReplayBuffer, batch_size: int, *, known: Collection[str]
         index, weight = layout.draw(batch_size, buffer._draw)
         sampled, layout._sampled = layout._sampled, None
         chain = sampled[1] if sampled is not None and sampled[0] is index else layout.walk(index.cpu().numpy())
-        columns = _other_columns(layout, index, chain)
+        columns = layout.columns_but_frames(index, chain)
         payload = _payload(layout, chain, known)
         empty = torch.empty((len(index), 0), dtype=layout.obs_spec.dtype, device=index.device)
         columns[layout.field] = columns[layout.next_field] = empty
         return buffer._delivered(columns, index, weight), payload
-
-
-def _other_columns(layout: CompactLayout, index: torch.Tensor, chain: Chain) -> dict[str, torch.Tensor]:
-    """The batch columns but the followed frames, as ``CompactLayout.columns`` builds them (the same calls, in the
-    same order; ``tests/test_compact_wire.py`` pins every field bit for bit against ``sample``)."""
-    ring, device, leaves = layout.ring, index.device, layout.row_leaves
-    one_step = layout.n_step == 1
-    columns = ring.gather(index, ["action", *layout.extra_names,
-                                  *(name for pair in leaves for name in (pair if one_step else pair[:1]))])
-    start = layout.frame_stack - 1
-    if leaves and not one_step:  # next_obs of a dict's other keys: of the last of the transition's rows
-        last = chain.rows[np.arange(len(chain.steps)), start + chain.steps - 1]
-        columns.update(ring.gather(torch.from_numpy(last).to(device), [pair[1] for pair in leaves]))
-    with ring.reading_arrays() as arrays:
-        if arrays is not None:
-            columns["reward"], columns["discount"] = layout.streams.nstep_from(arrays["reward"], chain, layout._powers)
-    terminated = torch.from_numpy(chain.terminated).to(device)
-    columns["terminated"] = terminated
-    columns["truncated"] = torch.from_numpy(chain.truncated).to(device)
-    columns["done"] = torch.from_numpy(chain.ended).to(device)
-    if "reward" not in columns:
-        steps = torch.from_numpy(chain.steps).to(device)
-        rows = torch.from_numpy(chain.rows[:, start:start + layout.n_step].reshape(-1)).to(device)
-        rewards = ring.gather(rows, ["reward"])["reward"].view(len(index), layout.n_step)
-        columns["reward"] = nstep_return(rewards, steps, layout.gamma)
-        columns["discount"] = nstep_discount(steps, terminated, layout.gamma)
-    return columns
 
 
 def frame_sources(layout: CompactLayout, chain: Chain) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64],
