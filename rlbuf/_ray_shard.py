@@ -115,12 +115,7 @@ class ShardHost(ReplayBufferHost):
         rows = int(td.batch_size.numel())
         limiter = self._limiter
         with self._condition:
-            if limiter is not None and rows:
-                limiter.check_insert(rows)
-                wait_until(self._condition, lambda: limiter.can_insert(rows), timeout,
-                           lambda: f"extend: the rate limiter held {rows} rows for {timeout} s ({limiter}); the "
-                                   "learner samples too slowly for samples_per_insert: sample more, widen "
-                                   "error_buffer or raise timeout")
+            self._wait_to_insert("extend", rows, timeout)
             before = len(buffer)
             buffer.extend(td)
             if limiter is not None:
@@ -145,12 +140,7 @@ class ShardHost(ReplayBufferHost):
                    for _, keywords in steps)
         limiter = self._limiter
         with self._condition:
-            if limiter is not None and rows:
-                limiter.check_insert(rows)
-                wait_until(self._condition, lambda: limiter.can_insert(rows), timeout,
-                           lambda: f"add: the rate limiter held {rows} rows for {timeout} s ({limiter}); the "
-                                   "learner samples too slowly for samples_per_insert: sample more, widen "
-                                   "error_buffer or raise timeout")
+            self._wait_to_insert("add", rows, timeout)
             before, written = len(buffer), self.write_count
             try:
                 for values, keywords in steps:
@@ -161,6 +151,20 @@ class ShardHost(ReplayBufferHost):
                     limiter.record_insert(stored)
                     limiter.record_delete(before + stored - len(buffer))
                     self._condition.notify_all()
+
+    def _wait_to_insert(self, call: str, rows: int, timeout: float | None) -> None:
+        """Wait, holding the condition, until the rate limiter lets ``rows`` rows in.
+
+        Raises:
+            RateLimitTimeoutError: it held them for ``timeout`` seconds.
+        """
+        limiter = self._limiter
+        if limiter is not None and rows:
+            limiter.check_insert(rows)
+            wait_until(self._condition, lambda: limiter.can_insert(rows), timeout,
+                       lambda: f"{call}: the rate limiter held {rows} rows for {timeout} s ({limiter}); the learner "
+                               "samples too slowly for samples_per_insert: sample more, widen error_buffer or raise "
+                               "timeout")
 
     def shard_truncate_episodes(self, env_mask: Any) -> None:
         """See [`ReplayBuffer.truncate_episodes`][rlbuf.ReplayBuffer.truncate_episodes]."""
