@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import torch
 from tensordict import TensorDictBase
 
 from rlbuf._autoreset import ResetSteps, truncated_missing
@@ -146,11 +147,13 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
         reset envs yourself mid-episode (``envs.reset()``, a crashed worker started again).
 
         That step's ``truncated`` flag is set (its ``next_obs`` stays: a target bootstraps from it) and
-        the env's next step starts an episode. A buffer that follows each env's stream (the compact
+        the env's next step starts an episode: the buffer then holds what it would hold had that step
+        been added with ``truncated=True``. A buffer that follows each env's stream (the compact
         layout, ``hindsight``) needs this call before that step, and refuses the step otherwise
-        (``StreamError``); in a buffer of whole transitions each row stands alone and only the episode
-        statistics change. The running episodes leave the statistics unrecorded (no episode ended),
-        as gymnasium's ``RecordEpisodeStatistics`` leaves them at a reset.
+        (``StreamError``); in a buffer of whole transitions, sequences (``sample_sequences``) no
+        longer cross the reset. (Rows of envs left out by ``env_mask`` are not told apart by env
+        there: such a buffer's rows stay as they are.) The running episodes leave the statistics
+        unrecorded (no episode ended), as gymnasium's ``RecordEpisodeStatistics`` leaves them.
         [`Recorder.reset`][rlbuf.gym.Recorder.reset] calls it for you.
 
         Args:
@@ -177,10 +180,24 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
                 self._writer.compact.cut(envs)
             elif self._writer.relabeller is not None:
                 self._writer.relabeller.cut(envs)
+            elif self._interleaved:
+                self._cut_newest_rows(envs)
             if self._stats is not None:
                 self._stats.reset(envs.tolist())
             if self._resets is not None:
                 self._resets.clear()  # what it knew of each env's previous row is no longer what is stored
+
+    def _cut_newest_rows(self, envs: np.ndarray[Any, Any]) -> None:
+        """``truncate_episodes`` of a buffer of whole transitions whose rows of each env are ``num_envs``
+        apart: the newest stored row of each of ``envs`` that ended no episode is marked truncated."""
+        ring = self._ring
+        with ring.rewriting():
+            count, size = ring.write_count, len(ring)
+            newest = count - self._num_envs + envs
+            positions = newest[newest >= count - size] % ring.capacity
+            flags = ring.gather(torch.from_numpy(positions), ["terminated", "truncated"])
+            running = ~(flags["terminated"] | flags["truncated"]).cpu().numpy()
+            ring.mark_truncated(positions[running])
 
     def _add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
              hidden_state: Any, env_mask: Any, extras: dict[str, Any], metrics: Mapping[str, Any] | None) -> None:

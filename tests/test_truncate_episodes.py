@@ -137,13 +137,25 @@ def test_a_refused_call_changes_nothing_and_an_ended_episode_is_left_as_it_is() 
     assert buffer.sample_all().truncated.tolist() == [False, True]
 
 
-def test_a_plain_buffer_keeps_its_rows_and_forgets_the_running_episodes_statistics() -> None:
-    stats = EpisodeStats(1)
-    buffer = ReplayBuffer(8, obs_shape=(1,), action_shape=(), stats=stats)
-    buffer.add(np.zeros(1), 0.0, 4.0, np.ones(1), False, truncated=False)
-    buffer.truncate_episodes()
-    buffer.add(np.zeros(1), 0.0, 1.0, np.ones(1), True, truncated=False)
-    assert buffer.sample_all().truncated.tolist() == [False, False] and stats.recent_returns() == [1.0]
+def test_a_buffer_of_whole_transitions_marks_each_envs_newest_row_and_forgets_its_statistics() -> None:
+    """As if added truncated: the rows, and sequences that no longer cross the reset; an env whose
+    episode ended is left as it is; the running episode leaves no statistics."""
+    steps = [(np.full((2, 1), float(t)), np.zeros(2), np.ones(2), np.full((2, 1), t + 1.0), np.array([t == 2, False]))
+             for t in range(3)]
+    ours, reference = (ReplayBuffer(8, obs_shape=(1,), action_shape=(), num_envs=2, seed=0, stats=EpisodeStats(2))
+                       for _ in range(2))
+    for t, (obs, action, reward, next_obs, terminated) in enumerate(steps):
+        ours.add(obs, action, reward, next_obs, terminated, truncated=False)
+        reference.add(obs, action, reward, next_obs, terminated, truncated=np.array([False, t == 2]))
+    ours.truncate_episodes()
+    assert ours.sample_all().truncated.tolist() == reference.sample_all().truncated.tolist() == [
+        False, False, False, False, False, True]
+    assert ours.sample_all().done.tolist() == reference.sample_all().done.tolist()
+    assert ours.stats is not None and ours.stats.recent_returns() == [3.0]     # env 0's episode only
+    ours.add(np.zeros((2, 1)), np.zeros(2), np.ones(2), np.ones((2, 1)), np.zeros(2, bool), truncated=False)
+    reference.add(np.zeros((2, 1)), np.zeros(2), np.ones(2), np.ones((2, 1)), np.zeros(2, bool), truncated=False)
+    mine, theirs = ours.sample_sequences(64, 2), reference.sample_sequences(64, 2)
+    assert torch.equal(mine.obs, theirs.obs) and torch.equal(mine.truncated, theirs.truncated)
 
 
 def test_a_hindsight_buffer_never_relabels_across_a_cut() -> None:
