@@ -256,6 +256,8 @@ class ServiceWriter:
         would (see [`ReplayBuffer.truncate_episodes`][rlbuf.ReplayBuffer.truncate_episodes]): after the
         envs were reset mid-episode, or in a writer that takes over from one that crashed (the shard's
         streams still wait for the old writer's next steps). The steps gathered so far are sent first.
+        Shards of whole transitions hold no stream to end (their rows stand alone, and other writers'
+        rows share them): there it only sends those steps.
 
         Args:
             env_mask: ``[num_envs]`` bools: the envs reset (``None``: all).
@@ -268,11 +270,12 @@ class ServiceWriter:
         self._route("truncate_episodes")
         self._buffers()[0].truncate_episodes(env_mask)   # checks env_mask: the staging buffer holds no episode
         self.flush(timeout=timeout)
-        shards = range(len(self._shards)) if self._shard is None else [self._shard]
-        get([(k, self._shards[k].shard_truncate_episodes.remote(env_mask)) for k in shards],
+        shard = self._shard
+        if self._checker is None or shard is None:  # whole transitions, other writers' rows beside: nothing to end
+            return
+        get([(shard, self._shards[shard].shard_truncate_episodes.remote(env_mask))],
             restarting=bool(self._layout.get("restart")))
-        if self._checker is not None:
-            self._checker.truncate_episodes(env_mask)
+        self._checker.truncate_episodes(env_mask)
 
     def _stage(self) -> None:
         """Turn the steps ``add`` gathered into a batch ready to send (TorchRL layout, numpy arrays; or the adds
