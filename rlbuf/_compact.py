@@ -282,8 +282,21 @@ class CompactLayout:
             return self._columns(index, names)
 
     def _columns(self, index: torch.Tensor, names: Sequence[str] | None) -> dict[str, torch.Tensor]:
-        ring = self.ring
-        ring.flush()
+        self.ring.flush()
+        chain = self.chain_of(index)
+        columns = self.columns_but_frames(index, chain)
+        columns[self.field], columns[self.next_field] = self._stacks(index, chain)
+        if names is None:
+            return columns
+        return {name: columns[name] for name in names}
+
+    def chain_of(self, index: torch.Tensor) -> Chain:
+        """The walk of the transitions at ``index``: the one ``draw`` just made for it, else walked now
+        (the ring flushed, its lock held).
+
+        Raises:
+            StoredIndexError: a transition that is not complete.
+        """
         sampled, self._sampled = self._sampled, None
         chain = sampled[1] if sampled is not None and sampled[0] is index else self.walk(index.cpu().numpy())
         if not chain.complete.all():
@@ -292,11 +305,7 @@ class CompactLayout:
                 f"index: the transition at position {position} is not complete: the observations after it "
                 f"(up to n_step={self.n_step}) are not added yet, or the oldest frames of its stack "
                 f"(frame_stack={self.frame_stack}) were overwritten")
-        columns = self.columns_but_frames(index, chain)
-        columns[self.field], columns[self.next_field] = self._stacks(index, chain)
-        if names is None:
-            return columns
-        return {name: columns[name] for name in names}
+        return chain
 
     def columns_but_frames(self, index: torch.Tensor, chain: Chain) -> dict[str, torch.Tensor]:
         """The batch columns of the complete transitions at ``index`` (walked: ``chain``) but the followed

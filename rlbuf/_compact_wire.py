@@ -141,8 +141,7 @@ def sample_wire(buffer: ReplayBuffer, batch_size: int, *, known: Collection[str]
         batch_size = ring.require_rows(batch_size, without_replacement=False)
         ring.flush()
         index, weight = layout.draw(batch_size, buffer._draw)
-        sampled, layout._sampled = layout._sampled, None
-        chain = sampled[1] if sampled is not None and sampled[0] is index else layout.walk(index.cpu().numpy())
+        chain = layout.chain_of(index)
         columns = layout.columns_but_frames(index, chain)
         payload = _payload(layout, chain, known)
         empty = torch.empty((len(index), 0), dtype=layout.obs_spec.dtype, device=index.device)

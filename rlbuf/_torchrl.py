@@ -162,17 +162,17 @@ def commit_rows(rb: ReplayBuffer, start: int, n: int, capacity: int) -> None:
     storage._bump_mutation_revision()
     writer._cursor = (int(writer._cursor) + n) % capacity
     writer._write_count = int(writer._write_count) + n
+    # The writer's _mark_update_entities, less its dynamo wrapper; the buffer's own entry as TorchRL's
+    # ReplayBuffer.mark_update runs it (rlbuf's hand-out would check the ring's own positions again).
+    others = [entity for entity in storage._attached_entities_iter() if entity is not rb]
     keeps_rows = type(sampler).extend is not Sampler.extend or type(sampler).mark_update is not Sampler.mark_update
-    index = torch.as_tensor(positions) if keeps_rows or isinstance(positions, torch.Tensor) else None
-    for entity in storage._attached_entities_iter():  # the writer's _mark_update_entities, less its dynamo wrapper
-        if entity is not rb:
-            entity.mark_update(torch.as_tensor(positions) if index is None else index)
-        elif index is not None:
-            # The buffer's own mark_update, as TorchRL's ReplayBuffer.mark_update runs it: rlbuf's hand-out
-            # would check these positions again (they are the ring's own, after the cursor).
+    if others or keeps_rows:  # an index tensor only where something reads one
+        index = torch.as_tensor(positions)
+        for entity in others:
+            entity.mark_update(index)
+        if keeps_rows:
             sampler.mark_update(index, storage=storage)
-    if index is not None:
-        sampler.extend(index)
+            sampler.extend(index)
 
 
 # -- samplers --------------------------------------------------------------------------------

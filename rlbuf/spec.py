@@ -503,7 +503,7 @@ class RowReader:
                 return value if low <= value <= high else checked(given)
             if kind is not ndarray or value.size != 1 or value.ndim > 1:
                 return checked(given)
-            if (dtype := value.dtype) is np_dtype or dtype == np_dtype:  # equal, not the same: unpickled arrays
+            if value.dtype == np_dtype:  # equal, maybe not the same object (an unpickled array's)
                 number = value.item()
             elif floating and value.dtype.kind == "f" and type(number := value.item()) is float:
                 return number if isfinite(number) and abs(number) <= largest else checked(given)
@@ -549,8 +549,7 @@ class RowReader:
                     array = value
                 else:
                     return checked(value)
-                if ((dtype := array.dtype) is np_dtype or dtype == np_dtype) and (
-                        (shape := array.shape) == row_shape or shape == single_shape):
+                if array.dtype == np_dtype and ((shape := array.shape) == row_shape or shape == single_shape):
                     return array
                 return checked(value)  # the value as given: a tensor is judged as a tensor
             return read_rows
@@ -567,8 +566,7 @@ class RowReader:
             else:
                 return checked(value)
             shape = array.shape
-            dtype = array.dtype
-            if (dtype is not np_dtype and dtype != np_dtype) or (shape != row_shape and shape != single_shape) or (
+            if array.dtype != np_dtype or (shape != row_shape and shape != single_shape) or (
                     finite and not all_finite(array)):
                 return checked(value)
             return _zeros_and_ones(array) if boolean else array

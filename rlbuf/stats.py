@@ -485,6 +485,11 @@ class EpisodeStats:
             >>> stats.reset()
             >>> stats.episodes_finished, stats.recent_returns()
             (0, [])
+            >>> stats.update(2.0, False)
+            >>> stats.reset([0])                       # env 0 was reset mid-episode
+            >>> stats.update(1.0, True)
+            >>> stats.recent_returns()
+            [1.0]
         """
         index = np.arange(self._num_envs) if envs is None else np.asarray(envs, np.int64)
         self._return_view[index] = 0.0

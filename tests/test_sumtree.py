@@ -410,6 +410,8 @@ def test_two_dimensional_storage() -> None:
     rb.extend(TensorDict(obs=torch.arange(8.0).reshape(2, 4), batch_size=[2, 4]))
     batch = rb.sample()
     assert batch["index"].shape == (6, 2)
+    every = torch.cartesian_prod(torch.arange(4), torch.arange(2))  # all 8 positions of the [4, 2] storage
+    rb.update_priority(every, torch.full((8,), 1e-9))  # the row given 50 below then holds all but 1e-10 of the mass
     rb.update_priority(batch["index"][:1], torch.tensor([50.0]))
     assert leaf_sums(rb.sampler).max().item() == 50.0
     assert torch.equal(rb.sample()["index"], batch["index"][:1].expand(6, 2))
