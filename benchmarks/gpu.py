@@ -252,7 +252,7 @@ def replay_peers(capacity: int, device: torch.device) -> dict[str, Callable[[], 
     generator = torch.Generator(device=device).manual_seed(1)
     for start in range(0, capacity, 100_000):
         rb.extend(transitions(min(100_000, capacity - start), device, generator))
-    leaves = list(buf.state_dict()["fields"].values())  # views of rlbuf's own storage tensors
+    leaves = list(buf.state_dict()["fields"].values())  # copies of rlbuf's stored fields, on its device
     floor_generator = torch.Generator(device=device).manual_seed(2)
 
     def floor() -> list[torch.Tensor]:
@@ -271,10 +271,9 @@ def transfer_table(capacity: int, sizes: list[int], repeats: int) -> list[tuple[
     generator = torch.Generator().manual_seed(2)
     rows = []
     for size in sizes:
-        batch = buf.sample(size)
         # The bytes that cross the bus: the stored fields and the index (the weights of a uniform
         # sample are made on the GPU).
-        moved = sum(t.numel() * t.element_size() for t in (*batch[:7], batch.index))
+        moved = size * (sum(leaf[0].numel() * leaf.element_size() for leaf in leaves) + 8)
         pinned = torch.empty(moved, dtype=torch.uint8, pin_memory=True)
         target = torch.empty(moved, dtype=torch.uint8, device=cuda)
 

@@ -319,8 +319,8 @@ def largest_finite(values: np.ndarray[Any, Any] | torch.Tensor) -> float:
 def stored_positions(index: Any, size: int, storing_device: torch.device) -> torch.Tensor:
     """Positions of stored rows (``[0, size)``) as a long tensor on the storing device.
 
-    Accepts an int, a sequence of ints, or an integer array or tensor (CPU or the storing
-    device); anything else (``None``, a slice, floats, bools, ``2**64``) is refused.
+    Accepts an int, a sequence of ints, or an integer array or tensor on any device (a batch's
+    own ``index`` comes on the training device); anything else (``None``, a slice, floats, bools, ``2**64``) is refused.
 
     Raises:
         StoredIndexError: not integer positions, or one outside ``[0, size)``.
@@ -336,8 +336,6 @@ def stored_positions(index: Any, size: int, storing_device: torch.device) -> tor
     """
     values: torch.Tensor | np.ndarray[Any, Any]
     if isinstance(index, torch.Tensor) and index.device.type not in ("cpu", "meta"):
-        if index.device != storing_device:
-            raise StoredIndexError(f"index: expected a tensor on cpu or {storing_device}, got one on {index.device}")
         values = index.detach()
         kind = "f" if values.is_floating_point() or values.is_complex() else "b" if values.dtype is torch.bool else "i"
     else:

@@ -44,6 +44,7 @@ from rlbuf import _torchrl
 from rlbuf._convert import stored_positions
 from rlbuf._delivery import gather_rows
 from rlbuf._derive import derive_rows
+from rlbuf._device_checks import check_finite_together
 from rlbuf._handout import FlushingReplayBuffer
 from rlbuf._one_row import reading_all, writing_row
 from rlbuf._torchrl_rows import TorchRLRows
@@ -308,8 +309,12 @@ class RowRing:
         return reader
 
     def read_tensors(self, specs: Sequence[FieldSpec], values: Sequence[Any], rows: int) -> dict[str, torch.Tensor]:
-        """``rows`` rows of each field as tensors, read and checked by its reader, by name."""
-        return {spec.name: self.reader(spec, rows).tensor(value) for spec, value in zip(specs, values, strict=True)}
+        """``rows`` rows of each field as tensors, read and checked by its reader, by name (the
+        finiteness of device tensors checked together, with one wait for the device)."""
+        later: list[tuple[FieldSpec, torch.Tensor]] = []
+        read = {spec.name: self.reader(spec, rows).tensor(value, later) for spec, value in zip(specs, values, strict=True)}
+        check_finite_together(later)
+        return read
 
     def _add_one_row(self, values: Sequence[Any], rows: int) -> None:
         """``add`` of one row per add, staged: read every field, then one numpy assignment per field."""

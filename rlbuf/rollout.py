@@ -354,8 +354,9 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                     if name in COMPUTED:
                         self._advantages_ready = True
                 else:
+                    # A contiguous copy: the caller's tensor (or an expanded view of it) may change later.
                     self._attached[name] = tensor.detach().reshape(self.capacity, *tensor.shape[2:]).to(
-                        self._storing_device)
+                        self._storing_device, copy=True, memory_format=torch.contiguous_format)
 
     # -- advantages --------------------------------------------------------------------------
     def compute_returns_and_advantages(

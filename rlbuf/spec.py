@@ -242,11 +242,13 @@ class FieldSpec:
         if not fits:
             raise DtypeError(f"{self.name}: {short_repr(value)} does not fit {self.dtype}")
 
-    def check_tensor(self, value: torch.Tensor, lead: tuple[int, ...], devices: tuple[torch.device, ...]) -> None:
+    def check_tensor(self, value: torch.Tensor, lead: tuple[int, ...], devices: tuple[torch.device, ...],
+                     finite_later: list[tuple[FieldSpec, torch.Tensor]] | None = None) -> None:
         """Validate a tensor holding rows of this field, with leading dims ``lead`` (any device).
 
         The checks and wording of [`RowReader`][rlbuf.spec.RowReader], for tensors laid out
-        otherwise (a rollout's ``[num_steps, num_envs]`` views, a scalar ``last_value``).
+        otherwise (a rollout's ``[num_steps, num_envs]`` views, a scalar ``last_value``). With
+        ``finite_later``, the finiteness check is left to ``check_finite_together`` over the list.
 
         Raises:
             ShapeError, DtypeError, DeviceError, NonFiniteError: with the field named.
@@ -266,7 +268,9 @@ class FieldSpec:
         if value.dtype is not self.dtype:
             self.check_dtype(value.dtype)
             self.check_range(value)
-        if self.finite and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        if self.finite and value.is_floating_point() and finite_later is not None:
+            finite_later.append((self, value))
+        elif self.finite and value.is_floating_point() and not bool(torch.isfinite(value).all()):
             check_finite_rows(self, as_array(self.name, value).reshape(-1, max(math.prod(self.shape), 1)))
         if self.bounds is not None:
             self.bounds.check(self.name, value, self.shape)
@@ -274,8 +278,8 @@ class FieldSpec:
 
 def _check_device(spec: FieldSpec, value: torch.Tensor, devices: tuple[torch.device, ...]) -> None:
     if value.device not in devices:
-        allowed = " or ".join(str(d) for d in devices)
-        raise DeviceError(f"{spec.name}: expected a tensor on {allowed}, got one on {value.device}")
+        raise DeviceError(f"{spec.name}: expected a tensor on {' or '.join(map(str, devices))}, got one on "
+                          f"{value.device}: move it there first (.to({str(devices[0])!r}))")
 
 
 def check_strided(name: str, tensor: torch.Tensor) -> None:
@@ -427,9 +431,10 @@ class RowReader:
             return array.item()
         return _zeros_and_ones(array) if stored.kind == "b" else array
 
-    def tensor(self, value: Any) -> torch.Tensor:
+    def tensor(self, value: Any, finite_later: list[tuple[FieldSpec, torch.Tensor]] | None = None) -> torch.Tensor:
         """The rows as a ``[rows, *shape]`` tensor of the stored dtype (on the CPU, or on the
-        tensor's own device when that is one of ``devices``), checked like ``read``."""
+        tensor's own device when that is one of ``devices``), checked like ``read`` (a device
+        tensor's finiteness left to ``finite_later``, when given: see ``check_tensor``)."""
         spec = self.spec
         if isinstance(value, torch.Tensor) and not value.is_cpu:
             check_strided(spec.name, value)
@@ -437,8 +442,7 @@ class RowReader:
                 value = value.unsqueeze(0)
             if tuple(value.shape) != self.row_shape:
                 raise ShapeError(self._shape_message(tuple(value.shape)))
-            _check_device(spec, value, self.devices)
-            spec.check_tensor(value, (self.rows,), self.devices)
+            spec.check_tensor(value, (self.rows,), self.devices, finite_later)
             rows: torch.Tensor = value.detach().to(spec.dtype)
             return rows
         array = np.ascontiguousarray(np.asarray(self.checked(value), spec.np_dtype).reshape(self.row_shape))
@@ -571,16 +575,6 @@ class RowReader:
                 return checked(value)
             return _zeros_and_ones(array) if boolean else array
         return read_array
-
-
-def checked_rows(spec: FieldSpec, value: Any, rows: int, devices: tuple[torch.device, ...]) -> torch.Tensor:
-    """``rows`` rows of ``spec`` from any value, as a tensor read by its [`RowReader`][rlbuf.spec.RowReader].
-
-    Example:
-        >>> checked_rows(FieldSpec("reward", "reward", (), torch.float32), [1.0, 2.0], 2, (torch.device("cpu"),))
-        tensor([1., 2.])
-    """
-    return RowReader(spec, rows, devices).tensor(value)
 
 
 def as_tensordict(td: Any) -> TensorDictBase:

@@ -4,6 +4,7 @@ through ``add``, ``extend`` and ``sample_all``."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -11,7 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlbuf import ConfigError, DistillationBuffer, ReplayBuffer, RolloutBuffer
+from rlbuf import ConfigError, DistillationBuffer, NonFiniteError, ReplayBuffer, RolloutBuffer
+from rlbuf._device_checks import check_finite_together
+from rlbuf.spec import FieldSpec
 
 F32 = torch.float32
 
@@ -96,3 +99,25 @@ def _same_obs(got: Any, expected: Any) -> None:
             _same_obs(got[key], value)
     else:
         assert torch.equal(got[0], expected)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([torch.float16, torch.float32, torch.float64]),
+                          st.lists(st.sampled_from([0.0, -1.5, 6e4, 3e38, 1.7e308, float("nan"), float("inf"),
+                                                    float("-inf")]), min_size=1, max_size=6)),
+                min_size=1, max_size=4))
+def test_finiteness_checked_together_refuses_exactly_what_each_field_alone_refuses(
+        fields: list[tuple[torch.dtype, list[float]]]) -> None:
+    # One float64 sum of all fields decides; huge finite values that overflow it fall back to the
+    # exact check of each field, so only NaN and inf are refused, and the first such field is named.
+    checks = []
+    for number, (dtype, values) in enumerate(fields):
+        limit = torch.finfo(dtype).max
+        rows = torch.tensor([v if not math.isfinite(v) or abs(v) <= limit else limit for v in values], dtype=dtype)
+        checks.append((FieldSpec(f"f{number}", f"f{number}", (), dtype, finite=True), rows))
+    first_bad = next((spec.name for spec, rows in checks if not bool(torch.isfinite(rows).all())), None)
+    if first_bad is None:
+        check_finite_together(checks)
+    else:
+        with pytest.raises(NonFiniteError, match=rf"^{first_bad}: expected finite values"):
+            check_finite_together(checks)

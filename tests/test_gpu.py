@@ -28,6 +28,7 @@ from rlbuf import (
     DeviceError,
     DistillationBuffer,
     EpisodeStats,
+    NonFiniteError,
     ReplayBuffer,
     RolloutBuffer,
 )
@@ -267,7 +268,7 @@ def test_cpu_and_memmap_storage_deliver_intact_batches_on_cuda(storage: str, ima
         for _ in range(15):
             obs = (torch.randint(0, 256, (16, *shape), dtype=dtype) if images else torch.randn(16, *shape))
             values = {"obs": obs, "action": torch.randn(16, ACT), "reward": torch.randn(16), "next_obs": obs.flip(0),
-                      "terminated": torch.rand(16) < 0.5}
+                      "terminated": torch.rand(16) < 0.5, "truncated": torch.rand(16) < 0.1}
             buf.add(**values)
             reference.add(**values)
         assert buf.state_dict()["fields"]["obs"].device.type == "cpu"
@@ -275,7 +276,7 @@ def test_cpu_and_memmap_storage_deliver_intact_batches_on_cuda(storage: str, ima
         assert all(getattr(batch, name).is_cuda for name in (*REPLAY_FIELDS, "index", "weight"))
         assert_same_batch(batch, reference.sample_by_index(batch.index.cpu()), REPLAY_FIELDS)
         rows = buf.sample_by_index(batch.index, fields=["obs"])
-        assert rows["obs"].is_cuda and torch.equal(rows["obs"], batch.obs)
+        assert rows.obs.is_cuda and torch.equal(rows.obs, batch.obs)
 
 
 @gpu
@@ -314,7 +315,7 @@ def test_pinned_non_blocking_batches_are_intact_for_the_next_kernel() -> None:
 
     for _ in range(20):
         add_random()
-    fields = buf.state_dict()["fields"]  # CPU views of the whole (full) storage
+    fields = buf.state_dict()["fields"]  # CPU copies of the whole (full) storage
     batches = [buf.sample(4096) for _ in range(48)]
     sums = [checksum(batch.obs, batch.next_obs) for batch in batches]
     torch.cuda.synchronize()
@@ -324,7 +325,8 @@ def test_pinned_non_blocking_batches_are_intact_for_the_next_kernel() -> None:
     # The storage overwritten right after a sample: the batch was gathered before, it keeps the old rows.
     overwritten = []
     for _ in range(8):
-        before = (fields["obs"].clone(), fields["next_obs"].clone())
+        fields = buf.state_dict()["fields"]  # a copy of the rows as they are now
+        before = (fields["obs"], fields["next_obs"])
         batch = buf.sample(4096)
         overwritten.append((checksum(batch.obs, batch.next_obs), batch.index, before))
         add_random()
@@ -538,7 +540,13 @@ def test_torchrl_extend_with_cuda_data_is_seen_by_rlbuf(storing_device: str) -> 
     buf = ReplayBuffer(32, obs_shape=(OBS,), action_shape=(ACT,), num_envs=2, storing_device=storing_device,
                        device="cuda", seed=0)
     fill_replay([buf], 3)  # pending rows: committed before TorchRL writes
-    buf.torchrl.extend(transitions_td(10, 100, "cuda"))
+    data = transitions_td(10, 100, "cuda")
+    if storing_device == "cpu":  # rows on the CPU take CPU tensors, as add does: the message says how
+        with pytest.raises(DeviceError, match=r"expected a tensor on cpu, got one on cuda:0: move it there first"):
+            buf.torchrl.extend(data)
+        assert len(buf) == 6
+        data = data.to("cpu")
+    buf.torchrl.extend(data)
     assert len(buf) == 16
     batch = buf.sample_all()
     assert batch.obs.is_cuda
@@ -579,3 +587,22 @@ def test_a_rollout_extends_from_a_cuda_collector_batch() -> None:
     for name in ROLLOUT_FIELDS:
         torch.testing.assert_close(on_gpu.view(name).cpu(), on_cpu.view(name), rtol=1e-5, atol=1e-5)
     assert stats_gpu.summary() == stats_cpu.summary() and stats_gpu.episodes_finished == num_envs * steps
+
+
+@gpu
+@pytest.mark.parametrize(("field", "bad"), [("value", float("nan")), ("bootstrap_value", float("-inf")),
+                                            ("reward", float("inf"))])
+def test_a_cuda_rollout_refuses_a_non_finite_step_naming_its_field_and_row(field: str, bad: float) -> None:
+    # The finiteness of a step's device tensors is checked with one wait for the GPU; the refusal
+    # still names the field and the row, and stores nothing.
+    buf = RolloutBuffer(4, 8, obs_shape=(OBS,), action_shape=(ACT,), storing_device="cuda", seed=0)
+    fill_rollout([buf], "cuda")  # a full rollout: the next add starts over
+    buf.clear()
+    values = as_input(rollout_step(0, 8), "cuda")
+    values["reward"] = torch.full((8,), 3e38, device="cuda")  # huge but finite: a float32 sum would overflow
+    buf.add(**values)
+    values[field] = values[field].clone()
+    values[field][5] = bad
+    with pytest.raises(NonFiniteError, match=rf"{field}: expected finite values, got -?(nan|inf) at row 5"):
+        buf.add(**values)
+    assert buf.steps == 1

@@ -212,6 +212,16 @@ def test_set_extras_attaches_aligned_tensors_and_overrides_fields() -> None:
         buf.set_extras({"terminated": torch.zeros(T, N, dtype=torch.bool)})
 
 
+def test_set_extras_keeps_a_copy_of_the_callers_tensor() -> None:
+    buf = make()
+    fill(buf)
+    base = torch.arange(T * N, dtype=torch.float32).view(T, N, 1)
+    buf.set_extras({"old_mu": base.expand(T, N, 2)})  # an expanded view: one value per step and env
+    base.mul_(-1)  # the caller reuses its tensor
+    old_mu = buf.sample_by_index(torch.arange(T * N)).extras["old_mu"]
+    assert old_mu.tolist() == [[float(i)] * 2 for i in range(T * N)]
+
+
 def test_privileged_obs_and_extra_fields_are_stored_per_step() -> None:
     buf = make(privileged_obs_shape=(6,), extra_fields={"mask": ((), torch.bool)})
     for t in range(T):
