@@ -178,6 +178,8 @@ def compat(session: nox.Session) -> None:
 
 # -- GPU machine ----------------------------------------------------------------------------------
 GPU_EXTRAS = ("test", "gpu")
+MANYLINUX_X86_64 = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
+                    "manylinux2014_x86_64", "manylinux1_x86_64")
 
 
 def _options(posargs: list[str], defaults: dict[str, str | None],
@@ -232,16 +234,18 @@ def gpu_wheels(session: nox.Session) -> None:
     build requirements and nox itself for CPython 3.12 on manylinux x86_64, next to the GPU
     machine's torch 2.11 (so every version chosen works with it), and downloads them all but
     torch and its CUDA libraries. Change the target with `--python-version`, `--torch`
-    (a release prefix) and `--platform`.
+    (a release prefix) and `--platform` (comma-separated tags; every manylinux level of
+    x86_64 by default, since pip matches each tag exactly).
     """
     options, rest = _options(session.posargs, {"--python-version": "3.12", "--torch": "2.11",
-                                               "--platform": "manylinux_2_28_x86_64"})
+                                               "--platform": ",".join(MANYLINUX_X86_64)})
     if len(rest) != 1:
         session.error("usage: nox -s gpu-wheels -- DIR [--python-version 3.12] [--torch 2.11] "
-                      "[--platform manylinux_2_28_x86_64]")
+                      "[--platform TAG[,TAG...]]")
     target = Path(rest[0]).resolve()
-    binary = ["--only-binary=:all:", "--python-version", str(options["--python-version"]),
-              "--platform", str(options["--platform"])]
+    # pip takes a wheel only if one of its tags is named exactly: each manylinux level, not the newest alone.
+    platforms = [arg for tag in str(options["--platform"]).split(",") for arg in ("--platform", tag)]
+    binary = ["--only-binary=:all:", "--python-version", str(options["--python-version"]), *platforms]
     scratch = Path(session.create_tmp())
     report = scratch / "resolution.json"
     session.run(sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",

@@ -31,7 +31,7 @@ from torchrl.data import SamplerWithoutReplacement
 
 from rlbuf._buffer import RingBuffer, done_of, refuse_foreign_options
 from rlbuf._convert import REQUIRED, as_num_envs, require
-from rlbuf._delivery import deliver
+from rlbuf._delivery import deliver, rows_at
 from rlbuf._obs import (
     ObsDtype,
     ObsShape,
@@ -515,7 +515,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         columns = deliver(dict(self._ring.leaves) | self._attached, self._device)
 
         def make_batch(index: torch.Tensor) -> RolloutBatch:
-            return self._make_batch({name: column.index_select(0, index) for name, column in columns.items()})
+            return self._make_batch({name: rows_at(column, index) for name, column in columns.items()})
 
         iterator = EpochIterator(self.capacity, make_batch, **options, generator=self._iterator_generator(self._device))
         return self._track_epochs(iterator, "minibatches", **minibatches_call(options))
@@ -587,7 +587,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
 
     def _batch(self, index: torch.Tensor, weight: torch.Tensor | None = None) -> RolloutBatch:
         columns = self._ring.gather(index)
-        columns.update({name: tensor.index_select(0, index) for name, tensor in self._attached.items()})
+        columns.update({name: rows_at(tensor, index) for name, tensor in self._attached.items()})
         return self._make_batch(deliver(columns, self._device))
 
     def _make_batch(self, columns: dict[str, torch.Tensor]) -> RolloutBatch:
