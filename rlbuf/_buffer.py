@@ -232,6 +232,31 @@ class RingBuffer(BufferState, Generic[BatchT]):
         return self._num_envs
 
     @property
+    def read_only(self) -> bool:
+        """Whether every write is refused with ``ReadOnlyError`` before it changes anything: ``add``,
+        ``extend``, ``clear``, ``load_state_dict``, the layout's own writes and those through
+        ``buffer.torchrl``. Reads, sampling and priority updates go on. ``False`` when built;
+        [`MixedReplay`][rlbuf.mixing.MixedReplay] sets it on its offline buffer.
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(10, obs_shape=(1,), action_shape=())
+            >>> buf.read_only = True
+            >>> buf.clear()  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+            ...
+            rlbuf.errors.ReadOnlyError: clear: this buffer is read-only (read_only=True: a dataset, ...
+        """
+        return self._ring.rb._rlbuf_read_only
+
+    @read_only.setter
+    def read_only(self, value: bool) -> None:
+        self._ring.rb._rlbuf_read_only = as_flag("read_only", value)
+
+    def _require_writable(self, call: str) -> None:
+        self._ring.rb.require_writable(call)
+
+    @property
     def nbytes(self) -> int:
         """Bytes the buffer holds: its storage (every row's fields, allocated for ``capacity`` rows) and
         its layout's own tables (the compact layout's streams, final observations and compressed frames).
@@ -307,6 +332,7 @@ class RingBuffer(BufferState, Generic[BatchT]):
             >>> len(buf), buf.capacity
             (0, 10)
         """
+        self._require_writable("clear")
         self._ring.clear()
         self._current_epochs = self._current_epochs_call = None
 

@@ -153,14 +153,14 @@ class CompactLayout:
         """End the open episode of each of ``env_ids`` at its newest stored row, as a time limit would
         (see [`ReplayBuffer.truncate_episodes`][rlbuf.ReplayBuffer.truncate_episodes])."""
         ring = self.ring
-        with ring.rewriting():
+        with ring.rewriting("truncate_episodes"):
             positions = self.streams.cut(env_ids, ring.write_count - len(ring))
             ring.mark_truncated(positions)
 
     def _train_dictionary(self) -> None:
         """Compress the stored frames again with a dictionary trained on them; their new sizes into the ring."""
         assert self.log is not None
-        with self.ring.rewriting():
+        with self.ring.rewriting("add"):
             old = self.log.codec
             positions = self.log.train()
             if positions is not None:

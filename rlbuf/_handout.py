@@ -39,7 +39,7 @@ from rlbuf import _torchrl
 from rlbuf._convert import stored_positions
 from rlbuf._priorities import priorities
 from rlbuf._torchrl_rows import TorchRLRows, positions
-from rlbuf.errors import ConfigError, ShapeError
+from rlbuf.errors import ConfigError, ReadOnlyError, ShapeError
 
 if TYPE_CHECKING:
     from rlbuf._ring import RowRing
@@ -62,6 +62,8 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
     _flush_owner: weakref.ReferenceType[RowRing] | None = None
     # The checks of rows written through TorchRL; kept when pickled, so worker processes check too.
     _rlbuf_rows: TorchRLRows | None = None
+    # The owner's ``read_only`` (set through the rlbuf buffer): every write refused.
+    _rlbuf_read_only: bool = False
 
     def _owner(self) -> RowRing | None:
         return self._flush_owner() if self._flush_owner is not None else None
@@ -82,10 +84,18 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         return self._locked(super().sample, *args, **kwargs)
 
     def extend(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        self.require_writable("extend")
         return self._locked(super().extend, self._checked(data, batched=True), *args, **kwargs)
 
     def add(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        self.require_writable("add")
         return self._locked(super().add, self._checked(data, batched=False), *args, **kwargs)
+
+    def require_writable(self, call: str) -> None:
+        """Raise ``ReadOnlyError`` for a write ``call`` while the buffer is read-only (nothing changed yet)."""
+        if self._rlbuf_read_only:
+            raise ReadOnlyError(f"{call}: this buffer is read-only (read_only=True: a dataset, or the offline buffer "
+                                f"of a MixedReplay); write to another buffer, or set buffer.read_only = False first")
 
     def _checked(self, data: Any, *, batched: bool) -> Any:
         """``data`` as the stored keys only, every input field read and checked by its reader, the
@@ -123,6 +133,7 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         return _copied(self._locked(super().__getitem__, index))
 
     def __setitem__(self, index: Any, value: Any) -> None:
+        self.require_writable("__setitem__")
         with _torchrl.replay_lock(self):
             owner = self._owner()
             if owner is not None:
@@ -157,6 +168,7 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
             self._locked(super().mark_update, index)
 
     def empty(self, *args: Any, **kwargs: Any) -> Any:
+        self.require_writable("empty")
         return self._locked(super().empty, *args, rewrites=True, **kwargs)
 
     def state_dict(self) -> Any:

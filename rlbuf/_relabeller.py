@@ -171,7 +171,7 @@ class Relabeller:
     def cut(self, env_ids: _Ints) -> None:
         """End the running episode of each of ``env_ids`` at its newest stored row, as a time limit would
         (see [`ReplayBuffer.truncate_episodes`][rlbuf.ReplayBuffer.truncate_episodes])."""
-        with self.ring.rewriting():
+        with self.ring.rewriting("truncate_episodes"):
             self.ring.mark_truncated(self.episodes.end_running(env_ids))
             self._running[env_ids] = False
 

@@ -106,6 +106,8 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             >>> len(buf)
             2
         """
+        if self._ring.rb._rlbuf_read_only:  # the flag read inline: 0.3 us of a 10 us add for the call
+            self._require_writable("add")
         if truncated is False:
             truncated = self._no_truncation
         if (self._plain and truncated is not None and not extras and hidden_state is None and env_mask is None
@@ -173,6 +175,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             >>> buf.sample_all().truncated.tolist()
             [True]
         """
+        self._require_writable("truncate_episodes")
         envs = np.arange(self._num_envs) if env_mask is None else np.flatnonzero(
             self._writer.checked_env_mask(env_mask).numpy())
         with self._ring.lock:
@@ -191,7 +194,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
         """``truncate_episodes`` of a buffer of whole transitions whose rows of each env are ``num_envs``
         apart: the newest stored row of each of ``envs`` that ended no episode is marked truncated."""
         ring = self._ring
-        with ring.rewriting():
+        with ring.rewriting("truncate_episodes"):
             count, size = ring.write_count, len(ring)
             newest = count - self._num_envs + envs
             positions = newest[newest >= count - size] % ring.capacity
@@ -256,6 +259,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             >>> len(buf)
             10
         """
+        self._require_writable("extend")
         stats = self._stats
         with self._ring.lock:  # one step of statistics and of the reset-step watcher at a time (see add)
             if stats is None:

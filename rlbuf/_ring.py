@@ -175,9 +175,7 @@ class RowRing:
             self.pending_limit = self.capacity
         else:
             self.pending_limit = min(_BLOCK_ROWS, self.capacity) if rows_per_add <= _BLOCK_ROWS else 0
-        self.accepted_devices: tuple[torch.device, ...] = (
-            (storing_device,) if storing_device.type == "cpu" else (storing_device, _CPU)
-        )
+        self.accepted_devices = (storing_device,) if storing_device.type == "cpu" else (storing_device, _CPU)
         # Writes through TorchRL (here or in a worker process) are read by the same readers.
         rb._rlbuf_rows = TorchRLRows(self.specs, self.derived, self.accepted_devices)
         self.rows_per_add = rows_per_add
@@ -450,12 +448,14 @@ class RowRing:
             self.last_read = [columns.get(spec.name) if spec.name in _FLAGS else None for spec in self.input_specs]
 
     @contextlib.contextmanager
-    def rewriting(self) -> Iterator[None]:
-        """Hold the lock while stored rows are changed in place (a rollout's advantages and returns).
+    def rewriting(self, call: str) -> Iterator[None]:
+        """Hold the lock while the public ``call`` changes stored rows in place (a rollout's advantages and
+        returns); ``ReadOnlyError`` first on a read-only buffer.
 
         The pending rows are committed first, and the generation is bumped, so a snapshot in
         progress copies every row again rather than mixing old and new values.
         """
+        self.rb.require_writable(call)
         with self.lock:
             self.flush()
             self.generation += 1

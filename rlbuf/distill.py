@@ -141,6 +141,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
             >>> len(buf), buf.sample_all().expert_action[-4:].tolist()
             (20, [0, 1, 2, 1])
         """
+        self._require_writable("add")
         check_extras(self._extra_specs, extras)  # first: SB3's observations=, actions= get the rlbuf names
         missing = [name for name, value in (("obs", obs), ("expert_action", expert_action)) if value is None]
         if missing:
@@ -181,6 +182,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
             >>> len(buf)
             20
         """
+        self._require_writable("extend")
         td = as_tensordict(td)
         rows = int(td.batch_size.numel())
         lead = tuple(td.batch_size)

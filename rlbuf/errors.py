@@ -111,6 +111,10 @@ class ShardDiedError(RlbufError, RuntimeError):
     """A shard of a replay service whose Ray actor died: its rows since the last checkpoint are gone."""
 
 
+class ReadOnlyError(RlbufError, RuntimeError):
+    """A write to a buffer marked ``read_only`` (a dataset, the offline buffer of a ``MixedReplay``); it changed nothing."""
+
+
 class RlbufWarning(UserWarning):
     """Base class of every warning rlbuf gives about a likely mistake; make them errors with
     ``warnings.simplefilter("error", rlbuf.RlbufWarning)``."""

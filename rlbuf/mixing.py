@@ -197,10 +197,9 @@ class MixedReplay:
 
     Each buffer samples its part with its own ``sample`` and generator; the split of each batch is
     drawn from the mixer's own generator, so seeded buffers and a seeded mixer fed the same data draw
-    the same batches. The offline buffer is read-only while mixing: a change of its row count is
-    refused at every ``sample``, of its write count at every ``state_dict``/``save``. Until the
-    online buffer holds ``min_online`` rows, every row of a batch comes from the offline buffer
-    (``batch.from_online`` says so).
+    the same batches. The mixer sets the offline buffer's ``read_only`` (its writes refused; lifted, a
+    changed row or write count is refused at every ``sample`` and ``save``). Until the online buffer
+    holds ``min_online`` rows, every row of a batch comes from the offline buffer (``batch.from_online``).
 
     Args:
         offline: the dataset buffer (not empty).
@@ -238,10 +237,10 @@ class MixedReplay:
         self._min_online = positive_int("min_online", min_online)
         self._seed = secrets.randbits(62) if seed is None else as_int("seed", seed, minimum=0, maximum=2**63 - 1)
         _check_pair(offline, online)
-        self._offline, self._online = offline, online
-        self._offline_fraction, self._split = fraction, split
+        self._offline, self._online, self._offline_fraction, self._split = offline, online, fraction, split
         self._generator = torch.Generator().manual_seed(self._seed)
         self._offline_rows, self._offline_writes = len(offline), _counts(offline)["write_count"]
+        offline.read_only = True  # its writes refused from now on, before they change anything
 
     @property
     def offline(self) -> ReplayBuffer:
@@ -294,14 +293,13 @@ class MixedReplay:
         low = math.floor(expected + 1e-9)  # 0.3 * 10 is 3.0000000000000004: whole, no extra row
         return low + int(uniform < expected - low)
 
-    def _require_read_only(self, write_count: int | None = None) -> None:
-        """Refuse when the offline buffer changed since mixing began (its rows; with ``write_count``, its writes)."""
-        rows = len(self._offline)
-        if rows != self._offline_rows or (write_count is not None and write_count != self._offline_writes):
+    def _require_read_only(self) -> None:
+        """Refuse an offline buffer changed since mixing began (rows or writes), had its ``read_only`` been lifted."""
+        rows, writes = len(self._offline), self._offline._ring.write_count
+        if rows != self._offline_rows or writes != self._offline_writes:
             raise ConfigError(f"offline: the offline buffer is read-only while mixing, but it changed ({self._offline_rows} "
-                              f"rows and {self._offline_writes} writes when mixing began, {rows} rows"
-                              + ("" if write_count is None else f" and {write_count} writes") + " now); add to the "
-                              "online buffer, or build a new MixedReplay over the changed dataset")
+                              f"rows and {self._offline_writes} writes when mixing began, {rows} rows and {writes} "
+                              "writes now); add to the online buffer, or build a new MixedReplay over the changed dataset")
 
     def sample(self, batch_size: int) -> MixedBatch:
         """Draw ``batch_size`` transitions: the split from the mixer's generator, each part from its buffer's ``sample``.
@@ -393,7 +391,7 @@ class MixedReplay:
     def _mixer_state(self) -> dict[str, Any]:
         """Options, generator and the parts' counters (the offline buffer checked unchanged first)."""
         parts = {"offline": _counts(self._offline), "online": _counts(self._online)}
-        self._require_read_only(parts["offline"]["write_count"])
+        self._require_read_only()
         return {"kind": _KIND, "options": {"offline_fraction": self._offline_fraction, "split": self._split,
                                            "min_online": self._min_online, "seed": self._seed},
                 "generator": self._generator.get_state(), "parts": parts}
@@ -481,10 +479,13 @@ class MixedReplay:
         online_before = self._online.state_dict()
         self._online.load_state_dict(state["online"])
         try:
+            self._offline.read_only = False  # the mixer's own restore of its dataset
             self._offline.load_state_dict(state["offline"])
         except BaseException:
             self._online.load_state_dict(online_before)
             raise
+        finally:
+            self._offline.read_only = True
         self._restore(options, state["generator"])
 
     def check_valid(self) -> tuple[bool, str]:
@@ -494,6 +495,7 @@ class MixedReplay:
             >>> buffers = [ReplayBuffer(10, obs_shape=(1,), action_shape=()) for _ in range(2)]
             >>> buffers[0].add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
             >>> mixed = MixedReplay(*buffers)
+            >>> buffers[0].read_only = False  # lifted by hand, then written to
             >>> buffers[0].add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
             >>> mixed.check_valid()[1].startswith("offline: the offline buffer is read-only")
             True
@@ -503,7 +505,7 @@ class MixedReplay:
             if not valid:
                 return False, f"{name}: {reason}"
         try:
-            self._require_read_only(_counts(self._offline)["write_count"])
+            self._require_read_only()
         except ConfigError as error:
             return False, str(error)
         return True, ""

@@ -255,6 +255,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf.steps, buf.is_full
             (1, False)
         """
+        self._require_writable("add")
         if self.is_full:
             raise BufferFullError(f"add: the rollout already holds {self._num_steps} steps; call clear() first")
         values = step_values(dict(obs=obs, action=action, reward=reward, terminated=terminated, value=value,
@@ -300,7 +301,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         with contextlib.nullcontext() if self._stats is None else self._stats.restored_on_error():
             self._feed_stats_from_rollout(columns["reward"].view(steps, -1).T,
                                           columns["terminated"].view(steps, -1).T, columns["truncated"].view(steps, -1).T)
-            with ring.rewriting():  # one commit: the rows, then the advantages written over them
+            with ring.rewriting("extend"):  # one commit: the rows, then the advantages written over them
                 ring.write_checked(columns, rows)
                 if len(computed) == len(COMPUTED):
                     for name, tensor in computed.items():
@@ -347,7 +348,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             (torch.Size([4, 5]), [1.0, 1.0, 1.0, 1.0])
         """
         checked = checked_extras(mapping, self._ring, num_steps=self._num_steps, num_envs=self._num_envs)
-        with self._ring.rewriting():
+        with self._ring.rewriting("set_extras"):
             for name, tensor in checked.items():
                 if name in self._ring.by_name:
                     self.view(name).copy_(tensor)
@@ -396,7 +397,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         normalize = as_flag("normalize_advantages", normalize_advantages)
         spec = FieldSpec("last_value", "last_value", (), torch.float32, finite=True)
         last = RowReader(spec, self._num_envs, self._ring.accepted_devices).tensor(last_value).to(self._storing_device)
-        with self._ring.rewriting():  # a save running meanwhile copies the new advantages, not a mix
+        with self._ring.rewriting("compute_returns_and_advantages"):  # a save running meanwhile copies the new advantages, not a mix
             columns = {name: self._ring.leaves[name].view(self._num_steps, self._num_envs) for name in (
                 "reward", "value", "terminated", "truncated", "bootstrap_value", "advantage", "returns")}
             stored = (columns["advantage"], columns["returns"])

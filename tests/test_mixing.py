@@ -25,6 +25,7 @@ from rlbuf.errors import (
     EmptyBufferError,
     MissingFieldError,
     PriorityError,
+    ReadOnlyError,
     ShapeError,
     StoredIndexError,
 )
@@ -268,13 +269,21 @@ def test_an_online_buffer_refusing_its_part_moves_no_other_generator() -> None:
 def test_the_offline_buffer_is_read_only_while_mixing(tmp_path: Path) -> None:
     offline = filled(10, 0.0)
     mixed = MixedReplay(offline, filled(10, 1.0), seed=0)
+    with pytest.raises(ReadOnlyError, match=r"^add: this buffer is read-only"):  # refused: nothing changed
+        offline.add(torch.zeros(2), 0, 0.0, torch.zeros(2), False, truncated=False)
+    assert len(offline) == 10 and mixed.check_valid() == (True, "")
+    offline.read_only = False  # lifted by hand: the mixer sees the change
     offline.add(torch.zeros(2), 0, 0.0, torch.zeros(2), False, truncated=False)
-    with pytest.raises(ConfigError, match=r"read-only while mixing, but it changed \(10 rows and 10 writes when mixing began, 11 rows now\)"):
+    with pytest.raises(ConfigError, match=r"read-only while mixing, but it changed \(10 rows and 10 writes when "
+                                          r"mixing began, 11 rows and 11 writes now\)"):
         mixed.sample(4)
     full = filled(8, 0.0, capacity=8)  # a full ring keeps its row count when written to: its writes are counted
     mixed = MixedReplay(full, filled(10, 1.0), seed=0)
+    full.read_only = False
     full.add(torch.zeros(2), 0, 0.0, torch.zeros(2), False, truncated=False)
     assert not mixed.check_valid()[0]
+    with pytest.raises(ConfigError, match="8 writes when mixing began, 8 rows and 9 writes"):
+        mixed.sample(4)
     with pytest.raises(ConfigError, match="8 writes when mixing began, 8 rows and 9 writes"):
         mixed.save(tmp_path / "mixed")
     assert not (tmp_path / "mixed").exists()
