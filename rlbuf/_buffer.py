@@ -236,7 +236,9 @@ class RingBuffer(BufferState, Generic[BatchT]):
         """Whether every write is refused with ``ReadOnlyError`` before it changes anything: ``add``,
         ``extend``, ``clear``, ``load_state_dict``, the layout's own writes and those through
         ``buffer.torchrl``. Reads, sampling and priority updates go on. ``False`` when built;
-        [`MixedReplay`][rlbuf.mixing.MixedReplay] sets it on its offline buffer.
+        [`MixedReplay`][rlbuf.mixing.MixedReplay] sets it on its offline buffer. It is this
+        process's guard: checkpoints do not keep it, and a ``buffer.torchrl`` already sent to a
+        worker process keeps the value it was sent with.
 
         Example:
             >>> from rlbuf import ReplayBuffer
@@ -255,6 +257,10 @@ class RingBuffer(BufferState, Generic[BatchT]):
 
     def _require_writable(self, call: str) -> None:
         self._ring.rb.require_writable(call)
+
+    def _change_marks(self) -> tuple[int, int, int]:
+        """Rows, writes and rewrites (``clear``, ``truncate_episodes``, rows set in place, loads): any change moves one."""
+        return len(self._ring), self._ring.write_count, self._ring.generation
 
     @property
     def nbytes(self) -> int:

@@ -35,7 +35,7 @@ def check_finite_together(checks: Sequence[tuple[FieldSpec, torch.Tensor]]) -> N
         return
     # Half types are summed in float32 (their own range overflows at 65504); casting wider
     # types to float64 would cost a copy of each tensor on the device.
-    sums = [rows.sum(dtype=torch.float32 if rows.element_size() < 4 else None) for _, rows in checks]
+    sums = [rows.detach().sum(dtype=torch.float32 if rows.element_size() < 4 else None) for _, rows in checks]
     total = sums[0]
     for partial in sums[1:]:
         total = total + partial

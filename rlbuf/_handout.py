@@ -202,13 +202,23 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
     def submit_update_if_present(self, *args: Any, **kwargs: Any) -> Any:
         self._refuse("submit_update_if_present", "rb[index] = td, with every input field")
 
+    def set_storage(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse("set_storage", "a new rlbuf buffer (storage=, capacity)")
+
+    def set_sampler(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse("set_sampler", "a new rlbuf buffer (prioritized=, alpha=, beta=)")
+
+    def set_writer(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse("set_writer", "rlbuf's own writes (add, extend)")
+
     def _refuse(self, method: str, instead: str) -> None:
         """Refuse a TorchRL method that would install rows or state rlbuf's checks never see.
 
         A TorchRL state (``load_state_dict``, ``loads``) carries only TorchRL's part of a buffer:
         rlbuf's own state (episode statistics, stream tables, a rollout's progress) would no longer
         match the rows, so loads go through rlbuf's one load check instead. In-place writes of
-        single keys (``set_at_`` ...) would skip the derived fields and the readers.
+        single keys (``set_at_`` ...) would skip the derived fields and the readers; another
+        storage, sampler or writer (``set_storage`` ...) would drop the rows or priorities rlbuf holds.
         """
         if self._rlbuf_rows is None:
             raise ConfigError(f"torchrl.{method}: not available on this buffer")

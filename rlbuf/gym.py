@@ -200,6 +200,9 @@ class Recorder:
         Every final observation is checked as a direct ``add`` checks a row (exact shape, dtype
         kind, range, a dict observation key by key) before anything is written or ``bootstrap``
         reads it; a refused call leaves the buffer, its statistics and the Recorder as they were.
+        The Recorder follows every step of the envs, so record a refused step again (for a
+        ``ReadOnlyError``: once the buffer is writable), or reset the envs (``envs.reset()``,
+        then ``recorder.reset()``) before recording the next one.
 
         Raises:
             MissingFieldError: an env ended under ``SAME_STEP`` and ``info`` has no final

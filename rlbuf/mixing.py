@@ -239,7 +239,7 @@ class MixedReplay:
         _check_pair(offline, online)
         self._offline, self._online, self._offline_fraction, self._split = offline, online, fraction, split
         self._generator = torch.Generator().manual_seed(self._seed)
-        self._offline_rows, self._offline_writes = len(offline), _counts(offline)["write_count"]
+        self._offline_marks = offline._change_marks()
         offline.read_only = True  # its writes refused from now on, before they change anything
 
     @property
@@ -294,12 +294,12 @@ class MixedReplay:
         return low + int(uniform < expected - low)
 
     def _require_read_only(self) -> None:
-        """Refuse an offline buffer changed since mixing began (rows or writes), had its ``read_only`` been lifted."""
-        rows, writes = len(self._offline), self._offline._ring.write_count
-        if rows != self._offline_rows or writes != self._offline_writes:
-            raise ConfigError(f"offline: the offline buffer is read-only while mixing, but it changed ({self._offline_rows} "
-                              f"rows and {self._offline_writes} writes when mixing began, {rows} rows and {writes} "
-                              "writes now); add to the online buffer, or build a new MixedReplay over the changed dataset")
+        """Refuse an offline buffer changed since mixing began, had its ``read_only`` been lifted."""
+        if (marks := self._offline._change_marks()) != self._offline_marks:
+            (rows, writes, rewrites), (rows_now, writes_now, rewrites_now) = self._offline_marks, marks
+            raise ConfigError(f"offline: the offline buffer is read-only while mixing, but it changed ({rows} rows, {writes} "
+                              f"writes and {rewrites} rewrites when mixing began, {rows_now}, {writes_now} and {rewrites_now} "
+                              "now); add to the online buffer, or build a new MixedReplay over the changed dataset")
 
     def sample(self, batch_size: int) -> MixedBatch:
         """Draw ``batch_size`` transitions: the split from the mixer's generator, each part from its buffer's ``sample``.
@@ -449,7 +449,7 @@ class MixedReplay:
         self._offline_fraction, self._split = float(options["offline_fraction"]), options["split"]
         self._min_online, self._seed = int(options["min_online"]), int(options["seed"])
         self._generator.set_state(generator.clone())
-        self._offline_rows, self._offline_writes = len(self._offline), _counts(self._offline)["write_count"]
+        self._offline_marks = self._offline._change_marks()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a ``state_dict`` into this mixer and its two buffers (built with the same options).

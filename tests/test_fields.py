@@ -5,6 +5,7 @@ through ``add``, ``extend`` and ``sample_all``."""
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import pytest
@@ -121,3 +122,11 @@ def test_finiteness_checked_together_refuses_exactly_what_each_field_alone_refus
     else:
         with pytest.raises(NonFiniteError, match=rf"^{first_bad}: expected finite values"):
             check_finite_together(checks)
+
+
+def test_finiteness_checked_together_reads_a_tensor_that_requires_grad_without_a_warning() -> None:
+    # A critic's value passed without .detach(): the sum must not build a graph or warn when read.
+    value = FieldSpec("value", "state_value", (), torch.float32, finite=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_finite_together([(value, torch.ones(4, requires_grad=True))])

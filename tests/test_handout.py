@@ -19,6 +19,7 @@ from _snapshot import same, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage, RandomSampler, RoundRobinWriter
 from torchrl.envs import Transform
 
 from rlbuf import (
@@ -198,6 +199,10 @@ def test_torchrl_level_loads_and_key_writes_are_refused(tmp_path: Path) -> None:
             lambda: rb.set_at_(("next", "reward"), torch.full((1, 1), float("nan")), torch.tensor([0])))
     refused(buf, ConfigError, r"^torchrl\.set_:", lambda: rb.set_("action", torch.zeros(4)))
     refused(buf, ConfigError, r"^torchrl\.update_:", lambda: rb.update_({"action": torch.zeros(4)}))
+    # Another storage, sampler or writer would drop the rows or the priorities rlbuf holds.
+    refused(buf, ConfigError, r"^torchrl\.set_storage: refused", lambda: rb.set_storage(LazyTensorStorage(8)))
+    refused(buf, ConfigError, r"^torchrl\.set_sampler: refused", lambda: rb.set_sampler(RandomSampler()))
+    refused(buf, ConfigError, r"^torchrl\.set_writer: refused", lambda: rb.set_writer(RoundRobinWriter()))
 
 
 # -- worker processes ------------------------------------------------------------------------------

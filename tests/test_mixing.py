@@ -274,17 +274,17 @@ def test_the_offline_buffer_is_read_only_while_mixing(tmp_path: Path) -> None:
     assert len(offline) == 10 and mixed.check_valid() == (True, "")
     offline.read_only = False  # lifted by hand: the mixer sees the change
     offline.add(torch.zeros(2), 0, 0.0, torch.zeros(2), False, truncated=False)
-    with pytest.raises(ConfigError, match=r"read-only while mixing, but it changed \(10 rows and 10 writes when "
-                                          r"mixing began, 11 rows and 11 writes now\)"):
+    with pytest.raises(ConfigError, match=r"read-only while mixing, but it changed \(10 rows, 10 writes and 0 "
+                                          r"rewrites when mixing began, 11, 11 and 0 now\)"):
         mixed.sample(4)
     full = filled(8, 0.0, capacity=8)  # a full ring keeps its row count when written to: its writes are counted
     mixed = MixedReplay(full, filled(10, 1.0), seed=0)
     full.read_only = False
     full.add(torch.zeros(2), 0, 0.0, torch.zeros(2), False, truncated=False)
     assert not mixed.check_valid()[0]
-    with pytest.raises(ConfigError, match="8 writes when mixing began, 8 rows and 9 writes"):
+    with pytest.raises(ConfigError, match=r"8 rows, 8 writes and 0 rewrites when mixing began, 8, 9 and 0 now"):
         mixed.sample(4)
-    with pytest.raises(ConfigError, match="8 writes when mixing began, 8 rows and 9 writes"):
+    with pytest.raises(ConfigError, match=r"8 rows, 8 writes and 0 rewrites when mixing began, 8, 9 and 0 now"):
         mixed.save(tmp_path / "mixed")
     assert not (tmp_path / "mixed").exists()
 

@@ -180,3 +180,26 @@ def test_mixing_makes_the_dataset_read_only_and_catches_a_write_once_lifted(tmp_
     assert len(offline) == 16
     with pytest.raises(ConfigError, match="offline: the offline buffer is read-only while mixing, but it changed"):
         mixed.sample(8)
+
+
+@pytest.mark.parametrize("change", ["clear and refill", "truncate_episodes", "set a row through torchrl"])
+def test_a_mixer_refuses_a_dataset_changed_with_the_same_row_and_write_counts(change: str) -> None:
+    offline, online = REPLAYS["plain"](), REPLAYS["plain"]()
+    for t in range(3):
+        replay_step(offline, t)
+    replay_step(online, 0)
+    mixed = MixedReplay(offline, online, offline_fraction=0.5, seed=0)
+    offline.read_only = False
+    if change == "clear and refill":  # a buffer that is not full comes back to the same counts
+        offline.clear()
+        for t in range(3):
+            replay_step(offline, t + 50)
+    elif change == "truncate_episodes":
+        offline.truncate_episodes()
+    else:
+        offline.torchrl[0] = offline.torchrl[1]
+    offline.read_only = True
+    assert not mixed.check_valid()[0]
+    with pytest.raises(ConfigError, match=r"offline: the offline buffer is read-only while mixing, but it changed "
+                                          r"\(6 rows, 6 writes and \d+ rewrites when mixing began, 6, 6 and \d+ now\)"):
+        mixed.sample(8)
