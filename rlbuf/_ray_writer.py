@@ -243,8 +243,12 @@ class ServiceWriter:
                     else remote.shard_extend.remote(batch.columns, batch.batch_size, wait))
             try:
                 get([(shard, call)], restarting=bool(self._layout.get("restart")))
-            except _REFUSALS:  # the batch itself refused by the shard: it would be refused again
+            except _REFUSALS as error:  # the batch itself refused by the shard: it would be refused again
                 self._ready.pop(0)
+                if isinstance(error, StreamError) and self._checker is not None:  # checked here, so the shard moved
+                    raise StreamError(f"{error} (shard {shard}'s streams no longer follow this writer's, as after a "
+                                      f"restore or a restart from a checkpoint: call writer.truncate_episodes() to end "
+                                      f"each env's episode on both, and reset the envs)") from error
                 raise
             self._ready.pop(0)
             if self._shard is None:

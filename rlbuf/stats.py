@@ -154,16 +154,9 @@ class EpisodeStats:
         """
         return self._finished
 
-    def update(
-        self,
-        reward: _Values,
-        terminated: _Values,
-        truncated: _Values | None = None,
-        *,
-        metrics: Mapping[str, _Values] | None = None,
-        reasons: _Reasons | None = None,
-        env_mask: _Values | None = None,
-    ) -> None:
+    def update(self, reward: _Values, terminated: _Values, truncated: _Values | None = None, *,
+               metrics: Mapping[str, _Values] | None = None, reasons: _Reasons | None = None,
+               env_mask: _Values | None = None) -> None:
         """Record one env step for all ``num_envs`` envs.
 
         Inputs are moved to the CPU once. Every input is checked before any state changes,

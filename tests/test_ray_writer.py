@@ -209,6 +209,20 @@ def test_compact_shards_keep_each_stream_whole_and_resume_exactly(compact: Repla
     newest = (rows.action // ID == 5) & (rows.action % STREAM == 2)     # the crashed writer's last step
     assert compact.sizes()[0] == before + 2 and newest.sum() == 2 and rows.truncated[newest].all()
 
+    # The service restored under a running writer: the shard's streams go back, the writer's own check does not.
+    writer = compact.writer(writer_id=0, batch_steps=1)
+    writer.truncate_episodes()                                       # the successor's episodes end
+    writer.add(*env_step(7, 0))
+    compact.save(tmp_path / "mid-episode")
+    writer.add(*env_step(7, 1))
+    compact.restore(tmp_path / "mid-episode")                        # the shard forgets step 1
+    with pytest.raises(StreamError, match=r"shard 0's streams no longer follow this writer's.*call "
+                                          r"writer\.truncate_episodes\(\)"):
+        writer.add(*env_step(7, 2))                                  # checked here, refused by the shard
+    writer.truncate_episodes()                                       # as the message says: both ends agree again,
+    writer.add(*env_step(8, 0))                                      # and the reset envs start new episodes
+    assert writer.pending == 0
+
 
 def until_restarted(service: ReplayService) -> list[int]:
     """``service.sizes()`` once the restarted shard answers. ``ray.kill`` returns before the actor is
