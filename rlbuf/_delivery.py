@@ -55,10 +55,5 @@ def deliver(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str,
     if first.device == device:
         return tensors
     pin = first.device.type == "cpu" and device.type == "cuda"
-    return {name: (_pinned(t) if pin and not t.is_pinned() else t).to(device, non_blocking=pin)
+    return {name: (t.pin_memory() if pin and not t.is_pinned() else t).to(device, non_blocking=pin)
             for name, t in tensors.items()}
-
-
-def _pinned(tensor: torch.Tensor) -> torch.Tensor:
-    """A page-locked, contiguous copy of ``tensor`` (``pin_memory()`` refuses an expanded view)."""
-    return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor)

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -36,10 +37,7 @@ def check_finite_together(checks: Sequence[tuple[FieldSpec, torch.Tensor]]) -> N
     # Half types are summed in float32 (their own range overflows at 65504); casting wider
     # types to float64 would cost a copy of each tensor on the device.
     sums = [rows.detach().sum(dtype=torch.float32 if rows.element_size() < 4 else None) for _, rows in checks]
-    total = sums[0]
-    for partial in sums[1:]:
-        total = total + partial
-    if math.isfinite(float(total)):
+    if math.isfinite(float(functools.reduce(torch.add, sums))):
         return
     for spec, rows in checks:
         spec.check_tensor(rows, tuple(rows.shape[: rows.ndim - len(spec.shape)]), (rows.device,))

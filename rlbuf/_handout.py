@@ -84,14 +84,14 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         return self._locked(super().sample, *args, **kwargs)
 
     def extend(self, data: Any, *args: Any, **kwargs: Any) -> Any:
-        self.require_writable("extend")
+        self._rlbuf_require_writable("extend")
         return self._locked(super().extend, self._checked(data, batched=True), *args, **kwargs)
 
     def add(self, data: Any, *args: Any, **kwargs: Any) -> Any:
-        self.require_writable("add")
+        self._rlbuf_require_writable("add")
         return self._locked(super().add, self._checked(data, batched=False), *args, **kwargs)
 
-    def require_writable(self, call: str) -> None:
+    def _rlbuf_require_writable(self, call: str) -> None:
         """Raise ``ReadOnlyError`` for a write ``call`` while the buffer is read-only (nothing changed yet)."""
         if self._rlbuf_read_only:
             raise ReadOnlyError(f"{call}: this buffer is read-only (read_only=True: a dataset, or the offline buffer "
@@ -133,7 +133,7 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
         return _copied(self._locked(super().__getitem__, index))
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        self.require_writable("__setitem__")
+        self._rlbuf_require_writable("__setitem__")
         with _torchrl.replay_lock(self):
             owner = self._owner()
             if owner is not None:
@@ -168,7 +168,7 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
             self._locked(super().mark_update, index)
 
     def empty(self, *args: Any, **kwargs: Any) -> Any:
-        self.require_writable("empty")
+        self._rlbuf_require_writable("empty")
         return self._locked(super().empty, *args, rewrites=True, **kwargs)
 
     def state_dict(self) -> Any:

@@ -455,7 +455,7 @@ class RowRing:
         The pending rows are committed first, and the generation is bumped, so a snapshot in
         progress copies every row again rather than mixing old and new values.
         """
-        self.rb.require_writable(call)
+        self.rb._rlbuf_require_writable(call)
         with self.lock:
             self.flush()
             self.generation += 1

@@ -369,7 +369,7 @@ class BufferState:
             >>> len(copy), copy.sample_all().reward.tolist()
             (1, [1.0])
         """
-        self._ring.rb.require_writable("load_state_dict")
+        self._ring.rb._rlbuf_require_writable("load_state_dict")
         checked = self._check(state)
         ring = self._ring
         if state.get("data") is False:
