@@ -88,7 +88,7 @@ _T = TypeVar("_T")
 _SET_BY_DATASET = ("observation_space", "action_space", "obs_shape", "action_shape", "extra_fields")
 _METADATA = ("env", "eval_env", "algorithm_name", "author", "author_email", "code_permalink", "ref_min_score",
              "ref_max_score", "expert_policy", "num_episodes_average_score", "description", "requirements")
-_CHUNK_BYTES = 1 << 19  # dataset bytes read at a time (two chunks' arrays, 2.6 x that, are in memory)
+_CHUNK_BYTES = 1 << 20  # dataset bytes read at a time (two chunks' arrays, 2.6 x that, are in memory)
 
 
 def _torch_dtype(dtype: Any) -> torch.dtype:
