@@ -132,7 +132,8 @@ def test_a_read_only_rollout_refuses_every_write_and_changes_nothing() -> None:
     state = buf.state_dict()
     writes = {"compute_returns_and_advantages": lambda: buf.compute_returns_and_advantages(torch.zeros(ENVS)),
               "set_extras": lambda: buf.set_extras({"old_mu": torch.zeros(2, ENVS)}),
-              "clear": buf.clear, "load_state_dict": lambda: buf.load_state_dict(state)}
+              "clear": buf.clear, "load_state_dict": lambda: buf.load_state_dict(state),
+              "add": step, "extend": lambda: buf.extend(td)}  # full: refused as read-only, not as full
     assert_refused(buf, writes)
     buf.read_only = False
     buf.clear()
