@@ -23,7 +23,7 @@ Peers (each buffer's actors take no CPU reservation; the writers take one each):
 frames, stacks of 4, from ``tests/data/breakout_steps.npz``, repeated to ``--transitions``),
 each peer holding the same transitions: TorchRL's ``RayReplayBuffer`` (both stacks stored per
 transition), a 2-shard service with the compact layout (``frame_stack=4, n_step=3``: each frame
-stored once), and the same with zstd-compressed frames. Each service is timed two ways on the
+stored once), and the same with zstd- and with lz4-compressed frames. Each service is timed two ways on the
 same shards: its compact shards sending each distinct frame of a batch once (compressed as
 stored) for the learner to rebuild the stacks (``now``), and building the stacks themselves and
 sending them whole (``before``, the path kept behind a private switch). Beside them, what one
@@ -152,7 +152,9 @@ def atari(args: argparse.Namespace) -> None:
                                  remote_config=free)
     services = {"rlbuf service, compact": ReplayService(2 * per_shard, num_shards=2, actor_options=free, **options),
                 "rlbuf service, compact + zstd": ReplayService(2 * per_shard, num_shards=2, actor_options=free,
-                                                               compression="zstd", **options)}
+                                                               compression="zstd", **options),
+                "rlbuf service, compact + lz4": ReplayService(2 * per_shard, num_shards=2, actor_options=free,
+                                                              compression="lz4", **options)}
     chunk = 600
     for _ in range(2):                                   # the same transitions in each shard
         for start in range(0, per_shard, chunk):
@@ -164,7 +166,8 @@ def atari(args: argparse.Namespace) -> None:
                 writer.extend(steps[:, start:start + chunk // 2])
     assert len(torchrl_rb) == 2 * per_shard and all(len(s) == 2 * per_shard for s in services.values())
     local = {name: ReplayBuffer(per_shard, **options, **extra) for name, extra in
-             (("one shard's sample, no Ray", {}), ("... with zstd frames", {"compression": "zstd"}))}
+             (("one shard's sample, no Ray", {}), ("... with zstd frames", {"compression": "zstd"}),
+              ("... with lz4 frames", {"compression": "lz4"}))}
     for buffer in local.values():
         buffer.extend(steps)
     peers: dict[str, Any] = {"torchrl RayReplayBuffer": lambda: torchrl_rb.sample(BATCH)}
