@@ -18,15 +18,14 @@ How each backend is read:
   writes it into those rows (a view of the chunk's array), naming the memory type it made once
   (``_Hdf5Reader``). An episode whose fields disagree with its spaces or each other is read as it
   is into a chunk of its own, whose check names the problem.
-* **Arrow** (a directory ``<id>`` of Arrow IPC files an episode): each file is memory-mapped, its
-  record batches read with pyarrow and their columns (fixed-size lists of numbers, structs of them
-  for a ``Dict`` space) taken as numpy views, then copied into the chunk.
+* **Arrow** (a directory ``<id>`` of Arrow IPC files an episode): read by
+  [`rlbuf._minari_arrow`][rlbuf._minari_arrow], then copied into the chunk.
 * **Anything else** (JPEG-encoded images; infos of an Arrow dataset): Minari's own reader
   (``storage.get_episodes``), which decodes them.
 
 Seeds (and options, where asked) come from the HDF5 attribute or Minari's ``get_episode_metadata``.
-This module, ``rlbuf._minari_read`` and ``rlbuf._minari_write`` are rlbuf's seam to Minari; the
-layouts read here are pinned against Minari's reader by ``tests/test_offline.py``.
+This module, ``rlbuf._minari_arrow``, ``rlbuf._minari_read`` and ``rlbuf._minari_write`` are rlbuf's seam
+to Minari; the layouts read here are pinned against Minari's reader by ``tests/test_offline.py``.
 
 Example:
     >>> episode = {"id": 4, "observations": np.arange(3.0), "actions": np.zeros(2), "rewards": np.ones(2),
@@ -39,10 +38,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import json
 import math
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,13 +48,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from gymnasium import spaces as gym_spaces
 from tensordict import TensorDict
 
+from rlbuf._minari_arrow import arrow_episodes
 from rlbuf._minari_read import Key, Spaces, episode_seed, leaf_label, minari_module
-from rlbuf.errors import ShapeError
+from rlbuf.errors import DatasetError, RlbufError, ShapeError
 
 STEP_FIELDS = ("actions", "rewards", "terminations", "truncations")
+_READ_ERRORS = (OSError, RuntimeError, KeyError, ValueError)  # what h5py and pyarrow raise for damaged files
 
 
 class _Arrays:
@@ -226,10 +225,20 @@ def _hdf5_tree(group: Any, name: str, paths: Sequence[Key], episode: int, h5py: 
         where = "/".join((name, *path))
         try:
             dataset = h5py.h5d.open(group, where.encode())
-        except KeyError:
+        except KeyError as error:
+            if _linked(group, where, h5py):  # there, but its object cannot be read
+                raise DatasetError(f"episode {episode}: {leaf_label(name, path)}: the dataset {where!r} cannot be "
+                                   f"read ({error}); re-create the dataset (or load it again from its source)") from None
             raise ShapeError(f"episode {episode}: {leaf_label(name, path)}: expected the dataset {where!r} in "
-                             f"the episode's group, found {sorted(h5py.Group(group))}; save every field of "
+                             f"the episode's group, found {sorted(map(str, h5py.Group(group)))}; save every field of "
                              f"the episode") from None
+        size = math.prod(dataset.shape) * dataset.dtype.itemsize
+        if dataset.get_create_plist().get_nfilters() == 0 and size > dataset.get_storage_size():
+            # Uncompressed (as Minari writes them), all of a dataset's bytes are in the file: a shape that
+            # says more is a damaged one, which would be allocated (and zero-filled) before any check.
+            raise DatasetError(f"episode {episode}: {leaf_label(name, path)}: the dataset {where!r} says "
+                               f"{dataset.shape} ({size:,} bytes) but holds {dataset.get_storage_size():,} bytes in "
+                               f"the file; re-create the dataset (or load it again from its source)")
         out = np.empty(dataset.shape, dataset.dtype)
         dataset.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
         return out
@@ -243,6 +252,28 @@ def _hdf5_tree(group: Any, name: str, paths: Sequence[Key], episode: int, h5py: 
             node = node.setdefault(key, {})
         node[path[-1]] = read(path)
     return tree
+
+
+def _linked(group: Any, where: str, h5py: Any) -> bool:
+    """Whether ``group`` links to ``where``, or cannot tell (its own structure is damaged)."""
+    try:
+        return where in h5py.Group(group)
+    except _READ_ERRORS:
+        return True
+
+
+@contextlib.contextmanager
+def readable(dataset: Any) -> Iterator[None]:
+    """Errors of h5py, pyarrow or Minari's readers for damaged files (a corrupted object or chunk, a file cut
+    short, metadata that is no JSON) as a ``DatasetError``; rlbuf's own errors as they are."""
+    try:
+        yield
+    except RlbufError:
+        raise
+    except _READ_ERRORS as error:
+        raise DatasetError(f"dataset {dataset.id!r}: its files in {dataset.storage.data_path} cannot be read "
+                           f"({type(error).__name__}: {error}); re-create the dataset (or load it again from its "
+                           f"source)") from None
 
 
 def _hdf5_seed(group: Any, h5py: Any) -> Any:
@@ -278,8 +309,17 @@ memory taken; with 256 KB, about 4 MB, at the same speed (every object is read o
 
 
 def _hdf5_file(dataset: Any, h5py: Any) -> Any:
-    """The dataset's HDF5 file, opened to read with a small metadata cache."""
-    file = h5py.File(Path(dataset.storage.data_path) / "main_data.hdf5", "r")
+    """The dataset's HDF5 file, opened to read with a small metadata cache.
+
+    Raises:
+        DatasetError: the file is missing, truncated or no HDF5 file.
+    """
+    path = Path(dataset.storage.data_path) / "main_data.hdf5"
+    try:
+        file = h5py.File(path, "r")
+    except OSError as error:
+        raise DatasetError(f"{path}: cannot be read as the dataset's HDF5 file ({error}); re-create the dataset (or "
+                           f"load it again from its source)") from None
     config = file.id.get_mdc_config()
     config.set_initial_size = True
     config.initial_size = config.min_size = config.max_size = _METADATA_CACHE
@@ -299,8 +339,8 @@ class _Hdf5Reader:
     their first episode's (``same_kind``).
     """
 
-    def __init__(self, file: Any, spaces: Spaces, info_keys: Sequence[str], h5py: Any) -> None:
-        self.file, self.h5py = file, h5py
+    def __init__(self, file: Any, spaces: Spaces, info_keys: Sequence[str], h5py: Any, max_steps: int) -> None:
+        self.file, self.h5py, self.max_steps = file, h5py, max_steps
         self.mtypes: dict[np.dtype[Any], Any] = {}
         # Per field: (rows beyond the steps, row shape, numpy dtype); None where any is allowed (rewards
         # are one number a step, of any number type; infos one row per observation of any shape).
@@ -337,6 +377,8 @@ class _Hdf5Reader:
             space = dataset.get_space()
             datasets.append((dataset, space, space.shape, dataset.get_type()))
         steps = datasets[-1][2][0] if len(datasets[-1][2]) == 1 else -1
+        if steps > self.max_steps:  # more than the whole dataset: read alone, its sizes checked before any read
+            return None
         for (_, _, shape, kind), (extra, row_shape, _, mtype) in zip(datasets, self.expected, strict=True):
             if shape[:1] != (steps + extra,) or (row_shape is not None and shape[1:] != row_shape):
                 return None
@@ -393,7 +435,7 @@ def _hdf5_chunks(dataset: Any, ids: Sequence[int], spaces: Spaces, info_keys: Se
     group: list[_Opened] = []
     steps = made = 0
     with _hdf5_file(dataset, h5py) as file:
-        reader = _Hdf5Reader(file, spaces, info_keys, h5py)
+        reader = _Hdf5Reader(file, spaces, info_keys, h5py, int(dataset.total_steps))
         for episode in ids:
             opened = reader.open(episode)
             if group and (opened is None or not reader.same_kind(group[0], opened)):
@@ -410,69 +452,6 @@ def _hdf5_chunks(dataset: Any, ids: Sequence[int], spaces: Spaces, info_keys: Se
                 group, steps, made = [], 0, made + 1
         if group:
             yield reader.fill(group, paths, info_keys, arrays[made % 2])
-
-
-# -- Arrow ------------------------------------------------------------------------------------------------
-
-
-def _arrow_column(column: Any, space: Any, pa: Any) -> Any:
-    """A column of an Arrow record batch as numpy: fixed-size lists reshaped to the space's shape, structs
-    (``Dict`` spaces) as dicts of them; views of the batch where Arrow's layout allows."""
-    if isinstance(space, gym_spaces.Dict):
-        return {key: _arrow_column(column.field(key), sub, pa) for key, sub in space.spaces.items()}
-    if isinstance(column, pa.FixedSizeListArray):
-        size = math.prod(space.shape)
-        # Without null lists the values are the child's slice (flatten(), a compute call, costs 30 us).
-        values = (column.values.slice(column.offset * size, len(column) * size) if column.null_count == 0
-                  else column.flatten()).to_numpy(zero_copy_only=False)
-        return values.reshape(len(column), *space.shape) if values.size == len(column) * size else values
-    return column.to_numpy(zero_copy_only=False)
-
-
-def _concatenated(parts: Sequence[Any]) -> Any:
-    """One column from its parts (one per record batch): the part itself, or a copy of them joined."""
-    if len(parts) == 1:
-        return parts[0]
-    if isinstance(parts[0], dict):
-        return {key: _concatenated([part[key] for part in parts]) for key in parts[0]}
-    return np.concatenate(parts)
-
-
-def _arrow_episodes(dataset: Any, ids: Sequence[int], spaces: Spaces) -> Iterator[dict[str, Any]]:
-    """Episodes of an Arrow dataset (Minari's layout: every column ``T + 1`` rows, the steps' padded by
-    one), as ``MinariStorage.get_episodes`` gives them, with their seeds.
-
-    Each file's record batches are read as they are (no table, no combined chunks: a Table and
-    its ChunkedArrays cost more than the read for episodes of 1,000 steps), and each column taken as
-    a numpy view of its batch.
-    """
-    pa = minari_module("pyarrow")
-    ipc = minari_module("pyarrow.ipc")
-    root = str(dataset.storage.data_path)
-    spaces_of = {"observations": spaces.observation_space, "actions": spaces.action_space,
-                 "rewards": None, "terminations": None, "truncations": None}
-    for episode in ids:
-        directory = os.path.join(root, str(episode))
-        # The file Minari's get_episode_metadata reads, read as plainly (its pathlib calls cost 4 x the read).
-        meta = json.loads(_read(os.path.join(directory, "metadata.json")))
-        files = sorted(name for name in os.listdir(directory)
-                       if not name.startswith(("_", ".")) and name != "metadata.json")
-        # Read into Python bytes that the columns are views of, freed once the chunk is copied out of
-        # them (pyarrow's allocator would keep what it read, chunk after chunk; a memory map of
-        # each file costs 1.5 x the time of this read for episodes of 1,000 steps).
-        readers = [ipc.open_file(pa.py_buffer(_read(os.path.join(directory, name)))) for name in files]
-        batches = [reader.get_batch(number) for reader in readers for number in range(reader.num_record_batches)
-                   ] or [pa.RecordBatch.from_pylist([], schema=readers[0].schema)]
-        columns = {name: _concatenated([_arrow_column(batch.column(name), space, pa) for batch in batches])
-                   for name, space in spaces_of.items()}
-        yield {"id": episode, "seed": meta.get("seed"), "options": meta.get("options"),
-               "observations": columns.pop("observations"),
-               **{name: column[:-1] for name, column in columns.items()}, "infos": {}}
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as file:
-        return file.read()
 
 
 def _minari_episodes(dataset: Any, ids: Sequence[int]) -> Iterator[dict[str, Any]]:
@@ -498,12 +477,13 @@ def first_episode(dataset: Any, spaces: Spaces, infos: bool | Sequence[str]) -> 
     info keys to store before reading the rest)."""
     ids = [int(next(iter(dataset.episode_indices)))]
     kind = reader(dataset, spaces, infos)
-    if kind == "hdf5":
-        h5py = minari_module("h5py")
-        with _hdf5_file(dataset, h5py) as file:
-            episode = hdf5_episode(file, ids[0], spaces, infos or [], h5py)
-        return {**episode, "options": next(iter(dataset.storage.get_episode_metadata(ids))).get("options")}
-    return next(_arrow_episodes(dataset, ids, spaces) if kind == "arrow" else _minari_episodes(dataset, ids))
+    with readable(dataset):
+        if kind == "hdf5":
+            h5py = minari_module("h5py")
+            with _hdf5_file(dataset, h5py) as file:
+                episode = hdf5_episode(file, ids[0], spaces, infos or [], h5py)
+            return {**episode, "options": next(iter(dataset.storage.get_episode_metadata(ids))).get("options")}
+        return next(arrow_episodes(dataset, ids, spaces) if kind == "arrow" else _minari_episodes(dataset, ids))
 
 
 def dataset_chunks(dataset: Any, spaces: Spaces, steps_per_chunk: int, info_keys: Sequence[str] = (),
@@ -518,15 +498,16 @@ def dataset_chunks(dataset: Any, spaces: Spaces, steps_per_chunk: int, info_keys
     if kind == "hdf5":
         chunks = _hdf5_chunks(dataset, ids, spaces, info_keys, steps_per_chunk)
     else:
-        episodes = _arrow_episodes(dataset, ids, spaces) if kind == "arrow" else _minari_episodes(dataset, ids)
+        episodes = arrow_episodes(dataset, ids, spaces) if kind == "arrow" else _minari_episodes(dataset, ids)
         chunks = _grouped(episodes, paths, info_keys, steps_per_chunk)
-    if not options or kind != "hdf5":
-        yield from chunks
-        return
-    metadata = iter(dataset.storage.get_episode_metadata(ids))
-    for chunk in chunks:
-        chunk.options = [next(metadata).get("options") for _ in chunk.ids]
-        yield chunk
+    with readable(dataset):
+        if not options or kind != "hdf5":
+            yield from chunks
+            return
+        metadata = iter(dataset.storage.get_episode_metadata(ids))
+        for chunk in chunks:
+            chunk.options = [next(metadata).get("options") for _ in chunk.ids]
+            yield chunk
 
 
 def chunk_rows(chunk: Chunk, spaces: Spaces, *, exact_reward: bool, episode_fields: bool = True,

@@ -250,7 +250,8 @@ def check_episode(episode: Mapping[str, Any], spaces: Spaces) -> int:
                     label, episode_id)
     _check_leaf(_value(episode["actions"], (), episode_id, "actions"), spaces.action, steps, steps, "actions",
                 episode_id)
-    finite = np.isfinite(rewards.astype(np.float32))
+    with np.errstate(over="ignore"):  # a float64 beyond float32's range is refused below, not warned of
+        finite = np.isfinite(rewards.astype(np.float32))
     if not finite.all():
         step = int(np.argmin(finite))
         raise NonFiniteError(f"episode {episode_id}: rewards: expected finite float32 values, got {rewards[step]} "

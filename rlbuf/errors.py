@@ -103,6 +103,10 @@ class CheckpointError(RlbufError, ValueError):
     """A checkpoint that is missing, truncated, corrupted, of another version or kind."""
 
 
+class DatasetError(RlbufError, ValueError):
+    """A dataset whose files cannot be read as what they claim to be: missing, truncated or corrupted."""
+
+
 class RateLimitTimeoutError(RlbufError, TimeoutError):
     """An insert or sample that a rate limiter held longer than its timeout; it changed nothing."""
 

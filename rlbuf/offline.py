@@ -72,6 +72,7 @@ from rlbuf._minari_chunks import (
     chunk_rows,
     dataset_chunks,
     first_episode,
+    readable,
     reader,
     step_bytes,
 )
@@ -171,7 +172,8 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
     # What later episodes are checked against: the first one's info shapes and dtypes, and its options.
     reference = {"infos": {key: probe["infos"][key] for key in keys}, "options": probe.get("options")}
     # A string option's field is as wide as its longest value: a first pass over every episode's options.
-    widths = text_widths(data.storage.get_episode_metadata([int(i) for i in data.episode_indices]), paths, probe)
+    with readable(data):
+        widths = text_widths(data.storage.get_episode_metadata([int(i) for i in data.episode_indices]), paths, probe)
     option_fields = check_options(probe, paths, options is True, reference, widths)
     reward_dtype = probe["rewards"].dtype
     exact_reward = exact and reward_dtype != np.float32
