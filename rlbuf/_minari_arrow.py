@@ -86,8 +86,8 @@ def _read_episode(directory: str, spaces_of: dict[str, Any], pa: Any, ipc: Any
                   ) -> tuple[dict[str, Any], dict[str, Any]]:
     """An episode directory's metadata and its columns (``T + 1`` rows each)."""
     meta = json.loads(_read(os.path.join(directory, "metadata.json")))
-    if not isinstance(meta, dict):
-        raise ValueError(f"metadata.json holds a {type(meta).__name__}, expected an object")
+    if not isinstance(meta, dict) or not isinstance(meta.get("options", {}), (dict, type(None))):
+        raise ValueError(f"metadata.json: expected an object whose options are an object, got {str(meta)[:80]}")
     files = sorted(name for name in os.listdir(directory) if not name.startswith(("_", ".")) and name != "metadata.json")
     if not files:
         raise FileNotFoundError("no Arrow file")

@@ -55,7 +55,7 @@ from rlbuf._minari_read import Key, Spaces, episode_seed, leaf_label, minari_mod
 from rlbuf.errors import DatasetError, RlbufError, ShapeError
 
 STEP_FIELDS = ("actions", "rewards", "terminations", "truncations")
-_READ_ERRORS = (OSError, RuntimeError, KeyError, ValueError)  # what h5py and pyarrow raise for damaged files
+_READ_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError)  # h5py's, pyarrow's, Minari's for damaged files
 
 
 class _Arrays:
@@ -219,8 +219,10 @@ class _Opened:
         return int(self.datasets[-1][2][0])
 
 
-def _hdf5_tree(group: Any, name: str, paths: Sequence[Key], episode: int, h5py: Any) -> Any:
-    """A field of an HDF5 episode read as it is stored (an array, or a tree of them for ``paths``)."""
+def _hdf5_tree(group: Any, name: str, paths: Sequence[Key], episode: int, h5py: Any, max_rows: int) -> Any:
+    """A field of an HDF5 episode read as it is stored (an array, or a tree of them for ``paths``), in native
+    byte order; none of more than ``max_rows`` rows (the dataset's steps + 1) or more bytes than the file
+    stores for it (uncompressed) is allocated."""
     def read(path: Key) -> np.ndarray[Any, Any]:
         where = "/".join((name, *path))
         try:
@@ -233,13 +235,17 @@ def _hdf5_tree(group: Any, name: str, paths: Sequence[Key], episode: int, h5py: 
                              f"the episode's group, found {sorted(map(str, h5py.Group(group)))}; save every field of "
                              f"the episode") from None
         size = math.prod(dataset.shape) * dataset.dtype.itemsize
+        if dataset.shape and dataset.shape[0] > max_rows:  # a compressed dataset reads missing chunks as zeros
+            raise DatasetError(f"episode {episode}: {leaf_label(name, path)}: the dataset {where!r} says "
+                               f"{dataset.shape[0]:,} rows, more than the dataset's {max_rows - 1:,} steps (+ 1); "
+                               f"re-create the dataset (or load it again from its source)")
         if dataset.get_create_plist().get_nfilters() == 0 and size > dataset.get_storage_size():
             # Uncompressed (as Minari writes them), all of a dataset's bytes are in the file: a shape that
             # says more is a damaged one, which would be allocated (and zero-filled) before any check.
             raise DatasetError(f"episode {episode}: {leaf_label(name, path)}: the dataset {where!r} says "
                                f"{dataset.shape} ({size:,} bytes) but holds {dataset.get_storage_size():,} bytes in "
                                f"the file; re-create the dataset (or load it again from its source)")
-        out = np.empty(dataset.shape, dataset.dtype)
+        out = np.empty(dataset.shape, dataset.dtype.newbyteorder("="))  # HDF5 converts a big-endian file's
         dataset.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
         return out
 
@@ -287,19 +293,20 @@ def _hdf5_seed(group: Any, h5py: Any) -> Any:
     return value.item()
 
 
-def hdf5_episode(file: Any, episode: int, spaces: Spaces, info_keys: Sequence[str] | bool, h5py: Any
-                 ) -> dict[str, Any]:
+def hdf5_episode(file: Any, episode: int, spaces: Spaces, info_keys: Sequence[str] | bool, h5py: Any,
+                 max_rows: int) -> dict[str, Any]:
     """One HDF5 episode read as it is stored, as ``MinariStorage.get_episodes`` gives it, with its seed
-    (``info_keys=True``: every info)."""
+    (``info_keys=True``: every info; no field of more than ``max_rows`` rows)."""
     group = h5py.h5g.open(file.id, f"episode_{episode}".encode())
     if info_keys is True:
         keys = list(h5py.Group(group)["infos"]) if "infos" in h5py.Group(group) else []
     else:
         keys = list(info_keys or ())
     return {"id": episode, "seed": _hdf5_seed(group, h5py), "options": None,
-            "observations": _hdf5_tree(group, "observations", [path for path, _ in spaces.obs], episode, h5py),
-            **{name: _hdf5_tree(group, name, [()], episode, h5py) for name in STEP_FIELDS},
-            "infos": _hdf5_tree(group, "infos", [(key,) for key in keys], episode, h5py) if keys else {}}
+            "observations": _hdf5_tree(group, "observations", [path for path, _ in spaces.obs], episode, h5py,
+                                       max_rows),
+            **{name: _hdf5_tree(group, name, [()], episode, h5py, max_rows) for name in STEP_FIELDS},
+            "infos": _hdf5_tree(group, "infos", [(key,) for key in keys], episode, h5py, max_rows) if keys else {}}
 
 
 _METADATA_CACHE = 1 << 18
@@ -411,7 +418,7 @@ class _Hdf5Reader:
         out: dict[tuple[str, Key], np.ndarray[Any, Any]] = {}
         for number, (field, (extra, _, dtype, _)) in enumerate(zip(self.fields, self.expected, strict=True)):
             _, _, shape, kind = opened[0].datasets[number]
-            dtype = kind.dtype if dtype is None else dtype
+            dtype = kind.dtype.newbyteorder("=") if dtype is None else dtype  # HDF5 converts a big-endian file's
             array = out[field] = arrays.take(self.names[number].decode(), steps + extra * len(opened),
                                              tuple(shape[1:]), dtype)
             mtype, row = self.mtype(dtype), 0
@@ -442,7 +449,8 @@ def _hdf5_chunks(dataset: Any, ids: Sequence[int], spaces: Spaces, info_keys: Se
                 yield reader.fill(group, paths, info_keys, arrays[made % 2])
                 group, steps, made = [], 0, made + 1
             if opened is None:  # read as it is stored, alone: its check names what is wrong
-                yield Chunk.of([hdf5_episode(file, episode, spaces, info_keys, h5py)], arrays[made % 2])
+                yield Chunk.of([hdf5_episode(file, episode, spaces, info_keys, h5py, reader.max_steps + 1)],
+                               arrays[made % 2])
                 made += 1
                 continue
             group.append(opened)
@@ -481,7 +489,7 @@ def first_episode(dataset: Any, spaces: Spaces, infos: bool | Sequence[str]) -> 
         if kind == "hdf5":
             h5py = minari_module("h5py")
             with _hdf5_file(dataset, h5py) as file:
-                episode = hdf5_episode(file, ids[0], spaces, infos or [], h5py)
+                episode = hdf5_episode(file, ids[0], spaces, infos or [], h5py, int(dataset.total_steps) + 1)
             return {**episode, "options": next(iter(dataset.storage.get_episode_metadata(ids))).get("options")}
         return next(arrow_episodes(dataset, ids, spaces) if kind == "arrow" else _minari_episodes(dataset, ids))
 

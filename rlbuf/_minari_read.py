@@ -34,6 +34,7 @@ from gymnasium import spaces as gym_spaces
 
 from rlbuf.errors import (
     ConfigError,
+    DatasetError,
     DtypeError,
     NonFiniteError,
     OutOfRangeError,
@@ -93,13 +94,16 @@ def open_dataset(dataset: Any) -> Any:
         raise ConfigError(f"dataset: expected a minari.MinariDataset, a local dataset id or a path, "
                           f"got {type(dataset).__name__}")
     path = Path(dataset)
-    for data in (path / "data", path):
-        if (data / "metadata.json").is_file():
-            return minari.MinariDataset(data)
     # Minari's rule for its root, read without creating the directory as get_dataset_path() does.
     root = Path(os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets")
-    if isinstance(dataset, str) and (root / dataset / "data" / "metadata.json").is_file():
-        return minari.load_dataset(dataset, download=False)
+    for data in (path / "data", path, *((root / dataset / "data",) if isinstance(dataset, str) else ())):
+        if (data / "metadata.json").is_file():
+            try:  # Minari's own reader of the dataset's metadata.json: its errors, for one that is damaged
+                return minari.MinariDataset(data)
+            except (OSError, ValueError, TypeError, KeyError, AssertionError, MemoryError) as error:
+                raise DatasetError(f"dataset {str(dataset)!r}: {data / 'metadata.json'} cannot be read as a Minari "
+                                   f"dataset's ({type(error).__name__}: {error}); re-create the dataset (or load "
+                                   f"it again from its source)") from None
     raise ConfigError(f"dataset {str(dataset)!r}: not a local Minari dataset (looked in {root}, the Minari root "
                       f"MINARI_DATASETS_PATH or ~/.minari/datasets, and at that path); rlbuf never downloads: "
                       f"fetch it once with `minari download {dataset}` (or minari.download_dataset), or pass "

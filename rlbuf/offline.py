@@ -86,7 +86,7 @@ from rlbuf._minari_read import (
     open_dataset,
 )
 from rlbuf._minari_write import checked_episodes, observation_space_of, space_of, write_dataset
-from rlbuf.errors import ConfigError, DtypeError, ShapeError, StreamError
+from rlbuf.errors import ConfigError, DatasetError, DtypeError, ShapeError, StreamError
 from rlbuf.replay import ReplayBuffer
 
 __all__ = ["from_minari", "to_minari"]
@@ -158,10 +158,13 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
     if given:
         raise ConfigError(f"{', '.join(given)}: set by the dataset (its spaces, and the fields exact= asks for); "
                           f"leave them out")
-    total = int(data.total_steps)
+    total, episodes = _count(data, "total_steps"), _count(data, "total_episodes")
     capacity = buffer_options.pop("capacity", total)
     if total == 0:
         raise ConfigError(f"dataset {data.id!r}: holds no steps")
+    if episodes == 0:
+        raise DatasetError(f"dataset {data.id!r}: metadata.json: total_episodes: expected the episodes of its "
+                           f"{total} steps, got none; re-create the dataset (or load it again from its source)")
     if isinstance(capacity, int) and capacity < total:
         raise ConfigError(f"capacity={capacity}: below the dataset's {total} steps, whose oldest would be "
                           f"overwritten; pass capacity >= {total} (or leave it out)")
@@ -228,6 +231,22 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
         buffer.close()
         raise
     return buffer
+
+
+def _count(data: Any, name: str) -> int:
+    """The dataset's ``total_steps`` or ``total_episodes`` as its metadata.json says.
+
+    Raises:
+        DatasetError: not a count (Minari's own reading of it fails, or gives a negative number).
+    """
+    try:
+        value = getattr(data, name)
+    except (ValueError, TypeError, KeyError) as error:
+        value = error
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+        raise DatasetError(f"dataset {data.id!r}: metadata.json: {name}: expected a count (an int >= 0), got "
+                           f"{value!r}; re-create the dataset (or load it again from its source)")
+    return int(value)
 
 
 _DONE = object()

@@ -59,7 +59,7 @@ def _arrow_file(episode: Path) -> Path:
 ARROW: dict[str, tuple[Callable[[Path], None], str]] = {
     "metadata not JSON": (lambda episode: (episode / "metadata.json").write_text("{seed"), "JSONDecodeError"),
     "metadata a list": (lambda episode: (episode / "metadata.json").write_text("[1]"),
-                        "metadata.json holds a list, expected an object"),
+                        "metadata.json: expected an object whose options are an object, got \\[1\\]"),
     "metadata missing": (lambda episode: (episode / "metadata.json").unlink(), "FileNotFoundError"),
     "Arrow file cut short": (lambda episode: _cut(_arrow_file(episode)), "ArrowInvalid"),
     "Arrow file zeroed": (lambda episode: _arrow_file(episode).write_bytes(bytes(_arrow_file(episode).stat().st_size)),
@@ -134,13 +134,78 @@ def test_any_damage_loads_or_is_refused_by_an_rlbuf_error(data_format: str, at: 
 
 
 def test_an_hdf5_shape_larger_than_its_data_is_refused_before_any_allocation() -> None:
-    """A damaged shape would be allocated (and zero-filled) before any check: 8 TB here."""
+    """A damaged shape would be allocated (and zero-filled) before any check: 3.2 TB here."""
     h5py = pytest.importorskip("h5py")
     dataset = _dataset("hdf5")
     with h5py.File(Path(dataset.storage.data_path) / "main_data.hdf5", "r+") as file:
-        del file["episode_1/rewards"]
-        rewards = file.create_dataset("episode_1/rewards", data=np.ones(3), chunks=(3,), maxshape=(None,))
-        rewards.resize((10**12,))  # unwritten chunks: a shape the file holds no data for
-    with pytest.raises(DatasetError, match=r"episode 1: rewards: the dataset 'rewards' says \(1000000000000,\) "
-                                           r"\(8,000,000,000,000 bytes\) but holds 24 bytes in the file"):
+        del file["episode_1/observations"]
+        observations = file.create_dataset("episode_1/observations", data=np.ones((4, 3)), chunks=(4, 3),
+                                           maxshape=(None, None))
+        observations.resize((4, 10**11))  # unwritten chunks: a shape the file holds no data for
+    with pytest.raises(DatasetError, match=r"episode 1: observations: the dataset 'observations' says \(4, "
+                                           r"100000000000\) \(3,200,000,000,000 bytes\) but holds 96 bytes"):
         from_minari(dataset)
+
+
+def _rewrite(dataset: Any, name: str, **create: Any) -> None:
+    """Replace episode 1's dataset ``name`` (HDF5) with one made by ``create_dataset(**create)``."""
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(Path(dataset.storage.data_path) / "main_data.hdf5", "r+") as file:
+        del file[f"episode_1/{name}"]
+        file.create_dataset(f"episode_1/{name}", **create)
+
+
+def test_a_compressed_hdf5_dataset_of_more_rows_than_the_dataset_is_refused_before_allocation() -> None:
+    dataset = _dataset("hdf5")
+    h5py = pytest.importorskip("h5py")
+    _rewrite(dataset, "rewards", data=np.ones(3), chunks=(1 << 20,), maxshape=(None,), compression="gzip")
+    with h5py.File(Path(dataset.storage.data_path) / "main_data.hdf5", "r+") as file:
+        file["episode_1/rewards"].resize((200_000_000,))  # a 55 KB file: missing chunks read as zeros
+    with pytest.raises(DatasetError, match=r"episode 1: rewards: the dataset 'rewards' says 200,000,000 rows, more "
+                                           r"than the dataset's 9 steps"):
+        from_minari(dataset)
+
+
+def test_big_endian_hdf5_rewards_load_as_their_values() -> None:
+    dataset = _dataset("hdf5")
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(Path(dataset.storage.data_path) / "main_data.hdf5", "r+") as file:
+        for episode in range(3):
+            del file[f"episode_{episode}/rewards"]
+            file.create_dataset(f"episode_{episode}/rewards", data=np.array([1.5, -2.0, 3.25], ">f8"))
+    extras = from_minari(dataset).sample_all().extras
+    assert extras["dataset_reward"].tolist() == [1.5, -2.0, 3.25] * 3
+
+
+def test_an_hdf5_seed_without_a_value_is_refused() -> None:
+    dataset = _dataset("hdf5")
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(Path(dataset.storage.data_path) / "main_data.hdf5", "r+") as file:
+        file["episode_1"].attrs["seed"] = h5py.Empty("i8")
+    with pytest.raises(DatasetError, match="cannot be read"):
+        from_minari(dataset)
+
+
+@pytest.mark.parametrize("options", ['"text"', "5", "[1, 2]"])
+def test_arrow_options_that_are_no_object_are_refused_when_not_asked_for(options: str) -> None:
+    dataset = _dataset("arrow")
+    path = Path(dataset.storage.data_path) / "1" / "metadata.json"
+    path.write_text(path.read_text()[:-1] + f', "options": {options}}}')
+    with pytest.raises(DatasetError, match=r"episode 1: .*expected an object whose options are an object"):
+        from_minari(dataset)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda meta: "{not json", "metadata.json cannot be read as a Minari dataset's"),
+    (lambda meta: meta.replace('"total_steps": 9', '"total_steps": "abc"'), r"total_steps: expected a count .* 'abc'"),
+    (lambda meta: meta.replace('"total_steps": 9', '"total_steps": -5'), r"total_steps: expected a count .* -5"),
+    (lambda meta: meta.replace('"total_episodes": 3', '"total_episodes": -1'), r"total_episodes: .* got none"),
+], ids=["not JSON", "total_steps a string", "total_steps negative", "total_episodes negative"])
+def test_a_damaged_dataset_metadata_file_is_refused(change: Callable[[str], str], message: str) -> None:
+    dataset = _dataset("hdf5")
+    path = Path(dataset.storage.data_path) / "metadata.json"
+    text = path.read_text()
+    assert '"total_steps": 9' in text and '"total_episodes": 3' in text
+    path.write_text(change(text))
+    with pytest.raises(DatasetError, match=message):
+        from_minari(dataset.storage.data_path.parent)
