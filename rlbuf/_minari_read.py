@@ -176,10 +176,10 @@ def _check_leaf(value: np.ndarray[Any, Any], space: Any, rows: int, steps: int, 
                              f"rewards, plus the final observation), got {steps}: the final observation is "
                              f"missing; save every episode with all T + 1 observations (Minari's DataCollector "
                              f"keeps the final one, of a truncated episode too)")
-        encoded = (" of encoded bytes (the HDF5 writer of Minari 0.5.3 and older JPEG-encoded uint8 arrays of 2 "
-                   "or 3 dims a row even when their space was no image space, and read the bytes back: write "
-                   "such data again with Minari >= 0.5.4 or rlbuf.offline.to_minari, which store it raw)"
-                   ) if value.dtype == object else ""
+        encoded = (" of objects, one a row (an Arrow column of variable-length lists or structs reads so; and the "
+                   "HDF5 writer of Minari 0.5.3 and older JPEG-encoded uint8 arrays of 2 or 3 dims a row even when "
+                   "their space was no image space: write such data again with Minari >= 0.5.4 or "
+                   "rlbuf.offline.to_minari, which store it raw)") if value.dtype == object else ""
         raise ShapeError(f"episode {episode}: {label}: expected shape {shape} ({steps} steps), got {value.shape}"
                          f"{encoded}; save the episode with {rows} rows of the space's shape {tuple(space.shape)}")
     if value.dtype != space.dtype:
