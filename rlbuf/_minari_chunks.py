@@ -38,7 +38,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from collections.abc import Iterator, Mapping, Sequence
@@ -51,11 +50,11 @@ import torch
 from tensordict import TensorDict
 
 from rlbuf._minari_arrow import arrow_episodes
+from rlbuf._minari_damage import linked, readable, too_large
 from rlbuf._minari_read import Key, Spaces, episode_seed, leaf_label, minari_module
-from rlbuf.errors import DatasetError, RlbufError, ShapeError
+from rlbuf.errors import DatasetError, ShapeError
 
 STEP_FIELDS = ("actions", "rewards", "terminations", "truncations")
-_READ_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError)  # h5py's, pyarrow's, Minari's for damaged files
 
 
 class _Arrays:
@@ -219,32 +218,25 @@ class _Opened:
         return int(self.datasets[-1][2][0])
 
 
-def _hdf5_tree(group: Any, name: str, paths: Sequence[Key], episode: int, h5py: Any, max_rows: int) -> Any:
+def _hdf5_tree(group: Any, name: str, paths: Sequence[Key], episode: int, h5py: Any, max_rows: int,
+               row_bytes: Mapping[Key, int]) -> Any:
     """A field of an HDF5 episode read as it is stored (an array, or a tree of them for ``paths``), in native
-    byte order; none of more than ``max_rows`` rows (the dataset's steps + 1) or more bytes than the file
-    stores for it (uncompressed) is allocated."""
+    byte order; a dataset ``_too_large`` is refused before anything is allocated for it."""
     def read(path: Key) -> np.ndarray[Any, Any]:
         where = "/".join((name, *path))
         try:
             dataset = h5py.h5d.open(group, where.encode())
         except KeyError as error:
-            if _linked(group, where, h5py):  # there, but its object cannot be read
+            if linked(group, where, h5py):  # there, but its object cannot be read
                 raise DatasetError(f"episode {episode}: {leaf_label(name, path)}: the dataset {where!r} cannot be "
                                    f"read ({error}); re-create the dataset (or load it again from its source)") from None
             raise ShapeError(f"episode {episode}: {leaf_label(name, path)}: expected the dataset {where!r} in "
                              f"the episode's group, found {sorted(map(str, h5py.Group(group)))}; save every field of "
                              f"the episode") from None
-        size = math.prod(dataset.shape) * dataset.dtype.itemsize
-        if dataset.shape and dataset.shape[0] > max_rows:  # a compressed dataset reads missing chunks as zeros
-            raise DatasetError(f"episode {episode}: {leaf_label(name, path)}: the dataset {where!r} says "
-                               f"{dataset.shape[0]:,} rows, more than the dataset's {max_rows - 1:,} steps (+ 1); "
+        problem = too_large(dataset, max_rows, row_bytes.get(path))
+        if problem:
+            raise DatasetError(f"episode {episode}: {leaf_label(name, path)}: the dataset {where!r} says {problem}; "
                                f"re-create the dataset (or load it again from its source)")
-        if dataset.get_create_plist().get_nfilters() == 0 and size > dataset.get_storage_size():
-            # Uncompressed (as Minari writes them), all of a dataset's bytes are in the file: a shape that
-            # says more is a damaged one, which would be allocated (and zero-filled) before any check.
-            raise DatasetError(f"episode {episode}: {leaf_label(name, path)}: the dataset {where!r} says "
-                               f"{dataset.shape} ({size:,} bytes) but holds {dataset.get_storage_size():,} bytes in "
-                               f"the file; re-create the dataset (or load it again from its source)")
         out = np.empty(dataset.shape, dataset.dtype.newbyteorder("="))  # HDF5 converts a big-endian file's
         dataset.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
         return out
@@ -258,28 +250,6 @@ def _hdf5_tree(group: Any, name: str, paths: Sequence[Key], episode: int, h5py: 
             node = node.setdefault(key, {})
         node[path[-1]] = read(path)
     return tree
-
-
-def _linked(group: Any, where: str, h5py: Any) -> bool:
-    """Whether ``group`` links to ``where``, or cannot tell (its own structure is damaged)."""
-    try:
-        return where in h5py.Group(group)
-    except _READ_ERRORS:
-        return True
-
-
-@contextlib.contextmanager
-def readable(dataset: Any) -> Iterator[None]:
-    """Errors of h5py, pyarrow or Minari's readers for damaged files (a corrupted object or chunk, a file cut
-    short, metadata that is no JSON) as a ``DatasetError``; rlbuf's own errors as they are."""
-    try:
-        yield
-    except RlbufError:
-        raise
-    except _READ_ERRORS as error:
-        raise DatasetError(f"dataset {dataset.id!r}: its files in {dataset.storage.data_path} cannot be read "
-                           f"({type(error).__name__}: {error}); re-create the dataset (or load it again from its "
-                           f"source)") from None
 
 
 def _hdf5_seed(group: Any, h5py: Any) -> Any:
@@ -304,9 +274,14 @@ def hdf5_episode(file: Any, episode: int, spaces: Spaces, info_keys: Sequence[st
         keys = list(info_keys or ())
     return {"id": episode, "seed": _hdf5_seed(group, h5py), "options": None,
             "observations": _hdf5_tree(group, "observations", [path for path, _ in spaces.obs], episode, h5py,
-                                       max_rows),
-            **{name: _hdf5_tree(group, name, [()], episode, h5py, max_rows) for name in STEP_FIELDS},
-            "infos": _hdf5_tree(group, "infos", [(key,) for key in keys], episode, h5py, max_rows) if keys else {}}
+                                       max_rows, {path: _row_bytes(space) for path, space in spaces.obs}),
+            **{name: _hdf5_tree(group, name, [()], episode, h5py, max_rows,
+                                {(): _row_bytes(spaces.action) if name == "actions" else 8}) for name in STEP_FIELDS},
+            "infos": _hdf5_tree(group, "infos", [(key,) for key in keys], episode, h5py, max_rows, {}) if keys else {}}
+
+
+def _row_bytes(space: Any) -> int:
+    return int(math.prod(space.shape) * np.dtype(space.dtype).itemsize)
 
 
 _METADATA_CACHE = 1 << 18

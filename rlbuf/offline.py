@@ -72,10 +72,10 @@ from rlbuf._minari_chunks import (
     chunk_rows,
     dataset_chunks,
     first_episode,
-    readable,
     reader,
     step_bytes,
 )
+from rlbuf._minari_damage import readable
 from rlbuf._minari_options import check_options, option_paths, row_options, text_widths
 from rlbuf._minari_read import (
     NO_SEED,

@@ -209,3 +209,14 @@ def test_a_damaged_dataset_metadata_file_is_refused(change: Callable[[str], str]
     path.write_text(change(text))
     with pytest.raises(DatasetError, match=message):
         from_minari(dataset.storage.data_path.parent)
+
+
+def test_a_compressed_hdf5_dataset_of_rows_far_larger_than_its_space_is_refused_before_allocation() -> None:
+    dataset = _dataset("hdf5")
+    h5py = pytest.importorskip("h5py")
+    _rewrite(dataset, "observations", data=np.ones((4, 3)), chunks=(4, 1 << 16), maxshape=(None, None),
+             compression="gzip")
+    with h5py.File(Path(dataset.storage.data_path) / "main_data.hdf5", "r+") as file:
+        file["episode_1/observations"].resize((4, 10**10))  # a row of 80 GB where the space's is 24 bytes
+    with pytest.raises(DatasetError, match=r"episode 1: observations: .* more than 10 rows of its space could need"):
+        from_minari(dataset)
