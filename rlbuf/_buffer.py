@@ -255,9 +255,6 @@ class RingBuffer(BufferState, Generic[BatchT]):
     def read_only(self, value: bool) -> None:
         self._ring.rb._rlbuf_read_only = as_flag("read_only", value)
 
-    def _require_writable(self, call: str) -> None:
-        self._ring.rb._rlbuf_require_writable(call)
-
     def _change_marks(self) -> tuple[int, int, int]:
         """Rows, writes and rewrites (``clear``, ``truncate_episodes``, rows set in place, loads): any change moves one."""
         return len(self._ring), self._ring.write_count, self._ring.generation

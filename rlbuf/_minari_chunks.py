@@ -221,7 +221,7 @@ class _Opened:
 def _hdf5_tree(group: Any, name: str, paths: Sequence[Key], episode: int, h5py: Any, max_rows: int,
                row_bytes: Mapping[Key, int]) -> Any:
     """A field of an HDF5 episode read as it is stored (an array, or a tree of them for ``paths``), in native
-    byte order; a dataset ``_too_large`` is refused before anything is allocated for it."""
+    byte order; a dataset ``too_large`` (``rlbuf._minari_damage``) is refused before anything is allocated for it."""
     def read(path: Key) -> np.ndarray[Any, Any]:
         where = "/".join((name, *path))
         try:

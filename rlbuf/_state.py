@@ -122,6 +122,10 @@ class BufferState:
     if TYPE_CHECKING:
         def clear(self) -> None: ...
 
+    def _require_writable(self, call: str) -> None:
+        """``ReadOnlyError`` for the write ``call`` while the buffer is read-only (see ``read_only``)."""
+        self._ring.rb._rlbuf_require_writable(call)
+
     # -- hooks of the buffer kinds -------------------------------------------------------------
     @classmethod
     def _options_from_checkpoint(cls, options: dict[str, Any]) -> dict[str, Any]:
@@ -369,7 +373,7 @@ class BufferState:
             >>> len(copy), copy.sample_all().reward.tolist()
             (1, [1.0])
         """
-        self._ring.rb._rlbuf_require_writable("load_state_dict")
+        self._require_writable("load_state_dict")
         checked = self._check(state)
         ring = self._ring
         if state.get("data") is False:

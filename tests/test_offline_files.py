@@ -110,6 +110,7 @@ def test_a_damaged_hdf5_file_is_refused_by_file(damage: str, monkeypatch: pytest
     with pytest.raises(DatasetError, match=message) as raised:
         from_minari(dataset)
     assert str(path) in str(raised.value) and "re-create the dataset" in str(raised.value)
+    assert closed == []  # refused at the file's opening, before a buffer was made
     assert os.path.exists(path) == (damage != "file missing")
 
 
