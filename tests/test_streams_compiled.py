@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlbuf import ReplayBuffer, _streams
+from rlbuf import ReplayBuffer, _streams, _streams_numba
 from rlbuf._nstep import nstep_discount, nstep_return
 from rlbuf._streams import Chain, Streams
 from rlbuf.errors import StreamError
@@ -211,3 +211,21 @@ def test_a_reward_of_minus_zero_stays_minus_zero_as_a_plain_buffer_stores_it() -
     rewards, steps = torch.tensor([[-0.0, 0.0, 5.0], [-0.0, -0.0, 1.0]]), torch.tensor([2, 1])
     for stored in (rewards, rewards.to(torch.float64)):  # rlbuf._nstep, the sum sampled hindsight rows take
         assert torch.signbit(nstep_return(stored, steps, 0.5)).tolist() == [False, True]
+
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint64])
+@pytest.mark.parametrize("words", [0, 1, 63, 64, 65, 130, 200])
+def test_the_compiled_word_compare_finds_a_differing_word_at_every_place_in_a_block_or_the_tail(
+        dtype: Any, words: int) -> None:
+    """``_same`` reads blocks of 64 words, then a tail (an Atari stack: 3,528 words, 55 blocks and 8 more),
+    in ranges that start anywhere in either array."""
+    rng = np.random.default_rng(words)
+    for a_start, b_start in [(0, 0), (3, 0), (0, 5), (7, 66)]:
+        b = rng.integers(0, 255, b_start + words, dtype=np.uint8).astype(dtype)
+        a = np.concatenate([rng.integers(0, 255, a_start, dtype=np.uint8).astype(dtype), b[b_start:]])
+        assert _streams_numba._same(a, a_start, b, b_start, words) is True
+        for differ in range(words):
+            changed = a.copy()
+            changed[a_start + differ] ^= dtype(1 << (differ % 8))
+            assert _streams_numba._same(changed, a_start, b, b_start, words) is False, (a_start, b_start, differ)
