@@ -181,6 +181,9 @@ def short_repr(value: object) -> str:
 
 _ARRAY_KINDS = "biuf"
 _TORCH_CHARS = "?bBhHiIlLqQefd"  # the numpy dtypes torch.from_numpy takes
+# numpy's canonical spelling of each of them (``int64`` is ``l`` here, not ``q``): an array of one of
+# these, in native byte order, is taken as it is.
+_CANONICAL_CHARS = frozenset(np.dtype(np.dtype(char).name).char for char in _TORCH_CHARS)
 
 
 def as_array(name: str, value: object, error: type[RlbufError] | None = None) -> np.ndarray[Any, Any]:
@@ -205,6 +208,8 @@ def as_array(name: str, value: object, error: type[RlbufError] | None = None) ->
         ...
         rlbuf.errors.ShapeError: obs: expected a rectangular array, got a ragged sequence [[1, 2], [3]]
     """
+    if type(value) is np.ndarray and value.dtype.char in _CANONICAL_CHARS and value.dtype.isnative:
+        return value  # what the general path below returns for it, in 0.3 µs rather than 5
     if isinstance(value, torch.Tensor):
         if value.device.type == "meta":
             raise (error or DeviceError)(f"{name}: got a tensor on the meta device (it holds no values)")
