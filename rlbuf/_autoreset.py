@@ -77,6 +77,7 @@ class ResetSteps:
         self.watching = False  # whether some env's last stored row ended an episode
         self._ended = np.zeros(num_envs, np.bool_)
         self._final: list[np.ndarray[Any, Any]] | None = None  # per leaf, [num_envs, *shape], read where ended
+        self._left_out: np.ndarray[Any, Any] | None = None  # envs whose reset step this add leaves out (check)
 
     def clear(self) -> None:
         """Forget every env's last row (the buffer was cleared, loaded or extended)."""
@@ -87,11 +88,16 @@ class ResetSteps:
         """Before an add: warn if an env stored now (``stored``: all when ``None``) resets as ``NEXT_STEP`` does:
         its ``obs`` is its last row's ``next_obs``, with reward 0 and no flag, as gymnasium gives the reset step.
 
+        A watched env whose row looks so but is left out by ``env_mask`` had its reset step left out, as
+        the docs say to: once the add is stored (``forget_left_out``) it is watched no more, so its
+        next step, from the reset observation, is not taken for a reset step where that observation
+        equals the final one (Breakout after a life loss).
+
         Returns:
             Whether it warned (the buffer then stops watching; a warning made an error raises here).
         """
-        watched = self._ended if stored is None else self._ended & stored
-        if not watched.any() or self._final is None:
+        self._left_out = None
+        if not self._ended.any() or self._final is None:
             return False
         try:
             leaves = [_read(reader, value) for reader, value in zip(self._obs, self._split("obs", obs), strict=True)]
@@ -99,10 +105,13 @@ class ResetSteps:
                                                                               strict=True)]
         except RlbufError:
             return False  # the add refuses it, by the same reader
-        same = watched & (step[0] == 0) & ~step[1].astype(bool) & ~step[2].astype(bool)
+        same = self._ended & (step[0] == 0) & ~step[1].astype(bool) & ~step[2].astype(bool)
         for leaf, final in zip(leaves, self._final, strict=True):
             rows = leaf.reshape(self._num_envs, -1)
             same &= (rows == final.reshape(self._num_envs, -1)).all(axis=1)
+        if stored is not None:
+            self._left_out = same & ~stored
+            same &= stored
         return _warn_first(same, lambda env: (
             f"add: env {env}'s obs is the next_obs of its previous row, which ended an episode, with reward 0 and no "
             f"flag: this is the reset step of gymnasium's NEXT_STEP autoreset (make_vec's default), a final "
@@ -131,6 +140,13 @@ class ResetSteps:
             f"a real transition, the last of its episode. The NEXT_STEP reset steps to leave out come one step "
             f"later: env_mask=~(prev_terminated | prev_truncated), the flags of the PREVIOUS step "
             f"(rlbuf.gym.Recorder does this for you). Warned once per buffer"))
+
+    def forget_left_out(self) -> None:
+        """After an add stored: stop watching the envs whose reset step it left out (see ``check``)."""
+        if self._left_out is not None:
+            self._ended &= ~self._left_out
+            self.watching = bool(self._ended.any())
+            self._left_out = None
 
     def record(self, terminated: Any, truncated: Any, next_obs: Any, stored: np.ndarray[Any, Any] | None) -> None:
         """After an add: remember which envs stored now ended (their flags as the ring read them, for the

@@ -229,6 +229,8 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             interleaved = self._writer.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, extras,
                                            env_mask)
             self._interleaved = self._interleaved and interleaved
+            if resets is not None and stored is not None:
+                resets.forget_left_out()
             if resets is not None and (stored is None or stored.any()):
                 read = self._ring.last_read
                 resets.record(read[self._flag_at[0]], read[self._flag_at[1]], next_obs, stored)

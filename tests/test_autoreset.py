@@ -19,6 +19,7 @@ from rlbuf import (
     ReplayBuffer,
     RlbufWarning,
     RolloutBuffer,
+    ShapeError,
     Transition,
 )
 from rlbuf.gym import Recorder
@@ -215,20 +216,33 @@ def test_a_frame_stack_buffer_warns_before_its_stream_check() -> None:
 
 def test_rows_left_out_by_env_mask_do_not_count_as_stored() -> None:
     buf = _replay()
+    no_flags = torch.zeros(N, dtype=torch.bool)
     with warnings.catch_warnings():
         warnings.simplefilter("error", NextStepResetWarning)
         buf.add(**_step(0.0, terminated=torch.tensor([True, True])), truncated=False)  # both end, final obs 1
-        # NEXT_STEP's reset step, left out as the Recorder and the docs do: no warning, nothing stored.
-        buf.add(torch.ones(N, 3), torch.zeros(N), torch.zeros(N), torch.full((N, 3), 9.0),
-                torch.zeros(N, dtype=torch.bool), False, env_mask=np.zeros(N, bool))
-        # Env 0 stored only now, from its reset observation; env 1 left out again.
-        buf.add(torch.full((N, 3), 9.0), torch.zeros(N), torch.zeros(N), torch.full((N, 3), 10.0),
-                torch.zeros(N, dtype=torch.bool), False, env_mask=np.array([True, False]))
-        # Env 1's last stored row still ended with final observation 1: its reset step is still caught.
+        # Env 0's NEXT_STEP reset step (from its final observation) left out, as the Recorder and the docs do;
+        # env 1 left out with another observation (an env that did not step): no warning, nothing stored.
+        buf.add(torch.tensor([[1.0] * 3, [7.0] * 3]), torch.zeros(N), torch.zeros(N), torch.full((N, 3), 9.0),
+                no_flags, False, env_mask=np.zeros(N, bool))
+        # Env 0 from its reset observation, which equals its final one (Breakout's after a life loss): its reset
+        # step was left out, so this is no reset step. Env 1 left out again, still not stepped.
+        buf.add(torch.tensor([[1.0] * 3, [7.0] * 3]), torch.zeros(N), torch.zeros(N), torch.full((N, 3), 10.0),
+                no_flags, False, env_mask=np.array([True, False]))
+        # Env 1's last stored row still ended with final observation 1, and no reset step of it was left out.
         with pytest.raises(NextStepResetWarning, match="env 1"):
-            buf.add(torch.ones(N, 3), torch.zeros(N), torch.zeros(N), torch.full((N, 3), 9.0),
-                    torch.zeros(N, dtype=torch.bool), False)
+            buf.add(torch.ones(N, 3), torch.zeros(N), torch.zeros(N), torch.full((N, 3), 9.0), no_flags, False)
     assert len(buf) == 3
+
+
+def test_a_refused_add_that_leaves_a_reset_step_out_keeps_its_env_watched() -> None:
+    buf = _replay()
+    no_flags = torch.zeros(N, dtype=torch.bool)
+    buf.add(**_step(0.0, terminated=torch.tensor([True, True])), truncated=False)  # final obs 1
+    with pytest.raises(ShapeError):  # a reset step left out, in an add refused for its action
+        buf.add(torch.ones(N, 3), torch.zeros(N, 5), torch.zeros(N), torch.full((N, 3), 9.0), no_flags, False,
+                env_mask=np.zeros(N, bool))
+    with pytest.warns(NextStepResetWarning, match="env 0"):  # so the reset step stored next is still caught
+        buf.add(torch.ones(N, 3), torch.zeros(N), torch.zeros(N), torch.full((N, 3), 9.0), no_flags, False)
 
 
 def test_an_equal_observation_with_a_reward_or_after_no_end_is_no_reset_step() -> None:
