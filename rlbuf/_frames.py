@@ -41,6 +41,7 @@ import torch
 
 from rlbuf._codec import MAX_DICTIONARY, Codec, checksums
 from rlbuf._convert import numpy_dtype_or_none
+from rlbuf._streams import as_words
 from rlbuf.errors import CheckpointError, ConfigError
 
 DICTIONARY_AFTER = 1024
@@ -218,7 +219,8 @@ class FrameLog:
         """The frames at ring ``positions`` ``[len(positions), *frame]``, each distinct one decoded once.
 
         Decoded straight into the result through a byte view (a numpy assignment from bytes costs
-        five times more), into the first row that asks for it; the other rows copy it.
+        five times more), into the first row that asks for it; the other rows copy it (compiled:
+        ``rlbuf._streams_numba.copy_rows``).
         """
         size = self.frame_bytes
         result = np.empty((len(positions), size), np.uint8)
@@ -233,7 +235,10 @@ class FrameLog:
         source = first[inverse.reshape(-1)]
         again = np.flatnonzero(source != np.arange(len(positions)))
         if again.size:
-            result[again] = result[source[again]]
+            # numba is imported with the compact layout (whose frames this log holds), not with rlbuf
+            from rlbuf._streams_numba import copy_rows
+
+            copy_rows(as_words(result, 0), again, source[again])
         frames: npt.NDArray[Any] = result.view(self.np_dtype).reshape(len(positions), *self.frame_shape)
         return frames
 
