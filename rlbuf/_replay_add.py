@@ -122,9 +122,11 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             try:
                 record = None if self._stats is None else self._planned_stats(reward, terminated, truncated)
                 resets = self._resets
-                if resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated, None):
-                    self._resets = resets = None  # warned: once per buffer
+                warned = resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated,
+                                                                                  None)
                 ring.add((obs, action, reward, next_obs, terminated, truncated), self._num_envs)
+                if warned:
+                    self._resets = resets = None  # warned of an add that stored: once per buffer
                 if resets is not None:
                     # The step's flags as stored: when no episode ends, two reads of Python bools (one env).
                     ended, cut = ring.last_read[4], ring.last_read[5]
@@ -222,13 +224,17 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             record = self._planned_stats(reward, terminated, truncated, env_mask=env_mask, metrics=metrics)
             resets = self._resets
             stored = None if env_mask is None or resets is None else self._writer.checked_env_mask(env_mask).numpy()
-            if resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated, stored):
-                self._resets = resets = None
-            if stored is not None and self._mask_unchecked and not stored.all() and resets is not None:
-                self._mask_unchecked = not resets.check_mask(terminated, truncated, stored)
+            warned = resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated, stored)
+            mask_warned = (resets is not None and not warned and stored is not None and self._mask_unchecked
+                           and not stored.all() and resets.check_mask(terminated, truncated, stored))
             interleaved = self._writer.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, extras,
                                            env_mask)
             self._interleaved = self._interleaved and interleaved
+            # Each warning is given once per buffer, once an add it was given for has stored: a refused add
+            # leaves the watch as it was.
+            if warned:
+                self._resets = resets = None
+            self._mask_unchecked = self._mask_unchecked and not mask_warned
             if resets is not None and stored is not None:
                 resets.forget_left_out()
             if resets is not None and (stored is None or stored.any()):

@@ -245,6 +245,21 @@ def test_a_refused_add_that_leaves_a_reset_step_out_keeps_its_env_watched() -> N
         buf.add(torch.ones(N, 3), torch.zeros(N), torch.zeros(N), torch.full((N, 3), 9.0), no_flags, False)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_an_add_refused_after_its_warning_leaves_the_watch_on(masked: bool) -> None:
+    """The plain layout's add and the others' (``env_mask``): warned once per buffer, of an add that stored."""
+    buf = _replay()
+    no_flags = torch.zeros(N, dtype=torch.bool)
+    mask = {"env_mask": np.ones(N, bool)} if masked else {}
+    buf.add(**_step(0.0, terminated=torch.tensor([True, True])), truncated=False)  # final obs 1
+    with pytest.warns(NextStepResetWarning), pytest.raises(ShapeError):  # the reset step, refused for its action
+        buf.add(torch.ones(N, 3), torch.zeros(N, 5), torch.zeros(N), torch.full((N, 3), 9.0), no_flags, False, **mask)
+    assert len(buf) == N
+    with pytest.warns(NextStepResetWarning, match="env 0"):
+        buf.add(torch.ones(N, 3), torch.zeros(N), torch.zeros(N), torch.full((N, 3), 9.0), no_flags, False, **mask)
+    assert len(buf) == 2 * N
+
+
 def test_an_equal_observation_with_a_reward_or_after_no_end_is_no_reset_step() -> None:
     buf = _replay()
     with warnings.catch_warnings():
