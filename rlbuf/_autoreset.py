@@ -83,6 +83,7 @@ class ResetSteps:
         """Forget every env's last row (the buffer was cleared, loaded or extended)."""
         self.watching = False
         self._ended[:] = False
+        self._left_out = None
 
     def check(self, obs: Any, reward: Any, terminated: Any, truncated: Any, stored: np.ndarray[Any, Any] | None) -> bool:
         """Before an add: warn if an env stored now (``stored``: all when ``None``) resets as ``NEXT_STEP`` does:

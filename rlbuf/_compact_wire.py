@@ -45,7 +45,8 @@ import xxhash
 
 from rlbuf._codec import Codec
 from rlbuf._convert import numpy_dtype, numpy_dtype_or_none
-from rlbuf._streams import Chain, as_words
+from rlbuf._frames import copy_repeated
+from rlbuf._streams import Chain
 from rlbuf.batches import ReplayBatch
 from rlbuf.errors import ConfigError
 
@@ -343,8 +344,6 @@ def _place_compressed(slots: npt.NDArray[np.uint8], where: npt.NDArray[np.int64]
     copy_from[distinct] = targets
     again = np.flatnonzero(used)
     again = again[where[again] != copy_from[sources[again]]]
-    if again.size:  # compiled: a fancy assignment's temporary is new memory at every batch
-        from rlbuf._streams_numba import copy_rows  # numba, imported with the first compact batch
-
-        copy_rows(as_words(slots, 0), where[again], copy_from[sources[again]])
+    if again.size:
+        copy_repeated(slots, where[again], copy_from[sources[again]])
     slots[where[~used]] = 0

@@ -219,8 +219,7 @@ class FrameLog:
         """The frames at ring ``positions`` ``[len(positions), *frame]``, each distinct one decoded once.
 
         Decoded straight into the result through a byte view (a numpy assignment from bytes costs
-        five times more), into the first row that asks for it; the other rows copy it (compiled:
-        ``rlbuf._streams_numba.copy_rows``).
+        five times more), into the first row that asks for it; the other rows copy it (``copy_repeated``).
         """
         size = self.frame_bytes
         result = np.empty((len(positions), size), np.uint8)
@@ -235,10 +234,7 @@ class FrameLog:
         source = first[inverse.reshape(-1)]
         again = np.flatnonzero(source != np.arange(len(positions)))
         if again.size:
-            # numba is imported with the compact layout (whose frames this log holds), not with rlbuf
-            from rlbuf._streams_numba import copy_rows
-
-            copy_rows(as_words(result, 0), again, source[again])
+            copy_repeated(result, again, source[again])
         frames: npt.NDArray[Any] = result.view(self.np_dtype).reshape(len(positions), *self.frame_shape)
         return frames
 
@@ -495,6 +491,24 @@ class CompressedFinals:
         self.blobs = [data[start:end] for start, end in zip([0, *ends][:len(ends)], ends, strict=True)]
         self.sums = [int(checksum) for checksum in state["checksums"].tolist()]
         self.free = [int(slot) for slot in state["free"].tolist()]
+
+
+def copy_repeated(rows: npt.NDArray[np.uint8], destinations: npt.NDArray[np.int64],
+                  sources: npt.NDArray[np.int64]) -> None:
+    """``rows[destinations] = rows[sources]`` for C-contiguous frames of bytes ``[n, frame_bytes]``: the frames a
+    decoded batch asks for again, copied by a compiled loop (``rlbuf._streams_numba.copy_rows``), where a numpy
+    fancy assignment would make a temporary (about 3 MB, new memory at every batch of 256) and copy twice.
+
+    Example:
+        >>> rows = np.arange(6, dtype=np.uint8).reshape(3, 2)
+        >>> copy_repeated(rows, np.array([2]), np.array([0]))
+        >>> rows.tolist()
+        [[0, 1], [2, 3], [0, 1]]
+    """
+    # numba is imported with the compact layout (whose frames these are), not with rlbuf
+    from rlbuf._streams_numba import copy_rows
+
+    copy_rows(as_words(rows, 0), destinations, sources)
 
 
 def _exact(blob: bytes) -> bytes:

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces as gym_spaces
 
+from rlbuf._minari_damage import damaged
 from rlbuf._minari_read import Spaces, minari_module
-from rlbuf.errors import DatasetError
 
 
 def arrow_column(column: Any, space: Any, pa: Any) -> Any:
@@ -74,9 +74,8 @@ def arrow_episodes(dataset: Any, ids: Sequence[int], spaces: Spaces) -> Iterator
         try:
             meta, columns = _read_episode(directory, spaces_of, pa, ipc)
         except (OSError, ValueError, KeyError, pa.ArrowException) as error:
-            raise DatasetError(f"episode {episode}: its files in {directory} cannot be read as Minari's Arrow "
-                               f"episode ({type(error).__name__}: {error}); re-create the dataset (or load "
-                               f"it again from its source)") from None
+            raise damaged(f"episode {episode}: its files in {directory} cannot be read as Minari's Arrow "
+                          f"episode ({type(error).__name__}: {error})") from None
         yield {"id": episode, "seed": meta.get("seed"), "options": meta.get("options"),
                "observations": columns.pop("observations"),
                **{name: column[:-1] for name, column in columns.items()}, "infos": {}}

@@ -50,9 +50,9 @@ import torch
 from tensordict import TensorDict
 
 from rlbuf._minari_arrow import arrow_episodes
-from rlbuf._minari_damage import linked, readable, too_large
+from rlbuf._minari_damage import damaged, linked, readable, too_large
 from rlbuf._minari_read import Key, Spaces, episode_seed, leaf_label, minari_module
-from rlbuf.errors import DatasetError, ShapeError
+from rlbuf.errors import ShapeError
 
 STEP_FIELDS = ("actions", "rewards", "terminations", "truncations")
 
@@ -228,15 +228,14 @@ def _hdf5_tree(group: Any, name: str, paths: Sequence[Key], episode: int, h5py: 
             dataset = h5py.h5d.open(group, where.encode())
         except KeyError as error:
             if linked(group, where, h5py):  # there, but its object cannot be read
-                raise DatasetError(f"episode {episode}: {leaf_label(name, path)}: the dataset {where!r} cannot be "
-                                   f"read ({error}); re-create the dataset (or load it again from its source)") from None
+                raise damaged(f"episode {episode}: {leaf_label(name, path)}: the dataset {where!r} cannot be "
+                              f"read ({error})") from None
             raise ShapeError(f"episode {episode}: {leaf_label(name, path)}: expected the dataset {where!r} in "
                              f"the episode's group, found {sorted(map(str, h5py.Group(group)))}; save every field of "
                              f"the episode") from None
         problem = too_large(dataset, max_rows, row_bytes.get(path))
         if problem:
-            raise DatasetError(f"episode {episode}: {leaf_label(name, path)}: the dataset {where!r} says {problem}; "
-                               f"re-create the dataset (or load it again from its source)")
+            raise damaged(f"episode {episode}: {leaf_label(name, path)}: the dataset {where!r} says {problem}")
         out = np.empty(dataset.shape, dataset.dtype.newbyteorder("="))  # HDF5 converts a big-endian file's
         dataset.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
         return out
@@ -300,8 +299,7 @@ def _hdf5_file(dataset: Any, h5py: Any) -> Any:
     try:
         file = h5py.File(path, "r")
     except OSError as error:
-        raise DatasetError(f"{path}: cannot be read as the dataset's HDF5 file ({error}); re-create the dataset (or "
-                           f"load it again from its source)") from None
+        raise damaged(f"{path}: cannot be read as the dataset's HDF5 file ({error})") from None
     config = file.id.get_mdc_config()
     config.set_initial_size = True
     config.initial_size = config.min_size = config.max_size = _METADATA_CACHE

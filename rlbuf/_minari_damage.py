@@ -29,6 +29,16 @@ READ_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError)
 """What h5py, pyarrow and Minari's readers raise for damaged files."""
 
 
+def damaged(problem: str) -> DatasetError:
+    """The ``DatasetError`` for ``problem`` (what is wrong, and where), with its one fix.
+
+    Example:
+        >>> str(damaged("episode 3: its files cannot be read"))
+        'episode 3: its files cannot be read; re-create the dataset (or load it again from its source)'
+    """
+    return DatasetError(f"{problem}; re-create the dataset (or load it again from its source)")
+
+
 @contextlib.contextmanager
 def readable(dataset: Any) -> Iterator[None]:
     """Errors of h5py, pyarrow or Minari's readers for damaged files (a corrupted object or chunk, a file cut
@@ -38,9 +48,8 @@ def readable(dataset: Any) -> Iterator[None]:
     except RlbufError:
         raise
     except READ_ERRORS as error:
-        raise DatasetError(f"dataset {dataset.id!r}: its files in {dataset.storage.data_path} cannot be read "
-                           f"({type(error).__name__}: {error}); re-create the dataset (or load it again from its "
-                           f"source)") from None
+        raise damaged(f"dataset {dataset.id!r}: its files in {dataset.storage.data_path} cannot be read "
+                      f"({type(error).__name__}: {error})") from None
 
 
 def too_large(dataset: Any, max_rows: int, row_bytes: int | None) -> str:

@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces as gym_spaces
 
+from rlbuf._minari_damage import damaged
 from rlbuf.errors import (
     ConfigError,
-    DatasetError,
     DtypeError,
     NonFiniteError,
     OutOfRangeError,
@@ -101,9 +101,8 @@ def open_dataset(dataset: Any) -> Any:
             try:  # Minari's own reader of the dataset's metadata.json: its errors, for one that is damaged
                 return minari.MinariDataset(data)
             except (OSError, ValueError, TypeError, KeyError, AssertionError, MemoryError) as error:
-                raise DatasetError(f"dataset {str(dataset)!r}: {data / 'metadata.json'} cannot be read as a Minari "
-                                   f"dataset's ({type(error).__name__}: {error}); re-create the dataset (or load "
-                                   f"it again from its source)") from None
+                raise damaged(f"dataset {str(dataset)!r}: {data / 'metadata.json'} cannot be read as a Minari "
+                              f"dataset's ({type(error).__name__}: {error})") from None
     raise ConfigError(f"dataset {str(dataset)!r}: not a local Minari dataset (looked in {root}, the Minari root "
                       f"MINARI_DATASETS_PATH or ~/.minari/datasets, and at that path); rlbuf never downloads: "
                       f"fetch it once with `minari download {dataset}` (or minari.download_dataset), or pass "

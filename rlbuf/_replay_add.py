@@ -235,7 +235,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             if warned:
                 self._resets = resets = None
             self._mask_unchecked = self._mask_unchecked and not mask_warned
-            if resets is not None and stored is not None:
+            if resets is not None:
                 resets.forget_left_out()
             if resets is not None and (stored is None or stored.any()):
                 read = self._ring.last_read

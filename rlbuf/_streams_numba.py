@@ -74,7 +74,15 @@ def _copy(destination: Any, source: Any, zero: bool) -> None:  # pragma: no cove
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
 def copy_rows(rows: Any, destinations: Any, sources: Any) -> None:  # pragma: no cover (compiled)
     """``rows[destinations[i]] = rows[sources[i]]`` for each ``i``, word by word (``rows``: ``[n, words]``): the
-    frames a decoded batch asks for again (``FrameLog.take``), a third of a numpy fancy assignment's time."""
+    frames a decoded batch asks for again (``rlbuf._frames.copy_repeated``), a third of a numpy fancy assignment's
+    time.
+
+    Example:
+        >>> rows = np.arange(6, dtype=np.uint64).reshape(3, 2)
+        >>> copy_rows(rows, np.array([0]), np.array([2]))
+        >>> rows.tolist()
+        [[4, 5], [2, 3], [4, 5]]
+    """
     for i in range(len(destinations)):
         _copy(rows[destinations[i]], rows[sources[i]], False)
 

@@ -75,7 +75,7 @@ from rlbuf._minari_chunks import (
     reader,
     step_bytes,
 )
-from rlbuf._minari_damage import readable
+from rlbuf._minari_damage import damaged, readable
 from rlbuf._minari_options import check_options, option_paths, row_options, text_widths
 from rlbuf._minari_read import (
     NO_SEED,
@@ -86,7 +86,7 @@ from rlbuf._minari_read import (
     open_dataset,
 )
 from rlbuf._minari_write import checked_episodes, observation_space_of, space_of, write_dataset
-from rlbuf.errors import ConfigError, DatasetError, DtypeError, ShapeError, StreamError
+from rlbuf.errors import ConfigError, DtypeError, ShapeError, StreamError
 from rlbuf.replay import ReplayBuffer
 
 __all__ = ["from_minari", "to_minari"]
@@ -163,8 +163,8 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
     if total == 0:
         raise ConfigError(f"dataset {data.id!r}: holds no steps")
     if episodes == 0:
-        raise DatasetError(f"dataset {data.id!r}: metadata.json: total_episodes: expected the episodes of its "
-                           f"{total} steps, got none; re-create the dataset (or load it again from its source)")
+        raise damaged(f"dataset {data.id!r}: metadata.json: total_episodes: expected the episodes of its {total} "
+                      f"steps, got none")
     if isinstance(capacity, int) and capacity < total:
         raise ConfigError(f"capacity={capacity}: below the dataset's {total} steps, whose oldest would be "
                           f"overwritten; pass capacity >= {total} (or leave it out)")
@@ -244,8 +244,7 @@ def _count(data: Any, name: str) -> int:
     except (ValueError, TypeError, KeyError) as error:
         value = error
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
-        raise DatasetError(f"dataset {data.id!r}: metadata.json: {name}: expected a count (an int >= 0), got "
-                           f"{value!r}; re-create the dataset (or load it again from its source)")
+        raise damaged(f"dataset {data.id!r}: metadata.json: {name}: expected a count (an int >= 0), got {value!r}")
     return int(value)
 
 
