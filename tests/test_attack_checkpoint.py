@@ -278,10 +278,7 @@ def _kill_saves(tmp_path: Path, kills: int, seed: int) -> dict[str, int]:
         assert left <= 1  # this kill's one temporary; those of earlier kills are gone: nothing accumulates
         killed_temporaries += left
         loaded = ReplayBuffer.load(path)
-        making = [p for p in tmp_path.iterdir() if p.name.startswith(".ckpt.lock-") and p.name.endswith(".new")]
-        if making:  # killed between creating its lock and renaming it: unlocked, but too young to be judged stale
-            for lock in making:
-                os.utime(lock, (time.time() - 61, time.time() - 61))
+        if _age_locks_in_making(tmp_path):
             loaded = ReplayBuffer.load(path)  # older than a minute: no live save's, removed
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ckpt.") and p.name != SPARE] == []
         version = int(loaded.sample_all().reward.max())
@@ -399,6 +396,18 @@ def test_rollout_and_distillation_buffers_are_refused_too() -> None:
         DistillationBuffer(10**12, obs_shape=(64,), action_shape=())
 
 
+def _age_locks_in_making(directory: Path) -> bool:
+    """Make each ``.ckpt.lock-<hex>.new`` in ``directory`` a minute old; whether there was one.
+
+    A save killed between creating its lock file and locking it leaves one unlocked: a cleanup
+    removes it only once it is older than a minute (it may be a live save's, about to lock it).
+    """
+    making = [p for p in directory.iterdir() if p.name.startswith(".ckpt.lock-") and p.name.endswith(".new")]
+    for lock in making:
+        os.utime(lock, (time.time() - 61, time.time() - 61))
+    return bool(making)
+
+
 # -- loads while other processes save ---------------------------------------------------------
 def _sized_state(version: int) -> dict[str, Any]:
     """A versioned state of its own size and file names per version (the spare's files grow, shrink, go)."""
@@ -451,6 +460,7 @@ def _loads_during_saves(tmp_path: Path, loads: int, savers: int) -> dict[str, in
             os.waitpid(child, 0)
     del held
     assert whole_version(load_state(path, kind="Demo")) > 0
+    _age_locks_in_making(tmp_path)
     save_state(_sized_state(0), path)  # cleans up what the kills left, and keeps no spare
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
     return {"savers": savers, "loads": loads, "versions_seen": len(seen)}
