@@ -37,6 +37,12 @@ ADD_ARGUMENTS = {"hidden_state": "an argument of add() (declare hidden states wi
                  "env_mask": "an argument of add()",
                  "metrics": "an argument of add() (per-step values for EpisodeStats(metrics=...))"}
 
+TRUNCATED_MISSING = ("truncated: the tensordict has no ('next', 'truncated') and no ('next', 'done') to derive it "
+                     "from, so its time-limit ends would be stored as no end; add ('next', 'truncated') (your "
+                     "env's truncations; all False for an env without time limit), or ('next', 'done') = "
+                     "terminated | truncated")
+"""Why a TensorDict without ``truncated`` or ``done`` is refused (a buffer's ``extend``)."""
+
 
 def extra_specs(extra_fields: Mapping[str, tuple[Sequence[int] | int, torch.dtype]] | None,
                 builtin: Sequence[FieldSpec], reserved: Mapping[str, str] | None = None) -> list[FieldSpec]:

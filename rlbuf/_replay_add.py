@@ -248,8 +248,8 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
 
         Reads ``"observation"``, ``"action"``, ``("next", "observation")``,
         ``("next", "reward")``, ``("next", "terminated")`` and ``("next", "truncated")``
-        (derived as ``done & ~terminated`` when absent) plus the extra fields; every batch
-        dim is flattened, row-major. Other keys are ignored.
+        (derived as ``done & ~terminated`` when absent; refused when ``("next", "done")`` is absent
+        too) plus the extra fields; every batch dim is flattened, row-major. Other keys are ignored.
 
         Raises:
             MissingFieldError, ShapeError, DtypeError, DeviceError, NonFiniteError: before
@@ -261,7 +261,8 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             >>> from rlbuf import ReplayBuffer
             >>> td = TensorDict({"observation": torch.zeros(2, 5, 3), "action": torch.zeros(2, 5),
             ...                  "next": {"observation": torch.zeros(2, 5, 3), "reward": torch.ones(2, 5, 1),
-            ...                           "terminated": torch.zeros(2, 5, 1, dtype=torch.bool)}}, batch_size=[2, 5])
+            ...                           "terminated": torch.zeros(2, 5, 1, dtype=torch.bool),
+            ...                           "truncated": torch.zeros(2, 5, 1, dtype=torch.bool)}}, batch_size=[2, 5])
             >>> buf = ReplayBuffer(100, obs_shape=(3,), action_shape=(), seed=0)
             >>> buf.extend(td)
             >>> len(buf)

@@ -39,7 +39,7 @@ from rlbuf._compact_dict import DictInputs, followed_path, ring_values, stored_o
 from rlbuf._convert import tensor_of
 from rlbuf._dtypes import dtype_options, extra_field_dtypes
 from rlbuf._episodes import env_ids_of
-from rlbuf._fields import extra_specs
+from rlbuf._fields import TRUNCATED_MISSING, extra_specs
 from rlbuf._obs import (
     Layout,
     Leaf,
@@ -55,7 +55,7 @@ from rlbuf._ring import RowRing
 from rlbuf._sizing import row_bytes
 from rlbuf._streams import PaddingType
 from rlbuf._sumtree import SumTreeSampler
-from rlbuf.errors import ConfigError, ShapeError
+from rlbuf.errors import ConfigError, MissingFieldError, ShapeError
 from rlbuf.spec import (
     ExtraFields,
     FieldSpec,
@@ -452,7 +452,10 @@ def _flag(td: TensorDictBase, key: tuple[str, str], lead: tuple[int, ...]) -> to
 
 
 def truncated_from(td: TensorDictBase, lead: tuple[int, ...], terminated: torch.Tensor) -> torch.Tensor:
-    """``("next", "truncated")`` of ``td``, else ``done & ~terminated``, else no truncation.
+    """``("next", "truncated")`` of ``td``, else ``done & ~terminated``.
+
+    Raises:
+        MissingFieldError: ``td`` has neither: its timeouts would be lost (stored as no truncation).
 
     Example:
         >>> from tensordict import TensorDict
@@ -465,5 +468,5 @@ def truncated_from(td: TensorDictBase, lead: tuple[int, ...], terminated: torch.
         return truncated
     done = _flag(td, ("next", "done"), lead)
     if done is None:
-        return torch.zeros(lead, dtype=torch.bool, device=terminated.device)
+        raise MissingFieldError(TRUNCATED_MISSING)
     return done.to(torch.bool) & ~terminated.reshape(lead).to(torch.bool)

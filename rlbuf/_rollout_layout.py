@@ -18,7 +18,7 @@ from tensordict import TensorDictBase
 
 from rlbuf._bounds import Bounds
 from rlbuf._convert import _NUMPY_DTYPES
-from rlbuf._fields import BATCH_NAMES, extra_specs
+from rlbuf._fields import BATCH_NAMES, TRUNCATED_MISSING, extra_specs
 from rlbuf._keywords import check_extras, refuse_foreign_names
 from rlbuf._obs import Layout, check_hidden_state, find_in_td, leaf_names
 from rlbuf._ring import RowRing
@@ -293,10 +293,11 @@ def _read_rollout_key(td: TensorDictBase, spec: FieldSpec) -> torch.Tensor | Non
         if truncated is None:
             done: torch.Tensor | None = td.get(("next", "done"), None)
             terminated: torch.Tensor | None = td.get(("next", "terminated"), None)
-            if done is not None and terminated is not None:
-                return done.to(torch.bool) & ~terminated.to(torch.bool)
-            reward: torch.Tensor = td.get(("next", "reward"))
-            return torch.zeros(reward.shape, dtype=torch.bool, device=reward.device)
+            if done is None:
+                raise MissingFieldError(TRUNCATED_MISSING)
+            if terminated is None:
+                return None  # the check of terminated names it
+            return done.to(torch.bool) & ~terminated.to(torch.bool)
         return truncated
     if spec.name == "bootstrap_value":
         bootstrap: torch.Tensor | None = td.get(spec.key, None)

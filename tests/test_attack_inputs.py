@@ -495,7 +495,7 @@ def test_rewards_that_would_be_stored_as_inf_are_refused_everywhere(value: Any) 
     if isinstance(value, torch.Tensor):
         td = TensorDict({"observation": torch.zeros(1, 1, 3), "action": torch.zeros(1, 1), "cost": torch.zeros(1, 1),
                          "next": {"observation": torch.zeros(1, 1, 3), "reward": value.reshape(1, 1, 1),
-                                  "terminated": torch.zeros(1, 1, 1, dtype=torch.bool)}}, batch_size=[1, 1])
+                                  "terminated": torch.zeros(1, 1, 1, dtype=torch.bool), "truncated": torch.zeros(1, 1, 1, dtype=torch.bool)}}, batch_size=[1, 1])
         with pytest.raises(rlbuf.DtypeError, match="reward"):
             replay.extend(td)
 

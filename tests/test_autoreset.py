@@ -280,7 +280,8 @@ def test_clear_and_extend_forget_the_last_rows(reset: str) -> None:
     else:
         buf.extend(TensorDict({"observation": torch.zeros(N, 3), "action": torch.zeros(N),
                                "next": {"observation": torch.full((N, 3), 5.0), "reward": torch.zeros(N, 1),
-                                        "terminated": torch.zeros(N, 1, dtype=torch.bool)}}, batch_size=[N]))
+                                        "terminated": torch.zeros(N, 1, dtype=torch.bool),
+                                        "truncated": torch.zeros(N, 1, dtype=torch.bool)}}, batch_size=[N]))
     with warnings.catch_warnings():
         warnings.simplefilter("error", NextStepResetWarning)
         buf.add(torch.ones(N, 3), torch.zeros(N), torch.zeros(N), torch.full((N, 3), 9.0),

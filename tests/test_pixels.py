@@ -329,7 +329,7 @@ def test_extend_needs_a_batch_that_tells_envs_apart() -> None:
     buf = ReplayBuffer(10, obs_shape=(3,), action_shape=(), num_envs=2, compact=True)
     td = TensorDict({"observation": torch.zeros(6, 3), "action": torch.zeros(6),
                      "next": {"observation": torch.zeros(6, 3), "reward": torch.zeros(6),
-                              "terminated": torch.zeros(6, dtype=torch.bool)}}, batch_size=[6])
+                              "terminated": torch.zeros(6, dtype=torch.bool), "truncated": torch.zeros(6, dtype=torch.bool)}}, batch_size=[6])
     with pytest.raises(ShapeError, match=r"td: .* needs batch size \(2, T\)"):
         buf.extend(td)
     assert len(buf) == 0
@@ -397,7 +397,7 @@ def test_a_collector_batch_whose_next_observation_breaks_the_stream_is_refused()
     next_obs = obs + 100  # not the next step's observation, and no episode ended
     td = TensorDict({"observation": obs, "action": torch.zeros(2, 2),
                      "next": {"observation": next_obs, "reward": torch.zeros(2, 2),
-                              "terminated": torch.zeros(2, 2, dtype=torch.bool)}}, batch_size=[2, 2])
+                              "terminated": torch.zeros(2, 2, dtype=torch.bool), "truncated": torch.zeros(2, 2, dtype=torch.bool)}}, batch_size=[2, 2])
     with pytest.raises(StreamError, match="obs: env 0's observation differs from the next_obs"):
         buf.extend(td)
     assert len(buf) == 0

@@ -259,7 +259,7 @@ def test_bad_extend_raises_before_writing() -> None:
     before = snapshot(buf)
     td = TensorDict({"observation": torch.zeros(4, 3), "action": torch.zeros(4, 2),
                      ("next", "observation"): torch.zeros(4, 3), ("next", "reward"): torch.zeros(4, 2),
-                     ("next", "terminated"): torch.zeros(4, 1, dtype=torch.bool)}, batch_size=[4])
+                     ("next", "terminated"): torch.zeros(4, 1, dtype=torch.bool), ("next", "truncated"): torch.zeros(4, 1, dtype=torch.bool)}, batch_size=[4])
     with pytest.raises(ShapeError, match=r"reward: expected shape \(4, 1\) at key \('next', 'reward'\), got \(4, 2\)"):
         buf.extend(td)
     with pytest.raises(MissingFieldError, match="action"):
@@ -268,6 +268,25 @@ def test_bad_extend_raises_before_writing() -> None:
     with pytest.raises(NonFiniteError):
         buf.extend(td)
     assert same(snapshot(buf), before)
+
+
+
+def test_an_extend_with_neither_truncated_nor_done_is_refused_and_done_derives_it() -> None:
+    buf = make()
+    add_ids(buf, range(2))
+    before = snapshot(buf)
+    td = TensorDict({"observation": torch.zeros(4, 3), "action": torch.zeros(4, 2),
+                     ("next", "observation"): torch.zeros(4, 3), ("next", "reward"): torch.zeros(4, 1),
+                     ("next", "terminated"): torch.tensor([False, True, False, False])}, batch_size=[4])
+    with pytest.raises(MissingFieldError, match=r"truncated: the tensordict has no \('next', 'truncated'\) and no "
+                                                r"\('next', 'done'\).*add \('next', 'truncated'\)"):
+        buf.extend(td)  # its time limits would be stored as no end
+    assert same(snapshot(buf), before)
+    td["next", "done"] = torch.tensor([False, True, True, False])
+    buf.extend(td)
+    stored = buf.sample_all()
+    assert stored.truncated[-4:].tolist() == [False, False, True, False]
+    assert stored.terminated[-4:].tolist() == [False, True, False, False]
 
 
 def test_sampling_errors() -> None:

@@ -184,12 +184,30 @@ def test_extend_keeps_advantages_written_by_a_transform() -> None:
         "observation": torch.zeros(N, T, 2), "action": torch.zeros(N, T), "state_value": torch.zeros(N, T, 1),
         "sample_log_prob": torch.zeros(N, T), "advantage": torch.arange(N * T, dtype=torch.float32).reshape(N, T, 1),
         "value_target": torch.ones(N, T, 1),
-        "next": {"reward": torch.zeros(N, T, 1), "terminated": torch.zeros(N, T, 1, dtype=torch.bool)},
+        "next": {"reward": torch.zeros(N, T, 1), "terminated": torch.zeros(N, T, 1, dtype=torch.bool), "truncated": torch.zeros(N, T, 1, dtype=torch.bool)},
     }, batch_size=[N, T])
     buf = make()
     buf.extend(td)
     assert buf.advantages_ready
     assert torch.equal(buf.view("advantage"), td["advantage"].squeeze(-1).T)
+
+
+
+def test_extend_of_a_rollout_with_neither_truncated_nor_done_is_refused() -> None:
+    td = TensorDict({
+        "observation": torch.zeros(N, T, 2), "action": torch.zeros(N, T), "state_value": torch.zeros(N, T, 1),
+        "sample_log_prob": torch.zeros(N, T),
+        "next": {"reward": torch.zeros(N, T, 1), "terminated": torch.zeros(N, T, 1, dtype=torch.bool)},
+    }, batch_size=[N, T])
+    buf = make()
+    with pytest.raises(MissingFieldError, match=r"truncated: the tensordict has no \('next', 'truncated'\)"):
+        buf.extend(td)  # its time limits would bootstrap as nothing
+    assert buf.steps == 0
+    td["next", "done"] = torch.zeros(N, T, 1, dtype=torch.bool)
+    td["next", "done"][1, 2] = True
+    td["next", "state_value"] = torch.zeros(N, T, 1)
+    buf.extend(td)
+    assert buf.view("truncated")[2].tolist() == [False, True, False][:N]
 
 
 def test_set_extras_attaches_aligned_tensors_and_overrides_fields() -> None:
@@ -305,7 +323,7 @@ def test_extend_validates_precomputed_advantages_before_storing_anything() -> No
         "observation": torch.zeros(N, T, 2), "action": torch.zeros(N, T), "state_value": torch.zeros(N, T, 1),
         "sample_log_prob": torch.zeros(N, T), "advantage": torch.full((N, T, 1), float("nan")),
         "value_target": torch.ones(N, T, 1),
-        "next": {"reward": torch.zeros(N, T, 1), "terminated": torch.zeros(N, T, 1, dtype=torch.bool)},
+        "next": {"reward": torch.zeros(N, T, 1), "terminated": torch.zeros(N, T, 1, dtype=torch.bool), "truncated": torch.zeros(N, T, 1, dtype=torch.bool)},
     }, batch_size=[N, T])
     buf = make()
     with pytest.raises(NonFiniteError, match="advantage"):

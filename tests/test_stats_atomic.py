@@ -61,7 +61,7 @@ def test_a_replay_extend_the_stats_refuse_stores_nothing() -> None:
     td = TensorDict({"observation": torch.zeros(2, 3, 3), "action": torch.zeros(2, 3),
                      "next": {"observation": torch.ones(2, 3, 3),
                               "reward": torch.tensor([[0.0, 0.0, 7.0], [0.0, 0.0, 0.0]]).unsqueeze(-1),
-                              "terminated": torch.tensor([[True, False, False]] * 2).unsqueeze(-1)}},
+                              "terminated": torch.tensor([[True, False, False]] * 2).unsqueeze(-1), "truncated": torch.zeros(2, 3, 1, dtype=torch.bool)}},
                     batch_size=[2, 3])
     refused_without_change(buffer, stats, lambda: buffer.extend(td))  # steps before the 7 are undone too
 
@@ -75,7 +75,7 @@ def test_a_rollout_add_or_extend_the_stats_refuse_stores_nothing() -> None:
     td = TensorDict({"observation": torch.zeros(2, 4, 3), "action": torch.zeros(2, 4),
                      "state_value": torch.zeros(2, 4, 1), "sample_log_prob": torch.zeros(2, 4),
                      "next": {"reward": torch.tensor([[1.0, 1.0, 7.0, 0.0]] * 2).unsqueeze(-1),
-                              "terminated": torch.tensor([[True, False, False, False]] * 2).unsqueeze(-1)}},
+                              "terminated": torch.tensor([[True, False, False, False]] * 2).unsqueeze(-1), "truncated": torch.zeros(2, 4, 1, dtype=torch.bool)}},
                     batch_size=[2, 4])
     refused_without_change(rollout, stats, lambda: rollout.extend(td))
 
@@ -86,7 +86,7 @@ def test_rows_a_buffer_refuses_leave_the_stats_as_they_were() -> None:
     td = TensorDict({"observation": torch.zeros(2, 4, 3), "action": torch.zeros(2, 4),
                      "state_value": torch.full((2, 4, 1), float("nan")), "sample_log_prob": torch.zeros(2, 4),
                      "next": {"reward": torch.ones(2, 4, 1),
-                              "terminated": torch.tensor([[True, False, False, False]] * 2).unsqueeze(-1)}},
+                              "terminated": torch.tensor([[True, False, False, False]] * 2).unsqueeze(-1), "truncated": torch.zeros(2, 4, 1, dtype=torch.bool)}},
                     batch_size=[2, 4])
     before = snapshot(stats)
     with pytest.raises(NonFiniteError, match="value"):

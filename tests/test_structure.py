@@ -142,11 +142,11 @@ def test_extend_reads_nested_keys_and_torchrl_env_layout() -> None:
     obs = TensorDict(make_obs(rows), batch_size=[rows])
     nested = TensorDict({"observation": obs, "action": torch.zeros(rows),
                          "next": {"observation": obs.clone(), "reward": torch.arange(rows, dtype=torch.float32),
-                                  "terminated": torch.zeros(rows, 1, dtype=torch.bool)}}, batch_size=[rows])
+                                  "terminated": torch.zeros(rows, 1, dtype=torch.bool), "truncated": torch.zeros(rows, 1, dtype=torch.bool)}}, batch_size=[rows])
     # TorchRL's GymEnv puts a Dict space's keys at the top level (no "observation" level).
     env_layout = TensorDict({**make_obs(rows), "action": torch.zeros(rows),
                              "next": {**make_obs(rows), "reward": torch.arange(rows, dtype=torch.float32),
-                                      "terminated": torch.zeros(rows, 1, dtype=torch.bool)}}, batch_size=[rows])
+                                      "terminated": torch.zeros(rows, 1, dtype=torch.bool), "truncated": torch.zeros(rows, 1, dtype=torch.bool)}}, batch_size=[rows])
     for td, imu in ((nested, nested["observation", "sensors", "imu"]), (env_layout, env_layout["sensors", "imu"])):
         buf = replay()
         buf.extend(td)
@@ -163,7 +163,7 @@ def test_fast_add_and_extend_store_the_same_rows() -> None:
     nxt = torch.stack([TensorDict(make_obs(value=t + 1), [N]) for t in range(5)])
     td = TensorDict({"observation": obs, "action": torch.arange(5.0)[:, None].expand(5, N),
                      "next": {"observation": nxt, "reward": torch.arange(5.0)[:, None].expand(5, N),
-                              "terminated": torch.zeros(5, N, dtype=torch.bool)}}, batch_size=[5, N])
+                              "terminated": torch.zeros(5, N, dtype=torch.bool), "truncated": torch.zeros(5, N, dtype=torch.bool)}}, batch_size=[5, N])
     bulk.extend(td)
     a, b = stepwise.state_dict(), bulk.state_dict()
     for name in a["fields"]:
@@ -224,7 +224,7 @@ def test_rollout_extend_takes_a_collector_rollout_with_nested_observations() -> 
     td = TensorDict({"observation": TensorDict(make_obs(N * 4), [N * 4]).reshape(N, 4),
                      "action": torch.zeros(N, 4), "state_value": torch.zeros(N, 4, 1),
                      "sample_log_prob": torch.zeros(N, 4),
-                     "next": {"reward": torch.ones(N, 4, 1), "terminated": torch.zeros(N, 4, 1, dtype=torch.bool)}},
+                     "next": {"reward": torch.ones(N, 4, 1), "terminated": torch.zeros(N, 4, 1, dtype=torch.bool), "truncated": torch.zeros(N, 4, 1, dtype=torch.bool)}},
                     batch_size=[N, 4])
     td["observation", "proprio"] = torch.arange(N * 4, dtype=torch.float32).reshape(N, 4, 1).expand(N, 4, 5)
     td["next", "terminated"][1, 2] = True

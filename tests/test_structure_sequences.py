@@ -371,7 +371,7 @@ def test_extend_reads_torchrl_recurrent_state_keys() -> None:
     td = TensorDict({"observation": torch.zeros(2, 3, 1), "action": torch.zeros(2, 3), "state_value": torch.zeros(2, 3, 1),
                      "sample_log_prob": torch.zeros(2, 3), "recurrent_state_h": torch.arange(12.0).view(2, 3, 1, 2),
                      "recurrent_state_c": torch.zeros(2, 3, 1, 2),
-                     "next": {"reward": torch.ones(2, 3, 1), "terminated": torch.zeros(2, 3, 1, dtype=torch.bool)}},
+                     "next": {"reward": torch.ones(2, 3, 1), "terminated": torch.zeros(2, 3, 1, dtype=torch.bool), "truncated": torch.zeros(2, 3, 1, dtype=torch.bool)}},
                     batch_size=[2, 3])
     buf = RolloutBuffer(3, 2, obs_shape=(1,), action_shape=(), hidden_state_shape={"h": (1, 2), "c": (1, 2)})
     buf.extend(td)
@@ -454,7 +454,7 @@ def test_env_major_extends_are_refused_and_time_major_ones_work() -> None:
     def rollout(lead: tuple[int, int]) -> TensorDict:
         return TensorDict({"observation": torch.zeros(*lead, 1), "action": torch.zeros(lead),
                            "next": {"observation": torch.zeros(*lead, 1), "reward": torch.zeros(lead),
-                                    "terminated": torch.zeros(lead, dtype=torch.bool)}}, batch_size=list(lead))
+                                    "terminated": torch.zeros(lead, dtype=torch.bool), "truncated": torch.zeros(lead, dtype=torch.bool)}}, batch_size=list(lead))
     buf = ReplayBuffer(100, obs_shape=(1,), action_shape=(), num_envs=2)
     buf.extend(rollout((5, 2)))
     assert buf.sample_sequences(2, 3).obs.shape == (2, 3, 1)
