@@ -203,7 +203,7 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
             episode = chunk.episode(number, structured=spaces.structured)
             check_infos(episode, keys, check_episode(episode, spaces), reference)
             found.append(check_options(episode, paths, options is True, reference, widths))
-            if exact_reward and episode["rewards"].dtype != reward_dtype:
+            if exact and episode["rewards"].dtype != reward_dtype:  # float32 first too: a float64 one would round
                 raise DtypeError(f"episode {episode['id']}: rewards: expected dtype {reward_dtype} (as the first "
                                  f"episode's), got {episode['rewards'].dtype}; save every episode's rewards with "
                                  f"one dtype")

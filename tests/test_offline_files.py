@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import rlbuf.offline  # noqa: E402
-from rlbuf import DatasetError, ReplayBuffer, RlbufError  # noqa: E402
+from rlbuf import DatasetError, DtypeError, ReplayBuffer, RlbufError  # noqa: E402
 from rlbuf.offline import from_minari, to_minari  # noqa: E402
 
 _IDS = itertools.count()
@@ -176,6 +176,20 @@ def test_big_endian_hdf5_rewards_load_as_their_values() -> None:
             file.create_dataset(f"episode_{episode}/rewards", data=np.array([1.5, -2.0, 3.25], ">f8"))
     extras = from_minari(dataset).sample_all().extras
     assert extras["dataset_reward"].tolist() == [1.5, -2.0, 3.25] * 3
+
+
+
+def test_float64_rewards_after_a_first_episode_of_float32_ones_are_refused_not_rounded() -> None:
+    dataset = _dataset("hdf5")
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(Path(dataset.storage.data_path) / "main_data.hdf5", "r+") as file:
+        del file["episode_0/rewards"]
+        file.create_dataset("episode_0/rewards", data=np.ones(3, np.float32))
+    _rewrite(dataset, "rewards", data=np.full(3, 0.1))  # float64: float32 would round it
+    with pytest.raises(DtypeError, match=r"episode 1: rewards: expected dtype float32 \(as the first episode's\), "
+                                         r"got float64"):
+        from_minari(dataset)
+    assert from_minari(dataset, exact=False).sample_all().reward.tolist() == [1.0] * 3 + [np.float32(0.1)] * 3 + [1.0] * 3
 
 
 def test_an_hdf5_seed_without_a_value_is_refused() -> None:
