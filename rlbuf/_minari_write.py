@@ -89,7 +89,7 @@ def checked_episodes(episodes: Iterable[Mapping[str, Any]], spaces: Spaces) -> l
         MissingFieldError: an episode without one of the fields.
         ConfigError: ``options`` that are not a dict of str keys.
     """
-    from rlbuf.errors import MissingFieldError
+    from rlbuf.errors import MissingFieldError, OutOfRangeError
 
     out: list[dict[str, Any]] = []
     for number, episode in enumerate(episodes):
@@ -100,7 +100,12 @@ def checked_episodes(episodes: Iterable[Mapping[str, Any]], spaces: Spaces) -> l
                                     f"(T + 1, the final one last), actions, rewards, terminations, truncations "
                                     f"(optional: seed, options, infos), got {sorted(episode)}")
         infos = {key: _as_numpy(value) for key, value in (episode.get("infos") or {}).items()}
-        checked = {"id": number, "seed": episode.get("seed"), "infos": infos,
+        seed = episode.get("seed")
+        if seed is not None and (isinstance(seed, (bool, float)) or not isinstance(seed, (int, np.integer))
+                                 or not 0 <= seed < 2**63):
+            raise OutOfRangeError(f"episode {number}: seed: expected an int in [0, 2**63) (what a reset takes and "
+                                  f"Minari reads back), got {seed!r}; pass that episode's reset seed, or none")
+        checked = {"id": number, "seed": seed, "infos": infos,
                    "options": checked_options(episode.get("options"), number),
                    "observations": cast_to_space(_as_numpy(episode["observations"]), spaces.observation_space,
                                                  f"episode {number}: observations"),

@@ -470,6 +470,10 @@ def test_to_minari_checks_every_episode_before_writing(minari_root: Path) -> Non
         to_minari([GOOD], "rlbuf-test/taken-v0")
     with pytest.raises(ConfigError, match="autor: not Minari dataset metadata"):
         to_minari([GOOD], "rlbuf-test/other-v0", autor="me")
+    for seed in (-4, 2**63, 1.0, True):  # what from_minari would refuse to read back
+        with pytest.raises(OutOfRangeError, match=r"episode 1: seed: expected an int in \[0, 2\*\*63\)"):
+            to_minari([GOOD, {**GOOD, "seed": seed}], "rlbuf-test/seeded-v0")
+    assert not (minari_root / "rlbuf-test" / "seeded-v0").exists()
 
 
 @pytest.mark.parametrize("data_format", ["hdf5", "arrow"])
