@@ -41,6 +41,7 @@ from rlbuf._ring import RowRing
 from rlbuf.errors import (
     CheckpointError,
     ConfigError,
+    DeviceError,
     DtypeError,
     NonFiniteError,
     ShapeError,
@@ -205,7 +206,9 @@ class Relabeller:
     def _rewards(self, achieved: torch.Tensor, goals: torch.Tensor) -> torch.Tensor:
         """``reward_fn`` of achieved goals and desired ones (``[rows, *goal_shape]`` each), checked."""
         assert self.options.reward_fn is not None  # checked when built
-        return reward_values(self.options.reward_fn(achieved.cpu().numpy(), goals.cpu().numpy(), {}), len(achieved))
+        # Copies: a reward_fn that writes into its arguments changes neither the batch nor its goals.
+        given = (np.array(achieved.cpu().numpy()), np.array(goals.cpu().numpy()))
+        return reward_values(self.options.reward_fn(*given, {}), len(achieved))
 
     @staticmethod
     def _set_goals(columns: dict[str, torch.Tensor], chosen: _Ints, goals: torch.Tensor) -> None:
@@ -344,10 +347,33 @@ def with_reward_fn(options: dict[str, Any], reward_fn: Any) -> dict[str, Any]:
 
 
 def reward_values(value: Any, rows: int) -> torch.Tensor:
-    """``reward_fn``'s result as ``[rows]`` finite float32."""
-    array = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value)
-    if array.dtype.kind not in "biuf":
-        raise DtypeError(f"hindsight reward_fn: expected numbers, got {array.dtype}; return a float array")
+    """``reward_fn``'s result as ``[rows]`` finite float32.
+
+    Example:
+        >>> reward_values(np.array([0.0, -1.0]), 2).tolist()
+        [0.0, -1.0]
+    """
+    if isinstance(value, torch.Tensor):
+        if value.device.type == "meta":
+            raise DeviceError("hindsight reward_fn: expected rewards, got a tensor on the meta device (shapes, no "
+                              "values); compute them on the CPU or a real device")
+        if value.dtype == torch.bool or value.is_complex():
+            raise DtypeError(f"hindsight reward_fn: expected real numbers, got a {value.dtype} tensor; return float "
+                             f"rewards (successes as floats: flags.float())")
+        try:  # a tensor that needs grad, of bfloat16, on another device: its values
+            array = value.detach().to("cpu", torch.float32).numpy()
+        except (RuntimeError, TypeError, NotImplementedError) as error:
+            raise DtypeError(f"hindsight reward_fn: a {value.layout} tensor rlbuf cannot read ({error}); return a "
+                             f"dense float tensor or array") from None
+    else:
+        try:
+            array = np.asarray(value)
+        except (ValueError, TypeError) as error:
+            raise ShapeError(f"hindsight reward_fn: expected {rows} rewards as an array, got a "
+                             f"{type(value).__name__} that is none ({error})") from None
+    if array.dtype.kind not in "iuf":
+        raise DtypeError(f"hindsight reward_fn: expected real numbers, got {array.dtype}; return float rewards "
+                         f"(successes as floats: flags.astype(np.float32))")
     if array.shape not in ((rows,), (rows, 1)):
         raise ShapeError(f"hindsight reward_fn: expected {rows} rewards (shape ({rows},)), got shape {array.shape}; "
                          "it is called with [B, *goal_shape] goals and must be vectorised over B")

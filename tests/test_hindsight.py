@@ -22,6 +22,7 @@ from tensordict import TensorDict
 from rlbuf import (
     CheckpointError,
     ConfigError,
+    DeviceError,
     DtypeError,
     Hindsight,
     NonFiniteError,
@@ -250,7 +251,9 @@ def test_a_checkpoint_whose_envs_break_an_episode_is_refused() -> None:
         goal_buffer(12, 2).load_state_dict(state)
 
 
-@pytest.mark.parametrize("returned", [np.zeros(3), np.zeros((64, 2)), np.array(["a"] * 64), np.full(64, np.nan)])
+@pytest.mark.parametrize("returned", [np.zeros(3), np.zeros((64, 2)), np.array(["a"] * 64), np.full(64, np.nan),
+                                      np.zeros(64, bool), torch.zeros(64, dtype=torch.bool), torch.zeros(64) + 1j,
+                                      torch.zeros(64, device="meta"), [[0.0]] * 32 + [0.0] * 32])
 def test_a_bad_reward_fn_result_is_refused_and_sampling_state_kept(returned: Any) -> None:
     buf = ReplayBuffer(32, obs_shape={"observation": 1, "achieved_goal": 2, "desired_goal": 2}, action_shape=(),
                        seed=0, hindsight=Hindsight("future", 1.0, lambda a, d, i: returned[:len(a)]))
@@ -258,9 +261,33 @@ def test_a_bad_reward_fn_result_is_refused_and_sampling_state_kept(returned: Any
     for t in range(5):
         add_step(buf, ref, [True], [t == 4], [False])
     before = snapshot(buf)
-    with pytest.raises((ShapeError, NonFiniteError, DtypeError), match="hindsight reward_fn"):
+    with pytest.raises((ShapeError, NonFiniteError, DtypeError, DeviceError), match="hindsight reward_fn"):
         buf.sample(64)
     assert same(before, snapshot(buf))
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_a_reward_fn_gets_copies_and_its_tensors_are_read_by_value(n_step: int) -> None:
+    """A reward_fn that writes into its arguments changes no batch; one returning a tensor that needs grad, or of
+    bfloat16, gives its values."""
+    def scribbling(achieved: Any, desired: Any, info: Any) -> Any:
+        rewards = reached(achieved, desired, info)
+        achieved[:] = desired[:] = 7.0
+        return torch.tensor(rewards, dtype=torch.bfloat16, requires_grad=False).float().requires_grad_()
+
+    batches = []
+    for reward_fn in (reached, scribbling):
+        buf = ReplayBuffer(32, obs_shape={"observation": 1, "achieved_goal": 2, "desired_goal": 2}, action_shape=(),
+                           seed=0, n_step=n_step, hindsight=Hindsight("future", 1.0, reward_fn))
+        ref = Reference(32)
+        for t in range(6):
+            add_step(buf, ref, [True], [t == 5], [False])
+        batches.append(buf.sample(16))
+    plain, scribbled = batches
+    assert torch.equal(plain.reward, scribbled.reward)
+    for key in ("achieved_goal", "desired_goal"):
+        assert torch.equal(plain.obs[key], scribbled.obs[key]) and torch.equal(plain.next_obs[key], scribbled.next_obs[key])
+    assert not bool((scribbled.obs["desired_goal"] == 7.0).any())
 
 
 def test_options_and_layouts_that_cannot_relabel_are_refused() -> None:
