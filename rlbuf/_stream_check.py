@@ -190,7 +190,7 @@ def _last_problem(last: _Ints, next_: _Ints, ended: npt.NDArray[np.bool_], store
 def _finals_problem(final_slot: _Ints, ended: npt.NDArray[np.bool_], stored: npt.NDArray[np.bool_],
                     finals: Mapping[str, torch.Tensor], top: int) -> str:
     used = final_slot[stored & ended]
-    if bool(((final_slot >= 0) != (stored & ended)).any()):
+    if bool(((final_slot >= 0) != (stored & ended)).any()) or bool((final_slot < -1).any()):  # -1: no slot
         return "stream table final_slot: a row holds a final observation slot exactly when it ended its episode"
     free = finals["free"].numpy()
     slots = np.concatenate((used, free))

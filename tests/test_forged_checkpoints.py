@@ -407,6 +407,8 @@ def _state_edits(layout: str) -> dict[str, Callable[[dict[str, Any]], None]]:
         edits["stream terminated"] = lambda s: s["extra"]["streams"]["terminated"].__setitem__(
             0, ~s["extra"]["streams"]["terminated"][0])
         edits["final slot"] = lambda s: s["extra"]["streams"]["final_slot"].fill_(-1)
+        edits["no final slot but -1"] = lambda s: s["extra"]["streams"]["final_slot"].masked_fill_(
+            s["extra"]["streams"]["final_slot"] == -1, -101)
     if layout == "prioritized":
         edits["priority of an empty row"] = lambda s: s["sampler"]["sum_leaves"].__setitem__(-1, 1.0)
         edits["alpha"] = lambda s: s["sampler"].__setitem__("alpha", 0.9)
