@@ -87,7 +87,9 @@ class ResetSteps:
 
     def check(self, obs: Any, reward: Any, terminated: Any, truncated: Any, stored: np.ndarray[Any, Any] | None) -> bool:
         """Before an add: warn if an env stored now (``stored``: all when ``None``) resets as ``NEXT_STEP`` does:
-        its ``obs`` is its last row's ``next_obs``, with reward 0 and no flag, as gymnasium gives the reset step.
+        its ``obs`` is its last row's ``next_obs``, with reward 0 and no flag, as gymnasium gives the reset step;
+        or, where no env does, if an env's ``obs`` is its last row's ``next_obs`` all the same: that row stored
+        the reset observation as its ``next_obs`` (``SAME_STEP`` without ``info["final_obs"]``).
 
         A watched env whose row looks so but is left out by ``env_mask`` had its reset step left out, as
         the docs say to: once the add is stored (``forget_left_out``) it is watched no more, so its
@@ -106,13 +108,24 @@ class ResetSteps:
                                                                               strict=True)]
         except RlbufError:
             return False  # the add refuses it, by the same reader
-        same = self._ended & (step[0] == 0) & ~step[1].astype(bool) & ~step[2].astype(bool)
+        equal = self._ended.copy()  # obs is the next_obs of the env's last row, which ended
         for leaf, final in zip(leaves, self._final, strict=True):
             rows = leaf.reshape(self._num_envs, -1)
-            same &= (rows == final.reshape(self._num_envs, -1)).all(axis=1)
+            equal &= (rows == final.reshape(self._num_envs, -1)).all(axis=1)
+        same = equal & (step[0] == 0) & ~step[1].astype(bool) & ~step[2].astype(bool)
         if stored is not None:
             self._left_out = same & ~stored
             same &= stored
+            equal &= stored
+        if not same.any():  # a real step from the stored next_obs: that was the reset observation, not the final one
+            return _warn_first(equal, lambda env: (
+                f"add: env {env}'s obs is the next_obs of its previous row, which ended an episode: that next_obs "
+                f"was the new episode's first observation, not the final one of the ended episode. With gymnasium's "
+                f"SAME_STEP autoreset, next_obs of an ended env is already the reset observation: store "
+                f"info['final_obs'] there (next_obs[i] = info['final_obs'][i] where info['_final_obs'][i]), or "
+                f"collect with rlbuf.gym.Recorder, which does. (An env whose reset observation can equal its final "
+                f"one, as Atari's after a life loss, or a loop that ends an episode and goes on without a reset, looks "
+                f"the same: ignore this warning there.) Warned once per buffer"))
         return _warn_first(same, lambda env: (
             f"add: env {env}'s obs is the next_obs of its previous row, which ended an episode, with reward 0 and no "
             f"flag: this is the reset step of gymnasium's NEXT_STEP autoreset (make_vec's default), a final "

@@ -13,7 +13,7 @@ import inspect
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, NoReturn, Self, SupportsIndex, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, Self, SupportsIndex, TypeVar, cast
 
 import torch
 from torchrl.data import TensorDictReplayBuffer
@@ -21,6 +21,7 @@ from torchrl.data.replay_buffers.samplers import Sampler
 
 from rlbuf._delivery import deliver
 from rlbuf._fields import check_names
+from rlbuf._keywords import foreign_method
 from rlbuf._ring import RowRing
 from rlbuf._state import BufferState
 from rlbuf._sumtree import SumTreeSampler
@@ -115,6 +116,13 @@ class RingBuffer(BufferState, Generic[BatchT]):
         if stats is not None and stats.num_envs != num_envs:
             raise ConfigError(f"stats: built for {stats.num_envs} envs, this buffer has num_envs={num_envs}")
         self._stats = stats
+
+    if not TYPE_CHECKING:  # a type checker keeps refusing unknown attributes
+
+        def __getattr__(self, name: str) -> Any:
+            """Only for a name the buffer lacks: Python's ``AttributeError``, naming rlbuf's method where ``name``
+            is another library's (``buffer.reset()``: use ``clear()``)."""
+            raise foreign_method(type(self).__name__, name)
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
         """Refuse ``pickle``, ``torch.save`` and ``copy``/``copy.deepcopy`` of the buffer, before anything

@@ -64,13 +64,14 @@ def batched_hint(spec: Any, rows: int, got: tuple[int, ...]) -> str:
     Example:
         >>> from rlbuf.spec import FieldSpec
         >>> print(batched_hint(FieldSpec("obs", "observation", (4, 3), torch.float32), 4, (4, 3)))
-        ; this buffer stores obs of shape (4, 3), whose first dim is num_envs=4: was it built from envs.observation_space? Build it with observation_space=envs.single_observation_space (one env's space)
+        ; this buffer stores obs of shape (4, 3), whose first dim is num_envs=4: was it built from envs.observation_space? Build it with observation_space=envs.single_observation_space (one env's space); or, if that was one env's obs, give every env's at once
     """
     space = _SPACE_OF.get(spec.name.split("[", 1)[0])
     if rows < 2 or space is None or spec.shape[:1] != (rows,) or tuple(got) != spec.shape:
         return ""
     return (f"; this buffer stores {spec.name} of shape {spec.shape}, whose first dim is num_envs={rows}: was it "
-            f"built from envs.{space}? Build it with {space}=envs.single_{space} (one env's space)")
+            f"built from envs.{space}? Build it with {space}=envs.single_{space} (one env's space); or, if that "
+            f"was one env's {spec.name}, give every env's at once")
 
 
 def shape_hint(spec: Any, rows: int, got: tuple[int, ...]) -> str:
@@ -83,13 +84,18 @@ def shape_hint(spec: Any, rows: int, got: tuple[int, ...]) -> str:
         ; drop the trailing dim of 1: value.squeeze(-1)
         >>> print(shape_hint(FieldSpec("obs", "observation", (3,), torch.float32), 1, (4, 3)))
         ; this buffer was built for one env (num_envs=1): for 4 envs per add, build it with num_envs=4
+        >>> print(shape_hint(FieldSpec("reward", ("next", "reward"), (), torch.float32), 4, (1,)))
+        ; that is one env's reward: this buffer (num_envs=4) takes every env's at once, shape (4,)
     """
     got, shape = tuple(got), tuple(spec.shape)
     name = spec.name.split("[", 1)[0]
     if batched := batched_hint(spec, rows, got):
         return batched
-    if got in ((rows, *shape, 1), (*shape, 1)) and rows >= 1:
+    if got == (rows, *shape, 1) or (rows == 1 and got == (*shape, 1)):
         return f"; drop the trailing dim of 1: {name}.squeeze(-1)"
+    if rows > 1 and got in (shape, (1, *shape), (*shape, 1)):
+        return (f"; that is one env's {name}: this buffer (num_envs={rows}) takes every env's at once, "
+                f"shape {(rows, *shape)}")
     if shape[-1:] == (1,) and got in ((rows, *shape[:-1]), shape[:-1]):
         wanted = (rows, *shape) if got == (rows, *shape[:-1]) else shape
         return f"; {name} has a trailing dim of 1 in this buffer: give shape {wanted} ({name}[..., None] for an array)"

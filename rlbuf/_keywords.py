@@ -41,6 +41,29 @@ FOREIGN_NAMES = {
 """Foreign keyword -> what to pass instead, for the message of ``check_extras``."""
 
 
+FOREIGN_METHODS = {
+    "get": "minibatches(batch_size=...) gives a rollout's minibatches (SB3's get), get_all_data() the whole of it",
+    "reset": "clear() empties the buffer (SB3's reset)",
+    "compute_returns_and_advantage": "rlbuf's name is compute_returns_and_advantages(last_value, gamma=..., "
+                                     "gae_lambda=...); the bootstrap of time limits comes with each add",
+    "is_full": "len(buffer) == buffer.capacity",
+    "to_torch": "batches are tensors already, on the buffer's device= (set it when you build the buffer)",
+}
+"""Methods of other libraries' buffers (SB3's) -> what rlbuf has instead, for a buffer's ``AttributeError``."""
+
+
+def foreign_method(owner: str, name: str) -> AttributeError:
+    """The ``AttributeError`` of ``owner.name``: Python's own, with rlbuf's method where ``name`` is another
+    library's.
+
+    Example:
+        >>> print(foreign_method("RolloutBuffer", "reset"))
+        'RolloutBuffer' object has no attribute 'reset'; clear() empties the buffer (SB3's reset)
+    """
+    hint = FOREIGN_METHODS.get(name)
+    return AttributeError(f"{owner!r} object has no attribute {name!r}" + (f"; {hint}" if hint else ""))
+
+
 def refuse_foreign_names(expected: Mapping[str, FieldSpec], given: Mapping[str, Any]) -> None:
     """Raise [`MissingFieldError`][rlbuf.errors.MissingFieldError] for a keyword of another library that is
     not a declared extra field, with the rlbuf name (checked before any other check of ``add``).

@@ -302,11 +302,11 @@ class Streams:
     def _stream_error(self, problem: int, env: int) -> StreamError:
         """The error of what a check found first (``CONTINUITY``, ``SHIFT`` or ``PADDING``) at ``env``."""
         if problem == CONTINUITY:
-            obs, next_obs = self.names
             return StreamError(
-                f"{obs}: env {env}'s observation differs from the {next_obs} added with its previous step, whose "
-                "episode did not end; a buffer that stores next_obs once follows each env's stream (mark the end "
-                "of every episode with terminated or truncated, or build it with compact=False)")
+                f"{self.names[0]}: env {env}'s observation differs from the {self.names[1]} added with its previous step, whose "
+                "episode did not end; a buffer that stores next_obs once follows each env's stream: mark the end of every "
+                "episode with terminated or truncated (resumed with envs reset anew: call buffer.truncate_episodes(), "
+                "or recorder.reset(), first)" + (", or build it with compact=False" if self.n_step == 1 else ""))
         if problem == SHIFT:
             return StreamError(f"{self.names[1]}: env {env}'s stack is not {self.names[0]} shifted by one frame (frame_stack="
                                f"{self.frame_stack}, newest frame last), as gymnasium's FrameStackObservation gives")

@@ -127,7 +127,9 @@ class RlbufWarning(UserWarning):
 class NextStepResetWarning(RlbufWarning):
     """An ``add`` that looks like the reset step of gymnasium's ``NEXT_STEP`` autoreset: the env's
     previous stored row ended an episode and its ``obs`` is that row's ``next_obs`` (a final
-    observation followed by a reset one, which is no transition of the env)."""
+    observation followed by a reset one, which is no transition of the env). Also given, with its
+    own message, when such an ``obs`` comes with a reward or a flag: then the previous row stored
+    the reset observation as its ``next_obs``, as ``SAME_STEP`` gives it without ``info["final_obs"]``."""
 
 
 class BatchedSpaceWarning(RlbufWarning):

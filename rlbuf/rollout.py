@@ -286,8 +286,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> from tensordict import TensorDict
             >>> td = TensorDict({"observation": torch.zeros(2, 4, 3), "action": torch.zeros(2, 4),
             ...                  "state_value": torch.zeros(2, 4, 1), "sample_log_prob": torch.zeros(2, 4),
-            ...                  "next": {"reward": torch.ones(2, 4, 1),
-            ...                           "terminated": torch.zeros(2, 4, 1, dtype=torch.bool),
+            ...                  "next": {"reward": torch.ones(2, 4, 1), "terminated": torch.zeros(2, 4, 1).bool(),
             ...                           "truncated": torch.zeros(2, 4, 1, dtype=torch.bool)}}, batch_size=[2, 4])
             >>> buf = RolloutBuffer(4, 2, obs_shape=(3,), action_shape=())
             >>> buf.extend(td)

@@ -116,9 +116,9 @@ def _pendulum(**kwargs: Any) -> tuple[Any, ReplayBuffer]:
     return envs, buf
 
 
-@pytest.mark.parametrize("way", ["readme", "recorder", "same_step"])
+@pytest.mark.parametrize("way", ["readme", "recorder", "same_step", "same_step_without_final_obs"])
 def test_gymnasiums_default_next_step_loop_warns_once_and_the_right_loops_do_not(way: str) -> None:
-    kwargs = {} if way != "same_step" else {"vectorization_mode": "sync", "vector_kwargs": {
+    kwargs = {} if not way.startswith("same_step") else {"vectorization_mode": "sync", "vector_kwargs": {
         "autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}}
     envs, buf = _pendulum(**kwargs)
     with warnings.catch_warnings(record=True) as caught:
@@ -126,11 +126,12 @@ def test_gymnasiums_default_next_step_loop_warns_once_and_the_right_loops_do_not
         _pendulum_loop(envs, buf, 410, final_obs=way == "same_step",
                        recorder=Recorder(envs, buf) if way == "recorder" else None)
     ours = [w for w in caught if issubclass(w.category, RlbufWarning)]
-    if way == "readme":
+    if way in ("readme", "same_step_without_final_obs"):
         assert len(ours) == 1 and ours[0].category is NextStepResetWarning  # two episode ends: warned once
         message = str(ours[0].message)
-        assert "env 0" in message and "NEXT_STEP" in message
-        assert "rlbuf.gym.Recorder" in message and "env_mask=" in message
+        assert "env 0" in message and ("NEXT_STEP" if way == "readme" else "SAME_STEP") in message
+        assert "rlbuf.gym.Recorder" in message
+        assert ("env_mask=" if way == "readme" else "info['final_obs']") in message
         assert ours[0].filename == __file__  # points at the user's add
     else:
         assert ours == []
@@ -188,8 +189,8 @@ def test_every_layout_warns_at_the_reset_step(layout: str, how: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", NextStepResetWarning)
         add(0, 1, 1.0, [False, False])
-        add(1, 2, 1.0, [False, True])  # env 1 ends: its final observation is 2
-        add(2, 3, 1.0, [False, False])  # env 1 from its final observation again, but with a reward: a real step
+        add(1, 2, 1.0, [True, True])  # both end: their final observation is 2
+        add(7, 3, 1.0, [False, False])  # both from a reset observation (7, SAME_STEP's next step): real steps
         add(3, 4, 0.0, [False, True])  # env 1 ends at 4
         before = snapshot(buf)
         with pytest.raises(NextStepResetWarning, match="env 1's obs is the next_obs of its previous row"):
@@ -267,8 +268,12 @@ def test_an_equal_observation_with_a_reward_or_after_no_end_is_no_reset_step() -
         buf.add(**_step(0.0), truncated=False)
         buf.add(**_step(1.0), truncated=False)  # obs == the previous next_obs, as in every episode
         buf.add(**_step(2.0, terminated=torch.tensor([True, True])), truncated=False)
-        buf.add(**_step(3.0), truncated=False)  # same obs as the final one, but reward 1: a real step
-    assert len(buf) == 8
+        # Same obs as the final one, but reward 1: a real step, from the ended row's next_obs, which was
+        # then the reset observation (SAME_STEP's next_obs without info["final_obs"]): warned, not stored.
+        with pytest.raises(NextStepResetWarning, match="env 0's obs is the next_obs of its previous row, which ended "
+                                                       "an episode: that next_obs was the new episode's first"):
+            buf.add(**_step(3.0), truncated=False)
+    assert len(buf) == 6
 
 
 @pytest.mark.parametrize("reset", ["clear", "extend"])

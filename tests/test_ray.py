@@ -290,7 +290,8 @@ def test_dict_observations_and_hidden_states_travel_both_ways() -> None:
                    hidden_state={"h": torch.ones(2, 1, 2)}, truncated=False)
         # TorchRL's GymEnv puts a Dict space's keys at the top level: extend reads them there too.
         buffer.extend(TensorDict({**obs, "action": torch.zeros(2), "recurrent_state_h": torch.full((2, 1, 2), 2.0),
-                                  "next": {**obs, "reward": torch.ones(2), "terminated": torch.zeros(2, dtype=torch.bool)}},
+                                  "next": {**obs, "reward": torch.ones(2), "terminated": torch.zeros(2, dtype=torch.bool),
+                                           "truncated": torch.zeros(2, dtype=torch.bool)}},
                                  batch_size=[2]))
         with pytest.raises(ShapeError, match=r'obs\["proprio"\]'):
             buffer.add({**obs, "proprio": torch.zeros(2, 4)}, torch.zeros(2), torch.ones(2), obs,

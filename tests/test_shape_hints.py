@@ -42,3 +42,40 @@ def test_a_plain_wrong_shape_gets_no_made_up_hint():
     with pytest.raises(ShapeError) as caught:
         buffer.add(np.zeros(5), 0, 0.0, np.zeros(3), terminated=False, truncated=False)
     assert str(caught.value) == "obs: expected shape (1, 3) or (3,), got (5,)"
+
+
+@pytest.mark.parametrize("given", [np.zeros(1), torch.zeros(1, 1)[0]])
+def test_one_envs_reward_is_told_to_give_every_envs_not_to_squeeze(given):
+    buffer = ReplayBuffer(10, obs_shape=(3,), action_shape=(), num_envs=4)
+    flags = np.zeros(4, bool)
+    with pytest.raises(ShapeError) as caught:
+        buffer.add(np.zeros((4, 3)), np.zeros(4), given, np.zeros((4, 3)), terminated=flags, truncated=flags)
+    assert str(caught.value).endswith("that is one env's reward: this buffer (num_envs=4) takes every env's at once, "
+                                      "shape (4,)")
+    assert len(buffer) == 0
+
+
+@pytest.mark.parametrize("num_envs", [2, 4])
+def test_one_envs_obs_is_told_to_give_every_envs(num_envs):
+    """CartPole's obs has 4 values: with 4 envs one env's obs is also what a batched space's buffer takes."""
+    buffer = ReplayBuffer(10, obs_shape=(4,), action_shape=(), num_envs=num_envs)
+    flags = np.zeros(num_envs, bool)
+    with pytest.raises(ShapeError) as caught:
+        buffer.add(np.zeros(4), np.zeros(num_envs), np.zeros(num_envs), np.zeros((num_envs, 4)), terminated=flags,
+                   truncated=flags)
+    message = str(caught.value)
+    assert "give every env's at once" in message or "takes every env's at once" in message
+    assert ("single_observation_space" in message) == (num_envs == 4)
+
+
+def test_other_libraries_methods_name_rlbufs():
+    rollout = RolloutBuffer(2, 4, obs_shape=(3,), action_shape=())
+    for method, hint in [("get", "minibatches(batch_size=...)"), ("reset", "clear()"),
+                         ("compute_returns_and_advantage", "compute_returns_and_advantages(last_value")]:
+        with pytest.raises(AttributeError, match=f"'RolloutBuffer' object has no attribute '{method}'; .*"
+                                                 + hint.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+            getattr(rollout, method)
+    with pytest.raises(AttributeError) as caught:
+        rollout.nothing_like_it  # noqa: B018
+    assert str(caught.value) == "'RolloutBuffer' object has no attribute 'nothing_like_it'"
+    assert not hasattr(ReplayBuffer(4, obs_shape=(2,), action_shape=()), "reset")
