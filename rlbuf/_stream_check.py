@@ -192,6 +192,8 @@ def _finals_problem(final_slot: _Ints, ended: npt.NDArray[np.bool_], stored: npt
     used = final_slot[stored & ended]
     if bool(((final_slot >= 0) != (stored & ended)).any()) or bool((final_slot < -1).any()):  # -1: no slot
         return "stream table final_slot: a row holds a final observation slot exactly when it ended its episode"
+    if top > len(final_slot):  # rows release their slots before new ones are taken: one row, one slot at most
+        return f"final observation slots: {top} kept, more than the {len(final_slot)} rows that could each hold one"
     free = finals["free"].numpy()
     slots = np.concatenate((used, free))
     if len(slots) != top or not np.array_equal(np.sort(slots), np.arange(top)):

@@ -231,6 +231,9 @@ class Recorder:
             [1.0, 9.0]
         """
         n = self.num_envs
+        if isinstance(truncated, Mapping) and info is None:  # record(obs, action, reward, next_obs, terminated, info)
+            raise MissingFieldError("truncated: got a dict where envs.step's truncations belong: was info passed in "
+                                    "its place? record(obs, action, reward, next_obs, terminated, truncated, info)")
         info = self._checked_info(info)
         terminated_np, truncated_np = _flags("terminated", terminated, n), _flags("truncated", truncated, n)
         ended = terminated_np | truncated_np

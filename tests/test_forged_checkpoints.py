@@ -409,6 +409,7 @@ def _state_edits(layout: str) -> dict[str, Callable[[dict[str, Any]], None]]:
         edits["final slot"] = lambda s: s["extra"]["streams"]["final_slot"].fill_(-1)
         edits["no final slot but -1"] = lambda s: s["extra"]["streams"]["final_slot"].masked_fill_(
             s["extra"]["streams"]["final_slot"] == -1, -101)
+        edits["more final slots than rows"] = _more_final_slots_than_rows
     if layout == "prioritized":
         edits["priority of an empty row"] = lambda s: s["sampler"]["sum_leaves"].__setitem__(-1, 1.0)
         edits["alpha"] = lambda s: s["sampler"].__setitem__("alpha", 0.9)
@@ -416,6 +417,15 @@ def _state_edits(layout: str) -> dict[str, Callable[[dict[str, Any]], None]]:
         edits["attached of other length"] = lambda s: s["extra"]["attached"].__setitem__("x", torch.zeros(3))
         edits["advantages flag"] = lambda s: s["extra"].__setitem__("advantages_ready", 1)
     return edits
+
+
+def _more_final_slots_than_rows(state: dict[str, Any]) -> None:
+    """Free final-observation slots past the capacity: one rlbuf never keeps (a row releases its slot first)."""
+    finals, extra = state["extra"]["streams"]["finals"], state["capacity"] + 1
+    top = finals["frames"].shape[0]
+    finals["frames"] = torch.cat((finals["frames"], torch.zeros((extra, *finals["frames"].shape[1:]),
+                                                                  dtype=finals["frames"].dtype)))
+    finals["free"] = torch.cat((finals["free"], torch.arange(top, top + extra)))
 
 
 @pytest.mark.parametrize(("layout", "case"), [(layout, case) for layout in sorted(LAYOUTS)

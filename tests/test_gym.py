@@ -471,3 +471,15 @@ def test_flags_the_recorder_cannot_read_are_refused_by_name_before_anything_is_s
     with pytest.raises(error, match=message):
         recorder.record(np.zeros((2, 1)), np.zeros(2), np.ones(2), np.ones((2, 1)), terminated, np.zeros(2, bool))
     assert len(buffer) == 0
+
+
+def test_info_passed_in_truncateds_place_is_named() -> None:
+    class Envs:
+        num_envs, metadata = 2, {"autoreset_mode": "same_step"}
+
+    buffer = ReplayBuffer(10, obs_shape=(1,), action_shape=(), num_envs=2)
+    recorder = Recorder(Envs(), buffer)
+    with pytest.raises(MissingFieldError, match=r"truncated: got a dict .* was info passed in its place\? "
+                                                r"record\(obs, action, reward, next_obs, terminated, truncated, info\)"):
+        recorder.record(np.zeros((2, 1)), np.zeros(2), np.ones(2), np.ones((2, 1)), np.zeros(2, bool), {})
+    assert len(buffer) == 0
