@@ -26,7 +26,7 @@ from rlbuf._ring import RowRing
 from rlbuf._state import BufferState
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options, sizes_by_keyword
-from rlbuf.errors import ConfigError, EmptyBufferError, NotPicklableError, RlbufError
+from rlbuf.errors import ConfigError, EmptyBufferError, NotPicklableError, RlbufError, StoredIndexError
 from rlbuf.spec import FieldSpec, RowReader, as_flag, as_int, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device
@@ -111,6 +111,7 @@ class RingBuffer(BufferState, Generic[BatchT]):
     """Shared machinery of the ring buffers; not used directly."""
 
     _batch_type: type[BatchT]
+    _cleared = 0  # clear() calls (a load clears first): an iterator made before one refuses its next batch
 
     def _attach_stats(self, stats: EpisodeStats | None, num_envs: int) -> None:
         if stats is not None and stats.num_envs != num_envs:
@@ -346,6 +347,7 @@ class RingBuffer(BufferState, Generic[BatchT]):
         self._require_writable("clear")
         self._ring.clear()
         self._current_epochs = self._current_epochs_call = None
+        self._cleared += 1  # every iterator made before refuses its next batch (see _live)
 
     def close(self) -> None:
         """Release the storage's scratch directory if rlbuf created it (memmap)."""
@@ -479,10 +481,22 @@ class RingBuffer(BufferState, Generic[BatchT]):
         options = check_epoch_options(len(self._ring), batch_size=batch_size, n_epochs=n_epochs,
                                       drop_last=drop_last, shuffle=shuffle)
         self._ring.require_rows(options["batch_size"], without_replacement=False)
-        iterator = EpochIterator(lambda: len(self._ring), self._batch, **options,
+        iterator = EpochIterator(lambda: len(self._ring), self._live(self._batch), **options,
                                  generator=self._iterator_generator(self._storing_device))
         options.pop("num_batches")
         return self._track_epochs(iterator, "epochs", **options)
+
+    def _live(self, make_batch: Callable[[torch.Tensor], Any]) -> Callable[[torch.Tensor], Any]:
+        """``make_batch`` of an iterator made now, refusing once the buffer is cleared or loaded (its rows are gone)."""
+        made_at = self._cleared
+
+        def batch(index: torch.Tensor) -> Any:
+            if self._cleared != made_at:
+                raise StoredIndexError("epochs: the buffer was cleared or loaded after this iterator was made, so the "
+                                       "rows it iterates are gone; make a new one (after a load: buffer.current_epochs "
+                                       "resumes the saved one)")
+            return make_batch(index)
+        return batch
 
     def _track_epochs(self, iterator: EpochIterator[BatchT], method: str, **arguments: Any) -> EpochIterator[BatchT]:
         self._current_epochs = iterator

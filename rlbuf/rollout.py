@@ -518,7 +518,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         def make_batch(index: torch.Tensor) -> RolloutBatch:
             return self._make_batch({name: rows_at(column, index) for name, column in columns.items()})
 
-        iterator = EpochIterator(self.capacity, make_batch, **options, generator=self._iterator_generator(self._device))
+        iterator = EpochIterator(self.capacity, self._live(make_batch), **options, generator=self._iterator_generator(self._device))
         return self._track_epochs(iterator, "minibatches", **minibatches_call(options))
 
     def _iterator_rows(self, method: str, arguments: Mapping[str, Any], size: int,
@@ -547,7 +547,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         def make_sequences(index: torch.Tensor) -> SequenceBatch:
             return self._make_sequence_batch(*trajectories.select(index))
 
-        iterator = EpochIterator(len(trajectories), make_sequences, **options,
+        iterator = EpochIterator(len(trajectories), self._live(make_sequences), **options,
                                  generator=self._iterator_generator(self._device))
         self._track_epochs(cast(Any, iterator), "minibatches", **minibatches_call(options), sequences=True)
         return iterator

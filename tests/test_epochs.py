@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from rlbuf import DistillationBuffer, ReplayBuffer, RolloutBuffer
 from rlbuf.epochs import EpochIterator, batch_bounds
-from rlbuf.errors import BatchSizeError, CheckpointError, ConfigError, EmptyBufferError
+from rlbuf.errors import BatchSizeError, CheckpointError, ConfigError, EmptyBufferError, StoredIndexError
 
 
 def iterator(size: int, seed: int = 0, **kwargs: object) -> EpochIterator[torch.Tensor]:
@@ -197,3 +197,41 @@ def test_the_iterator_saved_with_a_checkpoint_is_made_again_by_keyword(tmp_path:
     loaded = RolloutBuffer.load(tmp_path / "rollout")
     assert loaded.current_epochs is not None
     assert [_rows(b) for b in loaded.current_epochs] == [_rows(b) for b in iterator]
+
+
+def test_an_iterator_made_before_a_clear_or_a_load_refuses_its_next_batch() -> None:
+    """Its rows are gone: it must not hand out rows no longer stored, nor rows stored since at their positions."""
+    def filled(rows: int) -> ReplayBuffer:
+        buffer = ReplayBuffer(16, obs_shape=(1,), action_shape=(), seed=0)
+        for i in range(rows):
+            buffer.add(torch.full((1,), float(i)), 0.0, float(i), torch.zeros(1), False, truncated=False)
+        return buffer
+
+    buffer = filled(10)
+    held = buffer.epochs(batch_size=4, n_epochs=2)
+    next(held)
+    buffer.clear()
+    buffer.add(torch.zeros(1), 0.0, 900.0, torch.zeros(1), False, truncated=False)
+    with pytest.raises(StoredIndexError, match="cleared or loaded after this iterator was made"):
+        next(held)
+    saved = filled(10)
+    saved_epochs = saved.epochs(batch_size=4, n_epochs=2)
+    next(saved_epochs)
+    held = buffer.epochs(batch_size=1)
+    buffer.load_state_dict(saved.state_dict())
+    with pytest.raises(StoredIndexError, match="cleared or loaded"):
+        next(held)
+    assert buffer.current_epochs is not None
+    assert torch.equal(next(buffer.current_epochs).index, next(saved_epochs).index)  # the restored one resumes
+    rollout = RolloutBuffer(2, 1, obs_shape=(1,), action_shape=())
+    for _ in range(2):
+        rollout.add(torch.zeros(1, 1), torch.zeros(1), torch.ones(1), torch.zeros(1, dtype=torch.bool), torch.zeros(1),
+                    torch.zeros(1), truncated=False)
+    rollout.compute_returns_and_advantages(torch.zeros(1))
+    minibatches = rollout.minibatches(batch_size=1, n_epochs=2)
+    next(minibatches)
+    rollout.compute_returns_and_advantages(torch.ones(1))  # advantages again between batches: the rows stay
+    next(minibatches)
+    rollout.clear()
+    with pytest.raises(StoredIndexError, match="cleared or loaded"):
+        next(minibatches)
