@@ -307,8 +307,8 @@ class MixedReplay:
         Returns:
             A [`MixedBatch`][rlbuf.mixing.MixedBatch]: offline rows first; ``from_online`` marks the others.
 
-        Raises (checks come first; a part its buffer refuses puts the mixer's generator back, and the online
-        part is drawn first, so an online buffer refusing leaves the offline one's generator as it was):
+        Raises (checks come first; a part its buffer refuses puts the mixer's and the online buffer's generators
+        back, and the online part is drawn first, so an online buffer refusing leaves the offline one's as it was):
             BatchSizeError: ``batch_size`` is not a positive int.
             ConfigError: the offline buffer changed while mixing.
             EmptyBufferError: the online buffer is empty and the offline fraction is 0 (nothing to draw from).
@@ -330,13 +330,14 @@ class MixedReplay:
         if not online_ready and self._offline_fraction == 0.0:
             raise EmptyBufferError(f"sample: offline_fraction is 0 and the online buffer holds {len(self._online)} rows "
                                    f"(min_online={self._min_online}); add online data first")
-        before = self._generator.get_state()
+        before, online_before = self._generator.get_state(), self._online._ring.generator.get_state()
         offline_rows = self._offline_count(batch_size) if online_ready else batch_size
         try:  # online first: a live buffer may refuse (compact, no complete transition yet) before the dataset draws
             online = self._online.sample(batch_size - offline_rows) if offline_rows < batch_size else None
             offline = self._offline.sample(offline_rows) if offline_rows else None
-        except BaseException:
+        except BaseException:  # the dataset refused (or the online part): both generators as they were
             self._generator.set_state(before)
+            self._online._ring.generator.set_state(online_before)
             raise
         return _mixed(offline, online)
 
@@ -472,18 +473,15 @@ class MixedReplay:
             True
         """
         options = self._checked_options(state)
-        for name in ("offline", "online"):
-            if not isinstance(state.get(name), Mapping):
-                raise CheckpointError(f"state: {name} must be that buffer's state_dict()")
-            self._check_part(state, name, state[name])
-        online_before = self._online.state_dict()
+        for name, buffer in (("offline", self._offline), ("online", self._online)):  # both checked, then loaded
+            if not isinstance(part := state.get(name), Mapping) or part.get("data") is False:
+                raise CheckpointError(f"state: {name} must be that buffer's state_dict() with its rows")
+            self._check_part(state, name, part)
+            buffer._check(part)
         self._online.load_state_dict(state["online"])
+        self._offline.read_only = False  # the mixer's own restore of its dataset
         try:
-            self._offline.read_only = False  # the mixer's own restore of its dataset
             self._offline.load_state_dict(state["offline"])
-        except BaseException:
-            self._online.load_state_dict(online_before)
-            raise
         finally:
             self._offline.read_only = True
         self._restore(options, state["generator"])

@@ -474,3 +474,31 @@ def test_saving_over_something_else_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="not a mixed checkpoint"):
         training_pair().save(tmp_path / "notes")
     assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
+
+
+def test_a_sample_the_dataset_refuses_leaves_every_generator_as_it_was() -> None:
+    """The online part is drawn first: the dataset (n_step=3, no complete transition) refusing must put the online
+    buffer's generator back too."""
+    offline = filled(1, 1.0, n_step=3)
+    mixed = MixedReplay(offline, filled(20, 2.0, n_step=3, seed=1), offline_fraction=0.5, seed=2)
+    before = random_states(mixed)
+    with pytest.raises(EmptyBufferError, match="no transition is complete yet"):
+        mixed.sample(8)
+    assert all(torch.equal(a, b) for a, b in zip(before, random_states(mixed), strict=True))
+
+
+def test_a_load_checks_both_parts_before_either_changes_and_refuses_parts_without_rows() -> None:
+    source = MixedReplay(filled(40, 1.0), filled(30, 2.0, seed=1), seed=3)
+    target = MixedReplay(filled(20, 1.0), filled(10, 2.0, seed=1), seed=4)
+    iterator = target.online.epochs(batch_size=4)
+    before = (target.offline.state_dict(), target.online.state_dict(), target.online._change_marks())
+    dataless = {**source.state_dict(), "offline": source.offline.state_dict(data=False),
+                "online": source.online.state_dict(data=False)}
+    broken = source.state_dict()
+    broken["offline"]["fields"]["reward"] = broken["offline"]["fields"]["reward"][:-1]
+    for state, message in ((dataless, "offline must be that buffer's state_dict\\(\\) with its rows"),
+                           (broken, "reward")):
+        with pytest.raises(CheckpointError, match=message):
+            target.load_state_dict(state)
+        assert same_state(target.offline.state_dict(), before[0]) and same_state(target.online.state_dict(), before[1])
+        assert target.online._change_marks() == before[2] and target.online.current_epochs is iterator
