@@ -26,7 +26,13 @@ from rlbuf._ring import RowRing
 from rlbuf._state import BufferState
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options, sizes_by_keyword
-from rlbuf.errors import ConfigError, EmptyBufferError, NotPicklableError, RlbufError, StoredIndexError
+from rlbuf.errors import (
+    ConfigError,
+    EmptyBufferError,
+    NotPicklableError,
+    RlbufError,
+    StoredIndexError,
+)
 from rlbuf.spec import FieldSpec, RowReader, as_flag, as_int, positive_int
 from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device

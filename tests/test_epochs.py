@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 
 from rlbuf import DistillationBuffer, ReplayBuffer, RolloutBuffer
 from rlbuf.epochs import EpochIterator, batch_bounds
-from rlbuf.errors import BatchSizeError, CheckpointError, ConfigError, EmptyBufferError, StoredIndexError
+from rlbuf.errors import (
+    BatchSizeError,
+    CheckpointError,
+    ConfigError,
+    EmptyBufferError,
+    StoredIndexError,
+)
 
 
 def iterator(size: int, seed: int = 0, **kwargs: object) -> EpochIterator[torch.Tensor]:
