@@ -327,7 +327,7 @@ class ReplayService:
         state = self._rng.bit_generator.state
         try:
             return self._sample(batch_size, wait)
-        except ShardDiedError:  # a failed sample leaves the learner's split generator as it was
+        except BaseException:  # a refused sample (a dead shard, the limiter's timeout) leaves the split generator
             self._rng.bit_generator.state = state
             raise
 

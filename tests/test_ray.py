@@ -447,9 +447,10 @@ def test_service_shards_lose_and_duplicate_no_row_under_writers_samples_prioriti
     counters = service.rate_limiters()
     with pytest.raises(RateLimitTimeoutError, match="sampling would run ahead"):
         for _ in range(8):                                          # the learner runs ahead of the band
-            counters = service.rate_limiters()
+            counters, split = service.rate_limiters(), service._rng.bit_generator.state
             service.sample(2048, timeout=0.0)
     assert service.rate_limiters() == counters                      # the held sample moved nothing
+    assert service._rng.bit_generator.state == split                # nor the learner's split of batches
     before = len(service)
 
     writers = [write_chunks.remote(service.writer(writer_id=w), w + 1, SERVICE_CHUNKS) for w in range(2)]
