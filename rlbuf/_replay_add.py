@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,6 +47,9 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
     _extra_specs: dict[str, FieldSpec]
     _hidden: Layout | None
     _interleaved: bool
+    # Each env's newest stored row, by write serial (-1: not known), for truncate_episodes; None: the last add
+    # stored one row of every env, so each env's newest row is among the last num_envs rows.
+    _newest: np.ndarray[Any, Any] | None = None
     _flag_at: tuple[int, int]  # where the ring's last read holds terminated and truncated
     _mask_unchecked = True  # no env_mask has left out a row ending an episode yet (warned once)
 
@@ -125,6 +129,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
                 warned = resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated,
                                                                                   None)
                 ring.add((obs, action, reward, next_obs, terminated, truncated), self._num_envs)
+                self._newest = None
                 if warned:
                     self._resets = resets = None  # warned of an add that stored: once per buffer
                 if resets is not None:
@@ -155,8 +160,9 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
         been added with ``truncated=True``. A buffer that follows each env's stream (the compact
         layout, ``hindsight``) needs this call before that step, and refuses the step otherwise
         (``StreamError``); in a buffer of whole transitions, sequences (``sample_sequences``) no
-        longer cross the reset. (Rows of envs left out by ``env_mask`` are not told apart by env
-        there: such a buffer's rows stay as they are.) The running episodes leave the statistics
+        longer cross the reset. (A buffer of whole transitions knows each env's newest row from its
+        adds and extends, not from a checkpoint of adds that left rows out with ``env_mask``: loaded
+        so, its rows stay as they are until each env adds again.) The running episodes leave the statistics
         unrecorded (no episode ended), as gymnasium's ``RecordEpisodeStatistics`` leaves them.
         [`Recorder.reset`][rlbuf.gym.Recorder.reset] calls it for you.
 
@@ -185,7 +191,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
                 self._writer.compact.cut(envs)
             elif self._writer.relabeller is not None:
                 self._writer.relabeller.cut(envs)
-            elif self._interleaved:
+            else:
                 self._cut_newest_rows(envs)
             if self._stats is not None:
                 self._stats.reset(envs.tolist())
@@ -193,16 +199,43 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
                 self._resets.clear()  # what it knew of each env's previous row is no longer what is stored
 
     def _cut_newest_rows(self, envs: np.ndarray[Any, Any]) -> None:
-        """``truncate_episodes`` of a buffer of whole transitions whose rows of each env are ``num_envs``
-        apart: the newest stored row of each of ``envs`` that ended no episode is marked truncated."""
+        """``truncate_episodes`` of a buffer of whole transitions: the newest stored row of each of ``envs`` that
+        ended no episode is marked truncated (rows not known to be an env's newest are left as they are)."""
         ring = self._ring
         with ring.rewriting("truncate_episodes"):
-            count, size = ring.write_count, len(ring)
-            newest = count - self._num_envs + envs
+            count, size, n = ring.write_count, len(ring), self._num_envs
+            newest = (count - n + np.arange(n) if self._newest is None else self._newest)[envs]
             positions = newest[newest >= count - size] % ring.capacity
             flags = ring.gather(torch.from_numpy(positions), ["terminated", "truncated"])
             running = ~(flags["terminated"] | flags["truncated"]).cpu().numpy()
             ring.mark_truncated(positions[running])
+
+    def _set_interleaved(self, interleaved: bool) -> None:
+        """Whether each env's rows are ``num_envs`` apart (built, cleared, loaded): then each env's newest row is
+        known; else not (a loaded buffer's masked adds)."""
+        self._interleaved = interleaved
+        self._newest = None if interleaved else np.full(self._num_envs, -1, np.int64)
+
+    def _newest_after_add(self, stored: np.ndarray[Any, Any] | None) -> None:
+        """Each env's newest row after an add that stored the rows of the envs in ``stored`` (all: ``None``)."""
+        if stored is None or stored.all():
+            self._newest = None
+            return
+        n, kept = self._num_envs, np.flatnonzero(stored)
+        count = self._ring.write_count
+        newest = count - len(kept) - n + np.arange(n) if self._newest is None else self._newest.copy()
+        newest[kept] = count - len(kept) + np.arange(len(kept))
+        self._newest = newest
+
+    def _newest_after_extend(self, lead: tuple[int, ...], interleaved: bool) -> None:
+        """Each env's newest row after an ``extend`` of a ``lead`` batch (``[num_envs, T]``: env by env)."""
+        n, count = self._num_envs, self._ring.write_count
+        if not math.prod(lead) or interleaved:
+            self._newest = self._newest if not math.prod(lead) else None
+        elif len(lead) == 2 and lead[0] == n:
+            self._newest = count - n * lead[1] + np.arange(n) * lead[1] + lead[1] - 1
+        else:
+            self._newest = np.full(n, -1, np.int64)
 
     def _add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
              hidden_state: Any, env_mask: Any, extras: dict[str, Any], metrics: Mapping[str, Any] | None) -> None:
@@ -230,6 +263,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             interleaved = self._writer.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, extras,
                                            env_mask)
             self._interleaved = self._interleaved and interleaved
+            self._newest_after_add(None if env_mask is None else self._writer.checked_env_mask(env_mask).numpy())
             # Each warning is given once per buffer, once an add it was given for has stored: a refused add
             # leaves the watch as it was.
             if warned:
@@ -280,4 +314,5 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             if self._resets is not None:
                 self._resets.clear()  # stored: the last row of each env is a collector's now
             self._interleaved = self._interleaved and interleaved
+            self._newest_after_extend(tuple(td.batch_size), interleaved)
 

@@ -51,7 +51,7 @@ from rlbuf._convert import MAX_DEPTH
 from rlbuf._final_obs import rows_of, with_final_obs
 from rlbuf._gym_seam import pending_resets
 from rlbuf.distill import DistillationBuffer
-from rlbuf.errors import ConfigError, DeviceError, DtypeError, MissingFieldError, ShapeError
+from rlbuf.errors import ConfigError, DeviceError, DtypeError, MissingFieldError, ShapeError, StreamError
 from rlbuf.replay import ReplayBuffer
 from rlbuf.rollout import RolloutBuffer
 from rlbuf.spec import as_array, short_repr
@@ -157,7 +157,9 @@ class Recorder:
         Gymnasium's ``envs.reset()`` makes the next step a real one for every env it resets,
         including envs whose episode had just ended; tell the Recorder so it stores that step. A
         ``ReplayBuffer``'s running episodes of those envs end at their newest stored step, as a time
-        limit would ([`truncate_episodes`][rlbuf.ReplayBuffer.truncate_episodes]).
+        limit would ([`truncate_episodes`][rlbuf.ReplayBuffer.truncate_episodes]). A ``RolloutBuffer``
+        part-filled cannot end them so (that step would need its bootstrap value): the call is refused
+        (``StreamError``) while one of those envs' episodes runs on in it.
 
         Args:
             env_mask: ``[num_envs]`` bools: the envs that were reset (``None``: all).
@@ -174,6 +176,14 @@ class Recorder:
         reset = None if env_mask is None else _flags("env_mask", env_mask, self.num_envs)
         if isinstance(self.buffer, ReplayBuffer):
             self.buffer.truncate_episodes(reset)
+        elif isinstance(self.buffer, RolloutBuffer) and 0 < (steps := self.buffer.steps) < self.buffer.num_steps:
+            last = (self.buffer.view("terminated")[steps - 1] | self.buffer.view("truncated")[steps - 1]).cpu().numpy()
+            if (running := np.flatnonzero(~last & (True if reset is None else reset))).size:
+                raise StreamError(
+                    f"reset: env {running[0]}'s episode runs on in the rollout (its step {steps - 1} ended nothing), "
+                    f"and a rollout cannot end it afterwards: a time limit's step needs its bootstrap value, V of its "
+                    f"final observation. Record the step before envs.reset() with truncated=True for the envs you "
+                    f"reset (the Recorder then asks bootstrap for it), or reset the envs between rollouts")
         if reset is None:
             self._resetting[:] = False
         else:

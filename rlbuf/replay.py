@@ -210,7 +210,7 @@ class ReplayBuffer(ReplayWriting):
         self._extra_specs = {s.name: s for s in specs if s.name in (extra_fields or {})}
         if self._hidden is not None:
             specs = (*specs, *self._hidden.specs("hidden_state", hidden_state_key))
-        self._interleaved = True
+        self._set_interleaved(True)
         self._setup(specs, capacity, sampler, num_envs=num_envs, storage=storage, scratch_dir=scratch_dir,
                     storing_device=storing_device, device=device, seed=seed, derived={"done": done_of})
         self._compact = None
@@ -273,7 +273,7 @@ class ReplayBuffer(ReplayWriting):
         """
         with self._ring.lock:  # an add between the ring's clear and the layout's would write to half a buffer
             super().clear()
-            self._interleaved = True
+            self._set_interleaved(True)
             if self._resets is not None:
                 self._resets.clear()
             if self._compact is not None:
@@ -310,7 +310,7 @@ class ReplayBuffer(ReplayWriting):
         return state
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
-        self._interleaved = bool(state.get("interleaved", True))
+        self._set_interleaved(bool(state.get("interleaved", True)))
         super()._load_extra_state(state)
         if self._compact is not None:
             if not isinstance(state.get("streams"), dict):

@@ -28,6 +28,7 @@ from rlbuf import (
     ReplayBuffer,
     RolloutBuffer,
     ShapeError,
+    StreamError,
 )
 from rlbuf.gym import Recorder, isaac_step, sb3_step
 
@@ -483,3 +484,29 @@ def test_info_passed_in_truncateds_place_is_named() -> None:
                                                 r"record\(obs, action, reward, next_obs, terminated, truncated, info\)"):
         recorder.record(np.zeros((2, 1)), np.zeros(2), np.ones(2), np.ones((2, 1)), np.zeros(2, bool), {})
     assert len(buffer) == 0
+
+
+def test_a_reset_in_the_middle_of_a_rollout_is_refused_while_an_episode_runs_on() -> None:
+    """A rollout cannot end a running episode after the fact (its step would need a bootstrap value): refused,
+    with the fix; between rollouts, or for envs whose newest step ended, it goes through."""
+    envs = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync",
+                        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
+    buffer = RolloutBuffer(4, 2, observation_space=envs.single_observation_space,
+                           action_space=envs.single_action_space)
+    recorder = Recorder(envs, buffer, bootstrap=lambda obs: torch.zeros(len(obs)))
+    recorder.reset()                                            # an empty rollout: nothing runs in it
+    obs, _ = envs.reset(seed=0)
+    for truncated in ([False, False], [False, True]):
+        next_obs, reward, terminated, _, info = envs.step(np.zeros(2, np.int64))
+        if truncated[1]:
+            info = {"final_obs": np.array([None, next_obs[1]], dtype=object), "_final_obs": np.array([False, True])}
+        recorder.record(obs, np.zeros(2, np.int64), reward, next_obs, terminated, np.array(truncated), info,
+                        value=torch.zeros(2), log_prob=torch.zeros(2))
+        obs = next_obs
+    envs.reset(seed=1)
+    with pytest.raises(StreamError, match=r"reset: env 0's episode runs on in the rollout \(its step 1 ended nothing\)"
+                                          r".*truncated=True"):
+        recorder.reset()
+    recorder.reset(env_mask=np.array([False, True]))            # env 1's newest step ended its episode
+    assert buffer.steps == 2
+    envs.close()

@@ -198,3 +198,57 @@ def test_recorder_reset_mid_episode_ends_the_running_episodes() -> None:
     # Per env: the steps before the reset (t = 0, 1, 2), the one after; with n_step=2 the transitions
     # of t = 1 and 2 end at the cut (truncated), the one of t = 0 does not, the new episode's is open.
     assert len(buffer) == 8 and buffer.sample_all().truncated.tolist() == [False, False, True, True, True, True]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), capacity=st.sampled_from([6, 40]),
+       calls=st.lists(st.sampled_from(["full", "masked", "extend_env_major", "extend_time_major", "cut"]),
+                      min_size=1, max_size=14))
+def test_the_newest_row_of_each_env_is_cut_after_any_adds_masks_and_extends(seed: int, capacity: int,
+                                                                           calls: list[str]) -> None:
+    """Against a reference that remembers which row each env wrote last (the ring overwrites the oldest first)."""
+    from tensordict import TensorDict
+
+    num_envs, rng = 3, np.random.default_rng(seed)
+    buffer = ReplayBuffer(capacity, obs_shape=(1,), action_shape=(), num_envs=num_envs, seed=0)
+    envs_of: list[int] = []   # the env of every row ever written, by write serial
+    cut: set[int] = set()     # the serials the reference marks truncated
+
+    def rows(envs: list[int], ended: np.ndarray[Any, Any]) -> None:
+        for env, end in zip(envs, ended, strict=True):
+            envs_of.append(env)
+            if end:
+                cut.discard(len(envs_of) - 1)
+    for call in calls:
+        ended = rng.random(num_envs * 2) < 0.2
+        if call in ("full", "masked"):
+            mask = np.ones(num_envs, bool) if call == "full" else rng.random(num_envs) < 0.5
+            buffer.add(np.zeros((num_envs, 1), np.float32), np.zeros(num_envs), np.zeros(num_envs),
+                       np.zeros((num_envs, 1), np.float32), ended[:num_envs], truncated=False,
+                       env_mask=None if call == "full" else mask)
+            rows([e for e in range(num_envs) if mask[e]], ended[:num_envs][mask])
+        elif call.startswith("extend"):
+            lead, envs = ((num_envs, 2), [e for e in range(num_envs) for _ in range(2)]) if call == "extend_env_major" \
+                else ((2, num_envs), [e for _ in range(2) for e in range(num_envs)])
+            flags = torch.from_numpy(ended.reshape(lead))
+            buffer.extend(TensorDict({"observation": torch.zeros(*lead, 1), "action": torch.zeros(lead),
+                                      "next": {"observation": torch.zeros(*lead, 1), "reward": torch.zeros(lead),
+                                               "terminated": flags, "truncated": torch.zeros(lead, dtype=torch.bool)}},
+                                     batch_size=list(lead)))
+            rows(envs, ended)
+        else:
+            envs = rng.random(num_envs) < 0.6
+            buffer.truncate_episodes(envs)
+            stored = range(max(0, len(envs_of) - capacity), len(envs_of))
+            for env in np.flatnonzero(envs):
+                newest = [serial for serial in stored if envs_of[serial] == env]
+                if newest:
+                    cut.add(newest[-1])
+    count = len(envs_of)
+    stored = list(range(max(0, count - capacity), count))
+    fields = buffer.state_dict()["fields"]  # by ring position
+    truncated, terminated = fields["truncated"].reshape(-1), fields["terminated"].reshape(-1)
+    for serial in stored:
+        position = serial % capacity
+        expected = serial in cut and not bool(terminated[position])
+        assert bool(truncated[position]) == expected, (serial, calls)
