@@ -51,7 +51,14 @@ from rlbuf._convert import MAX_DEPTH
 from rlbuf._final_obs import rows_of, with_final_obs
 from rlbuf._gym_seam import pending_resets
 from rlbuf.distill import DistillationBuffer
-from rlbuf.errors import ConfigError, DeviceError, DtypeError, MissingFieldError, ShapeError, StreamError
+from rlbuf.errors import (
+    ConfigError,
+    DeviceError,
+    DtypeError,
+    MissingFieldError,
+    ShapeError,
+    StreamError,
+)
 from rlbuf.replay import ReplayBuffer
 from rlbuf.rollout import RolloutBuffer
 from rlbuf.spec import as_array, short_repr
