@@ -77,6 +77,9 @@ class ResetSteps:
         self.watching = False  # whether some env's last stored row ended an episode
         self._ended = np.zeros(num_envs, np.bool_)
         self._final: list[np.ndarray[Any, Any]] | None = None  # per leaf, [num_envs, *shape], read where ended
+        # Episode starts seen after a stored end, and how many of them from that end's next_obs (committed by
+        # record, once the add stored), and this add's.
+        self._starts, self._pending = (0, 0), (0, 0)
         self._left_out: np.ndarray[Any, Any] | None = None  # envs whose reset step this add leaves out (check)
 
     def clear(self) -> None:
@@ -88,8 +91,9 @@ class ResetSteps:
     def check(self, obs: Any, reward: Any, terminated: Any, truncated: Any, stored: np.ndarray[Any, Any] | None) -> bool:
         """Before an add: warn if an env stored now (``stored``: all when ``None``) resets as ``NEXT_STEP`` does:
         its ``obs`` is its last row's ``next_obs``, with reward 0 and no flag, as gymnasium gives the reset step;
-        or, where no env does, if an env's ``obs`` is its last row's ``next_obs`` all the same: that row stored
-        the reset observation as its ``next_obs`` (``SAME_STEP`` without ``info["final_obs"]``).
+        or, where no env does, if every episode start after a stored end so far (``_SYSTEMATIC`` at least)
+        came from that end's ``next_obs``: those rows stored the reset observation as their ``next_obs``
+        (``SAME_STEP`` without ``info["final_obs"]``).
 
         A watched env whose row looks so but is left out by ``env_mask`` had its reset step left out, as
         the docs say to: once the add is stored (``forget_left_out``) it is watched no more, so its
@@ -99,7 +103,7 @@ class ResetSteps:
         Returns:
             Whether it warned (the buffer then stops watching; a warning made an error raises here).
         """
-        self._left_out = None
+        self._left_out, self._pending = None, (0, 0)
         if not self._ended.any() or self._final is None:
             return False
         try:
@@ -117,10 +121,14 @@ class ResetSteps:
             self._left_out = same & ~stored
             same &= stored
             equal &= stored
-        if not same.any():  # a real step from the stored next_obs: that was the reset observation, not the final one
-            return _warn_first(equal, lambda env: (
-                f"add: env {env}'s obs is the next_obs of its previous row, which ended an episode: that next_obs "
-                f"was the new episode's first observation, not the final one of the ended episode. With gymnasium's "
+        if not same.any():  # real steps after an end: from the stored next_obs at every end, that was a reset obs
+            starts = self._ended if stored is None else self._ended & stored
+            self._pending = (int(starts.sum()), int(equal.sum()))
+            seen, matched = self._starts[0] + self._pending[0], self._starts[1] + self._pending[1]
+            return matched >= _SYSTEMATIC and matched == seen and _warn_first(equal, lambda env: (
+                f"add: env {env}'s obs is the next_obs of its previous row, which ended an episode, as at every one of "
+                f"the {seen} episode ends so far: that next_obs was the new episode's first observation, not the final "
+                f"one of the ended episode. With gymnasium's "
                 f"SAME_STEP autoreset, next_obs of an ended env is already the reset observation: store "
                 f"info['final_obs'] there (next_obs[i] = info['final_obs'][i] where info['_final_obs'][i]), or "
                 f"collect with rlbuf.gym.Recorder, which does. (An env whose reset observation can equal its final "
@@ -165,6 +173,8 @@ class ResetSteps:
     def record(self, terminated: Any, truncated: Any, next_obs: Any, stored: np.ndarray[Any, Any] | None) -> None:
         """After an add: remember which envs stored now ended (their flags as the ring read them, for the
         envs in ``stored``), and their ``next_obs``."""
+        self._starts = (self._starts[0] + self._pending[0], self._starts[1] + self._pending[1])
+        self._pending = (0, 0)
         if terminated is False and truncated is False and stored is None:  # one env whose episode goes on
             self._ended[0] = self.watching = False
             return
@@ -180,6 +190,11 @@ class ResetSteps:
             self._final = [np.zeros((self._num_envs, *reader.spec.shape), reader.spec.np_dtype) for reader in self._next_obs]
         for leaf, final in zip(leaves, self._final, strict=True):
             final[envs[ended]] = leaf[envs[ended]]
+
+
+_SYSTEMATIC = 3
+"""Episode ends after which a stored next_obs equal to every next start's obs is warned (once: a discrete env may
+restart in the state it ended in)."""
 
 
 def _warn_first(envs: np.ndarray[Any, Any], message: Callable[[int], str]) -> bool:

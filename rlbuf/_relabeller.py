@@ -366,11 +366,12 @@ def reward_values(value: Any, rows: int) -> torch.Tensor:
             raise DtypeError(f"hindsight reward_fn: a {value.layout} tensor rlbuf cannot read ({error}); return a "
                              f"dense float tensor or array") from None
     else:
-        try:
+        try:  # a list of numbers, or of tensors that numpy reads one by one (not those that need grad)
             array = np.asarray(value)
-        except (ValueError, TypeError) as error:
-            raise ShapeError(f"hindsight reward_fn: expected {rows} rewards as an array, got a "
-                             f"{type(value).__name__} that is none ({error})") from None
+        except (ValueError, TypeError, RuntimeError) as error:
+            raise DtypeError(f"hindsight reward_fn: expected {rows} rewards as an array or a tensor, got a "
+                             f"{type(value).__name__} numpy cannot read as one ({error}); return an array or a "
+                             f"tensor") from None
     if array.dtype.kind not in "iuf":
         raise DtypeError(f"hindsight reward_fn: expected real numbers, got {array.dtype}; return float rewards "
                          f"(successes as floats: flags.astype(np.float32))")

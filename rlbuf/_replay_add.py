@@ -230,12 +230,12 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
     def _newest_after_extend(self, lead: tuple[int, ...], interleaved: bool) -> None:
         """Each env's newest row after an ``extend`` of a ``lead`` batch (``[num_envs, T]``: env by env)."""
         n, count = self._num_envs, self._ring.write_count
-        if not math.prod(lead) or interleaved:
-            self._newest = self._newest if not math.prod(lead) else None
-        elif len(lead) == 2 and lead[0] == n:
+        if not math.prod(lead):
+            return
+        if len(lead) == 2 and lead[0] == n and lead[1] > 1:  # env by env, as the writer reads it (T == N too)
             self._newest = count - n * lead[1] + np.arange(n) * lead[1] + lead[1] - 1
         else:
-            self._newest = np.full(n, -1, np.int64)
+            self._newest = None if interleaved else np.full(n, -1, np.int64)
 
     def _add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
              hidden_state: Any, env_mask: Any, extras: dict[str, Any], metrics: Mapping[str, Any] | None) -> None:

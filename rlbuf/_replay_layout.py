@@ -403,7 +403,8 @@ class ReplayWriter:
         # Rows of one env stay num_envs apart (what sample_sequences reads) only for [..., num_envs] batches
         # (one step of each env, [num_envs, 1], too), and an empty batch moves nothing.
         steps = tuple(size for size in lead if size != 1)
-        interleaved = self.num_envs == 1 or rows == 0 or (bool(steps) and steps[-1] == self.num_envs)
+        env_major = len(lead) == 2 and lead[0] == self.num_envs and lead[1] > 1  # a collector's, even when T == N
+        interleaved = self.num_envs == 1 or rows == 0 or (bool(steps) and steps[-1] == self.num_envs and not env_major)
         ring, compact = self.ring, self.compact
         env_ids = None if self.relabeller is None else env_ids_of(lead, self.num_envs,
                                                                   "a hindsight buffer follows each env's episodes")

@@ -280,7 +280,7 @@ class BufferState:
         _raise_if("state", rows_problem(ring.specs, fields, derives_done="done" in ring.derived))
         self._check_sampler(state.get("sampler"), size)
         self._check_extra(state.get("extra"), fields, size, count)
-        self._check_iterator(state.get("iterator"), size, fields)
+        self._check_iterator(state.get("iterator"), size, fields, state["extra"])
         return Checked(size, cursor, count, self._check_rng(state.get("rng")))
 
     def _check_sampler(self, saved: Any, size: int) -> None:
@@ -312,13 +312,20 @@ class BufferState:
         """What the layout's own tables in ``extra`` contradict in the stored rows (``""``: nothing)."""
         return ""
 
-    def _check_iterator(self, iterator: Any, size: int, fields: Mapping[str, torch.Tensor]) -> None:
-        """Build the saved iterator on the side (a throwaway generator) to check its state."""
+    def _check_iterator(self, iterator: Any, size: int, fields: Mapping[str, torch.Tensor],
+                        extra: Mapping[str, Any]) -> None:
+        """Build the saved iterator on the side (a throwaway generator) to check its state, and refuse one its
+        method would not make of the saved state (the load makes it again, after the rows are in)."""
         if iterator is None:
             return
         if not isinstance(iterator, Mapping) or iterator.get("method") not in _ITERATOR_METHODS:
             method = iterator.get("method") if isinstance(iterator, Mapping) else iterator
             raise CheckpointError(f"state: unknown iterator method {method!r}")
+        if iterator["method"] == "epochs" and "streams" in extra:
+            raise CheckpointError("state: an epochs() iterator of a compact buffer, whose epochs() is refused")
+        if iterator["method"] == "minibatches" and not extra.get("advantages_ready"):
+            raise CheckpointError("state: a minibatches() iterator of a rollout whose advantages are not computed, "
+                                  "whose minibatches() is refused")
         arguments, saved = iterator.get("arguments"), iterator.get("state")
         if not isinstance(arguments, Mapping) or not isinstance(saved, Mapping):
             raise CheckpointError("state: the iterator needs 'arguments' and 'state' tables")

@@ -128,8 +128,9 @@ class NextStepResetWarning(RlbufWarning):
     """An ``add`` that looks like the reset step of gymnasium's ``NEXT_STEP`` autoreset: the env's
     previous stored row ended an episode and its ``obs`` is that row's ``next_obs`` (a final
     observation followed by a reset one, which is no transition of the env). Also given, with its
-    own message, when such an ``obs`` comes with a reward or a flag: then the previous row stored
-    the reset observation as its ``next_obs``, as ``SAME_STEP`` gives it without ``info["final_obs"]``."""
+    own message, when at every episode end so far (three at least) such an ``obs`` came with a reward
+    or a flag: then those rows stored the reset observation as their ``next_obs``, as ``SAME_STEP``
+    gives it without ``info["final_obs"]``."""
 
 
 class BatchedSpaceWarning(RlbufWarning):

@@ -268,12 +268,28 @@ def test_an_equal_observation_with_a_reward_or_after_no_end_is_no_reset_step() -
         buf.add(**_step(0.0), truncated=False)
         buf.add(**_step(1.0), truncated=False)  # obs == the previous next_obs, as in every episode
         buf.add(**_step(2.0, terminated=torch.tensor([True, True])), truncated=False)
-        # Same obs as the final one, but reward 1: a real step, from the ended row's next_obs, which was
-        # then the reset observation (SAME_STEP's next_obs without info["final_obs"]): warned, not stored.
+        # Same obs as the final one, but reward 1: a real step from the ended row's next_obs. Once (two envs'
+        # ends), as a discrete env may restart where it ended: not warned.
+        buf.add(**_step(3.0), truncated=False)
+        buf.add(**_step(4.0, terminated=torch.tensor([True, False])), truncated=False)
+        # A third end whose next start came from its next_obs: at every end so far, so those next_obs were reset
+        # observations (SAME_STEP's next_obs without info["final_obs"]): warned, before anything is stored.
         with pytest.raises(NextStepResetWarning, match="env 0's obs is the next_obs of its previous row, which ended "
-                                                       "an episode: that next_obs was the new episode's first"):
-            buf.add(**_step(3.0), truncated=False)
-    assert len(buf) == 6
+                                                       "an episode, as at every one of the 3 episode ends so far"):
+            buf.add(**_step(5.0), truncated=False)
+    assert len(buf) == 10
+
+
+def test_a_start_from_a_new_observation_after_an_end_ends_the_same_step_suspicion() -> None:
+    buf = _replay()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NextStepResetWarning)
+        buf.add(**_step(0.0, terminated=torch.tensor([True, True])), truncated=False)
+        buf.add(**_step(7.0), truncated=False)  # both start from a reset observation (7, not the final 1)
+        for t in (8.0, 10.0, 12.0):             # then every end's next start equals its next_obs: not every end
+            buf.add(**_step(t, terminated=torch.tensor([True, True])), truncated=False)
+            buf.add(**_step(t + 1.0), truncated=False)
+    assert len(buf) == 16
 
 
 @pytest.mark.parametrize("reset", ["clear", "extend"])

@@ -143,7 +143,8 @@ def test_a_buffer_built_from_the_batched_space_warns_and_its_add_says_the_fix() 
     assert str(error.value) == (
         "obs: expected shape (4, 4, 3), got (4, 3); this buffer stores obs of shape (4, 3), whose first dim is "
         "num_envs=4: was it built from envs.observation_space? Build it with "
-        "observation_space=envs.single_observation_space (one env's space)")
+        "observation_space=envs.single_observation_space (one env's space); or, if that was one env's obs, give "
+        "every env's at once")
     assert len(buf) == 0
     cartpole = gym.make_vec("CartPole-v1", num_envs=4)
     with pytest.warns(BatchedSpaceWarning, match="^action_space: shape .4,. starts with num_envs=4.*"

@@ -475,3 +475,34 @@ def test_a_state_with_a_part_rlbuf_never_writes_is_refused(tmp_path: Path) -> No
     _forge(path, state={("prefetch",): {"module": "os", "call": "system"}})
     with pytest.raises(CheckpointError, match="prefetch"):
         ReplayBuffer.load(path)
+
+
+def test_an_iterator_its_method_would_not_make_of_the_state_is_refused_before_any_row_changes() -> None:
+    """The load makes the saved iterator again once the rows are in: the check must refuse first what that call
+    would refuse (epochs() of a compact buffer, minibatches() of a rollout without advantages)."""
+    def compact(reward: float) -> ReplayBuffer:
+        buffer = ReplayBuffer(16, obs_shape=(1,), action_shape=(), compact=True, seed=0)
+        for t in range(6):
+            buffer.add(torch.full((1,), float(t)), 0.0, reward, torch.full((1,), t + 1.0), t == 5, truncated=False)
+        return buffer
+
+    plain = ReplayBuffer(16, obs_shape=(1,), action_shape=(), seed=0)
+    for _ in range(2):
+        plain.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
+    plain.epochs(batch_size=2)
+    state, target = compact(1.0).state_dict(), compact(2.0)
+    state["iterator"] = plain.state_dict()["iterator"]
+    before = snapshot(target)
+    with pytest.raises(CheckpointError, match=r"an epochs\(\) iterator of a compact buffer"):
+        target.load_state_dict(state)
+    assert same(snapshot(target), before)
+    rollout = RolloutBuffer(2, 1, obs_shape=(1,), action_shape=())
+    for _ in range(2):
+        rollout.add(torch.zeros(1, 1), torch.zeros(1), torch.ones(1), torch.zeros(1, dtype=torch.bool), torch.zeros(1),
+                    torch.zeros(1), truncated=False)
+    rollout.compute_returns_and_advantages(torch.zeros(1))
+    rollout.minibatches(batch_size=1)
+    state = rollout.state_dict()
+    state["extra"]["advantages_ready"] = False
+    with pytest.raises(CheckpointError, match=r"a minibatches\(\) iterator of a rollout whose advantages are not"):
+        RolloutBuffer(2, 1, obs_shape=(1,), action_shape=()).load_state_dict(state)

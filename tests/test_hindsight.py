@@ -253,7 +253,8 @@ def test_a_checkpoint_whose_envs_break_an_episode_is_refused() -> None:
 
 @pytest.mark.parametrize("returned", [np.zeros(3), np.zeros((64, 2)), np.array(["a"] * 64), np.full(64, np.nan),
                                       np.zeros(64, bool), torch.zeros(64, dtype=torch.bool), torch.zeros(64) + 1j,
-                                      torch.zeros(64, device="meta"), [[0.0]] * 32 + [0.0] * 32])
+                                      torch.zeros(64, device="meta"), [[0.0]] * 32 + [0.0] * 32,
+                                      [torch.zeros((), requires_grad=True)] * 64])
 def test_a_bad_reward_fn_result_is_refused_and_sampling_state_kept(returned: Any) -> None:
     buf = ReplayBuffer(32, obs_shape={"observation": 1, "achieved_goal": 2, "desired_goal": 2}, action_shape=(),
                        seed=0, hindsight=Hindsight("future", 1.0, lambda a, d, i: returned[:len(a)]))

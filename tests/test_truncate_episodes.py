@@ -7,6 +7,7 @@ with ``truncated=True``: the same rows, stream tables, samples and checkpoints.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -202,7 +203,8 @@ def test_recorder_reset_mid_episode_ends_the_running_episodes() -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10_000), capacity=st.sampled_from([6, 40]),
-       calls=st.lists(st.sampled_from(["full", "masked", "extend_env_major", "extend_time_major", "cut"]),
+       calls=st.lists(st.sampled_from(["full", "masked", "extend_env_major", "extend_time_major", "extend_square",
+                                       "cut"]),
                       min_size=1, max_size=14))
 def test_the_newest_row_of_each_env_is_cut_after_any_adds_masks_and_extends(seed: int, capacity: int,
                                                                            calls: list[str]) -> None:
@@ -220,7 +222,7 @@ def test_the_newest_row_of_each_env_is_cut_after_any_adds_masks_and_extends(seed
             if end:
                 cut.discard(len(envs_of) - 1)
     for call in calls:
-        ended = rng.random(num_envs * 2) < 0.2
+        ended = rng.random(num_envs * 3) < 0.2
         if call in ("full", "masked"):
             mask = np.ones(num_envs, bool) if call == "full" else rng.random(num_envs) < 0.5
             buffer.add(np.zeros((num_envs, 1), np.float32), np.zeros(num_envs), np.zeros(num_envs),
@@ -228,8 +230,10 @@ def test_the_newest_row_of_each_env_is_cut_after_any_adds_masks_and_extends(seed
                        env_mask=None if call == "full" else mask)
             rows([e for e in range(num_envs) if mask[e]], ended[:num_envs][mask])
         elif call.startswith("extend"):
-            lead, envs = ((num_envs, 2), [e for e in range(num_envs) for _ in range(2)]) if call == "extend_env_major" \
-                else ((2, num_envs), [e for _ in range(2) for e in range(num_envs)])
+            steps = num_envs if call == "extend_square" else 2  # a collector's [num_envs, T], T == num_envs too
+            lead, envs = ((num_envs, steps), [e for e in range(num_envs) for _ in range(steps)]) \
+                if call != "extend_time_major" else ((2, num_envs), [e for _ in range(2) for e in range(num_envs)])
+            ended = ended[:math.prod(lead)]
             flags = torch.from_numpy(ended.reshape(lead))
             buffer.extend(TensorDict({"observation": torch.zeros(*lead, 1), "action": torch.zeros(lead),
                                       "next": {"observation": torch.zeros(*lead, 1), "reward": torch.zeros(lead),
