@@ -253,13 +253,19 @@ def test_extras_must_be_declared_and_given() -> None:
     assert buf.sample_all().cost.tolist() == [0.5]
 
 
+def _four_rows(reward: torch.Tensor, **flags: torch.Tensor) -> TensorDict:
+    """Four rows for ``make()``'s buffer with ``reward`` and each of ``flags`` at ``("next", name)``."""
+    return TensorDict({"observation": torch.zeros(4, 3), "action": torch.zeros(4, 2),
+                       ("next", "observation"): torch.zeros(4, 3), ("next", "reward"): reward,
+                       **{("next", name): value for name, value in flags.items()}}, batch_size=[4])
+
+
 def test_bad_extend_raises_before_writing() -> None:
     buf = make()
     add_ids(buf, range(2))
     before = snapshot(buf)
-    td = TensorDict({"observation": torch.zeros(4, 3), "action": torch.zeros(4, 2),
-                     ("next", "observation"): torch.zeros(4, 3), ("next", "reward"): torch.zeros(4, 2),
-                     ("next", "terminated"): torch.zeros(4, 1, dtype=torch.bool), ("next", "truncated"): torch.zeros(4, 1, dtype=torch.bool)}, batch_size=[4])
+    td = _four_rows(torch.zeros(4, 2), terminated=torch.zeros(4, 1, dtype=torch.bool),
+                    truncated=torch.zeros(4, 1, dtype=torch.bool))
     with pytest.raises(ShapeError, match=r"reward: expected shape \(4, 1\) at key \('next', 'reward'\), got \(4, 2\)"):
         buf.extend(td)
     with pytest.raises(MissingFieldError, match="action"):
@@ -270,14 +276,11 @@ def test_bad_extend_raises_before_writing() -> None:
     assert same(snapshot(buf), before)
 
 
-
 def test_an_extend_with_neither_truncated_nor_done_is_refused_and_done_derives_it() -> None:
     buf = make()
     add_ids(buf, range(2))
     before = snapshot(buf)
-    td = TensorDict({"observation": torch.zeros(4, 3), "action": torch.zeros(4, 2),
-                     ("next", "observation"): torch.zeros(4, 3), ("next", "reward"): torch.zeros(4, 1),
-                     ("next", "terminated"): torch.tensor([False, True, False, False])}, batch_size=[4])
+    td = _four_rows(torch.zeros(4, 1), terminated=torch.tensor([False, True, False, False]))
     with pytest.raises(MissingFieldError, match=r"truncated: the tensordict has no \('next', 'truncated'\) and no "
                                                 r"\('next', 'done'\).*add \('next', 'truncated'\)"):
         buf.extend(td)  # its time limits would be stored as no end
