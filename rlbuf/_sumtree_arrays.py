@@ -166,4 +166,11 @@ def checked_leaf_values(
             f"priority: expected (p + eps) ** alpha to fit in {np.dtype(dtype)},"
             f" got p={raw[position]} at position {position} (alpha={alpha})"
         )
+    if not value.min() > 0 and (lost := (value == 0) & (raw + eps > 0)).any():  # alpha underflowed a priority
+        position = int(np.flatnonzero(lost)[0])
+        raise PriorityError(
+            f"priority: expected (p + eps) ** alpha > 0 in {np.dtype(dtype)} for p + eps > 0 (or the row is never"
+            f" drawn), got p={raw[position]} at position {position} (alpha={alpha}, eps={eps}); raise eps or lower"
+            f" alpha"
+        )
     return value

@@ -457,6 +457,16 @@ def test_bad_updates_raise_and_leave_the_tree_unchanged(
     assert sampler.default_priority == default
 
 
+def test_a_priority_that_underflows_to_zero_is_refused_and_leaves_the_tree_unchanged() -> None:
+    """(0 + eps) ** 50 is 0.0 in float64: that row could never be drawn (a zero priority with eps=0 is meant so)."""
+    sampler = SumTreeSampler(4, alpha=50.0, beta=0.4)
+    sampler.update_priority(torch.arange(4), torch.ones(4))
+    tree = sampler._tree.clone()
+    with pytest.raises(PriorityError, match=r"expected \(p \+ eps\) \*\* alpha > 0 in float64 for p \+ eps > 0 .* got "
+                                            r"p=0.0 at position 1 \(alpha=50.0, eps=1e-08\); raise eps or lower alpha"):
+        sampler.update_priority(torch.tensor([0, 1]), torch.tensor([1.0, 0.0]))
+    assert torch.equal(sampler._tree, tree)
+
 def test_non_finite_priority_is_also_a_priority_error() -> None:
     sampler = SumTreeSampler(2, alpha=0.6, beta=0.4)
     with pytest.raises(PriorityError):
