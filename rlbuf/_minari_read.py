@@ -273,6 +273,17 @@ def check_episode(episode: Mapping[str, Any], spaces: Spaces) -> int:
     return steps
 
 
+def is_seed(seed: Any) -> bool:
+    """Whether ``seed`` is one an episode may carry (what a reset takes and Minari reads back): an int in
+    ``[0, 2**63)``, not a bool.
+
+    Example:
+        >>> is_seed(42), is_seed(-4), is_seed(True), is_seed(np.int64(7))
+        (True, False, False, True)
+    """
+    return isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and bool(0 <= seed < 2**63)
+
+
 def episode_seed(seed: Any, episode: Any) -> int:
     """An episode's seed as stored in ``episode_seed``: the seed, or ``NO_SEED`` for none.
 
@@ -285,7 +296,7 @@ def episode_seed(seed: Any, episode: Any) -> int:
     """
     if seed is None:
         return NO_SEED
-    if isinstance(seed, (bool, float)) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
+    if not is_seed(seed):
         raise OutOfRangeError(f"episode {episode}: seed: expected an int in [0, 2**63), got {seed!r}; import "
                               f"with exact=False to leave seeds out")
     return int(seed)

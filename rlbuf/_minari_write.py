@@ -25,7 +25,7 @@ import torch
 from gymnasium import spaces as gym_spaces
 
 from rlbuf._minari_options import checked_options, options_out
-from rlbuf._minari_read import Spaces, check_episode, check_infos, minari_module
+from rlbuf._minari_read import Spaces, check_episode, check_infos, is_seed, minari_module
 from rlbuf.errors import ConfigError, DtypeError
 
 
@@ -101,8 +101,7 @@ def checked_episodes(episodes: Iterable[Mapping[str, Any]], spaces: Spaces) -> l
                                     f"(optional: seed, options, infos), got {sorted(episode)}")
         infos = {key: _as_numpy(value) for key, value in (episode.get("infos") or {}).items()}
         seed = episode.get("seed")
-        if seed is not None and (isinstance(seed, (bool, float)) or not isinstance(seed, (int, np.integer))
-                                 or not 0 <= seed < 2**63):
+        if seed is not None and not is_seed(seed):
             raise OutOfRangeError(f"episode {number}: seed: expected an int in [0, 2**63) (what a reset takes and "
                                   f"Minari reads back), got {seed!r}; pass that episode's reset seed, or none")
         checked = {"id": number, "seed": seed, "infos": infos,

@@ -30,7 +30,7 @@ from rlbuf._autoreset import ResetSteps, truncated_missing
 from rlbuf._buffer import RingBuffer
 from rlbuf._keywords import check_extras
 from rlbuf._obs import Layout, check_hidden_state
-from rlbuf._replay_layout import ReplayWriter
+from rlbuf._replay_layout import ReplayWriter, env_major
 from rlbuf.batches import ReplayBatch, Transition
 from rlbuf.errors import ConfigError
 from rlbuf.spec import FieldSpec
@@ -232,7 +232,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
         n, count = self._num_envs, self._ring.write_count
         if not math.prod(lead):
             return
-        if len(lead) == 2 and lead[0] == n and lead[1] > 1:  # env by env, as the writer reads it (T == N too)
+        if env_major(lead, n):  # env by env, as the writer reads it
             self._newest = count - n * lead[1] + np.arange(n) * lead[1] + lead[1] - 1
         else:
             self._newest = None if interleaved else np.full(n, -1, np.int64)
@@ -256,14 +256,15 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
         with self._ring.lock:  # this add's flags read back, whatever other threads write (see add)
             record = self._planned_stats(reward, terminated, truncated, env_mask=env_mask, metrics=metrics)
             resets = self._resets
-            stored = None if env_mask is None or resets is None else self._writer.checked_env_mask(env_mask).numpy()
+            mask = None if env_mask is None else self._writer.checked_env_mask(env_mask).numpy()
+            stored = None if resets is None else mask
             warned = resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated, stored)
             mask_warned = (resets is not None and not warned and stored is not None and self._mask_unchecked
                            and not stored.all() and resets.check_mask(terminated, truncated, stored))
             interleaved = self._writer.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, extras,
                                            env_mask)
             self._interleaved = self._interleaved and interleaved
-            self._newest_after_add(None if env_mask is None else self._writer.checked_env_mask(env_mask).numpy())
+            self._newest_after_add(mask)
             # Each warning is given once per buffer, once an add it was given for has stored: a refused add
             # leaves the watch as it was.
             if warned:

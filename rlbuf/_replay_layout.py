@@ -403,8 +403,8 @@ class ReplayWriter:
         # Rows of one env stay num_envs apart (what sample_sequences reads) only for [..., num_envs] batches
         # (one step of each env, [num_envs, 1], too), and an empty batch moves nothing.
         steps = tuple(size for size in lead if size != 1)
-        env_major = len(lead) == 2 and lead[0] == self.num_envs and lead[1] > 1  # a collector's, even when T == N
-        interleaved = self.num_envs == 1 or rows == 0 or (bool(steps) and steps[-1] == self.num_envs and not env_major)
+        interleaved = self.num_envs == 1 or rows == 0 or (bool(steps) and steps[-1] == self.num_envs
+                                                          and not env_major(lead, self.num_envs))
         ring, compact = self.ring, self.compact
         env_ids = None if self.relabeller is None else env_ids_of(lead, self.num_envs,
                                                                   "a hindsight buffer follows each env's episodes")
@@ -432,6 +432,17 @@ class ReplayWriter:
                           lambda frames, done, cut: ring.write_tensors(
                               {**flat, compact.field: frames, "terminated": done, "truncated": cut}, rows))
         return interleaved
+
+
+def env_major(lead: tuple[int, ...], num_envs: int) -> bool:
+    """Whether an ``extend`` batch of ``lead`` holds its envs' steps env by env: a collector's ``[num_envs, T]``,
+    read so even when ``T == num_envs``.
+
+    Example:
+        >>> env_major((4, 4), 4), env_major((10, 4), 4), env_major((4, 1), 4)
+        (True, False, False)
+    """
+    return len(lead) == 2 and lead[0] == num_envs and lead[1] > 1
 
 
 def _read_rows(reader: RowReader, value: Any) -> np.ndarray[Any, Any] | torch.Tensor:

@@ -381,7 +381,11 @@ class BufferState:
             (1, [1.0])
         """
         self._require_writable("load_state_dict")
-        checked = self._check(state)
+        self._restore_checked(state, self._check(state))
+
+    def _restore_checked(self, state: Mapping[str, Any], checked: Checked) -> None:
+        """``load_state_dict`` of a ``state`` that ``_check`` returned ``checked`` for (a pair's two buffers are both
+        checked before either loads: [`MixedReplay`][rlbuf.mixing.MixedReplay])."""
         ring = self._ring
         if state.get("data") is False:
             self.clear()
@@ -416,7 +420,7 @@ class BufferState:
         if rng_moved:
             warnings.warn("state: the random generators were saved on another device type; sampling goes on "
                           "from this buffer's own seed, so it will not repeat the original's draws",
-                          RuntimeWarning, stacklevel=2)
+                          RuntimeWarning, stacklevel=3)  # the caller of load_state_dict
 
     def save(self, path: str | Path, *, data: bool = True, keep_spare: bool = False) -> None:
         """Write a checkpoint directory at ``path`` (atomically; see [`rlbuf.checkpoint`][rlbuf.checkpoint]).

@@ -184,8 +184,8 @@ class Recorder:
         if isinstance(self.buffer, ReplayBuffer):
             self.buffer.truncate_episodes(reset)
         elif isinstance(self.buffer, RolloutBuffer) and 0 < (steps := self.buffer.steps) < self.buffer.num_steps:
-            last = (self.buffer.view("terminated")[steps - 1] | self.buffer.view("truncated")[steps - 1]).cpu().numpy()
-            if (running := np.flatnonzero(~last & (True if reset is None else reset))).size:
+            ended = self.buffer.view("done")[steps - 1].cpu().numpy()
+            if (running := np.flatnonzero(~ended & (True if reset is None else reset))).size:
                 raise StreamError(
                     f"reset: env {running[0]}'s episode runs on in the rollout (its step {steps - 1} ended nothing), "
                     f"and a rollout cannot end it afterwards: a time limit's step needs its bootstrap value, V of its "

@@ -473,15 +473,17 @@ class MixedReplay:
             True
         """
         options = self._checked_options(state)
+        checked = {}
         for name, buffer in (("offline", self._offline), ("online", self._online)):  # both checked, then loaded
             if not isinstance(part := state.get(name), Mapping) or part.get("data") is False:
                 raise CheckpointError(f"state: {name} must be that buffer's state_dict() with its rows")
             self._check_part(state, name, part)
-            buffer._check(part)
-        self._online.load_state_dict(state["online"])
+            checked[name] = buffer._check(part)
+        self._online._require_writable("load_state_dict")
+        self._online._restore_checked(state["online"], checked["online"])
         self._offline.read_only = False  # the mixer's own restore of its dataset
         try:
-            self._offline.load_state_dict(state["offline"])
+            self._offline._restore_checked(state["offline"], checked["offline"])
         finally:
             self._offline.read_only = True
         self._restore(options, state["generator"])
