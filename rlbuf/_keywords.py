@@ -7,8 +7,10 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import functools
+import inspect
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, ParamSpec, TypeVar
 
 from rlbuf.errors import MissingFieldError
 from rlbuf.spec import FieldSpec
@@ -50,6 +52,90 @@ FOREIGN_METHODS = {
     "to_torch": "batches are tensors already, on the buffer's device= (set it when you build the buffer)",
 }
 """Methods of other libraries' buffers (SB3's) -> what rlbuf has instead, for a buffer's ``AttributeError``."""
+
+
+_NO_DONES = ("drop it: the last step's terminated and truncated came with its add (a truncated step bootstraps "
+              "from its bootstrap_value)")
+_SAMPLE_HINTS = {
+    "env": "rlbuf has no VecNormalize: batches hold what was added (normalise before add, or after sample)",
+    "device": "batches come on the buffer's device= (set it when you build the buffer)",
+    "beta": "PER's beta is the buffer's: buffer.beta = ... (or beta= when you build it)",
+    "return_info": "the batch carries index and weight already",
+}
+_EPOCH_HINTS = {
+    "minibatch_size": "rlbuf's name is batch_size (rows per minibatch)",
+    "mini_batch_size": "rlbuf's name is batch_size (rows per minibatch)",
+    "n_minibatches": "rlbuf's name is num_minibatches",
+    "num_mini_batches": "rlbuf's name is num_minibatches",
+    "update_epochs": "rlbuf's name is n_epochs",
+    "num_epochs": "rlbuf's name is n_epochs",
+    "num_learning_epochs": "rlbuf's name is n_epochs",
+    "epochs": "rlbuf's name is n_epochs",
+}
+FOREIGN_KEYWORDS: dict[str, dict[str, str]] = {
+    "sample": _SAMPLE_HINTS,
+    "sample_sequences": {**_SAMPLE_HINTS, "seq_len": "rlbuf's name is length (steps after burn_in)",
+                         "sequence_length": "rlbuf's name is length (steps after burn_in)"},
+    "compute_returns_and_advantages": {
+        "last_values": "rlbuf's name is last_value (V of the observation after the last step, [num_envs])",
+        "next_value": "rlbuf's name is last_value (V of the observation after the last step, [num_envs])",
+        "dones": _NO_DONES, "next_done": _NO_DONES, "next_dones": _NO_DONES,
+        "lam": "rlbuf's name is gae_lambda", "lmbda": "rlbuf's name is gae_lambda",
+        "discount": "rlbuf's name is gamma",
+        "normalize_advantage": "rlbuf's name is normalize_advantages",
+        "norm_adv": "rlbuf's name is normalize_advantages",
+    },
+    "minibatches": _EPOCH_HINTS,
+    "epochs": {name: hint for name, hint in _EPOCH_HINTS.items() if "num_minibatches" not in hint},
+}
+"""Method -> keywords of other libraries' versions of it (SB3, CleanRL, TorchRL, rsl_rl) -> what rlbuf takes."""
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def refuse_foreign_keywords(method: str, taken: Collection[str], given: Mapping[str, Any]) -> None:
+    """Raise [`MissingFieldError`][rlbuf.errors.MissingFieldError] (also a ``TypeError``) for a keyword
+    ``method`` does not take, with rlbuf's word where it is another library's.
+
+    Example:
+        >>> refuse_foreign_keywords("compute_returns_and_advantages", {"last_value"}, {"last_values": 0})
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.MissingFieldError: compute_returns_and_advantages: got last_values=, which it does not take; rlbuf's name is last_value (V of the observation after the last step, [num_envs])
+    """
+    for name in given:
+        if name not in taken:
+            hint = FOREIGN_KEYWORDS.get(method, {}).get(name, f"its keywords are {', '.join(sorted(taken))}")
+            raise MissingFieldError(f"{method}: got {name}=, which it does not take; {hint}")
+
+
+def keywords_checked(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Answer a keyword the method does not take with rlbuf's word for it (see ``FOREIGN_KEYWORDS``),
+    where Python would raise a bare ``TypeError``.
+
+    Example:
+        >>> class Buffer:
+        ...     @keywords_checked
+        ...     def sample(self, batch_size: int) -> int:
+        ...         return batch_size
+        >>> Buffer().sample(batch_size=4)
+        4
+        >>> Buffer().sample(4, env=None)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.MissingFieldError: sample: got env=, which it does not take; rlbuf has no VecNormalize: batches hold what was added (normalise before add, or after sample)
+    """
+    parameters = inspect.signature(method).parameters.values()
+    taken = frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)) - {"self"}
+
+    @functools.wraps(method)
+    def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if not taken.issuperset(kwargs):
+            refuse_foreign_keywords(method.__name__, taken, kwargs)
+        return method(*args, **kwargs)
+
+    return checked
 
 
 def foreign_method(owner: str, name: str) -> AttributeError:

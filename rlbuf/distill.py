@@ -36,7 +36,7 @@ from rlbuf._bounds import Bounds
 from rlbuf._buffer import RingBuffer, refuse_foreign_options
 from rlbuf._convert import REQUIRED, as_num_envs, require, tensor_of
 from rlbuf._fields import extra_specs
-from rlbuf._keywords import check_extras
+from rlbuf._keywords import check_extras, keywords_checked
 from rlbuf._obs import ObsDtype, ObsShape, as_shape, leaf_names, read_td, record_layout
 from rlbuf.batches import DistillationBatch
 from rlbuf.errors import MissingFieldError
@@ -191,6 +191,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
             tensors[spec.name] = read_td(td, spec, lead).reshape(rows, *spec.shape)
         self._ring.write_tensors(tensors, rows)
 
+    @keywords_checked
     def sample(self, batch_size: int) -> DistillationBatch:
         """Draw ``batch_size`` rows uniformly (with replacement), delivered on ``device``.
 

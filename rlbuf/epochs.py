@@ -33,6 +33,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 import torch
 
+from rlbuf._keywords import keywords_checked
 from rlbuf.errors import BatchSizeError, CheckpointError, EmptyBufferError, RlbufError
 from rlbuf.spec import as_flag, as_int, positive_int
 
@@ -60,6 +61,7 @@ def sizes_by_keyword(method: Callable[_P, _R]) -> Callable[_P, _R]:
 
     Raises:
         BatchSizeError: (from the decorated method) anything but ``self`` given by position.
+        MissingFieldError: a keyword it does not take (see ``keywords_checked``).
 
     Example:
         >>> class Buffer:
@@ -75,6 +77,7 @@ def sizes_by_keyword(method: Callable[_P, _R]) -> Callable[_P, _R]:
 
     name = method.__name__
     spellings = _SPELLINGS[name]
+    method = keywords_checked(method)  # and another library's keyword is answered with rlbuf's
 
     @functools.wraps(method)
     def keywords_only(*args: _P.args, **kwargs: _P.kwargs) -> _R:

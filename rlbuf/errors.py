@@ -44,7 +44,7 @@ class OutOfRangeError(RlbufError, ValueError):
 
 
 class MissingFieldError(RlbufError, KeyError, TypeError):
-    """A required field is absent, or an unknown extra field was given.
+    """A required field is absent, or an unknown extra field or keyword was given.
 
     Also a ``TypeError``: Python raises one for a missing or unexpected argument, and a field of
     ``add`` is one.

@@ -39,6 +39,7 @@ import torch
 from tensordict import TensorDict
 
 from rlbuf._convert import as_int, positive_int, stored_positions
+from rlbuf._keywords import keywords_checked
 from rlbuf._obs import leaf_name
 from rlbuf._priorities import priorities
 from rlbuf.batches import ReplayBatch
@@ -99,9 +100,7 @@ class MixedBatch(ReplayBatch):
             >>> batch.to_tensordict()["from_online"].tolist()
             [False, True]
         """
-        td = ReplayBatch.to_tensordict(self)
-        td.set("from_online", self.from_online)
-        return td
+        return ReplayBatch.to_tensordict(self).set("from_online", self.from_online)
 
 
 def _counts(buffer: ReplayBuffer) -> dict[str, int]:
@@ -301,6 +300,7 @@ class MixedReplay:
                               f"writes and {rewrites} rewrites when mixing began, {rows_now}, {writes_now} and {rewrites_now} "
                               "now); add to the online buffer, or build a new MixedReplay over the changed dataset")
 
+    @keywords_checked
     def sample(self, batch_size: int) -> MixedBatch:
         """Draw ``batch_size`` transitions: the split from the mixer's generator, each part from its buffer's ``sample``.
 

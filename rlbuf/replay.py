@@ -33,6 +33,7 @@ from rlbuf._codec import frame_codec
 from rlbuf._compact import CompactLayout, layout_options
 from rlbuf._compact_dict import key_option, row_leaves
 from rlbuf._convert import REQUIRED, as_num_envs, require
+from rlbuf._keywords import keywords_checked
 from rlbuf._obs import (
     ObsDtype,
     ObsShape,
@@ -315,8 +316,7 @@ class ReplayBuffer(ReplayWriting):
         if self._compact is not None:
             if not isinstance(state.get("streams"), dict):
                 raise CheckpointError("state: a compact buffer's checkpoint must hold its streams, found none")
-            ring = self._ring
-            self._compact.load_state_dict(state, write_count=ring.write_count, size=len(ring))
+            self._compact.load_state_dict(state, write_count=self._ring.write_count, size=len(self._ring))
         if self._relabeller is not None:
             self._relabeller.load_state_dict(state)
 
@@ -329,9 +329,7 @@ class ReplayBuffer(ReplayWriting):
                         count: int) -> str:
         if self._relabeller is not None:
             return self._relabeller.state_problem(extra, fields, size=size, write_count=count)
-        if self._compact is None:
-            return ""
-        return self._compact.state_problem(extra, fields, write_count=count, size=size)
+        return "" if self._compact is None else self._compact.state_problem(extra, fields, write_count=count, size=size)
 
     @classmethod
     def _options_from_checkpoint(cls, options: dict[str, Any]) -> dict[str, Any]:
@@ -451,6 +449,7 @@ class ReplayBuffer(ReplayWriting):
                                 compact_key=compact_key)
 
     # -- reading -----------------------------------------------------------------------------
+    @keywords_checked
     def sample(self, batch_size: int) -> ReplayBatch:
         """Draw ``batch_size`` transitions (with replacement), delivered on ``device``.
 
@@ -524,6 +523,7 @@ class ReplayBuffer(ReplayWriting):
                            columns["terminated"], columns["truncated"], columns["done"],
                            columns["index"], weight, discount, extras, hidden)
 
+    @keywords_checked
     def sample_sequences(self, batch_size: int, length: int, *, burn_in: int = 0) -> ReplaySequenceBatch:
         """Draw ``batch_size`` sequences of ``burn_in + length`` consecutive steps of one env each.
 

@@ -32,6 +32,7 @@ from torchrl.data import SamplerWithoutReplacement
 from rlbuf._buffer import RingBuffer, done_of, refuse_foreign_options
 from rlbuf._convert import REQUIRED, as_num_envs, require
 from rlbuf._delivery import deliver, rows_at
+from rlbuf._keywords import keywords_checked
 from rlbuf._obs import (
     ObsDtype,
     ObsShape,
@@ -177,8 +178,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         return self._advantages_ready
 
     def __repr__(self) -> str:
-        shown = [s for s in self._ring.specs if s.name not in (*COMPUTED, "bootstrap_value", "done")]
-        fields = ", ".join(s.describe() for s in shown)
+        fields = ", ".join(s.describe() for s in self._ring.specs if s.name not in (*COMPUTED, "bootstrap_value", "done"))
         return (f"RolloutBuffer(steps={self.steps}/{self._num_steps}, num_envs={self._num_envs}, "
                 f"storage={self._storage_kind}, storing_device={self._storing_device}, device={self._device}, "
                 f"advantages={self._advantages_ready}, fields=[{fields}])")
@@ -360,6 +360,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                         self._storing_device, copy=True, memory_format=torch.contiguous_format)
 
     # -- advantages --------------------------------------------------------------------------
+    @keywords_checked
     def compute_returns_and_advantages(
         self, last_value: torch.Tensor, *, gamma: float = 0.99, gae_lambda: float = 0.95,
         normalize_advantages: bool = False,
@@ -571,8 +572,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         return len(batch_bounds(self.capacity, batch_size=batch_size, drop_last=as_flag("drop_last", drop_last)))
 
     def _extra_state(self) -> dict[str, Any]:
-        return {**super()._extra_state(), "attached": dict(self._attached),
-                "advantages_ready": self._advantages_ready}
+        return {**super()._extra_state(), "attached": dict(self._attached), "advantages_ready": self._advantages_ready}
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         self._attached = {name: tensor.to(self._storing_device).clone() for name, tensor in state["attached"].items()}

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from _snapshot import same, snapshot
 
 from rlbuf import (
     ConfigError,
@@ -21,6 +22,7 @@ from rlbuf import (
     ReplayBuffer,
     RolloutBuffer,
 )
+from rlbuf.mixing import MixedReplay
 
 Z = torch.zeros(2, 3)
 F = torch.zeros(2, dtype=torch.bool)
@@ -141,3 +143,57 @@ def test_save_and_load_named_by_the_refusal_keep_the_rows(tmp_path: Any) -> None
     buf = filled(replay)
     buf.save(tmp_path / "ckpt")
     assert ReplayBuffer.load(tmp_path / "ckpt").sample_all().reward.tolist() == [1.0, 1.0]
+
+
+
+def _ready_rollout() -> RolloutBuffer:
+    buf = RolloutBuffer(1, 2, obs_shape=(3,), action_shape=())
+    buf.add(Z, torch.zeros(2), torch.ones(2), F, torch.zeros(2), torch.zeros(2), truncated=F)
+    return buf
+
+
+def _with_advantages() -> RolloutBuffer:
+    buf = _ready_rollout()
+    buf.compute_returns_and_advantages(torch.zeros(2))
+    return buf
+
+
+def _mixed() -> MixedReplay:
+    return MixedReplay(filled(replay), filled(replay), seed=0)
+
+
+FOREIGN_CALLS: list[tuple[Callable[[], Any], str, dict[str, Any], str]] = [
+    (_ready_rollout, "compute_returns_and_advantages", dict(last_values=torch.zeros(2), dones=F),
+     r"^compute_returns_and_advantages: got last_values=, which it does not take; rlbuf's name is last_value "),
+    (_ready_rollout, "compute_returns_and_advantages", dict(last_value=torch.zeros(2), dones=F),
+     r"got dones=, which it does not take; drop it: the last step's terminated and truncated came with its add"),
+    (_ready_rollout, "compute_returns_and_advantages", dict(next_value=torch.zeros(2), lmbda=0.9),
+     r"got next_value=.*rlbuf's name is last_value"),
+    (_ready_rollout, "compute_returns_and_advantages", dict(last_value=torch.zeros(2), norm_adv=True),
+     r"got norm_adv=.*rlbuf's name is normalize_advantages$"),
+    (_with_advantages, "minibatches", dict(minibatch_size=2), r"^minibatches: got minibatch_size=.*name is batch_size"),
+    (_with_advantages, "minibatches", dict(batch_size=2, update_epochs=4), r"got update_epochs=.*name is n_epochs$"),
+    (lambda: filled(replay), "epochs", dict(batch_size=2, num_epochs=4), r"^epochs: got num_epochs=.*name is n_epochs$"),
+    (lambda: filled(replay), "epochs", dict(batch_size=2, num_minibatches=4),
+     r"^epochs: got num_minibatches=, which it does not take; its keywords are batch_size, drop_last, n_epochs, shuffle$"),
+    (lambda: filled(replay), "sample", dict(batch_size=2, env=None), r"^sample: got env=.*no VecNormalize"),
+    (lambda: filled(replay), "sample", dict(batch_size=2, device="cpu"), r"^sample: got device=.*buffer's device="),
+    (lambda: filled(replay), "sample", dict(batch_size=2, beta=0.4), r"got beta=.*buffer.beta = "),
+    (lambda: filled(replay), "sample_sequences", dict(batch_size=2, seq_len=1), r"got seq_len=.*name is length"),
+    (lambda: filled(distill), "sample", dict(batch_size=2, env=None), r"^sample: got env="),
+    (_mixed, "sample", dict(batch_size=2, device="cpu"), r"^sample: got device="),
+]
+
+
+@pytest.mark.parametrize(("make", "method", "keywords", "message"), FOREIGN_CALLS)
+def test_another_librarys_keyword_to_a_method_gets_rlbufs_word_and_changes_nothing(
+        make: Callable[[], Any], method: str, keywords: dict[str, Any], message: str) -> None:
+    # SB3's compute_returns_and_advantage(last_values=, dones=), CleanRL's update_epochs, SB3's sample(env=):
+    # Python's bare TypeError named no fix. The refusal is still a TypeError, and changes nothing.
+    buf = make()
+    parts = [buf.offline, buf.online] if isinstance(buf, MixedReplay) else [buf]
+    before = [snapshot(part) for part in parts]
+    with pytest.raises(MissingFieldError, match=message) as caught:
+        getattr(buf, method)(**keywords)
+    assert isinstance(caught.value, TypeError)
+    assert all(same(snapshot(part), old) for part, old in zip(parts, before, strict=True))
