@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
+from tensordict import TensorDictBase
 
 from rlbuf._obs import as_shape, torchrl_env_key
-from rlbuf.errors import ConfigError
+from rlbuf.errors import ConfigError, ShapeError
 from rlbuf.spec import FieldSpec, NestedKey
 
 # Names every batch uses for its own attributes, and TorchRL's private keys ("_weight", "_data").
@@ -42,6 +43,52 @@ TRUNCATED_MISSING = ("truncated: the tensordict has no ('next', 'truncated') and
                      "env's truncations; all False for an env without time limit), or ('next', 'done') = "
                      "terminated | truncated")
 """Why a TensorDict without ``truncated`` or ``done`` is refused (a buffer's ``extend``)."""
+
+
+def refuse_padding(td: TensorDictBase) -> None:
+    """Refuse a TensorDict whose ``("collector", "mask")`` marks padded rows (a TorchRL collector's
+    ``split_trajs=True``): every row of an ``extend`` is stored as a transition.
+
+    Example:
+        >>> from tensordict import TensorDict
+        >>> refuse_padding(TensorDict({("collector", "mask"): torch.tensor([True, False])}, [2]))
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ShapeError: td: ('collector', 'mask') marks 1 of 2 rows as padding (a collector's split_trajs=True pads each trajectory to the longest), which would be stored as transitions; collect with split_trajs=False (the default) and extend with the batch as it comes
+    """
+    mask = td.get(("collector", "mask"), None)
+    if isinstance(mask, torch.Tensor) and not bool(mask.all()):
+        raise ShapeError(f"td: ('collector', 'mask') marks {int((mask == 0).sum())} of {mask.numel()} rows as padding "
+                         f"(a collector's split_trajs=True pads each trajectory to the longest), which would be stored "
+                         f"as transitions; collect with split_trajs=False (the default) and extend with the batch as "
+                         f"it comes")
+
+
+def check_given_done(given: torch.Tensor | None, terminated: torch.Tensor, truncated: torch.Tensor) -> None:
+    """Refuse a TensorDict's ``("next", "done")`` that is not ``terminated | truncated`` (the flags shaped as the
+    TensorDict's batch): an episode end only ``done`` marks would be stored as no end.
+
+    Example:
+        >>> check_given_done(torch.tensor([[False], [True]]), torch.tensor([False, False]), torch.tensor([False, False]))
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: done: key ('next', 'done') is True at batch index (1,), where terminated and truncated are False, so that episode end would be lost; set ('next', 'terminated') or ('next', 'truncated') there, or leave done out (the buffer derives it)
+    """
+    if given is None:
+        return
+    derived = terminated.to(torch.bool) | truncated.to(torch.bool)
+    if given.numel() != derived.numel():
+        raise ShapeError(f"done: expected shape {(*derived.shape, 1)} at key ('next', 'done'), got {tuple(given.shape)}")
+    done = given.reshape(derived.shape).to(device=derived.device, dtype=torch.bool)
+    differs = (done != derived).nonzero()
+    if differs.numel():
+        at = tuple(differs[0].tolist())
+        if bool(done[at]):
+            raise ConfigError(f"done: key ('next', 'done') is True at batch index {at}, where terminated and truncated "
+                              f"are False, so that episode end would be lost; set ('next', 'terminated') or "
+                              f"('next', 'truncated') there, or leave done out (the buffer derives it)")
+        raise ConfigError(f"done: key ('next', 'done') is False at batch index {at}, where terminated or truncated is "
+                          f"True; done is terminated | truncated: fix it there, or leave it out (the buffer derives it)")
 
 
 def extra_specs(extra_fields: Mapping[str, tuple[Sequence[int] | int, torch.dtype]] | None,

@@ -115,8 +115,8 @@ class Chunk:
 
     def episode(self, number: int, *, structured: bool) -> Mapping[str, Any]:
         """Episode ``number`` as ``check_episode`` takes it (views of the chunk's arrays)."""
-        if self.source is not None:
-            return self.source[number]
+        if self.source is not None:  # its options as the chunk holds them (read from the metadata, where asked)
+            return {**self.source[number], "options": self.options[number]}
         assert self.columns is not None
         observations, steps, infos = self.columns
         length = int(self.lengths[number])

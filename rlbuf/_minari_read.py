@@ -191,15 +191,35 @@ def _check_leaf(value: np.ndarray[Any, Any], space: Any, rows: int, steps: int, 
             step = int(np.argwhere(nan)[0][0])
             raise NonFiniteError(f"episode {episode}: {label}: NaN at row {step} (no Box space contains NaN); "
                                  f"fix or drop the episode (dataset.filter_episodes) before importing it")
-    if isinstance(space, (gym_spaces.Discrete, gym_spaces.MultiDiscrete)):
-        low = np.asarray(space.start)
-        high = low + np.asarray(space.n if isinstance(space, gym_spaces.Discrete) else space.nvec) - 1
+        if isinstance(space, gym_spaces.Box):  # an infinity where the space is bounded (finite values: as given)
+            infinite = ((value == np.inf) & np.isfinite(space.high)) | ((value == -np.inf) & np.isfinite(space.low))
+            if infinite.any():
+                step = int(np.argwhere(infinite)[0][0])
+                raise NonFiniteError(f"episode {episode}: {label}: an infinity at row {step}, where its space is "
+                                     f"bounded (low {space.low.min()}, high {space.high.max()}); fix or drop the "
+                                     f"episode (dataset.filter_episodes) before importing it")
+    integers = _integer_range(space)
+    if integers is not None:
+        low, high = integers
         outside = (value < low) | (value > high)
         if outside.any():
             step = int(np.argwhere(outside)[0][0])
             raise OutOfRangeError(f"episode {episode}: {label}: expected values in [{low.min()}, {high.max()}] "
                                   f"(the space's), got {value[step].tolist()} at row {step}; fix or drop the "
                                   f"episode before importing it")
+
+
+def _integer_range(space: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None:
+    """The lowest and highest value a discrete space (or an integer ``Box``) holds, else ``None``."""
+    if isinstance(space, gym_spaces.Discrete):
+        return np.asarray(space.start), np.asarray(space.start) + np.asarray(space.n) - 1
+    if isinstance(space, gym_spaces.MultiDiscrete):
+        return np.asarray(space.start), np.asarray(space.start) + np.asarray(space.nvec) - 1
+    if isinstance(space, gym_spaces.MultiBinary):
+        return np.zeros((), np.int64), np.ones((), np.int64)
+    if isinstance(space, gym_spaces.Box) and np.dtype(space.dtype).kind in "iu":
+        return np.asarray(space.low), np.asarray(space.high)
+    return None
 
 
 def check_episode(episode: Mapping[str, Any], spaces: Spaces) -> int:
@@ -211,8 +231,10 @@ def check_episode(episode: Mapping[str, Any], spaces: Spaces) -> int:
     Raises:
         ShapeError: lengths that disagree, a missing final observation, a shape not the space's.
         DtypeError: a dtype not the space's (flags: bool; rewards: a number).
-        NonFiniteError: NaN in an observation or action, a reward that is not finite (as float32).
-        OutOfRangeError: a discrete value outside its space.
+        NonFiniteError: NaN in an observation or action, an infinity where its Box is bounded, a reward that is
+            not finite (as float32).
+        OutOfRangeError: a value outside its discrete space (``Discrete``, ``MultiDiscrete``, ``MultiBinary``, an
+            integer ``Box``).
         StreamError: an end flag before the last step, or a last step neither terminated nor truncated.
 
     Example:

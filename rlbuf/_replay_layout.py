@@ -39,7 +39,7 @@ from rlbuf._compact_dict import DictInputs, followed_path, ring_values, stored_o
 from rlbuf._convert import tensor_of
 from rlbuf._dtypes import dtype_options, extra_field_dtypes
 from rlbuf._episodes import env_ids_of
-from rlbuf._fields import TRUNCATED_MISSING, extra_specs
+from rlbuf._fields import TRUNCATED_MISSING, check_given_done, extra_specs, refuse_padding
 from rlbuf._obs import (
     Layout,
     Leaf,
@@ -398,6 +398,7 @@ class ReplayWriter:
             ShapeError: ``td`` is not a TensorDict, or is not ``(num_envs, T)`` where needed.
         """
         td = as_tensordict(td)
+        refuse_padding(td)
         rows = int(td.batch_size.numel())
         lead = tuple(td.batch_size)
         # Rows of one env stay num_envs apart (what sample_sequences reads) only for [..., num_envs] batches
@@ -414,6 +415,7 @@ class ReplayWriter:
                 continue
             tensors[spec.name] = read_td(td, spec, lead)
         tensors["truncated"] = truncated_from(td, lead, tensors["terminated"])
+        check_given_done(_flag(td, ("next", "done"), lead), tensors["terminated"].reshape(lead), tensors["truncated"])
         if per_env and not (len(lead) == 2 and lead[0] == self.num_envs):
             raise ShapeError(f"td: a buffer with stats needs batch size ({self.num_envs}, T) to tell envs "
                              f"apart, got {lead}")

@@ -18,7 +18,13 @@ from tensordict import TensorDictBase
 
 from rlbuf._bounds import Bounds
 from rlbuf._convert import _NUMPY_DTYPES
-from rlbuf._fields import BATCH_NAMES, TRUNCATED_MISSING, extra_specs
+from rlbuf._fields import (
+    BATCH_NAMES,
+    TRUNCATED_MISSING,
+    check_given_done,
+    extra_specs,
+    refuse_padding,
+)
 from rlbuf._keywords import check_extras, refuse_foreign_names
 from rlbuf._obs import Layout, check_hidden_state, find_in_td, leaf_names
 from rlbuf._ring import RowRing
@@ -103,6 +109,7 @@ def rollout_columns(td: Any, ring: RowRing, *, num_envs: int, free_steps: int,
         MissingFieldError, ShapeError, DtypeError, NonFiniteError: a field is missing or does not fit.
     """
     td = as_tensordict(td)
+    refuse_padding(td)
     batch = tuple(td.batch_size)
     if len(batch) == 1 and num_envs == 1:
         td = td.unsqueeze(0)
@@ -128,6 +135,8 @@ def rollout_columns(td: Any, ring: RowRing, *, num_envs: int, free_steps: int,
         if value is None:
             raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
         columns[spec.name] = ring.reader(spec, rows).tensor(rows_of(spec, value))
+    check_given_done(td.get(("next", "done"), None), columns["terminated"].view(steps, num_envs).T,
+                     columns["truncated"].view(steps, num_envs).T)
     if bool(columns["truncated"].any()) and time_major.get(("next", "state_value"), None) is None:
         raise MissingFieldError("bootstrap_value: the rollout has truncated steps but no ('next', 'state_value')")
     # Advantages a GAE transform already wrote are kept when they cover the whole rollout.

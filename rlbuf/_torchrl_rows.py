@@ -28,6 +28,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 
 from rlbuf._convert import stored_positions
+from rlbuf._fields import refuse_padding
 from rlbuf.errors import ConfigError, MissingFieldError, ShapeError
 from rlbuf.spec import FieldSpec, RowReader
 
@@ -95,6 +96,11 @@ class TorchRLRows:
         lead = tuple(data.batch_size)
         if batched and not lead:
             raise ShapeError("data: expected a TensorDict with a batch dim (rows); for one row use add")
+        refuse_padding(data)
+        if batched and len(lead) > 1:  # TorchRL would store each [T] slice as one row, and fail part-way
+            raise ShapeError(f"data: expected a TensorDict of rows (batch size [n]), got batch size {list(lead)}; "
+                             f"give a collector's [num_envs, T] batch to the rlbuf buffer's extend(td), which "
+                             f"reads it env by env, or write td.reshape(-1)")
         if not batched and lead:
             raise ShapeError(f"data: expected one row (a TensorDict of batch size []), got batch size {lead}; "
                              f"for several rows use extend")

@@ -35,7 +35,7 @@ from torchrl.data import RandomSampler
 from rlbuf._bounds import Bounds
 from rlbuf._buffer import RingBuffer, refuse_foreign_options
 from rlbuf._convert import REQUIRED, as_num_envs, require, tensor_of
-from rlbuf._fields import extra_specs
+from rlbuf._fields import extra_specs, refuse_padding
 from rlbuf._keywords import check_extras, keywords_checked
 from rlbuf._obs import ObsDtype, ObsShape, as_shape, leaf_names, read_td, record_layout
 from rlbuf.batches import DistillationBatch
@@ -184,6 +184,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         """
         self._require_writable("extend")
         td = as_tensordict(td)
+        refuse_padding(td)
         rows = int(td.batch_size.numel())
         lead = tuple(td.batch_size)
         tensors: dict[str, torch.Tensor] = {}

@@ -363,10 +363,17 @@ def _buffer_episodes(buffer: ReplayBuffer) -> list[dict[str, Any]]:
     """The complete episodes of a buffer's rows, per env stream, oldest first (see the module's rules).
 
     Raises:
-        ConfigError: a buffer with ``num_envs > 1`` whose rows were not written a whole step at a time.
+        ConfigError: a buffer with ``num_envs > 1`` whose rows were not written a whole step at a time, or of
+            ``n_step > 1`` (its rows are n-step transitions).
         StreamError: consecutive rows of an episode that do not chain (``obs`` is not the previous ``next_obs``).
         EmptyBufferError: nothing is stored.
     """
+    n_step = int(buffer._options.get("n_step") or 1)
+    if n_step > 1:
+        raise ConfigError(f"source: a buffer of n_step={n_step} gives n-step transitions (each reward summed over up "
+                          f"to {n_step} steps, next_obs up to {n_step} steps on), not the steps a dataset holds; "
+                          f"export from a buffer of n_step=1 fed the same steps (from_minari without n_step), or "
+                          f"pass the episodes as a list")
     batch = buffer.sample_all()
     state = buffer.state_dict(data=False)
     count, capacity, size = int(state["write_count"]), int(state["capacity"]), int(state["size"])

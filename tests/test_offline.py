@@ -341,6 +341,21 @@ def test_infos_asked_for_are_fields_and_go_back_out(data_format: str) -> None:
     _assert_same_rows(buffer, from_minari(exported.id, infos=True))
 
 
+def test_options_load_with_infos_an_episode_at_a_time_reads() -> None:
+    # A bool info makes HDF5 episodes read one at a time; their options were then taken as missing (helper 41).
+    rng = np.random.default_rng(10)
+    episodes = [_episode("flat", n, "terminated", seed, rng) for seed, n in enumerate((3, 2))]
+    buffers = [EpisodeBuffer(seed=e["seed"], options={"x": 1.5 + e["seed"]}, observations=e["observations"],
+                             actions=e["actions"], rewards=e["rewards"], terminations=e["terminations"],
+                             truncations=e["truncations"], infos={"success": np.arange(len(e["rewards"]) + 1) > 1})
+               for e in episodes]
+    with pytest.warns(UserWarning):
+        source = minari.create_dataset_from_buffers(_new_id(), buffers, observation_space=BOX, action_space=ACTIONS)
+    rows = _rows(from_minari(source, infos=True, options=True))
+    assert rows["option_x"].tolist() == [1.5, 1.5, 1.5, 2.5, 2.5]
+    assert rows["next_info_success"].tolist() == [False, True, True, False, True]
+
+
 def test_a_missing_id_is_refused_by_name_with_the_way_to_get_it() -> None:
     with pytest.raises(ConfigError, match=r"'D4RL/door/human-v2': not a local Minari dataset .* `minari download "
                                           r"D4RL/door/human-v2`"):
@@ -445,6 +460,47 @@ def test_a_discrete_value_outside_its_space_is_refused() -> None:
         from_minari(_minari_dataset([episode], "dict"))
 
 
+@pytest.mark.parametrize(("observation_space", "action_space", "change", "error", "message"), [
+    # helper 41: MultiBinary and integer Box values were not range-checked; an infinity in a bounded Box loaded.
+    (gym.spaces.MultiBinary(2), gym.spaces.Discrete(2), lambda e: e["observations"].__setitem__((1, 1), 2),
+     OutOfRangeError, r"episode 0: observations: expected values in \[0, 1\] .* at row 1"),
+    (BOX, gym.spaces.MultiBinary(1), lambda e: e["actions"].__setitem__((1, 0), 2),
+     OutOfRangeError, r"episode 0: actions: expected values in \[0, 1\]"),
+    (gym.spaces.Box(0, 3, (2,), np.int64), gym.spaces.Discrete(2), lambda e: e["observations"].__setitem__((1, 0), 99),
+     OutOfRangeError, r"episode 0: observations: expected values in \[0, 3\] .* at row 1"),
+    (BOX, gym.spaces.Box(0, 3, (), np.int64), lambda e: e["actions"].__setitem__(0, 9),
+     OutOfRangeError, r"episode 0: actions: expected values in \[0, 3\]"),
+    (gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Discrete(2),
+     lambda e: e["observations"].__setitem__((2, 0), np.inf),
+     NonFiniteError, r"episode 0: observations: an infinity at row 2, where its space is bounded"),
+])
+def test_a_value_outside_a_discrete_or_bounded_space_is_refused_by_episode(
+        observation_space: Any, action_space: Any, change: Any, error: type[Exception], message: str) -> None:
+    rng = np.random.default_rng(7)
+    episode = {"observations": _values(observation_space, 4, rng), "actions": _values(action_space, 3, rng),
+               "rewards": np.zeros(3), "terminations": np.array([False, False, True]),
+               "truncations": np.zeros(3, bool)}
+    to_minari([episode], _new_id(), observation_space=observation_space, action_space=action_space)  # valid: written
+    change(episode)
+    with pytest.raises(error, match=message):
+        to_minari([episode], _new_id(), observation_space=observation_space, action_space=action_space)
+    buffers = [EpisodeBuffer(observations=episode["observations"], actions=episode["actions"],
+                             rewards=episode["rewards"], terminations=episode["terminations"],
+                             truncations=episode["truncations"])]
+    with pytest.warns(UserWarning):
+        dataset = minari.create_dataset_from_buffers(_new_id(), buffers, observation_space=observation_space,
+                                                     action_space=action_space)
+    with pytest.raises(error, match=message):
+        from_minari(dataset)
+
+
+def _values(space: Any, rows: int, rng: np.random.Generator) -> np.ndarray[Any, Any]:
+    if isinstance(space, (gym.spaces.MultiBinary, gym.spaces.Discrete)) or space.dtype.kind == "i":
+        high = 2 if not isinstance(space, gym.spaces.Box) else int(space.high.max()) + 1
+        return rng.integers(0, high, (rows, *space.shape)).astype(space.dtype)
+    return rng.uniform(-1, 1, (rows, *space.shape)).astype(space.dtype)
+
+
 def test_small_uint8_data_that_minari_0_5_3_broke_is_refused_with_the_cause() -> None:
     """Minari <= 0.5.3 wrote uint8 rows of 2 dims as JPEG bytes whatever their space (0.5.4 writes them raw)."""
     import h5py
@@ -534,6 +590,18 @@ def test_a_buffer_whose_env_streams_cannot_be_told_apart_is_refused() -> None:
                np.array([True, False]), truncated=False, env_mask=np.array([True, False]))
     with pytest.raises(ConfigError, match="num_envs=2 whose rows were not all written a whole step at a time"):
         to_minari(buffer, _new_id())
+
+
+def test_an_n_step_buffer_is_refused_its_rows_are_not_steps(minari_root: Path) -> None:
+    # Its rows are n-step transitions: exported, each reward was a 3-step sum and episodes were split (helper 41).
+    dataset = _minari_dataset([_episode("flat", 2, "terminated", None, np.random.default_rng(s)) for s in range(3)])
+    n_step = from_minari(dataset, n_step=3, gamma=0.5)
+    with pytest.raises(ConfigError, match=r"^source: a buffer of n_step=3 gives n-step transitions .* export from a "
+                                          r"buffer of n_step=1"):
+        to_minari(n_step, "rlbuf-test/n-step-v0", observation_space=BOX, action_space=ACTIONS)
+    assert not (minari_root / "rlbuf-test" / "n-step-v0").exists()
+    copy = to_minari(from_minari(dataset), _new_id(), observation_space=BOX, action_space=ACTIONS)
+    _assert_same_episodes(dataset, copy)
 
 
 @pytest.mark.parametrize("data_format", ["hdf5", "arrow"])

@@ -292,6 +292,43 @@ def test_an_extend_with_neither_truncated_nor_done_is_refused_and_done_derives_i
     assert stored.terminated[-4:].tolist() == [False, True, False, False]
 
 
+@pytest.mark.parametrize(("terminated", "truncated", "done", "message"), [
+    ([False] * 4, [False] * 4, [False, True, False, False], r"is True at batch index \(1,\), where terminated and "
+                                                            r"truncated are False, so that episode end would be lost"),
+    ([False, False, True, False], [False] * 4, [False] * 4, r"is False at batch index \(2,\), where terminated or "
+                                                            r"truncated is True"),
+    ([False, False, True, False], None, [False] * 4, r"is False at batch index \(2,\)"),
+])
+def test_an_extend_whose_done_is_not_terminated_or_truncated_is_refused(
+        terminated: list[bool], truncated: list[bool] | None, done: list[bool], message: str) -> None:
+    # A hand-written time limit that only set ("next", "done") had that end stored as no end (helper 42).
+    buf = make()
+    add_ids(buf, range(2))
+    before = snapshot(buf)
+    flags = {"terminated": torch.tensor(terminated)[:, None], "done": torch.tensor(done)[:, None]}
+    if truncated is not None:
+        flags["truncated"] = torch.tensor(truncated)[:, None]
+    with pytest.raises(ConfigError, match=r"^done: key \('next', 'done'\) " + message):
+        buf.extend(_four_rows(torch.zeros(4, 1), **flags))
+    assert same(snapshot(buf), before)
+
+
+def test_an_extend_of_a_split_trajs_batch_with_padding_is_refused() -> None:
+    buf = make()
+    before = snapshot(buf)
+    td = _four_rows(torch.zeros(4, 1), terminated=torch.zeros(4, 1, dtype=torch.bool),
+                    truncated=torch.zeros(4, 1, dtype=torch.bool))
+    td["collector", "mask"] = torch.tensor([True, True, True, False])  # a collector's split_trajs=True padding
+    for write in (buf.extend, buf.torchrl.extend):
+        with pytest.raises(ShapeError, match=r"^td: \('collector', 'mask'\) marks 1 of 4 rows as padding .* "
+                                             r"split_trajs=False"):
+            write(td)
+        assert same(snapshot(buf), before)
+    td["collector", "mask"] = torch.ones(4, dtype=torch.bool)  # no padding: stored
+    buf.extend(td)
+    assert len(buf) == 4
+
+
 def test_sampling_errors() -> None:
     buf = make()
     with pytest.raises(EmptyBufferError):

@@ -210,6 +210,27 @@ def test_extend_of_a_rollout_with_neither_truncated_nor_done_is_refused() -> Non
     assert buf.view("truncated")[2].tolist() == [False, True, False][:N]
 
 
+def test_extend_of_a_rollout_whose_done_marks_an_end_its_flags_do_not_is_refused() -> None:
+    # GAE's trace ran across an end that only ("next", "done") marked (helper 42).
+    td = TensorDict({
+        "observation": torch.zeros(N, T, 2), "action": torch.zeros(N, T), "state_value": torch.zeros(N, T, 1),
+        "sample_log_prob": torch.zeros(N, T),
+        "next": {"reward": torch.zeros(N, T, 1), "terminated": torch.zeros(N, T, 1, dtype=torch.bool),
+                 "truncated": torch.zeros(N, T, 1, dtype=torch.bool), "done": torch.zeros(N, T, 1, dtype=torch.bool)},
+    }, batch_size=[N, T])
+    td["next", "done"][2, 1] = True
+    buf = make()
+    with pytest.raises(ConfigError, match=r"^done: key \('next', 'done'\) is True at batch index \(2, 1\), where"):
+        buf.extend(td)
+    assert buf.steps == 0
+    td["collector", "mask"] = torch.ones(N, T, dtype=torch.bool)
+    td["collector", "mask"][0, -1] = False
+    td["next", "done"][2, 1] = False
+    with pytest.raises(ShapeError, match=r"^td: \('collector', 'mask'\) marks 1 of 15 rows as padding"):
+        buf.extend(td)
+    assert buf.steps == 0
+
+
 def test_set_extras_attaches_aligned_tensors_and_overrides_fields() -> None:
     buf = make()
     fill(buf)
