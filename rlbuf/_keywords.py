@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 from rlbuf.errors import MissingFieldError
@@ -49,6 +49,7 @@ FOREIGN_METHODS = {
     "compute_returns_and_advantage": "rlbuf's name is compute_returns_and_advantages(last_value, gamma=..., "
                                      "gae_lambda=...); the bootstrap of time limits comes with each add",
     "is_full": "len(buffer) == buffer.capacity",
+    "full": "buffer.is_full (SB3's full)",
     "to_torch": "batches are tensors already, on the buffer's device= (set it when you build the buffer)",
 }
 """Methods of other libraries' buffers (SB3's) -> what rlbuf has instead, for a buffer's ``AttributeError``."""
@@ -90,6 +91,9 @@ FOREIGN_KEYWORDS: dict[str, dict[str, str]] = {
 }
 """Method -> keywords of other libraries' versions of it (SB3, CleanRL, TorchRL, rsl_rl) -> what rlbuf takes."""
 
+FOREIGN_POSITIONS = {"sample": ("batch_size", "env"), "compute_returns_and_advantages": ("last_value", "dones")}
+"""Method -> its arguments by position in SB3's version: an argument past rlbuf's is likely the one named."""
+
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -110,6 +114,24 @@ def refuse_foreign_keywords(method: str, taken: Collection[str], given: Mapping[
             raise MissingFieldError(f"{method}: got {name}=, which it does not take; {hint}")
 
 
+def refuse_positions(method: str, positional: Sequence[str], given: int) -> None:
+    """Raise [`MissingFieldError`][rlbuf.errors.MissingFieldError] (also a ``TypeError``) for ``given``
+    arguments by position to a ``method`` that takes ``positional``, naming what the next one likely is.
+
+    Example:
+        >>> refuse_positions("sample", ["batch_size"], 2)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.MissingFieldError: sample: got 2 arguments by position, it takes 1 (batch_size); in SB3's version, env comes there: rlbuf has no VecNormalize: batches hold what was added (normalise before add, or after sample)
+    """
+    names = FOREIGN_POSITIONS.get(method, ())
+    foreign = names[len(positional)] if len(names) > len(positional) else None
+    hint = (f"in SB3's version, {foreign} comes there: {FOREIGN_KEYWORDS[method][foreign]}" if foreign
+            else "give the others by keyword")
+    raise MissingFieldError(f"{method}: got {given} arguments by position, it takes {len(positional)} "
+                            f"({', '.join(positional)}); {hint}")
+
+
 def keywords_checked(method: Callable[_P, _R]) -> Callable[_P, _R]:
     """Answer a keyword the method does not take with rlbuf's word for it (see ``FOREIGN_KEYWORDS``),
     where Python would raise a bare ``TypeError``.
@@ -128,9 +150,12 @@ def keywords_checked(method: Callable[_P, _R]) -> Callable[_P, _R]:
     """
     parameters = inspect.signature(method).parameters.values()
     taken = frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)) - {"self"}
+    by_position = [p.name for p in parameters if p.kind == p.POSITIONAL_OR_KEYWORD]  # self first
 
     @functools.wraps(method)
     def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if len(args) > len(by_position):
+            refuse_positions(method.__name__, by_position[1:], len(args) - 1)
         if not taken.issuperset(kwargs):
             refuse_foreign_keywords(method.__name__, taken, kwargs)
         return method(*args, **kwargs)

@@ -374,6 +374,25 @@ def find_in_td(td: TensorDictBase, key: NestedKey) -> torch.Tensor | None:
     return None
 
 
+def missing_key(td: TensorDictBase, spec: FieldSpec) -> MissingFieldError:
+    """The error of a field ``td`` lacks, with where TorchRL would have put it, or the keys ``td`` holds.
+
+    Example:
+        >>> td = TensorDict({"reward": torch.ones(4)}, batch_size=[4])
+        >>> print(missing_key(td, FieldSpec("reward", ("next", "reward"), (), torch.float32)))
+        reward: key ('next', 'reward') not found in the tensordict; it holds 'reward' at the top: TorchRL keeps a step's reward, end flags and next observation under 'next' (td['next', 'reward'])
+    """
+    key = (spec.key,) if isinstance(spec.key, str) else tuple(spec.key)
+    held = [k if isinstance(k, str) else tuple(k) for k in td.keys(include_nested=True, leaves_only=True)]
+    if key[0] == "next" and len(key) == 2 and key[1] in held:
+        hint = (f"it holds {key[1]!r} at the top: TorchRL keeps a step's reward, end flags and next observation "
+                f"under 'next' (td['next', {key[1]!r}])")
+    else:
+        shown = ", ".join(repr(k) for k in held[:12]) + (" ..." if len(held) > 12 else "")
+        hint = f"it holds {shown or 'no keys'}"
+    return MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict; {hint}")
+
+
 def read_td(td: TensorDictBase, spec: FieldSpec, lead: tuple[int, ...]) -> torch.Tensor:
     """The value of ``spec`` in a TorchRL tensordict of batch size ``lead``, at its key or the env's key.
 
@@ -388,7 +407,7 @@ def read_td(td: TensorDictBase, spec: FieldSpec, lead: tuple[int, ...]) -> torch
     """
     value = find_in_td(td, spec.key)
     if value is None:
-        raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
+        raise missing_key(td, spec)
     if not spec.fits_rows(value.shape, lead):
         raise ShapeError(f"{spec.name}: expected shape {(*lead, *spec.td_shape)} at key {spec.key!r}, "
                          f"got {tuple(value.shape)}")
@@ -436,7 +455,12 @@ def check_hidden_state(layout: Layout | None, hidden_state: Any) -> None:
         rlbuf.errors.MissingFieldError: hidden_state: this buffer was built without hidden_state_shape
     """
     if layout is None and hidden_state is not None:
-        raise MissingFieldError("hidden_state: this buffer was built without hidden_state_shape")
+        infos = isinstance(hidden_state, (dict, list, tuple)) and not any(
+            isinstance(value, torch.Tensor) for value in (hidden_state.values() if isinstance(hidden_state, dict)
+                                                          else hidden_state))
+        raise MissingFieldError("hidden_state: this buffer was built without hidden_state_shape" + (
+            "; the argument after truncated is hidden_state, and add takes no infos (with gymnasium, use "
+            "rlbuf.gym.Recorder, which reads info['final_obs'])" if infos else ""))
     if layout is not None and hidden_state is None:
         raise MissingFieldError("hidden_state: this buffer stores one with every step")
 

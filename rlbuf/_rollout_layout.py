@@ -26,7 +26,7 @@ from rlbuf._fields import (
     refuse_padding,
 )
 from rlbuf._keywords import check_extras, refuse_foreign_names
-from rlbuf._obs import Layout, check_hidden_state, find_in_td, leaf_names
+from rlbuf._obs import Layout, check_hidden_state, find_in_td, leaf_names, missing_key
 from rlbuf._ring import RowRing
 from rlbuf.errors import (
     BufferFullError,
@@ -133,7 +133,7 @@ def rollout_columns(td: Any, ring: RowRing, *, num_envs: int, free_steps: int,
     for spec in ring.input_specs:
         value = _read_rollout_key(time_major, spec)
         if value is None:
-            raise MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict")
+            raise missing_key(time_major, spec)
         columns[spec.name] = ring.reader(spec, rows).tensor(rows_of(spec, value))
     check_given_done(td.get(("next", "done"), None), columns["terminated"].view(steps, num_envs).T,
                      columns["truncated"].view(steps, num_envs).T)
@@ -244,7 +244,8 @@ def step_values(fields: dict[str, Any], hidden_state: Any, extras: Mapping[str, 
         raise MissingFieldError("truncated: required with every step: pass truncated=False for envs without time "
                                 "limit; with gymnasium, add(..., terminated=terminations, value, log_prob, "
                                 "truncated=truncations, bootstrap_value=...); CleanRL's done is not terminated (a "
-                                "timeout would count as a death)")
+                                "timeout would count as a death), nor is SB3's episode_start in the 4th place (the "
+                                "previous step's done: each end would be stored a step late)")
     if truncated is False:  # for every env: one flag per row
         truncated = np.zeros(num_envs, np.bool_)
     if bootstrap_value is None:

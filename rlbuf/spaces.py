@@ -213,15 +213,27 @@ def looks_batched(space: Any, num_envs: Any) -> bool:
         return len(shape) >= 2 and all(bool((bound == bound[:1]).all()) for bound in (space.low, space.high))
     if isinstance(space, spaces.MultiDiscrete):
         return len(shape) == 1 and bool((space.nvec == space.nvec[0]).all())
-    return len(shape) >= 2 and isinstance(space, spaces.MultiBinary)
+    if isinstance(space, spaces.MultiBinary):
+        return len(shape) >= 2
+    from torchrl.data import Bounded, Categorical, Composite, TensorSpec
+
+    if isinstance(space, Composite) or not isinstance(space, TensorSpec):
+        return False  # a Composite's own shape is its batch, which field_of leaves out
+    if isinstance(space, Categorical):  # one env's index is a scalar
+        return len(shape) == 1
+    if isinstance(space, Bounded):
+        return len(shape) >= 2 and all(bool((bound == bound[:1]).all()) for bound in (space.low, space.high))
+    return len(shape) >= 2
 
 
 def warn_if_batched(space: Any, name: str, num_envs: Any) -> None:
     """Warn ([`BatchedSpaceWarning`][rlbuf.errors.BatchedSpaceWarning]) when ``space`` looks like ``envs.{name}``
     given for ``envs.single_{name}`` (see [`looks_batched`][rlbuf.spaces.looks_batched])."""
     if looks_batched(space, num_envs):
+        single = (f"env.{_ENTRY[name]}_spec_unbatched (one env's spec)" if not isinstance(space, spaces.Space)
+                  else f"envs.single_{name} (one env's space)")
         warnings.warn(f"{name}: shape {tuple(space.shape)} starts with num_envs={num_envs}: it looks like a vector "
-                      f"env's batched space (envs.{name}); pass envs.single_{name} (one env's space), else every "
+                      f"env's batched space (envs.{name}, a batched TorchRL env's spec); pass {single}, else every "
                       f"add is refused", BatchedSpaceWarning, stacklevel=4)
 
 

@@ -60,6 +60,9 @@ def resolve_device(device: DeviceLike | None, *, name: str, default: torch.devic
         if default is None:
             raise ConfigError(f"{name}: a device is required")
         return default
+    if device == "auto":  # SB3's default
+        raise ConfigError(f"{name}: 'auto' is SB3's word, not a torch device; pass "
+                          f"'cuda' if torch.cuda.is_available() else 'cpu'")
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError) as error:

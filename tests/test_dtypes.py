@@ -160,6 +160,21 @@ def test_a_buffer_built_from_the_batched_space_warns_and_its_add_says_the_fix() 
     envs.close()
 
 
+def test_a_batched_torchrl_spec_warns_with_the_unbatched_one() -> None:
+    # SerialEnv(2)'s env.action_spec: Categorical of shape (2,); its extend was refused naming no cause (helper 42).
+    from torchrl.data import Bounded, Categorical, OneHot
+
+    for batched in (Categorical(2, shape=(2,)), OneHot(3, shape=(2, 3)), Bounded(-1, 1, shape=(2, 3))):
+        with pytest.warns(BatchedSpaceWarning, match=r"^action_space: shape \(2, ?3?\) starts with num_envs=2.*pass "
+                                                     r"env.action_spec_unbatched \(one env's spec\)"):
+            ReplayBuffer(10, obs_shape=(4,), action_space=batched, num_envs=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RlbufWarning)  # one env's specs: no warning
+        for single in (Categorical(2), OneHot(2), Bounded(-1, 1, shape=(2,)),
+                       Bounded(torch.tensor([[-1.0], [-2.0]]), 1, shape=(2, 1))):
+            ReplayBuffer(10, obs_shape=(4,), action_space=single, num_envs=2)
+
+
 @pytest.mark.parametrize("space", [gym.spaces.Box(-1, 1, (4,)), gym.spaces.Box(0, 255, (4, 8, 8), np.uint8)])
 def test_a_single_space_that_starts_with_num_envs_is_not_the_batched_one(space: Any) -> None:
     # CartPole's (4,) observation with 4 envs; 4 stacked frames with 4 envs and frame_stack=4.

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from _snapshot import same, snapshot
+from tensordict import TensorDict
 
 from rlbuf import (
     ConfigError,
@@ -197,3 +198,34 @@ def test_another_librarys_keyword_to_a_method_gets_rlbufs_word_and_changes_nothi
         getattr(buf, method)(**keywords)
     assert isinstance(caught.value, TypeError)
     assert all(same(snapshot(part), old) for part, old in zip(parts, before, strict=True))
+
+
+@pytest.mark.parametrize(("call", "error", "message"), [
+    (lambda: filled(replay).sample(2, None), MissingFieldError,
+     r"^sample: got 2 arguments by position, it takes 1 \(batch_size\); in SB3's version, env comes there"),
+    (lambda: _ready_rollout().compute_returns_and_advantages(torch.zeros(2), F), MissingFieldError,
+     r"^compute_returns_and_advantages: got 2 arguments by position, .* dones comes there: drop it"),
+    (lambda: filled(replay).full, AttributeError, r"'ReplayBuffer' object has no attribute 'full'; buffer.is_full"),
+    (lambda: filled(replay).sample(2).dones, AttributeError,
+     r"^ReplayBatch has no field 'dones'; rlbuf's name is terminated: SB3's and CleanRL's dones are the bootstrap"),
+    (lambda: filled(replay).sample(2).next_observations, AttributeError, r"rlbuf's name is next_obs$"),
+    (lambda: _with_advantages().get_all_data().old_log_prob, AttributeError, r"rlbuf's name is log_prob$"),
+    (lambda: replay().add(Z, torch.zeros(2), torch.ones(2), Z, F, F, [{}, {}]), MissingFieldError,
+     r"^hidden_state: this buffer was built without hidden_state_shape; the argument after truncated is "
+     r"hidden_state, and add takes no infos"),
+    (lambda: ReplayBuffer(8, obs_shape=(3,), action_shape=(), device="auto"), ConfigError,
+     r"^device: 'auto' is SB3's word, not a torch device; pass 'cuda' if torch.cuda.is_available\(\) else 'cpu'"),
+    # SB3's rollout add(obs, action, reward, episode_start, value, log_prob): episode_start lands in terminated.
+    (lambda: rollout().add(Z, torch.zeros(2), torch.ones(2), ~F, torch.zeros(2), torch.zeros(2)), MissingFieldError,
+     r"^truncated: required .* nor is SB3's episode_start in the 4th place \(the previous step's done"),
+    (lambda: replay().extend(TensorDict({"observation": Z, "action": torch.zeros(2), "reward": torch.ones(2),
+                                         ("next", "observation"): Z, ("next", "terminated"): F,
+                                         ("next", "truncated"): F}, [2])), MissingFieldError,
+     r"^reward: key \('next', 'reward'\) not found in the tensordict; it holds 'reward' at the top: TorchRL keeps"),
+    (lambda: rollout().extend(TensorDict({"observation": torch.zeros(2, 1, 3)}, [2, 1])), MissingFieldError,
+     r"^action: key 'action' not found in the tensordict; it holds 'observation'$"),
+])
+def test_other_libraries_habits_get_rlbufs_way(call: Callable[[], Any], error: type[Exception], message: str) -> None:
+    # Each was a bare TypeError or AttributeError, or a message about something else (helper 42).
+    with pytest.raises(error, match=message):
+        call()
