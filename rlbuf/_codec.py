@@ -29,8 +29,8 @@ CODECS = ("zstd", "lz4")
 DICTIONARY_BYTES = 16 * 1024
 _LEVELS = {"zstd": (1, 22), "lz4": (1, 12)}
 _DEFAULT_ZSTD_LEVEL = 3
-MAX_DICTIONARY = 1 << 20
-"""The largest dictionary a checkpoint may hold (rlbuf trains ``DICTIONARY_BYTES``)."""
+DICTIONARY_MAGIC = b"\x37\xa4\x30\xec"
+"""How every dictionary zstd trains begins (``ZSTD_MAGIC_DICTIONARY``, little-endian)."""
 
 
 def compression_options(compression: Any, level: Any) -> tuple[str | None, int | None]:

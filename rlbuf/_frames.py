@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from rlbuf._codec import MAX_DICTIONARY, Codec, checksums
+from rlbuf._codec import DICTIONARY_BYTES, DICTIONARY_MAGIC, Codec, checksums
 from rlbuf._convert import numpy_dtype_or_none
 from rlbuf._streams import as_words
 from rlbuf.errors import CheckpointError, ConfigError
@@ -258,8 +258,9 @@ class FrameLog:
 
     @property
     def nbytes(self) -> int:
-        """Bytes allocated: the arena (stored frames and free room) and the offsets."""
-        return self.arena.nbytes + self.start.nbytes + self.length.nbytes + self.sums.nbytes
+        """Bytes allocated: the arena (stored frames and free room), the offsets and the dictionary."""
+        return (self.arena.nbytes + self.start.nbytes + self.length.nbytes + self.sums.nbytes
+                + len(self.codec.dictionary))
 
     @property
     def stored_bytes(self) -> int:
@@ -310,9 +311,10 @@ class FrameLog:
             raise CheckpointError(f"compressed frames: {len(sums)} checksums of 32 bits expected one per stored "
                                   f"row ({int(sizes.shape[0])})")
         dictionary = bytes(state["dictionary"].numpy())
-        if len(dictionary) > MAX_DICTIONARY:
-            raise CheckpointError(f"a compression dictionary of {len(dictionary)} bytes, at most "
-                                  f"{MAX_DICTIONARY} are written")
+        if dictionary and (len(dictionary) > DICTIONARY_BYTES or not dictionary.startswith(DICTIONARY_MAGIC)):
+            raise CheckpointError(f"a compression dictionary of {len(dictionary)} bytes starting "
+                                  f"{dictionary[:4].hex()}; rlbuf writes the ones zstd trains: at most "
+                                  f"{DICTIONARY_BYTES} bytes, starting {DICTIONARY_MAGIC.hex()}")
         if dictionary and write_count < DICTIONARY_AFTER:
             raise CheckpointError(f"a compression dictionary after {write_count} frames; rlbuf trains one after "
                                   f"{DICTIONARY_AFTER}")

@@ -254,6 +254,11 @@ class BufferState:
         if unknown:
             raise CheckpointError(f"state: {unknown} are not parts of a buffer's state")
         _raise_if("state", tensors_problem(state))
+        saved_options = state.get("options")
+        if isinstance(saved_options, dict):
+            saved_options = type(self)._options_from_checkpoint(dict(saved_options))
+        # Options first: an option that differs (compression=) names itself, where the specs it sets would not.
+        _raise_if("state", options_problem(saved_options, self._options))
         mine = [spec.to_json() for spec in ring.specs]
         if state.get("spec") != mine:
             raise CheckpointError(f"state: fields {state.get('spec')} differ from this buffer's {mine}")
@@ -262,10 +267,6 @@ class BufferState:
         sampler = type(ring.rb.sampler).__name__
         if state.get("sampler_kind") != sampler:
             raise CheckpointError(f"state: sampled by a {state.get('sampler_kind')}, this buffer by a {sampler}")
-        saved_options = state.get("options")
-        if isinstance(saved_options, dict):
-            saved_options = type(self)._options_from_checkpoint(dict(saved_options))
-        _raise_if("state", options_problem(saved_options, self._options))
         size, cursor, count = (saved_count(state, key) for key in ("size", "cursor", "write_count"))
         _raise_if("state", counts_problem(size=size, cursor=cursor, write_count=count, capacity=ring.capacity))
         if self._fills_by_whole_steps:

@@ -59,7 +59,7 @@ _OPTIONAL = {"env"}  # the first compact checkpoints did not store each row's en
 
 def streams_problem(streams: Streams, tables: Any, *, terminated: torch.Tensor, truncated: torch.Tensor,
                     frames: Callable[[_Ints], torch.Tensor], frame_shape: tuple[int, ...], write_count: int,
-                    size: int) -> str:
+                    size: int, interleaved: bool = False, env_required: bool = False) -> str:
     """``""`` when ``tables`` are what ``streams`` would hold after writing the stored rows, else why not.
 
     Args:
@@ -71,6 +71,9 @@ def streams_problem(streams: Streams, tables: Any, *, terminated: torch.Tensor, 
         frame_shape: one stored frame.
         write_count: rows written since the ring was last cleared.
         size: rows stored (``min(write_count, capacity)``, checked by the caller).
+        interleaved: every row was written a whole step at a time: the row written ``s``-th is env
+            ``s % num_envs``'s, which the env table must say (and which stands for the envs it lacks).
+        env_required: every stored row's env must be named (a checkpoint made since rlbuf stores them).
     """
     reason = _shapes_problem(streams, tables)
     if reason:
@@ -89,8 +92,24 @@ def streams_problem(streams: Streams, tables: Any, *, terminated: torch.Tensor, 
         if not np.array_equal(arrays[name][:size], flags.to(torch.bool).cpu().numpy()):
             return f"stream table {name} differs from the stored rows' {name} flags"
     ended = arrays["terminated"] | arrays["truncated"]
-    if "env" in tables:
-        reason = _env_problem(tables["env"].numpy(), arrays, ended, serial, streams.back.shape[1], oldest)
+    num_envs = len(arrays["last"])
+    env = tables["env"].numpy() if "env" in tables else np.full(capacity, -1, np.int64)
+    unknown, known = stored & (env == -1), stored & (env != -1)
+    if env_required and bool(unknown.any()):
+        return ("stream table env: a stored row's env is not named; every checkpoint of this layout names each "
+                "row's env")
+    if bool(unknown.any()) and bool(known.any()) and serial[unknown].max() > serial[known].min():
+        return "stream table env: a row of unknown env (-1) is newer than a row of known env"  # only old rows lack it
+    if interleaved or num_envs == 1:  # each row's env is known from when it was written
+        derived = np.where(stored, serial % num_envs, -1)
+        wrong = stored & (env != -1) & (env != derived)
+        if bool(wrong.any()):
+            position = int(np.flatnonzero(wrong)[0])
+            return (f"stream table env: position {position} names env {int(env[position])}, but its row was written "
+                    f"a whole step at a time as env {int(derived[position])}'s")
+        env = derived
+    if "env" in tables or interleaved or num_envs == 1:
+        reason = _env_problem(env, arrays, ended, serial, streams.back.shape[1], oldest)
         if reason:
             return reason
     return (_next_problem(arrays["next"], serial, ended, oldest, write_count)
@@ -126,11 +145,7 @@ def _env_problem(env: _Ints, arrays: Mapping[str, Any], ended: npt.NDArray[np.bo
     num_envs = len(arrays["last"])
     if bool((env[~stored] != -1).any()) or bool(((env[stored] < -1) | (env[stored] >= num_envs)).any()):
         return f"stream table env: stored rows must name an env in [0, {num_envs}), other positions -1"
-    unknown = stored & (env == -1)
-    if bool(unknown.any()):  # rows loaded from a checkpoint without env table: their envs are not known
-        known = stored & ~unknown
-        if bool(known.any()) and serial[unknown].max() > serial[known].min():
-            return "stream table env: a row of unknown env (-1) is newer than a row of known env"
+    if bool((stored & (env == -1)).any()):  # rows loaded from a checkpoint without env table (see streams_problem)
         return ""
     order = np.flatnonzero(stored)[np.argsort(serial[stored], kind="stable")]
     order = order[np.argsort(env[order], kind="stable")]  # by env, then oldest first

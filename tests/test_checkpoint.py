@@ -463,9 +463,9 @@ def test_state_of_another_capacity_or_sampler_is_refused_before_anything_changes
     for _ in range(6):
         small.add(torch.ones(3), torch.ones(2), 1.0, torch.ones(3), False, truncated=False)
     big.add(torch.zeros(3), torch.zeros(2), 0.0, torch.zeros(3), False, truncated=False)
-    with pytest.raises(CheckpointError, match="capacity 4, this buffer's is 10"):
+    with pytest.raises(CheckpointError, match="options: capacity is 4 in the state, 10 in this buffer"):
         big.load_state_dict(small.state_dict())
-    with pytest.raises(CheckpointError, match="sampled by a RandomSampler"):
+    with pytest.raises(CheckpointError, match="options: prioritized is False in the state, True in this buffer"):
         prioritized.load_state_dict(small.state_dict())
     assert len(big) == 1 and len(prioritized) == 0
 

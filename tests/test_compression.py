@@ -483,6 +483,24 @@ def test_a_dictionary_zstd_cannot_use_is_a_checkpoint_error() -> None:
     assert same(snapshot(compressed), before)
 
 
+@pytest.mark.parametrize("dictionary", [bytes(range(256)) * 64, b"\x37\xa4\x30\xec" + bytes(1 << 15)])
+def test_a_dictionary_rlbuf_would_not_train_is_refused_and_the_one_it_trains_is_counted(dictionary: bytes) -> None:
+    # A 16 KiB raw-content dictionary (no zstd magic) and one larger than rlbuf trains loaded (helper 40).
+    _, compressed = _pair(64, 2, 4, 1)
+    for step in _steps(2, 4, 30, 10, 0.1):
+        _add((compressed,), step)
+    log = compressed._compact.log  # type: ignore[union-attr]
+    assert log.codec.dictionary and log.nbytes == (log.arena.nbytes + log.start.nbytes + log.length.nbytes
+                                                   + log.sums.nbytes + len(log.codec.dictionary))
+    state = compressed.state_dict()
+    state["extra"]["frames"]["dictionary"] = torch.frombuffer(bytearray(dictionary), dtype=torch.uint8)
+    before = snapshot(compressed)
+    with pytest.raises(CheckpointError, match=r"a compression dictionary of \d+ bytes starting [0-9a-f]{8}; rlbuf "
+                                              r"writes the ones zstd trains: at most 16384 bytes, starting 37a430ec"):
+        compressed.load_state_dict(state)
+    assert same(snapshot(compressed), before)
+
+
 def test_trailing_bytes_after_a_frame_are_refused() -> None:
     _, compressed = _pair(16, 1, 2, 1)
     for step in _steps(1, 2, 10, 11, 0.0):
@@ -619,3 +637,12 @@ def test_the_size_estimate_sends_compression_to_a_measurement() -> None:
     with pytest.raises(ConfigError, match="nbytes"):
         ReplayBuffer.bytes_per_transition(obs_shape=(4, 84, 84), action_shape=(), obs_dtype=torch.uint8,
                                           frame_stack=4, compression="zstd")
+
+
+def test_a_compressed_state_loaded_into_an_uncompressed_buffer_names_the_option() -> None:
+    # The message was two dumps of field specs, compression nowhere in them (helper 40).
+    def build(**options: Any) -> ReplayBuffer:
+        return ReplayBuffer(8, obs_shape=(4, 4), obs_dtype=torch.uint8, action_shape=(), compact=True, **options)
+    state = build(compression="zstd").state_dict()
+    with pytest.raises(CheckpointError, match=r"^state: options: compression is 'zstd' in the state, None in this"):
+        build().load_state_dict(state)

@@ -177,6 +177,39 @@ def test_a_legacy_compact_checkpoint_loads_valid_and_round_trips(tmp_path: Path)
     _refused_in_place(loaded, state, "unknown env")
 
 
+def _two_env_compact(**options: Any) -> ReplayBuffer:
+    buffer = ReplayBuffer(16, obs_shape=(4, 4), obs_dtype=torch.uint8, action_shape=(), num_envs=2, n_step=3,
+                          seed=0, **options)
+    for t in range(5):
+        frames = torch.stack([torch.full((4, 4), t + 16 * env, dtype=torch.uint8) for env in range(2)])
+        buffer.add(frames, torch.zeros(2), torch.tensor([1.0, 100.0]), frames + 1, torch.tensor([t == 3, False]),
+                   truncated=False)
+    return buffer
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_links_that_cross_envs_are_refused_with_or_without_the_env_table(compression: str | None) -> None:
+    # Without the table, env 0's row could link into env 1's stream: its 3-step reward summed env 1's (helper 40).
+    buffer = _two_env_compact(compression=compression)
+    state = buffer.state_dict()
+    streams = state["extra"]["streams"]
+    del streams["env"]
+    streams["next"][[0, 1]] = streams["next"][[1, 0]].clone()
+    # A compressed checkpoint always names each row's env; rows written a whole step at a time are env s % 2's.
+    _refused_in_place(buffer, state, "env is not named" if compression else "does not link to the next row of its env")
+    state = buffer.state_dict()
+    state["extra"]["streams"]["env"][[0, 1]] = state["extra"]["streams"]["env"][[1, 0]].clone()
+    _refused_in_place(buffer, state, r"position 0 names env 1, but its row was written a whole step at a time as env 0")
+    state = buffer.state_dict()
+    del state["extra"]["streams"]["env"]
+    if compression:
+        _refused_in_place(buffer, state, "env is not named")
+    else:  # a legacy checkpoint: loads, its envs derived for the check
+        copy = _two_env_compact(compression=compression)
+        copy.load_state_dict(state)
+        assert torch.equal(copy.sample_all().reward, buffer.sample_all().reward)
+
+
 # -- 5. rollout counters ----------------------------------------------------------------------------
 def _rollout() -> RolloutBuffer:
     buffer = RolloutBuffer(4, 2, obs_shape=(3,), action_shape=(), seed=0)
