@@ -394,7 +394,7 @@ class CompactLayout:
         tables = state["streams"]
         reason = streams_problem(self.streams, tables, terminated=fields["terminated"], truncated=fields["truncated"],
                                  frames=frames, frame_shape=self.frame_shape, write_count=write_count, size=size,
-                                 interleaved=state.get("interleaved") is True, env_required=self.log is not None)
+                                 env_required=self.log is not None)
         if reason or self.log is None:
             return reason
         final_slot = tables["final_slot"].numpy()

@@ -77,7 +77,7 @@ def check_given_done(given: torch.Tensor | None, terminated: torch.Tensor, trunc
     if given is None:
         return
     derived = terminated.to(torch.bool) | truncated.to(torch.bool)
-    if given.numel() != derived.numel():
+    if tuple(given.shape) not in (tuple(derived.shape), (*derived.shape, 1)):  # TorchRL's trailing 1 optional
         raise ShapeError(f"done: expected shape {(*derived.shape, 1)} at key ('next', 'done'), got {tuple(given.shape)}")
     done = given.reshape(derived.shape).to(device=derived.device, dtype=torch.bool)
     differs = (done != derived).nonzero()

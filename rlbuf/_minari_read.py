@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces as gym_spaces
 
+from rlbuf._bounds import Bounds
 from rlbuf._minari_damage import damaged
 from rlbuf.errors import (
     ConfigError,
@@ -211,15 +212,13 @@ def _check_leaf(value: np.ndarray[Any, Any], space: Any, rows: int, steps: int, 
 
 def _integer_range(space: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None:
     """The lowest and highest value a discrete space (or an integer ``Box``) holds, else ``None``."""
-    if isinstance(space, gym_spaces.Discrete):
-        return np.asarray(space.start), np.asarray(space.start) + np.asarray(space.n) - 1
-    if isinstance(space, gym_spaces.MultiDiscrete):
-        return np.asarray(space.start), np.asarray(space.start) + np.asarray(space.nvec) - 1
     if isinstance(space, gym_spaces.MultiBinary):
         return np.zeros((), np.int64), np.ones((), np.int64)
-    if isinstance(space, gym_spaces.Box) and np.dtype(space.dtype).kind in "iu":
-        return np.asarray(space.low), np.asarray(space.high)
-    return None
+    bounds = Bounds.of_space(space)
+    if bounds is None:
+        return None
+    return tuple(np.asarray(side).reshape(space.shape if np.ndim(side) else ())  # type: ignore[return-value]
+                 for side in (bounds.low, bounds.high))
 
 
 def check_episode(episode: Mapping[str, Any], spaces: Spaces) -> int:

@@ -455,9 +455,12 @@ def check_hidden_state(layout: Layout | None, hidden_state: Any) -> None:
         rlbuf.errors.MissingFieldError: hidden_state: this buffer was built without hidden_state_shape
     """
     if layout is None and hidden_state is not None:
-        infos = isinstance(hidden_state, (dict, list, tuple)) and not any(
-            isinstance(value, torch.Tensor) for value in (hidden_state.values() if isinstance(hidden_state, dict)
-                                                          else hidden_state))
+        # gymnasium's infos (a dict: {} when nothing to say, "_"-masked keys, "final_obs", "episode") or SB3's
+        # (a list of one dict per env); not a hidden state's {"h": ..., "c": ...} or (h, c).
+        infos = (isinstance(hidden_state, dict) and (not hidden_state or any(
+            str(key).startswith("_") or key in ("final_obs", "final_info", "episode") for key in hidden_state))) or (
+            isinstance(hidden_state, (list, tuple)) and bool(hidden_state)
+            and all(isinstance(value, dict) for value in hidden_state))
         raise MissingFieldError("hidden_state: this buffer was built without hidden_state_shape" + (
             "; the argument after truncated is hidden_state, and add takes no infos (with gymnasium, use "
             "rlbuf.gym.Recorder, which reads info['final_obs'])" if infos else ""))

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from rlbuf._rate_limit import RateLimiter
+from rlbuf._savedir import exchange
 from rlbuf.errors import CheckpointError, ConfigError
 
 FORMAT = "rlbuf.ray.ReplayService"
@@ -47,11 +48,15 @@ def write_checkpoint(path: Path, save_shards: Callable[[Path], list[Any]], field
         counters = save_shards(staging)
         manifest = {"format": FORMAT, "version": VERSION, **fields, "limiter_counters": counters}
         (staging / "service.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:12]}"
-        if path.exists():
+        # One atomic exchange (renameat2): a learner killed here leaves the old checkpoint or the new one whole at
+        # path, never neither; where the kernel lacks it, two renames with a moment between them.
+        if not path.exists():
+            staging.rename(path)
+        elif not exchange(staging, path):
+            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:12]}"
             path.rename(old)
-        staging.rename(path)
-        shutil.rmtree(old, ignore_errors=True)
+            staging.rename(path)
+            shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -21,6 +21,8 @@ import torch
 from tensordict import TensorDictBase
 
 from rlbuf._compact_wire import FrameDecoders
+from rlbuf._convert import stored_positions
+from rlbuf._keywords import keywords_checked
 from rlbuf._priorities import priorities
 from rlbuf._rate_limit import RateLimiter
 from rlbuf._ray_batches import batch_of, merged_fields
@@ -268,10 +270,18 @@ class ReplayService:
 
         Raises:
             ConfigError: ``shard`` is not a shard number, both ``shard`` and ``writer_id`` given,
-                ``batch_steps`` below 1; with a compact layout, neither given or ``writer_id >= num_shards``.
+                ``batch_steps`` below 1 or gathering more rows than the rate limiter's band takes; with a
+                compact layout, neither given or ``writer_id >= num_shards``.
         """
         shards = self._live()
         check_batch_steps(batch_steps)
+        if self._limiter_config is not None:  # a batch wider than the band would be refused once gathered: say so now
+            rows = batch_steps * int((self._layout["options"] or {}).get("num_envs", 1))
+            try:
+                RateLimiter.from_config(self._limiter_config).check_insert(rows)
+            except BatchSizeError as error:
+                raise ConfigError(f"batch_steps={batch_steps}: its batches of {rows} rows could never be stored "
+                                  f"({error}); give a smaller batch_steps") from None
         if shard is not None and writer_id is not None:
             raise ConfigError("writer: expected shard= or writer_id=, got both; use one")
         if shard is not None and (isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < len(shards)):
@@ -299,6 +309,7 @@ class ReplayService:
         return ServiceWriter(self._live(), self._keys, timeout=self._timeout, layout=self._layout).__reduce__()
 
     # -- sampling ---------------------------------------------------------------------------
+    @keywords_checked
     def sample(self, batch_size: int, *, timeout: float | str | None = "default") -> ReplayBatch:
         """Draw ``batch_size`` rows across the shards, delivered on [`device`][rlbuf.ray.ReplayService.device].
 
@@ -323,6 +334,8 @@ class ReplayService:
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise BatchSizeError(f"batch_size: expected a positive int, got {batch_size!r}")
+        if self._limiter_config is not None:  # the whole batch, before any split: a shard may be drawn for all of it
+            RateLimiter.from_config(self._limiter_config).check_sample(batch_size)
         wait = self._timeout if timeout == "default" else timeout_of(timeout)
         state = self._rng.bit_generator.state
         try:
@@ -404,16 +417,10 @@ class ReplayService:
         if not self._prioritized:
             raise PriorityError("update_priority: this service is not prioritized (build it with prioritized=True)")
         shards = self._live()
-        positions = torch.as_tensor(index)
-        if positions.dtype.is_floating_point or positions.dtype in (torch.bool, torch.complex64, torch.complex128):
-            raise StoredIndexError(f"index: expected integers (batch.index), got dtype {positions.dtype}")
-        positions = positions.reshape(-1).to(torch.int64).cpu()
+        positions = stored_positions(index, self.capacity, torch.device("cpu")).reshape(-1)  # global: [0, capacity)
         values = priorities(priority, positions.numel())
         shard_of, local = positions // self._shard_capacity, positions % self._shard_capacity
-        if positions.numel() and (int(positions.min()) < 0 or int(shard_of.max()) >= len(shards)):
-            raise StoredIndexError(f"index: expected global indices in [0, {self.capacity}), got "
-                                   f"{int(positions.min())} to {int(positions.max())}")
-        if self._stats is None:
+        if self._stats is None or self._restart_from is not None:  # a shard Ray restarted may hold fewer rows now
             self._stats = self._all_stats()
         known = [int(stat["size"]) for stat in self._stats]
         outside = local >= torch.tensor(known)[shard_of]

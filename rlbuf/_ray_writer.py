@@ -70,11 +70,20 @@ class Batch(NamedTuple):
 
 
 def timeout_of(timeout: Any) -> float | None:
-    """``timeout`` checked: ``None`` or seconds >= 0."""
+    """``timeout`` checked: ``None`` (wait as long as it takes) or finite seconds >= 0.
+
+    Example:
+        >>> timeout_of(2), timeout_of(None)
+        (2.0, None)
+        >>> timeout_of(float("inf"))
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: timeout: expected None (no limit) or a finite number of seconds >= 0, got inf
+    """
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
-        raise ConfigError(f"timeout: expected None or a number of seconds >= 0, got {timeout!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 <= timeout < math.inf:
+        raise ConfigError(f"timeout: expected None (no limit) or a finite number of seconds >= 0, got {timeout!r}")
     return float(timeout)
 
 

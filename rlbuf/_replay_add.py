@@ -47,6 +47,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
     _extra_specs: dict[str, FieldSpec]
     _hidden: Layout | None
     _interleaved: bool
+    _own_rows = 0  # the write count add and extend account for: more rows were written through buffer.torchrl
     # Each env's newest stored row, by write serial (-1: not known), for truncate_episodes; None: the last add
     # stored one row of every env, so each env's newest row is among the last num_envs rows.
     _newest: np.ndarray[Any, Any] | None = None
@@ -129,6 +130,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
                 warned = resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated,
                                                                                   None)
                 ring.add((obs, action, reward, next_obs, terminated, truncated), self._num_envs)
+                self._own_rows += self._num_envs
                 self._newest = None
                 if warned:
                     self._resets = resets = None  # warned of an add that stored: once per buffer
@@ -202,6 +204,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
         """``truncate_episodes`` of a buffer of whole transitions: the newest stored row of each of ``envs`` that
         ended no episode is marked truncated (rows not known to be an env's newest are left as they are)."""
         ring = self._ring
+        self._rows_interleaved()  # rows written through buffer.torchrl: each env's newest row unknown
         with ring.rewriting("truncate_episodes"):
             count, size, n = ring.write_count, len(ring), self._num_envs
             newest = (count - n + np.arange(n) if self._newest is None else self._newest)[envs]
@@ -214,7 +217,15 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
         """Whether each env's rows are ``num_envs`` apart (built, cleared, loaded): then each env's newest row is
         known; else not (a loaded buffer's masked adds)."""
         self._interleaved = interleaved
+        self._own_rows = self._ring.write_count
         self._newest = None if interleaved else np.full(self._num_envs, -1, np.int64)
+
+    def _rows_interleaved(self) -> bool:
+        """Whether each env's rows are ``num_envs`` apart: written a whole step at a time, by add and extend only.
+        Rows written through ``buffer.torchrl`` (here or in a worker process) are in an order of their own."""
+        if self._num_envs > 1 and self._interleaved and self._ring.write_count != self._own_rows:
+            self._set_interleaved(False)
+        return self._interleaved
 
     def _newest_after_add(self, stored: np.ndarray[Any, Any] | None) -> None:
         """Each env's newest row after an add that stored the rows of the envs in ``stored`` (all: ``None``)."""
@@ -264,6 +275,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             interleaved = self._writer.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, extras,
                                            env_mask)
             self._interleaved = self._interleaved and interleaved
+            self._own_rows += self._num_envs if mask is None else int(mask.sum())
             self._newest_after_add(mask)
             # Each warning is given once per buffer, once an add it was given for has stored: a refused add
             # leaves the watch as it was.
@@ -315,5 +327,6 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             if self._resets is not None:
                 self._resets.clear()  # stored: the last row of each env is a collector's now
             self._interleaved = self._interleaved and interleaved
+            self._own_rows += int(td.batch_size.numel())
             self._newest_after_extend(tuple(td.batch_size), interleaved)
 

@@ -59,7 +59,7 @@ _OPTIONAL = {"env"}  # the first compact checkpoints did not store each row's en
 
 def streams_problem(streams: Streams, tables: Any, *, terminated: torch.Tensor, truncated: torch.Tensor,
                     frames: Callable[[_Ints], torch.Tensor], frame_shape: tuple[int, ...], write_count: int,
-                    size: int, interleaved: bool = False, env_required: bool = False) -> str:
+                    size: int, env_required: bool = False) -> str:
     """``""`` when ``tables`` are what ``streams`` would hold after writing the stored rows, else why not.
 
     Args:
@@ -71,9 +71,9 @@ def streams_problem(streams: Streams, tables: Any, *, terminated: torch.Tensor, 
         frame_shape: one stored frame.
         write_count: rows written since the ring was last cleared.
         size: rows stored (``min(write_count, capacity)``, checked by the caller).
-        interleaved: every row was written a whole step at a time: the row written ``s``-th is env
-            ``s % num_envs``'s, which the env table must say (and which stands for the envs it lacks).
-        env_required: every stored row's env must be named (a checkpoint made since rlbuf stores them).
+        env_required: every stored row's env must be named (a layout rlbuf has stored envs for since it came:
+            compressed frames). Without the table (the first compact checkpoints), the links of several envs'
+            rows cannot be checked against their envs.
     """
     reason = _shapes_problem(streams, tables)
     if reason:
@@ -100,15 +100,9 @@ def streams_problem(streams: Streams, tables: Any, *, terminated: torch.Tensor, 
                 "row's env")
     if bool(unknown.any()) and bool(known.any()) and serial[unknown].max() > serial[known].min():
         return "stream table env: a row of unknown env (-1) is newer than a row of known env"  # only old rows lack it
-    if interleaved or num_envs == 1:  # each row's env is known from when it was written
-        derived = np.where(stored, serial % num_envs, -1)
-        wrong = stored & (env != -1) & (env != derived)
-        if bool(wrong.any()):
-            position = int(np.flatnonzero(wrong)[0])
-            return (f"stream table env: position {position} names env {int(env[position])}, but its row was written "
-                    f"a whole step at a time as env {int(derived[position])}'s")
-        env = derived
-    if "env" in tables or interleaved or num_envs == 1:
+    if num_envs == 1:  # one env: every row is its (a legacy checkpoint's links checked too)
+        env = np.where(stored, 0, -1)
+    if "env" in tables or num_envs == 1:
         reason = _env_problem(env, arrays, ended, serial, streams.back.shape[1], oldest)
         if reason:
             return reason

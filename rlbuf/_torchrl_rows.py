@@ -100,7 +100,7 @@ class TorchRLRows:
         if batched and len(lead) > 1:  # TorchRL would store each [T] slice as one row, and fail part-way
             raise ShapeError(f"data: expected a TensorDict of rows (batch size [n]), got batch size {list(lead)}; "
                              f"give a collector's [num_envs, T] batch to the rlbuf buffer's extend(td), which "
-                             f"reads it env by env, or write td.reshape(-1)")
+                             f"reads it env by env")
         if not batched and lead:
             raise ShapeError(f"data: expected one row (a TensorDict of batch size []), got batch size {lead}; "
                              f"for several rows use extend")

@@ -71,13 +71,13 @@ class Transition(NamedTuple):
     extras: Mapping[str, Any] | None = None
 
 _FOREIGN_FIELDS = {
-    "observations": "obs", "actions": "action", "rewards": "reward", "next_observations": "next_obs",
-    "dones": "terminated: SB3's and CleanRL's dones are the bootstrap mask, time limits left out (batch.done has "
-             "them: a target masked with it would treat a timeout as a death)",
-    "old_values": "value", "values": "value", "old_log_prob": "log_prob", "log_probs": "log_prob",
-    "logprobs": "log_prob", "advantages": "advantage",
+    "observations": ("obs",), "actions": ("action", "expert_action"), "rewards": ("reward",),
+    "next_observations": ("next_obs",), "dones": ("terminated",), "old_values": ("value",), "values": ("value",),
+    "old_log_prob": ("log_prob",), "log_probs": ("log_prob",), "logprobs": ("log_prob",),
+    "advantages": ("advantage",),
 }
-"""Other libraries' batch attributes (SB3's samples, CleanRL's arrays) -> rlbuf's."""
+"""Other libraries' batch attributes (SB3's samples, CleanRL's arrays) -> rlbuf's, the first a batch has."""
+_WHY = {"terminated": " (the bootstrap mask: a time limit is no end there; batch.done is terminated | truncated)"}
 
 
 class _ExtrasAccess:
@@ -91,9 +91,12 @@ class _ExtrasAccess:
         try:
             return self.extras[name]
         except KeyError:
-            if name in _FOREIGN_FIELDS:
-                raise AttributeError(f"{type(self).__name__} has no field {name!r}; rlbuf's name is "
-                                     f"{_FOREIGN_FIELDS[name]}") from None
+            fields = self.__dataclass_fields__
+            own = [field for field in _FOREIGN_FIELDS.get(name, ()) if field in fields]
+            if own:
+                why = _WHY.get(own[0], "") if "done" in fields else ""
+                raise AttributeError(f"{type(self).__name__} has no field {name!r}; rlbuf's name is {own[0]}{why}"
+                                     ) from None
             raise AttributeError(f"{type(self).__name__} has no field {name!r} (a batch from sample_by_index("
                                  f"..., fields=...) holds only the fields asked for); extras are "
                                  f"{sorted(self.extras)}") from None

@@ -378,7 +378,7 @@ def _buffer_episodes(buffer: ReplayBuffer) -> list[dict[str, Any]]:
     state = buffer.state_dict(data=False)
     count, capacity, size = int(state["write_count"]), int(state["capacity"]), int(state["size"])
     num_envs = buffer.num_envs
-    if num_envs > 1 and not buffer._interleaved:
+    if num_envs > 1 and not buffer._rows_interleaved():
         raise ConfigError(f"source: a buffer of num_envs={num_envs} whose rows were not all written a whole step "
                           f"at a time (add with env_mask, as the Recorder does for NEXT_STEP envs, or extend of "
                           f"env-major batches), so its env streams cannot be told apart; record SAME_STEP envs "

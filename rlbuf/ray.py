@@ -37,6 +37,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
 
 from rlbuf._delivery import deliver
+from rlbuf._keywords import keywords_checked
 from rlbuf._obs import torchrl_env_key
 from rlbuf._ray_wire import fields_of, from_wire, to_wire
 from rlbuf.batches import ReplayBatch, Transition
@@ -298,6 +299,7 @@ class RemoteReplayBufferHandle:
         columns = [(key, to_wire(value)) for key in keys if (value := td.get(key, None)) is not None]
         self._call("rlbuf_extend", columns, list(td.batch_size))
 
+    @keywords_checked
     def sample(self, batch_size: int) -> ReplayBatch:
         """Draw ``batch_size`` transitions on the actor, delivered on [`device`][rlbuf.ray.RemoteReplayBufferHandle.device].
 
@@ -307,6 +309,7 @@ class RemoteReplayBufferHandle:
         """
         return self._batch(self._call("rlbuf_sample", batch_size))
 
+    @keywords_checked
     def sample_sequences(self, batch_size: int, length: int, *, burn_in: int = 0) -> ReplaySequenceBatch:
         """Draw sequences on the actor (see [`ReplayBuffer.sample_sequences`][rlbuf.ReplayBuffer.sample_sequences]),
         delivered on [`device`][rlbuf.ray.RemoteReplayBufferHandle.device].

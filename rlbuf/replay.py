@@ -211,9 +211,9 @@ class ReplayBuffer(ReplayWriting):
         self._extra_specs = {s.name: s for s in specs if s.name in (extra_fields or {})}
         if self._hidden is not None:
             specs = (*specs, *self._hidden.specs("hidden_state", hidden_state_key))
-        self._set_interleaved(True)
         self._setup(specs, capacity, sampler, num_envs=num_envs, storage=storage, scratch_dir=scratch_dir,
                     storing_device=storing_device, device=device, seed=seed, derived={"done": done_of})
+        self._set_interleaved(True)
         self._compact = None
         if compact:
             path = followed or ()
@@ -233,8 +233,7 @@ class ReplayBuffer(ReplayWriting):
         # truncated=False says it of every env (no time limit): one flag for every row.
         self._no_truncation: bool | np.ndarray[Any, Any] = False if num_envs == 1 else np.zeros(num_envs, np.bool_)
         # The reset-step watch compares observations as add takes them: a dict's every key, whole.
-        self._resets: ResetSteps | None = reset_steps(self._ring, self._obs,
-                                                      None if self._obs.structured else self._compact, num_envs)
+        self._resets: ResetSteps | None = reset_steps(self._ring, self._obs, None if self._obs.structured else self._compact, num_envs)
         names = [spec.name for spec in self._ring.input_specs]
         self._flag_at = (names.index("terminated"), names.index("truncated"))
 
@@ -303,7 +302,7 @@ class ReplayBuffer(ReplayWriting):
         return super().epochs(batch_size=batch_size, n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle)
 
     def _extra_state(self) -> dict[str, Any]:
-        state = {**super()._extra_state(), "interleaved": self._interleaved}
+        state = {**super()._extra_state(), "interleaved": self._rows_interleaved()}
         if self._compact is not None:
             state.update(self._compact.state_dict())
         if self._relabeller is not None:
@@ -565,7 +564,8 @@ class ReplayBuffer(ReplayWriting):
             raise ConfigError("sample_sequences: not available for a compact buffer (next_obs stored once, "
                               "frame_stack or n_step); build it with compact=False")
         columns, span = sample_replay_sequences(self._ring, batch_size, length, burn_in, num_envs=self._num_envs,
-                                                interleaved=self._interleaved, hidden=self._hidden, device=self._device)
+                                                interleaved=self._rows_interleaved(), hidden=self._hidden,
+                                                device=self._device)
         obs = self._obs
         hidden = None if self._hidden is None else self._hidden.assemble("hidden_state", columns)
         return ReplaySequenceBatch(obs.assemble("obs", columns, batch_dims=2), columns["action"], columns["reward"],

@@ -375,8 +375,8 @@ def sample_replay_sequences(ring: RowRing, batch_size: int, length: int, burn_in
         span = positive_int("length", length, BatchSizeError) + burn_in_steps(burn_in)
         if not interleaved:
             raise ConfigError("sample_sequences: steps of one env are not num_envs rows apart: rows were "
-                              "extended env-major (batch size (num_envs, T)) or added with an env_mask that left "
-                              "envs out. Extend time-major batches (T, num_envs) or add every env's step "
+                              "extended env-major (batch size (num_envs, T)), added with an env_mask that left "
+                              "envs out, or written through buffer.torchrl. Extend time-major batches (T, num_envs) or add every env's step "
                               "(a Recorder: SAME_STEP envs), then clear() and refill")
         ring.flush()
         size, write_count, n, capacity = len(ring), ring.write_count, num_envs, ring.capacity

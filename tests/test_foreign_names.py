@@ -207,7 +207,13 @@ def test_another_librarys_keyword_to_a_method_gets_rlbufs_word_and_changes_nothi
      r"^compute_returns_and_advantages: got 2 arguments by position, .* dones comes there: drop it"),
     (lambda: filled(replay).full, AttributeError, r"'ReplayBuffer' object has no attribute 'full'; buffer.is_full"),
     (lambda: filled(replay).sample(2).dones, AttributeError,
-     r"^ReplayBatch has no field 'dones'; rlbuf's name is terminated: SB3's and CleanRL's dones are the bootstrap"),
+     r"^ReplayBatch has no field 'dones'; rlbuf's name is terminated \(the bootstrap mask: a time limit is no end "),
+    (lambda: _with_advantages().get_all_data().dones, AttributeError,  # a rollout batch has no done
+     r"^RolloutBatch has no field 'dones'; rlbuf's name is terminated$"),
+    (lambda: filled(distill).sample(2).actions, AttributeError, r"rlbuf's name is expert_action$"),
+    (lambda: filled(replay).sample(2).values, AttributeError, r"^ReplayBatch has no field 'values' \(a batch from"),
+    (lambda: replay().add(Z, torch.zeros(2), torch.ones(2), Z, F, F, (torch.zeros(2).numpy(),) * 2),
+     MissingFieldError, r"^hidden_state: this buffer was built without hidden_state_shape$"),  # an (h, c), no infos
     (lambda: filled(replay).sample(2).next_observations, AttributeError, r"rlbuf's name is next_obs$"),
     (lambda: _with_advantages().get_all_data().old_log_prob, AttributeError, r"rlbuf's name is log_prob$"),
     (lambda: replay().add(Z, torch.zeros(2), torch.ones(2), Z, F, F, [{}, {}]), MissingFieldError,

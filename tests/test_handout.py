@@ -303,3 +303,22 @@ def test_transforms_whose_inverse_would_change_written_rows_are_refused() -> Non
     refused(buf, ConfigError, r"^torchrl: the inverse of the transforms", lambda: rb.extend(rows(2)))
     refused(buf, ConfigError, r"^torchrl: the inverse of the transforms", lambda: rb.add(rows(None)))
     refused(buf, ConfigError, r"^torchrl: the inverse of the transforms", lambda: rb.__setitem__(0, rows(None)))
+
+
+def test_rows_written_through_torchrl_are_not_taken_for_whole_steps(tmp_path: Path) -> None:
+    # 3 rows through buffer.torchrl into a 2-env buffer: its save said each env's rows were 2 apart, which its
+    # own load refused; rows in a collector's env-major order gave sequences that crossed envs (helper 43).
+    buf = ReplayBuffer(16, obs_shape=(3,), action_shape=(), num_envs=2, seed=0)
+    buf.torchrl.extend(rows(3))
+    buf.save(tmp_path / "ck")
+    assert len(ReplayBuffer.load(tmp_path / "ck")) == 3
+    buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.zeros(2, 3), torch.zeros(2, dtype=torch.bool),
+            truncated=False)
+    with pytest.raises(ConfigError, match=r"steps of one env are not num_envs rows apart: .* or written through "
+                                          r"buffer.torchrl"):
+        buf.sample_sequences(2, 2)
+    buf.clear()  # whole steps again
+    for _ in range(3):
+        buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.zeros(2, 3),
+                torch.zeros(2, dtype=torch.bool), truncated=False)
+    assert buf.sample_sequences(2, 2).obs.shape[:2] == (2, 2)

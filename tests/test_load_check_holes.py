@@ -195,19 +195,30 @@ def test_links_that_cross_envs_are_refused_with_or_without_the_env_table(compres
     streams = state["extra"]["streams"]
     del streams["env"]
     streams["next"][[0, 1]] = streams["next"][[1, 0]].clone()
-    # A compressed checkpoint always names each row's env; rows written a whole step at a time are env s % 2's.
-    _refused_in_place(buffer, state, "env is not named" if compression else "does not link to the next row of its env")
+    if compression:  # a compressed checkpoint always names each row's env
+        _refused_in_place(buffer, state, "env is not named")
     state = buffer.state_dict()
-    state["extra"]["streams"]["env"][[0, 1]] = state["extra"]["streams"]["env"][[1, 0]].clone()
-    _refused_in_place(buffer, state, r"position 0 names env 1, but its row was written a whole step at a time as env 0")
+    streams = state["extra"]["streams"]
+    streams["next"][[0, 1]] = streams["next"][[1, 0]].clone()  # with the table: checked against it
+    _refused_in_place(buffer, state, "does not link to the next row of its env")
     state = buffer.state_dict()
     del state["extra"]["streams"]["env"]
     if compression:
         _refused_in_place(buffer, state, "env is not named")
-    else:  # a legacy checkpoint: loads, its envs derived for the check
+    else:  # a legacy checkpoint (the first compact ones stored no env table): loads
         copy = _two_env_compact(compression=compression)
         copy.load_state_dict(state)
         assert torch.equal(copy.sample_all().reward, buffer.sample_all().reward)
+
+
+def test_a_one_env_legacy_checkpoint_has_its_links_checked() -> None:
+    buffer = ReplayBuffer(8, obs_shape=(2,), action_shape=(), n_step=2, seed=0)
+    for t in range(5):
+        buffer.add(torch.full((2,), float(t)), 0.0, 1.0, torch.full((2,), t + 1.0), t == 2, truncated=False)
+    state = buffer.state_dict()
+    del state["extra"]["streams"]["env"]
+    state["extra"]["streams"]["next"][[0, 3]] = state["extra"]["streams"]["next"][[3, 0]].clone()
+    _refused_in_place(buffer, state, "stream table next")
 
 
 # -- 5. rollout counters ----------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import sys
 import warnings
 from collections.abc import Iterator
@@ -472,10 +473,23 @@ def test_service_shards_lose_and_duplicate_no_row_under_writers_samples_prioriti
     for (worker, chunk), members in _chunks(ids).items():          # every chunk whole, where it was sent
         assert len(members) == ROWS and {shard[ids.index(uid)] for uid in members} == {shard_of[worker - 1][chunk]}
 
-    with pytest.raises(StoredIndexError, match=r"expected global indices in \[0, 8192\), got 8192 to 8192"):
+    with pytest.raises(StoredIndexError, match=r"index: expected positions in \[0, 8192\), got values in \[8192, 8192\]"):
         service.update_priority([service.capacity], [1.0])
-    with pytest.raises(StoredIndexError, match="expected integers"):
+    with pytest.raises(StoredIndexError, match="expected integer positions"):
         service.update_priority(torch.tensor([0.5]), [1.0])
+    # Each was torch's own error, and complex indices were taken by their real part (helper 44).
+    for index in (None, slice(0, 2), "abc", [2**64], torch.tensor([1j])):
+        with pytest.raises(StoredIndexError, match=r"^index: "):
+            service.update_priority(index, [1.0])
+    # A batch wider than the band (4,096) was split, one shard sampled, another refused (helper 44): refused
+    # whole first. A writer whose batches could never fit the band lost every step it gathered: refused when made.
+    limiters = service.rate_limiters()
+    with pytest.raises(BatchSizeError, match=r"^batch_size: a sample of 5000 rows is wider than the rate limiter's"):
+        service.sample(5000)
+    with pytest.raises(ConfigError, match=r"^batch_steps=3000: its batches of 3000 rows could never be stored .*"
+                                          r"give a smaller batch_steps"):
+        service.writer(shard=0, batch_steps=3000)
+    assert service.rate_limiters() == limiters
     with pytest.raises(PriorityError, match="expected 2 values"):
         service.update_priority([0, 1], [1.0])
     with pytest.raises(ConfigError, match="beta: expected a finite number >= 0"):
@@ -523,8 +537,10 @@ def test_service_options_and_checkpoints_are_refused_before_any_actor_starts(tmp
     with pytest.raises(ConfigError, match="min_size_to_sample=64 rows per shard can never be reached with 32"):
         ReplayService(64, num_shards=2, obs_shape=(3,), action_shape=(2,),
                       rate_limiter=RateLimiter(min_size_to_sample=64))
-    with pytest.raises(ConfigError, match="timeout: expected None or a number of seconds >= 0, got -1"):
-        ReplayService(64, obs_shape=(3,), action_shape=(2,), timeout=-1)
+    for timeout in (-1, math.inf):  # an infinity failed inside a shard's wait (OverflowError; helper 44)
+        with pytest.raises(ConfigError, match=rf"timeout: expected None \(no limit\) or a finite number of seconds "
+                                              rf">= 0, got {timeout}"):
+            ReplayService(64, obs_shape=(3,), action_shape=(2,), timeout=timeout)
     with pytest.raises(CheckpointError, match=r"expected a ReplayService checkpoint's service\.json"):
         ReplayService.load(tmp_path / "never-saved")
     (tmp_path / "forged").mkdir()
