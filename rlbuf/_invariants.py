@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from rlbuf._convert import _NUMPY_DTYPES
 from rlbuf._priorities import MAX_PRIORITY
 from rlbuf.errors import CheckpointError
 from rlbuf.spec import FieldSpec
@@ -254,6 +255,8 @@ def extra_problem(saved: Any, own: Mapping[str, Any], *, capacity: int, field_na
             return f"attached extra {name!r} is not a usable name (a public identifier, not a stored field)"
         if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0 or tensor.shape[0] != capacity:
             return f"attached extra {name!r} must be a tensor of {capacity} rows"
+        if tensor.dtype not in _NUMPY_DTYPES or tensor.requires_grad:  # what set_extras stores (detached values)
+            return f"attached extra {name!r} is {tensor.dtype}{' requiring grad' * tensor.requires_grad}, not stored values"
     stats = saved.get("stats")
     if stats is not None and not isinstance(stats, Mapping):
         return f"stats state must be a mapping, got {type(stats).__name__}"

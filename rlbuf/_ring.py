@@ -50,12 +50,11 @@ from rlbuf._one_row import reading_all, writing_row
 from rlbuf._torchrl_rows import TorchRLRows
 from rlbuf.errors import BatchSizeError, EmptyBufferError, MissingFieldError
 from rlbuf.spec import FieldSpec, NotStaged, RowReader, positive_int
-from rlbuf.storage import BuiltStorage, available_ram, remove_when_collected, row_bytes
+from rlbuf.storage import BuiltStorage, check_batch_memory, remove_when_collected, row_bytes
 
 _BLOCK_ROWS = 256
 # Batches above this size are checked against the memory free now: one that cannot fit would only
 # fail later, inside torch (or get the process killed).
-_SMALL_BATCH_BYTES = 64 * 2**20
 CapturedT = TypeVar("CapturedT")
 _CPU = torch.device("cpu")
 _FLAGS = ("terminated", "truncated")
@@ -527,13 +526,7 @@ class RowRing:
             raise EmptyBufferError("cannot sample from an empty buffer: add transitions first")
         if without_replacement and batch_size > size:
             raise BatchSizeError(f"batch_size: expected at most {size} (the rows stored), got {batch_size}")
-        if batch_size * self.row_bytes > _SMALL_BATCH_BYTES:
-            # The batch, its index and a copy on the way must fit in the memory free now.
-            needed = batch_size * (self.row_bytes + 8) * 2
-            available = available_ram()
-            if needed > available:
-                raise BatchSizeError(f"batch_size: {batch_size} rows need about {needed} bytes, more than the "
-                                     f"{available} bytes of memory free now")
+        check_batch_memory(batch_size, self.row_bytes)
         return batch_size
 
     def as_index(self, index: Any) -> torch.Tensor:

@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -172,10 +173,12 @@ def checked_extras(mapping: Any, ring: RowRing, *, num_steps: int, num_envs: int
     if given & set(COMPUTED) and not set(COMPUTED) <= given:
         raise MissingFieldError("set_extras: advantage and returns go together (both, or neither)")
     checked: dict[str, torch.Tensor] = {}
+    shadowed = _batch_attributes() - set(ring.by_name)  # batch.name would give the batch's own attribute
     for name, tensor in mapping.items():
-        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or name in BATCH_NAMES:
+        if (not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or name in BATCH_NAMES
+                or name in shadowed):
             raise MissingFieldError(f"set_extras: {name!r} is not a usable name (a public identifier, not one "
-                                    f"of {sorted(BATCH_NAMES)})")
+                                    f"of {sorted(set(BATCH_NAMES) | shadowed)})")
         if not isinstance(tensor, torch.Tensor):
             raise ShapeError(f"{name}: expected a tensor, got {type(tensor).__name__}")
         if tensor.device.type == "meta":
@@ -188,8 +191,16 @@ def checked_extras(mapping: Any, ring: RowRing, *, num_steps: int, num_envs: int
             replace(ring.by_name[name], finite=True).check_tensor(tensor, lead, (tensor.device,))
         else:
             _check_attached(name, tensor, lead)
-        checked[name] = tensor
+        checked[name] = tensor.detach()  # stored values, not a node of the caller's autograd graph
     return checked
+
+
+def _batch_attributes() -> set[str]:
+    """The attributes of a rollout's batches (``RolloutBatch``, ``SequenceBatch``)."""
+    from rlbuf.batches import RolloutBatch
+    from rlbuf.sequences import SequenceBatch
+
+    return {field.name for batch in (RolloutBatch, SequenceBatch) for field in dataclasses.fields(batch)}
 
 
 def _check_attached(name: str, tensor: torch.Tensor, lead: tuple[int, int]) -> None:
@@ -203,9 +214,11 @@ def _check_attached(name: str, tensor: torch.Tensor, lead: tuple[int, int]) -> N
         raise ShapeError(f"{name}: expected shape ({lead[0]}, {lead[1]}, ...), got {tuple(tensor.shape)}")
 
 
-def check_normalized(advantage: torch.Tensor) -> None:
-    """Refuse normalized advantages that are not finite (a spread beyond float32), before they are stored."""
-    if not bool(torch.isfinite(advantage.sum())) and not bool(torch.isfinite(advantage).all()):
+def check_normalized(advantage: torch.Tensor, spread: torch.Tensor) -> None:
+    """Refuse normalized advantages that are not finite, or divided by an infinite spread (beyond float32: all
+    zeros), before they are stored."""
+    if not bool(torch.isfinite(spread)) or (not bool(torch.isfinite(advantage.sum()))
+                                            and not bool(torch.isfinite(advantage).all())):
         raise NonFiniteError("advantage: normalizing gave NaN or inf (the advantages spread beyond float32); "
                              "scale the rewards and values down, or normalize them yourself in float64")
 

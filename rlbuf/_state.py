@@ -50,7 +50,7 @@ from rlbuf.checkpoint import load_state, save_state
 from rlbuf.epochs import EpochIterator
 from rlbuf.errors import CheckpointError, ConfigError
 from rlbuf.stats import EpisodeStats
-from rlbuf.storage import DeviceLike
+from rlbuf.storage import DeviceLike, check_batch_memory
 
 BufferT = TypeVar("BufferT", bound="BufferState")
 NOT_OPTIONS = ("self", "__class__", "stats", "scratch_dir", "observation_space", "action_space", "foreign")
@@ -339,6 +339,10 @@ class BufferState:
                                   f"{iterator['method']}()")
         split = {("num_batches" if key == "num_minibatches" else key): value for key, value in arguments.items()
                  if key != "sequences"}
+        if type(arguments.get("sequences", False)) is not bool:  # as minibatches() reads it (as_flag)
+            raise CheckpointError(f"state: iterator argument sequences={arguments['sequences']!r}, not True or False")
+        if split.get("n_epochs") == 0 and "batch_size" in split:  # drawn with replacement: minibatches() checks memory
+            refusing("iterator state", check_batch_memory, split["batch_size"], self._ring.row_bytes)
         rows = self._iterator_rows(iterator["method"], arguments, size, fields)
         device = self._storing_device if iterator["method"] == "epochs" else self._device
         # epochs() runs over the rows stored when each epoch starts: a saved epoch may hold fewer.

@@ -20,7 +20,7 @@ import torch
 
 from rlbuf._convert import as_array
 from rlbuf._stats_state import RESERVED
-from rlbuf.errors import ConfigError, DtypeError, NonFiniteError, ShapeError
+from rlbuf.errors import ConfigError, DtypeError, NonFiniteError, OutOfRangeError, ShapeError
 
 Values: TypeAlias = "torch.Tensor | np.ndarray[Any, Any] | Sequence[float] | float"
 """Per-env values: a ``[num_envs]`` tensor, array or sequence; a bare number when ``num_envs == 1``."""
@@ -136,3 +136,35 @@ class StepInputs:
                 )
             ended[name] = column.tolist()
         return ended
+
+
+def env_indices(envs: Any, num_envs: int) -> np.ndarray[Any, Any]:
+    """``EpisodeStats.reset``'s ``envs``: env numbers in ``[0, num_envs)``, or a ``[num_envs]`` bool mask.
+
+    Raises:
+        DtypeError: neither ints nor bools (floats, strings ...).
+        ShapeError: a mask of another length, or numbers of more than one dim.
+        OutOfRangeError: a number outside ``[0, num_envs)``.
+
+    Example:
+        >>> env_indices([True, False, True], 3).tolist(), env_indices([2], 3).tolist()
+        ([0, 2], [2])
+        >>> env_indices([-1], 3)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.OutOfRangeError: envs: expected env numbers in [0, 3), got -1
+    """
+    values = as_array("envs", envs, DtypeError)
+    if values.size == 0 and values.ndim == 1:  # no env (an empty list reads as float)
+        return np.zeros(0, np.int64)
+    if values.dtype == np.bool_:
+        if values.shape != (num_envs,):
+            raise ShapeError(f"envs: a mask must hold one bool per env, shape ({num_envs},); got {values.shape}")
+        return np.flatnonzero(values)
+    if values.dtype.kind not in "iu" or values.ndim > 1:
+        raise DtypeError(f"envs: expected env numbers (ints, one dim) or a [{num_envs}] bool mask, got "
+                         f"{values.dtype} of shape {values.shape}")
+    outside = (values < 0) | (values >= num_envs)
+    if outside.any():
+        raise OutOfRangeError(f"envs: expected env numbers in [0, {num_envs}), got {values[outside][0]}")
+    return values.reshape(-1).astype(np.int64)

@@ -418,7 +418,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                     # One row has no spread (its std is NaN): it is only centred.
                     spread = advantage.std() if advantage.numel() > 1 else torch.zeros((), device=advantage.device)
                     advantage.sub_(advantage.mean()).div_(spread + 1e-8)
-                    check_normalized(advantage)
+                    check_normalized(advantage, spread)
             except NonFiniteError:
                 if in_place:
                     for column in stored:

@@ -29,7 +29,7 @@ import torch
 
 from rlbuf._convert import all_finite, as_array, positive_int
 from rlbuf._stats_inputs import Reasons as _Reasons
-from rlbuf._stats_inputs import StepInputs
+from rlbuf._stats_inputs import StepInputs, env_indices
 from rlbuf._stats_inputs import Values as _Values
 from rlbuf._stats_metrics import DeclaredMetrics, MetricMode, Plan
 from rlbuf._stats_state import Episode, checked_state
@@ -470,7 +470,12 @@ class EpisodeStats:
 
     def reset(self, envs: Sequence[int] | None = None) -> None:
         """Forget running episodes and all finished ones, as if newly built; with ``envs``, only the
-        running episodes of those envs (reset mid-episode: they are no finished episodes).
+        running episodes of those envs (reset mid-episode: they are no finished episodes): env numbers, or one
+        bool per env.
+
+        Raises:
+            DtypeError, ShapeError, OutOfRangeError: ``envs`` is not env numbers in ``[0, num_envs)`` or a mask
+                of ``num_envs`` bools (nothing changes).
 
         Example:
             >>> stats = EpisodeStats(1)
@@ -484,7 +489,7 @@ class EpisodeStats:
             >>> stats.recent_returns()
             [1.0]
         """
-        index = np.arange(self._num_envs) if envs is None else np.asarray(envs, np.int64)
+        index = np.arange(self._num_envs) if envs is None else env_indices(envs, self._num_envs)
         self._return_view[index] = 0.0
         self._length_view[index] = 0
         self._declared.restart(index)

@@ -34,7 +34,7 @@ from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.storages import TensorStorage
 
 from rlbuf import _sizing, _torchrl
-from rlbuf.errors import ConfigError
+from rlbuf.errors import BatchSizeError, ConfigError
 from rlbuf.spec import FieldSpec, positive_int
 
 StorageKind: TypeAlias = Literal["memory", "memmap"]
@@ -182,6 +182,30 @@ def available_ram() -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+_SMALL_BATCH_BYTES = 64 * 2**20  # a batch this small is never refused for memory
+
+
+def check_batch_memory(batch_size: int, row_bytes: int) -> None:
+    """Refuse a batch of ``batch_size`` rows of ``row_bytes`` that could not fit in the memory free now: the
+    batch, its index and a copy on the way.
+
+    Raises:
+        BatchSizeError: naming the bytes needed and free.
+
+    Example:
+        >>> check_batch_memory(32, 1024)                      # small: never refused
+        >>> check_batch_memory(10**13, 1024)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.BatchSizeError: batch_size: 10000000000000 rows need about 20640000000000000 bytes, more than the ... bytes of memory free now
+    """
+    if batch_size * row_bytes > _SMALL_BATCH_BYTES:
+        needed, available = batch_size * (row_bytes + 8) * 2, available_ram()
+        if needed > available:
+            raise BatchSizeError(f"batch_size: {batch_size} rows need about {needed} bytes, more than the "
+                                 f"{available} bytes of memory free now")
 
 
 def check_room(kind: StorageKind, capacity: int, specs: Sequence[FieldSpec], *, storing_device: torch.device,
