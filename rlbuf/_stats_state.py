@@ -73,7 +73,7 @@ def checked_state(state: Mapping[str, Any], num_envs: int, window: int | None = 
     for key in STATE_KEYS:
         if key not in state:
             raise CheckpointError(f"stats state: missing key {key!r}")
-    if state["num_envs"] != num_envs:
+    if type(state["num_envs"]) is not int or state["num_envs"] != num_envs:
         raise CheckpointError(f"stats state: expected num_envs={num_envs}, got {state['num_envs']!r}")
     saved_window = state["window"]
     if type(saved_window) is not int or not 0 < saved_window < 2**63:
@@ -83,9 +83,9 @@ def checked_state(state: Mapping[str, Any], num_envs: int, window: int | None = 
     running_return = _state_tensor(state, "running_return", torch.float64, num_envs)
     running_length = _state_tensor(state, "running_length", torch.int64, num_envs)
     _check_finite("running_return", running_return.tolist())
-    negative = (running_length < 0).nonzero().flatten().tolist()
-    if negative:
-        raise CheckpointError(f"stats state: running_length: expected counts >= 0, got "
+    negative = ((running_length < 0) | (running_length >= 2**63 - 1)).nonzero().flatten().tolist()
+    if negative:  # the next step adds one: int64's largest would wrap
+        raise CheckpointError(f"stats state: running_length: expected counts in [0, 2**63 - 1), got "
                               f"{int(running_length[negative[0]])} at env {negative[0]}")
     idle = ((running_length == 0) & (running_return != 0)).nonzero().flatten().tolist()
     if idle:
@@ -100,9 +100,9 @@ def checked_state(state: Mapping[str, Any], num_envs: int, window: int | None = 
     for key, value, kinds in (("lengths", lengths, (int,)), ("reasons", reasons, (str,))):
         if _state_list(key, value, kinds) != n:
             raise CheckpointError(f"stats state: {key}: expected length {n}, got {len(value)}")
-    short = next((i for i, length in enumerate(lengths) if length < 1), None)
+    short = next((i for i, length in enumerate(lengths) if not 1 <= length < 2**63), None)
     if short is not None:
-        raise CheckpointError(f"stats state: lengths: expected episodes of at least 1 step, got {lengths[short]} "
+        raise CheckpointError(f"stats state: lengths: expected episodes of 1 to 2**63 - 1 steps, got {lengths[short]} "
                               f"at episode {short}")
     if not isinstance(metrics, Mapping):
         raise CheckpointError(f"stats state: metrics: expected a mapping, got {type(metrics).__name__}")
@@ -181,6 +181,9 @@ def _state_list(key: str, value: object, kinds: tuple[type, ...]) -> int:
 
 def _check_finite(key: str, values: list[Any]) -> None:
     for i, value in enumerate(values):
+        if isinstance(value, int) and not -2**1023 < value < 2**1023:  # as a float: infinite (OverflowError)
+            raise CheckpointError(f"stats state: {key}: expected finite values, got an int of {value.bit_length()} "
+                                  f"bits at {'env' if key.startswith('running') else 'episode'} {i}")
         if isinstance(value, float) and not math.isfinite(value):
             raise CheckpointError(f"stats state: {key}: expected finite values, got {value} at "
                                   f"{'env' if key.startswith('running') else 'episode'} {i}")
