@@ -26,6 +26,7 @@ No clock and no lock here: ``can_insert``/``can_sample`` answer for a call of ``
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -211,7 +212,7 @@ def wait_until(condition: threading.Condition, ready: Callable[[], bool], timeou
 def _band(spi: float, min_size: int, error_buffer: float | tuple[float, float] | None) -> tuple[float, float]:
     if error_buffer is None:
         return -math.inf, math.inf
-    if isinstance(error_buffer, tuple):
+    if isinstance(error_buffer, tuple | list):  # config() writes the pair as a JSON list
         if len(error_buffer) != 2:
             raise ConfigError(f"error_buffer: expected a number or a pair (min_diff, max_diff), got {error_buffer!r}")
         low, high = (_finite(f"error_buffer[{i}]", v) for i, v in enumerate(error_buffer))
@@ -220,6 +221,8 @@ def _band(spi: float, min_size: int, error_buffer: float | tuple[float, float] |
         if width < 0:
             raise ConfigError(f"error_buffer: expected a number >= 0, got {error_buffer!r}")
         low, high = spi * min_size - width, spi * min_size + width
+    if not math.isfinite(high - low):
+        raise ConfigError(f"error_buffer: its band [{low:g}, {high:g}] is beyond float64; give a finite band")
     if high - low < spi:
         raise ConfigError(
             f"error_buffer: expected a band at least samples_per_insert={spi:g} wide (one inserted row), got"
@@ -228,7 +231,7 @@ def _band(spi: float, min_size: int, error_buffer: float | tuple[float, float] |
 
 
 def _finite(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ConfigError(f"{name}: expected a finite number, got {value!r}")
     return float(value)
 

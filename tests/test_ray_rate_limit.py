@@ -189,3 +189,14 @@ def test_a_held_insert_goes_through_once_a_sample_makes_room() -> None:
         condition.notify_all()
     writer.join(10)
     assert done.is_set() and limiter.counters() == {"inserts": 10, "samples": 2, "deletes": 0}
+
+
+def test_the_band_as_config_writes_it_numpy_numbers_and_an_infinite_band() -> None:
+    # config() writes a pair as a list, which the constructor refused as "not a finite number"; numpy numbers
+    # were refused; a band past float64 was taken as (0, inf) (helper 44).
+    import numpy as np
+
+    assert RateLimiter(samples_per_insert=2.0, error_buffer=[2.0, 10.0]).band == (2.0, 10.0)
+    assert RateLimiter(samples_per_insert=np.float64(2.0), error_buffer=np.int64(4)).band == (-2.0, 6.0)
+    with pytest.raises(ConfigError, match=r"error_buffer: its band \[0, inf\] is beyond float64"):
+        RateLimiter(samples_per_insert=1e308, error_buffer=1e308)
