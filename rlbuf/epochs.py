@@ -329,6 +329,8 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
                     and tuple(permutation.shape) == (size,)
                     and torch.equal(permutation.sort().values.cpu(), torch.arange(size))):
                 raise CheckpointError(f"permutation: expected each of 0..{size - 1} once (int64, shape ({size},))")
+            if permutation is not None and not self._shuffle and not torch.equal(permutation.cpu(), torch.arange(size)):
+                raise CheckpointError("permutation: an iterator without shuffle runs in storage order, 0..n-1")
             torch.Generator(device=self._device).set_state(state["generator"])
         except (RlbufError, KeyError, TypeError, RuntimeError) as error:
             raise CheckpointError(f"epoch iterator: {error}") from error

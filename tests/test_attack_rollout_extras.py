@@ -104,3 +104,18 @@ def test_attached_extras_set_extras_would_refuse_are_refused_in_a_checkpoint(for
     with pytest.raises(CheckpointError, match=r"attached extra 'old_logits' is .*, not stored values"):
         target.load_state_dict(state)
     assert same(snapshot(target), before)
+
+
+def test_an_unshuffled_iterator_saved_with_a_shuffled_order_is_refused() -> None:
+    # epochs(shuffle=False) only ever saves the storage order: another one loaded and was followed (helper 45).
+    from rlbuf import DistillationBuffer
+
+    source = DistillationBuffer(10, obs_shape=(2,), action_shape=(), action_dtype=torch.int64, seed=0)
+    source.add(torch.zeros(7, 2), torch.arange(7))
+    iterator = source.epochs(batch_size=3, n_epochs=2, shuffle=False)
+    next(iterator)
+    state = source.state_dict()
+    assert torch.equal(state["iterator"]["state"]["permutation"], torch.arange(7))
+    state["iterator"]["state"]["permutation"] = torch.tensor([6, 5, 4, 3, 2, 1, 0])
+    with pytest.raises(CheckpointError, match="permutation: an iterator without shuffle runs in storage order"):
+        DistillationBuffer(10, obs_shape=(2,), action_shape=(), action_dtype=torch.int64).load_state_dict(state)
