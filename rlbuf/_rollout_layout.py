@@ -9,6 +9,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -195,12 +196,13 @@ def checked_extras(mapping: Any, ring: RowRing, *, num_steps: int, num_envs: int
     return checked
 
 
-def _batch_attributes() -> set[str]:
-    """The attributes of a rollout's batches (``RolloutBatch``, ``SequenceBatch``)."""
+@functools.cache
+def _batch_attributes() -> frozenset[str]:
+    """The attributes of a rollout's batches (``RolloutBatch``, ``SequenceBatch``), read once."""
     from rlbuf.batches import RolloutBatch
     from rlbuf.sequences import SequenceBatch
 
-    return {field.name for batch in (RolloutBatch, SequenceBatch) for field in dataclasses.fields(batch)}
+    return frozenset(field.name for batch in (RolloutBatch, SequenceBatch) for field in dataclasses.fields(batch))
 
 
 def _check_attached(name: str, tensor: torch.Tensor, lead: tuple[int, int]) -> None:

@@ -100,7 +100,7 @@ def streams_problem(streams: Streams, tables: Any, *, terminated: torch.Tensor, 
                 "row's env")
     if bool(unknown.any()) and bool(known.any()) and serial[unknown].max() > serial[known].min():
         return "stream table env: a row of unknown env (-1) is newer than a row of known env"  # only old rows lack it
-    if num_envs == 1:  # one env: every row is its (a legacy checkpoint's links checked too)
+    if num_envs == 1 and "env" not in tables:  # one env: every row is its (a legacy checkpoint's links checked too)
         env = np.where(stored, 0, -1)
     if "env" in tables or num_envs == 1:
         reason = _env_problem(env, arrays, ended, serial, streams.back.shape[1], oldest)

@@ -217,8 +217,11 @@ def test_a_one_env_legacy_checkpoint_has_its_links_checked() -> None:
         buffer.add(torch.full((2,), float(t)), 0.0, 1.0, torch.full((2,), t + 1.0), t == 2, truncated=False)
     state = buffer.state_dict()
     del state["extra"]["streams"]["env"]
-    state["extra"]["streams"]["next"][[0, 3]] = state["extra"]["streams"]["next"][[3, 0]].clone()
-    _refused_in_place(buffer, state, "stream table next")
+    state["extra"]["streams"]["next"][0] = 3  # a forward link past row 1: only the env's own order refuses it
+    _refused_in_place(buffer, state, "stream table next: the row at position 0 does not link to the next row")
+    state = buffer.state_dict()
+    state["extra"]["streams"]["env"][1] = 5  # a saved table is checked, not replaced by the derived one
+    _refused_in_place(buffer, state, r"stream table env: stored rows must name an env in \[0, 1\)")
 
 
 # -- 5. rollout counters ----------------------------------------------------------------------------
