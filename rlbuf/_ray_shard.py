@@ -115,6 +115,8 @@ class ShardHost(ReplayBufferHost):
         rows = int(td.batch_size.numel())
         limiter = self._limiter
         with self._condition:
+            if limiter is not None and rows and not limiter.can_insert(rows):
+                buffer._check_extend(td)  # a malformed batch refused now, not once the limiter lets it in
             self._wait_to_insert("extend", rows, timeout)
             before = len(buffer)
             buffer.extend(td)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -397,6 +397,32 @@ class ReplayWriter:
         Raises:
             ShapeError: ``td`` is not a TensorDict, or is not ``(num_envs, T)`` where needed.
         """
+        read = self.read_extend(td, per_env=per_env)
+        lead, rows, flat = read.lead, read.rows, read.flat
+        if before_write is not None:
+            before_write({name: value.reshape(*lead, *value.shape[1:]) for name, value in flat.items()})
+        ring, compact = self.ring, self.compact
+        if read.columns is None:  # a compact layout: its frames come from the streams' check
+            assert compact is not None
+            obs, next_obs = (read_td(td, spec, lead).reshape(rows, *spec.shape)
+                             for spec in (compact.obs_spec, compact.next_obs_spec))
+            compact.write(obs, next_obs, flat["terminated"], flat["truncated"], compact.env_ids_of(lead),
+                          lambda frames, done, cut: ring.write_tensors(
+                              {**flat, compact.field: frames, "terminated": done, "truncated": cut}, rows))
+        elif self.relabeller is not None and read.env_ids is not None:
+            self.relabeller.write(read.columns, read.env_ids)
+        else:
+            ring.write_checked(read.columns, rows)
+        return read.interleaved
+
+    def read_extend(self, td: Any, *, per_env: bool) -> ExtendRows:
+        """The rows of an ``extend``, each field read by its reader; nothing stored. Every check of a layout of
+        whole transitions (``columns``); a compact layout's frames and the rows beside them are checked as they
+        are stored (they follow each env's stream).
+
+        Raises:
+            ShapeError, DtypeError, NonFiniteError, MissingFieldError ...: as ``extend``.
+        """
         td = as_tensordict(td)
         refuse_padding(td)
         rows = int(td.batch_size.numel())
@@ -420,20 +446,20 @@ class ReplayWriter:
             raise ShapeError(f"td: a buffer with stats needs batch size ({self.num_envs}, T) to tell envs "
                              f"apart, got {lead}")
         flat = {name: value.reshape(rows, *ring.by_name[name].shape) for name, value in tensors.items()}
-        if before_write is not None:
-            before_write({name: value.reshape(*lead, *value.shape[1:]) for name, value in flat.items()})
-        if self.relabeller is not None and env_ids is not None:
-            self.relabeller.write(ring.read_tensors(ring.input_specs, [flat[spec.name] for spec in ring.input_specs],
-                                                    rows), env_ids)
-        elif compact is None:
-            ring.write_tensors(flat, rows)
-        else:
-            obs, next_obs = (read_td(td, spec, lead).reshape(rows, *spec.shape)
-                             for spec in (compact.obs_spec, compact.next_obs_spec))
-            compact.write(obs, next_obs, flat["terminated"], flat["truncated"], compact.env_ids_of(lead),
-                          lambda frames, done, cut: ring.write_tensors(
-                              {**flat, compact.field: frames, "terminated": done, "truncated": cut}, rows))
-        return interleaved
+        columns = None if compact is not None else ring.read_tensors(
+            ring.input_specs, [flat[spec.name] for spec in ring.input_specs], rows)
+        return ExtendRows(lead, rows, interleaved, flat, columns, env_ids)
+
+
+class ExtendRows(NamedTuple):
+    """What [`ReplayWriter.read_extend`][rlbuf._replay_layout.ReplayWriter.read_extend] read of an ``extend``."""
+
+    lead: tuple[int, ...]  # the batch size
+    rows: int
+    interleaved: bool  # the rows of each env stay num_envs apart
+    flat: dict[str, torch.Tensor]  # the input fields as given, [rows, *shape]
+    columns: dict[str, torch.Tensor] | None  # the same, checked by their readers (None: a compact layout)
+    env_ids: Any  # each row's env (a hindsight buffer), else None
 
 
 def env_major(lead: tuple[int, ...], num_envs: int) -> bool:
