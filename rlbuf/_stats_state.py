@@ -29,8 +29,6 @@ from rlbuf.errors import CheckpointError
 
 STATE_KEYS = ("num_envs", "window", "episodes_finished", "running_return", "running_length", "returns", "lengths",
               "reasons", "metrics")
-METRIC_KEYS = ("metric_modes", "running_metrics")
-"""Keys of declared per-step metrics (rlbuf up to 0.4 wrote neither: read as none declared)."""
 RESERVED = frozenset({"return", "length", "reasons", "episodes"})
 """Keys that ``summary()`` uses itself; a metric of that name would overwrite them."""
 
