@@ -349,7 +349,10 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
             rlbuf.errors.PriorityError: priority: expected 2 values (one per index), got 3
         """
         flat_index = self._flat_index(index, storage)
-        raw = torch.as_tensor(priority).detach().cpu().reshape(-1).numpy().astype(np.float64)
+        # A Python number as float64: torch would make it float32, and the default priority (the largest seen,
+        # up to 1e100) of every new row would round, or overflow to inf past 3.4e38.
+        given = priority if isinstance(priority, torch.Tensor) else torch.as_tensor(priority, dtype=torch.float64)
+        raw = given.detach().cpu().reshape(-1).numpy().astype(np.float64)
         count = flat_index.shape[0]
         if raw.shape[0] == 1:
             raw = np.broadcast_to(raw, (count,))

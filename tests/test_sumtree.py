@@ -545,3 +545,22 @@ def test_torchrl_c_plus_plus_sum_trees_still_fail_to_load() -> None:
         assert "SumSegmentTreeFp32 is not available" in str(error)
     else:
         pytest.fail(gone)
+
+
+@pytest.mark.parametrize("largest", [1e39, 1e100, 1 + 2**-40])
+def test_new_rows_get_the_largest_priority_exactly_even_past_float32(largest: float, tmp_path: Path) -> None:
+    # The default priority went through a float32 tensor: 1e39 became inf, the next sample raised with the
+    # row committed, that row was never drawn again, and the buffer's own checkpoint did not load.
+    from rlbuf import ReplayBuffer
+
+    buf = ReplayBuffer(8, obs_shape=(1,), action_shape=(), prioritized=True, alpha=1.0, seed=0)
+    for _ in range(3):
+        buf.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
+    buf.update_priority([0], [largest])
+    buf.add(torch.zeros(1), 0.0, 0.0, torch.zeros(1), False, truncated=False)
+    leaves = buf.state_dict()["sampler"]["sum_leaves"]
+    assert leaves[3].item() == leaves[0].item() and math.isfinite(leaves[3].item())   # float64, not rounded
+    drawn = set(buf.sample(256).index.tolist())
+    assert drawn >= {3} and drawn <= {0, 1, 2, 3}
+    buf.save(tmp_path / "ckpt")
+    assert torch.equal(ReplayBuffer.load(tmp_path / "ckpt").state_dict()["sampler"]["sum_leaves"], leaves)
