@@ -379,6 +379,18 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         self._high = max(self._high, int(flat_index[-1]) + 1)
         self._recompute_max_priority_if_touched(flat_index)
 
+    def check_priority(self, priority: torch.Tensor) -> None:
+        """Raise what ``update_priority`` raises for these raw priorities (float64); change nothing.
+
+        Example:
+            >>> SumTreeSampler(4, alpha=4.0, beta=0.4).check_priority(torch.tensor([1e90], dtype=torch.float64))
+            Traceback (most recent call last):
+            ...
+            rlbuf.errors.PriorityError: priority: expected (p + eps) ** alpha to fit in float64, got p=1e+90 at position 0 (alpha=4.0)
+        """
+        checked_leaf_values(priority.detach().cpu().reshape(-1).numpy().astype(np.float64), self._eps, self._alpha,
+                            _DTYPES[self.dtype])
+
     # -- state ----------------------------------------------------------------------------------
 
     def _empty(self) -> None:

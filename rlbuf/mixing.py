@@ -380,12 +380,11 @@ class MixedReplay:
         if not (self._offline.prioritized or self._online.prioritized):
             raise PriorityError("update_priority: neither buffer is prioritized (build one with prioritized=True)")
         values = priorities(priority, index.numel())
-        updates = []
-        for buffer, rows in ((self._offline, ~mask), (self._online, mask)):
-            rows = rows.to(index.device)
-            if buffer.prioritized and bool(rows.any()):
-                positions = stored_positions(index[rows], len(buffer), buffer.storing_device)
-                updates.append((buffer, positions, values[rows.cpu()]))
+        updates = [(buffer, stored_positions(index[rows.to(index.device)], len(buffer), buffer.storing_device),
+                    values[rows.cpu()]) for buffer, rows in ((self._offline, ~mask), (self._online, mask))
+                   if buffer.prioritized and bool(rows.any())]
+        for buffer, _, part in updates:  # each part's (p + eps) ** alpha too: neither buffer changes if one refuses
+            buffer._ring.rb.sampler.check_priority(part)
         for buffer, positions, part in updates:
             buffer.update_priority(positions, part)
 

@@ -220,6 +220,13 @@ def test_priority_updates_that_cannot_apply_are_refused_before_any_is_set() -> N
         with pytest.raises(error):
             call()
     assert all(torch.equal(a, b) for a, b in zip(before, [weights(mixed.offline), weights(online)], strict=True))
+    # A priority each buffer's own check refuses ((p + eps) ** alpha past float64 at alpha 4): the offline
+    # part was set before the online part refused (helper 47).
+    steep = MixedReplay(filled(12, 0.0, prioritized=True), filled(12, 1.0, prioritized=True, alpha=4.0), seed=0)
+    before = [weights(steep.offline), weights(steep.online)]
+    with pytest.raises(PriorityError, match=r"\(p \+ eps\) \*\* alpha to fit in float64"):
+        steep.update_priority(torch.tensor([0, 1]), torch.tensor([5.0, 1e90], dtype=torch.float64), from_online=torch.tensor([False, True]))
+    assert all(torch.equal(a, b) for a, b in zip(before, [weights(steep.offline), weights(steep.online)], strict=True))
     uniform = MixedReplay(filled(12, 0.0), filled(12, 1.0), seed=0)
     with pytest.raises(PriorityError, match="neither buffer is prioritized"):
         uniform.update_priority(uniform.sample(4), torch.ones(4))
