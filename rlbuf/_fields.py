@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import torch
 from tensordict import TensorDictBase
@@ -29,10 +29,33 @@ from rlbuf.spec import FieldSpec, NestedKey
 # Names every batch uses for its own attributes, and TorchRL's private keys ("_weight", "_data").
 BATCH_NAMES = {"index": "an attribute of every batch", "weight": "an attribute of every batch",
                 "extras": "an attribute of every batch"}
-# Columns ReplayBuffer.sample_sequences adds to every batch: an extra field of that name (an action
-# "mask") is stored and sampled as usual, and refused by sample_sequences, whose columns it would hide.
-SEQUENCE_COLUMNS = {"mask": "a column of sample_sequences batches (steps inside the episode)",
-                    "is_first": "a column of sample_sequences batches (the first step of an episode)"}
+# Columns and attributes of sequence batches: an extra field of that name (an action "mask") is stored and
+# sampled as usual, and refused by the calls that make sequences, whose column it would hide.
+_MASK = "a column of sequence batches (steps inside the episode)"
+_IS_INIT = "the key of is_first in a sequence batch's to_tensordict() (TorchRL's recurrent modules read it)"
+SEQUENCE_COLUMNS = {"mask": _MASK, "is_first": "a column of sample_sequences batches (the first step of an episode)",
+                    "is_init": _IS_INIT, "burn_in": "an attribute of sample_sequences batches (the burn-in steps)"}
+"""What ``ReplayBuffer.sample_sequences`` adds to a batch."""
+TRAJECTORY_COLUMNS = {"mask": _MASK, "is_init": _IS_INIT, "env": "an attribute of sequence minibatches (each "
+                      "trajectory's env)", "start": "an attribute of sequence minibatches (each trajectory's first step)"}
+"""What ``RolloutBuffer.minibatches(sequences=True)`` adds to a batch."""
+
+
+def refuse_hidden_columns(names: Collection[str], columns: Mapping[str, str], call: str) -> None:
+    """Refuse ``call`` when an extra field of ``names`` has the name of one of its batches' ``columns``.
+
+    Example:
+        >>> refuse_hidden_columns(["mask", "goal"], TRAJECTORY_COLUMNS, "minibatches(sequences=True)")
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.ConfigError: minibatches(sequences=True): the extra field 'mask' has the name of a column of sequence batches (steps inside the episode), which it would hide; rename the extra field (extra_fields={'mask_': ...})
+    """
+    hiding = sorted(set(columns) & set(names))
+    if hiding:
+        raise ConfigError(f"{call}: the extra field {hiding[0]!r} has the name of {columns[hiding[0]]}, which it "
+                          f"would hide; rename the extra field (extra_fields={{'{hiding[0]}_': ...}})")
+
+
 # Keyword arguments of add() that are not fields: an extra field of that name could never be given.
 ADD_ARGUMENTS = {"hidden_state": "an argument of add() (declare hidden states with hidden_state_shape=)",
                  "env_mask": "an argument of add()",

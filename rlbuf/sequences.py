@@ -32,7 +32,7 @@ import torch
 from tensordict import TensorDict
 
 from rlbuf._delivery import deliver
-from rlbuf._fields import SEQUENCE_COLUMNS
+from rlbuf._fields import SEQUENCE_COLUMNS, TRAJECTORY_COLUMNS, refuse_hidden_columns
 from rlbuf._obs import leaf_names
 from rlbuf.batches import _OnPolicyFields, _torchrl_layout, _TransitionFields, set_hidden_state
 from rlbuf.errors import BatchSizeError, ConfigError
@@ -107,6 +107,9 @@ class PaddedTrajectories:
         done: episode ends ``[T, N]``.
         first_step: columns read at each trajectory's first step only (hidden states).
 
+    Raises:
+        ConfigError: a column has the name of a sequence batch's own (an extra field ``mask``).
+
     Example:
         >>> done = torch.tensor([[False, False], [True, False], [False, False]])
         >>> padded = PaddedTrajectories({"x": torch.arange(6.0)}, done, first_step=())
@@ -116,6 +119,7 @@ class PaddedTrajectories:
     """
 
     def __init__(self, columns: Mapping[str, torch.Tensor], done: torch.Tensor, *, first_step: Sequence[str]) -> None:
+        refuse_hidden_columns(columns, TRAJECTORY_COLUMNS, "minibatches(sequences=True)")
         self.trajectories = split_trajectories(done)
         rows, self.mask = self.trajectories.rows(num_envs=done.shape[1])
         self.padded = gather_padded({name: column for name, column in columns.items() if name not in first_step},
@@ -365,11 +369,7 @@ def sample_replay_sequences(ring: RowRing, batch_size: int, length: int, burn_in
         >>> span, columns["obs"].shape
         (3, torch.Size([2, 3, 1]))
     """
-    hiding = sorted(set(SEQUENCE_COLUMNS) & set(ring.by_name))
-    if hiding:
-        raise ConfigError(f"sample_sequences: the extra field {hiding[0]!r} has the name of "
-                          f"{SEQUENCE_COLUMNS[hiding[0]]}, which it would hide; rename the extra field "
-                          f"(extra_fields={{'{hiding[0]}_': ...}}) to sample sequences")
+    refuse_hidden_columns(ring.by_name, SEQUENCE_COLUMNS, "sample_sequences")
     with ring.lock:
         batch_size = ring.require_rows(batch_size, without_replacement=False)
         span = positive_int("length", length, BatchSizeError) + burn_in_steps(burn_in)

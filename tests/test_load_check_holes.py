@@ -293,14 +293,30 @@ def test_a_saved_window_that_is_no_int_is_refused_at_load(tmp_path: Path) -> Non
         ReplayBuffer.load(tmp_path / "ck")
 
 
-@pytest.mark.parametrize("name", ["mask", "is_first"])
+@pytest.mark.parametrize("name", ["mask", "is_first", "is_init", "burn_in"])
 def test_an_extra_named_like_a_sequence_column_is_refused_by_sample_sequences(name: str) -> None:
+    # is_init (to_tensordict()'s key of is_first) and burn_in were taken: TorchRL's LSTMModule read the extra.
     buffer = ReplayBuffer(8, obs_shape=(1,), action_shape=(), extra_fields={name: ((), torch.float32)})
     for _ in range(4):
         buffer.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, **{name: 7.0}, truncated=False)
     assert buffer.sample_all().extras[name].tolist() == [7.0] * 4  # stored and sampled as usual
-    with pytest.raises(ConfigError, match=f"the extra field '{name}' has the name of a column of sample_sequences"):
+    with pytest.raises(ConfigError, match=f"^sample_sequences: the extra field '{name}' has the name of .* would hide"):
         buffer.sample_sequences(2, 2)
+
+
+@pytest.mark.parametrize("name", ["mask", "env", "start", "is_init"])
+def test_a_rollout_extra_named_like_a_trajectory_column_is_refused_by_sequence_minibatches(name: str) -> None:
+    # The extra replaced the padding mask in to_tensordict() (a TorchRL loss then counted padding), or
+    # batch.env / batch.start gave the trajectories' own attributes instead of it (helper 46).
+    buffer = RolloutBuffer(2, 1, obs_shape=(1,), action_shape=(), extra_fields={name: ((), torch.float32)}, seed=0)
+    for _ in range(2):
+        buffer.add(torch.zeros(1), 0.0, 1.0, False, 0.0, 0.0, truncated=False, **{name: 7.0})
+    buffer.compute_returns_and_advantages(torch.zeros(1))
+    assert next(iter(buffer.minibatches(batch_size=2))).extras[name].tolist() == [7.0] * 2   # rows as usual
+    before = snapshot(buffer)
+    with pytest.raises(ConfigError, match=f"^minibatches\\(sequences=True\\): the extra field '{name}' has the name"):
+        buffer.minibatches(num_minibatches=1, sequences=True)
+    assert same(snapshot(buffer), before)
 
 
 def test_a_rollout_keeps_its_action_mask_extra() -> None:
