@@ -244,7 +244,8 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
         if not math.prod(lead):
             return
         if env_major(lead, n):  # env by env, as the writer reads it
-            self._newest = count - n * lead[1] + np.arange(n) * lead[1] + lead[1] - 1
+            steps = math.prod(lead) // n
+            self._newest = count - n * steps + np.arange(n) * steps + steps - 1
         else:
             self._newest = None if interleaved else np.full(n, -1, np.int64)
 

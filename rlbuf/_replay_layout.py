@@ -464,13 +464,14 @@ class ExtendRows(NamedTuple):
 
 def env_major(lead: tuple[int, ...], num_envs: int) -> bool:
     """Whether an ``extend`` batch of ``lead`` holds its envs' steps env by env: a collector's ``[num_envs, T]``,
-    read so even when ``T == num_envs``.
+    read so even when ``T == num_envs``, and with any dims of size 1 beside (``[num_envs, T, 1]``).
 
     Example:
-        >>> env_major((4, 4), 4), env_major((10, 4), 4), env_major((4, 1), 4)
-        (True, False, False)
+        >>> env_major((4, 4), 4), env_major((10, 4), 4), env_major((4, 1), 4), env_major((1, 4, 4, 1), 4)
+        (True, False, False, True)
     """
-    return len(lead) == 2 and lead[0] == num_envs and lead[1] > 1
+    steps = [size for size in lead if size != 1]
+    return len(steps) == 2 and steps[0] == num_envs
 
 
 def _read_rows(reader: RowReader, value: Any) -> np.ndarray[Any, Any] | torch.Tensor:

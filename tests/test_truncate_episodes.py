@@ -18,7 +18,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlbuf import EpisodeStats, Hindsight, ReplayBuffer, ShapeError, StreamError
+from rlbuf import ConfigError, EpisodeStats, Hindsight, ReplayBuffer, ShapeError, StreamError
 from rlbuf.gym import Recorder
 
 NUM_ENVS = 2
@@ -256,3 +256,23 @@ def test_the_newest_row_of_each_env_is_cut_after_any_adds_masks_and_extends(seed
         position = serial % capacity
         expected = serial in cut and not bool(terminated[position])
         assert bool(truncated[position]) == expected, (serial, calls)
+
+
+@pytest.mark.parametrize("lead", [(2, 2), (2, 2, 1), (1, 2, 2)])
+def test_an_env_major_batch_with_dims_of_one_is_read_env_by_env(lead: tuple[int, ...]) -> None:
+    # [num_envs, T, 1] with T == num_envs was taken for one step of each env at a time: sample_sequences
+    # returned "sequences" jumping between envs, and truncate_episodes marked env 1's row for env 0 (helper 46).
+    from tensordict import TensorDict
+
+    n = steps = 2
+    code = (torch.arange(n).view(n, 1) * 100 + torch.arange(steps).view(1, steps)).float().reshape(lead)  # env*100+t
+    flags = torch.zeros(*lead, 1, dtype=torch.bool)
+    buf = ReplayBuffer(16, obs_shape=(1,), action_shape=(), num_envs=n, seed=0)
+    buf.extend(TensorDict({"observation": code.unsqueeze(-1), "action": torch.zeros(lead),
+                           "next": {"observation": code.unsqueeze(-1) + 1, "reward": torch.zeros(*lead, 1),
+                                    "terminated": flags, "truncated": flags}}, batch_size=list(lead)))
+    with pytest.raises(ConfigError, match="steps of one env are not num_envs rows apart"):
+        buf.sample_sequences(4, 2)
+    buf.truncate_episodes(torch.tensor([True, False]))
+    batch = buf.sample_all()
+    assert batch.obs[batch.truncated, 0].tolist() == [1.0]          # env 0's newest step, not env 1's
