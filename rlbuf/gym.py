@@ -443,11 +443,21 @@ def _refuse_bools(is_bool: bool, dtype: Any) -> None:
 
 def _mode(envs: Any, given: AutoresetMode | str | None) -> AutoresetMode:
     metadata = getattr(envs, "metadata", None)
-    found = given if given is not None else (metadata or {}).get("autoreset_mode")
-    if found is None:
+    named = (metadata or {}).get("autoreset_mode") if isinstance(metadata, Mapping) else None
+    if given is None and named is None:
         raise ConfigError("autoreset_mode: envs.metadata has no 'autoreset_mode' (not a gymnasium 1.x vector env): "
                           "pass Recorder(..., autoreset_mode=...); SB3 VecEnvs and Isaac Lab-style envs reset in "
                           "the same step: autoreset_mode='same_step'")
+    mode = _parsed_mode(given if given is not None else named)
+    if given is not None and named is not None and _parsed_mode(named) is not mode:
+        raise ConfigError(f"autoreset_mode: envs.metadata says the envs reset in mode {_parsed_mode(named).name}, got "
+                          f"autoreset_mode={given!r}, and a wrong mode stores reset steps or loses real ones; leave "
+                          f"it out (it is for envs whose metadata does not say), or, if the metadata is wrong, set "
+                          f"envs.metadata['autoreset_mode']")
+    return mode
+
+
+def _parsed_mode(found: Any) -> AutoresetMode:
     if isinstance(found, AutoresetMode):
         return found
     by_name = {m.value.lower(): m for m in AutoresetMode} | {m.name.lower().replace("_", ""): m for m in AutoresetMode}

@@ -277,6 +277,20 @@ def test_envs_without_an_autoreset_mode_need_it_named() -> None:
         Recorder(Envs(), ReplayBuffer(10, obs_shape=(1,), action_shape=(), num_envs=2), autoreset_mode="sometimes")
 
 
+@pytest.mark.parametrize(("mode", "given"), [(AutoresetMode.NEXT_STEP, "disabled"), (AutoresetMode.DISABLED, "next_step"),
+                                             (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP)])
+def test_an_autoreset_mode_the_envs_metadata_contradicts_is_refused(mode: AutoresetMode, given: object) -> None:
+    # It was taken as given: NEXT_STEP envs recorded as DISABLED stored their reset steps (and got past the
+    # RolloutBuffer's refusal of NEXT_STEP envs), DISABLED envs as NEXT_STEP lost each first step (helper 48).
+    envs = make_envs(mode)
+    buffers = [ReplayBuffer(10, obs_shape=(3,), action_shape=(), num_envs=NUM_ENVS),
+               RolloutBuffer(4, NUM_ENVS, obs_shape=(3,), action_shape=())]
+    for buffer in buffers:
+        with pytest.raises(ConfigError, match=f"^autoreset_mode: envs.metadata says the envs reset in mode {mode.name}"):
+            Recorder(envs, buffer, autoreset_mode=given)  # type: ignore[arg-type]
+    assert Recorder(envs, buffers[0], autoreset_mode=mode.value).autoreset_mode is mode   # the same mode: fine
+
+
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.DISABLED], ids=lambda m: m.name)
 def test_torch_outputs_of_gymnasiums_torch_wrapper(mode: AutoresetMode) -> None:
     from gymnasium.wrappers.vector import NumpyToTorch
