@@ -295,8 +295,8 @@ class Recorder:
                 raise ConfigError(f"info[{key!r}]: the Recorder was built for {self.autoreset_mode.name} envs, but "
                                   f"this step's info carries final observations, which only envs that reset in "
                                   f"the same step return: their next_obs holds reset observations and would be "
-                                  f"stored as the ends of episodes; build the Recorder with "
-                                  f"autoreset_mode='same_step' (and fix envs.metadata['autoreset_mode'])")
+                                  f"stored as the ends of episodes; set envs.metadata['autoreset_mode'] to "
+                                  f"'SameStep' (or, where it names no mode, pass autoreset_mode='same_step')")
         return info
 
     def _final_observations(self, next_obs: Any, ended: np.ndarray[Any, Any], info: Mapping[str, Any] | None) -> Any:

@@ -270,8 +270,8 @@ def test_next_step_envs_whose_info_carries_final_observations_are_refused_with_t
     assert str(caught.value) == (
         "info['final_obs']: the Recorder was built for NEXT_STEP envs, but this step's info carries final "
         "observations, which only envs that reset in the same step return: their next_obs holds reset observations "
-        "and would be stored as the ends of episodes; build the Recorder with autoreset_mode='same_step' (and fix "
-        "envs.metadata['autoreset_mode'])")
+        "and would be stored as the ends of episodes; set envs.metadata['autoreset_mode'] to 'SameStep' (or, where "
+        "it names no mode, pass autoreset_mode='same_step')")
     assert len(recorder.buffer) == 0 and recorder.skipped == 0
 
 
