@@ -258,8 +258,9 @@ class Recorder:
             next_obs, ended, info)
         keep = ~self._resetting if self.autoreset_mode is AutoresetMode.NEXT_STEP else None
         if keep is not None and self._read_from_envs.any():
-            rewarded = np.asarray(as_array("reward", reward) != 0).reshape(-1)
-            keep = keep | (self._read_from_envs & (ended | (rewarded if rewarded.shape == (n,) else False)))
+            # A reset step ends no episode: a flag proves a real step (the envs reset since they were read). Its
+            # reward proves nothing: a reward wrapper (a living penalty) makes a reset step's nonzero.
+            keep = keep | (self._read_from_envs & ended)
         if keep is not None and keep.all():
             keep = None
         buffer = self.buffer

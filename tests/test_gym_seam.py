@@ -111,10 +111,30 @@ def test_a_recorder_made_mid_run_then_reset_stores_every_step() -> None:
             break
     buffer = _buffer()
     recorder = Recorder(envs, buffer)
-    obs, _ = envs.reset(seed=3)  # every step after this is real; CartPole rewards each with 1
+    obs, _ = envs.reset(seed=3)  # every step after this is real
+    recorder.reset()             # as docs/gymnasium.md says (a reward at the first step no longer proves it real)
     _record(envs, recorder, obs, 5)
     envs.close()
     assert recorder.skipped == 0 and len(buffer) == 15
+
+
+def test_a_recorder_made_mid_run_skips_reset_steps_whatever_a_reward_wrapper_makes_of_their_reward() -> None:
+    # A living penalty made each reset step's reward nonzero, which was taken for proof of a real step: the
+    # reset steps were stored as transitions, and the statistics counted them (helper 48).
+    from gymnasium.wrappers.vector import TransformReward
+
+    envs = TransformReward(_envs("sync"), lambda reward: reward - 0.01)
+    obs, _ = envs.reset(seed=2)
+    envs.action_space.seed(2)
+    ended = np.zeros(3, np.bool_)
+    while not ended.any():  # run until an env is in its reset step
+        obs, _, terminated, truncated, _ = envs.step(envs.action_space.sample())
+        ended = terminated | truncated
+    buffer = _buffer()
+    recorder = Recorder(envs, buffer)
+    _record(envs, recorder, obs, 1)
+    envs.close()
+    assert recorder.skipped == int(ended.sum()) and len(buffer) == 3 - int(ended.sum())
 
 
 class _IdleEnv(gym.Env[np.ndarray, np.int64]):
