@@ -38,6 +38,7 @@ from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, StorageKind, build_storage, resolve_device
 
 BatchT = TypeVar("BatchT")
+T = TypeVar("T")
 
 
 
@@ -504,6 +505,18 @@ class RingBuffer(BufferState, Generic[BatchT]):
                                        "resumes the saved one)")
             return make_batch(index)
         return batch
+
+    def _following_rewrites(self, build: Callable[[], T]) -> Callable[[], T]:
+        """``build()`` now, and again once stored rows are rewritten (a rollout's advantages or extras set again):
+        an iterator's batches then hold what the buffer holds, as one resumed from a checkpoint does, whether its
+        columns are the storage's own or copies (on the training device, padded trajectories)."""
+        built = [self._ring.generation, build()]
+
+        def current() -> T:
+            if built[0] != self._ring.generation:
+                built[:] = [self._ring.generation, build()]
+            return cast(T, built[1])
+        return current
 
     def _track_epochs(self, iterator: EpochIterator[BatchT], method: str, **arguments: Any) -> EpochIterator[BatchT]:
         self._current_epochs = iterator

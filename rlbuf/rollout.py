@@ -514,10 +514,10 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         if options["n_epochs"] == 0:
             self._ring.require_rows(options["batch_size"], without_replacement=False)
         self._ring.flush()
-        columns = deliver(dict(self._ring.leaves) | self._attached, self._device)
+        columns = self._following_rewrites(lambda: deliver(dict(self._ring.leaves) | self._attached, self._device))
 
         def make_batch(index: torch.Tensor) -> RolloutBatch:
-            return self._make_batch({name: rows_at(column, index) for name, column in columns.items()})
+            return self._make_batch({name: rows_at(column, index) for name, column in columns().items()})
 
         iterator = EpochIterator(self.capacity, self._live(make_batch), **options, generator=self._iterator_generator(self._device))
         return self._track_epochs(iterator, "minibatches", **minibatches_call(options))
@@ -535,20 +535,18 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                               shuffle: bool, drop_last: bool) -> EpochIterator[SequenceBatch]:
         """``minibatches(sequences=True)``: minibatches of whole padded trajectories."""
         self._ring.flush()
-        columns = deliver(dict(self._ring.leaves) | self._attached, self._device)
         hidden_names = () if self._hidden is None else leaf_names("hidden_state", self._hidden)
-        trajectories = PaddedTrajectories(
-            {name: column for name, column in columns.items() if name not in ("done", "bootstrap_value")},
-            columns["done"].view(self._num_steps, self._num_envs), first_step=hidden_names)
+        trajectories = self._following_rewrites(lambda: PaddedTrajectories.of_rollout(
+            deliver(dict(self._ring.leaves) | self._attached, self._device), self._num_envs, first_step=hidden_names))
         # Validate over the trajectories before the epoch generator draws: a refused call changes nothing.
-        options = check_epoch_options(len(trajectories), batch_size=batch_size, num_batches=num_minibatches,
+        options = check_epoch_options(len(trajectories()), batch_size=batch_size, num_batches=num_minibatches,
                                       n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle,
                                       unit="trajectories in the rollout")
 
         def make_sequences(index: torch.Tensor) -> SequenceBatch:
-            return self._make_sequence_batch(*trajectories.select(index))
+            return self._make_sequence_batch(*trajectories().select(index))
 
-        iterator = EpochIterator(len(trajectories), self._live(make_sequences), **options,
+        iterator = EpochIterator(len(trajectories()), self._live(make_sequences), **options,
                                  generator=self._iterator_generator(self._device))
         self._track_epochs(cast(Any, iterator), "minibatches", **minibatches_call(options), sequences=True)
         return iterator

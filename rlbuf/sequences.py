@@ -127,6 +127,13 @@ class PaddedTrajectories:
         first = self.trajectories.first_rows(num_envs=done.shape[1])
         self.first = {name: columns[name].index_select(0, first) for name in first_step}
 
+    @classmethod
+    def of_rollout(cls, columns: Mapping[str, torch.Tensor], num_envs: int, *,
+                   first_step: Sequence[str]) -> PaddedTrajectories:
+        """The trajectories of a rollout's columns, rows ``t * N + n`` (split where ``done`` says)."""
+        return cls({name: column for name, column in columns.items() if name not in ("done", "bootstrap_value")},
+                   columns["done"].view(-1, num_envs), first_step=first_step)
+
     def __len__(self) -> int:
         return len(self.trajectories)
 

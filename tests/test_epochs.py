@@ -241,3 +241,28 @@ def test_an_iterator_made_before_a_clear_or_a_load_refuses_its_next_batch() -> N
     rollout.clear()
     with pytest.raises(StoredIndexError, match="cleared or loaded"):
         next(minibatches)
+
+
+@pytest.mark.parametrize("sequences", [False, True])
+def test_an_iterator_follows_advantages_and_extras_set_again_as_a_resumed_one_does(
+        sequences: bool, tmp_path: Path) -> None:
+    # Its remaining batches mixed the new advantages with the old attached extras (rows), or kept the old
+    # advantages (sequences: padded once), while the iterator resumed from a checkpoint gave the new (helper 46).
+    steps, envs = 4, 2
+    rollout = RolloutBuffer(steps, envs, obs_shape=(1,), action_shape=(), seed=0)
+    for t in range(steps):
+        rollout.add(torch.full((envs, 1), float(t)), torch.zeros(envs), torch.ones(envs), torch.tensor([t == 1, False]),
+                    torch.zeros(envs), torch.zeros(envs), truncated=False)
+    zeros = torch.zeros(steps, envs)
+    rollout.set_extras({"advantage": zeros, "returns": zeros, "tag": zeros})
+    held = rollout.minibatches(num_minibatches=2, sequences=sequences)
+    next(held)
+    rollout.set_extras({"advantage": zeros + 1, "returns": zeros + 1, "tag": zeros + 1})
+    rollout.save(tmp_path / "ckpt")
+    resumed = RolloutBuffer.load(tmp_path / "ckpt").current_epochs
+    assert resumed is not None
+    ours, theirs = next(held), next(resumed)
+    for name in ("obs", "advantage", "returns", "tag"):
+        assert torch.equal(getattr(ours, name), getattr(theirs, name)), name
+    kept = ours.mask if sequences else torch.ones_like(ours.advantage, dtype=torch.bool)
+    assert ours.advantage[kept].eq(1).all() and ours.tag[kept].eq(1).all()
