@@ -334,7 +334,7 @@ def sequence_starts(*, write_count: int, size: int, num_envs: int, span: int, ba
     choices = write_count - (span - 1) * num_envs - oldest
     if choices <= 0:
         raise BatchSizeError(f"length: burn_in + length = {span} steps per sequence, but the buffer holds "
-                             f"{size // num_envs} steps per env")
+                             f"at most {-(-size // num_envs)} consecutive steps of one env")
     return oldest + torch.randint(0, choices, (batch_size,), generator=generator, device=generator.device)
 
 

@@ -405,7 +405,9 @@ def test_sequences_are_consecutive_steps_of_one_env_within_what_is_stored(
         capacity: int, num_envs: int, steps: int, span: int, done_every: int) -> None:
     buf = replay_with_steps(capacity, num_envs, steps, done_every)
     if len(buf) <= (span - 1) * num_envs:  # no env has span steps stored
-        with pytest.raises(BatchSizeError, match="steps per env"):
+        longest = -(-len(buf) // num_envs)  # the env with the most stored steps: the message said len // num_envs
+        assert longest < span
+        with pytest.raises(BatchSizeError, match=f"holds at most {longest} consecutive steps of one env$"):
             buf.sample_sequences(4, span)
         return
     batch = buf.sample_sequences(8, span - 1, burn_in=1) if span > 1 else buf.sample_sequences(8, 1)
