@@ -49,7 +49,7 @@ from tensordict import is_tensor_collection
 
 from rlbuf._convert import MAX_DEPTH
 from rlbuf._final_obs import rows_of, with_final_obs
-from rlbuf._gym_seam import pending_resets
+from rlbuf._gym_seam import last_observations, pending_resets
 from rlbuf.distill import DistillationBuffer
 from rlbuf.errors import (
     ConfigError,
@@ -142,9 +142,11 @@ class Recorder:
         self.bootstrap = bootstrap
         self.num_envs = num_envs
         self._resetting = self._pending(envs, resetting)
-        # Read from the envs, not given: an envs.reset() before the first record makes them real
-        # steps, which a reward or a flag there proves (a reset step has neither).
+        # Read from the envs, not given: an envs.reset() before the first record makes them real steps (see
+        # _real_first_steps), told apart by the observations the envs returned last.
         self._read_from_envs = self._resetting.copy() if resetting is None else np.zeros(num_envs, np.bool_)
+        self._last_seen = last_observations(envs) if self._read_from_envs.any() else None
+        self._seen_as_given = envs is getattr(envs, "unwrapped", envs)  # no vector wrapper changed what the user saw
         self.skipped = 0
         """Reset steps (env rows) left out so far (``NEXT_STEP`` only)."""
 
@@ -258,9 +260,7 @@ class Recorder:
             next_obs, ended, info)
         keep = ~self._resetting if self.autoreset_mode is AutoresetMode.NEXT_STEP else None
         if keep is not None and self._read_from_envs.any():
-            # A reset step ends no episode: a flag proves a real step (the envs reset since they were read). Its
-            # reward proves nothing: a reward wrapper (a living penalty) makes a reset step's nonzero.
-            keep = keep | (self._read_from_envs & ended)
+            keep = keep | (self._read_from_envs & self._real_first_steps(obs, reward, ended))
         if keep is not None and keep.all():
             keep = None
         buffer = self.buffer
@@ -281,6 +281,23 @@ class Recorder:
             self.skipped += 0 if keep is None else int((~keep).sum())
             self._resetting = ended
             self._read_from_envs[:] = False
+
+    def _real_first_steps(self, obs: Any, reward: Any, ended: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Which envs the Recorder read as in their reset step took a real step at the first record, the envs
+        having been reset since (``envs.reset()`` without ``recorder.reset()``). A reset step ends no episode,
+        and its ``obs`` is the final observation the envs returned last: an episode end proves a real step, and
+        so does another ``obs`` where that is what the user saw (no vector wrapper); behind a vector wrapper
+        another ``obs`` with a reward does (a reset step's reward is 0, unless a reward wrapper shifts it)."""
+        n, seen = self.num_envs, self._last_seen
+        given = as_array("obs", obs) if seen is not None and not isinstance(obs, Mapping) else None
+        moved: np.ndarray[Any, Any] = np.ones(n, np.bool_)
+        if given is not None and seen is not None and given.shape == seen.shape:
+            same = (given == seen) | (np.isnan(given) & np.isnan(seen) if given.dtype.kind == "f" else False)
+            moved = ~same.reshape(n, -1).all(axis=1)
+            if self._seen_as_given:
+                return np.asarray(ended | moved)
+        rewarded = np.asarray(as_array("reward", reward) != 0).reshape(-1)
+        return np.asarray(ended | (moved & (rewarded if rewarded.shape == (n,) else False)))
 
     def _checked_info(self, info: Any) -> Mapping[str, Any] | None:
         """``info`` once it is a mapping that agrees with the autoreset mode."""

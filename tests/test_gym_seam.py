@@ -111,11 +111,29 @@ def test_a_recorder_made_mid_run_then_reset_stores_every_step() -> None:
             break
     buffer = _buffer()
     recorder = Recorder(envs, buffer)
-    obs, _ = envs.reset(seed=3)  # every step after this is real
-    recorder.reset()             # as docs/gymnasium.md says (a reward at the first step no longer proves it real)
+    obs, _ = envs.reset(seed=3)  # every step after this is real: its obs is not the final one the envs returned
     _record(envs, recorder, obs, 5)
     envs.close()
     assert recorder.skipped == 0 and len(buffer) == 15
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_a_recorder_made_mid_run_then_reset_stores_first_steps_of_no_reward(wrapped: bool) -> None:
+    # The first real step after envs.reset() was told apart by its reward alone: a step of reward 0 (most Atari
+    # steps) was dropped. Without a vector wrapper the obs decides; behind one, obs and reward together.
+    from gymnasium.wrappers.vector import TransformReward
+
+    envs: Any = gym.vector.SyncVectorEnv([lambda: _CountingEnv() for _ in range(3)])
+    envs = TransformReward(envs, lambda reward: reward - 0.01) if wrapped else envs
+    envs.reset(seed=0)
+    for _ in range(3):  # the episodes end, truncated: every env is in its reset step
+        envs.step(np.zeros(3, np.int64))
+    buffer = _buffer()
+    recorder = Recorder(envs, buffer)
+    obs, _ = envs.reset(seed=1)
+    _record(envs, recorder, obs, 2)
+    envs.close()
+    assert recorder.skipped == 0 and len(buffer) == 6
 
 
 def test_a_recorder_made_mid_run_skips_reset_steps_whatever_a_reward_wrapper_makes_of_their_reward() -> None:
@@ -135,6 +153,22 @@ def test_a_recorder_made_mid_run_skips_reset_steps_whatever_a_reward_wrapper_mak
     _record(envs, recorder, obs, 1)
     envs.close()
     assert recorder.skipped == int(ended.sum()) and len(buffer) == 3 - int(ended.sum())
+
+
+class _CountingEnv(gym.Env[np.ndarray, np.int64]):
+    """Observations count the episode's steps; no reward; truncated after 3 steps."""
+
+    observation_space = gym.spaces.Box(0.0, 10.0, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.steps = 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.steps += 1
+        return np.full(4, self.steps, np.float32), 0.0, False, self.steps == 3, {}
 
 
 class _IdleEnv(gym.Env[np.ndarray, np.int64]):
