@@ -8,7 +8,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Mapping
 from dataclasses import replace
@@ -22,9 +21,11 @@ from rlbuf._bounds import Bounds
 from rlbuf._convert import _NUMPY_DTYPES
 from rlbuf._fields import (
     BATCH_NAMES,
+    TRAJECTORY_COLUMNS,
     TRUNCATED_MISSING,
     check_given_done,
     extra_specs,
+    refuse_hidden_columns,
     refuse_padding,
 )
 from rlbuf._keywords import check_extras, refuse_foreign_names
@@ -32,6 +33,8 @@ from rlbuf._obs import Layout, check_hidden_state, find_in_td, leaf_names, missi
 from rlbuf._ring import RowRing
 from rlbuf.errors import (
     BufferFullError,
+    CheckpointError,
+    ConfigError,
     DeviceError,
     DtypeError,
     MissingFieldError,
@@ -39,6 +42,7 @@ from rlbuf.errors import (
     RlbufError,
     ShapeError,
 )
+from rlbuf.sequences import split_trajectories
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_tensordict, check_strided
 
 _STEP_FIELDS = ("obs", "action", "reward", "terminated", "truncated", "value", "log_prob", "bootstrap_value")
@@ -174,12 +178,9 @@ def checked_extras(mapping: Any, ring: RowRing, *, num_steps: int, num_envs: int
     if given & set(COMPUTED) and not set(COMPUTED) <= given:
         raise MissingFieldError("set_extras: advantage and returns go together (both, or neither)")
     checked: dict[str, torch.Tensor] = {}
-    shadowed = _batch_attributes() - set(ring.by_name)  # batch.name would give the batch's own attribute
     for name, tensor in mapping.items():
-        if (not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or name in BATCH_NAMES
-                or name in shadowed):
-            raise MissingFieldError(f"set_extras: {name!r} is not a usable name (a public identifier, not one "
-                                    f"of {sorted(set(BATCH_NAMES) | shadowed)})")
+        if name not in ring.by_name and (problem := attached_name_problem(name, ring)):  # stored ones: below
+            raise MissingFieldError(f"set_extras: {problem}")
         if not isinstance(tensor, torch.Tensor):
             raise ShapeError(f"{name}: expected a tensor, got {type(tensor).__name__}")
         if tensor.device.type == "meta":
@@ -196,13 +197,55 @@ def checked_extras(mapping: Any, ring: RowRing, *, num_steps: int, num_envs: int
     return checked
 
 
+def attached_name_problem(name: Any, ring: RowRing) -> str:
+    """Why ``name`` cannot be an attached extra (``set_extras``, a checkpoint's), or ``""``: a public identifier, not
+    a stored field, nor a batch's own attribute (``batch.mask``) or a key its ``to_tensordict()`` writes
+    (``"value_target"``, ``"next"``, ``"is_init"``), which the extra would hide or replace.
+
+    Example:
+        >>> from rlbuf import RolloutBuffer
+        >>> attached_name_problem("value_target", RolloutBuffer(2, 1, obs_shape=(1,), action_shape=())._ring)
+        "'value_target' is not a usable name: the TorchRL key of a stored field"
+    """
+    if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+        return f"{name!r} is not a usable name (a public identifier, not starting with '_')"
+    keys = {spec.key if isinstance(spec.key, str) else spec.key[0] for spec in ring.specs}
+    taken = {**dict.fromkeys(keys, "the TorchRL key of a stored field"), **dict.fromkeys(ring.by_name, "a stored field"),
+             "is_init": "a key of a sequence minibatch's to_tensordict()"}
+    taken.update(dict.fromkeys(sorted(set(BATCH_NAMES) | _batch_attributes() - set(ring.by_name)),
+                               "an attribute of the rollout's batches"))
+    return f"{name!r} is not a usable name: {taken[name]}" if name in taken else ""
+
+
+def saved_iterator_rows(method: str, arguments: Mapping[str, Any], size: int, fields: Mapping[str, torch.Tensor],
+                        *, num_envs: int, capacity: int) -> int | None:
+    """Rows (trajectories) a rollout's saved ``minibatches()`` iterator runs over (``None``: another method).
+
+    Raises:
+        CheckpointError: one ``minibatches()`` would refuse: a rollout not full, an extra field named like a
+            sequence batch's column.
+    """
+    if method != "minibatches":
+        return None
+    if size != capacity:
+        raise CheckpointError(f"state: a minibatches() iterator runs over a full rollout, the state holds {size} of "
+                              f"{capacity} rows")
+    if not arguments.get("sequences"):
+        return capacity
+    try:
+        refuse_hidden_columns(fields, TRAJECTORY_COLUMNS, "minibatches(sequences=True)")
+    except ConfigError as error:
+        raise CheckpointError(f"state: a saved iterator of {error}") from error
+    return len(split_trajectories(fields["done"].view(-1, num_envs)))
+
+
 @functools.cache
 def _batch_attributes() -> frozenset[str]:
-    """The attributes of a rollout's batches (``RolloutBatch``, ``SequenceBatch``), read once."""
+    """The attributes and methods of a rollout's batches (``RolloutBatch``, ``SequenceBatch``), read once."""
     from rlbuf.batches import RolloutBatch
     from rlbuf.sequences import SequenceBatch
 
-    return frozenset(field.name for batch in (RolloutBatch, SequenceBatch) for field in dataclasses.fields(batch))
+    return frozenset(name for batch in (RolloutBatch, SequenceBatch) for name in dir(batch) if not name.startswith("_"))
 
 
 def _check_attached(name: str, tensor: torch.Tensor, lead: tuple[int, int]) -> None:

@@ -298,6 +298,9 @@ class BufferState:
         ring = self._ring
         _raise_if("state", extra_problem(extra, self._extra_state(), capacity=ring.capacity,
                                          field_names=list(ring.by_name)))
+        for name in extra.get("attached", {}):  # as set_extras would take them
+            if problem := self._attached_name_problem(name, ring):
+                raise CheckpointError(f"state: attached extra {problem}")
         if "interleaved" in self._extra_state() and extra.get("interleaved", True) and count % self._num_envs:
             raise CheckpointError(f"state: extra state 'interleaved' is true (every add held all {self._num_envs} envs) "
                                   f"but the write count {count} is no multiple of num_envs")
@@ -307,6 +310,11 @@ class BufferState:
             trial = copy.deepcopy(self._stats)
             refusing("stats state", trial.load_state_dict, saved_stats)
         _raise_if("state", self._layout_problem(extra, fields, size=size, count=count))
+
+    @staticmethod
+    def _attached_name_problem(name: Any, ring: RowRing) -> str:
+        """Why ``name`` cannot be an attached extra (a rollout's ``set_extras``); other buffers attach none."""
+        return ""
 
     def _layout_problem(self, extra: Mapping[str, Any], fields: Mapping[str, torch.Tensor], *, size: int,
                         count: int) -> str:

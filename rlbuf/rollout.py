@@ -45,20 +45,22 @@ from rlbuf._obs import (
 from rlbuf._rollout_layout import (
     BUILT_IN,
     COMPUTED,
+    attached_name_problem,
     check_normalized,
     checked_extras,
     minibatches_call,
     rollout_columns,
     rollout_specs,
+    saved_iterator_rows,
     step_values,
     store_computed,
     zeros_column,
 )
 from rlbuf.batches import RolloutBatch
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options, sizes_by_keyword
-from rlbuf.errors import BufferFullError, CheckpointError, NonFiniteError, RolloutIncompleteError
+from rlbuf.errors import BufferFullError, NonFiniteError, RolloutIncompleteError
 from rlbuf.gae import compute_gae
-from rlbuf.sequences import PaddedTrajectories, SequenceBatch, split_trajectories
+from rlbuf.sequences import PaddedTrajectories, SequenceBatch
 from rlbuf.spaces import extra_field_dtypes, resolve_action_range, resolve_fields
 from rlbuf.spec import ExtraFields, FieldSpec, RowReader, as_flag, positive_int
 from rlbuf.stats import EpisodeStats
@@ -109,6 +111,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
     """
 
     _batch_type = RolloutBatch
+    _attached_name_problem = staticmethod(attached_name_problem)  # the load check's of set_extras' tensors
     _fills_by_whole_steps = True  # the load check: whole steps, never wrapping
 
     def __init__(
@@ -524,12 +527,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
 
     def _iterator_rows(self, method: str, arguments: Mapping[str, Any], size: int,
                        fields: Mapping[str, torch.Tensor]) -> int:
-        if method == "minibatches" and arguments.get("sequences"):
-            if size != self.capacity:
-                raise CheckpointError(f"state: an iterator of sequence minibatches runs over a full rollout, the state "
-                                      f"holds {size} of {self.capacity} rows")
-            return len(split_trajectories(fields["done"].view(self._num_steps, self._num_envs)))
-        return super()._iterator_rows(method, arguments, size, fields)
+        rows = saved_iterator_rows(method, arguments, size, fields, num_envs=self._num_envs, capacity=self.capacity)
+        return super()._iterator_rows(method, arguments, size, fields) if rows is None else rows
 
     def _sequence_minibatches(self, batch_size: int | None, num_minibatches: int | None, n_epochs: int,
                               shuffle: bool, drop_last: bool) -> EpochIterator[SequenceBatch]:

@@ -17,7 +17,14 @@ import torch
 import xxhash
 from _snapshot import same, snapshot
 
-from rlbuf import CheckpointError, ConfigError, EpisodeStats, ReplayBuffer, RolloutBuffer
+from rlbuf import (
+    CheckpointError,
+    ConfigError,
+    EpisodeStats,
+    MissingFieldError,
+    ReplayBuffer,
+    RolloutBuffer,
+)
 
 
 def _rehash(path: Path, manifest: dict[str, Any]) -> None:
@@ -322,3 +329,48 @@ def test_a_rollout_extra_named_like_a_trajectory_column_is_refused_by_sequence_m
 def test_a_rollout_keeps_its_action_mask_extra() -> None:
     buffer = RolloutBuffer(2, 1, obs_shape=(1,), action_shape=(), extra_fields={"mask": ((4,), torch.bool)})
     assert "mask" in buffer.state_dict()["fields"]
+
+
+def _full_rollout(steps: int = 4, reward: float = 1.0) -> RolloutBuffer:
+    buffer = RolloutBuffer(4, 2, obs_shape=(3,), action_shape=(), seed=0)
+    for t in range(steps):
+        value = torch.tensor([t + reward, -t - reward])
+        buffer.add(value[:, None].expand(-1, 3), torch.zeros(2), value, torch.tensor([t == 1, False]), value * 0.1,
+                   -value.abs(), truncated=False)
+    return buffer
+
+
+@pytest.mark.parametrize("name", ["mask", "env", "is_init", "value_target", "next", "to_tensordict", "index", "_x"])
+def test_an_attached_extra_set_extras_would_refuse_is_refused_at_load(name: str) -> None:
+    # They loaded: in to_tensordict() "value_target" replaced the returns a TorchRL loss trains towards, "next"
+    # the whole next step; "mask" made the restored sequence iterator refuse after the rows were in (helper 50).
+    source = _full_rollout()
+    source.set_extras({"advantage": torch.ones(4, 2), "returns": torch.ones(4, 2), "keep": torch.zeros(4, 2)})
+    next(iter(source.minibatches(num_minibatches=2, sequences=True)))
+    state = source.state_dict()
+    state["extra"]["attached"] = {name: state["extra"]["attached"]["keep"]}
+    target = _full_rollout(reward=7.0)
+    target.compute_returns_and_advantages(torch.zeros(2))
+    before = snapshot(target)
+    with pytest.raises(CheckpointError, match=f"attached extra {name!r} is not a usable name"):
+        target.load_state_dict(state)
+    assert same(snapshot(target), before)
+    with pytest.raises(MissingFieldError, match=f"set_extras: {name!r} is not a usable name"):
+        source.set_extras({name: torch.zeros(4, 2)})
+
+
+def test_a_minibatches_iterator_of_a_partial_rollout_is_refused_before_anything_changes() -> None:
+    # minibatches() refuses a partial rollout: such an iterator raised RolloutIncompleteError at load, after
+    # the rows were in (helper 50).
+    full = _full_rollout()
+    full.compute_returns_and_advantages(torch.zeros(2))
+    next(full.minibatches(batch_size=3, n_epochs=2))
+    partial = _full_rollout(steps=2)
+    partial.set_extras({"advantage": torch.ones(4, 2), "returns": torch.ones(4, 2)})
+    state = {**partial.state_dict(), "iterator": full.state_dict()["iterator"]}
+    target = _full_rollout(reward=7.0)
+    target.compute_returns_and_advantages(torch.zeros(2))
+    before = snapshot(target)
+    with pytest.raises(CheckpointError, match="a minibatches\\(\\) iterator runs over a full rollout, the state holds 4"):
+        target.load_state_dict(state)
+    assert same(snapshot(target), before)
