@@ -21,7 +21,7 @@ from torchrl.data.replay_buffers.samplers import Sampler
 
 from rlbuf._delivery import deliver
 from rlbuf._fields import check_names
-from rlbuf._keywords import RowCount, foreign_method
+from rlbuf._keywords import foreign_method
 from rlbuf._ring import RowRing
 from rlbuf._state import BufferState
 from rlbuf._sumtree import SumTreeSampler
@@ -229,9 +229,8 @@ class RingBuffer(BufferState, Generic[BatchT]):
 
     @property
     def size(self) -> int:
-        """Rows stored now (same as ``len(buffer)``): an int, not a method (SB3's ``rb.size()`` is refused
-        with the fix)."""
-        return RowCount(len(self._ring))
+        """Rows stored now (same as ``len(buffer)``)."""
+        return len(self._ring)
 
     @property
     def capacity(self) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, NoReturn, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from rlbuf.errors import MissingFieldError
 from rlbuf.spec import FieldSpec
@@ -53,25 +53,6 @@ FOREIGN_METHODS = {
     "to_torch": "batches are tensors already, on the buffer's device= (set it when you build the buffer)",
 }
 """Methods of other libraries' buffers (SB3's) -> what rlbuf has instead, for a buffer's ``AttributeError``."""
-
-
-class RowCount(int):
-    """``buffer.size``: the rows stored, a plain int, which called as SB3's ``rb.size()`` says rlbuf's words.
-
-    Example:
-        >>> RowCount(6) + 1
-        7
-        >>> RowCount(6)()  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        rlbuf.errors.MissingFieldError: size: an int (the rows stored now, len(buffer)), not a method: ...
-    """
-
-    __slots__ = ()
-
-    def __call__(self) -> NoReturn:
-        raise MissingFieldError("size: an int (the rows stored now, len(buffer)), not a method: write buffer.size; "
-                                "SB3's rb.size() counted the steps of each env: len(buffer) // buffer.num_envs")
 
 
 _NO_DONES = ("drop it: the last step's terminated and truncated came with its add (a truncated step bootstraps "

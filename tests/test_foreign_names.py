@@ -206,9 +206,6 @@ def test_another_librarys_keyword_to_a_method_gets_rlbufs_word_and_changes_nothi
     (lambda: _ready_rollout().compute_returns_and_advantages(torch.zeros(2), F), MissingFieldError,
      r"^compute_returns_and_advantages: got 2 arguments by position, .* dones comes there: drop it"),
     (lambda: filled(replay).full, AttributeError, r"'ReplayBuffer' object has no attribute 'full'; buffer.is_full"),
-    (lambda: filled(replay).size(), MissingFieldError,  # was Python's "'int' object is not callable"
-     r"^size: an int \(the rows stored now, len\(buffer\)\), not a method: .* len\(buffer\) // buffer.num_envs$"),
-    (lambda: _with_advantages().size(), TypeError, r"^size: an int"),
     (lambda: filled(replay).sample(2).dones, AttributeError,
      r"^ReplayBatch has no field 'dones'; rlbuf's name is terminated \(the bootstrap mask: a time limit is no end "),
     (lambda: _with_advantages().get_all_data().dones, AttributeError,  # a rollout batch has no done
