@@ -464,14 +464,21 @@ class ExtendRows(NamedTuple):
 
 def env_major(lead: tuple[int, ...], num_envs: int) -> bool:
     """Whether an ``extend`` batch of ``lead`` holds its envs' steps env by env: a collector's ``[num_envs, T]``,
-    read so even when ``T == num_envs``, and with any dims of size 1 beside (``[num_envs, T, 1]``).
+    read so even when ``T == num_envs``, and with leading or trailing dims of size 1 (``[num_envs, T, 1]``; a
+    ``[T, 1, num_envs]`` is one step of each env at a time).
 
     Example:
         >>> env_major((4, 4), 4), env_major((10, 4), 4), env_major((4, 1), 4), env_major((1, 4, 4, 1), 4)
         (True, False, False, True)
+        >>> env_major((4, 1, 4), 4)
+        False
     """
-    steps = [size for size in lead if size != 1]
-    return len(steps) == 2 and steps[0] == num_envs
+    first, last = 0, len(lead)
+    while first < last and lead[first] == 1:
+        first += 1
+    while last > first and lead[last - 1] == 1:
+        last -= 1
+    return last - first == 2 and lead[first] == num_envs
 
 
 def _read_rows(reader: RowReader, value: Any) -> np.ndarray[Any, Any] | torch.Tensor:

@@ -276,3 +276,20 @@ def test_an_env_major_batch_with_dims_of_one_is_read_env_by_env(lead: tuple[int,
     buf.truncate_episodes(torch.tensor([True, False]))
     batch = buf.sample_all()
     assert batch.obs[batch.truncated, 0].tolist() == [1.0]          # env 0's newest step, not env 1's
+
+
+def test_a_time_major_batch_with_a_middle_dim_of_one_stays_one_step_of_each_env_at_a_time() -> None:
+    from tensordict import TensorDict
+
+    n = steps = 2
+    code = (torch.arange(steps).view(steps, 1, 1) + torch.arange(n).view(1, 1, n) * 100).float()  # [T, 1, N]
+    flags = torch.zeros(steps, 1, n, 1, dtype=torch.bool)
+    buf = ReplayBuffer(16, obs_shape=(1,), action_shape=(), num_envs=n, seed=0)
+    buf.extend(TensorDict({"observation": code.unsqueeze(-1), "action": torch.zeros(steps, 1, n),
+                           "next": {"observation": code.unsqueeze(-1) + 1, "reward": torch.zeros(steps, 1, n, 1),
+                                    "terminated": flags, "truncated": flags}}, batch_size=[steps, 1, n]))
+    sequences = buf.sample_sequences(8, 2).obs[..., 0]
+    assert all(row in ([0.0, 1.0], [100.0, 101.0]) for row in sequences.tolist())   # never across envs
+    buf.truncate_episodes(torch.tensor([True, False]))
+    batch = buf.sample_all()
+    assert batch.obs[batch.truncated, 0].tolist() == [1.0]
