@@ -467,11 +467,15 @@ def _mode(envs: Any, given: AutoresetMode | str | None) -> AutoresetMode:
                           "pass Recorder(..., autoreset_mode=...); SB3 VecEnvs and Isaac Lab-style envs reset in "
                           "the same step: autoreset_mode='same_step'")
     mode = _parsed_mode(given if given is not None else named)
-    if given is not None and named is not None and _parsed_mode(named) is not mode:
-        raise ConfigError(f"autoreset_mode: envs.metadata says the envs reset in mode {_parsed_mode(named).name}, got "
+    try:
+        said = None if given is None or named is None else _parsed_mode(named)
+    except ConfigError:  # metadata that names no mode rlbuf reads: the given one stands
+        said = None
+    if said is not None and said is not mode:
+        raise ConfigError(f"autoreset_mode: envs.metadata says the envs reset in mode {said.name}, got "
                           f"autoreset_mode={given!r}, and a wrong mode stores reset steps or loses real ones; leave "
-                          f"it out (it is for envs whose metadata does not say), or, if the metadata is wrong, set "
-                          f"envs.metadata['autoreset_mode']")
+                          f"it out (it is for envs whose metadata does not say), or, if the metadata is wrong, give "
+                          f"the envs their own: envs.metadata = {{**envs.metadata, 'autoreset_mode': ...}}")
     return mode
 
 

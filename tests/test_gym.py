@@ -289,6 +289,9 @@ def test_an_autoreset_mode_the_envs_metadata_contradicts_is_refused(mode: Autore
         with pytest.raises(ConfigError, match=f"^autoreset_mode: envs.metadata says the envs reset in mode {mode.name}"):
             Recorder(envs, buffer, autoreset_mode=given)  # type: ignore[arg-type]
     assert Recorder(envs, buffers[0], autoreset_mode=mode.value).autoreset_mode is mode   # the same mode: fine
+    envs.metadata = {**envs.metadata, "autoreset_mode": "same-step-ish"}   # names no mode rlbuf reads
+    expected = given if isinstance(given, AutoresetMode) else AutoresetMode[str(given).upper()]
+    assert Recorder(envs, buffers[0], autoreset_mode=given).autoreset_mode is expected  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.DISABLED], ids=lambda m: m.name)
