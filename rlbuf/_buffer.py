@@ -505,15 +505,22 @@ class RingBuffer(BufferState, Generic[BatchT]):
             return make_batch(index)
         return batch
 
-    def _following_rewrites(self, build: Callable[[], T]) -> Callable[[], T]:
+    def _following_rewrites(self, build: Callable[[], T], *, units: Callable[[T], int] | None = None) -> Callable[[], T]:
         """``build()`` now, and again once stored rows are rewritten (a rollout's advantages or extras set again):
         an iterator's batches then hold what the buffer holds, as one resumed from a checkpoint does, whether its
-        columns are the storage's own or copies (on the training device, padded trajectories)."""
-        built = [self._ring.generation, build()]
+        columns are the storage's own or copies (on the training device, padded trajectories). ``units``: what the
+        iterator counts in a build (trajectories), which a rebuild must keep."""
+        built: list[Any] = [self._ring.generation, build()]
+        expected = None if units is None else units(built[1])
 
         def current() -> T:
             if built[0] != self._ring.generation:
-                built[:] = [self._ring.generation, build()]
+                built[:] = [self._ring.generation, None]  # the old copy freed before the new one is made
+                built[1] = build()
+                if units is not None and units(built[1]) != expected:
+                    raise StoredIndexError(f"epochs: the rollout's episode ends were rewritten after this iterator "
+                                           f"was made (through buffer.torchrl): {units(built[1])} trajectories now, "
+                                           f"it iterates {expected}; make a new one")
             return cast(T, built[1])
         return current
 

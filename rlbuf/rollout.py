@@ -536,7 +536,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         self._ring.flush()
         hidden_names = () if self._hidden is None else leaf_names("hidden_state", self._hidden)
         trajectories = self._following_rewrites(lambda: PaddedTrajectories.of_rollout(
-            deliver(dict(self._ring.leaves) | self._attached, self._device), self._num_envs, first_step=hidden_names))
+            deliver(dict(self._ring.leaves) | self._attached, self._device), self._num_envs, first_step=hidden_names),
+            units=len)
         # Validate over the trajectories before the epoch generator draws: a refused call changes nothing.
         options = check_epoch_options(len(trajectories()), batch_size=batch_size, num_batches=num_minibatches,
                                       n_epochs=n_epochs, drop_last=drop_last, shuffle=shuffle,

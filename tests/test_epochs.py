@@ -266,3 +266,22 @@ def test_an_iterator_follows_advantages_and_extras_set_again_as_a_resumed_one_do
         assert torch.equal(getattr(ours, name), getattr(theirs, name)), name
     kept = ours.mask if sequences else torch.ones_like(ours.advantage, dtype=torch.bool)
     assert ours.advantage[kept].eq(1).all() and ours.tag[kept].eq(1).all()
+
+
+@pytest.mark.parametrize(("row", "ended"), [(2, False), (3, True)])
+def test_a_sequence_iterator_refuses_once_its_trajectories_were_rewritten(row: int, ended: bool) -> None:
+    # A done removed or added through buffer.torchrl changed the trajectories under the iterator: an IndexError,
+    # or a trajectory silently left out of the epoch (review).
+    steps, envs = 4, 2
+    rollout = RolloutBuffer(steps, envs, obs_shape=(1,), action_shape=(), seed=0)
+    for t in range(steps):
+        rollout.add(torch.full((envs, 1), float(t)), torch.zeros(envs), torch.ones(envs), torch.tensor([t == 1, False]),
+                    torch.zeros(envs), torch.zeros(envs), truncated=False)
+    rollout.compute_returns_and_advantages(torch.zeros(envs))
+    held = rollout.minibatches(batch_size=1, sequences=True, shuffle=False)
+    next(held)
+    td = rollout.torchrl[row].exclude("advantage", "value_target")
+    td["next", "terminated"] = td["next", "done"] = torch.tensor([ended])
+    rollout.torchrl[row] = td
+    with pytest.raises(StoredIndexError, match="episode ends were rewritten after this iterator was made"):
+        next(held)
