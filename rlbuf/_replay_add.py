@@ -292,10 +292,10 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
                 record()
 
     def _check_extend(self, td: TensorDictBase) -> None:
-        """Every check ``extend`` makes of ``td`` before it reaches a compact layout's streams; nothing stored (a
-        Ray shard's, before its rate limiter holds the batch)."""
+        """Every check ``extend`` makes of ``td`` but a compact layout's streams'; nothing stored (a Ray shard's,
+        before its rate limiter holds the batch)."""
         self._require_writable("extend")
-        self._writer.read_extend(td, per_env=self._stats is not None)
+        self._writer.check_extend(td, per_env=self._stats is not None)
 
     def extend(self, td: TensorDictBase) -> None:
         """Store a TensorDict in TorchRL layout, e.g. a collector's ``[num_envs, T]`` batch.

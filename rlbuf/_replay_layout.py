@@ -451,6 +451,23 @@ class ReplayWriter:
         return ExtendRows(lead, rows, interleaved, flat, columns, env_ids)
 
 
+    def check_extend(self, td: Any, *, per_env: bool) -> None:
+        """Every check of ``extend`` that needs no stream, nothing stored: ``read_extend``'s and, in a compact
+        layout, the readers' of the frames and of the fields beside them (a Ray shard's, before its limiter
+        holds a batch).
+
+        Raises:
+            ShapeError, DtypeError, NonFiniteError, MissingFieldError ...: as ``extend``.
+        """
+        read, compact = self.read_extend(td, per_env=per_env), self.compact
+        if compact is not None:
+            specs = [spec for spec in self.ring.input_specs if spec.name != compact.field]
+            self.ring.read_tensors(specs, [read.flat[spec.name] for spec in specs], read.rows)
+            for spec in (compact.obs_spec, compact.next_obs_spec):
+                self.ring.reader(spec, read.rows).tensor(read_td(as_tensordict(td), spec, read.lead).reshape(
+                    read.rows, *spec.shape))
+
+
 class ExtendRows(NamedTuple):
     """What [`ReplayWriter.read_extend`][rlbuf._replay_layout.ReplayWriter.read_extend] read of an ``extend``."""
 

@@ -21,6 +21,7 @@ ray = pytest.importorskip("ray")
 
 from rlbuf import (  # noqa: E402
     ConfigError,
+    DtypeError,
     NotPicklableError,
     RateLimitTimeoutError,
     ReplayBuffer,
@@ -356,28 +357,34 @@ def transitions(batch: Any) -> list[bytes]:
     return sorted(b"".join(column[i].tobytes() for column in columns) for i in range(len(batch)))
 
 
-def test_a_malformed_batch_the_rate_limiter_would_hold_is_refused_at_once() -> None:
-    # A plain shard checked a writer's extend only once its limiter let the batch in: held, the batch
-    # waited out its timeout and stayed pending in the writer, refused only by a later flush.
+@pytest.mark.parametrize("compact", [False, True])
+def test_a_malformed_batch_the_rate_limiter_would_hold_is_refused_at_once(compact: bool) -> None:
+    # A shard checked a writer's extend only once its limiter let the batch in: held, the batch waited out its
+    # timeout and stayed pending in the writer, refused only by a later flush (a compact shard's frames: review).
     from rlbuf._ray_shard import ShardHost
     from rlbuf._ray_wire import to_wire
 
     limiter = RateLimiter(samples_per_insert=1.0, min_size_to_sample=4, error_buffer=4.0)
-    host = ShardHost(rate_limiter=limiter.config(), capacity=64, obs_shape=(3,), action_shape=(), seed=0)
+    shape = (4, *FRAME) if compact else (3,)
+    options = {"obs_dtype": torch.uint8, "frame_stack": 4} if compact else {}
+    host = ShardHost(rate_limiter=limiter.config(), capacity=64, obs_shape=shape, action_shape=(), seed=0, **options)
 
-    def columns(rows: int, obs_width: int = 3) -> list[tuple[Any, Any]]:
-        td = TensorDict({"observation": torch.zeros(rows, obs_width), "action": torch.zeros(rows),
-                         ("next", "observation"): torch.ones(rows, 3), ("next", "reward"): torch.ones(rows),
-                         ("next", "terminated"): torch.zeros(rows, dtype=torch.bool),
-                         ("next", "truncated"): torch.zeros(rows, dtype=torch.bool)}, [rows])
+    def columns(obs: torch.Tensor, next_obs: torch.Tensor) -> list[tuple[Any, Any]]:
+        lead = obs.shape[:2]
+        td = TensorDict({"observation": obs, "action": torch.zeros(lead), ("next", "observation"): next_obs,
+                         ("next", "reward"): torch.ones(lead), ("next", "terminated"): torch.zeros(lead, dtype=torch.bool),
+                         ("next", "truncated"): torch.zeros(lead, dtype=torch.bool)}, list(lead))
         return [(key, to_wire(td[key])) for key in td.keys(include_nested=True, leaves_only=True)]
 
-    host.shard_extend(columns(8), [8], None)                        # diff 8, the band's top: inserts wait
+    full = torch.zeros(1, 8, *shape, dtype=torch.uint8 if compact else torch.float32)
+    host.shard_extend(columns(full, full), [1, 8], None)            # diff 8, the band's top: inserts wait
     counters = host.shard_stats()["limiter"]
-    started = time.monotonic()
-    with pytest.raises(ShapeError, match=r"^obs: expected"):
-        host.shard_extend(columns(2, obs_width=4), [2], 5.0)        # was RateLimitTimeoutError after 5 s
-    assert time.monotonic() - started < 4.0
+    good = full[:, :2]
+    for bad in (good[..., :-1], good.float() + 0.5 if compact else good.to(torch.complex64)):   # shape, then dtype
+        started = time.monotonic()
+        with pytest.raises((ShapeError, DtypeError)):
+            host.shard_extend(columns(bad, good), [1, 2], 5.0)      # was RateLimitTimeoutError after 5 s
+        assert time.monotonic() - started < 4.0
     assert host.shard_stats()["limiter"] == counters and len(host.buffer) == 8
     with pytest.raises(RateLimitTimeoutError):                      # a well-formed batch is still held
-        host.shard_extend(columns(2), [2], 0.0)
+        host.shard_extend(columns(good, good), [1, 2], 0.0)
