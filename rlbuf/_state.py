@@ -305,6 +305,9 @@ class BufferState:
             raise CheckpointError(f"state: extra state 'interleaved' is true (every add held all {self._num_envs} envs) "
                                   f"but the write count {count} is no multiple of num_envs")
         saved_stats = extra.get("stats")
+        if self._stats is not None and saved_stats is None:
+            raise CheckpointError("state: it holds no episode statistics, and this buffer's EpisodeStats would go on "
+                                  "with episodes of another run; load it into a buffer built without stats=")
         if self._stats is not None and saved_stats is not None:
             refusing("stats state", checked_state, saved_stats, self._stats.num_envs, self._stats.window)
             trial = copy.deepcopy(self._stats)

@@ -71,6 +71,10 @@ def checked_state(state: Mapping[str, Any], num_envs: int, window: int | None = 
     for key in STATE_KEYS:
         if key not in state:
             raise CheckpointError(f"stats state: missing key {key!r}")
+    unknown = sorted(set(state) - set(STATE_KEYS) - {"metric_modes", "running_metrics"}, key=repr)  # rlbuf ≤ 0.4: none
+    if unknown:
+        raise CheckpointError(f"stats state: unknown key {unknown[0]!r}; EpisodeStats writes {list(STATE_KEYS)} and "
+                              f"its metrics' modes and running values")
     if type(state["num_envs"]) is not int or state["num_envs"] != num_envs:
         raise CheckpointError(f"stats state: expected num_envs={num_envs}, got {state['num_envs']!r}")
     saved_window = state["window"]

@@ -374,3 +374,39 @@ def test_a_minibatches_iterator_of_a_partial_rollout_is_refused_before_anything_
     with pytest.raises(CheckpointError, match="a minibatches\\(\\) iterator runs over a full rollout, the state holds 4"):
         target.load_state_dict(state)
     assert same(snapshot(target), before)
+
+
+def test_non_finite_advantages_are_refused_at_load() -> None:
+    # set_extras and compute_returns_and_advantages refuse them, yet a state with NaN advantages loaded, marked
+    # ready, and went into minibatches (helper 50).
+    source = _full_rollout()
+    source.compute_returns_and_advantages(torch.zeros(2))
+    for name in ("advantage", "returns"):
+        state = source.state_dict()
+        state["fields"][name] = state["fields"][name].clone()
+        state["fields"][name][3] = float("nan")
+        target = _full_rollout(reward=7.0)
+        before = snapshot(target)
+        with pytest.raises(CheckpointError, match=f"field '{name}' holds non-finite values"):
+            target.load_state_dict(state)
+        assert same(snapshot(target), before)
+
+
+def test_a_state_without_statistics_is_refused_by_a_buffer_with_them() -> None:
+    # The buffer's EpisodeStats kept the episodes of its own run and went on with the loaded one's (helper 50).
+    def run(stats: EpisodeStats | None, reward: float) -> ReplayBuffer:
+        buffer = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0, stats=stats)
+        for t in range(4):
+            buffer.add(torch.zeros(1), 0.0, reward, torch.zeros(1), t % 2 == 1, truncated=False)
+        return buffer
+
+    target = run(EpisodeStats(1), 5.0)
+    before = snapshot(target)
+    with pytest.raises(CheckpointError, match="it holds no episode statistics"):
+        target.load_state_dict(run(None, 1.0).state_dict())
+    assert same(snapshot(target), before)
+    state = run(EpisodeStats(1), 1.0).state_dict()
+    state["extra"]["stats"]["surprise"] = 1
+    with pytest.raises(CheckpointError, match="stats state: unknown key 'surprise'"):
+        target.load_state_dict(state)
+    assert same(snapshot(target), before)
