@@ -275,6 +275,9 @@ class BufferState:
         if state.get("data", True) is not True:
             if state.get("data") is not False:
                 raise CheckpointError(f"state: data must be true or false, got {state.get('data')!r}")
+            if any(state.get(key) for key in ("fields", "sampler", "extra")) or state.get("iterator") is not None:
+                raise CheckpointError("state: data is false (options and counters only), yet it holds rows, a "
+                                      "sampler, extra tables or an iterator, which rlbuf writes only with the data")
             return Checked(size, cursor, count, self._check_rng(state.get("rng")))
         _raise_if("state", fields_problem(ring.specs, state.get("fields"), size))
         fields = cast(Mapping[str, torch.Tensor], state["fields"])
@@ -344,6 +347,11 @@ class BufferState:
         method = getattr(self, iterator["method"], None)
         if method is None:
             raise CheckpointError(f"state: a {type(self).__name__} has no {iterator['method']}()")
+        written = {"batch_size", "n_epochs", "shuffle", "drop_last"} | (
+            {"num_minibatches"} if iterator["method"] == "minibatches" else set())
+        if set(iterator) != {"method", "arguments", "state"} or written - set(arguments):
+            raise CheckpointError(f"state: the iterator must hold 'method', 'arguments' (with {sorted(written)}) and "
+                                  f"'state', as rlbuf writes it")
         known = set(inspect.signature(method).parameters)
         if set(arguments) - known:
             raise CheckpointError(f"state: iterator arguments {sorted(set(arguments) - known)} are not arguments of "

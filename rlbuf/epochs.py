@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import reprlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, ParamSpec, TypeVar
 
 import torch
@@ -304,9 +304,13 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
         Raises:
             CheckpointError: the state belongs to an iterator over other sizes or epochs.
         """
+        known = {"size", "epoch", "position", "n_epochs", *self._split, "permutation", "generator"}
+        if not isinstance(state, Mapping) or set(state) != known:
+            keys = sorted(state, key=repr) if isinstance(state, Mapping) else type(state).__name__
+            raise CheckpointError(f"epoch iterator: a state of keys {sorted(known)} expected, got {keys}")
         for key, mine in (("n_epochs", self._n_epochs), *self._split.items()):
-            if state.get(key) != mine:
-                raise CheckpointError(f"epoch iterator: {key} is {mine} here but {state.get(key)} in the saved state")
+            if type(state[key]) is not type(mine) or state[key] != mine:  # 2.0 for 2, 0 for False: not written so
+                raise CheckpointError(f"epoch iterator: {key} is {mine!r} here but {state[key]!r} in the saved state")
         # Everything is checked, and the generator's state tried on a copy, before anything is assigned.
         try:
             size = as_int("size", state.get("size"), minimum=0)
@@ -324,6 +328,8 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
                 raise CheckpointError(f"epoch: {epoch} (position {position}) is past the {self._n_epochs} epochs")
             if self._n_epochs and position and permutation is None:
                 raise CheckpointError(f"permutation: missing at position {position} of an epoch")
+            if not position and permutation is not None:  # drawn at an epoch's first batch, dropped at its end
+                raise CheckpointError("permutation: saved at position 0, where no epoch has drawn one yet")
             if permutation is not None and not (
                     isinstance(permutation, torch.Tensor) and permutation.dtype == torch.int64
                     and tuple(permutation.shape) == (size,)

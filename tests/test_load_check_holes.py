@@ -410,3 +410,33 @@ def test_a_state_without_statistics_is_refused_by_a_buffer_with_them() -> None:
     with pytest.raises(CheckpointError, match="stats state: unknown key 'surprise'"):
         target.load_state_dict(state)
     assert same(snapshot(target), before)
+
+
+def _with_iterator() -> ReplayBuffer:
+    buffer = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0)
+    for i in range(6):
+        buffer.add(torch.full((1,), float(i)), 0.0, float(i), torch.zeros(1), False, truncated=False)
+    next(buffer.epochs(batch_size=2, n_epochs=2))
+    return buffer
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda s: s["iterator"].__setitem__("surprise", 1), "the iterator must hold 'method', 'arguments'"),
+    (lambda s: s["iterator"]["arguments"].pop("shuffle"), "the iterator must hold 'method', 'arguments'"),
+    (lambda s: s["iterator"]["state"].__setitem__("surprise", 1), "a state of keys"),
+    (lambda s: s["iterator"]["state"].__setitem__("n_epochs", 2.0), "n_epochs is 2 here but 2.0"),
+    (lambda s: s["iterator"]["state"].__setitem__("drop_last", 0), "drop_last is False here but 0"),
+    (lambda s: s["iterator"]["state"].__setitem__("position", 0), "permutation: saved at position 0"),
+    (lambda s: s.update(data=False), "data is false .* yet it holds rows"),
+])
+def test_an_iterator_or_a_data_free_state_rlbuf_would_not_write_is_refused(
+        edit: Callable[[dict[str, Any]], Any], message: str) -> None:
+    # Each loaded: a state of the options alone carrying rows and an iterator, iterator states of other keys or
+    # types, and a permutation at position 0, which replayed the epoch's first batch (helper 50).
+    state = _with_iterator().state_dict()
+    edit(state)
+    target = _with_iterator()
+    before = snapshot(target)
+    with pytest.raises(CheckpointError, match=message):
+        target.load_state_dict(state)
+    assert same(snapshot(target), before)

@@ -299,7 +299,7 @@ def test_forged_sequence_iterator_checkpoints_are_refused_and_change_nothing() -
             target.load_state_dict(forged)
     partial = {**state, "size": T * N - N, "cursor": T * N - N, "write_count": T * N - N,
                "fields": {name: value[:-N] for name, value in state["fields"].items()}}
-    with pytest.raises(CheckpointError, match="sequence minibatches runs over a full rollout"):
+    with pytest.raises(CheckpointError, match=r"minibatches\(\) iterator runs over a full rollout"):
         target.load_state_dict(partial)
     after = target.state_dict()
     for name in before["fields"]:
