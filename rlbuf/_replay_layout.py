@@ -55,7 +55,7 @@ from rlbuf._ring import RowRing
 from rlbuf._sizing import row_bytes
 from rlbuf._streams import PaddingType
 from rlbuf._sumtree import SumTreeSampler
-from rlbuf.errors import ConfigError, MissingFieldError, ShapeError
+from rlbuf.errors import CheckpointError, ConfigError, MissingFieldError, ShapeError
 from rlbuf.spec import (
     ExtraFields,
     FieldSpec,
@@ -477,6 +477,22 @@ class ExtendRows(NamedTuple):
     flat: dict[str, torch.Tensor]  # the input fields as given, [rows, *shape]
     columns: dict[str, torch.Tensor] | None  # the same, checked by their readers (None: a compact layout)
     env_ids: Any  # each row's env (a hindsight buffer), else None
+
+
+def saved_sampler_options(options: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's options as the constructor takes them: rlbuf 0.1.0 recorded ``alpha=0.6, beta=0.4`` for uniform
+    buffers too, which the constructor refuses now; any other values there rlbuf never wrote.
+
+    Example:
+        >>> saved_sampler_options({"prioritized": False, "alpha": 0.6, "beta": 0.4})
+        {'prioritized': False, 'alpha': None, 'beta': None}
+    """
+    if options.get("prioritized", False):
+        return options
+    if (options.get("alpha"), options.get("beta")) not in ((None, None), (0.6, 0.4)):
+        raise CheckpointError(f"options: a uniform buffer with alpha={options.get('alpha')!r}, "
+                              f"beta={options.get('beta')!r}, which rlbuf never writes (none, or 0.6 and 0.4)")
+    return {**options, "alpha": None, "beta": None}
 
 
 def env_major(lead: tuple[int, ...], num_envs: int) -> bool:

@@ -49,6 +49,7 @@ from rlbuf._replay_layout import (
     ReplayWriter,
     replay_sampler,
     repr_options,
+    saved_sampler_options,
     stored_obs,
     stored_specs,
     transition_bytes,
@@ -332,10 +333,7 @@ class ReplayBuffer(ReplayWriting):
 
     @classmethod
     def _options_from_checkpoint(cls, options: dict[str, Any]) -> dict[str, Any]:
-        # rlbuf 0.1.0 recorded alpha=0.6, beta=0.4 for uniform buffers too; they are refused now.
-        if not options.get("prioritized", False):
-            options = {**options, "alpha": None, "beta": None}
-        return options
+        return saved_sampler_options(options)
 
     @classmethod
     def _options_to_build(cls, options: dict[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:

@@ -440,3 +440,17 @@ def test_an_iterator_or_a_data_free_state_rlbuf_would_not_write_is_refused(
     with pytest.raises(CheckpointError, match=message):
         target.load_state_dict(state)
     assert same(snapshot(target), before)
+
+
+@pytest.mark.parametrize(("alpha", "beta"), [("x", 0.4), (-1, 0.4), ([], None), (0.6, None), (0.5, 0.4)])
+def test_a_uniform_buffers_checkpoint_with_sampler_options_rlbuf_never_wrote_is_refused(
+        alpha: Any, beta: Any, tmp_path: Path) -> None:
+    # Any alpha and beta of a uniform buffer loaded: the shim for rlbuf 0.1.0's (0.6, 0.4) dropped them unread.
+    buffer = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0)
+    buffer.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, truncated=False)
+    buffer.save(tmp_path / "ck")
+    _edit(tmp_path / "ck", lambda m: m["state"]["options"].update(alpha=alpha, beta=beta))
+    with pytest.raises(CheckpointError, match="a uniform buffer with alpha="):
+        ReplayBuffer.load(tmp_path / "ck")
+    _edit(tmp_path / "ck", lambda m: m["state"]["options"].update(alpha=0.6, beta=0.4))   # rlbuf 0.1.0's: loads
+    assert len(ReplayBuffer.load(tmp_path / "ck")) == 1
