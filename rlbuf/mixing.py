@@ -438,12 +438,11 @@ class MixedReplay:
     @staticmethod
     def _check_part(state: Mapping[str, Any], name: str, buffer_state: Mapping[str, Any]) -> None:
         """Refuse a part whose counters are not those the mixer recorded (a swapped or stale part)."""
-        recorded = state["parts"][name]
-        found = {key: buffer_state.get(key) for key in ("size", "write_count")}
-        if {key: recorded.get(key) for key in ("size", "write_count")} != found:
-            raise CheckpointError(f"{name}: the buffer holds size {found['size']} and write count {found['write_count']}, the "
-                                  f"mixer was saved with them at {recorded.get('size')} and {recorded.get('write_count')} "
-                                  "(a swapped or stale part)")
+        recorded, found = state["parts"][name], {key: buffer_state.get(key) for key in ("size", "write_count")}
+        if set(recorded) - {"directory", "manifest_sha256"} != set(found) or any(type(recorded[key]) is not int or
+                                                                               recorded[key] != found[key] for key in found):
+            raise CheckpointError(f"{name}: the buffer holds size {found['size']} and write count {found['write_count']}, "
+                                  f"the mixer was saved with {dict(recorded)} (a swapped or stale part)")
 
     def _restore(self, options: Mapping[str, Any], generator: torch.Tensor) -> None:
         self._offline_fraction, self._split = float(options["offline_fraction"]), options["split"]
@@ -579,10 +578,10 @@ class MixedReplay:
                 directory = part.get("directory")
                 if not isinstance(directory, str) or not re.fullmatch(f"{name}-[0-9a-f]{{12}}", directory):
                     raise CheckpointError(f"{name}: the part's directory {directory!r} is not one a save writes")
-                if not (root / directory / "manifest.json").is_file() or _manifest_digest(
-                        root / directory) != part.get("manifest_sha256"):
+                if (root / directory).is_symlink() or not (root / directory / "manifest.json").is_file() or (
+                        _manifest_digest(root / directory) != part.get("manifest_sha256")):
                     raise CheckpointError(f"{name}: {directory}/ is not the checkpoint the mixer was saved with "
-                                          "(missing, swapped or replaced)")
+                                          "(missing, swapped, replaced or a link)")
                 buffer = ReplayBuffer.load(root / directory, device=device, storing_device=storing_device,
                                            reward_fn=reward_fn)
                 cls._check_part(state, name, buffer.state_dict(data=False))

@@ -399,11 +399,20 @@ def test_a_checkpoint_whose_parts_disagree_is_refused(tmp_path: Path) -> None:
     manifest.write_text(json.dumps(changed))
     with pytest.raises(CheckpointError, match="not one a save writes"):
         MixedReplay.load(path)
-    changed = json.loads(json.dumps(original))
-    changed["state"]["parts"]["online"]["size"] = 9
-    manifest.write_text(json.dumps(changed))
-    with pytest.raises(CheckpointError, match=r"online: the buffer holds size 10 .* at 9 and 10 \(a swapped or stale part\)"):
+    for part in ({"size": 9}, {"size": 10.0}, {"surprise": 1}):  # counters as floats, other keys: never written
+        changed = json.loads(json.dumps(original))
+        changed["state"]["parts"]["online"].update(part)
+        manifest.write_text(json.dumps(changed))
+        with pytest.raises(CheckpointError, match=r"online: the buffer holds size 10 .* \(a swapped or stale part\)"):
+            MixedReplay.load(path)
+    manifest.write_text(json.dumps(original))
+    online_part = path / original["state"]["parts"]["online"]["directory"]
+    online_part.rename(tmp_path / "outside")
+    online_part.symlink_to(tmp_path / "outside")       # the same files, through a link out of the checkpoint
+    with pytest.raises(CheckpointError, match=r"online: .* is not the checkpoint the mixer was saved with .*a link"):
         MixedReplay.load(path)
+    online_part.unlink()
+    (tmp_path / "outside").rename(online_part)
     forged = json.loads(json.dumps(original))  # a generator state of the wrong size, with a valid checksum
     [generator] = [rel for rel in forged["files"] if rel.endswith("generator.bin")]
     (path / "mixer" / generator).write_bytes(bytes(16))
