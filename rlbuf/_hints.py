@@ -28,6 +28,8 @@ def cast_hint(field: str, given: np.dtype[Any] | None, stored: torch.dtype) -> s
     Example:
         >>> cast_hint("terminated", np.dtype(np.float32), torch.bool)
         '; convert the values: terminated.bool() (numpy: terminated.astype(bool)); dones stored as floats (CleanRL) are flags: pass terminated=terminations.bool(), truncated=truncations.bool()'
+        >>> cast_hint("obs", np.dtype(np.float32), torch.uint8)  # doctest: +ELLIPSIS
+        '; store the observations as the env returns them and scale them after sampling, or build ... all 0 or 1)'
         >>> cast_hint("action", np.dtype(np.float32), torch.int64)
         '; convert the values: action.long() (numpy: action.astype(np.int64)), e.g. actions kept as floats'
     """
@@ -44,6 +46,10 @@ def cast_hint(field: str, given: np.dtype[Any] | None, stored: torch.dtype) -> s
             return (f"; store them as they come with obs_dtype=torch.{given} or "
                     f"observation_space=envs.single_observation_space, or convert them yourself")
         return f"; declare the field with dtype torch.{given}, or convert the values yourself"
+    observation = field in ("obs", "next_obs", "privileged_obs") or field.startswith(("obs[", "next_obs["))
+    if target in "iu" and kind == "f" and observation:  # a cast would turn frames scaled to [0, 1] into 0s and 1s
+        return (f"; store the observations as the env returns them and scale them after sampling, or build the "
+                f"buffer with obs_dtype=torch.{given} (a cast to {stored} would make frames scaled to [0, 1] all 0 or 1)")
     method = _METHOD.get(stored)
     name = field  # obs["camera"] and info["final_obs"][1] read as Python expressions too
     cast = f"{name}.{method}()" if method else f"{name}.to({stored})"

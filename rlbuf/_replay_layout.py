@@ -216,6 +216,8 @@ def repr_options(specs: Sequence[FieldSpec], *, prioritized: bool, compact: Comp
         rows = min(log.count, log.capacity)
         layout += f", compression={log.codec.name!r}"
         size += 16 + ((log.stored_bytes + compact.streams.finals.stored_bytes) / rows if rows else 0)
+        if not rows:  # no frame compressed yet: their size is not known
+            return f", prioritized={prioritized}{layout}, bytes_per_transition~{human_bytes(size)} + compressed frames"
     return f", prioritized={prioritized}{layout}, bytes_per_transition~{human_bytes(size)}"
 
 

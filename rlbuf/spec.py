@@ -142,10 +142,10 @@ class FieldSpec:
         conversions are range-checked by [`check_range`][rlbuf.spec.FieldSpec.check_range].
 
         Example:
-            >>> FieldSpec("obs", "observation", (2,), torch.uint8).check_dtype(torch.float32)
+            >>> FieldSpec("action", "action", (), torch.int64).check_dtype(torch.float32)
             Traceback (most recent call last):
             ...
-            rlbuf.errors.DtypeError: obs: expected dtype torch.uint8 (or one that converts to it without changing kind), got torch.float32; convert the values: obs.to(torch.uint8) (numpy: obs.astype(np.uint8))
+            rlbuf.errors.DtypeError: action: expected dtype torch.int64 (or one that converts to it without changing kind), got torch.float32; convert the values: action.long() (numpy: action.astype(np.int64)), e.g. actions kept as floats
             >>> FieldSpec("action", "action", (), torch.float32).check_dtype(np.dtype(np.int64))
             Traceback (most recent call last):
             ...

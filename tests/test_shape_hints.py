@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlbuf import ReplayBuffer, RolloutBuffer, ShapeError
+from rlbuf import DtypeError, ReplayBuffer, RolloutBuffer, ShapeError
 
 
 def test_a_buffer_built_without_num_envs_says_to_pass_it():
@@ -79,3 +79,17 @@ def test_other_libraries_methods_name_rlbufs():
         rollout.nothing_like_it  # noqa: B018
     assert str(caught.value) == "'RolloutBuffer' object has no attribute 'nothing_like_it'"
     assert not hasattr(ReplayBuffer(4, obs_shape=(2,), action_shape=()), "reset")
+
+
+def test_float_frames_into_a_uint8_buffer_are_not_told_to_be_cast() -> None:
+    # The hint said obs.to(torch.uint8), which turns frames scaled to [0, 1] into 0s and 1s (helper 52).
+    buffer = ReplayBuffer(8, obs_shape=(4, 6, 6), obs_dtype=torch.uint8, action_shape=(), frame_stack=4)
+    frames = np.full((4, 6, 6), 0.5, np.float32)
+    with pytest.raises(DtypeError, match=r"scale them after sampling, or build the buffer with obs_dtype=torch.float32"):
+        buffer.add(frames, 0, 0.0, frames, False, truncated=False)
+    assert "+ compressed frames" not in repr(buffer)
+    compressed = ReplayBuffer(8, obs_shape=(4, 6, 6), obs_dtype=torch.uint8, action_shape=(), frame_stack=4,
+                              compression="zstd")
+    assert repr(compressed).endswith("+ compressed frames, fields=[obs: (6, 6) uint8 zstd-compressed, action: () "
+                                     "float32, reward: () float32, terminated: () bool, truncated: () bool, "
+                                     "done: () bool])")   # empty: the frames' size is not known yet
