@@ -221,8 +221,10 @@ def as_array(name: str, value: object, error: type[RlbufError] | None = None) ->
         return tensor.cpu().numpy()
     if value is None or isinstance(value, (str, bytes, Mapping)) or not isinstance(
             value, (np.ndarray, np.generic, list, tuple, int, float)):
-        raise (error or ShapeError)(f"{name}: expected a tensor, numpy array or number, got "
-                                    f"{type(value).__name__}")
+        infos = isinstance(value, Mapping) and name in ("truncated", "terminated")  # gymnasium's info in its place
+        raise (error or ShapeError)(f"{name}: expected a tensor, numpy array or number, got {type(value).__name__}"
+                                    + ("; an info dict where the flags belong? add takes terminated, truncated and no "
+                                       "infos (the Recorder reads info['final_obs'])" if infos else ""))
     if isinstance(value, np.ma.MaskedArray):
         masked = int(np.ma.getmaskarray(value).sum())
         if masked:

@@ -22,6 +22,7 @@ from rlbuf import (
     NotPicklableError,
     ReplayBuffer,
     RolloutBuffer,
+    ShapeError,
 )
 from rlbuf.mixing import MixedReplay
 
@@ -206,6 +207,8 @@ def test_another_librarys_keyword_to_a_method_gets_rlbufs_word_and_changes_nothi
     (lambda: _ready_rollout().compute_returns_and_advantages(torch.zeros(2), F), MissingFieldError,
      r"^compute_returns_and_advantages: got 2 arguments by position, .* dones comes there: drop it"),
     (lambda: filled(replay).full, AttributeError, r"'ReplayBuffer' object has no attribute 'full'; buffer.is_full"),
+    (lambda: replay().add(Z, torch.zeros(2), torch.ones(2), Z, F, {"final_obs": None}), ShapeError,  # infos as truncated
+     r"^truncated: expected a tensor, numpy array or number, got dict; an info dict where the flags belong\? add takes"),
     (lambda: filled(replay).sample(2).dones, AttributeError,
      r"^ReplayBatch has no field 'dones'; rlbuf's name is terminated \(the bootstrap mask: a time limit is no end "),
     (lambda: _with_advantages().get_all_data().dones, AttributeError,  # a rollout batch has no done
