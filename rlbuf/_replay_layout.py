@@ -482,8 +482,8 @@ class ExtendRows(NamedTuple):
 
 
 def saved_sampler_options(options: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint's options as the constructor takes them: rlbuf 0.1.0 recorded ``alpha=0.6, beta=0.4`` for uniform
-    buffers too, which the constructor refuses now; any other values there rlbuf never wrote.
+    """A checkpoint's options as the constructor takes them: older versions recorded ``alpha`` and ``beta`` for uniform
+    buffers too (0.6 and 0.4 by default), which the constructor refuses now; values no sum tree takes rlbuf never wrote.
 
     Example:
         >>> saved_sampler_options({"prioritized": False, "alpha": 0.6, "beta": 0.4})
@@ -491,9 +491,11 @@ def saved_sampler_options(options: dict[str, Any]) -> dict[str, Any]:
     """
     if options.get("prioritized", False):
         return options
-    if (options.get("alpha"), options.get("beta")) not in ((None, None), (0.6, 0.4)):
-        raise CheckpointError(f"options: a uniform buffer with alpha={options.get('alpha')!r}, "
-                              f"beta={options.get('beta')!r}, which rlbuf never writes (none, or 0.6 and 0.4)")
+    for name in ("alpha", "beta"):  # before 0.2 any a prioritized buffer takes was recorded, unused
+        value = options.get(name)
+        if value is not None and (type(value) not in (int, float) or not 0 <= value < math.inf):
+            raise CheckpointError(f"options: a uniform buffer with {name}={value!r}, which rlbuf never writes (none, "
+                                  f"or a number >= 0 that older versions recorded unused)")
     return {**options, "alpha": None, "beta": None}
 
 

@@ -69,8 +69,8 @@ def rollout_specs(obs_shape: Any, action_shape: tuple[int, ...], privileged_obs_
         FieldSpec("value", "state_value", (), torch.float32, finite=True, trailing_one=True),
         FieldSpec("log_prob", "sample_log_prob", (), torch.float32, finite=True),
         FieldSpec("bootstrap_value", ("next", "state_value"), (), torch.float32, finite=True, trailing_one=True),
-        FieldSpec("advantage", "advantage", (), torch.float32, finite=True, trailing_one=True),
-        FieldSpec("returns", "value_target", (), torch.float32, finite=True, trailing_one=True),
+        FieldSpec("advantage", "advantage", (), torch.float32, trailing_one=True),
+        FieldSpec("returns", "value_target", (), torch.float32, trailing_one=True),
         FieldSpec("done", ("next", "done"), (), torch.bool, trailing_one=True),
     ]
     if privileged_obs_shape is not None:

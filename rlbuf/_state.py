@@ -301,6 +301,9 @@ class BufferState:
         ring = self._ring
         _raise_if("state", extra_problem(extra, self._extra_state(), capacity=ring.capacity,
                                          field_names=list(ring.by_name)))
+        for name in ("advantage", "returns") if extra.get("advantages_ready") is True else ():  # a rollout's: finite
+            if name in fields and not bool(torch.isfinite(fields[name]).all()):  # (not in their specs: old checkpoints)
+                raise CheckpointError(f"state: field {name!r} holds non-finite values, computed advantages never do")
         for name in extra.get("attached", {}):  # as set_extras would take them
             if problem := self._attached_name_problem(name, ring):
                 raise CheckpointError(f"state: attached extra {problem}")

@@ -328,8 +328,6 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
                 raise CheckpointError(f"epoch: {epoch} (position {position}) is past the {self._n_epochs} epochs")
             if self._n_epochs and position and permutation is None:
                 raise CheckpointError(f"permutation: missing at position {position} of an epoch")
-            if not position and permutation is not None:  # drawn at an epoch's first batch, dropped at its end
-                raise CheckpointError("permutation: saved at position 0, where no epoch has drawn one yet")
             if permutation is not None and not (
                     isinstance(permutation, torch.Tensor) and permutation.dtype == torch.int64
                     and tuple(permutation.shape) == (size,)

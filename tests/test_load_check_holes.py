@@ -426,13 +426,12 @@ def _with_iterator() -> ReplayBuffer:
     (lambda s: s["iterator"]["state"].__setitem__("surprise", 1), "a state of keys"),
     (lambda s: s["iterator"]["state"].__setitem__("n_epochs", 2.0), "n_epochs is 2 here but 2.0"),
     (lambda s: s["iterator"]["state"].__setitem__("drop_last", 0), "drop_last is False here but 0"),
-    (lambda s: s["iterator"]["state"].__setitem__("position", 0), "permutation: saved at position 0"),
     (lambda s: s.update(data=False), "data is false .* yet it holds rows"),
 ])
 def test_an_iterator_or_a_data_free_state_rlbuf_would_not_write_is_refused(
         edit: Callable[[dict[str, Any]], Any], message: str) -> None:
     # Each loaded: a state of the options alone carrying rows and an iterator, iterator states of other keys or
-    # types, and a permutation at position 0, which replayed the epoch's first batch (helper 50).
+    # types (helper 50).
     state = _with_iterator().state_dict()
     edit(state)
     target = _with_iterator()
@@ -442,15 +441,35 @@ def test_an_iterator_or_a_data_free_state_rlbuf_would_not_write_is_refused(
     assert same(snapshot(target), before)
 
 
-@pytest.mark.parametrize(("alpha", "beta"), [("x", 0.4), (-1, 0.4), ([], None), (0.6, None), (0.5, 0.4)])
+@pytest.mark.parametrize(("alpha", "beta"), [("x", 0.4), (-1, 0.4), ([], None), (True, 0.4), (0.6, "0.4")])
 def test_a_uniform_buffers_checkpoint_with_sampler_options_rlbuf_never_wrote_is_refused(
         alpha: Any, beta: Any, tmp_path: Path) -> None:
-    # Any alpha and beta of a uniform buffer loaded: the shim for rlbuf 0.1.0's (0.6, 0.4) dropped them unread.
+    # Any alpha and beta of a uniform buffer loaded: the shim for older versions' dropped them unread. Those
+    # recorded any numbers given, unused (alpha and beta from a config, PER switched off by a flag): they load.
     buffer = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0)
     buffer.add(torch.zeros(1), 0.0, 1.0, torch.zeros(1), False, truncated=False)
     buffer.save(tmp_path / "ck")
     _edit(tmp_path / "ck", lambda m: m["state"]["options"].update(alpha=alpha, beta=beta))
-    with pytest.raises(CheckpointError, match="a uniform buffer with alpha="):
+    with pytest.raises(CheckpointError, match=r"a uniform buffer with (alpha|beta)="):
         ReplayBuffer.load(tmp_path / "ck")
-    _edit(tmp_path / "ck", lambda m: m["state"]["options"].update(alpha=0.6, beta=0.4))   # rlbuf 0.1.0's: loads
-    assert len(ReplayBuffer.load(tmp_path / "ck")) == 1
+    for recorded in ((0.6, 0.4), (0.7, 0.5), (1, 0)):
+        _edit(tmp_path / "ck", lambda m, pair=recorded: m["state"]["options"].update(alpha=pair[0], beta=pair[1]))
+        assert len(ReplayBuffer.load(tmp_path / "ck")) == 1
+
+
+def test_the_field_specs_checkpoints_record_are_the_ones_older_versions_wrote() -> None:
+    # A load compares them whole: a flag added to a spec (finite=True on the advantage) refused every older
+    # rollout checkpoint (review). Change one only with a shim for what older versions wrote.
+    def spec(name: str, key: Any, dtype: str = "float32", finite: bool = False) -> dict[str, Any]:
+        return {"name": name, "key": key, "shape": [2] if name in ("obs", "next_obs") else [], "dtype": dtype,
+                "finite": finite}
+
+    flags = [spec("terminated", ["next", "terminated"], "bool"), spec("truncated", ["next", "truncated"], "bool")]
+    replay = [spec("obs", "observation"), spec("action", "action"), spec("reward", ["next", "reward"], finite=True),
+              spec("next_obs", ["next", "observation"]), *flags, spec("done", ["next", "done"], "bool")]
+    rollout = [spec("obs", "observation"), spec("action", "action"), spec("reward", ["next", "reward"], finite=True),
+               *flags, spec("value", "state_value", finite=True), spec("log_prob", "sample_log_prob", finite=True),
+               spec("bootstrap_value", ["next", "state_value"], finite=True), spec("advantage", "advantage"),
+               spec("returns", "value_target"), spec("done", ["next", "done"], "bool")]
+    assert ReplayBuffer(4, obs_shape=(2,), action_shape=()).state_dict(data=False)["spec"] == replay
+    assert RolloutBuffer(2, 1, obs_shape=(2,), action_shape=()).state_dict(data=False)["spec"] == rollout
