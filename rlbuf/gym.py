@@ -39,6 +39,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -56,6 +57,7 @@ from rlbuf.errors import (
     DeviceError,
     DtypeError,
     MissingFieldError,
+    NextStepResetWarning,
     ShapeError,
     StreamError,
 )
@@ -145,8 +147,14 @@ class Recorder:
         # Read from the envs, not given: an envs.reset() before the first record makes them real steps (see
         # _real_first_steps), told apart by the observations the envs returned last.
         self._read_from_envs = self._resetting.copy() if resetting is None else np.zeros(num_envs, np.bool_)
-        self._last_seen = last_observations(envs) if self._read_from_envs.any() else None
-        self._seen_as_given = envs is getattr(envs, "unwrapped", envs)  # no vector wrapper changed what the user saw
+        # What the envs returned last, where that is what the user saw (no vector wrapper changed it).
+        unwrapped = envs is getattr(envs, "unwrapped", envs)
+        self._last_seen = last_observations(envs) if self._read_from_envs.any() and unwrapped else None
+        if self._read_from_envs.any() and self._last_seen is None:
+            warnings.warn(f"Recorder: envs {np.flatnonzero(self._read_from_envs).tolist()} are in NEXT_STEP's reset "
+                          f"step, whose row is left out; these envs do not show the Recorder an envs.reset() made "
+                          f"before the first record: after one, call recorder.reset() (else each reset env's first "
+                          f"step is left out too)", NextStepResetWarning, stacklevel=2)
         self.skipped = 0
         """Reset steps (env rows) left out so far (``NEXT_STEP`` only)."""
 
@@ -260,7 +268,7 @@ class Recorder:
             next_obs, ended, info)
         keep = ~self._resetting if self.autoreset_mode is AutoresetMode.NEXT_STEP else None
         if keep is not None and self._read_from_envs.any():
-            keep = keep | (self._read_from_envs & self._real_first_steps(obs, reward, ended))
+            keep = keep | (self._read_from_envs & self._real_first_steps(obs, ended))
         if keep is not None and keep.all():
             keep = None
         buffer = self.buffer
@@ -282,22 +290,18 @@ class Recorder:
             self._resetting = ended
             self._read_from_envs[:] = False
 
-    def _real_first_steps(self, obs: Any, reward: Any, ended: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    def _real_first_steps(self, obs: Any, ended: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """Which envs the Recorder read as in their reset step took a real step at the first record, the envs
         having been reset since (``envs.reset()`` without ``recorder.reset()``). A reset step ends no episode,
         and its ``obs`` is the final observation the envs returned last: an episode end proves a real step, and
-        so does another ``obs`` where that is what the user saw (no vector wrapper); behind a vector wrapper
-        another ``obs`` with a reward does (a reset step's reward is 0, unless a reward wrapper shifts it)."""
+        so does another ``obs`` where the Recorder saw what the envs returned (a ``SyncVectorEnv`` with no vector
+        wrapper; a reward proves nothing: reward wrappers shift a reset step's 0)."""
         n, seen = self.num_envs, self._last_seen
         given = as_array("obs", obs) if seen is not None and not isinstance(obs, Mapping) else None
-        moved: np.ndarray[Any, Any] = np.ones(n, np.bool_)
-        if given is not None and seen is not None and given.shape == seen.shape:
-            same = (given == seen) | (np.isnan(given) & np.isnan(seen) if given.dtype.kind == "f" else False)
-            moved = ~same.reshape(n, -1).all(axis=1)
-            if self._seen_as_given:
-                return np.asarray(ended | moved)
-        rewarded = np.asarray(as_array("reward", reward) != 0).reshape(-1)
-        return np.asarray(ended | (moved & (rewarded if rewarded.shape == (n,) else False)))
+        if given is None or seen is None or given.shape != seen.shape:
+            return ended
+        same = (given == seen) | (np.isnan(given) & np.isnan(seen) if given.dtype.kind == "f" else False)
+        return np.asarray(ended | ~same.reshape(n, -1).all(axis=1))
 
     def _checked_info(self, info: Any) -> Mapping[str, Any] | None:
         """``info`` once it is a mapping that agrees with the autoreset mode."""

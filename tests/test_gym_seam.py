@@ -6,6 +6,7 @@ against the installed gymnasium: a release that renames them fails here first.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 
-from rlbuf import ConfigError, ReplayBuffer
+from rlbuf import ConfigError, NextStepResetWarning, ReplayBuffer
 from rlbuf._gym_seam import pending_resets
 from rlbuf.gym import Recorder
 
@@ -120,7 +121,8 @@ def test_a_recorder_made_mid_run_then_reset_stores_every_step() -> None:
 @pytest.mark.parametrize("wrapped", [False, True])
 def test_a_recorder_made_mid_run_then_reset_stores_first_steps_of_no_reward(wrapped: bool) -> None:
     # The first real step after envs.reset() was told apart by its reward alone: a step of reward 0 (most Atari
-    # steps) was dropped. Without a vector wrapper the obs decides; behind one, obs and reward together.
+    # steps) was dropped. A SyncVectorEnv seen as it is shows it by its obs; behind a vector wrapper the Recorder
+    # warns at once that it cannot see the reset, and recorder.reset() tells it.
     from gymnasium.wrappers.vector import TransformReward
 
     envs: Any = gym.vector.SyncVectorEnv([lambda: _CountingEnv() for _ in range(3)])
@@ -129,8 +131,13 @@ def test_a_recorder_made_mid_run_then_reset_stores_first_steps_of_no_reward(wrap
     for _ in range(3):  # the episodes end, truncated: every env is in its reset step
         envs.step(np.zeros(3, np.int64))
     buffer = _buffer()
-    recorder = Recorder(envs, buffer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        recorder = Recorder(envs, buffer)
+    assert [type(w.message) for w in caught] == ([NextStepResetWarning] if wrapped else [])
     obs, _ = envs.reset(seed=1)
+    if wrapped:
+        recorder.reset()
     _record(envs, recorder, obs, 2)
     envs.close()
     assert recorder.skipped == 0 and len(buffer) == 6
