@@ -40,6 +40,7 @@ from tensordict import TensorDict
 
 from rlbuf._convert import as_int, positive_int, stored_positions
 from rlbuf._keywords import keywords_checked
+from rlbuf._manifest import read_manifest
 from rlbuf._obs import leaf_name
 from rlbuf._priorities import priorities
 from rlbuf.batches import ReplayBatch
@@ -101,11 +102,6 @@ class MixedBatch(ReplayBatch):
             [False, True]
         """
         return ReplayBatch.to_tensordict(self).set("from_online", self.from_online)
-
-
-def _counts(buffer: ReplayBuffer) -> dict[str, int]:
-    header = buffer.state_dict(data=False)  # options and counters only: no rows copied
-    return {"size": int(header["size"]), "write_count": int(header["write_count"])}
 
 
 def _batch_layout(buffer: ReplayBuffer) -> Layout:
@@ -388,9 +384,11 @@ class MixedReplay:
         for buffer, positions, part in updates:
             buffer.update_priority(positions, part)
 
-    def _mixer_state(self) -> dict[str, Any]:
-        """Options, generator and the parts' counters (the offline buffer checked unchanged first)."""
-        parts = {"offline": _counts(self._offline), "online": _counts(self._online)}
+    def _mixer_state(self, offline: Mapping[str, Any], online: Mapping[str, Any]) -> dict[str, Any]:
+        """Options, generator and the counters of the parts' states as taken (writers may add meanwhile), the
+        offline buffer checked unchanged first."""
+        parts = {name: {"size": part["size"], "write_count": part["write_count"]}
+                 for name, part in (("offline", offline), ("online", online))}
         self._require_read_only()
         return {"kind": _KIND, "options": {"offline_fraction": self._offline_fraction, "split": self._split,
                                            "min_online": self._min_online, "seed": self._seed},
@@ -409,7 +407,8 @@ class MixedReplay:
             >>> state["options"]["offline_fraction"], state["offline"]["size"], state["online"]["size"]
             (0.5, 1, 0)
         """
-        return {**self._mixer_state(), "offline": self._offline.state_dict(), "online": self._online.state_dict()}
+        offline, online = self._offline.state_dict(), self._online.state_dict()
+        return {**self._mixer_state(offline, online), "offline": offline, "online": online}
 
     @staticmethod
     def _checked_options(state: Any) -> dict[str, Any]:
@@ -532,14 +531,14 @@ class MixedReplay:
         if root.exists() and (not root.is_dir() or (any(root.iterdir()) and not (root / _MIXER_DIR).is_dir())):
             raise CheckpointError(f"{root}: exists and is not a mixed checkpoint (no {_MIXER_DIR}/ inside); "
                                   "save to a new or empty directory")
-        state = self._mixer_state()
+        self._require_read_only()
         token = uuid.uuid4().hex[:12]
-        parts = {}
+        directories = {name: f"{name}-{token}" for name in ("offline", "online")}
         for name, buffer in (("offline", self._offline), ("online", self._online)):
-            directory = f"{name}-{token}"
-            buffer.save(root / directory)
-            parts[name] = {**state["parts"][name], "directory": directory,
-                           "manifest_sha256": _manifest_digest(root / directory)}
+            buffer.save(root / directories[name])
+        state = self._mixer_state(*(read_manifest(root / directories[name])["state"] for name in directories))
+        parts = {name: {**part, "directory": directories[name], "manifest_sha256": _manifest_digest(
+            root / directories[name])} for name, part in state["parts"].items()}
         save_state({**state, "parts": parts}, root / _MIXER_DIR)
         for entry in root.iterdir():  # parts of earlier or killed saves: the mixer names only this save's
             match = _PART.fullmatch(entry.name)
