@@ -44,6 +44,7 @@ from rlbuf._sumtree_arrays import (
     check_exponent,
     checked_leaf_values,
     descend,
+    flattened_index,
     importance_weights,
     new_tree,
     prefix_sum_min,
@@ -509,24 +510,7 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         return prefix_sum_min(self._tree, size)
 
     def _flat_index(self, index: Any, storage: Any) -> _Int64Array:
-        if isinstance(index, tuple):
-            index = torch.stack([torch.as_tensor(i) for i in index], -1)
-        tensor = torch.as_tensor(index).detach().cpu()
-        if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
-            raise StoredIndexError(f"index: expected integers, got dtype {tensor.dtype}")
-        array = tensor.to(torch.int64).numpy()
-        if array.ndim <= 1:
-            return array.reshape(-1)
-        shape = self._remember_shape(storage)
-        if shape is None or len(shape) != array.shape[-1]:
-            raise StoredIndexError(
-                f"index: a {array.shape[-1]}-D coordinate index needs storage= with as many dimensions"
-                f" to be flattened, got storage shape {shape}"
-            )
-        rows = array.reshape(-1, array.shape[-1])
-        flat_index: _Int64Array = np.ravel_multi_index(tuple(np.maximum(rows, 0).T), shape)
-        flat_index[(rows < 0).any(axis=1)] = -1
-        return flat_index
+        return flattened_index(index, self._remember_shape(storage))
 
     def _remember_shape(self, storage: Any) -> tuple[int, ...] | None:
         if storage is not None and getattr(storage, "ndim", 1) > 1:

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from rlbuf.errors import ConfigError, NonFiniteError, PriorityError
+from rlbuf.errors import ConfigError, NonFiniteError, PriorityError, StoredIndexError
 from rlbuf.storage import available_ram
 
 _Int64Array = npt.NDArray[np.int64]
@@ -125,6 +125,33 @@ def descend(tree: torch.Tensor, mass: npt.NDArray[np.float64], size: int) -> tup
         leaf[bad] = nonzero[position]
         value = stored.take(leaf)
     return leaf, value
+
+
+def flattened_index(index: Any, shape: tuple[int, ...] | None) -> _Int64Array:
+    """Storage indices as flat int64 positions: an int, a 1-D tensor, or rows of coordinates (``[B, ndim]``
+    or a tuple of tensors) in a storage of ``shape``; a coordinate row with a negative entry stays -1.
+
+    Example:
+        >>> flattened_index(torch.tensor([[0, 1], [1, 0], [-1, 0]]), (2, 3)).tolist()
+        [1, 3, -1]
+    """
+    if isinstance(index, tuple):
+        index = torch.stack([torch.as_tensor(i) for i in index], -1)
+    tensor = torch.as_tensor(index).detach().cpu()
+    if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
+        raise StoredIndexError(f"index: expected integers, got dtype {tensor.dtype}")
+    array = tensor.to(torch.int64).numpy()
+    if array.ndim <= 1:
+        return array.reshape(-1)
+    if shape is None or len(shape) != array.shape[-1]:
+        raise StoredIndexError(
+            f"index: a {array.shape[-1]}-D coordinate index needs storage= with as many dimensions"
+            f" to be flattened, got storage shape {shape}"
+        )
+    rows = array.reshape(-1, array.shape[-1])
+    flat: _Int64Array = np.ravel_multi_index(tuple(np.maximum(rows, 0).T), shape)
+    flat[(rows < 0).any(axis=1)] = -1
+    return flat
 
 
 def importance_weights(value: _FloatArray, smallest: float, beta: float) -> torch.Tensor:
