@@ -515,8 +515,8 @@ class RingBuffer(BufferState, Generic[BatchT]):
 
         def current() -> T:
             if built[0] != self._ring.generation:
-                built[:] = [self._ring.generation, None]  # the old copy freed before the new one is made
-                built[1] = build()
+                built[1] = None  # the old copy freed before the new one is made (a failed build: made again)
+                built[:] = [self._ring.generation, build()]
                 if units is not None and units(built[1]) != expected:
                     raise StoredIndexError(f"epochs: the rollout's episode ends were rewritten after this iterator "
                                            f"was made (through buffer.torchrl): {units(built[1])} trajectories now, "

@@ -6,8 +6,8 @@ store. A Recorder made while the envs are mid-run has not seen which envs just e
 keeps that in private attributes, read here alone (``tests/test_gym_seam.py`` pins them against
 the installed gymnasium): ``SyncVectorEnv._autoreset_envs`` and the ``prev_done`` of gymnasium's
 own vector envs (``CartPole-v1``'s); and ``SyncVectorEnv._observations``, the observations it
-returned last (an env reset since then returns others). ``AsyncVectorEnv`` keeps it inside its worker processes,
-where nothing reads it: a Recorder made mid-run on one needs ``resetting=``.
+returned last (an env reset since then returns others). ``AsyncVectorEnv`` keeps it inside its
+worker processes, where nothing reads it: a Recorder made mid-run on one needs ``resetting=``.
 
 Checked against gymnasium 1.4.0.
 

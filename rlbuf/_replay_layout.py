@@ -406,8 +406,7 @@ class ReplayWriter:
         ring, compact = self.ring, self.compact
         if read.columns is None:  # a compact layout: its frames come from the streams' check
             assert compact is not None
-            obs, next_obs = (read_td(td, spec, lead).reshape(rows, *spec.shape)
-                             for spec in (compact.obs_spec, compact.next_obs_spec))
+            obs, next_obs = self._compact_obs(td, lead, rows)
             compact.write(obs, next_obs, flat["terminated"], flat["truncated"], compact.env_ids_of(lead),
                           lambda frames, done, cut: ring.write_tensors(
                               {**flat, compact.field: frames, "terminated": done, "truncated": cut}, rows))
@@ -452,7 +451,6 @@ class ReplayWriter:
             ring.input_specs, [flat[spec.name] for spec in ring.input_specs], rows)
         return ExtendRows(lead, rows, interleaved, flat, columns, env_ids)
 
-
     def check_extend(self, td: Any, *, per_env: bool) -> None:
         """Every check of ``extend`` that needs no stream, nothing stored: ``read_extend``'s and, in a compact
         layout, the readers' of the frames and of the fields beside them (a Ray shard's, before its limiter
@@ -465,9 +463,16 @@ class ReplayWriter:
         if compact is not None:
             specs = [spec for spec in self.ring.input_specs if spec.name != compact.field]
             self.ring.read_tensors(specs, [read.flat[spec.name] for spec in specs], read.rows)
-            for spec in (compact.obs_spec, compact.next_obs_spec):
-                self.ring.reader(spec, read.rows).tensor(read_td(as_tensordict(td), spec, read.lead).reshape(
-                    read.rows, *spec.shape))
+            for spec, stacks in zip((compact.obs_spec, compact.next_obs_spec), self._compact_obs(td, read.lead, read.rows),
+                                    strict=True):
+                self.ring.reader(spec, read.rows).tensor(stacks)
+
+    def _compact_obs(self, td: Any, lead: tuple[int, ...], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A compact layout's ``obs`` and ``next_obs`` of an ``extend`` as given, ``[rows, *shape]`` each."""
+        assert self.compact is not None
+        obs, next_obs = (read_td(td, spec, lead).reshape(rows, *spec.shape)
+                         for spec in (self.compact.obs_spec, self.compact.next_obs_spec))
+        return obs, next_obs
 
 
 class ExtendRows(NamedTuple):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import numbers
 import re
@@ -40,7 +41,6 @@ from tensordict import TensorDict
 
 from rlbuf._convert import as_int, positive_int, stored_positions
 from rlbuf._keywords import keywords_checked
-from rlbuf._manifest import read_manifest
 from rlbuf._obs import leaf_name
 from rlbuf._priorities import priorities
 from rlbuf.batches import ReplayBatch
@@ -185,6 +185,13 @@ def _checked_fraction(value: Any, error: type[RlbufError] = ConfigError) -> floa
 
 def _manifest_digest(part: Path) -> str:
     return hashlib.sha256((part / "manifest.json").read_bytes()).hexdigest()
+
+
+def _saved_part(part: Path) -> dict[str, Any]:
+    """A part just saved: the counters its manifest holds (writers may have added since), its directory, its digest."""
+    manifest = (part / "manifest.json").read_bytes()  # read once; no data file read again
+    return {**{key: value for key, value in json.loads(manifest)["state"].items() if key in ("size", "write_count")},
+            "directory": part.name, "manifest_sha256": hashlib.sha256(manifest).hexdigest()}
 
 
 class MixedReplay:
@@ -385,8 +392,7 @@ class MixedReplay:
             buffer.update_priority(positions, part)
 
     def _mixer_state(self, offline: Mapping[str, Any], online: Mapping[str, Any]) -> dict[str, Any]:
-        """Options, generator and the counters of the parts' states as taken (writers may add meanwhile), the
-        offline buffer checked unchanged first."""
+        """Options, generator and the counters of the parts' states; the offline buffer checked unchanged first."""
         parts = {name: {"size": part["size"], "write_count": part["write_count"]}
                  for name, part in (("offline", offline), ("online", online))}
         self._require_read_only()
@@ -533,13 +539,10 @@ class MixedReplay:
                                   "save to a new or empty directory")
         self._require_read_only()
         token = uuid.uuid4().hex[:12]
-        directories = {name: f"{name}-{token}" for name in ("offline", "online")}
         for name, buffer in (("offline", self._offline), ("online", self._online)):
-            buffer.save(root / directories[name])
-        state = self._mixer_state(*(read_manifest(root / directories[name])["state"] for name in directories))
-        parts = {name: {**part, "directory": directories[name], "manifest_sha256": _manifest_digest(
-            root / directories[name])} for name, part in state["parts"].items()}
-        save_state({**state, "parts": parts}, root / _MIXER_DIR)
+            buffer.save(root / f"{name}-{token}")
+        parts = {name: _saved_part(root / f"{name}-{token}") for name in ("offline", "online")}
+        save_state({**self._mixer_state(parts["offline"], parts["online"]), "parts": parts}, root / _MIXER_DIR)
         for entry in root.iterdir():  # parts of earlier or killed saves: the mixer names only this save's
             match = _PART.fullmatch(entry.name)
             if match is not None and match.group(2) != token:
