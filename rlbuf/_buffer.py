@@ -29,6 +29,7 @@ from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options, sizes
 from rlbuf.errors import (
     ConfigError,
     EmptyBufferError,
+    MissingFieldError,
     NotPicklableError,
     RlbufError,
     StoredIndexError,
@@ -82,18 +83,30 @@ FOREIGN_OPTIONS_OF = {
 """Class name -> foreign constructor keyword -> what that class takes instead."""
 
 
-def refuse_foreign_options(owner: Callable[..., Any], given: Mapping[str, Any]) -> None:
-    """Raise [`ConfigError`][rlbuf.ConfigError] for keywords ``owner`` does not take, with the rlbuf name.
+def refuse_foreign_options(owner: Callable[..., Any], given: Mapping[str, Any], positional: Sequence[Any] = ()) -> None:
+    """Raise [`ConfigError`][rlbuf.ConfigError] for keywords ``owner`` does not take, with the rlbuf name, and
+    [`MissingFieldError`][rlbuf.errors.MissingFieldError] (also a ``TypeError``, as Python's own) for
+    arguments by position past its own (SB3's ``ReplayBuffer(size, observation_space, action_space)``).
 
     Example:
-        >>> def build(capacity: int, **foreign: object) -> None:
-        ...     refuse_foreign_options(build, foreign)
+        >>> def build(capacity: int, *positional: object, **foreign: object) -> None:
+        ...     refuse_foreign_options(build, foreign, positional)
         >>> build(10, buffer_size=10)
         Traceback (most recent call last):
         ...
         rlbuf.errors.ConfigError: buffer_size: not an option of build; rlbuf's name is capacity
+        >>> build(10, "space")
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.MissingFieldError: build: got 2 arguments by position, it takes 1 (capacity); pass the others by keyword (observation_space=, action_space= ...: SB3's buffers take them by position)
     """
     cls = owner.__qualname__.split(".")[0]
+    if positional:
+        parameters = inspect.signature(owner).parameters.values()
+        own = [p.name for p in parameters if p.kind == p.POSITIONAL_OR_KEYWORD and p.name != "self"]
+        raise MissingFieldError(
+            f"{cls}: got {len(own) + len(positional)} arguments by position, it takes {len(own)} ({', '.join(own)}); "
+            "pass the others by keyword (observation_space=, action_space= ...: SB3's buffers take them by position)")
     hints = {**FOREIGN_OPTIONS, **FOREIGN_OPTIONS_OF.get(cls, {})}
     for name in given:
         if name in hints:

@@ -53,7 +53,7 @@ from rlbuf.stats import EpisodeStats
 from rlbuf.storage import DeviceLike, check_batch_memory
 
 BufferT = TypeVar("BufferT", bound="BufferState")
-NOT_OPTIONS = ("self", "__class__", "stats", "scratch_dir", "observation_space", "action_space", "foreign")
+NOT_OPTIONS = ("self", "__class__", "stats", "scratch_dir", "observation_space", "action_space", "foreign", "positional")
 _ITERATOR_METHODS = ("epochs", "minibatches")
 _STATE_KEYS = {"kind", "options", "capacity", "sampler_kind", "spec", "data", "size", "cursor", "write_count", "fields",
                "rng", "sampler", "iterator", "extra", "versions"}  # versions: added by load_state

@@ -85,7 +85,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
     def __init__(
         self,
         capacity: int = REQUIRED,
-        *,
+        *positional: Any,
         obs_shape: ObsShape | None = None,
         action_shape: Sequence[int] | int | None = None,
         num_envs: int = 1,
@@ -102,7 +102,7 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         action_range: Sequence[Any] | None = None,
         **foreign: Any,
     ) -> None:
-        refuse_foreign_options(DistillationBuffer.__init__, foreign)
+        refuse_foreign_options(DistillationBuffer.__init__, foreign, positional)
         require("DistillationBuffer(100_000, observation_space=envs.single_observation_space, action_space=envs.single_action_space)", capacity=capacity)
         extra_fields = extra_field_dtypes(extra_fields)
         obs_shape, obs_dtype, action_shape, action_dtype = resolve_fields(

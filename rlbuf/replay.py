@@ -147,7 +147,7 @@ class ReplayBuffer(ReplayWriting):
     def __init__(
         self,
         capacity: int = REQUIRED,
-        *,
+        *positional: Any,
         obs_shape: ObsShape | None = None,
         action_shape: Sequence[int] | int | None = None,
         num_envs: int = 1,
@@ -178,7 +178,7 @@ class ReplayBuffer(ReplayWriting):
         hindsight: Hindsight | None = None,
         **foreign: Any,
     ) -> None:
-        refuse_foreign_options(ReplayBuffer.__init__, foreign)
+        refuse_foreign_options(ReplayBuffer.__init__, foreign, positional)
         require("ReplayBuffer(100_000, observation_space=envs.single_observation_space, action_space=envs.single_action_space, num_envs=envs.num_envs)", capacity=capacity)
         extra_fields = extra_field_dtypes(extra_fields)
         # A stack of frame_stack == num_envs frames starts with num_envs as a batched space does: no warning.

@@ -118,7 +118,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         self,
         num_steps: int = REQUIRED,
         num_envs: int = REQUIRED,
-        *,
+        *positional: Any,
         obs_shape: ObsShape | None = None,
         action_shape: Sequence[int] | int | None = None,
         privileged_obs_shape: Sequence[int] | int | None = None,
@@ -137,8 +137,10 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         stats: EpisodeStats | None = None,
         **foreign: Any,
     ) -> None:
-        refuse_foreign_options(RolloutBuffer.__init__, foreign)
+        refuse_foreign_options(RolloutBuffer.__init__, foreign, positional)
         require("RolloutBuffer(num_steps=128, num_envs=envs.num_envs, observation_space=...)", num_steps=num_steps, num_envs=num_envs)
+        self._num_steps = positive_int("num_steps", num_steps)
+        as_num_envs(num_envs)  # before the spaces: SB3's RolloutBuffer(n, observation_space) lands one here
         extra_fields = extra_field_dtypes(extra_fields)
         obs_shape, obs_dtype, action_shape, action_dtype = resolve_fields(
             observation_space, obs_shape, obs_dtype, action_space, action_shape, action_dtype, num_envs=num_envs)
@@ -147,8 +149,6 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         self._hidden = None if hidden_state_shape is None else hidden_state_layout(hidden_state_shape)
         self._record_options(locals())
         self._obs = record_layout(self._options, obs_shape, obs_dtype)
-        self._num_steps = positive_int("num_steps", num_steps)
-        as_num_envs(num_envs)
         self._attach_stats(stats, num_envs)
         privileged = None if privileged_obs_shape is None else as_shape(privileged_obs_shape, "privileged_obs_shape")
         specs = rollout_specs(obs_shape, as_shape(action_shape, "action_shape"), privileged,

@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import gymnasium as gym
 import pytest
 import torch
 from _snapshot import same, snapshot
@@ -99,6 +100,26 @@ def test_a_missing_obs_is_refused_by_name(make: Callable[[], Any], keywords: dic
 ])
 def test_each_buffer_class_answers_a_foreign_option_with_its_own_name(build: Callable[[], Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
+        build()
+
+
+BOX, DISCRETE = gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2)
+
+
+@pytest.mark.parametrize(("build", "error", "message"), [
+    (lambda: ReplayBuffer(100, BOX, DISCRETE, "cpu", 2), MissingFieldError,
+     r"^ReplayBuffer: got 5 arguments by position, it takes 1 \(capacity\); pass the others by keyword "
+     r"\(observation_space=, action_space= \.\.\.: SB3's buffers take them by position\)$"),
+    (lambda: DistillationBuffer(100, BOX), MissingFieldError, r"^DistillationBuffer: got 2 arguments by position, "
+                                                               r"it takes 1 \(capacity\)"),
+    (lambda: RolloutBuffer(128, 2, BOX, DISCRETE), MissingFieldError,
+     r"^RolloutBuffer: got 4 arguments by position, it takes 2 \(num_steps, num_envs\)"),
+    (lambda: RolloutBuffer(128, BOX, action_space=DISCRETE), ConfigError,
+     r"^num_envs: expected an int in \[1, 2147483647\], got Box"),
+])
+def test_sb3s_arguments_by_position_get_the_keywords_to_use(build: Callable[[], Any], error: type[Exception],
+                                                            message: str) -> None:
+    with pytest.raises(error, match=message):
         build()
 
 
