@@ -13,7 +13,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rlbuf.errors import RlbufError, ShardDiedError
+from rlbuf.errors import RateLimitTimeoutError, RlbufError, ShardDiedError
+
+# Seconds a shard may take past the wait it was given to answer a learner's call (moving the rows, its queue).
+ANSWER_GRACE = 10.0
 
 
 class ShardRestartingError(ShardDiedError):
@@ -28,16 +31,28 @@ class ShardRestartingError(ShardDiedError):
         self.shard, self.fate_unknown = shard, fate_unknown
 
 
-def get(calls: Sequence[tuple[int, Any]], *, restarting: bool = False) -> list[Any]:
+def get(calls: Sequence[tuple[int, Any]], *, restarting: bool = False, wait: float | None = None) -> list[Any]:
     """Results of remote calls ``(shard, ref)``; rlbuf errors as themselves, a dead actor as ShardDiedError
-    (``restarting``: the service was built with ``restart_from``, so Ray starts it again: ShardRestartingError)."""
-    import ray
-    from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+    (``restarting``: the service was built with ``restart_from``, so Ray starts it again: ShardRestartingError).
 
+    ``wait``: the seconds the calls may wait for a rate limiter (``None``: no limit); a call not answered
+    within ``wait + ANSWER_GRACE`` is cancelled if it has not started, and RateLimitTimeoutError raised.
+    """
+    import ray
+    from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+
+    deadline = None if wait is None else time.monotonic() + wait + ANSWER_GRACE
     results = []
     for shard, ref in calls:
         try:
-            results.append(ray.get(ref))
+            results.append(ray.get(ref, timeout=None if deadline is None else max(0.0, deadline - time.monotonic())))
+        except GetTimeoutError:
+            for _, late in calls[len(results):]:
+                ray.cancel(late)  # a call still queued never runs: no counter moves after the learner gave up
+            raise RateLimitTimeoutError(
+                f"shard {shard}: no answer within timeout={wait} s (+{ANSWER_GRACE:g} s to reply): its actor runs no "
+                "call of the learner's (busy or stuck), and the call is cancelled where it had not started. Raise "
+                "timeout, or look at the shard's actor") from None
         except RayTaskError as error:
             if isinstance(error.cause, RlbufError):
                 raise error.cause from None

@@ -46,7 +46,7 @@ from rlbuf.errors import (
 from rlbuf.storage import DeviceLike, resolve_device
 
 T = TypeVar("T")
-_THREADS = 16  # calls a shard actor runs at once: writers held by its limiter must not block the learner
+_THREADS = 16  # calls a shard actor runs at once in each concurrency group: the writers', and the learner's
 
 
 class ReplayService:
@@ -129,11 +129,12 @@ class ReplayService:
         self._started_ray = start_ray(ray_init_config)
         import ray
 
-        from rlbuf._ray_shard import ShardHost  # it imports rlbuf.ray, which imports this module
+        from rlbuf._ray_shard import WRITERS, ShardHost  # it imports rlbuf.ray, which imports this module
 
         restarts = {} if self._restart_from is None else {"max_restarts": -1}   # Ray starts a dead shard again
-        remote = ray.remote(ShardHost).options(max_concurrency=_THREADS, **restarts,
-                                               **dict(actor_options or {"num_cpus": 1}))
+        # Writers held by a limiter take threads of their own group only: the learner's calls always find one.
+        remote = ray.remote(concurrency_groups={WRITERS: _THREADS})(ShardHost).options(
+            max_concurrency=_THREADS, **restarts, **dict(actor_options or {"num_cpus": 1}))
         self._remote = remote
         self._shards: list[Any] | None = [remote.remote(**spec) for spec in specs]
         try:
@@ -369,7 +370,7 @@ class ReplayService:
             # A shard whose actor died before answering is asked again once restarted (its draw died with it);
             # the others' draws are kept: no shard draws twice for one batch.
             ref = sent.pop(k, None) or shards[k].shard_sample.remote(count, wait, known)
-            answer: dict[str, Any] = self._get([(k, ref)])[0]
+            answer: dict[str, Any] = self._get([(k, ref)], wait)[0]
             return answer
 
         replies = [self._retried(partial(reply, k, count), reads=False, timeout=wait) for k, count in drawn]
@@ -380,8 +381,8 @@ class ReplayService:
     def _wait_sample(self, drawn: list[tuple[int, int]], wait: float | None) -> None:
         """Return once every shard of ``drawn`` lets its share be sampled (changes nothing)."""
         shards = self._live()
-        self._retried(lambda: self._get([(k, shards[k].shard_wait_sample.remote(count, wait)) for k, count in drawn]),
-                      reads=True, timeout=wait)
+        self._retried(lambda: self._get([(k, shards[k].shard_wait_sample.remote(count, wait)) for k, count in drawn],
+                                        wait), reads=True, timeout=wait)
 
     def _merge(self, drawn: list[tuple[int, int]], replies: list[dict[str, Any]],
                stats: list[dict[str, Any]] | None) -> ReplayBatch:
@@ -501,8 +502,9 @@ class ReplayService:
                                      start=manifest["writer_next"])
 
     # -- restarts ---------------------------------------------------------------------------
-    def _get(self, calls: list[tuple[int, Any]]) -> list[Any]:
-        return get(calls, restarting=self._restart_from is not None)
+    def _get(self, calls: list[tuple[int, Any]], wait: float | None = None) -> list[Any]:
+        """The calls' results (see [`get`][rlbuf._ray_calls.get]); ``wait``: how long they may wait for a limiter."""
+        return get(calls, restarting=self._restart_from is not None, wait=wait)
 
     def _retried(self, call: Callable[[], T], *, reads: bool, timeout: float | str | None = "default") -> T:
         """``call()``, made again where a shard it reached was being restarted by Ray and that is exact (see
@@ -520,16 +522,18 @@ class ReplayService:
     def _stats_of(self, ks: Sequence[int], timeout: float | str | None = "default") -> list[dict[str, Any]]:
         """Shards ``ks``' stats now, noted (``_heard``)."""
         shards = self._live()
-        stats = self._retried(lambda: self._get([(k, shards[k].shard_stats.remote()) for k in ks]), reads=True,
-                              timeout=timeout)
+        wait = self._timeout if timeout == "default" else cast(float | None, timeout)
+        stats = self._retried(lambda: self._get([(k, shards[k].shard_stats.remote()) for k in ks], wait), reads=True,
+                              timeout=wait)
         return [self._heard([stat], k)[0] for k, stat in zip(ks, stats, strict=True)]
 
     def _all_stats(self, timeout: float | str | None = "default") -> list[dict[str, Any]]:
         """Every shard's stats now (one round trip to each, in parallel)."""
         shards = self._live()
+        wait = self._timeout if timeout == "default" else cast(float | None, timeout)
         return self._heard(self._retried(lambda: self._get([(k, shard.shard_stats.remote())
-                                                            for k, shard in enumerate(shards)]), reads=True,
-                                         timeout=timeout))
+                                                            for k, shard in enumerate(shards)], wait), reads=True,
+                                         timeout=wait))
 
     def _heard(self, stats: list[dict[str, Any]], first: int = 0) -> list[dict[str, Any]]:
         """``stats`` of shards ``first``, ``first + 1`` ..., noted: a shard Ray restarted is reported."""

@@ -1,7 +1,9 @@
 """One shard of a [`ReplayService`][rlbuf.ray.ReplayService]: a ReplayBuffer and its rate limiter in a Ray actor.
 
 The actor is threaded (Ray's ``max_concurrency``): an insert held by the rate limiter waits on
-a condition while the learner's sample, which frees it, runs in another thread. Every row goes
+a condition while the learner's sample, which frees it, runs in another thread. Writers' calls run
+in their own threads (the concurrency group ``WRITERS``), so however many writers the limiter
+holds, the learner's calls always find a thread. Every row goes
 through the hosted buffer's validated ``extend``; the limiter's counters move only once the
 buffer has accepted a batch (a refused batch, or one held past its timeout, changes nothing).
 
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import ray
 from tensordict import TensorDict
 
 from rlbuf._compact_wire import sample_wire, sends_frames
@@ -37,6 +40,8 @@ from rlbuf._ray_wire import fields_of, from_wire, to_wire
 from rlbuf.checkpoint import load_state, save_state
 from rlbuf.errors import CheckpointError, RlbufError
 from rlbuf.ray import ReplayBufferHost
+
+WRITERS = "writers"  # the Ray concurrency group of writers' calls; every other call runs in the default group
 
 
 class ShardHost(ReplayBufferHost):
@@ -103,6 +108,7 @@ class ShardHost(ReplayBufferHost):
         with self._condition:
             self.buffer.beta = value
 
+    @ray.method(concurrency_group=WRITERS)
     def shard_extend(self, columns: list[tuple[Any, Any]], batch_size: list[int], timeout: float | None) -> None:
         """Store a TorchRL-layout batch, first waiting for the rate limiter (``timeout`` seconds at most).
 
@@ -125,6 +131,7 @@ class ShardHost(ReplayBufferHost):
                 limiter.record_delete(before + rows - len(buffer))
                 self._condition.notify_all()
 
+    @ray.method(concurrency_group=WRITERS)
     def shard_add(self, steps: list[tuple[list[Any], dict[str, Any]]], timeout: float | None) -> None:
         """Store steps as [`ReplayBuffer.add`][rlbuf.ReplayBuffer.add] stores them (``(values, keywords)`` each: a
         compact layout's steps that leave envs out with ``env_mask``), first waiting for the rate limiter.
@@ -168,6 +175,7 @@ class ShardHost(ReplayBufferHost):
                                "samples too slowly for samples_per_insert: sample more, widen error_buffer or raise "
                                "timeout")
 
+    @ray.method(concurrency_group=WRITERS)
     def shard_truncate_episodes(self, env_mask: Any) -> None:
         """See [`ReplayBuffer.truncate_episodes`][rlbuf.ReplayBuffer.truncate_episodes]."""
         with self._condition:

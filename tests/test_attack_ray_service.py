@@ -1,0 +1,60 @@
+"""The Ray replay service under attack: writers held by a limiter never starve the learner, a refused
+batch never jams its writer, a refused or forged checkpoint changes nothing and is refused whole, and
+a held sample or writer follows what the shards hold now, not what they held when it started waiting."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+ray = pytest.importorskip("ray")
+
+from rlbuf.ray import RateLimiter, ReplayService  # noqa: E402
+
+OPTIONS: dict[str, Any] = {"obs_shape": (4,), "action_shape": (), "action_dtype": torch.int64, "seed": 0,
+                           "actor_options": {"num_cpus": 0}}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster() -> Iterator[None]:
+    """One local Ray instance for the module, on loopback, shut down at the end."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    yield
+    try:
+        alive = [a for a in ray._private.state.actors().values() if a["State"] == "ALIVE"]
+        assert not alive, f"actors left alive: {[a['ActorClassName'] for a in alive]}"
+    finally:
+        ray.shutdown()
+
+
+def rows(ids: Any, obs_dim: int = 4) -> TensorDict:
+    """TorchRL-layout rows whose every field carries the row's id."""
+    uid = torch.as_tensor(ids)
+    n = len(uid)
+    obs = uid[:, None].float().expand(n, obs_dim)
+    return TensorDict({"observation": obs.clone(), "action": uid.clone(), ("next", "observation"): obs + 0.5,
+                       ("next", "reward"): uid.float(), ("next", "terminated"): torch.zeros(n, dtype=torch.bool),
+                       ("next", "truncated"): torch.zeros(n, dtype=torch.bool)}, [n])
+
+
+def columns(td: TensorDict) -> list[tuple[Any, Any]]:
+    """A batch as a writer sends it to a shard: its fields as numpy arrays."""
+    return [(key, value.numpy()) for key, value in td.items(include_nested=True, leaves_only=True)]
+
+
+def test_writers_held_by_a_shard_limiter_leave_the_learner_a_thread() -> None:
+    # 18 writers held by shard 0's limiter took all 16 threads of its actor: the learner's sample, which would
+    # let them in, never ran, and the learner hung past its timeout (helper 54, h9).
+    limiter = RateLimiter(samples_per_insert=1.0, min_size_to_sample=1, error_buffer=(0.0, 2.0))
+    with ReplayService(2 * 64, num_shards=2, rate_limiter=limiter, timeout=None, **OPTIONS) as service:
+        shard = service.actors[0]
+        held = [shard.shard_extend.remote(columns(rows([i])), [1], None) for i in range(20)]  # 2 fit the band
+        drawn = [service.sample(1, timeout=60.0).action.item() for _ in range(18)]           # each lets one in
+        ray.get(held)
+        assert service.sizes() == [20, 0] and set(drawn) <= set(range(20))
