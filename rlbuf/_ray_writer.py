@@ -5,7 +5,8 @@
 ``ReplayBuffer`` of the shards' fields (and, for a compact layout, a small compact buffer that
 follows each env's stream), and sends ``batch_steps`` steps as one batch: a Ray call costs
 milliseconds, a step microseconds. A step refused here was never staged; a batch the rate
-limiter holds, or a dead shard refuses, stays in the writer (``pending``) for the next flush.
+limiter holds, or a dead shard refuses, stays in the writer (``pending``) for the next flush; a
+batch the shard refuses for what it holds is dropped, its error raised once.
 
 Example:
     >>> @ray.remote                                          # doctest: +SKIP
@@ -31,16 +32,13 @@ from rlbuf._ray_wire import to_wire
 from rlbuf._state import _option_from_json
 from rlbuf.batches import Transition
 from rlbuf.errors import (
-    BatchSizeError,
+    CheckpointError,
     ConfigError,
-    DeviceError,
-    DtypeError,
-    MissingFieldError,
-    NonFiniteError,
     NotPicklableError,
-    OutOfRangeError,
+    RateLimitTimeoutError,
     RlbufError,
     ShapeError,
+    ShardDiedError,
     StreamError,
 )
 from rlbuf.replay import ReplayBuffer
@@ -51,10 +49,10 @@ _NOT_STAGED = ("capacity", "prioritized", "alpha", "beta", "storage", "storing_d
                "hindsight")
 
 
-# What a shard says of a batch itself (sending it again changes nothing); anything else (a limiter's
-# timeout, a dead or broken shard) leaves the batch in the writer.
-_REFUSALS = (ShapeError, DtypeError, DeviceError, NonFiniteError, OutOfRangeError, MissingFieldError, StreamError,
-             BatchSizeError)
+# What leaves a batch in the writer: a limiter's timeout, a dead shard, or one that could not rebuild itself from
+# its checkpoint. Any other rlbuf error is the shard's answer to the batch itself (ShapeError, ConfigError for a done
+# that is neither terminated nor truncated ...): sending it again would be refused again, so it is dropped.
+_KEPT = (RateLimitTimeoutError, ShardDiedError, CheckpointError)
 
 
 Step = tuple[tuple[list[Any], dict[str, Any]], int]  # an add's (positional, keyword) values, and the rows it keeps
@@ -241,6 +239,8 @@ class ServiceWriter:
         Raises:
             RateLimitTimeoutError, ShardDiedError: a batch was not stored; it and the ones after
                 it stay in the writer (``pending``): flush again, never send them again.
+            ShapeError, ConfigError ...: the shard refused a batch itself (any other rlbuf error);
+                that batch is dropped, raised this once, and the ones after it stay (``pending``).
         """
         wait = self._timeout if timeout == "default" else timeout_of(timeout)
         self._stage()
@@ -252,8 +252,10 @@ class ServiceWriter:
                     else remote.shard_extend.remote(batch.columns, batch.batch_size, wait))
             try:
                 get([(shard, call)], restarting=bool(self._layout.get("restart")))
-            except _REFUSALS as error:  # the batch itself refused by the shard: it would be refused again
-                self._ready.pop(0)
+            except RlbufError as error:
+                if isinstance(error, _KEPT):
+                    raise
+                self._ready.pop(0)  # the batch itself refused by the shard: raised once, never sent again
                 if isinstance(error, StreamError) and self._checker is not None:  # checked here, so the shard moved
                     raise StreamError(f"{error} (shard {shard}'s streams no longer follow this writer's, as after a "
                                       f"restore or a restart from a checkpoint: call writer.truncate_episodes() to end "

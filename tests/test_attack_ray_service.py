@@ -14,6 +14,7 @@ from tensordict import TensorDict
 
 ray = pytest.importorskip("ray")
 
+from rlbuf import ConfigError  # noqa: E402
 from rlbuf.ray import RateLimiter, ReplayService  # noqa: E402
 
 OPTIONS: dict[str, Any] = {"obs_shape": (4,), "action_shape": (), "action_dtype": torch.int64, "seed": 0,
@@ -58,3 +59,18 @@ def test_writers_held_by_a_shard_limiter_leave_the_learner_a_thread() -> None:
         drawn = [service.sample(1, timeout=60.0).action.item() for _ in range(18)]           # each lets one in
         ray.get(held)
         assert service.sizes() == [20, 0] and set(drawn) <= set(range(20))
+
+
+def test_a_batch_a_shard_refuses_with_a_config_error_is_dropped_and_the_writer_goes_on() -> None:
+    # The shard refused a done that is neither terminated nor truncated with ConfigError, which the writer did not
+    # count as a refusal of the batch: it kept it and sent it again before every later batch, refused each time.
+    with ReplayService(64, num_shards=2, **OPTIONS) as service:
+        writer = service.writer(shard=0)
+        bad = rows(range(4))
+        bad["next", "done"] = torch.tensor([True, False, False, False])
+        with pytest.raises(ConfigError, match="done"):
+            writer.extend(bad)
+        assert writer.pending == 0
+        for first in (10, 14):
+            writer.extend(rows(range(first, first + 4)))
+        assert service.sizes() == [8, 0] and sorted(service.sample_all().action.tolist()) == list(range(10, 18))
