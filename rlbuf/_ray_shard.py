@@ -35,6 +35,7 @@ from tensordict import TensorDict
 
 from rlbuf._compact_wire import sample_wire, sends_frames
 from rlbuf._rate_limit import RateLimiter, wait_until
+from rlbuf._state import Checked
 from rlbuf._ray_checkpoint import read_manifest
 from rlbuf._ray_wire import fields_of, from_wire, to_wire
 from rlbuf.checkpoint import load_state, save_state
@@ -73,7 +74,7 @@ class ShardHost(ReplayBufferHost):
         self._condition = threading.Condition()
         self._limiter: RateLimiter | None = None
         self._base = 0
-        self._staged: tuple[dict[str, Any], RateLimiter | None]
+        self._staged: tuple[dict[str, Any], Checked, RateLimiter | None]
         if self._error is not None:
             return
         try:
@@ -262,22 +263,26 @@ class ShardHost(ReplayBufferHost):
     def shard_stage(self, path: str, counters: Mapping[str, int] | None) -> None:
         """Read and verify the shard checkpoint at ``path`` (and the limiter's ``counters``) for ``shard_commit``.
 
+        Every check the buffer's own load makes runs here (its options, fields, counts against this
+        buffer's), so that no shard's commit can fail once every shard has staged its part.
+
         Raises:
             CheckpointError: the checkpoint fails its checks, or the counters do not match its rows.
         """
         state = load_state(path, kind="ReplayBuffer")
+        checked = self.buffer._check(state)
         limiter = None
         if self._limiter is not None:
             limiter = RateLimiter.from_config(self._limiter.config(), counters)
             if limiter.size != int(state["size"]):
                 raise CheckpointError(f"rate_limiter: counters say {limiter.size} rows, {path} holds {state['size']}")
-        self._staged = (state, limiter)
+        self._staged = (state, checked, limiter)
 
     def shard_commit(self) -> None:
-        """Replace the buffer and limiter with what ``shard_stage`` read: the service's restore."""
-        state, limiter = self._staged
+        """Replace the buffer and limiter with what ``shard_stage`` read and checked: the service's restore."""
+        state, checked, limiter = self._staged
         with self._condition:
-            self.buffer.load_state_dict(state)
+            self.buffer._restore_checked(state, checked)
             self._limiter = limiter
             self._base = int(state["write_count"]) - (0 if limiter is None else limiter.inserts)
             self._condition.notify_all()

@@ -4,8 +4,10 @@ a held sample or writer follows what the shards hold now, not what they held whe
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +16,7 @@ from tensordict import TensorDict
 
 ray = pytest.importorskip("ray")
 
-from rlbuf import ConfigError  # noqa: E402
+from rlbuf import CheckpointError, ConfigError  # noqa: E402
 from rlbuf.ray import RateLimiter, ReplayService  # noqa: E402
 
 OPTIONS: dict[str, Any] = {"obs_shape": (4,), "action_shape": (), "action_dtype": torch.int64, "seed": 0,
@@ -74,3 +76,22 @@ def test_a_batch_a_shard_refuses_with_a_config_error_is_dropped_and_the_writer_g
         for first in (10, 14):
             writer.extend(rows(range(first, first + 4)))
         assert service.sizes() == [8, 0] and sorted(service.sample_all().action.tolist()) == list(range(10, 18))
+
+
+def test_a_restore_refused_by_one_shards_buffer_changes_no_shard(tmp_path: Path) -> None:
+    # shard_stage only read and checksummed each part; the buffer's own checks (options, fields) ran in shard_commit,
+    # in parallel: shard 1 refused a part of another obs_shape after shard 0 had rolled back (helper 54, h10).
+    with ReplayService(16, num_shards=2, **{**OPTIONS, "obs_shape": (3,)}) as other:
+        other.extend(rows(range(100, 104), 3))
+        other.extend(rows(range(104, 108), 3))
+        other.save(tmp_path / "other")
+    with ReplayService(16, num_shards=2, **OPTIONS) as service:
+        service.extend(rows(range(4)))
+        service.extend(rows(range(4, 8)))
+        service.save(tmp_path / "mixed")
+        shutil.rmtree(tmp_path / "mixed" / "shard_1")
+        shutil.copytree(tmp_path / "other" / "shard_1", tmp_path / "mixed" / "shard_1")
+        service.extend(rows(range(8, 12)))
+        with pytest.raises(CheckpointError, match="obs_shape"):
+            service.restore(tmp_path / "mixed")
+        assert sorted(service.sample_all().action.tolist()) == list(range(12)) and service.sizes() == [8, 4]
