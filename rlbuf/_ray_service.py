@@ -129,7 +129,8 @@ class ReplayService:
         self._started_ray = start_ray(ray_init_config)
         import ray
 
-        from rlbuf._ray_shard import WRITERS, ShardHost  # it imports rlbuf.ray, which imports this module
+        # Imported here: _ray_shard imports rlbuf.ray, which imports this module.
+        from rlbuf._ray_shard import WRITERS, ShardHost
 
         restarts = {} if self._restart_from is None else {"max_restarts": -1}   # Ray starts a dead shard again
         # Writers held by a limiter take threads of their own group only: the learner's calls always find one.

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import ray
@@ -35,14 +35,20 @@ from tensordict import TensorDict
 
 from rlbuf._compact_wire import sample_wire, sends_frames
 from rlbuf._rate_limit import RateLimiter, wait_until
-from rlbuf._state import Checked
-from rlbuf._ray_checkpoint import read_manifest
+from rlbuf._ray_checkpoint import part_digest, read_manifest
 from rlbuf._ray_wire import fields_of, from_wire, to_wire
+from rlbuf._state import Checked
 from rlbuf.checkpoint import load_state, save_state
 from rlbuf.errors import CheckpointError, RlbufError
 from rlbuf.ray import ReplayBufferHost
 
 WRITERS = "writers"  # the Ray concurrency group of writers' calls; every other call runs in the default group
+Call = TypeVar("Call", bound=Callable[..., Any])
+
+
+def _writers(method: Call) -> Call:
+    """``method`` run in the ``WRITERS`` concurrency group's threads (those a rate limiter may hold)."""
+    return cast(Call, ray.method(concurrency_group=WRITERS)(method))
 
 
 class ShardHost(ReplayBufferHost):
@@ -109,7 +115,7 @@ class ShardHost(ReplayBufferHost):
         with self._condition:
             self.buffer.beta = value
 
-    @ray.method(concurrency_group=WRITERS)
+    @_writers
     def shard_extend(self, columns: list[tuple[Any, Any]], batch_size: list[int], timeout: float | None) -> None:
         """Store a TorchRL-layout batch, first waiting for the rate limiter (``timeout`` seconds at most).
 
@@ -132,7 +138,7 @@ class ShardHost(ReplayBufferHost):
                 limiter.record_delete(before + rows - len(buffer))
                 self._condition.notify_all()
 
-    @ray.method(concurrency_group=WRITERS)
+    @_writers
     def shard_add(self, steps: list[tuple[list[Any], dict[str, Any]]], timeout: float | None) -> None:
         """Store steps as [`ReplayBuffer.add`][rlbuf.ReplayBuffer.add] stores them (``(values, keywords)`` each: a
         compact layout's steps that leave envs out with ``env_mask``), first waiting for the rate limiter.
@@ -176,7 +182,7 @@ class ShardHost(ReplayBufferHost):
                                "samples too slowly for samples_per_insert: sample more, widen error_buffer or raise "
                                "timeout")
 
-    @ray.method(concurrency_group=WRITERS)
+    @_writers
     def shard_truncate_episodes(self, env_mask: Any) -> None:
         """See [`ReplayBuffer.truncate_episodes`][rlbuf.ReplayBuffer.truncate_episodes]."""
         with self._condition:
@@ -288,19 +294,23 @@ class ShardHost(ReplayBufferHost):
             self._condition.notify_all()
         del self._staged
 
-    def shard_save(self, path: str) -> dict[str, int] | None:
-        """Write the buffer's checkpoint at ``path``; return the limiter's counters at the same write count.
+    def shard_save(self, path: str) -> dict[str, Any]:
+        """Write the buffer's checkpoint at ``path``; return the limiter's counters at the same write count
+        (``limiter``, ``None`` without one), that ``write_count`` and the digest of the checkpoint's manifest
+        (``manifest_sha256``, which ``service.json`` binds).
 
         Writers keep writing: the buffer's snapshot holds them off only while it copies rows.
         Samples must not run meanwhile (the learner saves between its samples).
         """
         state = self.buffer.state_dict()
         save_state(state, path)
+        saved = {"limiter": None, "write_count": int(state["write_count"]), "manifest_sha256": part_digest(Path(path))}
         limiter = self._limiter
         if limiter is None:
-            return None
+            return saved
         inserts = int(state["write_count"]) - self._base
-        return {"inserts": inserts, "samples": limiter.samples, "deletes": inserts - int(state["size"])}
+        return {**saved, "limiter": {"inserts": inserts, "samples": limiter.samples,
+                                     "deletes": inserts - int(state["size"])}}
 
 
 def _reconstructed() -> bool:

@@ -4,6 +4,7 @@ a held sample or writer follows what the shards hold now, not what they held whe
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from tensordict import TensorDict
 ray = pytest.importorskip("ray")
 
 from rlbuf import CheckpointError, ConfigError  # noqa: E402
+from rlbuf._ray_checkpoint import part_digest  # noqa: E402
 from rlbuf.ray import RateLimiter, ReplayService  # noqa: E402
 
 OPTIONS: dict[str, Any] = {"obs_shape": (4,), "action_shape": (), "action_dtype": torch.int64, "seed": 0,
@@ -78,6 +80,24 @@ def test_a_batch_a_shard_refuses_with_a_config_error_is_dropped_and_the_writer_g
         assert service.sizes() == [8, 0] and sorted(service.sample_all().action.tolist()) == list(range(10, 18))
 
 
+def copied(source: Path, target: Path, *, shard_1: Path | None = None, rebind: bool = False,
+           version: int | None = None) -> Path:
+    """A copy of the service checkpoint ``source``: its shard_1 replaced by the part ``shard_1`` (``rebind``: and
+    ``service.json`` made to bind it, as a hand-made checkpoint may), or written as ``version`` 1 wrote it."""
+    shutil.copytree(source, target)
+    if shard_1 is not None:
+        shutil.rmtree(target / "shard_1")
+        shutil.copytree(shard_1, target / "shard_1")
+    manifest = json.loads((target / "service.json").read_text())
+    if rebind:
+        manifest["parts"][1]["manifest_sha256"] = part_digest(target / "shard_1")
+    if version == 1:
+        del manifest["parts"]
+        manifest["version"] = 1
+    (target / "service.json").write_text(json.dumps(manifest))
+    return target
+
+
 def test_a_restore_refused_by_one_shards_buffer_changes_no_shard(tmp_path: Path) -> None:
     # shard_stage only read and checksummed each part; the buffer's own checks (options, fields) ran in shard_commit,
     # in parallel: shard 1 refused a part of another obs_shape after shard 0 had rolled back (helper 54, h10).
@@ -88,10 +108,31 @@ def test_a_restore_refused_by_one_shards_buffer_changes_no_shard(tmp_path: Path)
     with ReplayService(16, num_shards=2, **OPTIONS) as service:
         service.extend(rows(range(4)))
         service.extend(rows(range(4, 8)))
-        service.save(tmp_path / "mixed")
-        shutil.rmtree(tmp_path / "mixed" / "shard_1")
-        shutil.copytree(tmp_path / "other" / "shard_1", tmp_path / "mixed" / "shard_1")
+        service.save(tmp_path / "saved")
+        mixed = copied(tmp_path / "saved", tmp_path / "mixed", shard_1=tmp_path / "other" / "shard_1", rebind=True)
         service.extend(rows(range(8, 12)))
         with pytest.raises(CheckpointError, match="obs_shape"):
-            service.restore(tmp_path / "mixed")
+            service.restore(mixed)
         assert sorted(service.sample_all().action.tolist()) == list(range(12)) and service.sizes() == [8, 4]
+
+
+def test_a_checkpoint_whose_shard_part_is_another_shards_or_saves_is_refused(tmp_path: Path) -> None:
+    # shard_1/ replaced by a copy of shard_0/ loaded: every row of shard 0 stored twice (helper 54, h10).
+    with ReplayService(16, num_shards=2, **OPTIONS) as service:
+        for first in (0, 4):
+            service.extend(rows(range(first, first + 4)))
+        service.save(tmp_path / "saved")
+        for first in (8, 12):
+            service.extend(rows(range(first, first + 4)))
+        service.save(tmp_path / "later")
+        for k, part in enumerate((tmp_path / "saved" / "shard_0", tmp_path / "later" / "shard_1")):
+            with pytest.raises(CheckpointError, match=r"shard_1: expected the part service\.json binds"):
+                service.restore(copied(tmp_path / "saved", tmp_path / f"forged-{k}", shard_1=part))
+        assert sorted(service.sample_all().action.tolist()) == list(range(16))
+        old = copied(tmp_path / "saved", tmp_path / "old", version=1)
+        duplicated = copied(tmp_path / "saved", tmp_path / "old-duplicated", shard_1=tmp_path / "saved" / "shard_0",
+                            version=1)
+        with pytest.raises(CheckpointError, match="shard_1 is the same part as shard_0"):
+            service.restore(duplicated)
+        service.restore(old)                                           # a version 1 checkpoint still loads
+        assert sorted(service.sample_all().action.tolist()) == list(range(8))
