@@ -426,6 +426,10 @@ class ReplayService:
             self._stats = self._all_stats()
         known = [int(stat["size"]) for stat in self._stats]
         outside = local >= torch.tensor(known)[shard_of]
+        if positions.numel() and bool(outside.any()):  # sizes as of the last sample: writers may have added rows
+            self._stats = self._all_stats()
+            known = [int(stat["size"]) for stat in self._stats]
+            outside = local >= torch.tensor(known)[shard_of]
         if positions.numel() and bool(outside.any()):
             raise StoredIndexError(f"index: {int(positions[outside][0])} is not stored (shard sizes {known}); "
                                    "pass batch.index")

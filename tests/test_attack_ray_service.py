@@ -4,9 +4,12 @@ a held sample or writer follows what the shards hold now, not what they held whe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,12 @@ from tensordict import TensorDict
 
 ray = pytest.importorskip("ray")
 
-from rlbuf import CheckpointError, ConfigError  # noqa: E402
+from rlbuf import (  # noqa: E402
+    CheckpointError,
+    ConfigError,
+    ShardDiedError,
+    StoredIndexError,
+)
 from rlbuf._ray_checkpoint import part_digest  # noqa: E402
 from rlbuf.ray import RateLimiter, ReplayService  # noqa: E402
 
@@ -136,3 +144,44 @@ def test_a_checkpoint_whose_shard_part_is_another_shards_or_saves_is_refused(tmp
             service.restore(duplicated)
         service.restore(old)                                           # a version 1 checkpoint still loads
         assert sorted(service.sample_all().action.tolist()) == list(range(8))
+
+
+def test_update_priority_of_rows_written_since_the_last_sample_is_accepted() -> None:
+    # The range check used the shard sizes cached at the last sample: rows written since were "not stored" (h12).
+    with ReplayService(32, num_shards=2, prioritized=True, **OPTIONS) as service:
+        for first in (0, 4):
+            service.extend(rows(range(first, first + 4)))
+        service.sample(2)
+        for first in (8, 12):
+            service.extend(rows(range(first, first + 4)))
+        stored = service.sample_all()
+        service.update_priority(stored.index, torch.arange(1.0, 17.0))
+        assert service.sample_all().action.tolist() == stored.action.tolist()
+        with pytest.raises(StoredIndexError, match=r"index: 8 is not stored \(shard sizes \[8, 8\]\)"):
+            service.update_priority(torch.tensor([8]), torch.ones(1))
+
+
+class _WatchedCondition(threading.Condition):
+    """A condition that says when a thread first waits on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return super().wait(timeout)
+
+
+def until_restarted(service: ReplayService) -> list[int]:
+    """``service.sizes()`` once the restarted shard answers (``ray.kill`` returns before the actor is dead: a call
+    may still reach the old actor, or the shard while Ray restarts it). Ray's restart is bounded."""
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.suppress(ShardDiedError):
+            sizes = service.sizes()
+            if service.shard_restarts:
+                return sizes
+        if time.monotonic() > deadline:
+            raise AssertionError("the killed shard was not restarted within 60 s")
+        time.sleep(0.01)
