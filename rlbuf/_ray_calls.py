@@ -71,6 +71,31 @@ def get(calls: Sequence[tuple[int, Any]], *, restarting: bool = False, wait: flo
     return results
 
 
+def wait_any(shards: Sequence[Any], held: Sequence[tuple[int, int]], wait_round: int, timeout: float | None, *,
+             restarting: bool = False) -> None:
+    """Return once one shard of ``held`` (``(shard, rows)`` pairs) lets its rows be sampled, or once a wait ended
+    otherwise; the others' waits of this ``wait_round`` are ended then (``shard_stop_waiting``). Draws nothing.
+
+    Raises:
+        RateLimitTimeoutError: none let its rows be sampled within ``timeout`` seconds.
+        ShardDiedError: a shard's actor is gone (as ``get``).
+    """
+    import ray
+
+    waits = [(k, shards[k].shard_wait_sample.remote(count, timeout, wait_round)) for k, count in held]
+    ray.wait([ref for _, ref in waits], num_returns=1, timeout=None if timeout is None else timeout + ANSWER_GRACE)
+    for k, _ in held:
+        shards[k].shard_stop_waiting.remote(wait_round)
+    admitted, timed_out = False, None
+    for k, ref in waits:
+        try:
+            admitted = get([(k, ref)], restarting=restarting, wait=timeout)[0] or admitted
+        except RateLimitTimeoutError as error:
+            timed_out = timed_out or error
+    if timed_out is not None and not admitted:
+        raise timed_out
+
+
 def answered(shard: Any, deadline: float | None) -> dict[str, Any] | None:
     """``shard``'s stats once its actor answers (Ray restarting it), or ``None`` past ``deadline`` (monotonic)."""
     import ray

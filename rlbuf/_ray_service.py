@@ -11,6 +11,7 @@ object store.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -26,7 +27,7 @@ from rlbuf._keywords import keywords_checked
 from rlbuf._priorities import priorities
 from rlbuf._rate_limit import RateLimiter
 from rlbuf._ray_batches import batch_of, merged_fields
-from rlbuf._ray_calls import get, start_ray, stop
+from rlbuf._ray_calls import get, start_ray, stop, wait_any
 from rlbuf._ray_checkpoint import read_manifest, write_checkpoint
 from rlbuf._ray_restart import Restarts, restart_path, retried
 from rlbuf._ray_split import await_rows, may_sample, split_around_held
@@ -154,6 +155,7 @@ class ReplayService:
                         "restart": self._restart_from is not None}
         self._restarts = Restarts(infos)
         self._decoders = FrameDecoders()
+        self._wait_round = 0  # the learner's rounds of waits for a held shard (shard_stop_waiting ends one)
         self._frames_on_learner = True  # False: compact shards build the stacks (what benchmarks compare with)
         # Each shard's size, priority mass and limiter counters as of the learner's last call to it:
         # the next split uses them (sizes only grow meanwhile), saving a round trip per sample.
@@ -318,7 +320,8 @@ class ReplayService:
         The split is multinomial over the shards' sizes (priority masses when prioritized),
         drawn by the service's seeded generator; each shard then samples its share. A shard
         whose rate limiter holds its share is left out and the split drawn again over the
-        others; only when every shard holds does the sample wait. With priorities, importance
+        others; only when every shard holds does the sample wait, until any one of them lets its
+        share be drawn, and then the split is drawn again. With priorities, importance
         weights are normalised over all shards (the largest possible weight is 1).
         ``batch.index`` is global: ``shard * shard_capacity + position``.
 
@@ -348,6 +351,7 @@ class ReplayService:
 
     def _sample(self, batch_size: int, wait: float | None) -> ReplayBatch:
         shards = self._live()
+        deadline = None if wait is None else time.monotonic() + wait
         stats = self._stats
         if stats is None or not all(stat["size"] for stat in stats):  # an empty shard is asked again each time
             stats = self._stats = self._all_stats(wait)
@@ -362,7 +366,7 @@ class ReplayService:
         if not all(may(stats[k], count) for k, count in drawn):
             drawn = split_around_held(self._rng, batch_size, mass, stats, drawn, may=may,
                                       stats_of=partial(self._stats_of, timeout=wait),
-                                      wait=partial(self._wait_sample, wait=wait))
+                                      wait=partial(self._wait_any, deadline=deadline))
         # A compact shard sends each distinct frame once, compressed as stored; the stacks are rebuilt here.
         known = self._decoders.known if self._frames_on_learner else None
         sent = {k: shards[k].shard_sample.remote(count, wait, known) for k, count in drawn}
@@ -379,11 +383,12 @@ class ReplayService:
             stats[k] = self._heard([reply_k["stats"]], k)[0]
         return self._merge(drawn, replies, stats)
 
-    def _wait_sample(self, drawn: list[tuple[int, int]], wait: float | None) -> None:
-        """Return once every shard of ``drawn`` lets its share be sampled (changes nothing)."""
-        shards = self._live()
-        self._retried(lambda: self._get([(k, shards[k].shard_wait_sample.remote(count, wait)) for k, count in drawn],
-                                        wait), reads=True, timeout=wait)
+    def _wait_any(self, held: list[tuple[int, int]], deadline: float | None) -> None:
+        """Return once a shard of ``held`` lets its share be sampled (draws nothing), by ``deadline`` (monotonic)."""
+        self._wait_round += 1
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        self._retried(lambda: wait_any(self._live(), held, self._wait_round, left,
+                                       restarting=self._restart_from is not None), reads=True, timeout=left)
 
     def _merge(self, drawn: list[tuple[int, int]], replies: list[dict[str, Any]],
                stats: list[dict[str, Any]] | None) -> ReplayBatch:

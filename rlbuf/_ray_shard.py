@@ -80,6 +80,7 @@ class ShardHost(ReplayBufferHost):
         self._condition = threading.Condition()
         self._limiter: RateLimiter | None = None
         self._base = 0
+        self._stopped = 0  # the learner's rounds of waits ended (shard_stop_waiting)
         self._staged: tuple[dict[str, Any], Checked, RateLimiter | None]
         if self._error is not None:
             return
@@ -205,19 +206,31 @@ class ShardHost(ReplayBufferHost):
         _, total, smallest = rb.sampler.sampled_mass(rb.storage)  # rlbuf's own SumTreeSampler
         return {"size": size, "mass": float(total), "smallest": float(smallest), "limiter": counters, **who}
 
-    def shard_wait_sample(self, batch_size: int, timeout: float | None) -> None:
-        """Return once the rate limiter lets ``batch_size`` rows be sampled; changes nothing.
+    def shard_wait_sample(self, batch_size: int, timeout: float | None, wait_round: int = 0) -> bool:
+        """``True`` once the rate limiter lets ``batch_size`` rows be sampled, ``False`` once the learner stops
+        this round of waits (``shard_stop_waiting(wait_round)``: another shard let its share be drawn first);
+        changes nothing. A limiter replaced meanwhile (a restore) is the one asked.
 
         Raises:
-            RateLimitTimeoutError: not within ``timeout`` seconds.
+            RateLimitTimeoutError: neither within ``timeout`` seconds.
         """
-        limiter = self._limiter
+        limiter = self._limiter  # a restore replaces it by one of the same settings: read anew at each wake
         if limiter is None:
-            return
+            return True
         limiter.check_sample(batch_size)
         with self._condition:
-            wait_until(self._condition, lambda: limiter.can_sample(batch_size), timeout,
-                       lambda: self._sample_held(limiter, batch_size, timeout))
+            wait_until(self._condition, lambda: self._may_sample(batch_size) or self._stopped >= wait_round, timeout,
+                       lambda: self._sample_held(self._limiter or limiter, batch_size, timeout))
+            return self._may_sample(batch_size)
+
+    def _may_sample(self, batch_size: int) -> bool:
+        return self._limiter is None or self._limiter.can_sample(batch_size)
+
+    def shard_stop_waiting(self, wait_round: int) -> None:
+        """End the learner's waits of rounds up to ``wait_round`` (see ``shard_wait_sample``)."""
+        with self._condition:
+            self._stopped = max(self._stopped, wait_round)
+            self._condition.notify_all()
 
     @staticmethod
     def _sample_held(limiter: RateLimiter, batch_size: int, timeout: float | None) -> str:

@@ -1,5 +1,6 @@
 """How the learner splits a batch over a [`ReplayService`][rlbuf.ray.ReplayService]'s shards around their
-rate limiters: a shard whose limiter holds its share is left out, and the learner waits only when all hold.
+rate limiters: a shard whose limiter holds its share is left out, and the learner waits only when all hold,
+until any one of them lets its share be drawn.
 
 Example:
     >>> may_sample(None, {"limiter": None}, 256)
@@ -40,21 +41,35 @@ def split_around_held(rng: np.random.Generator, batch_size: int, mass: np.ndarra
     A shard the learner is ahead on is left out of this batch (as Reverb's clients of several
     servers leave out a server whose limiter holds): the others keep being sampled, and their
     writers are not held by a shard whose own writers have stopped. Only when every shard
-    holds does the learner wait (``wait(drawn)``), on all the first split's shards before drawing any, so a
-    timeout leaves every shard's counters as they were. ``stats`` is updated in place (``stats_of``: fresh ones).
+    holds does the learner wait (``wait(held)``, each held shard with the share it was held for), until
+    any one of them lets its share be drawn; then it asks them again and splits again. Waiting
+    draws nothing, so a timeout leaves every shard's counters as they were. ``stats`` is updated in
+    place (``stats_of``: fresh ones).
     """
-    held = [k for k, count in drawn if not may(stats[k], count)]
-    for k, stat in zip(held, stats_of(held), strict=True):  # inserts may have made room
+    held_first = [k for k, count in drawn if not may(stats[k], count)]
+    for k, stat in zip(held_first, stats_of(held_first), strict=True):  # inserts may have made room
         stats[k] = stat
-    free, split = mass.copy(), drawn
-    while not all(may(stats[k], count) for k, count in split):
-        free[[k for k, count in split if not may(stats[k], count)]] = 0.0
-        if not free.sum() > 0:
-            wait(drawn)
-            return drawn
-        counts = rng.multinomial(batch_size, free / free.sum())
-        split = [(k, int(count)) for k, count in enumerate(counts) if count > 0]
-    return split
+    split = drawn
+    while True:
+        free, held = mass.copy(), dict[int, int]()
+        while newly := {k: count for k, count in split if not may(stats[k], count)}:
+            held.update(newly)
+            free[list(held)] = 0.0
+            if not free.sum() > 0:
+                break
+            split = _split(rng, batch_size, free)
+        else:
+            return split
+        wait(sorted(held.items()))
+        for k, stat in zip(held, stats_of(list(held)), strict=True):
+            stats[k] = stat
+        split = _split(rng, batch_size, mass)
+
+
+def _split(rng: np.random.Generator, batch_size: int, mass: np.ndarray[Any, Any]) -> Drawn:
+    """``batch_size`` rows drawn over the shards in proportion to ``mass``: ``(shard, rows)`` of those drawn."""
+    counts = rng.multinomial(batch_size, mass / mass.sum())
+    return [(k, int(count)) for k, count in enumerate(counts) if count > 0]
 
 
 def await_rows(all_stats: Callable[[float | None], Stats], batch_size: int, timeout: float | None) -> Stats:

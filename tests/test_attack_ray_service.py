@@ -23,6 +23,7 @@ ray = pytest.importorskip("ray")
 from rlbuf import (  # noqa: E402
     CheckpointError,
     ConfigError,
+    RateLimitTimeoutError,
     ShardDiedError,
     StoredIndexError,
 )
@@ -159,6 +160,29 @@ def test_update_priority_of_rows_written_since_the_last_sample_is_accepted() -> 
         assert service.sample_all().action.tolist() == stored.action.tolist()
         with pytest.raises(StoredIndexError, match=r"index: 8 is not stored \(shard sizes \[8, 8\]\)"):
             service.update_priority(torch.tensor([8]), torch.ones(1))
+
+
+def test_a_held_sample_is_drawn_once_any_shard_lets_its_share_be_drawn(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every shard held: the learner waited until all the first split's shards let their share be drawn, so a shard
+    # whose writer had stopped for good held the sample even after another shard's writer made room (h1).
+    limiter = RateLimiter(samples_per_insert=1.0, min_size_to_sample=8, error_buffer=(0.0, 10_000.0))
+    with ReplayService(2 * 256, num_shards=2, rate_limiter=limiter, timeout=5.0, **OPTIONS) as service:
+        writers = [service.writer(shard=k) for k in range(2)]
+        for k, writer in enumerate(writers):
+            writer.extend(rows(range(100 * k, 100 * k + 16)))
+        with pytest.raises(RateLimitTimeoutError):
+            for _ in range(33):                                       # 32 rows may be drawn in all
+                service.sample(1, timeout=0.0)
+        held = service._wait_any
+
+        def writer_1_goes_on(*args: Any, **kwargs: Any) -> None:     # once the learner waits, not before
+            writers[1].extend(rows(range(200, 208)))
+            held(*args, **kwargs)
+        monkeypatch.setattr(service, "_wait_any", writer_1_goes_on)
+        batch = service.sample(4, timeout=60.0)
+        assert bool((batch.index >= service.shard_capacity).all())
+        assert [c["counters"] for c in service.rate_limiters() or []] == [
+            {"inserts": 16, "samples": 16, "deletes": 0}, {"inserts": 24, "samples": 20, "deletes": 0}]
 
 
 class _WatchedCondition(threading.Condition):
