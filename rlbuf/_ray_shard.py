@@ -127,13 +127,13 @@ class ShardHost(ReplayBufferHost):
         buffer = self.buffer
         td = TensorDict({key: from_wire(value) for key, value in columns}, batch_size=batch_size)
         rows = int(td.batch_size.numel())
-        limiter = self._limiter
         with self._condition:
-            if limiter is not None and rows and not limiter.can_insert(rows):
+            if rows and not self._may_insert(rows):
                 buffer._check_extend(td)  # a malformed batch refused now, not once the limiter lets it in
             self._wait_to_insert("extend", rows, timeout)
             before = len(buffer)
             buffer.extend(td)
+            limiter = self._limiter  # read after the wait: a restore meanwhile replaced it
             if limiter is not None:
                 limiter.record_insert(rows)
                 limiter.record_delete(before + rows - len(buffer))
@@ -155,7 +155,6 @@ class ShardHost(ReplayBufferHost):
         steps = [(from_wire(values), from_wire(keywords)) for values, keywords in steps]
         rows = sum(buffer.num_envs if keywords.get("env_mask") is None else int(np.asarray(keywords["env_mask"]).sum())
                    for _, keywords in steps)
-        limiter = self._limiter
         with self._condition:
             self._wait_to_insert("add", rows, timeout)
             before, written = len(buffer), self.write_count
@@ -163,6 +162,7 @@ class ShardHost(ReplayBufferHost):
                 for values, keywords in steps:
                     buffer.add(*values, **keywords)
             finally:  # the limiter counts the rows stored, all of them or those before a refused step
+                limiter = self._limiter  # read after the wait: a restore meanwhile replaced it
                 if limiter is not None:
                     stored = self.write_count - written
                     limiter.record_insert(stored)
@@ -170,18 +170,21 @@ class ShardHost(ReplayBufferHost):
                     self._condition.notify_all()
 
     def _wait_to_insert(self, call: str, rows: int, timeout: float | None) -> None:
-        """Wait, holding the condition, until the rate limiter lets ``rows`` rows in.
+        """Wait, holding the condition, until the rate limiter lets ``rows`` rows in: the limiter of the moment,
+        which a restore replaces (with the same settings) while writers wait.
 
         Raises:
             RateLimitTimeoutError: it held them for ``timeout`` seconds.
         """
-        limiter = self._limiter
-        if limiter is not None and rows:
-            limiter.check_insert(rows)
-            wait_until(self._condition, lambda: limiter.can_insert(rows), timeout,
-                       lambda: f"{call}: the rate limiter held {rows} rows for {timeout} s ({limiter}); the learner "
-                               "samples too slowly for samples_per_insert: sample more, widen error_buffer or raise "
-                               "timeout")
+        if self._limiter is not None and rows:
+            self._limiter.check_insert(rows)
+            wait_until(self._condition, lambda: self._may_insert(rows), timeout,
+                       lambda: f"{call}: the rate limiter held {rows} rows for {timeout} s ({self._limiter}); the "
+                               "learner samples too slowly for samples_per_insert: sample more, widen error_buffer or "
+                               "raise timeout")
+
+    def _may_insert(self, rows: int) -> bool:
+        return self._limiter is None or self._limiter.can_insert(rows)
 
     @_writers
     def shard_truncate_episodes(self, env_mask: Any) -> None:
@@ -246,14 +249,15 @@ class ShardHost(ReplayBufferHost):
         With ``known`` (the ids of the dictionaries the learner holds), a compact buffer's followed frames
         travel apart, each distinct one once (``"frames"``, see [`rlbuf._compact_wire`][rlbuf._compact_wire]).
         """
-        limiter = self._limiter
-        if limiter is not None:
-            limiter.check_sample(batch_size)
+        first = self._limiter
+        if first is not None:
+            first.check_sample(batch_size)
         payload = None
         with self._condition:
-            if limiter is not None:
-                wait_until(self._condition, lambda: limiter.can_sample(batch_size), timeout,
-                           lambda: self._sample_held(limiter, batch_size, timeout))
+            if first is not None:
+                wait_until(self._condition, lambda: self._may_sample(batch_size), timeout,
+                           lambda: self._sample_held(self._limiter or first, batch_size, timeout))
+            limiter = self._limiter  # read after the wait: a restore meanwhile replaced it
             if known is not None and sends_frames(self.buffer):
                 batch, payload = sample_wire(self.buffer, batch_size, known=known)
             else:

@@ -197,6 +197,35 @@ class _WatchedCondition(threading.Condition):
         return super().wait(timeout)
 
 
+def test_a_writer_held_during_a_restore_is_let_in_by_the_restored_limiter(tmp_path: Path) -> None:
+    # A held insert kept asking the limiter object it started with; the restore replaced it, so the writer waited out
+    # its timeout though the restored limiter had room (h16).
+    from rlbuf._ray_shard import ShardHost
+
+    limiter = RateLimiter(samples_per_insert=1.0, min_size_to_sample=1, error_buffer=(0.0, 8.0))
+    host = ShardHost(rate_limiter=limiter.config(), capacity=64, obs_shape=(4,), action_shape=(),
+                     action_dtype=torch.int64, seed=0)
+    host.shard_extend(columns(rows(range(4))), [4], None)
+    saved = host.shard_save(str(tmp_path / "shard"))
+    host.shard_extend(columns(rows(range(4, 8))), [4], None)          # diff 8, the band's top: inserts wait
+    host._condition = condition = _WatchedCondition()
+    failed: list[BaseException] = []
+
+    def held_writer() -> None:
+        try:
+            host.shard_extend(columns(rows(range(8, 12))), [4], 30.0)
+        except BaseException as error:
+            failed.append(error)
+    writer = threading.Thread(target=held_writer)
+    writer.start()
+    condition.waiting.wait()
+    host.shard_stage(str(tmp_path / "shard"), saved["limiter"])       # 4 rows, diff 4: room for 4
+    host.shard_commit()
+    writer.join()
+    assert not failed and host.shard_stats()["limiter"] == {"inserts": 8, "samples": 0, "deletes": 0}
+    assert sorted(host.buffer.sample_all().action.tolist()) == [0, 1, 2, 3, 8, 9, 10, 11]
+
+
 def until_restarted(service: ReplayService) -> list[int]:
     """``service.sizes()`` once the restarted shard answers (``ray.kill`` returns before the actor is dead: a call
     may still reach the old actor, or the shard while Ray restarts it). Ray's restart is bounded."""
