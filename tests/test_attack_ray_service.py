@@ -24,6 +24,7 @@ from rlbuf import (  # noqa: E402
     CheckpointError,
     ConfigError,
     RateLimitTimeoutError,
+    ShapeError,
     ShardDiedError,
     StoredIndexError,
 )
@@ -224,6 +225,22 @@ def test_a_writer_held_during_a_restore_is_let_in_by_the_restored_limiter(tmp_pa
     writer.join()
     assert not failed and host.shard_stats()["limiter"] == {"inserts": 8, "samples": 0, "deletes": 0}
     assert sorted(host.buffer.sample_all().action.tolist()) == [0, 1, 2, 3, 8, 9, 10, 11]
+
+
+def test_truncate_episodes_of_a_whole_transition_writer_sends_its_steps_as_added() -> None:
+    # The writer checked env_mask by truncating its staging buffer: the gathered steps went out marked truncated,
+    # where the docstring says shards of whole transitions only get those steps sent (h14).
+    with ReplayService(32, num_shards=2, num_envs=2, **OPTIONS) as service:
+        writer = service.writer(shard=0, batch_steps=8)
+        for t in range(3):
+            writer.add(torch.zeros(2, 4) + t, torch.zeros(2, dtype=torch.int64), torch.ones(2),
+                       torch.zeros(2, 4) + t + 1, torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.bool))
+        with pytest.raises(ShapeError, match="env_mask: expected 2 bools"):
+            writer.truncate_episodes(torch.ones(3, dtype=torch.bool))
+        assert writer.pending == 6 and service.sizes() == [0, 0]
+        writer.truncate_episodes()
+        stored = service.sample_all()
+        assert writer.pending == 0 and len(stored) == 6 and not bool(stored.truncated.any())
 
 
 def until_restarted(service: ReplayService) -> list[int]:
