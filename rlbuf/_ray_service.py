@@ -471,6 +471,8 @@ class ReplayService:
         the learner's split generator and cursor: the next samples are those the saved
         service would have drawn. A shard whose actor died is started again from its part
         (writers built before then keep the dead handle: give them ``service.writer()``).
+        Rows the service's own [`extend`][rlbuf.ray.ReplayService.extend] left pending (a batch the
+        limiter held, or a dead shard refused) are kept: its next ``extend`` sends them first.
 
         Raises:
             CheckpointError: ``path`` is not a checkpoint of a service of this shape (shards,
@@ -508,8 +510,7 @@ class ReplayService:
         self._restarts.events = events
         self._rng.bit_generator.state = manifest["rng"]
         self._stats = manifest["shard_stats"]
-        self._writer = ServiceWriter(shards, self._keys, timeout=self._timeout, layout=self._layout,
-                                     start=manifest["writer_next"])
+        self._writer._restored(shards, manifest["writer_next"])  # what an extend left pending is sent next
 
     # -- restarts ---------------------------------------------------------------------------
     def _get(self, calls: list[tuple[int, Any]], wait: float | None = None) -> list[Any]:

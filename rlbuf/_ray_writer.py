@@ -159,6 +159,12 @@ class ServiceWriter:
         staged = 0 if self._staging is None else len(self._staging)
         return staged + sum(rows for _, rows in self._adds) + sum(batch.rows for batch in self._ready)
 
+    def _restored(self, shards: Sequence[Any], start: int) -> None:
+        """Send to ``shards`` from now on, the next in turn ``start``: the service's restore (a dead shard started
+        again under a new handle). The batches held (``pending``) stay, sent first at the next ``flush``."""
+        self._shards = list(shards)
+        self._next = start % len(self._shards)
+
     def _route(self, call: str) -> None:
         if self._layout["compact"] and self._shard is None:
             raise ConfigError(f"{call}: the shards store next_obs once (frame_stack, n_step or compact), so each env's "

@@ -243,6 +243,22 @@ def test_truncate_episodes_of_a_whole_transition_writer_sends_its_steps_as_added
         assert writer.pending == 0 and len(stored) == 6 and not bool(stored.truncated.any())
 
 
+def test_rows_the_services_own_extend_left_pending_survive_a_restore(tmp_path: Path) -> None:
+    # restore replaced the service's internal writer, and the batch the limiter had held in it vanished (h2 H3).
+    limiter = RateLimiter(samples_per_insert=1.0, min_size_to_sample=2, error_buffer=(0.0, 8.0))
+    with ReplayService(64, num_shards=2, rate_limiter=limiter, **OPTIONS) as service:
+        for first in (0, 4):
+            service.extend(rows(range(first, first + 4)))
+        service.save(tmp_path / "saved")
+        for first in (8, 12):
+            service.extend(rows(range(first, first + 4)))             # diff 8 in each shard, the band's top
+        with pytest.raises(RateLimitTimeoutError):
+            service.extend(rows(range(16, 20)), timeout=0.0)          # held, kept in the writer
+        service.restore(tmp_path / "saved")
+        service.extend(rows(range(20, 24)))                           # the held batch first, then this one
+        assert sorted(service.sample_all().action.tolist()) == [*range(8), *range(16, 24)]
+
+
 def until_restarted(service: ReplayService) -> list[int]:
     """``service.sizes()`` once the restarted shard answers (``ray.kill`` returns before the actor is dead: a call
     may still reach the old actor, or the shard while Ray restarts it). Ray's restart is bounded."""
