@@ -151,8 +151,10 @@ class RateLimiter:
 
     # -- what a checkpoint holds ------------------------------------------------------------
     def config(self) -> dict[str, Any]:
-        """The constructor's options, JSON types only."""
-        error_buffer = list(self.error_buffer) if isinstance(self.error_buffer, tuple) else self.error_buffer
+        """The constructor's options, JSON types only (numbers as Python floats, a pair as a list)."""
+        given = self.error_buffer
+        error_buffer = (None if given is None else [float(bound) for bound in given]
+                        if isinstance(given, tuple | list) else float(given))
         return {"samples_per_insert": self.samples_per_insert, "min_size_to_sample": self.min_size_to_sample,
                 "error_buffer": error_buffer}
 

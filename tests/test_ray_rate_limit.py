@@ -200,3 +200,15 @@ def test_the_band_as_config_writes_it_numpy_numbers_and_an_infinite_band() -> No
     assert RateLimiter(samples_per_insert=np.float64(2.0), error_buffer=np.int64(4)).band == (-2.0, 6.0)
     with pytest.raises(ConfigError, match=r"error_buffer: its band \[0, inf\] is beyond float64"):
         RateLimiter(samples_per_insert=1e308, error_buffer=1e308)
+
+
+def test_config_of_numpy_settings_is_json_a_service_checkpoint_can_hold() -> None:
+    # error_buffer=np.float32(100.0) was accepted, then service.save failed: json cannot write a numpy number (h2).
+    import json
+
+    import numpy as np
+
+    for error_buffer, written in ((np.float32(100.0), 100.0), ((np.int64(2), np.float64(10.0)), [2.0, 10.0])):
+        config = RateLimiter(samples_per_insert=1.0, error_buffer=error_buffer).config()  # type: ignore[arg-type]
+        assert json.loads(json.dumps(config))["error_buffer"] == written
+        assert RateLimiter.from_config(json.loads(json.dumps(config))).band == RateLimiter.from_config(config).band
