@@ -67,13 +67,16 @@ class ShardHost(ReplayBufferHost):
         self._incarnation = uuid.uuid4().hex
         self._restored_from: dict[str, Any] | None = None
         restart_error: RlbufError | None = None
-        # Ray starting this actor again after its process died: rebuild from the last checkpoint.
-        if restart_from is not None and _reconstructed() and (Path(restart_from) / "service.json").is_file():
-            checkpoint = str(Path(restart_from) / f"shard_{shard_index}")
+        # Ray starting this actor again after its process died: rebuild from the last checkpoint, else from what
+        # it was first built from (a loaded service's part: reported as such, not as an empty restart).
+        reconstructed = restart_from is not None and _reconstructed()
+        if reconstructed and (Path(str(restart_from)) / "service.json").is_file():
+            checkpoint = str(Path(str(restart_from)) / f"shard_{shard_index}")
             try:
-                limiter_counters = read_manifest(Path(restart_from))["limiter_counters"][shard_index]
+                limiter_counters = read_manifest(Path(str(restart_from)))["limiter_counters"][shard_index]
             except RlbufError as error:
                 restart_error = error
+        if reconstructed and checkpoint is not None:
             self._restored_from = {"path": checkpoint, "write_count": 0}
         super().__init__(checkpoint=checkpoint, **options)
         self._error = self._error or restart_error

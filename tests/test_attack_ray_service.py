@@ -29,7 +29,7 @@ from rlbuf import (  # noqa: E402
     StoredIndexError,
 )
 from rlbuf._ray_checkpoint import part_digest  # noqa: E402
-from rlbuf.ray import RateLimiter, ReplayService  # noqa: E402
+from rlbuf.ray import RateLimiter, ReplayService, ShardRestartedWarning  # noqa: E402
 
 OPTIONS: dict[str, Any] = {"obs_shape": (4,), "action_shape": (), "action_dtype": torch.int64, "seed": 0,
                            "actor_options": {"num_cpus": 0}}
@@ -257,6 +257,26 @@ def test_rows_the_services_own_extend_left_pending_survive_a_restore(tmp_path: P
         service.restore(tmp_path / "saved")
         service.extend(rows(range(20, 24)))                           # the held batch first, then this one
         assert sorted(service.sample_all().action.tolist()) == [*range(8), *range(16, 24)]
+
+
+def test_a_loaded_services_shard_restarted_before_any_save_reports_the_part_it_was_rebuilt_from(
+        tmp_path: Path) -> None:
+    # No checkpoint at restart_from yet: Ray rebuilt the shard from the part the service was loaded from, and the
+    # warning said "restarted empty", counting every row the learner knew of as lost (h18).
+    with ReplayService(64, num_shards=2, **OPTIONS) as service:
+        for first in (0, 8):
+            service.extend(rows(range(first, first + 8)))
+        service.save(tmp_path / "saved")
+    with ReplayService.load(tmp_path / "saved", restart_from=tmp_path / "restarts",
+                            actor_options={"num_cpus": 0}) as loaded:
+        loaded.extend(rows(range(16, 20)))                            # shard 0: 4 rows after the checkpoint
+        assert loaded.sizes() == [12, 8]
+        ray.kill(loaded.actors[0], no_restart=False)                  # its process dies; Ray starts it again
+        with pytest.warns(ShardRestartedWarning, match=r"shard 0: .*restarted from .*saved/shard_0 \(write count 8\)"
+                                                       r".* gone: 4 the learner knew of"):
+            sizes = until_restarted(loaded)
+        assert sizes == [8, 8] and loaded.shard_restarts == [
+            {"shard": 0, "restored_from": str(tmp_path / "saved" / "shard_0"), "write_count": 8, "lost_at_least": 4}]
 
 
 def until_restarted(service: ReplayService) -> list[int]:
