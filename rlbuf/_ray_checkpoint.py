@@ -34,8 +34,9 @@ import numpy as np
 
 from rlbuf._manifest import MANIFEST
 from rlbuf._rate_limit import RateLimiter
+from rlbuf._ray_calls import stop
 from rlbuf._savedir import exchange
-from rlbuf.errors import CheckpointError, ConfigError
+from rlbuf.errors import CheckpointError, ConfigError, ShardDiedError
 
 FORMAT = "rlbuf.ray.ReplayService"
 VERSION = 2
@@ -72,6 +73,34 @@ def write_checkpoint(path: Path, save_shards: Callable[[Path], list[Any]], field
             shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def restore_shards(path: Path, shards: list[Any], start: Callable[[int], Any], counters: list[Any],
+                   get: Callable[[list[tuple[int, Any]]], list[Any]]) -> None:
+    """Put the shard actors ``shards`` back to their parts at ``path`` (a service's restore): every shard first
+    reads and checks its part (``shard_stage``, with its limiter ``counters``), and a dead one is started again
+    from it (``start(k)``: a new actor, which then replaces it in ``shards``); only then do the others switch
+    (``shard_commit``). ``get`` is the service's: results of ``(shard, ref)`` calls.
+
+    Raises:
+        CheckpointError: a part fails its checks; no shard changed (the actors started again are stopped).
+    """
+    dead = []
+    for k, shard in enumerate(shards):
+        try:
+            get([(k, shard.shard_stage.remote(str(path / f"shard_{k}"), counters[k]))])
+        except ShardDiedError:
+            dead.append(k)
+    restarted = {k: start(k) for k in dead}
+    try:
+        get([(k, actor.shard_info.remote()) for k, actor in restarted.items()])
+    except BaseException:
+        for actor in restarted.values():
+            stop(actor)
+        raise
+    get([(k, shard.shard_commit.remote()) for k, shard in enumerate(shards) if k not in restarted])
+    for k, actor in restarted.items():
+        shards[k] = actor
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

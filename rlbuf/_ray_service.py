@@ -28,7 +28,7 @@ from rlbuf._priorities import priorities
 from rlbuf._rate_limit import RateLimiter
 from rlbuf._ray_batches import batch_of, merged_fields
 from rlbuf._ray_calls import get, start_ray, stop, wait_any
-from rlbuf._ray_checkpoint import read_manifest, write_checkpoint
+from rlbuf._ray_checkpoint import read_manifest, restore_shards, write_checkpoint
 from rlbuf._ray_restart import Restarts, restart_path, retried
 from rlbuf._ray_split import await_rows, may_sample, split_around_held
 from rlbuf._ray_wire import to_wire
@@ -41,7 +41,6 @@ from rlbuf.errors import (
     ConfigError,
     EmptyBufferError,
     PriorityError,
-    ShardDiedError,
     StoredIndexError,
 )
 from rlbuf.storage import DeviceLike, resolve_device
@@ -485,25 +484,10 @@ class ReplayService:
         if shape != (len(shards), self._shard_capacity, self._limiter_config):
             raise CheckpointError(f"{path}: expected a service of (num_shards, shard_capacity, rate_limiter) "
                                   f"{(len(shards), self._shard_capacity, self._limiter_config)}, got {shape}")
-        counters = manifest["limiter_counters"]
-        dead = []
-        for k, shard in enumerate(shards):
-            try:
-                self._get([(k, shard.shard_stage.remote(str(path / f"shard_{k}"), counters[k]))])
-            except ShardDiedError:
-                dead.append(k)
-        restarted = {k: self._remote.remote(checkpoint=str(path / f"shard_{k}"), rate_limiter=self._limiter_config,
-                                            limiter_counters=counters[k], restart_from=self._restart_from,
-                                            shard_index=k) for k in dead}
-        try:
-            self._get([(k, actor.shard_info.remote()) for k, actor in restarted.items()])
-        except BaseException:
-            for actor in restarted.values():
-                stop(actor)
-            raise
-        self._get([(k, shard.shard_commit.remote()) for k, shard in enumerate(shards) if k not in restarted])
-        for k, actor in restarted.items():
-            shards[k] = actor
+        restore_shards(path, shards, lambda k: self._remote.remote(
+            checkpoint=str(path / f"shard_{k}"), rate_limiter=self._limiter_config,
+            limiter_counters=manifest["limiter_counters"][k], restart_from=self._restart_from, shard_index=k),
+            manifest["limiter_counters"], self._get)
         infos = self._get([(k, shard.shard_info.remote()) for k, shard in enumerate(shards)])
         self._beta = float(infos[0]["beta"])
         events, self._restarts = self._restarts.events, Restarts(infos)
