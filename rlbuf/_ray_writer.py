@@ -289,8 +289,9 @@ class ServiceWriter:
             ConfigError: a round-robin writer of a compact layout.
         """
         self._route("truncate_episodes")
+        staging = self._buffers()[0]  # built here if not yet: with it, a compact layout's stream checker
         if env_mask is not None:  # checked before anything is sent; the steps gathered are sent as they were added
-            self._buffers()[0]._writer.checked_env_mask(env_mask)
+            staging._writer.checked_env_mask(env_mask)
         self.flush(timeout=timeout)
         shard = self._shard
         if self._checker is None or shard is None:  # whole transitions, other writers' rows beside: nothing to end
