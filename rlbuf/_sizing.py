@@ -74,6 +74,8 @@ def manifest_row_bytes(kind: Any, options: Mapping[str, Any], spec: Sequence[Any
         >>> spec = [{"shape": [84, 84], "dtype": "uint8"}, {"shape": [], "dtype": "float32"}]
         >>> manifest_row_bytes("ReplayBuffer", {"frame_stack": 4}, spec)
         7110.0
+        >>> manifest_row_bytes("ReplayBuffer", {"n_step": 3, "hindsight": {"strategy": "future"}}, spec)
+        7060.0
         >>> manifest_row_bytes("RolloutBuffer", {}, spec) is None
         True
     """
@@ -89,5 +91,6 @@ def manifest_row_bytes(kind: Any, options: Mapping[str, Any], spec: Sequence[Any
     frame_stack, n_step = options.get("frame_stack", 1), options.get("n_step", 1)
     if not isinstance(frame_stack, int) or not isinstance(n_step, int):
         return None
-    compact = options.get("compact") is True or frame_stack > 1 or n_step > 1
+    # A hindsight buffer follows each env's episodes itself: its n-step transitions are never compact.
+    compact = options.get("hindsight") is None and (options.get("compact") is True or frame_stack > 1 or n_step > 1)
     return row_bytes(fields, prioritized=options.get("prioritized") is True, compact=compact, frame_stack=frame_stack)

@@ -32,6 +32,7 @@ from rlbuf import (
     StreamError,
 )
 from rlbuf._episodes import EpisodeIndex
+from rlbuf._replay_layout import human_bytes
 from rlbuf.demos.bitflip import BitFlipEnv
 from rlbuf.gym import Recorder
 
@@ -418,6 +419,17 @@ def test_rlbuf_inspect_names_the_hindsight_settings_and_how_to_load(tmp_path: Pa
     report = inspect_checkpoint(tmp_path / "ckpt")
     assert report["ok"] and report["hindsight"] == {"strategy": "final", "ratio": 0.5}
     assert "hindsight   final, ratio 0.5  (load with ReplayBuffer.load(path, reward_fn=...))" in format_report(report)
+
+
+def test_rlbuf_inspect_counts_a_hindsight_buffer_with_n_step_as_not_compact(tmp_path: Path) -> None:
+    from rlbuf._inspect import inspect_checkpoint
+
+    buf = goal_buffer(16, 2, n_step=3)
+    assert not buf.compact
+    buf.save(tmp_path / "ckpt")
+    estimate = inspect_checkpoint(tmp_path / "ckpt")["bytes_per_transition"]
+    assert f"bytes_per_transition~{human_bytes(estimate)}," in repr(buf)
+    assert estimate == sum(math.prod(spec.shape) * spec.dtype.itemsize for spec in buf._ring.specs)
 
 
 def test_nbytes_counts_the_episode_index() -> None:
