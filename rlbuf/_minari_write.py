@@ -104,7 +104,8 @@ def checked_episodes(episodes: Iterable[Mapping[str, Any]], spaces: Spaces) -> l
         if seed is not None and not is_seed(seed):
             raise OutOfRangeError(f"episode {number}: seed: expected an int in [0, 2**63) (what a reset takes and "
                                   f"Minari reads back), got {seed!r}; pass that episode's reset seed, or none")
-        checked = {"id": number, "seed": seed, "infos": infos,
+        # An int: Minari writes an Arrow episode's seed with json.dumps, which takes no numpy integer.
+        checked = {"id": number, "seed": None if seed is None else int(seed), "infos": infos,
                    "options": checked_options(episode.get("options"), number),
                    "observations": cast_to_space(_as_numpy(episode["observations"]), spaces.observation_space,
                                                  f"episode {number}: observations"),

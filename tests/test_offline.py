@@ -605,6 +605,13 @@ def test_an_n_step_buffer_is_refused_its_rows_are_not_steps(minari_root: Path) -
 
 
 @pytest.mark.parametrize("data_format", ["hdf5", "arrow"])
+def test_a_numpy_integer_seed_is_written_as_its_int(data_format: str) -> None:
+    dataset = to_minari([{**GOOD, "seed": np.int64(3)}, {**GOOD, "seed": np.uint16(4)}], _new_id(),
+                        data_format=data_format, observation_space=BOX, action_space=ACTIONS)
+    assert _rows(from_minari(dataset))["episode_seed"].tolist() == [3] * 4 + [4] * 4
+
+
+@pytest.mark.parametrize("data_format", ["hdf5", "arrow"])
 def test_the_chunk_readers_read_what_minaris_reader_reads(data_format: str) -> None:
     """Pins Minari's HDF5 and Arrow layouts, which from_minari reads with h5py and pyarrow directly,
     chunk by chunk into reused arrays (each chunk compared before the next ones are read)."""
