@@ -63,7 +63,8 @@ def cast_to_space(tree: Any, space: Any, label: str) -> Any:
     """An observation or action tree in its space's dtypes (a cast that loses nothing), keys as the space's.
 
     Raises:
-        DtypeError: a cast that would lose values (float64 rows for a float32 space).
+        DtypeError: a cast that would lose values (float64 rows for a float32 space, int64 rows beyond
+            2**53 for a float64 one).
         ShapeError: a key of the space missing from the rows.
     """
     if isinstance(space, gym_spaces.Dict):
@@ -78,7 +79,32 @@ def cast_to_space(tree: Any, space: Any, label: str) -> Any:
     if not np.can_cast(value.dtype, space.dtype, "safe"):
         raise DtypeError(f"{label}: the rows are {value.dtype}, the space is {space.dtype}, which cannot hold "
                          f"them exactly; pass a space of dtype {value.dtype}")
+    inexact = _inexact_integer(value, space.dtype)
+    if inexact is not None:
+        raise DtypeError(f"{label}: the rows are {value.dtype}, the space is {space.dtype}, which holds integers "
+                         f"exactly only within +-2**{np.finfo(space.dtype).nmant + 1}; got {inexact}; pass a space "
+                         f"of dtype {value.dtype}")
     return value.astype(space.dtype)
+
+
+def _inexact_integer(value: np.ndarray[Any, Any], dtype: np.dtype[Any]) -> int | None:
+    """An integer of ``value`` outside the range where float ``dtype`` holds every integer exactly, or ``None``.
+
+    numpy calls int64 to float64 a safe cast, yet float64's 53-bit mantissa rounds 2**53 + 1.
+
+    Example:
+        >>> _inexact_integer(np.array([2**53, -2**53 - 1]), np.dtype(np.float64))
+        -9007199254740993
+        >>> _inexact_integer(np.array([2**31 - 1], np.int32), np.dtype(np.float64)) is None
+        True
+    """
+    if value.dtype.kind not in "iu" or dtype.kind != "f":
+        return None
+    digits = np.finfo(dtype).nmant + 1
+    if np.iinfo(value.dtype).bits - (value.dtype.kind == "i") <= digits:
+        return None
+    outside = (value > 2**digits) | (value < -(2**digits)) if value.dtype.kind == "i" else value > 2**digits
+    return int(value[outside][0]) if outside.any() else None
 
 
 def checked_episodes(episodes: Iterable[Mapping[str, Any]], spaces: Spaces) -> list[dict[str, Any]]:

@@ -604,6 +604,18 @@ def test_an_n_step_buffer_is_refused_its_rows_are_not_steps(minari_root: Path) -
     _assert_same_episodes(dataset, copy)
 
 
+def test_int64_rows_a_float64_space_would_round_are_refused_before_writing(minari_root: Path) -> None:
+    episode = {**GOOD, "observations": np.full((5, 3), 2**53, np.int64)}
+    exact = to_minari([episode], _new_id(), observation_space=BOX, action_space=ACTIONS)
+    assert next(exact.iterate_episodes()).observations[0, 0] == 2**53
+    episode["observations"][2, 1] += 1
+    with pytest.raises(DtypeError, match=r"episode 0: observations: the rows are int64, the space is float64, which "
+                                         r"holds integers exactly only within \+-2\*\*53; got 9007199254740993; "
+                                         r"pass a space of dtype int64"):
+        to_minari([episode], "rlbuf-test/rounded-v0", observation_space=BOX, action_space=ACTIONS)
+    assert not (minari_root / "rlbuf-test" / "rounded-v0").exists()
+
+
 @pytest.mark.parametrize("data_format", ["hdf5", "arrow"])
 def test_a_numpy_integer_seed_is_written_as_its_int(data_format: str) -> None:
     dataset = to_minari([{**GOOD, "seed": np.int64(3)}, {**GOOD, "seed": np.uint16(4)}], _new_id(),
