@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from rlbuf._manifest import (
     parse_manifest,
     read_manifest,
 )
+from rlbuf._manifest_state import check_manifest_state
 from rlbuf._sizing import manifest_row_bytes
 from rlbuf.errors import CheckpointError
 
@@ -72,8 +74,9 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         return report
     try:
         manifest = read_manifest(buffer_dir)  # the version verified: a save may have swapped in a newer one
+        check_manifest_state(manifest)  # what load refuses too: the manifest has no checksum of its own
     except CheckpointError as error:
-        report["error"] = str(error)
+        report["error"] = str(error) if str(buffer_dir) in str(error) else f"{buffer_dir / MANIFEST}: {error}"
     try:
         # Files of a verified checkpoint are not hashed a second time.
         _describe(report, buffer_dir, manifest, verified=report["error"] is None)
@@ -133,7 +136,7 @@ def format_report(report: dict[str, Any]) -> str:
     """
     lines = [f"checkpoint  {report['path']}"]
     if "kind" in report:
-        versions = report.get("versions") or {}
+        versions = report.get("versions")
         lines += [
             f"kind        {report['kind']}  (format version {report['format_version']})",
             f"size        {report['size']} / {report['capacity']} rows",
@@ -144,7 +147,8 @@ def format_report(report: dict[str, Any]) -> str:
             *([f"hindsight   {hindsight.get('strategy')}, ratio {hindsight.get('ratio')}  "
                "(load with ReplayBuffer.load(path, reward_fn=...))"]
               if isinstance(hindsight := report.get("hindsight"), dict) else []),
-            "versions    " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+            "versions    " + (", ".join(f"{k} {v}" for k, v in versions.items()) if isinstance(versions, dict)
+                                else str(versions)),
         ]
     if report["demo"] is not None:
         demo = report["demo"]
@@ -175,7 +179,7 @@ def inspect_main(path: str, *, as_json: bool) -> int:
         1
     """
     report = inspect_checkpoint(path)
-    print(json.dumps(report, indent=1) if as_json else format_report(report))
+    print(json.dumps(_finite(report), indent=1, allow_nan=False) if as_json else format_report(report))
     return 0 if report["ok"] else 1
 
 
@@ -227,7 +231,18 @@ def _check_file(root: Path, rel: str, entry: Any, *, verified: bool) -> dict[str
 
 
 def _key(key: Any) -> str:
-    return ".".join(key) if isinstance(key, list) else str(key)
+    return ".".join(map(str, key)) if isinstance(key, list) else str(key)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with each NaN or infinity a forged manifest holds as its name (``"nan"``): JSON has none."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _shape(shape: Any) -> str:

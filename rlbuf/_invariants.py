@@ -13,11 +13,14 @@ order of a replay buffer's envs within each step when ``interleaved`` is true (o
 write count is whole steps), the reason strings of episode statistics (any string a caller gave),
 and the env of rows loaded from a compact checkpoint without an ``env`` table (kept as -1).
 
+The counters are checked by [`rlbuf._manifest_state`][rlbuf._manifest_state], which ``rlbuf inspect``
+shares without torch.
+
 Example:
-    >>> counts_problem(size=4, cursor=4, write_count=4, capacity=8)
+    >>> steps_problem(size=4, write_count=4, num_envs=2, capacity=8)
     ''
-    >>> counts_problem(size=4, cursor=2, write_count=4, capacity=8)
-    'size 4, cursor 2, write count 4 do not fit capacity 8 (expected size min(write count, capacity) = 4 and cursor write count % capacity = 4)'
+    >>> steps_problem(size=4, write_count=10, num_envs=2, capacity=8)
+    'write count 10 is above the capacity 8: this buffer never wraps'
 """
 
 from __future__ import annotations
@@ -54,25 +57,6 @@ def refusing(what: str, function: Callable[..., Any], *args: Any, **kwargs: Any)
         raise CheckpointError(f"{what}: {error}") from error
     except Exception as error:  # a damaged state may fail anywhere; only CheckpointError may escape
         raise CheckpointError(f"{what}: {type(error).__name__}: {error}") from error
-
-
-def saved_count(state: Mapping[str, Any], key: str) -> int:
-    """``state[key]`` as an int in ``[0, 2**63)`` (TorchRL keeps counters in int64; a bool, float or
-    string is refused)."""
-    value = state.get(key)
-    if type(value) is not int or not 0 <= value < 2**63:
-        raise CheckpointError(f"state: {key} must be an int in [0, 2**63), got {value!r}")
-    return value
-
-
-def counts_problem(*, size: int, cursor: int, write_count: int, capacity: int) -> str:
-    """Counters that rlbuf never writes: the ring holds the newest ``min(write_count, capacity)``
-    rows and the next one goes to ``write_count % capacity`` (``clear`` resets all three)."""
-    if size == min(write_count, capacity) and cursor == write_count % capacity:
-        return ""
-    return (f"size {size}, cursor {cursor}, write count {write_count} do not fit capacity {capacity} (expected "
-            f"size min(write count, capacity) = {min(write_count, capacity)} and cursor write count % capacity = "
-            f"{write_count % capacity})")
 
 
 def steps_problem(*, size: int, write_count: int, num_envs: int, capacity: int) -> str:

@@ -39,6 +39,8 @@ FORMAT = "rlbuf-checkpoint"
 FORMAT_VERSION = 2
 _READABLE_VERSIONS = (1, 2)  # 1: the same layout with SHA-256 checksums
 MANIFEST = "manifest.json"
+TENSOR_REF = "__tensor__"
+"""The one key of the JSON object that stands for a tensor file in a manifest's state: ``{TENSOR_REF: relpath}``."""
 DIGEST = "xxh3_128"  # the checksum new checkpoints carry, per file
 DIGESTS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
 _DIGEST_NAMES = {"xxh3_128": "XXH3-128", "sha256": "SHA-256"}
@@ -117,7 +119,8 @@ def unverified_manifest(path: Path, *, staging: bool = False) -> dict[str, Any]:
         staging: ``path`` is a save's temporary sibling (read back before the swap).
 
     Raises:
-        CheckpointError: no checkpoint, an unreadable or foreign manifest, an unknown format version.
+        CheckpointError: no checkpoint, an unreadable or foreign manifest, an unknown format version, a
+            malformed table of files, of the state or of the versions that wrote it.
 
     Example:
         >>> unverified_manifest(Path("/nonexistent"))
@@ -152,6 +155,10 @@ def unverified_manifest(path: Path, *, staging: bool = False) -> dict[str, Any]:
                               f"{', '.join(map(str, _READABLE_VERSIONS))}")
     if not isinstance(manifest.get("files"), dict) or not isinstance(manifest.get("state"), dict):
         raise CheckpointError(f"{manifest_path}: malformed (no 'files' or 'state' table)")
+    versions = manifest.get("versions", {})
+    if not isinstance(versions, dict) or not all(isinstance(value, str) for value in versions.values()):
+        raise CheckpointError(f"{manifest_path}: versions: expected a table of package names to version strings, "
+                              f"got {str(versions)[:200]}")
     if len(manifest["files"]) > MAX_FILES:
         raise CheckpointError(f"{manifest_path}: lists {len(manifest['files'])} files, more than the {MAX_FILES} "
                               f"an rlbuf checkpoint holds at most; refusing it")

@@ -32,7 +32,6 @@ import torch
 
 from rlbuf import _torchrl
 from rlbuf._invariants import (
-    counts_problem,
     extra_problem,
     fields_problem,
     generator_problem,
@@ -40,10 +39,10 @@ from rlbuf._invariants import (
     refusing,
     rows_problem,
     sampler_problem,
-    saved_count,
     steps_problem,
     tensors_problem,
 )
+from rlbuf._manifest_state import counts_problem, saved_count
 from rlbuf._ring import RowCopies, RowRing, RowSink
 from rlbuf._stats_state import checked_state
 from rlbuf.checkpoint import load_state, save_state

@@ -61,6 +61,7 @@ from rlbuf._manifest import (
     FORMAT,
     FORMAT_VERSION,
     MANIFEST,
+    TENSOR_REF,
     close_all,
     file_digest,
     open_current,
@@ -88,7 +89,6 @@ from rlbuf.spec import numpy_dtype
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_]+")
-_TENSOR = "__tensor__"
 _DTYPES = {name: getattr(torch, name) for name in DTYPE_BYTES}
 
 
@@ -112,7 +112,7 @@ class RowFile(NamedTuple):
 def _encode(value: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
     """JSON for ``value``; tensors are replaced by references and collected in ``tensors``."""
     if isinstance(value, RowFile):
-        return {_TENSOR: value.relpath}
+        return {TENSOR_REF: value.relpath}
     if isinstance(value, torch.Tensor):
         name = _SAFE_NAME.sub("_", key).strip("._") or "tensor"
         candidate, counter = name, 1
@@ -121,7 +121,7 @@ def _encode(value: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
             candidate = f"{name}_{counter}"
         relpath = f"{TENSOR_DIR}/{candidate}.bin"
         tensors[relpath] = value
-        return {_TENSOR: relpath}
+        return {TENSOR_REF: relpath}
     if isinstance(value, dict):
         if not all(isinstance(k, str) for k in value):
             raise CheckpointError(f"{key}: state keys must be strings")
@@ -137,8 +137,8 @@ def _encode(value: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
 
 def _decode(value: Any, read: Callable[[str], torch.Tensor]) -> Any:
     if isinstance(value, dict):
-        if set(value) == {_TENSOR}:
-            return read(value[_TENSOR])
+        if set(value) == {TENSOR_REF}:
+            return read(value[TENSOR_REF])
         return {k: _decode(v, read) for k, v in value.items()}
     if isinstance(value, list):
         return [_decode(v, read) for v in value]
@@ -237,8 +237,8 @@ def references_problem(state: Any) -> str:
 
     def walk(value: Any) -> str:
         if isinstance(value, dict):
-            if set(value) == {_TENSOR}:
-                rel = value[_TENSOR]
+            if set(value) == {TENSOR_REF}:
+                rel = value[TENSOR_REF]
                 if not isinstance(rel, str) or rel in seen:
                     return f"the state refers to the file {rel!r} twice; rlbuf writes one file per tensor"
                 seen.add(rel)
@@ -253,13 +253,13 @@ def references_problem(state: Any) -> str:
     if reason or not isinstance(fields, dict):
         return reason
     for name, ref in fields.items():
-        if not isinstance(ref, dict) or set(ref) != {_TENSOR} or ref[_TENSOR] == row_relpath("state.fields", name):
+        if not isinstance(ref, dict) or set(ref) != {TENSOR_REF} or ref[TENSOR_REF] == row_relpath("state.fields", name):
             continue
         legacy = _legacy_relpath("state.fields", name).removesuffix(".bin")
         # older saves numbered a second file of one sanitised name: legacy_2.bin
         if not re.fullmatch(re.escape(legacy) + (r"(_[0-9]+)?\.bin" if not _PLAIN_NAME.fullmatch(name) else r"\.bin"),
-                            str(ref[_TENSOR])):
-            return f"field {name!r} refers to the file {ref[_TENSOR]!r}, not its own"
+                            str(ref[TENSOR_REF])):
+            return f"field {name!r} refers to the file {ref[TENSOR_REF]!r}, not its own"
     return ""
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -475,6 +476,50 @@ def test_a_state_with_a_part_rlbuf_never_writes_is_refused(tmp_path: Path) -> No
     _forge(path, state={("prefetch",): {"module": "os", "call": "system"}})
     with pytest.raises(CheckpointError, match="prefetch"):
         ReplayBuffer.load(path)
+
+
+INSPECT_FORGERIES: dict[str, tuple[dict[tuple[Any, ...], Any], str]] = {
+    "size": ({("size",): 5}, r"state: size 5, cursor 6, write count 22 do not fit capacity 16"),
+    "capacity option": ({("options", "capacity"): 100}, r"state: capacity 16, but the options .* make it 100"),
+    "field dtype": ({("spec", 0, "dtype"): "float64"},
+                    r"state: field 'obs' is stored as \('float32', \[16, 3\]\), expected float64 of shape \[16, 3\]"),
+    "kind": ({("kind",): "RolloutBuffer"}, r"state: options of a RolloutBuffer: num_steps must be an int"),
+    "size NaN": ({("size",): math.nan}, r"state: size must be an int in \[0, 2\*\*63\), got nan"),
+    "field key": ({("spec", 0, "key"): [1, 2]}, r"state: spec\[0\]: expected a name, a key \(a str or list of str\)"),
+    "versions": ({}, r"versions: expected a table of package names to version strings, got \[1, 2\]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INSPECT_FORGERIES))
+def test_rlbuf_inspect_refuses_a_forged_manifest_load_refuses(tmp_path: Path, case: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from rlbuf.cli import main
+
+    path, _ = _saved(tmp_path, "plain")
+    state, reason = INSPECT_FORGERIES[case]
+    _forge(path, state=state)
+    if case == "versions":
+        manifest = _manifest(path)
+        _rewrite(path, {**manifest, "versions": [1, 2]})
+    with pytest.raises(CheckpointError):
+        ReplayBuffer.load(path)
+    assert main(["inspect", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert re.search(rf"^status      FAILED: {re.escape(str(path / 'manifest.json'))}: {reason}", out, re.MULTILINE)
+    assert main(["inspect", str(path), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out, parse_constant=lambda constant: pytest.fail(f"not JSON: {constant}"))
+    assert report["ok"] is False and re.search(reason, report["error"])
+
+
+@pytest.mark.parametrize("data", [True, False])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_rlbuf_inspect_passes_a_genuine_checkpoint_of_each_layout(tmp_path: Path, layout: str, data: bool) -> None:
+    from rlbuf._inspect import inspect_checkpoint
+
+    buffer = LAYOUTS[layout]()
+    buffer.save(tmp_path / "ckpt", data=data)
+    report = inspect_checkpoint(tmp_path / "ckpt")
+    assert (report["ok"], report["error"], report["size"]) == (True, None, len(buffer))
 
 
 def test_an_iterator_its_method_would_not_make_of_the_state_is_refused_before_any_row_changes() -> None:
