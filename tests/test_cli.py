@@ -182,6 +182,14 @@ def test_inspect_rollout_capacity(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert json.loads(capsys.readouterr().out)["capacity"] == 8
 
 
+def test_the_inspect_table_of_a_forged_manifest_never_raises(checkpoint: Path) -> None:
+    report = _inspect.inspect_checkpoint(checkpoint)
+    for versions in ([1, 2], "x", None):
+        forged = {**report, "versions": versions, "fields": [{**report["fields"][0], "key": [1, 2]}]}
+        text = _inspect.format_report(forged)
+        assert f"versions    {versions}" in text and "1.2" in text
+
+
 def test_inspect_flags_a_corrupted_file(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = checkpoint / "tensors" / "state.fields.reward.bin"
     data = bytearray(target.read_bytes())
