@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,9 +57,38 @@ def _concatenated(parts: Sequence[Any]) -> Any:
     return np.concatenate(parts)
 
 
-def arrow_episodes(dataset: Any, ids: Sequence[int], spaces: Spaces) -> Iterator[dict[str, Any]]:
+def arrow_infos(column: Any, keys: Collection[str] | None) -> dict[str, Any]:
+    """An episode's ``infos`` column (a struct of one field a key, ``T + 1`` rows) as Minari's reader
+    decodes it: each field stacked into one array, shaped by the field's ``shape`` metadata.
+
+    Args:
+        column: the column, its record batches joined (Minari's reader pairs episodes and batches one to
+            one, which misreads an episode stored in several).
+        keys: the keys to decode (``None``: all of them).
+
+    Example:
+        >>> import pyarrow as pa
+        >>> column = pa.StructArray.from_arrays([pa.array([1, 2, 3]), pa.array(["a", "b", "c"])], ["k", "s"])
+        >>> arrow_infos(column, ["k"])
+        {'k': array([1, 2, 3])}
+    """
+    infos = {}
+    for number, field in enumerate(column.type):
+        if keys is None or field.name in keys:
+            value = np.stack(column.field(number).to_numpy(zero_copy_only=False))
+            if field.metadata is not None and b"shape" in field.metadata:
+                # "" for rows of one number (Minari's own decode fails on it; its writer wrote them so)
+                shape = tuple(int(size) for size in field.metadata[b"shape"].split(b",") if size)
+                value = value.reshape(len(value), *shape)
+            infos[field.name] = value
+    return infos
+
+
+def arrow_episodes(dataset: Any, ids: Sequence[int], spaces: Spaces, infos: bool | Sequence[str] = False
+                   ) -> Iterator[dict[str, Any]]:
     """Episodes of an Arrow dataset (Minari's layout: every column ``T + 1`` rows, the steps' padded by
-    one), as ``MinariStorage.get_episodes`` gives them, with their seeds and options.
+    one), as ``MinariStorage.get_episodes`` gives them, with their seeds and options, and the ``infos``
+    asked for (``True``: all of them; a list: those keys).
 
     Raises:
         DatasetError: an episode's files are missing, truncated, or not Arrow files of its columns,
@@ -69,21 +98,23 @@ def arrow_episodes(dataset: Any, ids: Sequence[int], spaces: Spaces) -> Iterator
     root = str(dataset.storage.data_path)
     spaces_of = {"observations": spaces.observation_space, "actions": spaces.action_space,
                  "rewards": None, "terminations": None, "truncations": None}
+    keys = None if infos is True else list(infos or ())
     for episode in ids:
         directory = os.path.join(root, str(episode))
         try:
-            meta, columns = _read_episode(directory, spaces_of, pa, ipc)
+            meta, columns, decoded = _read_episode(directory, spaces_of, keys, pa, ipc)
         except (OSError, ValueError, KeyError, pa.ArrowException) as error:
             raise damaged(f"episode {episode}: its files in {directory} cannot be read as Minari's Arrow "
                           f"episode ({type(error).__name__}: {error})") from None
         yield {"id": episode, "seed": meta.get("seed"), "options": meta.get("options"),
                "observations": columns.pop("observations"),
-               **{name: column[:-1] for name, column in columns.items()}, "infos": {}}
+               **{name: column[:-1] for name, column in columns.items()}, "infos": decoded}
 
 
-def _read_episode(directory: str, spaces_of: dict[str, Any], pa: Any, ipc: Any
-                  ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """An episode directory's metadata and its columns (``T + 1`` rows each)."""
+def _read_episode(directory: str, spaces_of: dict[str, Any], keys: list[str] | None, pa: Any, ipc: Any
+                  ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """An episode directory's metadata, its columns (``T + 1`` rows each) and the infos of ``keys``
+    (``None``: all)."""
     meta = json.loads(_read(os.path.join(directory, "metadata.json")))
     if not isinstance(meta, dict) or not isinstance(meta.get("options", {}), (dict, type(None))):
         raise ValueError(f"metadata.json: expected an object whose options are an object, got {str(meta)[:80]}")
@@ -97,7 +128,10 @@ def _read_episode(directory: str, spaces_of: dict[str, Any], pa: Any, ipc: Any
         batch.validate(full=True)  # 4 us an episode of 1,000 steps
     columns = {name: _concatenated([arrow_column(batch.column(name), space, pa) for batch in batches])
                for name, space in spaces_of.items()}
-    return meta, columns
+    wanted = keys is None or bool(keys)
+    infos = arrow_infos(pa.concat_arrays([batch.column("infos") for batch in batches]), keys) if wanted and (
+        "infos" in batches[0].schema.names) else {}
+    return meta, columns, infos
 
 
 def _read(path: str) -> bytes:

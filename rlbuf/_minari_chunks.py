@@ -19,9 +19,9 @@ How each backend is read:
   (``_Hdf5Reader``). An episode whose fields disagree with its spaces or each other is read as it
   is into a chunk of its own, whose check names the problem.
 * **Arrow** (a directory ``<id>`` of Arrow IPC files an episode): read by
-  [`rlbuf._minari_arrow`][rlbuf._minari_arrow], then copied into the chunk.
-* **Anything else** (JPEG-encoded images; infos of an Arrow dataset): Minari's own reader
-  (``storage.get_episodes``), which decodes them.
+  [`rlbuf._minari_arrow`][rlbuf._minari_arrow] (infos too), then copied into the chunk.
+* **Anything else** (JPEG-encoded images): Minari's own reader (``storage.get_episodes``), which
+  decodes them.
 
 Seeds (and options, where asked) come from the HDF5 attribute or Minari's ``get_episode_metadata``.
 This module, ``rlbuf._minari_arrow``, ``rlbuf._minari_read`` and ``rlbuf._minari_write`` are rlbuf's seam
@@ -441,30 +441,27 @@ def _minari_episodes(dataset: Any, ids: Sequence[int]) -> Iterator[dict[str, Any
         yield {**episode, "seed": metadata.get("seed"), "options": metadata.get("options")}
 
 
-def reader(dataset: Any, spaces: Spaces, infos: bool | Sequence[str]) -> str:
-    """Which reader ``dataset_chunks`` uses: ``"hdf5"``, ``"arrow"`` or ``"minari"`` (JPEG-encoded
-    images; infos of an Arrow dataset)."""
+def reader(dataset: Any, spaces: Spaces) -> str:
+    """Which reader ``dataset_chunks`` uses: ``"hdf5"``, ``"arrow"`` or ``"minari"`` (JPEG-encoded images)."""
     is_image_space = minari_module("minari.dataset.minari_storage").is_image_space
     images = any(is_image_space(space) for space in [*(space for _, space in spaces.obs), spaces.action])
     if images and dataset.storage.jpeg_encoding:
         return "minari"
-    if dataset.storage.FORMAT == "hdf5":
-        return "hdf5"
-    return "minari" if infos else "arrow"
+    return "hdf5" if dataset.storage.FORMAT == "hdf5" else "arrow"
 
 
 def first_episode(dataset: Any, spaces: Spaces, infos: bool | Sequence[str]) -> dict[str, Any]:
     """The dataset's first episode as it is stored, every info included for ``infos=True`` (to find the
     info keys to store before reading the rest)."""
     ids = [int(next(iter(dataset.episode_indices)))]
-    kind = reader(dataset, spaces, infos)
+    kind = reader(dataset, spaces)
     with readable(dataset):
         if kind == "hdf5":
             h5py = minari_module("h5py")
             with _hdf5_file(dataset, h5py) as file:
                 episode = hdf5_episode(file, ids[0], spaces, infos or [], h5py, int(dataset.total_steps) + 1)
             return {**episode, "options": next(iter(dataset.storage.get_episode_metadata(ids))).get("options")}
-        return next(arrow_episodes(dataset, ids, spaces) if kind == "arrow" else _minari_episodes(dataset, ids))
+        return next(arrow_episodes(dataset, ids, spaces, infos) if kind == "arrow" else _minari_episodes(dataset, ids))
 
 
 def dataset_chunks(dataset: Any, spaces: Spaces, steps_per_chunk: int, info_keys: Sequence[str] = (),
@@ -475,11 +472,12 @@ def dataset_chunks(dataset: Any, spaces: Spaces, steps_per_chunk: int, info_keys
     reused by the chunk after the next."""
     ids = [int(i) for i in dataset.episode_indices]
     paths = [path for path, _ in spaces.obs]
-    kind = reader(dataset, spaces, list(info_keys))
+    kind = reader(dataset, spaces)
     if kind == "hdf5":
         chunks = _hdf5_chunks(dataset, ids, spaces, info_keys, steps_per_chunk)
     else:
-        episodes = arrow_episodes(dataset, ids, spaces) if kind == "arrow" else _minari_episodes(dataset, ids)
+        episodes = (arrow_episodes(dataset, ids, spaces, list(info_keys)) if kind == "arrow"
+                    else _minari_episodes(dataset, ids))
         chunks = _grouped(episodes, paths, info_keys, steps_per_chunk)
     with readable(dataset):
         if not options or kind != "hdf5":

@@ -215,7 +215,7 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
             raise ConfigError(f"num_envs={buffer.num_envs}: a compact buffer chains each env's steps, and a "
                               f"dataset is one stream of episodes; leave num_envs out (or use compact=False)")
         stored = 0
-        chunk_bytes = _CHUNK_BYTES * (_ARROW_CHUNK_SCALE if reader(data, spaces, keys) == "arrow" else 1)
+        chunk_bytes = _CHUNK_BYTES * (_ARROW_CHUNK_SCALE if reader(data, spaces) == "arrow" else 1)
         chunks = dataset_chunks(data, spaces, max(1, chunk_bytes // step_bytes(spaces)), keys,
                                 options=bool(options))
         for td in _ahead(map(rows, chunks)):
