@@ -490,23 +490,27 @@ def dataset_chunks(dataset: Any, spaces: Spaces, steps_per_chunk: int, info_keys
 
 
 def chunk_rows(chunk: Chunk, spaces: Spaces, *, exact_reward: bool, episode_fields: bool = True,
-               infos: Sequence[str] = (), options: Sequence[Mapping[str, np.ndarray[Any, Any]]] = ()) -> TensorDict:
+               infos: Sequence[str] = (), options: Sequence[Mapping[str, np.ndarray[Any, Any]]] = (),
+               obs_dtype: np.dtype[Any] | None = None, action_dtype: np.dtype[Any] | None = None) -> TensorDict:
     """The rows of a checked chunk, in order, as a TorchRL tensordict for ``ReplayBuffer.extend``.
 
     Row ``t`` of an episode: ``observation = obs[t]``, ``("next", "observation") = obs[t + 1]``, the
     step's action, reward and flags; with ``episode_fields``, ``episode_id`` and ``episode_seed``;
     with ``exact_reward``, ``dataset_reward``: the reward in the dataset's own dtype; for each key of
     ``infos``, ``info_<key> = infos[key][t]`` and ``next_info_<key> = infos[key][t + 1]``; ``options``:
-    each episode's option fields (``check_options``), on each of its rows. The tensors are views of the
-    chunk's reused arrays: extend the buffer with them before the chunk after the next is read.
+    each episode's option fields (``check_options``), on each of its rows; ``obs_dtype``, ``action_dtype``:
+    the dtypes a flat observation and the action are cast to (uint16 and uint32, which torch does not
+    store). The tensors are views of the chunk's reused arrays: extend the buffer with them before the
+    chunk after the next is read.
     """
     paths = [path for path, _ in spaces.obs]
     observations, steps, episode_infos = chunk.joined(paths, infos)
     rows, lengths, arrays = chunk.rows, chunk.lengths, chunk.arrays
 
-    def shifted(name: str, values: np.ndarray[Any, Any], shift: int) -> torch.Tensor:
-        """Each episode's ``T`` rows of ``values`` (``T + 1`` an episode) from its row ``shift``."""
-        out = arrays.take(name, rows, values.shape[1:], values.dtype)
+    def shifted(name: str, values: np.ndarray[Any, Any], shift: int, dtype: np.dtype[Any] | None = None
+                ) -> torch.Tensor:
+        """Each episode's ``T`` rows of ``values`` (``T + 1`` an episode) from its row ``shift``, in ``dtype``."""
+        out = arrays.take(name, rows, values.shape[1:], dtype or values.dtype)
         start = 0
         for number, length in enumerate(lengths.tolist()):
             out[start:start + length] = values[start + number + shift:start + number + shift + length]
@@ -514,7 +518,8 @@ def chunk_rows(chunk: Chunk, spaces: Spaces, *, exact_reward: bool, episode_fiel
         return torch.from_numpy(out)
 
     def nest(shift: int) -> Any:
-        leaves = {path: shifted(f"rows/{shift}/" + "/".join(path), observations[path], shift) for path in paths}
+        leaves = {path: shifted(f"rows/{shift}/" + "/".join(path), observations[path], shift, obs_dtype)
+                  for path in paths}
         if not spaces.structured:
             return leaves[()]
         tree: dict[str, Any] = {}
@@ -529,7 +534,8 @@ def chunk_rows(chunk: Chunk, spaces: Spaces, *, exact_reward: bool, episode_fiel
     reward = arrays.take("rows/reward", rows, (), np.dtype(np.float32))
     np.copyto(reward, rewards, casting="unsafe")
     fields: dict[str, Any] = {
-        "observation": nest(0), "action": torch.from_numpy(steps["actions"]),
+        "observation": nest(0),
+        "action": torch.from_numpy(steps["actions"] if action_dtype is None else steps["actions"].astype(action_dtype)),
         "next": {"observation": nest(1), "reward": torch.from_numpy(reward),
                  "terminated": torch.from_numpy(steps["terminations"]),
                  "truncated": torch.from_numpy(steps["truncations"])},

@@ -117,7 +117,17 @@ def _leaves(space: Any, name: str, path: Key = ()) -> list[tuple[Key, Any]]:
         raise ConfigError(f"{name}: a {type(space).__name__} space cannot be stored in a ReplayBuffer; supported: Box, "
                           f"Discrete, MultiDiscrete, MultiBinary" + (" and Dict of them" if name == "observations"
                                                                     else ""))
+    dtype = np.dtype(space.dtype)
+    if dtype.kind == "u" and dtype.itemsize > 1 and (path or dtype.itemsize == 8):
+        # torch stores no unsigned int wider than uint8; a Box of observations or actions loads into WIDER_INT's.
+        raise ConfigError(f"{leaf_label(name, path)}: a space of dtype {dtype}, which no buffer stores (torch has "
+                          f"no unsigned int wider than uint8; only uint16 and uint32 {name} outside a Dict load, "
+                          f"widened to int32 and int64); use a space of a signed dtype")
     return [(path, space)]
+
+
+WIDER_INT = {np.dtype(np.uint16): np.dtype(np.int32), np.dtype(np.uint32): np.dtype(np.int64)}
+"""The signed dtype that holds every value of an unsigned one torch does not store."""
 
 
 def leaf_label(name: str, path: Key) -> str:
@@ -144,7 +154,8 @@ class Spaces:
         """The leaves of both spaces.
 
         Raises:
-            ConfigError: a space rlbuf cannot store (``Tuple``, ``Text``, a ``Dict`` of actions ...).
+            ConfigError: a space rlbuf cannot store (``Tuple``, ``Text``, a ``Dict`` of actions, uint64,
+                a uint16 or uint32 leaf of a ``Dict`` ...).
         """
         obs = tuple(_leaves(observation_space, "observations"))
         return cls(observation_space, action_space, obs, _leaves(action_space, "actions")[0][1])

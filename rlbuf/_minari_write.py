@@ -64,7 +64,7 @@ def cast_to_space(tree: Any, space: Any, label: str) -> Any:
 
     Raises:
         DtypeError: a cast that would lose values (float64 rows for a float32 space, int64 rows beyond
-            2**53 for a float64 one).
+            2**53 for a float64 one, int rows outside an int space's range).
         ShapeError: a key of the space missing from the rows.
     """
     if isinstance(space, gym_spaces.Dict):
@@ -76,7 +76,7 @@ def cast_to_space(tree: Any, space: Any, label: str) -> Any:
     value = np.asarray(tree)
     if value.dtype == space.dtype:
         return value
-    if not np.can_cast(value.dtype, space.dtype, "safe"):
+    if not np.can_cast(value.dtype, space.dtype, "safe") and not _ints_within(value, space.dtype):
         raise DtypeError(f"{label}: the rows are {value.dtype}, the space is {space.dtype}, which cannot hold "
                          f"them exactly; pass a space of dtype {value.dtype}")
     inexact = _inexact_integer(value, space.dtype)
@@ -85,6 +85,20 @@ def cast_to_space(tree: Any, space: Any, label: str) -> Any:
                          f"exactly only within +-2**{np.finfo(space.dtype).nmant + 1}; got {inexact}; pass a space "
                          f"of dtype {value.dtype}")
     return value.astype(space.dtype)
+
+
+def _ints_within(value: np.ndarray[Any, Any], dtype: np.dtype[Any]) -> bool:
+    """Whether ``value`` holds integers that int dtype ``dtype`` holds too (int32 rows of a uint16 space:
+    ``from_minari`` stores uint16 widened, as torch does not store it).
+
+    Example:
+        >>> _ints_within(np.array([0, 65535], np.int32), np.dtype(np.uint16))
+        True
+    """
+    if value.dtype.kind not in "iu" or dtype.kind not in "iu":
+        return False
+    info = np.iinfo(dtype)
+    return value.size == 0 or bool(info.min <= value.min() and value.max() <= info.max)
 
 
 def _inexact_integer(value: np.ndarray[Any, Any], dtype: np.dtype[Any]) -> int | None:

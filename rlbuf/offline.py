@@ -67,6 +67,8 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from rlbuf._convert import numpy_dtype_or_none
+from rlbuf._dtypes import as_dtype
 from rlbuf._minari_chunks import (
     Chunk,
     chunk_rows,
@@ -79,6 +81,7 @@ from rlbuf._minari_damage import damaged, readable
 from rlbuf._minari_options import check_options, option_paths, row_options, text_widths
 from rlbuf._minari_read import (
     NO_SEED,
+    WIDER_INT,
     Spaces,
     check_episode,
     check_infos,
@@ -105,6 +108,29 @@ def _torch_dtype(dtype: Any) -> torch.dtype:
     return torch.from_numpy(np.empty(0, dtype)).dtype
 
 
+def _stored_dtype(option: str, dtype: np.dtype[Any], given: Any) -> tuple[Any, np.dtype[Any] | None]:
+    """The ``obs_dtype`` or ``action_dtype`` to build the buffer with for a space of ``dtype`` (``given``, else
+    the space's own), and the dtype to cast the dataset's rows to first: torch stores no uint16 or uint32
+    (``None``: no cast).
+
+    Raises:
+        ConfigError: a uint16 or uint32 space without ``option``, naming the dtype that holds it.
+        DtypeError: ``option`` a dtype that does not hold every value of the space's.
+    """
+    if dtype not in WIDER_INT:
+        return (_torch_dtype(dtype) if given is None else given), None
+    wider, field = _torch_dtype(WIDER_INT[dtype]), "observations" if option == "obs_dtype" else "actions"
+    if given is None:
+        raise ConfigError(f"{option}: the dataset's {field} are {dtype}, which torch does not store; pass "
+                          f"{option}={wider} (it holds every {dtype} value)")
+    resolved = as_dtype(option, given)
+    target = numpy_dtype_or_none(resolved) if isinstance(resolved, torch.dtype) else None
+    if target is None or not np.can_cast(dtype, target, "safe"):
+        raise DtypeError(f"{option}={given}: does not hold every {dtype} value of the dataset's {field}; pass "
+                         f"{option}={wider}")
+    return given, target
+
+
 def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str] = False,
                 options: bool | Sequence[str] = False, **buffer_options: Any) -> ReplayBuffer:
     """Load a local Minari dataset into a new [`ReplayBuffer`][rlbuf.ReplayBuffer], every episode checked.
@@ -128,14 +154,17 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
             needs its extra fields too), ``storage="memmap"`` for datasets larger than
             RAM, ``compact=True`` (observations stored once), ``frame_stack``, ``n_step``, ``device``,
             ``seed``, ``prioritized`` ... Observation and action dtypes default to the spaces' own
-            (``obs_dtype=torch.float32`` stores a float64 dataset in half the memory, inexactly).
+            (``obs_dtype=torch.float32`` stores a float64 dataset in half the memory, inexactly). Observations
+            or actions of uint16 or uint32 (depth images), which torch does not store, need
+            ``obs_dtype=torch.int32`` or ``torch.int64`` (``action_dtype=`` likewise): a dtype that holds them.
 
     Returns:
         The buffer, holding every step of the dataset in episode order.
 
     Raises:
         ConfigError: a dataset that is not local, a space rlbuf cannot store, an option the dataset sets
-            (``observation_space``, ``extra_fields`` ...), or a ``capacity`` below the dataset's steps.
+            (``observation_space``, ``extra_fields`` ...), a ``capacity`` below the dataset's steps, or
+            uint16 or uint32 observations or actions without the dtype to store them in.
         ShapeError, DtypeError, NonFiniteError, OutOfRangeError, StreamError: an inconsistent episode
             (see the module's docstring), or episodes whose steps are not the metadata's ``total_steps``
             (``ShapeError``); no buffer is returned.
@@ -191,9 +220,12 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
     for name, value in option_fields.items():
         extra_fields[name] = (value.shape, _torch_dtype(value.dtype))
     del probe
-    if not spaces.structured:
-        buffer_options.setdefault("obs_dtype", _torch_dtype(spaces.obs[0][1].dtype))
-    buffer_options.setdefault("action_dtype", _torch_dtype(spaces.action.dtype))
+    casts: dict[str, np.dtype[Any] | None] = {"obs_dtype": None}
+    for option, space in (("obs_dtype", None if spaces.structured else spaces.obs[0][1]),
+                          ("action_dtype", spaces.action)):
+        if space is not None:
+            buffer_options[option], casts[option] = _stored_dtype(option, np.dtype(space.dtype),
+                                                                  buffer_options.get(option))
     buffer = ReplayBuffer(capacity, observation_space=data.observation_space, action_space=data.action_space,
                           extra_fields=extra_fields or None, **buffer_options)
 
@@ -208,7 +240,8 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
                                  f"episode's), got {episode['rewards'].dtype}; save every episode's rewards with "
                                  f"one dtype")
         return chunk_rows(chunk, spaces, exact_reward=exact_reward, episode_fields=exact, infos=keys,
-                          options=found if option_fields else ())
+                          options=found if option_fields else (), obs_dtype=casts["obs_dtype"],
+                          action_dtype=casts["action_dtype"])
 
     try:
         if buffer.compact and buffer.num_envs != 1:

@@ -617,6 +617,36 @@ def test_int64_rows_a_float64_space_would_round_are_refused_before_writing(minar
 
 
 @pytest.mark.parametrize("data_format", ["hdf5", "arrow"])
+def test_uint16_observations_load_widened_where_obs_dtype_asks_and_go_back_out(data_format: str) -> None:
+    depth = gym.spaces.Box(0, 65535, (2,), np.uint16)
+    episode = {**GOOD, "observations": np.array([[0, 65535], [1, 2], [3, 4], [5, 6], [7, 8]], np.uint16)}
+    dataset = to_minari([episode], _new_id(), data_format=data_format, observation_space=depth, action_space=ACTIONS)
+    with pytest.raises(ConfigError, match=r"^obs_dtype: the dataset's observations are uint16, which torch does not "
+                                          r"store; pass obs_dtype=torch.int32 \(it holds every uint16 value\)"):
+        from_minari(dataset)
+    with pytest.raises(DtypeError, match=r"^obs_dtype=torch.int16: does not hold every uint16 value"):
+        from_minari(dataset, obs_dtype=torch.int16)
+    buffer = from_minari(dataset, obs_dtype=torch.int32)
+    assert _rows(buffer)["obs"].tolist() == episode["observations"][:4].tolist()
+    assert _rows(buffer)["obs"].dtype == torch.int32
+    _assert_same_episodes(dataset, to_minari(buffer, _new_id(), data_format=data_format, observation_space=depth,
+                                             action_space=ACTIONS))
+
+
+@pytest.mark.parametrize("space", [gym.spaces.Box(0, 9, (2,), np.uint64),
+                                   gym.spaces.Dict({"depth": gym.spaces.Box(0, 9, (2,), np.uint16)})])
+def test_to_minari_refuses_observations_from_minari_cannot_store_before_writing(space: Any, minari_root: Path) -> None:
+    observations = space.sample()
+    rows = ({"depth": np.stack([observations["depth"]] * 5)} if isinstance(space, gym.spaces.Dict)
+            else np.stack([observations] * 5))
+    with pytest.raises(ConfigError, match=r'^observations(\["depth"\])?: a space of dtype uint(64|16), which no '
+                                          r"buffer stores .* use a space of a signed dtype"):
+        to_minari([{**GOOD, "observations": rows}], "rlbuf-test/unsigned-v0", observation_space=space,
+                  action_space=ACTIONS)
+    assert not (minari_root / "rlbuf-test" / "unsigned-v0").exists()
+
+
+@pytest.mark.parametrize("data_format", ["hdf5", "arrow"])
 def test_a_numpy_integer_seed_is_written_as_its_int(data_format: str) -> None:
     dataset = to_minari([{**GOOD, "seed": np.int64(3)}, {**GOOD, "seed": np.uint16(4)}], _new_id(),
                         data_format=data_format, observation_space=BOX, action_space=ACTIONS)
