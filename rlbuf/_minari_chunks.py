@@ -266,7 +266,7 @@ def hdf5_episode(file: Any, episode: int, spaces: Spaces, info_keys: Sequence[st
                  max_rows: int) -> dict[str, Any]:
     """One HDF5 episode read as it is stored, as ``MinariStorage.get_episodes`` gives it, with its seed
     (``info_keys=True``: every info; no field of more than ``max_rows`` rows)."""
-    group = h5py.h5g.open(file.id, f"episode_{episode}".encode())
+    group = _episode_group(file, episode, h5py)
     if info_keys is True:
         keys = list(h5py.Group(group)["infos"]) if "infos" in h5py.Group(group) else []
     else:
@@ -277,6 +277,19 @@ def hdf5_episode(file: Any, episode: int, spaces: Spaces, info_keys: Sequence[st
             **{name: _hdf5_tree(group, name, [()], episode, h5py, max_rows,
                                 {(): _row_bytes(spaces.action) if name == "actions" else 8}) for name in STEP_FIELDS},
             "infos": _hdf5_tree(group, "infos", [(key,) for key in keys], episode, h5py, max_rows, {}) if keys else {}}
+
+
+def _episode_group(file: Any, episode: int, h5py: Any) -> Any:
+    """The HDF5 group of ``episode`` (``episode_{id}``), opened.
+
+    Raises:
+        DatasetError: naming the episode, when its group is missing (deleted) or damaged.
+    """
+    try:
+        return h5py.h5g.open(file.id, b"episode_%d" % episode)
+    except (KeyError, ValueError) as error:
+        raise damaged(f"episode {episode}: {file.filename}: its group episode_{episode} cannot be opened "
+                      f"({error})") from None
 
 
 def _row_bytes(space: Any) -> int:
@@ -347,7 +360,7 @@ class _Hdf5Reader:
         """The episode's datasets, opened, or ``None`` when a field is missing or does not fit its space
         (shape, type) or the other fields' steps."""
         h5d = self.h5py.h5d
-        group = self.h5py.h5g.open(self.file.id, b"episode_%d" % episode)
+        group = _episode_group(self.file, episode, self.h5py)
         datasets = []
         for name in self.names:
             try:

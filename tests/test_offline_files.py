@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -112,6 +113,19 @@ def test_a_damaged_hdf5_file_is_refused_by_file(damage: str, monkeypatch: pytest
     assert str(path) in str(raised.value) and "re-create the dataset" in str(raised.value)
     assert closed == []  # refused at the file's opening, before a buffer was made
     assert os.path.exists(path) == (damage != "file missing")
+
+
+@pytest.mark.parametrize("episode", [0, 1])
+def test_a_deleted_hdf5_episode_group_is_refused_by_episode(episode: int) -> None:
+    import h5py
+
+    dataset = _dataset("hdf5")
+    path = Path(dataset.storage.data_path) / "main_data.hdf5"
+    with h5py.File(path, "a") as file:
+        del file[f"episode_{episode}"]
+    with pytest.raises(DatasetError, match=rf"^episode {episode}: {re.escape(str(path))}: its group episode_{episode} cannot be "
+                                           r"opened .*; re-create the dataset"):
+        from_minari(dataset)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
