@@ -87,6 +87,9 @@ FOREIGN_KEYWORDS: dict[str, dict[str, str]] = {
         "norm_adv": "rlbuf's name is normalize_advantages",
     },
     "minibatches": _EPOCH_HINTS,
+    "update": {"dones": _DONE_HINT, "done": _DONE_HINT, "next_done": _DONE_HINT, "rewards": "rlbuf's name is reward",
+               "terminations": _FLAGS_HINT, "truncations": _FLAGS_HINT,
+               **dict.fromkeys(("infos", "info"), "EpisodeStats reads no infos: pass metrics= for what to follow")},
     "epochs": {name: hint for name, hint in _EPOCH_HINTS.items() if "num_minibatches" not in hint},
 }
 """Method -> keywords of other libraries' versions of it (SB3, CleanRL, TorchRL, rsl_rl) -> what rlbuf takes."""

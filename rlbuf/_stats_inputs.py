@@ -7,7 +7,7 @@ Example:
     >>> inputs.flag("terminated", [1, 0])
     Traceback (most recent call last):
     ...
-    rlbuf.errors.DtypeError: terminated: expected dtype bool, got int64
+    rlbuf.errors.DtypeError: terminated: expected dtype bool, got int64; pass flags as bools (a tensor's .bool(), an array's .astype(bool))
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ class StepInputs:
     def flag(self, name: str, value: Values) -> np.ndarray[Any, Any]:
         flag = self.shape(name, as_array(name, value))
         if flag.dtype != np.bool_:
-            raise DtypeError(f"{name}: expected dtype bool, got {flag.dtype}")
+            raise DtypeError(f"{name}: expected dtype bool, got {flag.dtype}; pass flags as bools (a tensor's .bool(), "
+                             f"an array's .astype(bool))")
         return flag
 
     def metrics(

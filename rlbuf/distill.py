@@ -39,10 +39,27 @@ from rlbuf._fields import extra_specs, refuse_padding
 from rlbuf._keywords import check_extras, keywords_checked
 from rlbuf._obs import ObsDtype, ObsShape, as_shape, leaf_names, read_td, record_layout
 from rlbuf.batches import DistillationBatch
-from rlbuf.errors import MissingFieldError
+from rlbuf.errors import MissingFieldError, ShapeError
 from rlbuf.spaces import extra_field_dtypes, resolve_action_range, resolve_fields
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_tensordict
 from rlbuf.storage import DeviceLike, StorageKind
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    """The shape of an add's value, or ``None`` where it has none (ragged: the field's reader refuses it)."""
+    if isinstance(value, torch.Tensor | np.ndarray):
+        return tuple(value.shape)
+    try:
+        return tuple(np.shape(value))
+    except ValueError:
+        return None
+
+
+def _rows_of(shape: tuple[int, ...], row_shape: tuple[int, ...]) -> int | None:
+    """Rows in a value of ``shape`` of a field of ``row_shape`` (one row may omit its batch dim), or ``None``."""
+    if shape == row_shape:
+        return 1
+    return shape[0] if len(shape) == len(row_shape) + 1 and shape[1:] == row_shape else None
 
 
 class DistillationBuffer(RingBuffer[DistillationBatch]):
@@ -154,12 +171,15 @@ class DistillationBuffer(RingBuffer[DistillationBatch]):
         ordered = tuple(values[spec.name] for spec in self._ring.input_specs)
         # The rows of this call, from the first observation leaf (one row may omit its batch dim).
         obs_shape, given = self._ring.by_name[names[0]].shape, tuple(leaves[0].shape)
-        if given == obs_shape:
-            rows = 1
-        elif len(given) == len(obs_shape) + 1 and given[1:] == obs_shape:
-            rows = given[0]
-        else:
-            rows = self._num_envs  # a wrong shape: the ring's check names the field, the expected and the given
+        rows = _rows_of(given, obs_shape)
+        if rows is None:
+            raise ShapeError(f"{names[0]}: expected shape (B, {', '.join(map(str, obs_shape))}) for B rows, or "
+                             f"{obs_shape} for one row, got {given}")
+        for name, value in values.items():  # one row of each field per observation row
+            shape = _shape(value)
+            if shape is not None and (count := _rows_of(shape, self._ring.by_name[name].shape)) not in (None, rows):
+                raise ShapeError(f"{name}: {count} row{'s' * (count != 1)} (shape {shape}) where {names[0]} has {rows} (shape {given}): "
+                                 f"one {name} per observation row")
         if rows == self._num_envs:
             self._ring.add(ordered, rows)
             return

@@ -51,6 +51,7 @@ from tensordict import is_tensor_collection
 from rlbuf._convert import MAX_DEPTH
 from rlbuf._final_obs import rows_of, with_final_obs
 from rlbuf._gym_seam import last_observations, pending_resets
+from rlbuf._obs_trail import ObservationTrail
 from rlbuf.distill import DistillationBuffer
 from rlbuf.errors import (
     ConfigError,
@@ -155,8 +156,22 @@ class Recorder:
                           f"step, whose row is left out; these envs do not show the Recorder an envs.reset() made "
                           f"before the first record: after one, call recorder.reset() (else each reset env's first "
                           f"step is left out too)", NextStepResetWarning, stacklevel=2)
+        elif resetting is None and self._unknown_pending and len(buffer):
+            warnings.warn("Recorder: these NEXT_STEP envs do not say which of them are in their reset step "
+                          "(AsyncVectorEnv and other libraries' vector envs keep it to themselves), and the buffer "
+                          "holds rows already: if the envs ran before, pass resetting=terminated | truncated of their "
+                          "last step (else the reset step of each env that ended is stored as a transition); if you "
+                          f"reset them since, pass resetting=np.zeros({num_envs}, bool)", NextStepResetWarning,
+                          stacklevel=2)
+        # What each env's next obs must be (the next_obs recorded last), and the envs whose next obs starts anew:
+        # their last recorded step ended an episode, or recorder.reset() was told they were reset. A ReplayBuffer's
+        # only: it stores both; the others store obs alone, which a loop may normalise and next_obs not.
+        self._trail = ObservationTrail(buffer._obs, num_envs) if isinstance(buffer, ReplayBuffer) else None
+        self._starting = np.ones(num_envs, np.bool_)
         self.skipped = 0
         """Reset steps (env rows) left out so far (``NEXT_STEP`` only)."""
+
+    _unknown_pending = False  # NEXT_STEP envs that do not say which of them are in their reset step
 
     def _pending(self, envs: Any, resetting: Any) -> np.ndarray[Any, Any]:
         """The envs whose next step is a reset step, when the Recorder starts."""
@@ -166,6 +181,7 @@ class Recorder:
                                   f"{self.autoreset_mode.name} envs")
             return _flags("resetting", resetting, self.num_envs).copy()
         pending = pending_resets(envs) if self.autoreset_mode is AutoresetMode.NEXT_STEP else None
+        self._unknown_pending = pending is None and self.autoreset_mode is AutoresetMode.NEXT_STEP
         return np.zeros(self.num_envs, np.bool_) if pending is None else pending
 
     def reset(self, env_mask: Any = None) -> None:
@@ -203,11 +219,13 @@ class Recorder:
                     f"reset (the Recorder then asks bootstrap for it), or reset the envs between rollouts")
         if reset is None:
             self._resetting[:] = False
+            self._starting[:] = True
         else:
             self._resetting &= ~reset
+            self._starting |= reset
         self._read_from_envs &= self._resetting
 
-    def record(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
+    def record(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any = None,
                info: Mapping[str, Any] | None = None, **fields: Any) -> None:
         """Store the real transitions of one ``envs.step``.
 
@@ -240,6 +258,11 @@ class Recorder:
                 ``info`` that is not a dict; flags that are not ``[num_envs]`` bools.
             ConfigError: ``info`` carries final observations although the envs are not ``SAME_STEP``
                 ones (their ``next_obs`` would hold reset observations).
+            StreamError: (a ``ReplayBuffer``'s) an env's ``obs`` is not the ``next_obs`` recorded with
+                its previous step, whose episode did not end: the envs were reset without
+                ``recorder.reset()``, or a step went unrecorded. Under ``NEXT_STEP``, an env in its
+                reset step whose ``obs`` is not that step's final observation was reset: its step is
+                stored, as a real one.
             RlbufError: whatever the buffer's ``add`` refuses (nothing is stored then).
 
         Example:
@@ -258,6 +281,14 @@ class Recorder:
             [1.0, 9.0]
         """
         n = self.num_envs
+        if truncated is None:
+            raise MissingFieldError("truncated: required: record(obs, action, reward, next_obs, terminated, truncated, "
+                                    "info) takes what envs.step returned; CleanRL's done is not terminated (a timeout "
+                                    "would count as a death)")
+        if isinstance(truncated, (list, tuple)) and truncated and all(isinstance(i, Mapping) for i in truncated):
+            raise MissingFieldError("truncated: got a list of info dicts where envs.step's truncations belong: an SB3 "
+                                    "VecEnv's dones and infos? terminated, truncated, info = rlbuf.gym.sb3_step(dones, "
+                                    "infos), then record(obs, action, reward, next_obs, terminated, truncated, info)")
         if isinstance(truncated, Mapping) and info is None:  # record(obs, action, reward, next_obs, terminated, info)
             raise MissingFieldError("truncated: got a dict where envs.step's truncations belong: was info passed in "
                                     "its place? record(obs, action, reward, next_obs, terminated, truncated, info)")
@@ -266,8 +297,18 @@ class Recorder:
         ended = terminated_np | truncated_np
         stored_next = next_obs if isinstance(self.buffer, DistillationBuffer) else self._final_observations(
             next_obs, ended, info)
+        continues = None if self._trail is None else self._trail.continues(obs)
+        if continues is not None and (broken := ~(self._starting | self._resetting | continues)).any():
+            raise StreamError(
+                f"obs: env {int(broken.argmax())}'s observation is not the next_obs recorded with its previous step, "
+                f"whose episode did not end: the envs were reset, or a step went unrecorded, without the Recorder "
+                f"being told. After envs.reset(), call recorder.reset() (the buffer's running episodes then end as a "
+                f"time limit would); record every envs.step, from the next_obs of the one before (both as the envs "
+                f"gave them, or both normalised alike)")
         keep = ~self._resetting if self.autoreset_mode is AutoresetMode.NEXT_STEP else None
-        if keep is not None and self._read_from_envs.any():
+        if keep is not None and continues is not None:  # a reset step starts from the final observation
+            keep = keep | ended | ~continues
+        elif keep is not None and self._read_from_envs.any():
             keep = keep | (self._read_from_envs & self._real_first_steps(obs, ended))
         if keep is not None and keep.all():
             keep = None
@@ -280,11 +321,15 @@ class Recorder:
             buffer.add(obs, action, reward, terminated, truncated=truncated, **fields)
         else:
             expert_action = fields.pop("expert_action", action)
-            if keep is None:
-                buffer.add(obs, expert_action, **fields)
-            elif keep.any():
-                buffer.add(_rows(obs, keep, "obs"), _rows(expert_action, keep, "expert_action"),
-                           **{name: _rows(value, keep, name) for name, value in fields.items()})
+            # A DistillationBuffer takes batches of any size: the Recorder holds them to one row per env.
+            select, kept = keep is not None, np.ones(n, np.bool_) if keep is None else keep
+            rows = [_rows(value, kept, name, select=select)
+                    for name, value in (("obs", obs), ("expert_action", expert_action), *fields.items())]
+            if kept.any():
+                buffer.add(*rows[:2], **dict(zip(fields, rows[2:], strict=True)))
+        if self._trail is not None:
+            self._trail.remember(next_obs)
+        self._starting = ended.copy() if self.autoreset_mode is AutoresetMode.DISABLED else np.zeros(n, np.bool_)
         if self.autoreset_mode is AutoresetMode.NEXT_STEP:
             self.skipped += 0 if keep is None else int((~keep).sum())
             self._resetting = ended
@@ -515,18 +560,20 @@ def _flags(name: str, value: Any, n: int | None) -> np.ndarray[Any, Any]:
     return array
 
 
-def _rows(value: Any, keep: np.ndarray[Any, Any], name: str, depth: int = 0) -> Any:
-    """The rows of ``value`` where ``keep`` is True, in ``value``'s own type (a dict key by key)."""
+def _rows(value: Any, keep: np.ndarray[Any, Any], name: str, depth: int = 0, *, select: bool = True) -> Any:
+    """The rows of ``value`` where ``keep`` is True, in ``value``'s own type (a dict key by key); with
+    ``select=False``, ``value`` itself, once it is checked to hold one row per env."""
     if isinstance(value, Mapping):
         if depth >= MAX_DEPTH:
             raise ShapeError(f"{name}: nested more than {MAX_DEPTH} levels deep")
-        return {key: _rows(part, keep, f"{name}[{key!r}]", depth + 1) for key, part in value.items()}
+        rows = {key: _rows(part, keep, f"{name}[{key!r}]", depth + 1, select=select) for key, part in value.items()}
+        return rows if select else value
     if isinstance(value, torch.Tensor) or is_tensor_collection(value):
         lead = tuple(value.shape[:1] if isinstance(value, torch.Tensor) else value.batch_size[:1])
         if lead != keep.shape:
             raise ShapeError(f"{name}: expected {keep.size} rows (one per env), got shape {tuple(value.shape)}")
-        return value[torch.as_tensor(keep, device=value.device)]
+        return value[torch.as_tensor(keep, device=value.device)] if select else value
     array = as_array(name, value)
     if array.shape[:1] != keep.shape:
         raise ShapeError(f"{name}: expected {keep.size} rows (one per env), got shape {array.shape}")
-    return array[keep]
+    return array[keep] if select else value

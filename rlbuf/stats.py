@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from rlbuf._convert import all_finite, as_array, positive_int
+from rlbuf._keywords import keywords_checked
 from rlbuf._stats_inputs import Reasons as _Reasons
 from rlbuf._stats_inputs import StepInputs, env_indices
 from rlbuf._stats_inputs import Values as _Values
@@ -37,7 +38,6 @@ from rlbuf.errors import ConfigError, DtypeError, NonFiniteError
 from rlbuf.storage import available_ram
 
 __all__ = ["EpisodeStats"]
-
 
 _StatSummary: TypeAlias = "dict[str, float | int | None]"
 """``mean``, ``std``, ``min``, ``max`` (``None`` when ``count`` is 0) and ``count``."""
@@ -154,6 +154,7 @@ class EpisodeStats:
         """
         return self._finished
 
+    @keywords_checked
     def update(self, reward: _Values, terminated: _Values, truncated: _Values | None = None, *,
                metrics: Mapping[str, _Values] | None = None, reasons: _Reasons | None = None,
                env_mask: _Values | None = None) -> None:

@@ -179,8 +179,9 @@ def step(recorder: Recorder, obs_kind: str, *, ended: bool, final: Any = None, i
         entries = np.empty(NUM_ENVS, dtype=object)
         entries[ENDED] = final
         info = {"final_obs": entries, "_final_obs": flags.copy()}
+    # next_obs equal to obs: each step continues the one before, as the Recorder checks
     recorder.record(observation(obs_kind, 1), np.zeros(NUM_ENVS, np.float32), np.ones(NUM_ENVS, np.float32),
-                    observation(obs_kind, 2), np.zeros(NUM_ENVS, bool), flags, info, **extra)
+                    observation(obs_kind, 1), np.zeros(NUM_ENVS, bool), flags, info, **extra)
 
 
 def valid_final(obs_kind: str) -> Any:
@@ -290,7 +291,7 @@ def test_a_final_observation_tensor_of_a_batched_env_is_read_row_by_row() -> Non
     final = torch.tensor([[9.0, 9.0, 9.0], [1.0, 2.0, 3.0]])
     _, _, info = isaac_step(torch.tensor([False, True]), {}, final_obs=final)
     step(recorder, "flat", ended=True, info=info)
-    assert recorder.buffer.sample_all().next_obs.tolist() == [[2.0] * 3, [1.0, 2.0, 3.0]]
+    assert recorder.buffer.sample_all().next_obs.tolist() == [[1.0] * 3, [1.0, 2.0, 3.0]]
 
 
 @pytest.mark.parametrize(("dones", "infos", "error", "message"), [
