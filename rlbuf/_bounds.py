@@ -55,8 +55,7 @@ class Bounds:
 
     @classmethod
     def of_space(cls, space: Any) -> Bounds | None:
-        """The bounds a discrete space (or an integer ``Box``) sets, else ``None`` (``MultiBinary`` too: a buffer's
-        action range records none, as its checkpoints always did).
+        """The bounds a discrete space (an integer ``Box``, ``MultiBinary``: 0 and 1) sets, else ``None``.
 
         Example:
             >>> import gymnasium as gym
@@ -71,6 +70,8 @@ class Bounds:
             return cls(int(space.start), int(space.start) + int(space.n) - 1)
         if isinstance(space, spaces.MultiDiscrete):
             return cls._of_arrays(np.asarray(space.start), np.asarray(space.start) + np.asarray(space.nvec) - 1)
+        if isinstance(space, spaces.MultiBinary):
+            return cls(0, 1)
         if isinstance(space, spaces.Box) and np.dtype(space.dtype).kind in "iu":
             return cls._of_arrays(np.asarray(space.low), np.asarray(space.high))
         from torchrl.data import Categorical, MultiCategorical

@@ -91,6 +91,34 @@ def options_problem(saved: Any, own: Mapping[str, Any]) -> str:
     return ""
 
 
+def with_binary_range(saved_options: Any, saved_specs: Any, own_options: Mapping[str, Any],
+                      own_specs: Sequence[dict[str, Any]]) -> tuple[Any, Any]:
+    """A state saved before ``MultiBinary`` action spaces set a range, as this buffer records it: where the
+    state has no ``action_range`` and int8 actions, and this buffer has the range ``[0, 1]`` on int8 actions
+    (a ``MultiBinary`` space's), the state's options and action spec take that range; the load check then
+    holds every stored action to it. Anything else comes back as given.
+
+    Example:
+        >>> spec = {"name": "action", "dtype": "int8"}
+        >>> with_binary_range({"action_range": None}, [spec], {"action_range": [0, 1]},
+        ...                   [{**spec, "bounds": [0, 1]}])
+        ({'action_range': [0, 1]}, [{'name': 'action', 'dtype': 'int8', 'bounds': [0, 1]}])
+    """
+    binary = [0, 1]
+    if not (isinstance(saved_options, Mapping) and saved_options.get("action_range", binary) is None
+            and own_options.get("action_range") == binary and isinstance(saved_specs, list)):
+        return saved_options, saved_specs
+    own_action = next((spec for spec in own_specs if spec.get("name") == "action"), None)
+    at = next((i for i, spec in enumerate(saved_specs) if isinstance(spec, Mapping) and spec.get("name") == "action"),
+              None)
+    if own_action is None or at is None or own_action.get("dtype") != "int8" or "bounds" in saved_specs[at] or (
+            {**saved_specs[at], "bounds": own_action.get("bounds")} != own_action):
+        return saved_options, saved_specs
+    specs = list(saved_specs)
+    specs[at] = own_action
+    return {**saved_options, "action_range": binary}, specs
+
+
 def _same_json(a: Any, b: Any) -> bool:
     """JSON equality that tells ``True`` from ``1`` and ``1`` from ``1.0``."""
     if type(a) is not type(b) and not (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple))):

@@ -222,9 +222,7 @@ def _check_leaf(value: np.ndarray[Any, Any], space: Any, rows: int, steps: int, 
 
 
 def _integer_range(space: Any) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None:
-    """The lowest and highest value a discrete space (or an integer ``Box``) holds, else ``None``."""
-    if isinstance(space, gym_spaces.MultiBinary):
-        return np.zeros((), np.int64), np.ones((), np.int64)
+    """The lowest and highest value a discrete space (an integer ``Box``, ``MultiBinary``) holds, else ``None``."""
     bounds = Bounds.of_space(space)
     if bounds is None:
         return None

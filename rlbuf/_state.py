@@ -41,6 +41,7 @@ from rlbuf._invariants import (
     sampler_problem,
     steps_problem,
     tensors_problem,
+    with_binary_range,
 )
 from rlbuf._manifest_state import counts_problem, saved_count
 from rlbuf._ring import RowCopies, RowRing, RowSink
@@ -256,11 +257,12 @@ class BufferState:
         saved_options = state.get("options")
         if isinstance(saved_options, dict):
             saved_options = type(self)._options_from_checkpoint(dict(saved_options))
+        mine = [spec.to_json() for spec in ring.specs]
+        saved_options, saved_specs = with_binary_range(saved_options, state.get("spec"), self._options, mine)
         # Options first: an option that differs (compression=) names itself, where the specs it sets would not.
         _raise_if("state", options_problem(saved_options, self._options))
-        mine = [spec.to_json() for spec in ring.specs]
-        if state.get("spec") != mine:
-            raise CheckpointError(f"state: fields {state.get('spec')} differ from this buffer's {mine}")
+        if saved_specs != mine:
+            raise CheckpointError(f"state: fields {saved_specs} differ from this buffer's {mine}")
         if state.get("capacity") != ring.capacity:
             raise CheckpointError(f"state: capacity {state.get('capacity')}, this buffer's is {ring.capacity}")
         sampler = type(ring.rb.sampler).__name__

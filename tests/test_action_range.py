@@ -113,6 +113,7 @@ def test_extend_and_torchrl_writes_refuse_an_action_outside_the_space() -> None:
     (gym.spaces.MultiDiscrete([[2, 2], [3, 3]]), [[[1, 1], [2, 2]]], [[1, 1], [2, 3]], r"\[0, 2\], got 3 at element 3"),
     (gym.spaces.Box(0, 5, (2,), np.int64), [[0, 5]], [6, 0], r"\[0, 5\], got 6 at element 0"),
     (Categorical(4), [0, 3], 4, r"\[0, 3\], got 4"),
+    (gym.spaces.MultiBinary(3), [[0, 1, 1], [1, 0, 0]], [0, 2, 1], r"\[0, 1\], got 2 at element 1"),  # helper 56
 ])
 def test_every_discrete_space_sets_its_range(space: Any, good: list[Any], bad: Any, message: str) -> None:
     buffer = _replay(action_space=space)
@@ -123,11 +124,36 @@ def test_every_discrete_space_sets_its_range(space: Any, good: list[Any], bad: A
     assert len(buffer) == len(good)
 
 
-def test_continuous_and_binary_spaces_have_no_range() -> None:
-    # A MultiBinary buffer's checkpoints record no range; one now would refuse their load_state_dict.
-    for space in (gym.spaces.Box(-1, 1, (2,)), gym.spaces.MultiBinary(3)):
-        assert Bounds.of_space(space) is None
-        assert _replay(action_space=space)._options["action_range"] is None
+def test_continuous_spaces_have_no_range() -> None:
+    space = gym.spaces.Box(-1, 1, (2,))
+    assert Bounds.of_space(space) is None
+    assert _replay(action_space=space)._options["action_range"] is None
+
+
+def _without_range(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` as a version that recorded no range for a MultiBinary space wrote it."""
+    spec = [{k: v for k, v in entry.items() if k != "bounds"} for entry in state["spec"]]
+    return {**state, "options": {**state["options"], "action_range": None}, "spec": spec}
+
+
+def test_a_multibinary_state_saved_without_its_range_loads_with_it_and_its_actions_are_held_to_it() -> None:
+    binary = gym.spaces.MultiBinary(3)
+    saved = _replay(action_space=binary)
+    _step(saved, np.array([0, 1, 1], np.int8))
+    state = _without_range(saved.state_dict())
+    buffer = _replay(action_space=binary)
+    buffer.load_state_dict(state)
+    assert buffer.sample_all().action.tolist() == [[0, 1, 1]]
+    with pytest.raises(OutOfRangeError):
+        _step(buffer, np.array([0, 2, 1], np.int8))
+    state["fields"]["action"][0, 1] = 2  # an action the range refuses: so is the state
+    with pytest.raises(CheckpointError, match="outside its bounds"):
+        _replay(action_space=binary).load_state_dict(state)
+    plain = ReplayBuffer(20, observation_space=OBS, action_shape=(3,), action_dtype=torch.int8, seed=0)
+    ranged = ReplayBuffer(20, observation_space=OBS, action_shape=(3,), action_dtype=torch.int8, action_range=(0, 2),
+                          seed=0)
+    with pytest.raises(CheckpointError, match="action_range is None in the state"):  # only [0, 1] is taken so
+        ranged.load_state_dict(plain.state_dict())
 
 
 def test_the_action_range_option_checks_itself() -> None:
