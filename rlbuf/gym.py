@@ -329,7 +329,7 @@ class Recorder:
                 buffer.add(*rows[:2], **dict(zip(fields, rows[2:], strict=True)))
         if self._trail is not None:
             self._trail.remember(next_obs)
-        self._starting = ended.copy() if self.autoreset_mode is AutoresetMode.DISABLED else np.zeros(n, np.bool_)
+        self._starting = ended.copy()  # an episode that ended continues nothing (SAME_STEP: whatever next_obs held)
         if self.autoreset_mode is AutoresetMode.NEXT_STEP:
             self.skipped += 0 if keep is None else int((~keep).sum())
             self._resetting = ended

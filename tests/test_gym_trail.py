@@ -164,3 +164,15 @@ def test_a_distillation_buffer_names_a_row_count_that_differs_from_the_observati
                                          r"\(3, 5\)"):
         buffer.add(torch.zeros(3, 5), torch.zeros(3, dtype=torch.int64))
     assert len(buffer) == 0
+
+
+def test_a_same_step_next_obs_holding_the_final_observation_is_no_break_after_the_end() -> None:
+    # CleanRL's habit: real_next_obs (the final observation where an env ended) passed as next_obs.
+    buffer = ReplayBuffer(10, obs_shape=(1,), action_shape=(), num_envs=2)
+    recorder = Recorder(Envs("same_step"), buffer)
+    ends, none = np.array([False, True]), np.zeros(2, bool)
+    real_next_obs = np.array([[1.0], [9.0]])  # env 1 ended at 9 (and was reset to 0)
+    info = {"final_obs": np.array([None, np.array([9.0])], dtype=object), "_final_obs": ends}
+    recorder.record(np.zeros((2, 1)), np.zeros(2), np.ones(2), real_next_obs, ends, none, info)
+    recorder.record(np.array([[1.0], [0.0]]), np.zeros(2), np.ones(2), np.ones((2, 1)), none, none, {})
+    assert buffer.sample_all().obs.flatten().tolist() == [0.0, 0.0, 1.0, 0.0]
