@@ -91,8 +91,18 @@ class EpisodeIndex:
 
     # -- writing -----------------------------------------------------------------------------
     def record(self, positions: _Ints, env_ids: _Ints, ended: _Bools, *, distinct: bool = False) -> None:
-        """Index rows just written at ``positions`` (distinct, in write order) of envs ``env_ids``;
-        ``ended``: each row ended its episode; ``distinct``: no env has two of the rows."""
+        """Index rows just written at ``positions`` (in write order) of envs ``env_ids``; ``ended``:
+        each row ended its episode; ``distinct``: no env has two of the rows.
+
+        More rows than the ring holds wrap it within one write: they are indexed a ring's worth at a
+        time, so a row overwritten by a later row of the same write advances its env's oldest rank.
+        """
+        for start in range(0, len(positions), self.capacity):
+            rows = slice(start, start + self.capacity)
+            self._record_ring(positions[rows], env_ids[rows], ended[rows], distinct=distinct)
+
+    def _record_ring(self, positions: _Ints, env_ids: _Ints, ended: _Bools, *, distinct: bool) -> None:
+        """``record`` of at most ``capacity`` rows (at distinct positions)."""
         n = len(positions)
         if n == 0:
             return

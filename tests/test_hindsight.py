@@ -105,9 +105,54 @@ def add_step(buf: ReplayBuffer, ref: Reference, mask: list[bool], ended: list[bo
                 ref.running[e] = code[e]
 
 
-steps = st.integers(1, 3).flatmap(lambda n: st.tuples(st.just(n), st.integers(3, 24), st.lists(st.tuples(
-    st.lists(st.booleans(), min_size=n, max_size=n), st.lists(st.integers(0, 5), min_size=n, max_size=n),
-    st.lists(st.booleans(), min_size=n, max_size=n)), min_size=1, max_size=40)))
+@dataclass(frozen=True)
+class Extend:
+    """An ``extend`` of ``T`` steps of every env (env first); ``ended[e][t]``: step t of env e ends its
+    episode (by a time limit where ``truncated[e][t]`` too)."""
+
+    T: int
+    ended: list[list[bool]]
+    truncated: list[list[bool]]
+
+
+def extend_steps(buf: ReplayBuffer, ref: Reference, step: Extend) -> None:
+    """``add_step`` for an env-first batch: achieved goals ``[serial, env]``, serials env by env
+    (the rows' write order); a step after one that ended starts anywhere."""
+    n, T = len(step.ended), step.T
+    base = len(ref.env)
+    code = torch.tensor([[[base + e * T + t, e] for t in range(T)] for e in range(n)], dtype=torch.float32)
+    start = torch.stack([torch.stack([ref.running.get(e, torch.full((2,), -0.5 - e))]
+                                     + [torch.full((2,), -100.0 - t) if step.ended[e][t] else code[e, t]
+                                        for t in range(T - 1)]) for e in range(n)])
+    ended = torch.tensor(step.ended)
+    truncated = ended & torch.tensor(step.truncated)
+    goal = torch.full((n, T, 2), SENTINEL)
+    buf.extend(TensorDict({"observation": {"observation": start[..., :1], "achieved_goal": start, "desired_goal": goal},
+                           "action": torch.zeros(n, T),
+                           "next": {"observation": {"observation": code[..., :1], "achieved_goal": code,
+                                                    "desired_goal": goal},
+                                    "reward": torch.full((n, T, 1), -1.0), "terminated": (ended & ~truncated)[..., None],
+                                    "truncated": truncated[..., None]}}, batch_size=[n, T]))
+    for e in range(n):
+        ref.env.extend([e] * T)
+        ref.ended.extend(step.ended[e])
+        if step.ended[e][-1]:
+            ref.running.pop(e, None)
+        else:
+            ref.running[e] = code[e, -1]
+
+
+def _plan(n: int) -> st.SearchStrategy[Any]:
+    """Vector steps (mask, ends, cuts) and env-first extends, some of more rows than the ring holds."""
+    flags = st.lists(st.booleans(), min_size=n, max_size=n)
+    step = st.tuples(flags, st.lists(st.integers(0, 5), min_size=n, max_size=n), flags)
+    extend = st.integers(1, 12).flatmap(lambda T: st.builds(
+        Extend, st.just(T), *[st.lists(st.lists(st.integers(0, 5).map(lambda x: x == 0), min_size=T, max_size=T),
+                                       min_size=n, max_size=n)] * 2))
+    return st.lists(st.one_of(step, step, extend), min_size=1, max_size=40)
+
+
+steps = st.integers(1, 3).flatmap(lambda n: st.tuples(st.just(n), st.integers(3, 24), _plan(n)))
 
 
 def fill(n: int, capacity: int, plan: list[Any], strategy: str = "future", ratio: float = 1.0) -> tuple[ReplayBuffer, Reference]:
@@ -115,7 +160,11 @@ def fill(n: int, capacity: int, plan: list[Any], strategy: str = "future", ratio
 
 
 def fill_into(buf: ReplayBuffer, ref: Reference, plan: list[Any]) -> tuple[ReplayBuffer, Reference]:
-    for keep, end, cut in plan:
+    for step in plan:
+        if isinstance(step, Extend):
+            extend_steps(buf, ref, step)
+            continue
+        keep, end, cut = step
         mask = [k or (sum(keep) == 0 and e == 0) for e, k in enumerate(keep)]
         add_step(buf, ref, mask, [x == 0 for x in end], [x == 0 and c for x, c in zip(end, cut, strict=True)])
     return buf, ref
@@ -159,6 +208,36 @@ def test_sampled_goals_come_from_the_rows_own_episode_and_rewards_follow(case: A
     for name in ("action", "terminated", "truncated", "done"):  # a time limit still bootstraps
         assert torch.equal(getattr(batch, name), getattr(real, name))
     assert torch.equal(batch.obs["observation"], real.obs["observation"])
+
+
+@MASKED_ENDS
+@settings(max_examples=30, deadline=None)
+@given(steps, st.sampled_from(STRATEGIES), st.lists(st.booleans(), min_size=3, max_size=3))
+def test_a_checkpoint_derives_the_index_the_live_buffer_keeps(case: Any, strategy: str, reset: list[bool]) -> None:
+    """Loaded, the same goal and n-step rows for every stored row, and ``truncate_episodes`` marks the
+    same rows (an extend that wraps the ring once left the live index behind)."""
+    n, capacity, plan = case
+    buf, _ = fill(n, capacity, plan, strategy)
+    loaded = goal_buffer(capacity, n, strategy)
+    loaded.load_state_dict(buf.state_dict())
+    live, derived = (b._relabeller.episodes for b in (buf, loaded))  # type: ignore[union-attr]
+    positions = buf.sample_all().index.numpy()
+    uniform = np.random.default_rng(0).random(len(positions))
+    for name in STRATEGIES:
+        assert np.array_equal(live.goal_rows(positions, name, uniform), derived.goal_rows(positions, name, uniform))
+    assert all(np.array_equal(a, b) for a, b in zip(live.window(positions, 3), derived.window(positions, 3), strict=True))
+    for target in (buf, loaded):
+        target.truncate_episodes(torch.tensor(reset[:n]))
+    assert torch.equal(buf.sample_all().truncated, loaded.sample_all().truncated)
+
+
+def test_an_extend_that_wraps_the_ring_leaves_no_row_to_an_env_it_overwrote() -> None:
+    """8 rows into 4: env 1's rows overwrite all of env 0's; a reset of env 0 marks no row."""
+    buf, ref = goal_buffer(4, 2), Reference(4)
+    extend_steps(buf, ref, Extend(4, [[False] * 4] * 2, [[False] * 4] * 2))
+    buf.truncate_episodes(torch.tensor([True, False]))
+    rows = buf.sample_all()
+    assert rows.next_obs["achieved_goal"][:, 1].tolist() == [1.0] * 4 and not bool(rows.truncated.any())
 
 
 def test_the_relabelled_share_is_the_ratio_within_binomial_error() -> None:
