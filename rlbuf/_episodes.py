@@ -24,7 +24,6 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -244,22 +243,21 @@ class EpisodeIndex:
         """The env of every stored row, in write order (``chronological``: their positions)."""
         return {"env": torch.from_numpy(self.env[chronological].copy())}
 
-    def problem(self, state: Any, ended: _Bools) -> str:
-        """What is wrong with a checkpoint's episode state for stored rows that ended their
-        episodes where ``ended`` says (write order), or ``""``."""
-        size = len(ended)
-        if not isinstance(state, Mapping) or set(state) != {"env"}:
-            return "hindsight: a checkpoint's episodes must be {'env': tensor}"
-        env = state["env"]
+    def problem(self, env: Any, size: int) -> str:
+        """What is wrong with a checkpoint's envs of ``size`` stored rows, or ``""``."""
         if not isinstance(env, torch.Tensor) or env.dtype != torch.int64 or tuple(env.shape) != (size,):
-            got = f"{env.dtype} {tuple(env.shape)}" if isinstance(env, torch.Tensor) else type(env).__name__
-            return f"hindsight: episodes['env'] must be int64 of shape ({size},) (one per stored row), got {got}"
+            return f"hindsight: episodes['env'] must be int64 of shape ({size},) (one per stored row), got {described(env)}"
         if size and (int(env.min()) < 0 or int(env.max()) >= self.num_envs):
             return f"hindsight: episodes['env'] holds envs outside [0, {self.num_envs}): {sorted(set(env.tolist()))[:8]}"
         return ""
 
-    def derive(self, state: Mapping[str, Any], chronological: _Ints, ended: _Bools) -> None:
+    def derive(self, env: torch.Tensor, chronological: _Ints, ended: _Bools) -> None:
         """Rebuild every table from a checkpoint's envs (checked by ``problem``) and the stored
         rows' ended flags, both in write order."""
         self.clear()
-        self.record(chronological, state["env"].numpy().astype(np.int64), ended)
+        self.record(chronological, env.numpy().astype(np.int64), ended)
+
+
+def described(value: Any) -> str:
+    """A checkpoint value as a refusal names it: a tensor's dtype and shape, else its type."""
+    return f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__

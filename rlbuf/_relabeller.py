@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from rlbuf._episodes import EpisodeIndex
+from rlbuf._episodes import EpisodeIndex, described
 from rlbuf._nstep import nstep_discount, nstep_return
 from rlbuf._obs import Layout, Leaf, leaf_names
 from rlbuf._ring import RowRing
@@ -52,6 +52,7 @@ from rlbuf.hindsight import ACHIEVED, DESIRED_GOAL, GOAL_KEYS, Hindsight
 _Ints = npt.NDArray[np.int64]
 _Bools = npt.NDArray[np.bool_]
 _Array = np.ndarray[Any, Any]
+_RUNNING = ("running", "next_obs")  # each env's running episode; older checkpoints hold only the envs
 
 
 class Relabeller:
@@ -252,8 +253,18 @@ class Relabeller:
         return (np.arange(size, dtype=np.int64) + (write_count - size)) % self.ring.capacity
 
     def state_dict(self) -> dict[str, Any]:
-        """The episode index's state (call with the ring's lock held, the ring flushed)."""
-        return {"episodes": self.episodes.state_dict(self._chronological(len(self.ring), self.ring.write_count))}
+        """The episode index's state, and whether each env's episode runs with the ``next_obs`` its
+        next row must continue (zeros where it does not): an env whose stored rows were all
+        overwritten still refuses a step that breaks its episode after a load (call with the ring's
+        lock held, the ring flushed)."""
+        running = self._running.copy()
+        kept = {}
+        for name, last in zip(self._next_names, self._last_next, strict=True):
+            leaves = np.zeros_like(last)
+            leaves[running] = last[running]
+            kept[name] = torch.from_numpy(leaves)
+        episodes = self.episodes.state_dict(self._chronological(len(self.ring), self.ring.write_count))
+        return {"episodes": {**episodes, "running": torch.from_numpy(running), "next_obs": kept}}
 
     def _ended(self, fields: Mapping[str, torch.Tensor], size: int, write_count: int) -> _Bools:
         positions = torch.from_numpy(self._chronological(size, write_count))
@@ -263,29 +274,86 @@ class Relabeller:
     def state_problem(self, extra: Mapping[str, Any], fields: Mapping[str, torch.Tensor], *, size: int,
                       write_count: int) -> str:
         """What is wrong with a checkpoint's episode state for its stored ``fields``, or ``""``."""
-        ended = self._ended(fields, size, write_count)
         state = extra.get("episodes")
-        problem = self.episodes.problem(state, ended)
-        if problem or not size or not isinstance(state, Mapping):
+        if not isinstance(state, Mapping) or set(state) not in ({"env"}, {"env", *_RUNNING}):
+            got = sorted(state) if isinstance(state, Mapping) else type(state).__name__
+            return ("hindsight: a checkpoint's episodes must be {'env': tensor, 'running': tensor, 'next_obs': "
+                    f"{{name: tensor}}}} (or, saved before these were, {{'env': tensor}}), got {got}")
+        problem = self.episodes.problem(state["env"], size) or self._running_shape_problem(state)
+        if problem:
             return problem
+        ended = self._ended(fields, size, write_count)
         chronological = self._chronological(size, write_count)
         order = torch.from_numpy(chronological)
-        broken = broken_link(state["env"].numpy().astype(np.int64), ended,
-                             *([fields[name].cpu().index_select(0, order).numpy() for name in names]
-                               for names in (self._obs_names, self._next_names)))
-        if broken is None:
+        env = state["env"].numpy().astype(np.int64)
+        obs, next_obs = ([fields[name].cpu().index_select(0, order).numpy() for name in names]
+                         for names in (self._obs_names, self._next_names))
+        broken = broken_link(env, ended, obs, next_obs) if size else None
+        if broken is not None:
+            before, after = (int(chronological[i]) for i in broken)
+            return (f"hindsight: the row at position {after} does not continue row {before} of the same env "
+                    f"({int(env[broken[1]])}), whose episode had not ended: its obs is not that row's next_obs")
+        return self._running_problem(state, env, ended, next_obs, stored_all=size == write_count)
+
+    def _running_shape_problem(self, state: Mapping[str, Any]) -> str:
+        """``running`` and ``next_obs`` (where saved) of one row per env, as this buffer stores them."""
+        if "running" not in state:
             return ""
-        before, after = (int(chronological[i]) for i in broken)
-        return (f"hindsight: the row at position {after} does not continue row {before} of the same env "
-                f"({int(state['env'][broken[1]])}), whose episode had not ended: its obs is not that row's next_obs")
+        running, kept, envs = state["running"], state["next_obs"], self.num_envs
+        if not isinstance(running, torch.Tensor) or running.dtype != torch.bool or tuple(running.shape) != (envs,):
+            return f"hindsight: episodes['running'] must be bool of shape ({envs},) (one per env), got {described(running)}"
+        if not isinstance(kept, Mapping) or set(kept) != set(self._next_names):
+            got = sorted(kept) if isinstance(kept, Mapping) else type(kept).__name__
+            return f"hindsight: episodes['next_obs'] must hold {self._next_names}, got {got}"
+        for name in self._next_names:
+            spec, value = self.ring.by_name[name], kept[name]
+            if (not isinstance(value, torch.Tensor) or value.dtype != spec.dtype
+                    or tuple(value.shape) != (envs, *spec.shape)):
+                return (f"hindsight: episodes['next_obs'][{name!r}] must be {spec.dtype} of shape "
+                        f"{(envs, *spec.shape)} (one per env), got {described(value)}")
+        return ""
+
+    def _running_problem(self, state: Mapping[str, Any], env: _Ints, ended: _Bools, next_obs: list[_Array], *,
+                         stored_all: bool) -> str:
+        """Each env's saved running flag and ``next_obs`` are those its newest stored row gives
+        (any, where all its rows were overwritten; zeros where its episode does not run)."""
+        if "running" not in state:
+            return ""
+        running = state["running"].numpy()
+        kept = [state["next_obs"][name].numpy() for name in self._next_names]
+        envs, from_end = np.unique(env[::-1], return_index=True)
+        newest = len(env) - 1 - from_end
+        unstored = np.setdiff1d(self._all_envs, envs)
+        if stored_all and running[unstored].any():  # no row was ever overwritten: a running episode has rows
+            return (f"hindsight: episodes['running'] says env {int(unstored[running[unstored]][0])}'s episode runs, "
+                    "but no row of it was ever stored")
+        wrong = np.flatnonzero(running[envs] == ended[newest])
+        if len(wrong):
+            e = int(envs[wrong[0]])
+            return (f"hindsight: episodes['running'] says env {e}'s episode {'runs' if running[e] else 'has ended'}, "
+                    f"but its newest stored row {'ended' if running[e] else 'did not end'} it")
+        for name, leaves, stored in zip(self._next_names, kept, next_obs, strict=True):
+            continued = _same_rows(leaves[envs[running[envs]]], stored[newest[running[envs]]])
+            if not continued.all():
+                return (f"hindsight: episodes['next_obs'][{name!r}] of env {int(envs[running[envs]][~continued][0])} "
+                        "is not the next_obs of its newest stored row, whose episode runs")
+            if (leaves[~running] != 0).any():
+                return (f"hindsight: episodes['next_obs'][{name!r}] of env {int(np.flatnonzero(~running)[0])}, whose "
+                        "episode does not run, is not zeros")
+        return ""
 
     def load_state_dict(self, extra: Mapping[str, Any]) -> None:
         """Rebuild the episode index and each env's running episode from a checked state (the
         ring holds its rows)."""
-        ring, episodes = self.ring, self.episodes
+        ring, episodes, state = self.ring, self.episodes, extra["episodes"]
         size, count = len(ring), ring.write_count
-        episodes.derive(extra["episodes"], self._chronological(size, count), self._ended(ring.leaves, size, count))
-        self._running[:] = False
+        episodes.derive(state["env"], self._chronological(size, count), self._ended(ring.leaves, size, count))
+        if "running" in state:  # checked against the newest stored rows by state_problem
+            self._running[:] = state["running"].numpy()
+            for last, name in zip(self._last_next, self._next_names, strict=True):
+                last[:] = state["next_obs"][name].numpy()
+            return
+        self._running[:] = False  # an older checkpoint's: the episodes running in its stored rows
         rows = episodes.running_rows(self._all_envs)
         envs = episodes.env[rows]
         for last, name in zip(self._last_next, self._next_names, strict=True):
@@ -397,7 +465,7 @@ def _same_rows(x: _Array, y: _Array) -> _Bools:
     equal = x == y
     if x.dtype.kind == "f" and not equal.all():
         equal |= np.isnan(x) & np.isnan(y)
-    same: _Bools = equal.reshape(len(x), -1).all(axis=1)
+    same: _Bools = equal.all(axis=tuple(range(1, equal.ndim)))
     return same
 
 

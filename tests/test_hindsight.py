@@ -331,6 +331,89 @@ def test_a_checkpoint_whose_envs_break_an_episode_is_refused() -> None:
         goal_buffer(12, 2).load_state_dict(state)
 
 
+def fresh_step(buf: ReplayBuffer, env: int, n: int) -> bool:
+    """Add a step of ``env`` alone that continues nothing; whether the buffer took it."""
+    start = torch.full((n, 2), 1000.0 + env)
+    obs = {"observation": start[:, :1], "achieved_goal": start, "desired_goal": torch.full((n, 2), SENTINEL)}
+    try:
+        buf.add(obs, torch.zeros(n), torch.zeros(n), obs, torch.arange(n) == env, False,
+                env_mask=torch.arange(n) == env)
+    except StreamError:
+        return False
+    return True
+
+
+@MASKED_ENDS
+@settings(max_examples=30, deadline=None)
+@given(steps)
+def test_a_loaded_buffer_refuses_the_steps_its_live_twin_refuses(case: Any) -> None:
+    """Also for an env whose running episode has no stored row left (all overwritten)."""
+    n, capacity, plan = case
+    buf, _ = fill(n, capacity, plan)
+    loaded = goal_buffer(capacity, n)
+    loaded.load_state_dict(buf.state_dict())
+    for env in range(n):
+        assert fresh_step(buf, env, n) == fresh_step(loaded, env, n), env
+
+
+def test_a_running_episode_whose_rows_were_all_overwritten_survives_a_checkpoint(tmp_path: Path) -> None:
+    buf, ref = fill(2, 4, [([True, True], [1, 1], [False, False])])      # env 1's episode runs on
+    fill_into(buf, ref, [([True, False], [1, 1], [False, False])] * 5)  # env 1 left out: its row overwritten
+    buf.save(tmp_path / "ckpt")
+    loaded = ReplayBuffer.load(tmp_path / "ckpt", reward_fn=reached)
+    assert not fresh_step(buf, 1, 2) and not fresh_step(loaded, 1, 2)
+    add_step(loaded, ref, [True, True], [False, False], [False, False])  # env 1's episode goes on
+    assert len(loaded) == 4
+
+
+def _flip_running(state: dict[str, Any]) -> None:
+    state["running"][1] = ~state["running"][1]
+
+
+FORGED_RUNNING = {
+    "running flipped": _flip_running,
+    "next_obs changed": lambda state: state["next_obs"]['next_obs["observation"]'][1].add_(1.0),
+    "not zeros": lambda state: state["next_obs"]['next_obs["achieved_goal"]'][0].fill_(3.0),
+    "running dtype": lambda state: state.update(running=state["running"].long()),
+    "next_obs shape": lambda state: state["next_obs"].update({'next_obs["observation"]': torch.zeros(2, 2)}),
+    "next_obs key": lambda state: state["next_obs"].pop('next_obs["desired_goal"]'),
+    "next_obs missing": lambda state: state.pop("next_obs"),
+}
+
+
+@pytest.mark.parametrize("forge", list(FORGED_RUNNING))
+def test_forged_running_episodes_are_refused(forge: str) -> None:
+    """Each env's running flag and next_obs are its newest stored row's: any other is refused."""
+    buf, _ = fill(2, 12, [([True, True], [1, 2], [False, False])] * 3 + [([True, True], [0, 2], [False, False])])
+    state = buf.state_dict()
+    FORGED_RUNNING[forge](state["extra"]["episodes"])
+    target = goal_buffer(12, 2)
+    before = snapshot(target)
+    with pytest.raises(CheckpointError, match=r"hindsight: .*episodes"):
+        target.load_state_dict(state)
+    assert same(before, snapshot(target))
+
+
+def test_a_running_flag_for_an_env_that_never_stored_a_row_is_refused() -> None:
+    buf, _ = fill(2, 12, [([True, False], [1, 1], [False, False])] * 3)
+    state = buf.state_dict()
+    state["extra"]["episodes"]["running"][1] = True
+    with pytest.raises(CheckpointError, match="env 1's episode runs, but no row of it was ever stored"):
+        goal_buffer(12, 2).load_state_dict(state)
+
+
+def test_a_checkpoint_of_only_the_envs_loads_its_running_episodes_from_the_stored_rows() -> None:
+    """Checkpoints saved before the running episodes were: the episodes running in the stored rows go on."""
+    buf, ref = fill(2, 12, [([True, True], [1, 1], [False, False])] * 3)
+    state = buf.state_dict()
+    state["extra"]["episodes"] = {"env": state["extra"]["episodes"]["env"]}
+    loaded = goal_buffer(12, 2)
+    loaded.load_state_dict(state)
+    assert not fresh_step(loaded, 0, 2)
+    add_step(loaded, ref, [True, True], [False, False], [False, False])
+    assert len(loaded) == 8
+
+
 @pytest.mark.parametrize("returned", [np.zeros(3), np.zeros((64, 2)), np.array(["a"] * 64), np.full(64, np.nan),
                                       np.zeros(64, bool), torch.zeros(64, dtype=torch.bool), torch.zeros(64) + 1j,
                                       torch.zeros(64, device="meta"), [[0.0]] * 32 + [0.0] * 32,
