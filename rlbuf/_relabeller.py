@@ -457,7 +457,9 @@ def reward_values(value: Any, rows: int) -> torch.Tensor:
 def _not_continued(env: int) -> StreamError:
     return StreamError(f"hindsight: env {env}'s obs is not the next_obs of its previous row, whose episode had not "
                        "ended: a hindsight buffer needs each env's steps in order, none left out inside an episode "
-                       "(leave out only the reset steps of gymnasium's NEXT_STEP autoreset; rlbuf.gym.Recorder does)")
+                       "(leave out only the reset steps of gymnasium's NEXT_STEP autoreset; rlbuf.gym.Recorder does); "
+                       "envs reset mid-episode or anew after a load: call buffer.truncate_episodes(), or "
+                       "recorder.reset(), first")
 
 
 def _same_rows(x: _Array, y: _Array) -> _Bools:

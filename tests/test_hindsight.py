@@ -314,8 +314,9 @@ def test_a_step_that_does_not_continue_its_running_episode_is_refused_and_nothin
     add_step(buf, ref, [True, True], [False, True], [False, False])
     before = snapshot(buf)
     wrong = {"observation": torch.zeros(2, 1), "achieved_goal": torch.zeros(2, 2), "desired_goal": torch.zeros(2, 2)}
-    with pytest.raises(StreamError, match="env 0's obs is not the next_obs of its previous row"):
+    with pytest.raises(StreamError, match="env 0's obs is not the next_obs of its previous row") as refused:
         buf.add(wrong, torch.zeros(2), torch.zeros(2), wrong, torch.tensor([False, False]), False)
+    assert "call buffer.truncate_episodes(), or recorder.reset(), first" in str(refused.value)   # the fix for a reset
     assert same(before, snapshot(buf))
     add_step(buf, Reference(16), [False, True], [False, False], [False, False])   # env 1's episode ended: any obs
     assert len(buf) == 3
