@@ -65,11 +65,12 @@ def compression_options(compression: Any, level: Any) -> tuple[str | None, int |
     return compression, level
 
 
-def frame_codec(compression: Any, level: Any, *, compact: bool) -> Codec | None:
+def frame_codec(compression: Any, level: Any, *, compact: bool, hindsight: bool = False) -> Codec | None:
     """The codec of a replay buffer's ``compression`` options, or ``None`` without compression.
 
     Raises:
-        ConfigError: invalid options, or compression without the compact layout.
+        ConfigError: invalid options, or compression without the compact layout (which a
+            ``hindsight`` buffer never has).
 
     Example:
         >>> frame_codec("lz4", None, compact=False)
@@ -80,6 +81,9 @@ def frame_codec(compression: Any, level: Any, *, compact: bool) -> Codec | None:
     name, level = compression_options(compression, level)
     if name is None:
         return None
+    if hindsight:
+        raise ConfigError(f"compression: compresses the frames of the compact layout, which a hindsight buffer does not "
+                          f"use (it relabels whole transitions); got compression={compression!r} (leave it out)")
     if not compact:
         raise ConfigError(f"compression: compresses the frames of the compact layout; add frame_stack=k, n_step=n "
                           f"or compact=True, got compression={compression!r} with compact=False")

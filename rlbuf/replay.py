@@ -200,7 +200,7 @@ class ReplayBuffer(ReplayWriting):
             n_step=n_step, gamma=gamma, compact=compact, compact_key=compact_key, hindsight=hindsight is not None)
         if followed is not None:  # inferred or given: recorded as the key, which a checkpoint cross-checks
             self._options["compact_key"] = key_option(followed)
-        codec = frame_codec(compression, compression_level, compact=compact)
+        codec = frame_codec(compression, compression_level, compact=compact, hindsight=hindsight is not None)
         self._gamma = float(gamma)
         self._attach_stats(stats, num_envs)
         # The sum tree checks alpha and beta: built here, before anything is allocated.

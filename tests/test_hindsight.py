@@ -469,6 +469,10 @@ def test_options_and_layouts_that_cannot_relabel_are_refused() -> None:
                      hindsight=Hindsight("future", 0.5, reached))
     with pytest.raises(ConfigError, match="hindsight"):
         goal_buffer(8, 1).torchrl  # noqa: B018
+    for compression in ("zstd", "lz4"):  # the compact layout's frames: no frame_stack or compact=True to add
+        with pytest.raises(ConfigError, match="which a hindsight buffer does not use") as refused:
+            goal_buffer(8, 1, compression=compression)
+        assert "frame_stack" not in str(refused.value) and "compact=True" not in str(refused.value)
 
 
 @pytest.mark.parametrize("mode", list(gym.vector.AutoresetMode))
