@@ -27,7 +27,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -361,19 +361,25 @@ class Relabeller:
         self._running[envs] = True
 
 
-def check_goal_layout(leaves: Mapping[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
+def check_goal_layout(leaves: Mapping[str, tuple[tuple[int, ...], torch.dtype]], grouped: Collection[str] = ()) -> None:
     """Refuse an observation layout that is not a goal env's.
 
     Args:
         leaves: shape and dtype of each top-level observation key (``{}`` for a single tensor).
+        grouped: the top-level keys that hold a dict of tensors.
 
     Raises:
-        ConfigError: keys missing, or achieved and desired goals that differ in shape or dtype.
+        ConfigError: keys missing or holding a dict, or achieved and desired goals that differ in
+            shape or dtype.
     """
+    dicts = [key for key in GOAL_KEYS if key in grouped]
+    if dicts:
+        raise ConfigError(f"hindsight: obs {dicts} must each be one tensor (a goal env's), got a dict of tensors; "
+                          "give each goal as one Box")
     missing = [key for key in GOAL_KEYS if key not in leaves]
     if missing:
         raise ConfigError(f"hindsight: needs a dict observation with keys {list(GOAL_KEYS)} (a goal env's), "
-                          f"got {sorted(leaves) or 'a single tensor'}; missing {missing}")
+                          f"got {sorted({*leaves, *grouped}) or 'a single tensor'}; missing {missing}")
     achieved, desired = leaves["achieved_goal"], leaves["desired_goal"]
     if achieved != desired:
         raise ConfigError(f'hindsight: obs["achieved_goal"] and obs["desired_goal"] must match in shape and dtype, '
@@ -391,8 +397,21 @@ def recorded_options(hindsight: Any, leaves: Sequence[Leaf]) -> dict[str, Any] |
         return None
     if not isinstance(hindsight, Hindsight):
         raise ConfigError(f"hindsight: expected rlbuf.Hindsight(strategy, ratio, reward_fn), got {hindsight!r}")
-    check_goal_layout({leaf.path[0]: (leaf.shape, leaf.dtype) for leaf in leaves if len(leaf.path) == 1})
+    check_goal_layout({leaf.path[0]: (leaf.shape, leaf.dtype) for leaf in leaves if len(leaf.path) == 1},
+                      {leaf.path[0] for leaf in leaves if len(leaf.path) > 1})
     return {"strategy": hindsight.strategy, "ratio": hindsight.ratio}
+
+
+def checked_reward_fn(reward_fn: Any) -> Any:
+    """``load``'s ``reward_fn``: ``None`` or a function, checked before any checkpoint is read.
+
+    Raises:
+        ConfigError: a ``reward_fn`` that is not callable.
+    """
+    if reward_fn is not None and not callable(reward_fn):
+        raise ConfigError("reward_fn: expected the hindsight reward function reward_fn(achieved_goal, desired_goal, "
+                          f"info) -> rewards (e.g. env.unwrapped.compute_reward) or None, got {reward_fn!r}")
+    return reward_fn
 
 
 def with_reward_fn(options: dict[str, Any], reward_fn: Any) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from rlbuf._obs import (
     record_layout,
 )
 from rlbuf._priorities import priorities
-from rlbuf._relabeller import Relabeller, recorded_options, with_reward_fn
+from rlbuf._relabeller import Relabeller, checked_reward_fn, recorded_options, with_reward_fn
 from rlbuf._replay_add import ReplayWriting
 from rlbuf._replay_layout import (
     ReplayWriter,
@@ -342,9 +342,10 @@ class ReplayBuffer(ReplayWriting):
     @classmethod
     def load(cls, path: str | Path, *, device: DeviceLike | None = None, storing_device: DeviceLike | None = None,
              reward_fn: Any = None) -> ReplayBuffer:
-        """Rebuild a buffer from a checkpoint (see ``RingBuffer.load``); ``reward_fn``: the
-        hindsight reward function of a buffer that relabels goals (no checkpoint holds a function)."""
-        return cls._load_checked(path, device=device, storing_device=storing_device, given={"reward_fn": reward_fn})
+        """Rebuild a buffer from a checkpoint (see ``RingBuffer.load``); ``reward_fn``: the hindsight reward
+        function of a buffer that relabels goals (no checkpoint holds one; ConfigError if not callable)."""
+        return cls._load_checked(path, device=device, storing_device=storing_device,
+                                 given={"reward_fn": checked_reward_fn(reward_fn)})
 
     @property
     def prioritized(self) -> bool:

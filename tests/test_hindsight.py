@@ -295,6 +295,14 @@ def test_checkpoints_resume_the_same_relabelled_batches(tmp_path: Path) -> None:
         ReplayBuffer.load(tmp_path / "ckpt")
 
 
+def test_a_reward_fn_that_is_no_function_is_refused_before_the_checkpoint_is_read(tmp_path: Path) -> None:
+    buf, _ = fill(1, 8, [([True], [1], [False])] * 3)
+    buf.save(tmp_path / "ckpt")
+    for path in (tmp_path / "ckpt", tmp_path / "nothing here"):
+        with pytest.raises(ConfigError, match=r"^reward_fn: expected the hindsight reward function .* got 5$"):
+            ReplayBuffer.load(path, reward_fn=5)
+
+
 @pytest.mark.parametrize("forge", ["out of range", "wrong length", "missing", "float"])
 def test_forged_episode_tables_are_refused(forge: str) -> None:
     buf, _ = fill(2, 12, [([True, True], [1, 2], [False, False])] * 8)
@@ -469,6 +477,11 @@ def test_options_and_layouts_that_cannot_relabel_are_refused() -> None:
                      hindsight=Hindsight("future", 0.5, reached))
     with pytest.raises(ConfigError, match="hindsight"):
         goal_buffer(8, 1).torchrl  # noqa: B018
+    for nested in ({"achieved_goal": {"x": 2}, "desired_goal": {"x": 2}}, {"observation": {"x": 1}}):
+        with pytest.raises(ConfigError, match=r"must each be one tensor .*got a dict of tensors") as refused:
+            ReplayBuffer(8, obs_shape={"observation": 1, "achieved_goal": 2, "desired_goal": 2, **nested},
+                         action_shape=(), hindsight=Hindsight("future", 0.5, reached))
+        assert f"obs {list(nested)} must each be one tensor" in str(refused.value)
     for compression in ("zstd", "lz4"):  # the compact layout's frames: no frame_stack or compact=True to add
         with pytest.raises(ConfigError, match="which a hindsight buffer does not use") as refused:
             goal_buffer(8, 1, compression=compression)
