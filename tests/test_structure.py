@@ -244,5 +244,5 @@ def test_distillation_buffer_with_dict_observations() -> None:
     obs, _ = buf.sample(4)
     assert isinstance(obs, TensorDict) and obs["b"].dtype is torch.int64
     assert set(obs["b"].tolist()) <= {3, 4}
-    with pytest.raises(ShapeError, match=r'obs\["a"\]: expected shape \(2, 2\)'):
+    with pytest.raises(ShapeError, match=r'obs\["a"\]: expected shape \(B, 2\) for B rows, or \(2,\) for one row, got \(2, 3\)'):
         buf.add({"a": torch.ones(2, 3), "b": torch.tensor([3, 4])}, torch.zeros(2))
