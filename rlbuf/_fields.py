@@ -1,4 +1,5 @@
-"""Declaring fields: extra fields, and the name collisions refused between any two fields.
+"""Declaring fields: extra fields, the name collisions refused between any two fields, and the end flags of a
+TensorDict (``terminated``, ``truncated``, ``done``) that buffers and the GAE transform read alike.
 
 Every stored field has a name (what batches and messages call it) and a TorchRL key (where
 ``extend`` reads it and ``buffer.torchrl`` stores it); a dict observation's leaf is also read at
@@ -23,7 +24,7 @@ import torch
 from tensordict import TensorDictBase
 
 from rlbuf._obs import as_shape, torchrl_env_key
-from rlbuf.errors import ConfigError, ShapeError
+from rlbuf.errors import ConfigError, MissingFieldError, ShapeError
 from rlbuf.spec import FieldSpec, NestedKey
 
 # Names every batch uses for its own attributes, and TorchRL's private keys ("_weight", "_data").
@@ -62,10 +63,10 @@ ADD_ARGUMENTS = {"hidden_state": "an argument of add() (declare hidden states wi
                  "metrics": "an argument of add() (per-step values for EpisodeStats(metrics=...))"}
 
 TRUNCATED_MISSING = ("truncated: the tensordict has no ('next', 'truncated') and no ('next', 'done') to derive it "
-                     "from, so its time-limit ends would be stored as no end; add ('next', 'truncated') (your "
+                     "from, so its time-limit ends would be read as no end; add ('next', 'truncated') (your "
                      "env's truncations; all False for an env without time limit), or ('next', 'done') = "
                      "terminated | truncated")
-"""Why a TensorDict without ``truncated`` or ``done`` is refused (a buffer's ``extend``)."""
+"""Why a TensorDict without ``truncated`` or ``done`` is refused (a buffer's ``extend``, the GAE transform)."""
 
 
 def refuse_padding(td: TensorDictBase) -> None:
@@ -95,7 +96,7 @@ def check_given_done(given: torch.Tensor | None, terminated: torch.Tensor, trunc
         >>> check_given_done(torch.tensor([[False], [True]]), torch.tensor([False, False]), torch.tensor([False, False]))
         Traceback (most recent call last):
         ...
-        rlbuf.errors.ConfigError: done: key ('next', 'done') is True at batch index (1,), where terminated and truncated are False, so that episode end would be lost; set ('next', 'terminated') or ('next', 'truncated') there, or leave done out (the buffer derives it)
+        rlbuf.errors.ConfigError: done: key ('next', 'done') is True at batch index (1,), where terminated and truncated are False, so that episode end would be lost; set ('next', 'terminated') or ('next', 'truncated') there, or leave done out (it is derived from them)
     """
     if given is None:
         return
@@ -109,9 +110,40 @@ def check_given_done(given: torch.Tensor | None, terminated: torch.Tensor, trunc
         if bool(done[at]):
             raise ConfigError(f"done: key ('next', 'done') is True at batch index {at}, where terminated and truncated "
                               f"are False, so that episode end would be lost; set ('next', 'terminated') or "
-                              f"('next', 'truncated') there, or leave done out (the buffer derives it)")
+                              f"('next', 'truncated') there, or leave done out (it is derived from them)")
         raise ConfigError(f"done: key ('next', 'done') is False at batch index {at}, where terminated or truncated is "
-                          f"True; done is terminated | truncated: fix it there, or leave it out (the buffer derives it)")
+                          f"True; done is terminated | truncated: fix it there, or leave it out (it is derived from them)")
+
+
+def done_flag(td: TensorDictBase, key: tuple[str, str], lead: tuple[int, ...]) -> torch.Tensor | None:
+    """A done-type flag at ``key`` as a ``[*lead]`` tensor (TorchRL's trailing 1 optional), or None."""
+    value: torch.Tensor | None = td.get(key, None)
+    if value is None:
+        return None
+    if tuple(value.shape) not in (lead, (*lead, 1)):
+        raise ShapeError(f"{key[1]}: expected shape {(*lead, 1)} at key {key!r}, got {tuple(value.shape)}")
+    return value.reshape(lead)
+
+
+def truncated_from(td: TensorDictBase, lead: tuple[int, ...], terminated: torch.Tensor) -> torch.Tensor:
+    """``("next", "truncated")`` of ``td``, else ``done & ~terminated``.
+
+    Raises:
+        MissingFieldError: ``td`` has neither: its timeouts would be lost (read as no truncation).
+
+    Example:
+        >>> from tensordict import TensorDict
+        >>> td = TensorDict({"next": {"done": torch.tensor([True, True])}}, batch_size=[2])
+        >>> truncated_from(td, (2,), torch.tensor([True, False])).tolist()
+        [False, True]
+    """
+    truncated = done_flag(td, ("next", "truncated"), lead)
+    if truncated is not None:
+        return truncated
+    done = done_flag(td, ("next", "done"), lead)
+    if done is None:
+        raise MissingFieldError(TRUNCATED_MISSING)
+    return done.to(torch.bool) & ~terminated.reshape(lead).to(torch.bool)
 
 
 def extra_specs(extra_fields: Mapping[str, tuple[Sequence[int] | int, torch.dtype]] | None,

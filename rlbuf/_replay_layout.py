@@ -29,7 +29,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
 from torchrl.data import RandomSampler
 from torchrl.data.replay_buffers.samplers import Sampler
 
@@ -39,7 +38,7 @@ from rlbuf._compact_dict import DictInputs, followed_path, ring_values, stored_o
 from rlbuf._convert import tensor_of
 from rlbuf._dtypes import dtype_options, extra_field_dtypes
 from rlbuf._episodes import env_ids_of
-from rlbuf._fields import TRUNCATED_MISSING, check_given_done, extra_specs, refuse_padding
+from rlbuf._fields import check_given_done, done_flag, extra_specs, refuse_padding, truncated_from
 from rlbuf._obs import (
     Layout,
     Leaf,
@@ -55,7 +54,7 @@ from rlbuf._ring import RowRing
 from rlbuf._sizing import row_bytes
 from rlbuf._streams import PaddingType
 from rlbuf._sumtree import SumTreeSampler
-from rlbuf.errors import CheckpointError, ConfigError, MissingFieldError, ShapeError
+from rlbuf.errors import CheckpointError, ConfigError, ShapeError
 from rlbuf.spec import (
     ExtraFields,
     FieldSpec,
@@ -442,7 +441,7 @@ class ReplayWriter:
                 continue
             tensors[spec.name] = read_td(td, spec, lead)
         tensors["truncated"] = truncated_from(td, lead, tensors["terminated"])
-        check_given_done(_flag(td, ("next", "done"), lead), tensors["terminated"].reshape(lead), tensors["truncated"])
+        check_given_done(done_flag(td, ("next", "done"), lead), tensors["terminated"].reshape(lead), tensors["truncated"])
         if per_env and not (len(lead) == 2 and lead[0] == self.num_envs):
             raise ShapeError(f"td: a buffer with stats needs batch size ({self.num_envs}, T) to tell envs "
                              f"apart, got {lead}")
@@ -529,34 +528,3 @@ def _read_rows(reader: RowReader, value: Any) -> np.ndarray[Any, Any] | torch.Te
         return np.asarray(reader.read(value)).reshape(reader.row_shape)
     except NotStaged:  # a tensor on the storing device
         return reader.tensor(value)
-
-
-def _flag(td: TensorDictBase, key: tuple[str, str], lead: tuple[int, ...]) -> torch.Tensor | None:
-    """A done-type flag at ``key`` as a ``[*lead]`` tensor (TorchRL's trailing 1 optional), or None."""
-    value: torch.Tensor | None = td.get(key, None)
-    if value is None:
-        return None
-    if tuple(value.shape) not in (lead, (*lead, 1)):
-        raise ShapeError(f"{key[1]}: expected shape {(*lead, 1)} at key {key!r}, got {tuple(value.shape)}")
-    return value.reshape(lead)
-
-
-def truncated_from(td: TensorDictBase, lead: tuple[int, ...], terminated: torch.Tensor) -> torch.Tensor:
-    """``("next", "truncated")`` of ``td``, else ``done & ~terminated``.
-
-    Raises:
-        MissingFieldError: ``td`` has neither: its timeouts would be lost (stored as no truncation).
-
-    Example:
-        >>> from tensordict import TensorDict
-        >>> td = TensorDict({"next": {"done": torch.tensor([True, True])}}, batch_size=[2])
-        >>> truncated_from(td, (2,), torch.tensor([True, False])).tolist()
-        [False, True]
-    """
-    truncated = _flag(td, ("next", "truncated"), lead)
-    if truncated is not None:
-        return truncated
-    done = _flag(td, ("next", "done"), lead)
-    if done is None:
-        raise MissingFieldError(TRUNCATED_MISSING)
-    return done.to(torch.bool) & ~terminated.reshape(lead).to(torch.bool)

@@ -36,6 +36,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.envs.transforms import Transform
 
+from rlbuf._fields import check_given_done, done_flag, truncated_from
 from rlbuf._gae_checks import (
     Rollout,
     check_finite,
@@ -60,6 +61,14 @@ __all__ = ["GAE", "compute_gae"]
 
 
 Backend = Literal["auto", "numba", "torch"]
+
+_TERMINATED_MISSING = (
+    "terminated: GAE needs key ('next', 'terminated'), missing from the rollout; ('next', 'done') cannot stand "
+    "in for it, as it holds time limits too (which bootstrap, where terminations do not), and done & ~truncated "
+    "would take a step that both terminated and hit its time limit for a timeout; add your env's terminations "
+    "as ('next', 'terminated')"
+)
+"""Why the transform refuses a rollout without ``("next", "terminated")`` (a buffer's ``extend`` does too)."""
 
 # Below this many elements the torch path takes tens of microseconds: not worth numba's import
 # and first compile.
@@ -238,10 +247,12 @@ class GAE(Transform):  # type: ignore[misc]
     It reads a TensorDict rollout in TorchRL layout: batch ``[N, T]`` (time last, as collectors
     produce) or ``[T]`` (one env), with ``("next", "reward")``, ``value_key``,
     ``("next", value_key)``, ``("next", "terminated")`` and ``("next", "truncated")``. Entries
-    may carry a trailing singleton dim (``[N, T, 1]``). A missing ``terminated`` is taken from
-    ``("next", "done")``; a missing ``truncated`` is ``done & ~terminated``, or all False without
-    ``done``. Timeouts bootstrap from ``("next", value_key)``, terminations do not, and the
-    lambda-trace stops at both. The outputs have the layout of ``value_key``'s entry.
+    may carry a trailing singleton dim (``[N, T, 1]``). A missing ``truncated`` is
+    ``("next", "done") & ~terminated``; a rollout with neither is refused, as is one without
+    ``terminated`` (``done`` alone does not tell a time limit from a termination), as
+    ``RolloutBuffer.extend`` refuses them; a ``done`` given beside both must be
+    ``terminated | truncated``. Timeouts bootstrap from ``("next", value_key)``, terminations do
+    not, and the lambda-trace stops at both. The outputs have the layout of ``value_key``'s entry.
 
     Use it as a collector ``postproc=``, call it on a rollout (``gae(td)`` or ``gae.forward(td)``),
     or append it to a replay buffer whose samples are whole rollouts. It works on whole rollouts
@@ -316,7 +327,9 @@ class GAE(Transform):  # type: ignore[misc]
             The same TensorDict, with ``advantage_key`` and ``value_target_key`` set.
 
         Raises:
-            MissingFieldError: a required entry is absent.
+            MissingFieldError: a required entry is absent: ``("next", "terminated")``, or both
+                ``("next", "truncated")`` and ``("next", "done")``, among them.
+            ConfigError: ``("next", "done")`` is not ``terminated | truncated``.
             ShapeError: a batch that is not 1-D or 2-D, or an entry whose shape is neither
                 the batch shape nor the batch shape plus a trailing 1.
             DtypeError, DeviceError, NonFiniteError: as [`compute_gae`][rlbuf.gae.compute_gae] raises them.
@@ -329,13 +342,14 @@ class GAE(Transform):  # type: ignore[misc]
             ...     {
             ...         "state_value": torch.zeros(3),
             ...         ("next", "reward"): torch.ones(3),
-            ...         ("next", "state_value"): torch.zeros(3),
-            ...         ("next", "done"): torch.tensor([False, True, False]),
+            ...         ("next", "state_value"): torch.full((3,), 2.0),
+            ...         ("next", "terminated"): torch.tensor([False, True, False]),
+            ...         ("next", "done"): torch.tensor([True, True, False]),  # step 0: a time limit
             ...     },
             ...     batch_size=[3],
             ... )
             >>> GAE(gamma=0.5, lmbda=1.0).forward(td)["advantage"].tolist()
-            [1.5, 1.0, 1.0]
+            [2.0, 1.0, 2.0]
         """
         batch = tuple(tensordict.batch_size)
         if len(batch) not in (1, 2):
@@ -345,13 +359,10 @@ class GAE(Transform):  # type: ignore[misc]
         value_entry = self._get(tensordict, self.value_key)
         reward = self._get(tensordict, ("next", "reward"))
         next_value = self._get(tensordict, ("next", self.value_key))
-        done = tensordict.get(("next", "done"), None)
-        terminated = tensordict.get(("next", "terminated"), None)
-        if terminated is None:
-            terminated = self._get(tensordict, ("next", "done"))
-        truncated = tensordict.get(("next", "truncated"), None)
-        if truncated is None and done is not None:
-            truncated = done & ~terminated
+        terminated = self._get(tensordict, ("next", "terminated"), missing=_TERMINATED_MISSING)
+        terminated = _required(_batch_only(("next", "terminated"), terminated, batch))
+        truncated = truncated_from(tensordict, batch, terminated)
+        check_given_done(done_flag(tensordict, ("next", "done"), batch), terminated, truncated)
         fields: dict[str | tuple[str, ...], torch.Tensor | None] = {
             self.value_key: value_entry,
             ("next", "reward"): reward,
@@ -387,10 +398,10 @@ class GAE(Transform):  # type: ignore[misc]
         )
 
     @staticmethod
-    def _get(tensordict: TensorDictBase, key: str | tuple[str, ...]) -> torch.Tensor:
+    def _get(tensordict: TensorDictBase, key: str | tuple[str, ...], *, missing: str | None = None) -> torch.Tensor:
         entry = tensordict.get(key, None)
         if entry is None:
-            raise MissingFieldError(f"{key!r}: required by GAE, missing from the rollout")
+            raise MissingFieldError(missing or f"{key!r}: required by GAE, missing from the rollout")
         if not isinstance(entry, torch.Tensor):
             raise DtypeError(f"{key!r}: expected a tensor, got {type(entry).__name__}")
         return entry

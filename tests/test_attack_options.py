@@ -112,7 +112,8 @@ def test_compute_gae_refuses_results_that_overflow(backend: str) -> None:
 def test_the_gae_transform_refuses_values_targets_beyond_float32() -> None:
     td = TensorDict({"state_value": torch.full((3,), -3e38), ("next", "reward"): torch.zeros(3),
                      ("next", "state_value"): torch.full((3,), 3e38),
-                     ("next", "done"): torch.zeros(3, dtype=torch.bool)}, batch_size=[3])
+                     ("next", "terminated"): torch.zeros(3, dtype=torch.bool),
+                     ("next", "truncated"): torch.zeros(3, dtype=torch.bool)}, batch_size=[3])
     with pytest.raises(NonFiniteError, match=r"^advantage: the computed values do not fit"):
         GAE(gamma=1.0, lmbda=1.0)(td)
     assert td.get("advantage", None) is None

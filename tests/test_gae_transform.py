@@ -71,15 +71,39 @@ def test_transform_derives_truncated_from_done_and_handles_one_env() -> None:
     out = GAE(0.95, 0.9)(td)
     advantage, _ = run_gae(ro, 0.95, 0.9)
     torch.testing.assert_close(out["advantage"].squeeze(-1), advantage[:, 0])
-    # Without truncated or done nothing is a timeout: the trace runs through the truncations.
-    del td["next", "done"]
-    out = GAE(0.95, 0.9)(td)
-    expected, _ = compute_gae(
-        ro["reward"], ro["value"], ro["terminated"], None, None, gamma=0.95, gae_lambda=0.9,
-        next_value=next_values(ro),
-    )
-    assert not torch.allclose(expected, advantage)
-    torch.testing.assert_close(out["advantage"].squeeze(-1), expected[:, 0])
+
+
+@pytest.mark.parametrize("kept", [("truncated", "done"), ("done",), ("truncated",), ()])
+def test_transform_refuses_a_rollout_without_terminated(kept: tuple[str, ...]) -> None:
+    # done folds time limits into terminations, and done & ~truncated would take a step that did both
+    # for a timeout: as RolloutBuffer.extend, the transform asks for terminated instead of guessing.
+    td = torchrl_rollout(make_rollout(6, 2, seed=3))
+    for name in ("terminated", "truncated", "done"):
+        if name not in kept:
+            del td["next", name]
+    with pytest.raises(MissingFieldError, match=r"terminated: GAE needs key \('next', 'terminated'\)"):
+        GAE(0.9, 0.9)(td)
+    assert td.get("advantage", None) is None
+
+
+def test_transform_refuses_a_rollout_without_truncated_or_done() -> None:
+    td = torchrl_rollout(make_rollout(6, 2, seed=3))
+    del td["next", "truncated"], td["next", "done"]
+    with pytest.raises(MissingFieldError, match=r"no \('next', 'truncated'\) and no \('next', 'done'\)"):
+        GAE(0.9, 0.9)(td)
+    assert td.get("advantage", None) is None
+
+
+@pytest.mark.parametrize("step_flag", [True, False])
+def test_transform_refuses_done_that_is_not_terminated_or_truncated(step_flag: bool) -> None:
+    ro = make_rollout(6, 2, seed=3)
+    td = torchrl_rollout(ro)
+    ends = (ro["terminated"] | ro["truncated"]).t()
+    env, step = (ends if not step_flag else ~ends).nonzero()[0].tolist()
+    td["next", "done"][env, step] = step_flag
+    with pytest.raises(ConfigError, match=f"done: key \\('next', 'done'\\) is {step_flag} at batch index \\({env}, {step}\\)"):
+        GAE(0.9, 0.9)(td)
+    assert td.get("advantage", None) is None
 
 
 def test_transform_errors_name_the_key() -> None:
