@@ -299,6 +299,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         self._require_writable("extend")  # first, as add: a full read-only rollout is refused as read-only
         columns, computed, steps = rollout_columns(td, self._ring, num_envs=self._num_envs,
                                                    free_steps=self._num_steps - self.steps, whole=self.steps == 0)
+        if steps == 0:  # an empty batch, as ReplayBuffer.extend takes it: nothing to store
+            return
         ring, rows = self._ring, steps * self._num_envs
         # Statistics fed before the rows are stored, and undone if the rows are refused.
         with contextlib.nullcontext() if self._stats is None else self._stats.restored_on_error():

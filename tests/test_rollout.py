@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _snapshot import same, snapshot
 from tensordict import TensorDict
 
 from rlbuf import (
@@ -191,6 +192,25 @@ def test_extend_keeps_advantages_written_by_a_transform() -> None:
     assert buf.advantages_ready
     assert torch.equal(buf.view("advantage"), td["advantage"].squeeze(-1).T)
 
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_extend_of_an_empty_collector_batch_stores_nothing(full: bool) -> None:
+    # A [num_envs, 0] batch raised torch's bare RuntimeError (a view of 0 rows as [0, -1]); ReplayBuffer took it.
+    td = TensorDict({
+        "observation": torch.zeros(N, 0, 2), "action": torch.zeros(N, 0), "state_value": torch.zeros(N, 0, 1),
+        "sample_log_prob": torch.zeros(N, 0),
+        "next": {"reward": torch.zeros(N, 0, 1), "terminated": torch.zeros(N, 0, 1, dtype=torch.bool),
+                 "truncated": torch.zeros(N, 0, 1, dtype=torch.bool)},
+    }, batch_size=[N, 0])
+    buf = make()
+    if full:
+        fill(buf)
+        buf.compute_returns_and_advantages(torch.zeros(N))
+    before = snapshot(buf)
+    buf.extend(td)
+    assert same(before, snapshot(buf))
+    assert buf.advantages_ready == full and buf.check_valid() == (True, "")
 
 
 def test_extend_of_a_rollout_with_neither_truncated_nor_done_is_refused() -> None:
