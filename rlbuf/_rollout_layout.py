@@ -38,7 +38,6 @@ from rlbuf.errors import (
     DeviceError,
     DtypeError,
     MissingFieldError,
-    NonFiniteError,
     RlbufError,
     ShapeError,
 )
@@ -257,24 +256,6 @@ def _check_attached(name: str, tensor: torch.Tensor, lead: tuple[int, int]) -> N
                          f"convert it first, e.g. tensor.to(torch.float32) (torch.view_as_real for complex)")
     if tensor.dim() < 2 or tuple(tensor.shape[:2]) != lead:
         raise ShapeError(f"{name}: expected shape ({lead[0]}, {lead[1]}, ...), got {tuple(tensor.shape)}")
-
-
-def check_normalized(advantage: torch.Tensor, spread: torch.Tensor) -> None:
-    """Refuse normalized advantages that are not finite, or divided by an infinite spread (beyond float32: all
-    zeros), before they are stored."""
-    if not bool(torch.isfinite(spread)) or (not bool(torch.isfinite(advantage.sum()))
-                                            and not bool(torch.isfinite(advantage).all())):
-        raise NonFiniteError("advantage: normalizing gave NaN or inf (the advantages spread beyond float32); "
-                             "scale the rewards and values down, or normalize them yourself in float64")
-
-
-def store_computed(column: torch.Tensor, values: torch.Tensor) -> None:
-    """Copy checked advantages or returns into their stored column (by numpy on the CPU: torch's copy threads,
-    left spinning, would slow the next GAE kernel down on a machine of few cores)."""
-    if column.device.type == "cpu":
-        np.copyto(column.detach().as_subclass(torch.Tensor).numpy(), values.numpy())
-    else:
-        column.copy_(values)
 
 
 def step_values(fields: dict[str, Any], hidden_state: Any, extras: Mapping[str, Any], *, num_envs: int,

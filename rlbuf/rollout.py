@@ -42,24 +42,22 @@ from rlbuf._obs import (
     leaf_names,
     record_layout,
 )
+from rlbuf._rollout_gae import write_advantages
 from rlbuf._rollout_layout import (
     BUILT_IN,
     COMPUTED,
     attached_name_problem,
-    check_normalized,
     checked_extras,
     minibatches_call,
     rollout_columns,
     rollout_specs,
     saved_iterator_rows,
     step_values,
-    store_computed,
     zeros_column,
 )
 from rlbuf.batches import RolloutBatch
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options, sizes_by_keyword
-from rlbuf.errors import BufferFullError, NonFiniteError, RolloutIncompleteError
-from rlbuf.gae import compute_gae
+from rlbuf.errors import BufferFullError, RolloutIncompleteError
 from rlbuf.sequences import PaddedTrajectories, SequenceBatch
 from rlbuf.spaces import extra_field_dtypes, resolve_action_range, resolve_fields
 from rlbuf.spec import ExtraFields, FieldSpec, RowReader, as_flag, positive_int
@@ -161,7 +159,9 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                     scratch_dir=scratch_dir, storing_device=storing_device, device=device, seed=seed,
                     derived={"advantage": zeros_column, "returns": zeros_column, "done": done_of})
         self._attached: dict[str, torch.Tensor] = {}
-        self._advantages_ready = False
+        # The buffer's change marks when advantages were last computed (None: never, or cleared); any write
+        # since, an add or one through buffer.torchrl, moves the marks and makes them stale.
+        self._advantages_at: tuple[int, int, int] | None = None
         self._gae_out: tuple[torch.Tensor, torch.Tensor] | None = None  # GAE's results, checked before stored
 
     # -- properties --------------------------------------------------------------------------
@@ -177,14 +177,15 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
 
     @property
     def advantages_ready(self) -> bool:
-        """Whether advantages and returns are computed for the stored rollout."""
-        return self._advantages_ready
+        """Whether advantages and returns are computed for the rollout as stored: a write since (a row
+        set or added through ``buffer.torchrl`` too) makes them stale."""
+        return self._advantages_at == self._change_marks()
 
     def __repr__(self) -> str:
         fields = ", ".join(s.describe() for s in self._ring.specs if s.name not in (*COMPUTED, "bootstrap_value", "done"))
         return (f"RolloutBuffer(steps={self.steps}/{self._num_steps}, num_envs={self._num_envs}, "
                 f"storage={self._storage_kind}, storing_device={self._storing_device}, device={self._device}, "
-                f"advantages={self._advantages_ready}, fields=[{fields}])")
+                f"advantages={self.advantages_ready}, fields=[{fields}])")
 
     def view(self, name: str) -> torch.Tensor | TensorDict:
         """A stored field as a ``[num_steps, num_envs, ...]`` view of the storage (no copy).
@@ -268,7 +269,6 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                              privileged=self._has_privileged)
         record = self._planned_stats(reward, terminated, values["truncated"], metrics=metrics)
         self._ring.add(tuple(values[spec.name] for spec in self._ring.input_specs), self._num_envs)
-        self._advantages_ready = False
         if record is not None:
             record()
 
@@ -311,7 +311,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                 if len(computed) == len(COMPUTED):
                     for name, tensor in computed.items():
                         ring.leaves[name].copy_(tensor)
-        self._advantages_ready = len(computed) == len(COMPUTED)
+        self._advantages_at = self._change_marks() if len(computed) == len(COMPUTED) else None
 
     def clear(self) -> None:
         """Empty the rollout (for the next one); extras attached with [`set_extras`][rlbuf.RolloutBuffer.set_extras] go too.
@@ -326,7 +326,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         """
         super().clear()
         self._attached.clear()
-        self._advantages_ready = False
+        self._advantages_at = None
 
     def set_extras(self, mapping: Mapping[str, torch.Tensor]) -> None:
         """Attach algorithm tensors aligned with the rollout, ``[num_steps, num_envs, ...]``.
@@ -353,16 +353,17 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             (torch.Size([4, 5]), [1.0, 1.0, 1.0, 1.0])
         """
         checked = checked_extras(mapping, self._ring, num_steps=self._num_steps, num_envs=self._num_envs)
+        ready = self.advantages_ready or any(name in COMPUTED for name in checked)
         with self._ring.rewriting("set_extras"):
             for name, tensor in checked.items():
                 if name in self._ring.by_name:
                     self.view(name).copy_(tensor)
-                    if name in COMPUTED:
-                        self._advantages_ready = True
                 else:
                     # A contiguous copy: the caller's tensor (or an expanded view of it) may change later.
                     self._attached[name] = tensor.detach().reshape(self.capacity, *tensor.shape[2:]).to(
                         self._storing_device, copy=True, memory_format=torch.contiguous_format)
+        if ready:  # extras beside the advantages leave them current
+            self._advantages_at = self._change_marks()
 
     # -- advantages --------------------------------------------------------------------------
     @keywords_checked
@@ -403,36 +404,21 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         normalize = as_flag("normalize_advantages", normalize_advantages)
         spec = FieldSpec("last_value", "last_value", (), torch.float32, finite=True)
         last = RowReader(spec, self._num_envs, self._ring.accepted_devices).tensor(last_value).to(self._storing_device)
+        # Current advantages are computed around (a refused call leaves them), others in place.
+        around = self.advantages_ready
+        if around and self._gae_out is None:
+            shape = (self._num_steps, self._num_envs)
+            self._gae_out = (last.new_empty(shape), last.new_empty(shape))
         with self._ring.rewriting("compute_returns_and_advantages"):  # a save running meanwhile copies the new advantages, not a mix
             columns = {name: self._ring.leaves[name].view(self._num_steps, self._num_envs) for name in (
                 "reward", "value", "terminated", "truncated", "bootstrap_value", "advantage", "returns")}
-            stored = (columns["advantage"], columns["returns"])
-            # A refused call leaves the advantages as they were: held ones are computed around (other tensors,
-            # checked, copied); without them the columns hold the zeros every commit derives, computed in
-            # place and zeroed again if refused (results beyond float32). The PPO loop: clear, add, compute.
-            in_place = not self._advantages_ready
-            if not in_place and self._gae_out is None:  # kept: fresh tensors every call cost more than the kernel
-                shape = (self._num_steps, self._num_envs)
-                self._gae_out = (last.new_empty(shape), last.new_empty(shape))
             try:
-                advantage, returns = compute_gae(
-                    columns["reward"], columns["value"], columns["terminated"], columns["truncated"], last,
-                    gamma=gamma, gae_lambda=gae_lambda, bootstrap_value=columns["bootstrap_value"],
-                    out=stored if in_place else self._gae_out)
-                if normalize:
-                    # One row has no spread (its std is NaN): it is only centred.
-                    spread = advantage.std() if advantage.numel() > 1 else torch.zeros((), device=advantage.device)
-                    advantage.sub_(advantage.mean()).div_(spread + 1e-8)
-                    check_normalized(advantage, spread)
-            except NonFiniteError:
-                if in_place:
-                    for column in stored:
-                        column.zero_()
+                write_advantages(columns, last, gamma=gamma, gae_lambda=gae_lambda, normalize=normalize,
+                                 scratch=self._gae_out if around else None)
+            except Exception:  # refused (a bad gamma, results beyond float32): current advantages are kept, current
+                self._advantages_at = self._change_marks() if around else None
                 raise
-            if not in_place:
-                store_computed(columns["advantage"], advantage)
-                store_computed(columns["returns"], returns)
-        self._advantages_ready = True
+            self._advantages_at = self._change_marks()
 
     # -- reading -----------------------------------------------------------------------------
     def get_all_data(self) -> RolloutBatch:
@@ -522,7 +508,9 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         columns = self._following_rewrites(lambda: deliver(dict(self._ring.leaves) | self._attached, self._device))
 
         def make_batch(index: torch.Tensor) -> RolloutBatch:
-            return self._make_batch({name: rows_at(column, index) for name, column in columns().items()})
+            current = columns()
+            self._require_ready("minibatches")  # an iterator held across a write: its advantages are stale
+            return self._make_batch({name: rows_at(column, index) for name, column in current.items()})
 
         iterator = EpochIterator(self.capacity, self._live(make_batch), **options, generator=self._iterator_generator(self._device))
         return self._track_epochs(iterator, "minibatches", **minibatches_call(options))
@@ -546,7 +534,9 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                                       unit="trajectories in the rollout")
 
         def make_sequences(index: torch.Tensor) -> SequenceBatch:
-            return self._make_sequence_batch(*trajectories().select(index))
+            current = trajectories()  # first: episode ends rewritten are refused by name
+            self._require_ready("minibatches")
+            return self._make_sequence_batch(*current.select(index))
 
         iterator = EpochIterator(len(trajectories()), self._live(make_sequences), **options,
                                  generator=self._iterator_generator(self._device))
@@ -572,19 +562,21 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         return len(batch_bounds(self.capacity, batch_size=batch_size, drop_last=as_flag("drop_last", drop_last)))
 
     def _extra_state(self) -> dict[str, Any]:
-        return {**super()._extra_state(), "attached": dict(self._attached), "advantages_ready": self._advantages_ready}
+        return {**super()._extra_state(), "attached": dict(self._attached), "advantages_ready": self.advantages_ready}
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         self._attached = {name: tensor.to(self._storing_device).clone() for name, tensor in state["attached"].items()}
-        self._advantages_ready = bool(state["advantages_ready"])
         super()._load_extra_state(state)
+        self._advantages_at = self._change_marks() if state["advantages_ready"] else None  # the rows just loaded
 
     def _require_ready(self, what: str) -> None:
         if not self.is_full:
             raise RolloutIncompleteError(f"{what}: the rollout holds {self.steps} of {self._num_steps} steps")
-        if not self._advantages_ready:
-            raise RolloutIncompleteError(f"{what}: call compute_returns_and_advantages() (or extend with a GAE-"
-                                         f"transformed rollout, or set_extras advantage/returns) first")
+        if not self.advantages_ready:
+            raise RolloutIncompleteError(f"{what}: the advantages are not computed for the rollout as stored (rows "
+                                         f"written since, through buffer.torchrl too, make them stale); call "
+                                         f"compute_returns_and_advantages() (or extend with a GAE-transformed "
+                                         f"rollout, or set_extras advantage/returns) first")
 
     def _batch(self, index: torch.Tensor, weight: torch.Tensor | None = None) -> RolloutBatch:
         columns = self._ring.gather(index)

@@ -31,6 +31,7 @@ from rlbuf import (
     ReplayBuffer,
     RlbufError,
     RolloutBuffer,
+    RolloutIncompleteError,
     ShapeError,
     StoredIndexError,
 )
@@ -322,3 +323,57 @@ def test_rows_written_through_torchrl_are_not_taken_for_whole_steps(tmp_path: Pa
         buf.add(torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.zeros(2, 3),
                 torch.zeros(2, dtype=torch.bool), truncated=False)
     assert buf.sample_sequences(2, 2).obs.shape[:2] == (2, 2)
+
+
+# -- a rollout's rows through TorchRL ----------------------------------------------------------------
+def rollout(num_steps: int, num_envs: int, *, filled: int) -> RolloutBuffer:
+    buf = RolloutBuffer(num_steps, num_envs, obs_shape=(3,), action_shape=(), seed=0)
+    for _ in range(filled):
+        buf.add(torch.zeros(num_envs, 3), torch.zeros(num_envs), torch.ones(num_envs),
+                torch.zeros(num_envs, dtype=torch.bool), torch.zeros(num_envs), torch.zeros(num_envs), truncated=False)
+    return buf
+
+
+def rollout_rows(n: int | None, *, reward: float = 1.0) -> TensorDict:
+    lead: tuple[int, ...] = () if n is None else (n,)
+    return TensorDict({"observation": torch.full((*lead, 3), 9.0), "action": torch.zeros(lead),
+                       "state_value": torch.zeros(*lead, 1), "sample_log_prob": torch.zeros(lead),
+                       "next": {"reward": torch.full((*lead, 1), reward), "state_value": torch.zeros(*lead, 1),
+                                "terminated": torch.zeros(*lead, 1, dtype=torch.bool),
+                                "truncated": torch.zeros(*lead, 1, dtype=torch.bool)}}, lead)
+
+
+@pytest.mark.parametrize("write", ["setitem", "setitem_slice", "empty"])
+def test_a_write_through_torchrl_makes_the_rollouts_advantages_stale(write: str) -> None:
+    # rb[0] = td after compute_returns_and_advantages left advantages_ready True: the row was delivered with
+    # the derived advantage 0, every other row with advantages of the old rewards.
+    buf = rollout(2, 2, filled=2)
+    buf.compute_returns_and_advantages(torch.zeros(2), gamma=0.5, gae_lambda=1.0)
+    held = buf.minibatches(batch_size=1, shuffle=False)
+    next(held)
+    if write == "setitem":
+        buf.torchrl[0] = rollout_rows(None, reward=5.0)
+    elif write == "setitem_slice":
+        buf.torchrl[0:1] = rollout_rows(1, reward=5.0)
+    else:
+        buf.torchrl.empty()
+    assert not buf.advantages_ready
+    for call in (lambda: buf.minibatches(batch_size=4), buf.get_all_data, lambda: next(held)):
+        with pytest.raises(RolloutIncompleteError):
+            call()
+    if write != "empty":
+        buf.compute_returns_and_advantages(torch.zeros(2), gamma=0.5, gae_lambda=1.0)
+        assert buf.advantages_ready
+        assert buf.get_all_data().advantage.tolist() == [5.5, 1.5, 1.0, 1.0]
+
+
+def test_extras_set_beside_current_advantages_leave_them_current_and_stale_ones_stale() -> None:
+    buf = rollout(2, 2, filled=2)
+    buf.compute_returns_and_advantages(torch.zeros(2))
+    buf.set_extras({"old_logits": torch.zeros(2, 2, 4)})
+    assert buf.advantages_ready
+    buf.torchrl[1] = rollout_rows(None)
+    buf.set_extras({"old_logits": torch.ones(2, 2, 4)})
+    assert not buf.advantages_ready
+    buf.set_extras({"advantage": torch.ones(2, 2), "returns": torch.ones(2, 2)})
+    assert buf.advantages_ready
