@@ -233,7 +233,7 @@ class RingBuffer(BufferState, Generic[BatchT]):
         self._seed = secrets.randbits(62) if checked_seed is None else checked_seed
         generator = torch.Generator(device=self._storing_device).manual_seed(self._seed)
         self._ring = RowRing(specs, built, sampler, rows_per_add=num_envs, storing_device=self._storing_device,
-                             generator=generator, derived=derived)
+                             generator=generator, derived=derived, whole_steps=self._fills_by_whole_steps)
         self._epoch_generator = torch.Generator().manual_seed(self._seed + 1)
 
     # -- sizes and devices -----------------------------------------------------------------

@@ -5,7 +5,8 @@
 commits the ring's pending rows, under the one lock every write takes. Every write through it
 (``add``, ``extend``, ``rb[index] = td``, ``update_priority``, ``mark_update``) is read by the
 fields' readers first ([`TorchRLRows`][rlbuf._torchrl_rows.TorchRLRows]: every input field
-required, ``done`` derived, stored positions only, valid priorities); TorchRL-level loads and
+required, ``done`` derived, stored positions only, valid priorities, a rollout's new rows whole
+steps that fit, checked once its pending rows are committed); TorchRL-level loads and
 in-place key writes are refused, and reads hand out copies. Pickled for a worker process, it
 keeps those checks, moves RAM storage into shared memory and unlinks those shared-memory files
 once the learner's buffer is collected.
@@ -85,11 +86,28 @@ class FlushingReplayBuffer(TensorDictReplayBuffer):  # type: ignore[misc]
 
     def extend(self, data: Any, *args: Any, **kwargs: Any) -> Any:
         self._rlbuf_require_writable("extend")
-        return self._locked(super().extend, self._checked(data, batched=True), *args, **kwargs)
+        checked = self._checked(data, batched=True)
+        with _torchrl.replay_lock(self):
+            self._require_room("extend", checked)
+            return self._locked(super().extend, checked, *args, **kwargs)
 
     def add(self, data: Any, *args: Any, **kwargs: Any) -> Any:
         self._rlbuf_require_writable("add")
-        return self._locked(super().add, self._checked(data, batched=False), *args, **kwargs)
+        checked = self._checked(data, batched=False)
+        with _torchrl.replay_lock(self):
+            self._require_room("add", checked)
+            return self._locked(super().add, checked, *args, **kwargs)
+
+    def _require_room(self, call: str, checked: Any) -> None:
+        """Refuse new rows a rollout has no room for, or that are no whole steps (``TorchRLRows.require_room``),
+        against the rows stored once the owner's pending ones are committed; call with the lock held."""
+        rows = self._rlbuf_rows
+        if rows is None or rows.whole_steps is None:
+            return
+        owner = self._owner()
+        if owner is not None:
+            owner.flush()
+        rows.require_room(call, int(checked.batch_size.numel()), _torchrl.size(self))
 
     def _rlbuf_require_writable(self, call: str) -> None:
         """Raise ``ReadOnlyError`` for a write ``call`` while the buffer is read-only (nothing changed yet)."""

@@ -129,6 +129,8 @@ class RowRing:
         generator: the buffer's random generator (TorchRL's ``set_rng``).
         derived: fields computed from the others when rows are committed (e.g. ``done``
             from ``terminated | truncated``), never passed in by callers.
+        whole_steps: rows come ``rows_per_add`` at a time and never wrap (a rollout): so must rows
+            written through ``buffer.torchrl``.
     """
 
     def __init__(
@@ -141,6 +143,7 @@ class RowRing:
         storing_device: torch.device,
         generator: torch.Generator,
         derived: Mapping[str, Callable[[Mapping[str, torch.Tensor]], torch.Tensor]] | None = None,
+        whole_steps: bool = False,
     ) -> None:
         self.specs = tuple(specs)
         self.derived = dict(derived or {})
@@ -176,7 +179,8 @@ class RowRing:
             self.pending_limit = min(_BLOCK_ROWS, self.capacity) if rows_per_add <= _BLOCK_ROWS else 0
         self.accepted_devices = (storing_device,) if storing_device.type == "cpu" else (storing_device, _CPU)
         # Writes through TorchRL (here or in a worker process) are read by the same readers.
-        rb._rlbuf_rows = TorchRLRows(self.specs, self.derived, self.accepted_devices)
+        rb._rlbuf_rows = TorchRLRows(self.specs, self.derived, self.accepted_devices,
+                                     whole_steps=(rows_per_add, self.capacity) if whole_steps else None)
         self.rows_per_add = rows_per_add
         self._readers: dict[tuple[FieldSpec, int], RowReader] = {}
         # Each input field's reader of one add's rows, in field order, and all of them in one call.

@@ -5,7 +5,8 @@ the derived fields and the devices a tensor may be on), so it travels with ``buf
 to worker processes: a worker checks its writes exactly as the learner does, without the
 learner's ring. Each write through TorchRL (``add``, ``extend``, ``rb[index] = td``) must
 carry every input field at its TorchRL key; the derived fields (``("next", "done")``) are
-computed here, and a given one must equal what they derive to.
+computed here, and a given one must equal what they derive to. A rollout, which fills by whole
+steps and never wraps, takes new rows only as whole steps that fit (``require_room``).
 
 Example:
     >>> import torch
@@ -29,7 +30,7 @@ from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 
 from rlbuf._convert import stored_positions
 from rlbuf._fields import refuse_padding
-from rlbuf.errors import ConfigError, MissingFieldError, ShapeError
+from rlbuf.errors import BufferFullError, ConfigError, MissingFieldError, ShapeError
 from rlbuf.spec import FieldSpec, RowReader
 
 Derive = Callable[[Mapping[str, torch.Tensor]], torch.Tensor]
@@ -46,14 +47,17 @@ class TorchRLRows:
         specs: every stored field, in order.
         derived: fields computed from the others (module-level functions, so they pickle).
         devices: the devices a tensor may be on.
+        whole_steps: ``(rows of a step, capacity)`` of a buffer filled by whole steps that never wraps
+            (a rollout), whose new rows must be whole steps that fit; None for any other.
     """
 
     def __init__(self, specs: Sequence[FieldSpec], derived: Mapping[str, Derive],
-                 devices: tuple[torch.device, ...]) -> None:
+                 devices: tuple[torch.device, ...], *, whole_steps: tuple[int, int] | None = None) -> None:
         self.specs = tuple(specs)
         self.derived = dict(derived)
         self.input_specs = tuple(s for s in self.specs if s.name not in self.derived)
         self.devices = devices
+        self.whole_steps = whole_steps
         self._readers: dict[tuple[FieldSpec, int], RowReader] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -80,6 +84,25 @@ class TorchRLRows:
                              f"got {tuple(value.shape)}")
         rows = math.prod(lead)
         return self.reader(spec, rows).tensor(value.reshape(rows, *spec.shape))
+
+    def require_room(self, call: str, rows: int, size: int) -> None:
+        """Refuse ``rows`` new rows after ``size`` stored in a buffer of ``whole_steps``: a part of a step
+        would put every later row in another env's place, and rows beyond the capacity would wrap over
+        the first steps. Nothing is written before.
+
+        Raises:
+            ShapeError: ``rows`` is no whole number of steps.
+            BufferFullError: the steps do not fit in what is left.
+        """
+        if self.whole_steps is None:
+            return
+        step, capacity = self.whole_steps
+        if rows % step:
+            raise ShapeError(f"data: expected whole steps of {step} rows (one per env, env by env), got {rows} "
+                             f"row(s); a rollout stores its envs' rows step by step: write whole steps")
+        if size + rows > capacity:
+            raise BufferFullError(f"{call}: {rows // step} step(s) do not fit; {(capacity - size) // step} of "
+                                  f"{capacity // step} left (a rollout never wraps); call clear() first")
 
     def rows(self, data: Any, *, batched: bool) -> TensorDict:
         """The rows of ``data`` (a TensorDict of batch size ``[n, ...]``, or ``[]`` for one row when not

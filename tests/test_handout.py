@@ -23,6 +23,7 @@ from torchrl.data import LazyTensorStorage, RandomSampler, RoundRobinWriter
 from torchrl.envs import Transform
 
 from rlbuf import (
+    BufferFullError,
     ConfigError,
     DtypeError,
     MissingFieldError,
@@ -341,6 +342,41 @@ def rollout_rows(n: int | None, *, reward: float = 1.0) -> TensorDict:
                        "next": {"reward": torch.full((*lead, 1), reward), "state_value": torch.zeros(*lead, 1),
                                 "terminated": torch.zeros(*lead, 1, dtype=torch.bool),
                                 "truncated": torch.zeros(*lead, 1, dtype=torch.bool)}}, lead)
+
+
+@pytest.mark.parametrize(("filled", "write", "error", "match"), [
+    # Past the capacity TorchRL's writer wrapped over step 0 of a full rollout, whose own save then did not load.
+    (2, lambda rb: rb.extend(rollout_rows(2)), "full", r"^extend: 1 step\(s\) do not fit; 0 of 2 left"),
+    (1, lambda rb: rb.extend(rollout_rows(4)), "full", r"^extend: 2 step\(s\) do not fit; 1 of 2 left"),
+    # A part of a step put every later add's rows in another env's place.
+    (0, lambda rb: rb.extend(rollout_rows(1)), "part", r"^data: expected whole steps of 2 rows .* got 1 row"),
+    (1, lambda rb: rb.extend(rollout_rows(3)), "part", r"^data: expected whole steps of 2 rows .* got 3 row"),
+    (0, lambda rb: rb.add(rollout_rows(None)), "part", r"^data: expected whole steps of 2 rows .* got 1 row"),
+])
+def test_a_rollout_takes_rows_through_torchrl_only_as_whole_steps_that_fit(filled: int, write: Callable[[Any], Any],
+                                                                           error: str, match: str) -> None:
+    buf = rollout(2, 2, filled=filled)
+    before = snapshot(buf)
+    with pytest.raises(BufferFullError if error == "full" else ShapeError, match=match):
+        write(buf.torchrl)
+    assert same(before, snapshot(buf))
+    assert buf.check_valid() == (True, "")
+    RolloutBuffer(2, 2, obs_shape=(3,), action_shape=()).load_state_dict(buf.state_dict())
+
+
+def test_whole_steps_through_torchrl_fill_a_rollout_as_adds_do() -> None:
+    buf = rollout(3, 2, filled=1)
+    buf.torchrl.extend(rollout_rows(2))
+    assert buf.steps == 2 and buf.view("obs")[1].eq(9.0).all()
+    buf.add(torch.ones(2, 3), torch.zeros(2), torch.ones(2), torch.zeros(2, dtype=torch.bool), torch.zeros(2),
+            torch.zeros(2), truncated=False)
+    assert buf.view("obs")[2].eq(1.0).all() and buf.check_valid() == (True, "")
+    one_env = rollout(2, 1, filled=0)
+    one_env.torchrl.add(rollout_rows(None))
+    one_env.torchrl.add(rollout_rows(None))
+    with pytest.raises(BufferFullError, match=r"^add: 1 step\(s\) do not fit; 0 of 2 left"):
+        one_env.torchrl.add(rollout_rows(None))
+    assert one_env.is_full and one_env.check_valid() == (True, "")
 
 
 @pytest.mark.parametrize("write", ["setitem", "setitem_slice", "empty"])
