@@ -47,15 +47,15 @@ class ObservationTrail:
         """Keep ``next_obs`` (a reference) as what each env's next ``obs`` must be."""
         self._last = next_obs
 
-    def continues(self, obs: Any) -> np.ndarray[Any, Any] | None:
-        """``[num_envs]`` bools: which envs' ``obs`` equal the remembered ``next_obs``; ``None`` where nothing is
-        remembered or either cannot be read as rows of the buffer's leaves (the buffer's ``add`` judges
-        ``obs`` then)."""
+    def continues(self, obs: Any) -> np.ndarray[Any, Any] | bool | None:
+        """``[num_envs]`` bools: which envs' ``obs`` equal the remembered ``next_obs``; ``True`` where ``obs`` is
+        that very object (every env's does, at no cost); ``None`` where nothing is remembered or either cannot
+        be read as rows of the buffer's leaves (the buffer's ``add`` judges ``obs`` then)."""
         last, n = self._last, self._num_envs
         if last is None:
             return None
         if obs is last:
-            return np.ones(n, np.bool_)
+            return True
         try:
             now, before = self._rows(obs), self._rows(last)
         except (RlbufError, TypeError, ValueError, RuntimeError):

@@ -297,21 +297,24 @@ class Recorder:
         ended = terminated_np | truncated_np
         stored_next = next_obs if isinstance(self.buffer, DistillationBuffer) else self._final_observations(
             next_obs, ended, info)
-        continues = None if self._trail is None else self._trail.continues(obs)
-        if continues is not None and (broken := ~(self._starting | self._resetting | continues)).any():
+        continues = None if self._trail is None else self._trail.continues(obs)  # True: every env's
+        if continues is not None and continues is not True and (
+                broken := ~(self._starting | self._resetting | continues)).any():
             raise StreamError(
                 f"obs: env {int(broken.argmax())}'s observation is not the next_obs recorded with its previous step, "
                 f"whose episode did not end: the envs were reset, or a step went unrecorded, without the Recorder "
                 f"being told. After envs.reset(), call recorder.reset() (the buffer's running episodes then end as a "
                 f"time limit would); record every envs.step, from the next_obs of the one before (both as the envs "
                 f"gave them, or both normalised alike)")
-        keep = ~self._resetting if self.autoreset_mode is AutoresetMode.NEXT_STEP else None
-        if keep is not None and continues is not None:  # a reset step starts from the final observation
-            keep = keep | ended | ~continues
-        elif keep is not None and self._read_from_envs.any():
-            keep = keep | (self._read_from_envs & self._real_first_steps(obs, ended))
-        if keep is not None and keep.all():
-            keep = None
+        keep = None
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP and self._resetting.any():
+            keep = ~self._resetting
+            if continues is not None:  # a reset step starts from the final observation, and ends nothing
+                keep |= ended if continues is True else ended | ~continues
+            elif self._read_from_envs.any():
+                keep |= self._read_from_envs & self._real_first_steps(obs, ended)
+            if keep.all():
+                keep = None
         buffer = self.buffer
         if isinstance(buffer, ReplayBuffer):
             buffer.add(obs, action, reward, stored_next, terminated, truncated, env_mask=keep, **fields)
