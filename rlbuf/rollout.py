@@ -260,17 +260,20 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             (1, False)
         """
         self._require_writable("add")
-        if self.is_full:
-            raise BufferFullError(f"add: the rollout already holds {self._num_steps} steps; call clear() first")
-        values = step_values(dict(obs=obs, action=action, reward=reward, terminated=terminated, value=value,
-                                  log_prob=log_prob, truncated=truncated, privileged_obs=privileged_obs,
-                                  bootstrap_value=bootstrap_value), hidden_state, extras, num_envs=self._num_envs,
-                             obs_layout=self._obs, hidden=self._hidden, extra_specs=self._extra_specs,
-                             privileged=self._has_privileged)
-        record = self._planned_stats(reward, terminated, values["truncated"], metrics=metrics)
-        self._ring.add(tuple(values[spec.name] for spec in self._ring.input_specs), self._num_envs)
-        if record is not None:
-            record()
+        # Under the ring's (re-entrant) lock throughout: two threads checking for room before either writes
+        # would both add the last step (the second over step 0), and a save would see the rows without their stats.
+        with self._ring.lock:
+            if self.is_full:
+                raise BufferFullError(f"add: the rollout already holds {self._num_steps} steps; call clear() first")
+            values = step_values(dict(obs=obs, action=action, reward=reward, terminated=terminated, value=value,
+                                      log_prob=log_prob, truncated=truncated, privileged_obs=privileged_obs,
+                                      bootstrap_value=bootstrap_value), hidden_state, extras, num_envs=self._num_envs,
+                                 obs_layout=self._obs, hidden=self._hidden, extra_specs=self._extra_specs,
+                                 privileged=self._has_privileged)
+            record = self._planned_stats(reward, terminated, values["truncated"], metrics=metrics)
+            self._ring.add(tuple(values[spec.name] for spec in self._ring.input_specs), self._num_envs)
+            if record is not None:
+                record()
 
     def extend(self, td: TensorDictBase) -> None:
         """Store a whole rollout from a TorchRL collector: batch ``[num_envs, T]`` (time last).
@@ -297,21 +300,23 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             (4, False)
         """
         self._require_writable("extend")  # first, as add: a full read-only rollout is refused as read-only
-        columns, computed, steps = rollout_columns(td, self._ring, num_envs=self._num_envs,
-                                                   free_steps=self._num_steps - self.steps, whole=self.steps == 0)
-        if steps == 0:  # an empty batch, as ReplayBuffer.extend takes it: nothing to store
-            return
-        ring, rows = self._ring, steps * self._num_envs
-        # Statistics fed before the rows are stored, and undone if the rows are refused.
-        with contextlib.nullcontext() if self._stats is None else self._stats.restored_on_error():
-            self._feed_stats_from_rollout(columns["reward"].view(steps, -1).T,
-                                          columns["terminated"].view(steps, -1).T, columns["truncated"].view(steps, -1).T)
-            with ring.rewriting("extend"):  # one commit: the rows, then the advantages written over them
-                ring.write_checked(columns, rows)
-                if len(computed) == len(COMPUTED):
-                    for name, tensor in computed.items():
-                        ring.leaves[name].copy_(tensor)
-        self._advantages_at = self._change_marks() if len(computed) == len(COMPUTED) else None
+        ring = self._ring
+        with ring.lock:  # the free steps read, the rows, the statistics and the advantage marks as one step (see add)
+            columns, computed, steps = rollout_columns(td, ring, num_envs=self._num_envs,
+                                                       free_steps=self._num_steps - self.steps, whole=self.steps == 0)
+            if steps == 0:  # an empty batch, as ReplayBuffer.extend takes it: nothing to store
+                return
+            rows = steps * self._num_envs
+            # Statistics fed before the rows are stored, and undone if the rows are refused.
+            with contextlib.nullcontext() if self._stats is None else self._stats.restored_on_error():
+                self._feed_stats_from_rollout(columns["reward"].view(steps, -1).T, columns["terminated"].view(steps, -1).T,
+                                              columns["truncated"].view(steps, -1).T)
+                with ring.rewriting("extend"):  # one commit: the rows, then the advantages written over them
+                    ring.write_checked(columns, rows)
+                    if len(computed) == len(COMPUTED):
+                        for name, tensor in computed.items():
+                            ring.leaves[name].copy_(tensor)
+            self._advantages_at = self._change_marks() if len(computed) == len(COMPUTED) else None
 
     def clear(self) -> None:
         """Empty the rollout (for the next one); extras attached with [`set_extras`][rlbuf.RolloutBuffer.set_extras] go too.
@@ -324,9 +329,10 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf.steps, buf.advantages_ready
             (0, False)
         """
-        super().clear()
-        self._attached.clear()
-        self._advantages_at = None
+        with self._ring.lock:  # a save between the rows' clear and the advantages' would see empty rows "ready"
+            super().clear()
+            self._attached.clear()
+            self._advantages_at = None
 
     def set_extras(self, mapping: Mapping[str, torch.Tensor]) -> None:
         """Attach algorithm tensors aligned with the rollout, ``[num_steps, num_envs, ...]``.
@@ -398,27 +404,29 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             >>> buf.view("returns").flatten().tolist()
             [1.5, 1.0]
         """
-        if not self.is_full:
-            raise RolloutIncompleteError(f"compute_returns_and_advantages: the rollout holds {self.steps} of "
-                                         f"{self._num_steps} steps; fill it first")
-        normalize = as_flag("normalize_advantages", normalize_advantages)
-        spec = FieldSpec("last_value", "last_value", (), torch.float32, finite=True)
-        last = RowReader(spec, self._num_envs, self._ring.accepted_devices).tensor(last_value).to(self._storing_device)
-        # Current advantages are computed around (a refused call leaves them), others in place.
-        around = self.advantages_ready
-        if around and self._gae_out is None:
-            shape = (self._num_steps, self._num_envs)
-            self._gae_out = (last.new_empty(shape), last.new_empty(shape))
-        with self._ring.rewriting("compute_returns_and_advantages"):  # a save running meanwhile copies the new advantages, not a mix
-            columns = {name: self._ring.leaves[name].view(self._num_steps, self._num_envs) for name in (
-                "reward", "value", "terminated", "truncated", "bootstrap_value", "advantage", "returns")}
-            try:
-                write_advantages(columns, last, gamma=gamma, gae_lambda=gae_lambda, normalize=normalize,
-                                 scratch=self._gae_out if around else None)
-            except Exception:  # refused (a bad gamma, results beyond float32): current advantages are kept, current
-                self._advantages_at = self._change_marks() if around else None
-                raise
-            self._advantages_at = self._change_marks()
+        # Under the ring's lock throughout: the full check, the rewrite and the advantages marked ready are one step.
+        with self._ring.lock:
+            if not self.is_full:
+                raise RolloutIncompleteError(f"compute_returns_and_advantages: the rollout holds {self.steps} of "
+                                             f"{self._num_steps} steps; fill it first")
+            normalize = as_flag("normalize_advantages", normalize_advantages)
+            spec = FieldSpec("last_value", "last_value", (), torch.float32, finite=True)
+            last = RowReader(spec, self._num_envs, self._ring.accepted_devices).tensor(last_value).to(self._storing_device)
+            # Current advantages are computed around (a refused call leaves them), others in place.
+            around = self.advantages_ready
+            if around and self._gae_out is None:
+                shape = (self._num_steps, self._num_envs)
+                self._gae_out = (last.new_empty(shape), last.new_empty(shape))
+            with self._ring.rewriting("compute_returns_and_advantages"):  # a save running meanwhile copies the new advantages, not a mix
+                columns = {name: self._ring.leaves[name].view(self._num_steps, self._num_envs) for name in (
+                    "reward", "value", "terminated", "truncated", "bootstrap_value", "advantage", "returns")}
+                try:
+                    write_advantages(columns, last, gamma=gamma, gae_lambda=gae_lambda, normalize=normalize,
+                                     scratch=self._gae_out if around else None)
+                except Exception:  # refused (a bad gamma, results beyond float32): current advantages are kept, current
+                    self._advantages_at = self._change_marks() if around else None
+                    raise
+                self._advantages_at = self._change_marks()
 
     # -- reading -----------------------------------------------------------------------------
     def get_all_data(self) -> RolloutBatch:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
 from tensordict import TensorDict
 
-from rlbuf import ReplayBuffer
+from rlbuf import BufferFullError, ReplayBuffer, RolloutBuffer, RolloutIncompleteError
 
 WRITERS, STEPS = 4, 300
 
@@ -87,3 +88,104 @@ def test_threads_adding_extending_and_sampling_lose_nothing(storage: str) -> Non
     for writer in range(WRITERS):                                      # each writer's rows in its order
         mine = [i for i in ids if writer * 100_000 <= i < (writer + 1) * 100_000]
         assert mine == sorted(mine)
+
+
+class _WatchedLock:
+    """A buffer's ring lock that reports when a thread other than the test's starts waiting for it."""
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+        self.test_thread = threading.get_ident()
+        self.waiting = threading.Event()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if threading.get_ident() != self.test_thread:
+            self.waiting.set()
+        return bool(self.lock.acquire(blocking, timeout))
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _watch_lock(monkeypatch: pytest.MonkeyPatch, buf: RolloutBuffer) -> _WatchedLock:
+    watched = _WatchedLock(buf._ring.lock)
+    monkeypatch.setattr(buf._ring, "lock", watched)
+    return watched
+
+
+def _rollout_step(buf: RolloutBuffer, value: float) -> None:
+    buf.add(torch.full((2, 3), value), torch.zeros(2), torch.ones(2), torch.tensor([False, False]),
+            torch.zeros(2), torch.zeros(2), truncated=False)
+
+
+def _rollout_extend_step(buf: RolloutBuffer, value: float) -> None:
+    buf.extend(TensorDict({"observation": torch.full((2, 1, 3), value), "action": torch.zeros(2, 1),
+                           "state_value": torch.zeros(2, 1, 1), "sample_log_prob": torch.zeros(2, 1),
+                           "next": {"reward": torch.ones(2, 1, 1), "terminated": torch.zeros(2, 1, 1, dtype=torch.bool),
+                                    "truncated": torch.zeros(2, 1, 1, dtype=torch.bool)}}, batch_size=[2, 1]))
+
+
+def _in_thread(call: Callable[[], None]) -> tuple[threading.Thread, list[BaseException]]:
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as error:  # reported to the test
+            raised.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, raised
+
+
+@pytest.mark.parametrize("write", [_rollout_step, _rollout_extend_step], ids=["add", "extend"])
+def test_a_rollout_write_checks_for_room_under_the_lock(monkeypatch: pytest.MonkeyPatch,
+                                                        write: Callable[[RolloutBuffer, float], None]) -> None:
+    buf = RolloutBuffer(2, 2, obs_shape=(3,), action_shape=(), seed=0)
+    _rollout_step(buf, 0.0)
+    lock = _watch_lock(monkeypatch, buf)
+    with lock:
+        thread, raised = _in_thread(lambda: write(buf, 9.0))
+        assert lock.waiting.wait(10)
+        _rollout_step(buf, 1.0)  # the last free step, taken while the other write waits for the lock
+    thread.join(10)
+    assert [type(error) for error in raised] == [BufferFullError]  # not a third step written over step 0
+    assert buf.steps == 2 and buf.view("obs")[:, 0, 0].tolist() == [0.0, 1.0]
+    assert buf.check_valid() == (True, "")
+
+
+def test_compute_returns_and_advantages_checks_the_rollout_is_full_under_the_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    buf = RolloutBuffer(1, 2, obs_shape=(3,), action_shape=(), seed=0)
+    _rollout_step(buf, 0.0)
+    lock = _watch_lock(monkeypatch, buf)
+    with lock:
+        thread, raised = _in_thread(lambda: buf.compute_returns_and_advantages(torch.zeros(2)))
+        assert lock.waiting.wait(10)
+        buf.clear()  # while the compute waits: it must find the rollout empty
+    thread.join(10)
+    assert [type(error) for error in raised] == [RolloutIncompleteError]
+    assert not buf.advantages_ready
+
+
+def test_a_rollout_clears_rows_extras_and_advantages_in_one_locked_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    buf = RolloutBuffer(1, 2, obs_shape=(3,), action_shape=(), seed=0)
+    _rollout_step(buf, 0.0)
+    buf.compute_returns_and_advantages(torch.zeros(2))
+    lock = buf._ring.lock
+    held: list[bool] = []
+
+    class Attached(dict[str, torch.Tensor]):
+        def clear(self) -> None:
+            held.append(lock._is_owned())
+            super().clear()
+
+    monkeypatch.setattr(buf, "_attached", Attached(buf._attached))
+    buf.clear()
+    assert held == [True] and buf.steps == 0 and not buf.advantages_ready
