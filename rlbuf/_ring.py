@@ -33,7 +33,7 @@ import contextlib
 import sys
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -47,6 +47,7 @@ from rlbuf._derive import derive_rows
 from rlbuf._device_checks import check_finite_together
 from rlbuf._handout import FlushingReplayBuffer
 from rlbuf._one_row import reading_all, writing_row
+from rlbuf._snapshot import RowSink, Snapshot
 from rlbuf._torchrl_rows import TorchRLRows
 from rlbuf.errors import BatchSizeError, EmptyBufferError, MissingFieldError
 from rlbuf.spec import FieldSpec, NotStaged, RowReader, positive_int
@@ -69,52 +70,6 @@ def _writes_through(storing_device: torch.device) -> bool:
     """Whether adds are written straight into the storage (memory numpy can address, i.e. the CPU)
     rather than staged in a numpy block that one device copy per field commits."""
     return storing_device.type == "cpu"
-
-
-class RowSink(Protocol):
-    """Where a snapshot's rows go: copied without the lock, then patched under it."""
-
-    def copy(self, leaves: Mapping[str, torch.Tensor], size: int) -> None:
-        """Copy rows ``[0, size)`` of every leaf while writers may run."""
-
-    def patch(self, leaves: Mapping[str, torch.Tensor], segments: Sequence[tuple[int, int]],
-              size: int) -> Mapping[str, Any]:
-        """Under the lock: re-copy ``segments``, keep ``size`` rows, return the rows of the snapshot."""
-
-
-class RowCopies:
-    """A [`RowSink`][rlbuf._ring.RowSink] into fresh tensors (``state_dict``)."""
-
-    def __init__(self) -> None:
-        self.rows: dict[str, torch.Tensor] = {}
-
-    def copy(self, leaves: Mapping[str, torch.Tensor], size: int) -> None:
-        """Clone rows ``[0, size)`` of every leaf."""
-        self.rows = {name: leaf[:size].clone() for name, leaf in leaves.items()}
-
-    def patch(self, leaves: Mapping[str, torch.Tensor], segments: Sequence[tuple[int, int]],
-              size: int) -> dict[str, torch.Tensor]:
-        """Re-copy ``segments`` into the clones, grown or cut to ``size`` rows."""
-        for name, leaf in leaves.items():
-            rows = self.rows[name]
-            if rows.shape[0] != size:
-                resized = leaf.new_empty((size, *leaf.shape[1:]))
-                kept = min(size, rows.shape[0])
-                resized[:kept] = rows[:kept]
-                rows = self.rows[name] = resized
-            for start, stop in segments:
-                rows[start:stop] = leaf[start:stop]
-        return self.rows
-
-
-class Snapshot(NamedTuple):
-    """One write count's rows and counters, and what the caller captured under the same lock."""
-
-    size: int
-    cursor: int
-    write_count: int
-    rows: Mapping[str, Any]
-    captured: Any
 
 
 class RowRing:
@@ -195,6 +150,7 @@ class RowRing:
             self._add_one_row if rows_per_add == 1 and self.pending_limit
             else self._add_rows if self.pending_limit else self.add_unstaged)
         self.pending = 0
+        self.moves = 0  # odd while rows move from ``pending`` to TorchRL's counters (``_with_pending``)
         # The rows of the last add, as their readers returned them, in input field order (the buffer reads a
         # step's flags there once it is stored: a Python bool for one row); of a larger write, only the flags.
         self.last_read: Sequence[Any] = ()
@@ -212,17 +168,36 @@ class RowRing:
 
     # -- state -----------------------------------------------------------------------------
     def __len__(self) -> int:
-        return min(_torchrl.size(self.rb) + self.pending, self.capacity)
+        moves = self.moves  # ``_with_pending`` inline: len() is read on every sample
+        size = _torchrl.size(self.rb) + self.pending
+        if moves & 1 or moves != self.moves:
+            size = self._with_pending(_torchrl.size)
+        return min(size, self.capacity)
 
     @property
     def cursor(self) -> int:
         """Storage position the next row goes to (pending rows included)."""
-        return (_torchrl.cursor(self.rb) + self.pending) % self.capacity
+        return self._with_pending(_torchrl.cursor) % self.capacity
 
     @property
     def write_count(self) -> int:
         """Rows ever written (pending rows included)."""
-        return _torchrl.write_count(self.rb) + self.pending
+        return self._with_pending(_torchrl.write_count)
+
+    def _with_pending(self, committed: Callable[[TensorDictReplayBuffer], int]) -> int:
+        """``committed(rb) + pending``, read without the lock unless a commit moved rows between the two.
+
+        A commit zeroes ``pending`` and then raises TorchRL's counters: a read between the two would
+        miss the rows (a thread's own add not counted). Commits make ``moves`` odd while they run, so
+        a read that saw one start or end is taken again under the lock (a lock per read would add
+        about a fifth to ``len()``).
+        """
+        moves = self.moves
+        value = committed(self.rb) + self.pending
+        if moves & 1 or moves != self.moves:
+            with self.lock:
+                return committed(self.rb) + self.pending
+        return value
 
     def close(self) -> None:
         """Remove the scratch directory rlbuf created, if any."""
@@ -257,8 +232,12 @@ class RowRing:
     def clear(self) -> None:
         """Drop every row, pending or stored."""
         with self.lock:
-            self.pending = self._derived_rows = 0
-            self.rb.empty()
+            self.moves += 1
+            try:
+                self.pending = self._derived_rows = 0
+                self.rb.empty()
+            finally:
+                self.moves += 1
 
     def counters(self) -> tuple[int, int, int]:
         """``(size, cursor, write_count)`` of the committed rows; call with the locks held."""
@@ -412,13 +391,17 @@ class RowRing:
         if not self.pending:
             return
         with self.lock:
-            n, self.pending = self.pending, 0
-            derived, self._derived_rows = self._derived_rows, 0
-            if self.write_through:
-                with _torchrl.write_lock(self.rb):  # not re-entrant when the buffer is shared across processes
-                    self._commit(n, derived=derived)
-            else:
-                self.write({name: torch.from_numpy(target[:n]) for name, target in self.targets.items()}, n)
+            self.moves += 1
+            try:
+                n, self.pending = self.pending, 0
+                derived, self._derived_rows = self._derived_rows, 0
+                if self.write_through:
+                    with _torchrl.write_lock(self.rb):  # not re-entrant when the buffer is shared across processes
+                        self._commit(n, derived=derived)
+                else:
+                    self.write({name: torch.from_numpy(target[:n]) for name, target in self.targets.items()}, n)
+            finally:
+                self.moves += 1
 
     def settle(self) -> None:
         """Make the pending rows readable by rlbuf's own gathers, leaving TorchRL's bookkeeping for ``flush``.

@@ -44,7 +44,8 @@ from rlbuf._invariants import (
     with_binary_range,
 )
 from rlbuf._manifest_state import counts_problem, saved_count
-from rlbuf._ring import RowCopies, RowRing, RowSink
+from rlbuf._ring import RowRing
+from rlbuf._snapshot import RowCopies, RowSink
 from rlbuf._stats_state import checked_state
 from rlbuf.checkpoint import load_state, save_state
 from rlbuf.epochs import EpochIterator

@@ -11,7 +11,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rlbuf import BufferFullError, ReplayBuffer, RolloutBuffer, RolloutIncompleteError
+from rlbuf import BufferFullError, ReplayBuffer, RolloutBuffer, RolloutIncompleteError, _torchrl
 
 WRITERS, STEPS = 4, 300
 
@@ -93,10 +93,10 @@ def test_threads_adding_extending_and_sampling_lose_nothing(storage: str) -> Non
 class _WatchedLock:
     """A buffer's ring lock that reports when a thread other than the test's starts waiting for it."""
 
-    def __init__(self, lock: Any) -> None:
+    def __init__(self, lock: Any, waiting: threading.Event | None = None) -> None:
         self.lock = lock
         self.test_thread = threading.get_ident()
-        self.waiting = threading.Event()
+        self.waiting = waiting or threading.Event()
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         if threading.get_ident() != self.test_thread:
@@ -189,3 +189,33 @@ def test_a_rollout_clears_rows_extras_and_advantages_in_one_locked_step(monkeypa
     monkeypatch.setattr(buf, "_attached", Attached(buf._attached))
     buf.clear()
     assert held == [True] and buf.steps == 0 and not buf.advantages_ready
+
+
+@pytest.mark.parametrize(("read", "expected"), [(len, 3), (lambda buf: buf._ring.write_count, 3),
+                                                (lambda buf: buf._ring.cursor, 3)], ids=["len", "write_count", "cursor"])
+def test_a_read_during_a_commit_counts_the_rows_being_committed(monkeypatch: pytest.MonkeyPatch,
+                                                                read: Callable[[ReplayBuffer], int], expected: int) -> None:
+    buf = ReplayBuffer(10, obs_shape=(3,), action_shape=(2,), seed=0)
+    for uid in range(3):
+        buf.add(**_row(uid))  # type: ignore[arg-type]
+    assert buf._ring.pending == 3
+    stopped = threading.Event()  # the reader finished, or waits for the lock
+    monkeypatch.setattr(buf._ring, "lock", _WatchedLock(buf._ring.lock, stopped))
+    commit_rows, seen, readers = _torchrl.commit_rows, [], []
+
+    def read_in_between(*args: Any) -> None:
+        # The pending rows are no longer pending, and not yet in TorchRL's counters: read now, from another thread.
+        def reader() -> None:
+            seen.append(read(buf))
+            stopped.set()
+        thread = threading.Thread(target=reader)
+        thread.start()
+        assert stopped.wait(10)
+        commit_rows(*args)
+        readers.append(thread)
+
+    monkeypatch.setattr(_torchrl, "commit_rows", read_in_between)
+    buf._ring.flush()
+    readers[0].join(10)
+    assert seen == [expected] and len(buf) == 3
+

@@ -24,7 +24,7 @@ from rlbuf import (
     RolloutIncompleteError,
     ShapeError,
 )
-from rlbuf._ring import RowCopies
+from rlbuf._snapshot import RowCopies
 
 T, N = 5, 3
 
