@@ -434,18 +434,19 @@ class BufferState:
             ring.generation += 1
             # Under the same lock: an add must find the rows and the layout's tables of one state.
             self._load_extra_state(dict(state["extra"]))
-        rng_moved = checked.rng_moved
-        iterator = state.get("iterator")
-        if iterator is not None:
-            made = getattr(self, iterator["method"])(**iterator["arguments"])
-            saved, own = dict(iterator["state"]), made.state_dict()["generator"]
-            # A generator state saved on another device type (CUDA vs CPU) has another size.
-            moved = saved["generator"].numel() != own.numel()
-            made.load_state_dict({**saved, "generator": own} if moved else saved)
-            rng_moved = rng_moved or moved
-        if not checked.rng_moved:
-            self._epoch_generator.set_state(state["rng"]["epochs"])
-            ring.generator.set_state(state["rng"]["sample"])
+            # The iterator and the generators too: a snapshot must not find one state's rows with another's draws.
+            rng_moved = checked.rng_moved
+            iterator = state.get("iterator")
+            if iterator is not None:
+                made = getattr(self, iterator["method"])(**iterator["arguments"])
+                saved, own = dict(iterator["state"]), made.state_dict()["generator"]
+                # A generator state saved on another device type (CUDA vs CPU) has another size.
+                moved = saved["generator"].numel() != own.numel()
+                made.load_state_dict({**saved, "generator": own} if moved else saved)
+                rng_moved = rng_moved or moved
+            if not checked.rng_moved:
+                self._epoch_generator.set_state(state["rng"]["epochs"])
+                ring.generator.set_state(state["rng"]["sample"])
         if rng_moved:
             warnings.warn("state: the random generators were saved on another device type; sampling goes on "
                           "from this buffer's own seed, so it will not repeat the original's draws",

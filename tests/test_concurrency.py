@@ -219,3 +219,29 @@ def test_a_read_during_a_commit_counts_the_rows_being_committed(monkeypatch: pyt
     readers[0].join(10)
     assert seen == [expected] and len(buf) == 3
 
+
+def test_load_state_dict_restores_the_generators_under_the_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    source = ReplayBuffer(10, obs_shape=(3,), action_shape=(2,), seed=1)
+    for uid in range(4):
+        source.add(**_row(uid))  # type: ignore[arg-type]
+    source.sample(2)
+    buf = ReplayBuffer(10, obs_shape=(3,), action_shape=(2,), seed=0)
+    held: list[bool] = []
+
+    class Recording:
+        """A generator that records whether the buffer's lock is held when its state is set."""
+
+        def __init__(self, generator: torch.Generator) -> None:
+            self.generator = generator
+
+        def set_state(self, state: torch.Tensor) -> None:
+            held.append(buf._ring.lock._is_owned())
+            self.generator.set_state(state)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.generator, name)
+
+    monkeypatch.setattr(buf._ring, "generator", Recording(buf._ring.generator))
+    monkeypatch.setattr(buf, "_epoch_generator", Recording(buf._epoch_generator))
+    buf.load_state_dict(source.state_dict())
+    assert held == [True, True]  # a snapshot meanwhile finds the rows and the draws of one state
