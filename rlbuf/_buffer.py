@@ -502,7 +502,7 @@ class RingBuffer(BufferState, Generic[BatchT]):
                                       drop_last=drop_last, shuffle=shuffle)
         self._ring.require_rows(options["batch_size"], without_replacement=False)
         iterator = EpochIterator(lambda: len(self._ring), self._live(self._batch), **options,
-                                 generator=self._iterator_generator(self._storing_device))
+                                 generator=self._iterator_generator(self._storing_device), lock=self._ring.lock)
         options.pop("num_batches")
         return self._track_epochs(iterator, "epochs", **options)
 
@@ -538,8 +538,9 @@ class RingBuffer(BufferState, Generic[BatchT]):
         return current
 
     def _track_epochs(self, iterator: EpochIterator[BatchT], method: str, **arguments: Any) -> EpochIterator[BatchT]:
-        self._current_epochs = iterator
-        self._current_epochs_call = (method, arguments)
+        with self._ring.lock:  # a save meanwhile finds the iterator and the call that made it together
+            self._current_epochs = iterator
+            self._current_epochs_call = (method, arguments)
         return iterator
 
     @property

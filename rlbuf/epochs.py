@@ -26,9 +26,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import reprlib
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, Generic, ParamSpec, TypeVar
 
 import torch
@@ -180,6 +182,8 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
         drop_last: drop the last, smaller batch of each epoch.
         shuffle: draw a fresh permutation each epoch (else rows in storage order).
         generator: the random generator (its device is where permutations are drawn).
+        lock: held while the iterator moves on and while its state is read: a buffer's lock, so a
+            save in another thread finds the iterator between two batches (none: not shared).
 
     Raises:
         BatchSizeError, EmptyBufferError, ConfigError: invalid sizes.
@@ -208,6 +212,7 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
         drop_last: bool = False,
         shuffle: bool = True,
         generator: torch.Generator,
+        lock: AbstractContextManager[Any] | None = None,
     ) -> None:
         self._size_of: Callable[[], int] = size if callable(size) else (lambda: size)
         self._fixed_size = not callable(size)
@@ -226,6 +231,7 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
         self._epoch = 0
         self._position = 0
         self._permutation: torch.Tensor | None = None
+        self._lock = lock if lock is not None else contextlib.nullcontext()
 
     @property
     def batches_per_epoch(self) -> int:
@@ -251,6 +257,10 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
         return self
 
     def __next__(self) -> BatchT:
+        with self._lock:  # the draw, the batch and the move on as one step (the buffer's lock is re-entrant)
+            return self._next()
+
+    def _next(self) -> BatchT:
         if self._n_epochs == 0:
             size = self._size_of()
             if size <= 0:
@@ -291,12 +301,13 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
 
     def state_dict(self) -> dict[str, Any]:
         """Epoch, position, permutation and generator state: enough to resume at the next batch."""
-        return {
-            "size": self._size, "epoch": self._epoch, "position": self._position,
-            "n_epochs": self._n_epochs, **self._split,
-            "permutation": None if self._permutation is None else self._permutation.cpu().clone(),
-            "generator": self._generator.get_state(),
-        }
+        with self._lock:
+            return {
+                "size": self._size, "epoch": self._epoch, "position": self._position,
+                "n_epochs": self._n_epochs, **self._split,
+                "permutation": None if self._permutation is None else self._permutation.cpu().clone(),
+                "generator": self._generator.get_state(),
+            }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a [`state_dict`][rlbuf.EpochIterator.state_dict] taken from an iterator with the same options.

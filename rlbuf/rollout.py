@@ -260,8 +260,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             (1, False)
         """
         self._require_writable("add")
-        # Under the ring's (re-entrant) lock throughout: two threads checking for room before either writes
-        # would both add the last step (the second over step 0), and a save would see the rows without their stats.
+        # Under the ring's lock throughout: two threads checking for room first both add the last step (over step 0).
         with self._ring.lock:
             if self.is_full:
                 raise BufferFullError(f"add: the rollout already holds {self._num_steps} steps; call clear() first")
@@ -520,7 +519,8 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             self._require_ready("minibatches")  # an iterator held across a write: its advantages are stale
             return self._make_batch({name: rows_at(column, index) for name, column in current.items()})
 
-        iterator = EpochIterator(self.capacity, self._live(make_batch), **options, generator=self._iterator_generator(self._device))
+        iterator = EpochIterator(self.capacity, self._live(make_batch), **options,
+                                 generator=self._iterator_generator(self._device), lock=self._ring.lock)
         return self._track_epochs(iterator, "minibatches", **minibatches_call(options))
 
     def _iterator_rows(self, method: str, arguments: Mapping[str, Any], size: int,
@@ -547,7 +547,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
             return self._make_sequence_batch(*current.select(index))
 
         iterator = EpochIterator(len(trajectories()), self._live(make_sequences), **options,
-                                 generator=self._iterator_generator(self._device))
+                                 generator=self._iterator_generator(self._device), lock=self._ring.lock)
         self._track_epochs(cast(Any, iterator), "minibatches", **minibatches_call(options), sequences=True)
         return iterator
 

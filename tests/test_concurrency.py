@@ -245,3 +245,22 @@ def test_load_state_dict_restores_the_generators_under_the_lock(monkeypatch: pyt
     monkeypatch.setattr(buf, "_epoch_generator", Recording(buf._epoch_generator))
     buf.load_state_dict(source.state_dict())
     assert held == [True, True]  # a snapshot meanwhile finds the rows and the draws of one state
+
+
+def test_an_epoch_iterator_moves_on_under_the_buffers_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    buf = ReplayBuffer(10, obs_shape=(3,), action_shape=(2,), seed=0)
+    for uid in range(4):
+        buf.add(**_row(uid))  # type: ignore[arg-type]
+    lock = _WatchedLock(buf._ring.lock)
+    monkeypatch.setattr(buf._ring, "lock", lock)
+    iterator = buf.epochs(batch_size=2)
+    before = iterator.state_dict()
+    with lock:  # a save holds the lock: the iterator must not draw its permutation meanwhile
+        thread, raised = _in_thread(lambda: next(iterator))
+        assert lock.waiting.wait(10)
+        during = iterator.state_dict()
+    thread.join(10)
+    assert not raised
+    assert during["position"] == 0 and during["permutation"] is None
+    assert torch.equal(during["generator"], before["generator"])
+    assert iterator.state_dict()["position"] == 1
