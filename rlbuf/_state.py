@@ -47,7 +47,7 @@ from rlbuf._manifest_state import counts_problem, saved_count
 from rlbuf._ring import RowRing
 from rlbuf._snapshot import RowCopies, RowSink
 from rlbuf._stats_state import checked_state
-from rlbuf.checkpoint import load_state, save_state
+from rlbuf.checkpoint import RowFiles, load_state, save_state
 from rlbuf.epochs import EpochIterator
 from rlbuf.errors import CheckpointError, ConfigError
 from rlbuf.stats import EpisodeStats
@@ -210,6 +210,15 @@ class BufferState:
         """
         return self._snapshot(RowCopies(), data=data)
 
+    def _checked_counts(self, state: Mapping[str, Any]) -> tuple[int, int, int]:
+        """``state``'s size, cursor and write count, refused (``CheckpointError``) where they cannot be this buffer's."""
+        capacity = self._ring.capacity
+        size, cursor, count = (saved_count(state, key) for key in ("size", "cursor", "write_count"))
+        _raise_if("state", counts_problem(size=size, cursor=cursor, write_count=count, capacity=capacity))
+        if self._fills_by_whole_steps:
+            _raise_if("state", steps_problem(size=size, write_count=count, num_envs=self._num_envs, capacity=capacity))
+        return size, cursor, count
+
     # -- the one check -------------------------------------------------------------------------
     def check_valid(self) -> tuple[bool, str]:
         """Check this buffer's invariants: ``(True, "")``, or ``(False, reason)``.
@@ -269,11 +278,7 @@ class BufferState:
         sampler = type(ring.rb.sampler).__name__
         if state.get("sampler_kind") != sampler:
             raise CheckpointError(f"state: sampled by a {state.get('sampler_kind')}, this buffer by a {sampler}")
-        size, cursor, count = (saved_count(state, key) for key in ("size", "cursor", "write_count"))
-        _raise_if("state", counts_problem(size=size, cursor=cursor, write_count=count, capacity=ring.capacity))
-        if self._fills_by_whole_steps:
-            _raise_if("state", steps_problem(size=size, write_count=count, num_envs=self._num_envs,
-                                             capacity=ring.capacity))
+        size, cursor, count = self._checked_counts(state)
         if state.get("data", True) is not True:
             if state.get("data") is not False:
                 raise CheckpointError(f"state: data must be true or false, got {state.get('data')!r}")
@@ -476,7 +481,13 @@ class BufferState:
             >>> os.path.isdir(path)
             True
         """
-        save_state(lambda files: self._snapshot(files, data=data), path, keep_spare=keep_spare)
+        def checked_state(files: RowFiles) -> dict[str, Any]:
+            # Counters load would refuse (a buffer broken by a bug) must not replace a good checkpoint.
+            state = self._snapshot(files, data=data)
+            self._checked_counts(state)
+            return state
+
+        save_state(checked_state, path, keep_spare=keep_spare)
 
     @classmethod
     def load(cls: type[BufferT], path: str | Path, *, device: DeviceLike | None = None,

@@ -13,6 +13,7 @@ from tensordict import TensorDict
 from rlbuf import (
     BatchSizeError,
     BufferFullError,
+    CheckpointError,
     ConfigError,
     DistillationBuffer,
     DtypeError,
@@ -455,3 +456,24 @@ def test_extend_with_a_plain_dict_says_how_to_wrap_it(make: Any) -> None:
     with pytest.raises(ShapeError, match=r"td: expected a TensorDict with a batch size, got dict; wrap it: "
                                          r"TensorDict\(d, batch_size=\[n\]\)"):
         buf.extend({"observation": torch.zeros(2, 1)})
+
+
+def test_save_refuses_counters_load_would_refuse_and_keeps_the_previous_checkpoint(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    buf = RolloutBuffer(2, 1, obs_shape=(1,), action_shape=(), seed=0)
+
+    def step() -> None:
+        buf.add(torch.zeros(1, 1), torch.zeros(1), torch.ones(1), torch.tensor([False]), torch.zeros(1),
+                torch.zeros(1), truncated=False)
+
+    step()
+    step()
+    buf.save(tmp_path / "ckpt")
+    with monkeypatch.context() as patch:  # a rollout broken as a race once broke it: a third step, over step 0
+        patch.setattr(RolloutBuffer, "is_full", property(lambda self: False))
+        step()
+    assert not buf.check_valid()[0]
+    with pytest.raises(CheckpointError, match=r"write count 3 is above the capacity 2.*previous checkpoint"):
+        buf.save(tmp_path / "ckpt")
+    assert RolloutBuffer.load(tmp_path / "ckpt").steps == 2
+    assert [entry.name for entry in tmp_path.iterdir()] == ["ckpt"]
