@@ -47,7 +47,7 @@ from rlbuf._derive import derive_rows
 from rlbuf._device_checks import check_finite_together
 from rlbuf._handout import FlushingReplayBuffer
 from rlbuf._one_row import reading_all, writing_row
-from rlbuf._snapshot import RowSink, Snapshot
+from rlbuf._row_sinks import RowSink, Snapshot
 from rlbuf._torchrl_rows import TorchRLRows
 from rlbuf.errors import BatchSizeError, EmptyBufferError, MissingFieldError
 from rlbuf.spec import FieldSpec, NotStaged, RowReader, positive_int

@@ -45,7 +45,7 @@ from rlbuf._invariants import (
 )
 from rlbuf._manifest_state import counts_problem, saved_count
 from rlbuf._ring import RowRing
-from rlbuf._snapshot import RowCopies, RowSink
+from rlbuf._row_sinks import RowCopies, RowSink
 from rlbuf._stats_state import checked_state
 from rlbuf.checkpoint import RowFiles, load_state, save_state
 from rlbuf.epochs import EpochIterator

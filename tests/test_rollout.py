@@ -25,7 +25,7 @@ from rlbuf import (
     RolloutIncompleteError,
     ShapeError,
 )
-from rlbuf._snapshot import RowCopies
+from rlbuf._row_sinks import RowCopies
 
 T, N = 5, 3
 

@@ -30,7 +30,7 @@ class RowSink(Protocol):
 
 
 class RowCopies:
-    """A [`RowSink`][rlbuf._snapshot.RowSink] into fresh tensors (``state_dict``)."""
+    """A [`RowSink`][rlbuf._row_sinks.RowSink] into fresh tensors (``state_dict``)."""
 
     def __init__(self) -> None:
         self.rows: dict[str, torch.Tensor] = {}
