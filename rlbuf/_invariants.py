@@ -94,9 +94,9 @@ def options_problem(saved: Any, own: Mapping[str, Any]) -> str:
 def with_binary_range(saved_options: Any, saved_specs: Any, own_options: Mapping[str, Any],
                       own_specs: Sequence[dict[str, Any]]) -> tuple[Any, Any]:
     """A state saved before ``MultiBinary`` action spaces set a range, as this buffer records it: where the
-    state has no ``action_range`` and int8 actions, and this buffer has the range ``[0, 1]`` on int8 actions
-    (a ``MultiBinary`` space's), the state's options and action spec take that range; the load check then
-    holds every stored action to it. Anything else comes back as given.
+    state has no ``action_range`` and this buffer has ``[0, 1]`` (a ``MultiBinary`` space's, whatever
+    ``action_dtype``), its action spec otherwise the same, the state's options and action spec take that
+    range; the load check then holds every stored action to it. Anything else comes back as given.
 
     Example:
         >>> spec = {"name": "action", "dtype": "int8"}
@@ -111,7 +111,7 @@ def with_binary_range(saved_options: Any, saved_specs: Any, own_options: Mapping
     own_action = next((spec for spec in own_specs if spec.get("name") == "action"), None)
     at = next((i for i, spec in enumerate(saved_specs) if isinstance(spec, Mapping) and spec.get("name") == "action"),
               None)
-    if own_action is None or at is None or own_action.get("dtype") != "int8" or "bounds" in saved_specs[at] or (
+    if own_action is None or at is None or "bounds" in saved_specs[at] or (
             {**saved_specs[at], "bounds": own_action.get("bounds")} != own_action):
         return saved_options, saved_specs
     specs = list(saved_specs)

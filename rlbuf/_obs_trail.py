@@ -4,10 +4,11 @@
 A vector env's step starts from what its previous step returned: the ``obs`` of a step is the
 ``next_obs`` of the one before (``SAME_STEP``'s reset observation after an end; ``NEXT_STEP``'s
 reset step starts from the final one). An ``envs.reset()`` the Recorder was not told of, or a
-step it did not see, breaks that. The trail keeps a reference to the last ``next_obs``, not a
-copy: the usual loop (``obs = next_obs``) gives the same object back, which continues it at no
-cost. Another object is compared value by value in the buffer's dtypes (a float64 observation
-given back as a float32 tensor continues it; NaN equals NaN).
+step it did not see, breaks that. The trail keeps the last ``next_obs`` and a copy of its values
+(an env built with ``copy=False`` changes the array in place): the usual loop (``obs =
+next_obs``) gives the same object back, which continues it at no cost; another object is compared
+with the copy value by value in the buffer's dtypes (a float64 observation given back as a float32
+tensor continues it; NaN equals NaN).
 
 Example:
     >>> import numpy as np
@@ -42,26 +43,32 @@ class ObservationTrail:
         self._layout = layout
         self._num_envs = num_envs
         self._last: Any = None  # the last next_obs as given; None: not known
+        self._kept: list[np.ndarray[Any, Any]] | None = None  # a copy of its rows: the object may change in place
 
     def remember(self, next_obs: Any) -> None:
-        """Keep ``next_obs`` (a reference) as what each env's next ``obs`` must be."""
-        self._last = next_obs
+        """Keep ``next_obs`` as what each env's next ``obs`` must be: the object, and a copy of its values (an
+        env built with ``copy=False``, or a loop reusing the array, changes it in place)."""
+        try:
+            self._kept = [np.array(rows) for rows in self._rows(next_obs)]
+        except (RlbufError, TypeError, ValueError, RuntimeError):
+            self._kept = None
+        self._last = next_obs if self._kept is not None else None
 
     def continues(self, obs: Any) -> np.ndarray[Any, Any] | bool | None:
         """``[num_envs]`` bools: which envs' ``obs`` equal the remembered ``next_obs``; ``True`` where ``obs`` is
         that very object (every env's does, at no cost); ``None`` where nothing is remembered or either cannot
         be read as rows of the buffer's leaves (the buffer's ``add`` judges ``obs`` then)."""
-        last, n = self._last, self._num_envs
-        if last is None:
+        last, kept_rows, n = self._last, self._kept, self._num_envs
+        if last is None or kept_rows is None:
             return None
         if obs is last:
             return True
         try:
-            now, before = self._rows(obs), self._rows(last)
+            now = self._rows(obs)
         except (RlbufError, TypeError, ValueError, RuntimeError):
             return None
         same = np.ones(n, np.bool_)
-        for given, kept in zip(now, before, strict=True):
+        for given, kept in zip(now, kept_rows, strict=True):
             if given.shape != kept.shape:
                 return None
             equal = given == kept

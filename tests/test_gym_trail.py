@@ -176,3 +176,22 @@ def test_a_same_step_next_obs_holding_the_final_observation_is_no_break_after_th
     recorder.record(np.zeros((2, 1)), np.zeros(2), np.ones(2), real_next_obs, ends, none, info)
     recorder.record(np.array([[1.0], [0.0]]), np.zeros(2), np.ones(2), np.ones((2, 1)), none, none, {})
     assert buffer.sample_all().obs.flatten().tolist() == [0.0, 0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("scratch", [False, True], ids=["env copy=False", "loop reuses next_obs"])
+def test_a_next_obs_array_changed_in_place_after_its_record_is_no_break(scratch: bool) -> None:
+    # helper 64: the trail kept a reference only, so the env's (or the loop's) next write into the
+    # array made the next step's correct obs look like a break.
+    envs = gym.vector.SyncVectorEnv([lambda: gym.wrappers.TimeLimit(gym.make("CartPole-v1"), 20)] * 2,
+                                    copy=scratch)
+    buffer = replay(envs)
+    recorder = Recorder(envs, buffer)
+    obs = envs.reset(seed=0)[0].copy()
+    for _ in range(30):
+        action = np.zeros(2, np.int64)
+        next_obs, reward, terminated, truncated, info = envs.step(action)
+        recorder.record(obs, action, reward, next_obs, terminated, truncated, info)
+        obs = next_obs.copy()
+        if scratch:
+            next_obs[:] = 0
+    assert len(buffer) + recorder.skipped == 60
