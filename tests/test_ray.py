@@ -17,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from _ray_cluster import local_ray
 from tensordict import TensorDict
 
 ray = pytest.importorskip("ray")
@@ -53,17 +54,7 @@ CHUNKS, ROWS = 12, 8
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster() -> Iterator[None]:
     """One local Ray instance for the module, on loopback, shut down at the end."""
-    # Workers cannot import this test module by name: send its functions by value.
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.cloudpickle.register_pickle_by_value(sys.modules[id_rows.__module__])
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    yield
-    try:
-        # Ray's state API needs the dashboard; the GCS table is the way to list actors without it.
-        alive = [a for a in ray._private.state.actors().values() if a["State"] == "ALIVE"]
-        assert not alive, f"actors left alive: {[a['ActorClassName'] for a in alive]}"
-    finally:
-        ray.shutdown()
+    yield from local_ray(sys.modules[__name__], sys.modules[id_rows.__module__])
 
 
 def _rows(uid: torch.Tensor) -> TensorDict:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from _ray_cluster import local_ray
 from _stacked_envs import Envs, torchrl_steps
 
 ray = pytest.importorskip("ray")
@@ -24,10 +25,7 @@ DICTIONARY_AFTER = 1024  # rlbuf._frames' threshold: each shard trains its dicti
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster() -> Iterator[None]:
     """One local Ray instance for the module, on loopback, shut down at the end."""
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    yield
-    ray.shutdown()
+    yield from local_ray(sys.modules[__name__])
 
 
 def frozen(batch: Any) -> dict[str, Any]:

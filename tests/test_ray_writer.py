@@ -15,6 +15,7 @@ from typing import Any
 import _stacked_envs as stacked_envs
 import pytest
 import torch
+from _ray_cluster import local_ray
 from tensordict import TensorDict
 
 ray = pytest.importorskip("ray")
@@ -41,14 +42,7 @@ STEPS = 6 * EPISODE  # steps per writer, 2 envs each: whole episodes
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster() -> Iterator[None]:
     """One local Ray instance for the module, on loopback, shut down at the end."""
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    yield
-    try:
-        alive = [a for a in ray._private.state.actors().values() if a["State"] == "ALIVE"]
-        assert not alive, f"actors left alive: {[a['ActorClassName'] for a in alive]}"
-    finally:
-        ray.shutdown()
+    yield from local_ray(sys.modules[__name__])
 
 
 @pytest.fixture(scope="module")
