@@ -178,14 +178,18 @@ class BufferState:
         """Generators, sampler, iterator and extra state (call with the ring's lock held)."""
         ring = self._ring
         iterator = None
-        if data and self._current_epochs is not None and self._current_epochs_call is not None:
+        extra = self._extra_state() if data else {}
+        # An iterator that can give no batch now is not kept: one over rows emptied through buffer.torchrl, or
+        # rollout minibatches whose advantages a write made stale (the load would refuse either).
+        if data and self._current_epochs is not None and self._current_epochs_call is not None and len(ring) and (
+                self._current_epochs_call[0] != "minibatches" or extra.get("advantages_ready")):
             method, arguments = self._current_epochs_call
             iterator = {"method": method, "arguments": dict(arguments), "state": self._current_epochs.state_dict()}
         return {
             "rng": {"sample": ring.generator.get_state(), "epochs": self._epoch_generator.get_state()},
             "sampler": ring.rb.sampler.state_dict() if data else {},
             "iterator": iterator,
-            "extra": self._extra_state() if data else {},
+            "extra": extra,
         }
 
     def state_dict(self, *, data: bool = True) -> dict[str, Any]:

@@ -413,3 +413,24 @@ def test_extras_set_beside_current_advantages_leave_them_current_and_stale_ones_
     assert not buf.advantages_ready
     buf.set_extras({"advantage": torch.ones(2, 2), "returns": torch.ones(2, 2)})
     assert buf.advantages_ready
+
+
+def test_a_save_keeps_no_iterator_that_a_write_through_torchrl_left_without_batches(tmp_path: Path) -> None:
+    # helper 66: the iterator was saved, and the checkpoint that replaced a good one did not load.
+    rollout = RolloutBuffer(4, 2, obs_shape=(3,), action_shape=(), seed=2)
+    for _ in range(4):
+        rollout.add(torch.randn(2, 3), torch.zeros(2), torch.ones(2), torch.zeros(2, dtype=torch.bool), torch.zeros(2),
+                    torch.zeros(2), truncated=torch.zeros(2, dtype=torch.bool))
+    rollout.compute_returns_and_advantages(torch.zeros(2))
+    next(iter(rollout.minibatches(batch_size=3, n_epochs=2)))
+    rollout.torchrl[0] = rollout.torchrl[0].exclude("advantage", "value_target")  # stale now: batches refused
+    rollout.save(tmp_path / "rollout")
+    loaded = RolloutBuffer.load(tmp_path / "rollout")
+    assert loaded.current_epochs is None and not loaded.advantages_ready
+    replay = ReplayBuffer(10, obs_shape=(3,), action_shape=(), seed=1)
+    for _ in range(8):
+        replay.add(torch.zeros(3), 0.0, 1.0, torch.zeros(3), False, truncated=False)
+    next(iter(replay.epochs(batch_size=4, n_epochs=2)))
+    replay.torchrl.empty()
+    replay.save(tmp_path / "replay")
+    assert len(ReplayBuffer.load(tmp_path / "replay")) == 0
