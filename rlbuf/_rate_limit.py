@@ -85,7 +85,6 @@ class RateLimiter:
         self.error_buffer = error_buffer
         self.min_diff, self.max_diff = low, high
         self.inserts, self.samples, self.deletes = inserts, samples, deletes
-        self.widest_insert = self.widest_sample = 0  # the widest calls checked: together they must fit the band
 
     # -- the band ------------------------------------------------------------------------------
     @property
@@ -114,47 +113,29 @@ class RateLimiter:
         return self.size >= self.min_size_to_sample and self.diff - n >= self.min_diff
 
     def check_insert(self, n: int) -> None:
-        """Refuse an insert of ``n`` rows that could never fit the band, or that the widest sample checked
-        so far could wait on while it waits on that sample (before waiting for it).
+        """Refuse an insert of ``n`` rows that could never fit the band (before waiting for it).
 
         Raises:
-            BatchSizeError: ``n`` is not a positive int, ``n * samples_per_insert`` is wider than
-                the band, or it and the widest sample checked are together.
+            BatchSizeError: ``n`` is not a positive int, or ``n * samples_per_insert`` is wider
+                than the band.
         """
         _count("rows", n)
         if n * self.samples_per_insert > self.max_diff - self.min_diff:
             raise BatchSizeError(
                 f"rows: a batch of {n} rows moves the rate limiter by {n * self.samples_per_insert:g}, more than its"
                 f" band {self.band} is wide; send smaller batches or widen error_buffer")
-        self._check_pair("rows", n, self.widest_sample)
-        self.widest_insert = max(self.widest_insert, n)
 
     def check_sample(self, n: int) -> None:
-        """Refuse a sample of ``n`` rows that could never fit the band, or that the widest insert checked
-        so far could wait on while it waits on that insert (before waiting for it).
+        """Refuse a sample of ``n`` rows that could never fit the band (before waiting for it).
 
         Raises:
-            BatchSizeError: ``n`` is not a positive int, wider than the band, or it and the widest
-                insert checked are together.
+            BatchSizeError: ``n`` is not a positive int, or wider than the band.
         """
         _count("batch_size", n)
         if n > self.max_diff - self.min_diff:
             raise BatchSizeError(
                 f"batch_size: a sample of {n} rows is wider than the rate limiter's band {self.band};"
                 " sample smaller batches or widen error_buffer")
-        self._check_pair("batch_size", self.widest_insert, n)
-        self.widest_sample = max(self.widest_sample, n)
-
-    def _check_pair(self, name: str, inserted: int, sampled: int) -> None:
-        """Refuse an insert and a sample that together are wider than the band: with ``diff`` in the gap
-        between them, the insert waits for a sample and the sample for an insert, for ever."""
-        moved = inserted * self.samples_per_insert + sampled
-        if inserted and sampled and moved > self.max_diff - self.min_diff:
-            raise BatchSizeError(
-                f"{name}: an insert of {inserted} rows and a sample of {sampled} rows move the rate limiter by "
-                f"{inserted * self.samples_per_insert:g} + {sampled}, more than its band {self.band} is wide: each "
-                f"could wait for the other for ever; send smaller batches, sample fewer rows or widen error_buffer "
-                f"(to {moved / 2:g} or more)")
 
     def record_insert(self, n: int) -> None:
         """Count ``n`` inserted rows."""
