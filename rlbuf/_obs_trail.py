@@ -71,10 +71,7 @@ class ObservationTrail:
         for given, kept in zip(now, kept_rows, strict=True):
             if given.shape != kept.shape:
                 return None
-            equal = given == kept
-            if given.dtype.kind in "fc":
-                equal |= np.isnan(given) & np.isnan(kept)
-            same &= equal.all(axis=1)
+            same &= same_rows(given, kept)
         return same
 
     def _rows(self, value: Any) -> list[np.ndarray[Any, Any]]:
@@ -90,3 +87,16 @@ class ObservationTrail:
                 array = np.asarray(part).astype(dtype, copy=False)
             rows.append(array.reshape(self._num_envs, -1))
         return rows
+
+
+def same_rows(given: np.ndarray[Any, Any], kept: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Per row (the first dim) of two arrays of one shape: whether every value is equal (NaN equals NaN).
+
+    Example:
+        >>> same_rows(np.array([[1.0, np.nan], [2.0, 3.0]]), np.array([[1.0, np.nan], [2.0, 4.0]])).tolist()
+        [True, False]
+    """
+    equal = given == kept
+    if given.dtype.kind in "fc":
+        equal |= np.isnan(given) & np.isnan(kept)
+    return np.asarray(equal.reshape(len(equal), -1).all(axis=1))

@@ -51,7 +51,7 @@ from tensordict import is_tensor_collection
 from rlbuf._convert import MAX_DEPTH
 from rlbuf._final_obs import rows_of, with_final_obs
 from rlbuf._gym_seam import last_observations, pending_resets
-from rlbuf._obs_trail import ObservationTrail
+from rlbuf._obs_trail import ObservationTrail, same_rows
 from rlbuf.distill import DistillationBuffer
 from rlbuf.errors import (
     ConfigError,
@@ -348,8 +348,7 @@ class Recorder:
         given = as_array("obs", obs) if seen is not None and not isinstance(obs, Mapping) else None
         if given is None or seen is None or given.shape != seen.shape:
             return ended
-        same = (given == seen) | (np.isnan(given) & np.isnan(seen) if given.dtype.kind == "f" else False)
-        return np.asarray(ended | ~same.reshape(n, -1).all(axis=1))
+        return np.asarray(ended | ~same_rows(given.reshape(n, -1), seen.reshape(n, -1)))
 
     def _checked_info(self, info: Any) -> Mapping[str, Any] | None:
         """``info`` once it is a mapping that agrees with the autoreset mode."""
