@@ -115,6 +115,8 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             self._require_writable("add")
         if truncated is False:
             truncated = self._no_truncation
+        if env_mask is not None and self._keeps_every_env(env_mask):
+            env_mask = None  # the add without a mask and its fast paths (9x faster for one env of frame stacks)
         if (self._plain and truncated is not None and not extras and hidden_state is None and env_mask is None
                 and metrics is None and not isinstance(obs, Transition)):
             # The plain layout (decided once, in the constructor): the fields go to the ring's add as given.
@@ -146,6 +148,16 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
                 lock.release()
             return
         self._add(obs, action, reward, next_obs, terminated, truncated, hidden_state, env_mask, extras, metrics)
+
+    def _keeps_every_env(self, env_mask: Any) -> bool:
+        """Whether ``env_mask`` keeps every env's row.
+
+        Raises:
+            ShapeError, DtypeError, DeviceError: ``env_mask`` is not one bool per env.
+        """
+        if type(env_mask) is np.ndarray and env_mask.dtype == np.bool_ and env_mask.shape == (self._num_envs,):
+            return bool(env_mask.all())  # the usual mask, ``~ended``: no conversion (6 us)
+        return bool(self._writer.checked_env_mask(env_mask).numpy().all())
 
     def _fed_by_recorder(self) -> None:
         """A [`Recorder`][rlbuf.gym.Recorder] feeds this buffer and leaves NEXT_STEP's reset steps out
