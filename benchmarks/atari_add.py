@@ -90,8 +90,8 @@ def peers(envs: Any, steps: list[tuple[Any, ...]], capacity: int) -> dict[str, F
     no_infos = [{}] * n
 
     def add(obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any, info: Any) -> None:
-        mask = ~ended[0] if ended[0].any() else None  # NEXT_STEP: the step after an end is a reset step
-        ours.add(obs, action, reward, next_obs, terminated, truncated=truncated, env_mask=mask)
+        # NEXT_STEP: the step after an end is a reset step (the mask docs/gymnasium.md gives)
+        ours.add(obs, action, reward, next_obs, terminated, truncated=truncated, env_mask=~ended[0])
         ended[0] = terminated | truncated
 
     def restart_ours() -> None:

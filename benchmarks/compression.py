@@ -47,8 +47,8 @@ class Feed:
 
     def __call__(self) -> None:
         obs, action, reward, next_obs, terminated, truncated, _ = self.steps[self.at]
-        mask = ~self.ended if self.ended.any() else None  # NEXT_STEP: the step after an end is a reset step
-        self.buffer.add(obs, action, reward, next_obs, terminated, truncated=truncated, env_mask=mask)
+        # NEXT_STEP: the step after an end is a reset step (the mask docs/gymnasium.md gives)
+        self.buffer.add(obs, action, reward, next_obs, terminated, truncated=truncated, env_mask=~self.ended)
         self.at = (self.at + 1) % len(self.steps)
         # The recording's first step is a real one, from a reset: nothing to leave out when it comes again.
         self.ended = terminated | truncated if self.at else np.zeros_like(self.ended)
