@@ -285,9 +285,9 @@ class Streams:
                 raise self._stream_error(PADDING, int(env_ids[rows[bad.argmax()]]))
 
     def _checked_compiled(self, obs: np.ndarray[Any, Any], next_obs: np.ndarray[Any, Any], env_ids: _Ints) -> bool:
-        """``check`` of one step of each env with integer observations (Atari frames), compiled: True once
-        checked (or raises), False where it does not apply (the numpy path checks those)."""
-        if not (self._byte_exact and _distinct(env_ids, self.num_envs) and obs.flags.c_contiguous and next_obs.flags.c_contiguous):
+        """``check`` of one step of each env, compiled, by bytes: True once checked (or raises), False where it
+        does not apply or cannot decide (float rows whose bytes differ: -0.0, NaNs; the numpy path compares values)."""
+        if not (_distinct(env_ids, self.num_envs) and obs.flags.c_contiguous and next_obs.flags.c_contiguous):
             return False
         frame = self._frame_bytes
         shape, word = (len(obs), self._row_items), self._word
@@ -295,9 +295,9 @@ class Streams:
         words_per_frame = frame // stacks.itemsize if frame else stacks.shape[1]
         problem, env = self._check_steps(stacks, next_stacks, self._expected_words, env_ids, self.last, words_per_frame,
                                    self._zero_pad)
-        if problem:
+        if problem and self._byte_exact:
             raise self._stream_error(problem, int(env))
-        return True
+        return not problem
 
     def _stream_error(self, problem: int, env: int) -> StreamError:
         """The error of what a check found first (``CONTINUITY``, ``SHIFT`` or ``PADDING``) at ``env``."""

@@ -229,3 +229,58 @@ def test_the_compiled_word_compare_finds_a_differing_word_at_every_place_in_a_bl
             changed = a.copy()
             changed[a_start + differ] ^= dtype(1 << (differ % 8))
             assert _streams_numba._same(changed, a_start, b, b_start, words) is False, (a_start, b_start, differ)
+
+
+@settings(max_examples=60, deadline=None)
+@given(num_envs=st.integers(1, 3), stack=st.integers(1, 3), padding=st.sampled_from(["reset", "zero"]),
+       data=st.data())
+def test_float_rows_are_checked_by_bytes_and_by_value_where_bytes_differ(num_envs: int, stack: int, padding: str,
+                                                                          data: st.DataObject) -> None:
+    """Float observations (an n-step buffer of MuJoCo or CartPole states): the compiled byte check decides
+    every step whose bytes continue; -0.0 for 0.0 and NaNs of another payload continue by value, as the
+    numpy path says, and real breaks are refused with its words."""
+    compiled, reference = (Streams(16, num_envs, (stack, 3) if stack > 1 else (3,), torch.float32,
+                                   frame_stack=stack, padding_type=padding, n_step=2,
+                                   storing_device=torch.device("cpu")) for _ in range(2))
+    quiet_nan = np.array([0x7FC00001], np.uint32).view(np.float32)[0]  # a NaN of another payload than np.nan
+    values = np.array([0.0, 1.5, -2.0, np.nan], np.float32)
+    same_value = {0.0: np.float32(-0.0), 1.5: np.float32(1.5), -2.0: np.float32(-2.0)}
+    stacks: list[Any] = [None] * num_envs
+    write_count = 0
+    for _ in range(data.draw(st.integers(1, 12))):
+        obs, next_obs = [], []
+        for env in range(num_envs):
+            if stacks[env] is None:
+                first = values[data.draw(st.lists(st.integers(0, 3), min_size=3, max_size=3))]
+                pad = first if padding == "reset" else np.zeros(3, np.float32)
+                stacks[env] = deque([pad] * (stack - 1) + [first], maxlen=stack)
+            current = np.stack(stacks[env]).copy()
+            stacks[env].append(values[data.draw(st.lists(st.integers(0, 3), min_size=3, max_size=3))])
+            following = np.stack(stacks[env])
+            fault = data.draw(st.sampled_from(["none", "none", "same-value", "obs", "shift"]))
+            flat = current.reshape(-1)
+            if fault == "same-value":  # every value written as another bit pattern of itself
+                flat[:] = [quiet_nan if np.isnan(v) else same_value[float(v)] for v in flat.tolist()]
+            elif fault == "obs":
+                flat[-1] = 7.0
+            elif fault == "shift" and stack > 1:
+                following = following.copy()
+                following[0, -1] = 7.0
+            obs.append(current if stack > 1 else current[0])
+            next_obs.append(following if stack > 1 else following[0])
+        ended = np.array(data.draw(st.lists(st.booleans(), min_size=num_envs, max_size=num_envs)))
+        envs = np.arange(num_envs, dtype=np.int64)
+        step = (np.stack(obs), np.stack(next_obs), envs, ended, np.zeros(num_envs, np.bool_))
+        expected = _outcome(reference_check, reference, *step)
+        assert _outcome(compiled.check, *step) == expected
+        if expected:
+            return
+        write_count += num_envs
+        for streams, record in ((compiled, Streams.record), (reference, None)):
+            args = (envs, write_count - num_envs, step[1], ended, step[4])
+            if record is None:
+                reference_record(streams, *args, write_count, min(write_count, 16))
+            else:
+                streams.record(*args, write_count=write_count, size=min(write_count, 16))
+        for env in np.flatnonzero(ended):
+            stacks[env] = None
