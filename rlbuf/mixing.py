@@ -39,9 +39,9 @@ from typing import Any, Literal, TypeVar, get_args
 import torch
 from tensordict import TensorDict
 
-from rlbuf._convert import as_int, positive_int, stored_positions
+from rlbuf._convert import as_array, as_int, positive_int, stored_positions
 from rlbuf._keywords import keywords_checked
-from rlbuf._obs import leaf_name
+from rlbuf._mix_pair import check_pair
 from rlbuf._priorities import priorities
 from rlbuf.batches import ReplayBatch
 from rlbuf.checkpoint import load_state, save_state
@@ -49,13 +49,10 @@ from rlbuf.errors import (
     BatchSizeError,
     CheckpointError,
     ConfigError,
-    DeviceError,
-    DtypeError,
     EmptyBufferError,
-    MissingFieldError,
     PriorityError,
     RlbufError,
-    ShapeError,
+    StoredIndexError,
 )
 from rlbuf.replay import ReplayBuffer
 from rlbuf.storage import DeviceLike
@@ -68,7 +65,6 @@ _PART = re.compile(r"\.?(offline|online)-([0-9a-f]{12})(\..*)?")
 _OPTIONS = ("offline_fraction", "split", "min_online", "seed")
 _STATE_KEYS = {"kind", "options", "generator", "parts", "offline", "online"}
 MixedReplayT = TypeVar("MixedReplayT", bound="MixedReplay")
-Layout = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 
 @dataclass(slots=True, frozen=True)
@@ -102,48 +98,6 @@ class MixedBatch(ReplayBatch):
             [False, True]
         """
         return ReplayBatch.to_tensordict(self).set("from_online", self.from_online)
-
-
-def _batch_layout(buffer: ReplayBuffer) -> Layout:
-    """Shape of one row and dtype of every tensor in the buffer's batches, by field name."""
-    # Observations as batches give them (whole stacks, decompressed), whatever a compact row stores of them;
-    # every batch has a next_obs like its obs.
-    observed = {leaf_name("obs", leaf.path): (leaf.shape, leaf.dtype) for leaf in buffer._obs.leaves}
-    skipped = {leaf_name(kind, leaf.path) for leaf in buffer._obs.leaves for kind in ("obs", "next_obs")}
-    return {**observed, **{spec.name: (tuple(spec.shape), spec.dtype) for spec in buffer.fields
-                           if spec.name not in skipped}}
-
-
-def _check_pair(offline: Any, online: Any) -> None:
-    """Refuse two buffers whose batches cannot be joined, naming the first field that differs (see ``MixedReplay``)."""
-    for name, buffer in (("offline", offline), ("online", online)):
-        if not isinstance(buffer, ReplayBuffer):
-            raise ConfigError(f"{name}: expected a ReplayBuffer, got {type(buffer).__name__}")
-    if offline is online:
-        raise ConfigError("online: the same buffer as offline; mix two buffers (a dataset and a live one)")
-    if len(offline) == 0:
-        raise EmptyBufferError("offline: the offline buffer is empty; fill it with the dataset (e.g. "
-                               "rlbuf.offline.from_minari) before mixing, it is read-only from then on")
-    off_options, on_options = (buffer.state_dict(data=False)["options"] for buffer in (offline, online))
-    expected, got = _batch_layout(offline), _batch_layout(online)
-    for name in [*expected, *(name for name in got if name not in expected)]:
-        if name not in got or name not in expected:
-            (side, other), (shape, dtype) = (("offline", "online"), expected[name]) if name in expected else (
-                ("online", "offline"), got[name])
-            raise MissingFieldError(f"{name}: in the {side} buffer's batches ({shape} {dtype}), not in the {other} buffer's" + (
-                "" if name.startswith(("obs", "hidden_state")) else "; give both the same extra_fields (an offline buffer "
-                "from rlbuf.offline.from_minari(..., exact=False) has none)"))
-        (shape, dtype), (got_shape, got_dtype) = expected[name], got[name]
-        if shape != got_shape:
-            raise ShapeError(f"{name}: expected shape {shape} (the offline buffer's), got {got_shape} in the online buffer")
-        if dtype != got_dtype:
-            raise DtypeError(f"{name}: expected dtype {dtype} (the offline buffer's), got {got_dtype} in the online buffer")
-    if offline.device != online.device:
-        raise DeviceError(f"device: expected {offline.device} (where the offline buffer delivers), got {online.device} "
-                          "for the online buffer; build both with the same device=")
-    if off_options.get("gamma") != on_options.get("gamma"):
-        raise ConfigError(f"gamma: expected {off_options.get('gamma')} (the offline buffer's), got "
-                          f"{on_options.get('gamma')} in the online buffer: batch.discount would mix two discounts")
 
 
 def _join(values: list[Any]) -> Any:
@@ -238,7 +192,7 @@ class MixedReplay:
             raise ConfigError(f"split: expected one of {list(_SPLITS)}, got {split!r}")
         self._min_online = positive_int("min_online", min_online)
         self._seed = secrets.randbits(62) if seed is None else as_int("seed", seed, minimum=0, maximum=2**63 - 1)
-        _check_pair(offline, online)
+        check_pair(offline, online)
         self._offline, self._online, self._offline_fraction, self._split = offline, online, fraction, split
         self._generator = torch.Generator().manual_seed(self._seed)
         self._offline_marks = offline._change_marks()
@@ -357,8 +311,8 @@ class MixedReplay:
 
         Raises:
             PriorityError: neither buffer is prioritized, ``from_online`` missing or not one bool per
-                row, or priorities of the wrong length, negative or not finite.
-            StoredIndexError: a position outside what its buffer stores.
+                row, a one-buffer ``ReplayBatch``, or priorities of the wrong length, negative or not finite.
+            StoredIndexError: an index that is no 1-D array of positions, or a position outside what its buffer stores.
 
         Example:
             >>> offline = ReplayBuffer(10, obs_shape=(1,), action_shape=(), seed=0)
@@ -375,9 +329,16 @@ class MixedReplay:
         elif isinstance(batch, MixedBatch) or from_online is None:
             raise PriorityError("from_online: pass a MixedBatch alone, or its index with from_online=batch.from_online "
                                 "(an index alone does not say which buffer each row came from)")
-        else:
-            index, mask = torch.as_tensor(batch), torch.as_tensor(from_online)
-        if index.dim() != 1 or mask.dtype != torch.bool or tuple(mask.shape) != tuple(index.shape):
+        elif isinstance(batch, ReplayBatch):
+            raise PriorityError("batch: a ReplayBatch of one buffer (its own sample), not a MixedBatch; give its "
+                                "priorities to that buffer's update_priority, or pass the MixedBatch mixed.sample gave")
+        else:  # arrays and lists as every index is read; a tensor stays where it is (a CUDA index)
+            index, mask = (value if isinstance(value, torch.Tensor) else torch.tensor(as_array(name, value, error))
+                           for name, value, error in (("index", batch, StoredIndexError),
+                                                      ("from_online", from_online, PriorityError)))
+        if index.dim() != 1:
+            raise StoredIndexError(f"index: expected one position per row (1-D), got shape {tuple(index.shape)}")
+        if mask.dtype != torch.bool or tuple(mask.shape) != tuple(index.shape):
             raise PriorityError(f"from_online: expected {tuple(index.shape)} bools (one per row), got "
                                 f"{mask.dtype} {tuple(mask.shape)}")
         if not (self._offline.prioritized or self._online.prioritized):

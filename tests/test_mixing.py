@@ -232,6 +232,37 @@ def test_priority_updates_that_cannot_apply_are_refused_before_any_is_set() -> N
         uniform.update_priority(uniform.sample(4), torch.ones(4))
 
 
+
+def test_an_index_or_mask_that_is_no_array_of_positions_is_refused_by_name() -> None:
+    # torch.as_tensor read them: a ReplayBatch, None, a dict, a ragged list or a string mask raised torch's
+    # RuntimeError, TypeError or ValueError, naming neither the argument nor the fix (helper 69).
+    online = filled(12, 1.0, prioritized=True)
+    mixed = MixedReplay(filled(12, 0.0, prioritized=True), online, seed=0)
+    batch = mixed.sample(8)
+    before = [weights(mixed.offline), weights(online)]
+    mask = batch.from_online
+    calls = [(PriorityError, "a ReplayBatch of one buffer", lambda: mixed.update_priority(online.sample(8), torch.ones(8),
+                                                                                        from_online=mask)),
+             (StoredIndexError, "index: expected a tensor", lambda: mixed.update_priority(None, torch.ones(8), from_online=mask)),
+             (StoredIndexError, "index: expected a tensor", lambda: mixed.update_priority({"a": 1}, [1.0], from_online=[True])),
+             (StoredIndexError, "index: expected a rectangular", lambda: mixed.update_priority([[1], [1, 2]], [1.0, 1.0],
+                                                                                             from_online=[True, False])),
+             (StoredIndexError, r"index: expected one position per row \(1-D\), got shape \(1, 8\)",
+              lambda: mixed.update_priority(batch.index[None], torch.ones(8), from_online=mask[None])),
+             (PriorityError, "from_online: expected a tensor", lambda: mixed.update_priority(batch.index, torch.ones(8),
+                                                                                              from_online="abc")),
+             (PriorityError, "from_online: expected a tensor", lambda: mixed.update_priority(batch.index, torch.ones(8),
+                                                                                              from_online={})),
+             (PriorityError, r"from_online: expected \(8,\) bools", lambda: mixed.update_priority(
+                 batch.index, torch.ones(8), from_online=mask.tolist()[:7]))]
+    for error, message, call in calls:
+        with pytest.raises(error, match=message):
+            call()
+    assert all(torch.equal(a, b) for a, b in zip(before, [weights(mixed.offline), weights(online)], strict=True))
+    mixed.update_priority(batch.index.numpy(), np.full(8, 2.0), from_online=mask.numpy())  # arrays and lists still go
+    mixed.update_priority(batch.index.tolist(), [3.0] * 8, from_online=mask.tolist())
+
+
 # -- refusals ------------------------------------------------------------------------------------
 def test_a_refused_call_leaves_every_random_state_as_it_was() -> None:
     def pair() -> MixedReplay:
