@@ -179,10 +179,11 @@ class BufferState:
         ring = self._ring
         iterator = None
         extra = self._extra_state() if data else {}
-        # An iterator that can give no batch now is not kept: one over rows emptied through buffer.torchrl, or
-        # rollout minibatches whose advantages a write made stale (the load would refuse either).
+        # An iterator that can give no batch now is not kept: one over rows emptied through buffer.torchrl (refilled
+        # or not), or rollout minibatches whose advantages a write made stale (the load would refuse either).
         if data and self._current_epochs is not None and self._current_epochs_call is not None and len(ring) and (
-                self._current_epochs_call[0] != "minibatches" or extra.get("advantages_ready")):
+                self._current_epochs_call[0] != "minibatches" or extra.get("advantages_ready")) and (
+                not self._current_epochs._rows_removed()):
             method, arguments = self._current_epochs_call
             iterator = {"method": method, "arguments": dict(arguments), "state": self._current_epochs.state_dict()}
         return {

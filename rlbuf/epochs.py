@@ -36,7 +36,13 @@ from typing import Any, Generic, ParamSpec, TypeVar
 import torch
 
 from rlbuf._keywords import keywords_checked
-from rlbuf.errors import BatchSizeError, CheckpointError, EmptyBufferError, RlbufError
+from rlbuf.errors import (
+    BatchSizeError,
+    CheckpointError,
+    EmptyBufferError,
+    RlbufError,
+    StoredIndexError,
+)
 from rlbuf.spec import as_flag, as_int, positive_int
 
 BatchT = TypeVar("BatchT")
@@ -276,6 +282,8 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
                 torch.randperm(self._size, generator=self._generator, device=self._device)
                 if self._shuffle else torch.arange(self._size, device=self._device)
             )
+        elif reason := self._rows_removed():
+            raise StoredIndexError(reason)
         start, stop = self._bounds[self._position]
         batch = self._make_batch(self._permutation[start:stop])
         self._position += 1
@@ -290,6 +298,13 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
         if size != self._size:
             self._bounds = batch_bounds(size, **self._split)
             self._size = size
+
+    def _rows_removed(self) -> str:
+        """Why the running epoch can give no batch: fewer rows stored than it covers (``""``: it can give one)."""
+        if self._permutation is None or self._fixed_size or (rows := self._size_of()) >= self._size:
+            return ""
+        return (f"epochs: the buffer holds {rows} rows now, the running epoch covers {self._size}: it was cleared or "
+                "loaded after this iterator was made, or emptied through buffer.torchrl.empty(); make a new one")
 
     def next_batch(self) -> BatchT:
         """The next batch.

@@ -285,3 +285,27 @@ def test_a_sequence_iterator_refuses_once_its_trajectories_were_rewritten(row: i
     rollout.torchrl[row] = td
     with pytest.raises(StoredIndexError, match="episode ends were rewritten after this iterator was made"):
         next(held)
+
+
+@pytest.mark.parametrize("make", [_replay, _distillation])
+def test_an_epoch_whose_rows_were_emptied_through_torchrl_gives_no_row_past_those_stored(make: Any, tmp_path: Path) -> None:
+    # The epoch went on over its permutation of 12 rows: after buffer.torchrl.empty() it handed out rows no longer
+    # stored, and once 3 rows were added again a save kept its state, which load refused (helper 69).
+    buf = make()
+    iterator = buf.epochs(batch_size=5, n_epochs=2)
+    next(iterator)
+    buf.torchrl.empty()
+    with pytest.raises(StoredIndexError, match="holds 0 rows now, the running epoch covers 12"):
+        next(iterator)
+    for row in range(3):
+        if isinstance(buf, DistillationBuffer):
+            buf.add(torch.zeros(1), row)
+        else:
+            buf.add(torch.zeros(1), 0.0, float(row), torch.zeros(1), terminated=False, truncated=False)
+    with pytest.raises(StoredIndexError, match="holds 3 rows now, the running epoch covers 12"):
+        next(iterator)
+    assert len(iterator) == 5  # the refused batch is still the next one
+    buf.save(tmp_path / "buffer")
+    loaded = type(buf).load(tmp_path / "buffer")
+    assert len(loaded) == 3 and loaded.current_epochs is None
+    assert sorted(_rows(batch)[0] for batch in buf.epochs(batch_size=1)) == [0.0, 1.0, 2.0]
