@@ -137,6 +137,13 @@ def _checked_fraction(value: Any, error: type[RlbufError] = ConfigError) -> floa
     return float(value)
 
 
+def _reachable_min_online(min_online: int, online: ReplayBuffer, error: type[RlbufError] = ConfigError) -> None:
+    """Refuse a ``min_online`` past the online buffer's capacity: it never holds that many, every batch stays offline."""
+    if min_online > online.capacity:
+        raise error(f"min_online: expected at most {online.capacity} (the online buffer's capacity), got {min_online}; "
+                    "the online buffer never holds more, so every batch would come from the offline buffer")
+
+
 def _manifest_digest(part: Path) -> str:
     return hashlib.sha256((part / "manifest.json").read_bytes()).hexdigest()
 
@@ -164,7 +171,7 @@ class MixedReplay:
         split: ``"exact"``: ``floor(f * B)`` or ``ceil(f * B)`` offline rows, the latter with probability
             ``f * B - floor(f * B)`` (exactly ``f * B`` when that is whole, ``f * B`` on average);
             ``"binomial"``: ``Binomial(B, f)`` offline rows, as if each row picked its buffer by a coin.
-        min_online: online rows needed before any batch row is drawn online.
+        min_online: online rows needed before any batch row is drawn online (at most the online buffer's capacity).
         seed: seeds the mixer's generator (the buffers keep their own seeds).
 
     Raises:
@@ -193,6 +200,7 @@ class MixedReplay:
         self._min_online = positive_int("min_online", min_online)
         self._seed = secrets.randbits(62) if seed is None else as_int("seed", seed, minimum=0, maximum=2**63 - 1)
         check_pair(offline, online)
+        _reachable_min_online(self._min_online, online)
         self._offline, self._online, self._offline_fraction, self._split = offline, online, fraction, split
         self._generator = torch.Generator().manual_seed(self._seed)
         self._offline_marks = offline._change_marks()
@@ -437,6 +445,7 @@ class MixedReplay:
             True
         """
         options = self._checked_options(state)
+        _reachable_min_online(options["min_online"], self._online, CheckpointError)
         checked = {}
         for name, buffer in (("offline", self._offline), ("online", self._online)):  # both checked, then loaded
             if not isinstance(part := state.get(name), Mapping) or part.get("data") is False:
@@ -549,6 +558,7 @@ class MixedReplay:
                                            reward_fn=reward_fn)
                 cls._check_part(state, name, buffer.state_dict(data=False))
                 buffers.append(buffer)
+            _reachable_min_online(options["min_online"], buffers[1], CheckpointError)
             try:
                 mixed = cls(buffers[0], buffers[1], offline_fraction=options["offline_fraction"],
                             split=options["split"], min_online=options["min_online"], seed=options["seed"])

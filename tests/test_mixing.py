@@ -141,6 +141,21 @@ def test_until_the_online_buffer_holds_min_online_rows_every_row_is_offline() ->
     assert isinstance(batch, MixedBatch) and batch.to_tensordict()["from_online"].shape == (10,)
 
 
+
+def test_a_min_online_the_online_buffer_can_never_hold_is_refused() -> None:
+    # min_online=65 over a 64-row online buffer: every batch came from the dataset forever, offline_fraction
+    # silently ignored (helper 69).
+    with pytest.raises(ConfigError, match=r"min_online: expected at most 64 \(the online buffer's capacity\), got 65"):
+        MixedReplay(filled(20, 0.0), filled(64, 1.0), min_online=65)
+    assert MixedReplay(filled(20, 0.0), filled(64, 1.0), min_online=64, seed=0).sample(8).from_online.any()
+    mixed = MixedReplay(filled(20, 0.0), filled(64, 1.0), seed=0)
+    state = mixed.state_dict()
+    state["options"]["min_online"] = 65
+    before = mixed.state_dict()
+    with pytest.raises(CheckpointError, match="min_online: expected at most 64"):
+        mixed.load_state_dict(state)
+    assert same_state(mixed.state_dict(), before)
+
 def test_dict_observations_and_hidden_states_are_joined_row_wise() -> None:
     def buffer(tag: float) -> ReplayBuffer:
         made = ReplayBuffer(16, obs_shape={"pos": (2,), "image": (3, 3)}, obs_dtype={"pos": torch.float32,
