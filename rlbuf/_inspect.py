@@ -26,6 +26,7 @@ from typing import Any
 
 from rlbuf._manifest import (
     MANIFEST,
+    buffer_checkpoint,
     file_digest,
     file_matches,
     inside_checkpoint,
@@ -58,7 +59,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     """
     root = Path(path)
     report: dict[str, Any] = {"path": str(root), "ok": False, "error": None, "demo": None, "files": []}
-    buffer_dir = _buffer_dir(root)
+    buffer_dir = buffer_checkpoint(root)
     if buffer_dir is None:
         report["error"] = f"{root}: not a checkpoint directory, demo checkpoint or demo output folder"
         return report
@@ -181,17 +182,6 @@ def inspect_main(path: str, *, as_json: bool) -> int:
     report = inspect_checkpoint(path)
     print(json.dumps(_finite(report), indent=1, allow_nan=False) if as_json else format_report(report))
     return 0 if report["ok"] else 1
-
-
-def _buffer_dir(root: Path) -> Path | None:
-    if (root / MANIFEST).is_file():
-        return root
-    if (root / "buffer" / MANIFEST).is_file():
-        return root / "buffer"
-    checkpoints = sorted((root / "checkpoints").glob("frames-*")) if (root / "checkpoints").is_dir() else []
-    if checkpoints and (checkpoints[-1] / "buffer" / MANIFEST).is_file():
-        return checkpoints[-1] / "buffer"
-    return None
 
 
 def _demo_part(checkpoint: Path) -> dict[str, Any]:

@@ -111,6 +111,24 @@ def parse_manifest(text: str, where: Path) -> Any:
     return value
 
 
+def buffer_checkpoint(root: Path) -> Path | None:
+    """The buffer checkpoint at ``root``: ``root`` itself, a demo checkpoint's ``buffer/``, or a demo output
+    folder's newest checkpoint's ``buffer/``; ``None`` if none of these.
+
+    Example:
+        >>> buffer_checkpoint(Path("/nonexistent")) is None
+        True
+    """
+    if (root / MANIFEST).is_file():
+        return root
+    if (root / "buffer" / MANIFEST).is_file():
+        return root / "buffer"
+    checkpoints = sorted((root / "checkpoints").glob("frames-*")) if (root / "checkpoints").is_dir() else []
+    if checkpoints and (checkpoints[-1] / "buffer" / MANIFEST).is_file():
+        return checkpoints[-1] / "buffer"
+    return None
+
+
 def unverified_manifest(path: Path, *, staging: bool = False) -> dict[str, Any]:
     """The manifest of checkpoint ``path``, its format and tables checked, its files not yet.
 
@@ -139,6 +157,9 @@ def unverified_manifest(path: Path, *, staging: bool = False) -> dict[str, Any]:
         raise CheckpointError(f"{manifest_path}: a symbolic link; rlbuf writes the manifest as a plain file and "
                               "follows no links in a checkpoint")
     if not manifest_path.is_file():
+        if (inner := buffer_checkpoint(path)) is not None:
+            raise CheckpointError(f"{path}: a demo's checkpoint or output folder, not a buffer's; its buffer's "
+                                  f"checkpoint is {inner}: load that")
         raise CheckpointError(f"{manifest_path}: missing (an interrupted save, or not an rlbuf checkpoint)")
     if manifest_path.stat().st_size > MAX_MANIFEST_BYTES:
         raise CheckpointError(f"{manifest_path}: larger than {MAX_MANIFEST_BYTES} bytes; refusing to read it")

@@ -363,6 +363,24 @@ def test_a_checkpoint_of_another_kind_is_refused(saved: Path, other: type[Buffer
         other.load(saved)
 
 
+def in_a_demo_output_folder(saved: Path) -> Path:
+    """``saved`` moved to where a demo keeps its buffer: ``out/checkpoints/frames-<n>/buffer``."""
+    inner = saved.parent / "runs" / "dqn" / "checkpoints" / "frames-000000002000" / "buffer"
+    inner.parent.mkdir(parents=True)
+    saved.rename(inner)
+    return inner
+
+
+@pytest.mark.parametrize("levels", [1, 3])  # the demo checkpoint, the demo output folder
+def test_loading_a_demo_folder_names_the_buffer_checkpoint_inside_it(saved: Path, levels: int) -> None:
+    inner = in_a_demo_output_folder(saved)
+    outer = inner.parents[levels - 1]
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(outer))}: .*demo.*; its buffer's checkpoint is "
+                                              rf"{re.escape(str(inner))}"):
+        ReplayBuffer.load(outer)
+    assert len(ReplayBuffer.load(inner)) > 0
+
+
 class TouchOnUnpickle:
     """Unpickling this creates ``marker``: a stand-in for any code a crafted pickle runs."""
 
