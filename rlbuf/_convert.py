@@ -247,8 +247,14 @@ def as_array(name: str, value: object, error: type[RlbufError] | None = None) ->
         if array.dtype.kind == "O":
             raise (error or DtypeError)(f"{name}: expected numbers that fit float64, got {short_repr(value)}")
     if array.dtype.kind not in _ARRAY_KINDS:
+        # An SB3 VecEnv's infos (a list of dicts) where the flags belong, as its buffers' add takes them.
+        infos = name in ("truncated", "terminated") and array.dtype.kind == "O" and all(
+            isinstance(info, Mapping) for info in array.flat)
         raise (error or DtypeError)(f"{name}: expected bool, int or float values, got {array.dtype}: "
-                                    f"{short_repr(value)}")
+                                    f"{short_repr(value)}" + (
+                                        "; an SB3 VecEnv's infos where the flags belong? add takes no infos: "
+                                        "terminated, truncated, info = rlbuf.gym.sb3_step(dones, infos)"
+                                        if infos and array.size else ""))
     # numpy's canonical spelling of the dtype in native byte order: torch refuses the others
     # (``ulonglong``, which numpy picks for ints above int64, and big-endian arrays).
     canonical = np.dtype(array.dtype.name)

@@ -19,6 +19,7 @@ from tensordict import TensorDict
 from rlbuf import (
     ConfigError,
     DistillationBuffer,
+    DtypeError,
     MissingFieldError,
     NotPicklableError,
     ReplayBuffer,
@@ -230,6 +231,10 @@ def test_another_librarys_keyword_to_a_method_gets_rlbufs_word_and_changes_nothi
     (lambda: filled(replay).full, AttributeError, r"'ReplayBuffer' object has no attribute 'full'; buffer.is_full"),
     (lambda: replay().add(Z, torch.zeros(2), torch.ones(2), Z, F, {"final_obs": None}), ShapeError,  # infos as truncated
      r"^truncated: expected a tensor, numpy array or number, got dict; an info dict where the flags belong\? add takes"),
+    # SB3's add(obs, next_obs, action, reward, done, infos) habit: its infos, a list of dicts, as the flags.
+    (lambda: replay().add(Z, torch.zeros(2), torch.ones(2), Z, F, [{"TimeLimit.truncated": True}, {}]), DtypeError,
+     r"^truncated: expected bool, int or float values, got object: .*; an SB3 VecEnv's infos where the flags "
+     r"belong\? add takes no infos: terminated, truncated, info = rlbuf.gym.sb3_step\(dones, infos\)$"),
     (lambda: filled(replay).sample(2).dones, AttributeError,
      r"^ReplayBatch has no field 'dones'; rlbuf's name is terminated \(the bootstrap mask: a time limit is no end "),
     (lambda: _with_advantages().get_all_data().dones, AttributeError,  # a rollout batch has no done
