@@ -10,9 +10,9 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from rlbuf.errors import MissingFieldError
+from rlbuf.errors import ConfigError, MissingFieldError
 from rlbuf.spec import FieldSpec
 
 # Keywords users bring from other libraries (SB3, CleanRL, TorchRL), and what rlbuf takes instead.
@@ -218,3 +218,45 @@ def check_extras(expected: Mapping[str, FieldSpec], given: Mapping[str, Any]) ->
     for name in expected:
         if name not in given:
             raise MissingFieldError(f"{name}: missing; this buffer stores it with every row")
+
+
+_M = TypeVar("_M")
+
+if TYPE_CHECKING:  # a type checker sees the classmethod below it
+
+    def loader(method: _M) -> _M:
+        return method
+else:
+
+    class loader(classmethod):
+        """Wraps a ``classmethod`` that returns a new object (``load``), refused when called on an instance:
+        TorchRL's ``rb.load(path)`` loads in place, so ``buffer.load(path)`` would return the loaded buffer
+        and leave ``buffer`` as it was, unnoticed. (Still a ``classmethod``: doctest finds its examples.)
+
+        Example:
+            >>> class Buffer:
+            ...     @loader
+            ...     @classmethod
+            ...     def load(cls, path):
+            ...         return cls()
+            >>> type(Buffer.load("ckpt")).__name__
+            'Buffer'
+            >>> Buffer().load("ckpt")
+            Traceback (most recent call last):
+            ...
+            rlbuf.errors.ConfigError: Buffer.load: called on a Buffer, it would return a new one and leave this one as it was; write buffer = Buffer.load(path)
+        """
+
+        def __init__(self, method: classmethod) -> None:
+            super().__init__(method.__func__)
+
+        def __get__(self, instance: Any, owner: type | None = None) -> Any:
+            if instance is None:
+                return super().__get__(instance, owner)
+            cls, name = type(instance).__name__, self.__func__.__name__
+
+            def refused(*args: Any, **kwargs: Any) -> Any:
+                raise ConfigError(f"{cls}.{name}: called on a {cls}, it would return a new one and leave this one "
+                                  f"as it was; write buffer = {cls}.{name}(path)")
+
+            return refused

@@ -43,6 +43,7 @@ from rlbuf._invariants import (
     tensors_problem,
     with_binary_range,
 )
+from rlbuf._keywords import loader
 from rlbuf._manifest_state import counts_problem, saved_count
 from rlbuf._ring import RowRing
 from rlbuf._row_sinks import RowCopies, RowSink
@@ -494,6 +495,7 @@ class BufferState:
 
         save_state(checked_state, path, keep_spare=keep_spare)
 
+    @loader
     @classmethod
     def load(cls: type[BufferT], path: str | Path, *, device: DeviceLike | None = None,
              storing_device: DeviceLike | None = None) -> BufferT:

@@ -40,7 +40,7 @@ import torch
 from tensordict import TensorDict
 
 from rlbuf._convert import as_array, as_int, positive_int, stored_positions
-from rlbuf._keywords import keywords_checked
+from rlbuf._keywords import keywords_checked, loader
 from rlbuf._mix_pair import check_pair
 from rlbuf._priorities import priorities
 from rlbuf.batches import ReplayBatch
@@ -518,6 +518,7 @@ class MixedReplay:
             if match is not None and match.group(2) != token:
                 shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
 
+    @loader
     @classmethod
     def load(cls: type[MixedReplayT], path: str | Path, *, device: DeviceLike | None = None,
              storing_device: DeviceLike | None = None, reward_fn: Any = None) -> MixedReplayT:

@@ -33,7 +33,7 @@ from rlbuf._codec import frame_codec
 from rlbuf._compact import CompactLayout, layout_options
 from rlbuf._compact_dict import key_option, row_leaves
 from rlbuf._convert import REQUIRED, as_num_envs, require
-from rlbuf._keywords import keywords_checked
+from rlbuf._keywords import keywords_checked, loader
 from rlbuf._obs import (
     ObsDtype,
     ObsShape,
@@ -339,6 +339,7 @@ class ReplayBuffer(ReplayWriting):
     def _options_to_build(cls, options: dict[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
         return with_reward_fn(options, given.get("reward_fn"))
 
+    @loader
     @classmethod
     def load(cls, path: str | Path, *, device: DeviceLike | None = None, storing_device: DeviceLike | None = None,
              reward_fn: Any = None) -> ReplayBuffer:

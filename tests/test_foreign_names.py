@@ -170,6 +170,21 @@ def test_save_and_load_named_by_the_refusal_keep_the_rows(tmp_path: Any) -> None
 
 
 
+
+@pytest.mark.parametrize("make", [replay, rollout, distill, lambda: MixedReplay(filled(replay), filled(replay))])
+def test_load_called_on_a_buffer_is_refused_since_it_would_leave_that_buffer_as_it_was(
+        tmp_path: Any, make: Callable[[], Any]) -> None:
+    # TorchRL's rb.load(path) loads in place; rlbuf's load is a classmethod that returns a new buffer, so
+    # buffer.load(path) left buffer as it was, without a word (helper 71).
+    buf = make()
+    buf.save(tmp_path / "ckpt")
+    cls = type(buf).__name__
+    with pytest.raises(ConfigError, match=rf"^{cls}\.load: called on a {cls}, it would return a new one and leave "
+                                          rf"this one as it was; write buffer = {cls}\.load\(path\)$"):
+        buf.load(tmp_path / "ckpt")
+    assert type(type(buf).load(tmp_path / "ckpt")) is type(buf)  # the class still loads
+
+
 def _ready_rollout() -> RolloutBuffer:
     buf = RolloutBuffer(1, 2, obs_shape=(3,), action_shape=())
     buf.add(Z, torch.zeros(2), torch.ones(2), F, torch.zeros(2), torch.zeros(2), truncated=F)
