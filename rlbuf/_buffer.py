@@ -56,6 +56,7 @@ FOREIGN_OPTIONS = {
     "gae_lambda": "pass gae_lambda to compute_returns_and_advantages()",
     "env_dict": "declare obs_shape=/action_shape= (or observation_space=/action_space=) and extra_fields=",
     "storage_device": "rlbuf's name is storing_device",
+    "batch_size": "pass it to sample(batch_size) (TorchRL's buffers take it when built)",
 }
 """Foreign constructor keyword -> what to pass instead (unless ``FOREIGN_OPTIONS_OF`` answers for the class)."""
 
@@ -68,6 +69,7 @@ FOREIGN_OPTIONS_OF = {
         "size": _ROLLOUT_SIZE,
         "capacity": "rlbuf's RolloutBuffer takes num_steps (steps per env) and num_envs; it holds num_steps * num_envs rows",
         "handle_timeout_termination": "always on in rlbuf: pass truncated= and bootstrap_value= to add()",
+        "batch_size": "pass it to minibatches(batch_size=...) (or num_minibatches=)",
     },
     "ReplayBuffer": {
         "n_steps": "rlbuf's ReplayBuffer has no num_steps (a RolloutBuffer option); n_step= sets n-step returns",
@@ -112,7 +114,8 @@ def refuse_foreign_options(owner: Callable[..., Any], given: Mapping[str, Any], 
         if name in hints:
             raise ConfigError(f"{name}: not an option of {cls}; {hints[name]}")
     if given:
-        known = [p for p in inspect.signature(owner).parameters if p not in ("self", "foreign")]
+        known = [p.name for p in inspect.signature(owner).parameters.values()
+                 if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         raise ConfigError(f"{', '.join(given)}: not options of {cls}; it takes {known}")
 
 

@@ -51,6 +51,10 @@ FOREIGN_METHODS = {
     "is_full": "len(buffer) == buffer.capacity",
     "full": "buffer.is_full (SB3's full)",
     "to_torch": "batches are tensors already, on the buffer's device= (set it when you build the buffer)",
+    "dumps": "buffer.save(path) writes a checkpoint (TorchRL's dumps); buffer = {cls}.load(path) reads it",
+    "loads": "buffer = {cls}.load(path) reads a checkpoint into a new buffer (TorchRL's loads fills this one)",
+    "empty": "clear() empties the buffer (TorchRL's empty)",
+    "sample": "a rollout gives minibatches(batch_size=...) (each row once per epoch), get_all_data() the whole of it",
 }
 """Methods of other libraries' buffers (SB3's) -> what rlbuf has instead, for a buffer's ``AttributeError``."""
 
@@ -175,7 +179,8 @@ def foreign_method(owner: str, name: str) -> AttributeError:
         'RolloutBuffer' object has no attribute 'reset'; clear() empties the buffer (SB3's reset)
     """
     hint = FOREIGN_METHODS.get(name)
-    return AttributeError(f"{owner!r} object has no attribute {name!r}" + (f"; {hint}" if hint else ""))
+    return AttributeError(f"{owner!r} object has no attribute {name!r}" + (
+        f"; {hint.replace('{cls}', owner)}" if hint else ""))
 
 
 def refuse_foreign_names(expected: Mapping[str, FieldSpec], given: Mapping[str, Any]) -> None:

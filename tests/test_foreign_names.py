@@ -98,6 +98,14 @@ def test_a_missing_obs_is_refused_by_name(make: Callable[[], Any], keywords: dic
     (lambda: DistillationBuffer(buffer_size=4),
      r"^buffer_size: not an option of DistillationBuffer; rlbuf's name is capacity$"),
     (lambda: DistillationBuffer(8, gamma=0.9), r"^gamma: .*DistillationBuffer stores no rewards or returns"),
+    # TorchRL's buffers take batch_size when built (helper 71: the answer listed every option, 'positional' too).
+    (lambda: ReplayBuffer(8, obs_shape=(3,), action_shape=(), batch_size=32),
+     r"^batch_size: not an option of ReplayBuffer; pass it to sample\(batch_size\) \(TorchRL's buffers take it "
+     r"when built\)$"),
+    (lambda: RolloutBuffer(4, 2, obs_shape=(3,), action_shape=(), batch_size=4),
+     r"^batch_size: not an option of RolloutBuffer; pass it to minibatches\(batch_size=\.\.\.\)"),
+    (lambda: ReplayBuffer(8, obs_shape=(3,), action_shape=(), bogus=1),
+     r"^bogus: not options of ReplayBuffer; it takes \['capacity', 'obs_shape', "),
 ])
 def test_each_buffer_class_answers_a_foreign_option_with_its_own_name(build: Callable[[], Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -244,6 +252,11 @@ def test_another_librarys_keyword_to_a_method_gets_rlbufs_word_and_changes_nothi
     (lambda: _ready_rollout().compute_returns_and_advantages(torch.zeros(2), F), MissingFieldError,
      r"^compute_returns_and_advantages: got 2 arguments by position, .* dones comes there: drop it"),
     (lambda: filled(replay).full, AttributeError, r"'ReplayBuffer' object has no attribute 'full'; buffer.is_full"),
+    # TorchRL's ReplayBuffer methods (helper 71: a bare AttributeError before).
+    (lambda: filled(replay).dumps("ckpt"), AttributeError, r"'dumps'; buffer.save\(path\) writes a checkpoint"),
+    (lambda: filled(replay).loads("ckpt"), AttributeError, r"'loads'; buffer = ReplayBuffer.load\(path\) reads "),
+    (lambda: filled(replay).empty(), AttributeError, r"'empty'; clear\(\) empties the buffer \(TorchRL's empty"),
+    (lambda: _ready_rollout().sample(2), AttributeError, r"'sample'; a rollout gives minibatches\(batch_size=\.\.\.\)"),
     (lambda: replay().add(Z, torch.zeros(2), torch.ones(2), Z, F, {"final_obs": None}), ShapeError,  # infos as truncated
      r"^truncated: expected a tensor, numpy array or number, got dict; an info dict where the flags belong\? add takes"),
     # SB3's add(obs, next_obs, action, reward, done, infos) habit: its infos, a list of dicts, as the flags.
