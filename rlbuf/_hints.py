@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -110,3 +111,25 @@ def shape_hint(spec: Any, rows: int, got: tuple[int, ...]) -> str:
                 f"num_envs={got[0]}")
     return ""
 
+
+
+def sb3_order_hint(obs: Any, action: Any, refusal: str) -> str:
+    """The end of ``refusal``, an ``add``'s, where its arguments look like SB3's order, ``add(obs, next_obs, action,
+    reward, done, infos)``: ``action`` shaped like ``obs`` (SB3's ``next_obs`` in its place).
+
+    Example:
+        >>> sb3_order_hint(np.zeros((2, 4)), np.zeros((2, 4)), "action: expected shape (2,)")[:33]
+        '; are the arguments in SB3 order?'
+        >>> sb3_order_hint(np.zeros((2, 4)), np.zeros(2), "reward: expected shape (2,)")
+        ''
+    """
+    try:
+        shaped_like_obs = (isinstance(obs, Mapping) and isinstance(action, Mapping)) or (
+            np.ndim(obs) > 1 and np.shape(obs) == np.shape(action))
+    except (TypeError, ValueError):  # ragged values: their own refusal says so
+        shaped_like_obs = False
+    if not shaped_like_obs:
+        return ""
+    hint = ("; are the arguments in SB3 order? Its add(obs, next_obs, action, reward, done, infos) is rlbuf's "
+            "add(obs, action, reward, next_obs, terminated, truncated)")
+    return hint if "sb3_step" in refusal else f"{hint}, with terminated, truncated, info = rlbuf.gym.sb3_step(done, infos)"

@@ -28,11 +28,12 @@ from tensordict import TensorDictBase
 
 from rlbuf._autoreset import ResetSteps, truncated_missing
 from rlbuf._buffer import RingBuffer
+from rlbuf._hints import sb3_order_hint
 from rlbuf._keywords import check_extras
 from rlbuf._obs import Layout, check_hidden_state
 from rlbuf._replay_layout import ReplayWriter, env_major
 from rlbuf.batches import ReplayBatch, Transition
-from rlbuf.errors import ConfigError
+from rlbuf.errors import ConfigError, DtypeError, ShapeError
 from rlbuf.spec import FieldSpec
 
 
@@ -111,43 +112,49 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             >>> len(buf)
             2
         """
-        if self._ring.rb._rlbuf_read_only:  # the flag read inline: 0.3 us of a 10 us add for the call
-            self._require_writable("add")
-        if truncated is False:
-            truncated = self._no_truncation
-        if env_mask is not None and self._keeps_every_env(env_mask):
-            env_mask = None  # the add without a mask and its fast paths (9x faster for one env of frame stacks)
-        if (self._plain and truncated is not None and not extras and hidden_state is None and env_mask is None
-                and metrics is None and not isinstance(obs, Transition)):
-            # The plain layout (decided once, in the constructor): the fields go to the ring's add as given.
-            # Statistics checked first and recorded once the rows are stored: a refusal changes neither.
-            # Under the ring's (re-entrant) lock throughout: the flags read back and the statistics are this
-            # add's, whatever other threads add or extend meanwhile.
-            ring = self._ring
-            lock = ring.lock
-            lock.acquire()  # not ``with``: 0.3 us of a 10 us add
-            try:
-                record = None if self._stats is None else self._planned_stats(reward, terminated, truncated)
-                resets = self._resets
-                warned = resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated,
-                                                                                  None)
-                ring.add((obs, action, reward, next_obs, terminated, truncated), self._num_envs)
-                self._own_rows += self._num_envs
-                self._newest = None
-                if warned:
-                    self._resets = resets = None  # warned of an add that stored: once per buffer
-                if resets is not None:
-                    # The step's flags as stored: when no episode ends, two reads of Python bools (one env).
-                    ended, cut = ring.last_read[4], ring.last_read[5]
-                    if resets.watching or ended is True or cut is True or (ended is not False and ended.any()) or (
-                            cut is not False and cut.any()):
-                        resets.record(ended, cut, next_obs, None)
-                if record is not None:
-                    record()
-            finally:
-                lock.release()
-            return
-        self._add(obs, action, reward, next_obs, terminated, truncated, hidden_state, env_mask, extras, metrics)
+        try:
+            if self._ring.rb._rlbuf_read_only:  # the flag read inline: 0.3 us of a 10 us add for the call
+                self._require_writable("add")
+            if truncated is False:
+                truncated = self._no_truncation
+            if env_mask is not None and self._keeps_every_env(env_mask):
+                env_mask = None  # the add without a mask and its fast paths (9x faster for one env of frame stacks)
+            if (self._plain and truncated is not None and not extras and hidden_state is None and env_mask is None
+                    and metrics is None and not isinstance(obs, Transition)):
+                # The plain layout (decided once, in the constructor): the fields go to the ring's add as given.
+                # Statistics checked first and recorded once the rows are stored: a refusal changes neither.
+                # Under the ring's (re-entrant) lock throughout: the flags read back and the statistics are this
+                # add's, whatever other threads add or extend meanwhile.
+                ring = self._ring
+                lock = ring.lock
+                lock.acquire()  # not ``with``: 0.3 us of a 10 us add
+                try:
+                    record = None if self._stats is None else self._planned_stats(reward, terminated, truncated)
+                    resets = self._resets
+                    warned = resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated,
+                                                                                      None)
+                    ring.add((obs, action, reward, next_obs, terminated, truncated), self._num_envs)
+                    self._own_rows += self._num_envs
+                    self._newest = None
+                    if warned:
+                        self._resets = resets = None  # warned of an add that stored: once per buffer
+                    if resets is not None:
+                        # The step's flags as stored: when no episode ends, two reads of Python bools (one env).
+                        ended, cut = ring.last_read[4], ring.last_read[5]
+                        if resets.watching or ended is True or cut is True or (ended is not False and ended.any()) or (
+                                cut is not False and cut.any()):
+                            resets.record(ended, cut, next_obs, None)
+                    if record is not None:
+                        record()
+                finally:
+                    lock.release()
+                return
+            self._add(obs, action, reward, next_obs, terminated, truncated, hidden_state, env_mask, extras, metrics)
+        except (ShapeError, DtypeError) as error:
+            hint = sb3_order_hint(obs, action, str(error))
+            if hint:
+                raise type(error)(f"{error}{hint}") from None
+            raise
 
     def _keeps_every_env(self, env_mask: Any) -> bool:
         """Whether ``env_mask`` keeps every env's row.

@@ -20,6 +20,7 @@ from rlbuf import (
     ConfigError,
     DistillationBuffer,
     DtypeError,
+    EpisodeStats,
     MissingFieldError,
     NotPicklableError,
     ReplayBuffer,
@@ -292,3 +293,25 @@ def test_other_libraries_habits_get_rlbufs_way(call: Callable[[], Any], error: t
     # Each was a bare TypeError or AttributeError, or a message about something else (helper 42).
     with pytest.raises(error, match=message):
         call()
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+@pytest.mark.parametrize("options", [{}, {"n_step": 3}, {"stats": True}], ids=["plain", "n-step", "stats"])
+def test_an_add_in_sb3s_argument_order_is_refused_naming_rlbufs_order(env_id: str, options: dict[str, Any]) -> None:
+    """SB3's ``add(obs, next_obs, action, reward, done, infos)`` by position: ``action`` gets the next
+    observations, ``truncated`` the infos. Refused with rlbuf's order, nothing stored."""
+    envs = gym.make_vec(env_id, 2)
+    stats = {"stats": EpisodeStats(2)} if options.pop("stats", False) else {}
+    buffer = ReplayBuffer(16, observation_space=envs.single_observation_space,
+                          action_space=envs.single_action_space, num_envs=2, seed=0, **options, **stats)
+    obs, _ = envs.reset(seed=0)
+    action = envs.action_space.sample()
+    next_obs, reward, terminated, truncated, _ = envs.step(action)
+    before = snapshot(buffer)
+    with pytest.raises((ShapeError, DtypeError), match=r"SB3 order\? Its add\(obs, next_obs, action, reward, done, "
+                                         r"infos\) is rlbuf's add\(obs, action, reward, next_obs, terminated, "
+                                         r"truncated\)"):
+        buffer.add(obs, next_obs, action, reward, terminated | truncated, [{}, {}])
+    assert same(snapshot(buffer), before)
+    buffer.add(obs, action, reward, next_obs, terminated, truncated)  # rlbuf's order is stored
+    assert len(buffer) == 2
