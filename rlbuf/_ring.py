@@ -492,6 +492,8 @@ class RowRing:
     def _commit(self, n: int, *, derived: int = 0) -> None:
         """Derive computed fields over the ``n`` rows after the cursor (but the first ``derived``, done
         already) and advance TorchRL's state."""
+        if n == 0:  # an empty extend: TorchRL's bookkeeping of no positions (a float index) is refused by PER
+            return
         rb, capacity = self.rb, self.capacity
         cursor = _torchrl.cursor(rb)
         if self.derived and n > derived:

@@ -143,6 +143,27 @@ def test_extend_larger_than_capacity_keeps_the_newest_rows() -> None:
     assert buf._ring.write_count == 11
 
 
+@pytest.mark.parametrize("layout", [{}, {"n_step": 2}, {"n_step": 2, "compression": "zstd"}])
+@pytest.mark.parametrize("storage", ["memory", "memmap"])
+def test_an_empty_extend_of_a_prioritized_buffer_changes_nothing(layout: dict[str, Any], storage: str) -> None:
+    # A collector batch of no steps raised StoredIndexError from the priority tree, an empty float index
+    # having been made of the no rows written (helper 70).
+    buf = make(capacity=8, storage=storage, obs_shape=(3,), obs_dtype=torch.uint8, action_shape=(), num_envs=2,
+               prioritized=True, **layout)
+    for t in range(3):
+        buf.add(torch.full((2, 3), t, dtype=torch.uint8), torch.zeros(2), torch.ones(2),
+                torch.full((2, 3), t + 1, dtype=torch.uint8), torch.zeros(2, dtype=torch.bool),
+                torch.zeros(2, dtype=torch.bool))
+    empty = TensorDict({"observation": torch.zeros(2, 0, 3, dtype=torch.uint8), "action": torch.zeros(2, 0),
+                        ("next", "observation"): torch.zeros(2, 0, 3, dtype=torch.uint8),
+                        ("next", "reward"): torch.zeros(2, 0), ("next", "terminated"): torch.zeros(2, 0, dtype=torch.bool),
+                        ("next", "truncated"): torch.zeros(2, 0, dtype=torch.bool)}, batch_size=[2, 0])
+    before = snapshot(buf)
+    buf.extend(empty)
+    assert same(snapshot(buf), before)
+    assert len(buf.sample(4)) == 4
+
+
 def test_clear_empties_and_keeps_options(storage: str) -> None:
     buf = make(storage=storage)
     add_ids(buf, range(3))
