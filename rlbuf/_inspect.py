@@ -46,7 +46,8 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
 
     Returns:
         ``{"path", "ok", "error", "kind", "size", "capacity", "storage", "storing_device",
-        "device", "hindsight", "fields": [{name, key, shape, dtype}], "versions", "format_version",
+        "device", "hindsight", "compression": {codec, level} or None, "fields": [{name, key, shape, dtype}],
+        "versions", "format_version",
         "files": [{path, dtype, shape, bytes, status}], "files_not_listed", "demo"}`` (the first
         ``LISTED_FILES`` files, in name order); ``status`` is ``ok``,
         ``failed`` (size or checksum differ), ``missing``, or ``outside`` (a path outside the
@@ -103,6 +104,8 @@ def _describe(report: dict[str, Any], buffer_dir: Path, manifest: dict[str, Any]
         "capacity": _capacity(options),
         "bytes_per_transition": _with_compressed_frames(
             manifest_row_bytes(state.get("kind"), options, _as_list(state.get("spec"))), options, files, state),
+        "compression": {"codec": options["compression"], "level": options.get("compression_level")}
+        if isinstance(options.get("compression"), str) else None,
         "storage": options.get("storage"),
         "storing_device": options.get("storing_device"),
         "device": options.get("device") or options.get("storing_device"),
@@ -120,8 +123,10 @@ def _with_compressed_frames(estimate: float | None, options: dict[str, Any], fil
     """The estimate with a compressed buffer's frames as the checkpoint holds them: their bytes per stored
     row (the final observations' too) and 16 bytes of offset, size and checksum."""
     size = state.get("size")
-    if estimate is None or not options.get("compression") or not isinstance(size, int) or size <= 0:
+    if estimate is None or not options.get("compression"):
         return estimate
+    if not isinstance(size, int) or size <= 0:  # no frame compressed yet: their size is not known (as in repr)
+        return estimate + 16
     held: int = sum(entry["bytes"] for rel, entry in files.items() if isinstance(entry, dict) and isinstance(
         entry.get("bytes"), int) and str(rel).endswith(("frames.bytes.bin", "finals.bytes.bin")))
     return estimate + 16 + held / size
@@ -137,14 +142,17 @@ def format_report(report: dict[str, Any]) -> str:
     """
     lines = [f"checkpoint  {report['path']}"]
     if "kind" in report:
-        versions = report.get("versions")
+        versions, compression = report.get("versions"), report.get("compression")
         lines += [
             f"kind        {report['kind']}  (format version {report['format_version']})",
             f"size        {report['size']} / {report['capacity']} rows",
-            *([f"memory      about {report['bytes_per_transition']:,.0f} bytes per row (estimate)"]
+            *([f"memory      about {report['bytes_per_transition']:,.0f} bytes per row (estimate)"
+               + (" + compressed frames" if compression and not report.get("size") else "")]
               if report.get("bytes_per_transition") else []),
             f"storage     {report['storage']}  (storing device {report['storing_device']}, "
             f"device {report['device']})",
+            *([f"compression {compression['codec']}, level {compression['level'] or 'default'}  (frames kept "
+               "compressed: the frame field holds each one's size in bytes)"] if compression else []),
             *([f"hindsight   {hindsight.get('strategy')}, ratio {hindsight.get('ratio')}  "
                "(load with ReplayBuffer.load(path, reward_fn=...))"]
               if isinstance(hindsight := report.get("hindsight"), dict) else []),

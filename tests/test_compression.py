@@ -437,6 +437,25 @@ def test_memory_reports_count_the_compressed_bytes(tmp_path: Path) -> None:
         leaf.numel() * leaf.element_size() for leaf in buffer._ring.leaves.values())
 
 
+@pytest.mark.parametrize("steps", [0, 50])
+def test_inspect_names_the_compression_and_agrees_with_repr_empty_or_not(tmp_path: Path, steps: int) -> None:
+    # rlbuf inspect listed obs as a () int32 field, compression nowhere, and an empty compressed buffer's estimate
+    # left out the 16 bytes a row's frame takes beside it that repr counts (helper 70).
+    from rlbuf._inspect import format_report, inspect_checkpoint
+
+    _, compressed = _pair(32, 2, 4, 3, "lz4", compression_level=5)
+    for step in _steps(2, 4, steps, 6, 0.1):
+        _add((compressed,), step)
+    compressed.save(tmp_path / "ckpt")
+    report = inspect_checkpoint(str(tmp_path / "ckpt"))
+    shown = repr(compressed).split("bytes_per_transition~")[1].split(", fields=")[0]
+    assert report["compression"] == {"codec": "lz4", "level": 5}
+    assert report["bytes_per_transition"] == pytest.approx(float(shown.split(" B")[0]), abs=0.1)
+    text = format_report(report)
+    assert "compression lz4, level 5" in text
+    assert text.count("+ compressed frames") == shown.count("+ compressed frames") == (steps == 0)
+
+
 # -- found by review ------------------------------------------------------------------------------
 def test_a_load_check_beside_sampling_threads_shares_no_decompressor() -> None:
     """python-zstandard's (de)compressors are not thread-safe: a load's check builds its own codec."""
