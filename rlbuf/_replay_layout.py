@@ -428,10 +428,11 @@ class ReplayWriter:
         rows = int(td.batch_size.numel())
         lead = tuple(td.batch_size)
         # Rows of one env stay num_envs apart (what sample_sequences reads) only for [..., num_envs] batches
-        # (one step of each env, [num_envs, 1], too), and an empty batch moves nothing.
+        # (one step of each env, [num_envs, 1], too), and an empty batch moves nothing. With one env, a batch
+        # of two dims over 1 is a collector's [envs, T]: several envs' steps, which no stream of one env is.
         steps = tuple(size for size in lead if size != 1)
-        interleaved = self.num_envs == 1 or rows == 0 or (bool(steps) and steps[-1] == self.num_envs
-                                                          and not env_major(lead, self.num_envs))
+        interleaved = rows == 0 or (len(steps) <= 1 if self.num_envs == 1 else (
+            bool(steps) and steps[-1] == self.num_envs and not env_major(lead, self.num_envs)))
         ring, compact = self.ring, self.compact
         env_ids = None if self.relabeller is None else env_ids_of(lead, self.num_envs,
                                                                   "a hindsight buffer follows each env's episodes")

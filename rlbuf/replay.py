@@ -546,8 +546,8 @@ class ReplayBuffer(ReplayWriting):
             BatchSizeError: a size that is not a positive int (``burn_in``: negative), or
                 fewer stored steps per env than ``burn_in + length``.
             EmptyBufferError: nothing is stored.
-            ConfigError: rows were extended env-major (a collector's ``(num_envs, T)``),
-                so steps of one env are not ``num_envs`` rows apart.
+            ConfigError: rows were extended env-major (a collector's ``(num_envs, T)``, into a
+                ``num_envs=1`` buffer too), so steps of one env are not ``num_envs`` rows apart.
 
         Example:
             >>> buf = ReplayBuffer(100, obs_shape=(1,), action_shape=(), num_envs=2, seed=0)

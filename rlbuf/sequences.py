@@ -383,8 +383,10 @@ def sample_replay_sequences(ring: RowRing, batch_size: int, length: int, burn_in
         if not interleaved:
             raise ConfigError("sample_sequences: steps of one env are not num_envs rows apart: rows were "
                               "extended env-major (batch size (num_envs, T)), added with an env_mask that left "
-                              "envs out, or written through buffer.torchrl. Extend time-major batches (T, num_envs) or add every env's step "
-                              "(a Recorder: SAME_STEP envs), then clear() and refill")
+                              "envs out, extended into a buffer of num_envs=1 with batches of several envs' steps ((envs, T)), "
+                              "or written through buffer.torchrl. Build it with num_envs=envs, extend time-major "
+                              "batches (T, num_envs) or add every env's step (a Recorder: SAME_STEP envs), then clear() "
+                              "and refill")
         ring.flush()
         size, write_count, n, capacity = len(ring), ring.write_count, num_envs, ring.capacity
         starts = sequence_starts(write_count=write_count, size=size, num_envs=n, span=span,

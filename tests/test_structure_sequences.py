@@ -468,6 +468,30 @@ def test_env_major_extends_are_refused_and_time_major_ones_work() -> None:
     assert len(buf.sample_sequences(2, 3)) == 2
 
 
+def test_a_collector_batch_of_several_envs_in_a_one_env_buffer_is_refused_for_sequences() -> None:
+    # A TorchRL habit: ReplayBuffer(...) (num_envs=1) fed a collector's [num_envs, T] batches. Sequences ran from
+    # env 0's last step into env 1's first, with mask True and is_first False (helper 68).
+    n, steps = 2, 5
+    code = (torch.arange(n).view(n, 1) * 100 + torch.arange(steps)).float()   # env * 100 + t, [N, T]
+
+    def batch(lead: tuple[int, ...]) -> TensorDict:
+        flags = torch.zeros(*lead, 1, dtype=torch.bool)
+        return TensorDict({"observation": code.reshape(*lead, 1), "action": torch.zeros(lead),
+                           "next": {"observation": code.reshape(*lead, 1) + 1, "reward": torch.zeros(*lead, 1),
+                                    "terminated": flags, "truncated": flags}}, batch_size=list(lead))
+    buf = ReplayBuffer(100, obs_shape=(1,), action_shape=(), seed=0)
+    buf.extend(batch((n, steps)))
+    assert len(buf.sample(4)) == 4   # transitions are fine
+    rng = buf.state_dict()["rng"]["sample"]
+    with pytest.raises(ConfigError, match=r"num_envs=1.*several envs"):
+        buf.sample_sequences(4, 3)
+    assert torch.equal(buf.state_dict()["rng"]["sample"], rng)
+    buf.clear()
+    for lead in ((n * steps,), (1, n * steps), (n * steps, 1)):   # one env's steps, however shaped
+        buf.extend(batch(lead))
+        assert len(buf.sample_sequences(2, 3)) == 2
+
+
 def test_an_add_that_leaves_envs_out_stops_sequences_until_clear() -> None:
     buf = replay_with_steps(40, 2, 4)
     step = (torch.zeros(2, 1), torch.zeros(2), torch.zeros(2), torch.zeros(2, 1), torch.zeros(2, dtype=torch.bool), False)
