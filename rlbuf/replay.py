@@ -564,7 +564,7 @@ class ReplayBuffer(ReplayWriting):
             raise ConfigError("sample_sequences: not available for a compact buffer (next_obs stored once, "
                               "frame_stack or n_step); build it with compact=False")
         columns, span = sample_replay_sequences(self._ring, batch_size, length, burn_in, num_envs=self._num_envs,
-                                                interleaved=self._rows_interleaved(), hidden=self._hidden,
+                                                interleaved=self._rows_interleaved, hidden=self._hidden,
                                                 device=self._device)
         obs = self._obs
         hidden = None if self._hidden is None else self._hidden.assemble("hidden_state", columns)

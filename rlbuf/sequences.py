@@ -24,7 +24,7 @@ Example:
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -353,13 +353,14 @@ def sequence_flags(done: torch.Tensor, first_is_first: torch.Tensor) -> tuple[to
 
 
 def sample_replay_sequences(ring: RowRing, batch_size: int, length: int, burn_in: int, *, num_envs: int,
-                            interleaved: bool, hidden: Layout | None,
+                            interleaved: Callable[[], bool], hidden: Layout | None,
                             device: torch.device) -> tuple[dict[str, torch.Tensor], int]:
     """The columns of ``batch_size`` sequences of ``burn_in + length`` steps of one env each, and that span.
 
     What [`ReplayBuffer.sample_sequences`][rlbuf.ReplayBuffer.sample_sequences] draws: columns
     ``[B, span, ...]`` with ``mask``, ``is_first`` and ``index``, hidden-state leaves at each
-    sequence's first step, delivered on ``device``.
+    sequence's first step, delivered on ``device``. ``interleaved()`` says, under the ring's lock (no
+    write between it and the draw), whether each env's rows are ``num_envs`` apart.
 
     Raises:
         BatchSizeError, EmptyBufferError: see ``sample_sequences``.
@@ -371,7 +372,7 @@ def sample_replay_sequences(ring: RowRing, batch_size: int, length: int, burn_in
         >>> buf = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0)
         >>> for t in range(4):
         ...     buf.add(torch.full((1,), float(t)), 0.0, 0.0, torch.full((1,), t + 1.0), False, truncated=False)
-        >>> columns, span = sample_replay_sequences(buf._ring, 2, 3, 0, num_envs=1, interleaved=True, hidden=None,
+        >>> columns, span = sample_replay_sequences(buf._ring, 2, 3, 0, num_envs=1, interleaved=lambda: True, hidden=None,
         ...                                         device=torch.device("cpu"))
         >>> span, columns["obs"].shape
         (3, torch.Size([2, 3, 1]))
@@ -380,7 +381,7 @@ def sample_replay_sequences(ring: RowRing, batch_size: int, length: int, burn_in
     with ring.lock:
         batch_size = ring.require_rows(batch_size, without_replacement=False)
         span = positive_int("length", length, BatchSizeError) + burn_in_steps(burn_in)
-        if not interleaved:
+        if not interleaved():
             raise ConfigError("sample_sequences: steps of one env are not num_envs rows apart: rows were "
                               "extended env-major (batch size (num_envs, T)), added with an env_mask that left "
                               "envs out, extended into a buffer of num_envs=1 with batches of several envs' steps ((envs, T)), "

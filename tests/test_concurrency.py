@@ -264,3 +264,28 @@ def test_an_epoch_iterator_moves_on_under_the_buffers_lock(monkeypatch: pytest.M
     assert during["position"] == 0 and during["permutation"] is None
     assert torch.equal(during["generator"], before["generator"])
     assert iterator.state_dict()["position"] == 1
+
+
+def test_sample_sequences_checks_each_env_s_rows_are_whole_steps_under_the_lock(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The check was made before the lock was taken: an add that left an env out while sample_sequences waited
+    # for the lock gave sequences jumping between envs (helper 68).
+    buf = ReplayBuffer(40, obs_shape=(1,), action_shape=(), num_envs=2, seed=0)
+
+    def step(t: int, env_mask: Any = None) -> None:
+        obs = torch.tensor([[float(t)], [100.0 + t]])
+        buf.add(obs, torch.zeros(2), torch.zeros(2), obs + 1, torch.zeros(2, dtype=torch.bool), truncated=False,
+                env_mask=env_mask)
+    for t in range(4):
+        step(t)
+    lock = _WatchedLock(buf._ring.lock)
+    monkeypatch.setattr(buf._ring, "lock", lock)
+    drawn: list[Any] = []
+    with lock:
+        thread, raised = _in_thread(lambda: drawn.append(buf.sample_sequences(64, 3)))
+        assert lock.waiting.wait(10)
+        step(4, env_mask=torch.tensor([False, True]))  # env 1's rows are no longer 2 apart
+        for t in range(5, 9):
+            step(t)
+    thread.join(10)
+    assert [type(error).__name__ for error in raised] == ["ConfigError"] and not drawn
