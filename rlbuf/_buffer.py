@@ -294,7 +294,8 @@ class RingBuffer(BufferState, Generic[BatchT]):
     @property
     def nbytes(self) -> int:
         """Bytes the buffer holds: its storage (every row's fields, allocated for ``capacity`` rows) and
-        its layout's own tables (the compact layout's streams, final observations and compressed frames).
+        its layout's own tables (PER's sum tree; the compact layout's streams, final observations and
+        compressed frames).
 
         Example:
             >>> from rlbuf import ReplayBuffer

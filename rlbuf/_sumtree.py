@@ -151,8 +151,7 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         self._storage_shape: tuple[int, ...] | None = None
         self._max_priority_value: float | None = None
         self._max_priority_index: int | None = None
-        # One past the largest leaf ever written: when the storage is at least this long, the root
-        # holds the sum and minimum over the stored items.
+        # One past the largest leaf ever written: from a storage this long, the root holds the sum and minimum.
         self._high = 0
         self._empty()
 
@@ -162,6 +161,11 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
     def max_size(self) -> int:
         """The capacity the sampler was built for."""
         return self._max_capacity
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tree (sums and minimums over every leaf, allocated for ``max_size`` items)."""
+        return int(self._tree.nbytes)
 
     @property
     def device(self) -> torch.device:

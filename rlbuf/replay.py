@@ -379,9 +379,8 @@ class ReplayBuffer(ReplayWriting):
         return sampler
 
     def _layout_nbytes(self) -> int:
-        if self._relabeller is not None:
-            return self._relabeller.nbytes
-        return 0 if self._compact is None else self._compact.nbytes
+        tables = self._relabeller if self._relabeller is not None else self._compact
+        return (self._sum_tree().nbytes if self._prioritized else 0) + (0 if tables is None else tables.nbytes)
 
     def _field_descriptions(self) -> list[str]:
         compact = self._compact

@@ -6,6 +6,7 @@ import copy
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler, Sampler
 
+from rlbuf import ReplayBuffer
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.errors import (
     BatchSizeError,
@@ -564,3 +566,14 @@ def test_new_rows_get_the_largest_priority_exactly_even_past_float32(largest: fl
     assert drawn >= {3} and drawn <= {0, 1, 2, 3}
     buf.save(tmp_path / "ckpt")
     assert torch.equal(ReplayBuffer.load(tmp_path / "ckpt").state_dict()["sampler"]["sum_leaves"], leaves)
+
+
+@pytest.mark.parametrize("capacity", [64, 1000])
+@pytest.mark.parametrize("compact", [False, True])
+def test_a_prioritized_buffers_nbytes_counts_its_sum_tree(capacity: int, compact: bool) -> None:
+    """The tree holds a sum and a minimum (float64) over each node of a tree of the next power of two leaves."""
+    options: dict[str, Any] = dict(obs_shape=(4, 6, 5), obs_dtype=torch.uint8, frame_stack=4,
+                                   compression="zstd") if compact else dict(obs_shape=(4,))
+    uniform, prioritized = (ReplayBuffer(capacity, action_shape=(), prioritized=p, **options) for p in (False, True))
+    leaves = 1 << (capacity - 1).bit_length()
+    assert prioritized.nbytes - uniform.nbytes == 2 * (2 * leaves) * 8
