@@ -126,7 +126,7 @@ def sb3_order_hint(obs: Any, action: Any, refusal: str) -> str:
     try:
         shaped_like_obs = (isinstance(obs, Mapping) and isinstance(action, Mapping)) or (
             np.ndim(obs) > 1 and np.shape(obs) == np.shape(action))
-    except (TypeError, ValueError):  # ragged values: their own refusal says so
+    except Exception:  # ragged values, tensors numpy cannot read (grad-tracking ones in a list): no hint
         shaped_like_obs = False
     if not shaped_like_obs:
         return ""

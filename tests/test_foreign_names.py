@@ -315,3 +315,14 @@ def test_an_add_in_sb3s_argument_order_is_refused_naming_rlbufs_order(env_id: st
     assert same(snapshot(buffer), before)
     buffer.add(obs, action, reward, next_obs, terminated, truncated)  # rlbuf's order is stored
     assert len(buffer) == 2
+
+
+def test_a_refusal_keeps_its_class_where_the_sb3_hint_cannot_read_obs() -> None:
+    """The SB3-order hint reads ``obs``'s shape after a refusal; a value numpy cannot read (a list of tensors
+    that track gradients) gave torch's RuntimeError in place of the refusal (helper 72)."""
+    buffer = ReplayBuffer(10, obs_shape=(3,), action_shape=(), num_envs=2, seed=0, stats=EpisodeStats(2))
+    obs = [torch.zeros(3, requires_grad=True), torch.zeros(3, requires_grad=True)]
+    before = snapshot(buffer)
+    with pytest.raises(ShapeError, match=r"^reward: expected shape \(2,\), got \(3,\)$"):
+        buffer.add(obs, [0, 0], [1.0, 1.0, 1.0], torch.zeros(2, 3), [False, False], truncated=False)
+    assert same(snapshot(buffer), before)
