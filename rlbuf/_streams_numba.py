@@ -7,8 +7,9 @@ two compiled loops that read each 8-byte word once, in blocks that compile to ve
 and stop at the first differing block; the record also copies each env's ``next_obs`` into the
 stack its next add is checked against. They do what
 ``Streams.check`` and ``Streams.record`` do for such an add, and the property tests of the
-compact layout hold them to it. Observations are compared as bytes, so only integer and bool
-observations (Atari frames) take this path: a float's ``-0.0`` and ``0.0`` differ as bytes.
+compact layout hold them to it. Observations are compared as bytes: for integer and bool observations (Atari
+frames) a difference is a refusal; for floats, whose ``-0.0`` and ``0.0`` differ as bytes, the check only decides
+the steps whose bytes continue and leaves the others to the numpy path, which compares values.
 numba compiles each kernel once (about a second) and keeps it in its on-disk cache; ``loaded`` calls
 each one on no rows when a compact buffer is made, so the first add does not load them.
 
