@@ -371,6 +371,8 @@ class ReplayWriter:
         """
         n = self.num_envs
         keep = as_array("env_mask", env_mask)
+        if n == 1 and keep.shape == ():  # one env's mask, its env dim left out as add allows
+            keep = keep.reshape(1)
         if keep.dtype.kind != "b" or keep.shape != (n,):
             raise ShapeError(f"env_mask: expected {n} bools (one per env), got {keep.dtype} of shape {keep.shape}")
         return tensor_of(keep)

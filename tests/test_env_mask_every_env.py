@@ -81,3 +81,14 @@ def test_a_mask_of_every_env_is_still_checked(layout: str, mask: np.ndarray[Any,
     with pytest.raises(ShapeError, match="env_mask: expected 2 bools"):
         buffer.add(obs, action, reward, next_obs, terminated, truncated, env_mask=mask, **extras)
     assert same_state(buffer.state_dict(), before)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("keep", [True, False, np.bool_(True), np.array(False), torch.tensor(True)], ids=str)
+def test_one_envs_mask_may_leave_out_the_env_dim_as_its_values_may(layout: str, keep: Any) -> None:
+    buffer = _buffer(layout, 1)
+    envs = Envs(1, 2, "reset", torch.uint8, layout == "compact-dict", 0)
+    obs, action, reward, next_obs, terminated, truncated = envs.step([0])
+    extras = {"cost": reward} if layout == "extras" else {}
+    buffer.add(obs, action, reward, next_obs, terminated, truncated, env_mask=keep, **extras)
+    assert len(buffer) == int(bool(keep))
