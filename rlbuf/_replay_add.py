@@ -182,8 +182,9 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
         layout, ``hindsight``) needs this call before that step, and refuses the step otherwise
         (``StreamError``); in a buffer of whole transitions, sequences (``sample_sequences``) no
         longer cross the reset. (A buffer of whole transitions knows each env's newest row from its
-        adds and extends, not from a checkpoint of adds that left rows out with ``env_mask``: loaded
-        so, its rows stay as they are until each env adds again.) The running episodes leave the statistics
+        adds and extends, not from a checkpoint of adds that left rows out with ``env_mask``, nor from
+        an ``extend`` of several envs' ``(envs, T)`` batch into a one-env buffer: after those, its rows
+        stay as they are until each env adds again.) The running episodes leave the statistics
         unrecorded (no episode ended), as gymnasium's ``RecordEpisodeStatistics`` leaves them.
         [`Recorder.reset`][rlbuf.gym.Recorder.reset] calls it for you.
 
