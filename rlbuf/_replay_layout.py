@@ -358,7 +358,7 @@ class ReplayWriter:
             rows = {name: value[keep] if isinstance(value, np.ndarray) else value[torch.from_numpy(keep).to(value.device)]
                     for name, value in rows.items()}
             compact.write(obs_rows[keep], next_rows[keep], done[keep], cut[keep], compact.all_envs[keep],
-                          lambda frames, done, cut: ring.write_tensors(
+                          lambda frames, done, cut: ring.write_read(
                               {**rows, compact.field: frames, "terminated": done, "truncated": cut}, kept))
         return kept in (0, n)
 

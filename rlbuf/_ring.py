@@ -425,6 +425,17 @@ class RowRing:
         """Read ``rows`` rows of every input field (tensors, arrays ...) with its reader, then write them now."""
         self.write_checked(self.read_tensors(self.input_specs, [values[s.name] for s in self.input_specs], rows), rows)
 
+    def write_read(self, values: Mapping[str, Any], rows: int) -> None:
+        """Write ``rows`` rows of every input field, by name, read and checked by the add's readers already (some
+        of an add's rows, kept by ``env_mask``): staged as an add's rows are where they are numpy rows and fit the
+        stage, else the tensor way (read again by ``rows``-row readers)."""
+        arrays = [values[spec.name] for spec in self.input_specs]
+        if 0 < rows <= self.pending_limit and not self.rb.shared and not any(
+                isinstance(array, torch.Tensor) for array in arrays):
+            self.write_staged(arrays, rows)
+        else:
+            self.write_tensors(values, rows)
+
     def write_checked(self, columns: Mapping[str, torch.Tensor], rows: int) -> None:
         """Write ``rows`` rows that their readers returned (``read_tensors``) now, after the pending ones."""
         with self.lock:
