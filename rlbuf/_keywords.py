@@ -43,6 +43,7 @@ FOREIGN_NAMES = {
 """Foreign keyword -> what to pass instead, for the message of ``check_extras``."""
 
 
+_ROLLOUT_SAMPLE = "a rollout gives minibatches(batch_size=...) (each row once per epoch), get_all_data() the whole of it"
 FOREIGN_METHODS = {
     "get": "minibatches(batch_size=...) gives a rollout's minibatches (SB3's get), get_all_data() the whole of it",
     "reset": "clear() empties the buffer (SB3's reset)",
@@ -54,9 +55,41 @@ FOREIGN_METHODS = {
     "dumps": "buffer.save(path) writes a checkpoint (TorchRL's dumps); buffer = {cls}.load(path) reads it",
     "loads": "buffer = {cls}.load(path) reads a checkpoint into a new buffer (TorchRL's loads fills this one)",
     "empty": "clear() empties the buffer (TorchRL's empty)",
-    "sample": "a rollout gives minibatches(batch_size=...) (each row once per epoch), get_all_data() the whole of it",
+    "sample": _ROLLOUT_SAMPLE,
+    "push": "add(...) stores a step; it also takes a Transition (Velora's push of an Experience)",
+    "add_batch": "extend(td) stores a TensorDict of rows (ObjectRL's add_batch)",
+    "sample_batch": "sample(batch_size) draws a batch (ObjectRL's sample_batch)",
+    "sample_by_index_fields": "sample_by_index(index, fields=[...]) (ObjectRL's sample_by_index_fields)",
+    "create_epoch_iterator": "it = buffer.epochs(batch_size=..., n_epochs=...) (ObjectRL's create_epoch_iterator)",
+    "get_next_batch": "next(it) or it.next_batch() on it = buffer.epochs(...); the latest is buffer.current_epochs",
+    "calculate_num_batches": "num_batches(batch_size, drop_last=...) (ObjectRL's calculate_num_batches)",
+    "get_steps_and_iterator": "it = buffer.epochs(batch_size=..., n_epochs=...); its steps are len(it)",
 }
 """Methods of other libraries' buffers (SB3's) -> what rlbuf has instead, for a buffer's ``AttributeError``."""
+
+_VIEW = "buffer.view({name!r}) is the [num_steps, num_envs, ...] tensor, no copy ({lib}'s {attr} attribute)"
+FOREIGN_METHODS_OF = {
+    "RolloutBuffer": {
+        "push": "add(obs, action, reward, terminated, value, log_prob, truncated=...) stores a step of every env",
+        "sample_batch": _ROLLOUT_SAMPLE,
+        "iterate_minibatches": "minibatches(batch_size=..., n_epochs=...) yields typed minibatches (mb.obs, "
+                               "mb.advantage); mb.to_tensordict() for keys",
+        **{attr: _VIEW.format(name=name, lib=lib, attr=attr) for attr, name, lib in [
+            ("observations", "obs", "ApexRL"), ("obs", "obs", "a hand-written buffer"),
+            ("actions", "action", "ApexRL"), ("rewards", "reward", "ApexRL"), ("values", "value", "ApexRL"),
+            ("log_probs", "log_prob", "ApexRL"), ("logprobs", "log_prob", "a hand-written buffer"),
+            ("advantages", "advantage", "ApexRL"), ("returns", "returns", "ApexRL")]},
+        "dones": "buffer.view('terminated') and buffer.view('truncated') (ApexRL's dones, split); 'done' is both",
+    },
+    "ReplayBuffer": {
+        "get": "sample(batch_size) draws a batch (rl-buffer's get); epochs(batch_size=...) passes over every row",
+    },
+    "DistillationBuffer": {
+        "get": "sample(batch_size) draws a batch; epochs(batch_size=...) passes over every row",
+        "push": "add(obs, expert_action) stores rows",
+    },
+}
+"""Class name -> attribute -> what that class has instead (before ``FOREIGN_METHODS``)."""
 
 
 _NO_DONES = ("drop it: the last step's terminated and truncated came with its add (a truncated step bootstraps "
@@ -178,7 +211,7 @@ def foreign_method(owner: str, name: str) -> AttributeError:
         >>> print(foreign_method("RolloutBuffer", "reset"))
         'RolloutBuffer' object has no attribute 'reset'; clear() empties the buffer (SB3's reset)
     """
-    hint = FOREIGN_METHODS.get(name)
+    hint = FOREIGN_METHODS_OF.get(owner, {}).get(name, FOREIGN_METHODS.get(name))
     return AttributeError(f"{owner!r} object has no attribute {name!r}" + (
         f"; {hint.replace('{cls}', owner)}" if hint else ""))
 

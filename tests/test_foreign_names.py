@@ -326,3 +326,32 @@ def test_a_refusal_keeps_its_class_where_the_sb3_hint_cannot_read_obs() -> None:
     with pytest.raises(ShapeError, match=r"^reward: expected shape \(2,\), got \(3,\)$"):
         buffer.add(obs, [0, 0], [1.0, 1.0, 1.0], torch.zeros(2, 3), [False, False], truncated=False)
     assert same(snapshot(buffer), before)
+
+
+@pytest.mark.parametrize(("make", "name", "message"), [
+    # Velora's push, ObjectRL's method names, rl-buffer's get, ApexRL's and hand-written rollouts'
+    # [T, N] attributes: each was a bare AttributeError, or a rollout's answer on a ReplayBuffer (helper 74).
+    (replay, "push", r"'push'; add\(\.\.\.\) stores a step; it also takes a Transition \(Velora's push"),
+    (distill, "push", r"'push'; add\(obs, expert_action\) stores rows$"),
+    (rollout, "push", r"'push'; add\(obs, action, reward, terminated, value, log_prob, truncated=\.\.\.\)"),
+    (replay, "add_batch", r"'add_batch'; extend\(td\) stores a TensorDict of rows \(ObjectRL's add_batch\)$"),
+    (replay, "sample_batch", r"'sample_batch'; sample\(batch_size\) draws a batch \(ObjectRL's sample_batch\)$"),
+    (rollout, "sample_batch", r"'sample_batch'; a rollout gives minibatches\(batch_size=\.\.\.\)"),
+    (replay, "sample_by_index_fields", r"sample_by_index\(index, fields=\[\.\.\.\]\)"),
+    (replay, "create_epoch_iterator", r"it = buffer.epochs\(batch_size=\.\.\., n_epochs=\.\.\.\)"),
+    (replay, "get_next_batch", r"next\(it\) or it.next_batch\(\).*buffer.current_epochs$"),
+    (replay, "calculate_num_batches", r"num_batches\(batch_size, drop_last=\.\.\.\)"),
+    (replay, "get_steps_and_iterator", r"its steps are len\(it\)$"),
+    (replay, "get", r"'get'; sample\(batch_size\) draws a batch \(rl-buffer's get\)"),
+    (rollout, "get", r"'get'; minibatches\(batch_size=\.\.\.\) gives a rollout's minibatches"),
+    (rollout, "iterate_minibatches", r"minibatches\(batch_size=\.\.\., n_epochs=\.\.\.\) yields typed minibatches"),
+    (rollout, "observations", r"'observations'; buffer.view\('obs'\) is the \[num_steps, num_envs, \.\.\.\] tensor"),
+    (rollout, "advantages", r"buffer.view\('advantage'\) is the \[num_steps, num_envs, \.\.\.\] tensor"),
+    (rollout, "logprobs", r"buffer.view\('log_prob'\)"),
+    (rollout, "dones", r"buffer.view\('terminated'\) and buffer.view\('truncated'\)"),
+])
+def test_other_libraries_methods_and_attributes_name_rlbufs(make: Callable[[], Any], name: str, message: str) -> None:
+    buf = make()
+    with pytest.raises(AttributeError, match=message):
+        getattr(buf, name)
+    assert not hasattr(buf, name)
