@@ -57,6 +57,8 @@ FOREIGN_OPTIONS = {
     "env_dict": "declare obs_shape=/action_shape= (or observation_space=/action_space=) and extra_fields=",
     "storage_device": "rlbuf's name is storing_device",
     "batch_size": "pass it to sample(batch_size) (TorchRL's buffers take it when built)",
+    "stats_tracker": "rlbuf's name is stats (an EpisodeStats)",
+    "dtype": "rlbuf takes obs_dtype= and action_dtype=",
 }
 """Foreign constructor keyword -> what to pass instead (unless ``FOREIGN_OPTIONS_OF`` answers for the class)."""
 
@@ -70,6 +72,7 @@ FOREIGN_OPTIONS_OF = {
         "capacity": "rlbuf's RolloutBuffer takes num_steps (steps per env) and num_envs; it holds num_steps * num_envs rows",
         "handle_timeout_termination": "always on in rlbuf: pass truncated= and bootstrap_value= to add()",
         "batch_size": "pass it to minibatches(batch_size=...) (or num_minibatches=)",
+        "num_privileged_obs": "rlbuf takes privileged_obs_shape=(num_privileged_obs,); leave it out for none",
     },
     "ReplayBuffer": {
         "n_steps": "rlbuf's ReplayBuffer has no num_steps (a RolloutBuffer option); n_step= sets n-step returns",

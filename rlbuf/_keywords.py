@@ -39,6 +39,12 @@ FOREIGN_NAMES = {
     "infos": _INFO_HINT,
     "info": _INFO_HINT,
     "episode_starts": "rlbuf derives episode starts from the previous step's terminated and truncated",
+    "state": "rlbuf's name is obs", "states": "rlbuf's name is obs",
+    "next_state": "rlbuf's name is next_obs (the final observation where an episode ended)",
+    "next_states": "rlbuf's name is next_obs (the final observation where an episode ended)",
+    "logprob": "rlbuf's name is log_prob",
+    "action": "rlbuf's name is expert_action in a DistillationBuffer",
+    "expert_actions": "rlbuf's name is expert_action",
 }
 """Foreign keyword -> what to pass instead, for the message of ``check_extras``."""
 

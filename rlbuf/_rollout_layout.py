@@ -174,6 +174,9 @@ def checked_extras(mapping: Any, ring: RowRing, *, num_steps: int, num_envs: int
     if not isinstance(mapping, Mapping):
         raise MissingFieldError(f"set_extras: expected a dict of tensors, got {type(mapping).__name__}")
     given = set(mapping)
+    if "advantages" in given:  # a hand-written buffer's key: attached as an extra, it left the advantages unset
+        raise MissingFieldError("set_extras: got 'advantages'; rlbuf's name is advantage (with returns, it replaces "
+                                "the computed advantages)")
     if given & set(COMPUTED) and not set(COMPUTED) <= given:
         raise MissingFieldError("set_extras: advantage and returns go together (both, or neither)")
     checked: dict[str, torch.Tensor] = {}

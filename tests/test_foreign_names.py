@@ -355,3 +355,41 @@ def test_other_libraries_methods_and_attributes_name_rlbufs(make: Callable[[], A
     with pytest.raises(AttributeError, match=message):
         getattr(buf, name)
     assert not hasattr(buf, name)
+
+
+def _full_rollout() -> RolloutBuffer:
+    buf = rollout()
+    for _ in range(4):
+        buf.add(Z, torch.zeros(2), torch.ones(2), F, torch.zeros(2), torch.zeros(2), truncated=False)
+    return buf
+
+
+@pytest.mark.parametrize(("call", "error", "message"), [
+    # Velora's Experience fields, a hand-written rollout's logprob, ApexRL's distillation add(obs, action=)
+    # were told to declare them in extra_fields (helper 74).
+    (lambda: replay().add(state=Z, action=torch.zeros(2), reward=torch.ones(2), next_state=Z, terminated=F,
+                          truncated=F), MissingFieldError, r"^state: not a field of this buffer; rlbuf's name is obs$"),
+    (lambda: replay().add(Z, torch.zeros(2), torch.ones(2), next_state=Z, terminated=F, truncated=F),
+     MissingFieldError, r"^next_state: not a field of this buffer; rlbuf's name is next_obs"),
+    (lambda: rollout().add(Z, torch.zeros(2), torch.ones(2), F, torch.zeros(2), logprob=torch.zeros(2),
+                           truncated=F), MissingFieldError, r"^logprob: .*rlbuf's name is log_prob$"),
+    (lambda: distill().add(obs=Z, action=torch.zeros(2)), MissingFieldError,
+     r"^action: not a field of this buffer; rlbuf's name is expert_action in a DistillationBuffer$"),
+    (lambda: distill().add(obs=Z, expert_actions=torch.zeros(2)), MissingFieldError,
+     r"^expert_actions: .*rlbuf's name is expert_action$"),
+    # rl-buffer's stats_tracker= and dtype=, ApexRL's num_privileged_obs=: the list of every option before.
+    (lambda: ReplayBuffer(8, obs_shape=(3,), action_shape=(), stats_tracker=EpisodeStats(1)), ConfigError,
+     r"^stats_tracker: not an option of ReplayBuffer; rlbuf's name is stats \(an EpisodeStats\)$"),
+    (lambda: ReplayBuffer(8, obs_shape=(3,), action_shape=(), dtype=torch.uint8), ConfigError,
+     r"^dtype: not an option of ReplayBuffer; rlbuf takes obs_dtype= and action_dtype=$"),
+    (lambda: RolloutBuffer(4, 2, obs_shape=(3,), action_shape=(), num_privileged_obs=0), ConfigError,
+     r"^num_privileged_obs: .*privileged_obs_shape=\(num_privileged_obs,\); leave it out for none$"),
+    # A hand-written rollout's set_extras({"advantages": ..., "returns": ...}): "advantage and returns go together".
+    (lambda: _full_rollout().set_extras({"advantages": torch.zeros(4, 2), "returns": torch.zeros(4, 2)}),
+     MissingFieldError, r"^set_extras: got 'advantages'; rlbuf's name is advantage"),
+    (lambda: _full_rollout().set_extras({"advantages": torch.zeros(4, 2)}),
+     MissingFieldError, r"^set_extras: got 'advantages'; rlbuf's name is advantage"),
+])
+def test_other_libraries_keywords_name_rlbufs(call: Callable[[], Any], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        call()
