@@ -133,3 +133,22 @@ def sb3_order_hint(obs: Any, action: Any, refusal: str) -> str:
     hint = ("; are the arguments in SB3 order? Its add(obs, next_obs, action, reward, done, infos) is rlbuf's "
             "add(obs, action, reward, next_obs, terminated, truncated)")
     return hint if "sb3_step" in refusal else f"{hint}, with terminated, truncated, info = rlbuf.gym.sb3_step(done, infos)"
+
+
+def done_order_hint(obs: Any, next_obs: Any, terminated: Any) -> str:
+    """The end of an ``add``'s refusal where ``done`` came before ``next_obs`` (rl-buffer's
+    ``add(obs, action, reward, done, next_obs, truncated)``): ``terminated`` shaped like ``obs``, ``next_obs`` not.
+
+    Example:
+        >>> done_order_hint(np.zeros((2, 4)), np.zeros(2, bool), np.zeros((2, 4)))[:36]
+        '; is done before next_obs (rl-buffer'
+        >>> done_order_hint(np.zeros((2, 4)), np.zeros((2, 4)), np.zeros(2, bool))
+        ''
+    """
+    try:
+        swapped = (isinstance(terminated, Mapping) and not isinstance(next_obs, Mapping)) or (
+            np.ndim(obs) > 0 and np.shape(terminated) == np.shape(obs) != np.shape(next_obs))
+    except Exception:  # values numpy cannot read: no hint
+        swapped = False
+    return ("; is done before next_obs (rl-buffer's add(obs, action, reward, done, next_obs, truncated))? rlbuf's "
+            "order is add(obs, action, reward, next_obs, terminated, truncated)") if swapped else ""

@@ -28,7 +28,7 @@ from tensordict import TensorDictBase
 
 from rlbuf._autoreset import ResetSteps, truncated_missing
 from rlbuf._buffer import RingBuffer
-from rlbuf._hints import sb3_order_hint
+from rlbuf._hints import done_order_hint, sb3_order_hint
 from rlbuf._keywords import check_extras
 from rlbuf._obs import Layout, check_hidden_state
 from rlbuf._replay_layout import ReplayWriter, env_major
@@ -151,7 +151,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
                 return
             self._add(obs, action, reward, next_obs, terminated, truncated, hidden_state, env_mask, extras, metrics)
         except (ShapeError, DtypeError) as error:
-            hint = sb3_order_hint(obs, action, str(error))
+            hint = sb3_order_hint(obs, action, str(error)) or done_order_hint(obs, next_obs, terminated)
             if hint:
                 raise type(error)(f"{error}{hint}") from None
             raise

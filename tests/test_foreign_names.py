@@ -393,3 +393,15 @@ def _full_rollout() -> RolloutBuffer:
 def test_other_libraries_keywords_name_rlbufs(call: Callable[[], Any], error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
         call()
+
+
+@pytest.mark.parametrize("truncated", [torch.zeros(2), F], ids=["float", "bool"])
+def test_an_add_with_done_before_next_obs_is_refused_naming_rlbufs_order(truncated: torch.Tensor) -> None:
+    """rl-buffer's ``add(obs, action, reward, done, next_obs, truncated)`` by position: the refusal said only
+    ``terminated: expected shape (2,), got (2, 3)`` (helper 74). Nothing is stored."""
+    buf = ReplayBuffer(8, obs_shape=(3,), action_shape=(), num_envs=2, seed=0)
+    with pytest.raises((ShapeError, DtypeError), match=r"; is done before next_obs \(rl-buffer's add\(obs, action, "
+                                                      r"reward, done, next_obs, truncated\)\)\? rlbuf's order is "
+                                                      r"add\(obs, action, reward, next_obs, terminated, truncated\)$"):
+        buf.add(Z, torch.zeros(2), torch.ones(2), F, Z, truncated)
+    assert len(buf) == 0
