@@ -33,7 +33,7 @@ from rlbuf._keywords import check_extras
 from rlbuf._obs import Layout, check_hidden_state
 from rlbuf._replay_layout import ReplayWriter, env_major
 from rlbuf.batches import ReplayBatch, Transition
-from rlbuf.errors import ConfigError, DtypeError, ShapeError
+from rlbuf.errors import ConfigError, DtypeError, MissingFieldError, ShapeError
 from rlbuf.spec import FieldSpec
 
 
@@ -112,6 +112,9 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             >>> len(buf)
             2
         """
+        if isinstance(obs, TensorDictBase) and action is None and reward is None and next_obs is None:
+            raise MissingFieldError("add: got a TensorDict in place of obs and nothing else; extend(td) stores a "
+                                    "TensorDict of rows (TorchRL keys; ObjectRL's add(td) and add_batch(td))")
         try:
             if self._ring.rb._rlbuf_read_only:  # the flag read inline: 0.3 us of a 10 us add for the call
                 self._require_writable("add")

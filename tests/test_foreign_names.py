@@ -405,3 +405,17 @@ def test_an_add_with_done_before_next_obs_is_refused_naming_rlbufs_order(truncat
                                                       r"add\(obs, action, reward, next_obs, terminated, truncated\)$"):
         buf.add(Z, torch.zeros(2), torch.ones(2), F, Z, truncated)
     assert len(buf) == 0
+
+
+def test_a_tensordict_given_to_add_is_refused_naming_extend() -> None:
+    """ObjectRL's ``buffer.add(td)`` of one transition: the refusal said ``truncated: required`` (helper 74)."""
+    buf = ReplayBuffer(8, obs_shape=(3,), action_shape=(), seed=0)
+    td = TensorDict({"observation": torch.zeros(3), "action": torch.zeros(()), ("next", "observation"): torch.zeros(3),
+                     ("next", "reward"): torch.zeros(1), ("next", "terminated"): torch.zeros(1, dtype=torch.bool),
+                     ("next", "truncated"): torch.zeros(1, dtype=torch.bool)}, [])
+    with pytest.raises(MissingFieldError, match=r"^add: got a TensorDict in place of obs and nothing else; "
+                                                r"extend\(td\) stores a TensorDict of rows"):
+        buf.add(td)
+    assert len(buf) == 0
+    buf.extend(td)
+    assert len(buf) == 1
