@@ -41,7 +41,7 @@ from rlbuf.errors import (
     RlbufError,
     ShapeError,
 )
-from rlbuf.sequences import split_trajectories
+from rlbuf.sequences import SequenceBatch, split_trajectories
 from rlbuf.spec import ExtraFields, FieldSpec, as_array, as_tensordict, check_strided
 
 _STEP_FIELDS = ("obs", "action", "reward", "terminated", "truncated", "value", "log_prob", "bootstrap_value")
@@ -358,3 +358,25 @@ def _read_rollout_key(td: TensorDictBase, spec: FieldSpec) -> torch.Tensor | Non
             return torch.zeros(reward_.shape, dtype=torch.float32, device=reward_.device)
         return bootstrap
     return find_in_td(td, spec.key)
+
+
+def sequence_batch(padded: dict[str, torch.Tensor], mask: torch.Tensor, first: dict[str, torch.Tensor],
+                   env: torch.Tensor, start: torch.Tensor, *, obs: Layout, hidden: Layout | None,
+                   extra_names: tuple[str, ...]) -> SequenceBatch:
+    """A rollout's [`SequenceBatch`][rlbuf.SequenceBatch] of padded trajectories (what
+    ``PaddedTrajectories.select`` returns), the hidden state taken at each trajectory's first step.
+
+    Example:
+        >>> names = ("obs", "action", "reward", "terminated", "truncated", "value", "log_prob", "advantage", "returns")
+        >>> padded = {name: torch.zeros(3, 2) for name in names}
+        >>> batch = sequence_batch(padded, torch.ones(3, 2, dtype=torch.bool), {}, torch.zeros(2), torch.zeros(2),
+        ...                        obs=Layout.parse((), None), hidden=None, extra_names=())
+        >>> batch.reward.shape, batch.hidden_state
+        (torch.Size([3, 2]), None)
+    """
+    hidden_state = None if hidden is None else hidden.assemble("hidden_state", first)
+    extras = {name: padded[name] for name in extra_names}
+    return SequenceBatch(obs.assemble("obs", padded, batch_dims=2), padded.get("privileged_obs"),
+                         padded["action"], padded["reward"], padded["terminated"], padded["truncated"],
+                         padded["value"], padded["log_prob"], padded["advantage"], padded["returns"], mask,
+                         hidden_state, env, start, extras)

@@ -130,7 +130,9 @@ class NextStepResetWarning(RlbufWarning):
     observation followed by a reset one, which is no transition of the env). Also given, with its
     own message, when at every episode end so far (three at least) such an ``obs`` came with a reward
     or a flag: then those rows stored the reset observation as their ``next_obs``, as ``SAME_STEP``
-    gives it without ``info["final_obs"]``."""
+    gives it without ``info["final_obs"]``. From ``RolloutBuffer.add``, which stores no ``next_obs``:
+    every episode end so far (three at least) was followed in its env by a step with reward 0 and no
+    flag, while fewer than half of the other steps had reward 0 (see ``rlbuf/_rollout_resets.py``)."""
 
 
 class BatchedSpaceWarning(RlbufWarning):

@@ -142,6 +142,8 @@ class Recorder:
         self.buffer = buffer
         if isinstance(buffer, ReplayBuffer):
             buffer._fed_by_recorder()
+        elif isinstance(buffer, RolloutBuffer):
+            buffer._resets.stop()  # it stores no reset step: an env that restarts paying 0 is no false alarm
         self.bootstrap = bootstrap
         self.num_envs = num_envs
         self._resetting = self._pending(envs, resetting)

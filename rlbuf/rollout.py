@@ -52,9 +52,11 @@ from rlbuf._rollout_layout import (
     rollout_columns,
     rollout_specs,
     saved_iterator_rows,
+    sequence_batch,
     step_values,
     zeros_column,
 )
+from rlbuf._rollout_resets import RolloutResets
 from rlbuf.batches import RolloutBatch
 from rlbuf.epochs import EpochIterator, batch_bounds, check_epoch_options, sizes_by_keyword
 from rlbuf.errors import BufferFullError, RolloutIncompleteError
@@ -163,6 +165,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         # since, an add or one through buffer.torchrl, moves the marks and makes them stale.
         self._advantages_at: tuple[int, int, int] | None = None
         self._gae_out: tuple[torch.Tensor, torch.Tensor] | None = None  # GAE's results, checked before stored
+        self._resets = RolloutResets(self._ring, num_envs)  # warns of NEXT_STEP's reset steps added as steps
 
     # -- properties --------------------------------------------------------------------------
     @property
@@ -270,7 +273,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                                  obs_layout=self._obs, hidden=self._hidden, extra_specs=self._extra_specs,
                                  privileged=self._has_privileged)
             record = self._planned_stats(reward, terminated, values["truncated"], metrics=metrics)
-            self._ring.add(tuple(values[spec.name] for spec in self._ring.input_specs), self._num_envs)
+            self._resets.add(tuple(values[spec.name] for spec in self._ring.input_specs), self._num_envs)
             if record is not None:
                 record()
 
@@ -312,6 +315,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
                                               columns["truncated"].view(steps, -1).T)
                 with ring.rewriting("extend"):  # one commit: the rows, then the advantages written over them
                     ring.write_checked(columns, rows)
+                    self._resets.forget()
                     if len(computed) == len(COMPUTED):
                         for name, tensor in computed.items():
                             ring.leaves[name].copy_(tensor)
@@ -330,6 +334,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         """
         with self._ring.lock:  # a save between the rows' clear and the advantages' would see empty rows "ready"
             super().clear()
+            self._resets.forget()
             self._attached.clear()
             self._advantages_at = None
 
@@ -544,21 +549,13 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         def make_sequences(index: torch.Tensor) -> SequenceBatch:
             current = trajectories()  # first: episode ends rewritten are refused by name
             self._require_ready("minibatches")
-            return self._make_sequence_batch(*current.select(index))
+            return sequence_batch(*current.select(index), obs=self._obs, hidden=self._hidden,
+                                  extra_names=(*self._extra_specs, *self._attached))
 
         iterator = EpochIterator(len(trajectories()), self._live(make_sequences), **options,
                                  generator=self._iterator_generator(self._device), lock=self._ring.lock)
         self._track_epochs(cast(Any, iterator), "minibatches", **minibatches_call(options), sequences=True)
         return iterator
-
-    def _make_sequence_batch(self, padded: dict[str, torch.Tensor], mask: torch.Tensor, first: dict[str, torch.Tensor],
-                             env: torch.Tensor, start: torch.Tensor) -> SequenceBatch:
-        hidden = None if self._hidden is None else self._hidden.assemble("hidden_state", first)
-        extras = {name: padded[name] for name in (*self._extra_specs, *self._attached)}
-        return SequenceBatch(self._obs.assemble("obs", padded, batch_dims=2), padded.get("privileged_obs"),
-                             padded["action"], padded["reward"], padded["terminated"], padded["truncated"],
-                             padded["value"], padded["log_prob"], padded["advantage"], padded["returns"], mask,
-                             hidden, env, start, extras)
 
     def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
         """Minibatches per epoch for ``batch_size`` over the full rollout.
