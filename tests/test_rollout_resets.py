@@ -80,10 +80,14 @@ def _collect(envs: gym.vector.VectorEnv, rollout: RolloutBuffer, steps: int, *, 
     return [warning for warning in caught if issubclass(warning.category, NextStepResetWarning)]
 
 
-@pytest.mark.parametrize(("tensors", "own_vector_env"), [(False, False), (True, False), (False, True)],
-                         ids=["numpy", "tensors", "make_vec-default"])
-def test_cleanrl_loop_on_next_step_envs_warns_once_naming_the_fix(tensors: bool, own_vector_env: bool) -> None:
+@pytest.mark.parametrize(("tensors", "own_vector_env", "shared"),
+                         [(False, False, False), (True, False, False), (False, True, False), (True, False, True)],
+                         ids=["numpy", "tensors", "make_vec-default", "shared-storage"])
+def test_cleanrl_loop_on_next_step_envs_warns_once_naming_the_fix(tensors: bool, own_vector_env: bool,
+                                                                    shared: bool) -> None:
     rollout = _rollout()
+    if shared:  # as for worker processes: every add is read as tensors (the path of a GPU rollout's device tensors)
+        rollout._ring.share_storage()
     if own_vector_env:  # gym.make_vec("CartPole-v1", 4): CartPole's own vector env, NEXT_STEP
         envs = gym.make_vec("CartPole-v1", N)
         envs.action_space.seed(0)
