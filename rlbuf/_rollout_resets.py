@@ -18,7 +18,8 @@ It warns before anything is stored, once per buffer, and then stops watching; a 
 error by a filter leaves the buffer as it was. A step follows an end only within one run of adds:
 ``clear`` (and so a load) and ``extend`` forget each env's previous step, as do rows set in place through
 ``buffer.torchrl``; a [`Recorder`][rlbuf.gym.Recorder] turns the watch off (it stores no reset step).
-One step after an end with a reward or a flag ends the watch too: these envs reset in the same step.
+One step after an end with a reward or a flag ends the watch too: these envs reset in the same step; so do
+``_LAST_END`` (100) quiet ends without the rule holding (a sparse-reward env).
 
 Example:
     >>> import warnings
@@ -44,6 +45,10 @@ import numpy as np
 
 from rlbuf._autoreset import _SYSTEMATIC, _warn_first
 from rlbuf._ring import RowRing
+
+_LAST_END = 100
+"""Episode ends followed by a quiet step after which a rule that has not held stops being checked (a sparse-reward
+env with SAME_STEP autoreset: its first steps pay 0 as often as the others)."""
 
 
 class RolloutResets:
@@ -137,4 +142,4 @@ class RolloutResets:
                 f"with warnings.filterwarnings('ignore', category=rlbuf.NextStepResetWarning).) Warned once per "
                 f"buffer")):
             return (ends, others, other_zeros), ended, False
-        return (ends, others, other_zeros), ended, True
+        return (ends, others, other_zeros), ended, ends < _LAST_END  # the rule has had its evidence

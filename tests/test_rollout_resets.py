@@ -147,6 +147,20 @@ def test_a_step_after_an_end_that_pays_or_ends_stops_the_watch() -> None:
     assert not caught and not rollout._resets.watching
 
 
+def test_a_sparse_reward_env_is_watched_for_a_hundred_quiet_ends_then_no_more() -> None:
+    """Every step pays 0 (a sparse-reward env): the rule cannot hold, and after 100 quiet ends the add stops
+    checking it; 101 ends would keep it watching without the bound."""
+    rollout = RolloutBuffer(4, 1, obs_shape=(1,), action_shape=())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for end in range(101):
+            for step in range(2):  # an end, then a quiet step after it
+                rollout.add(np.zeros((1, 1)), [0.0], [0.0], [step == 0], [0.0], [0.0], truncated=False)
+            assert rollout._resets.watching == (end < 99)
+            rollout.clear()
+    assert not caught
+
+
 def test_an_extend_forgets_each_envs_previous_step() -> None:
     rollout = RolloutBuffer(9, 1, obs_shape=(1,), action_shape=())
     zeros = torch.zeros(1, 1)
