@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import torch
 from tensordict import TensorDict
 
 from rlbuf._obs import hidden_state_key
+from rlbuf.errors import MissingFieldError
 
 
 def _torchrl_layout(value: torch.Tensor, batch_ndim: int) -> torch.Tensor:
@@ -78,6 +79,37 @@ _FOREIGN_FIELDS = {
 }
 """Other libraries' batch attributes (SB3's samples, CleanRL's arrays) -> rlbuf's, the first a batch has."""
 _WHY = {"terminated": " (the bootstrap mask: a time limit is no end there; batch.done is terminated | truncated)"}
+_TORCHRL_KEYS: dict[str, str | tuple[str, str]] = {
+    "obs": "observation", "next_obs": ("next", "observation"), "reward": ("next", "reward"),
+    "terminated": ("next", "terminated"), "truncated": ("next", "truncated"), "done": ("next", "done"),
+    "value": "state_value", "log_prob": "sample_log_prob", "returns": "value_target", "weight": "priority_weight",
+    "privileged_obs": "privileged_observation", "is_first": "is_init", "hidden_state": "recurrent_state",
+}
+"""An rlbuf field -> its key in ``to_tensordict()`` where the two differ (the others keep their name)."""
+_FROM_TORCHRL: dict[object, str] = {key: name for name, key in _TORCHRL_KEYS.items()}
+
+
+def _subscript_refusal(batch: Any, key: object) -> MissingFieldError:
+    """The error of ``batch[key]`` (a dict batch's habit: TorchRL's, ObjectRL's, rollout-buffer's): the
+    attribute to read instead, and the key of ``to_tensordict()`` for TorchRL's keys. Built only when refusing.
+    """
+    names = [*batch.__dataclass_fields__, *batch.extras]
+    nested = isinstance(key, tuple) and all(isinstance(part, str) for part in key)  # ("next", "reward")
+    asked = (_FROM_TORCHRL.get(key) if isinstance(key, str) or nested else None) or (key if isinstance(key, str) else "")
+    own = [name for name in (asked, *_FOREIGN_FIELDS.get(asked, ())) if name in names]
+    shown = f"{type(batch).__name__}[{key!r}]"
+    if asked == "done" and not own and "terminated" in names:  # a rollout's batch derives no done
+        return MissingFieldError(f"{shown}: a batch is read by attribute, not by key: batch.terminated | "
+                                 f"batch.truncated (TorchRL's keys: batch.to_tensordict()[('next', 'done')])")
+    if not own:
+        index = "; index a field for rows: batch.obs[i]" if isinstance(key, (int, slice, list, torch.Tensor)) else ""
+        return MissingFieldError(f"{shown}: a batch is read by attribute, not by key; its fields are "
+                                 f"{', '.join(name for name in names if name != 'extras')}{index}; "
+                                 f"batch.to_tensordict() holds them at TorchRL's keys")
+    name = own[0]
+    why = _WHY.get(name, "") if "done" in names else ""
+    return MissingFieldError(f"{shown}: a batch is read by attribute, not by key: batch.{name}{why} (TorchRL's "
+                             f"keys: batch.to_tensordict()[{_TORCHRL_KEYS.get(name, name)!r}])")
 
 
 class _ExtrasAccess:
@@ -85,6 +117,10 @@ class _ExtrasAccess:
 
     __slots__ = ()
     extras: dict[str, torch.Tensor]
+    __iter__: Any = None  # not iterable by __getitem__'s protocol: iter(batch) refuses as before
+
+    def __getitem__(self, key: object) -> NoReturn:
+        raise _subscript_refusal(self, key)
 
     def __getattr__(self, name: str) -> torch.Tensor:
         # Only called when normal lookup fails: the fixed fields never come here.
@@ -92,6 +128,9 @@ class _ExtrasAccess:
             return self.extras[name]
         except KeyError:
             fields = self.__dataclass_fields__
+            if name in ("keys", "items", "get"):  # a dict batch's methods (values: SB3's attribute, below)
+                raise AttributeError(f"{type(self).__name__} has no {name}(): a batch is read by attribute "
+                                     f"(batch.obs ...); batch.to_tensordict().{name}() for TorchRL's keys") from None
             own = [field for field in _FOREIGN_FIELDS.get(name, ()) if field in fields]
             if own:
                 why = _WHY.get(own[0], "") if "done" in fields else ""

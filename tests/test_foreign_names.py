@@ -419,3 +419,63 @@ def test_a_tensordict_given_to_add_is_refused_naming_extend() -> None:
     assert len(buf) == 0
     buf.extend(td)
     assert len(buf) == 1
+
+
+def _sequence_batch() -> Any:
+    buf = _with_advantages()
+    return next(iter(buf.minibatches(num_minibatches=1, sequences=True, shuffle=False)))
+
+
+def _distill_batch() -> Any:
+    return filled(distill).sample(2)
+
+
+BATCHES: list[tuple[Callable[[], Any], str]] = [
+    (lambda: filled(replay).sample(2), "ReplayBatch"),
+    (lambda: filled(replay).sample_sequences(2, 1), "ReplaySequenceBatch"),
+    (lambda: _mixed().sample(2), "MixedBatch"),
+    (lambda: _with_advantages().get_all_data(), "RolloutBatch"),
+    (_sequence_batch, "SequenceBatch"),
+    (_distill_batch, "DistillationBatch"),
+]
+
+
+@pytest.mark.parametrize(("make", "kind"), BATCHES, ids=[kind for _, kind in BATCHES])
+def test_a_batch_read_by_key_names_the_attribute_and_torchrls_key(make: Callable[[], Any], kind: str) -> None:
+    """TorchRL's and ObjectRL's ``batch["obs"]``: Python's bare "'RolloutBatch' object is not subscriptable", and
+    ``mb.keys()`` an unrelated message about sample_by_index (helper 75). Also a ``TypeError``, as Python's."""
+    batch = make()
+    assert type(batch).__name__ == kind
+    with pytest.raises(MissingFieldError, match=rf"^{kind}\['obs'\]: a batch is read by attribute, not by key: "
+                                                r"batch\.obs \(TorchRL's keys: batch\.to_tensordict\(\)\['observation'\]\)$"):
+        batch["obs"]
+    with pytest.raises(TypeError, match=r"^\w+\['observation'\]: .*: batch\.obs "):
+        batch["observation"]
+    with pytest.raises(TypeError, match=r"\[0\]: a batch is read by attribute, not by key; its fields are obs, "
+                                        r".*index a field for rows: batch\.obs\[i\]"):
+        batch[0]
+    with pytest.raises(AttributeError, match=rf"^{kind} has no keys\(\): .*batch\.to_tensordict\(\)\.keys\(\)"):
+        batch.keys()
+    if kind == "DistillationBatch":
+        obs, _ = batch  # unpacks as before
+        assert obs is batch.obs
+    else:
+        with pytest.raises(TypeError, match="is not iterable"):  # __getitem__ makes no batch iterable by index
+            iter(batch)
+    assert set(batch.to_tensordict().keys(True, True)) >= {"observation"}
+
+
+@pytest.mark.parametrize(("make", "key", "message"), [
+    (lambda: _with_advantages().get_all_data(), "logprobs", r"batch\.log_prob \(TorchRL's keys: batch\.to_tensordict"
+                                                            r"\(\)\['sample_log_prob'\]\)$"),
+    (lambda: _with_advantages().get_all_data(), "advantages", r"batch\.advantage \(.*\['advantage'\]\)$"),
+    (lambda: _with_advantages().get_all_data(), "returns", r"batch\.returns \(.*\['value_target'\]\)$"),
+    (lambda: _with_advantages().get_all_data(), "done", r"batch\.terminated \| batch\.truncated \(.*\('next', 'done'\)"),
+    (lambda: filled(replay).sample(2), ("next", "reward"), r"batch\.reward \(.*\[\('next', 'reward'\)\]\)$"),
+    (lambda: filled(replay).sample(2), "dones", r"batch\.terminated \(the bootstrap mask.*\('next', 'terminated'\)"),
+    (lambda: filled(replay).sample(2), "action", r"batch\.action \(TorchRL's keys: batch\.to_tensordict\(\)\['action'\]"),
+    (_distill_batch, "actions", r"batch\.expert_action \(.*\['expert_action'\]\)$"),
+])
+def test_a_foreign_or_torchrl_key_names_rlbufs_attribute(make: Callable[[], Any], key: Any, message: str) -> None:
+    with pytest.raises(MissingFieldError, match=message):
+        make()[key]
