@@ -94,6 +94,23 @@ FOREIGN_METHODS_OF = {
         "get": "sample(batch_size) draws a batch; epochs(batch_size=...) passes over every row",
         "push": "add(obs, expert_action) stores rows",
     },
+    "EpisodeStats": {
+        **dict.fromkeys(("get_statistics", "get_stats", "statistics", "stats", "get_summary", "get_episode_statistics"),
+                        "summary() gives mean/std/min/max/count of returns, lengths and metrics, and end reasons "
+                        "(summary(last=k) for the last k episodes)"),
+        **dict.fromkeys(("mean_return", "mean_reward", "average_return", "avg_return", "mean_episode_return"),
+                        "summary()['return']['mean'] (summary(last=k) for the last k episodes)"),
+        **dict.fromkeys(("episode_returns", "returns", "rewards", "episode_rewards", "get_episode_returns"),
+                        "recent_returns(k) lists the returns of the last k finished episodes"),
+        **dict.fromkeys(("episode_lengths", "lengths", "get_episode_lengths"),
+                        "recent_lengths(k) lists the lengths of the last k finished episodes"),
+        **dict.fromkeys(("num_episodes", "episode_count", "total_episodes", "n_episodes"),
+                        "episodes_finished counts the finished episodes"),
+        **dict.fromkeys(("clear", "reset_statistics"), "reset() forgets every episode (reset(envs): the running "
+                                                       "episodes of envs reset mid-episode)"),
+        "add": "update(reward, terminated, truncated) feeds one step of every env (buffers call it from add "
+               "when built with stats=)",
+    },
 }
 """Class name -> attribute -> what that class has instead (before ``FOREIGN_METHODS``)."""
 
@@ -209,15 +226,15 @@ def keywords_checked(method: Callable[_P, _R]) -> Callable[_P, _R]:
     return checked
 
 
-def foreign_method(owner: str, name: str) -> AttributeError:
+def foreign_method(owner: str, name: str, *, shared: bool = True) -> AttributeError:
     """The ``AttributeError`` of ``owner.name``: Python's own, with rlbuf's method where ``name`` is another
-    library's.
+    library's (from ``FOREIGN_METHODS`` too unless ``shared`` is False: those are buffers' methods).
 
     Example:
         >>> print(foreign_method("RolloutBuffer", "reset"))
         'RolloutBuffer' object has no attribute 'reset'; clear() empties the buffer (SB3's reset)
     """
-    hint = FOREIGN_METHODS_OF.get(owner, {}).get(name, FOREIGN_METHODS.get(name))
+    hint = FOREIGN_METHODS_OF.get(owner, {}).get(name, FOREIGN_METHODS.get(name) if shared else None)
     return AttributeError(f"{owner!r} object has no attribute {name!r}" + (
         f"; {hint.replace('{cls}', owner)}" if hint else ""))
 

@@ -20,7 +20,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeAlias, cast
 
 import numpy as np
@@ -37,6 +38,9 @@ MODES = ("sum", "last")
 
 Plan: TypeAlias = "dict[str, np.ndarray[Any, Any]]"
 """Each declared metric's running values after a step (not yet stored)."""
+
+StatSummary: TypeAlias = "dict[str, float | int | None]"
+"""``mean``, ``std``, ``min``, ``max`` (``None`` when ``count`` is 0) and ``count``."""
 
 
 def checked_modes(metrics: Any) -> dict[str, MetricMode]:
@@ -123,3 +127,18 @@ class DeclaredMetrics:
 
     def snapshot(self) -> dict[str, np.ndarray[Any, Any]]:
         return {name: values.copy() for name, values in self.running.items()}
+
+
+def describe(values: Sequence[float] | Sequence[int]) -> StatSummary:
+    """What ``EpisodeStats.summary`` reports of one quantity (returns, lengths, a metric) over episodes.
+
+    Example:
+        >>> describe([1.0, 3.0])
+        {'mean': 2.0, 'std': 1.0, 'min': 1.0, 'max': 3.0, 'count': 2}
+    """
+    count = len(values)
+    if count == 0:
+        return {"mean": None, "std": None, "min": None, "max": None, "count": 0}
+    mean = math.fsum(values) / count
+    variance = math.fsum((v - mean) ** 2 for v in values) / count
+    return {"mean": mean, "std": math.sqrt(variance), "min": min(values), "max": max(values), "count": count}

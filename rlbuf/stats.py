@@ -22,25 +22,22 @@ import math
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from rlbuf._convert import all_finite, as_array, positive_int
-from rlbuf._keywords import keywords_checked
+from rlbuf._keywords import foreign_method, keywords_checked
 from rlbuf._stats_inputs import Reasons as _Reasons
 from rlbuf._stats_inputs import StepInputs, env_indices
 from rlbuf._stats_inputs import Values as _Values
-from rlbuf._stats_metrics import DeclaredMetrics, MetricMode, Plan
+from rlbuf._stats_metrics import DeclaredMetrics, MetricMode, Plan, describe
 from rlbuf._stats_state import Episode, checked_state
 from rlbuf.errors import ConfigError, DtypeError, NonFiniteError
 from rlbuf.storage import available_ram
 
 __all__ = ["EpisodeStats"]
-
-_StatSummary: TypeAlias = "dict[str, float | int | None]"
-"""``mean``, ``std``, ``min``, ``max`` (``None`` when ``count`` is 0) and ``count``."""
 
 # numpy dtype kinds accepted per field: float, signed int, unsigned int, bool.
 _REWARD_KINDS = "fiu"
@@ -395,14 +392,14 @@ class EpisodeStats:
         count = self._window if last is None else positive_int("last", last)
         episodes = list(self._episodes)[-count:]
         result: dict[str, Any] = {
-            "return": _describe([e.episode_return for e in episodes]),
-            "length": _describe([e.length for e in episodes]),
+            "return": describe([e.episode_return for e in episodes]),
+            "length": describe([e.length for e in episodes]),
         }
         names: dict[str, None] = {}
         for episode in episodes:
             names.update(dict.fromkeys(episode.metrics))
         for name in names:
-            result[name] = _describe([e.metrics[name] for e in episodes if name in e.metrics])
+            result[name] = describe([e.metrics[name] for e in episodes if name in e.metrics])
         result["reasons"] = dict(Counter(e.reason for e in episodes))
         result["episodes"] = self._finished
         return result
@@ -580,6 +577,13 @@ class EpisodeStats:
         return (f"EpisodeStats(num_envs={self._num_envs}, window={self._window}{declared}, "
                 f"episodes_finished={self._finished}, kept={len(self._episodes)})")
 
+    if not TYPE_CHECKING:  # a type checker keeps refusing unknown attributes
+
+        def __getattr__(self, name: str) -> Any:
+            """Only for a name EpisodeStats lacks: Python's ``AttributeError``, naming rlbuf's method where
+            ``name`` is another library's (rl-buffer's ``get_statistics()``: use ``summary()``)."""
+            raise foreign_method("EpisodeStats", name, shared=False)
+
     def _recent(self, k: int | None) -> list[Episode]:
         episodes = list(self._episodes)
         return episodes if k is None else episodes[-positive_int("k", k) :]
@@ -589,11 +593,3 @@ class EpisodeStats:
                               f"({float(self._return_view[env])}) past the largest float64; check the env's "
                               f"reward scale")
 
-
-def _describe(values: Sequence[float] | Sequence[int]) -> _StatSummary:
-    count = len(values)
-    if count == 0:
-        return {"mean": None, "std": None, "min": None, "max": None, "count": 0}
-    mean = math.fsum(values) / count
-    variance = math.fsum((v - mean) ** 2 for v in values) / count
-    return {"mean": mean, "std": math.sqrt(variance), "min": min(values), "max": max(values), "count": count}

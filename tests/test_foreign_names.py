@@ -479,3 +479,27 @@ def test_a_batch_read_by_key_names_the_attribute_and_torchrls_key(make: Callable
 def test_a_foreign_or_torchrl_key_names_rlbufs_attribute(make: Callable[[], Any], key: Any, message: str) -> None:
     with pytest.raises(MissingFieldError, match=message):
         make()[key]
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("get_statistics", r"summary\(\) gives mean/std/min/max/count of returns, lengths and metrics, and end reasons"),
+    ("get_stats", r"summary\(\) gives"),
+    ("mean_return", r"summary\(\)\['return'\]\['mean'\]"),
+    ("episode_returns", r"recent_returns\(k\)"),
+    ("episode_lengths", r"recent_lengths\(k\)"),
+    ("num_episodes", r"episodes_finished counts the finished episodes$"),
+    ("clear", r"reset\(\) forgets every episode"),
+    ("add", r"update\(reward, terminated, truncated\)"),
+])
+def test_episode_stats_names_its_method_for_another_librarys(name: str, message: str) -> None:
+    """rl-buffer's ``StatsTracker.get_statistics()`` and the like: Python's bare AttributeError (helper 75)."""
+    with pytest.raises(AttributeError, match=rf"^'EpisodeStats' object has no attribute '{name}'; {message}"):
+        getattr(EpisodeStats(1), name)
+
+
+def test_episode_stats_takes_no_buffers_hint_and_still_copies() -> None:
+    stats = EpisodeStats(1)
+    with pytest.raises(AttributeError, match=r"^'EpisodeStats' object has no attribute 'get'$"):
+        stats.get  # noqa: B018 (a buffer's hint, minibatches(...), would be wrong here)
+    stats.update(1.0, True)
+    assert copy.deepcopy(stats).recent_returns() == pickle.loads(pickle.dumps(stats)).recent_returns() == [1.0]
