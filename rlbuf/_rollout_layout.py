@@ -31,6 +31,7 @@ from rlbuf._fields import (
 from rlbuf._keywords import check_extras, refuse_foreign_names
 from rlbuf._obs import Layout, check_hidden_state, find_in_td, leaf_names, missing_key
 from rlbuf._ring import RowRing
+from rlbuf.batches import Transition
 from rlbuf.errors import (
     BufferFullError,
     CheckpointError,
@@ -261,6 +262,26 @@ def _check_attached(name: str, tensor: torch.Tensor, lead: tuple[int, int]) -> N
         raise ShapeError(f"{name}: expected shape ({lead[0]}, {lead[1]}, ...), got {tuple(tensor.shape)}")
 
 
+def refuse_whole_step(obs: Any) -> None:
+    """Refuse a ``RolloutBuffer.add`` given a whole step in place of ``obs``: a replay's
+    [`Transition`][rlbuf.Transition] (Velora's push of an Experience) or a TensorDict (ObjectRL's add).
+
+    Example:
+        >>> from rlbuf.batches import Transition
+        >>> refuse_whole_step(Transition(0.0, 0, 1.0, 0.0, False, truncated=False))
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.MissingFieldError: add: got a Transition in place of obs; a rollout's add takes the fields, add(obs, action, reward, terminated, value, log_prob, truncated=..., bootstrap_value=...), not a Transition (ReplayBuffer.add takes one: a Transition has no value or log_prob)
+    """
+    if isinstance(obs, Transition):
+        raise MissingFieldError("add: got a Transition in place of obs; a rollout's add takes the fields, add(obs, "
+                                "action, reward, terminated, value, log_prob, truncated=..., bootstrap_value=...), "
+                                "not a Transition (ReplayBuffer.add takes one: a Transition has no value or log_prob)")
+    if isinstance(obs, TensorDictBase):
+        raise MissingFieldError("add: got a TensorDict in place of obs; extend(td) stores a collector's [num_envs, T] "
+                                "rollout, add(obs, action, reward, terminated, value, log_prob, truncated=...) one step")
+
+
 def step_values(fields: dict[str, Any], hidden_state: Any, extras: Mapping[str, Any], *, num_envs: int,
                 obs_layout: Layout, hidden: Layout | None, extra_specs: Mapping[str, FieldSpec],
                 privileged: bool) -> dict[str, Any]:
@@ -283,6 +304,7 @@ def step_values(fields: dict[str, Any], hidden_state: Any, extras: Mapping[str, 
     privileged_obs, bootstrap_value = fields["privileged_obs"], fields["bootstrap_value"]
     refuse_foreign_names(extra_specs, extras)  # first: done=, truncations= and SB3's names get the rlbuf names
     if truncated is None:
+        refuse_whole_step(obs)
         raise MissingFieldError("truncated: required with every step: pass truncated=False for envs without time "
                                 "limit; with gymnasium, add(..., terminated=terminations, value, log_prob, "
                                 "truncated=truncations, bootstrap_value=...); CleanRL's done is not terminated (a "
@@ -304,6 +326,7 @@ def step_values(fields: dict[str, Any], hidden_state: Any, extras: Mapping[str, 
     required = {"obs": obs, "action": action, "reward": reward, "terminated": terminated, "value": value, "log_prob": log_prob}
     missing = [name for name, value_given in required.items() if value_given is None]
     if missing:
+        refuse_whole_step(obs)
         raise MissingFieldError(f"{', '.join(missing)}: required with every step (add(obs, action, reward, "
                                 f"terminated, value, log_prob, truncated=...))")
     if hidden is not None:

@@ -26,6 +26,7 @@ from rlbuf import (
     ReplayBuffer,
     RolloutBuffer,
     ShapeError,
+    Transition,
 )
 from rlbuf.mixing import MixedReplay
 
@@ -503,3 +504,18 @@ def test_episode_stats_takes_no_buffers_hint_and_still_copies() -> None:
         stats.get  # noqa: B018 (a buffer's hint, minibatches(...), would be wrong here)
     stats.update(1.0, True)
     assert copy.deepcopy(stats).recent_returns() == pickle.loads(pickle.dumps(stats)).recent_returns() == [1.0]
+
+
+@pytest.mark.parametrize("more", [{}, {"truncated": F}], ids=["alone", "with-truncated"])
+def test_a_transition_given_to_a_rollouts_add_is_refused_naming_its_fields(more: dict[str, Any]) -> None:
+    """Velora's push of an Experience, as a replay's ``add(Transition(...))``: a rollout refused it with
+    ``truncated: required`` though the Transition held truncated (helper 75). Nothing is stored."""
+    buf = rollout()
+    step = Transition(Z, torch.zeros(2), torch.ones(2), Z, F, truncated=F)
+    with pytest.raises(MissingFieldError, match=r"^add: got a Transition in place of obs; a rollout's add takes the "
+                                                r"fields, add\(obs, action, reward, terminated, value, log_prob, "
+                                                r"truncated=\.\.\., bootstrap_value=\.\.\.\), not a Transition"):
+        buf.add(step, **more)
+    with pytest.raises(MissingFieldError, match=r"^add: got a TensorDict in place of obs; extend\(td\)"):
+        buf.add(TensorDict({"observation": Z}, [2]))
+    assert len(buf) == 0
