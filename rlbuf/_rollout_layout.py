@@ -156,6 +156,18 @@ def rollout_columns(td: Any, ring: RowRing, *, num_envs: int, free_steps: int,
     return columns, computed, steps
 
 
+_STEP_FIELD = ("rlbuf's name is {}, a step field stored by add (set_extras attaches new tensors, or replaces "
+               "advantage and returns)")
+_FOREIGN_EXTRAS = {
+    "advantages": "rlbuf's name is advantage (with returns, it replaces the computed advantages)",
+    **{name: _STEP_FIELD.format(field) for name, field in [
+        ("values", "value"), ("log_probs", "log_prob"), ("logprobs", "log_prob"), ("logprob", "log_prob"),
+        ("rewards", "reward"), ("actions", "action"), ("observations", "obs"),
+        ("dones", "terminated (and truncated: done is derived)")]},
+}
+"""A hand-written buffer's key for a field the rollout stores -> rlbuf's name, for ``set_extras``."""
+
+
 def checked_extras(mapping: Any, ring: RowRing, *, num_steps: int, num_envs: int) -> dict[str, torch.Tensor]:
     """The tensors of ``RolloutBuffer.set_extras``, checked: new ``[num_steps, num_envs, ...]`` tensors, or
     ``advantage`` and ``returns`` together, as their stored fields (finite).
@@ -175,9 +187,8 @@ def checked_extras(mapping: Any, ring: RowRing, *, num_steps: int, num_envs: int
     if not isinstance(mapping, Mapping):
         raise MissingFieldError(f"set_extras: expected a dict of tensors, got {type(mapping).__name__}")
     given = set(mapping)
-    if "advantages" in given:  # a hand-written buffer's key: attached as an extra, it left the advantages unset
-        raise MissingFieldError("set_extras: got 'advantages'; rlbuf's name is advantage (with returns, it replaces "
-                                "the computed advantages)")
+    for name in given & _FOREIGN_EXTRAS.keys() - ring.by_name.keys():  # attached, they left the field as it was
+        raise MissingFieldError(f"set_extras: got {name!r}; {_FOREIGN_EXTRAS[name]}")
     if given & set(COMPUTED) and not set(COMPUTED) <= given:
         raise MissingFieldError("set_extras: advantage and returns go together (both, or neither)")
     checked: dict[str, torch.Tensor] = {}

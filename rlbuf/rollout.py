@@ -348,7 +348,7 @@ class RolloutBuffer(RingBuffer[RolloutBatch]):
         Raises:
             ShapeError: a tensor not shaped ``[num_steps, num_envs, ...]`` (or a stored
                 field's exact shape).
-            MissingFieldError: only one of advantage/returns, or another stored field.
+            MissingFieldError: only one of advantage/returns, or another stored field (``logprobs``, ``values`` ...).
             DtypeError: a new tensor of a dtype no buffer stores (complex, bfloat16, uint16, float8 ...).
 
         Example:

@@ -519,3 +519,20 @@ def test_a_transition_given_to_a_rollouts_add_is_refused_naming_its_fields(more:
     with pytest.raises(MissingFieldError, match=r"^add: got a TensorDict in place of obs; extend\(td\)"):
         buf.add(TensorDict({"observation": Z}, [2]))
     assert len(buf) == 0
+
+
+@pytest.mark.parametrize(("name", "field"), [("logprobs", "log_prob"), ("log_probs", "log_prob"), ("values", "value"),
+                                             ("rewards", "reward"), ("dones", "terminated")])
+def test_set_extras_refuses_a_stored_fields_foreign_spelling(name: str, field: str) -> None:
+    """A hand-written rollout's ``set_extras({"logprobs": x})`` was attached as a new extra, the field itself
+    untouched (helper 75); an extra of another name still attaches."""
+    buf = _full_rollout()
+    with pytest.raises(MissingFieldError, match=rf"^set_extras: got '{name}'; rlbuf's name is {field}\b.*a step field "
+                                                r"stored by add \(set_extras attaches new tensors, or replaces "
+                                                r"advantage and returns\)$"):
+        buf.set_extras({name: torch.ones(4, 2), "kept": torch.ones(4, 2)})
+    buf.compute_returns_and_advantages(torch.zeros(2))
+    batch = buf.get_all_data()
+    assert batch.extras == {} and torch.equal(batch.value, torch.zeros(8))
+    buf.set_extras({"old_values": torch.ones(4, 2)})
+    assert sorted(buf.get_all_data().extras) == ["old_values"]
