@@ -56,13 +56,15 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
 
     Example:
         >>> inspect_checkpoint("/nonexistent")["error"]
-        '/nonexistent: not a checkpoint directory, demo checkpoint or demo output folder'
+        '/nonexistent: does not exist (expected a checkpoint directory, demo checkpoint or demo output folder: check the path)'
     """
     root = Path(path)
     report: dict[str, Any] = {"path": str(root), "ok": False, "error": None, "demo": None, "files": []}
     buffer_dir = buffer_checkpoint(root)
     if buffer_dir is None:
-        report["error"] = f"{root}: not a checkpoint directory, demo checkpoint or demo output folder"
+        report["error"] = (f"{root}: not a checkpoint directory, demo checkpoint or demo output folder" if root.exists()
+                           else f"{root}: does not exist (expected a checkpoint directory, demo checkpoint or demo "
+                                f"output folder: check the path)")
         return report
     if buffer_dir != root:
         report["demo"] = _demo_part(buffer_dir.parent)
@@ -138,7 +140,7 @@ def format_report(report: dict[str, Any]) -> str:
     Example:
         >>> print(format_report(inspect_checkpoint("/nonexistent")))
         checkpoint  /nonexistent
-        status      FAILED: /nonexistent: not a checkpoint directory, demo checkpoint or demo output folder
+        status      FAILED: /nonexistent: does not exist (expected a checkpoint directory, demo checkpoint or demo output folder: check the path)
     """
     lines = [f"checkpoint  {report['path']}"]
     if "kind" in report:
@@ -184,7 +186,7 @@ def inspect_main(path: str, *, as_json: bool) -> int:
     Example:
         >>> inspect_main("/nonexistent", as_json=False)
         checkpoint  /nonexistent
-        status      FAILED: /nonexistent: not a checkpoint directory, demo checkpoint or demo output folder
+        status      FAILED: /nonexistent: does not exist (expected a checkpoint directory, demo checkpoint or demo output folder: check the path)
         1
     """
     report = inspect_checkpoint(path)

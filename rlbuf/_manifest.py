@@ -144,7 +144,7 @@ def unverified_manifest(path: Path, *, staging: bool = False) -> dict[str, Any]:
         >>> unverified_manifest(Path("/nonexistent"))
         Traceback (most recent call last):
         ...
-        rlbuf.errors.CheckpointError: /nonexistent: not a checkpoint directory
+        rlbuf.errors.CheckpointError: /nonexistent: does not exist (expected a checkpoint directory: check the path)
     """
     manifest_path = path / MANIFEST
     if _TEMP_NAME.fullmatch(path.name) and not staging:
@@ -152,7 +152,8 @@ def unverified_manifest(path: Path, *, staging: bool = False) -> dict[str, Any]:
         raise CheckpointError(f"{path}: left by an interrupted save (unfinished, or the checkpoint it replaced); the "
                               f"checkpoint is {checkpoint} (rename this directory to load it anyway)")
     if not path.is_dir():
-        raise CheckpointError(f"{path}: not a checkpoint directory")
+        raise CheckpointError(f"{path}: not a checkpoint directory" if path.exists() else
+                              f"{path}: does not exist (expected a checkpoint directory: check the path)")
     if manifest_path.is_symlink():
         raise CheckpointError(f"{manifest_path}: a symbolic link; rlbuf writes the manifest as a plain file and "
                               "follows no links in a checkpoint")
@@ -436,7 +437,7 @@ def open_current(root: Path, check: Callable[[dict[str, Any]], None] | None = No
         >>> open_current(Path("/nonexistent"))
         Traceback (most recent call last):
         ...
-        rlbuf.errors.CheckpointError: /nonexistent: not a checkpoint directory
+        rlbuf.errors.CheckpointError: /nonexistent: does not exist (expected a checkpoint directory: check the path)
     """
     attempts = 1
     while True:
@@ -461,7 +462,7 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         >>> read_manifest("/nonexistent")
         Traceback (most recent call last):
         ...
-        rlbuf.errors.CheckpointError: /nonexistent: not a checkpoint directory
+        rlbuf.errors.CheckpointError: /nonexistent: does not exist (expected a checkpoint directory: check the path)
     """
     manifest, opened = open_current(Path(path))
     close_all(opened)

@@ -539,9 +539,13 @@ class MixedReplay:
             >>> MixedReplay.load(tempfile.mkdtemp())  # doctest: +ELLIPSIS
             Traceback (most recent call last):
             ...
-            rlbuf.errors.CheckpointError: .../mixer: not a checkpoint directory
+            rlbuf.errors.CheckpointError: ...: not a MixedReplay checkpoint directory (no mixer/ in it)
         """
         root = Path(path)
+        if not (root / _MIXER_DIR).exists():  # named as the path given, not as its missing mixer/ directory
+            problem = ("does not exist (expected a MixedReplay checkpoint directory: check the path)"
+                       if not root.exists() else "not a MixedReplay checkpoint directory (no mixer/ in it)")
+            raise CheckpointError(f"{root}: {problem}")
         try:
             state = load_state(root / _MIXER_DIR, kind=_KIND)
             options = cls._checked_options(state)

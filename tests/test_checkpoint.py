@@ -47,6 +47,7 @@ from rlbuf import (
 from rlbuf._manifest import read_manifest
 from rlbuf._state import MetadataOnlyWarning
 from rlbuf.checkpoint import MANIFEST, load_state
+from rlbuf.mixing import MixedReplay
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -543,3 +544,16 @@ def test_new_checkpoints_carry_xxh3_of_each_file(saved: Path) -> None:
     for rel, entry in manifest["files"].items():
         assert "sha256" not in entry
         assert entry["xxh3_128"] == xxhash.xxh3_128((saved / rel).read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, RolloutBuffer, DistillationBuffer, MixedReplay])
+def test_loading_a_path_that_does_not_exist_says_so(cls: Any, tmp_path: Path) -> None:
+    """``load('/no/such/path')`` said "not a checkpoint directory" (a MixedReplay: ".../mixer: not a checkpoint
+    directory"), not that the path does not exist (helper 75)."""
+    missing = tmp_path / "no" / "such" / "path"
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(str(missing))}: does not exist \(expected a "
+                                              r"(MixedReplay )?checkpoint directory: check the path\)$"):
+        cls.load(missing)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(CheckpointError, match=r"file: not a (MixedReplay )?checkpoint directory"):
+        cls.load(tmp_path / "file")

@@ -220,6 +220,9 @@ def test_inspect_flags_a_missing_file_and_a_bad_manifest(checkpoint: Path, capsy
 def test_inspect_refuses_what_is_not_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["inspect", str(tmp_path)]) == 1
     assert "not a checkpoint directory, demo checkpoint or demo output folder" in capsys.readouterr().out
+    # A path that does not exist was reported as "not a checkpoint directory" alone (helper 75).
+    assert main(["inspect", str(tmp_path / "no" / "such")]) == 1
+    assert f"{tmp_path / 'no' / 'such'}: does not exist (expected a checkpoint directory" in capsys.readouterr().out
 
 
 def test_inspect_refuses_an_unexpected_pickle(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
