@@ -125,12 +125,19 @@ class CompactLayout:
             ShapeError, DtypeError, DeviceError, MissingFieldError, StreamError: before anything
                 is stored.
         """
-        ring = self.ring
         rows = len(env_ids)
-        obs_rows = self.read_rows("obs", obs, rows)
-        next_rows = self.read_rows("next_obs", next_obs, rows)
+        obs_rows, next_rows = self.read_rows("obs", obs, rows), self.read_rows("next_obs", next_obs, rows)
         done, terminated_np = self.read_flags("terminated", terminated, rows)
         cut, truncated_np = self.read_flags("truncated", truncated, rows)
+        self.write_rows(obs_rows, next_rows, done, terminated_np, cut, truncated_np, env_ids, store)
+
+    def write_rows(self, obs_rows: np.ndarray[Any, Any], next_rows: np.ndarray[Any, Any], done: Any,
+                   terminated_np: npt.NDArray[np.bool_], cut: Any, truncated_np: npt.NDArray[np.bool_],
+                   env_ids: npt.NDArray[np.int64], store: Callable[[np.ndarray[Any, Any], Any, Any], None]) -> None:
+        """``write`` of rows their readers read already (``read_rows``, ``read_flags``: each flag as read, and as
+        numpy bools)."""
+        ring = self.ring
+        rows = len(env_ids)
         frames = obs_rows[:, -1] if self.frame_stack > 1 else obs_rows
         with ring.lock:
             self.streams.check(obs_rows, next_rows, env_ids, terminated_np, truncated_np)

@@ -120,8 +120,10 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
                 self._require_writable("add")
             if truncated is False:
                 truncated = self._no_truncation
-            if env_mask is not None and self._keeps_every_env(env_mask):
-                env_mask = None  # the add without a mask and its fast paths (9x faster for one env of frame stacks)
+            if env_mask is not None:  # checked once: [num_envs] numpy bools from here on
+                env_mask = self._writer.checked_env_mask(env_mask)
+                if env_mask.all():
+                    env_mask = None  # the add without a mask and its fast paths (9x faster for one env of frame stacks)
             if (self._plain and truncated is not None and not extras and hidden_state is None and env_mask is None
                     and metrics is None and not isinstance(obs, Transition)):
                 # The plain layout (decided once, in the constructor): the fields go to the ring's add as given.
@@ -158,16 +160,6 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             if hint:
                 raise type(error)(f"{error}{hint}") from None
             raise
-
-    def _keeps_every_env(self, env_mask: Any) -> bool:
-        """Whether ``env_mask`` keeps every env's row.
-
-        Raises:
-            ShapeError, DtypeError, DeviceError: ``env_mask`` is not one bool per env.
-        """
-        if type(env_mask) is np.ndarray and env_mask.dtype == np.bool_ and env_mask.shape == (self._num_envs,):
-            return bool(env_mask.all())  # the usual mask, ``~ended``: no conversion (6 us)
-        return bool(self._writer.checked_env_mask(env_mask).numpy().all())
 
     def _fed_by_recorder(self) -> None:
         """A [`Recorder`][rlbuf.gym.Recorder] feeds this buffer and leaves NEXT_STEP's reset steps out
@@ -209,8 +201,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             [True]
         """
         self._require_writable("truncate_episodes")
-        envs = np.arange(self._num_envs) if env_mask is None else np.flatnonzero(
-            self._writer.checked_env_mask(env_mask).numpy())
+        envs = np.arange(self._num_envs) if env_mask is None else np.flatnonzero(self._writer.checked_env_mask(env_mask))
         with self._ring.lock:
             if self._writer.compact is not None:
                 self._writer.compact.cut(envs)
@@ -291,7 +282,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
         with self._ring.lock:  # this add's flags read back, whatever other threads write (see add)
             record = self._planned_stats(reward, terminated, truncated, env_mask=env_mask, metrics=metrics)
             resets = self._resets
-            mask = None if env_mask is None else self._writer.checked_env_mask(env_mask).numpy()
+            mask = env_mask  # checked by add: [num_envs] numpy bools that leave some env out
             stored = None if resets is None else mask
             warned = resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated, stored)
             mask_warned = (resets is not None and not warned and stored is not None and self._mask_unchecked

@@ -35,7 +35,6 @@ from torchrl.data.replay_buffers.samplers import Sampler
 from rlbuf._bounds import Bounds
 from rlbuf._compact import CompactLayout, layout_options
 from rlbuf._compact_dict import DictInputs, followed_path, ring_values, stored_options
-from rlbuf._convert import tensor_of
 from rlbuf._dtypes import dtype_options, extra_field_dtypes
 from rlbuf._episodes import env_ids_of
 from rlbuf._fields import check_given_done, done_flag, extra_specs, refuse_padding, truncated_from
@@ -282,6 +281,7 @@ class ReplayWriter:
         self.compact = compact
         # A compact buffer of dict observations: its followed key goes through the streams, the others to the ring.
         self.dict_inputs = None if compact is None or not obs.structured else DictInputs(obs, compact.path)
+        self._other_readers: list[tuple[str, RowReader]] | None = None  # a compact add's readers of other fields
 
     def add(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
             hidden_state: Any, extras: Mapping[str, Any], env_mask: Any) -> bool:
@@ -299,6 +299,7 @@ class ReplayWriter:
             if env_mask is not None:
                 others = {"action": action, "reward": reward, **dict(zip(self.extra_names, extra_values, strict=True))}
                 return self._add_compact_envs(obs, next_obs, terminated, truncated, others, env_mask)
+            # Every env's row: the ring's own add (one env's row in one read and one write per field).
             compact.write(obs, next_obs, terminated, truncated, compact.all_envs,
                           lambda frames, done, cut: ring.add((frames, action, reward, done, cut, *extra_values),
                                                              self.num_envs))
@@ -319,13 +320,13 @@ class ReplayWriter:
         rows = self._kept_rows(ring.input_specs, values, keep)
         kept = int(keep.sum())
         if kept and self.relabeller is not None:
-            self.relabeller.write(rows, np.flatnonzero(keep.numpy()))
+            self.relabeller.write(rows, np.flatnonzero(keep))
         elif kept:
             ring.write_checked(rows, kept)
         return kept in (0, self.num_envs)
 
     def _add_compact_dict(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
-                          extras: Mapping[str, Any], env_mask: Any) -> bool:
+                          extras: Mapping[str, Any], env_mask: np.ndarray[Any, Any] | None) -> bool:
         """``add`` of a compact buffer of dict observations: the followed key through the streams, every other
         key a field of the row (see [`rlbuf._compact_dict`][rlbuf._compact_dict])."""
         compact, ring, inputs = self.compact, self.ring, self.dict_inputs
@@ -342,47 +343,55 @@ class ReplayWriter:
         return True
 
     def _add_compact_envs(self, obs: Any, next_obs: Any, terminated: Any, truncated: Any, others: Mapping[str, Any],
-                          env_mask: Any) -> bool:
-        """Read every row, then pass the rows of the envs in ``env_mask`` through the compact
-        layout's streams (an env left out continues its stream with its next kept row); ``others``:
-        the values of the ring's other input fields, by name."""
+                          keep: np.ndarray[Any, Any]) -> bool:
+        """Read every row once, then pass the rows of the envs in ``keep`` (checked ``env_mask``) through the
+        compact layout's streams (an env left out continues its stream with its next kept row) into the ring;
+        ``others``: the values of the ring's other input fields, by name."""
         compact, ring, n = self.compact, self.ring, self.num_envs
         assert compact is not None
-        keep = self.checked_env_mask(env_mask).numpy()
         obs_rows, next_rows = compact.read_rows("obs", obs, n), compact.read_rows("next_obs", next_obs, n)
-        done, cut = compact.read_flags("terminated", terminated, n)[1], compact.read_flags("truncated", truncated, n)[1]
-        specs = [spec for spec in ring.input_specs if spec.name not in (compact.field, "terminated", "truncated")]
-        rows = {spec.name: _read_rows(ring.reader(spec, n), others[spec.name]) for spec in specs}
+        terminated_np, truncated_np = compact.read_flags("terminated", terminated, n)[1], compact.read_flags(
+            "truncated", truncated, n)[1]
+        if self._other_readers is None:  # kept: a spec's hash costs microseconds
+            fixed = (compact.field, "terminated", "truncated")
+            self._other_readers = [(spec.name, ring.reader(spec, n)) for spec in ring.input_specs
+                                   if spec.name not in fixed]
+        rows = {name: _read_rows(reader, others[name]) for name, reader in self._other_readers}
         kept = int(keep.sum())
         if kept:  # numpy on the CPU: a tensor's boolean indexing costs ~10x more per frame stack
             rows = {name: value[keep] if isinstance(value, np.ndarray) else value[torch.from_numpy(keep).to(value.device)]
                     for name, value in rows.items()}
-            compact.write(obs_rows[keep], next_rows[keep], done[keep], cut[keep], compact.all_envs[keep],
-                          lambda frames, done, cut: ring.write_read(
-                              {**rows, compact.field: frames, "terminated": done, "truncated": cut}, kept))
+            # The kept rows as read: not read again (the flags as their readers return them are these bools).
+            done, cut, field = terminated_np[keep], truncated_np[keep], compact.field
+            compact.write_rows(obs_rows[keep], next_rows[keep], done, done, cut, cut, compact.all_envs[keep],
+                               lambda frames, done, cut: ring.write_read(
+                                   {**rows, field: frames, "terminated": done, "truncated": cut}, kept))
         return kept in (0, n)
 
-    def checked_env_mask(self, env_mask: Any) -> torch.Tensor:
-        """``env_mask`` as ``[num_envs]`` bools on the CPU.
+    def checked_env_mask(self, env_mask: Any) -> np.ndarray[Any, Any]:
+        """``env_mask`` as ``[num_envs]`` numpy bools (the array itself where it is one already).
 
         Raises:
             ShapeError: not one bool per env.
             DtypeError, DeviceError: not numbers at all (strings, objects, a meta tensor).
         """
         n = self.num_envs
+        if type(env_mask) is np.ndarray and env_mask.dtype == np.bool_ and env_mask.shape == (n,):
+            return env_mask  # the usual mask, ``~ended``: no conversion
         keep = as_array("env_mask", env_mask)
         if n == 1 and keep.shape == ():  # one env's mask, its env dim left out as add allows
             keep = keep.reshape(1)
         if keep.dtype.kind != "b" or keep.shape != (n,):
             raise ShapeError(f"env_mask: expected {n} bools (one per env), got {keep.dtype} of shape {keep.shape}")
-        return tensor_of(keep)
+        return keep
 
-    def _kept_rows(self, specs: Sequence[FieldSpec], values: Sequence[Any], keep: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _kept_rows(self, specs: Sequence[FieldSpec], values: Sequence[Any],
+                   keep: np.ndarray[Any, Any]) -> dict[str, torch.Tensor]:
         """Read all ``num_envs`` rows of each value with its reader; return the rows ``keep`` marks, by name."""
         rows = self.ring.read_tensors(specs, values, self.num_envs)
-        kept = keep.numpy()  # numpy on the CPU: a tensor's boolean indexing costs ~10x more per frame stack
-        return {name: torch.from_numpy(tensor.numpy()[kept]) if tensor.is_cpu else tensor[keep.to(tensor.device)]
-                for name, tensor in rows.items()}
+        # numpy on the CPU: a tensor's boolean indexing costs ~10x more per frame stack
+        return {name: torch.from_numpy(tensor.numpy()[keep]) if tensor.is_cpu
+                else tensor[torch.from_numpy(keep).to(tensor.device)] for name, tensor in rows.items()}
 
     def extend(self, td: Any, *, per_env: bool,
                before_write: Callable[[dict[str, torch.Tensor]], None] | None = None) -> bool:
