@@ -76,6 +76,7 @@ class ResetSteps:
         self._num_envs = num_envs
         self.watching = False  # whether some env's last stored row ended an episode
         self._ended = np.zeros(num_envs, np.bool_)
+        self._all_envs = np.arange(num_envs)
         self._final: list[np.ndarray[Any, Any]] | None = None  # per leaf, [num_envs, *shape], read where ended
         # Episode starts seen after a stored end, and how many of them from that end's next_obs (committed by
         # record, once the add stored), and this add's.
@@ -88,9 +89,20 @@ class ResetSteps:
         self._ended[:] = False
         self._left_out = None
 
-    def check(self, obs: Any, reward: Any, terminated: Any, truncated: Any, stored: np.ndarray[Any, Any] | None) -> bool:
+    def read_step(self, reward: Any, terminated: Any, truncated: Any) -> list[np.ndarray[Any, Any]] | None:
+        """An add's ``reward``, ``terminated`` and ``truncated`` read by their readers, as flat numpy rows (the flags
+        as bools), for ``check`` and ``check_mask``; ``None`` where a reader refuses one (so will the add)."""
+        try:
+            reward_rows, ended, cut = (_read(reader, value).reshape(-1) for reader, value in
+                                       zip(self._step, (reward, terminated, truncated), strict=True))
+        except RlbufError:
+            return None
+        return [reward_rows, ended.astype(bool), cut.astype(bool)]
+
+    def check(self, obs: Any, step: list[np.ndarray[Any, Any]] | None, stored: np.ndarray[Any, Any] | None) -> bool:
         """Before an add: warn if an env stored now (``stored``: all when ``None``) resets as ``NEXT_STEP`` does:
-        its ``obs`` is its last row's ``next_obs``, with reward 0 and no flag, as gymnasium gives the reset step;
+        its ``obs`` is its last row's ``next_obs``, with reward 0 and no flag (``step``: ``read_step``'s), as
+        gymnasium gives the reset step;
         or, where no env does, if every episode start after a stored end so far (``_SYSTEMATIC`` at least)
         came from that end's ``next_obs``: those rows stored the reset observation as their ``next_obs``
         (``SAME_STEP`` without ``info["final_obs"]``).
@@ -104,19 +116,17 @@ class ResetSteps:
             Whether it warned (the buffer then stops watching; a warning made an error raises here).
         """
         self._left_out, self._pending = None, (0, 0)
-        if not self._ended.any() or self._final is None:
+        if not self._ended.any() or self._final is None or step is None:
             return False
         try:
             leaves = [_read(reader, value) for reader, value in zip(self._obs, self._split("obs", obs), strict=True)]
-            step = [_read(reader, value).reshape(-1) for reader, value in zip(self._step, (reward, terminated, truncated),
-                                                                              strict=True)]
         except RlbufError:
             return False  # the add refuses it, by the same reader
         equal = self._ended.copy()  # obs is the next_obs of the env's last row, which ended
         for leaf, final in zip(leaves, self._final, strict=True):
             rows = leaf.reshape(self._num_envs, -1)
             equal &= (rows == final.reshape(self._num_envs, -1)).all(axis=1)
-        same = equal & (step[0] == 0) & ~step[1].astype(bool) & ~step[2].astype(bool)
+        same = equal & (step[0] == 0) & ~step[1] & ~step[2]
         if stored is not None:
             self._left_out = same & ~stored
             same &= stored
@@ -142,8 +152,9 @@ class ResetSteps:
             f"the flags of the step BEFORE this one. (An env that can end an episode in the very state it restarts "
             f"from, with no reward, looks the same: ignore this warning there.) Warned once per buffer"))
 
-    def check_mask(self, terminated: Any, truncated: Any, kept: np.ndarray[Any, Any]) -> bool:
-        """Before an add with ``env_mask``: warn if the mask leaves out a row that ends an episode.
+    def check_mask(self, step: list[np.ndarray[Any, Any]] | None, kept: np.ndarray[Any, Any]) -> bool:
+        """Before an add with ``env_mask``: warn if the mask leaves out a row that ends an episode (``step``:
+        ``read_step``'s).
 
         The reset steps of ``NEXT_STEP`` carry no flag; a row left out with ``terminated`` or
         ``truncated`` set is the last real transition of its episode, most often dropped by a mask
@@ -152,11 +163,9 @@ class ResetSteps:
         Returns:
             Whether it warned (a warning made an error raises here, before anything is stored).
         """
-        try:
-            flags = [_read(reader, value).reshape(-1).astype(bool) for reader, value in
-                     zip(self._step[1:], (terminated, truncated), strict=True)]
-        except RlbufError:
+        if step is None:
             return False  # the add refuses it, by the same reader
+        flags = step[1:]
         return _warn_first(~kept & (flags[0] | flags[1]), lambda env: (
             f"add: env_mask leaves out env {env}'s row, which ends an episode (terminated or truncated): that row is "
             f"a real transition, the last of its episode. The NEXT_STEP reset steps to leave out come one step "
@@ -179,8 +188,12 @@ class ResetSteps:
             self._ended[0] = self.watching = False
             return
         ended = _rows(terminated) | _rows(truncated)
-        envs = np.arange(self._num_envs) if stored is None else np.flatnonzero(stored)
-        self._ended[envs] = ended
+        if stored is None:
+            self._ended = ended  # a new array: its own
+            envs = self._all_envs
+        else:
+            envs = np.flatnonzero(stored)
+            self._ended[envs] = ended
         self.watching = bool(self._ended.any())
         if not self.watching or not ended.any():
             return

@@ -370,7 +370,7 @@ class CompressedFinals:
     Example:
         >>> log = FrameLog(4, (2,), torch.uint8, Codec("zstd", None))
         >>> finals = CompressedFinals(log)
-        >>> slots = finals.put(torch.tensor([[1, 2], [3, 4]], dtype=torch.uint8))
+        >>> slots = finals.put(np.array([[1, 2], [3, 4]], np.uint8))
         >>> finals.take(slots[::-1]).tolist()
         [[3, 4], [1, 2]]
     """
@@ -381,9 +381,9 @@ class CompressedFinals:
         self.sums: list[int] = []  # of the raw frames, checked at load (0: a free slot)
         self.free: list[int] = []
 
-    def put(self, values: torch.Tensor) -> npt.NDArray[np.int64]:
-        """Store ``values`` (one frame per row) and return their slots."""
-        packed = self.log.compress(values.cpu().numpy())
+    def put(self, values: np.ndarray[Any, Any]) -> npt.NDArray[np.int64]:
+        """Store ``values`` (numpy, one frame per row) and return their slots."""
+        packed = self.log.compress(values)
         slots = []
         # Copied: a compressor's bytes object may hold the whole buffer it was made in (a frame's size).
         for blob, checksum in zip(map(_exact, packed.blobs), packed.sums.tolist(), strict=True):

@@ -136,8 +136,8 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
                 try:
                     record = None if self._stats is None else self._planned_stats(reward, terminated, truncated)
                     resets = self._resets
-                    warned = resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated,
-                                                                                      None)
+                    warned = resets is not None and resets.watching and resets.check(
+                        obs, resets.read_step(reward, terminated, truncated), None)
                     ring.add((obs, action, reward, next_obs, terminated, truncated), self._num_envs)
                     self._own_rows += self._num_envs
                     self._newest = None
@@ -284,9 +284,12 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             resets = self._resets
             mask = env_mask  # checked by add: [num_envs] numpy bools that leave some env out
             stored = None if resets is None else mask
-            warned = resets is not None and resets.watching and resets.check(obs, reward, terminated, truncated, stored)
+            # The step read once for both checks, where one runs.
+            step = None if resets is None or not (resets.watching or (stored is not None and self._mask_unchecked)) \
+                else resets.read_step(reward, terminated, truncated)
+            warned = resets is not None and resets.watching and resets.check(obs, step, stored)
             mask_warned = (resets is not None and not warned and stored is not None and self._mask_unchecked
-                           and not stored.all() and resets.check_mask(terminated, truncated, stored))
+                           and resets.check_mask(step, stored))
             interleaved = self._writer.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, extras,
                                            env_mask)
             self._interleaved = self._interleaved and interleaved

@@ -73,8 +73,8 @@ class FinalFrames:
 
     Example:
         >>> finals = FinalFrames((2,), torch.float32, torch.device("cpu"))
-        >>> slots = finals.put(torch.ones(3, 2))
-        >>> finals.release(slots[:1]); finals.put(torch.zeros(1, 2)).tolist()   # a freed slot is reused
+        >>> slots = finals.put(np.ones((3, 2), np.float32))
+        >>> finals.release(slots[:1]); finals.put(np.zeros((1, 2), np.float32)).tolist()   # a freed slot is reused
         [0]
     """
 
@@ -83,8 +83,8 @@ class FinalFrames:
         self.top = 0
         self.free: list[int] = []
 
-    def put(self, values: torch.Tensor) -> _Ints:
-        """Store ``values`` (one per row) and return their slots."""
+    def put(self, values: np.ndarray[Any, Any]) -> _Ints:
+        """Store ``values`` (numpy, one per row, of the stored dtype) and return their slots."""
         count = int(values.shape[0])
         reused = [self.free.pop() for _ in range(min(count, len(self.free)))]
         fresh = count - len(reused)
@@ -96,9 +96,9 @@ class FinalFrames:
         slots = np.array(reused + list(range(self.top, self.top + fresh)), np.int64)
         self.top += fresh
         if count and self.frames.is_cpu:  # numpy: a tensor's indexed assignment is ~50x slower per frame
-            self.frames.numpy()[slots] = values.to(self.frames.dtype).cpu().numpy()
+            self.frames.numpy()[slots] = values
         elif count:
-            self.frames[torch.from_numpy(slots).to(self.frames.device)] = values.to(self.frames.device)
+            self.frames[torch.from_numpy(slots).to(self.frames.device)] = torch.from_numpy(values).to(self.frames.device)
         return slots
 
     @property
@@ -345,7 +345,7 @@ class Streams:
         ending = np.flatnonzero(ended & (first_serial + np.arange(len(ended)) >= oldest))
         if ending.size:
             rows = next_obs[ending]
-            frames = torch.from_numpy(np.ascontiguousarray(rows[:, -1] if self.frame_stack > 1 else rows))
+            frames = np.ascontiguousarray(rows[:, -1] if self.frame_stack > 1 else rows)
             self.final_slot[(first_serial + ending) % self.capacity] = self.finals.put(frames)
 
     def _record_rows(self, env_ids: _Ints, first_serial: int, ended: _Bools, oldest: int, terminated: _Bools,
