@@ -73,7 +73,9 @@ class RolloutResets:
         self.watching = True
         self._ended: np.ndarray[Any, Any] = np.zeros(num_envs, np.bool_)  # the env's step stored last ended an episode
         self._followed = 0  # how many envs did so, if that step is the ring's newest (0: nothing to follow)
-        self._generation = ring.generation  # moved by loads, rewrites and rows set in place through buffer.torchrl
+        # Where the rows stood after this watch's last add: moved by loads, rewrites and rows set in place or written
+        # through buffer.torchrl, after which the previous step is no longer the ring's newest.
+        self._written = (ring.generation, ring.write_count)
         # Episode ends followed in their env by a stored step (each one quiet: reward 0, no flag, or the watch
         # ended), and the other stored steps (env rows), with how many of them had reward exactly 0.
         self.ends = self.others = self.other_zeros = 0
@@ -113,7 +115,7 @@ class RolloutResets:
             self.ends, self.others, self.other_zeros = counts
             if ended is not None:
                 self._ended = ended
-            self._followed, self._generation = followed, ring.generation
+            self._followed, self._written = followed, (ring.generation, ring.write_count)
             self.watching = watching
 
     def _check(self, reward: np.ndarray[Any, Any], terminated: np.ndarray[Any, Any], truncated: np.ndarray[Any, Any],
@@ -122,7 +124,7 @@ class RolloutResets:
         warns if the rule holds. Numpy's cost per call dominates: three where no env ended a step before."""
         ended = terminated | truncated if np.count_nonzero(terminated) or np.count_nonzero(truncated) else None
         zeros = reward.size - int(np.count_nonzero(reward))
-        followed = self._followed if self._generation == self._ring.generation else 0
+        followed = self._followed if self._written == (self._ring.generation, self._ring.write_count) else 0
         if not followed:
             return (self.ends, self.others + reward.size, self.other_zeros + zeros), ended, True
         after = self._ended

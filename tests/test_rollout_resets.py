@@ -179,6 +179,21 @@ def test_an_extend_forgets_each_envs_previous_step() -> None:
     assert not caught and rollout._resets.ends == 2
 
 
+def test_a_step_written_through_torchrl_between_adds_is_not_taken_for_the_one_after_an_end() -> None:
+    """Each end is followed by a step written through ``buffer.torchrl`` (which pays), then a reward-0 add: that
+    add does not follow the end, so nothing is counted or warned of."""
+    rollout = RolloutBuffer(12, 1, obs_shape=(1,), action_shape=())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            rollout.add(np.zeros((1, 1)), [0.0], [1.0], [True], [0.0], [0.0], truncated=False)
+            step = rollout.torchrl.storage[0].clone().unsqueeze(0)  # a stored row, made one that pays and goes on
+            step["next", "terminated"][:], step["next", "done"][:], step["next", "reward"][:] = False, False, 1.0
+            rollout.torchrl.extend(step)
+            rollout.add(np.zeros((1, 1)), [0.0], [0.0], [False], [0.0], [0.0], truncated=False)
+    assert not caught and rollout._resets.ends == 0
+
+
 @pytest.mark.parametrize("wrapper", [None, _PaidAtTheEnd], ids=["cartpole", "sparse"])
 def test_same_step_envs_do_not_warn(wrapper: Callable[[gym.Env], gym.Env] | None) -> None:
     rollout = _rollout()
