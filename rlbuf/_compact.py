@@ -141,7 +141,7 @@ class CompactLayout:
         frames = obs_rows[:, -1] if self.frame_stack > 1 else obs_rows
         with ring.lock:
             self.streams.check(obs_rows, next_rows, env_ids, terminated_np, truncated_np)
-            first, size = ring.write_count, len(ring)
+            first, size = ring.counts()
             if self.log is None:
                 store(frames, done, cut)
             else:

@@ -67,8 +67,7 @@ def _plain(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _writes_through(storing_device: torch.device) -> bool:
-    """Whether adds are written straight into the storage (memory numpy can address, i.e. the CPU)
-    rather than staged in a numpy block that one device copy per field commits."""
+    """Whether adds are written straight into the storage (CPU memory) rather than staged for one device copy."""
     return storing_device.type == "cpu"
 
 
@@ -117,10 +116,8 @@ class RowRing:
         self.capacity = int(built.storage.max_size)
         self.scratch_dir = built.scratch_dir
         # Tied to the TorchRL buffer: someone may keep `buffer.torchrl` after dropping the facade.
-        self._remove_scratch = (
-            remove_when_collected(rb, built.scratch_dir)
-            if built.owns_scratch_dir and built.scratch_dir is not None else None
-        )
+        self._remove_scratch = (remove_when_collected(rb, built.scratch_dir)
+                                if built.owns_scratch_dir and built.scratch_dir is not None else None)
         leaves = _torchrl.storage_leaves(built.storage)
         # Leaves viewed in user shape: a reward leaf of TorchRL shape [C, 1] is used as [C].
         self.leaves = {s.name: _plain(leaves.get(s.key)).view(self.capacity, *s.shape) for s in self.specs}
@@ -155,6 +152,7 @@ class RowRing:
         # step's flags there once it is stored: a Python bool for one row); of a larger write, only the flags.
         self.last_read: Sequence[Any] = ()
         self._pending_start = 0
+        self._staged_on: tuple[int, int] | None = None  # TorchRL's (write count, size) under the staged rows: counts
         self._derived_rows = 0  # pending rows whose derived fields are computed already (``settle``)
         self.generation = 0  # bumped when rows change without a write: clear, load, rewrites, TorchRL's __setitem__
 
@@ -183,6 +181,15 @@ class RowRing:
     def write_count(self) -> int:
         """Rows ever written (pending rows included)."""
         return self._with_pending(_torchrl.write_count)
+
+    def counts(self) -> tuple[int, int]:
+        """``(write_count, len(self))``, under the lock. TorchRL's counters stand still while rows are staged (a write
+        through TorchRL commits them first): read once per stage, not per add; forgotten at its commit and at clear."""
+        pending, staged_on = self.pending, self._staged_on
+        if not pending or staged_on is None:
+            staged_on = (_torchrl.write_count(self.rb), _torchrl.size(self.rb))
+            self._staged_on = staged_on if pending else None
+        return staged_on[0] + pending, min(staged_on[1] + pending, self.capacity)
 
     def _with_pending(self, committed: Callable[[TensorDictReplayBuffer], int]) -> int:
         """``committed(rb) + pending``, read without the lock unless a commit moved rows between the two.
@@ -234,7 +241,7 @@ class RowRing:
         with self.lock:
             self.moves += 1
             try:
-                self.pending = self._derived_rows = 0
+                self.pending, self._derived_rows, self._staged_on = 0, 0, None
                 self.rb.empty()
             finally:
                 self.moves += 1
@@ -393,7 +400,7 @@ class RowRing:
         with self.lock:
             self.moves += 1
             try:
-                n, self.pending = self.pending, 0
+                n, self.pending, self._staged_on = self.pending, 0, None
                 derived, self._derived_rows = self._derived_rows, 0
                 if self.write_through:
                     with _torchrl.write_lock(self.rb):  # not re-entrant when the buffer is shared across processes

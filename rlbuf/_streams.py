@@ -236,6 +236,7 @@ class Streams:
         # What as_words makes of rows of this shape, with and without frames, in one reshape and one view.
         self._row_items = math.prod(obs_shape)
         self._word, self._byte = self._expected_words.dtype, self._expected_bytes.dtype
+        self._words_per_frame = self._frame_bytes // self._word.itemsize if self._frame_bytes else self._expected_words.shape[1]
         self._byte_exact = obs_dtype in _BYTE_EXACT
         self._zero_pad = padding_type == "zero"
         self.finals: Any = FinalFrames(frame_shape, obs_dtype, storing_device)  # or a compressed layout's
@@ -289,12 +290,10 @@ class Streams:
         does not apply or cannot decide (float rows whose bytes differ: -0.0, NaNs; the numpy path compares values)."""
         if not (_distinct(env_ids, self.num_envs) and obs.flags.c_contiguous and next_obs.flags.c_contiguous):
             return False
-        frame = self._frame_bytes
         shape, word = (len(obs), self._row_items), self._word
         stacks, next_stacks = obs.reshape(shape).view(word), next_obs.reshape(shape).view(word)
-        words_per_frame = frame // stacks.itemsize if frame else stacks.shape[1]
-        problem, env = self._check_steps(stacks, next_stacks, self._expected_words, env_ids, self.last, words_per_frame,
-                                   self._zero_pad)
+        problem, env = self._check_steps(stacks, next_stacks, self._expected_words, env_ids, self.last,
+                                         self._words_per_frame, self._zero_pad)
         if problem and self._byte_exact:
             raise self._stream_error(problem, int(env))
         return not problem

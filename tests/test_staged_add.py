@@ -478,3 +478,35 @@ def test_a_refused_write_leaves_pending_rows_counters_bytes_and_rng_as_they_were
             buf.add(*step)
     assert raw_state(buf) == before
     buf.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(st.sampled_from(["counts", "add", "refused", "flush", "torchrl", "clear"]), max_size=30),
+       storage=st.sampled_from(["memory", "memmap"]))
+def test_the_counts_kept_for_a_stage_are_torchrls_counters_after_every_kind_of_write(ops: list[str],
+                                                                                      storage: str) -> None:
+    buf = make(storage, 1, capacity=6)
+    ring, row = buf._ring, [torch.zeros(3), torch.zeros(2), 0.0, torch.ones(3), False, False]
+    try:
+        for op in ops:
+            if op == "add":
+                buf.add(*row)
+            elif op == "refused":
+                with pytest.raises(RlbufError):
+                    buf.add(*row[:2], math.nan, *row[3:])
+            elif op == "flush":
+                ring.flush()
+            elif op == "torchrl":  # TorchRL's own extend: the stage is committed first
+                buf.torchrl.extend(TensorDict({"observation": torch.zeros(2, 3), "action": torch.zeros(2, 2),
+                                               ("next", "observation"): torch.ones(2, 3),
+                                               ("next", "reward"): torch.zeros(2, 1),
+                                               ("next", "terminated"): torch.zeros(2, 1, dtype=torch.bool),
+                                               ("next", "truncated"): torch.zeros(2, 1, dtype=torch.bool)},
+                                              batch_size=[2]))
+            elif op == "clear":
+                buf.clear()
+            else:  # only here: a read at no pending rows reads TorchRL's counters again
+                with ring.lock:
+                    assert ring.counts() == (ring.write_count, len(ring))
+    finally:
+        buf.close()
