@@ -282,8 +282,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
         with self._ring.lock:  # this add's flags read back, whatever other threads write (see add)
             record = self._planned_stats(reward, terminated, truncated, env_mask=env_mask, metrics=metrics)
             resets = self._resets
-            mask = env_mask  # checked by add: [num_envs] numpy bools that leave some env out
-            stored = None if resets is None else mask
+            stored = None if resets is None else env_mask  # checked by add: numpy bools that leave some env out
             # The step read once for both checks, where one runs.
             step = None if resets is None or not (resets.watching or (stored is not None and self._mask_unchecked)) \
                 else resets.read_step(reward, terminated, truncated)
@@ -293,8 +292,8 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             interleaved = self._writer.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, extras,
                                            env_mask)
             self._interleaved = self._interleaved and interleaved
-            self._own_rows += self._num_envs if mask is None else int(mask.sum())
-            self._newest_after_add(mask)
+            self._own_rows += self._num_envs if env_mask is None else int(env_mask.sum())
+            self._newest_after_add(env_mask)
             # Each warning is given once per buffer, once an add it was given for has stored: a refused add
             # leaves the watch as it was.
             if warned:

@@ -536,3 +536,17 @@ def test_set_extras_refuses_a_stored_fields_foreign_spelling(name: str, field: s
     assert batch.extras == {} and torch.equal(batch.value, torch.zeros(8))
     buf.set_extras({"old_values": torch.ones(4, 2)})
     assert sorted(buf.get_all_data().extras) == ["old_values"]
+
+
+@pytest.mark.parametrize(("make", "kind"), BATCHES, ids=[kind for _, kind in BATCHES])
+def test_the_torchrl_keys_a_refusal_names_are_the_keys_to_tensordict_writes(make: Callable[[], Any], kind: str) -> None:
+    """``batch[key]``'s hint table (``rlbuf.batches._TORCHRL_KEYS``) repeats the keys each ``to_tensordict`` writes
+    inline: every field a batch holds that the table names must be at that key."""
+    from rlbuf.batches import _TORCHRL_KEYS
+
+    batch = make()
+    keys = set(batch.to_tensordict().keys(True, True))
+    held = [name for name in _TORCHRL_KEYS if getattr(batch, name, None) is not None
+            and name in type(batch).__dataclass_fields__]
+    assert held, kind
+    assert {name: _TORCHRL_KEYS[name] for name in held if _TORCHRL_KEYS[name] not in keys} == {}
