@@ -84,6 +84,8 @@ class Chunk:
             space, every episode's ``T + 1`` rows in turn; ``actions``, ``rewards``, ``terminations``,
             ``truncations``, every episode's ``T`` rows in turn; per info key, ``T + 1`` rows an episode.
         source: the episodes as dicts, for a chunk not read into ``arrays`` yet (``joined`` copies them).
+        shaped: whether every field of every episode has the shape and dtype its spaces and steps set
+            (the HDF5 reader checks them before it reads): then ``columns_valid`` can check its values.
     """
 
     ids: list[int]
@@ -94,6 +96,7 @@ class Chunk:
     columns: tuple[dict[Key, np.ndarray[Any, Any]], dict[str, np.ndarray[Any, Any]],
                    dict[str, np.ndarray[Any, Any]]] | None = None
     source: Sequence[Mapping[str, Any]] | None = None
+    shaped: bool = False
 
     @classmethod
     def of(cls, episodes: Sequence[Mapping[str, Any]], arrays: _Arrays) -> Chunk:
@@ -417,7 +420,7 @@ class _Hdf5Reader:
                      [None] * len(opened), lengths, arrays,
                      columns=({path: out["observations", path] for path in paths},
                               {name: out[name, ()] for name in STEP_FIELDS},
-                              {key: out["infos", (key,)] for key in info_keys}))
+                              {key: out["infos", (key,)] for key in info_keys}), shaped=True)
 
 
 def _hdf5_chunks(dataset: Any, ids: Sequence[int], spaces: Spaces, info_keys: Sequence[str],

@@ -85,6 +85,7 @@ from rlbuf._minari_read import (
     Spaces,
     check_episode,
     check_infos,
+    columns_valid,
     info_keys,
     open_dataset,
 )
@@ -229,16 +230,26 @@ def from_minari(dataset: Any, *, exact: bool = True, infos: bool | Sequence[str]
     buffer = ReplayBuffer(capacity, observation_space=data.observation_space, action_space=data.action_space,
                           extra_fields=extra_fields or None, **buffer_options)
 
+    def _check_reward_dtype(episode: int, dtype: np.dtype[Any]) -> None:
+        if exact and dtype != reward_dtype:  # float32 first too: a float64 one would round
+            raise DtypeError(f"episode {episode}: rewards: expected dtype {reward_dtype} (as the first episode's), "
+                             f"got {dtype}; save every episode's rewards with one dtype")
+
     def rows(chunk: Chunk) -> TensorDictBase:
         found = []
-        for number in range(len(chunk.ids)):
-            episode = chunk.episode(number, structured=spaces.structured)
-            check_infos(episode, keys, check_episode(episode, spaces), reference)
-            found.append(check_options(episode, paths, options is True, reference, widths))
-            if exact and episode["rewards"].dtype != reward_dtype:  # float32 first too: a float64 one would round
-                raise DtypeError(f"episode {episode['id']}: rewards: expected dtype {reward_dtype} (as the first "
-                                 f"episode's), got {episode['rewards'].dtype}; save every episode's rewards with "
-                                 f"one dtype")
+        valid = False
+        if chunk.shaped:  # read straight into its columns (HDF5): their values checked a field at a time first
+            observations, steps, _ = chunk.joined([path for path, _ in spaces.obs], keys)
+            valid = columns_valid(observations, steps, chunk.lengths, spaces)
+        if valid and not keys and not options:  # nothing left to check episode by episode
+            _check_reward_dtype(chunk.ids[0], steps["rewards"].dtype)  # a shaped chunk's episodes share it
+        else:  # episode by episode: where the chunk fails, check_episode names the first episode that does
+            for number in range(len(chunk.ids)):
+                episode = chunk.episode(number, structured=spaces.structured)
+                length = int(chunk.lengths[number]) if valid else check_episode(episode, spaces)
+                check_infos(episode, keys, length, reference)
+                found.append(check_options(episode, paths, options is True, reference, widths))
+                _check_reward_dtype(episode["id"], episode["rewards"].dtype)
         return chunk_rows(chunk, spaces, exact_reward=exact_reward, episode_fields=exact, infos=keys,
                           options=found if option_fields else (), obs_dtype=casts["obs_dtype"],
                           action_dtype=casts["action_dtype"])
