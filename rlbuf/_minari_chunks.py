@@ -3,11 +3,12 @@ each field straight into one array of the chunk.
 
 A [`Chunk`][rlbuf._minari_chunks.Chunk] holds consecutive episodes in one array per field: every
 episode's ``T + 1`` observations in turn, then its ``T`` actions, rewards and flags in turn. Its
-episodes are views of those arrays, checked one by one (``check_episode``), and its rows for the
-buffer come out of them with one copy a field: ``obs`` and ``next_obs`` are each episode's first
-and last ``T`` observations. The arrays are reused: two sets, one filled while the buffer copies
-the rows of the other, so what an import holds beside its buffer is two chunks, whatever the
-dataset's size, and the allocator is not asked for new memory chunk after chunk.
+episodes are views of those arrays, checked a field at a time where the reader checked their shapes
+(``columns_valid``), else (or where that fails, to name the episode) one by one (``check_episode``),
+and its rows for the buffer come out of them with one copy a field: ``obs`` and ``next_obs`` are
+each episode's first and last ``T`` observations. The arrays are reused: two sets, one filled while
+the buffer copies the rows of the other, so what an import holds beside its buffer is two chunks,
+whatever the dataset's size, and the allocator is not asked for new memory chunk after chunk.
 
 How each backend is read:
 
