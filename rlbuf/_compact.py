@@ -34,6 +34,7 @@ from rlbuf._obs import leaf_name
 from rlbuf._ring import RowRing
 from rlbuf._stream_check import streams_problem
 from rlbuf._streams import Chain, PaddingType, Streams
+from rlbuf._sumtree import SumTreeSampler
 from rlbuf.errors import (
     CheckpointError,
     ConfigError,
@@ -113,6 +114,8 @@ class CompactLayout:
         self._sampled: tuple[torch.Tensor, Chain] | None = None
         self._powers = np.array([gamma**i for i in range(n_step + 1)])  # gamma**i as rlbuf._nstep takes it
         self._readers: dict[tuple[str, int], RowReader] = {}
+        if isinstance(ring.rb.sampler, SumTreeSampler):  # sample keeps complete transitions: weights over them
+            ring.rb.sampler.drawable = self.complete_at
 
     # -- writing -----------------------------------------------------------------------------
     def write(self, obs: Any, next_obs: Any, terminated: Any, truncated: Any, env_ids: npt.NDArray[np.int64],
@@ -223,6 +226,10 @@ class CompactLayout:
     def walk(self, positions: npt.NDArray[np.int64]) -> Chain:
         """The rows of the transitions at ``positions`` (the ring must be flushed)."""
         return self.streams.walk(positions, write_count=self.ring.write_count, size=len(self.ring))
+
+    def complete_at(self, position: int) -> bool:
+        """Whether the row at ``position`` holds a complete transition now."""
+        return bool(self.walk(np.array([position], np.int64)).complete[0])
 
     def draw(self, batch_size: int, draw: Draw) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``batch_size`` positions of complete transitions from ``draw``, redrawing incomplete ones.

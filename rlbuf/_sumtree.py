@@ -31,7 +31,9 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,7 @@ from rlbuf._sumtree_arrays import (
     new_tree,
     prefix_sum_min,
     rebuild,
+    smallest_where,
     write_leaves,
 )
 from rlbuf._torchrl import sampler_generator
@@ -82,6 +85,10 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
     and ``p_i`` is its raw priority; its importance weight is ``(N * P(i)) ** -beta`` divided by the
     largest such weight among the stored items, i.e. ``(q_i / min_j q_j) ** -beta`` (TorchRL's
     normalisation). Items get the largest raw priority seen so far when they are written.
+
+    ``drawable`` (``None``: every stored item) narrows the items the weights are normalised over to
+    those its caller keeps: a compact replay layout redraws the rows that are no complete
+    transition, so ``min_j`` runs over complete transitions, as in a buffer storing only those.
 
     The priorities live in one array sum/min tree (see [`rlbuf._sumtree_arrays`][rlbuf._sumtree_arrays]),
     updated and walked with numpy kernels on its memory (2-3x faster than torch ops on 256-element batches).
@@ -153,6 +160,7 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         self._max_priority_index: int | None = None
         # One past the largest leaf ever written: from a storage this long, the root holds the sum and minimum.
         self._high = 0
+        self.drawable: Callable[[int], bool] | None = None
         self._empty()
 
     # -- configuration --------------------------------------------------------------------------
@@ -276,12 +284,16 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         return weight if device is None else weight.to(device)
 
     def sampled_mass(self, storage: Any) -> tuple[int, float, float]:
-        """The items ``sample`` draws from, their total and smallest ``q`` (checked as ``sample`` needs)."""
+        """The items ``sample`` draws from, their total ``q`` and the smallest ``q`` of a ``drawable`` one (checked
+        as ``sample`` needs)."""
         size = len(storage)
         if size == 0:
             raise EmptyBufferError("cannot sample: the storage holds 0 items")
         size = min(size, self._max_capacity)
         total, smallest = self._prefix_sum_min(size)
+        if self.drawable is not None:  # none drawable: the caller refuses the draw, any smallest will do
+            kept = smallest_where(self._tree, size, self.drawable)
+            smallest = kept if kept < math.inf else smallest
         if not total > 0:
             raise PriorityError(f"priority: expected a positive total over the {size} stored items, got {total}")
         if not smallest > 0:
@@ -319,13 +331,8 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         self.update_priority(index, self.default_priority, storage=storage)
 
     @torch.no_grad()
-    def update_priority(
-        self,
-        index: int | torch.Tensor | tuple[torch.Tensor, ...],
-        priority: float | torch.Tensor,
-        *,
-        storage: Any = None,
-    ) -> None:
+    def update_priority(self, index: int | torch.Tensor | tuple[torch.Tensor, ...], priority: float | torch.Tensor, *,
+                        storage: Any = None) -> None:
         """Set the raw priorities of the items at ``index``; the tree stores ``(p + eps) ** alpha``.
 
         Negative indices are skipped (TorchRL's ``MaxValueWriter`` marks unwritten rows with -1); for a
@@ -491,6 +498,10 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
             f" default_priority={self.default_priority})"
         )
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a pickle or copy keeps: not ``drawable``, its caller's (a copy draws for no caller)."""
+        return {**super().__getstate__(), "drawable": None}
+
     # -- internals ------------------------------------------------------------------------------
 
     def _leaves(self) -> tuple[_FloatArray, _FloatArray]:
@@ -557,26 +568,13 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
             self._max_priority_value = None
             self._max_priority_index = None
 
-    def _restore(
-        self,
-        *,
-        sums: npt.NDArray[Any],
-        mins: npt.NDArray[Any],
-        alpha: float,
-        beta: float,
-        eps: float,
-        max_priority: float,
-        max_priority_index: int,
-    ) -> None:
+    def _restore(self, *, sums: npt.NDArray[Any], mins: npt.NDArray[Any], alpha: float, beta: float, eps: float,
+                 max_priority: float, max_priority_index: int) -> None:
         expected = (self._max_capacity,)
         if sums.shape != expected or mins.shape != expected:
-            raise CheckpointError(
-                f"sampler leaves: expected shape {expected}, got {sums.shape} and {mins.shape}"
-            )
+            raise CheckpointError(f"sampler leaves: expected shape {expected}, got {sums.shape} and {mins.shape}")
         if sums.dtype.kind != "f" or mins.dtype.kind != "f":
-            raise CheckpointError(
-                f"sampler leaves: expected floating dtypes, got {sums.dtype} and {mins.dtype}"
-            )
+            raise CheckpointError(f"sampler leaves: expected floating dtypes, got {sums.dtype} and {mins.dtype}")
         check_exponent("alpha", alpha)
         check_exponent("beta", beta)
         self._empty()

@@ -17,7 +17,9 @@ Example:
 
 from __future__ import annotations
 
+import heapq
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -125,6 +127,35 @@ def descend(tree: torch.Tensor, mass: npt.NDArray[np.float64], size: int) -> tup
         leaf[bad] = nonzero[position]
         value = stored.take(leaf)
     return leaf, value
+
+
+def smallest_where(tree: torch.Tensor, size: int, accept: Callable[[int], bool]) -> float:
+    """The smallest leaf value in ``[0, size)`` among leaves ``accept`` admits (``inf`` if none).
+
+    Leaves come out of the min tree in increasing order (best first: a node's minimum bounds its
+    leaves), so each leaf ``accept`` refuses costs one more descent, not a pass over the tree.
+
+    Example:
+        >>> tree = new_tree(4, torch.float64)
+        >>> tree[0], tree[1] = 0.0, float("inf")
+        >>> write_leaves(tree, np.arange(4), np.array([3.0, 1.0, 2.0, 0.5]))
+        >>> smallest_where(tree, 4, lambda leaf: leaf != 3), smallest_where(tree, 1, lambda leaf: True)
+        (1.0, 3.0)
+    """
+    mins = tree[1].numpy()
+    num_leaves, depth = tree.shape[1] // 2, _depth(tree)
+    heap = [(float(mins[1]), 1)]
+    while heap:
+        value, node = heapq.heappop(heap)
+        if node >= num_leaves:
+            if accept(node - num_leaves):
+                return value
+            continue
+        for child in (2 * node, 2 * node + 1):
+            first_leaf = (child << (depth - child.bit_length() + 1)) - num_leaves
+            if first_leaf < size:
+                heapq.heappush(heap, (float(mins[child]), child))
+    return math.inf
 
 
 def flattened_index(index: Any, shape: tuple[int, ...] | None) -> _Int64Array:

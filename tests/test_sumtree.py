@@ -19,6 +19,7 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler, Sampler
 
 from rlbuf import ReplayBuffer
 from rlbuf._sumtree import SumTreeSampler
+from rlbuf._sumtree_arrays import new_tree, smallest_where, write_leaves
 from rlbuf.errors import (
     BatchSizeError,
     CheckpointError,
@@ -95,6 +96,29 @@ def test_tree_invariant_after_random_updates(
     assert sampler._tree[0, 1].item() == pytest.approx(math.fsum(expected), rel=1e-12)
     written = expected > 0
     assert sampler._tree[1, 1].item() == pytest.approx(expected[written].min(), rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(capacity=st.integers(1, 70), size=st.integers(1, 70), values=st.lists(st.floats(0, 1e6), min_size=70,
+                                                                             max_size=70),
+       refused=st.sets(st.integers(0, 69)), ties=st.booleans())
+def test_smallest_where_is_the_smallest_admitted_stored_leaf(
+    capacity: int, size: int, values: list[float], refused: set[int], ties: bool
+) -> None:
+    size = min(size, capacity)
+    tree = new_tree(capacity, torch.float64)
+    tree[0], tree[1] = 0.0, float("inf")
+    leaves = np.array([round(v, -5) if ties else v for v in values[:capacity]])  # leaves past size: stale rows
+    write_leaves(tree, np.arange(capacity), leaves)
+    asked: list[int] = []
+
+    def accept(leaf: int) -> bool:
+        asked.append(leaf)
+        return leaf not in refused
+
+    admitted = [leaves[i] for i in range(size) if i not in refused]
+    assert smallest_where(tree, size, accept) == (min(admitted) if admitted else math.inf)
+    assert all(0 <= leaf < size for leaf in asked) and len(asked) == len(set(asked))
 
 
 def test_large_batch_rebuild_gives_the_same_tree_as_walking_up() -> None:
