@@ -18,13 +18,14 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import torch
 from tensordict import TensorDict
 
+from rlbuf._keywords import FOREIGN_NAMES
 from rlbuf._obs import hidden_state_key
 from rlbuf.errors import MissingFieldError
 
@@ -53,16 +54,7 @@ def set_hidden_state(td: TensorDict, hidden_state: torch.Tensor | TensorDict | N
 
 
 
-class Transition(NamedTuple):
-    """One env step of ``num_envs`` rows, for ``ReplayBuffer.add(transition)``.
-
-    Example:
-        >>> import torch
-        >>> step = Transition(torch.zeros(3), torch.zeros(1), 1.0, torch.ones(3), False, truncated=False)
-        >>> step.truncated                  # required by ReplayBuffer.add: False without time limit
-        False
-    """
-
+class _TransitionTuple(NamedTuple):
     obs: Any
     action: Any
     reward: Any
@@ -71,11 +63,40 @@ class Transition(NamedTuple):
     truncated: Any = None
     extras: Mapping[str, Any] | None = None
 
+
+class Transition(_TransitionTuple):
+    """One env step of ``num_envs`` rows, for ``ReplayBuffer.add(transition)``.
+
+    Other libraries' names (``state``, ``next_state``, ``done`` ...) are refused with rlbuf's
+    (``MissingFieldError``, also a ``TypeError``).
+
+    Example:
+        >>> import torch
+        >>> step = Transition(torch.zeros(3), torch.zeros(1), 1.0, torch.ones(3), False, truncated=False)
+        >>> step.truncated                  # required by ReplayBuffer.add: False without time limit
+        False
+        >>> Transition(state=torch.zeros(3), action=0, reward=1.0, next_obs=torch.ones(3), terminated=False)
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.MissingFieldError: Transition: got state=, which it does not take; rlbuf's name is obs
+    """
+
+    __slots__ = ()
+
+    if not TYPE_CHECKING:  # type checkers read the fields' signature; this only refuses other names
+        def __new__(cls, *args, **kwargs):
+            if kwargs and not _TRANSITION_FIELDS.issuperset(kwargs):
+                raise _keyword_refusal("Transition", cls._fields, kwargs)
+            return _TransitionTuple.__new__(cls, *args, **kwargs)
+
+
+_TRANSITION_FIELDS = frozenset(_TransitionTuple._fields)
+
 _FOREIGN_FIELDS = {
     "observations": ("obs",), "actions": ("action", "expert_action"), "rewards": ("reward",),
     "next_observations": ("next_obs",), "dones": ("terminated",), "old_values": ("value",), "values": ("value",),
     "old_log_prob": ("log_prob",), "log_probs": ("log_prob",), "logprobs": ("log_prob",),
-    "advantages": ("advantage",),
+    "advantages": ("advantage",), "weights": ("weight",), "indices": ("index",),
 }
 """Other libraries' batch attributes (SB3's samples, CleanRL's arrays) -> rlbuf's, the first a batch has."""
 _WHY = {"terminated": " (the bootstrap mask: a time limit is no end there; batch.done is terminated | truncated)"}
@@ -87,6 +108,19 @@ _TORCHRL_KEYS: dict[str, str | tuple[str, str]] = {
 }
 """An rlbuf field -> its key in ``to_tensordict()`` where the two differ (the others keep their name)."""
 _FROM_TORCHRL: dict[object, str] = {key: name for name, key in _TORCHRL_KEYS.items()}
+
+
+def _keyword_refusal(owner: str, fields: Sequence[str], given: Mapping[str, Any]) -> MissingFieldError:
+    """The error of ``owner(name=...)`` for a name it does not take: rlbuf's where it is another library's (a
+    batch's attribute first; a step's as ``add`` names it), else its fields. Built only when refusing."""
+    name = next(name for name in given if name not in fields)
+    own = [] if owner == "Transition" else [field for field in _FOREIGN_FIELDS.get(name, ()) if field in fields]
+    if own:
+        hint = f"rlbuf's name is {own[0]}{_WHY.get(own[0], '') if 'done' in fields else ''}"
+    else:
+        extra = f" (an extra field goes in extras={{{name!r}: ...}})" if "extras" in fields else ""
+        hint = FOREIGN_NAMES.get(name) or f"its fields are {', '.join(fields)}{extra}"
+    return MissingFieldError(f"{owner}: got {name}=, which it does not take; {hint}")
 
 
 def _subscript_refusal(batch: Any, key: object) -> MissingFieldError:
@@ -121,6 +155,12 @@ class _ExtrasAccess:
 
     def __getitem__(self, key: object) -> NoReturn:
         raise _subscript_refusal(self, key)
+
+    if not TYPE_CHECKING:  # type checkers read the dataclass's signature; this only refuses other names
+        def __new__(cls, *args, **kwargs):
+            if kwargs and not cls.__dataclass_fields__.keys() >= kwargs.keys():
+                raise _keyword_refusal(cls.__name__, tuple(cls.__dataclass_fields__), kwargs)
+            return object.__new__(cls)
 
     def __getattr__(self, name: str) -> torch.Tensor:
         # Only called when normal lookup fails: the fixed fields never come here.

@@ -550,3 +550,53 @@ def test_the_torchrl_keys_a_refusal_names_are_the_keys_to_tensordict_writes(make
             and name in type(batch).__dataclass_fields__]
     assert held, kind
     assert {name: _TORCHRL_KEYS[name] for name in held if _TORCHRL_KEYS[name] not in keys} == {}
+
+
+@pytest.mark.parametrize(("keywords", "message"), [
+    ({"state": Z, "next_state": Z}, r"^Transition: got state=, which it does not take; rlbuf's name is obs"),
+    ({"observation": Z, "next_observation": Z}, r"^Transition: got observation=, .*rlbuf's name is obs"),
+    ({"obs": Z, "next_state": Z}, r"^Transition: got next_state=, .*rlbuf's name is next_obs"),
+    ({"obs": Z, "next_obs": Z, "done": F}, r"^Transition: got done=, .*pass terminated= and truncated= instead"),
+    ({"obs": Z, "next_obs": Z, "dones": F}, r"^Transition: got dones=, .*pass terminated= and truncated= instead"),
+    ({"obs": Z, "next_obs": Z, "terminated": F, "infos": {}}, r"^Transition: got infos=, .*rlbuf\.gym\.Recorder"),
+    ({"obs": Z, "next_obs": Z, "terminated": F, "cost": Z},
+     r"^Transition: got cost=, which it does not take; its fields are obs, action, reward, next_obs, terminated, "
+     r"truncated, extras \(an extra field goes in extras=\{'cost': \.\.\.\}\)$"),
+])
+def test_a_transition_built_with_another_librarys_names_gets_rlbufs(keywords: dict[str, Any], message: str) -> None:
+    """d3rlpy's/CleanRL's ``state``/``next_state``/``done`` (or an extra field by keyword): Python's bare
+    "__new__() got an unexpected keyword argument" named no fix. Also a ``TypeError``, as Python's."""
+    given = {"action": torch.zeros(2), "reward": torch.zeros(2), "terminated": F, **keywords}
+    with pytest.raises(MissingFieldError, match=message):
+        Transition(**given)
+    with pytest.raises(TypeError, match=message):
+        Transition(**given)
+
+
+def test_a_transition_built_with_rlbufs_names_works_as_a_named_tuple() -> None:
+    step = Transition(obs=Z, action=torch.zeros(2), reward=torch.zeros(2), next_obs=Z, terminated=F, truncated=F)
+    assert step._fields == ("obs", "action", "reward", "next_obs", "terminated", "truncated", "extras")
+    assert step.extras is None and step._replace(truncated=None).truncated is None
+    assert pickle.loads(pickle.dumps(step))._asdict().keys() == step._asdict().keys()
+    buf = replay()
+    buf.add(step)
+    assert len(buf) == 2
+
+
+@pytest.mark.parametrize(("make", "keywords", "message"), [
+    (lambda: filled(replay).sample(2), {"observations": Z}, r"^ReplayBatch: got observations=, .*rlbuf's name is obs"),
+    (lambda: filled(replay).sample(2), {"dones": F}, r"^ReplayBatch: got dones=, .*rlbuf's name is terminated"),
+    (lambda: filled(replay).sample(2), {"weights": F}, r"^ReplayBatch: got weights=, .*rlbuf's name is weight$"),
+    (lambda: filled(replay).sample(2), {"cost": F}, r"^ReplayBatch: got cost=, which it does not take; its fields "
+                                                    r"are obs, action, reward, .*, index, weight, discount, extras"),
+    (lambda: _with_advantages().get_all_data(), {"old_log_prob": Z}, r"^RolloutBatch: got old_log_prob=, .*log_prob"),
+    (_distill_batch, {"actions": Z}, r"^DistillationBatch: got actions=, .*rlbuf's name is expert_action"),
+])
+def test_a_batch_built_with_another_librarys_names_gets_rlbufs(make: Callable[[], Any], keywords: dict[str, Any],
+                                                                 message: str) -> None:
+    """SB3's ``ReplayBufferSamples(observations=...)`` habit on rlbuf's batch classes (e.g. a test's own batch)."""
+    batch = make()
+    with pytest.raises(MissingFieldError, match=message):
+        type(batch)(**keywords)
+    fields = {name: getattr(batch, name) for name in batch.__dataclass_fields__}
+    assert type(batch)(**fields).obs is batch.obs  # rlbuf's names build it as before
