@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -155,6 +156,17 @@ class _ExtrasAccess:
 
     def __getitem__(self, key: object) -> NoReturn:
         raise _subscript_refusal(self, key)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
+        """numpy's view of a batch: one object (``np.array([batch, ...], dtype=object)``), never an array of its
+        own, which numpy would otherwise try through ``__len__`` and ``__getitem__``."""
+        if dtype is not None and np.dtype(dtype) == np.dtype(object):
+            held = np.empty((), dtype=object)
+            held[()] = self
+            return held
+        raise MissingFieldError(f"np.asarray({type(self).__name__}): a batch is no array (its fields have shapes of "
+                                f"their own); convert a field: np.asarray(batch.obs) ..., or all of them: "
+                                f"batch.to_tensordict()")
 
     if not TYPE_CHECKING:  # type checkers read the dataclass's signature; this only refuses other names
         def __new__(cls, *args, **kwargs):

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from _snapshot import same, snapshot
@@ -600,3 +601,22 @@ def test_a_batch_built_with_another_librarys_names_gets_rlbufs(make: Callable[[]
         type(batch)(**keywords)
     fields = {name: getattr(batch, name) for name in batch.__dataclass_fields__}
     assert type(batch)(**fields).obs is batch.obs  # rlbuf's names build it as before
+
+
+@pytest.mark.parametrize(("make", "kind"), BATCHES, ids=[kind for _, kind in BATCHES])
+def test_numpy_holds_batches_as_objects_and_refuses_to_read_one_as_an_array(make: Callable[[], Any], kind: str) -> None:
+    """A batch has ``__len__`` and ``__getitem__``, so numpy took it for a sequence: ``np.asarray(batch)`` raised
+    "Could not convert object to sequence" (a DistillationBatch, which unpacks: "inhomogeneous shape"), and
+    ``np.array([batch, batch], dtype=object)`` (a list of batches kept by a logger) raised too."""
+    batch = make()
+    message = rf"^np\.asarray\({kind}\): a batch is no array .*: np\.asarray\(batch\.obs\) .*batch\.to_tensordict\(\)"
+    for convert in (np.asarray, np.array, lambda b: np.array([b, b]), lambda b: np.asarray(b, dtype=np.float32)):
+        with pytest.raises(MissingFieldError, match=message):
+            convert(batch)
+    with pytest.raises(TypeError, match=message):
+        np.asarray(batch)
+    held = np.array([batch, batch], dtype=object)
+    assert held.shape == (2,) and held[0] is batch and held[1] is batch
+    one = np.asarray(batch, dtype=object)
+    assert one.shape == () and one[()] is batch
+    assert np.asarray(batch.obs).shape == tuple(batch.obs.shape)  # the fix the message names
