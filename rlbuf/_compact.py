@@ -289,8 +289,10 @@ class CompactLayout:
             MissingFieldError: an unknown field name.
         """
         known = self.known
-        if names is not None and any(name not in known for name in names):
-            unknown = [name for name in names if name not in known]
+        if names is not None and (isinstance(names, (str, bytes)) or not isinstance(names, (Sequence, set, frozenset))):
+            raise MissingFieldError(f"fields: expected a list of field names, got {names!r}")  # as the ring's check
+        if names is not None and any(not isinstance(name, str) or name not in known for name in names):
+            unknown = [name for name in names if not isinstance(name, str) or name not in known]
             raise MissingFieldError(f"fields: unknown {unknown}; fields are {list(known)}")
         with self.ring.lock:  # the streams and the rows they point to, from one consistent state
             return self._columns(index, names)

@@ -1,0 +1,193 @@
+"""Hostile input through entry paths ``test_attack_inputs.py`` and ``test_attack_layouts.py`` leave out.
+
+The methods of a prioritized compact buffer (frame stacks and n-step returns: its stream tables and
+sum tree), a rollout's ``metrics=`` and hidden states, a distillation buffer's ``extend``, and an
+epoch iterator running while hostile calls are refused. A refused call must raise an rlbuf error
+naming the argument and leave the full state (rows, cursor, write count, stream tables, priorities,
+random generators, iterator position, statistics) exactly as it was; an iterator then goes on as
+that of a twin buffer that never saw the refused calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from _snapshot import _frozen, same, snapshot
+from hypothesis import given
+from hypothesis import strategies as st
+from tensordict import TensorDict
+from test_attack_inputs import (
+    _DTYPES,
+    _FILLS,
+    FUZZ,
+    FUZZ_TD,
+    Case,
+    _tensor,
+    arrays,
+    attack,
+    attempt,
+    lists,
+    make_distill,
+    scalars,
+    tensors,
+)
+
+from rlbuf import (
+    EpisodeStats,
+    MissingFieldError,
+    ReplayBuffer,
+    RlbufError,
+)
+
+# -- a prioritized compact buffer ----------------------------------------------------------
+FRAME = (4,)
+
+
+def _frame(t: int, env: int) -> torch.Tensor:
+    return torch.full(FRAME, (3 * t + env) % 250, dtype=torch.uint8)
+
+
+def make_compact(steps: int) -> ReplayBuffer:
+    """Two envs, frame_stack=2, n_step=2, capacity 6: ``steps`` adds (9 wrap the ring), priorities set on
+    complete and incomplete rows."""
+    buf = ReplayBuffer(6, obs_shape=(2, *FRAME), action_shape=(), obs_dtype=torch.uint8, num_envs=2, frame_stack=2,
+                       n_step=2, prioritized=True, seed=4, stats=EpisodeStats(2))
+    start = [0, 0]
+    for t in range(steps):
+        ended = torch.tensor([t % 4 == 3, False])
+        obs = torch.stack([torch.stack([_frame(max(t - 1, start[e]), e), _frame(t, e)]) for e in range(2)])
+        next_obs = torch.stack([torch.stack([_frame(t, e), _frame(t + 1, e)]) for e in range(2)])
+        buf.add(obs, torch.zeros(2), torch.full((2,), float(t)), next_obs, ended, torch.zeros(2, dtype=torch.bool))
+        start = [t + 1 if bool(ended[e]) else start[e] for e in range(2)]
+    if steps:
+        buf.update_priority(list(range(len(buf))), [0.25 + i for i in range(len(buf))])
+    return buf
+
+
+def method_cases(buf: ReplayBuffer) -> dict[str, Case]:
+    """Calls of a replay buffer's methods (``epochs`` only where the layout has them: not a compact one)."""
+    def beta(v: Any) -> None:
+        buf.beta = v
+
+    cases = {
+        "update_priority.index": Case(lambda v: buf.update_priority(v, [1.0]), ("index", "priority")),
+        "update_priority.priority": Case(lambda v: buf.update_priority([0], v), ("priority", "index")),
+        "update_priority.both": Case(lambda v: buf.update_priority(v, v), ("index", "priority")),
+        "sample": Case(lambda v: buf.sample(v), ("batch_size",)),
+        "sample_by_index.index": Case(lambda v: buf.sample_by_index(v), ("index",)),
+        "sample_by_index.fields": Case(lambda v: buf.sample_by_index(0, fields=v), ("fields", "index")),
+        "truncate_episodes": Case(lambda v: buf.truncate_episodes(v), ("env_mask",)),
+        "beta": Case(beta, ("beta",)),
+    }
+    if buf.compact:
+        return cases
+    return cases | {
+        "epochs.batch_size": Case(lambda v: buf.epochs(batch_size=v), ("batch_size",)),
+        "epochs.n_epochs": Case(lambda v: buf.epochs(batch_size=1, n_epochs=v), ("n_epochs",)),
+        "num_batches": Case(lambda v: buf.num_batches(v), ("batch_size",)),
+    }
+
+
+@pytest.mark.parametrize("steps", [0, 2, 9])
+@FUZZ
+@given(data=st.data())
+def test_a_compact_prioritized_buffer_refuses_hostile_input_without_change(steps: int, data: st.DataObject) -> None:
+    buf = make_compact(steps)
+    attack(data, buf, method_cases(buf))
+
+
+@pytest.mark.parametrize("fields", [False, 3, torch.tensor(0.0), "obs", b"obs", {"obs": 1}, [["obs"]], [torch.ones(2)]])
+def test_a_compact_buffer_refuses_fields_that_are_no_list_of_names_by_name(fields: Any) -> None:
+    """``sample_by_index(0, fields=False)`` raised Python's "'bool' object is not iterable" (``tensor(0.)``:
+    "iteration over a 0-d tensor") from the compact layout, where other layouts name the argument."""
+    buf = make_compact(9)
+    before = snapshot(buf)
+    complete = buf.sample_all().index
+    with pytest.raises(MissingFieldError, match=r"^fields: "):
+        buf.sample_by_index(complete[0], fields=fields)
+    assert same(before, snapshot(buf))
+    assert torch.equal(buf.sample_by_index(complete, fields=["reward"]).reward, buf.sample_all().reward)
+
+
+@FUZZ
+@given(index=st.lists(st.integers(-8, 8), min_size=1, max_size=6), priority=st.floats(-1.0, 5.0))
+def test_compact_priorities_are_set_for_stored_rows_only_and_keep_the_weights_finite(index: list[int],
+                                                                                     priority: float) -> None:
+    """Positions of rows that are stored but incomplete take a priority; positions past the stored rows, or
+    negative ones, and negative priorities are refused, the sum tree unchanged."""
+    buf = make_compact(9)
+    before = snapshot(buf)
+    try:
+        buf.update_priority(index, [priority] * len(index))
+    except RlbufError as error:
+        assert same(before, snapshot(buf)), error
+        assert min(index) < 0 or max(index) >= len(buf) or priority < 0
+        return
+    assert min(index) >= 0 and max(index) < len(buf) and priority >= 0
+    weight = buf.sample(16).weight
+    assert bool(torch.isfinite(weight).all()) and float(weight.max()) <= 1.0
+
+
+# -- a distillation buffer's extend --------------------------------------------------------
+_DISTILL_KEYS = {"obs": "observation", "expert_action": "expert_action", "expert_value": "expert_value"}
+
+
+@pytest.mark.parametrize("state", ["empty", "full"])
+@FUZZ_TD
+@given(data=st.data())
+def test_distillation_extend_refuses_hostile_tensordicts_without_change(state: str, data: st.DataObject) -> None:
+    buf = make_distill(state)
+    field = data.draw(st.sampled_from(sorted(_DISTILL_KEYS)), label="field")
+    shape = data.draw(st.sampled_from([(2,), (2, 1), (2, 2), (2, 3), (2, 3, 1)]), label="shape")
+    value = _tensor(shape, data.draw(st.sampled_from(_DTYPES)), data.draw(st.sampled_from(_FILLS)),
+                    data.draw(st.sampled_from(["cpu", "cpu", "meta"])))
+    td = TensorDict({"observation": torch.zeros(2, 3), "expert_action": torch.zeros(2, 2),
+                     "expert_value": torch.zeros(2)}, batch_size=[2])
+    td.set(_DISTILL_KEYS[field], value)
+    attempt(buf, Case(buf.extend, (field, _DISTILL_KEYS[field], "td")), td)
+
+
+# -- an epoch iterator while hostile calls are refused -------------------------------------
+REUSABLE = st.one_of(tensors, arrays, scalars, lists)  # no generator: a value is given to the twin again
+
+
+def _state(buf: ReplayBuffer) -> Any:
+    return _frozen(buf.state_dict())
+
+
+@FUZZ
+@given(data=st.data())
+def test_an_epoch_goes_on_after_refused_calls_as_the_twins_that_saw_none(data: st.DataObject) -> None:
+    buf, twin = _plain(), _plain()
+    iterators = [b.epochs(batch_size=2, n_epochs=2) for b in (buf, twin)]
+    for _ in range(data.draw(st.integers(1, 6), label="rounds")):
+        name = data.draw(st.sampled_from(["next", *sorted(method_cases(buf))]), label="call")
+        if name == "next":
+            batches = [next(it, None) for it in iterators]
+            if batches[0] is None or batches[1] is None:
+                assert batches[0] is batches[1]
+                break
+            assert torch.equal(batches[0].index, batches[1].index)
+            assert torch.equal(batches[0].obs, batches[1].obs)
+            continue
+        value = data.draw(REUSABLE, label="value")
+        try:
+            method_cases(buf)[name].call(value)
+        except RlbufError:
+            assert same(_state(buf), _state(twin))
+            continue
+        method_cases(twin)[name].call(value)  # accepted: the twin makes the same call
+        if name.startswith("epochs"):
+            iterators = [buf.current_epochs, twin.current_epochs]
+        assert same(_state(buf), _state(twin))
+
+
+def _plain() -> ReplayBuffer:
+    buf = ReplayBuffer(6, obs_shape=(3,), action_shape=(), num_envs=2, prioritized=True, seed=4,
+                       stats=EpisodeStats(2))
+    for t in range(5):
+        buf.add(torch.full((2, 3), float(t)), torch.zeros(2), torch.ones(2), torch.zeros(2, 3),
+                torch.tensor([t == 3, False]), torch.zeros(2, dtype=torch.bool))
+    return buf
