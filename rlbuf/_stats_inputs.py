@@ -71,6 +71,9 @@ class StepInputs:
         self, metrics: Mapping[str, Values]
     ) -> dict[str, torch.Tensor | np.ndarray[Any, Any]]:
         # Tensors are only checked here and moved to the CPU when an episode ends.
+        if not isinstance(metrics, Mapping):
+            raise DtypeError(f"metrics: expected a mapping name -> [num_envs] values, e.g. metrics={{'cost': values}}, "
+                             f"got {type(metrics).__name__}")
         checked: dict[str, torch.Tensor | np.ndarray[Any, Any]] = {}
         for name, value in metrics.items():
             if not isinstance(name, str) or name in RESERVED:

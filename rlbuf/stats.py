@@ -264,7 +264,7 @@ class EpisodeStats:
         done = terminated_a
         if truncated is not None:
             done = terminated_a | self._inputs.flag("truncated", truncated)
-        checked_metrics = self._inputs.metrics(metrics) if metrics else {}
+        checked_metrics = self._inputs.metrics(metrics) if metrics is not None else {}
         if reasons is not None:
             self._inputs.reasons(reasons)
         steps: np.ndarray[Any, Any] | int = 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from _snapshot import _frozen, same, snapshot
@@ -35,10 +36,12 @@ from test_attack_inputs import (
 )
 
 from rlbuf import (
+    DtypeError,
     EpisodeStats,
     MissingFieldError,
     ReplayBuffer,
     RlbufError,
+    RolloutBuffer,
 )
 
 # -- a prioritized compact buffer ----------------------------------------------------------
@@ -128,6 +131,59 @@ def test_compact_priorities_are_set_for_stored_rows_only_and_keep_the_weights_fi
     assert min(index) >= 0 and max(index) < len(buf) and priority >= 0
     weight = buf.sample(16).weight
     assert bool(torch.isfinite(weight).all()) and float(weight.max()) <= 1.0
+
+
+# -- a rollout's metrics and hidden states -------------------------------------------------
+def make_rollout(steps: int) -> RolloutBuffer:
+    buf = RolloutBuffer(3, 2, obs_shape=(3,), action_shape=(), seed=2, hidden_state_shape=(1, 2),
+                        stats=EpisodeStats(2, metrics={"cost": "sum"}))
+    for t in range(steps):
+        buf.add(**_rollout_step(t), metrics={"cost": torch.ones(2)})
+    return buf
+
+
+def _rollout_step(t: int) -> dict[str, Any]:
+    return dict(obs=torch.full((2, 3), float(t)), action=torch.zeros(2), reward=torch.ones(2),
+                terminated=torch.tensor([t == 1, False]), value=torch.zeros(2), log_prob=torch.zeros(2),
+                truncated=torch.zeros(2, dtype=torch.bool), hidden_state=torch.zeros(2, 1, 2))
+
+
+def rollout_cases(buf: RolloutBuffer) -> dict[str, Case]:
+    good, metrics = _rollout_step(buf.steps), {"cost": torch.ones(2)}
+    return {
+        "add.metrics.value": Case(lambda v: buf.add(**good, metrics={"cost": v}), ("cost", "metrics")),
+        "add.metrics": Case(lambda v: buf.add(**good, metrics=v), ("metrics",)),
+        "add.hidden_state": Case(lambda v: buf.add(**{**good, "hidden_state": v}, metrics=metrics), ("hidden_state",)),
+        "add.env_mask": Case(lambda v: buf.add(**good, env_mask=v, metrics=metrics), ("env_mask",)),
+    }
+
+
+@pytest.mark.parametrize("steps", [0, 2])
+@FUZZ
+@given(data=st.data())
+def test_a_rollouts_metrics_and_hidden_states_refuse_hostile_input_without_change(steps: int,
+                                                                                  data: st.DataObject) -> None:
+    buf = make_rollout(steps)
+    attack(data, buf, rollout_cases(buf))
+
+
+@pytest.mark.parametrize("metrics", [torch.zeros(2), np.zeros(2), b"ab", "cost", [1.0, 2.0], [], 3.0])
+def test_metrics_that_are_no_mapping_are_refused_by_name_everywhere(metrics: Any) -> None:
+    """``metrics=tensor`` raised torch's "Boolean value of Tensor ... is ambiguous", a list "'list' object has no
+    attribute 'items'" (an empty one was taken for no metrics), from the rollout's, the replay buffer's and
+    ``EpisodeStats.update``'s checks alike."""
+    rollout, stats = make_rollout(1), EpisodeStats(2, metrics={"cost": "sum"})
+    replay = ReplayBuffer(4, obs_shape=(3,), action_shape=(), num_envs=2, stats=EpisodeStats(2))
+    step = dict(obs=torch.zeros(2, 3), action=torch.zeros(2), reward=torch.ones(2), next_obs=torch.zeros(2, 3),
+                terminated=torch.zeros(2, dtype=torch.bool), truncated=torch.zeros(2, dtype=torch.bool))
+    calls = [(rollout, lambda: rollout.add(**_rollout_step(1), metrics=metrics)),
+             (replay, lambda: replay.add(**step, metrics=metrics)),
+             (stats, lambda: stats.update(torch.ones(2), torch.tensor([True, False]), metrics=metrics))]
+    for target, call in calls:
+        before = snapshot(target)
+        with pytest.raises(DtypeError, match=r"^metrics: expected a mapping name -> \[num_envs\] values"):
+            call()
+        assert same(before, snapshot(target))
 
 
 # -- a distillation buffer's extend --------------------------------------------------------
