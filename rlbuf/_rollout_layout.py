@@ -186,7 +186,7 @@ def checked_extras(mapping: Any, ring: RowRing, *, num_steps: int, num_envs: int
     """
     if not isinstance(mapping, Mapping):
         raise MissingFieldError(f"set_extras: expected a dict of tensors, got {type(mapping).__name__}")
-    given = set(mapping)
+    given = set(mapping.keys())  # a TensorDict iterates along its batch dim: its keys are the names
     for name in given & _FOREIGN_EXTRAS.keys() - ring.by_name.keys():  # attached, they left the field as it was
         raise MissingFieldError(f"set_extras: got {name!r}; {_FOREIGN_EXTRAS[name]}")
     if given & set(COMPUTED) and not set(COMPUTED) <= given:

@@ -119,3 +119,22 @@ def test_an_unshuffled_iterator_saved_with_a_shuffled_order_is_refused() -> None
     state["iterator"]["state"]["permutation"] = torch.tensor([6, 5, 4, 3, 2, 1, 0])
     with pytest.raises(CheckpointError, match="permutation: an iterator without shuffle runs in storage order"):
         DistillationBuffer(10, obs_shape=(2,), action_shape=(), action_dtype=torch.int64).load_state_dict(state)
+
+
+def test_set_extras_takes_a_tensordict_as_it_takes_a_dict() -> None:
+    """A TorchRL user's ``set_extras(td)`` (a TensorDict is a Mapping, iterated along its batch dim): Python's
+    bare "unhashable type: 'TensorDict'". Its keys are the names, as a dict's."""
+    from tensordict import TensorDict
+
+    by_td, by_dict = _rollout(), _rollout()
+    values = {"advantage": torch.ones(T, N), "returns": torch.full((T, N), 2.0), "old_logits": torch.rand(T, N, 3)}
+    by_td.set_extras(TensorDict(values, batch_size=[T, N]))
+    by_dict.set_extras(values)
+    td_batch, dict_batch = by_td.get_all_data(), by_dict.get_all_data()
+    for name in ("advantage", "returns", "old_logits"):
+        assert torch.equal(getattr(td_batch, name), getattr(dict_batch, name)), name
+    nested = TensorDict({"aux": {"logits": torch.zeros(T, N, 3)}}, batch_size=[T, N])
+    before = snapshot(by_td)
+    with pytest.raises(ShapeError, match=r"^aux: expected a tensor, got TensorDict"):
+        by_td.set_extras(nested)
+    assert same(before, snapshot(by_td))
