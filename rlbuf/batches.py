@@ -69,7 +69,8 @@ class Transition(_TransitionTuple):
     """One env step of ``num_envs`` rows, for ``ReplayBuffer.add(transition)``.
 
     Other libraries' names (``state``, ``next_state``, ``done`` ...) are refused with rlbuf's
-    (``MissingFieldError``, also a ``TypeError``).
+    (``MissingFieldError``, also a ``TypeError``), and so are ``extras`` that are no mapping; a
+    mapping (a TensorDict too) is kept as a dict.
 
     Example:
         >>> import torch
@@ -88,7 +89,14 @@ class Transition(_TransitionTuple):
         def __new__(cls, *args, **kwargs):
             if kwargs and not _TRANSITION_FIELDS.issuperset(kwargs):
                 raise _keyword_refusal("Transition", cls._fields, kwargs)
-            return _TransitionTuple.__new__(cls, *args, **kwargs)
+            step = _TransitionTuple.__new__(cls, *args, **kwargs)
+            extras = step.extras
+            if extras is None or type(extras) is dict:
+                return step
+            if not isinstance(extras, Mapping):
+                raise MissingFieldError(f"extras: expected a mapping name -> values (extras={{'cost': values}}), "
+                                        f"got {type(extras).__name__}")
+            return step._replace(extras=dict(extras.items()))  # a TensorDict, which refuses bool(): its keys
 
 
 _TRANSITION_FIELDS = frozenset(_TransitionTuple._fields)

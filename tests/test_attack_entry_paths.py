@@ -42,6 +42,7 @@ from rlbuf import (
     ReplayBuffer,
     RlbufError,
     RolloutBuffer,
+    Transition,
 )
 
 # -- a prioritized compact buffer ----------------------------------------------------------
@@ -247,3 +248,26 @@ def _plain() -> ReplayBuffer:
         buf.add(torch.full((2, 3), float(t)), torch.zeros(2), torch.ones(2), torch.zeros(2, 3),
                 torch.tensor([t == 3, False]), torch.zeros(2, dtype=torch.bool))
     return buf
+
+
+@pytest.mark.parametrize("extras", [[1, 2], torch.zeros(2), "cost", 3.0])
+def test_a_transition_whose_extras_are_no_mapping_is_refused_by_name(extras: Any) -> None:
+    """``add(Transition(..., extras=tensor))`` raised torch's "Boolean value of Tensor ... is ambiguous" (a list:
+    "cannot convert dictionary update sequence element") from inside ``add``."""
+    with pytest.raises(MissingFieldError, match=r"^extras: expected a mapping name -> values .*got "):
+        Transition(torch.zeros(2, 3), torch.zeros(2), torch.zeros(2), torch.zeros(2, 3), torch.zeros(2, dtype=torch.bool),
+                   torch.zeros(2, dtype=torch.bool), extras)
+
+
+def test_a_transition_takes_a_tensordict_of_extras_as_a_dict() -> None:
+    """A TensorDict (a Mapping that refuses ``bool()``) raised "Converting a tensordict to boolean value is not
+    permitted" from inside ``add``; its keys are the extra fields, as a dict's."""
+    bufs = [ReplayBuffer(4, obs_shape=(3,), action_shape=(), num_envs=2, extra_fields={"cost": ((), torch.float32)},
+                         seed=0) for _ in range(2)]
+    step = (torch.zeros(2, 3), torch.zeros(2), torch.ones(2), torch.ones(2, 3), torch.zeros(2, dtype=torch.bool),
+            torch.zeros(2, dtype=torch.bool))
+    cost = torch.tensor([0.5, 2.0])
+    bufs[0].add(Transition(*step, TensorDict({"cost": cost}, batch_size=[2])))
+    bufs[1].add(Transition(*step, {"cost": cost}))
+    assert torch.equal(bufs[0].sample_all().cost, bufs[1].sample_all().cost)
+    assert torch.equal(bufs[0].sample_all().cost, cost)
