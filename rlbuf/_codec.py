@@ -118,10 +118,13 @@ class Codec:
     def __init__(self, name: str, level: int | None, dictionary: bytes = b"") -> None:
         self.name, self.level, self.dictionary = name, level, dictionary
         self.compress: Callable[[Any], bytes]
-        self._decoder: Callable[[int], Callable[[Any], bytes]]
-        self._strict: Callable[[int], Callable[[Any], bytes]]
+        # decode(blob, size): a frame of at most size bytes, unchecked (frames this codec wrote or decompress
+        # checked); a C call with positional arguments (a partial's keywords cost more than the call on small frames)
+        self.decode: Callable[[Any, int], bytes]
+        self._strict: Callable[[Any, int], bytes]
         lz4_block, zstandard = _libraries()
         self._errors: tuple[type[Exception], ...] = (zstandard.ZstdError, lz4_block.LZ4BlockError, ValueError)
+        self._reader: Callable[..., Any] | None = None
         if name == "zstd":
             data = zstandard.ZstdCompressionDict(dictionary) if dictionary else None
             # No frame header fields: the size is known, and the checkpoint has its own checksums.
@@ -129,24 +132,79 @@ class Codec:
                                                   write_content_size=False, write_checksum=False, write_dict_id=False)
             decompressor = zstandard.ZstdDecompressor(dict_data=data)
             self.compress = compressor.compress
-            self._decoder = lambda size: functools.partial(decompressor.decompress, max_output_size=size)
-            # A frame followed by other bytes is no frame rlbuf wrote (zstd ignores them by default).
-            self._strict = lambda size: functools.partial(decompressor.decompress, max_output_size=size,
-                                                          allow_extra_data=False)
+            self.decode = decompressor.decompress  # (blob, max_output_size)
+            self._reader = decompressor.stream_reader
+            content_size, decompress = zstandard.frame_content_size, decompressor.decompress
+
+            def strict(blob: Any, size: int) -> bytes:
+                # python-zstandard allocates the content size a header gives, whatever the bound: refused first.
+                if content_size(blob) not in (-1, size):
+                    raise ValueError(f"its header gives {content_size(blob)} bytes")
+                # A frame followed by other bytes is no frame rlbuf wrote (zstd ignores them by default).
+                frame: bytes = decompress(blob, size, allow_extra_data=False)
+                return frame
+
+            self._strict = strict
         else:
             options: dict[str, Any] = {"store_size": False, "dict": dictionary} if dictionary else {"store_size": False}
             if level is not None:
                 options.update(mode="high_compression", compression=level)
             self.compress = functools.partial(lz4_block.compress, **options)
-            primed = {"dict": dictionary} if dictionary else {}
-            self._decoder = self._strict = lambda size: functools.partial(lz4_block.decompress,
-                                                                          uncompressed_size=size, **primed)
+            self._unpack = unpack = lz4_block.decompress
+            self.decode = self._strict = lambda blob, size: unpack(blob, size, False, dictionary)
 
-    def decoder(self, size: int) -> Callable[[Any], bytes]:
-        """``decode(blob) -> bytes`` of frames of ``size`` bytes, unchecked (a C call: frames this log wrote,
-        or checked by ``decompress`` at load). Not thread-safe: call with the buffer's lock held."""
-        decode: Callable[[Any], bytes] = self._decoder(size)
-        return decode
+    def decode_rows(self, data: Any, lengths: npt.NDArray[np.int64], out: memoryview, rows: npt.NDArray[np.int64],
+                    size: int) -> None:
+        """Decode the frames of ``data`` (one after another, of ``lengths`` bytes) straight into rows ``rows``
+        of ``out`` (rows of ``size`` bytes; ``rows`` ascending), unchecked beyond the bytes written: frames
+        this codec wrote or ``decompress`` checked.
+
+        zstd decodes a run of consecutive rows in one call: the frames one after another through one
+        stream reader, into the rows themselves (no frame-sized object, no second copy); lz4 one frame
+        a call. Not thread-safe: call with the buffer's lock held.
+
+        Raises:
+            ValueError: frames the codec cannot decode, or that decode to more or fewer than ``len(rows) * size``
+                bytes (a frame of another size that others make up for is not seen: frames are trusted here).
+
+        Example:
+            >>> codec = Codec("zstd", None)
+            >>> blobs = [codec.compress(b"abcd"), codec.compress(b"wxyz")]
+            >>> out = bytearray(12)
+            >>> codec.decode_rows(b"".join(blobs), np.array([len(b) for b in blobs]), memoryview(out),
+            ...                   np.array([0, 2]), 4)
+            >>> bytes(out)
+            b'abcd\\x00\\x00\\x00\\x00wxyz'
+        """
+        try:
+            frames = memoryview(data).cast("B")
+            if len(lengths) != len(rows) or int(lengths.sum()) != len(frames):
+                raise ValueError(f"{len(lengths)} frames of {int(lengths.sum())} bytes in all for {len(rows)} rows, "
+                                 f"given {len(frames)} bytes")
+            if self._reader is not None:
+                self._read_runs(frames, out, rows, size)
+                return
+            unpack, dictionary = self._unpack, self.dictionary
+            for row, end, length in zip(rows.tolist(), np.cumsum(lengths).tolist(), lengths.tolist(), strict=True):
+                out[row * size:(row + 1) * size] = unpack(frames[end - length:end], size, False, dictionary)
+        except self._errors as error:
+            raise ValueError(f"{len(rows)} {self.name} frames that do not decode to frames of {size} bytes "
+                             f"({error})") from None
+
+    def _read_runs(self, frames: memoryview, out: memoryview, rows: npt.NDArray[np.int64], size: int) -> None:
+        """zstd's ``decode_rows``: ``frames``, one after another, into each run of consecutive ``rows``."""
+        assert self._reader is not None
+        if not len(rows):
+            return
+        ends = np.flatnonzero(np.diff(rows) != 1)
+        lows, highs = rows[np.concatenate(([0], ends + 1))] * size, (rows[np.concatenate((ends, [-1]))] + 1) * size
+        with self._reader(frames, read_across_frames=True) as reader:
+            readinto = reader.readinto
+            for low, high in zip(lows.tolist(), highs.tolist(), strict=True):
+                if readinto(out[low:high]) != high - low:
+                    raise ValueError("fewer bytes")
+            if reader.read(1):
+                raise ValueError("more bytes")
 
     def decompress(self, blob: Any, size: int) -> bytes:
         """The ``size`` bytes ``blob`` was compressed from.
@@ -155,7 +213,7 @@ class Codec:
             ValueError: ``blob`` is not a compressed frame of ``size`` bytes (with this dictionary).
         """
         try:
-            frame: bytes = self._strict(size)(blob)
+            frame = self._strict(blob, size)
         except self._errors as error:
             raise ValueError(f"not a {self.name} frame of {size} bytes ({error})") from None
         if len(frame) != size:

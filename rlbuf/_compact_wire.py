@@ -333,13 +333,13 @@ def _place_compressed(slots: npt.NDArray[np.uint8], where: npt.NDArray[np.int64]
     used = sources != ZERO
     distinct, first = np.unique(sources[used], return_index=True)
     targets = where[used][first]
-    decode, data, out = codec.decoder(frame_bytes), payload.blobs.data.cast("B"), slots.data.cast("B")
+    decode, data, out = codec.decode, payload.blobs.data.cast("B"), slots.data.cast("B")
     # Python lists, not numpy scalars, in the loop: it runs once per distinct frame (1,500 a batch of 256 Atari
     # transitions), and a memoryview assignment refuses a frame of another size.
     ends, lengths = np.cumsum(payload.lengths).tolist(), payload.lengths.tolist()
     for source, target in zip(distinct.tolist(), (targets * frame_bytes).tolist(), strict=True):
         end = ends[source]
-        out[target:target + frame_bytes] = decode(data[end - lengths[source]:end])
+        out[target:target + frame_bytes] = decode(data[end - lengths[source]:end], frame_bytes)
     copy_from = np.empty(int(sources.max(initial=0)) + 1, np.int64)
     copy_from[distinct] = targets
     again = np.flatnonzero(used)

@@ -218,19 +218,17 @@ class FrameLog:
     def take(self, positions: npt.NDArray[np.int64]) -> npt.NDArray[Any]:
         """The frames at ring ``positions`` ``[len(positions), *frame]``, each distinct one decoded once.
 
-        Decoded straight into the result through a byte view (a numpy assignment from bytes costs
-        five times more), into the first row that asks for it; the other rows copy it (``copy_repeated``).
+        Decoded straight into the result (``Codec.decode_rows``), into the first row that asks for it; the
+        other rows copy it (``copy_repeated``).
         """
         size = self.frame_bytes
         result = np.empty((len(positions), size), np.uint8)
         if not len(positions):
             empty: npt.NDArray[Any] = result.view(self.np_dtype).reshape(0, *self.frame_shape)
             return empty
-        unique, first, inverse = np.unique(positions, return_index=True, return_inverse=True)
-        out, arena, decode = result.data.cast("B"), self.arena.data, self.codec.decoder(size)
-        for row, start, length in zip(first.tolist(), self.start[unique].tolist(), self.length[unique].tolist(),
-                                      strict=True):
-            out[row * size:(row + 1) * size] = decode(arena[start:start + length])
+        _, first, inverse = np.unique(positions, return_index=True, return_inverse=True)
+        rows = np.sort(first)  # in row order: a stack's frames are consecutive rows, decoded in one call
+        self.codec.decode_rows(*self.blobs(positions[rows]), result.data.cast("B"), rows, size)
         source = first[inverse.reshape(-1)]
         again = np.flatnonzero(source != np.arange(len(positions)))
         if again.size:
@@ -250,11 +248,13 @@ class FrameLog:
             >>> len(data) == int(lengths.sum()) and log.codec.decompress(data[:lengths[0]], 8) == bytes(8)
             True
         """
+        # numba is imported with the compact layout (whose frames these are), not with rlbuf
+        from rlbuf._frames_numba import gather_bytes
+
         lengths = self.length[positions].astype(np.int64)
-        arena = self.arena.data
-        data = b"".join([arena[start:start + length] for start, length in
-                         zip(self.start[positions].tolist(), lengths.tolist(), strict=True)])
-        return np.frombuffer(data, np.uint8), lengths
+        data = np.empty(int(lengths.sum()), np.uint8)
+        gather_bytes(self.arena, self.start[positions], lengths, data)
+        return data, lengths
 
     @property
     def nbytes(self) -> int:
@@ -405,13 +405,9 @@ class CompressedFinals:
     def take(self, slots: npt.NDArray[np.int64]) -> torch.Tensor:
         """The frames in ``slots``, on the CPU."""
         log = self.log
-        size, decode = log.frame_bytes, log.codec.decoder(log.frame_bytes)
+        size = log.frame_bytes
         result = np.empty((len(slots), size), np.uint8)
-        if not len(slots):
-            return torch.from_numpy(result.view(log.np_dtype).reshape(0, *log.frame_shape))
-        out = result.data.cast("B")
-        for row, slot in enumerate(slots.tolist()):
-            out[row * size:(row + 1) * size] = decode(self.blobs[slot])
+        log.codec.decode_rows(*self.blobs_at(slots), result.data.cast("B"), np.arange(len(slots)), size)
         return torch.from_numpy(result.view(log.np_dtype).reshape(len(slots), *log.frame_shape))
 
     def blobs_at(self, slots: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:

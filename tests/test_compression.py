@@ -264,6 +264,55 @@ def test_the_log_holds_the_newest_frames_through_wraps_and_growth(capacity: int,
         assert (again.take(positions) == log.take(positions)).all()
 
 
+# -- decoding rows in place -----------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(codec=st.sampled_from(["zstd", "lz4"]), kinds=st.lists(st.integers(0, 2), max_size=12),
+       gaps=st.lists(st.integers(0, 2), min_size=12, max_size=12), primed=st.booleans(), seed=st.integers(0, 2**16))
+def test_decoded_rows_hold_each_frame_where_it_is_asked(codec: str, kinds: list[int], gaps: list[int],
+                                                         primed: bool, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    frames = [_frame(rng, kind).tobytes() for kind in kinds]
+    made = Codec(codec, None)
+    if primed:
+        made = made.with_dictionary(made.train([_frame(rng, k % 3).tobytes() for k in range(200)]) or b"")
+    rows = np.cumsum(np.array(gaps[:len(frames)], np.int64) + 1) - 1  # ascending, some consecutive
+    size = len(_frame(rng, 0).tobytes())
+    out = bytearray(size * (int(rows[-1]) + 2 if len(rows) else 1))
+    blobs = [made.compress(frame) for frame in frames]
+    made.decode_rows(b"".join(blobs), np.array([len(blob) for blob in blobs], np.int64), memoryview(out), rows, size)
+    expected = bytearray(len(out))
+    for row, frame in zip(rows.tolist(), frames, strict=True):
+        expected[row * size:(row + 1) * size] = frame
+    assert out == expected
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+@pytest.mark.parametrize("case", ["a frame too short", "a frame too long", "garbage", "two frames as one",
+                                  "a frame cut"])
+def test_rows_that_do_not_decode_to_their_bytes_are_refused(codec: str, case: str) -> None:
+    made, size = Codec(codec, None), 30
+    frame = bytes(range(size))
+    blobs = {"a frame too short": [made.compress(frame[:-1])], "a frame too long": [made.compress(frame + b"x")],
+             "garbage": [bytes(range(200, 230))], "two frames as one": [made.compress(frame) * 2],
+             "a frame cut": [made.compress(frame)[:-2]]}[case]
+    out = bytearray(3 * size)
+    with pytest.raises(ValueError, match=f"{codec} frames that do not decode"):
+        made.decode_rows(blobs[0], np.array([len(blobs[0])]), memoryview(out), np.array([1]), size)
+    with pytest.raises(ValueError, match="given"):  # lengths that do not add up to the bytes
+        made.decode_rows(made.compress(frame), np.array([1, 2]), memoryview(out), np.array([0, 1]), size)
+
+
+def test_a_zstd_header_giving_another_size_is_refused_before_decoding() -> None:
+    import zstandard
+
+    # 1 MiB of zeros in 40-odd bytes: python-zstandard would allocate the header's size whatever the bound.
+    bomb = zstandard.ZstdCompressor(write_content_size=True).compress(bytes(1 << 20))
+    with pytest.raises(ValueError, match="its header gives 1048576 bytes"):
+        Codec("zstd", None).decompress(bomb, 64)
+    honest = zstandard.ZstdCompressor(write_content_size=True).compress(bytes(64))
+    assert Codec("zstd", None).decompress(honest, 64) == bytes(64)
+
+
 # -- refusals -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("options", "match"), [
     ({"compression": "zstd", "frame_stack": 1}, "compact layout"),
