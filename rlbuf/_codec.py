@@ -153,15 +153,16 @@ class Codec:
             self._unpack = unpack = lz4_block.decompress
             self.decode = self._strict = lambda blob, size: unpack(blob, size, False, dictionary)
 
-    def decode_rows(self, data: Any, lengths: npt.NDArray[np.int64], out: memoryview, rows: npt.NDArray[np.int64],
-                    size: int) -> None:
-        """Decode the frames of ``data`` (one after another, of ``lengths`` bytes) straight into rows ``rows``
-        of ``out`` (rows of ``size`` bytes; ``rows`` ascending), unchecked beyond the bytes written: frames
-        this codec wrote or ``decompress`` checked.
+    def decode_rows(self, arena: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64],
+                    out: memoryview, rows: npt.NDArray[np.int64], size: int) -> None:
+        """Decode the frames at ``arena[starts[i]:starts[i] + lengths[i]]`` straight into rows ``rows`` of ``out``
+        (rows of ``size`` bytes; ``rows`` ascending), unchecked beyond the bytes written: frames this codec
+        wrote or ``decompress`` checked.
 
-        zstd decodes a run of consecutive rows in one call: the frames one after another through one
-        stream reader, into the rows themselves (no frame-sized object, no second copy); lz4 one frame
-        a call. Not thread-safe: call with the buffer's lock held.
+        zstd decodes a run of consecutive rows in one call: the frames gathered one after another
+        (``rlbuf._frames_numba.gather_bytes``) through one stream reader, into the rows themselves (no
+        frame-sized object, no second copy); lz4 one frame a call, from the arena. Not thread-safe: call
+        with the buffer's lock held.
 
         Raises:
             ValueError: frames the codec cannot decode, or that decode to more or fewer than ``len(rows) * size``
@@ -170,35 +171,40 @@ class Codec:
         Example:
             >>> codec = Codec("zstd", None)
             >>> blobs = [codec.compress(b"abcd"), codec.compress(b"wxyz")]
+            >>> arena = np.frombuffer(b"".join(blobs), np.uint8)
             >>> out = bytearray(12)
-            >>> codec.decode_rows(b"".join(blobs), np.array([len(b) for b in blobs]), memoryview(out),
-            ...                   np.array([0, 2]), 4)
+            >>> codec.decode_rows(arena, np.array([0, len(blobs[0])]), np.array([len(b) for b in blobs]),
+            ...                   memoryview(out), np.array([0, 2]), 4)
             >>> bytes(out)
             b'abcd\\x00\\x00\\x00\\x00wxyz'
         """
+        if not len(starts) == len(lengths) == len(rows):
+            raise ValueError(f"{len(starts)} starts and {len(lengths)} lengths of frames for {len(rows)} rows")
         try:
-            frames = memoryview(data).cast("B")
-            if len(lengths) != len(rows) or int(lengths.sum()) != len(frames):
-                raise ValueError(f"{len(lengths)} frames of {int(lengths.sum())} bytes in all for {len(rows)} rows, "
-                                 f"given {len(frames)} bytes")
             if self._reader is not None:
-                self._read_runs(frames, out, rows, size)
+                # numba is imported with the compact layout (whose frames these are), not with rlbuf
+                from rlbuf._frames_numba import gather_bytes
+
+                data = np.empty(int(lengths.sum()), np.uint8)
+                gather_bytes(arena, starts, lengths, data)
+                self._read_runs(data, out, rows, size)
                 return
-            unpack, dictionary = self._unpack, self.dictionary
-            for row, end, length in zip(rows.tolist(), np.cumsum(lengths).tolist(), lengths.tolist(), strict=True):
-                out[row * size:(row + 1) * size] = unpack(frames[end - length:end], size, False, dictionary)
+            unpack, dictionary, frames = self._unpack, self.dictionary, arena.data
+            for row, start, length in zip(rows.tolist(), starts.tolist(), lengths.tolist(), strict=True):
+                out[row * size:(row + 1) * size] = unpack(frames[start:start + length], size, False, dictionary)
         except self._errors as error:
             raise ValueError(f"{len(rows)} {self.name} frames that do not decode to frames of {size} bytes "
                              f"({error})") from None
 
-    def _read_runs(self, frames: memoryview, out: memoryview, rows: npt.NDArray[np.int64], size: int) -> None:
-        """zstd's ``decode_rows``: ``frames``, one after another, into each run of consecutive ``rows``."""
+    def _read_runs(self, data: npt.NDArray[np.uint8], out: memoryview, rows: npt.NDArray[np.int64],
+                   size: int) -> None:
+        """zstd's ``decode_rows``: the frames of ``data``, one after another, into each run of consecutive ``rows``."""
         assert self._reader is not None
         if not len(rows):
             return
         ends = np.flatnonzero(np.diff(rows) != 1)
         lows, highs = rows[np.concatenate(([0], ends + 1))] * size, (rows[np.concatenate((ends, [-1]))] + 1) * size
-        with self._reader(frames, read_across_frames=True) as reader:
+        with self._reader(data, read_across_frames=True) as reader:
             readinto = reader.readinto
             for low, high in zip(lows.tolist(), highs.tolist(), strict=True):
                 if readinto(out[low:high]) != high - low:

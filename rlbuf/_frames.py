@@ -228,7 +228,9 @@ class FrameLog:
             return empty
         _, first, inverse = np.unique(positions, return_index=True, return_inverse=True)
         rows = np.sort(first)  # in row order: a stack's frames are consecutive rows, decoded in one call
-        self.codec.decode_rows(*self.blobs(positions[rows]), result.data.cast("B"), rows, size)
+        distinct = positions[rows]
+        self.codec.decode_rows(self.arena, self.start[distinct], self.length[distinct].astype(np.int64),
+                               result.data.cast("B"), rows, size)
         source = first[inverse.reshape(-1)]
         again = np.flatnonzero(source != np.arange(len(positions)))
         if again.size:
@@ -407,7 +409,9 @@ class CompressedFinals:
         log = self.log
         size = log.frame_bytes
         result = np.empty((len(slots), size), np.uint8)
-        log.codec.decode_rows(*self.blobs_at(slots), result.data.cast("B"), np.arange(len(slots)), size)
+        data, lengths = self.blobs_at(slots)
+        log.codec.decode_rows(data, np.cumsum(lengths) - lengths, lengths, result.data.cast("B"), np.arange(len(slots)),
+                              size)
         return torch.from_numpy(result.view(log.np_dtype).reshape(len(slots), *log.frame_shape))
 
     def blobs_at(self, slots: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:

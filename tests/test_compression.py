@@ -279,7 +279,9 @@ def test_decoded_rows_hold_each_frame_where_it_is_asked(codec: str, kinds: list[
     size = len(_frame(rng, 0).tobytes())
     out = bytearray(size * (int(rows[-1]) + 2 if len(rows) else 1))
     blobs = [made.compress(frame) for frame in frames]
-    made.decode_rows(b"".join(blobs), np.array([len(blob) for blob in blobs], np.int64), memoryview(out), rows, size)
+    lengths = np.array([len(blob) for blob in blobs], np.int64)
+    made.decode_rows(np.frombuffer(b"".join(blobs), np.uint8), np.cumsum(lengths) - lengths, lengths, memoryview(out),
+                     rows, size)
     expected = bytearray(len(out))
     for row, frame in zip(rows.tolist(), frames, strict=True):
         expected[row * size:(row + 1) * size] = frame
@@ -296,10 +298,13 @@ def test_rows_that_do_not_decode_to_their_bytes_are_refused(codec: str, case: st
              "garbage": [bytes(range(200, 230))], "two frames as one": [made.compress(frame) * 2],
              "a frame cut": [made.compress(frame)[:-2]]}[case]
     out = bytearray(3 * size)
+    arena = np.frombuffer(blobs[0], np.uint8)
     with pytest.raises(ValueError, match=f"{codec} frames that do not decode"):
-        made.decode_rows(blobs[0], np.array([len(blobs[0])]), memoryview(out), np.array([1]), size)
-    with pytest.raises(ValueError, match="given"):  # lengths that do not add up to the bytes
-        made.decode_rows(made.compress(frame), np.array([1, 2]), memoryview(out), np.array([0, 1]), size)
+        made.decode_rows(arena, np.array([0]), np.array([len(arena)]), memoryview(out), np.array([1]), size)
+    with pytest.raises(ValueError, match=f"{codec} frames that do not decode"):  # a range past the arena's end
+        made.decode_rows(arena, np.array([1]), np.array([len(arena)]), memoryview(out), np.array([1]), size)
+    with pytest.raises(ValueError, match="1 starts and 2 lengths of frames for 2 rows"):
+        made.decode_rows(arena, np.array([0]), np.array([1, 2]), memoryview(out), np.array([0, 1]), size)
 
 
 def test_a_zstd_header_giving_another_size_is_refused_before_decoding() -> None:
