@@ -205,6 +205,7 @@ class CompactLayout:
         """``rows`` rows of field ``name`` (``obs`` or ``next_obs``), checked by its reader: C-contiguous numpy
         rows of the stored dtype, on the CPU."""
         reader = self._readers.get((name, rows)) or self._reader(name, rows)
+        read: np.ndarray[Any, Any]
         try:
             read = reader.read(value)
         except NotStaged:  # a tensor on the storing device
