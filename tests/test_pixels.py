@@ -10,6 +10,7 @@ complete transitions must be sampleable.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -405,10 +406,10 @@ def test_rows_of_any_subset_of_envs_in_any_interleaving_are_followed_per_env(
         rows = len(steps)
 
         def store(frames: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor,
-                  steps: list[Step] = steps, rows: int = rows) -> None:
-            buf._ring.write_tensors({"obs": frames, "action": torch.tensor([float(s.action) for s in steps]),
-                                     "reward": torch.tensor([s.reward for s in steps]),
-                                     "terminated": terminated, "truncated": truncated}, rows)
+                  steps: list[Step] = steps, rows: int = rows) -> Callable[[], None]:
+            values = {"obs": frames, "action": torch.tensor([float(s.action) for s in steps]),
+                      "reward": torch.tensor([s.reward for s in steps]), "terminated": terminated, "truncated": truncated}
+            return buf._ring.prepared([values[spec.name] for spec in buf._ring.input_specs], rows, given="extend")
 
         compact.write(torch.stack([s.obs for s in steps]), torch.stack([s.next_obs for s in steps]),
                       torch.tensor([s.terminated for s in steps]), torch.tensor([s.truncated for s in steps]),
