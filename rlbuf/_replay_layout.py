@@ -299,7 +299,7 @@ class ReplayWriter:
             if env_mask is not None:
                 others = {"action": action, "reward": reward, **dict(zip(self.extra_names, extra_values, strict=True))}
                 return self._add_compact_envs(obs, next_obs, terminated, truncated, others, env_mask)
-            # Every env's row: the ring's own add (one env's row in one read and one write per field).
+            # Every env's row, read as the ring's add reads it (one env's: one read and one assignment per field).
             compact.write(obs, next_obs, terminated, truncated, compact.all_envs,
                           lambda frames, done, cut: ring.prepared((frames, action, reward, done, cut, *extra_values),
                                                                   self.num_envs))
