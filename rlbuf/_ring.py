@@ -1,4 +1,4 @@
-"""The ring of rows every rlbuf buffer stores: pending rows, one commit, gathers, snapshots.
+"""The ring of rows every rlbuf buffer stores: pending rows, one commit, gathers (its snapshots: rlbuf._row_sinks).
 
 TorchRL owns the storage, the writer's cursor and the sampler; the ring owns the write
 pipeline. Every way rows enter goes the same three steps: the values are read into rows and
@@ -33,7 +33,7 @@ import contextlib
 import sys
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,7 +47,6 @@ from rlbuf._derive import derive_rows
 from rlbuf._device_checks import check_finite_together
 from rlbuf._handout import FlushingReplayBuffer
 from rlbuf._one_row import reading_all, writing_row
-from rlbuf._row_sinks import RowSink, Snapshot
 from rlbuf._torchrl_rows import TorchRLRows
 from rlbuf.errors import BatchSizeError, EmptyBufferError, MissingFieldError
 from rlbuf.spec import FieldSpec, NotStaged, RowReader, positive_int
@@ -56,7 +55,6 @@ from rlbuf.storage import BuiltStorage, check_batch_memory, remove_when_collecte
 _BLOCK_ROWS = 256
 # Batches above this size are checked against the memory free now: one that cannot fit would only
 # fail later, inside torch (or get the process killed).
-CapturedT = TypeVar("CapturedT")
 _CPU = torch.device("cpu")
 _FLAGS = ("terminated", "truncated")
 
@@ -250,41 +248,6 @@ class RowRing:
         """``(size, cursor, write_count)`` of the committed rows; call with the locks held."""
         rb = self.rb
         return min(_torchrl.size(rb), self.capacity), _torchrl.cursor(rb), _torchrl.write_count(rb)
-
-    def snapshot(self, sink: RowSink | None, capture: Callable[[], CapturedT]) -> Snapshot:
-        """A consistent snapshot of one write count, without stopping writers for the whole copy.
-
-        The rows are copied into ``sink`` while writers run; then, under the lock that every
-        write takes (rlbuf's, TorchRL's and worker processes'), only the rows written since
-        the copy began are copied again and ``capture()`` reads the rest of the state. When
-        more than ``capacity`` rows were written meanwhile, or rows changed without a write
-        (``clear``, a load, TorchRL's ``__setitem__``), every row is copied again.
-
-        Args:
-            sink: where the rows go (``None``: counters and ``capture()`` only).
-            capture: called under the lock; its result is returned as ``captured``.
-        """
-        with self.lock:
-            self.flush()
-            with _torchrl.write_lock(self.rb):
-                size, cursor, count = self.counters()
-                generation = self.generation
-        if sink is not None:
-            sink.copy(self.leaves, size)
-        with self.lock:
-            self.flush()
-            with _torchrl.write_lock(self.rb):
-                new_size, new_cursor, new_count = self.counters()
-                written = new_count - count
-                if self.generation != generation or not 0 <= written < self.capacity or new_size < size:
-                    segments = [(0, new_size)]
-                else:
-                    segments = [(cursor, min(cursor + written, self.capacity))]
-                    if cursor + written > self.capacity:
-                        segments.append((0, cursor + written - self.capacity))
-                    segments = [(start, stop) for start, stop in segments if stop > start]
-                rows = {} if sink is None else sink.patch(self.leaves, segments, new_size)
-                return Snapshot(new_size, new_cursor, new_count, rows, capture())
 
     # -- writing ---------------------------------------------------------------------------
     def reader(self, spec: FieldSpec, rows: int) -> RowReader:

@@ -1,7 +1,7 @@
-"""What a snapshot of the ring copies its rows into, and what it returns.
+"""A snapshot of the ring for ``save`` and ``state_dict``: what it copies its rows into, and what it returns.
 
-[`RowRing.snapshot`][rlbuf._ring.RowRing.snapshot] copies every row into a sink while writers run,
-then, under the lock, only the rows written meanwhile.
+[`snapshot`][rlbuf._row_sinks.snapshot] copies every row into a sink while writers run, then, under
+the lock, only the rows written meanwhile.
 
 Example:
     >>> sink = RowCopies()
@@ -12,10 +12,15 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
+
+from rlbuf import _torchrl
+
+if TYPE_CHECKING:
+    from rlbuf._ring import RowRing
 
 
 class RowSink(Protocol):
@@ -62,3 +67,40 @@ class Snapshot(NamedTuple):
     write_count: int
     rows: Mapping[str, Any]
     captured: Any
+
+
+def snapshot(ring: RowRing, sink: RowSink | None, capture: Callable[[], Any]) -> Snapshot:
+    """A consistent snapshot of one write count of ``ring``, without stopping writers for the whole copy.
+
+    The rows are copied into ``sink`` while writers run; then, under the lock that every
+    write takes (rlbuf's, TorchRL's and worker processes'), only the rows written since
+    the copy began are copied again and ``capture()`` reads the rest of the state. When
+    more than ``capacity`` rows were written meanwhile, or rows changed without a write
+    (``clear``, a load, TorchRL's ``__setitem__``), every row is copied again.
+
+    Args:
+        ring: the buffer's ring.
+        sink: where the rows go (``None``: counters and ``capture()`` only).
+        capture: called under the lock; its result is returned as ``captured``.
+    """
+    with ring.lock:
+        ring.flush()
+        with _torchrl.write_lock(ring.rb):
+            size, cursor, count = ring.counters()
+            generation = ring.generation
+    if sink is not None:
+        sink.copy(ring.leaves, size)
+    with ring.lock:
+        ring.flush()
+        with _torchrl.write_lock(ring.rb):
+            new_size, new_cursor, new_count = ring.counters()
+            written = new_count - count
+            if ring.generation != generation or not 0 <= written < ring.capacity or new_size < size:
+                segments = [(0, new_size)]
+            else:
+                segments = [(cursor, min(cursor + written, ring.capacity))]
+                if cursor + written > ring.capacity:
+                    segments.append((0, cursor + written - ring.capacity))
+                segments = [(start, stop) for start, stop in segments if stop > start]
+            rows = {} if sink is None else sink.patch(ring.leaves, segments, new_size)
+            return Snapshot(new_size, new_cursor, new_count, rows, capture())

@@ -46,7 +46,7 @@ from rlbuf._invariants import (
 from rlbuf._keywords import loader
 from rlbuf._manifest_state import counts_problem, saved_count
 from rlbuf._ring import RowRing
-from rlbuf._row_sinks import RowCopies, RowSink
+from rlbuf._row_sinks import RowCopies, RowSink, snapshot
 from rlbuf._stats_state import checked_state
 from rlbuf.checkpoint import RowFiles, load_state, save_state
 from rlbuf.epochs import EpochIterator
@@ -158,15 +158,15 @@ class BufferState:
 
     # -- taking the state ----------------------------------------------------------------------
     def _snapshot(self, sink: RowSink | None, *, data: bool) -> dict[str, Any]:
-        """The state of one write count (see [`RowRing.snapshot`][rlbuf._ring.RowRing.snapshot]): rows into ``sink``."""
+        """The state of one write count (see [`snapshot`][rlbuf._row_sinks.snapshot]): rows into ``sink``."""
         ring = self._ring
 
         def capture() -> dict[str, Any]:
             return copy.deepcopy(self._unrowed_state(data=data))
 
-        snapshot = ring.snapshot(sink if data else None, capture)
-        return {**self._header(data), "size": snapshot.size, "cursor": snapshot.cursor,
-                "write_count": snapshot.write_count, "fields": dict(snapshot.rows), **snapshot.captured}
+        taken = snapshot(ring, sink if data else None, capture)
+        return {**self._header(data), "size": taken.size, "cursor": taken.cursor,
+                "write_count": taken.write_count, "fields": dict(taken.rows), **taken.captured}
 
     def _header(self, data: bool) -> dict[str, Any]:
         ring = self._ring

@@ -26,6 +26,7 @@ from rlbuf import (
     ShapeError,
 )
 from rlbuf._row_sinks import RowCopies
+from rlbuf._row_sinks import snapshot as take_snapshot
 
 T, N = 5, 3
 
@@ -440,7 +441,7 @@ def test_a_snapshot_taken_while_advantages_are_written_holds_the_new_ones_not_a_
             buf.set_extras({"advantage": torch.full((3, 2), 7.0), "returns": torch.full((3, 2), 8.0)})
 
     generation = ring.generation
-    snapshot = ring.snapshot(_WritesDuringTheCopy(write), lambda: None)
+    snapshot = take_snapshot(ring, _WritesDuringTheCopy(write), lambda: None)
     assert ring.generation > generation
     for name in ("advantage", "returns"):
         assert torch.equal(snapshot.rows[name], ring.leaves[name]), name
