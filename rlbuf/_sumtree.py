@@ -234,7 +234,8 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         Returns:
             The index (a LongTensor on the storage's device, or a tuple of them for a storage with
             more than one dimension, as TorchRL returns) and ``{"priority_weight": weights}``
-            (float32, normalised so the largest possible weight among stored items is 1).
+            (float32, normalised so the largest possible weight among stored items, the ``drawable`` ones
+            where set, is 1).
 
         Raises:
             BatchSizeError: ``batch_size`` is not a positive integer.
