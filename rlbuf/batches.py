@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
@@ -86,6 +87,8 @@ class Transition(_TransitionTuple):
     __slots__ = ()
 
     if not TYPE_CHECKING:  # type checkers read the fields' signature; this only refuses other names
+        __signature__ = inspect.signature(_TransitionTuple)  # what help() and call hints show: the fields
+
         def __new__(cls, *args, **kwargs):
             if kwargs and not _TRANSITION_FIELDS.issuperset(kwargs):
                 raise _keyword_refusal("Transition", cls._fields, kwargs)

@@ -584,6 +584,17 @@ def test_a_transition_built_with_rlbufs_names_works_as_a_named_tuple() -> None:
     assert len(buf) == 2
 
 
+def test_a_transition_shows_its_fields_signature_at_run_time() -> None:
+    """The keyword check (``Transition.__new__(*args, **kwargs)``) left ``inspect.signature``, hence ``help()`` and
+    a notebook's call hints, showing ``(*args, **kwargs)``; they show the fields, with their defaults."""
+    import inspect
+
+    parameters = inspect.signature(Transition).parameters
+    assert list(parameters) == ["obs", "action", "reward", "next_obs", "terminated", "truncated", "extras"]
+    assert parameters["truncated"].default is None and parameters["extras"].default is None
+    assert parameters["obs"].default is inspect.Parameter.empty
+
+
 @pytest.mark.parametrize(("make", "keywords", "message"), [
     (lambda: filled(replay).sample(2), {"observations": Z}, r"^ReplayBatch: got observations=, .*rlbuf's name is obs"),
     (lambda: filled(replay).sample(2), {"dones": F}, r"^ReplayBatch: got dones=, .*rlbuf's name is terminated"),
