@@ -31,7 +31,7 @@ from rlbuf._episodes import env_ids_of
 from rlbuf._frames import CompressedFinals, FrameLog
 from rlbuf._nstep import nstep_discount, nstep_return
 from rlbuf._obs import leaf_name
-from rlbuf._ring import RowRing
+from rlbuf._ring import RowRing, check_field_names
 from rlbuf._stream_check import streams_problem
 from rlbuf._streams import Chain, PaddingType, Streams
 from rlbuf._sumtree import SumTreeSampler
@@ -39,7 +39,6 @@ from rlbuf.errors import (
     CheckpointError,
     ConfigError,
     EmptyBufferError,
-    MissingFieldError,
     PriorityError,
     StoredIndexError,
 )
@@ -301,12 +300,8 @@ class CompactLayout:
             StoredIndexError: a transition that is not complete.
             MissingFieldError: an unknown field name.
         """
-        known = self.known
-        if names is not None and (isinstance(names, (str, bytes)) or not isinstance(names, (Sequence, set, frozenset))):
-            raise MissingFieldError(f"fields: expected a list of field names, got {names!r}")  # as the ring's check
-        if names is not None and any(not isinstance(name, str) or name not in known for name in names):
-            unknown = [name for name in names if not isinstance(name, str) or name not in known]
-            raise MissingFieldError(f"fields: unknown {unknown}; fields are {list(known)}")
+        if names is not None:
+            check_field_names(names, self.known, "fields")
         with self.ring.lock:  # the streams and the rows they point to, from one consistent state
             return self._columns(index, names)
 

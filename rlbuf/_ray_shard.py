@@ -208,8 +208,10 @@ class ShardHost(ReplayBufferHost):
         who = {"write_count": self.write_count, "incarnation": self._incarnation}
         if not buffer.prioritized or size == 0:
             return {"size": size, "mass": float(size), "smallest": 1.0, "limiter": counters, **who}
-        rb = buffer._ring.rb  # not buffer.torchrl, which a compact buffer does not hand out
-        _, total, smallest = rb.sampler.sampled_mass(rb.storage)  # rlbuf's own SumTreeSampler
+        ring = buffer._ring  # not buffer.torchrl, which a compact buffer does not hand out
+        with ring.lock:  # a compact buffer judges its rows' completeness on committed rows
+            ring.flush()
+            _, total, smallest = ring.rb.sampler.sampled_mass(ring.rb.storage)  # rlbuf's own SumTreeSampler
         return {"size": size, "mass": float(total), "smallest": float(smallest), "limiter": counters, **who}
 
     def shard_wait_sample(self, batch_size: int, timeout: float | None, wait_round: int = 0) -> bool:

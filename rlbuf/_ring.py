@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -575,9 +575,21 @@ class RowRing:
 
     def check_field_names(self, names: Sequence[str]) -> None:
         """Raise [`MissingFieldError`][rlbuf.errors.MissingFieldError] for names that are not stored fields."""
-        if isinstance(names, (str, bytes)) or not isinstance(names, (Sequence, set, frozenset)):
-            raise MissingFieldError(f"fields: expected a list of field names, got {names!r}")
-        unknown = [name for name in names if not isinstance(name, str) or name not in self.by_name]
-        if unknown:
-            raise MissingFieldError(f"fields: unknown {unknown}; stored fields are {list(self.by_name)}")
+        check_field_names(names, self.by_name, "stored fields")
 
+
+def check_field_names(names: Sequence[str], known: Collection[str], kind: str) -> None:
+    """Raise [`MissingFieldError`][rlbuf.errors.MissingFieldError] unless ``names`` is a collection of ``known``
+    names (``kind`` says what they are in the message).
+
+    Example:
+        >>> check_field_names(["obs"], {"obs", "action"}, "fields")
+        >>> check_field_names("obs", {"obs"}, "fields")
+        Traceback (most recent call last):
+        rlbuf.errors.MissingFieldError: fields: expected a list of field names, got 'obs'
+    """
+    if isinstance(names, (str, bytes)) or not isinstance(names, (Sequence, set, frozenset)):
+        raise MissingFieldError(f"fields: expected a list of field names, got {names!r}")
+    unknown = [name for name in names if not isinstance(name, str) or name not in known]
+    if unknown:
+        raise MissingFieldError(f"fields: unknown {unknown}; {kind} are {list(known)}")
