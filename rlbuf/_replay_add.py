@@ -278,11 +278,9 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             raise truncated_missing()
         if truncated is False:
             truncated = self._no_truncation
-        if hidden_state is not None or self._hidden is not None:
-            check_hidden_state(self._hidden, hidden_state)
+        check_hidden_state(self._hidden, hidden_state)
         with self._ring.lock:  # this add's flags read back, whatever other threads write (see add)
-            record = None if self._stats is None and metrics is None else self._planned_stats(
-                reward, terminated, truncated, env_mask=env_mask, metrics=metrics)
+            record = self._planned_stats(reward, terminated, truncated, env_mask=env_mask, metrics=metrics)
             resets = self._resets
             stored = None if resets is None else env_mask  # checked by add: numpy bools that leave some env out
             # The step read once for both checks, where one runs.
@@ -294,12 +292,8 @@ class ReplayWriting(RingBuffer[ReplayBatch]):
             interleaved = self._writer.add(obs, action, reward, next_obs, terminated, truncated, hidden_state, extras,
                                            env_mask)
             self._interleaved = self._interleaved and interleaved
-            if env_mask is None:  # every env's row: each env's newest among the last num_envs rows
-                self._own_rows += self._num_envs
-                self._newest = None
-            else:
-                self._own_rows += int(env_mask.sum())
-                self._newest_after_add(env_mask)
+            self._own_rows += self._num_envs if env_mask is None else int(env_mask.sum())
+            self._newest_after_add(env_mask)
             # Each warning is given once per buffer, once an add it was given for has stored: a refused add
             # leaves the watch as it was.
             if warned:
