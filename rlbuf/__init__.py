@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         ShardDiedError,
         StoredIndexError,
         StreamError,
+        UnsupportedOperationError,
     )
     from rlbuf.gae import GAE
     from rlbuf.gym import Recorder
@@ -87,6 +88,7 @@ _MODULE_OF = {
     "ShapeError": "rlbuf.errors",
     "StoredIndexError": "rlbuf.errors",
     "StreamError": "rlbuf.errors",
+    "UnsupportedOperationError": "rlbuf.errors",
     "ReplaySequenceBatch": "rlbuf.sequences",
     "SequenceBatch": "rlbuf.sequences",
     "GAE": "rlbuf.gae",
@@ -145,6 +147,7 @@ __all__ = [
     "StoredIndexError",
     "StreamError",
     "Transition",
+    "UnsupportedOperationError",
     "__version__",
 ]
 

@@ -22,6 +22,7 @@ from torchrl.data.replay_buffers.samplers import Sampler
 from rlbuf._delivery import deliver
 from rlbuf._fields import check_names
 from rlbuf._keywords import foreign_method
+from rlbuf._protocols import BufferProtocols
 from rlbuf._ring import RowRing
 from rlbuf._state import BufferState
 from rlbuf._sumtree import SumTreeSampler
@@ -133,7 +134,7 @@ def done_of(columns: Mapping[str, Any]) -> Any:
     return columns["terminated"] | columns["truncated"]
 
 
-class RingBuffer(BufferState, Generic[BatchT]):
+class RingBuffer(BufferProtocols, BufferState, Generic[BatchT]):
     """Shared machinery of the ring buffers; not used directly."""
 
     _batch_type: type[BatchT]

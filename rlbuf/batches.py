@@ -21,7 +21,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, NoReturn, Self, cast
 
 import numpy as np
 import torch
@@ -29,7 +29,9 @@ from tensordict import TensorDict
 
 from rlbuf._keywords import FOREIGN_NAMES
 from rlbuf._obs import hidden_state_key
-from rlbuf.errors import MissingFieldError
+from rlbuf._protocols import moved, refuse_iteration, same_batch, select_rows
+from rlbuf.errors import MissingFieldError, UnsupportedOperationError
+from rlbuf.storage import DeviceLike, resolve_device
 
 
 def _torchrl_layout(value: torch.Tensor, batch_ndim: int) -> torch.Tensor:
@@ -119,6 +121,12 @@ _TORCHRL_KEYS: dict[str, str | tuple[str, str]] = {
     "privileged_obs": "privileged_observation", "is_first": "is_init", "hidden_state": "recurrent_state",
 }
 """An rlbuf field -> its key in ``to_tensordict()`` where the two differ (the others keep their name)."""
+_METHOD_HINTS = {
+    "cpu": "batch.to('cpu') moves every field", "cuda": "batch.to('cuda') moves every field",
+    "numpy": "convert a field: batch.obs.cpu().numpy() ...", "_asdict": "dataclasses.asdict(batch)",
+    "_fields": "[f.name for f in dataclasses.fields(batch)]",
+}
+"""Tensor and NamedTuple methods a batch lacks -> what to call instead."""
 _FROM_TORCHRL: dict[object, str] = {key: name for name, key in _TORCHRL_KEYS.items()}
 
 
@@ -148,9 +156,8 @@ def _subscript_refusal(batch: Any, key: object) -> MissingFieldError:
         return MissingFieldError(f"{shown}: a batch is read by attribute, not by key: batch.terminated | "
                                  f"batch.truncated (TorchRL's keys: batch.to_tensordict()[('next', 'done')])")
     if not own:
-        index = "; index a field for rows: batch.obs[i]" if isinstance(key, (int, slice, list, torch.Tensor)) else ""
         return MissingFieldError(f"{shown}: a batch is read by attribute, not by key; its fields are "
-                                 f"{', '.join(name for name in names if name != 'extras')}{index}; "
+                                 f"{', '.join(name for name in names if name != 'extras')}; "
                                  f"batch.to_tensordict() holds them at TorchRL's keys")
     name = own[0]
     why = _WHY.get(name, "") if "done" in names else ""
@@ -159,14 +166,68 @@ def _subscript_refusal(batch: Any, key: object) -> MissingFieldError:
 
 
 class _ExtrasAccess:
-    """Lets ``batch.privileged_obs`` read an extra field by name."""
+    """Lets ``batch.privileged_obs`` read an extra field by name; Python's protocols on a batch (``_protocols``)."""
 
     __slots__ = ()
     extras: dict[str, torch.Tensor]
-    __iter__: Any = None  # not iterable by __getitem__'s protocol: iter(batch) refuses as before
+    _time_first: ClassVar[frozenset[str]] = frozenset()  # fields whose rows are on dim 1 ([L, B, ...])
 
-    def __getitem__(self, key: object) -> NoReturn:
-        raise _subscript_refusal(self, key)
+    def __getitem__(self, key: object) -> Self:
+        """The rows ``key`` (a slice, integer positions or a bool mask) as a batch of the same type.
+
+        Raises:
+            MissingFieldError: a key (``batch["obs"]``): the attribute to read instead.
+            UnsupportedOperationError: an ``int`` (``batch[i:i + 1]`` keeps the batch dim).
+            StoredIndexError: a row outside the batch.
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0)
+            >>> for r in range(4):
+            ...     buf.add(torch.zeros(1), 0.0, float(r), torch.zeros(1), False, truncated=False)
+            >>> batch = buf.sample_all()
+            >>> batch[:2].reward.tolist(), batch[batch.reward > 1].index.tolist(), len(batch[[3, 0, 3]])
+            ([0.0, 1.0], [2, 3], 3)
+        """
+        if isinstance(key, str) or (isinstance(key, tuple) and key and all(isinstance(k, str) for k in key)):
+            raise _subscript_refusal(self, key)
+        return cast(Self, select_rows(self, key, time_first=self._time_first))
+
+    def __iter__(self) -> Iterator[Any]:
+        refuse_iteration(self)
+
+    def __reversed__(self) -> NoReturn:
+        refuse_iteration(self, "reversed")
+
+    def __contains__(self, item: object) -> bool:
+        raise UnsupportedOperationError(
+            f"`in` {type(self).__name__}: a batch is not searched; hasattr(batch, name) says whether it holds a "
+            f"field, name in batch.extras an extra one, key in batch.to_tensordict().keys(True) a TorchRL key")
+
+    def __eq__(self, other: object) -> bool:
+        """Same type, same fields, each of the same dtype, device, shape and values (``torch.equal``)."""
+        if type(other) is not type(self):
+            return NotImplemented
+        return same_batch(self, other)
+
+    def __hash__(self) -> int:
+        raise UnsupportedOperationError(f"hash({type(self).__name__}): a batch compares by contents, which can "
+                                        f"change in place, so it is unhashable; key by id(batch)")
+
+    def to(self, device: DeviceLike, *, non_blocking: bool = False) -> Self:
+        """The batch with every tensor on ``device`` (as ``Tensor.to``; only a device, never a dtype).
+
+        Raises:
+            ConfigError: not a device, or one this machine lacks.
+
+        Example:
+            >>> from rlbuf import DistillationBuffer
+            >>> buf = DistillationBuffer(8, obs_shape=(2,), action_shape=(), seed=0)
+            >>> buf.add(torch.ones(2), 0.0)
+            >>> buf.sample(2).to("cpu").obs.device
+            device(type='cpu')
+        """
+        return cast(Self, moved(self, resolve_device(device, name="device"), non_blocking=bool(non_blocking)))
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
         """numpy's view of a batch: one object (``np.array([batch, ...], dtype=object)``), never an array of its
@@ -194,6 +255,8 @@ class _ExtrasAccess:
             if name in ("keys", "items", "get"):  # a dict batch's methods (values: SB3's attribute, below)
                 raise AttributeError(f"{type(self).__name__} has no {name}(): a batch is read by attribute "
                                      f"(batch.obs ...); batch.to_tensordict().{name}() for TorchRL's keys") from None
+            if name in _METHOD_HINTS:
+                raise AttributeError(f"{type(self).__name__} has no {name}(); {_METHOD_HINTS[name]}") from None
             own = [field for field in _FOREIGN_FIELDS.get(name, ()) if field in fields]
             if own:
                 why = _WHY.get(own[0], "") if "done" in fields else ""
@@ -204,7 +267,7 @@ class _ExtrasAccess:
                                  f"{sorted(self.extras)}") from None
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, eq=False)
 class _TransitionFields(_ExtrasAccess):
     """The fields of replayed steps, one each ([`ReplayBatch`][rlbuf.ReplayBatch]) or in sequences (``ReplaySequenceBatch``)."""
 
@@ -217,7 +280,7 @@ class _TransitionFields(_ExtrasAccess):
     done: torch.Tensor
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, eq=False)
 class ReplayBatch(_TransitionFields):
     """A batch of transitions sampled from a [`ReplayBuffer`][rlbuf.ReplayBuffer].
 
@@ -282,7 +345,7 @@ class ReplayBatch(_TransitionFields):
         return td
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, eq=False)
 class DistillationBatch(_ExtrasAccess):
     """A batch from a [`DistillationBuffer`][rlbuf.DistillationBuffer]; unpacks as ``obs, expert_action = batch``.
 
@@ -322,7 +385,7 @@ class DistillationBatch(_ExtrasAccess):
         return td
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, eq=False)
 class _OnPolicyFields(_ExtrasAccess):
     """The fields a rollout minibatch holds, flat ([`RolloutBatch`][rlbuf.RolloutBatch]) or padded (``SequenceBatch``)."""
 
@@ -338,7 +401,7 @@ class _OnPolicyFields(_ExtrasAccess):
     returns: torch.Tensor
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, eq=False)
 class RolloutBatch(_OnPolicyFields):
     """A minibatch (or the whole rollout, flattened ``T*N``) from a [`RolloutBuffer`][rlbuf.RolloutBuffer].
 

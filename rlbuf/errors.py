@@ -95,6 +95,14 @@ class NotPicklableError(ConfigError, TypeError):
     """
 
 
+class UnsupportedOperationError(RlbufError, TypeError):
+    """A Python protocol a buffer or batch does not take (``buffer[0]``, ``for row in buffer``, ``x in buffer``,
+    ``hash(batch)``, ``obs, action = batch``); the message names the call to use instead.
+
+    Also a ``TypeError``, as Python's own "object is not subscriptable" or "not iterable".
+    """
+
+
 class StreamError(RlbufError, ValueError):
     """An observation that does not continue its env's stream in a buffer that stores ``next_obs`` once."""
 

@@ -43,6 +43,7 @@ from rlbuf._convert import as_array, as_int, positive_int, stored_positions
 from rlbuf._keywords import keywords_checked, loader
 from rlbuf._mix_pair import check_pair
 from rlbuf._priorities import priorities
+from rlbuf._protocols import BufferProtocols
 from rlbuf.batches import ReplayBatch
 from rlbuf.checkpoint import load_state, save_state
 from rlbuf.errors import (
@@ -67,7 +68,7 @@ _STATE_KEYS = {"kind", "options", "generator", "parts", "offline", "online"}
 MixedReplayT = TypeVar("MixedReplayT", bound="MixedReplay")
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, eq=False)
 class MixedBatch(ReplayBatch):
     """A [`ReplayBatch`][rlbuf.ReplayBatch] drawn from two buffers: the offline rows first, then the online rows.
 
@@ -155,7 +156,7 @@ def _saved_part(part: Path) -> dict[str, Any]:
             "directory": part.name, "manifest_sha256": hashlib.sha256(manifest).hexdigest()}
 
 
-class MixedReplay:
+class MixedReplay(BufferProtocols):
     """Batches from an offline (dataset) buffer and an online (live) buffer, ``offline_fraction`` of each batch offline.
 
     Each buffer samples its part with its own ``sample`` and generator; the split of each batch is

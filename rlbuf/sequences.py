@@ -26,7 +26,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from tensordict import TensorDict
@@ -147,7 +147,7 @@ class PaddedTrajectories:
                 self.trajectories.start[index])
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, eq=False)
 class SequenceBatch(_OnPolicyFields):
     """A minibatch of whole trajectories, time first and padded: ``[L, B, ...]`` with a ``mask``.
 
@@ -180,6 +180,9 @@ class SequenceBatch(_OnPolicyFields):
     env: torch.Tensor
     start: torch.Tensor
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    _time_first: ClassVar[frozenset[str]] = frozenset({
+        "obs", "privileged_obs", "action", "reward", "terminated", "truncated", "value", "log_prob", "advantage",
+        "returns", "mask", "extras"})  # batch[rows] selects trajectories on dim 1 of these
 
     def __len__(self) -> int:
         """Trajectories in the batch (``B``)."""
@@ -224,7 +227,7 @@ class SequenceBatch(_OnPolicyFields):
         return td
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, eq=False)
 class ReplaySequenceBatch(_TransitionFields):
     """Sequences of consecutive steps of one env each, from [`ReplayBuffer.sample_sequences`][rlbuf.ReplayBuffer.sample_sequences].
 

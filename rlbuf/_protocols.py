@@ -1,0 +1,229 @@
+"""Python's protocols on buffers and batches: what each does, or the call it names instead.
+
+A buffer is a resource, not a sequence: ``len``, ``bool``, ``==`` (identity) and ``hash`` work;
+indexing, iteration, ``in`` and numpy conversion are refused with the call to use
+(``sample_by_index``, ``sample_all``, ``epochs``), since TorchRL's ``rb[i]`` reads a storage
+position, not the ``i``-th oldest row. A batch is a value: rows are selected with
+``batch[2:5]``, ``batch[index]`` or a mask, ``batch.to(device)`` moves it, ``==`` compares
+contents; an ``int`` index (it would drop the batch dim) and iteration (SB3's field order
+differs from rlbuf's) are refused.
+
+Example:
+    >>> import torch
+    >>> from rlbuf import ReplayBuffer
+    >>> buf = ReplayBuffer(8, obs_shape=(1,), action_shape=(), seed=0)
+    >>> for r in range(4):
+    ...     buf.add(torch.zeros(1), 0.0, float(r), torch.zeros(1), False, truncated=False)
+    >>> buf.sample_all()[1:3].reward.tolist()
+    [1.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+from rlbuf.errors import StoredIndexError, UnsupportedOperationError
+
+_READ_ALL = {"RolloutBuffer": "buffer.get_all_data()", "MixedReplay": "mixed.offline.sample_all() and "
+             "mixed.online.sample_all()"}
+_PASSES = {"RolloutBuffer": "buffer.minibatches(batch_size=...) visits every row once per epoch",
+           "MixedReplay": "mixed.sample(batch_size) draws a mixed batch"}
+_FIELD = {"RolloutBuffer": "buffer.view({key!r}) is its [num_steps, num_envs, ...] tensor",
+          "MixedReplay": "mixed.sample(batch_size).{key} (or each buffer's sample_all().{key})"}
+
+
+class BufferProtocols:
+    """Indexing, iteration, ``in`` and numpy conversion of a buffer, each refused with the call to use."""
+
+    __slots__ = ()
+
+    def _ways(self) -> str:
+        """How to read this buffer's rows: all of them, by storage position, in passes."""
+        cls = type(self).__name__
+        every = _READ_ALL.get(cls, "buffer.sample_all()")
+        passes = _PASSES.get(cls, "buffer.epochs(batch_size=...) visits every row once per epoch")
+        by_position = "" if cls == "MixedReplay" else (
+            "buffer.sample_by_index(i) reads storage positions (batch.index, TorchRL's rb[i]), ")
+        return f"{by_position}{every} holds every row, oldest first, as a typed batch; {passes}"
+
+    def __getitem__(self, key: object) -> NoReturn:
+        cls = type(self).__name__
+        if isinstance(key, str):
+            read = _FIELD.get(cls, "buffer.sample_all().{key} holds every stored row's").format(key=key)
+            raise UnsupportedOperationError(f"{cls}[{key!r}]: a buffer is not read by key; {read}")
+        every = _READ_ALL.get(cls, "buffer.sample_all()")
+        raise UnsupportedOperationError(
+            f"{cls}[{shown_key(key)}]: a buffer is not indexed by position (once the ring wraps, storage position i is "
+            f"not the i-th oldest row); {self._ways()}; slice a batch for rows: {every}[-10:]")
+
+    def __setitem__(self, key: object, value: object) -> NoReturn:
+        raise UnsupportedOperationError(f"{type(self).__name__}[{shown_key(key)}] = ...: rows are written by add() or "
+                                        f"extend(td), every field checked; priorities by update_priority()")
+
+    def __delitem__(self, key: object) -> NoReturn:
+        raise UnsupportedOperationError(f"del {type(self).__name__}[{shown_key(key)}]: rows are not deleted one by one; "
+                                        f"clear() empties the buffer, the oldest rows are overwritten first")
+
+    def __iter__(self) -> NoReturn:
+        raise UnsupportedOperationError(f"iter({type(self).__name__}): a buffer hands out rows in batches, not "
+                                        f"one by one; {self._ways()}")
+
+    def __reversed__(self) -> NoReturn:
+        every = _READ_ALL.get(type(self).__name__, "buffer.sample_all()")
+        raise UnsupportedOperationError(f"reversed({type(self).__name__}): a buffer hands out rows in batches, not "
+                                        f"one by one; {self._ways()}; {every}[-5:] holds the newest rows")
+
+    def __contains__(self, item: object) -> bool:
+        every = _READ_ALL.get(type(self).__name__, "buffer.sample_all()")
+        raise UnsupportedOperationError(
+            f"`in` {type(self).__name__}: a buffer is not searched by value; 0 <= i < len(buffer) says whether "
+            f"storage position i holds a row, and ({every}.obs == x) compares every stored obs")
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
+        """numpy's view of a buffer: one object (``np.array([buf], dtype=object)``), never an array of rows."""
+        if dtype is not None and np.dtype(dtype) == np.dtype(object):
+            held = np.empty((), dtype=object)
+            held[()] = self
+            return held
+        every = _READ_ALL.get(type(self).__name__, "buffer.sample_all()")
+        raise UnsupportedOperationError(f"np.asarray({type(self).__name__}): a buffer is no array; convert a "
+                                        f"field of its rows: np.asarray({every}.obs)")
+
+
+def _field_values(batch: Any) -> dict[str, Any]:
+    """The batch's set fields by name (a batch from ``sample_by_index(fields=...)`` lacks the others)."""
+    missing = object()
+    values = {item.name: getattr(batch, item.name, missing) for item in dataclasses.fields(batch)}
+    return {name: value for name, value in values.items() if value is not missing}
+
+
+def _rows_of(batch: Any) -> int | None:
+    """Rows in ``batch`` (its ``len``), or ``None`` when no field tells (a batch of some fields only)."""
+    try:
+        return len(batch)
+    except (AttributeError, TypeError):
+        return None
+
+
+def shown_key(key: object) -> str:
+    """``key`` as it was written between brackets (``1:3``, not ``slice(1, 3, None)``)."""
+    if isinstance(key, slice):
+        parts = ["" if part is None else repr(part) for part in (key.start, key.stop, key.step)]
+        return ":".join(parts if key.step is not None else parts[:2])
+    return repr(key)
+
+
+def row_index(batch: Any, key: object) -> Any:
+    """``key`` as an index of ``batch``'s rows (a slice or a ``[K]`` integer tensor), checked, or a refusal.
+
+    Raises:
+        UnsupportedOperationError: an ``int`` (it would drop the batch dim), a slice with a step ≤ 0,
+            a float, or an index of more than one dim.
+        StoredIndexError: a row outside the batch, or a mask of the wrong length.
+    """
+    name = type(batch).__name__
+    shown = f"{name}[{shown_key(key)}]"
+    if isinstance(key, (bool, np.bool_)) or key is None or key is Ellipsis:
+        raise UnsupportedOperationError(f"{shown}: rows are selected by a slice, integer positions or a bool mask")
+    if isinstance(key, (int, np.integer)) or (isinstance(key, torch.Tensor) and key.dim() == 0):
+        raise UnsupportedOperationError(
+            f"{shown}: an int index would drop the batch dim (len() and every [B] field with it); "
+            f"batch[{int(key)}:{int(key) + 1 or ''}] is a batch of that one row, batch.obs[{int(key)}] one field of it")
+    if isinstance(key, slice):
+        if key.step is not None and (not isinstance(key.step, int) or key.step <= 0):
+            raise UnsupportedOperationError(f"{shown}: a slice's step must be a positive int (torch's slices are "
+                                            f"forward only); batch[torch.arange(len(batch) - 1, -1, -1)] reverses")
+        return key
+    rows = _rows_of(batch)
+    try:
+        index = torch.as_tensor(np.asarray(key, dtype=np.int64 if len(key) == 0 else None)
+                                if isinstance(key, Sequence) else key)
+    except (TypeError, ValueError, RuntimeError):
+        raise UnsupportedOperationError(f"{shown}: rows are selected by a slice, integer positions or a bool mask; "
+                                        f"got {type(key).__name__}") from None
+    if index.dim() != 1 or not (index.dtype == torch.bool or not (index.is_floating_point() or index.is_complex())):
+        raise UnsupportedOperationError(f"{shown}: rows are selected by a 1-d tensor of integer positions or a bool "
+                                        f"mask; got dtype {index.dtype}, shape {tuple(index.shape)}")
+    if rows is None:
+        return index
+    if index.dtype == torch.bool:
+        if index.numel() != rows:
+            raise StoredIndexError(f"{shown}: a mask of {index.numel()} values for a batch of {rows} rows")
+        return index.nonzero().squeeze(-1)
+    index = index.to(torch.int64)
+    if index.numel() and (int(index.min()) < -rows or int(index.max()) >= rows):
+        outside = int(index[(index < -rows) | (index >= rows)][0])
+        raise StoredIndexError(f"{shown}: row {outside} is outside the batch's {rows} rows")
+    return index
+
+
+def select_rows(batch: Any, key: object, *, time_first: frozenset[str] = frozenset()) -> Any:
+    """The rows ``key`` of ``batch``, as a batch of its type (fields in ``time_first`` hold rows on dim 1)."""
+    index = row_index(batch, key)
+
+    def rows(name: str, value: Any) -> Any:
+        if isinstance(value, (torch.Tensor, TensorDictBase)):
+            if name in time_first:
+                return value[:, index if isinstance(index, slice) else index.to(value.device)]
+            return value[index if isinstance(index, slice) else index.to(value.device)]
+        if isinstance(value, dict):
+            return {key: rows(name, column) for key, column in value.items()}
+        return value  # None, burn_in
+
+    values = {name: rows(name, value) for name, value in _field_values(batch).items()}
+    selected = object.__new__(type(batch))
+    for name, value in values.items():
+        object.__setattr__(selected, name, value)  # a frozen dataclass: built field by field
+    return selected
+
+
+def moved(batch: Any, device: torch.device, *, non_blocking: bool) -> Any:
+    """``batch`` with every tensor on ``device`` (itself where all are there already)."""
+    def to(value: Any) -> Any:
+        if isinstance(value, (torch.Tensor, TensorDictBase)):
+            return value.to(device, non_blocking=non_blocking)
+        if isinstance(value, dict):
+            return {name: to(column) for name, column in value.items()}
+        return value
+
+    values = _field_values(batch)
+    selected = object.__new__(type(batch))
+    for name, value in values.items():
+        object.__setattr__(selected, name, to(value))
+    return selected
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+                and a.device == b.device and a.shape == b.shape and torch.equal(a, b))
+    if isinstance(a, TensorDictBase) or isinstance(b, TensorDictBase):
+        if not (isinstance(a, TensorDictBase) and isinstance(b, TensorDictBase)) or a.batch_size != b.batch_size:
+            return False
+        keys = set(a.keys(True, True))
+        return keys == set(b.keys(True, True)) and all(_same(a.get(key), b.get(key)) for key in keys)
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same(a[key], b[key]) for key in a)
+    return type(a) is type(b) and bool(a == b)
+
+
+def same_batch(a: Any, b: Any) -> bool:
+    """Whether two batches of one type hold the same fields, each of the same dtype, device, shape and values."""
+    fields_a, fields_b = _field_values(a), _field_values(b)
+    return fields_a.keys() == fields_b.keys() and all(_same(fields_a[name], fields_b[name]) for name in fields_a)
+
+
+def refuse_iteration(batch: Any, call: str = "iter") -> NoReturn:
+    """``iter(batch)``: a dataclass batch has no order to unpack in (SB3's samples unpack as NamedTuples)."""
+    name = type(batch).__name__
+    raise UnsupportedOperationError(
+        f"{call}({name}): a batch is read by attribute (batch.obs, batch.action ...), not unpacked or iterated: "
+        f"SB3's samples are NamedTuples unpacked in their own order (observations, actions, next_observations, "
+        f"dones, rewards), which rlbuf's fields do not follow; batch[i:j] selects rows, batch.to_tensordict() "
+        f"holds the fields at TorchRL's keys")
