@@ -26,7 +26,7 @@ How each backend is read:
 
 Seeds (and options, where asked) come from the HDF5 attribute or Minari's ``get_episode_metadata``.
 This module, ``rlbuf._minari_arrow``, ``rlbuf._minari_read`` and ``rlbuf._minari_write`` are rlbuf's seam
-to Minari; the layouts read here are pinned against Minari's reader by ``tests/test_offline.py``.
+to Minari; the layouts read here are pinned against Minari's reader by ``tests/test_offline_readers.py``.
 
 Example:
     >>> episode = {"id": 4, "observations": np.arange(3.0), "actions": np.zeros(2), "rewards": np.ones(2),
