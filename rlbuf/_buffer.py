@@ -22,7 +22,7 @@ from torchrl.data.replay_buffers.samplers import Sampler
 from rlbuf._delivery import deliver
 from rlbuf._fields import check_names
 from rlbuf._keywords import foreign_method
-from rlbuf._protocols import BufferProtocols
+from rlbuf._protocols import BufferProtocols, RowCount
 from rlbuf._ring import RowRing
 from rlbuf._state import BufferState
 from rlbuf._sumtree import SumTreeSampler
@@ -250,7 +250,7 @@ class RingBuffer(BufferProtocols, BufferState, Generic[BatchT]):
     @property
     def size(self) -> int:
         """Rows stored now (same as ``len(buffer)``)."""
-        return len(self._ring)
+        return RowCount(len(self._ring))  # an int that answers SB3's size() with the fix
 
     @property
     def capacity(self) -> int:

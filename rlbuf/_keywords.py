@@ -70,6 +70,14 @@ FOREIGN_METHODS = {
     "get_next_batch": "next(it) or it.next_batch() on it = buffer.epochs(...); the latest is buffer.current_epochs",
     "calculate_num_batches": "num_batches(batch_size, drop_last=...) (ObjectRL's calculate_num_batches)",
     "get_steps_and_iterator": "it = buffer.epochs(batch_size=..., n_epochs=...); its steps are len(it)",
+    "pos": "rlbuf keeps its write position to itself: len(buffer) rows are stored, and buffer.is_full says whether "
+           "the next add overwrites the oldest (SB3's pos and full)",
+    "buffer_size": "buffer.capacity, in rows (SB3's buffer_size counts steps per env: capacity = buffer_size * n_envs)",
+    "n_envs": "buffer.num_envs",
+    "batch_size": "sample(batch_size) takes it with each call (TorchRL's buffers keep one from when they are built)",
+    **{attr: f"buffer.sample_all().{name} holds every stored row's, oldest first (SB3's {attr} array)"
+       for attr, name in [("observations", "obs"), ("next_observations", "next_obs"), ("actions", "action"),
+                          ("rewards", "reward"), ("dones", "done"), ("timeouts", "truncated")]},
 }
 """Methods of other libraries' buffers (SB3's) -> what rlbuf has instead, for a buffer's ``AttributeError``."""
 
@@ -86,6 +94,9 @@ FOREIGN_METHODS_OF = {
             ("log_probs", "log_prob", "ApexRL"), ("logprobs", "log_prob", "a hand-written buffer"),
             ("advantages", "advantage", "ApexRL"), ("returns", "returns", "ApexRL")]},
         "dones": "buffer.view('terminated') and buffer.view('truncated') (ApexRL's dones, split); 'done' is both",
+        "pos": "buffer.steps counts the steps stored (SB3's pos); buffer.is_full is buffer.steps == buffer.num_steps",
+        "buffer_size": "buffer.num_steps (steps per env, SB3's buffer_size); capacity counts rows",
+        "generator_ready": "minibatches(batch_size=...) needs no flag: it refuses a rollout without advantages",
     },
     "ReplayBuffer": {
         "get": "sample(batch_size) draws a batch (rl-buffer's get); epochs(batch_size=...) passes over every row",
@@ -93,6 +104,9 @@ FOREIGN_METHODS_OF = {
     "DistillationBuffer": {
         "get": "sample(batch_size) draws a batch; epochs(batch_size=...) passes over every row",
         "push": "add(obs, expert_action) stores rows",
+        "actions": "buffer.sample_all().expert_action holds every stored row's, oldest first",
+        **dict.fromkeys(("rewards", "dones", "next_observations", "timeouts"),
+                        "a DistillationBuffer stores obs and expert_action only (and the extra fields declared)"),
     },
     "EpisodeStats": {
         **dict.fromkeys(("get_statistics", "get_stats", "statistics", "stats", "get_summary", "get_episode_statistics"),
@@ -154,6 +168,16 @@ FOREIGN_KEYWORDS: dict[str, dict[str, str]] = {
 }
 """Method -> keywords of other libraries' versions of it (SB3, CleanRL, TorchRL, rsl_rl) -> what rlbuf takes."""
 
+FOREIGN_MISSING = {
+    "sample": ": sample(batch_size) draws batch_size rows (TorchRL's buffers take batch_size when built, and "
+              "sample() then draws that many)",
+    "sample_sequences": ": sample_sequences(batch_size, length)",
+    "epochs": ": epochs(batch_size=...) for batches of that many rows (n_epochs=... passes over them)",
+    "compute_returns_and_advantages": ": last_value is V of the observation after the last step, [num_envs] (SB3's "
+                                      "last_values; CleanRL's next_value)",
+}
+"""Method -> the end of its refusal when a required argument is missing (other libraries' calls without it)."""
+
 FOREIGN_POSITIONS = {"sample": ("batch_size", "env"), "compute_returns_and_advantages": ("last_value", "dones")}
 """Method -> its arguments by position in SB3's version: an argument past rlbuf's is likely the one named."""
 
@@ -214,6 +238,9 @@ def keywords_checked(method: Callable[_P, _R]) -> Callable[_P, _R]:
     parameters = inspect.signature(method).parameters.values()
     taken = frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)) - {"self"}
     by_position = [p.name for p in parameters if p.kind == p.POSITIONAL_OR_KEYWORD]  # self first
+    required = [p.name for p in parameters if p.default is p.empty and p.kind in (
+        p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]  # self first
+    required_by_position = sum(p.kind == p.POSITIONAL_OR_KEYWORD for p in parameters if p.name in required)
 
     @functools.wraps(method)
     def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
@@ -221,6 +248,11 @@ def keywords_checked(method: Callable[_P, _R]) -> Callable[_P, _R]:
             refuse_positions(method.__name__, by_position[1:], len(args) - 1)
         if not taken.issuperset(kwargs):
             refuse_foreign_keywords(method.__name__, taken, kwargs)
+        if len(args) < len(required) and (len(args) < required_by_position or len(required) > required_by_position):
+            given = {*by_position[:len(args)], *kwargs}
+            if missing := [name for name in required if name not in given]:
+                raise MissingFieldError(f"{method.__name__}: {', '.join(missing)} required"
+                                        f"{FOREIGN_MISSING.get(method.__name__, '')}")
         return method(*args, **kwargs)
 
     return checked
@@ -235,6 +267,13 @@ def foreign_method(owner: str, name: str, *, shared: bool = True) -> AttributeEr
         'RolloutBuffer' object has no attribute 'reset'; clear() empties the buffer (SB3's reset)
     """
     hint = FOREIGN_METHODS_OF.get(owner, {}).get(name, FOREIGN_METHODS.get(name) if shared else None)
+    if hint is None and shared and not name.startswith("_"):
+        # Imported only on a refusal: an import of rlbuf stays light.
+        from torchrl.data import TensorDictReplayBuffer
+
+        if hasattr(TensorDictReplayBuffer, name):
+            hint = (f"{name} is TorchRL's ReplayBuffer's; rlbuf's buffer wraps one: buffer.torchrl is the "
+                    f"TensorDictReplayBuffer over the same storage")
     return AttributeError(f"{owner!r} object has no attribute {name!r}" + (
         f"; {hint.replace('{cls}', owner)}" if hint else ""))
 

@@ -390,6 +390,10 @@ def missing_key(td: TensorDictBase, spec: FieldSpec) -> MissingFieldError:
     else:
         shown = ", ".join(repr(k) for k in held[:12]) + (" ..." if len(held) > 12 else "")
         hint = f"it holds {shown or 'no keys'}"
+        if spec.name in ("terminated", "truncated") and ("next", "done") in held:
+            hint += ("; ('next', 'done') alone does not tell a time limit from a termination: set "
+                     "td['next', 'terminated'] (and 'truncated' where a time limit cut the episode; "
+                     "without it, done & ~terminated is taken as truncated)")
     return MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict; {hint}")
 
 

@@ -96,6 +96,23 @@ class BufferProtocols:
                                         f"field of its rows: np.asarray({every}.obs)")
 
 
+class RowCount(int):
+    """``buffer.size``: an ``int``; calling it, as SB3's ``size()``, is refused with what it counted there.
+
+    Example:
+        >>> RowCount(8)()
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.UnsupportedOperationError: buffer.size(): size is a property, the rows stored (len(buffer)), not a method; SB3's size() counted steps per env: len(buffer) // buffer.num_envs
+    """
+
+    __slots__ = ()
+
+    def __call__(self) -> NoReturn:
+        raise UnsupportedOperationError("buffer.size(): size is a property, the rows stored (len(buffer)), not a "
+                                        "method; SB3's size() counted steps per env: len(buffer) // buffer.num_envs")
+
+
 def _field_values(batch: Any) -> dict[str, Any]:
     """The batch's set fields by name (a batch from ``sample_by_index(fields=...)`` lacks the others)."""
     missing = object()

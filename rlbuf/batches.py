@@ -110,7 +110,7 @@ _FOREIGN_FIELDS = {
     "observations": ("obs",), "actions": ("action", "expert_action"), "rewards": ("reward",),
     "next_observations": ("next_obs",), "dones": ("terminated",), "old_values": ("value",), "values": ("value",),
     "old_log_prob": ("log_prob",), "log_probs": ("log_prob",), "logprobs": ("log_prob",),
-    "advantages": ("advantage",), "weights": ("weight",), "indices": ("index",),
+    "advantages": ("advantage",), "weights": ("weight",), "indices": ("index",), "discounts": ("discount",),
 }
 """Other libraries' batch attributes (SB3's samples, CleanRL's arrays) -> rlbuf's, the first a batch has."""
 _WHY = {"terminated": " (the bootstrap mask: a time limit is no end there; batch.done is terminated | truncated)"}
