@@ -153,18 +153,22 @@ class Recorder:
         # What the envs returned last, where that is what the user saw (no vector wrapper changed it).
         unwrapped = envs is getattr(envs, "unwrapped", envs)
         self._last_seen = last_observations(envs) if self._read_from_envs.any() and unwrapped else None
-        if self._read_from_envs.any() and self._last_seen is None:
-            warnings.warn(f"Recorder: envs {np.flatnonzero(self._read_from_envs).tolist()} are in NEXT_STEP's reset "
-                          f"step, whose row is left out; these envs do not show the Recorder an envs.reset() made "
-                          f"before the first record: after one, call recorder.reset() (else each reset env's first "
-                          f"step is left out too)", NextStepResetWarning, stacklevel=2)
+        # Warned at the first record, not here: a recorder.reset() before it (after envs.reset()) answers it.
+        self._unseen_reset_warning: str | None = None
+        self._warning_of_read_envs = bool(self._read_from_envs.any() and self._last_seen is None)
+        if self._warning_of_read_envs:
+            self._unseen_reset_warning = (
+                f"Recorder: envs {np.flatnonzero(self._read_from_envs).tolist()} were in NEXT_STEP's reset step when "
+                f"the Recorder was made, and these envs do not show it an envs.reset() since: their first step is "
+                f"left out as a reset step. If you called envs.reset() after making the Recorder, call "
+                f"recorder.reset() too, before the first record")
         elif resetting is None and self._unknown_pending and len(buffer):
-            warnings.warn("Recorder: these NEXT_STEP envs do not say which of them are in their reset step "
-                          "(AsyncVectorEnv and other libraries' vector envs keep it to themselves), and the buffer "
-                          "holds rows already: if the envs ran before, pass resetting=terminated | truncated of their "
-                          "last step (else the reset step of each env that ended is stored as a transition); if you "
-                          f"reset them since, pass resetting=np.zeros({num_envs}, bool)", NextStepResetWarning,
-                          stacklevel=2)
+            self._unseen_reset_warning = (
+                "Recorder: these NEXT_STEP envs do not say which of them are in their reset step (AsyncVectorEnv and "
+                "other libraries' vector envs keep it to themselves), and the buffer holds rows already: if the envs "
+                "ran before, pass resetting=terminated | truncated of their last step (else the reset step of each "
+                "env that ended is stored as a transition); if you reset them since, call recorder.reset() before "
+                f"the first record, or pass resetting=np.zeros({num_envs}, bool)")
         # What each env's next obs must be (the next_obs recorded last), and the envs whose next obs starts anew:
         # their last recorded step ended an episode, or recorder.reset() was told they were reset. A ReplayBuffer's
         # only: it stores both; the others store obs alone, which a loop may normalise and next_obs not.
@@ -226,6 +230,8 @@ class Recorder:
             self._resetting &= ~reset
             self._starting |= reset
         self._read_from_envs &= self._resetting
+        if reset is None or (self._warning_of_read_envs and not self._read_from_envs.any()):
+            self._unseen_reset_warning = None
 
     def record(self, obs: Any, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any = None,
                info: Mapping[str, Any] | None = None, **fields: Any) -> None:
@@ -308,6 +314,8 @@ class Recorder:
                 f"being told. After envs.reset(), call recorder.reset() (the buffer's running episodes then end as a "
                 f"time limit would); record every envs.step, from the next_obs of the one before (both as the envs "
                 f"gave them, or both normalised alike)")
+        if self._unseen_reset_warning is not None:  # before anything is stored: a filter may make it an error
+            warnings.warn(self._unseen_reset_warning, NextStepResetWarning, stacklevel=2)
         keep = None
         if self.autoreset_mode is AutoresetMode.NEXT_STEP and self._resetting.any():
             keep = ~self._resetting
@@ -335,6 +343,7 @@ class Recorder:
         if self._trail is not None:
             self._trail.remember(next_obs)
         self._starting = ended.copy()  # an episode that ended continues nothing (SAME_STEP: whatever next_obs held)
+        self._unseen_reset_warning = None
         if self.autoreset_mode is AutoresetMode.NEXT_STEP:
             self.skipped += 0 if keep is None else int((~keep).sum())
             self._resetting = ended

@@ -46,6 +46,7 @@ def _buffer() -> ReplayBuffer:
     return ReplayBuffer(2000, observation_space=space, action_space=gym.spaces.Discrete(2), num_envs=3)
 
 
+@pytest.mark.filterwarnings("ignore::rlbuf.errors.NextStepResetWarning")  # a vector env it cannot see
 @pytest.mark.parametrize("mode", ["sync", "cartpole vector env", "async"])
 def test_a_recorder_made_mid_run_stores_what_one_made_at_the_start_stores(mode: str) -> None:
     envs = _envs(mode)
@@ -122,7 +123,7 @@ def test_a_recorder_made_mid_run_then_reset_stores_every_step() -> None:
 def test_a_recorder_made_mid_run_then_reset_stores_first_steps_of_no_reward(wrapped: bool) -> None:
     # The first real step after envs.reset() was told apart by its reward alone: a step of reward 0 (most Atari
     # steps) was dropped. A SyncVectorEnv seen as it is shows it by its obs; behind a vector wrapper the Recorder
-    # warns at once that it cannot see the reset, and recorder.reset() tells it.
+    # cannot see the reset: recorder.reset() tells it, and it warns at the first record where nothing did.
     from gymnasium.wrappers.vector import TransformReward
 
     envs: Any = gym.vector.SyncVectorEnv([lambda: _CountingEnv() for _ in range(3)])
@@ -134,15 +135,43 @@ def test_a_recorder_made_mid_run_then_reset_stores_first_steps_of_no_reward(wrap
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         recorder = Recorder(envs, buffer)
-    assert [type(w.message) for w in caught] == ([NextStepResetWarning] if wrapped else [])
-    obs, _ = envs.reset(seed=1)
-    if wrapped:
-        recorder.reset()
-    _record(envs, recorder, obs, 2)
+        obs, _ = envs.reset(seed=1)
+        if wrapped:
+            recorder.reset()
+        _record(envs, recorder, obs, 2)
+    assert caught == []  # the documented order: envs.reset(), recorder.reset(), record
     envs.close()
     assert recorder.skipped == 0 and len(buffer) == 6
 
 
+def test_a_recorder_that_cannot_see_an_envs_reset_warns_at_its_first_record_and_changes_nothing_if_refused() -> None:
+    from gymnasium.wrappers.vector import TransformReward
+
+    envs: Any = TransformReward(gym.vector.SyncVectorEnv([lambda: _CountingEnv() for _ in range(3)]),
+                                lambda reward: reward - 0.01)
+    envs.reset(seed=0)
+    for _ in range(3):  # every env is in its reset step
+        envs.step(np.zeros(3, np.int64))
+    buffer = _buffer()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        recorder = Recorder(envs, buffer)  # nothing yet: a recorder.reset() may follow
+        obs, _ = envs.reset(seed=1)
+        next_obs, reward, terminated, truncated, info = envs.step(np.zeros(3, np.int64))
+        with pytest.raises(NextStepResetWarning, match=r"envs \[0, 1, 2\] were in NEXT_STEP's reset step.*call "
+                                                        r"recorder.reset\(\) too"):
+            recorder.record(obs, np.zeros(3, np.int64), reward, next_obs, terminated, truncated, info)
+    assert len(buffer) == 0
+    with pytest.warns(NextStepResetWarning):  # still not answered: warned again, once
+        recorder.record(obs, np.zeros(3, np.int64), reward, next_obs, terminated, truncated, info)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        recorder.record(next_obs, np.zeros(3, np.int64), reward, next_obs + 1, terminated, truncated, info)
+    envs.close()
+    assert recorder.skipped == 3 and len(buffer) == 3  # without recorder.reset(): the first step was left out
+
+
+@pytest.mark.filterwarnings("ignore::rlbuf.errors.NextStepResetWarning")  # behind a wrapper: unseen
 def test_a_recorder_made_mid_run_skips_reset_steps_whatever_a_reward_wrapper_makes_of_their_reward() -> None:
     # A living penalty made each reset step's reward nonzero, which was taken for proof of a real step: the
     # reset steps were stored as transitions, and the statistics counted them (helper 48).

@@ -121,8 +121,15 @@ def test_a_recorder_that_cannot_see_pending_resets_warns_when_the_envs_ran_befor
         Recorder(Envs("next_step"), buffer)  # an empty buffer: the envs are taken as fresh
         buffer.add(np.zeros((2, 1)), np.zeros(2), np.ones(2), np.ones((2, 1)), np.ones(2, bool), np.zeros(2, bool))
         Recorder(Envs("next_step"), buffer, resetting=np.ones(2, bool))
+    recorder = Recorder(Envs("next_step"), buffer)  # warned at the first record: a recorder.reset() may come first
+    flags = np.zeros(2, bool)
     with pytest.warns(NextStepResetWarning, match=r"pass resetting=terminated \| truncated of their last step"):
-        Recorder(Envs("next_step"), buffer)
+        recorder.record(np.ones((2, 1)), np.zeros(2), np.ones(2), np.ones((2, 1)), flags, flags, {})
+    answered = Recorder(Envs("next_step"), buffer)
+    answered.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        answered.record(np.ones((2, 1)), np.zeros(2), np.ones(2), np.ones((2, 1)), flags, flags, {})
 
 
 def test_a_distillation_recorder_holds_each_field_to_one_row_per_env() -> None:
