@@ -27,6 +27,7 @@ import numpy.typing as npt
 import torch
 
 from rlbuf._codec import Codec
+from rlbuf._complete_rows import NOTHING_COMPLETE, draw_among_complete
 from rlbuf._episodes import env_ids_of
 from rlbuf._frames import CompressedFinals, FrameLog
 from rlbuf._nstep import nstep_discount, nstep_return
@@ -50,9 +51,9 @@ MAX_FRAME_STACK = 1024
 MAX_N_STEP = 10_000
 """The largest ``n_step`` a buffer takes (a sample reads ``n_step`` rows per transition)."""
 
-# Draws of rows that turn out incomplete are replaced by new draws; these bound the rounds.
-_REDRAW_ROUNDS = 64
-_MAX_ROUNDS = 4096
+# Draws of rows that turn out incomplete are replaced by new draws for this many rounds; those still incomplete
+# then are drawn among the complete rows alone (rlbuf._complete_rows), which finds them first.
+_REDRAW_ROUNDS = 16
 # One env's flag as the kernels read it (never written: the kernels only read flags).
 _ONE_FLAG = {False: np.zeros(1, np.bool_), True: np.ones(1, np.bool_)}
 _COMPUTED = ("reward", "terminated", "truncated", "done", "discount")
@@ -244,14 +245,15 @@ class CompactLayout:
         return bool(self.walk(np.array([position], np.int64)).complete[0])
 
     def draw(self, batch_size: int, draw: Draw) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``batch_size`` positions of complete transitions from ``draw``, redrawing incomplete ones.
+        """``batch_size`` positions of complete transitions from ``draw``, redrawing incomplete ones, and
+        drawing the draws still incomplete after some rounds among the complete transitions alone.
 
-        Redraws keep the distribution of ``draw`` restricted to complete transitions (uniform, or
-        proportional to priority).
+        Either way the distribution is that of ``draw`` restricted to complete transitions (uniform, or
+        proportional to priority), whatever the incomplete rows hold: a slot's last draw is from it, and
+        whether a slot gets there depends only on its own earlier (rejected) draws.
 
         Raises:
             EmptyBufferError: no transition is complete yet.
-            PriorityError: complete transitions hold (almost) none of the priority mass.
         """
         generator = self.ring.generator
         state = generator.get_state()  # a refused sample leaves the random state as it was
@@ -264,21 +266,20 @@ class CompactLayout:
     def _draw_complete(self, batch_size: int, draw: Draw) -> tuple[torch.Tensor, torch.Tensor | None]:
         index, weight = draw(batch_size)
         chain = self.walk(index.cpu().numpy())
-        for round_ in range(_MAX_ROUNDS):
+        for round_ in range(_REDRAW_ROUNDS + 1):  # the last round's draws are all complete
             missing = ~chain.complete
             if not missing.any():
-                self._sampled = (index, chain)
-                return index, weight
-            if round_ == _REDRAW_ROUNDS and not self.walk(self.ring.chronological_index().cpu().numpy()).complete.any():
-                raise EmptyBufferError(_NOTHING_COMPLETE)
-            more, more_weight = draw(int(missing.sum()))
+                break
+            count = int(missing.sum())
+            # Incomplete rows hold most of the mass (or rows): the rest drawn among the complete rows alone.
+            more, more_weight = draw(count) if round_ < _REDRAW_ROUNDS else draw_among_complete(self, count)
             where = torch.from_numpy(missing).to(index.device)
             index[where] = more
             if weight is not None and more_weight is not None:
                 weight[where] = more_weight
             chain.merge(missing, self.walk(more.cpu().numpy()))
-        raise PriorityError(f"sample: complete transitions hold almost none of the priority mass ({_MAX_ROUNDS} "
-                            "rounds of draws found none); update their priorities")
+        self._sampled = (index, chain)
+        return index, weight
 
     def complete_index(self) -> torch.Tensor:
         """Positions of every complete transition, oldest first.
@@ -290,7 +291,7 @@ class CompactLayout:
             index = self.ring.chronological_index()
             complete = self.walk(index.cpu().numpy()).complete
         if not complete.any():
-            raise EmptyBufferError(_NOTHING_COMPLETE)
+            raise EmptyBufferError(NOTHING_COMPLETE)
         return index[torch.from_numpy(complete).to(index.device)]
 
     def columns(self, index: torch.Tensor, names: Sequence[str] | None) -> dict[str, torch.Tensor]:
@@ -424,10 +425,6 @@ class CompactLayout:
         final_slot = tables["final_slot"].numpy()
         problem: str = self.streams.finals.frames_problem(tables["finals"], final_slot[final_slot >= 0], log.codec)
         return problem
-
-
-_NOTHING_COMPLETE = ("sample: no transition is complete yet: each needs the observation after it (n_step of them "
-                     "with n_step > 1) unless its episode ended; add more steps first")
 
 
 def layout_options(obs_shape: tuple[int, ...], *, frame_stack: int, padding_type: str, n_step: int, gamma: float,

@@ -284,6 +284,10 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         device = _storage_device(storage)
         return weight if device is None else weight.to(device)
 
+    def leaf_values(self, positions: _Int64Array) -> _FloatArray:
+        """The stored ``q = (p + eps) ** alpha`` of the items at ``positions`` (a copy)."""
+        return self._leaves()[0][positions]
+
     def sampled_mass(self, storage: Any) -> tuple[int, float, float]:
         """The items ``sample`` draws from, their total ``q`` and the smallest ``q`` of a ``drawable`` one (checked
         as ``sample`` needs)."""
@@ -388,7 +392,7 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
             # np.unique keeps the first occurrence; on the reversed batch that is the last write.
             flat_index, first = np.unique(flat_index[::-1], return_index=True)
             leaf_value = leaf_value[::-1][first]
-        self._write_leaves(flat_index, leaf_value)
+        write_leaves(self._tree, flat_index, leaf_value)
         self._high = max(self._high, int(flat_index[-1]) + 1)
         self._recompute_max_priority_if_touched(flat_index)
 
@@ -513,9 +517,6 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         leaves = slice(self._num_leaves, self._num_leaves + self._max_capacity)
         return tree[0, leaves], tree[1, leaves]
 
-    def _write_leaves(self, leaf: _Int64Array, value: _FloatArray) -> None:
-        write_leaves(self._tree, leaf, value)
-
     def _rebuild(self) -> None:
         rebuild(self._tree)
 
@@ -549,9 +550,7 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
             return
         sums, _ = self._leaves()
         position = int(np.argmax(sums))
-        self._max_priority_value = max(
-            float(sums[position]) ** (1.0 / self._alpha) - self._eps, 0.0
-        )
+        self._max_priority_value = max(float(sums[position]) ** (1.0 / self._alpha) - self._eps, 0.0)
         self._max_priority_index = position
 
     def _maybe_erase_max_priority(self, index: Any) -> None:
