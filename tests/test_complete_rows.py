@@ -1,0 +1,173 @@
+"""A compact buffer's incomplete rows (rlbuf/_complete_rows.py): found exactly near the ring's ends, never drawn,
+and never in the way: ``sample`` draws in exact proportion to ``priority ** alpha`` among the complete transitions
+whatever the incomplete rows hold, and a Ray shard reports the complete transitions' mass alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from _snapshot import same, snapshot
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_pixels import FRAME, Envs, Step, reference
+
+from rlbuf import EmptyBufferError, ReplayBuffer
+from rlbuf._complete_rows import complete_mass, incomplete_positions
+from rlbuf._ray_shard import ShardHost
+
+
+def _buffer(capacity: int, num_envs: int, frame_stack: int, n_step: int, **options: Any) -> ReplayBuffer:
+    return ReplayBuffer(capacity, obs_shape=(frame_stack, *FRAME) if frame_stack > 1 else FRAME, action_shape=(),
+                        num_envs=num_envs, obs_dtype=torch.uint8, frame_stack=frame_stack, n_step=n_step, gamma=0.9,
+                        compact=True, **options)
+
+
+def _add(buf: ReplayBuffer, envs: Envs, mask: list[bool]) -> list[Step]:
+    """One add of the envs in ``mask`` (the others' rows are left out, their streams stay where they were)."""
+    steps = {env: envs.step_one(env) for env in range(envs.num_envs) if mask[env]}
+    idle = envs._obs(envs.stacks[0])  # any stack of the right shape: rows left out are not read
+    rows = [steps.get(env) for env in range(envs.num_envs)]
+    buf.add(torch.stack([idle if s is None else s.obs for s in rows]),
+            torch.tensor([0.0 if s is None else float(s.action) for s in rows]),
+            torch.tensor([0.0 if s is None else s.reward for s in rows]),
+            torch.stack([idle if s is None else s.next_obs for s in rows]),
+            torch.tensor([False if s is None else s.terminated for s in rows]),
+            torch.tensor([False if s is None else s.truncated for s in rows]), env_mask=np.array(mask))
+    return [steps[env] for env in sorted(steps)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    num_envs=st.integers(1, 3),
+    frame_stack=st.sampled_from([1, 2, 3]),
+    n_step=st.sampled_from([1, 2, 3]),
+    capacity=st.integers(4, 90),
+    end_chance=st.sampled_from([0.0, 0.15]),
+    rounds=st.integers(1, 80),
+    left_out=st.sampled_from([0.0, 0.25]),
+    idle_from=st.integers(0, 80),
+    seed=st.integers(0, 2**16),
+)
+def test_incomplete_positions_are_exactly_the_stored_rows_that_are_no_complete_transition(
+    num_envs: int, frame_stack: int, n_step: int, capacity: int, end_chance: float, rounds: int, left_out: float,
+    idle_from: int, seed: int,
+) -> None:
+    capacity = max(capacity, num_envs)
+    rng = np.random.default_rng(seed)
+    envs = Envs(num_envs, frame_stack, "reset", end_chance, rng)
+    buf = _buffer(capacity, num_envs, frame_stack, n_step)
+    written: list[Step] = []
+    for round_ in range(rounds):
+        mask = (rng.random(num_envs) >= left_out).tolist()
+        mask[-1] = mask[-1] and round_ < idle_from  # the last env may stop adding
+        if any(mask):
+            written += _add(buf, envs, mask)
+    complete = {serial % capacity for serial in reference(written, capacity, frame_stack, n_step, 0.9)}
+    want = sorted(set(range(len(buf))) - complete)
+    with buf._ring.lock:
+        buf._ring.flush()
+        assert incomplete_positions(buf._compact).tolist() == want
+
+
+def _waiting_buffer(alpha: float, **options: Any) -> ReplayBuffer:
+    """Rows 0-8 complete, rows 9-11 waiting for their n steps (frame_stack=2, n_step=3, one env)."""
+    buf = _buffer(16, 1, 2, 3, prioritized=True, alpha=alpha, beta=0.5, seed=3, **options)
+    envs = Envs(1, 2, "reset", 0.0, np.random.default_rng(0))
+    for _ in range(12):
+        _add(buf, envs, [True])
+    assert buf.sample_all().index.tolist() == list(range(9))
+    return buf
+
+
+@pytest.mark.parametrize(("alpha", "waiting"), [(0.6, 1e90), (1.0, 1e3), (1.0, 60.0)],
+                         ids=["nearly-all-mass-waits", "most-mass-waits", "some-slots-redrawn"])
+def test_sample_draws_in_exact_proportion_among_complete_transitions_whatever_waiting_rows_hold(
+    alpha: float, waiting: float,
+) -> None:
+    buf = _waiting_buffer(alpha)
+    complete = np.arange(1.0, 10.0)  # rows 0-8
+    buf.update_priority(list(range(12)), [*complete.tolist(), waiting, waiting, waiting])
+    counts = np.zeros(16, np.int64)
+    for _ in range(40):
+        batch = buf.sample(512)
+        np.add.at(counts, batch.index.numpy(), 1)
+        # weights normalised over the complete transitions, as sample_by_index gives them
+        assert torch.equal(batch.weight, buf.sample_by_index(batch.index).weight)
+    assert counts[9:].sum() == 0
+    q = (complete + 1e-8) ** alpha
+    expected = counts.sum() * q / q.sum()
+    chi_square = float((((counts[:9] - expected) ** 2) / expected).sum())
+    assert chi_square < 33.7  # the 0.9999 quantile with 8 degrees of freedom (seeded: the same draws every run)
+
+
+def test_the_weights_of_a_draw_among_complete_transitions_are_those_sample_by_index_gives() -> None:
+    buf = _waiting_buffer(1.0)
+    buf.update_priority(list(range(12)), [*[2.0] * 8, 0.5, 1e90, 1e90, 1e90])
+    batch = buf.sample(64)
+    assert set(batch.index.tolist()) <= set(range(9))
+    want = {position: (1.0 if position == 8 else (2.0 / 0.5) ** -0.5) for position in range(9)}
+    assert batch.weight.tolist() == pytest.approx([want[p] for p in batch.index.tolist()], rel=1e-6)
+
+
+def test_a_sample_with_no_complete_transition_is_refused_and_changes_nothing() -> None:
+    buf = _buffer(16, 1, 2, 3, prioritized=True, seed=0)
+    envs = Envs(1, 2, "reset", 0.0, np.random.default_rng(0))
+    for _ in range(3):
+        _add(buf, envs, [True])
+    buf.update_priority([0, 1, 2], [1e90, 1e90, 1e90])
+    before = snapshot(buf)
+    with pytest.raises(EmptyBufferError, match="no transition is complete yet"):
+        buf.sample(8)
+    assert same(snapshot(buf), before)
+
+
+def test_a_uniform_buffer_draws_uniformly_among_complete_transitions_when_most_rows_wait() -> None:
+    buf = _buffer(16, 6, 1, 2, seed=0)  # n_step=2: rows 0 and 1 complete, the other 12 wait for their next steps
+    envs = Envs(6, 1, "reset", 0.0, np.random.default_rng(0))
+    for mask in ([True] * 6, [True] * 6, [True, True, False, False, False, False]):
+        _add(buf, envs, mask)
+    assert buf.sample_all().index.tolist() == [0, 1]
+    counts = np.bincount(buf.sample(4096).index.numpy(), minlength=16)
+    assert np.flatnonzero(counts).tolist() == [0, 1]
+    assert float(((counts[:2] - 2048) ** 2 / 2048).sum()) < 15.1  # the 0.9999 quantile, 1 dof (seeded)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    num_envs=st.integers(1, 2),
+    frame_stack=st.sampled_from([1, 2, 3]),
+    n_step=st.sampled_from([1, 2, 3]),
+    capacity=st.integers(4, 60),
+    rounds=st.integers(1, 50),
+    priorities=st.lists(st.floats(0.0, 1e6), min_size=1, max_size=60),
+    seed=st.integers(0, 2**16),
+)
+def test_a_compact_shard_reports_the_mass_of_its_complete_transitions_alone(
+    num_envs: int, frame_stack: int, n_step: int, capacity: int, rounds: int, priorities: list[float], seed: int,
+) -> None:
+    capacity = max(capacity, num_envs)
+    shard = ShardHost(capacity=capacity, obs_shape=(frame_stack, *FRAME) if frame_stack > 1 else FRAME,
+                      action_shape=(), num_envs=num_envs, obs_dtype=torch.uint8, frame_stack=frame_stack,
+                      n_step=n_step, gamma=0.9, compact=True, prioritized=True, alpha=0.7, seed=seed)
+    buf = shard.buffer
+    envs = Envs(num_envs, frame_stack, "reset", 0.1, np.random.default_rng(seed))
+    written: list[Step] = []
+    for _ in range(rounds):
+        written += _add(buf, envs, [True] * num_envs)
+    stored = len(buf)
+    raw = (priorities * stored)[:stored]
+    buf.update_priority(list(range(stored)), raw)
+    complete = [serial % capacity for serial in reference(written, capacity, frame_stack, n_step, 0.9)]
+    want = sum((raw[position] + 1e-8) ** 0.7 for position in complete)
+    assert shard.shard_stats()["mass"] == pytest.approx(want, rel=1e-9, abs=1e-300)
+
+
+def test_the_complete_mass_is_summed_over_the_complete_rows_when_waiting_rows_hold_nearly_all_of_it() -> None:
+    buf = _waiting_buffer(1.0)
+    buf.update_priority(list(range(12)), [1.0] * 9 + [1e90] * 3)
+    sampler = buf._ring.rb.sampler
+    _, total, _ = sampler.sampled_mass(buf._ring.rb.storage)
+    assert complete_mass(buf._compact, sampler, total) == pytest.approx(9 * (1.0 + 1e-8))
