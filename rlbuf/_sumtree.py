@@ -87,8 +87,8 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
     normalisation). Items get the largest raw priority seen so far when they are written.
 
     ``drawable`` (``None``: every stored item) narrows the items the weights are normalised over to
-    those its caller keeps: a compact replay layout redraws the rows that are no complete
-    transition, so ``min_j`` runs over complete transitions, as in a buffer storing only those.
+    those its caller keeps: a compact replay layout draws complete transitions alone, so ``min_j``
+    runs over those, as in a buffer storing only complete transitions.
 
     The priorities live in one array sum/min tree (see [`rlbuf._sumtree_arrays`][rlbuf._sumtree_arrays]),
     updated and walked with numpy kernels on its memory (2-3x faster than torch ops on 256-element batches).
