@@ -831,38 +831,39 @@ def test_refused_steps_leave_the_episode_statistics_as_they_were(compression: st
     check_id_batch(buffer.sample_all(), 3, 2, 0.5)
 
 
-@pytest.mark.parametrize("case", ["nothing complete", "nothing complete, prioritized", "no priority mass"])
-def test_a_refused_sample_leaves_the_random_state_as_it_was(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import rlbuf._compact as compact_module
-    monkeypatch.setattr(compact_module, "_MAX_ROUNDS", 70)   # the PriorityError after 70 rounds, not 4096
+@pytest.mark.parametrize("case", ["nothing complete", "nothing complete, prioritized", "huge priorities waiting"])
+def test_a_refused_sample_leaves_the_random_state_as_it_was(case: str) -> None:
     prioritized = case != "nothing complete"
     buffer, twin = _dict_buffer(prioritized=prioritized), _dict_buffer(prioritized=prioritized)
     envs = IdEnvs(3)
-    error: type[Exception] = EmptyBufferError
-    for _ in range(1 if case.startswith("nothing") else 6):
-        step = envs.step()
-        buffer.add(*step)
-        twin.add(*step)
-    if case == "no priority mass":   # every complete transition ~0, the newest (incomplete) rows huge
-        error = RlbufError
-        complete = buffer.sample_all().index
-        rest = torch.tensor([p for p in range(len(buffer)) if p not in complete.tolist()])
+    step = envs.step()
+    buffer.add(*step)
+    twin.add(*step)
+    if case == "huge priorities waiting":   # nothing complete, the waiting rows' priorities huge: still refused
         for target in (buffer, twin):
-            target.update_priority(complete, torch.full((len(complete),), 1e-12, dtype=torch.float64))
-            target.update_priority(rest, torch.full((len(rest),), 1e12, dtype=torch.float64))
+            target.update_priority(torch.arange(len(target)), torch.full((len(target),), 1e12, dtype=torch.float64))
     before = snapshot(buffer)
-    with pytest.raises(error):
+    with pytest.raises(EmptyBufferError):
         buffer.sample(4)
     refused_alike = same(snapshot(buffer), before)
     for _ in range(6):
         step = envs.step()
         buffer.add(*step)
         twin.add(*step)
-    if case == "no priority mass":
-        for target in (buffer, twin):
-            target.update_priority(torch.arange(len(target)), torch.ones(len(target), dtype=torch.float64))
     assert refused_alike, "the refused sample changed the buffer's state"
     assert torch.equal(buffer.sample(8).index, twin.sample(8).index)
+
+
+def test_complete_transitions_of_almost_no_priority_mass_are_drawn_not_refused() -> None:
+    buffer = _dict_buffer(prioritized=True)
+    envs = IdEnvs(3)
+    for _ in range(6):
+        buffer.add(*envs.step())
+    complete = buffer.sample_all().index
+    rest = torch.tensor([p for p in range(len(buffer)) if p not in complete.tolist()])
+    buffer.update_priority(complete, torch.full((len(complete),), 1e-12, dtype=torch.float64))
+    buffer.update_priority(rest, torch.full((len(rest),), 1e12, dtype=torch.float64))
+    assert set(buffer.sample(64).index.tolist()) <= set(complete.tolist())
 
 
 def test_a_state_of_another_compression_or_layout_is_refused_unchanged() -> None:
