@@ -57,14 +57,15 @@ def incomplete_positions(layout: CompactLayout) -> _Ints:
     size, write_count, capacity = len(ring), ring.write_count, ring.capacity
     oldest = write_count - size
     width = streams.num_envs * (layout.n_step + layout.frame_stack)
-    positions = np.arange(size, dtype=np.int64)
-    while 2 * width < size:
+    positions = None
+    while 2 * width < size and positions is None:
         serials = np.concatenate([np.arange(oldest, oldest + width), np.arange(write_count - width, write_count)])
         windows = serials % capacity
         if _windows_hold_every_incomplete_row(layout, streams.env[windows], width, oldest):
             positions = np.sort(windows)
-            break
         width *= 2
+    if positions is None:
+        positions = np.arange(size, dtype=np.int64)
     found: _Ints = positions[~layout.walk(positions).complete]
     return found
 
