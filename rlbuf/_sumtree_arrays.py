@@ -144,9 +144,9 @@ def smallest_where(tree: torch.Tensor, size: int, accept: Callable[[int], bool])
     """
     mins = tree[1].numpy()
     num_leaves, depth = tree.shape[1] // 2, _depth(tree)
-    heap = [(float(mins[1]), 1)]
+    heap = [(float(mins[1]), 0, 1)]  # ties popped deepest first: equal priorities cost a descent, not a breadth
     while heap:
-        value, node = heapq.heappop(heap)
+        value, _, node = heapq.heappop(heap)
         if node >= num_leaves:
             if accept(node - num_leaves):
                 return value
@@ -154,7 +154,7 @@ def smallest_where(tree: torch.Tensor, size: int, accept: Callable[[int], bool])
         for child in (2 * node, 2 * node + 1):
             first_leaf = (child << (depth - child.bit_length() + 1)) - num_leaves
             if first_leaf < size:
-                heapq.heappush(heap, (float(mins[child]), child))
+                heapq.heappush(heap, (float(mins[child]), -child.bit_length(), child))
     return math.inf
 
 
