@@ -118,9 +118,6 @@ class Codec:
     def __init__(self, name: str, level: int | None, dictionary: bytes = b"") -> None:
         self.name, self.level, self.dictionary = name, level, dictionary
         self.compress: Callable[[Any], bytes]
-        # decode(blob, size): a frame of at most size bytes, unchecked (frames this codec wrote or decompress
-        # checked); a C call with positional arguments (a partial's keywords cost more than the call on small frames)
-        self.decode: Callable[[Any, int], bytes]
         self._strict: Callable[[Any, int], bytes]
         lz4_block, zstandard = _libraries()
         self._errors: tuple[type[Exception], ...] = (zstandard.ZstdError, lz4_block.LZ4BlockError, ValueError)
@@ -130,9 +127,8 @@ class Codec:
             # No frame header fields: the size is known, and the checkpoint has its own checksums.
             compressor = zstandard.ZstdCompressor(level=level or _DEFAULT_ZSTD_LEVEL, dict_data=data,
                                                   write_content_size=False, write_checksum=False, write_dict_id=False)
-            decompressor = zstandard.ZstdDecompressor(dict_data=data)
+            self._decompressor = decompressor = zstandard.ZstdDecompressor(dict_data=data)
             self.compress = compressor.compress
-            self.decode = decompressor.decompress  # (blob, max_output_size)
             self._reader = decompressor.stream_reader
             content_size, decompress = zstandard.frame_content_size, decompressor.decompress
 
@@ -151,7 +147,7 @@ class Codec:
                 options.update(mode="high_compression", compression=level)
             self.compress = functools.partial(lz4_block.compress, **options)
             self._unpack = unpack = lz4_block.decompress
-            self.decode = self._strict = lambda blob, size: unpack(blob, size, False, dictionary)
+            self._strict = lambda blob, size: unpack(blob, size, False, dictionary)
 
     def decode_rows(self, arena: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64],
                     out: memoryview, rows: npt.NDArray[np.int64], size: int) -> None:
@@ -195,6 +191,60 @@ class Codec:
         except self._errors as error:
             raise ValueError(f"{len(rows)} {self.name} frames that do not decode to frames of {size} bytes "
                              f"({error})") from None
+
+    def decompress_rows(self, arena: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64],
+                        lengths: npt.NDArray[np.int64], out: memoryview, rows: npt.NDArray[np.int64], size: int) -> None:
+        """``decode_rows``, checked frame by frame: frames from elsewhere (a shard's reply), each of which must
+        decompress to exactly ``size`` bytes, with no more memory than ``out`` (a header's content size is not
+        trusted).
+
+        zstd decodes them all in one call (python-zstandard's ``multi_decompress_to_buffer``, which decodes
+        each frame into the ``size`` bytes given for it and refuses one of another size; bytes after a
+        frame are ignored, as ``decode`` does); lz4 one ``decompress`` a frame.
+
+        Raises:
+            ValueError: a frame outside ``arena``, or one that is not a frame of ``size`` bytes (named).
+
+        Example:
+            >>> codec = Codec("zstd", None)
+            >>> arena = np.frombuffer(codec.compress(b"abcd") + b"junk", np.uint8)
+            >>> out = bytearray(8)
+            >>> codec.decompress_rows(arena, np.array([0]), np.array([len(arena) - 4]), memoryview(out), np.array([1]), 4)
+            >>> bytes(out)
+            b'\\x00\\x00\\x00\\x00abcd'
+            >>> codec.decompress_rows(arena, np.array([0]), np.array([len(arena) - 4]), memoryview(out), np.array([0]), 5)
+            Traceback (most recent call last):
+            ...
+            ValueError: zstd frames that do not decompress to frames of 5 bytes (error decompressing item 0: ...)
+        """
+        count = len(rows)
+        if not len(starts) == len(lengths) == count:
+            raise ValueError(f"{len(starts)} starts and {len(lengths)} lengths of frames for {count} rows")
+        if not count:
+            return
+        ends = starts + lengths
+        outside = (lengths < 1) | (starts < 0) | (ends > len(arena))
+        if outside.any():
+            at = int(np.argmax(outside))
+            raise ValueError(f"frame {at}: {int(lengths[at])} bytes at {int(starts[at])}, outside the "
+                             f"{len(arena)} bytes received")
+        if int(rows.min()) < 0 or (int(rows.max()) + 1) * size > len(out):
+            raise ValueError(f"rows {int(rows.min())} to {int(rows.max())} of frames of {size} bytes: outside the "
+                             f"{len(out)} bytes to fill")
+        if self._reader is None:
+            frames = arena.data
+            for row, start, end in zip(rows.tolist(), starts.tolist(), ends.tolist(), strict=True):
+                out[row * size:(row + 1) * size] = self.decompress(frames[start:end], size)
+            return
+        _, zstandard = _libraries()
+        segments = zstandard.BufferWithSegments(arena, np.stack((starts, lengths), 1).astype(np.uint64).tobytes())
+        try:
+            frames = self._decompressor.multi_decompress_to_buffer(
+                segments, decompressed_sizes=np.full(count, size, np.uint64).tobytes())
+        except zstandard.ZstdError as error:
+            raise ValueError(f"zstd frames that do not decompress to frames of {size} bytes ({error})") from None
+        for row, frame in zip(rows.tolist(), frames, strict=True):
+            out[row * size:(row + 1) * size] = frame
 
     def _read_runs(self, data: npt.NDArray[np.uint8], out: memoryview, rows: npt.NDArray[np.int64],
                    size: int) -> None:

@@ -43,12 +43,12 @@ import numpy.typing as npt
 import torch
 import xxhash
 
-from rlbuf._codec import Codec
+from rlbuf._codec import CODECS, Codec
 from rlbuf._convert import numpy_dtype, numpy_dtype_or_none
 from rlbuf._frames import copy_repeated
 from rlbuf._streams import Chain
 from rlbuf.batches import ReplayBatch
-from rlbuf.errors import ConfigError
+from rlbuf.errors import ConfigError, ReplyError
 
 if TYPE_CHECKING:
     from rlbuf._compact import CompactLayout
@@ -250,6 +250,8 @@ class FrameDecoders:
 
         Raises:
             ConfigError: a dictionary id the payload does not carry and this receiver never received.
+            ReplyError: a codec rlbuf does not use, or a dictionary that is not the one its id names or
+                that the codec cannot take.
         """
         assert payload.codec is not None
         name, level = payload.codec
@@ -260,7 +262,16 @@ class FrameDecoders:
         if payload.dictionary_id and payload.dictionary is None:
             raise ConfigError(f"frames: compressed with dictionary {payload.dictionary_id}, which this learner does "
                               "not hold and the shard did not send; sample again (the learner's cache was cleared)")
-        codec = Codec(name, level, payload.dictionary or b"")
+        if name not in CODECS or not (level is None or type(level) is int):
+            raise ReplyError(f"frames: compressed with {name!r} at level {level!r}, expected one of {list(CODECS)}")
+        dictionary = payload.dictionary or b""
+        if dictionary_id(dictionary) != payload.dictionary_id:
+            raise ReplyError(f"frames: a dictionary whose digest is {dictionary_id(dictionary)!r}, sent as "
+                             f"{payload.dictionary_id!r}")
+        try:
+            codec = Codec(name, level).with_dictionary(dictionary) if dictionary else Codec(name, level)
+        except ValueError as error:
+            raise ReplyError(f"frames: {error}") from None
         if len(self._codecs) >= _KEPT_DICTIONARIES:
             self._codecs.pop(next(iter(self._codecs)))
         self._codecs[key] = codec
@@ -271,13 +282,23 @@ def rebuild(payloads: Sequence[FramePayload], decoders: FrameDecoders) -> tuple[
     """``obs`` and ``next_obs`` of the followed key of the payloads' batches, one after another (the order
     of a merged batch), bit for bit the stacks the buffers would have built; two views of one tensor.
 
-    Compressed frames are decoded straight into the first slot that holds them; the other slots copy it.
+    Compressed frames are decoded straight into the first slot that holds them (checked frame by frame:
+    ``Codec.decompress_rows``); the other slots copy it.
+
+    Raises:
+        ReplyError: a payload no rlbuf shard sends (corrupted or forged): its parts disagree, a slot names a
+            frame it does not hold, or a frame that does not decode to one of ``frame_shape``.
     """
     first = payloads[0]
     frame_shape, stacked = first.frame_shape, first.stacked
-    dtype = np.dtype(first.dtype)
+    try:
+        dtype = np.dtype(first.dtype)
+    except TypeError:
+        raise ReplyError(f"frames: dtype {first.dtype!r} is none numpy knows") from None
     frame_bytes = math.prod(frame_shape) * dtype.itemsize
-    stack = first.sources.shape[2]
+    stack = first.sources.shape[2] if first.sources.ndim == 3 else 0
+    for payload in payloads:
+        _check(payload, first, stack, frame_bytes)
     total = sum(payload.batch_size for payload in payloads)
     both = np.empty((2, total * stack, frame_bytes), np.uint8)
     slots = both.reshape(2 * total * stack, frame_bytes)
@@ -314,6 +335,38 @@ def put_frames(fields: dict[str, Any], path: tuple[str, ...], obs: torch.Tensor,
         fields[name].set(path, value)
 
 
+def _check(payload: FramePayload, first: FramePayload, stack: int, frame_bytes: int) -> None:
+    """Raise ``ReplyError`` unless ``payload`` is one an rlbuf shard sends beside ``first`` (of one batch)."""
+    if (payload.frame_shape, payload.dtype, payload.stacked) != (first.frame_shape, first.dtype, first.stacked):
+        raise ReplyError(f"frames: frames {payload.frame_shape} {payload.dtype} beside {first.frame_shape} "
+                         f"{first.dtype} in one batch")
+    sources = payload.sources
+    if not (isinstance(sources, np.ndarray) and sources.dtype == np.int32 and sources.ndim == 3
+            and sources.shape[0] == 2 and sources.shape[2] == stack and stack >= 1):
+        raise ReplyError(f"frames: sources {getattr(sources, 'dtype', type(sources))} of shape "
+                         f"{getattr(sources, 'shape', None)}, expected int32 [2, batch, {stack}]")
+    if payload.frames is not None:
+        frames = payload.frames
+        if not (isinstance(frames, np.ndarray) and frames.dtype == np.uint8 and frames.ndim == 2
+                and frames.shape[1] == frame_bytes):
+            raise ReplyError(f"frames: raw frames of shape {getattr(frames, 'shape', None)}, expected "
+                             f"[count, {frame_bytes}] uint8")
+        count = len(frames)
+    else:
+        blobs, lengths = payload.blobs, payload.lengths
+        if not (isinstance(blobs, np.ndarray) and blobs.dtype == np.uint8 and blobs.ndim == 1
+                and isinstance(lengths, np.ndarray) and lengths.dtype == np.int64 and lengths.ndim == 1
+                and payload.codec is not None):
+            raise ReplyError("frames: neither raw frames nor compressed ones with their lengths and codec")
+        if int(lengths.sum()) != len(blobs):
+            raise ReplyError(f"frames: lengths adding up to {int(lengths.sum())} bytes for {len(blobs)} bytes of "
+                             "compressed frames")
+        count = len(lengths)
+    if sources.size and not ZERO <= int(sources.min()) <= int(sources.max()) < count:
+        raise ReplyError(f"frames: slots naming frames {int(sources.min())} to {int(sources.max())} of "
+                         f"{count} sent")
+
+
 def _place_raw(slots: npt.NDArray[np.uint8], where: npt.NDArray[np.int64], sources: npt.NDArray[np.int64],
                frames: npt.NDArray[np.uint8]) -> None:
     """Copy raw distinct ``frames`` to the slots ``where`` by ``sources`` (zeros for ``ZERO``)."""
@@ -333,13 +386,12 @@ def _place_compressed(slots: npt.NDArray[np.uint8], where: npt.NDArray[np.int64]
     used = sources != ZERO
     distinct, first = np.unique(sources[used], return_index=True)
     targets = where[used][first]
-    decode, data, out = codec.decode, payload.blobs.data.cast("B"), slots.data.cast("B")
-    # Python lists, not numpy scalars, in the loop: it runs once per distinct frame (1,500 a batch of 256 Atari
-    # transitions), and a memoryview assignment refuses a frame of another size.
-    ends, lengths = np.cumsum(payload.lengths).tolist(), payload.lengths.tolist()
-    for source, target in zip(distinct.tolist(), (targets * frame_bytes).tolist(), strict=True):
-        end = ends[source]
-        out[target:target + frame_bytes] = decode(data[end - lengths[source]:end], frame_bytes)
+    lengths = payload.lengths
+    try:
+        codec.decompress_rows(payload.blobs, (np.cumsum(lengths) - lengths)[distinct], lengths[distinct],
+                              slots.data.cast("B"), targets, frame_bytes)
+    except ValueError as error:
+        raise ReplyError(f"frames: {error}") from None
     copy_from = np.empty(int(sources.max(initial=0)) + 1, np.int64)
     copy_from[distinct] = targets
     again = np.flatnonzero(used)

@@ -123,6 +123,11 @@ class ShardDiedError(RlbufError, RuntimeError):
     """A shard of a replay service whose Ray actor died: its rows since the last checkpoint are gone."""
 
 
+class ReplyError(RlbufError, ValueError):
+    """A reply from a replay service's shard that no rlbuf shard sends (corrupted or forged frames): the
+    learner refuses the batch, and has allocated no more memory than the batch's own."""
+
+
 class ReadOnlyError(RlbufError, RuntimeError):
     """A write to a buffer marked ``read_only`` (a dataset, the offline buffer of a ``MixedReplay``); it changed nothing."""
 

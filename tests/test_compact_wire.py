@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from tensordict import TensorDictBase
 
 import rlbuf._frames as frames_module
-from rlbuf import ConfigError, EmptyBufferError, ReplayBuffer
-from rlbuf._compact_wire import FrameDecoders, put_frames, rebuild, sample_wire
+from rlbuf import ConfigError, EmptyBufferError, ReplayBuffer, ReplyError
+from rlbuf._compact_wire import FrameDecoders, FramePayload, put_frames, rebuild, sample_wire
 from rlbuf.batches import ReplayBatch
 
 
@@ -181,3 +181,69 @@ def test_the_learners_merge_of_two_shards_replies_rebuilds_each_shards_batch(com
         for name in ("action", "reward", "discount", "terminated", "truncated", "done", "weight"):
             assert frozen(getattr(merged, name)[part]) == frozen(getattr(batch, name)), name
         assert torch.equal(merged.index[part], batch.index + 32 * k)
+
+
+def forged(payload: FramePayload, frame: bytes | None = None, **changes: Any) -> FramePayload:
+    """``payload`` with its first frame's bytes replaced by ``frame`` and its other parts by ``changes``."""
+    if frame is not None:
+        assert payload.blobs is not None and payload.lengths is not None
+        first = int(payload.lengths[0])
+        lengths = payload.lengths.copy()
+        lengths[0] = len(frame)
+        changes.update(blobs=np.concatenate((np.frombuffer(frame, np.uint8), payload.blobs[first:])), lengths=lengths)
+    return dataclasses.replace(payload, **changes)
+
+
+def zstd_frame(data: bytes, *, content_size: bool) -> bytes:
+    import zstandard
+
+    frame: bytes = zstandard.ZstdCompressor(write_content_size=content_size).compress(data)
+    return frame
+
+
+def lz4_block(data: bytes) -> bytes:
+    import lz4.block
+
+    block: bytes = lz4.block.compress(data, store_size=False)
+    return block
+
+
+FORGERIES: dict[str, tuple[str, Any, str]] = {
+    # name: (compression, the forgery of a sampled payload, what the error says)
+    "a zstd header giving 64 MB": ("zstd", lambda p: forged(p, zstd_frame(bytes(1 << 26), content_size=True)),
+                                   "do not decompress to frames of 6 bytes"),
+    "a zstd frame of 5 bytes": ("zstd", lambda p: forged(p, zstd_frame(bytes(5), content_size=False)),
+                                "do not decompress to frames of 6 bytes"),
+    "a zstd frame of 7 bytes": ("zstd", lambda p: forged(p, zstd_frame(bytes(7), content_size=False)),
+                                "do not decompress to frames of 6 bytes"),
+    "bytes that are no zstd frame": ("zstd", lambda p: forged(p, b"garbage!"), "do not decompress"),
+    "an lz4 block of 64 KB": ("lz4", lambda p: forged(p, lz4_block(bytes(1 << 16))), "not a lz4 frame of 6 bytes"),
+    "lengths that overrun the bytes": ("zstd", lambda p: forged(p, lengths=p.lengths + 1),
+                                       "lengths adding up to"),
+    "a slot naming a frame not sent": ("zstd", lambda p: forged(p, sources=p.sources + 1000),
+                                       "slots naming frames"),
+    "raw frames of another size": (None, lambda p: forged(p, frames=p.frames[:, :-1]), "raw frames of shape"),
+    "a raw slot naming a frame not sent": (None, lambda p: forged(p, sources=p.sources * 0 + len(p.frames)),
+                                           "slots naming frames"),
+    "an unknown codec": ("zstd", lambda p: forged(p, codec=("brotli", 3)), "compressed with 'brotli'"),
+    "a dictionary its id does not name": ("zstd", lambda p: forged(p, dictionary=b"\x37\xa4\x30\xec" + bytes(60),
+                                                                   dictionary_id="0123456789abcdef"),
+                                          "a dictionary whose digest is"),
+}
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGERIES))
+def test_a_forged_or_corrupted_payload_is_refused_with_a_reply_error(forgery: str) -> None:
+    """The learner decodes what a shard sent checked frame by frame (``Codec.decompress_rows``): a frame
+    whose header claims 64 MB is refused before any of it is allocated, a frame of another size is not
+    placed, and slots may only name frames that were sent."""
+    compression, forge, message = FORGERIES[forgery]
+    shape = (2, 4, 3, "reset", torch.uint8, False, 64)
+    buffer = make(*shape, compression=compression)
+    envs = Envs(2, 4, "reset", torch.uint8, False, seed=0)
+    for _ in range(20):
+        buffer.add(*envs.step([0, 0])[:5], truncated=torch.zeros(2, dtype=torch.bool))
+    _, payload = sample_wire(buffer, 8, known=())
+    rebuild([payload], FrameDecoders())   # the payload as sent is rebuilt
+    with pytest.raises(ReplyError, match=message):
+        rebuild([forge(payload)], FrameDecoders())
