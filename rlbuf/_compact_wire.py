@@ -118,6 +118,26 @@ def sends_frames(buffer: ReplayBuffer) -> bool:
     return layout is not None and numpy_dtype_or_none(layout.obs_spec.dtype) is not None
 
 
+FrameGeometry = tuple[tuple[str, ...], tuple[int, ...], str, int]
+"""``(path, frame_shape, dtype, frame_stack)`` of the frames a compact buffer sends (see ``frame_geometry``)."""
+
+
+def frame_geometry(buffer: ReplayBuffer) -> FrameGeometry | None:
+    """What every payload of ``buffer`` is made of: its followed key, frame shape, dtype (numpy's name) and
+    ``frame_stack``; ``None`` when ``sample_wire`` does not serve it. A receiver told it (``FrameDecoders``)
+    refuses payloads of other frames before it allocates their stacks.
+
+    Example:
+        >>> from rlbuf import ReplayBuffer
+        >>> frame_geometry(ReplayBuffer(8, obs_shape=(4, 2, 3), obs_dtype=torch.uint8, action_shape=(), frame_stack=4))
+        ((), (2, 3), 'uint8', 4)
+    """
+    layout = buffer._compact
+    if layout is None or not sends_frames(buffer):
+        return None
+    return (tuple(layout.path), tuple(layout.frame_shape), str(numpy_dtype(layout.obs_spec.dtype)), layout.frame_stack)
+
+
 def sample_wire(buffer: ReplayBuffer, batch_size: int, *, known: Collection[str]) -> tuple[ReplayBatch, FramePayload]:
     """``buffer.sample(batch_size)`` of a compact buffer, with the frames apart: the batch (its ``obs``
     and ``next_obs`` leaves of the followed key ``[B, 0]``) and the payload ``rebuild`` makes them from.
@@ -231,14 +251,19 @@ def _as_bytes(frames: np.ndarray[Any, Any]) -> npt.NDArray[np.uint8]:
 class FrameDecoders:
     """The receiver's codecs, by the id of their dictionary: what it tells shards it holds (``known``).
 
+    Args:
+        expected: the frames the senders' payloads hold (``frame_geometry`` of their buffers); ``None``:
+            the first payload of each batch sets them.
+
     Example:
         >>> decoders = FrameDecoders()
         >>> decoders.known
         []
     """
 
-    def __init__(self) -> None:
+    def __init__(self, expected: FrameGeometry | None = None) -> None:
         self._codecs: dict[tuple[str, int | None, str], Codec] = {}
+        self.expected = None if expected is None else (tuple(expected[0]), tuple(expected[1]), *expected[2:])
 
     @property
     def known(self) -> list[str]:
@@ -278,18 +303,27 @@ class FrameDecoders:
         return codec
 
 
-def rebuild(payloads: Sequence[FramePayload], decoders: FrameDecoders) -> tuple[torch.Tensor, torch.Tensor]:
+def rebuild(payloads: Sequence[FramePayload], decoders: FrameDecoders,
+            batch_sizes: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``obs`` and ``next_obs`` of the followed key of the payloads' batches, one after another (the order
     of a merged batch), bit for bit the stacks the buffers would have built; two views of one tensor.
+    ``batch_sizes``: the transitions each payload must hold (the rows of the batch it came with).
 
     Compressed frames are decoded straight into the first slot that holds them (checked frame by frame:
     ``Codec.decompress_rows``); the other slots copy it.
 
     Raises:
-        ReplyError: a payload no rlbuf shard sends (corrupted or forged): its parts disagree, a slot names a
-            frame it does not hold, or a frame that does not decode to one of ``frame_shape``.
+        ReplyError: a payload no rlbuf shard sends (corrupted or forged): its parts disagree (with each other,
+            ``batch_sizes`` or ``decoders.expected``), a slot names a frame it does not hold, or a frame that does
+            not decode to one of ``frame_shape``.
     """
     first = payloads[0]
+    if batch_sizes is not None and [_rows(payload) for payload in payloads] != list(batch_sizes):
+        raise ReplyError(f"frames: payloads of {[_rows(payload) for payload in payloads]} transitions for batches of "
+                         f"{list(batch_sizes)}")
+    geometry = (first.path, first.frame_shape, first.dtype, _rows(first, axis=2))
+    if decoders.expected is not None and geometry != decoders.expected:
+        raise ReplyError(f"frames: (key, frame shape, dtype, frame_stack) {geometry}, expected {decoders.expected}")
     frame_shape, stacked = first.frame_shape, first.stacked
     try:
         dtype = np.dtype(first.dtype)
@@ -333,6 +367,12 @@ def put_frames(fields: dict[str, Any], path: tuple[str, ...], obs: torch.Tensor,
         return
     for name, value in (("obs", obs), ("next_obs", next_obs)):
         fields[name].set(path, value)
+
+
+def _rows(payload: FramePayload, axis: int = 1) -> int | None:
+    """``payload.sources.shape[axis]`` (transitions, or stack slots), ``None`` for sources of no such shape."""
+    shape = getattr(payload.sources, "shape", ())
+    return int(shape[axis]) if len(shape) == 3 else None
 
 
 def _check(payload: FramePayload, first: FramePayload, stack: int, frame_bytes: int) -> None:

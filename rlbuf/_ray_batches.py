@@ -51,7 +51,7 @@ def merged_fields(drawn: Sequence[tuple[int, int]], replies: Sequence[dict[str, 
     if payloads:
         if len(payloads) != len(replies):
             raise AssertionError("some shards sent their frames apart and some whole: shards of one service differ")
-        obs, next_obs = rebuild(payloads, decoders)
+        obs, next_obs = rebuild(payloads, decoders, [len(part["index"]) for part in parts])
         put_frames(fields, payloads[0].path, obs, next_obs)
     return fields
 

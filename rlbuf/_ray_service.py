@@ -153,7 +153,7 @@ class ReplayService:
         self._layout = {"options": infos[0]["options"], "compact": bool(infos[0]["compact"]),
                         "restart": self._restart_from is not None}
         self._restarts = Restarts(infos)
-        self._decoders = FrameDecoders()
+        self._decoders = FrameDecoders(infos[0].get("frames"))  # payloads of other frames are refused
         self._wait_round = 0  # the learner's rounds of waits for a held shard (shard_stop_waiting ends one)
         self._frames_on_learner = True  # False: compact shards build the stacks (what benchmarks compare with)
         # Each shard's size, priority mass and limiter counters as of the learner's last call to it:

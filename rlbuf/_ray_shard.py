@@ -35,6 +35,7 @@ from tensordict import TensorDict
 
 from rlbuf._compact_wire import sample_wire, sends_frames
 from rlbuf._complete_rows import complete_mass
+from rlbuf._compact_wire import frame_geometry, sample_wire, sends_frames
 from rlbuf._rate_limit import RateLimiter, wait_until
 from rlbuf._ray_checkpoint import part_digest, read_manifest
 from rlbuf._ray_wire import fields_of, from_wire, to_wire
@@ -113,7 +114,8 @@ class ShardHost(ReplayBufferHost):
         buffer = self.buffer
         return {**self.rlbuf_info(), "beta": buffer.beta if buffer.prioritized else 0.0, "compact": buffer.compact,
                 "options": buffer.state_dict(data=False)["options"], "incarnation": self._incarnation,
-                "write_count": self.write_count, "restored_from": self._restored_from}
+                "write_count": self.write_count, "restored_from": self._restored_from,
+                "frames": frame_geometry(buffer)}
 
     def shard_set_beta(self, value: float) -> None:
         """See [`ReplayBuffer.beta`][rlbuf.ReplayBuffer.beta]."""

@@ -18,7 +18,14 @@ from tensordict import TensorDictBase
 
 import rlbuf._frames as frames_module
 from rlbuf import ConfigError, EmptyBufferError, ReplayBuffer, ReplyError
-from rlbuf._compact_wire import FrameDecoders, FramePayload, put_frames, rebuild, sample_wire
+from rlbuf._compact_wire import (
+    FrameDecoders,
+    FramePayload,
+    frame_geometry,
+    put_frames,
+    rebuild,
+    sample_wire,
+)
 from rlbuf.batches import ReplayBatch
 
 
@@ -80,7 +87,7 @@ def test_the_rebuilt_batch_is_the_buffers_own_sample(frame_stack: int, n_step: i
     options = {"compression": compression, "prioritized": prioritized}
     local, shard = make(*shape, **options), make(*shape, **options)
     envs = Envs(num_envs, frame_stack, padding_type, dtype, dict_obs, seed=capacity)
-    decoders = FrameDecoders()
+    decoders = FrameDecoders(frame_geometry(shard))  # honest payloads match what the shard says it sends
     for t, step_ends in enumerate(ends):
         step = envs.step(step_ends[:num_envs])
         local.add(*step[:5], truncated=step[5])
@@ -166,7 +173,7 @@ def test_the_learners_merge_of_two_shards_replies_rebuilds_each_shards_batch(com
             step = envs.step([1 if t % 6 == 5 else 0, 2 if t % 9 == 8 else 0])
             for buffer in (shards[k], twins[k]):
                 buffer.add(*step[:5], truncated=step[5])
-    decoders = FrameDecoders()
+    decoders = FrameDecoders(frame_geometry(shards[0]))
     replies = []
     for shard in shards:
         batch, payload = sample_wire(shard, 8, known=decoders.known)
@@ -225,6 +232,13 @@ FORGERIES: dict[str, tuple[str, Any, str]] = {
     "raw frames of another size": (None, lambda p: forged(p, frames=p.frames[:, :-1]), "raw frames of shape"),
     "a raw slot naming a frame not sent": (None, lambda p: forged(p, sources=p.sources * 0 + len(p.frames)),
                                            "slots naming frames"),
+    "frames of 1,000,000 x 1,000,000": ("zstd", lambda p: forged(p, frame_shape=(10**6, 10**6)),
+                                        r"frame_stack\) \(\(\), \(1000000, 1000000\), 'uint8', 4\), expected"),
+    "raw frames of 1,000,000 x 1,000,000": (None, lambda p: forged(p, frame_shape=(10**6, 10**6)), "expected"),
+    "stacks of 5": ("zstd", lambda p: forged(p, sources=np.concatenate((p.sources, p.sources[:, :, :1]), axis=2)),
+                    r"\(\(\), \(3, 2\), 'uint8', 5\), expected"),
+    "more transitions than the batch's rows": ("zstd", lambda p: forged(p, sources=np.concatenate((p.sources,) * 2, 1)),
+                                               r"payloads of \[16\] transitions for batches of \[8\]"),
     "an unknown codec": ("zstd", lambda p: forged(p, codec=("brotli", 3)), "compressed with 'brotli'"),
     "a dictionary its id does not name": ("zstd", lambda p: forged(p, dictionary=b"\x37\xa4\x30\xec" + bytes(60),
                                                                    dictionary_id="0123456789abcdef"),
@@ -236,7 +250,8 @@ FORGERIES: dict[str, tuple[str, Any, str]] = {
 def test_a_forged_or_corrupted_payload_is_refused_with_a_reply_error(forgery: str) -> None:
     """The learner decodes what a shard sent checked frame by frame (``Codec.decompress_rows``): a frame
     whose header claims 64 MB is refused before any of it is allocated, a frame of another size is not
-    placed, and slots may only name frames that were sent."""
+    placed, slots may only name frames that were sent, and frames or batches other than the receiver
+    expects are refused before their stacks are allocated."""
     compression, forge, message = FORGERIES[forgery]
     shape = (2, 4, 3, "reset", torch.uint8, False, 64)
     buffer = make(*shape, compression=compression)
@@ -244,6 +259,8 @@ def test_a_forged_or_corrupted_payload_is_refused_with_a_reply_error(forgery: st
     for _ in range(20):
         buffer.add(*envs.step([0, 0])[:5], truncated=torch.zeros(2, dtype=torch.bool))
     _, payload = sample_wire(buffer, 8, known=())
-    rebuild([payload], FrameDecoders())   # the payload as sent is rebuilt
+    expected = frame_geometry(buffer)
+    assert expected == ((), (3, 2), "uint8", 4)
+    rebuild([payload], FrameDecoders(expected), [8])   # the payload as sent is rebuilt
     with pytest.raises(ReplyError, match=message):
-        rebuild([forge(payload)], FrameDecoders())
+        rebuild([forge(payload)], FrameDecoders(expected), [8])
