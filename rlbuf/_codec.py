@@ -200,7 +200,8 @@ class Codec:
 
         zstd decodes them all in one call (python-zstandard's ``multi_decompress_to_buffer``, which decodes
         each frame into the ``size`` bytes given for it and refuses one of another size; bytes after a
-        frame are ignored, as ``decode`` does); lz4 one ``decompress`` a frame.
+        frame change none of it and are ignored, where ``decompress`` refuses them); lz4 one ``decompress``
+        a frame.
 
         Raises:
             ValueError: a frame outside ``arena``, or one that is not a frame of ``size`` bytes (named).

@@ -328,9 +328,11 @@ def rebuild(payloads: Sequence[FramePayload], decoders: FrameDecoders,
     try:
         dtype = np.dtype(first.dtype)
     except TypeError:
-        raise ReplyError(f"frames: dtype {first.dtype!r} is none numpy knows") from None
+        dtype = np.dtype(object)
+    if dtype.hasobject or not all(type(size) is int and size > 0 for size in frame_shape):
+        raise ReplyError(f"frames: frames {frame_shape} of {first.dtype!r}, expected positive sizes of a numeric dtype")
     frame_bytes = math.prod(frame_shape) * dtype.itemsize
-    stack = first.sources.shape[2] if first.sources.ndim == 3 else 0
+    stack = _rows(first, axis=2) or 0
     for payload in payloads:
         _check(payload, first, stack, frame_bytes)
     total = sum(payload.batch_size for payload in payloads)
@@ -382,9 +384,10 @@ def _check(payload: FramePayload, first: FramePayload, stack: int, frame_bytes: 
                          f"{first.dtype} in one batch")
     sources = payload.sources
     if not (isinstance(sources, np.ndarray) and sources.dtype == np.int32 and sources.ndim == 3
-            and sources.shape[0] == 2 and sources.shape[2] == stack and stack >= 1):
+            and sources.shape[0] == 2 and sources.shape[2] == stack and stack >= 1 and payload.stacked == (stack > 1)):
         raise ReplyError(f"frames: sources {getattr(sources, 'dtype', type(sources))} of shape "
-                         f"{getattr(sources, 'shape', None)}, expected int32 [2, batch, {stack}]")
+                         f"{getattr(sources, 'shape', None)} (stacked={payload.stacked}), expected int32 [2, batch, "
+                         f"{stack}]")
     if payload.frames is not None:
         frames = payload.frames
         if not (isinstance(frames, np.ndarray) and frames.dtype == np.uint8 and frames.ndim == 2

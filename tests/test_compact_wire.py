@@ -239,6 +239,8 @@ FORGERIES: dict[str, tuple[str, Any, str]] = {
                     r"\(\(\), \(3, 2\), 'uint8', 5\), expected"),
     "more transitions than the batch's rows": ("zstd", lambda p: forged(p, sources=np.concatenate((p.sources,) * 2, 1)),
                                                r"payloads of \[16\] transitions for batches of \[8\]"),
+    "frames of a negative size": ("zstd", lambda p: forged(p, frame_shape=(-3, 2)), "expected"),
+    "stacks said unstacked": ("zstd", lambda p: forged(p, stacked=False), r"\(stacked=False\)"),
     "an unknown codec": ("zstd", lambda p: forged(p, codec=("brotli", 3)), "compressed with 'brotli'"),
     "a dictionary its id does not name": ("zstd", lambda p: forged(p, dictionary=b"\x37\xa4\x30\xec" + bytes(60),
                                                                    dictionary_id="0123456789abcdef"),
@@ -264,3 +266,14 @@ def test_a_forged_or_corrupted_payload_is_refused_with_a_reply_error(forgery: st
     rebuild([payload], FrameDecoders(expected), [8])   # the payload as sent is rebuilt
     with pytest.raises(ReplyError, match=message):
         rebuild([forge(payload)], FrameDecoders(expected), [8])
+
+
+def test_a_receiver_told_no_geometry_still_refuses_frames_of_no_size_or_dtype() -> None:
+    buffer = make(2, 4, 3, "reset", torch.uint8, False, 64, compression="zstd")
+    envs = Envs(2, 4, "reset", torch.uint8, False, seed=0)
+    for _ in range(10):
+        buffer.add(*envs.step([0, 0])[:5], truncated=torch.zeros(2, dtype=torch.bool))
+    _, payload = sample_wire(buffer, 4, known=())
+    for changes in ({"frame_shape": (-3, 2)}, {"frame_shape": (3, 2.0)}, {"dtype": "object"}, {"dtype": "no dtype"}):
+        with pytest.raises(ReplyError, match="expected positive sizes of a numeric dtype"):
+            rebuild([forged(payload, **changes)], FrameDecoders())
