@@ -33,9 +33,8 @@ import numpy as np
 import ray
 from tensordict import TensorDict
 
-from rlbuf._compact_wire import sample_wire, sends_frames
-from rlbuf._complete_rows import complete_mass
 from rlbuf._compact_wire import frame_geometry, sample_wire, sends_frames
+from rlbuf._complete_rows import complete_mass
 from rlbuf._rate_limit import RateLimiter, wait_until
 from rlbuf._ray_checkpoint import part_digest, read_manifest
 from rlbuf._ray_wire import fields_of, from_wire, to_wire
