@@ -13,6 +13,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,10 +30,13 @@ steps = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2), st.sampled_from
                            st.booleans(), flag_kinds, flag_kinds), min_size=1, max_size=25)
 
 
+# uint8: the watcher compares integer rows by their bytes, floats by value
+@pytest.mark.parametrize("dtype", [torch.float32, torch.uint8])
 @settings(max_examples=150, deadline=None)
-@given(steps)
-def test_the_warning_comes_exactly_at_the_first_reset_step_of_the_reference(given_steps):
-    buffer = ReplayBuffer(100, obs_shape=(1,), action_shape=(), seed=0)
+@given(given_steps=steps)
+def test_the_warning_comes_exactly_at_the_first_reset_step_of_the_reference(dtype, given_steps):
+    buffer = ReplayBuffer(100, obs_shape=(1,), action_shape=(), obs_dtype=dtype, seed=0)
+    np_dtype = np.float32 if dtype == torch.float32 else np.uint8
     expected_at = None
     starts = equal = 0  # steps after an end, and those from that end's next_obs
     previous: tuple[bool, int] | None = None  # (ended, next_obs) of the last stored row
@@ -49,7 +53,7 @@ def test_the_warning_comes_exactly_at_the_first_reset_step_of_the_reference(give
     for i, (obs, next_obs, reward, terminated, truncated, kind_te, kind_tr) in enumerate(given_steps):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            buffer.add(np.array([obs], np.float32), 0.0, reward, np.array([next_obs], np.float32),
+            buffer.add(np.array([obs], np_dtype), 0.0, reward, np.array([next_obs], np_dtype),
                        _as(kind_te, terminated), _as(kind_tr, truncated))
         if any(issubclass(w.category, NextStepResetWarning) for w in caught):
             assert warned_at is None, "warned twice"
