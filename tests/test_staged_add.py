@@ -32,7 +32,8 @@ from rlbuf import (
     ShapeError,
     _torchrl,
 )
-from rlbuf.spec import all_finite
+from rlbuf._one_row import reading_all
+from rlbuf.spec import all_finite, float_limit
 
 OBS, ACTION = (3,), (2,)
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
@@ -53,6 +54,7 @@ def checked_by_reference(buf: ReplayBuffer) -> ReplayBuffer:
     """``buf`` with every field read by its reader's general path (``RowReader.checked``)."""
     ring = buf._ring
     ring._reads = tuple(ring.reader(spec, ring.rows_per_add).checked for spec in ring.input_specs)
+    ring._read_all = reading_all(ring._reads)  # the staged add reads through this one call, made at construction
     return buf
 
 
@@ -233,6 +235,23 @@ def test_several_rows_per_add_agree_with_the_reference(steps: list[tuple[list[fl
         step: tuple[Any, ...] = (obs, obs[:, :2], obs[:, 2], obs + 1, np.array(flags), np.array(flags[::-1]))
         if kind == "torch":
             step = tuple(torch.from_numpy(np.ascontiguousarray(value)) for value in step)
+        assert outcome(fast, step) == outcome(reference, step)
+    assert same(snapshot(fast), snapshot(reference))
+
+
+# A vector env's float64 rewards: float32's limit, the next float64 above it and the edges among them.
+LIMIT = float_limit(np.dtype(np.float32))
+rewards64 = st.lists(st.one_of(floats, st.sampled_from([LIMIT, -LIMIT, math.nextafter(LIMIT, math.inf)])), min_size=3,
+                     max_size=3)
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=st.lists(rewards64, min_size=1, max_size=5))
+def test_float64_rewards_of_several_envs_are_taken_and_refused_as_the_general_path_does(steps: list[list[float]]) -> None:
+    fast, reference = make(num_envs=3, capacity=7), checked_by_reference(make(num_envs=3, capacity=7))
+    obs, no = np.zeros((3, 3), np.float32), np.zeros(3, np.bool_)
+    for rewards in steps:
+        step = (obs, obs[:, :2], np.array(rewards, np.float64), obs + 1, no, no)
         assert outcome(fast, step) == outcome(reference, step)
     assert same(snapshot(fast), snapshot(reference))
 
