@@ -188,14 +188,16 @@ class ResetSteps:
             self._ended[0] = self.watching = False
             return
         ended = _rows(terminated) | _rows(truncated)
+        ending = bool(ended.any())
         if stored is None:
             self._ended = ended  # a new array: its own
             envs = self._all_envs
+            self.watching = ending
         else:
             envs = np.flatnonzero(stored)
             self._ended[envs] = ended
-        self.watching = bool(self._ended.any())
-        if not self.watching or not ended.any():
+            self.watching = ending or bool(self._ended.any())
+        if not ending:
             return
         leaves = [_read(reader, value) for reader, value in zip(self._next_obs, self._split("next_obs", next_obs),
                                                                 strict=True)]

@@ -292,9 +292,8 @@ class Streams:
     def _keep_finals(self, first_serial: int, next_obs: np.ndarray[Any, Any], ended: _Bools, oldest: int) -> None:
         """Keep the final observation (its newest frame) of each stored row that ended an episode."""
         ending = np.flatnonzero(ended & (first_serial + np.arange(len(ended)) >= oldest))
-        if ending.size:
-            rows = next_obs[ending]
-            frames = np.ascontiguousarray(rows[:, -1] if self.frame_stack > 1 else rows)
+        if ending.size:  # the newest frames copied alone, not the stacks first (28 KB each on Atari)
+            frames = next_obs[ending, -1] if self.frame_stack > 1 else next_obs[ending]
             self.final_slot[(first_serial + ending) % self.capacity] = self.finals.put(frames)
 
     def _record_rows(self, env_ids: _Ints, first_serial: int, ended: _Bools, oldest: int, terminated: _Bools,
