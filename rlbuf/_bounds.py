@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlbuf._convert import _FEW_VALUES
 from rlbuf.errors import ConfigError, OutOfRangeError
 
 
@@ -162,6 +163,10 @@ class Bounds:
                 return ""
             array = values.cpu().numpy()
         elif isinstance(values, np.ndarray):
+            if not self._low.ndim and values.dtype.kind in "iu" and 0 < values.size <= _FEW_VALUES:
+                listed = values.ravel().tolist()  # a vector env's discrete actions: two compares of Python ints
+                if self.low <= min(listed) and max(listed) <= self.high:
+                    return ""
             array = values
         elif self._low.ndim or self.low <= values <= self.high:  # a scalar row: one pair of ints
             return ""

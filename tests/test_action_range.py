@@ -285,3 +285,15 @@ def test_an_add_is_refused_exactly_when_an_element_is_outside_its_range(nvec: li
         else:
             assert not outside
             assert len(buffer) == count + num_envs
+
+
+@settings(max_examples=200, deadline=None)
+@given(low=st.integers(-5, 5), span=st.integers(0, 5), values=st.lists(st.integers(-12, 12), min_size=1, max_size=20),
+       dtype=st.sampled_from([np.int64, np.int8, np.uint8, np.int32]))
+def test_a_vector_envs_actions_are_judged_as_the_elementwise_compare_judges_them(low: int, span: int, values: list[int],
+                                                                                 dtype: Any) -> None:
+    # up to 16 values take a compare of Python ints, more the numpy path: both must refuse exactly what is outside
+    bounds, array = Bounds(low, low + span), np.array(values).astype(dtype)
+    inside = bool(((array.astype(np.int64) >= low) & (array.astype(np.int64) <= low + span)).all())
+    assert (bounds.outside(array, ()) == "") == inside
+    assert (bounds.outside(array.reshape(-1, 1), (1,)) == "") == inside
