@@ -286,8 +286,9 @@ def _all_ints(array: np.ndarray[Any, Any]) -> bool:
 _FEW_VALUES = 16  # up to this many, a loop over Python floats beats numpy's isfinite and all
 
 
-def all_finite(values: np.ndarray[Any, Any]) -> bool:
-    """Whether every value of a float array is finite (exact, and without numpy's floating-point warnings).
+def all_finite(values: np.ndarray[Any, Any], largest: float = math.inf) -> bool:
+    """Whether every value of a float array is finite (exact, and without numpy's floating-point warnings), and
+    at most ``largest`` in magnitude (a field's ``float_limit``: float64 values a float32 field takes).
 
     Sums and dot products would be cheaper, but numpy warns (or raises, under ``-W error``)
     when they meet an inf, before the refusal could be raised.
@@ -295,10 +296,13 @@ def all_finite(values: np.ndarray[Any, Any]) -> bool:
     Example:
         >>> all_finite(np.array([3e38, -0.0, 1e-45], np.float32)), all_finite(np.array([1.0, -np.inf]))
         (True, False)
+        >>> all_finite(np.array([1.0, -4e38]), largest=3.5e38)
+        False
     """
     if values.size <= _FEW_VALUES:
-        return all(map(math.isfinite, values.ravel().tolist()))
-    return bool(np.isfinite(values).all())
+        listed = values.ravel().tolist()
+        return all(map(math.isfinite, listed)) and (largest == math.inf or max(map(abs, listed), default=0.0) <= largest)
+    return bool(np.isfinite(values).all()) and (largest == math.inf or float(np.abs(values).max()) <= largest)
 
 
 def float_limit(np_dtype: np.dtype[Any]) -> float:
