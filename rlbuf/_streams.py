@@ -160,8 +160,7 @@ class Streams:
         # numba is imported with the first compact buffer, not with rlbuf; its kernels are loaded here.
         from rlbuf._streams_numba import loaded
 
-        (self._check_steps, self._record_steps, self._check_record_steps, self._walk_rows, self._build_stacks,
-         self._nstep_targets) = loaded(self._expected if self._numba_typed else self._expected_words,
+        self._check_steps, self._record_steps, self._walk_rows, self._build_stacks, self._nstep_targets = loaded(self._expected if self._numba_typed else self._expected_words,
                                        self._expected_words, self._expected_bytes, self.back)
 
     # -- writing -----------------------------------------------------------------------------
@@ -202,32 +201,6 @@ class Streams:
             bad = differs(first_frames, pad)
             if bad.any():
                 raise self._stream_error(PADDING, int(env_ids[rows[bad.argmax()]]))
-
-    def check_record(self, obs: np.ndarray[Any, Any], next_obs: np.ndarray[Any, Any], env_ids: _Ints,
-                     terminated: _Bools, truncated: _Bools, first_serial: int, *, write_count: int, size: int) -> None:
-        """``check``, then ``record`` of the same rows (``write_count`` and ``size``: the ring's once they are
-        stored): for one step of each env one compiled call that records only where it finds no problem.
-
-        Raises:
-            StreamError: as ``check`` (nothing changes).
-        """
-        if (env_ids is self.all_envs or _distinct(env_ids, self.num_envs)) and obs.flags.c_contiguous and (
-                next_obs.flags.c_contiguous):
-            oldest = write_count - size
-            stacks, next_stacks = obs, next_obs
-            if not self._numba_typed:  # numba views rows of the types it knows; others arrive as words
-                shape = (len(obs), self._row_items)
-                stacks, next_stacks = obs.reshape(shape).view(self._word), next_obs.reshape(shape).view(self._word)
-            problem, env, freed, ends = self._check_record_steps(stacks, next_stacks, self._expected_words, env_ids,
-                self.last, self._words_per_frame, self._zero_pad, first_serial, terminated, truncated, oldest,
-                self.back, self.next, self.terminated, self.truncated, self.final_slot, self.env, self._released)
-            if not problem:
-                self._recorded(freed, ends, first_serial, next_obs, terminated, truncated, oldest)
-                return
-            if self._byte_exact:
-                raise self._stream_error(problem, int(env))
-        self.check(obs, next_obs, env_ids, terminated, truncated)  # float rows whose bytes differ: by value
-        self.record(env_ids, first_serial, next_obs, terminated, truncated, write_count=write_count, size=size)
 
     def _checked_compiled(self, obs: np.ndarray[Any, Any], next_obs: np.ndarray[Any, Any], env_ids: _Ints) -> bool:
         """``check`` of one step of each env, compiled, by bytes: True once checked (or raises), False where it

@@ -5,8 +5,8 @@ checks each stack against its env's stream and links the new rows into the strea
 [`rlbuf._streams`][rlbuf._streams]). In numpy that is some sixty small calls per add; here it is
 two compiled loops that read each 8-byte word once, in blocks that compile to vector instructions,
 and stop at the first differing block; the record also copies each env's ``next_obs`` into the
-stack its next add is checked against. An add runs both in one call (``check_record_steps``: the
-record only where the check finds nothing). They do what
+stack its next add is checked against. An add checks, writes the ring, then records (a write that
+fails leaves the tables as they were). They do what
 ``Streams.check`` and ``Streams.record`` do for such an add, and the property tests of the
 compact layout hold them to it. Observations are compared as bytes: for integer and bool observations (Atari
 frames) a difference is a refusal; for floats, whose ``-0.0`` and ``0.0`` differ as bytes, the check only decides
@@ -89,10 +89,15 @@ def copy_rows(rows: Any, destinations: Any, sources: Any) -> None:  # pragma: no
         _copy(rows[destinations[i]], rows[sources[i]], False)
 
 
-@numba.njit(**_JIT, inline="always")  # type: ignore[untyped-decorator]
-def _check(obs: Any, next_obs: Any, expected: Any, env_ids: Any, last: Any, frame: int,
-           zero_pad: bool) -> tuple[int, int]:  # pragma: no cover (compiled)
-    """``check_steps``'s loops (inlined in ``check_steps`` and ``check_record_steps``)."""
+@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+def check_steps(obs: Any, next_obs: Any, expected: Any, env_ids: Any, last: Any, frame: int,
+                zero_pad: bool) -> tuple[int, int]:  # pragma: no cover (compiled)
+    """``(problem, env)`` of the first problem of rows ``obs``/``next_obs`` (``[n, words]``), else ``(0, -1)``.
+
+    Rows are compared in words (see ``as_words``): ``expected``, each env's open stack
+    (``[num_envs, words]``), is read where ``last[env] >= 0``; ``frame``: words per frame (the whole
+    stack without frame stacking: no shift or padding check).
+    """
     n, size = obs.shape
     for i in range(n):
         env = env_ids[i]
@@ -118,22 +123,16 @@ def _check(obs: Any, next_obs: Any, expected: Any, env_ids: Any, last: Any, fram
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
-def check_steps(obs: Any, next_obs: Any, expected: Any, env_ids: Any, last: Any, frame: int,
-                zero_pad: bool) -> tuple[int, int]:  # pragma: no cover (compiled)
-    """``(problem, env)`` of the first problem of rows ``obs``/``next_obs`` (``[n, words]``), else ``(0, -1)``.
+def record_steps(env_ids: Any, first_serial: int, terminated: Any, truncated: Any, oldest: int, back: Any,
+                 next_: Any, stored_terminated: Any, stored_truncated: Any, final_slot: Any, env: Any,
+                 last: Any, released: Any, next_obs: Any, expected: Any) -> tuple[int, int]:  # pragma: no cover
+    """Link rows of serials ``first_serial + i`` (one per env) into the tables and copy each row's ``next_obs``
+    (``[n, words]``) to its env's ``expected``; return how many final-frame slots of overwritten rows were
+    written to ``released``, and how many of the rows stored end an episode.
 
-    Rows are compared in words (see ``as_words``): ``expected``, each env's open stack
-    (``[num_envs, words]``), is read where ``last[env] >= 0``; ``frame``: words per frame (the whole
-    stack without frame stacking: no shift or padding check).
+    The same updates as ``Streams.record`` for distinct envs, but for the final frames of the rows
+    that end an episode (kept aside by the caller).
     """
-    return _check(obs, next_obs, expected, env_ids, last, frame, zero_pad)  # type: ignore[no-any-return]
-
-
-@numba.njit(**_JIT, inline="always")  # type: ignore[untyped-decorator]
-def _record(env_ids: Any, first_serial: int, terminated: Any, truncated: Any, oldest: int, back: Any,
-            next_: Any, stored_terminated: Any, stored_truncated: Any, final_slot: Any, env: Any,
-            last: Any, released: Any, next_obs: Any, expected: Any) -> tuple[int, int]:  # pragma: no cover
-    """``record_steps``'s loop (inlined in ``record_steps`` and ``check_record_steps``)."""
     capacity = next_.shape[0]
     older = back.shape[1]
     count = 0
@@ -170,43 +169,6 @@ def _record(env_ids: Any, first_serial: int, terminated: Any, truncated: Any, ol
         last[owner] = -1 if ended else serial
         _copy(expected[owner], next_obs[i], False)
     return count, ends
-
-
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
-def record_steps(env_ids: Any, first_serial: int, terminated: Any, truncated: Any, oldest: int, back: Any,
-                 next_: Any, stored_terminated: Any, stored_truncated: Any, final_slot: Any, env: Any,
-                 last: Any, released: Any, next_obs: Any, expected: Any) -> tuple[int, int]:  # pragma: no cover
-    """Link rows of serials ``first_serial + i`` (one per env) into the tables and copy each row's ``next_obs``
-    (``[n, words]``) to its env's ``expected``; return how many final-frame slots of overwritten rows were
-    written to ``released``, and how many of the rows stored end an episode.
-
-    The same updates as ``Streams.record`` for distinct envs, but for the final frames of the rows
-    that end an episode (kept aside by the caller).
-    """
-    return _record(env_ids, first_serial, terminated, truncated, oldest, back, next_, stored_terminated,  # type: ignore[no-any-return]
-                   stored_truncated, final_slot, env, last, released, next_obs, expected)
-
-
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
-def check_record_steps(obs: Any, next_obs: Any, expected: Any, env_ids: Any, last: Any, frame: int, zero_pad: bool,
-                       first_serial: int, terminated: Any, truncated: Any, oldest: int, back: Any, next_: Any,
-                       stored_terminated: Any, stored_truncated: Any, final_slot: Any, env: Any,
-                       released: Any) -> tuple[int, int, int, int]:  # pragma: no cover (compiled)
-    """``check_steps``, then, where it finds no problem, ``record_steps`` of the same rows, in one call:
-    ``(problem, env, released, ends)``; a problem changes nothing (``(problem, env, 0, 0)``), as ``check_steps``
-    finding it would. ``obs`` and ``next_obs``: C-contiguous rows as read (any shape and dtype), viewed here in
-    the words of ``expected`` (see ``as_words``: a Python view costs more than the compare); each ``next_obs``
-    is copied to its env's ``expected`` word by word.
-    """
-    words = expected.shape[1]
-    obs_words = obs.reshape((obs.size,)).view(expected.dtype).reshape((len(obs), words))
-    next_words = next_obs.reshape((next_obs.size,)).view(expected.dtype).reshape((len(next_obs), words))
-    problem, at = _check(obs_words, next_words, expected, env_ids, last, frame, zero_pad)
-    if problem:
-        return problem, at, 0, 0
-    count, ends = _record(env_ids, first_serial, terminated, truncated, oldest, back, next_, stored_terminated,
-                          stored_truncated, final_slot, env, last, released, next_words, expected)
-    return 0, -1, count, ends
 
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
@@ -287,8 +249,8 @@ def nstep_targets(rows: Any, start: int, steps: Any, terminated: Any, rewards: A
         discount[i] = 0.0 if terminated[i] else np.float32(powers[steps[i]])
 
 
-def loaded(expected: Any, expected_words: Any, expected_bytes: Any, back: Any) -> tuple[Any, Any, Any, Any, Any, Any]:
-    """``check_steps``, ``record_steps``, ``check_record_steps``, ``walk_rows``, ``build_stacks`` and
+def loaded(expected: Any, expected_words: Any, expected_bytes: Any, back: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """``check_steps``, ``record_steps``, ``walk_rows``, ``build_stacks`` and
     ``nstep_targets``, each called once on no rows of a buffer's table types (``expected``: its open stacks, rows as
     an add reads them; ``expected_words``, ``expected_bytes``: the same as ``as_words`` gives them with and without
     frames; ``back``: its table of older rows), so numba loads (or compiles) them now: a buffer's constructor, not its
@@ -298,7 +260,7 @@ def loaded(expected: Any, expected_words: Any, expected_bytes: Any, back: Any) -
         >>> from rlbuf._streams import as_words
         >>> stacks = np.zeros((1, 2, 8), np.uint8)
         >>> kernels = loaded(stacks, as_words(stacks, 8), as_words(stacks, 0), np.zeros((4, 1), np.int64))
-        >>> kernels[0] is check_steps, kernels[2] is check_record_steps
+        >>> kernels[0] is check_steps, kernels[2] is walk_rows
         (True, True)
     """
     none, flags, tables = np.zeros(0, np.int64), np.zeros(0, np.bool_), np.zeros(len(back), np.int64)
@@ -310,11 +272,9 @@ def loaded(expected: Any, expected_words: Any, expected_bytes: Any, back: Any) -
         copy_rows(rows, none, none)
     record_steps(none, 0, flags, flags, 0, back, tables, marks, marks, tables, tables, none, none, expected_bytes[:0],
                  expected_bytes)
-    check_record_steps(expected[:0], expected[:0], expected_words, none, none, 1, False, 0, flags, flags, 0,
-                       back, tables, marks, marks, tables, tables, none)
     walk_rows(none, 0, 1, back, tables, marks, marks, tables, walked, padded, none, flags, flags, none, flags)
     stacked = np.zeros((0, back.shape[1] + 1, expected_words.shape[1] // (back.shape[1] + 1)), expected_words.dtype)
     build_stacks(stacked[:, 0].copy(), stacked[:, 0].copy(), walked, padded, none, flags, none, False, stacked, stacked)
     rewards = np.zeros(0, np.float32)
     nstep_targets(walked, 0, none, flags, rewards, np.ones(1), rewards, rewards)
-    return check_steps, record_steps, check_record_steps, walk_rows, build_stacks, nstep_targets
+    return check_steps, record_steps, walk_rows, build_stacks, nstep_targets

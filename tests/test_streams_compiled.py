@@ -9,7 +9,6 @@ hypothesis: continuing stacks, episode ends, resets with either padding, and bro
 from __future__ import annotations
 
 from collections import deque
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -50,9 +49,9 @@ def _outcome(call: Any, *args: Any) -> str:
        padding=st.sampled_from(["reset", "zero"]), frame=st.sampled_from([(2,), (8,), (2, 8)]), data=st.data())
 def test_the_compiled_path_matches_the_numpy_path(capacity: int, num_envs: int, stack: int, padding: str,
                                                    frame: tuple[int, ...], data: st.DataObject) -> None:
-    """Frames of 2 bytes are compared byte by byte, of 8 and 16 in 8-byte words. ``fused`` takes each step in one
-    call (``check_record``, an add's): the same refusals, which leave its tables as they were, and the same tables."""
-    compiled, reference, fused = _streams_pair(capacity, num_envs, stack, padding, frame, count=3)
+    """Frames of 2 bytes are compared byte by byte, of 8 and 16 in 8-byte words: the same refusals, which leave the
+    tables as they were, and the same tables."""
+    compiled, reference = _streams_pair(capacity, num_envs, stack, padding, frame)
     frames = iter(np.random.default_rng(data.draw(st.integers(0, 2**16))).integers(1, 255, (10_000, *frame),
                                                                                   dtype=np.uint8))
     pad = (lambda first: first) if padding == "reset" else (lambda first: np.zeros_like(first))
@@ -85,20 +84,18 @@ def test_the_compiled_path_matches_the_numpy_path(capacity: int, num_envs: int, 
         obs_t, next_t = np.stack(obs), np.stack(next_obs)
         step = (obs_t, next_t, envs, terminated, truncated)
         expected = _outcome(reference_check, reference, *step)
-        assert _outcome(compiled.check, *step) == expected
-        before = _tables(fused)
-        envs_given = fused.all_envs if data.draw(st.booleans()) else envs.copy()  # the add's own, or equal ones
-        assert _outcome(partial(fused.check_record, obs_t, next_t, envs_given, terminated, truncated, write_count,
-                                write_count=write_count + num_envs, size=min(write_count + num_envs, capacity))) == expected
+        before = _tables(compiled)
+        envs_given = compiled.all_envs if data.draw(st.booleans()) else envs.copy()  # the add's own, or equal ones
+        assert _outcome(compiled.check, obs_t, next_t, envs_given, terminated, truncated) == expected
         if expected:
-            assert _tables(fused) == before
+            assert _tables(compiled) == before
             return  # refused by all, alike: the rest of the sequence would build on a step never stored
         write_count += num_envs
         size = min(write_count, capacity)
         compiled.record(envs, write_count - num_envs, next_t, terminated, truncated, write_count=write_count,
                         size=size)
         reference_record(reference, envs, write_count - num_envs, next_t, terminated, truncated, write_count, size)
-        assert _tables(compiled) == _tables(reference) == _tables(fused)
+        assert _tables(compiled) == _tables(reference)
         positions = np.arange(size, dtype=np.int64)
         walked, expected_walk = compiled.walk(positions, write_count=write_count, size=size), reference_walk(
             reference, positions, write_count, size)
@@ -245,12 +242,12 @@ def test_float_rows_are_checked_by_bytes_and_by_value_where_bytes_differ(num_env
                                                                           half: bool, data: st.DataObject) -> None:
     """Float observations (an n-step buffer of MuJoCo or CartPole states): the compiled byte check decides
     every step whose bytes continue; -0.0 for 0.0 and NaNs of another payload continue by value, as the
-    numpy path says, and real breaks are refused with its words. ``fused`` takes each step as an add does
-    (``check_record``; float16 rows, which numba does not type, as words viewed before the call)."""
+    numpy path says, and real breaks are refused with its words (float16 rows, which numba does not type, as words
+    viewed before the call); the compiled record stores NaNs' bytes as the reference does."""
     dtype, np_dtype = (torch.float16, np.float16) if half else (torch.float32, np.float32)
-    compiled, reference, fused = (Streams(16, num_envs, (stack, 3) if stack > 1 else (3,), dtype,
+    compiled, reference = (Streams(16, num_envs, (stack, 3) if stack > 1 else (3,), dtype,
                                           frame_stack=stack, padding_type=padding, n_step=2,
-                                          storing_device=torch.device("cpu")) for _ in range(3))
+                                          storing_device=torch.device("cpu")) for _ in range(2))
     # a NaN of another payload than np.nan
     quiet_nan = (np.array([0x7E01], np.uint16) if half else np.array([0x7FC00001], np.uint32)).view(np_dtype)[0]
     values = np.array([0.0, 1.5, -2.0, np.nan], np_dtype)
@@ -282,12 +279,10 @@ def test_float_rows_are_checked_by_bytes_and_by_value_where_bytes_differ(num_env
         envs = np.arange(num_envs, dtype=np.int64)
         step = (np.stack(obs), np.stack(next_obs), envs, ended, np.zeros(num_envs, np.bool_))
         expected = _outcome(reference_check, reference, *step)
+        before = _bytes(compiled)
         assert _outcome(compiled.check, *step) == expected
-        before = _bytes(fused)
-        assert _outcome(partial(fused.check_record, *step, write_count, write_count=write_count + num_envs,
-                                size=min(write_count + num_envs, 16))) == expected
         if expected:
-            assert _bytes(fused) == before
+            assert _bytes(compiled) == before
             return
         write_count += num_envs
         for streams, record in ((compiled, Streams.record), (reference, None)):
@@ -296,7 +291,7 @@ def test_float_rows_are_checked_by_bytes_and_by_value_where_bytes_differ(num_env
                 reference_record(streams, *args, write_count, min(write_count, 16))
             else:
                 streams.record(*args, write_count=write_count, size=min(write_count, 16))
-        assert _bytes(fused) == _bytes(reference)  # NaNs equal themselves as bytes
+        assert _bytes(compiled) == _bytes(reference)  # NaNs equal themselves as bytes
         for env in np.flatnonzero(ended):
             stacks[env] = None
 
