@@ -34,7 +34,7 @@ import ray
 from tensordict import TensorDict
 
 from rlbuf._compact_wire import frame_geometry, sample_wire, sends_frames
-from rlbuf._complete_rows import complete_mass
+from rlbuf._complete_rows import complete_mass, incomplete_positions
 from rlbuf._rate_limit import RateLimiter, wait_until
 from rlbuf._ray_checkpoint import part_digest, read_manifest
 from rlbuf._ray_wire import fields_of, from_wire, to_wire
@@ -199,7 +199,7 @@ class ShardHost(ReplayBufferHost):
 
     def shard_stats(self) -> dict[str, Any]:
         """``size``, the total and smallest ``priority ** alpha`` of the rows ``sample`` draws (every stored row, but
-        a compact buffer's complete transitions alone; ``size`` and 1 without priorities), the limiter's counters,
+        a compact buffer's complete transitions alone; their count and 1 without priorities), the limiter's counters,
         the rows ever written and which actor answers."""
         with self._condition:
             return self._stats()
@@ -209,14 +209,18 @@ class ShardHost(ReplayBufferHost):
         size = len(buffer)
         counters = None if self._limiter is None else self._limiter.counters()
         who = {"write_count": self.write_count, "incarnation": self._incarnation}
-        if not buffer.prioritized or size == 0:
+        compact = buffer._compact
+        if size == 0 or (not buffer.prioritized and compact is None):
             return {"size": size, "mass": float(size), "smallest": 1.0, "limiter": counters, **who}
         ring, sampler = buffer._ring, buffer._ring.rb.sampler  # not buffer.torchrl, which a compact buffer does not hand out
         with ring.lock:  # a compact buffer judges its rows' completeness on committed rows
             ring.flush()
+            if compact is not None and not buffer.prioritized:  # it draws its complete transitions alone
+                complete = len(ring) - len(incomplete_positions(compact))
+                return {"size": size, "mass": float(complete), "smallest": 1.0, "limiter": counters, **who}
             _, total, smallest = sampler.sampled_mass(ring.rb.storage)  # rlbuf's own SumTreeSampler
-            if buffer._compact is not None:  # it draws its complete transitions alone: their mass is its share
-                total = complete_mass(buffer._compact, sampler, total)
+            if compact is not None:  # it draws its complete transitions alone: their mass is its share
+                total = complete_mass(compact, sampler, total)
         return {"size": size, "mass": float(total), "smallest": float(smallest), "limiter": counters, **who}
 
     def shard_wait_sample(self, batch_size: int, timeout: float | None, wait_round: int = 0) -> bool:

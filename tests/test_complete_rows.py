@@ -171,3 +171,30 @@ def test_the_complete_mass_is_summed_over_the_complete_rows_when_waiting_rows_ho
     sampler = buf._ring.rb.sampler
     _, total, _ = sampler.sampled_mass(buf._ring.rb.storage)
     assert complete_mass(buf._compact, sampler, total) == pytest.approx(9 * (1.0 + 1e-8))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    num_envs=st.integers(1, 3),
+    frame_stack=st.sampled_from([1, 2, 3]),
+    n_step=st.sampled_from([1, 2, 3]),
+    capacity=st.integers(4, 60),
+    rounds=st.integers(1, 50),
+    seed=st.integers(0, 2**16),
+)
+def test_a_uniform_compact_shard_reports_the_count_of_its_complete_transitions_as_its_mass(
+    num_envs: int, frame_stack: int, n_step: int, capacity: int, rounds: int, seed: int,
+) -> None:
+    """The service splits a uniform batch by the shards' masses: a shard's rows waiting for their n steps (or whose
+    stacks were overwritten) are never drawn, so they weigh nothing; a shard holding none complete is not asked."""
+    capacity = max(capacity, num_envs)
+    shard = ShardHost(capacity=capacity, obs_shape=(frame_stack, *FRAME) if frame_stack > 1 else FRAME,
+                      action_shape=(), num_envs=num_envs, obs_dtype=torch.uint8, frame_stack=frame_stack,
+                      n_step=n_step, gamma=0.9, compact=True, seed=seed)
+    envs = Envs(num_envs, frame_stack, "reset", 0.1, np.random.default_rng(seed))
+    written: list[Step] = []
+    for _ in range(rounds):
+        written += _add(shard.buffer, envs, [True] * num_envs)
+    complete = {serial % capacity for serial in reference(written, capacity, frame_stack, n_step, 0.9)}
+    stats = shard.shard_stats()
+    assert (stats["size"], stats["mass"]) == (len(shard.buffer), float(len(complete)))
