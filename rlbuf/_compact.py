@@ -167,9 +167,11 @@ class CompactLayout:
             at = self.log.place(packed)
             store(np.array([len(blob) for blob in packed.blobs], np.int32), done, cut)()
             self.log.append(first, packed, at)
+            # Recorded before a dictionary is trained: a training that fails (out of memory) leaves the stored rows
+            # linked (their final frames recompressed with the rest once one is trained).
+            streams.record(env_ids, first, next_rows, terminated_np, truncated_np, write_count=first + rows, size=size)
             if self.log.training_due(len(packed.blobs)):
                 self._train_dictionary()
-            streams.record(env_ids, first, next_rows, terminated_np, truncated_np, write_count=first + rows, size=size)
 
     def cut(self, env_ids: npt.NDArray[np.int64]) -> None:
         """End the open episode of each of ``env_ids`` at its newest stored row, as a time limit would

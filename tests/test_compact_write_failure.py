@@ -76,3 +76,35 @@ def test_a_failed_ring_write_leaves_the_buffer_as_it_was_and_the_add_then_succee
         assert _same_as_twin(buf, twin)
         if buf._compact.walk(np.arange(len(buf))).complete.any():
             assert torch.equal(buf.sample(4).obs, twin.sample(4).obs)
+
+
+def test_a_dictionary_training_that_fails_leaves_the_stored_rows_recorded() -> None:
+    """Compressed frames: the rows are stored before the dictionary is trained on them; a training that fails
+    (out of memory) raises, but the rows stay linked to their streams: the next step continues them and samples
+    are a twin's (whose training succeeded)."""
+    from rlbuf._frames import DICTIONARY_AFTER
+
+    num_envs = 8
+    options: dict[str, Any] = {"obs_shape": (2, *FRAME), "action_shape": (), "num_envs": num_envs,
+                               "obs_dtype": torch.uint8, "frame_stack": 2, "n_step": 2, "gamma": 0.9,
+                               "compression": "zstd", "seed": 0}
+    buf, twin = ReplayBuffer(DICTIONARY_AFTER + 64, **options), ReplayBuffer(DICTIONARY_AFTER + 64, **options)
+    envs = Envs(num_envs, 2, "reset", 0.05, np.random.default_rng(1))
+    for t in range(DICTIONARY_AFTER // num_envs + 2):
+        steps = envs.step()
+        args = (torch.stack([s.obs for s in steps]), torch.tensor([float(s.action) for s in steps]),
+                torch.tensor([s.reward for s in steps]), torch.stack([s.next_obs for s in steps]),
+                torch.tensor([s.terminated for s in steps]), torch.tensor([s.truncated for s in steps]))
+        if t == DICTIONARY_AFTER // num_envs - 1:  # this add reaches DICTIONARY_AFTER frames: training is due
+            with pytest.MonkeyPatch.context() as monkeypatch:
+                monkeypatch.setattr(buf._compact.log, "train", lambda: (_ for _ in ()).throw(MemoryError()))
+                with pytest.raises(MemoryError):
+                    buf.add(*args)
+        else:
+            buf.add(*args)
+        twin.add(*args)
+    assert twin._compact.log.codec.dictionary and not buf._compact.log.codec.dictionary
+    mine, theirs = buf.sample_all(), twin.sample_all()
+    assert torch.equal(mine.index, theirs.index)
+    assert all(torch.equal(getattr(mine, name), getattr(theirs, name))
+               for name in ("obs", "next_obs", "action", "reward", "discount", "terminated", "truncated"))
