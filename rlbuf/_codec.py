@@ -224,7 +224,7 @@ class Codec:
         if not count:
             return
         ends = starts + lengths
-        outside = (lengths < 1) | (starts < 0) | (ends > len(arena))
+        outside = (lengths < 1) | (lengths > len(arena)) | (starts < 0) | (ends > len(arena))  # ends may wrap
         if outside.any():
             at = int(np.argmax(outside))
             raise ValueError(f"frame {at}: {int(lengths[at])} bytes at {int(starts[at])}, outside the "

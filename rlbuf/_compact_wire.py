@@ -401,6 +401,9 @@ def _check(payload: FramePayload, first: FramePayload, stack: int, frame_bytes: 
                 and isinstance(lengths, np.ndarray) and lengths.dtype == np.int64 and lengths.ndim == 1
                 and payload.codec is not None):
             raise ReplyError("frames: neither raw frames nor compressed ones with their lengths and codec")
+        if lengths.size and not 1 <= int(lengths.min()) <= int(lengths.max()) <= len(blobs):  # a sum that wraps
+            raise ReplyError(f"frames: compressed frames of {int(lengths.min())} to {int(lengths.max())} bytes, "
+                             f"expected 1 to {len(blobs)} (the bytes sent)")
         if int(lengths.sum()) != len(blobs):
             raise ReplyError(f"frames: lengths adding up to {int(lengths.sum())} bytes for {len(blobs)} bytes of "
                              "compressed frames")

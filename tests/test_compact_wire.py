@@ -215,6 +215,16 @@ def lz4_block(data: bytes) -> bytes:
     return block
 
 
+def wrapping_lengths(payload: FramePayload) -> FramePayload:
+    """Lengths whose int64 sum wraps around to the bytes sent: frame 1 of 2**63 - 1 bytes (its end wraps negative,
+    inside the bytes by a signed comparison), an unnamed frame 2 of the rest (negative)."""
+    assert payload.blobs is not None and payload.lengths is not None
+    first, huge = int(payload.lengths[0]), 2**63 - 1
+    rest = (len(payload.blobs) - first - huge + 2**63) % 2**64 - 2**63  # as int64 arithmetic wraps
+    sources = np.where(payload.sources == -1, -1, payload.sources % 2).astype(np.int32)
+    return forged(payload, lengths=np.array([first, huge, rest], np.int64), sources=sources)
+
+
 FORGERIES: dict[str, tuple[str, Any, str]] = {
     # name: (compression, the forgery of a sampled payload, what the error says)
     "a zstd header giving 64 MB": ("zstd", lambda p: forged(p, zstd_frame(bytes(1 << 26), content_size=True)),
@@ -227,6 +237,8 @@ FORGERIES: dict[str, tuple[str, Any, str]] = {
     "an lz4 block of 64 KB": ("lz4", lambda p: forged(p, lz4_block(bytes(1 << 16))), "not a lz4 frame of 6 bytes"),
     "lengths that overrun the bytes": ("zstd", lambda p: forged(p, lengths=p.lengths + 1),
                                        "lengths adding up to"),
+    "lengths whose sum wraps around": ("zstd", wrapping_lengths, r"expected 1 to \d+ \(the bytes sent\)"),
+    "lz4 lengths whose sum wraps around": ("lz4", wrapping_lengths, r"expected 1 to \d+ \(the bytes sent\)"),
     "a slot naming a frame not sent": ("zstd", lambda p: forged(p, sources=p.sources + 1000),
                                        "slots naming frames"),
     "raw frames of another size": (None, lambda p: forged(p, frames=p.frames[:, :-1]), "raw frames of shape"),
