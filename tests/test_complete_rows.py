@@ -198,3 +198,22 @@ def test_a_uniform_compact_shard_reports_the_count_of_its_complete_transitions_a
     complete = {serial % capacity for serial in reference(written, capacity, frame_stack, n_step, 0.9)}
     stats = shard.shard_stats()
     assert (stats["size"], stats["mass"]) == (len(shard.buffer), float(len(complete)))
+
+
+def test_a_row_whose_stack_reaches_an_overwritten_row_from_the_ring_middle_is_found_incomplete() -> None:
+    """An env left out of many adds (env_mask) then ending its episode: its row sits in the ring's middle, past both
+    windows, with its stack's older frame overwritten; the oldest window holding none of that env's rows sends the
+    search over every row."""
+    buf = _buffer(40, 2, 2, 1)
+    envs = Envs(2, 2, "reset", 0.0, np.random.default_rng(0))
+    _add(buf, envs, [True, True])             # serials 0, 1
+    for _ in range(49):
+        _add(buf, envs, [True, False])        # serials 2-50: env 0 alone
+    envs.end_chance = 1.0
+    _add(buf, envs, [False, True])            # serial 51: env 1's episode ends; its stack's older frame is serial 1
+    envs.end_chance = 0.0
+    for _ in range(20):
+        _add(buf, envs, [True, False])        # serial 51 now in the middle: oldest 32, written 72
+    with buf._ring.lock:
+        buf._ring.flush()
+        assert 51 % 40 in incomplete_positions(buf._compact).tolist()
