@@ -48,40 +48,83 @@ NOTHING_COMPLETE = ("sample: no transition is complete yet: each needs the obser
 def incomplete_positions(layout: CompactLayout) -> _Ints:
     """Positions of the stored rows that are no complete transition now, sorted (the ring flushed, its lock held).
 
-    Walks the rows of two windows, the oldest stored rows and the newest, each ``num_envs * (n_step +
-    frame_stack)`` rows wide and doubled until every env with an open episode has ``n_step`` rows in the newest
-    and every env ``frame_stack - 1`` in the oldest (then every incomplete row is in them), or until they meet
-    (then every stored row is walked).
+    Walks candidates alone, found in the stream tables: the rows ``n_step - 1`` links or fewer before each open
+    episode's newest row (``last``), and the rows whose stack reaches an overwritten row (their oldest ``back``
+    serial is older than the oldest stored row), taken from the oldest ``num_envs * (n_step + frame_stack)``
+    rows where every env has ``frame_stack - 1`` rows there, else from a scan of ``back``'s first column.
     """
     ring, streams = layout.ring, layout.streams
-    size, write_count, capacity = len(ring), ring.write_count, ring.capacity
+    size, write_count = len(ring), ring.write_count
     oldest = write_count - size
     width = streams.num_envs * (layout.n_step + layout.frame_stack)
-    positions = None
-    while 2 * width < size and positions is None:
-        serials = np.concatenate([np.arange(oldest, oldest + width), np.arange(write_count - width, write_count)])
-        windows = serials % capacity
-        if _windows_hold_every_incomplete_row(layout, streams.env[windows], width, oldest):
-            positions = np.sort(windows)
-        width *= 2
-    if positions is None:
+    if 2 * width >= size:
         positions = np.arange(size, dtype=np.int64)
+    else:
+        waiting = _waiting_rows(layout, oldest, write_count, width)
+        positions = np.unique(np.concatenate([waiting, _overwritten_stacks(layout, oldest, width)]) % ring.capacity)
     found: _Ints = positions[~layout.walk(positions).complete]
     return found
 
 
-def _windows_hold_every_incomplete_row(layout: CompactLayout, envs: _Ints, width: int, oldest: int) -> bool:
-    """Whether the oldest ``width`` rows and the newest (``envs``: their envs, oldest rows first) hold each env's
-    first ``frame_stack - 1`` stored rows and the newest ``n_step`` rows of each open episode."""
-    if not (envs >= 0).all():  # rows of a checkpoint that kept no envs: nothing tells which env a row is
-        return False
-    num_envs = layout.streams.num_envs
-    open_ = layout.streams.last >= oldest  # an open episode whose newest row is stored
-    newest = np.bincount(envs[width:], minlength=num_envs)
-    if not (newest[open_] >= layout.n_step).all():
-        return False
-    return layout.frame_stack == 1 or bool((np.bincount(envs[:width], minlength=num_envs)
-                                            >= layout.frame_stack - 1).all())
+def _waiting_rows(layout: CompactLayout, oldest: int, write_count: int, width: int) -> _Ints:
+    """Serials of the rows that may wait for their next steps: each open episode's newest stored row and the
+    ``n_step - 1`` rows before it in its episode (the rows ``walk`` finds no ``n_step`` rows after)."""
+    streams = layout.streams
+    frontier = streams.last[streams.last >= oldest]
+    chain = [frontier]
+    for _ in range(layout.n_step - 1):
+        if frontier.size == 0:
+            break
+        frontier = _previous_rows(layout, frontier, oldest, write_count, width)
+        chain.append(frontier)
+    return np.concatenate(chain)
+
+
+def _previous_rows(layout: CompactLayout, serials: _Ints, oldest: int, write_count: int, width: int) -> _Ints:
+    """Serials of the stored rows before ``serials`` in their episodes (none for an episode's first row)."""
+    streams = layout.streams
+    capacity = streams.capacity
+    if layout.frame_stack > 1:  # the newest older frame of a row's stack is the row before it
+        links = streams.back[serials % capacity, -1]
+        kept: _Ints = links[links >= oldest]  # -1 - start at an episode's start; an overwritten row's serial
+        return kept
+    # No back links: the row before is the one whose next is this one, looked for among the newest rows first.
+    window = np.arange(max(oldest, write_count - width), write_count, dtype=np.int64)
+    window_next = streams.next[window % capacity]
+    matched = np.isin(window_next, serials)
+    before: _Ints = window[matched]
+    envs = streams.env[window % capacity]
+    first_seen = np.full(streams.num_envs, write_count, np.int64)  # each env's oldest row in the window
+    np.minimum.at(first_seen, envs[envs >= 0], window[envs >= 0])
+    own = streams.env[serials % capacity]
+    # Settled: found, or the env's row before it is in the window (rows of an env there are its newest) and
+    # links elsewhere (it ended its episode): then this row starts one.
+    settled = np.isin(serials, window_next[matched])
+    settled |= (own >= 0) & (first_seen[np.maximum(own, 0)] < serials)
+    unsettled = serials[~settled]
+    if unsettled.size:  # an env that stopped adding, or rows of a checkpoint that kept no envs: every row's next
+        stored = len(layout.ring)
+        hits = np.flatnonzero(np.isin(streams.next[:stored], unsettled))
+        before = np.concatenate([before, oldest + (hits - oldest) % capacity])
+    return before
+
+
+def _overwritten_stacks(layout: CompactLayout, oldest: int, width: int) -> _Ints:
+    """Positions among which lie all the rows whose stack reaches an overwritten row: each env's first
+    ``frame_stack - 1`` stored rows (a stack reaches back ``frame_stack - 1`` rows of its env at most)."""
+    streams = layout.streams
+    if layout.frame_stack == 1:
+        return np.empty(0, np.int64)
+    window = np.arange(oldest, oldest + width, dtype=np.int64) % streams.capacity
+    envs = streams.env[window]
+    if (envs >= 0).all() and (np.bincount(envs, minlength=streams.num_envs) >= layout.frame_stack - 1).all():
+        return window
+    # An env with fewer rows there (left out of adds, never adding, rows of a checkpoint that kept no envs):
+    # the rows whose oldest stack serial is older than the oldest row's, a slot before an episode's start
+    # holding -1 - start (the oldest serial of a stack is its first slot's: serials are in time order).
+    first = streams.back[:len(layout.ring), 0]
+    reaches: _Ints = np.flatnonzero((first + oldest).view(np.uint64) < 2 * oldest)  # -oldest <= first < oldest
+    return reaches
 
 
 def complete_mass(layout: CompactLayout, sampler: SumTreeSampler, total: float) -> float:

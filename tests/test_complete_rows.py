@@ -4,6 +4,7 @@ whatever the incomplete rows hold, and a Ray shard reports the complete transiti
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -39,22 +40,39 @@ def _add(buf: ReplayBuffer, envs: Envs, mask: list[bool]) -> list[Step]:
     return [steps[env] for env in sorted(steps)]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def _truncate(buf: ReplayBuffer, envs: Envs, written: list[Step], mask: list[bool]) -> None:
+    """``truncate_episodes`` of the envs in ``mask``: the newest step of each, unless it ended its episode, is
+    truncated, and the env resets."""
+    buf.truncate_episodes(np.array(mask))
+    for env in np.flatnonzero(mask).tolist():
+        newest = max((serial for serial, step in enumerate(written) if step.env == env), default=None)
+        if newest is not None and not (written[newest].terminated or written[newest].truncated):
+            written[newest] = replace(written[newest], truncated=True)
+        envs.stacks[env] = envs._reset()
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     num_envs=st.integers(1, 3),
     frame_stack=st.sampled_from([1, 2, 3]),
     n_step=st.sampled_from([1, 2, 3]),
     capacity=st.integers(4, 90),
     end_chance=st.sampled_from([0.0, 0.15]),
-    rounds=st.integers(1, 80),
+    rounds=st.integers(1, 150),
     left_out=st.sampled_from([0.0, 0.25]),
-    idle_from=st.integers(0, 80),
+    idle_from=st.integers(0, 150),
+    away=st.tuples(st.integers(0, 150), st.integers(0, 120)),
+    truncate_chance=st.sampled_from([0.0, 0.05]),
+    reload_at=st.integers(0, 150),
     seed=st.integers(0, 2**16),
 )
 def test_incomplete_positions_are_exactly_the_stored_rows_that_are_no_complete_transition(
     num_envs: int, frame_stack: int, n_step: int, capacity: int, end_chance: float, rounds: int, left_out: float,
-    idle_from: int, seed: int,
+    idle_from: int, away: tuple[int, int], truncate_chance: float, reload_at: int, seed: int,
 ) -> None:
+    """Checked after every round: envs that stop adding (the last from ``idle_from``: from the start, it never
+    adds) or are left out of adds for long (the first, ``away``: from round, for rounds), episodes truncated,
+    the ring wrapped, a checkpoint loaded into a fresh buffer."""
     capacity = max(capacity, num_envs)
     rng = np.random.default_rng(seed)
     envs = Envs(num_envs, frame_stack, "reset", end_chance, rng)
@@ -63,13 +81,20 @@ def test_incomplete_positions_are_exactly_the_stored_rows_that_are_no_complete_t
     for round_ in range(rounds):
         mask = (rng.random(num_envs) >= left_out).tolist()
         mask[-1] = mask[-1] and round_ < idle_from  # the last env may stop adding
+        mask[0] = mask[0] and not away[0] <= round_ < away[0] + away[1]  # the first may be left out for long
         if any(mask):
             written += _add(buf, envs, mask)
-    complete = {serial % capacity for serial in reference(written, capacity, frame_stack, n_step, 0.9)}
-    want = sorted(set(range(len(buf))) - complete)
-    with buf._ring.lock:
-        buf._ring.flush()
-        assert incomplete_positions(buf._compact).tolist() == want
+        if rng.random() < truncate_chance:
+            _truncate(buf, envs, written, (rng.random(num_envs) < 0.5).tolist())
+        if round_ == reload_at:
+            fresh = _buffer(capacity, num_envs, frame_stack, n_step)
+            fresh.load_state_dict(buf.state_dict())
+            buf = fresh
+        complete = {serial % capacity for serial in reference(written, capacity, frame_stack, n_step, 0.9)}
+        want = sorted(set(range(len(buf))) - complete)
+        with buf._ring.lock:
+            buf._ring.flush()
+            assert incomplete_positions(buf._compact).tolist() == want, round_
 
 
 def _waiting_buffer(alpha: float, **options: Any) -> ReplayBuffer:
