@@ -242,3 +242,43 @@ def test_a_row_whose_stack_reaches_an_overwritten_row_from_the_ring_middle_is_fo
     with buf._ring.lock:
         buf._ring.flush()
         assert 51 % 40 in incomplete_positions(buf._compact).tolist()
+
+
+def test_the_oldest_row_waiting_for_its_next_steps_is_found_when_an_env_never_adds() -> None:
+    """The oldest stored row starts an open episode whose second row is the newest: it waits for its n steps and
+    its stack reaches nothing overwritten; env 1 never adds, so the rows whose stacks reach overwritten rows are
+    found by a scan, not among the oldest rows, and the waiting row is found from its episode's newest row alone."""
+    buf = _buffer(40, 3, 2, 2)
+    envs = Envs(3, 2, "reset", 1.0, np.random.default_rng(0))
+    written = _add(buf, envs, [True, False, False])           # serial 0: env 0's episode ends
+    envs.end_chance = 0.0
+    written += _add(buf, envs, [True, False, False])          # serial 1: env 0's episode starts
+    for _ in range(38):
+        written += _add(buf, envs, [False, False, True])      # serials 2-39: env 2 alone
+    written += _add(buf, envs, [True, False, False])          # serial 40: env 0's second row; oldest 1
+    complete = {serial % 40 for serial in reference(written, 40, 2, 2, 0.9)}
+    with buf._ring.lock:
+        buf._ring.flush()
+        found = incomplete_positions(buf._compact).tolist()
+    assert 1 in found
+    assert found == sorted(set(range(40)) - complete)
+
+
+@pytest.mark.parametrize("frame_stack", [1, 2])
+@pytest.mark.parametrize("n_step", [1, 2, 3])
+@pytest.mark.parametrize("back_at", [None, 10, 15])
+def test_an_env_away_since_the_oldest_row_has_its_waiting_rows_found(frame_stack: int, n_step: int,
+                                                                     back_at: int | None) -> None:
+    """Env 1 adds the oldest row (serial 0), then env 0 alone, then env 1 again (at ``back_at``, or never): env 1's
+    open episode ends at the oldest row, or its newest row's predecessor lies far before the newest rows."""
+    buf = _buffer(20, 2, frame_stack, n_step)
+    envs = Envs(2, frame_stack, "reset", 0.0, np.random.default_rng(0))
+    written = _add(buf, envs, [False, True])
+    for serial in range(1, 20):
+        written += _add(buf, envs, [serial != back_at, serial == back_at])
+    complete = {serial % 20 for serial in reference(written, 20, frame_stack, n_step, 0.9)}
+    with buf._ring.lock:
+        buf._ring.flush()
+        found = incomplete_positions(buf._compact).tolist()
+    assert (0 in found) == (back_at is None or n_step > 1)
+    assert found == sorted(set(range(20)) - complete)
