@@ -91,20 +91,20 @@ def _previous_rows(layout: CompactLayout, serials: _Ints, oldest: int, write_cou
     # No back links: the row before is the one whose next is this one, looked for among the newest rows first.
     window = np.arange(max(oldest, write_count - width), write_count, dtype=np.int64)
     window_next = streams.next[window % capacity]
-    matched = np.isin(window_next, serials)
-    before: _Ints = window[matched]
+    order = np.argsort(window_next)
+    at = np.minimum(np.searchsorted(window_next[order], serials), len(window) - 1)
+    matched = window_next[order[at]] == serials
+    before: _Ints = window[order[at[matched]]]
     envs = streams.env[window % capacity]
-    first_seen = np.full(streams.num_envs, write_count, np.int64)  # each env's oldest row in the window
-    np.minimum.at(first_seen, envs[envs >= 0], window[envs >= 0])
-    own = streams.env[serials % capacity]
-    # Settled: found, or the env's row before it is in the window (rows of an env there are its newest) and
+    first_seen = np.full(streams.num_envs + 1, write_count, np.int64)  # each env's oldest row there (-1: last)
+    seen, first = np.unique(envs, return_index=True)
+    first_seen[seen] = window[first]
+    first_seen[-1] = write_count
+    # Settled: found, or the env's row before it is in the window (an env's rows there are its newest) and
     # links elsewhere (it ended its episode): then this row starts one.
-    settled = np.isin(serials, window_next[matched])
-    settled |= (own >= 0) & (first_seen[np.maximum(own, 0)] < serials)
-    unsettled = serials[~settled]
+    unsettled = serials[~matched & (first_seen[streams.env[serials % capacity]] >= serials)]
     if unsettled.size:  # an env that stopped adding, or rows of a checkpoint that kept no envs: every row's next
-        stored = len(layout.ring)
-        hits = np.flatnonzero(np.isin(streams.next[:stored], unsettled))
+        hits = np.flatnonzero(np.isin(streams.next[:len(layout.ring)], unsettled))
         before = np.concatenate([before, oldest + (hits - oldest) % capacity])
     return before
 
