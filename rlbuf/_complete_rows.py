@@ -5,8 +5,9 @@ A row is no complete transition while it waits for its next ``n_step`` rows (the
 an env's open episode) or once the older frames of its stack were overwritten (the first
 ``frame_stack - 1`` rows each env still holds); see [`rlbuf._streams`][rlbuf._streams]. So the
 incomplete rows lie among each env's newest ``n_step`` and oldest ``frame_stack - 1`` rows, which
-``incomplete_positions`` finds near the ring's two ends (the whole ring walked only where an env's
-rows there are too few to tell: an env that stopped adding, or one that never added).
+``incomplete_positions`` finds from the stream tables: back from each open episode's newest row, and
+among the ring's oldest rows (a scan of the stacks' oldest links where an env has too few rows there:
+one that stopped adding, or never added), then walks those alone.
 
 Example:
     >>> import torch
