@@ -17,7 +17,15 @@ from test_pixels import FRAME, Envs, Step, reference
 
 from rlbuf import EmptyBufferError, ReplayBuffer
 from rlbuf._complete_rows import complete_mass, incomplete_positions
-from rlbuf._ray_shard import ShardHost
+
+
+def _shard_host(**options: Any) -> Any:
+    """A Ray shard's host object, made without Ray running (its module imports Ray: skipped where Ray is not
+    installed, as in the stress session)."""
+    pytest.importorskip("ray")
+    from rlbuf._ray_shard import ShardHost
+
+    return ShardHost(**options)
 
 
 def _buffer(capacity: int, num_envs: int, frame_stack: int, n_step: int, **options: Any) -> ReplayBuffer:
@@ -174,7 +182,7 @@ def test_a_compact_shard_reports_the_mass_of_its_complete_transitions_alone(
     num_envs: int, frame_stack: int, n_step: int, capacity: int, rounds: int, priorities: list[float], seed: int,
 ) -> None:
     capacity = max(capacity, num_envs)
-    shard = ShardHost(capacity=capacity, obs_shape=(frame_stack, *FRAME) if frame_stack > 1 else FRAME,
+    shard = _shard_host(capacity=capacity, obs_shape=(frame_stack, *FRAME) if frame_stack > 1 else FRAME,
                       action_shape=(), num_envs=num_envs, obs_dtype=torch.uint8, frame_stack=frame_stack,
                       n_step=n_step, gamma=0.9, compact=True, prioritized=True, alpha=0.7, seed=seed)
     buf = shard.buffer
@@ -213,7 +221,7 @@ def test_a_uniform_compact_shard_reports_the_count_of_its_complete_transitions_a
     """The service splits a uniform batch by the shards' masses: a shard's rows waiting for their n steps (or whose
     stacks were overwritten) are never drawn, so they weigh nothing; a shard holding none complete is not asked."""
     capacity = max(capacity, num_envs)
-    shard = ShardHost(capacity=capacity, obs_shape=(frame_stack, *FRAME) if frame_stack > 1 else FRAME,
+    shard = _shard_host(capacity=capacity, obs_shape=(frame_stack, *FRAME) if frame_stack > 1 else FRAME,
                       action_shape=(), num_envs=num_envs, obs_dtype=torch.uint8, frame_stack=frame_stack,
                       n_step=n_step, gamma=0.9, compact=True, seed=seed)
     envs = Envs(num_envs, frame_stack, "reset", 0.1, np.random.default_rng(seed))
