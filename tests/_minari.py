@@ -1,15 +1,12 @@
 """Minari datasets written by Minari itself (both backends) for the offline tests, and how they compare.
 
-Datasets go to a temporary ``MINARI_DATASETS_PATH`` (``temporary_minari_root``, the autouse fixture of
-each offline test module); nothing is downloaded.
+Datasets go to a temporary ``MINARI_DATASETS_PATH`` (the ``minari_root`` fixture of ``tests/conftest.py``, which
+each offline test module uses for every test); nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import itertools
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,14 +36,6 @@ SPACES: dict[str, tuple[Any, Any]] = {
     "image": (gym.spaces.Box(0, 255, (32, 32, 3), np.uint8), gym.spaces.Discrete(2)),
     "small_uint8": (gym.spaces.Box(0, 255, (4, 4), np.uint8), gym.spaces.Discrete(2)),
 }
-
-
-def temporary_minari_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A temporary Minari root for the whole test (hypothesis examples too: ids never repeat); each offline
-    test module's autouse fixture ``minari_root`` yields from it."""
-    with tempfile.TemporaryDirectory() as root:
-        monkeypatch.setenv("MINARI_DATASETS_PATH", root)
-        yield Path(root)
 
 
 def _new_id() -> str:

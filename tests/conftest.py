@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +16,15 @@ torch.set_num_threads(1)
 STORAGES = ["memory", "memmap"]
 # The CUDA case carries the `gpu` mark, so `pytest -m gpu` (the `gpu` nox session) runs it.
 DEVICES = ["cpu", *([pytest.param("cuda", marks=pytest.mark.gpu)] if torch.cuda.is_available() else [])]
+
+
+@pytest.fixture
+def minari_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A temporary Minari root (``MINARI_DATASETS_PATH``) for the whole test, hypothesis examples too (dataset ids
+    never repeat): the offline modules use it for every test (``pytestmark = pytest.mark.usefixtures(...)``)."""
+    with tempfile.TemporaryDirectory() as root:
+        monkeypatch.setenv("MINARI_DATASETS_PATH", root)
+        yield Path(root)
 
 
 @pytest.fixture(params=STORAGES)

@@ -19,13 +19,22 @@ from rlbuf import EmptyBufferError, ReplayBuffer
 from rlbuf._complete_rows import complete_mass, incomplete_positions
 
 
-def _shard_host(**options: Any) -> Any:
-    """A Ray shard's host object, made without Ray running (its module imports Ray: skipped where Ray is not
-    installed, as in the stress session)."""
+def _filled_shard(num_envs: int, frame_stack: int, n_step: int, capacity: int, rounds: int, seed: int,
+                  **options: Any) -> tuple[Any, list[Step]]:
+    """A compact Ray shard's host object after ``rounds`` adds of every env, and the steps written. Made without Ray
+    running (its module imports Ray: skipped where Ray is not installed, as in the stress session)."""
     pytest.importorskip("ray")
     from rlbuf._ray_shard import ShardHost
 
-    return ShardHost(**options)
+    capacity = max(capacity, num_envs)
+    shard = ShardHost(capacity=capacity, obs_shape=(frame_stack, *FRAME) if frame_stack > 1 else FRAME,
+                      action_shape=(), num_envs=num_envs, obs_dtype=torch.uint8, frame_stack=frame_stack,
+                      n_step=n_step, gamma=0.9, compact=True, seed=seed, **options)
+    envs = Envs(num_envs, frame_stack, "reset", 0.1, np.random.default_rng(seed))
+    written: list[Step] = []
+    for _ in range(rounds):
+        written += _add(shard.buffer, envs, [True] * num_envs)
+    return shard, written
 
 
 def _buffer(capacity: int, num_envs: int, frame_stack: int, n_step: int, **options: Any) -> ReplayBuffer:
@@ -181,15 +190,8 @@ def test_a_uniform_buffer_draws_uniformly_among_complete_transitions_when_most_r
 def test_a_compact_shard_reports_the_mass_of_its_complete_transitions_alone(
     num_envs: int, frame_stack: int, n_step: int, capacity: int, rounds: int, priorities: list[float], seed: int,
 ) -> None:
-    capacity = max(capacity, num_envs)
-    shard = _shard_host(capacity=capacity, obs_shape=(frame_stack, *FRAME) if frame_stack > 1 else FRAME,
-                      action_shape=(), num_envs=num_envs, obs_dtype=torch.uint8, frame_stack=frame_stack,
-                      n_step=n_step, gamma=0.9, compact=True, prioritized=True, alpha=0.7, seed=seed)
-    buf = shard.buffer
-    envs = Envs(num_envs, frame_stack, "reset", 0.1, np.random.default_rng(seed))
-    written: list[Step] = []
-    for _ in range(rounds):
-        written += _add(buf, envs, [True] * num_envs)
+    shard, written = _filled_shard(num_envs, frame_stack, n_step, capacity, rounds, seed, prioritized=True, alpha=0.7)
+    capacity, buf = max(capacity, num_envs), shard.buffer
     stored = len(buf)
     raw = (priorities * stored)[:stored]
     buf.update_priority(list(range(stored)), raw)
@@ -220,14 +222,8 @@ def test_a_uniform_compact_shard_reports_the_count_of_its_complete_transitions_a
 ) -> None:
     """The service splits a uniform batch by the shards' masses: a shard's rows waiting for their n steps (or whose
     stacks were overwritten) are never drawn, so they weigh nothing; a shard holding none complete is not asked."""
+    shard, written = _filled_shard(num_envs, frame_stack, n_step, capacity, rounds, seed)
     capacity = max(capacity, num_envs)
-    shard = _shard_host(capacity=capacity, obs_shape=(frame_stack, *FRAME) if frame_stack > 1 else FRAME,
-                      action_shape=(), num_envs=num_envs, obs_dtype=torch.uint8, frame_stack=frame_stack,
-                      n_step=n_step, gamma=0.9, compact=True, seed=seed)
-    envs = Envs(num_envs, frame_stack, "reset", 0.1, np.random.default_rng(seed))
-    written: list[Step] = []
-    for _ in range(rounds):
-        written += _add(shard.buffer, envs, [True] * num_envs)
     complete = {serial % capacity for serial in reference(written, capacity, frame_stack, n_step, 0.9)}
     stats = shard.shard_stats()
     assert (stats["size"], stats["mass"]) == (len(shard.buffer), float(len(complete)))

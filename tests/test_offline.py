@@ -8,7 +8,6 @@ Datasets are made with Minari's own ``create_dataset_from_buffers`` (both backen
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,6 @@ from _minari import (  # noqa: E402
     _minari_dataset,
     _new_id,
     _rows,
-    temporary_minari_root,
 )
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
@@ -43,10 +41,7 @@ from rlbuf.errors import (  # noqa: E402
 )
 from rlbuf.offline import from_minari, to_minari  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def minari_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    yield from temporary_minari_root(monkeypatch)
+pytestmark = pytest.mark.usefixtures("minari_root")  # every test in a temporary Minari root
 
 episodes_strategy = st.lists(st.tuples(st.integers(1, 5), st.sampled_from(["terminated", "truncated", "both"]),
                                        st.one_of(st.none(), st.integers(0, 2**40))), min_size=1, max_size=4)

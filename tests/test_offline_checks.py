@@ -8,9 +8,6 @@ chunks are the ones read straight into their columns) in a temporary ``MINARI_DA
 from __future__ import annotations
 
 import itertools
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,12 +39,7 @@ DAMAGE = ["nan_obs", "inf_obs", "outside_obs", "nan_action", "inf_action", "outs
           "huge_reward", "early_end", "unfinished"]
 
 
-@pytest.fixture(autouse=True)
-def minari_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A temporary Minari root for the whole test (hypothesis examples too: ids never repeat)."""
-    with tempfile.TemporaryDirectory() as root:
-        monkeypatch.setenv("MINARI_DATASETS_PATH", root)
-        yield Path(root)
+pytestmark = pytest.mark.usefixtures("minari_root")  # every test in a temporary Minari root
 
 
 def _sample(space: Any, rows: int, rng: np.random.Generator) -> Any:

@@ -4,7 +4,6 @@ complete episodes exported per env, and what Minari could not read back refused 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,6 @@ from _minari import (  # noqa: E402
     _new_id,
     _rows,
     _with,
-    temporary_minari_root,
 )
 
 from rlbuf import ReplayBuffer  # noqa: E402
@@ -40,10 +38,7 @@ from rlbuf.errors import (  # noqa: E402
 )
 from rlbuf.offline import from_minari, to_minari  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def minari_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    yield from temporary_minari_root(monkeypatch)
+pytestmark = pytest.mark.usefixtures("minari_root")  # every test in a temporary Minari root
 
 
 def test_to_minari_checks_every_episode_before_writing(minari_root: Path) -> None:

@@ -4,7 +4,6 @@ reads, whatever the chunk size and however an Arrow episode is split into record
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +21,12 @@ from _minari import (  # noqa: E402
     _minari_dataset,
     _new_id,
     _rows,
-    temporary_minari_root,
 )
 
 import rlbuf.offline  # noqa: E402
 from rlbuf.offline import from_minari, to_minari  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def minari_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    yield from temporary_minari_root(monkeypatch)
+pytestmark = pytest.mark.usefixtures("minari_root")  # every test in a temporary Minari root
 
 
 @pytest.mark.parametrize("data_format", ["hdf5", "arrow"])

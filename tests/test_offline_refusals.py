@@ -5,7 +5,6 @@ returns nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ from _minari import (  # noqa: E402
     _new_id,
     _rows,
     _with,
-    temporary_minari_root,
 )
 from minari.data_collector import EpisodeBuffer  # noqa: E402
 
@@ -38,10 +36,7 @@ from rlbuf.errors import (  # noqa: E402
 )
 from rlbuf.offline import from_minari, to_minari  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def minari_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    yield from temporary_minari_root(monkeypatch)
+pytestmark = pytest.mark.usefixtures("minari_root")  # every test in a temporary Minari root
 
 INCONSISTENT = {
     "lengths": (_with(GOOD, actions=GOOD["actions"][:3]), ShapeError,
