@@ -123,9 +123,10 @@ class ResetSteps:
         except RlbufError:
             return False  # the add refuses it, by the same reader
         equal = self._ended.copy()  # obs is the next_obs of the env's last row, which ended
+        rows = [(leaf.reshape(self._num_envs, -1), final.reshape(self._num_envs, -1))
+                for leaf, final in zip(leaves, self._final, strict=True)]
         for env in np.flatnonzero(equal).tolist():  # only those rows: most envs' did not end
-            equal[env] = all(_same_row(leaf.reshape(self._num_envs, -1)[env], final.reshape(self._num_envs, -1)[env])
-                             for leaf, final in zip(leaves, self._final, strict=True))
+            equal[env] = all(_same_row(given[env], final[env]) for given, final in rows)
         same = equal & (step[0] == 0) & ~step[1] & ~step[2]
         if stored is not None:
             self._left_out = same & ~stored

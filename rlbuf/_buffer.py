@@ -22,7 +22,7 @@ from torchrl.data.replay_buffers.samplers import Sampler
 from rlbuf._delivery import deliver
 from rlbuf._fields import check_names
 from rlbuf._keywords import foreign_method
-from rlbuf._protocols import BufferProtocols, RowCount
+from rlbuf._protocols import BufferProtocols, RowCount, rebuilt
 from rlbuf._ring import RowRing
 from rlbuf._state import BufferState
 from rlbuf._sumtree import SumTreeSampler
@@ -473,13 +473,10 @@ class RingBuffer(BufferProtocols, BufferState, Generic[BatchT]):
         if fields is None:
             return self._batch(positions, self._index_weight(positions))
         columns = deliver(self._gather(positions, fields), self._device)
-        batch_type = self._batch_type
-        batch = object.__new__(batch_type)
-        attributes = {item.name for item in dataclasses.fields(cast(Any, batch_type))} - {"extras"}
-        for name in attributes & set(columns):
-            object.__setattr__(batch, name, columns[name])  # a frozen dataclass: built field by field
-        object.__setattr__(batch, "extras", {name: column for name, column in columns.items() if name not in attributes})
-        return batch
+        attributes = {item.name for item in dataclasses.fields(cast(Any, self._batch_type))} - {"extras"}
+        return rebuilt(self._batch_type, {**{name: columns[name] for name in attributes & set(columns)},
+                                          "extras": {name: column for name, column in columns.items()
+                                                     if name not in attributes}})
 
     @sizes_by_keyword
     def epochs(self, *, batch_size: int, n_epochs: int = 1, drop_last: bool = False,

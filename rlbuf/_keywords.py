@@ -240,7 +240,6 @@ def keywords_checked(method: Callable[_P, _R]) -> Callable[_P, _R]:
     by_position = [p.name for p in parameters if p.kind == p.POSITIONAL_OR_KEYWORD]  # self first
     required = [p.name for p in parameters if p.default is p.empty and p.kind in (
         p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]  # self first
-    required_by_position = sum(p.kind == p.POSITIONAL_OR_KEYWORD for p in parameters if p.name in required)
 
     @functools.wraps(method)
     def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
@@ -248,7 +247,7 @@ def keywords_checked(method: Callable[_P, _R]) -> Callable[_P, _R]:
             refuse_positions(method.__name__, by_position[1:], len(args) - 1)
         if not taken.issuperset(kwargs):
             refuse_foreign_keywords(method.__name__, taken, kwargs)
-        if len(args) < len(required) and (len(args) < required_by_position or len(required) > required_by_position):
+        if len(args) < len(required):
             given = {*by_position[:len(args)], *kwargs}
             if missing := [name for name in required if name not in given]:
                 raise MissingFieldError(f"{method.__name__}: {', '.join(missing)} required"
@@ -268,7 +267,7 @@ def foreign_method(owner: str, name: str, *, shared: bool = True) -> AttributeEr
     """
     hint = FOREIGN_METHODS_OF.get(owner, {}).get(name, FOREIGN_METHODS.get(name) if shared else None)
     if hint is None and shared and not name.startswith("_"):
-        # Imported only on a refusal: an import of rlbuf stays light.
+        # Imported only on a refusal: modules that import this one need no torchrl.
         from torchrl.data import TensorDictReplayBuffer
 
         if hasattr(TensorDictReplayBuffer, name):

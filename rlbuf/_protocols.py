@@ -21,8 +21,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn, TypeVar
 
 import numpy as np
 import torch
@@ -30,6 +30,7 @@ from tensordict import TensorDictBase
 
 from rlbuf.errors import StoredIndexError, UnsupportedOperationError
 
+_Batch = TypeVar("_Batch")
 _READ_ALL = {"RolloutBuffer": "buffer.get_all_data()", "MixedReplay": "mixed.offline.sample_all() and "
              "mixed.online.sample_all()"}
 _PASSES = {"RolloutBuffer": "buffer.minibatches(batch_size=...) visits every row once per epoch",
@@ -87,13 +88,26 @@ class BufferProtocols:
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
         """numpy's view of a buffer: one object (``np.array([buf], dtype=object)``), never an array of rows."""
-        if dtype is not None and np.dtype(dtype) == np.dtype(object):
-            held = np.empty((), dtype=object)
-            held[()] = self
+        if (held := held_as_object(self, dtype)) is not None:
             return held
         every = _READ_ALL.get(type(self).__name__, "buffer.sample_all()")
         raise UnsupportedOperationError(f"np.asarray({type(self).__name__}): a buffer is no array; convert a "
                                         f"field of its rows: np.asarray({every}.obs)")
+
+
+def held_as_object(owner: object, dtype: Any) -> np.ndarray[Any, Any] | None:
+    """``owner`` in a 0-d object array where numpy asks for ``dtype=object`` (``np.array([a, b], dtype=object)``
+    holds buffers and batches as objects), else ``None``: the caller's ``__array__`` refuses.
+
+    Example:
+        >>> held_as_object("a batch", object).item(), held_as_object("a batch", None)
+        ('a batch', None)
+    """
+    if dtype is None or np.dtype(dtype) != np.dtype(object):
+        return None
+    held = np.empty((), dtype=object)
+    held[()] = owner
+    return held
 
 
 class RowCount(int):
@@ -180,40 +194,46 @@ def row_index(batch: Any, key: object) -> Any:
     return index
 
 
+def rebuilt(batch_type: type[_Batch], values: Mapping[str, Any]) -> _Batch:
+    """A frozen batch of ``batch_type`` built field by field from ``values`` (some fields may be absent: a batch
+    from ``sample_by_index(fields=...)``)."""
+    batch: _Batch = object.__new__(batch_type)
+    for name, value in values.items():
+        object.__setattr__(batch, name, value)
+    return batch
+
+
+def _mapped(batch: Any, change: Callable[[str, Any], Any]) -> Any:
+    """``batch`` with ``change(field name, value)`` applied to each tensor and TensorDict (in dicts too)."""
+    def each(name: str, value: Any) -> Any:
+        if isinstance(value, (torch.Tensor, TensorDictBase)):
+            return change(name, value)
+        if isinstance(value, dict):
+            return {key: each(name, column) for key, column in value.items()}
+        return value  # None, burn_in
+
+    return rebuilt(type(batch), {name: each(name, value) for name, value in _field_values(batch).items()})
+
+
 def select_rows(batch: Any, key: object, *, time_first: frozenset[str] = frozenset()) -> Any:
     """The rows ``key`` of ``batch``, as a batch of its type (fields in ``time_first`` hold rows on dim 1)."""
     index = row_index(batch, key)
+    on_device: dict[torch.device, Any] = {}  # the index moved once per device, not once per field
 
     def rows(name: str, value: Any) -> Any:
-        if isinstance(value, (torch.Tensor, TensorDictBase)):
-            if name in time_first:
-                return value[:, index if isinstance(index, slice) else index.to(value.device)]
-            return value[index if isinstance(index, slice) else index.to(value.device)]
-        if isinstance(value, dict):
-            return {key: rows(name, column) for key, column in value.items()}
-        return value  # None, burn_in
+        at = index
+        if not isinstance(index, slice):
+            at = on_device.get(value.device)
+            if at is None:
+                at = on_device[value.device] = index.to(value.device)
+        return value[:, at] if name in time_first else value[at]
 
-    values = {name: rows(name, value) for name, value in _field_values(batch).items()}
-    selected = object.__new__(type(batch))
-    for name, value in values.items():
-        object.__setattr__(selected, name, value)  # a frozen dataclass: built field by field
-    return selected
+    return _mapped(batch, rows)
 
 
 def moved(batch: Any, device: torch.device, *, non_blocking: bool) -> Any:
-    """``batch`` with every tensor on ``device`` (itself where all are there already)."""
-    def to(value: Any) -> Any:
-        if isinstance(value, (torch.Tensor, TensorDictBase)):
-            return value.to(device, non_blocking=non_blocking)
-        if isinstance(value, dict):
-            return {name: to(column) for name, column in value.items()}
-        return value
-
-    values = _field_values(batch)
-    selected = object.__new__(type(batch))
-    for name, value in values.items():
-        object.__setattr__(selected, name, to(value))
-    return selected
+    """A new batch of ``batch``'s fields with every tensor on ``device``."""
+    return _mapped(batch, lambda _, value: value.to(device, non_blocking=non_blocking))
 
 
 def _same(a: Any, b: Any) -> bool:

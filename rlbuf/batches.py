@@ -29,7 +29,7 @@ from tensordict import TensorDict
 
 from rlbuf._keywords import FOREIGN_NAMES
 from rlbuf._obs import hidden_state_key
-from rlbuf._protocols import moved, refuse_iteration, same_batch, select_rows
+from rlbuf._protocols import held_as_object, moved, refuse_iteration, same_batch, select_rows
 from rlbuf.errors import MissingFieldError, UnsupportedOperationError
 from rlbuf.storage import DeviceLike, resolve_device
 
@@ -232,9 +232,7 @@ class _ExtrasAccess:
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
         """numpy's view of a batch: one object (``np.array([batch, ...], dtype=object)``), never an array of its
         own, which numpy would otherwise try through ``__len__`` and ``__getitem__``."""
-        if dtype is not None and np.dtype(dtype) == np.dtype(object):
-            held = np.empty((), dtype=object)
-            held[()] = self
+        if (held := held_as_object(self, dtype)) is not None:
             return held
         raise MissingFieldError(f"np.asarray({type(self).__name__}): a batch is no array (its fields have shapes of "
                                 f"their own); convert a field: np.asarray(batch.obs) ..., or all of them: "

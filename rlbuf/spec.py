@@ -542,7 +542,8 @@ class RowReader:
         finite = spec.finite and np_dtype.kind == "f"
         boolean = np_dtype.kind == "b"
         tensor, ndarray = torch.Tensor, np.ndarray
-        wider = np.dtype(np.float64) if finite else None  # a vector env's float64 rewards into a float32 field
+        # a vector env's float64 rewards into a float32 field (a float64 field takes them as they are)
+        wider = np.dtype(np.float64) if finite and np_dtype != np.float64 else None
 
         if not finite and not boolean:  # most fields: observations, actions
             def read_rows(value: Any) -> Any:
