@@ -132,15 +132,17 @@ def complete_mass(layout: CompactLayout, sampler: SumTreeSampler, total: float) 
     """The total ``q = (p + eps) ** alpha`` of the stored rows that are complete transitions, given ``total``, that
     of every stored row (the ring flushed, its lock held): the mass a Ray service weighs this buffer's share of a
     batch by."""
-    held = float(sampler.leaf_values(incomplete_positions(layout)).sum())
+    incomplete = incomplete_positions(layout)
+    held = float(sampler.leaf_values(incomplete).sum())
     if total - held > total * _CANCELLATION:
         return total - held
-    return float(sampler.leaf_values(_complete_positions(layout)).sum())
+    return float(sampler.leaf_values(_complete_positions(layout, incomplete)).sum())
 
 
-def _complete_positions(layout: CompactLayout) -> _Ints:
+def _complete_positions(layout: CompactLayout, incomplete: _Ints | None = None) -> _Ints:
+    """Positions of the stored rows that are complete transitions (``incomplete``: the others, where known)."""
     positions = np.arange(len(layout.ring), dtype=np.int64)
-    kept: _Ints = np.delete(positions, incomplete_positions(layout))
+    kept: _Ints = np.delete(positions, incomplete_positions(layout) if incomplete is None else incomplete)
     return kept
 
 

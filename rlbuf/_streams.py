@@ -140,7 +140,6 @@ class Streams:
         # Per env: the serial of its newest row while that row's episode is open (else -1), and
         # the next_obs given with it, which the env's next observation must equal.
         self.last = np.full(num_envs, -1, np.int64)
-        self.all_envs = np.arange(num_envs, dtype=np.int64)  # one row of every env, in env order (never written)
         self._released = np.empty(num_envs, np.int64)
         self.expected = torch.zeros((num_envs, *obs_shape), dtype=obs_dtype)
         # numpy views of it (a load copies into it in place): the checks read them, ``record`` writes them.
@@ -154,14 +153,13 @@ class Streams:
         self._word, self._byte = self._expected_words.dtype, self._expected_bytes.dtype
         self._words_per_frame = self._frame_bytes // self._word.itemsize if self._frame_bytes else self._expected_words.shape[1]
         self._byte_exact = obs_dtype in _BYTE_EXACT
-        self._numba_typed = obs_dtype in _BYTE_EXACT or obs_dtype in (torch.float32, torch.float64)  # not float16
         self._zero_pad = padding_type == "zero"
         self.finals: Any = FinalFrames(frame_shape, obs_dtype, storing_device)  # or a compressed layout's
         # numba is imported with the first compact buffer, not with rlbuf; its kernels are loaded here.
         from rlbuf._streams_numba import loaded
 
-        self._check_steps, self._record_steps, self._walk_rows, self._build_stacks, self._nstep_targets = loaded(self._expected if self._numba_typed else self._expected_words,
-                                       self._expected_words, self._expected_bytes, self.back)
+        (self._check_steps, self._record_steps, self._walk_rows, self._build_stacks,
+         self._nstep_targets) = loaded(self._expected_words, self._expected_bytes, self.back)
 
     # -- writing -----------------------------------------------------------------------------
     def check(self, obs: np.ndarray[Any, Any], next_obs: np.ndarray[Any, Any], env_ids: _Ints, terminated: _Bools,
@@ -244,7 +242,10 @@ class Streams:
                                              self.last, released,
                                              next_obs.reshape(len(next_obs), self._row_items).view(self._byte),
                                              self._expected_bytes)
-            self._recorded(freed, ends, first_serial, next_obs, terminated, truncated, oldest)
+            if freed:  # the final-frame slots of overwritten rows
+                self.finals.release(released[:freed])
+            if ends:
+                self._keep_finals(first_serial, next_obs, terminated | truncated, oldest)
             return
         ended = terminated | truncated
         newest = self._record_rows(env_ids, first_serial, ended, oldest, terminated, truncated)
@@ -252,15 +253,6 @@ class Streams:
             self._keep_finals(first_serial, next_obs, ended, oldest)
         # numpy copies: a tensor's indexed assignment costs ~50x more per 84x84 stack on the CPU.
         self._expected[env_ids[newest]] = next_obs[newest]
-
-    def _recorded(self, freed: int, ends: int, first_serial: int, next_obs: np.ndarray[Any, Any], terminated: _Bools,
-                  truncated: _Bools, oldest: int) -> None:
-        """After the compiled record: free the final-frame slots of the ``freed`` overwritten rows (in ``_released``)
-        and keep the final frames of the rows that end an episode (``ends`` of them)."""
-        if freed:
-            self.finals.release(self._released[:freed])
-        if ends:
-            self._keep_finals(first_serial, next_obs, terminated | truncated, oldest)
 
     def _keep_finals(self, first_serial: int, next_obs: np.ndarray[Any, Any], ended: _Bools, oldest: int) -> None:
         """Keep the final observation (its newest frame) of each stored row that ended an episode."""

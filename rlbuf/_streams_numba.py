@@ -249,17 +249,17 @@ def nstep_targets(rows: Any, start: int, steps: Any, terminated: Any, rewards: A
         discount[i] = 0.0 if terminated[i] else np.float32(powers[steps[i]])
 
 
-def loaded(expected: Any, expected_words: Any, expected_bytes: Any, back: Any) -> tuple[Any, Any, Any, Any, Any]:
+def loaded(expected_words: Any, expected_bytes: Any, back: Any) -> tuple[Any, Any, Any, Any, Any]:
     """``check_steps``, ``record_steps``, ``walk_rows``, ``build_stacks`` and
-    ``nstep_targets``, each called once on no rows of a buffer's table types (``expected``: its open stacks, rows as
-    an add reads them; ``expected_words``, ``expected_bytes``: the same as ``as_words`` gives them with and without
-    frames; ``back``: its table of older rows), so numba loads (or compiles) them now: a buffer's constructor, not its
+    ``nstep_targets``, each called once on no rows of a buffer's table types (``expected_words``,
+    ``expected_bytes``: its open stacks as ``as_words`` gives them with and without frames; ``back``: its table of
+    older rows), so numba loads (or compiles) them now: a buffer's constructor, not its
     first add or sample, pays the second that takes.
 
     Example:
         >>> from rlbuf._streams import as_words
         >>> stacks = np.zeros((1, 2, 8), np.uint8)
-        >>> kernels = loaded(stacks, as_words(stacks, 8), as_words(stacks, 0), np.zeros((4, 1), np.int64))
+        >>> kernels = loaded(as_words(stacks, 8), as_words(stacks, 0), np.zeros((4, 1), np.int64))
         >>> kernels[0] is check_steps, kernels[2] is walk_rows
         (True, True)
     """

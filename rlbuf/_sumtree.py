@@ -147,10 +147,8 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
             raise ConfigError(f"reduction: expected one of 'max', 'min', 'mean', 'median', got {reduction!r}")
         self._max_capacity = max_capacity
         self._alpha = float(alpha)
-        self._beta = float(beta)
-        self._eps = float(eps)
-        self.dtype = dtype
-        self.reduction = reduction
+        self._beta, self._eps = float(beta), float(eps)
+        self.dtype, self.reduction = dtype, reduction
         self._max_priority_within_buffer = max_priority_within_buffer
         self._tree = new_tree(max_capacity, dtype)
         self._num_leaves = self._tree.shape[1] // 2
@@ -280,12 +278,19 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
         leaf = self._flat_index(index, storage)
         if leaf.size and not (leaf.min() >= 0 and leaf.max() < size):
             raise StoredIndexError(f"index: expected stored items in [0, {size}), got {leaf.min()} to {leaf.max()}")
-        weight = importance_weights(self._leaves()[0][leaf], smallest, self._beta)
+        weight = importance_weights(self.leaf_values(leaf), smallest, self._beta)
         device = _storage_device(storage)
         return weight if device is None else weight.to(device)
 
     def leaf_values(self, positions: _Int64Array) -> _FloatArray:
-        """The stored ``q = (p + eps) ** alpha`` of the items at ``positions`` (a copy)."""
+        """The stored ``q = (p + eps) ** alpha`` of the items at ``positions`` (a copy).
+
+        Example:
+            >>> sampler = SumTreeSampler(4, alpha=1.0, beta=0.4, eps=0.0)
+            >>> sampler.update_priority(torch.tensor([0, 1]), torch.tensor([1.0, 3.0]))
+            >>> sampler.leaf_values(np.array([1, 0])).tolist()
+            [3.0, 1.0]
+        """
         return self._leaves()[0][positions]
 
     def sampled_mass(self, storage: Any) -> tuple[int, float, float]:
@@ -455,13 +460,9 @@ class SumTreeSampler(PrioritizedSampler):  # type: ignore[misc]
                       **{key: state_dict[key] for key in _SCALARS})
 
     def dumps(self, path: str | Path) -> None:
-        """Write the sampler to directory ``path``: two ``.npy`` leaf arrays and a JSON metadata file.
-
-        Args:
-            path: the directory (created if missing); TorchRL's ``rb.dumps`` passes ``<dir>/sampler``.
-        """
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
+        """Write the sampler to directory ``path`` (created if missing; TorchRL's ``rb.dumps`` passes
+        ``<dir>/sampler``): two ``.npy`` leaf arrays and a JSON metadata file."""
+        (path := Path(path)).mkdir(parents=True, exist_ok=True)
         state = self.state_dict()
         np.save(path / _SUM_FILE, state.pop("sum_leaves").numpy(), allow_pickle=False)
         np.save(path / _MIN_FILE, state.pop("min_leaves").numpy(), allow_pickle=False)

@@ -132,8 +132,9 @@ def descend(tree: torch.Tensor, mass: npt.NDArray[np.float64], size: int) -> tup
 def smallest_where(tree: torch.Tensor, size: int, accept: Callable[[int], bool]) -> float:
     """The smallest leaf value in ``[0, size)`` among leaves ``accept`` admits (``inf`` if none).
 
-    Leaves come out of the min tree in increasing order (best first: a node's minimum bounds its
-    leaves), so each leaf ``accept`` refuses costs one more descent, not a pass over the tree.
+    The smallest leaf of all is tried first (one descent); past it, leaves come out of the min tree in
+    increasing order (best first: a node's minimum bounds its leaves), so each leaf ``accept`` refuses
+    costs one more descent, not a pass over the tree.
 
     Example:
         >>> tree = new_tree(4, torch.float64)
@@ -144,6 +145,11 @@ def smallest_where(tree: torch.Tensor, size: int, accept: Callable[[int], bool])
     """
     mins = tree[1].numpy()
     num_leaves, depth = tree.shape[1] // 2, _depth(tree)
+    node = 1  # the smallest leaf of all first, one descent: nearly always stored and admitted (then the answer)
+    while node < num_leaves:
+        node = 2 * node + int(mins[2 * node + 1] < mins[2 * node])
+    if node - num_leaves < size and accept(node - num_leaves):
+        return float(mins[node])
     heap = [(float(mins[1]), 0, 1)]  # ties popped deepest first: equal priorities cost a descent, not a breadth
     while heap:
         value, _, node = heapq.heappop(heap)

@@ -296,7 +296,7 @@ def test_an_observation_that_breaks_its_stream_is_refused_and_nothing_changes() 
 @pytest.mark.parametrize("num_envs", [1, 2])
 def test_a_step_refused_by_its_stream_or_another_field_changes_nothing_and_the_stream_is_named_first(
         num_envs: int) -> None:
-    """The other fields are read before the stream check and record (one compiled call), and written after it: a
+    """The other fields are read after the stream check and before the record, and written between them: a
     refused action leaves the tables, the counters and the open stacks as they were; a step whose stack breaks its
     stream is refused for that first, whatever else it gets wrong, as when the check ran before the reads."""
     buf = ReplayBuffer(10, obs_shape=(2, 3), action_shape=(), num_envs=num_envs, frame_stack=2, obs_dtype=torch.uint8,
