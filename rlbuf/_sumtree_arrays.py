@@ -148,13 +148,14 @@ def smallest_where(tree: torch.Tensor, size: int, accept: Callable[[int], bool])
     node = 1  # the smallest leaf of all first, one descent: nearly always stored and admitted (then the answer)
     while node < num_leaves:
         node = 2 * node + int(mins[2 * node + 1] < mins[2 * node])
-    if node - num_leaves < size and accept(node - num_leaves):
+    tried = node if node - num_leaves < size else 0  # a leaf refused here is not asked again below
+    if tried and accept(node - num_leaves):
         return float(mins[node])
     heap = [(float(mins[1]), 0, 1)]  # ties popped deepest first: equal priorities cost a descent, not a breadth
     while heap:
         value, _, node = heapq.heappop(heap)
         if node >= num_leaves:
-            if accept(node - num_leaves):
+            if node != tried and accept(node - num_leaves):
                 return value
             continue
         for child in (2 * node, 2 * node + 1):
