@@ -22,7 +22,7 @@ from torchrl.data.replay_buffers.samplers import Sampler
 from rlbuf._delivery import deliver
 from rlbuf._fields import check_names
 from rlbuf._keywords import foreign_method
-from rlbuf._protocols import BufferProtocols, RowCount, rebuilt
+from rlbuf._protocols import BufferProtocols, RowCount, copy_refusal, rebuilt
 from rlbuf._ring import RowRing
 from rlbuf._state import BufferState
 from rlbuf._sumtree import SumTreeSampler
@@ -31,7 +31,6 @@ from rlbuf.errors import (
     ConfigError,
     EmptyBufferError,
     MissingFieldError,
-    NotPicklableError,
     RlbufError,
     StoredIndexError,
 )
@@ -164,12 +163,7 @@ class RingBuffer(BufferProtocols, BufferState, Generic[BatchT]):
             ...
             rlbuf.errors.NotPicklableError: ReplayBuffer: cannot be pickled or copied (pickle, torch.save, copy.deepcopy)...
         """
-        cls = type(self).__name__
-        raise NotPicklableError(
-            f"{cls}: cannot be pickled or copied (pickle, torch.save, copy.deepcopy): its storage, lock and "
-            f"sampler belong to this process; for a copy on disk use buffer.save(path) and {cls}.load(path), "
-            f"in memory buffer.state_dict() and load_state_dict(state) on a buffer built with the same options; "
-            f"send buffer.torchrl to worker processes")
+        raise copy_refusal(self)
 
     @property
     def stats(self) -> EpisodeStats | None:

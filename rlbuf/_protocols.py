@@ -1,12 +1,14 @@
 """Python's protocols on buffers and batches: what each does, or the call it names instead.
 
 A buffer is a resource, not a sequence: ``len``, ``bool``, ``==`` (identity) and ``hash`` work;
-indexing, iteration, ``in`` and numpy conversion are refused with the call to use
-(``sample_by_index``, ``sample_all``, ``epochs``), since TorchRL's ``rb[i]`` reads a storage
-position, not the ``i``-th oldest row. A batch is a value: rows are selected with
+indexing, iteration, ``next``, ``in`` and numpy conversion are refused with the call to use
+(``sample_by_index``, ``sample_all``, ``sample``, ``epochs``), since TorchRL's ``rb[i]`` reads a storage
+position, not the ``i``-th oldest row; copies are refused (``copy_refusal``). A mixer
+(``MixerProtocols``) refuses the same, and ``len``. A batch is a value: rows are selected with
 ``batch[2:5]``, ``batch[index]`` or a mask, ``batch.to(device)`` moves it, ``==`` compares
-contents; an ``int`` index (it would drop the batch dim) and iteration (SB3's field order
-differs from rlbuf's) are refused.
+contents, copies and pickles hold the same; an ``int`` index (it would drop the batch dim), a key,
+``next``, numpy conversion and iteration (SB3's field order differs from rlbuf's) are refused, every
+refusal an ``UnsupportedOperationError``.
 
 Example:
     >>> import torch
@@ -22,77 +24,146 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, SupportsIndex, TypeVar
 
 import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from rlbuf.errors import StoredIndexError, UnsupportedOperationError
+from rlbuf.errors import NotPicklableError, StoredIndexError, UnsupportedOperationError
 
 _Batch = TypeVar("_Batch")
-_READ_ALL = {"RolloutBuffer": "buffer.get_all_data()", "MixedReplay": "mixed.offline.sample_all() and "
-             "mixed.online.sample_all()"}
-_PASSES = {"RolloutBuffer": "buffer.minibatches(batch_size=...) visits every row once per epoch",
-           "MixedReplay": "mixed.sample(batch_size) draws a mixed batch"}
-_FIELD = {"RolloutBuffer": "buffer.view({key!r}) is its [num_steps, num_envs, ...] tensor",
-          "MixedReplay": "mixed.sample(batch_size).{key} (or each buffer's sample_all().{key})"}
+_RING = {
+    "rows": "buffer.sample_all()",  # one batch of every row, oldest first
+    "every": "buffer.sample_all()",
+    "by_position": "buffer.sample_by_index(i) reads storage positions (batch.index, TorchRL's rb[i]), ",
+    "epochs": "buffer.epochs(batch_size=...)",
+    "draw": "buffer.sample(batch_size) draws a batch",
+    "field": "buffer.sample_all().{key} holds every stored row's",
+    "write": "rows are written by add() or extend(td), every field checked",
+    "delete": "clear() empties the buffer, the oldest rows are overwritten first",
+    "owner": "buffer", "held": "its storage, lock and sampler belong", "workers": "buffer.torchrl",
+}
+"""What a ring buffer's refusals name; ``_FIXES`` holds what another kind names instead."""
+_FIXES: dict[str, dict[str, str]] = {
+    "ReplayBuffer": {"write": f"{_RING['write']}; priorities by update_priority()"},
+    "DistillationBuffer": {},
+    "RolloutBuffer": {
+        "rows": "buffer.get_all_data()", "every": "buffer.get_all_data()", "epochs": "buffer.minibatches(batch_size=...)",
+        "draw": "", "field": "buffer.view({key!r}) is its [num_steps, num_envs, ...] tensor",
+        "write": "steps are written by add() or extend(td), every field checked; advantages by "
+                 "compute_returns_and_advantages() or set_extras()",
+        "delete": "clear() empties the buffer for the next rollout"},
+    "MixedReplay": {
+        "rows": "mixed.online.sample_all()",
+        "every": "mixed.offline.sample_all() and mixed.online.sample_all() each",
+        "by_position": "", "epochs": "", "draw": "mixed.sample(batch_size) draws a mixed batch",
+        "field": "mixed.sample(batch_size).{key} (or each buffer's sample_all().{key})",
+        "write": "rows are written to the online buffer by mixed.online.add() or extend(td); the offline one is "
+                 "read-only",
+        "delete": "mixed.online.clear() empties the online buffer; the offline one is read-only",
+        "owner": "mixed", "held": "its buffers' storages, locks and samplers belong", "workers": "mixed.online.torchrl"},
+    "RemoteReplayBufferHandle": {
+        "by_position": "", "epochs": "", "write": f"{_RING['write']}; priorities by update_priority()",
+        "delete": "the oldest rows are overwritten first"},
+}
+"""A buffer kind (by class name, its nearest along the MRO) -> the calls its refusals name instead of a ring
+buffer's; only rlbuf's classes are listed: a class not found (a user's own subclass) takes its base's."""
+
+
+def _fixes(owner: object) -> dict[str, str]:
+    """The calls ``owner``'s refusals name: its kind's, else the nearest base kind's, else a ring buffer's."""
+    for klass in type(owner).__mro__:
+        if klass.__name__ in _FIXES:
+            return {**_RING, **_FIXES[klass.__name__]}
+    return _RING
 
 
 class BufferProtocols:
-    """Indexing, iteration, ``in`` and numpy conversion of a buffer, each refused with the call to use."""
+    """Indexing, iteration, ``next``, ``in`` and numpy conversion of a buffer, each refused with the call to use."""
 
     __slots__ = ()
 
     def _ways(self) -> str:
         """How to read this buffer's rows: all of them, by storage position, in passes."""
-        cls = type(self).__name__
-        every = _READ_ALL.get(cls, "buffer.sample_all()")
-        passes = _PASSES.get(cls, "buffer.epochs(batch_size=...) visits every row once per epoch")
-        by_position = "" if cls == "MixedReplay" else (
-            "buffer.sample_by_index(i) reads storage positions (batch.index, TorchRL's rb[i]), ")
-        return f"{by_position}{every} holds every row, oldest first, as a typed batch; {passes}"
+        fixes = _fixes(self)
+        passes = f"{fixes['epochs']} visits every row once per epoch" if fixes["epochs"] else fixes["draw"]
+        return f"{fixes['by_position']}{fixes['every']} holds every row, oldest first, as a typed batch; {passes}"
 
     def __getitem__(self, key: object) -> NoReturn:
-        cls = type(self).__name__
+        cls, fixes = type(self).__name__, _fixes(self)
         if isinstance(key, str):
-            read = _FIELD.get(cls, "buffer.sample_all().{key} holds every stored row's").format(key=key)
-            raise UnsupportedOperationError(f"{cls}[{key!r}]: a buffer is not read by key; {read}")
-        every = _READ_ALL.get(cls, "buffer.sample_all()")
+            raise UnsupportedOperationError(f"{cls}[{key!r}]: a buffer is not read by key; "
+                                            f"{fixes['field'].format(key=key)}")
         raise UnsupportedOperationError(
             f"{cls}[{shown_key(key)}]: a buffer is not indexed by position (once the ring wraps, storage position i is "
-            f"not the i-th oldest row); {self._ways()}; slice a batch for rows: {every}[-10:]")
+            f"not the i-th oldest row); {self._ways()}; slice a batch for rows: {fixes['rows']}[-10:]")
 
     def __setitem__(self, key: object, value: object) -> NoReturn:
-        raise UnsupportedOperationError(f"{type(self).__name__}[{shown_key(key)}] = ...: rows are written by add() or "
-                                        f"extend(td), every field checked; priorities by update_priority()")
+        raise UnsupportedOperationError(f"{type(self).__name__}[{shown_key(key)}] = ...: {_fixes(self)['write']}")
 
     def __delitem__(self, key: object) -> NoReturn:
         raise UnsupportedOperationError(f"del {type(self).__name__}[{shown_key(key)}]: rows are not deleted one by one; "
-                                        f"clear() empties the buffer, the oldest rows are overwritten first")
+                                        f"{_fixes(self)['delete']}")
 
     def __iter__(self) -> NoReturn:
         raise UnsupportedOperationError(f"iter({type(self).__name__}): a buffer hands out rows in batches, not "
                                         f"one by one; {self._ways()}")
 
+    def __next__(self) -> NoReturn:
+        fixes = _fixes(self)
+        ways = [fixes["draw"], f"it = {fixes['epochs']} is one: next(it) is its next batch" if fixes["epochs"] else ""]
+        raise UnsupportedOperationError(f"next({type(self).__name__}): a buffer is no iterator; "
+                                        f"{'; '.join(way for way in ways if way)}")
+
     def __reversed__(self) -> NoReturn:
-        every = _READ_ALL.get(type(self).__name__, "buffer.sample_all()")
         raise UnsupportedOperationError(f"reversed({type(self).__name__}): a buffer hands out rows in batches, not "
-                                        f"one by one; {self._ways()}; {every}[-5:] holds the newest rows")
+                                        f"one by one; {self._ways()}; {_fixes(self)['rows']}[-10:] holds the newest rows")
 
     def __contains__(self, item: object) -> bool:
-        every = _READ_ALL.get(type(self).__name__, "buffer.sample_all()")
-        raise UnsupportedOperationError(
-            f"`in` {type(self).__name__}: a buffer is not searched by value; 0 <= i < len(buffer) says whether "
-            f"storage position i holds a row, and ({every}.obs == x) compares every stored obs")
+        fixes = _fixes(self)
+        by_position = "0 <= i < len(buffer) says whether storage position i holds a row, and " if fixes[
+            "by_position"] else ""
+        raise UnsupportedOperationError(f"`in` {type(self).__name__}: a buffer is not searched by value; {by_position}"
+                                        f"({fixes['rows']}.obs == x) compares every stored obs")
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
         """numpy's view of a buffer: one object (``np.array([buf], dtype=object)``), never an array of rows."""
         if (held := held_as_object(self, dtype)) is not None:
             return held
-        every = _READ_ALL.get(type(self).__name__, "buffer.sample_all()")
         raise UnsupportedOperationError(f"np.asarray({type(self).__name__}): a buffer is no array; convert a "
-                                        f"field of its rows: np.asarray({every}.obs)")
+                                        f"field of its rows: np.asarray({_fixes(self)['rows']}.obs)")
+
+
+def copy_refusal(owner: object) -> NotPicklableError:
+    """The error of ``pickle``, ``torch.save`` or ``copy`` of a buffer or mixer: the calls that copy it instead.
+
+    Example:
+        >>> copy_refusal(object())  # doctest: +ELLIPSIS
+        NotPicklableError('object: cannot be pickled or copied (pickle, torch.save, copy.deepcopy): ...')
+    """
+    cls, fixes = type(owner).__name__, _fixes(owner)
+    owned = fixes["owner"]
+    return NotPicklableError(
+        f"{cls}: cannot be pickled or copied (pickle, torch.save, copy.deepcopy): {fixes['held']} to this process; "
+        f"for a copy on disk use {owned}.save(path) and {cls}.load(path), in memory {owned}.state_dict() and "
+        f"load_state_dict(state) on a {cls} built with the same options; send {fixes['workers']} to worker processes")
+
+
+class MixerProtocols(BufferProtocols):
+    """A mixer's own protocols: no ``len`` (it holds no rows of its own), always true, never copied."""
+
+    __slots__ = ()
+
+    def __len__(self) -> NoReturn:
+        raise UnsupportedOperationError(f"len({type(self).__name__}): a mixer holds no rows of its own; "
+                                        f"len(mixed.offline) and len(mixed.online) count each buffer's")
+
+    def __bool__(self) -> bool:
+        return True  # it draws from its offline rows, which are read-only and never empty
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        raise copy_refusal(self)
 
 
 def held_as_object(owner: object, dtype: Any) -> np.ndarray[Any, Any] | None:
@@ -264,3 +335,20 @@ def refuse_iteration(batch: Any, call: str = "iter") -> NoReturn:
         f"SB3's samples are NamedTuples unpacked in their own order (observations, actions, next_observations, "
         f"dones, rewards), which rlbuf's fields do not follow; batch[i:j] selects rows, batch.to_tensordict() "
         f"holds the fields at TorchRL's keys")
+
+
+def refuse_next(batch: Any) -> NoReturn:
+    """``next(batch)``: a batch is no iterator; the batches come from a buffer's iterator (``epochs``).
+
+    Example:
+        >>> refuse_next(object())  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.UnsupportedOperationError: next(object): a batch is no iterator; ...
+    """
+    name = type(batch).__name__
+    unpacks = "obs, expert_action = batch unpacks it; " if name == "DistillationBatch" else ""
+    raise UnsupportedOperationError(
+        f"next({name}): a batch is no iterator; it is read by attribute (batch.obs, batch.action ...); {unpacks}the "
+        f"next batch comes from an iterator of batches: it = buffer.epochs(batch_size=...) (a rollout's "
+        f"buffer.minibatches(...)), then next(it)")

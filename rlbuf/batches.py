@@ -29,7 +29,15 @@ from tensordict import TensorDict
 
 from rlbuf._keywords import FOREIGN_NAMES
 from rlbuf._obs import hidden_state_key
-from rlbuf._protocols import held_as_object, moved, refuse_iteration, same_batch, select_rows
+from rlbuf._protocols import (
+    held_as_object,
+    moved,
+    refuse_iteration,
+    refuse_next,
+    same_batch,
+    select_rows,
+    shown_key,
+)
 from rlbuf.errors import MissingFieldError, UnsupportedOperationError
 from rlbuf.storage import DeviceLike, resolve_device
 
@@ -143,9 +151,12 @@ def _keyword_refusal(owner: str, fields: Sequence[str], given: Mapping[str, Any]
     return MissingFieldError(f"{owner}: got {name}=, which it does not take; {hint}")
 
 
-def _subscript_refusal(batch: Any, key: object) -> MissingFieldError:
+def _subscript_refusal(batch: Any, key: object) -> UnsupportedOperationError:
     """The error of ``batch[key]`` (a dict batch's habit: TorchRL's, ObjectRL's, rollout-buffer's): the
     attribute to read instead, and the key of ``to_tensordict()`` for TorchRL's keys. Built only when refusing.
+
+    A refused protocol, as ``buffer["obs"]``, not a missing key: no ``KeyError``, which a dict habit's
+    ``except KeyError`` fallback would take for an absent field.
     """
     names = [*batch.__dataclass_fields__, *batch.extras]
     nested = isinstance(key, tuple) and all(isinstance(part, str) for part in key)  # ("next", "reward")
@@ -153,15 +164,15 @@ def _subscript_refusal(batch: Any, key: object) -> MissingFieldError:
     own = [name for name in (asked, *_FOREIGN_FIELDS.get(asked, ())) if name in names]
     shown = f"{type(batch).__name__}[{key!r}]"
     if asked == "done" and not own and "terminated" in names:  # a rollout's batch derives no done
-        return MissingFieldError(f"{shown}: a batch is read by attribute, not by key: batch.terminated | "
+        return UnsupportedOperationError(f"{shown}: a batch is read by attribute, not by key: batch.terminated | "
                                  f"batch.truncated (TorchRL's keys: batch.to_tensordict()[('next', 'done')])")
     if not own:
-        return MissingFieldError(f"{shown}: a batch is read by attribute, not by key; its fields are "
+        return UnsupportedOperationError(f"{shown}: a batch is read by attribute, not by key; its fields are "
                                  f"{', '.join(name for name in names if name != 'extras')}; "
                                  f"batch.to_tensordict() holds them at TorchRL's keys")
     name = own[0]
     why = _WHY.get(name, "") if "done" in names else ""
-    return MissingFieldError(f"{shown}: a batch is read by attribute, not by key: batch.{name}{why} (TorchRL's "
+    return UnsupportedOperationError(f"{shown}: a batch is read by attribute, not by key: batch.{name}{why} (TorchRL's "
                              f"keys: batch.to_tensordict()[{_TORCHRL_KEYS.get(name, name)!r}])")
 
 
@@ -176,8 +187,8 @@ class _ExtrasAccess:
         """The rows ``key`` (a slice, integer positions or a bool mask) as a batch of the same type.
 
         Raises:
-            MissingFieldError: a key (``batch["obs"]``): the attribute to read instead.
-            UnsupportedOperationError: an ``int`` (``batch[i:i + 1]`` keeps the batch dim).
+            UnsupportedOperationError: a key (``batch["obs"]``: the attribute to read instead), or an ``int``
+                (``batch[i:i + 1]`` keeps the batch dim).
             StoredIndexError: a row outside the batch.
 
         Example:
@@ -193,11 +204,23 @@ class _ExtrasAccess:
             raise _subscript_refusal(self, key)
         return cast(Self, select_rows(self, key, time_first=self._time_first))
 
+    def __setitem__(self, key: object, value: object) -> NoReturn:
+        raise UnsupportedOperationError(f"{type(self).__name__}[{shown_key(key)}] = ...: a batch's fields are fixed; "
+                                        f"write into a field's tensor (batch.reward[0:2] = ...), or add rows to the "
+                                        f"buffer with add()")
+
+    def __delitem__(self, key: object) -> NoReturn:
+        raise UnsupportedOperationError(f"del {type(self).__name__}[{shown_key(key)}]: a batch's rows are not deleted; "
+                                        f"batch[mask] is a batch of the rows mask keeps")
+
     def __iter__(self) -> Iterator[Any]:
         refuse_iteration(self)
 
     def __reversed__(self) -> NoReturn:
         refuse_iteration(self, "reversed")
+
+    def __next__(self) -> NoReturn:
+        refuse_next(self)
 
     def __contains__(self, item: object) -> bool:
         raise UnsupportedOperationError(
@@ -234,9 +257,10 @@ class _ExtrasAccess:
         own, which numpy would otherwise try through ``__len__`` and ``__getitem__``."""
         if (held := held_as_object(self, dtype)) is not None:
             return held
-        raise MissingFieldError(f"np.asarray({type(self).__name__}): a batch is no array (its fields have shapes of "
-                                f"their own); convert a field: np.asarray(batch.obs) ..., or all of them: "
-                                f"batch.to_tensordict()")
+        raise UnsupportedOperationError(f"np.asarray({type(self).__name__}): a batch is no array (its fields have "
+                                        f"shapes of their own); convert a field: np.asarray(batch.obs.cpu()) ..., or "
+                                        f"all of them: batch.to_tensordict().cpu().numpy() (a dict of arrays at "
+                                        f"TorchRL's keys)")
 
     if not TYPE_CHECKING:  # type checkers read the dataclass's signature; this only refuses other names
         def __new__(cls, *args, **kwargs):

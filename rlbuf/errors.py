@@ -96,8 +96,9 @@ class NotPicklableError(ConfigError, TypeError):
 
 
 class UnsupportedOperationError(RlbufError, TypeError):
-    """A Python protocol a buffer or batch does not take (``buffer[0]``, ``for row in buffer``, ``x in buffer``,
-    ``hash(batch)``, ``obs, action = batch``); the message names the call to use instead.
+    """A Python protocol a buffer or batch does not take (``buffer[0]``, ``for row in buffer``, ``next(buffer)``,
+    ``x in buffer``, ``batch["obs"]``, ``np.asarray(batch)``, ``hash(batch)``, ``obs, action = batch``); the message
+    names the call to use instead.
 
     Also a ``TypeError``, as Python's own "object is not subscriptable" or "not iterable".
     """

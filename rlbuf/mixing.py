@@ -43,7 +43,7 @@ from rlbuf._convert import as_array, as_int, positive_int, stored_positions
 from rlbuf._keywords import keywords_checked, loader
 from rlbuf._mix_pair import check_pair
 from rlbuf._priorities import priorities
-from rlbuf._protocols import BufferProtocols
+from rlbuf._protocols import MixerProtocols
 from rlbuf.batches import ReplayBatch
 from rlbuf.checkpoint import load_state, save_state
 from rlbuf.errors import (
@@ -156,7 +156,7 @@ def _saved_part(part: Path) -> dict[str, Any]:
             "directory": part.name, "manifest_sha256": hashlib.sha256(manifest).hexdigest()}
 
 
-class MixedReplay(BufferProtocols):
+class MixedReplay(MixerProtocols):
     """Batches from an offline (dataset) buffer and an online (live) buffer, ``offline_fraction`` of each batch offline.
 
     Each buffer samples its part with its own ``sample`` and generator; the split of each batch is

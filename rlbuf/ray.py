@@ -39,6 +39,7 @@ from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
 from rlbuf._delivery import deliver
 from rlbuf._keywords import keywords_checked
 from rlbuf._obs import torchrl_env_key
+from rlbuf._protocols import BufferProtocols
 from rlbuf._ray_wire import fields_of, from_wire, to_wire
 from rlbuf.batches import ReplayBatch, Transition
 from rlbuf.checkpoint import load_state
@@ -235,7 +236,7 @@ def _wait_until_dead(client: Any, timeout: float = 30.0) -> None:
         time.sleep(0.01)
 
 
-class RemoteReplayBufferHandle:
+class RemoteReplayBufferHandle(BufferProtocols):
     """A writer's (or a second reader's) view of a [`RemoteReplayBuffer`][rlbuf.ray.RemoteReplayBuffer]: picklable, cannot stop it.
 
     What a Ray task or actor receives when given a ``RemoteReplayBuffer`` (or its

@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from rlbuf import (
     ConfigError,
     DistillationBuffer,
-    MissingFieldError,
     MixedReplay,
     NotPicklableError,
     ReplayBuffer,
@@ -67,10 +66,12 @@ ALL_ROWS = {"ReplayBuffer": "buffer.sample_all()", "RolloutBuffer": "buffer.get_
     (lambda buf: buf[torch.tensor([0, 1])], r"\[tensor\(\[0, 1\]\)\]: a buffer is not indexed by position"),
     (lambda buf: [row for row in buf], r"^iter\(\w+\): a buffer hands out rows in batches, not one by one"),
     (list, r"^iter\(\w+\): a buffer hands out rows in batches"),
-    (lambda buf: reversed(buf), r"^reversed\(\w+\): .*\[-5:\] holds the newest rows$"),
+    (lambda buf: reversed(buf), r"^reversed\(\w+\): .*\[-10:\] holds the newest rows$"),
+    (next, r"^next\(\w+\): a buffer is no iterator; .*it = buffer\.(epochs|minibatches)\(batch_size=\.\.\.\) is one: "
+           r"next\(it\) is its next batch$"),
     (lambda buf: 0 in buf, r"^`in` \w+: a buffer is not searched by value; 0 <= i < len\(buffer\)"),
     (np.asarray, r"^np\.asarray\(\w+\): a buffer is no array; convert a field of its rows"),
-    (lambda buf: buf.__setitem__(0, None), r"\[0\] = \.\.\.: rows are written by add\(\) or extend\(td\)"),
+    (lambda buf: buf.__setitem__(0, None), r"\[0\] = \.\.\.: (rows|steps) are written by add\(\) or extend\(td\)"),
     (lambda buf: buf.__delitem__(slice(0, 2)), r"^del \w+\[0:2\]: rows are not deleted one by one; clear\(\)"),
 ])
 @pytest.mark.parametrize("kind", BUFFERS)
@@ -138,6 +139,73 @@ def test_a_mixed_replay_refuses_the_same_protocols_naming_its_own_calls() -> Non
         mixed["reward"]
 
 
+def _mixed_state(mixed: MixedReplay) -> Any:
+    return snapshot(mixed.offline), snapshot(mixed.online), mixed._generator.get_state()
+
+
+def test_a_mixed_replay_has_no_len_is_true_and_names_each_buffers_len() -> None:
+    mixed = MixedReplay(replay(), replay(rows=0), seed=0)
+    with pytest.raises(UnsupportedOperationError, match=r"^len\(MixedReplay\): a mixer holds no rows of its own; "
+                                                        r"len\(mixed\.offline\) and len\(mixed\.online\)"):
+        len(mixed)
+    assert bool(mixed) and len(mixed.offline) == 6 and len(mixed.online) == 0  # it draws offline rows already
+    assert len(mixed.sample(4)) == 4
+
+
+@pytest.mark.parametrize("copier", [copy.copy, copy.deepcopy, pickle.dumps, lambda buf: torch.save(buf, io.BytesIO())],
+                         ids=["copy", "deepcopy", "pickle", "torch.save"])
+def test_copies_of_a_mixed_replay_are_refused_naming_its_own_save(copier: Callable[[Any], Any]) -> None:
+    """Before, ``copy.copy`` made a mixer sharing its generator and buffers, and the others named a ReplayBuffer."""
+    mixed = MixedReplay(replay(), replay(), seed=0)
+    before = _mixed_state(mixed)
+    with pytest.raises(NotPicklableError, match=r"^MixedReplay: cannot be pickled or copied .*mixed\.save\(path\) and "
+                                                r"MixedReplay\.load\(path\).*send mixed\.online\.torchrl"):
+        copier(mixed)
+    assert all(same(now, then) for now, then in zip(_mixed_state(mixed)[:2], before[:2], strict=True))
+    assert torch.equal(mixed._generator.get_state(), before[2])
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (next, r"^next\(MixedReplay\): a buffer is no iterator; mixed\.sample\(batch_size\) draws a mixed batch$"),
+    (lambda mixed: mixed.__setitem__(0, None), r"written to the online buffer by mixed\.online\.add\(\)"),
+    (lambda mixed: mixed.__delitem__(0), r"mixed\.online\.clear\(\) empties the online buffer"),
+    (lambda mixed: 0 in mixed, r"^`in` MixedReplay: a buffer is not searched by value; \(mixed\.online\.sample_all"),
+    (np.asarray, r"np\.asarray\(mixed\.online\.sample_all\(\)\.obs\)$"),
+])
+def test_a_mixed_replay_refuses_next_and_writes_naming_the_online_buffer(call: Callable[[Any], Any],
+                                                                          message: str) -> None:
+    mixed = MixedReplay(replay(), replay(), seed=0)
+    before = _mixed_state(mixed)
+    with pytest.raises(UnsupportedOperationError, match=message):
+        call(mixed)
+    assert all(same(now, then) for now, then in zip(_mixed_state(mixed)[:2], before[:2], strict=True))
+
+
+class _Client:
+    """What a remote handle calls: the actor's ``__len__`` only (the refusals never call it)."""
+
+    calls = 0
+
+    def __len__(self) -> int:
+        _Client.calls += 1
+        return 3
+
+
+def test_a_remote_handle_refuses_as_a_buffer_naming_its_own_calls() -> None:
+    pytest.importorskip("ray")
+    from rlbuf.ray import RemoteReplayBufferHandle
+
+    handle, calls = RemoteReplayBufferHandle(_Client()), _Client.calls
+    for call in (lambda h: h[0], iter, next, reversed, lambda h: 0 in h, np.asarray, lambda h: h["obs"]):
+        with pytest.raises(UnsupportedOperationError, match=r"^\S*( |\()?RemoteReplayBufferHandle") as error:
+            call(handle)
+        assert "sample_by_index" not in str(error.value) and "epochs" not in str(error.value)  # it has neither
+    assert _Client.calls == calls  # refused without a round trip
+    with pytest.raises(UnsupportedOperationError, match=r"^next\(\w+\): a buffer is no iterator; buffer\.sample"):
+        next(handle)
+    assert len(handle) == 3 and bool(handle) and pickle.loads(pickle.dumps(handle)).device == torch.device("cpu")
+
+
 # -- batches ------------------------------------------------------------------------------------
 
 
@@ -203,8 +271,8 @@ def test_rows_of_a_replay_batch_are_the_rows_sample_by_index_reads() -> None:
     ([0, 99], StoredIndexError, r"row 99 is outside the batch's \d+ rows$"),
     ([-99], StoredIndexError, r"row -99 is outside the batch's \d+ rows$"),
     (torch.tensor([True]), StoredIndexError, r"a mask of 1 values for a batch of \d+ rows$"),
-    ("obs", MissingFieldError, r"\['obs'\]: a batch is read by attribute, not by key: batch\.obs"),
-    (("next", "reward"), MissingFieldError, r"batch is read by attribute"),
+    ("obs", UnsupportedOperationError, r"\['obs'\]: a batch is read by attribute, not by key: batch\.obs"),
+    (("next", "reward"), UnsupportedOperationError, r"batch is read by attribute"),
 ], ids=repr)
 @pytest.mark.parametrize("kind", BATCHES)
 def test_a_batch_refuses_an_index_it_cannot_read_as_rows(kind: str, key: Any, error: type[Exception],
@@ -228,6 +296,32 @@ def test_a_batch_is_not_unpacked_or_iterated_as_sb3s_named_tuples_are(kind: str)
             pass
     with pytest.raises(UnsupportedOperationError, match=rf"^reversed\({kind}\)"):
         reversed(batch)
+
+
+@pytest.mark.parametrize("kind", BATCHES)
+def test_a_batch_refuses_next_writes_and_numpy_as_a_protocol_not_a_missing_key(kind: str) -> None:
+    """Before, ``np.asarray(batch)`` and ``batch["obs"]`` raised ``MissingFieldError``, a ``KeyError`` that a dict
+    habit's ``except KeyError`` fallback took for an absent field, and ``next(batch)``, ``batch[0] = x`` and
+    ``del batch[0]`` Python's bare ``TypeError``, where a buffer raised ``UnsupportedOperationError``."""
+    batch = BATCHES[kind]()
+    twin = copy.deepcopy(batch)
+    unpacks = "obs, expert_action = batch unpacks it; " if kind == "DistillationBatch" else ""
+    for call, message in [
+        (next, rf"^next\({kind}\): a batch is no iterator; it is read by attribute .*; {unpacks}the next batch comes "
+               r"from an iterator of batches: it = buffer\.epochs\(batch_size=\.\.\.\)"),
+        (np.asarray, rf"^np\.asarray\({kind}\): a batch is no array .*np\.asarray\(batch\.obs\.cpu\(\)\) \.\.\., "
+                     r"or all of them: batch\.to_tensordict\(\)\.cpu\(\)\.numpy\(\)"),
+        (lambda b: b["obs"], rf"^{kind}\['obs'\]: a batch is read by attribute, not by key: batch\.obs"),
+        (lambda b: b.__setitem__(slice(0, 1), b), rf"^{kind}\[0:1\] = \.\.\.: a batch's fields are fixed; write "
+                                                  r"into a field's tensor"),
+        (lambda b: b.__delitem__(0), rf"^del {kind}\[0\]: a batch's rows are not deleted; batch\[mask\]"),
+    ]:
+        with pytest.raises(UnsupportedOperationError, match=message) as error:
+            call(batch)
+        assert not isinstance(error.value, KeyError)
+    assert batch == twin
+    assert np.asarray(batch.obs.cpu()).shape == tuple(batch.obs.shape)  # the fixes named work
+    assert set(batch.to_tensordict().cpu().numpy()) >= {"observation"}
 
 
 def test_a_distillation_batch_unpacks_as_documented() -> None:
@@ -316,3 +410,31 @@ def test_rows_of_a_batch_are_the_rows_of_each_field(start: int, stop: int, step:
         assert rows.index.tolist() == batch.index[expected].tolist()
         assert rows.extras["cost"].tolist() == (-batch.reward[expected]).tolist()
         assert rows[:] == rows
+
+
+PROTOCOLS: dict[str, Callable[[Any], Any]] = {
+    "len": len, "bool": bool, "iter": iter, "next": next, "[0]": lambda o: o[0], "['obs']": lambda o: o["obs"],
+    "in": lambda o: 0 in o, "reversed": reversed, "np.asarray": np.asarray, "copy": copy.copy,
+    "pickle": pickle.dumps,
+}
+OWNERS: dict[str, Callable[[], Any]] = {**BUFFERS, "MixedReplay": lambda: MixedReplay(replay(), replay(), seed=0),
+                                        **BATCHES}
+
+
+@pytest.mark.parametrize("kind", OWNERS)
+def test_every_protocol_works_or_is_refused_by_rlbuf_never_by_a_bare_python_error(kind: str) -> None:
+    """The inventory of Python's protocols: what works, and what raises rlbuf's refusal naming the call to use."""
+    refused = {"iter", "next", "[0]", "['obs']", "in", "reversed", "np.asarray"}
+    if kind == "DistillationBatch":
+        refused.remove("iter")  # obs, expert_action = batch
+    if kind == "MixedReplay":
+        refused.add("len")
+    copies_refused = kind.endswith(("Buffer", "Replay"))
+    for name, call in PROTOCOLS.items():
+        owner = OWNERS[kind]()
+        if name in refused or (copies_refused and name in ("copy", "pickle")):
+            expected = NotPicklableError if name in ("copy", "pickle") else UnsupportedOperationError
+            with pytest.raises(expected, match=rf"{kind}\b"):
+                call(owner)
+        else:
+            call(owner)
