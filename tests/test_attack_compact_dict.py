@@ -1,424 +1,44 @@
-"""Attacks on the compact layout: dict observations with an image key, the compiled sample path, and a
-writer and a sampler on two threads.
+"""Attacks on the compact layout with dict observations (an image key followed as a stream, a state key
+stored as added): hostile adds and extends refused unchanged, forged checkpoints, the Recorder with
+zero-padded stacks, mixing, goal-env extends, episode statistics, states of another layout.
 
-The property test holds ``sample_all``/``sample``/``sample_by_index`` of a compact buffer (single-tensor
-and dict observations, ``frame_stack`` 1-4, ``n_step`` 1-4, both paddings, uint8/int16/float32 frames of
-sizes that are and are not whole 8-byte words, memory and memmap storage, wrapping capacities,
-``env_mask``) to a plain Python model of whole transitions written here, independent of rlbuf's own
-reference: the obs stack as added, the ``next_obs`` added with the transition's last step (a final
-observation where the episode ended), ``sum(gamma**i * r_i)`` summed in step order in float64 and
-rounded to float32, ``gamma**m`` or 0 when terminated.
+The compiled sample path against a plain model is in ``tests/test_attack_compact_sampling.py``, a writer and
+a sampler on two threads in ``tests/test_attack_compact_threads.py``; the envs whose frames carry their ids in
+``tests/_compact_envs.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import shutil
-import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from _compact_envs import (
+    IMAGE,
+    IdEnvs,
+    _broken,
+    _collected,
+    _dict_buffer,
+    _with,
+    _without,
+    check_id_batch,
+)
 from _snapshot import same, snapshot
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from tensordict import TensorDict
 from test_forged_checkpoints import _behaviour, _forge, _manifest, _refused_or_alike, _rewrite
 
 from rlbuf import (
     CheckpointError,
     DtypeError,
-    EmptyBufferError,
     MissingFieldError,
     ReplayBuffer,
     RlbufError,
     ShapeError,
-    StoredIndexError,
     StreamError,
 )
-
-REWARDS = (-1.5, -0.0, 0.0, 0.25, 2.0, -3.0, 7.0)
-
-
-# -- a plain model of whole transitions -----------------------------------------------------------------
-class Envs:
-    """``num_envs`` envs of frame stacks (gymnasium's FrameStackObservation), a ``state`` key beside the
-    image for dict observations; every frame drawn at random."""
-
-    def __init__(self, num_envs: int, frame_stack: int, frame: tuple[int, ...], dtype: np.dtype[Any], padding: str,
-                 end_chance: float, seed: int, with_state: bool) -> None:
-        self.rng = np.random.default_rng(seed)
-        self.k, self.frame, self.dtype, self.padding = frame_stack, frame, np.dtype(dtype), padding
-        self.end_chance, self.with_state = end_chance, with_state
-        self.steps = 0
-        self.stacks = [self._reset() for _ in range(num_envs)]
-
-    def _frame(self) -> np.ndarray[Any, Any]:
-        if self.dtype.kind == "f":
-            return self.rng.standard_normal(self.frame).astype(self.dtype)
-        info = np.iinfo(self.dtype)
-        return self.rng.integers(info.min, info.max, self.frame, endpoint=True).astype(self.dtype)
-
-    def _one(self) -> dict[str, np.ndarray[Any, Any]]:
-        self.steps += 1
-        return {"image": self._frame(), "state": np.array([self.steps, -self.steps, 0.5], np.float32)}
-
-    def _reset(self) -> list[dict[str, np.ndarray[Any, Any]]]:
-        first = self._one()
-        pad = first if self.padding == "reset" else {key: np.zeros_like(v) for key, v in first.items()}
-        return [pad] * (self.k - 1) + [first]
-
-    def _obs(self, stack: list[dict[str, np.ndarray[Any, Any]]]) -> Any:
-        keys = ("image", "state") if self.with_state else ("image",)
-        out = {key: (np.stack([f[key] for f in stack]) if self.k > 1 else stack[0][key]) for key in keys}
-        return out if self.with_state else out["image"]
-
-    def step(self, keep: np.ndarray[Any, Any]) -> list[dict[str, Any]]:
-        """One step of every env; the rows of envs not in ``keep`` are junk (left out by ``env_mask``) and their
-        streams do not advance."""
-        rows = []
-        for env, stack in enumerate(self.stacks):
-            obs = self._obs(stack)
-            if not keep[env]:
-                junk = self._obs([{key: np.zeros_like(v) for key, v in stack[0].items()}] * self.k)
-                rows.append({"env": env, "obs": junk, "next_obs": junk, "reward": 0.0, "terminated": False,
-                             "truncated": False})
-                continue
-            after = [*stack[1:], self._one()]
-            ended = bool(self.rng.random() < self.end_chance)
-            terminated = ended and bool(self.rng.random() < 0.5)
-            rows.append({"env": env, "obs": obs, "next_obs": self._obs(after),
-                         "reward": float(REWARDS[int(self.rng.integers(0, len(REWARDS)))]),
-                         "terminated": terminated, "truncated": ended and not terminated})
-            self.stacks[env] = self._reset() if ended else after
-        return rows
-
-
-def batched(rows: list[dict[str, Any]]) -> tuple[Any, ...]:
-    def stack(key: str) -> Any:
-        first = rows[0][key]
-        if isinstance(first, dict):
-            return {name: np.stack([row[key][name] for row in rows]) for name in first}
-        return np.stack([row[key] for row in rows])
-    return (stack("obs"), np.zeros(len(rows), np.float32), np.array([row["reward"] for row in rows], np.float32),
-            stack("next_obs"), np.array([row["terminated"] for row in rows]),
-            np.array([row["truncated"] for row in rows]))
-
-
-def model(kept: list[dict[str, Any]], capacity: int, k: int, n: int, gamma: float) -> dict[int, dict[str, Any] | None]:
-    """Position -> the whole transition a buffer holding ``kept`` (rows in write order) returns there, or None
-    where the transition is not complete (its n steps not added yet, or its stack's oldest rows overwritten)."""
-    total = len(kept)
-    oldest = total - min(total, capacity)
-    later: dict[int, int] = {}   # serial -> the env's next serial
-    episode_pos: list[int] = []  # each row's index in its episode
-    first_of: list[int] = []
-    open_: dict[int, tuple[int, int]] = {}   # env -> (its last serial, its index in the episode) of an open episode
-    history: dict[int, list[int]] = {}
-    for serial, row in enumerate(kept):
-        env = row["env"]
-        if env in open_:
-            previous, at = open_[env]
-            later[previous] = serial
-            episode_pos.append(at + 1)
-        else:
-            episode_pos.append(0)
-        history.setdefault(env, []).append(serial)
-        first_of.append(history[env][-1 - episode_pos[-1]])
-        if row["terminated"] or row["truncated"]:
-            open_.pop(env, None)
-        else:
-            open_[env] = (serial, episode_pos[-1])
-    out: dict[int, dict[str, Any] | None] = {}
-    for serial in range(oldest, total):
-        env_rows = history[kept[serial]["env"]]
-        at = env_rows.index(serial)
-        older = env_rows[at - min(k - 1, episode_pos[serial]):at + 1]
-        complete = older[0] >= oldest   # every row of its stack (from the episode's first) still stored
-        steps = [serial]
-        ended = False
-        for step in range(1, n + 1):
-            row = kept[steps[-1]]
-            if row["terminated"] or row["truncated"]:
-                ended = True
-                break
-            if steps[-1] not in later:
-                complete = False
-                break
-            if step < n:
-                steps.append(later[steps[-1]])
-        if not complete:
-            out[serial % capacity] = None
-            continue
-        total_reward = 0.0
-        for i, s in enumerate(steps):
-            total_reward += float(np.float32(kept[s]["reward"])) * (gamma ** i)
-        last = kept[steps[-1]]
-        terminated = ended and last["terminated"]
-        out[serial % capacity] = {
-            "obs": kept[serial]["obs"], "next_obs": last["next_obs"], "reward": np.float32(total_reward),
-            "terminated": terminated, "truncated": ended and last["truncated"], "done": ended,
-            "discount": np.float32(0.0 if terminated else gamma ** len(steps)), "serial": serial}
-    return out
-
-
-def _leaf(value: Any, key: str | None) -> np.ndarray[Any, Any]:
-    return np.asarray(value if key is None else value[key])
-
-
-def check_rows(batch: Any, expected: dict[int, dict[str, Any] | None], dict_obs: bool) -> None:
-    """Every row of ``batch`` is the model's transition at its position, bit for bit."""
-    keys: list[str | None] = ["image", "state"] if dict_obs else [None]
-    for row, position in enumerate(batch.index.tolist()):
-        want = expected[position]
-        assert want is not None, f"position {position} is not complete in the model but was sampled"
-        where = f"position {position} (serial {want['serial']})"
-        for key in keys:
-            got_obs = (batch.obs if key is None else batch.obs[key])[row].numpy()
-            got_next = (batch.next_obs if key is None else batch.next_obs[key])[row].numpy()
-            assert got_obs.tobytes() == _leaf(want["obs"], key).tobytes(), f"obs {key} at {where}"
-            assert got_next.tobytes() == _leaf(want["next_obs"], key).tobytes(), f"next_obs {key} at {where}"
-        got_reward = np.float32(batch.reward[row].item())
-        assert got_reward == want["reward"], f"reward at {where}: {got_reward} != {want['reward']}"
-        assert np.float32(batch.discount[row].item()) == want["discount"], f"discount at {where}"
-        assert bool(batch.terminated[row]) == want["terminated"], f"terminated at {where}"
-        assert bool(batch.truncated[row]) == want["truncated"], f"truncated at {where}"
-        assert bool(batch.done[row]) == want["done"], f"done at {where}"
-
-
-# -- 2. the compiled compact sample path against the model ---------------------------------------------
-@st.composite
-def scenarios(draw: Any) -> dict[str, Any]:
-    dtype = draw(st.sampled_from(["uint8", "int16", "float32"]))
-    dict_obs = draw(st.booleans())
-    return {
-        "k": draw(st.integers(1, 4)), "n": draw(st.integers(1, 4)), "num_envs": draw(st.integers(1, 3)),
-        "capacity": draw(st.integers(3, 14)), "padding": draw(st.sampled_from(["reset", "zero"])),
-        "dtype": dtype, "frame": draw(st.sampled_from([(3, 5), (2, 4), (1, 3)])),
-        "dict_obs": dict_obs and dtype == "uint8",  # a dict's followed key is a uint8 image
-        "storage": draw(st.sampled_from(["memory", "memmap"])),
-        "compression": draw(st.sampled_from([None, None, "lz4"])) if dtype == "uint8" else None,
-        "gamma": draw(st.sampled_from([0.0, 0.5, 0.99, 1.0])), "end_chance": draw(st.sampled_from([0.0, 0.2, 0.5])),
-        "mask_chance": draw(st.sampled_from([0.0, 0.0, 0.3])), "steps": draw(st.integers(1, 16)),
-        "prioritized": draw(st.booleans()), "seed": draw(st.integers(0, 2**16)),
-    }
-
-
-def _buffer(s: dict[str, Any], scratch: Path | None) -> ReplayBuffer:
-    k, frame = s["k"], s["frame"]
-    image = (k, *frame) if k > 1 else frame
-    dtype = getattr(torch, s["dtype"])
-    options: dict[str, Any] = {}
-    if s["dict_obs"]:
-        options.update(obs_shape={"image": image, "state": (k, 3) if k > 1 else (3,)}, obs_dtype={"image": dtype},
-                       compact_key="image")
-    else:
-        options.update(obs_shape=image, obs_dtype=dtype)
-    if s["storage"] == "memmap":
-        options.update(storage="memmap", scratch_dir=scratch)
-    return ReplayBuffer(s["capacity"], action_shape=(), num_envs=s["num_envs"], frame_stack=k, n_step=s["n"],
-                        gamma=s["gamma"], padding_type=s["padding"], compact=True, compression=s["compression"],
-                        prioritized=s["prioritized"], seed=0, **options)
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(s=scenarios())
-def test_compact_sampling_equals_a_model_of_whole_transitions(s: dict[str, Any]) -> None:
-    scratch = Path(tempfile.mkdtemp(prefix="rlbuf-attack-"))
-    try:
-        buffer = _buffer(s, scratch)
-        envs = Envs(s["num_envs"], s["k"], s["frame"], np.dtype(s["dtype"]), s["padding"], s["end_chance"],
-                    s["seed"], s["dict_obs"])
-        mask_rng = np.random.default_rng(s["seed"] + 1)
-        kept: list[dict[str, Any]] = []
-        for _ in range(s["steps"]):
-            keep = mask_rng.random(s["num_envs"]) >= s["mask_chance"]
-            rows = envs.step(keep)
-            buffer.add(*batched(rows), env_mask=None if keep.all() else keep)
-            kept += [row for row, kept_row in zip(rows, keep, strict=True) if kept_row]
-        expected = model(kept, s["capacity"], s["k"], s["n"], s["gamma"])
-        assert len(buffer) == min(len(kept), s["capacity"])
-        complete = sorted((want["serial"], position) for position, want in expected.items() if want is not None)
-        if not complete:
-            with pytest.raises(EmptyBufferError):
-                buffer.sample_all()
-            with pytest.raises(EmptyBufferError):
-                buffer.sample(2)
-        else:
-            everything = buffer.sample_all()
-            assert everything.index.tolist() == [position for _, position in complete]
-            check_rows(everything, expected, s["dict_obs"])
-            for _ in range(2):
-                batch = buffer.sample(5)
-                check_rows(batch, expected, s["dict_obs"])
-                if s["prioritized"]:
-                    buffer.update_priority(batch.index, (batch.index % 3 + 1).to(torch.float64))
-            check_rows(buffer.sample_by_index(everything.index.flip(0)), expected, s["dict_obs"])
-        incomplete = [position for position, want in expected.items() if want is None]
-        if incomplete:
-            before = snapshot(buffer)
-            with pytest.raises(StoredIndexError, match=f"position {incomplete[0]} is not complete"):
-                buffer.sample_by_index(torch.tensor(incomplete[:1]))
-            assert same(snapshot(buffer), before)
-        assert buffer.check_valid() == (True, "")
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-# -- 3. a writer and a sampler on two threads ----------------------------------------------------------
-IMAGE = (6, 5)
-
-
-def _ends(env: int, frame_id: int) -> bool:
-    """Env 0 terminates after frames 6, 13, 20 ...; env 1 is truncated after frames 4, 9, 14 ..."""
-    return frame_id % 7 == 6 if env == 0 else frame_id % 5 == 4
-
-
-def _reward(frame_id: int) -> float:
-    return float(frame_id % 8) - 3.5
-
-
-class IdEnvs:
-    """Two envs whose every frame carries its id (per env, counting resets): the image ``(2 * id + env) % 256``,
-    the state ``[id, env, the episode's first id]``; ends and rewards follow from the ids."""
-
-    def __init__(self, k: int) -> None:
-        self.k = k
-        self.ids = [0, 0]
-        self.first = [0, 0]
-
-    def _stack(self, env: int, newest: int) -> dict[str, np.ndarray[Any, Any]]:
-        ids = [max(newest - (self.k - 1 - j), self.first[env]) for j in range(self.k)]
-        return {"image": np.stack([np.full(IMAGE, (2 * i + env) % 256, np.uint8) for i in ids]),
-                "state": np.array([[i, env, self.first[env]] for i in ids], np.float32)}
-
-    def step(self, keep: tuple[bool, bool] = (True, True)) -> tuple[Any, ...]:
-        """One step of both envs; an env not in ``keep`` gives a junk row (for ``env_mask``) and does not advance."""
-        obs, next_obs, reward, terminated, truncated = [], [], [], [], []
-        for env in range(2):
-            newest = self.ids[env]
-            if not keep[env]:
-                junk = self._stack(env, newest)
-                obs.append(junk)
-                next_obs.append(junk)
-                reward.append(0.0)
-                terminated.append(False)
-                truncated.append(False)
-                continue
-            obs.append(self._stack(env, newest))
-            next_obs.append(self._stack(env, newest + 1))
-            reward.append(_reward(newest))
-            end = _ends(env, newest)
-            terminated.append(end and env == 0)
-            truncated.append(end and env == 1)
-            self.ids[env] = newest + 1
-            if end:  # a reset: a new first frame
-                self.ids[env] = self.first[env] = newest + 2
-        return ({key: np.stack([o[key] for o in obs]) for key in ("image", "state")}, np.zeros(2, np.float32),
-                np.array(reward, np.float32), {key: np.stack([o[key] for o in next_obs]) for key in ("image", "state")},
-                np.array(terminated), np.array(truncated))
-
-
-def check_id_batch(batch: Any, k: int, n: int, gamma: float) -> None:
-    """Every sampled row is the transition its ids say, whole: stacks, next stacks, reward, flags, discount."""
-    state, after = batch.obs["state"].numpy(), batch.next_obs["state"].numpy()
-    image, next_image = batch.obs["image"].numpy(), batch.next_obs["image"].numpy()
-    for row in range(len(state)):
-        newest, env, first = (int(v) for v in state[row, -1])
-        m = next((i for i in range(1, n + 1) if _ends(env, newest + i - 1)), n)
-        ended = _ends(env, newest + m - 1)
-        for stack, pixels, top in ((state[row], image[row], newest), (after[row], next_image[row], newest + m)):
-            ids = [max(top - (k - 1 - j), first) for j in range(k)]
-            assert stack.tolist() == [[i, env, first] for i in ids], (row, stack.tolist(), ids)
-            assert [int(p[0, 0]) for p in pixels] == [(2 * i + env) % 256 for i in ids], row
-            assert (pixels == pixels[:, :1, :1]).all(), row
-        total = 0.0
-        for i in range(m):
-            total += float(np.float32(_reward(newest + i))) * gamma**i
-        assert np.float32(batch.reward[row].item()) == np.float32(total), row
-        assert bool(batch.terminated[row]) == (ended and env == 0)
-        assert bool(batch.truncated[row]) == (ended and env == 1)
-        assert np.float32(batch.discount[row].item()) == np.float32(0.0 if ended and env == 0 else gamma**m)
-
-
-@pytest.mark.parametrize(("compression", "prioritized", "masked"),
-                         [(None, False, False), ("zstd", True, False), ("lz4", False, True), (None, True, True)])
-def test_a_writer_and_a_sampler_on_two_threads(monkeypatch: pytest.MonkeyPatch, compression: str | None,
-                                                prioritized: bool, masked: bool) -> None:
-    import rlbuf._frames as frames_module
-    monkeypatch.setattr(frames_module, "DICTIONARY_AFTER", 40)  # a dictionary trained while the sampler reads
-    k, n, gamma = 3, 3, 0.5
-    buffer = ReplayBuffer(48, obs_shape={"image": (k, *IMAGE), "state": (k, 3)}, obs_dtype={"image": torch.uint8},
-                          action_shape=(), num_envs=2, frame_stack=k, n_step=n, gamma=gamma, compression=compression,
-                          prioritized=prioritized, seed=0)
-    envs = IdEnvs(k)
-    for _ in range(4):
-        buffer.add(*envs.step())
-    errors: list[BaseException] = []
-    done = threading.Event()
-    checked = [0]
-
-    def write() -> None:
-        try:
-            for t in range(300):
-                keep = (t % 3 != 1, t % 4 != 2) if masked else (True, True)
-                buffer.add(*envs.step(keep), env_mask=np.array(keep) if masked else None)
-        except BaseException as error:
-            errors.append(error)
-        finally:
-            done.set()
-
-    def sample() -> None:
-        try:
-            while not done.is_set() or checked[0] < 20:
-                batch = buffer.sample(16)
-                check_id_batch(batch, k, n, gamma)
-                if prioritized:
-                    buffer.update_priority(batch.index, torch.rand(16, dtype=torch.float64) + 0.1)
-                # the rows may have been overwritten since: refused, or whole transitions of other steps
-                with contextlib.suppress(StoredIndexError):
-                    check_id_batch(buffer.sample_by_index(batch.index), k, n, gamma)
-                checked[0] += 1
-        except BaseException as error:
-            errors.append(error)
-            done.set()
-
-    threads = [threading.Thread(target=write), threading.Thread(target=sample)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not errors, errors
-    assert checked[0] >= 20
-    check_id_batch(buffer.sample_all(), k, n, gamma)
-    assert buffer.check_valid() == (True, "")
-
-
-# -- 1. dict observations in the compact layout ---------------------------------------------------------
-def _dict_buffer(compression: str | None = None, n_step: int = 2, **options: Any) -> ReplayBuffer:
-    return ReplayBuffer(24, obs_shape={"image": (3, *IMAGE), "state": (3, 3)}, obs_dtype={"image": torch.uint8},
-                        action_shape=(), num_envs=2, frame_stack=3, n_step=n_step, gamma=0.5, compression=compression,
-                        seed=0, **options)
-
-
-def _broken(step: tuple[Any, ...], part: int, change: Any) -> tuple[Any, ...]:
-    """``step`` with its part ``part`` (0: obs ... 5: truncated) replaced by ``change(copy of it)``."""
-    parts = list(copy.deepcopy(step))
-    parts[part] = change(parts[part])
-    return tuple(parts)
-
-
-def _with(key: str, value: Any) -> Any:
-    return lambda obs: {**obs, key: value(obs[key]) if callable(value) else value}
-
-
-def _without(key: str) -> Any:
-    return lambda obs: {name: v for name, v in obs.items() if name != key}
-
 
 HOSTILE: dict[str, tuple[int, Any, type[Exception], str]] = {
     # name: (part, change, error, what the message names)
@@ -491,24 +111,6 @@ def test_the_state_key_is_stored_as_added_and_the_image_key_is_checked() -> None
         buffer.add(*_broken(next_step, 0, _with("image", lambda v: np.roll(v, 1, axis=1))))
     assert same(snapshot(buffer), before)
     buffer.add(*next_step)
-
-
-def _collected(envs: IdEnvs, steps: int, nested: bool) -> TensorDict:
-    """``steps`` steps as a collector's ``[num_envs, T]`` TensorDict."""
-    parts = [envs.step() for _ in range(steps)]
-
-    def stacked(part: int, key: str | None = None) -> torch.Tensor:
-        return torch.from_numpy(np.stack([p[part] if key is None else p[part][key] for p in parts], 1))
-    where = ("observation",) if nested else ()
-    td = TensorDict({}, batch_size=[2, steps])
-    for key in ("image", "state"):
-        td[(*where, key)] = stacked(0, key)
-        td[("next", *where, key)] = stacked(3, key)
-    td["action"] = stacked(1)
-    td["next", "reward"] = stacked(2)
-    td["next", "terminated"] = stacked(4)
-    td["next", "truncated"] = stacked(5)
-    return td
 
 
 @pytest.mark.parametrize("compression", [None, "lz4"])
@@ -695,51 +297,6 @@ def test_mixing_a_compact_dict_buffer_with_an_offline_buffer_keeps_each_row_whol
         check_id_batch(batch, k, n, gamma)
 
 
-@pytest.mark.parametrize("compression", [None, "zstd"])
-def test_state_dicts_taken_while_a_writer_adds_load_whole(monkeypatch: pytest.MonkeyPatch,
-                                                          compression: str | None) -> None:
-    """A thread takes state dicts while another adds (a dictionary trained meanwhile): each loads into a fresh
-    buffer, passes its checks and samples whole transitions."""
-    import rlbuf._frames as frames_module
-    monkeypatch.setattr(frames_module, "DICTIONARY_AFTER", 30)
-    buffer = _dict_buffer(compression)
-    envs = IdEnvs(3)
-    for _ in range(3):
-        buffer.add(*envs.step())
-    states: list[dict[str, Any]] = []
-    errors: list[BaseException] = []
-    done = threading.Event()
-
-    def write() -> None:
-        try:
-            for _ in range(120):
-                buffer.add(*envs.step())
-        except BaseException as error:
-            errors.append(error)
-        finally:
-            done.set()
-
-    def take() -> None:
-        try:
-            while len(states) < 12 and not (done.is_set() and states):
-                states.append(copy.deepcopy(buffer.state_dict()))
-        except BaseException as error:
-            errors.append(error)
-
-    threads = [threading.Thread(target=write), threading.Thread(target=take)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not errors, errors
-    for state in states:
-        loaded = _dict_buffer(compression)
-        loaded.load_state_dict(state)
-        assert loaded.check_valid() == (True, "")
-        with contextlib.suppress(EmptyBufferError):   # a state taken before any transition was complete
-            check_id_batch(loaded.sample_all(), 3, 2, 0.5)
-
-
 @pytest.mark.parametrize("compact", [True, False])
 def test_extend_of_a_goal_env_batch_in_gymenv_layout(compact: bool) -> None:
     k = 2 if compact else 1
@@ -762,45 +319,6 @@ def test_extend_of_a_goal_env_batch_in_gymenv_layout(compact: bool) -> None:
         assert same(snapshot(buffer), before)
         return
     assert len(buffer) == steps
-
-
-@pytest.mark.parametrize("compression", [None, "zstd"])
-def test_sample_all_while_another_thread_adds(compression: str | None) -> None:
-    """Deterministic: another thread's add is started right after sample_all has listed the complete transitions
-    (and given a second to go in); sample_all must still return whole transitions of one state."""
-    buffer = _dict_buffer(compression)
-    envs = IdEnvs(3)
-    for _ in range(15):   # 30 rows in a ring of 24
-        buffer.add(*envs.step())
-    layout = buffer._compact
-    assert layout is not None
-    listed = layout.complete_index
-    writers: list[threading.Thread] = []
-    errors: list[BaseException] = []
-
-    def add() -> None:
-        try:
-            buffer.add(*envs.step())
-        except BaseException as error:
-            errors.append(error)
-
-    def listed_then_an_add() -> torch.Tensor:
-        index = listed()
-        writer = threading.Thread(target=add)
-        writers.append(writer)
-        writer.start()
-        writer.join(timeout=1.0)   # goes in now unless sample_all holds the buffer's lock
-        return index
-
-    layout.complete_index = listed_then_an_add  # type: ignore[method-assign]
-    try:
-        batch = buffer.sample_all()
-    finally:
-        layout.complete_index = listed  # type: ignore[method-assign]
-        for writer in writers:
-            writer.join()
-    assert not errors, errors
-    check_id_batch(batch, 3, 2, 0.5)
 
 
 @pytest.mark.parametrize("compression", [None, "zstd"])
@@ -829,41 +347,6 @@ def test_refused_steps_leave_the_episode_statistics_as_they_were(compression: st
     buffer.add(*step)
     assert stats.state_dict()["episodes_finished"] > 0
     check_id_batch(buffer.sample_all(), 3, 2, 0.5)
-
-
-@pytest.mark.parametrize("case", ["nothing complete", "nothing complete, prioritized", "huge priorities waiting"])
-def test_a_refused_sample_leaves_the_random_state_as_it_was(case: str) -> None:
-    prioritized = case != "nothing complete"
-    buffer, twin = _dict_buffer(prioritized=prioritized), _dict_buffer(prioritized=prioritized)
-    envs = IdEnvs(3)
-    step = envs.step()
-    buffer.add(*step)
-    twin.add(*step)
-    if case == "huge priorities waiting":   # nothing complete, the waiting rows' priorities huge: still refused
-        for target in (buffer, twin):
-            target.update_priority(torch.arange(len(target)), torch.full((len(target),), 1e12, dtype=torch.float64))
-    before = snapshot(buffer)
-    with pytest.raises(EmptyBufferError):
-        buffer.sample(4)
-    refused_alike = same(snapshot(buffer), before)
-    for _ in range(6):
-        step = envs.step()
-        buffer.add(*step)
-        twin.add(*step)
-    assert refused_alike, "the refused sample changed the buffer's state"
-    assert torch.equal(buffer.sample(8).index, twin.sample(8).index)
-
-
-def test_complete_transitions_of_almost_no_priority_mass_are_drawn_not_refused() -> None:
-    buffer = _dict_buffer(prioritized=True)
-    envs = IdEnvs(3)
-    for _ in range(6):
-        buffer.add(*envs.step())
-    complete = buffer.sample_all().index
-    rest = torch.tensor([p for p in range(len(buffer)) if p not in complete.tolist()])
-    buffer.update_priority(complete, torch.full((len(complete),), 1e-12, dtype=torch.float64))
-    buffer.update_priority(rest, torch.full((len(rest),), 1e12, dtype=torch.float64))
-    assert set(buffer.sample(64).index.tolist()) <= set(complete.tolist())
 
 
 def test_a_state_of_another_compression_or_layout_is_refused_unchanged() -> None:
