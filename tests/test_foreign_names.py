@@ -1,5 +1,7 @@
-"""A new user's first calls with other libraries' habits: SB3's and gymnasium's keywords, SB3's
-constructor options, and pickling a buffer, each answered with rlbuf's own names and fix."""
+"""A new user's first calls with other libraries' habits on a buffer: SB3's and gymnasium's keywords, SB3's
+constructor options, other libraries' methods and calls, and pickling a buffer, each answered with rlbuf's own
+names and fix. Batches and ``Transition`` read or built the same way: ``tests/test_foreign_names_batches.py``.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +13,19 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import pytest
 import torch
+from _foreign import (
+    F,
+    Z,
+    _mixed,
+    _ready_rollout,
+    _with_advantages,
+    distill,
+    filled,
+    replay,
+    rollout,
+)
 from _snapshot import same, snapshot
 from tensordict import TensorDict
 
@@ -28,25 +40,8 @@ from rlbuf import (
     RolloutBuffer,
     ShapeError,
     Transition,
-    UnsupportedOperationError,
 )
 from rlbuf.mixing import MixedReplay
-
-Z = torch.zeros(2, 3)
-F = torch.zeros(2, dtype=torch.bool)
-
-
-def replay() -> ReplayBuffer:
-    return ReplayBuffer(8, obs_shape=(3,), action_shape=(), num_envs=2)
-
-
-def rollout() -> RolloutBuffer:
-    return RolloutBuffer(4, 2, obs_shape=(3,), action_shape=())
-
-
-def distill() -> DistillationBuffer:
-    return DistillationBuffer(8, obs_shape=(3,), action_shape=(), num_envs=2)
-
 
 SB3_ADDS: list[tuple[Callable[[], Any], dict[str, Any], str]] = [
     (replay, dict(observations=Z, actions=torch.zeros(2), rewards=torch.zeros(2), next_observations=Z, dones=F),
@@ -136,17 +131,6 @@ def test_sb3s_arguments_by_position_get_the_keywords_to_use(build: Callable[[], 
         build()
 
 
-def filled(make: Callable[[], Any]) -> Any:
-    buf = make()
-    if isinstance(buf, ReplayBuffer):
-        buf.add(Z, torch.zeros(2), torch.ones(2), Z, F, truncated=F)
-    elif isinstance(buf, RolloutBuffer):
-        buf.add(Z, torch.zeros(2), torch.ones(2), F, torch.zeros(2), torch.zeros(2), truncated=F)
-    else:
-        buf.add(Z, torch.zeros(2))
-    return buf
-
-
 def torch_save(value: Any) -> None:
     torch.save(value, io.BytesIO())
 
@@ -195,22 +179,6 @@ def test_load_called_on_a_buffer_is_refused_since_it_would_leave_that_buffer_as_
                                           rf"this one as it was; write buffer = {cls}\.load\(path\)$"):
         buf.load(tmp_path / "ckpt")
     assert type(type(buf).load(tmp_path / "ckpt")) is type(buf)  # the class still loads
-
-
-def _ready_rollout() -> RolloutBuffer:
-    buf = RolloutBuffer(1, 2, obs_shape=(3,), action_shape=())
-    buf.add(Z, torch.zeros(2), torch.ones(2), F, torch.zeros(2), torch.zeros(2), truncated=F)
-    return buf
-
-
-def _with_advantages() -> RolloutBuffer:
-    buf = _ready_rollout()
-    buf.compute_returns_and_advantages(torch.zeros(2))
-    return buf
-
-
-def _mixed() -> MixedReplay:
-    return MixedReplay(filled(replay), filled(replay), seed=0)
 
 
 FOREIGN_CALLS: list[tuple[Callable[[], Any], str, dict[str, Any], str]] = [
@@ -424,67 +392,6 @@ def test_a_tensordict_given_to_add_is_refused_naming_extend() -> None:
     assert len(buf) == 1
 
 
-def _sequence_batch() -> Any:
-    buf = _with_advantages()
-    return next(iter(buf.minibatches(num_minibatches=1, sequences=True, shuffle=False)))
-
-
-def _distill_batch() -> Any:
-    return filled(distill).sample(2)
-
-
-BATCHES: list[tuple[Callable[[], Any], str]] = [
-    (lambda: filled(replay).sample(2), "ReplayBatch"),
-    (lambda: filled(replay).sample_sequences(2, 1), "ReplaySequenceBatch"),
-    (lambda: _mixed().sample(2), "MixedBatch"),
-    (lambda: _with_advantages().get_all_data(), "RolloutBatch"),
-    (_sequence_batch, "SequenceBatch"),
-    (_distill_batch, "DistillationBatch"),
-]
-
-
-@pytest.mark.parametrize(("make", "kind"), BATCHES, ids=[kind for _, kind in BATCHES])
-def test_a_batch_read_by_key_names_the_attribute_and_torchrls_key(make: Callable[[], Any], kind: str) -> None:
-    """TorchRL's and ObjectRL's ``batch["obs"]``: Python's bare "'RolloutBatch' object is not subscriptable", and
-    ``mb.keys()`` an unrelated message about sample_by_index (helper 75). Also a ``TypeError``, as Python's."""
-    batch = make()
-    assert type(batch).__name__ == kind
-    with pytest.raises(UnsupportedOperationError, match=rf"^{kind}\['obs'\]: a batch is read by attribute, not by "
-                                                        r"key: batch\.obs \(TorchRL's keys: "
-                                                        r"batch\.to_tensordict\(\)\['observation'\]\)$"):
-        batch["obs"]
-    with pytest.raises(TypeError, match=r"^\w+\['observation'\]: .*: batch\.obs "):
-        batch["observation"]
-    with pytest.raises(TypeError, match=r"\[0\]: an int index would drop the batch dim .*batch\[0:1\] is a batch "
-                                        r"of that one row, batch\.obs\[0\] one field of it$"):
-        batch[0]  # an UnsupportedOperationError, a TypeError as Python's; rows: batch[0:1] (tests/test_protocols.py)
-    with pytest.raises(AttributeError, match=rf"^{kind} has no keys\(\): .*batch\.to_tensordict\(\)\.keys\(\)"):
-        batch.keys()
-    if kind == "DistillationBatch":
-        obs, _ = batch  # unpacks as before
-        assert obs is batch.obs
-    else:
-        with pytest.raises(TypeError, match=r"^iter\(\w+\): a batch is read by attribute"):  # not by __getitem__
-            iter(batch)
-    assert set(batch.to_tensordict().keys(True, True)) >= {"observation"}
-
-
-@pytest.mark.parametrize(("make", "key", "message"), [
-    (lambda: _with_advantages().get_all_data(), "logprobs", r"batch\.log_prob \(TorchRL's keys: batch\.to_tensordict"
-                                                            r"\(\)\['sample_log_prob'\]\)$"),
-    (lambda: _with_advantages().get_all_data(), "advantages", r"batch\.advantage \(.*\['advantage'\]\)$"),
-    (lambda: _with_advantages().get_all_data(), "returns", r"batch\.returns \(.*\['value_target'\]\)$"),
-    (lambda: _with_advantages().get_all_data(), "done", r"batch\.terminated \| batch\.truncated \(.*\('next', 'done'\)"),
-    (lambda: filled(replay).sample(2), ("next", "reward"), r"batch\.reward \(.*\[\('next', 'reward'\)\]\)$"),
-    (lambda: filled(replay).sample(2), "dones", r"batch\.terminated \(the bootstrap mask.*\('next', 'terminated'\)"),
-    (lambda: filled(replay).sample(2), "action", r"batch\.action \(TorchRL's keys: batch\.to_tensordict\(\)\['action'\]"),
-    (_distill_batch, "actions", r"batch\.expert_action \(.*\['expert_action'\]\)$"),
-])
-def test_a_foreign_or_torchrl_key_names_rlbufs_attribute(make: Callable[[], Any], key: Any, message: str) -> None:
-    with pytest.raises(UnsupportedOperationError, match=message):
-        make()[key]
-
-
 @pytest.mark.parametrize(("name", "message"), [
     ("get_statistics", r"summary\(\) gives mean/std/min/max/count of returns, lengths and metrics, and end reasons"),
     ("get_stats", r"summary\(\) gives"),
@@ -539,97 +446,3 @@ def test_set_extras_refuses_a_stored_fields_foreign_spelling(name: str, field: s
     assert batch.extras == {} and torch.equal(batch.value, torch.zeros(8))
     buf.set_extras({"old_values": torch.ones(4, 2)})
     assert sorted(buf.get_all_data().extras) == ["old_values"]
-
-
-@pytest.mark.parametrize(("make", "kind"), BATCHES, ids=[kind for _, kind in BATCHES])
-def test_the_torchrl_keys_a_refusal_names_are_the_keys_to_tensordict_writes(make: Callable[[], Any], kind: str) -> None:
-    """``batch[key]``'s hint table (``rlbuf.batches._TORCHRL_KEYS``) repeats the keys each ``to_tensordict`` writes
-    inline: every field a batch holds that the table names must be at that key."""
-    from rlbuf.batches import _TORCHRL_KEYS
-
-    batch = make()
-    keys = set(batch.to_tensordict().keys(True, True))
-    held = [name for name in _TORCHRL_KEYS if getattr(batch, name, None) is not None
-            and name in type(batch).__dataclass_fields__]
-    assert held, kind
-    assert {name: _TORCHRL_KEYS[name] for name in held if _TORCHRL_KEYS[name] not in keys} == {}
-
-
-@pytest.mark.parametrize(("keywords", "message"), [
-    ({"state": Z, "next_state": Z}, r"^Transition: got state=, which it does not take; rlbuf's name is obs"),
-    ({"observation": Z, "next_observation": Z}, r"^Transition: got observation=, .*rlbuf's name is obs"),
-    ({"obs": Z, "next_state": Z}, r"^Transition: got next_state=, .*rlbuf's name is next_obs"),
-    ({"obs": Z, "next_obs": Z, "done": F}, r"^Transition: got done=, .*pass terminated= and truncated= instead"),
-    ({"obs": Z, "next_obs": Z, "dones": F}, r"^Transition: got dones=, .*pass terminated= and truncated= instead"),
-    ({"obs": Z, "next_obs": Z, "terminated": F, "infos": {}}, r"^Transition: got infos=, .*rlbuf\.gym\.Recorder"),
-    ({"obs": Z, "next_obs": Z, "terminated": F, "cost": Z},
-     r"^Transition: got cost=, which it does not take; its fields are obs, action, reward, next_obs, terminated, "
-     r"truncated, extras \(an extra field goes in extras=\{'cost': \.\.\.\}\)$"),
-])
-def test_a_transition_built_with_another_librarys_names_gets_rlbufs(keywords: dict[str, Any], message: str) -> None:
-    """d3rlpy's/CleanRL's ``state``/``next_state``/``done`` (or an extra field by keyword): Python's bare
-    "__new__() got an unexpected keyword argument" named no fix. Also a ``TypeError``, as Python's."""
-    given = {"action": torch.zeros(2), "reward": torch.zeros(2), "terminated": F, **keywords}
-    with pytest.raises(MissingFieldError, match=message):
-        Transition(**given)
-    with pytest.raises(TypeError, match=message):
-        Transition(**given)
-
-
-def test_a_transition_built_with_rlbufs_names_works_as_a_named_tuple() -> None:
-    step = Transition(obs=Z, action=torch.zeros(2), reward=torch.zeros(2), next_obs=Z, terminated=F, truncated=F)
-    assert step._fields == ("obs", "action", "reward", "next_obs", "terminated", "truncated", "extras")
-    assert step.extras is None and step._replace(truncated=None).truncated is None
-    assert pickle.loads(pickle.dumps(step))._asdict().keys() == step._asdict().keys()
-    buf = replay()
-    buf.add(step)
-    assert len(buf) == 2
-
-
-def test_a_transition_shows_its_fields_signature_at_run_time() -> None:
-    """The keyword check (``Transition.__new__(*args, **kwargs)``) left ``inspect.signature``, hence ``help()`` and
-    a notebook's call hints, showing ``(*args, **kwargs)``; they show the fields, with their defaults."""
-    import inspect
-
-    parameters = inspect.signature(Transition).parameters
-    assert list(parameters) == ["obs", "action", "reward", "next_obs", "terminated", "truncated", "extras"]
-    assert parameters["truncated"].default is None and parameters["extras"].default is None
-    assert parameters["obs"].default is inspect.Parameter.empty
-
-
-@pytest.mark.parametrize(("make", "keywords", "message"), [
-    (lambda: filled(replay).sample(2), {"observations": Z}, r"^ReplayBatch: got observations=, .*rlbuf's name is obs"),
-    (lambda: filled(replay).sample(2), {"dones": F}, r"^ReplayBatch: got dones=, .*rlbuf's name is terminated"),
-    (lambda: filled(replay).sample(2), {"weights": F}, r"^ReplayBatch: got weights=, .*rlbuf's name is weight$"),
-    (lambda: filled(replay).sample(2), {"cost": F}, r"^ReplayBatch: got cost=, which it does not take; its fields "
-                                                    r"are obs, action, reward, .*, index, weight, discount, extras"),
-    (lambda: _with_advantages().get_all_data(), {"old_log_prob": Z}, r"^RolloutBatch: got old_log_prob=, .*log_prob"),
-    (_distill_batch, {"actions": Z}, r"^DistillationBatch: got actions=, .*rlbuf's name is expert_action"),
-])
-def test_a_batch_built_with_another_librarys_names_gets_rlbufs(make: Callable[[], Any], keywords: dict[str, Any],
-                                                                 message: str) -> None:
-    """SB3's ``ReplayBufferSamples(observations=...)`` habit on rlbuf's batch classes (e.g. a test's own batch)."""
-    batch = make()
-    with pytest.raises(MissingFieldError, match=message):
-        type(batch)(**keywords)
-    fields = {name: getattr(batch, name) for name in batch.__dataclass_fields__}
-    assert type(batch)(**fields).obs is batch.obs  # rlbuf's names build it as before
-
-
-@pytest.mark.parametrize(("make", "kind"), BATCHES, ids=[kind for _, kind in BATCHES])
-def test_numpy_holds_batches_as_objects_and_refuses_to_read_one_as_an_array(make: Callable[[], Any], kind: str) -> None:
-    """A batch has ``__len__`` and ``__getitem__``, so numpy took it for a sequence: ``np.asarray(batch)`` raised
-    "Could not convert object to sequence" (a DistillationBatch, which unpacks: "inhomogeneous shape"), and
-    ``np.array([batch, batch], dtype=object)`` (a list of batches kept by a logger) raised too."""
-    batch = make()
-    message = rf"^np\.asarray\({kind}\): a batch is no array .*: np\.asarray\(batch\.obs\.cpu\(\)\) .*batch\.to_tensordict\(\)"
-    for convert in (np.asarray, np.array, lambda b: np.array([b, b]), lambda b: np.asarray(b, dtype=np.float32)):
-        with pytest.raises(UnsupportedOperationError, match=message):
-            convert(batch)
-    with pytest.raises(TypeError, match=message):
-        np.asarray(batch)
-    held = np.array([batch, batch], dtype=object)
-    assert held.shape == (2,) and held[0] is batch and held[1] is batch
-    one = np.asarray(batch, dtype=object)
-    assert one.shape == () and one[()] is batch
-    assert np.asarray(batch.obs).shape == tuple(batch.obs.shape)  # the fix the message names
