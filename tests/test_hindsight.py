@@ -1,26 +1,40 @@
 """Hindsight relabelling against a plain reference: goals only from the row's own episode, as
 each strategy says, on vector envs with interleaved and masked rows, across the ring's wrap,
-through the Recorder in every autoreset mode and through checkpoints."""
+through the Recorder in every autoreset mode; reward functions, options that cannot relabel and refused
+steps. Checkpoints of a hindsight buffer: ``tests/test_hindsight_checkpoints.py``; the reference:
+``tests/_hindsight_reference.py``.
+"""
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from _hindsight_reference import (
+    MASKED_ENDS,
+    SENTINEL,
+    STRATEGIES,
+    Extend,
+    Reference,
+    add_step,
+    extend_steps,
+    fill,
+    fill_into,
+    goal_buffer,
+    reached,
+    steps,
+)
 from _snapshot import same, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
 from rlbuf import (
-    CheckpointError,
     ConfigError,
     DeviceError,
     DtypeError,
@@ -32,145 +46,8 @@ from rlbuf import (
     StreamError,
 )
 from rlbuf._episodes import EpisodeIndex
-from rlbuf._replay_layout import human_bytes
 from rlbuf.demos.bitflip import BitFlipEnv
 from rlbuf.gym import Recorder
-
-STRATEGIES = ("future", "episode", "final")
-SENTINEL = -7.0  # every stored desired goal: a relabelled row is recognised by its goal
-
-
-def reached(achieved: np.ndarray[Any, Any], desired: np.ndarray[Any, Any], info: Any) -> np.ndarray[Any, Any]:
-    """0 where the goals match, else -1 (gymnasium-robotics' signature)."""
-    return np.where((achieved == desired).all(-1), 0.0, -1.0)
-
-
-def goal_buffer(capacity: int, num_envs: int, strategy: str = "future", ratio: float = 1.0, **options: Any) -> ReplayBuffer:
-    return ReplayBuffer(capacity, obs_shape={"observation": 1, "achieved_goal": 2, "desired_goal": 2},
-                        action_shape=(), num_envs=num_envs, seed=3,
-                        hindsight=Hindsight(strategy, ratio, reached), **options)  # type: ignore[arg-type]
-
-
-@dataclass
-class Reference:
-    """Every row written, in write order: the plain-loop model of which rows make up an episode."""
-
-    capacity: int
-    env: list[int] = field(default_factory=list)
-    ended: list[bool] = field(default_factory=list)
-    running: dict[int, torch.Tensor] = field(default_factory=dict)  # next_obs of each env's running episode
-
-    def stored(self) -> list[int]:
-        return list(range(max(0, len(self.env) - self.capacity), len(self.env)))
-
-    def candidates(self, serial: int, strategy: str) -> list[int]:
-        """Serials a goal for the row ``serial`` may come from, in order."""
-        env, oldest = self.env[serial], max(0, len(self.env) - self.capacity)
-        mine = [s for s in range(len(self.env)) if self.env[s] == env]
-        episode: list[int] = []
-        for s in mine:
-            episode.append(s)
-            if s >= serial and self.ended[s]:
-                break
-            if self.ended[s]:
-                episode = []
-        stored = [s for s in episode if s >= oldest]
-        if strategy == "final":
-            return stored[-1:]
-        return [s for s in stored if s >= serial] if strategy == "future" else stored
-
-
-def add_step(buf: ReplayBuffer, ref: Reference, mask: list[bool], ended: list[bool], truncated: list[bool]) -> None:
-    """One vector step whose achieved goals name the row's serial, ``[serial, env]``; each env's
-    obs continues its running episode (a left-out row never happened)."""
-    n = len(mask)
-    serials, serial = [], len(ref.env)
-    for e in range(n):
-        serials.append(serial if mask[e] else -1)
-        serial += mask[e]
-    code = torch.tensor([[s, e] for e, s in enumerate(serials)], dtype=torch.float32)
-    start = torch.stack([ref.running.get(e, torch.full((2,), -0.5 - e)) for e in range(n)])
-    obs = {"observation": start[:, :1], "achieved_goal": start, "desired_goal": torch.full((n, 2), SENTINEL)}
-    nxt = {"observation": code[:, :1], "achieved_goal": code, "desired_goal": torch.full((n, 2), SENTINEL)}
-    terminated = [a and not t for a, t in zip(ended, truncated, strict=True)]
-    buf.add(obs, torch.zeros(n), torch.full((n,), -1.0), nxt, torch.tensor(terminated), torch.tensor(truncated),
-            env_mask=None if all(mask) else torch.tensor(mask))
-    for e in range(n):
-        if mask[e]:
-            ref.env.append(e)
-            ref.ended.append(ended[e])
-            if ended[e]:
-                ref.running.pop(e, None)
-            else:
-                ref.running[e] = code[e]
-
-
-@dataclass(frozen=True)
-class Extend:
-    """An ``extend`` of ``T`` steps of every env (env first); ``ended[e][t]``: step t of env e ends its
-    episode (by a time limit where ``truncated[e][t]`` too)."""
-
-    T: int
-    ended: list[list[bool]]
-    truncated: list[list[bool]]
-
-
-def extend_steps(buf: ReplayBuffer, ref: Reference, step: Extend) -> None:
-    """``add_step`` for an env-first batch: achieved goals ``[serial, env]``, serials env by env
-    (the rows' write order); a step after one that ended starts anywhere."""
-    n, T = len(step.ended), step.T
-    base = len(ref.env)
-    code = torch.tensor([[[base + e * T + t, e] for t in range(T)] for e in range(n)], dtype=torch.float32)
-    start = torch.stack([torch.stack([ref.running.get(e, torch.full((2,), -0.5 - e))]
-                                     + [torch.full((2,), -100.0 - t) if step.ended[e][t] else code[e, t]
-                                        for t in range(T - 1)]) for e in range(n)])
-    ended = torch.tensor(step.ended)
-    truncated = ended & torch.tensor(step.truncated)
-    goal = torch.full((n, T, 2), SENTINEL)
-    buf.extend(TensorDict({"observation": {"observation": start[..., :1], "achieved_goal": start, "desired_goal": goal},
-                           "action": torch.zeros(n, T),
-                           "next": {"observation": {"observation": code[..., :1], "achieved_goal": code,
-                                                    "desired_goal": goal},
-                                    "reward": torch.full((n, T, 1), -1.0), "terminated": (ended & ~truncated)[..., None],
-                                    "truncated": truncated[..., None]}}, batch_size=[n, T]))
-    for e in range(n):
-        ref.env.extend([e] * T)
-        ref.ended.extend(step.ended[e])
-        if step.ended[e][-1]:
-            ref.running.pop(e, None)
-        else:
-            ref.running[e] = code[e, -1]
-
-
-def _plan(n: int) -> st.SearchStrategy[Any]:
-    """Vector steps (mask, ends, cuts) and env-first extends, some of more rows than the ring holds."""
-    flags = st.lists(st.booleans(), min_size=n, max_size=n)
-    step = st.tuples(flags, st.lists(st.integers(0, 5), min_size=n, max_size=n), flags)
-    extend = st.integers(1, 12).flatmap(lambda T: st.builds(
-        Extend, st.just(T), *[st.lists(st.lists(st.integers(0, 5).map(lambda x: x == 0), min_size=T, max_size=T),
-                                       min_size=n, max_size=n)] * 2))
-    return st.lists(st.one_of(step, step, extend), min_size=1, max_size=40)
-
-
-steps = st.integers(1, 3).flatmap(lambda n: st.tuples(st.just(n), st.integers(3, 24), _plan(n)))
-
-
-def fill(n: int, capacity: int, plan: list[Any], strategy: str = "future", ratio: float = 1.0) -> tuple[ReplayBuffer, Reference]:
-    return fill_into(goal_buffer(capacity, n, strategy, ratio), Reference(capacity), plan)
-
-
-def fill_into(buf: ReplayBuffer, ref: Reference, plan: list[Any]) -> tuple[ReplayBuffer, Reference]:
-    for step in plan:
-        if isinstance(step, Extend):
-            extend_steps(buf, ref, step)
-            continue
-        keep, end, cut = step
-        mask = [k or (sum(keep) == 0 and e == 0) for e, k in enumerate(keep)]
-        add_step(buf, ref, mask, [x == 0 for x in end], [x == 0 and c for x, c in zip(end, cut, strict=True)])
-    return buf, ref
-
-
-MASKED_ENDS = pytest.mark.filterwarnings("ignore:add. env_mask leaves out")
 
 
 @MASKED_ENDS
@@ -208,27 +85,6 @@ def test_sampled_goals_come_from_the_rows_own_episode_and_rewards_follow(case: A
     for name in ("action", "terminated", "truncated", "done"):  # a time limit still bootstraps
         assert torch.equal(getattr(batch, name), getattr(real, name))
     assert torch.equal(batch.obs["observation"], real.obs["observation"])
-
-
-@MASKED_ENDS
-@settings(max_examples=30, deadline=None)
-@given(steps, st.sampled_from(STRATEGIES), st.lists(st.booleans(), min_size=3, max_size=3))
-def test_a_checkpoint_derives_the_index_the_live_buffer_keeps(case: Any, strategy: str, reset: list[bool]) -> None:
-    """Loaded, the same goal and n-step rows for every stored row, and ``truncate_episodes`` marks the
-    same rows (an extend that wraps the ring once left the live index behind)."""
-    n, capacity, plan = case
-    buf, _ = fill(n, capacity, plan, strategy)
-    loaded = goal_buffer(capacity, n, strategy)
-    loaded.load_state_dict(buf.state_dict())
-    live, derived = (b._relabeller.episodes for b in (buf, loaded))  # type: ignore[union-attr]
-    positions = buf.sample_all().index.numpy()
-    uniform = np.random.default_rng(0).random(len(positions))
-    for name in STRATEGIES:
-        assert np.array_equal(live.goal_rows(positions, name, uniform), derived.goal_rows(positions, name, uniform))
-    assert all(np.array_equal(a, b) for a, b in zip(live.window(positions, 3), derived.window(positions, 3), strict=True))
-    for target in (buf, loaded):
-        target.truncate_episodes(torch.tensor(reset[:n]))
-    assert torch.equal(buf.sample_all().truncated, loaded.sample_all().truncated)
 
 
 def test_an_extend_that_wraps_the_ring_leaves_no_row_to_an_env_it_overwrote() -> None:
@@ -279,44 +135,6 @@ def test_extend_env_first_batches_index_each_envs_episodes() -> None:
         buf.extend(td.reshape(-1))
 
 
-def test_checkpoints_resume_the_same_relabelled_batches(tmp_path: Path) -> None:
-    buf, _ = fill(3, 20, [([True, e % 2 == 0, True], [e % 4, 1, e % 5], [True, False, False]) for e in range(30)])
-    buf.save(tmp_path / "ckpt")
-    loaded = ReplayBuffer.load(tmp_path / "ckpt", reward_fn=reached)
-    for _ in range(3):
-        a, b = buf.sample(16), loaded.sample(16)
-        assert torch.equal(a.index, b.index) and torch.equal(a.reward, b.reward)
-        assert torch.equal(a.obs["desired_goal"], b.obs["desired_goal"])
-    live, derived = (x._relabeller.episodes for x in (buf, loaded))  # type: ignore[union-attr]
-    positions, uniform = np.arange(20), np.random.default_rng(1).random(20)
-    for strategy in STRATEGIES:
-        assert np.array_equal(live.goal_rows(positions, strategy, uniform), derived.goal_rows(positions, strategy, uniform))
-    with pytest.raises(CheckpointError, match=r"reward_fn=env\.unwrapped\.compute_reward"):
-        ReplayBuffer.load(tmp_path / "ckpt")
-
-
-def test_a_reward_fn_that_is_no_function_is_refused_before_the_checkpoint_is_read(tmp_path: Path) -> None:
-    buf, _ = fill(1, 8, [([True], [1], [False])] * 3)
-    buf.save(tmp_path / "ckpt")
-    for path in (tmp_path / "ckpt", tmp_path / "nothing here"):
-        with pytest.raises(ConfigError, match=r"^reward_fn: expected the hindsight reward function .* got 5$"):
-            ReplayBuffer.load(path, reward_fn=5)
-
-
-@pytest.mark.parametrize("forge", ["out of range", "wrong length", "missing", "float"])
-def test_forged_episode_tables_are_refused(forge: str) -> None:
-    buf, _ = fill(2, 12, [([True, True], [1, 2], [False, False])] * 8)
-    state = buf.state_dict()
-    env = state["extra"]["episodes"]["env"]
-    state["extra"]["episodes"] = {"out of range": {"env": env + 2}, "wrong length": {"env": env[:-1]},
-                                  "missing": {}, "float": {"env": env.double()}}[forge]
-    target = goal_buffer(12, 2)
-    before = snapshot(target)
-    with pytest.raises(CheckpointError, match="hindsight"):
-        target.load_state_dict(state)
-    assert same(before, snapshot(target))
-
-
 def test_a_step_that_does_not_continue_its_running_episode_is_refused_and_nothing_changes() -> None:
     buf, ref = goal_buffer(16, 2), Reference(16)
     add_step(buf, ref, [True, True], [False, True], [False, False])
@@ -328,99 +146,6 @@ def test_a_step_that_does_not_continue_its_running_episode_is_refused_and_nothin
     assert same(before, snapshot(buf))
     add_step(buf, Reference(16), [False, True], [False, False], [False, False])   # env 1's episode ended: any obs
     assert len(buf) == 3
-
-
-def test_a_checkpoint_whose_envs_break_an_episode_is_refused() -> None:
-    buf, _ = fill(2, 12, [([True, True], [1, 2], [False, False])] * 4)
-    state = buf.state_dict()
-    env = state["extra"]["episodes"]["env"].clone()
-    env[2], env[3] = env[3].item(), env[2].item()   # two rows handed to the other env: envs still in range
-    state["extra"]["episodes"] = {"env": env}
-    with pytest.raises(CheckpointError, match="does not continue row"):
-        goal_buffer(12, 2).load_state_dict(state)
-
-
-def fresh_step(buf: ReplayBuffer, env: int, n: int) -> bool:
-    """Add a step of ``env`` alone that continues nothing; whether the buffer took it."""
-    start = torch.full((n, 2), 1000.0 + env)
-    obs = {"observation": start[:, :1], "achieved_goal": start, "desired_goal": torch.full((n, 2), SENTINEL)}
-    try:
-        buf.add(obs, torch.zeros(n), torch.zeros(n), obs, torch.arange(n) == env, False,
-                env_mask=torch.arange(n) == env)
-    except StreamError:
-        return False
-    return True
-
-
-@MASKED_ENDS
-@settings(max_examples=30, deadline=None)
-@given(steps)
-def test_a_loaded_buffer_refuses_the_steps_its_live_twin_refuses(case: Any) -> None:
-    """Also for an env whose running episode has no stored row left (all overwritten)."""
-    n, capacity, plan = case
-    buf, _ = fill(n, capacity, plan)
-    loaded = goal_buffer(capacity, n)
-    loaded.load_state_dict(buf.state_dict())
-    for env in range(n):
-        assert fresh_step(buf, env, n) == fresh_step(loaded, env, n), env
-
-
-def test_a_running_episode_whose_rows_were_all_overwritten_survives_a_checkpoint(tmp_path: Path) -> None:
-    buf, ref = fill(2, 4, [([True, True], [1, 1], [False, False])])      # env 1's episode runs on
-    fill_into(buf, ref, [([True, False], [1, 1], [False, False])] * 5)  # env 1 left out: its row overwritten
-    buf.save(tmp_path / "ckpt")
-    loaded = ReplayBuffer.load(tmp_path / "ckpt", reward_fn=reached)
-    assert not fresh_step(buf, 1, 2) and not fresh_step(loaded, 1, 2)
-    add_step(loaded, ref, [True, True], [False, False], [False, False])  # env 1's episode goes on
-    assert len(loaded) == 4
-
-
-def _flip_running(state: dict[str, Any]) -> None:
-    state["running"][1] = ~state["running"][1]
-
-
-FORGED_RUNNING = {
-    "running flipped": _flip_running,
-    "next_obs changed": lambda state: state["next_obs"]['next_obs["observation"]'][1].add_(1.0),
-    "not zeros": lambda state: state["next_obs"]['next_obs["achieved_goal"]'][0].fill_(3.0),
-    "running dtype": lambda state: state.update(running=state["running"].long()),
-    "next_obs shape": lambda state: state["next_obs"].update({'next_obs["observation"]': torch.zeros(2, 2)}),
-    "next_obs key": lambda state: state["next_obs"].pop('next_obs["desired_goal"]'),
-    "next_obs missing": lambda state: state.pop("next_obs"),
-}
-
-
-@pytest.mark.parametrize("forge", list(FORGED_RUNNING))
-def test_forged_running_episodes_are_refused(forge: str) -> None:
-    """Each env's running flag and next_obs are its newest stored row's: any other is refused."""
-    buf, _ = fill(2, 12, [([True, True], [1, 2], [False, False])] * 3 + [([True, True], [0, 2], [False, False])])
-    state = buf.state_dict()
-    FORGED_RUNNING[forge](state["extra"]["episodes"])
-    target = goal_buffer(12, 2)
-    before = snapshot(target)
-    with pytest.raises(CheckpointError, match=r"hindsight: .*episodes"):
-        target.load_state_dict(state)
-    assert same(before, snapshot(target))
-
-
-def test_a_running_flag_for_an_env_that_never_stored_a_row_is_refused() -> None:
-    buf, _ = fill(2, 12, [([True, False], [1, 1], [False, False])] * 3)
-    state = buf.state_dict()
-    state["extra"]["episodes"]["running"][1] = True
-    with pytest.raises(CheckpointError, match="env 1's episode runs, but no row of it was ever stored"):
-        goal_buffer(12, 2).load_state_dict(state)
-
-
-def test_a_checkpoint_of_only_the_envs_loads_its_running_episodes_from_the_stored_rows() -> None:
-    """Checkpoints saved before the running episodes were: the episodes running in the stored rows go on."""
-    buf, ref = fill(2, 12, [([True, True], [1, 1], [False, False])] * 3)
-    state = buf.state_dict()
-    state["extra"]["episodes"] = {"env": state["extra"]["episodes"]["env"]}
-    loaded = goal_buffer(12, 2)
-    loaded.load_state_dict(state)
-    assert not fresh_step(loaded, 0, 2)
-    add_step(loaded, ref, [True, True], [False, False], [False, False])
-    assert len(loaded) == 8
 
 
 @pytest.mark.parametrize("returned", [np.zeros(3), np.zeros((64, 2)), np.array(["a"] * 64), np.full(64, np.nan),
@@ -589,32 +314,3 @@ def test_a_refused_step_leaves_the_buffer_as_its_twin_that_never_saw_it(refusal:
         a, b = buf.sample(16), twin.sample(16)
         assert torch.equal(a.index, b.index) and torch.equal(a.reward, b.reward)
         assert torch.equal(a.obs["desired_goal"], b.obs["desired_goal"])
-
-
-def test_rlbuf_inspect_names_the_hindsight_settings_and_how_to_load(tmp_path: Path) -> None:
-    from rlbuf._inspect import format_report, inspect_checkpoint
-
-    buf, _ = fill(2, 12, [([True, True], [1, 2], [False, False])] * 3, "final", 0.5)
-    buf.save(tmp_path / "ckpt")
-    report = inspect_checkpoint(tmp_path / "ckpt")
-    assert report["ok"] and report["hindsight"] == {"strategy": "final", "ratio": 0.5}
-    assert "hindsight   final, ratio 0.5  (load with ReplayBuffer.load(path, reward_fn=...))" in format_report(report)
-
-
-def test_rlbuf_inspect_counts_a_hindsight_buffer_with_n_step_as_not_compact(tmp_path: Path) -> None:
-    from rlbuf._inspect import inspect_checkpoint
-
-    buf = goal_buffer(16, 2, n_step=3)
-    assert not buf.compact
-    buf.save(tmp_path / "ckpt")
-    estimate = inspect_checkpoint(tmp_path / "ckpt")["bytes_per_transition"]
-    assert f"bytes_per_transition~{human_bytes(estimate)}," in repr(buf)
-    assert estimate == sum(math.prod(spec.shape) * spec.dtype.itemsize for spec in buf._ring.specs)
-
-
-def test_nbytes_counts_the_episode_index() -> None:
-    buf = goal_buffer(64, 2)
-    plain = ReplayBuffer(64, obs_shape={"observation": 1, "achieved_goal": 2, "desired_goal": 2}, action_shape=(),
-                         num_envs=2)
-    index = buf._relabeller.episodes  # type: ignore[union-attr]
-    assert buf.nbytes - plain.nbytes >= index.nbytes > 64 * 8 * 4
