@@ -1,25 +1,34 @@
 """The CUDA paths of every buffer: GPU storage, CPU storage delivering to a GPU, memmap to GPU,
-GAE, prioritized replay, epochs and minibatches, EpisodeStats, checkpoints across devices, and
-TorchRL's own API on CUDA data.
+GAE, prioritized replay, epochs and minibatches, EpisodeStats. Checkpoints across devices:
+``tests/test_gpu_checkpoints.py``; TorchRL's own API on CUDA data: ``tests/test_gpu_torchrl.py``.
 
 Tests marked ``gpu`` are skipped without CUDA; ``nox -s gpu`` runs them, with the CUDA cases of
 the other test files, on a GPU machine. The unmarked tests run the device-dependent branches
 that can honestly be chosen on a CPU (the staging path GPU storages use, generator states saved
 on another device type, gathering into a new tensor).
 
-Rows are traceable: every field of the row added as env ``e`` at step ``s`` encodes the id
+Rows are traceable (``tests/_gpu.py``): every field of the row added as env ``e`` at step ``s`` encodes the id
 ``s * 1000 + e``, and each CUDA buffer is compared with a CPU buffer fed the same inputs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import torch
-from tensordict import TensorDict
+from _gpu import (
+    ACT,
+    OBS,
+    REPLAY_FIELDS,
+    ROLLOUT_FIELDS,
+    as_input,
+    assert_same_batch,
+    fill_replay,
+    fill_rollout,
+    gpu,
+    replay_step,
+)
 
 import rlbuf._buffer
 import rlbuf._ring
@@ -28,90 +37,12 @@ from rlbuf import (
     DeviceError,
     DistillationBuffer,
     EpisodeStats,
-    NonFiniteError,
     ReplayBuffer,
     RolloutBuffer,
 )
 from rlbuf._delivery import gather_rows
 from rlbuf._sumtree import SumTreeSampler
 from rlbuf.gae import compute_gae
-
-OBS, ACT = 5, 2
-CUDA_AVAILABLE = torch.cuda.is_available()
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def gpu(test: F) -> F:
-    """Mark a test as needing CUDA: the `gpu` mark, and a skip where there is none."""
-    return pytest.mark.gpu(pytest.mark.skipif(not CUDA_AVAILABLE, reason="needs a CUDA device")(test))  # type: ignore[no-any-return]
-
-
-# -- data ----------------------------------------------------------------------------------------
-def replay_step(step: int, num_envs: int) -> dict[str, torch.Tensor]:
-    """One step of ``num_envs`` transitions on the CPU; every field encodes its row id."""
-    ids = torch.arange(num_envs) + step * 1000
-    obs = ids[:, None].float() + torch.arange(OBS) / 8
-    return {"obs": obs, "action": ids[:, None].float().expand(num_envs, ACT).clone(), "reward": ids.float(),
-            "next_obs": obs + 0.5, "terminated": ids % 3 == 0, "truncated": ids % 5 == 0}
-
-
-def rollout_step(step: int, num_envs: int) -> dict[str, torch.Tensor]:
-    """One rollout step on the CPU: traceable obs, ~10 % terminations, ~5 % timeouts."""
-    ids = torch.arange(num_envs) + step * 1000
-    generator = torch.Generator().manual_seed(step)
-    terminated = torch.rand(num_envs, generator=generator) < 0.1
-    truncated = ~terminated & (torch.rand(num_envs, generator=generator) < 0.05)
-    return {"obs": ids[:, None].float() + torch.arange(OBS) / 8, "action": torch.randn(num_envs, ACT, generator=generator),
-            "reward": torch.randn(num_envs, generator=generator), "terminated": terminated, "truncated": truncated,
-            "value": torch.randn(num_envs, generator=generator), "log_prob": torch.randn(num_envs, generator=generator),
-            "bootstrap_value": torch.randn(num_envs, generator=generator)}
-
-
-def as_input(values: dict[str, torch.Tensor], kind: str) -> dict[str, Any]:
-    """The same values as numpy arrays, CPU tensors or CUDA tensors."""
-    if kind == "numpy":
-        return {name: value.numpy() for name, value in values.items()}
-    if kind == "cuda":
-        return {name: value.cuda() for name, value in values.items()}
-    return dict(values)
-
-
-def kinds(kind: str) -> Iterator[str]:
-    """The input kind of each step: one kind, or all of them in turn (``"mixed"``)."""
-    order = ["numpy", "cuda", "cpu"] if kind == "mixed" else [kind]
-    step = 0
-    while True:
-        yield order[step % len(order)]
-        step += 1
-
-
-def fill_replay(buffers: list[ReplayBuffer], steps: int, kind: str = "cpu", start: int = 0) -> None:
-    """Add ``steps`` steps to each buffer; the first gets ``kind`` inputs, the others CPU tensors."""
-    step_kinds = kinds(kind)
-    for step in range(start, start + steps):
-        values = replay_step(step, buffers[0].num_envs)
-        buffers[0].add(**as_input(values, next(step_kinds)))
-        for other in buffers[1:]:
-            other.add(**values)
-
-
-def fill_rollout(buffers: list[RolloutBuffer], kind: str = "cpu") -> None:
-    """Fill each rollout; the first gets ``kind`` inputs, the others CPU tensors."""
-    step_kinds = kinds(kind)
-    for step in range(buffers[0].num_steps):
-        values = rollout_step(step, buffers[0].num_envs)
-        buffers[0].add(**as_input(values, next(step_kinds)))
-        for other in buffers[1:]:
-            other.add(**values)
-
-
-def assert_same_batch(got: Any, expected: Any, fields: tuple[str, ...]) -> None:
-    for name in fields:
-        assert torch.equal(getattr(got, name).cpu(), getattr(expected, name).cpu()), name
-
-
-REPLAY_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "done")
-ROLLOUT_FIELDS = ("obs", "action", "reward", "terminated", "truncated", "value", "log_prob", "advantage", "returns")
 
 
 # -- CPU: the device-dependent branches that a CPU can take honestly ------------------------------
@@ -443,166 +374,3 @@ def test_episode_stats_fed_by_a_cuda_rollout_match_a_cpu_one() -> None:
     assert on_gpu.episodes_finished == on_cpu.episodes_finished > 0
     assert on_gpu.summary() == on_cpu.summary()
     assert on_gpu.recent_returns() == on_cpu.recent_returns()
-
-
-# -- checkpoints -----------------------------------------------------------------------------------
-@gpu
-def test_a_cuda_replay_checkpoint_resumes_exactly_on_cuda(tmp_path: Path) -> None:
-    buf = ReplayBuffer(64, obs_shape=(OBS,), action_shape=(ACT,), num_envs=4, prioritized=True,
-                       storing_device="cuda", seed=0)
-    fill_replay([buf], 20)
-    buf.update_priority(torch.arange(64, device="cuda"), torch.rand(64, device="cuda") + 0.1)
-    buf.sample(8)
-    buf.save(tmp_path / "ckpt")
-    restored = ReplayBuffer.load(tmp_path / "ckpt")
-    assert restored.storing_device.type == "cuda"
-    for _ in range(3):
-        assert_same_batch(restored.sample(32), buf.sample(32), (*REPLAY_FIELDS, "index", "weight"))
-    fill_replay([buf, restored], 3, start=50)  # writing resumes at the same cursor too
-    assert_same_batch(restored.sample_all(), buf.sample_all(), REPLAY_FIELDS)
-
-
-@gpu
-def test_a_cuda_rollout_checkpoint_resumes_its_minibatches_exactly(tmp_path: Path) -> None:
-    buf = RolloutBuffer(6, 10, obs_shape=(OBS,), action_shape=(ACT,), storing_device="cuda", seed=0)
-    fill_rollout([buf], "cuda")
-    buf.compute_returns_and_advantages(torch.zeros(10, device="cuda"))
-    minibatches = buf.minibatches(num_minibatches=3, n_epochs=2)
-    next(minibatches)
-    buf.save(tmp_path / "ckpt")
-    restored = RolloutBuffer.load(tmp_path / "ckpt")
-    resumed = restored.current_epochs
-    assert resumed is not None and len(resumed) == len(minibatches) == 5
-    for got, expected in zip(resumed, minibatches, strict=True):  # into the next epoch: same generator
-        assert got.obs.is_cuda
-        assert_same_batch(got, expected, ROLLOUT_FIELDS)
-
-
-@gpu
-def test_cuda_to_file_to_cpu_to_file_to_cuda_keeps_every_row(tmp_path: Path) -> None:
-    # CUDA and CPU generators are different algorithms: the draws cannot follow across device
-    # types (a RuntimeWarning says so), but rows, counters, priorities and the write position do.
-    original = ReplayBuffer(64, obs_shape=(OBS,), action_shape=(ACT,), num_envs=4, prioritized=True,
-                            storing_device="cuda", seed=0)
-    fill_replay([original], 20)
-    original.update_priority(torch.arange(64, device="cuda"), torch.arange(64, device="cuda") % 7 + 0.5)
-    original.save(tmp_path / "gpu")
-    with pytest.warns(RuntimeWarning, match="another device type"):
-        on_cpu = ReplayBuffer.load(tmp_path / "gpu", storing_device="cpu", device="cpu")
-    assert on_cpu.storing_device.type == "cpu"
-    assert_same_batch(on_cpu.sample_all(), original.sample_all(), REPLAY_FIELDS)
-    on_cpu.save(tmp_path / "cpu")
-    with pytest.warns(RuntimeWarning, match="another device type"):
-        back = ReplayBuffer.load(tmp_path / "cpu", storing_device="cuda", device="cuda")
-    assert back.sample(4).obs.is_cuda
-    assert_same_batch(back.sample_all(), original.sample_all(), REPLAY_FIELDS)
-    index = torch.arange(64, device="cuda")
-    assert_same_batch(back.sample_by_index(index), original.sample_by_index(index), REPLAY_FIELDS)
-    per_row = []  # same priorities: the same weight for each row
-    for buf in (back, original):
-        batch = buf.sample(20_000)
-        per_row.append(torch.zeros(64, device="cuda").index_reduce_(0, batch.index, batch.weight, "amax",
-                                                                    include_self=False))
-    torch.testing.assert_close(per_row[0], per_row[1])
-    fill_replay([original, back], 2, start=70)
-    assert_same_batch(back.sample_all(), original.sample_all(), REPLAY_FIELDS)
-
-
-@gpu
-def test_a_cuda_rollout_loaded_on_the_cpu_finishes_the_running_epoch(tmp_path: Path) -> None:
-    buf = RolloutBuffer(6, 10, obs_shape=(OBS,), action_shape=(ACT,), storing_device="cuda", seed=0)
-    fill_rollout([buf])
-    buf.compute_returns_and_advantages(torch.zeros(10, device="cuda"))
-    minibatches = buf.minibatches(num_minibatches=3, n_epochs=2)
-    next(minibatches)
-    buf.save(tmp_path / "ckpt")
-    with pytest.warns(RuntimeWarning, match="another device type"):
-        on_cpu = RolloutBuffer.load(tmp_path / "ckpt", storing_device="cpu", device="cpu")
-    resumed = on_cpu.current_epochs
-    assert resumed is not None
-    for _ in range(2):  # the saved permutation of the running epoch moved to the CPU
-        assert_same_batch(next(resumed), next(minibatches), ROLLOUT_FIELDS)
-
-
-# -- TorchRL's API on CUDA data --------------------------------------------------------------------
-def transitions_td(rows: int, start: int, device: str) -> TensorDict:
-    ids = torch.arange(rows, dtype=torch.float32) + start
-    obs = ids[:, None].expand(rows, OBS).clone()
-    return TensorDict({"observation": obs, "action": torch.zeros(rows, ACT),
-                       "next": {"observation": obs + 0.5, "reward": ids[:, None],
-                                "terminated": (ids % 2 == 0)[:, None], "truncated": (ids % 3 == 0)[:, None]}},
-                      batch_size=[rows], device=device)
-
-
-@gpu
-@pytest.mark.parametrize("storing_device", ["cuda", "cpu"])
-def test_torchrl_extend_with_cuda_data_is_seen_by_rlbuf(storing_device: str) -> None:
-    buf = ReplayBuffer(32, obs_shape=(OBS,), action_shape=(ACT,), num_envs=2, storing_device=storing_device,
-                       device="cuda", seed=0)
-    fill_replay([buf], 3)  # pending rows: committed before TorchRL writes
-    data = transitions_td(10, 100, "cuda")
-    if storing_device == "cpu":  # rows on the CPU take CPU tensors, as add does: the message says how
-        with pytest.raises(DeviceError, match=r"expected a tensor on cpu, got one on cuda:0: move it there first"):
-            buf.torchrl.extend(data)
-        assert len(buf) == 6
-        data = data.to("cpu")
-    buf.torchrl.extend(data)
-    assert len(buf) == 16
-    batch = buf.sample_all()
-    assert batch.obs.is_cuda
-    assert batch.reward[6:].tolist() == [float(i) for i in range(100, 110)]
-    assert torch.equal(batch.done[6:], batch.terminated[6:] | batch.truncated[6:])
-    td = buf.torchrl.sample(8)
-    assert td["observation"].device.type == storing_device
-
-
-@gpu
-def test_rlbuf_extend_takes_cuda_data_on_a_cuda_storage_only() -> None:
-    on_gpu = ReplayBuffer(32, obs_shape=(OBS,), action_shape=(ACT,), storing_device="cuda", seed=0)
-    on_gpu.extend(transitions_td(10, 0, "cuda"))
-    assert on_gpu.sample_all().reward.tolist() == [float(i) for i in range(10)]
-    on_cpu = ReplayBuffer(32, obs_shape=(OBS,), action_shape=(ACT,), device="cuda", seed=0)
-    with pytest.raises(DeviceError, match="expected a tensor on cpu"):
-        on_cpu.extend(transitions_td(10, 0, "cuda"))
-    assert len(on_cpu) == 0
-
-
-@gpu
-def test_a_rollout_extends_from_a_cuda_collector_batch() -> None:
-    num_envs, steps = 3, 4
-    td = TensorDict({"observation": torch.randn(num_envs, steps, OBS), "action": torch.randn(num_envs, steps, ACT),
-                     "state_value": torch.randn(num_envs, steps, 1), "sample_log_prob": torch.randn(num_envs, steps),
-                     "next": {"reward": torch.randn(num_envs, steps, 1), "state_value": torch.randn(num_envs, steps, 1),
-                              "terminated": torch.zeros(num_envs, steps, 1, dtype=torch.bool),
-                              "truncated": torch.ones(num_envs, steps, 1, dtype=torch.bool)}},
-                    batch_size=[num_envs, steps])
-    stats_gpu, stats_cpu = EpisodeStats(num_envs), EpisodeStats(num_envs)
-    on_gpu = RolloutBuffer(steps, num_envs, obs_shape=(OBS,), action_shape=(ACT,), storing_device="cuda",
-                           stats=stats_gpu)
-    on_cpu = RolloutBuffer(steps, num_envs, obs_shape=(OBS,), action_shape=(ACT,), stats=stats_cpu)
-    on_gpu.extend(td.to("cuda"))
-    on_cpu.extend(td)
-    for buf in (on_gpu, on_cpu):
-        buf.compute_returns_and_advantages(torch.zeros(num_envs, device=buf.storing_device))
-    for name in ROLLOUT_FIELDS:
-        torch.testing.assert_close(on_gpu.view(name).cpu(), on_cpu.view(name), rtol=1e-5, atol=1e-5)
-    assert stats_gpu.summary() == stats_cpu.summary() and stats_gpu.episodes_finished == num_envs * steps
-
-
-@gpu
-@pytest.mark.parametrize(("field", "bad"), [("value", float("nan")), ("bootstrap_value", float("-inf")),
-                                            ("reward", float("inf"))])
-def test_a_cuda_rollout_refuses_a_non_finite_step_naming_its_field_and_row(field: str, bad: float) -> None:
-    # The finiteness of a step's device tensors is checked with one wait for the GPU; the refusal
-    # still names the field and the row, and stores nothing.
-    buf = RolloutBuffer(4, 8, obs_shape=(OBS,), action_shape=(ACT,), storing_device="cuda", seed=0)
-    fill_rollout([buf], "cuda")  # a full rollout: the next add starts over
-    buf.clear()
-    values = as_input(rollout_step(0, 8), "cuda")
-    values["reward"] = torch.full((8,), 3e38, device="cuda")  # huge but finite: a float32 sum would overflow
-    buf.add(**values)
-    values[field] = values[field].clone()
-    values[field][5] = bad
-    with pytest.raises(NonFiniteError, match=rf"{field}: expected finite values, got -?(nan|inf) at row 5"):
-        buf.add(**values)
-    assert buf.steps == 1
