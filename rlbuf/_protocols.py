@@ -66,6 +66,12 @@ _FIXES: dict[str, dict[str, str]] = {
     "RemoteReplayBufferHandle": {
         "by_position": "", "epochs": "", "write": f"{_RING['write']}; priorities by update_priority()",
         "delete": "the oldest rows are overwritten first"},
+    "ReplayService": {
+        "rows": "service.sample_all()", "every": "service.sample_all()", "by_position": "", "epochs": "",
+        "draw": "service.sample(batch_size) draws a batch", "field": "service.sample_all().{key} holds every stored row's",
+        "write": "rows are written by service.extend(td) or a writer's add() (service.writer()), every field "
+                 "checked; priorities by update_priority()",
+        "delete": "the oldest rows are overwritten first"},
 }
 """A buffer kind (by class name, its nearest along the MRO) -> the calls its refusals name instead of a ring
 buffer's; only rlbuf's classes are listed: a class not found (a user's own subclass) takes its base's."""

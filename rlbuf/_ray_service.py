@@ -25,6 +25,7 @@ from rlbuf._compact_wire import FrameDecoders
 from rlbuf._convert import stored_positions
 from rlbuf._keywords import keywords_checked
 from rlbuf._priorities import priorities
+from rlbuf._protocols import BufferProtocols
 from rlbuf._rate_limit import RateLimiter
 from rlbuf._ray_batches import batch_of, merged_fields
 from rlbuf._ray_calls import get, start_ray, stop, wait_any
@@ -49,7 +50,7 @@ T = TypeVar("T")
 _THREADS = 16  # calls a shard actor runs at once in each concurrency group: the writers', and the learner's
 
 
-class ReplayService:
+class ReplayService(BufferProtocols):
     """N [`ReplayBuffer`][rlbuf.ReplayBuffer] shards in Ray actors, a rate limiter each, one learner.
 
     Starts Ray (``ray.init(**ray_init_config)``) if it is not running, and shuts it down on

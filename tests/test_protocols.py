@@ -206,6 +206,28 @@ def test_a_remote_handle_refuses_as_a_buffer_naming_its_own_calls() -> None:
     assert len(handle) == 3 and bool(handle) and pickle.loads(pickle.dumps(handle)).device == torch.device("cpu")
 
 
+def test_a_replay_service_refuses_as_a_buffer_naming_its_own_calls() -> None:
+    """Before, each was Python's bare ``TypeError`` and ``np.asarray(service)`` a silent 0-d object array."""
+    pytest.importorskip("ray")
+    from rlbuf.ray import ReplayService
+
+    service = object.__new__(ReplayService)  # no shards: a refusal reads none
+    for call, message in [
+        (lambda s: s[0], r"^ReplayService\[0\]: .*service\.sample_all\(\) holds every row, .*service\.sample\("),
+        (lambda s: s["obs"], r"^ReplayService\['obs'\]: a buffer is not read by key; service\.sample_all\(\)\.obs"),
+        (iter, r"^iter\(ReplayService\): a buffer hands out rows in batches"),
+        (next, r"^next\(ReplayService\): a buffer is no iterator; service\.sample\(batch_size\) draws a batch$"),
+        (reversed, r"^reversed\(ReplayService\): .*service\.sample_all\(\)\[-10:\] holds the newest rows$"),
+        (lambda s: 0 in s, r"^`in` ReplayService: a buffer is not searched by value; \(service\.sample_all"),
+        (np.asarray, r"np\.asarray\(service\.sample_all\(\)\.obs\)$"),
+        (lambda s: s.__setitem__(0, None), r"service\.extend\(td\) or a writer's add\(\) \(service\.writer\(\)\)"),
+    ]:
+        with pytest.raises(UnsupportedOperationError, match=message) as error:
+            call(service)
+        assert "sample_by_index" not in str(error.value) and "epochs" not in str(error.value)  # it has neither
+    assert np.array([service], dtype=object)[0] is service
+
+
 # -- batches ------------------------------------------------------------------------------------
 
 
