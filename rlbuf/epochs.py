@@ -31,7 +31,7 @@ import functools
 import reprlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, NoReturn, ParamSpec, SupportsIndex, TypeVar
 
 import torch
 
@@ -40,6 +40,7 @@ from rlbuf.errors import (
     BatchSizeError,
     CheckpointError,
     EmptyBufferError,
+    NotPicklableError,
     RlbufError,
     StoredIndexError,
 )
@@ -305,6 +306,23 @@ class EpochIterator(Generic[BatchT], Iterator[BatchT]):
             return ""
         return (f"epochs: the buffer holds {rows} rows now, the running epoch covers {self._size}: it was cleared or "
                 "loaded after this iterator was made, or emptied through buffer.torchrl.empty(); make a new one")
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        """Refuse ``pickle``, ``torch.save`` and ``copy``/``copy.deepcopy`` of the iterator: a copy would draw from
+        the generator it shares with its original, or not draw at all (its buffer stays in this process).
+
+        Example:
+            >>> import copy
+            >>> copy.copy(EpochIterator(4, list, batch_size=2, generator=torch.Generator()))  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+            ...
+            rlbuf.errors.NotPicklableError: EpochIterator: cannot be pickled or copied (pickle, torch.save, copy...
+        """
+        raise NotPicklableError(
+            "EpochIterator: cannot be pickled or copied (pickle, torch.save, copy.copy, copy.deepcopy): it draws "
+            "from its buffer's rows and generator in this process; it.state_dict() holds its place (epoch, position, "
+            "permutation, generator state) for it.load_state_dict(state) on an iterator made with the same options, "
+            "and buffer.save(path) keeps buffer.current_epochs")
 
     def next_batch(self) -> BatchT:
         """The next batch.

@@ -460,3 +460,21 @@ def test_every_protocol_works_or_is_refused_by_rlbuf_never_by_a_bare_python_erro
                 call(owner)
         else:
             call(owner)
+
+
+@pytest.mark.parametrize("copier", [copy.copy, copy.deepcopy, pickle.dumps, lambda it: torch.save(it, io.BytesIO())],
+                         ids=["copy", "deepcopy", "pickle", "torch.save"])
+def test_copies_of_an_epoch_iterator_are_refused_naming_its_state_dict(copier: Callable[[Any], Any]) -> None:
+    """Before, ``copy.copy`` made an iterator drawing from its original's generator, ``copy.deepcopy`` raised
+    "cannot pickle '_thread.RLock' object" and ``pickle`` an ``AttributeError`` about a local lambda."""
+    buf = replay()
+    it = buf.epochs(batch_size=2)
+    first = next(it)
+    before = snapshot(buf)
+    with pytest.raises(NotPicklableError, match=r"^EpochIterator: cannot be pickled or copied .*it\.state_dict\(\) "
+                                                r"holds its place .*it\.load_state_dict\(state\)"):
+        copier(it)
+    assert same(snapshot(buf), before) and len(first) == 2 and len(it) == 2
+    resumed = buf.epochs(batch_size=2)  # the way the message names
+    resumed.load_state_dict(it.state_dict())
+    assert [b.index.tolist() for b in resumed] == [b.index.tolist() for b in it]
