@@ -27,6 +27,15 @@ def minari_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         yield Path(root)
 
 
+@pytest.fixture
+def small_dictionary_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dictionaries trained after 40 frames, so that the tests' short streams have one: the compression modules
+    use it for every test (``pytestmark = pytest.mark.usefixtures(...)``)."""
+    import rlbuf._frames as frames_module
+
+    monkeypatch.setattr(frames_module, "DICTIONARY_AFTER", 40)
+
+
 @pytest.fixture(params=STORAGES)
 def storage(request: pytest.FixtureRequest) -> str:
     """Each storage kind rlbuf offers."""

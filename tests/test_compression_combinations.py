@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _compressed_frames import _env_major, _equal, _everything, _pair, _steps
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_compression import _env_major, _equal, _everything, _pair, _steps
 
 import rlbuf._frames as frames_module
 from rlbuf import EmptyBufferError, ReplayBuffer
