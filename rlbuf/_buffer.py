@@ -446,7 +446,7 @@ class RingBuffer(BufferProtocols, BufferState, Generic[BatchT]):
             fields: gather only these stored fields. The batch then holds only them: other
                 attributes are absent (reading one raises ``AttributeError``), stored fields
                 that are not batch attributes (``done``, ``bootstrap_value``) are in ``extras``,
-                and ``len()`` needs ``obs``.
+                and ``len()`` counts the rows of any field it holds.
 
         Raises:
             StoredIndexError: a position outside what is stored.

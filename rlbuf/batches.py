@@ -176,12 +176,59 @@ def _subscript_refusal(batch: Any, key: object) -> UnsupportedOperationError:
                              f"keys: batch.to_tensordict()[{_TORCHRL_KEYS.get(name, name)!r}])")
 
 
+def _shown(value: object) -> str:
+    """A field in a batch's repr: ``[4, 2] float32``, a TensorDict's keys likewise, other values as they are."""
+    if isinstance(value, torch.Tensor):
+        return f"{list(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    if isinstance(value, TensorDict):
+        return "{" + ", ".join(f"{key}: {_shown(item)}" for key, item in value.items()) + "}"
+    return repr(value)
+
+
 class _ExtrasAccess:
     """Lets ``batch.privileged_obs`` read an extra field by name; Python's protocols on a batch (``_protocols``)."""
 
     __slots__ = ()
     extras: dict[str, torch.Tensor]
     _time_first: ClassVar[frozenset[str]] = frozenset()  # fields whose rows are on dim 1 ([L, B, ...])
+
+    def __len__(self) -> int:
+        """Rows in the batch: the first dim of its first field (of any field a ``fields=`` batch holds)."""
+        for value in self._present().values():
+            if isinstance(value, (torch.Tensor, TensorDict)):
+                return int(value.shape[0])
+        return 0
+
+    def __repr__(self) -> str:
+        """Each field's shape and dtype, and the device: ``ReplayBatch(device=cpu, obs=[4, 2] float32, ...)``.
+
+        Never the values: a batch of 256 stacked frames would print screens of digits.
+
+        Example:
+            >>> from rlbuf import ReplayBuffer
+            >>> buf = ReplayBuffer(8, obs_shape=(2,), action_shape=(), seed=0)
+            >>> buf.add(torch.ones(2), 0.0, 1.0, torch.zeros(2), False, truncated=False)
+            >>> buf.sample_by_index([0, 0], fields=["reward"])
+            ReplayBatch(device=cpu, reward=[2] float32)
+        """
+        present = self._present()
+        devices = {str(value.device) for value in present.values() if isinstance(value, (torch.Tensor, TensorDict))}
+        shown = [f"device={devices.pop() if len(devices) == 1 else sorted(devices)}"] if devices else []
+        return f"{type(self).__name__}({', '.join(shown + [f'{name}={_shown(value)}' for name, value in present.items()])})"
+
+    def _present(self) -> dict[str, object]:
+        """The batch's fields that hold a value, then its extras as ``extras.name``: a ``fields=`` batch lacks some."""
+        present: dict[str, object] = {}
+        for name in cast(Any, self).__dataclass_fields__:
+            try:
+                value = object.__getattribute__(self, name)
+            except AttributeError:  # a slot a fields= batch left empty
+                continue
+            if name == "extras":
+                present.update({f"extras.{key}": extra for key, extra in value.items()})
+            elif value is not None:
+                present[name] = value
+        return present
 
     def __getitem__(self, key: object) -> Self:
         """The rows ``key`` (a slice, integer positions or a bool mask) as a batch of the same type.
@@ -289,7 +336,7 @@ class _ExtrasAccess:
                                  f"{sorted(self.extras)}") from None
 
 
-@dataclass(slots=True, frozen=True, eq=False)
+@dataclass(slots=True, frozen=True, eq=False, repr=False)
 class _TransitionFields(_ExtrasAccess):
     """The fields of replayed steps, one each ([`ReplayBatch`][rlbuf.ReplayBatch]) or in sequences (``ReplaySequenceBatch``)."""
 
@@ -302,7 +349,7 @@ class _TransitionFields(_ExtrasAccess):
     done: torch.Tensor
 
 
-@dataclass(slots=True, frozen=True, eq=False)
+@dataclass(slots=True, frozen=True, eq=False, repr=False)
 class ReplayBatch(_TransitionFields):
     """A batch of transitions sampled from a [`ReplayBuffer`][rlbuf.ReplayBuffer].
 
@@ -332,9 +379,6 @@ class ReplayBatch(_TransitionFields):
     discount: torch.Tensor
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     hidden_state: torch.Tensor | TensorDict | None = None
-
-    def __len__(self) -> int:
-        return int(self.obs.shape[0])
 
     def to_tensordict(self) -> TensorDict:
         """The batch in TorchRL layout (``"observation"``, ``("next", "reward")`` of shape ``[B, 1]`` ...).
@@ -367,7 +411,7 @@ class ReplayBatch(_TransitionFields):
         return td
 
 
-@dataclass(slots=True, frozen=True, eq=False)
+@dataclass(slots=True, frozen=True, eq=False, repr=False)
 class DistillationBatch(_ExtrasAccess):
     """A batch from a [`DistillationBuffer`][rlbuf.DistillationBuffer]; unpacks as ``obs, expert_action = batch``.
 
@@ -387,9 +431,6 @@ class DistillationBatch(_ExtrasAccess):
         yield self.obs
         yield self.expert_action
 
-    def __len__(self) -> int:
-        return int(self.obs.shape[0])
-
     def to_tensordict(self) -> TensorDict:
         """The batch as a TensorDict (``"observation"``, ``"expert_action"``, extras).
 
@@ -407,7 +448,7 @@ class DistillationBatch(_ExtrasAccess):
         return td
 
 
-@dataclass(slots=True, frozen=True, eq=False)
+@dataclass(slots=True, frozen=True, eq=False, repr=False)
 class _OnPolicyFields(_ExtrasAccess):
     """The fields a rollout minibatch holds, flat ([`RolloutBatch`][rlbuf.RolloutBatch]) or padded (``SequenceBatch``)."""
 
@@ -423,7 +464,7 @@ class _OnPolicyFields(_ExtrasAccess):
     returns: torch.Tensor
 
 
-@dataclass(slots=True, frozen=True, eq=False)
+@dataclass(slots=True, frozen=True, eq=False, repr=False)
 class RolloutBatch(_OnPolicyFields):
     """A minibatch (or the whole rollout, flattened ``T*N``) from a [`RolloutBuffer`][rlbuf.RolloutBuffer].
 
@@ -446,9 +487,6 @@ class RolloutBatch(_OnPolicyFields):
 
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     hidden_state: torch.Tensor | TensorDict | None = None
-
-    def __len__(self) -> int:
-        return int(self.obs.shape[0])
 
     def to_tensordict(self) -> TensorDict:
         """The batch in TorchRL layout (``"state_value"``, ``"advantage"``, ``"value_target"`` ...).

@@ -68,7 +68,7 @@ _STATE_KEYS = {"kind", "options", "generator", "parts", "offline", "online"}
 MixedReplayT = TypeVar("MixedReplayT", bound="MixedReplay")
 
 
-@dataclass(slots=True, frozen=True, eq=False)
+@dataclass(slots=True, frozen=True, eq=False, repr=False)
 class MixedBatch(ReplayBatch):
     """A [`ReplayBatch`][rlbuf.ReplayBatch] drawn from two buffers: the offline rows first, then the online rows.
 

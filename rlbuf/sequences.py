@@ -147,7 +147,7 @@ class PaddedTrajectories:
                 self.trajectories.start[index])
 
 
-@dataclass(slots=True, frozen=True, eq=False)
+@dataclass(slots=True, frozen=True, eq=False, repr=False)
 class SequenceBatch(_OnPolicyFields):
     """A minibatch of whole trajectories, time first and padded: ``[L, B, ...]`` with a ``mask``.
 
@@ -227,7 +227,7 @@ class SequenceBatch(_OnPolicyFields):
         return td
 
 
-@dataclass(slots=True, frozen=True, eq=False)
+@dataclass(slots=True, frozen=True, eq=False, repr=False)
 class ReplaySequenceBatch(_TransitionFields):
     """Sequences of consecutive steps of one env each, from [`ReplayBuffer.sample_sequences`][rlbuf.ReplayBuffer.sample_sequences].
 

@@ -478,3 +478,23 @@ def test_copies_of_an_epoch_iterator_are_refused_naming_its_state_dict(copier: C
     resumed = buf.epochs(batch_size=2)  # the way the message names
     resumed.load_state_dict(it.state_dict())
     assert [b.index.tolist() for b in resumed] == [b.index.tolist() for b in it]
+
+
+@pytest.mark.parametrize("kind", BATCHES)
+def test_a_batch_prints_each_field_shape_and_dtype_never_its_values(kind: str) -> None:
+    batch = BATCHES[kind]()
+    shown = repr(batch)
+    assert shown.startswith(f"{type(batch).__name__}(device=cpu, obs=[") and "tensor(" not in shown
+    for name, value in vars_of(batch).items():
+        if isinstance(value, torch.Tensor) and name != "extras":
+            assert f"{name}={list(value.shape)} {str(value.dtype).removeprefix('torch.')}" in shown
+
+
+def test_a_batch_of_some_fields_has_a_len_a_truth_and_a_repr() -> None:
+    """``sample_by_index(..., fields=[...])`` without ``obs``: ``len``, ``bool`` and ``repr`` read the fields it
+    holds (each raised ``AttributeError`` for ``obs`` before, so printing one crashed)."""
+    buf = replay()
+    only = buf.sample_by_index([3, 1, 3], fields=["reward", "cost"])
+    assert (len(only), bool(only)) == (3, True)
+    assert repr(only) == "ReplayBatch(device=cpu, reward=[3] float32, extras.cost=[3] float32)"
+    assert len(buf.sample_by_index([2], fields=["cost"])) == 1
