@@ -148,18 +148,19 @@ class Streams:
         frame_shape = obs_shape[1:] if frame_stack > 1 else obs_shape
         self._frame_bytes = math.prod(frame_shape) * obs_dtype.itemsize if frame_stack > 1 else 0
         self._expected_words = as_words(self._expected, self._frame_bytes)
-        # What as_words makes of rows of this shape, with and without frames, in one reshape and one view.
-        self._row_items = math.prod(obs_shape)
-        self._word, self._byte = self._expected_words.dtype, self._expected_bytes.dtype
+        self._word = self._expected_words.dtype
         self._words_per_frame = self._frame_bytes // self._word.itemsize if self._frame_bytes else self._expected_words.shape[1]
         self._byte_exact = obs_dtype in _BYTE_EXACT
+        # numba types no float16 rows: the kernels take them as uint16 (compared and copied as bytes all the same).
+        self._untyped = obs_dtype == torch.float16
         self._zero_pad = padding_type == "zero"
         self.finals: Any = FinalFrames(frame_shape, obs_dtype, storing_device)  # or a compressed layout's
         # numba is imported with the first compact buffer, not with rlbuf; its kernels are loaded here.
         from rlbuf._streams_numba import loaded
 
+        rows = self._expected.view(np.uint16) if self._untyped else self._expected  # an add's rows' type
         (self._check_steps, self._record_steps, self._walk_rows, self._build_stacks,
-         self._nstep_targets) = loaded(self._expected_words, self._expected_bytes, self.back)
+         self._nstep_targets) = loaded(rows, self._expected_words, self._expected_bytes, self.back)
 
     # -- writing -----------------------------------------------------------------------------
     def check(self, obs: np.ndarray[Any, Any], next_obs: np.ndarray[Any, Any], env_ids: _Ints, terminated: _Bools,
@@ -205,10 +206,10 @@ class Streams:
         does not apply or cannot decide (float rows whose bytes differ: -0.0, NaNs; the numpy path compares values)."""
         if not (_distinct(env_ids, self.num_envs) and obs.flags.c_contiguous and next_obs.flags.c_contiguous):
             return False
-        shape, word = (len(obs), self._row_items), self._word
-        stacks, next_stacks = obs.reshape(shape).view(word), next_obs.reshape(shape).view(word)
-        problem, env = self._check_steps(stacks, next_stacks, self._expected_words, env_ids, self.last,
-                                         self._words_per_frame, self._zero_pad)
+        if self._untyped:
+            obs, next_obs = obs.view(np.uint16), next_obs.view(np.uint16)
+        problem, env = self._check_steps(obs, next_obs, self._expected_words, env_ids, self.last, self._words_per_frame,
+                                         self._zero_pad)
         if problem and self._byte_exact:
             raise self._stream_error(problem, int(env))
         return not problem
@@ -239,8 +240,7 @@ class Streams:
             released = self._released  # distinct envs: at most one slot each
             freed, ends = self._record_steps(env_ids, first_serial, terminated, truncated, oldest, self.back,
                                              self.next, self.terminated, self.truncated, self.final_slot, self.env,
-                                             self.last, released,
-                                             next_obs.reshape(len(next_obs), self._row_items).view(self._byte),
+                                             self.last, released, next_obs.view(np.uint16) if self._untyped else next_obs,
                                              self._expected_bytes)
             if freed:  # the final-frame slots of overwritten rows
                 self.finals.release(released[:freed])

@@ -89,15 +89,28 @@ def copy_rows(rows: Any, destinations: Any, sources: Any) -> None:  # pragma: no
         _copy(rows[destinations[i]], rows[sources[i]], False)
 
 
-@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
-def check_steps(obs: Any, next_obs: Any, expected: Any, env_ids: Any, last: Any, frame: int,
-                zero_pad: bool) -> tuple[int, int]:  # pragma: no cover (compiled)
-    """``(problem, env)`` of the first problem of rows ``obs``/``next_obs`` (``[n, words]``), else ``(0, -1)``.
+@numba.njit(**_JIT, inline="always")  # type: ignore[untyped-decorator]
+def _words(rows: Any, words: Any) -> Any:  # pragma: no cover (compiled)
+    """C-contiguous rows ``[n, ...]`` as ``[n, words]`` of the word type of ``words`` (no copy): what ``as_words``
+    gives in Python, here inside the kernel, so an add pays no Python reshape and view per array."""
+    n = rows.shape[0]
+    viewed = rows.reshape(n, rows.size // n if n else 0).view(words.dtype)
+    if n and viewed.shape[1] != words.shape[1]:  # the kernels index without bounds checks
+        raise ValueError("rows of another size than the open stacks'")
+    return viewed
 
-    Rows are compared in words (see ``as_words``): ``expected``, each env's open stack
-    (``[num_envs, words]``), is read where ``last[env] >= 0``; ``frame``: words per frame (the whole
+
+@numba.njit(**_JIT)  # type: ignore[untyped-decorator]
+def check_steps(obs_rows: Any, next_rows: Any, expected: Any, env_ids: Any, last: Any, frame: int,
+                zero_pad: bool) -> tuple[int, int]:  # pragma: no cover (compiled)
+    """``(problem, env)`` of the first problem of rows ``obs_rows``/``next_rows`` (C-contiguous ``[n, ...]``),
+    else ``(0, -1)``.
+
+    Rows are compared in the words of ``expected``, each env's open stack as ``as_words`` gives it
+    (``[num_envs, words]``), which is read where ``last[env] >= 0``; ``frame``: words per frame (the whole
     stack without frame stacking: no shift or padding check).
     """
+    obs, next_obs = _words(obs_rows, expected), _words(next_rows, expected)
     n, size = obs.shape
     for i in range(n):
         env = env_ids[i]
@@ -125,14 +138,15 @@ def check_steps(obs: Any, next_obs: Any, expected: Any, env_ids: Any, last: Any,
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
 def record_steps(env_ids: Any, first_serial: int, terminated: Any, truncated: Any, oldest: int, back: Any,
                  next_: Any, stored_terminated: Any, stored_truncated: Any, final_slot: Any, env: Any,
-                 last: Any, released: Any, next_obs: Any, expected: Any) -> tuple[int, int]:  # pragma: no cover
+                 last: Any, released: Any, next_rows: Any, expected: Any) -> tuple[int, int]:  # pragma: no cover
     """Link rows of serials ``first_serial + i`` (one per env) into the tables and copy each row's ``next_obs``
-    (``[n, words]``) to its env's ``expected``; return how many final-frame slots of overwritten rows were
+    (``next_rows``: C-contiguous ``[n, ...]``) to its env's ``expected`` (``[num_envs, words]``); return how many final-frame slots of overwritten rows were
     written to ``released``, and how many of the rows stored end an episode.
 
     The same updates as ``Streams.record`` for distinct envs, but for the final frames of the rows
     that end an episode (kept aside by the caller).
     """
+    next_obs = _words(next_rows, expected)
     capacity = next_.shape[0]
     older = back.shape[1]
     count = 0
@@ -249,17 +263,17 @@ def nstep_targets(rows: Any, start: int, steps: Any, terminated: Any, rewards: A
         discount[i] = 0.0 if terminated[i] else np.float32(powers[steps[i]])
 
 
-def loaded(expected_words: Any, expected_bytes: Any, back: Any) -> tuple[Any, Any, Any, Any, Any]:
+def loaded(expected: Any, expected_words: Any, expected_bytes: Any, back: Any) -> tuple[Any, Any, Any, Any, Any]:
     """``check_steps``, ``record_steps``, ``walk_rows``, ``build_stacks`` and
-    ``nstep_targets``, each called once on no rows of a buffer's table types (``expected_words``,
-    ``expected_bytes``: its open stacks as ``as_words`` gives them with and without frames; ``back``: its table of
-    older rows), so numba loads (or compiles) them now: a buffer's constructor, not its
-    first add or sample, pays the second that takes.
+    ``nstep_targets``, each called once on no rows of a buffer's table types (``expected``: its open stacks as
+    stored, the type of an add's rows; ``expected_words``, ``expected_bytes``: the same as ``as_words`` gives them
+    with and without frames; ``back``: its table of older rows), so numba loads (or compiles) them now: a
+    buffer's constructor, not its first add or sample, pays the second that takes.
 
     Example:
         >>> from rlbuf._streams import as_words
         >>> stacks = np.zeros((1, 2, 8), np.uint8)
-        >>> kernels = loaded(as_words(stacks, 8), as_words(stacks, 0), np.zeros((4, 1), np.int64))
+        >>> kernels = loaded(stacks, as_words(stacks, 8), as_words(stacks, 0), np.zeros((4, 1), np.int64))
         >>> kernels[0] is check_steps, kernels[2] is walk_rows
         (True, True)
     """
@@ -267,10 +281,10 @@ def loaded(expected_words: Any, expected_bytes: Any, back: Any) -> tuple[Any, An
     marks = np.zeros(len(back), np.bool_)
     width = back.shape[1] + 2
     walked, padded = np.zeros((0, width), np.int64), np.zeros((0, width), np.bool_)
-    check_steps(expected_words[:0], expected_words[:0], expected_words, none, none, 1, False)
+    check_steps(expected[:0], expected[:0], expected_words, none, none, 1, False)
     for rows in (expected_bytes[:0], expected_bytes[:0].view(np.uint8)):  # a compressed log's decoded frames
         copy_rows(rows, none, none)
-    record_steps(none, 0, flags, flags, 0, back, tables, marks, marks, tables, tables, none, none, expected_bytes[:0],
+    record_steps(none, 0, flags, flags, 0, back, tables, marks, marks, tables, tables, none, none, expected[:0],
                  expected_bytes)
     walk_rows(none, 0, 1, back, tables, marks, marks, tables, walked, padded, none, flags, flags, none, flags)
     stacked = np.zeros((0, back.shape[1] + 1, expected_words.shape[1] // (back.shape[1] + 1)), expected_words.dtype)
