@@ -132,15 +132,16 @@ class Streams:
         self.padding_type = padding_type
         self.n_step = n_step
         self.back = np.full((capacity, frame_stack - 1), -1, np.int64)
-        self.next = np.full(capacity, -1, np.int64)
-        self.terminated = np.zeros(capacity, np.bool_)
-        self.truncated = np.zeros(capacity, np.bool_)
-        self.final_slot = np.full(capacity, -1, np.int64)
-        self.env = np.full(capacity, -1, np.int64)  # a fact the links are derived from (checked at load)
+        # Rows of packed tables (changed in place, never rebound), which the compiled record takes as three
+        # arguments instead of eight. ``env``: a fact the links are derived from (checked at load).
+        self._links = np.full((3, capacity), -1, np.int64)
+        self.next, self.final_slot, self.env = self._links
+        self._flags = np.zeros((2, capacity), np.bool_)
+        self.terminated, self.truncated = self._flags
         # Per env: the serial of its newest row while that row's episode is open (else -1), and
         # the next_obs given with it, which the env's next observation must equal.
-        self.last = np.full(num_envs, -1, np.int64)
-        self._released = np.empty(num_envs, np.int64)
+        self._per_env = np.full((2, num_envs), -1, np.int64)
+        self.last, self._released = self._per_env
         self.expected = torch.zeros((num_envs, *obs_shape), dtype=obs_dtype)
         # numpy views of it (a load copies into it in place): the checks read them, ``record`` writes them.
         self._expected = self.expected.numpy()
@@ -237,13 +238,12 @@ class Streams:
         (``next_obs``: numpy rows of the stored dtype)."""
         oldest = write_count - size
         if _distinct(env_ids, self.num_envs) and next_obs.flags.c_contiguous:  # one step of each env (every add): compiled
-            released = self._released  # distinct envs: at most one slot each
             freed, ends = self._record_steps(env_ids, first_serial, terminated, truncated, oldest, self.back,
-                                             self.next, self.terminated, self.truncated, self.final_slot, self.env,
-                                             self.last, released, next_obs.view(np.uint16) if self._untyped else next_obs,
+                                             self._links, self._flags, self._per_env,
+                                             next_obs.view(np.uint16) if self._untyped else next_obs,
                                              self._expected_bytes)
-            if freed:  # the final-frame slots of overwritten rows
-                self.finals.release(released[:freed])
+            if freed:  # the final-frame slots of overwritten rows (distinct envs: at most one slot each)
+                self.finals.release(self._released[:freed])
             if ends:
                 self._keep_finals(first_serial, next_obs, terminated | truncated, oldest)
             return
