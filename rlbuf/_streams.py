@@ -35,7 +35,7 @@ Example:
     >>> import numpy as np, torch
     >>> streams = Streams(4, 1, (1,), torch.float32, frame_stack=1, padding_type="reset", n_step=1,
     ...                   storing_device=torch.device("cpu"))
-    >>> obs, next_obs = torch.tensor([[0.0], [1.0]]), torch.tensor([[1.0], [2.0]])
+    >>> obs, next_obs = np.array([[0.0], [1.0]], np.float32), np.array([[1.0], [2.0]], np.float32)
     >>> env, no = np.zeros(2, np.int64), np.zeros(2, np.bool_)
     >>> streams.check(obs, next_obs, env, no, no)
     >>> streams.record(env, 0, next_obs, no, no, write_count=2, size=2)
@@ -61,6 +61,7 @@ PaddingType = Literal["reset", "zero"]
 # What a check finds first: an obs that does not continue its env's stream, a next_obs stack that is not
 # obs shifted by one frame, an episode's first stack not padded as it should (rlbuf._streams_numba's codes too).
 CONTINUITY, SHIFT, PADDING = 1, 2, 3
+REPEATED = -1  # the compiled kernels' answer to an env with two rows in one call: the numpy path takes them
 # Observations compared as bytes by the compiled check: equal bytes are equal values (floats are not: -0.0).
 _BYTE_EXACT = frozenset((torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool))
 
@@ -205,13 +206,13 @@ class Streams:
     def _checked_compiled(self, obs: np.ndarray[Any, Any], next_obs: np.ndarray[Any, Any], env_ids: _Ints) -> bool:
         """``check`` of one step of each env, compiled, by bytes: True once checked (or raises), False where it
         does not apply or cannot decide (float rows whose bytes differ: -0.0, NaNs; the numpy path compares values)."""
-        if not (_distinct(env_ids, self.num_envs) and obs.flags.c_contiguous and next_obs.flags.c_contiguous):
+        if not (obs.flags.c_contiguous and next_obs.flags.c_contiguous):
             return False
         if self._untyped:
             obs, next_obs = obs.view(np.uint16), next_obs.view(np.uint16)
         problem, env = self._check_steps(obs, next_obs, self._expected_words, env_ids, self.last, self._words_per_frame,
                                          self._zero_pad)
-        if problem and self._byte_exact:
+        if problem > 0 and self._byte_exact:
             raise self._stream_error(problem, int(env))
         return not problem
 
@@ -237,16 +238,17 @@ class Streams:
         """Note rows of serials ``first_serial, first_serial + 1, ...``, already written and checked
         (``next_obs``: numpy rows of the stored dtype)."""
         oldest = write_count - size
-        if _distinct(env_ids, self.num_envs) and next_obs.flags.c_contiguous:  # one step of each env (every add): compiled
+        if next_obs.flags.c_contiguous:  # one step of each env (every add): compiled
             freed, ends = self._record_steps(env_ids, first_serial, terminated, truncated, oldest, self.back,
                                              self._links, self._flags, self._per_env,
                                              next_obs.view(np.uint16) if self._untyped else next_obs,
                                              self._expected_bytes)
-            if freed:  # the final-frame slots of overwritten rows (distinct envs: at most one slot each)
+            if freed > 0:  # the final-frame slots of overwritten rows (distinct envs: at most one slot each)
                 self.finals.release(self._released[:freed])
             if ends:
                 self._keep_finals(first_serial, next_obs, terminated | truncated, oldest)
-            return
+            if freed != REPEATED:
+                return
         ended = terminated | truncated
         newest = self._record_rows(env_ids, first_serial, ended, oldest, terminated, truncated)
         if ended.any():

@@ -30,7 +30,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from rlbuf._streams import CONTINUITY, PADDING, SHIFT
+from rlbuf._streams import CONTINUITY, PADDING, REPEATED, SHIFT
 
 _JIT = {"cache": True, "nogil": True, "boundscheck": False}
 
@@ -100,16 +100,32 @@ def _words(rows: Any, words: Any) -> Any:  # pragma: no cover (compiled)
     return viewed
 
 
+@numba.njit(**_JIT, inline="always")  # type: ignore[untyped-decorator]
+def _distinct(env_ids: Any, num_envs: int) -> bool:  # pragma: no cover (compiled)
+    """Whether no env has two rows (one step of each env: every add); what ``rlbuf._streams._distinct`` says."""
+    if len(env_ids) > num_envs:
+        return False
+    seen = np.zeros(num_envs, np.bool_)
+    for i in range(len(env_ids)):
+        if seen[env_ids[i]]:
+            return False
+        seen[env_ids[i]] = True
+    return True
+
+
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
 def check_steps(obs_rows: Any, next_rows: Any, expected: Any, env_ids: Any, last: Any, frame: int,
                 zero_pad: bool) -> tuple[int, int]:  # pragma: no cover (compiled)
     """``(problem, env)`` of the first problem of rows ``obs_rows``/``next_rows`` (C-contiguous ``[n, ...]``),
-    else ``(0, -1)``.
+    else ``(0, -1)``; ``(REPEATED, -1)`` where an env has two rows (not one step of each env: the caller's numpy
+    path decides).
 
     Rows are compared in the words of ``expected``, each env's open stack as ``as_words`` gives it
     (``[num_envs, words]``), which is read where ``last[env] >= 0``; ``frame``: words per frame (the whole
     stack without frame stacking: no shift or padding check).
     """
+    if not _distinct(env_ids, last.shape[0]):
+        return REPEATED, -1
     obs, next_obs = _words(obs_rows, expected), _words(next_rows, expected)
     n, size = obs.shape
     for i in range(n):
@@ -141,7 +157,7 @@ def record_steps(env_ids: Any, first_serial: int, terminated: Any, truncated: An
     """Link rows of serials ``first_serial + i`` (one per env) into the tables and copy each row's ``next_obs``
     (``next_rows``: C-contiguous ``[n, ...]``) to its env's ``expected`` (``[num_envs, words]``); return how many
     final-frame slots of overwritten rows were written to ``released``, and how many of the rows stored end an
-    episode.
+    episode; ``(REPEATED, 0)``, changing nothing, where an env has two rows (the caller's numpy path records them).
 
     The tables come packed, as ``Streams`` holds them (each argument costs numba's dispatch about 0.2 us):
     ``links`` is ``next``, ``final_slot`` and ``env`` (``[3, capacity]``), ``flags`` the stored ``terminated``
@@ -152,6 +168,8 @@ def record_steps(env_ids: Any, first_serial: int, terminated: Any, truncated: An
     next_, final_slot, env = links[0], links[1], links[2]
     stored_terminated, stored_truncated = flags[0], flags[1]
     last, released = per_env[0], per_env[1]
+    if not _distinct(env_ids, last.shape[0]):
+        return REPEATED, 0
     next_obs = _words(next_rows, expected)
     capacity = next_.shape[0]
     older = back.shape[1]

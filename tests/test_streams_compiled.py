@@ -130,20 +130,23 @@ def _assert_compiled_batches_match(streams: Streams, walked: Chain, frame: tuple
         assert reward[row].item() == np.float32(total)
 
 
-def _numpy_only(call: Any) -> Any:
+def _numpy_only(streams: Streams, call: Any) -> Any:
+    """``call()`` with ``streams``' kernels declining every call, as they decline an env with two rows: the numpy
+    path decides."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_streams, "_distinct", lambda env_ids, num_envs: False)
+        patch.setattr(streams, "_check_steps", lambda *args: (_streams.REPEATED, -1))
+        patch.setattr(streams, "_record_steps", lambda *args: (_streams.REPEATED, 0))
         return call()
 
 
 def reference_check(streams: Streams, *args: Any) -> None:
-    _numpy_only(lambda: streams.check(*args))
+    _numpy_only(streams, lambda: streams.check(*args))
 
 
 def reference_record(streams: Streams, envs: Any, first: int, next_obs: Any, terminated: Any, truncated: Any,
                      write_count: int, size: int) -> None:
-    _numpy_only(lambda: streams.record(envs, first, next_obs, terminated, truncated, write_count=write_count,
-                                       size=size))
+    _numpy_only(streams, lambda: streams.record(envs, first, next_obs, terminated, truncated, write_count=write_count,
+                                                size=size))
 
 
 def reference_walk(streams: Streams, positions: Any, write_count: int, size: int) -> Chain:
@@ -201,6 +204,32 @@ def test_each_rows_previous_and_each_envs_last_row_in_a_call_are_found_as_a_loop
     assert _streams._previous_in_call(ids, num_envs).tolist() == expected
     assert _streams._last_in_call(ids, num_envs).tolist() == sorted(seen.values())
     assert _streams._distinct(ids, num_envs) == (len(set(envs)) == len(envs))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=6), st.booleans())
+def test_the_kernels_decline_an_env_with_two_rows_and_take_one_row_of_each_env_changing_nothing_when_declining(
+        envs: list[int], stack: bool) -> None:
+    """Which calls the kernels take is theirs to say (no Python test of the env ids first): they decline exactly
+    the calls ``_distinct`` refuses, before changing any table, and ``check`` and ``record`` then take the numpy path,
+    which gives the same tables as the kernels for the calls they take."""
+    compiled, reference = _streams_pair(8, 4, 2 if stack else 1, "reset", (8,))
+    ids = np.array(envs, np.int64)
+    rows = np.zeros((len(envs), *compiled.expected.shape[1:]), np.uint8)
+    flags = np.zeros(len(envs), np.bool_)
+    distinct = len(set(envs)) == len(envs)
+    problem = compiled._check_steps(rows, rows, compiled._expected_words, ids, compiled.last, 1, False)[0]
+    assert (problem == _streams.REPEATED) == (not distinct)
+    before = _tables(compiled)
+    freed = compiled._record_steps(ids, 0, flags, flags, 0, compiled.back, compiled._links, compiled._flags,
+                                   compiled._per_env, rows, compiled._expected_bytes)[0]
+    assert (freed == _streams.REPEATED) == (not distinct)
+    if not distinct:
+        assert _tables(compiled) == before
+    compiled, reference = _streams_pair(8, 4, 2 if stack else 1, "reset", (8,))
+    compiled.record(ids, 0, rows, flags, flags, write_count=len(envs), size=len(envs))
+    reference_record(reference, ids, 0, rows, flags, flags, len(envs), len(envs))
+    assert _tables(compiled) == _tables(reference)
 
 
 def test_a_reward_of_minus_zero_stays_minus_zero_as_a_plain_buffer_stores_it() -> None:
