@@ -205,7 +205,8 @@ class Streams:
 
     def _checked_compiled(self, obs: np.ndarray[Any, Any], next_obs: np.ndarray[Any, Any], env_ids: _Ints) -> bool:
         """``check`` of one step of each env, compiled, by bytes: True once checked (or raises), False where it
-        does not apply or cannot decide (float rows whose bytes differ: -0.0, NaNs; the numpy path compares values)."""
+        does not apply (an env with two rows: the kernel declines) or cannot decide (float rows whose bytes differ:
+        -0.0, NaNs; the numpy path compares values)."""
         if not (obs.flags.c_contiguous and next_obs.flags.c_contiguous):
             return False
         if self._untyped:
@@ -238,7 +239,7 @@ class Streams:
         """Note rows of serials ``first_serial, first_serial + 1, ...``, already written and checked
         (``next_obs``: numpy rows of the stored dtype)."""
         oldest = write_count - size
-        if next_obs.flags.c_contiguous:  # one step of each env (every add): compiled
+        if next_obs.flags.c_contiguous:  # compiled, unless the kernel declines (not one step of each env)
             freed, ends = self._record_steps(env_ids, first_serial, terminated, truncated, oldest, self.back,
                                              self._links, self._flags, self._per_env,
                                              next_obs.view(np.uint16) if self._untyped else next_obs,
