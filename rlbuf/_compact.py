@@ -359,18 +359,19 @@ class CompactLayout:
 
     def _stacks(self, index: torch.Tensor, chain: Chain) -> tuple[torch.Tensor, torch.Tensor]:
         """``obs`` and ``next_obs`` of the followed frames: on a CPU storage of raw frames by a compiled loop over
-        its numpy view, else gathered (or decoded) frame by frame."""
-        ring, log, field, device = self.ring, self.log, self.field, index.device
+        its numpy view, decoded straight into the batch from compressed ones, else gathered frame by frame."""
+        ring, log, field, device, streams = self.ring, self.log, self.field, index.device, self.streams
+        if log is not None:
+            obs, next_obs = log.stacks(chain, streams.finals, self.frame_stack, streams.padding_type == "zero")
+            return obs.to(device), next_obs.to(device)
         with ring.reading_arrays() as arrays:
-            if arrays is not None and log is None:
-                return self.streams.stacks_from(arrays[field], chain)
+            if arrays is not None:
+                return streams.stacks_from(arrays[field], chain)
 
         def frames(positions: npt.NDArray[np.int64]) -> torch.Tensor:
-            if log is not None:
-                return torch.from_numpy(log.take(positions)).to(device)
             return ring.gather(torch.from_numpy(positions).to(device), [field])[field]
 
-        return self.streams.stacks(self.frame_shape, chain, frames)
+        return streams.stacks(self.frame_shape, chain, frames)
 
     @property
     def nbytes(self) -> int:

@@ -41,7 +41,7 @@ import torch
 
 from rlbuf._codec import DICTIONARY_BYTES, DICTIONARY_MAGIC, Codec, checksums
 from rlbuf._convert import numpy_dtype_or_none
-from rlbuf._streams import as_words
+from rlbuf._streams import Chain, as_words
 from rlbuf.errors import CheckpointError, ConfigError
 
 DICTIONARY_AFTER = 1024
@@ -238,6 +238,35 @@ class FrameLog:
         frames: npt.NDArray[Any] = result.view(self.np_dtype).reshape(len(positions), *self.frame_shape)
         return frames
 
+    def stacks(self, chain: Chain, finals: CompressedFinals, frame_stack: int,
+               zero_pad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``obs`` and ``next_obs`` of the complete transitions walked as ``chain``, on the CPU, as
+        ``Streams.stacks`` rebuilds them from raw frames (``zero_pad``: ``padding_type="zero"``).
+
+        One compiled call plans the batch (``rlbuf._frames_numba.plan_stacks``): each distinct frame is
+        decoded once, straight into the first place of the stacks that holds it (a stack's frames are
+        consecutive places: decoded in one call), each final observation into its place, and the other
+        places copy those (``copy_repeated``; zeros before an episode start): no frame decoded that is
+        not returned, none copied twice.
+        """
+        # numba is imported with the compact layout (whose frames these are), not with rlbuf
+        from rlbuf._frames_numba import plan_stacks
+
+        count, size, ended = len(chain.steps), self.frame_bytes, chain.ended
+        result = np.empty((2 * count * frame_stack, size), np.uint8)
+        decode, positions, destinations, sources, places = plan_stacks(chain.rows, chain.padded, chain.steps, ended,
+                                                                       frame_stack, zero_pad)
+        out = result.reshape(-1).data  # flat bytes (a cast refuses the shape of an empty batch)
+        self.codec.decode_rows(self.arena, self.start[positions], self.length[positions].astype(np.int64), out, decode,
+                               size)
+        if len(places):
+            finals.decode_into(chain.final_slot[ended], out, places)
+        if len(destinations):  # after the decodes: the places they copy
+            copy_repeated(result, destinations, sources)
+        both = torch.from_numpy(result.view(self.np_dtype).reshape(
+            2, count, *((frame_stack,) if frame_stack > 1 else ()), *self.frame_shape))
+        return both[0], both[1]
+
     def blobs(self, positions: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
         """The compressed frames at ring ``positions`` as stored, one after another, and each one's size
         (what a learner decodes with this log's codec: see [`rlbuf._compact_wire`][rlbuf._compact_wire]).
@@ -407,12 +436,15 @@ class CompressedFinals:
     def take(self, slots: npt.NDArray[np.int64]) -> torch.Tensor:
         """The frames in ``slots``, on the CPU."""
         log = self.log
-        size = log.frame_bytes
-        result = np.empty((len(slots), size), np.uint8)
-        data, lengths = self.blobs_at(slots)
-        log.codec.decode_rows(data, np.cumsum(lengths) - lengths, lengths, result.data.cast("B"), np.arange(len(slots)),
-                              size)
+        result = np.empty((len(slots), log.frame_bytes), np.uint8)
+        self.decode_into(slots, result.data.cast("B"), np.arange(len(slots)))
         return torch.from_numpy(result.view(log.np_dtype).reshape(len(slots), *log.frame_shape))
+
+    def decode_into(self, slots: npt.NDArray[np.int64], out: memoryview, rows: npt.NDArray[np.int64]) -> None:
+        """Decode the frames in ``slots`` straight into rows ``rows`` (ascending) of ``out`` (rows of a frame's
+        bytes)."""
+        data, lengths = self.blobs_at(slots)
+        self.log.codec.decode_rows(data, np.cumsum(lengths) - lengths, lengths, out, rows, self.log.frame_bytes)
 
     def blobs_at(self, slots: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
         """The compressed frames in ``slots``, one after another, and each one's size (see ``FrameLog.blobs``)."""

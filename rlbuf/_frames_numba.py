@@ -19,6 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 import numba
+import numpy as np
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / the golden ratio
 
 
 @numba.njit(cache=True, nogil=True)  # type: ignore[untyped-decorator]
@@ -31,3 +34,54 @@ def gather_bytes(arena: Any, starts: Any, lengths: Any, out: Any) -> None:  # pr
         start, length = starts[i], lengths[i]
         out[at:at + length] = arena[start:start + length]
         at += length
+
+
+@numba.njit(cache=True, nogil=True)  # type: ignore[untyped-decorator]
+def plan_stacks(rows: Any, padded: Any, steps: Any, ended: Any, stack: int,
+                zero_pad: bool) -> tuple[Any, Any, Any, Any, Any]:  # pragma: no cover (compiled)
+    """Where each frame of the ``obs`` and ``next_obs`` stacks of a walk (``rows``, ``padded``, ``steps``,
+    ``ended``: a ``Chain``'s) comes from: ``(decode, positions, destinations, sources, finals)``.
+
+    The batch is ``2 * B * stack`` frames: ``obs`` frame ``j`` of transition ``i`` at place ``i * stack + j``,
+    its ``next_obs`` frame ``j`` at ``(B + i) * stack + j`` (``next_obs`` is the stack ``steps[i]`` rows later,
+    as ``rlbuf._streams_numba.build_stacks`` reads it). Each stored frame the batch holds is decoded once,
+    into the first place that holds it: ``decode`` (those places, ascending) and ``positions`` (their ring
+    positions). The other places copy one: ``destinations[i]`` from ``sources[i]``, zeros where a source is
+    negative (a frame before the episode start, with ``zero_pad``). ``finals``: the places of the final
+    observations (the newest ``next_obs`` frame of the ``ended`` transitions, ascending).
+    """
+    count = rows.shape[0]
+    total = 2 * count * stack
+    bits = 1
+    while (1 << bits) < 2 * total:  # an open-addressing table, at most half full
+        bits += 1
+    mask, shift = (1 << bits) - 1, np.uint64(64 - bits)
+    held = np.full(mask + 1, -1, np.int64)  # a stored row's position, at its hash
+    placed = np.empty(mask + 1, np.int64)  # the place that decodes it
+    decode, positions = np.empty(total, np.int64), np.empty(total, np.int64)
+    destinations, sources = np.empty(total, np.int64), np.empty(total, np.int64)
+    finals = np.empty(count, np.int64)
+    decoded = copies = ends = 0
+    for place in range(total):  # ascending: the first place of each frame decodes it
+        later = place >= count * stack
+        i, j = (place - count * stack * later) // stack, place % stack
+        column = steps[i] + j if later else j
+        if later and j == stack - 1 and ended[i]:
+            finals[ends] = place
+            ends += 1
+        elif zero_pad and padded[i, column]:
+            destinations[copies], sources[copies] = place, -1
+            copies += 1
+        else:
+            position = rows[i, column]
+            at = np.int64((np.uint64(position) * _GOLDEN) >> shift)  # Fibonacci hashing: near rows spread out
+            while held[at] >= 0 and held[at] != position:
+                at = (at + 1) & mask
+            if held[at] == position:
+                destinations[copies], sources[copies] = place, placed[at]
+                copies += 1
+            else:
+                held[at], placed[at] = position, place
+                decode[decoded], positions[decoded] = place, position
+                decoded += 1
+    return decode[:decoded], positions[:decoded], destinations[:copies], sources[:copies], finals[:ends]

@@ -75,18 +75,19 @@ def _copy(destination: Any, source: Any, zero: bool) -> None:  # pragma: no cove
 
 @numba.njit(**_JIT)  # type: ignore[untyped-decorator]
 def copy_rows(rows: Any, destinations: Any, sources: Any) -> None:  # pragma: no cover (compiled)
-    """``rows[destinations[i]] = rows[sources[i]]`` for each ``i``, word by word (``rows``: ``[n, words]``): the
-    frames a decoded batch asks for again (``rlbuf._frames.copy_repeated``), a third of a numpy fancy assignment's
-    time.
+    """``rows[destinations[i]] = rows[sources[i]]`` for each ``i`` (zeros where ``sources[i] < 0``), word by word
+    (``rows``: ``[n, words]``): the frames a decoded batch asks for again (``rlbuf._frames.copy_repeated``), a
+    third of a numpy fancy assignment's time.
 
     Example:
         >>> rows = np.arange(6, dtype=np.uint64).reshape(3, 2)
-        >>> copy_rows(rows, np.array([0]), np.array([2]))
+        >>> copy_rows(rows, np.array([0, 1]), np.array([2, -1]))
         >>> rows.tolist()
-        [[4, 5], [2, 3], [4, 5]]
+        [[4, 5], [0, 0], [4, 5]]
     """
     for i in range(len(destinations)):
-        _copy(rows[destinations[i]], rows[sources[i]], False)
+        source = sources[i]
+        _copy(rows[destinations[i]], rows[max(source, 0)], source < 0)
 
 
 @numba.njit(**_JIT, inline="always")  # type: ignore[untyped-decorator]

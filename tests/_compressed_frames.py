@@ -29,10 +29,15 @@ def _frame(rng: np.random.Generator, kind: int) -> np.ndarray:
     return rng.integers(0, 256, FRAME, dtype=np.uint8)
 
 
-def _steps(num_envs: int, frame_stack: int, steps: int, seed: int, end_rate: float) -> Iterator[dict[str, Any]]:
+def _steps(num_envs: int, frame_stack: int, steps: int, seed: int, end_rate: float,
+           padding_type: str = "reset") -> Iterator[dict[str, Any]]:
     """Steps of ``num_envs`` envs, stacked as gymnasium's ``FrameStackObservation`` stacks them."""
     rng = np.random.default_rng(seed)
-    stacks = [[_frame(rng, 0)] * frame_stack for _ in range(num_envs)]
+
+    def first(frame: np.ndarray) -> list[np.ndarray]:  # an episode's first stack
+        return [frame] * frame_stack if padding_type == "reset" else [np.zeros_like(frame)] * (frame_stack - 1) + [frame]
+
+    stacks = [first(_frame(rng, 0)) for _ in range(num_envs)]
     for t in range(steps):
         new = [_frame(rng, int(rng.integers(0, 3))) for _ in range(num_envs)]
         ends = rng.random(num_envs) < end_rate
@@ -45,7 +50,7 @@ def _steps(num_envs: int, frame_stack: int, steps: int, seed: int, end_rate: flo
                "next_obs": torch.from_numpy(np.stack([np.stack(s) for s in next_stacks]).reshape(shape)),
                "terminated": torch.from_numpy(ends & ~cut), "truncated": torch.from_numpy(cut), "t": t}
         for e in range(num_envs):
-            stacks[e] = [_frame(rng, 0)] * frame_stack if ends[e] else next_stacks[e]
+            stacks[e] = first(_frame(rng, 0)) if ends[e] else next_stacks[e]
 
 
 def _pair(capacity: int, num_envs: int, frame_stack: int, n_step: int, compression: str = "zstd",

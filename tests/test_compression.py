@@ -43,20 +43,21 @@ pytestmark = pytest.mark.usefixtures("small_dictionary_threshold")  # dictionari
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(num_envs=st.integers(1, 3), frame_stack=st.sampled_from([1, 2, 4]), n_step=st.sampled_from([1, 3]),
        capacity=st.integers(8, 48), steps=st.integers(0, 90), seed=st.integers(0, 2**16),
-       end_rate=st.sampled_from([0.0, 0.1, 0.4]), codec=st.sampled_from(["zstd", "lz4"]))
+       end_rate=st.sampled_from([0.0, 0.1, 0.4]), codec=st.sampled_from(["zstd", "lz4"]),
+       padding_type=st.sampled_from(["reset", "zero"]))
 def test_a_compressed_buffer_gives_exactly_what_an_uncompressed_one_gives(
         num_envs: int, frame_stack: int, n_step: int, capacity: int, steps: int, seed: int, end_rate: float,
-        codec: str) -> None:
+        codec: str, padding_type: str) -> None:
     capacity = max(capacity, num_envs)
-    plain, compressed = _pair(capacity, num_envs, frame_stack, n_step, codec)
-    for step in _steps(num_envs, frame_stack, steps, seed, end_rate):
+    plain, compressed = _pair(capacity, num_envs, frame_stack, n_step, codec, padding_type=padding_type)
+    for step in _steps(num_envs, frame_stack, steps, seed, end_rate, padding_type):
         _add((plain, compressed), step)
         if step["t"] % 29 == 0:
             assert _equal(_everything(plain), _everything(compressed))
     assert _equal(_everything(plain), _everything(compressed))
     loaded = ReplayBuffer(capacity, obs_shape=compressed._compact.obs_spec.shape, action_shape=(),  # type: ignore[union-attr]
                           obs_dtype=torch.uint8, action_dtype=torch.int64, num_envs=num_envs, frame_stack=frame_stack,
-                          n_step=n_step, compact=True, compression=codec)
+                          n_step=n_step, compact=True, compression=codec, padding_type=padding_type)
     loaded.load_state_dict(compressed.state_dict())
     assert loaded.check_valid() == (True, "")
     assert _equal(_everything(loaded), _everything(compressed))
