@@ -362,8 +362,8 @@ class CompactLayout:
         its numpy view, decoded straight into the batch from compressed ones, else gathered frame by frame."""
         ring, log, field, device, streams = self.ring, self.log, self.field, index.device, self.streams
         if log is not None:
-            obs, next_obs = log.stacks(chain, streams.finals, self.frame_stack, streams.padding_type == "zero")
-            return obs.to(device), next_obs.to(device)
+            both = log.stacks(chain, streams.finals, self.frame_stack, streams.padding_type == "zero").to(device)
+            return both[0], both[1]
         with ring.reading_arrays() as arrays:
             if arrays is not None:
                 return streams.stacks_from(arrays[field], chain)

@@ -239,15 +239,25 @@ class FrameLog:
         return frames
 
     def stacks(self, chain: Chain, finals: CompressedFinals, frame_stack: int,
-               zero_pad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """``obs`` and ``next_obs`` of the complete transitions walked as ``chain``, on the CPU, as
-        ``Streams.stacks`` rebuilds them from raw frames (``zero_pad``: ``padding_type="zero"``).
+               zero_pad: bool) -> torch.Tensor:
+        """``obs`` and ``next_obs`` of the complete transitions walked as ``chain``, as ``Streams.stacks`` rebuilds
+        them from raw frames (``zero_pad``: ``padding_type="zero"``), in one CPU tensor ``[2, B, ...]``.
 
         One compiled call plans the batch (``rlbuf._frames_numba.plan_stacks``): each distinct frame is
         decoded once, straight into the first place of the stacks that holds it (a stack's frames are
         consecutive places: decoded in one call), each final observation into its place, and the other
         places copy those (``copy_repeated``; zeros before an episode start): no frame decoded that is
         not returned, none copied twice.
+
+        Example:
+            >>> log = FrameLog(4, (2,), torch.uint8, Codec("zstd", None))
+            >>> packed = log.compress(np.arange(6, dtype=np.uint8).reshape(3, 2))
+            >>> log.append(0, packed, log.place(packed))
+            >>> no = np.zeros(1, np.bool_)  # one transition of rows 0, 1 (its stack of 2) and 2 (one step later)
+            >>> chain = Chain(~no, np.array([[0, 1, 2]]), np.zeros((1, 3), np.bool_), np.ones(1, np.int64), no, no,
+            ...               np.full(1, -1))
+            >>> log.stacks(chain, CompressedFinals(log), 2, False).tolist()  # obs, then next_obs
+            [[[[0, 1], [2, 3]]], [[[2, 3], [4, 5]]]]
         """
         # numba is imported with the compact layout (whose frames these are), not with rlbuf
         from rlbuf._frames_numba import plan_stacks
@@ -263,9 +273,8 @@ class FrameLog:
             finals.decode_into(chain.final_slot[ended], out, places)
         if len(destinations):  # after the decodes: the places they copy
             copy_repeated(result, destinations, sources)
-        both = torch.from_numpy(result.view(self.np_dtype).reshape(
+        return torch.from_numpy(result.view(self.np_dtype).reshape(
             2, count, *((frame_stack,) if frame_stack > 1 else ()), *self.frame_shape))
-        return both[0], both[1]
 
     def blobs(self, positions: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
         """The compressed frames at ring ``positions`` as stored, one after another, and each one's size

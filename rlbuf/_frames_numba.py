@@ -1,9 +1,10 @@
-"""The byte gather of compressed frames, compiled by numba (imported when a compressed buffer samples).
+"""The sample side of compressed frames, compiled by numba (imported when a compressed buffer samples).
 
-A sample of a compressed buffer decodes its distinct frames from one run of bytes (see
-``Codec.decode_rows``); ``gather_bytes`` puts them one after another in one compiled loop, where a
-Python loop makes an object per frame (about 1,650 frames for a batch of 256 Atari transitions).
-numba compiles it once and keeps it in its on-disk cache.
+A sample of a compressed buffer plans its stacks in one compiled pass (``plan_stacks``: which place
+of the batch decodes each distinct frame, which places copy one), and decodes the distinct frames
+from one run of bytes (see ``Codec.decode_rows``): ``gather_bytes`` puts them one after another in
+one compiled loop, where a Python loop makes an object per frame (about 1,650 frames for a batch of
+256 Atari transitions). numba compiles each once and keeps it in its on-disk cache.
 
 Example:
     >>> import numpy as np
@@ -49,6 +50,12 @@ def plan_stacks(rows: Any, padded: Any, steps: Any, ended: Any, stack: int,
     positions). The other places copy one: ``destinations[i]`` from ``sources[i]``, zeros where a source is
     negative (a frame before the episode start, with ``zero_pad``). ``finals``: the places of the final
     observations (the newest ``next_obs`` frame of the ``ended`` transitions, ascending).
+
+    Example:
+        >>> rows = np.array([[5, 6, 7]])  # one transition: stacks of 2 frames, one step
+        >>> plan = plan_stacks(rows, np.zeros((1, 3), np.bool_), np.ones(1, np.int64), np.zeros(1, np.bool_), 2, False)
+        >>> [part.tolist() for part in plan]  # row 6, in both stacks, is decoded at place 1 and copied to place 2
+        [[0, 1, 3], [5, 6, 7], [2], [1], []]
     """
     count = rows.shape[0]
     total = 2 * count * stack
