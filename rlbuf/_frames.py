@@ -538,15 +538,16 @@ class CompressedFinals:
 
 def copy_repeated(rows: npt.NDArray[np.uint8], destinations: npt.NDArray[np.int64],
                   sources: npt.NDArray[np.int64]) -> None:
-    """``rows[destinations] = rows[sources]`` for C-contiguous frames of bytes ``[n, frame_bytes]``: the frames a
-    decoded batch asks for again, copied by a compiled loop (``rlbuf._streams_numba.copy_rows``), where a numpy
-    fancy assignment would make a temporary (about 3 MB, new memory at every batch of 256) and copy twice.
+    """``rows[destinations] = rows[sources]`` (zeros where a source is negative) for C-contiguous frames of bytes
+    ``[n, frame_bytes]``: the frames a decoded batch asks for again, copied by a compiled loop
+    (``rlbuf._streams_numba.copy_rows``), where a numpy fancy assignment would make a temporary (about 3 MB,
+    new memory at every batch of 256) and copy twice.
 
     Example:
         >>> rows = np.arange(6, dtype=np.uint8).reshape(3, 2)
-        >>> copy_repeated(rows, np.array([2]), np.array([0]))
+        >>> copy_repeated(rows, np.array([2, 1]), np.array([0, -1]))
         >>> rows.tolist()
-        [[0, 1], [2, 3], [0, 1]]
+        [[0, 1], [0, 0], [0, 1]]
     """
     # numba is imported with the compact layout (whose frames these are), not with rlbuf
     from rlbuf._streams_numba import copy_rows
