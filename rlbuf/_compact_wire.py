@@ -57,6 +57,9 @@ if TYPE_CHECKING:
 ZERO = -1
 """A stack slot's source that is a frame of zeros (``padding_type="zero"`` before an episode start)."""
 _KEPT_DICTIONARIES = 64  # dictionaries a learner caches (each shard trains one, again after a clear or a load)
+# The most bytes one compressed byte can decode to: a zstd block of 4 bytes (a header and one repeated byte)
+# holds at most 128 KB; lz4 reaches about 255. A frame claimed larger is forged, and its stacks are not allocated.
+_MOST_EXPANDED = 1 << 15
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,10 +316,13 @@ def rebuild(payloads: Sequence[FramePayload], decoders: FrameDecoders,
     ``Codec.decompress_rows``); the other slots copy it.
 
     Raises:
-        ReplyError: a payload no rlbuf shard sends (corrupted or forged): its parts disagree (with each other,
-            ``batch_sizes`` or ``decoders.expected``), a slot names a frame it does not hold, or a frame that does
-            not decode to one of ``frame_shape``.
+        ReplyError: a payload no rlbuf shard sends (corrupted or forged): not a ``FramePayload``, a part of another
+            type, dtype or shape than a shard sends, parts that disagree (with each other, ``batch_sizes`` or
+            ``decoders.expected``), a slot naming a frame it does not hold, or a frame that does not decode to one
+            of ``frame_shape`` (also when the receiver was told no geometry).
     """
+    for payload in payloads:
+        _check_parts(payload)
     first = payloads[0]
     if batch_sizes is not None and [_rows(payload) for payload in payloads] != list(batch_sizes):
         raise ReplyError(f"frames: payloads of {[_rows(payload) for payload in payloads]} transitions for batches of "
@@ -327,9 +333,9 @@ def rebuild(payloads: Sequence[FramePayload], decoders: FrameDecoders,
     frame_shape, stacked = first.frame_shape, first.stacked
     try:
         dtype = np.dtype(first.dtype)
-    except TypeError:
+    except (TypeError, ValueError):  # numpy refuses a name it cannot parse with either
         dtype = np.dtype(object)
-    if dtype.hasobject or not all(type(size) is int and size > 0 for size in frame_shape):
+    if dtype.kind not in "biufc" or not all(size > 0 for size in frame_shape) or len(frame_shape) > _MOST_AXES:
         raise ReplyError(f"frames: frames {frame_shape} of {first.dtype!r}, expected positive sizes of a numeric dtype")
     frame_bytes = math.prod(frame_shape) * dtype.itemsize
     stack = _rows(first, axis=2) or 0
@@ -377,33 +383,81 @@ def _rows(payload: FramePayload, axis: int = 1) -> int | None:
     return int(shape[axis]) if len(shape) == 3 else None
 
 
+_MOST_AXES = 32  # of a frame: numpy allows 64 axes in all, and the stacks add two or three
+
+
+def _check_parts(payload: object) -> None:
+    """Raise ``ReplyError`` unless ``payload`` is a ``FramePayload`` whose every part is of the type an rlbuf shard
+    sends (checked before any part is read: a forged part must not reach numpy as something else)."""
+    if not isinstance(payload, FramePayload):
+        raise ReplyError(f"frames: {shown(payload)}, expected a FramePayload")
+    codec = payload.codec
+    parts = {
+        "path": (isinstance(payload.path, tuple) and all(type(key) is str for key in payload.path), "a tuple of str"),
+        "frame_shape": (isinstance(payload.frame_shape, tuple)
+                        and all(type(size) is int for size in payload.frame_shape), "a tuple of int"),
+        "dtype": (type(payload.dtype) is str, "the name of a numpy dtype"),
+        "stacked": (type(payload.stacked) is bool, "a bool"),
+        "sources": (isinstance(payload.sources, np.ndarray), "an int32 array [2, batch, frame_stack]"),
+        "frames": (payload.frames is None or isinstance(payload.frames, np.ndarray), "None or a uint8 array"),
+        "blobs": (payload.blobs is None or isinstance(payload.blobs, np.ndarray), "None or a uint8 array"),
+        "lengths": (payload.lengths is None or isinstance(payload.lengths, np.ndarray), "None or an int64 array"),
+        "codec": (codec is None or (isinstance(codec, tuple) and len(codec) == 2 and type(codec[0]) is str
+                                    and (codec[1] is None or type(codec[1]) is int)), "None or (name, level)"),
+        "dictionary_id": (type(payload.dictionary_id) is str, "a str"),
+        "dictionary": (payload.dictionary is None or type(payload.dictionary) is bytes, "None or bytes"),
+    }
+    for name, (sent, expected) in parts.items():
+        if not sent:
+            raise ReplyError(f"frames: {name} {shown(getattr(payload, name))}, expected {expected}")
+    compressed = [part is not None for part in (payload.blobs, payload.lengths, codec)]
+    if len(set(compressed)) > 1 or (payload.frames is not None) == compressed[0]:
+        raise ReplyError("frames: expected either raw frames or compressed ones with their lengths and codec, got "
+                         f"frames={shown(payload.frames)}, blobs={shown(payload.blobs)}, "
+                         f"lengths={shown(payload.lengths)}, codec={codec!r}")
+
+
+def shown(value: object) -> str:
+    """``value`` in a message: an array by its dtype and shape, anything else by a repr of at most 60 characters.
+
+    Example:
+        >>> shown(np.zeros((2, 3), np.uint8)), shown("x" * 100)[-5:]
+        ('array of uint8 (2, 3)', 'xx...')
+    """
+    if isinstance(value, np.ndarray):
+        return f"array of {value.dtype} {value.shape}"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
 def _check(payload: FramePayload, first: FramePayload, stack: int, frame_bytes: int) -> None:
     """Raise ``ReplyError`` unless ``payload`` is one an rlbuf shard sends beside ``first`` (of one batch)."""
     if (payload.frame_shape, payload.dtype, payload.stacked) != (first.frame_shape, first.dtype, first.stacked):
         raise ReplyError(f"frames: frames {payload.frame_shape} {payload.dtype} beside {first.frame_shape} "
                          f"{first.dtype} in one batch")
     sources = payload.sources
-    if not (isinstance(sources, np.ndarray) and sources.dtype == np.int32 and sources.ndim == 3
+    if not (sources.dtype == np.int32 and sources.ndim == 3
             and sources.shape[0] == 2 and sources.shape[2] == stack and stack >= 1 and payload.stacked == (stack > 1)):
-        raise ReplyError(f"frames: sources {getattr(sources, 'dtype', type(sources))} of shape "
-                         f"{getattr(sources, 'shape', None)} (stacked={payload.stacked}), expected int32 [2, batch, "
+        raise ReplyError(f"frames: sources {shown(sources)} (stacked={payload.stacked}), expected int32 [2, batch, "
                          f"{stack}]")
     if payload.frames is not None:
         frames = payload.frames
-        if not (isinstance(frames, np.ndarray) and frames.dtype == np.uint8 and frames.ndim == 2
-                and frames.shape[1] == frame_bytes):
-            raise ReplyError(f"frames: raw frames of shape {getattr(frames, 'shape', None)}, expected "
-                             f"[count, {frame_bytes}] uint8")
+        if not (frames.dtype == np.uint8 and frames.ndim == 2 and frames.shape[1] == frame_bytes):
+            raise ReplyError(f"frames: raw frames of shape {frames.shape} ({frames.dtype}), expected uint8 "
+                             f"[count, {frame_bytes}]")
         count = len(frames)
     else:
         blobs, lengths = payload.blobs, payload.lengths
-        if not (isinstance(blobs, np.ndarray) and blobs.dtype == np.uint8 and blobs.ndim == 1
-                and isinstance(lengths, np.ndarray) and lengths.dtype == np.int64 and lengths.ndim == 1
-                and payload.codec is not None):
-            raise ReplyError("frames: neither raw frames nor compressed ones with their lengths and codec")
+        assert blobs is not None and lengths is not None  # _check_parts: both sent, or raw frames
+        if not (blobs.dtype == np.uint8 and blobs.ndim == 1 and lengths.dtype == np.int64 and lengths.ndim == 1):
+            raise ReplyError(f"frames: compressed frames {shown(blobs)} of lengths {shown(lengths)}, expected "
+                             "uint8 [bytes] and int64 [frames]")
         if lengths.size and not 1 <= int(lengths.min()) <= int(lengths.max()) <= len(blobs):  # a sum that wraps
             raise ReplyError(f"frames: compressed frames of {int(lengths.min())} to {int(lengths.max())} bytes, "
                              f"expected 1 to {len(blobs)} (the bytes sent)")
+        if lengths.size and frame_bytes > _MOST_EXPANDED * int(lengths.min()):
+            raise ReplyError(f"frames: a compressed frame of {int(lengths.min())} bytes, which cannot decode to a "
+                             f"frame of {frame_bytes} bytes")
         if int(lengths.sum()) != len(blobs):
             raise ReplyError(f"frames: lengths adding up to {int(lengths.sum())} bytes for {len(blobs)} bytes of "
                              "compressed frames")

@@ -27,7 +27,7 @@ from rlbuf._keywords import keywords_checked
 from rlbuf._priorities import priorities
 from rlbuf._protocols import BufferProtocols
 from rlbuf._rate_limit import RateLimiter
-from rlbuf._ray_batches import batch_of, merged_fields
+from rlbuf._ray_batches import batch_of, check_fields, check_reply, merged_fields
 from rlbuf._ray_calls import get, start_ray, stop, wait_any
 from rlbuf._ray_checkpoint import read_manifest, restore_shards, write_checkpoint
 from rlbuf._ray_restart import Restarts, restart_path, retried
@@ -336,6 +336,7 @@ class ReplayService(BufferProtocols):
             RateLimitTimeoutError: every shard's limiter held the sample for ``timeout``
                 seconds; no shard sampled (no counter moved).
             ShardDiedError: a shard's actor is gone.
+            ReplyError: a shard's reply no rlbuf shard sends (corrupted or forged; the split generator restored).
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise BatchSizeError(f"batch_size: expected a positive int, got {batch_size!r}")
@@ -379,7 +380,8 @@ class ReplayService(BufferProtocols):
             return answer
 
         replies = [self._retried(partial(reply, k, count), reads=False, timeout=wait) for k, count in drawn]
-        for (k, _), reply_k in zip(drawn, replies, strict=True):
+        for (k, count), reply_k in zip(drawn, replies, strict=True):
+            check_reply(reply_k, count)
             stats[k] = self._heard([reply_k["stats"]], k)[0]
         return self._merge(drawn, replies, stats)
 
@@ -409,6 +411,8 @@ class ReplayService(BufferProtocols):
             raise EmptyBufferError("sample_all: every shard is empty")
         replies = self._retried(lambda: self._get([(k, shards[k].rlbuf_sample_all.remote()) for k, _ in drawn]),
                                 reads=True)
+        for reply in replies:
+            check_fields(reply, None)
         parts = [{"fields": reply, "stats": {"smallest": 1.0}} for reply in replies]
         return self._merge(drawn, parts, None)
 

@@ -287,5 +287,5 @@ def test_a_receiver_told_no_geometry_still_refuses_frames_of_no_size_or_dtype() 
         buffer.add(*envs.step([0, 0])[:5], truncated=torch.zeros(2, dtype=torch.bool))
     _, payload = sample_wire(buffer, 4, known=())
     for changes in ({"frame_shape": (-3, 2)}, {"frame_shape": (3, 2.0)}, {"dtype": "object"}, {"dtype": "no dtype"}):
-        with pytest.raises(ReplyError, match="expected positive sizes of a numeric dtype"):
+        with pytest.raises(ReplyError, match=r"expected positive sizes of a numeric dtype|expected a tuple of int"):
             rebuild([forged(payload, **changes)], FrameDecoders())
