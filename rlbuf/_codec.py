@@ -128,6 +128,7 @@ class Codec:
             compressor = zstandard.ZstdCompressor(level=level or _DEFAULT_ZSTD_LEVEL, dict_data=data,
                                                   write_content_size=False, write_checksum=False, write_dict_id=False)
             self._decompressor = decompressor = zstandard.ZstdDecompressor(dict_data=data)
+            self._checked_readers: dict[int, Callable[..., Any]] = {}
             self.compress = compressor.compress
             self._reader = decompressor.stream_reader
             content_size, decompress = zstandard.frame_content_size, decompressor.decompress
@@ -198,10 +199,10 @@ class Codec:
         decompress to exactly ``size`` bytes, with no more memory than ``out`` (a header's content size is not
         trusted).
 
-        zstd decodes them all in one call (python-zstandard's ``multi_decompress_to_buffer``, which decodes
-        each frame into the ``size`` bytes given for it and refuses one of another size; bytes after a
-        frame change none of it and are ignored, where ``decompress`` refuses them); lz4 one ``decompress``
-        a frame.
+        zstd decodes each frame straight into its row through one stream reader (the frames one after
+        another, gathered first where they are not), the reader's window limited to what a frame of
+        ``size`` bytes needs; a frame of another size, or bytes after the last, are refused (and ``out``
+        may then hold anything). lz4: one ``decompress`` a frame.
 
         Raises:
             ValueError: a frame outside ``arena``, or one that is not a frame of ``size`` bytes (named).
@@ -216,7 +217,7 @@ class Codec:
             >>> codec.decompress_rows(arena, np.array([0]), np.array([len(arena) - 4]), memoryview(out), np.array([0]), 5)
             Traceback (most recent call last):
             ...
-            ValueError: zstd frames that do not decompress to frames of 5 bytes (error decompressing item 0: ...)
+            ValueError: zstd frames that do not decompress to frames of 5 bytes (frame 0 decompresses to 4 bytes)
         """
         count = len(rows)
         if not len(starts) == len(lengths) == count:
@@ -237,15 +238,47 @@ class Codec:
             for row, start, end in zip(rows.tolist(), starts.tolist(), ends.tolist(), strict=True):
                 out[row * size:(row + 1) * size] = self.decompress(frames[start:end], size)
             return
-        _, zstandard = _libraries()
-        segments = zstandard.BufferWithSegments(arena, np.stack((starts, lengths), 1).astype(np.uint64).tobytes())
+        if np.array_equal(starts[1:], ends[:-1]):  # the frames one after another, as a shard sends them
+            data = arena[int(starts[0]):int(ends[-1])]
+        else:
+            from rlbuf._frames_numba import gather_bytes
+
+            data = np.empty(int(lengths.sum()), np.uint8)
+            gather_bytes(arena, starts, lengths, data)
         try:
-            frames = self._decompressor.multi_decompress_to_buffer(
-                segments, decompressed_sizes=np.full(count, size, np.uint64).tobytes())
-        except zstandard.ZstdError as error:
+            self._read_frames(data, out, rows, size)
+        except self._errors as error:
             raise ValueError(f"zstd frames that do not decompress to frames of {size} bytes ({error})") from None
-        for row, frame in zip(rows.tolist(), frames, strict=True):
-            out[row * size:(row + 1) * size] = frame
+
+    def _read_frames(self, data: npt.NDArray[np.uint8], out: memoryview, rows: npt.NDArray[np.int64],
+                     size: int) -> None:
+        """zstd's ``decompress_rows``: the frames of ``data``, one after another, each into its row, checked.
+
+        One stream reader that stops at each frame's end reads each frame into its row with a byte of room past
+        it: a read of exactly ``size`` bytes is a whole frame of ``size`` bytes (a longer one fills the byte, a
+        shorter one ends early), and after the last no byte is left. Its window is limited to what a frame of
+        ``size`` bytes compressed with this dictionary needs, so a forged header allocates no more.
+        """
+        reader = self._checked_readers.get(size)
+        if reader is None:
+            _, zstandard = _libraries()
+            window = 1 << max(10, (size + len(self.dictionary) - 1).bit_length())
+            data_dict = zstandard.ZstdCompressionDict(self.dictionary) if self.dictionary else None
+            reader = zstandard.ZstdDecompressor(dict_data=data_dict, max_window_size=window).stream_reader
+            self._checked_readers[size] = reader
+        last_row = memoryview(bytearray(size + 1))  # the room past the last row of ``out``, which has none
+        with reader(data, read_across_frames=False) as frames:
+            readinto = frames.readinto
+            for frame, low in enumerate((rows * size).tolist()):
+                if low + size < len(out):
+                    got = readinto(out[low:low + size + 1])
+                else:
+                    got = readinto(last_row)
+                    out[low:low + size] = last_row[:size]
+                if got != size:
+                    raise ValueError(f"frame {frame} decompresses to {got if got <= size else 'more'} bytes")
+            if frames.read(1):
+                raise ValueError(f"bytes after frame {len(rows) - 1}")
 
     def _read_runs(self, data: npt.NDArray[np.uint8], out: memoryview, rows: npt.NDArray[np.int64],
                    size: int) -> None:

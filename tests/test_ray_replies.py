@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -181,3 +182,69 @@ def test_a_payload_claiming_frames_larger_than_its_bytes_can_hold_is_refused_bef
     with pytest.raises(ReplyError, match="cannot decode to a frame of 1000000000000000000 bytes"):
         rebuild([dataclasses.replace(payload, frame_shape=(10**12, 10**6))], FrameDecoders(), [ROWS])
 
+
+def zstd_frames(payload: FramePayload, frames: list[bytes]) -> FramePayload:
+    """``payload`` with its first ``len(frames)`` compressed frames replaced by ``frames`` (no dictionary)."""
+    assert payload.blobs is not None and payload.lengths is not None
+    kept = int(payload.lengths[:len(frames)].sum())
+    blobs = np.concatenate([np.frombuffer(frame, np.uint8) for frame in frames] + [payload.blobs[kept:]])
+    lengths = np.concatenate(([len(frame) for frame in frames], payload.lengths[len(frames):])).astype(np.int64)
+    return dataclasses.replace(payload, blobs=blobs, lengths=lengths, dictionary_id="", dictionary=None)
+
+
+@pytest.mark.parametrize(("sizes", "message"), [
+    ((5, 7), "frame 0 decompresses to 5 bytes"),         # two frames whose sizes make up for each other
+    ((7, 5), "frame 0 decompresses to more bytes"),
+    ((6, 12), "frame 1 decompresses to more bytes"),
+    ((6, 0), r"frame \d+ decompresses to 0 bytes"),    # an empty frame adds nothing: the frames run out
+])
+def test_each_compressed_frame_must_decode_to_one_frame_whatever_the_others_make_up(
+        sizes: tuple[int, ...], message: str) -> None:
+    """The learner decodes a shard's frames through one stream reader that stops at each frame's end
+    (``Codec.decompress_rows``): a frame one byte short beside one a byte long is refused, as a frame
+    of the wrong size alone is."""
+    import zstandard
+
+    shard = SHARDS["zstd"][0]
+    _, payload = sample_wire(shard.buffer, ROWS, known=())
+    compressor = zstandard.ZstdCompressor(write_content_size=False)
+    frames = [compressor.compress(bytes([7]) * size) for size in sizes]
+    decoders = FrameDecoders(frame_geometry(shard.buffer))
+    rebuild([zstd_frames(payload, [compressor.compress(bytes([7]) * 6)] * 2)], decoders, [ROWS])  # frames of 6: kept
+    with pytest.raises(ReplyError, match=message):
+        rebuild([zstd_frames(payload, frames)], decoders, [ROWS])
+
+
+def test_frames_the_slots_skip_are_not_decoded_and_the_others_are_placed() -> None:
+    """A payload whose slots name frames 0 and 2 but not 1 (its frames are then not one after another: they are
+    gathered first) rebuilds the slots that named frame 1 as frame 0's."""
+    shard = SHARDS["zstd"][0]
+    _, payload = sample_wire(shard.buffer, ROWS, known=())
+    decoders = FrameDecoders(frame_geometry(shard.buffer))
+    obs, next_obs = rebuild([payload], decoders, [ROWS])
+    skipping = dataclasses.replace(payload, sources=np.where(payload.sources == 1, 0, payload.sources).astype(np.int32))
+    forged_obs, forged_next_obs = rebuild([skipping], decoders, [ROWS])
+    both, forged = torch.stack((obs, next_obs)), torch.stack((forged_obs, forged_next_obs))
+    named = torch.from_numpy(payload.sources)
+    assert (named == 1).any() and torch.equal(forged[named != 1], both[named != 1])
+    assert (forged[named == 1] == both[named == 0][0]).all()
+
+
+@pytest.mark.parametrize("rows", [[2, 0], [0, 2]])
+def test_a_frame_too_long_for_the_last_row_of_the_stacks_is_refused(rows: list[int]) -> None:
+    """The last row has no byte of room past it in the stacks: it is read through a row of its own that has."""
+    from rlbuf._codec import Codec
+
+    codec = Codec("zstd", None)
+    good, long = codec.compress(bytes([1]) * 4), codec.compress(bytes([2]) * 8)
+    out = bytearray(12)
+    for first, second, refused in ((good, good, False), (long, good, True), (good, long, True)):
+        arena = np.frombuffer(first + second, np.uint8)
+        call = partial(codec.decompress_rows, arena, np.array([0, len(first)]), np.array([len(first), len(second)]),
+                       memoryview(out), np.array(rows), 4)
+        if refused:
+            with pytest.raises(ValueError, match=r"decompresses to more bytes|bytes after frame 1"):
+                call()
+        else:
+            call()
+            assert out[rows[0] * 4:rows[0] * 4 + 4] == out[rows[1] * 4:rows[1] * 4 + 4] == bytes([1]) * 4
