@@ -99,7 +99,7 @@ def _leaf_rows(value: object) -> int | None:
     if isinstance(value, np.ndarray):
         return len(value) if value.ndim and value.dtype.kind in "biufc" else None
     if isinstance(value, torch.Tensor | TensorDictBase):
-        return int(value.shape[0]) if len(value.shape) and value.device.type == "cpu" else None
+        return int(value.shape[0]) if len(value.shape) else None
     return None
 
 

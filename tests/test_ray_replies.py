@@ -248,3 +248,24 @@ def test_a_frame_too_long_for_the_last_row_of_the_stacks_is_refused(rows: list[i
         else:
             call()
             assert out[rows[0] * 4:rows[0] * 4 + 4] == out[rows[1] * 4:rows[1] * 4 + 4] == bytes([1]) * 4
+
+
+def test_dict_observation_replies_pass_and_a_followed_key_they_lack_is_refused() -> None:
+    """Compact shards of dict observations send ``obs`` as a TensorDict whose followed key is ``[rows, 0]``."""
+    options = {**OPTIONS, "obs_shape": {"image": (4, 3, 2), "state": (4, 2)}, "obs_dtype": {"image": torch.uint8},
+               "padding_type": "zero"}
+    shards = [ShardHost(seed=seed, **options) for seed in range(2)]
+    for seed, shard in enumerate(shards):
+        envs = Envs(2, 4, "zero", torch.uint8, True, seed=seed)
+        for _ in range(20):
+            step = envs.step([0, 0])
+            shard.buffer.add(*step[:5], truncated=step[5])
+    answers = [shard.shard_sample(ROWS, None, []) for shard in shards]
+    decoders = FrameDecoders(frame_geometry(shards[0].buffer))
+    for answer in answers:
+        check_reply(answer, ROWS)
+    fields = merged_fields([(0, ROWS), (1, ROWS)], answers, shard_capacity=64, weights=None, decoders=decoders)
+    assert fields["obs"]["image"].shape == (2 * ROWS, 4, 3, 2) and fields["next_obs"]["state"].shape == (2 * ROWS, 4, 2)
+    answers[1]["fields"]["obs"] = answers[1]["fields"]["obs"].exclude("image")
+    with pytest.raises(ReplyError, match="reply: shard 1's obs"):
+        merged_fields([(0, ROWS), (1, ROWS)], answers, shard_capacity=64, weights=None, decoders=decoders)
