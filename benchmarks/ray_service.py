@@ -30,7 +30,7 @@ sending them whole (``before``, the path kept behind a private switch). Beside t
 shard's ``ReplayBuffer.sample(256)`` takes here without Ray, and a round trip to both shards that
 moves no data (``service.sizes()``), the floor under every service figure. Two interleaved passes: wall time,
 then the CPU time of every process of the run (the learner, the actors and Ray's daemons, read
-from /proc) a batch.
+from /proc) a batch; then each service's CPU a batch split by process (learner, shards, the rest).
 
 ``--soak SECONDS``: two writer actors ``add`` single CartPole-shaped steps (``batch_steps``
 64) while the learner samples as fast as it can, for ``SECONDS``, with a rate limiter on;
@@ -193,6 +193,11 @@ def atari(args: argparse.Namespace) -> None:
         before, now = f"{name}: stacks sent (before)", f"{name}: frames once (now)"
         print(f"{name}: now / before: {wall[before] / wall[now]:.2f}x the batches a second, "
               f"{cpu[now] / cpu[before]:.2f}x the CPU a batch")
+    print(f"CPU ms a batch by process, frames once, {args.samples} batches each (load {os.getloadavg()[0]:.2f}):")
+    for name, service in services.items():
+        shard_pids = set(ray.get([actor.__ray_call__.remote(lambda _: os.getpid()) for actor in service.actors]))
+        roles = cpu_by_role(partial(sample_stacks_on_learner, service, True), args.samples, shard_pids)
+        print(f"{name:50} " + ", ".join(f"{role} {seconds * 1e3:.2f}" for role, seconds in roles.items()))
     for service in services.values():
         batch = sample_stacks_on_learner(service, True)
         assert batch.obs.shape == (BATCH, 4, 84, 84) and batch.obs.dtype == torch.uint8
@@ -213,6 +218,23 @@ def sample_stacks_on_learner(service: Any, on_learner: bool) -> Any:
 def session_cpu_seconds() -> float:
     """User and system CPU seconds so far of this process and every process it started (Ray's daemons and
     workers: ``ray.init`` starts them as its descendants), from /proc (Linux)."""
+    return sum(session_cpu_by_process().values())
+
+
+def cpu_by_role(call: Any, number: int, shard_pids: set[int]) -> dict[str, float]:
+    """CPU seconds a call of ``call()`` (over ``number`` calls) of the learner (this process), the shard actors
+    (``shard_pids``) and the run's other processes (Ray's daemons, idle workers and other peers' actors)."""
+    before = session_cpu_by_process()
+    for _ in range(number):
+        call()
+    after = session_cpu_by_process()
+    spent = {pid: seconds - before.get(pid, 0.0) for pid, seconds in after.items()}
+    learner, shards = spent.pop(os.getpid(), 0.0), sum(spent.pop(pid, 0.0) for pid in shard_pids)
+    return {"learner": learner / number, "shards": shards / number, "others": sum(spent.values()) / number}
+
+
+def session_cpu_by_process() -> dict[int, float]:
+    """``session_cpu_seconds`` of each process, by pid."""
     parents: dict[int, int] = {}
     spent: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
@@ -228,7 +250,7 @@ def session_cpu_seconds() -> float:
         found = {pid for pid, parent in parents.items() if parent in ours} - ours
         ours |= found
         grown = bool(found)
-    return sum(spent[pid] for pid in ours) / os.sysconf("SC_CLK_TCK")
+    return {pid: spent[pid] / os.sysconf("SC_CLK_TCK") for pid in ours}
 
 
 class StepWriter:
