@@ -204,7 +204,7 @@ class RowCount(int):
                                         "method; SB3's size() counted steps per env: len(buffer) // buffer.num_envs")
 
 
-def _field_values(batch: Any) -> dict[str, Any]:
+def field_values(batch: Any) -> dict[str, Any]:
     """The batch's set fields by name (a batch from ``sample_by_index(fields=...)`` lacks the others)."""
     missing = object()
     values = {item.name: getattr(batch, item.name, missing) for item in dataclasses.fields(batch)}
@@ -289,7 +289,7 @@ def _mapped(batch: Any, change: Callable[[str, Any], Any]) -> Any:
             return {key: each(name, column) for key, column in value.items()}
         return value  # None, burn_in
 
-    return rebuilt(type(batch), {name: each(name, value) for name, value in _field_values(batch).items()})
+    return rebuilt(type(batch), {name: each(name, value) for name, value in field_values(batch).items()})
 
 
 def select_rows(batch: Any, key: object, *, time_first: frozenset[str] = frozenset()) -> Any:
@@ -329,7 +329,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def same_batch(a: Any, b: Any) -> bool:
     """Whether two batches of one type hold the same fields, each of the same dtype, device, shape and values."""
-    fields_a, fields_b = _field_values(a), _field_values(b)
+    fields_a, fields_b = field_values(a), field_values(b)
     return fields_a.keys() == fields_b.keys() and all(_same(fields_a[name], fields_b[name]) for name in fields_a)
 
 

@@ -30,6 +30,7 @@ from tensordict import TensorDict
 from rlbuf._keywords import FOREIGN_NAMES
 from rlbuf._obs import hidden_state_key
 from rlbuf._protocols import (
+    field_values,
     held_as_object,
     moved,
     refuse_iteration,
@@ -217,13 +218,9 @@ class _ExtrasAccess:
         return f"{type(self).__name__}({', '.join(shown + [f'{name}={_shown(value)}' for name, value in present.items()])})"
 
     def _present(self) -> dict[str, object]:
-        """The batch's fields that hold a value, then its extras as ``extras.name``: a ``fields=`` batch lacks some."""
+        """The fields that hold a value (a ``fields=`` batch lacks some), then the extras as ``extras.name``."""
         present: dict[str, object] = {}
-        for name in cast(Any, self).__dataclass_fields__:
-            try:
-                value = object.__getattribute__(self, name)
-            except AttributeError:  # a slot a fields= batch left empty
-                continue
+        for name, value in field_values(self).items():
             if name == "extras":
                 present.update({f"extras.{key}": extra for key, extra in value.items()})
             elif value is not None:
