@@ -211,15 +211,15 @@ def _grouped(episodes: Iterator[dict[str, Any]], paths: Sequence[Key], info_keys
 
 @dataclass
 class _Opened:
-    """An HDF5 episode's datasets, opened, in ``_Hdf5Reader.fields`` order: ``(dataset, space, shape, type)``."""
+    """An HDF5 episode's datasets, opened, in ``_Hdf5Reader.fields`` order: ``(dataset, shape, type)``."""
 
     id: int
     seed: Any
-    datasets: list[tuple[Any, Any, tuple[int, ...], Any]]
+    datasets: list[tuple[Any, tuple[int, ...], Any]]
 
     @property
     def steps(self) -> int:
-        return int(self.datasets[-1][2][0])
+        return int(self.datasets[-1][1][0])
 
 
 def _hdf5_tree(group: Any, name: str, paths: Sequence[Key], episode: int, h5py: Any, max_rows: int,
@@ -261,6 +261,11 @@ def _hdf5_seed(group: Any, h5py: Any) -> Any:
         attribute = h5py.h5a.open(group, b"seed")
     except KeyError:
         return None
+    return _stored_value(attribute)
+
+
+def _stored_value(attribute: Any) -> Any:
+    """An HDF5 attribute's one value, of its stored type and shape."""
     value = np.empty(attribute.shape, attribute.dtype)
     attribute.read(value)
     return value.item()
@@ -327,13 +332,15 @@ def _hdf5_file(dataset: Any, h5py: Any) -> Any:
 class _Hdf5Reader:
     """Reads episodes of one HDF5 file into chunks, through h5py's low-level API.
 
-    What costs is per call, not per byte (1,000 steps of 17 float64 are 136 KB): a read that names
-    no memory type makes h5py build one from the array's dtype first (0.2 ms an episode of five
+    What costs is per call, not per byte (1,000 steps of 17 float64 are 136 KB), and h5py releases
+    the GIL around each call, a hand-over to the thread filling the buffer: a read that names no
+    memory type makes h5py build one from the array's dtype first (0.2 ms an episode of five
     fields), and each ``get_space`` or ``dtype`` makes another object. So every expected type is
-    made once, each dataset's space is asked for once (it is its shape, and its selection when
-    read), and each read names its memory type and writes straight into the episode's rows of
-    the chunk's array. Rewards and infos may be of any number type: a chunk's episodes share
-    their first episode's (``same_kind``).
+    made once, each dataset is opened by its path from the file (no group object to open and
+    close), its shape and type asked for once, and each read names its memory type and writes
+    the whole dataset (``h5s.ALL``: no space object kept) straight into the episode's rows of the
+    chunk's array; the seed is read as one int64 where its type and size say so. Rewards and
+    infos may be of any number type: a chunk's episodes share their first episode's (``same_kind``).
     """
 
     def __init__(self, file: Any, spaces: Spaces, info_keys: Sequence[str], h5py: Any, max_steps: int) -> None:
@@ -361,42 +368,42 @@ class _Hdf5Reader:
         return self.mtypes[dtype]
 
     def open(self, episode: int) -> _Opened | None:
-        """The episode's datasets, opened, or ``None`` when a field is missing or does not fit its space
-        (shape, type) or the other fields' steps."""
-        h5d = self.h5py.h5d
-        group = _episode_group(self.file, episode, self.h5py)
+        """The episode's datasets, opened, or ``None`` when its group or a field is missing or cannot be
+        opened (``hdf5_episode`` then names which), or a field does not fit its space (shape, type) or
+        the other fields' steps."""
+        h5d, fid, group = self.h5py.h5d, self.file.id, b"episode_%d/" % episode
         datasets = []
-        for name in self.names:
-            try:
-                dataset = h5d.open(group, name)
-            except KeyError:
-                return None
-            space = dataset.get_space()
-            datasets.append((dataset, space, space.shape, dataset.get_type()))
-        steps = datasets[-1][2][0] if len(datasets[-1][2]) == 1 else -1
+        try:  # by path from the file: no object (two calls) for the group
+            for name in self.names:
+                dataset = h5d.open(fid, group + name)
+                datasets.append((dataset, dataset.shape, dataset.get_type()))
+        except (KeyError, ValueError):
+            return None
+        steps = datasets[-1][1][0] if len(datasets[-1][1]) == 1 else -1
         if steps > self.max_steps:  # more than the whole dataset: read alone, its sizes checked before any read
             return None
-        for (_, _, shape, kind), (extra, row_shape, _, mtype) in zip(datasets, self.expected, strict=True):
+        for (_, shape, kind), (extra, row_shape, _, mtype) in zip(datasets, self.expected, strict=True):
             if shape[:1] != (steps + extra,) or (row_shape is not None and shape[1:] != row_shape):
                 return None
             if not (kind.get_class() in self.numbers if mtype is None else kind.equal(mtype)):
                 return None
         return _Opened(episode, self.episode_seed(group), datasets)
 
-    def episode_seed(self, group: Any) -> Any:
-        """The ``seed`` attribute of an episode's group; Minari's (an int64 scalar) read without a new type."""
+    def episode_seed(self, group: bytes) -> Any:
+        """The ``seed`` attribute of the group at path ``group``; Minari's (one int64) read without a new type
+        or space (its 8 bytes: one value, as the general read's ``item()`` takes it)."""
         try:
-            attribute = self.h5py.h5a.open(group, b"seed")
+            attribute = self.h5py.h5a.open(self.file.id, b"seed", obj_name=group)
         except KeyError:
             return None
-        if attribute.get_type().equal(self.int64) and attribute.shape == ():
+        if attribute.get_type().equal(self.int64) and attribute.get_storage_size() == self.seed.nbytes:
             attribute.read(self.seed, self.int64)
             return int(self.seed)
-        return _hdf5_seed(group, self.h5py)
+        return _stored_value(attribute)
 
     def same_kind(self, first: _Opened, other: _Opened) -> bool:
         """Whether ``other``'s rewards and infos have the types and row shapes of ``first``'s (one chunk)."""
-        return all(mine[2][1:] == theirs[2][1:] and mine[3].equal(theirs[3])
+        return all(mine[1][1:] == theirs[1][1:] and mine[2].equal(theirs[2])
                    for mine, theirs, expected in zip(first.datasets, other.datasets, self.expected, strict=True)
                    if expected[3] is None)
 
@@ -407,15 +414,15 @@ class _Hdf5Reader:
         steps = int(lengths.sum())
         out: dict[tuple[str, Key], np.ndarray[Any, Any]] = {}
         for number, (field, (extra, _, dtype, _)) in enumerate(zip(self.fields, self.expected, strict=True)):
-            _, _, shape, kind = opened[0].datasets[number]
+            _, shape, kind = opened[0].datasets[number]
             dtype = kind.dtype.newbyteorder("=") if dtype is None else dtype  # HDF5 converts a big-endian file's
             array = out[field] = arrays.take(self.names[number].decode(), steps + extra * len(opened),
                                              tuple(shape[1:]), dtype)
-            mtype, row = self.mtype(dtype), 0
+            mtype, row, every = self.mtype(dtype), 0, self.h5py.h5s.ALL
             for episode in opened:
-                dataset, space, shape, _ = episode.datasets[number]
-                if shape[0]:
-                    dataset.read(space, space, array[row:row + shape[0]], mtype)
+                dataset, shape, _ = episode.datasets[number]
+                if shape[0]:  # the whole dataset into its rows (shape checked by ``open``)
+                    dataset.read(every, every, array[row:row + shape[0]], mtype)
                 row += shape[0]
         return Chunk([episode.id for episode in opened], [episode.seed for episode in opened],
                      [None] * len(opened), lengths, arrays,

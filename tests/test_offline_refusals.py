@@ -28,6 +28,7 @@ from minari.data_collector import EpisodeBuffer  # noqa: E402
 import rlbuf.offline  # noqa: E402
 from rlbuf import ReplayBuffer  # noqa: E402
 from rlbuf.errors import (  # noqa: E402
+    DatasetError,
     DtypeError,
     NonFiniteError,
     OutOfRangeError,
@@ -172,15 +173,31 @@ def test_an_arrow_observation_that_is_null_is_refused_by_episode() -> None:
         from_minari(dataset)
 
 
-def test_an_hdf5_seed_of_another_type_is_read_as_it_is_stored() -> None:
-    """Minari's seeds are int64 attributes (read without a new type); others go through h5py's own read."""
+SEEDS = {"int64": np.int64(7), "int64 (1,)": np.array([7], np.int64), "int64 (1, 1)": np.array([[7]], np.int64),
+         "big-endian int64": np.array(7, ">i8"), "uint16": np.uint16(7), "int8 (1,)": np.array([7], np.int8)}
+
+
+@pytest.mark.parametrize("stored", SEEDS.values(), ids=SEEDS.keys())
+def test_an_hdf5_seed_of_one_integer_loads_whatever_its_type_and_shape(stored: Any) -> None:
+    """Minari's seeds are int64 scalars, read as one int64 (8 bytes, no new type or space), as is one int64 of
+    another shape; other types go through h5py's own read of the value as stored."""
     import h5py
 
     dataset = _minari_dataset([_episode("flat", 2, "terminated", seed, np.random.default_rng(0)) for seed in (4, 5)])
     with h5py.File(Path(dataset.storage.data_path) / "main_data.hdf5", "r+") as file:
-        file["episode_1"].attrs["seed"] = np.uint16(7)
+        file["episode_1"].attrs["seed"] = stored
     assert _rows(from_minari(dataset))["episode_seed"].tolist() == [4, 4, 7, 7]
+
+
+@pytest.mark.parametrize(("stored", "error", "message"), [
+    (7.5, OutOfRangeError, r"episode 1: seed: expected an int in \[0, 2\*\*63\), got 7.5"),
+    (np.array([7, 8], np.int64), DatasetError, r"cannot be read \(ValueError: can only convert an array of size 1"),
+], ids=["float", "two int64"])
+def test_an_hdf5_seed_that_is_not_one_integer_is_refused(stored: Any, error: type[Exception], message: str) -> None:
+    import h5py
+
+    dataset = _minari_dataset([_episode("flat", 2, "terminated", seed, np.random.default_rng(0)) for seed in (4, 5)])
     with h5py.File(Path(dataset.storage.data_path) / "main_data.hdf5", "r+") as file:
-        file["episode_1"].attrs["seed"] = 7.5
-    with pytest.raises(OutOfRangeError, match=r"episode 1: seed: expected an int in \[0, 2\*\*63\), got 7.5"):
+        file["episode_1"].attrs["seed"] = stored
+    with pytest.raises(error, match=message):
         from_minari(dataset)
