@@ -280,6 +280,21 @@ def rebuilt(batch_type: type[_Batch], values: Mapping[str, Any]) -> _Batch:
     return batch
 
 
+def reduced(batch: Any) -> tuple[Any, tuple[Any, ...]]:
+    """``batch.__reduce__()``: copies and pickles rebuild the fields it holds (``rebuilt``), where a frozen slots
+    dataclass's own state reads every field and raises for the ones a ``sample_by_index(fields=...)`` batch lacks.
+
+    Example:
+        >>> import copy
+        >>> from rlbuf import ReplayBuffer
+        >>> buf = ReplayBuffer(4, obs_shape=(2,), action_shape=(), seed=0)
+        >>> buf.add(torch.ones(2), 0.0, 1.0, torch.zeros(2), False, truncated=False)
+        >>> copy.deepcopy(buf.sample_by_index([0], fields=["reward"]))
+        ReplayBatch(device=cpu, reward=[1] float32)
+    """
+    return rebuilt, (type(batch), _field_values(batch))
+
+
 def _mapped(batch: Any, change: Callable[[str, Any], Any]) -> Any:
     """``batch`` with ``change(field name, value)`` applied to each tensor and TensorDict (in dicts too)."""
     def each(name: str, value: Any) -> Any:

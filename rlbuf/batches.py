@@ -33,6 +33,7 @@ from rlbuf._protocols import (
     field_values,
     held_as_object,
     moved,
+    reduced,
     refuse_iteration,
     refuse_next,
     same_batch,
@@ -276,6 +277,9 @@ class _ExtrasAccess:
         if type(other) is not type(self):
             return NotImplemented
         return same_batch(self, other)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return reduced(self)  # a fields= batch copies and pickles too (the dataclass's state needs every field)
 
     def __hash__(self) -> int:
         raise UnsupportedOperationError(f"hash({type(self).__name__}): a batch compares by contents, which can "
