@@ -91,23 +91,26 @@ def copy_rows(rows: Any, destinations: Any, sources: Any) -> None:  # pragma: no
 
 
 @numba.njit(**_JIT, inline="always")  # type: ignore[untyped-decorator]
-def _words(rows: Any, words: Any) -> Any:  # pragma: no cover (compiled)
-    """C-contiguous rows ``[n, ...]`` as ``[n, words]`` of the word type of ``words`` (no copy): what ``as_words``
-    gives in Python, here inside the kernel, so an add pays no Python reshape and view per array."""
+def _words(rows: Any, words: Any, count: int) -> Any:  # pragma: no cover (compiled)
+    """C-contiguous rows ``[count, ...]`` as ``[count, words]`` of the word type of ``words`` (no copy): what
+    ``as_words`` gives in Python, here inside the kernel, so an add pays no Python reshape and view per array."""
     n = rows.shape[0]
     viewed = rows.reshape(n, rows.size // n if n else 0).view(words.dtype)
-    if n and viewed.shape[1] != words.shape[1]:  # the kernels index without bounds checks
-        raise ValueError("rows of another size than the open stacks'")
+    if n != count or (n and viewed.shape[1] != words.shape[1]):  # the kernels index without bounds checks
+        raise ValueError("rows of another count than the env ids' or of another size than the open stacks'")
     return viewed
 
 
 @numba.njit(**_JIT, inline="always")  # type: ignore[untyped-decorator]
 def _distinct(env_ids: Any, num_envs: int) -> bool:  # pragma: no cover (compiled)
-    """Whether no env has two rows (one step of each env: every add); what ``rlbuf._streams._distinct`` says."""
+    """Whether no env has two rows (one step of each env: every add), as ``rlbuf._streams._distinct`` says;
+    raises ``ValueError`` for an id outside ``[0, num_envs)``."""
     if len(env_ids) > num_envs:
         return False
     seen = np.zeros(num_envs, np.bool_)
     for i in range(len(env_ids)):
+        if not 0 <= env_ids[i] < num_envs:  # indexed without bounds checks (numpy would wrap a negative one)
+            raise ValueError("env ids outside [0, num_envs)")
         if seen[env_ids[i]]:
             return False
         seen[env_ids[i]] = True
@@ -127,7 +130,7 @@ def check_steps(obs_rows: Any, next_rows: Any, expected: Any, env_ids: Any, last
     """
     if not _distinct(env_ids, last.shape[0]):
         return REPEATED, -1
-    obs, next_obs = _words(obs_rows, expected), _words(next_rows, expected)
+    obs, next_obs = _words(obs_rows, expected, len(env_ids)), _words(next_rows, expected, len(env_ids))
     n, size = obs.shape
     for i in range(n):
         env = env_ids[i]
@@ -171,7 +174,9 @@ def record_steps(env_ids: Any, first_serial: int, terminated: Any, truncated: An
     last, released = per_env[0], per_env[1]
     if not _distinct(env_ids, last.shape[0]):
         return REPEATED, 0
-    next_obs = _words(next_rows, expected)
+    next_obs = _words(next_rows, expected, len(env_ids))
+    if len(terminated) != len(env_ids) or len(truncated) != len(env_ids):
+        raise ValueError("flags of another count than the env ids'")
     capacity = next_.shape[0]
     older = back.shape[1]
     count = 0
