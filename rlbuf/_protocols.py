@@ -292,7 +292,7 @@ def reduced(batch: Any) -> tuple[Any, tuple[Any, ...]]:
         >>> copy.deepcopy(buf.sample_by_index([0], fields=["reward"]))
         ReplayBatch(device=cpu, reward=[1] float32)
     """
-    return rebuilt, (type(batch), _field_values(batch))
+    return rebuilt, (type(batch), field_values(batch))
 
 
 def _mapped(batch: Any, change: Callable[[str, Any], Any]) -> Any:
