@@ -1,25 +1,30 @@
 """Ten million Atari transitions in RAM: compressed rlbuf filled with real frames, memory and throughput as it grows.
 
-Real frames: ale-py's Breakout (or ``--game``) with the DQN preprocessing, 8 envs, gymnasium's
-default ``NEXT_STEP`` autoreset, random actions; a recording of ``--steps`` steps is fed in order
-again and again (each env's last recorded step marked truncated, so the recording loops as new
-episodes; see ``compression.py``). ``ReplayBuffer(capacity=--transitions, frame_stack=4,
-n_step=3, compression="zstd")`` is filled; at each tenth of the way (or when ``--minutes`` run
-out) it reports the rows stored, the process's resident memory above what it held before the
-buffer (RSS, from ``/proc/self/statm``) per transition, ``buffer.nbytes`` per transition, the
-add of one step of 8 envs and batches of ``sample(256)`` per second. Where the run stops short
-of ``--transitions``, the RSS at the target is extrapolated from a straight line fitted to the
-measured points (the buffer's memory grows linearly with its rows), and said to be. "since last" is the RSS
-added per row since the previous point: the first point also holds one-off costs (compiled
-kernels, the stream tables allocated for every row at the first add).
+Real frames: ale-py's Breakout and Pong (``--games``) with the DQN preprocessing, 8 envs,
+gymnasium's default ``NEXT_STEP`` autoreset, random actions; a recording of ``--steps`` steps is
+fed in order again and again (each env's last recorded step marked truncated, so the recording
+loops as new episodes; see ``compression.py``). Each game runs in a forked process of its own, so
+its resident memory starts from the same base and is given back after it.
+``ReplayBuffer(capacity=--transitions, frame_stack=4, n_step=3, compression="zstd")`` is filled;
+at each tenth of the way (or when ``--minutes`` run out) it reports the rows stored, the
+process's resident memory above what it held before the buffer (RSS, from ``/proc/self/statm``)
+per transition, ``buffer.nbytes`` per transition, the add of one step of 8 envs (wall and this
+thread's CPU time, ``time.thread_time``: the machine may be shared) and batches of
+``sample(256)`` per second of wall time and per second of the sampling thread's CPU time. Where
+the run stops short of ``--transitions``, the RSS at the target is extrapolated from a straight
+line fitted to the measured points (the buffer's memory grows linearly with its rows), and said
+to be. "since last" is the RSS added per row since the previous point: the first point also holds
+one-off costs (compiled kernels, the stream tables allocated for every row at the first add). The
+fill stops, and says so, if the process's RSS passes ``--max-rss-gib``. The load average is
+printed at the start and end of each game.
 
 Then the peers, filled with ``--peer-rows`` transitions of the same frames, one after the other
 in this process, each freed before the next: uncompressed rlbuf, Stable-Baselines3's
 ``ReplayBuffer(optimize_memory_usage=True)`` and TorchRL's ``CompressedListStorage`` (each
 transition's stacks compressed by TorchRL); their RSS per transition and ``sample(256)`` per second.
 
-    PYTHONPATH=benchmarks python benchmarks/atari_scale.py                       # 10M, ~25 minutes
-    PYTHONPATH=benchmarks python benchmarks/atari_scale.py --transitions 200000 --peer-rows 20000
+    PYTHONPATH=benchmarks python benchmarks/atari_scale.py                       # 10M, 2 games, ~30 minutes
+    PYTHONPATH=benchmarks python benchmarks/atari_scale.py --transitions 200000 --peer-rows 20000 --games Pong
 """
 
 from __future__ import annotations
@@ -46,18 +51,23 @@ def rss() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def per_second(call: Callable[[], object], seconds: float = 2.0) -> float:
-    """Calls per second of ``call`` over about ``seconds``."""
+def per_second(call: Callable[[], object], seconds: float = 2.0) -> tuple[float, float]:
+    """Calls of ``call`` per second of wall time and per second of this thread's CPU time, over about ``seconds``."""
     call()
-    count, start = 0, time.perf_counter()
+    count, start, cpu = 0, time.perf_counter(), time.thread_time()
     while time.perf_counter() - start < seconds:
         call()
         count += 1
-    return count / (time.perf_counter() - start)
+    return count / (time.perf_counter() - start), count / (time.thread_time() - cpu)
+
+
+def load() -> str:
+    """The load average over 1, 5 and 15 minutes."""
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
 def fill_compressed(recorded: list[tuple[Any, ...]], space: Any, actions: Any, transitions: int,
-                    minutes: float) -> None:
+                    minutes: float, max_rss: int) -> None:
     base = rss()
     buffer = ReplayBuffer(transitions, observation_space=space, action_space=actions, num_envs=8, frame_stack=4,
                           n_step=3, seed=0, compression="zstd")
@@ -65,30 +75,37 @@ def fill_compressed(recorded: list[tuple[Any, ...]], space: Any, actions: Any, t
     deadline = time.perf_counter() + 60 * minutes
     points: list[tuple[int, int]] = []
     print(f"{'rows':>11} {'RSS B/row':>10} {'since last':>11} {'nbytes B/row':>13} {'add µs/step':>12} "
-          f"{'sample(256)/s':>14}")
+          f"{'add CPU µs':>11} {'sample(256)/s':>14} {'per CPU s':>10}", flush=True)
+    stop = ""
     for tenth in range(1, 11):
         goal = transitions * tenth // 10
-        steps, start = 0, time.perf_counter()
+        steps, start, cpu = 0, time.perf_counter(), time.thread_time()
         while len(buffer) < goal:
             feed()
             steps += 1
-            if time.perf_counter() > deadline:
-                break
+            if steps % 1024 == 0:  # a read of /proc every 1024 adds: about 0.01 µs an add
+                if time.perf_counter() > deadline:
+                    stop = f"{minutes} minutes"
+                    break
+                if rss() > max_rss:
+                    stop = f"RSS past {max_rss / 2**30:.1f} GiB"
+                    break
         add = (time.perf_counter() - start) / max(steps, 1) * 1e6
+        add_cpu = (time.thread_time() - cpu) / max(steps, 1) * 1e6
         rows = len(buffer)
         held = rss() - base
         last_rows, last_held = points[-1] if points else (0, 0)
         points.append((rows, held))
-        rate = per_second(lambda: buffer.sample(256))
+        rate, cpu_rate = per_second(lambda: buffer.sample(256))
         marginal = (held - last_held) / max(rows - last_rows, 1)
         print(f"{rows:>11,} {held / rows:>10.1f} {marginal:>11.1f} {buffer.nbytes / rows:>13.1f} {add:>12.0f} "
-              f"{rate:>14.1f}")
-        if time.perf_counter() > deadline:
+              f"{add_cpu:>11.0f} {rate:>14.1f} {cpu_rate:>10.1f}", flush=True)
+        if stop:
             break
     rows, held = points[-1]
     if rows < transitions and len(points) >= 2:
         slope, intercept = np.polyfit([p[0] for p in points], [p[1] for p in points], 1)
-        print(f"stopped at {rows:,} rows ({minutes} minutes); RSS at {transitions:,} extrapolated from the "
+        print(f"stopped at {rows:,} rows ({stop}); RSS at {transitions:,} extrapolated from the "
               f"{len(points)} points: {(intercept + slope * transitions) / 2**30:.2f} GiB")
     else:
         print(f"RSS at {rows:,} rows: {held / 2**30:.2f} GiB")
@@ -130,9 +147,10 @@ def peers(recorded: list[tuple[Any, ...]], space: Any, actions: Any, rows: int) 
     def measure(make: Callable[[], Callable[[], object]], results: Any) -> None:
         base, start = rss(), time.perf_counter()
         sample = make()
-        results.send((rss() - base, time.perf_counter() - start, per_second(sample)))
+        results.send((rss() - base, time.perf_counter() - start, *per_second(sample)))
 
-    print(f"\npeers at {rows:,} transitions: {'RSS B/row':>10} {'fill s':>8} {'sample(256)/s':>14}")
+    print(f"\npeers at {rows:,} transitions: {'RSS B/row':>10} {'fill s':>8} {'sample(256)/s':>14} "
+          f"{'per CPU s':>10}")
     for name, make in (("rlbuf uncompressed", rlbuf_uncompressed), ("sb3-optimized", sb3),
                        ("torchrl compressed", torchrl_compressed)):
         # A forked process each: its resident memory grows by what the peer allocates, and is given back.
@@ -140,29 +158,43 @@ def peers(recorded: list[tuple[Any, ...]], space: Any, actions: Any, rows: int) 
         receive, send = context.Pipe(duplex=False)
         child = context.Process(target=measure, args=(make, send))
         child.start()
-        held, fill, rate = receive.recv()
+        held, fill, rate, cpu_rate = receive.recv()
         child.join()
-        print(f"{name:>20} {held / rows:>21.1f} {fill:>8.1f} {rate:>14.1f}")
+        print(f"{name:>20} {held / rows:>21.1f} {fill:>8.1f} {rate:>14.1f} {cpu_rate:>10.1f}", flush=True)
+
+
+def run_game(game: str, args: argparse.Namespace) -> None:
+    """Records ``game``'s frames, fills the compressed buffer with them, then the peers."""
+    print(f"\n## {game}: {args.transitions:,} transitions, compression='zstd', frame_stack=4, n_step=3, 8 envs; "
+          f"load average {load()}", flush=True)
+    envs, recorded = record_steps(8, args.steps, game=game)
+    recorded = looped(recorded)
+    space, actions = envs.single_observation_space, envs.single_action_space
+    envs.close()
+    fill_compressed(recorded, space, actions, args.transitions, args.minutes, int(args.max_rss_gib * 2**30))
+    if args.peer_rows:
+        peers(recorded, space, actions, args.peer_rows)
+    print(f"load average at the end: {load()}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--transitions", type=int, default=10_000_000)
     parser.add_argument("--steps", type=int, default=1000, help="steps of 8 envs recorded (then looped)")
-    parser.add_argument("--minutes", type=float, default=25.0, help="stop filling after this long")
+    parser.add_argument("--minutes", type=float, default=25.0, help="stop filling after this long, per game")
     parser.add_argument("--peer-rows", type=int, default=50_000)
-    parser.add_argument("--game", default="Breakout")
+    parser.add_argument("--games", nargs="+", default=["Breakout", "Pong"])
+    parser.add_argument("--max-rss-gib", type=float, default=10.0, help="stop filling past this resident memory")
     args = parser.parse_args()
     warnings.simplefilter("ignore", DeprecationWarning)
     torch.set_num_threads(1)
-    envs, recorded = record_steps(8, args.steps, game=args.game)
-    recorded = looped(recorded)
-    space, actions = envs.single_observation_space, envs.single_action_space
-    envs.close()
-    print(f"## {args.game}: {args.transitions:,} transitions, compression='zstd', frame_stack=4, n_step=3, 8 envs")
-    fill_compressed(recorded, space, actions, args.transitions, args.minutes)
-    if args.peer_rows:
-        peers(recorded, space, actions, args.peer_rows)
+    for game in args.games:
+        # Each game in a forked process: it starts from the same resident memory and gives its buffer back.
+        child = multiprocessing.get_context("fork").Process(target=run_game, args=(game, args))
+        child.start()
+        child.join()
+        if child.exitcode:
+            raise SystemExit(f"{game}: the run failed (exit code {child.exitcode})")
 
 
 if __name__ == "__main__":
