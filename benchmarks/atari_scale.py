@@ -10,20 +10,20 @@ at each tenth of the way (or when ``--minutes`` run out) it reports the rows sto
 process's resident memory above what it held before the buffer (RSS, from ``/proc/self/statm``)
 per transition, ``buffer.nbytes`` per transition, the add of one step of 8 envs (wall and this
 thread's CPU time, ``time.thread_time``: the machine may be shared) and batches of
-``sample(256)`` per second of wall time and per second of the sampling thread's CPU time. Where
-the run stops short of ``--transitions``, the RSS at the target is extrapolated from a straight
-line fitted to the measured points (the buffer's memory grows linearly with its rows), and said
-to be. "since last" is the RSS added per row since the previous point: the first point also holds
-one-off costs (compiled kernels, the stream tables allocated for every row at the first add). The
-fill stops, and says so, if the process's RSS passes ``--max-rss-gib``. The load average is
-printed at the start and end of each game.
+``sample(256)`` per second of wall time and per second of the sampling thread's CPU time; at the
+last point, 15 rounds of both. Where the run stops short of ``--transitions``, the RSS at the
+target is extrapolated from a straight line fitted to the measured points (the buffer's memory
+grows linearly with its rows), and said to be. "since last" is the RSS added per row since the
+previous point: the first point also holds one-off costs (compiled kernels, the stream tables
+allocated for every row at the first add). The fill stops, and says so, if the process's RSS
+passes ``--max-rss-gib``. The load average is printed at the start and end of each game.
 
 Then the peers, filled with ``--peer-rows`` transitions of the same frames, one after the other
 in this process, each freed before the next: uncompressed rlbuf, Stable-Baselines3's
 ``ReplayBuffer(optimize_memory_usage=True)`` and TorchRL's ``CompressedListStorage`` (each
 transition's stacks compressed by TorchRL); their RSS per transition and ``sample(256)`` per second.
 
-    PYTHONPATH=benchmarks python benchmarks/atari_scale.py                       # 10M, 2 games, ~30 minutes
+    PYTHONPATH=benchmarks python benchmarks/atari_scale.py                       # 10M, 2 games, ~20 minutes
     PYTHONPATH=benchmarks python benchmarks/atari_scale.py --transitions 200000 --peer-rows 20000 --games Pong
 """
 
@@ -103,6 +103,12 @@ def fill_compressed(recorded: list[tuple[Any, ...]], space: Any, actions: Any, t
         if stop:
             break
     rows, held = points[-1]
+    # Fifteen rounds at the last point: one 2-second figure swings with the load of a shared machine.
+    rounds = [per_second(lambda: buffer.sample(256), 1.0) for _ in range(15)]
+    wall, cpu = (sorted(figures) for figures in zip(*rounds, strict=True))
+    print(f"sample(256) at {rows:,} rows, 15 rounds of 1 s (least, median, most): "
+          f"{wall[0]:.0f}, {wall[7]:.0f}, {wall[-1]:.0f} per s; {cpu[0]:.0f}, {cpu[7]:.0f}, {cpu[-1]:.0f} "
+          f"per CPU s of the sampling thread", flush=True)
     if rows < transitions and len(points) >= 2:
         slope, intercept = np.polyfit([p[0] for p in points], [p[1] for p in points], 1)
         print(f"stopped at {rows:,} rows ({stop}); RSS at {transitions:,} extrapolated from the "
