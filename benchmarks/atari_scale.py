@@ -18,10 +18,11 @@ previous point: the first point also holds one-off costs (compiled kernels, the 
 allocated for every row at the first add). The fill stops, and says so, if the process's RSS
 passes ``--max-rss-gib``. The load average is printed at the start and end of each game.
 
-Then the peers, filled with ``--peer-rows`` transitions of the same frames, one after the other
-in this process, each freed before the next: uncompressed rlbuf, Stable-Baselines3's
+Then the peers, filled with ``--peer-rows`` transitions of the same frames, one after the other,
+each in a forked process of its own: uncompressed rlbuf, Stable-Baselines3's
 ``ReplayBuffer(optimize_memory_usage=True)`` and TorchRL's ``CompressedListStorage`` (each
-transition's stacks compressed by TorchRL); their RSS per transition and ``sample(256)`` per second.
+transition's stacks compressed by TorchRL); their RSS per transition, fill time and
+``sample(256)`` per second (wall and CPU time).
 
     PYTHONPATH=benchmarks python benchmarks/atari_scale.py                       # 10M, 2 games, ~20 minutes
     PYTHONPATH=benchmarks python benchmarks/atari_scale.py --transitions 200000 --peer-rows 20000 --games Pong
