@@ -110,10 +110,12 @@ def fill_compressed(recorded: list[tuple[Any, ...]], space: Any, actions: Any, t
     print(f"sample(256) at {rows:,} rows, 15 rounds of 1 s (least, median, most): "
           f"{wall[0]:.0f}, {wall[7]:.0f}, {wall[-1]:.0f} per s; {cpu[0]:.0f}, {cpu[7]:.0f}, {cpu[-1]:.0f} "
           f"per CPU s of the sampling thread", flush=True)
+    if stop:
+        print(f"stopped at {rows:,} rows ({stop})")
     if rows < transitions and len(points) >= 2:
         slope, intercept = np.polyfit([p[0] for p in points], [p[1] for p in points], 1)
-        print(f"stopped at {rows:,} rows ({stop}); RSS at {transitions:,} extrapolated from the "
-              f"{len(points)} points: {(intercept + slope * transitions) / 2**30:.2f} GiB")
+        print(f"RSS at {transitions:,} extrapolated from the {len(points)} points: "
+              f"{(intercept + slope * transitions) / 2**30:.2f} GiB")
     else:
         print(f"RSS at {rows:,} rows: {held / 2**30:.2f} GiB")
 
