@@ -11,12 +11,14 @@ process's resident memory above what it held before the buffer (RSS, from ``/pro
 per transition, ``buffer.nbytes`` per transition, the add of one step of 8 envs (wall and this
 thread's CPU time, ``time.thread_time``: the machine may be shared) and batches of
 ``sample(256)`` per second of wall time and per second of the sampling thread's CPU time; at the
-last point, 15 rounds of both. Where the run stops short of ``--transitions``, the RSS at the
-target is extrapolated from a straight line fitted to the measured points (the buffer's memory
-grows linearly with its rows), and said to be. "since last" is the RSS added per row since the
-previous point: the first point also holds one-off costs (compiled kernels, the stream tables
-allocated for every row at the first add). The fill stops, and says so, if the process's RSS
-passes ``--max-rss-gib``. The load average is printed at the start and end of each game.
+last point, 15 rounds of both, alternated with a buffer of ``--alongside`` rows of the same frames
+(their ratio per CPU second, round by round, says whether a batch costs more in a full buffer).
+Where the run stops short of ``--transitions``, the RSS at the target is extrapolated from a
+straight line fitted to the measured points (the buffer's memory grows linearly with its rows),
+and said to be. "since last" is the RSS added per row since the previous point: the first point
+also holds one-off costs (compiled kernels, the stream tables allocated for every row at the first
+add). The fill stops, and says so, if the process's RSS passes ``--max-rss-gib``. The load
+average is printed at the start and end of each game.
 
 Then the peers, filled with ``--peer-rows`` transitions of the same frames, one after the other,
 each in a forked process of its own: uncompressed rlbuf, Stable-Baselines3's
@@ -68,7 +70,7 @@ def load() -> str:
 
 
 def fill_compressed(recorded: list[tuple[Any, ...]], space: Any, actions: Any, transitions: int,
-                    minutes: float, max_rss: int) -> None:
+                    minutes: float, max_rss: int, alongside: int) -> None:
     base = rss()
     buffer = ReplayBuffer(transitions, observation_space=space, action_space=actions, num_envs=8, frame_stack=4,
                           n_step=3, seed=0, compression="zstd")
@@ -104,12 +106,30 @@ def fill_compressed(recorded: list[tuple[Any, ...]], space: Any, actions: Any, t
         if stop:
             break
     rows, held = points[-1]
-    # Fifteen rounds at the last point: one 2-second figure swings with the load of a shared machine.
-    rounds = [per_second(lambda: buffer.sample(256), 1.0) for _ in range(15)]
-    wall, cpu = (sorted(figures) for figures in zip(*rounds, strict=True))
-    print(f"sample(256) at {rows:,} rows, 15 rounds of 1 s (least, median, most): "
-          f"{wall[0]:.0f}, {wall[7]:.0f}, {wall[-1]:.0f} per s; {cpu[0]:.0f}, {cpu[7]:.0f}, {cpu[-1]:.0f} "
-          f"per CPU s of the sampling thread", flush=True)
+    # Fifteen rounds at the last point: one 2-second figure swings with the load of a shared machine. Alongside,
+    # a small buffer of the same frames sampled in alternation: whether a batch costs more in a full buffer.
+    samplers = {f"{rows:,} rows": lambda: buffer.sample(256)}
+    if alongside:
+        small = ReplayBuffer(alongside, observation_space=space, action_space=actions, num_envs=8, frame_stack=4,
+                             n_step=3, seed=0, compression="zstd")
+        small_feed = Feed(small, recorded)
+        while len(small) < alongside:
+            small_feed()
+        samplers[f"{len(small):,} rows alongside"] = lambda: small.sample(256)
+    rounds: dict[str, list[tuple[float, float]]] = {label: [] for label in samplers}
+    for round_ in range(15):
+        for label in list(samplers)[::1 if round_ % 2 else -1]:
+            rounds[label].append(per_second(samplers[label], 1.0))
+    for label, figures in rounds.items():
+        wall, cpu = (sorted(column) for column in zip(*figures, strict=True))
+        print(f"sample(256) at {label}, 15 rounds of 1 s (least, median, most): {wall[0]:.0f}, {wall[7]:.0f}, "
+              f"{wall[-1]:.0f} per s; {cpu[0]:.0f}, {cpu[7]:.0f}, {cpu[-1]:.0f} per CPU s of the sampling thread",
+              flush=True)
+    if alongside:
+        full, little = rounds.values()
+        ratios = sorted(big[1] / other[1] for big, other in zip(full, little, strict=True))
+        print(f"per CPU s, full ÷ alongside, round by round (least, median, most): {ratios[0]:.2f}, "
+              f"{ratios[7]:.2f}, {ratios[-1]:.2f}", flush=True)
     if stop:
         print(f"stopped at {rows:,} rows ({stop})")
     if rows < transitions and len(points) >= 2:
@@ -180,7 +200,8 @@ def run_game(game: str, args: argparse.Namespace) -> None:
     recorded = looped(recorded)
     space, actions = envs.single_observation_space, envs.single_action_space
     envs.close()
-    fill_compressed(recorded, space, actions, args.transitions, args.minutes, int(args.max_rss_gib * 2**30))
+    fill_compressed(recorded, space, actions, args.transitions, args.minutes, int(args.max_rss_gib * 2**30),
+                    args.alongside)
     if args.peer_rows:
         peers(recorded, space, actions, args.peer_rows)
     print(f"load average at the end: {load()}", flush=True)
@@ -193,6 +214,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=25.0, help="stop filling after this long, per game")
     parser.add_argument("--peer-rows", type=int, default=50_000)
     parser.add_argument("--games", nargs="+", default=["Breakout", "Pong"])
+    parser.add_argument("--alongside", type=int, default=100_000,
+                        help="rows of a small buffer sampled in alternation with the full one at the end (0: none)")
     parser.add_argument("--max-rss-gib", type=float, default=10.0, help="stop filling past this resident memory")
     args = parser.parse_args()
     warnings.simplefilter("ignore", DeprecationWarning)
