@@ -39,7 +39,7 @@ from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
 from rlbuf._delivery import deliver
 from rlbuf._keywords import keywords_checked
 from rlbuf._obs import torchrl_env_key
-from rlbuf._protocols import BufferProtocols
+from rlbuf._protocols import BufferProtocols, RowCount
 from rlbuf._ray_wire import fields_of, from_wire, to_wire
 from rlbuf.batches import ReplayBatch, Transition
 from rlbuf.checkpoint import load_state
@@ -280,8 +280,8 @@ class RemoteReplayBufferHandle(BufferProtocols):
 
     @property
     def size(self) -> int:
-        """Rows stored now (same as ``len(buffer)``; one round trip)."""
-        return len(self)
+        """Rows stored now (same as ``len(buffer)``; one round trip); calling it, as SB3's ``size()``, names the fix."""
+        return RowCount(len(self))
 
     def add(self, obs: Any, action: Any = None, reward: Any = None, next_obs: Any = None, terminated: Any = None,
             truncated: Any = None, **extras: Any) -> None:

@@ -204,6 +204,9 @@ def test_a_remote_handle_refuses_as_a_buffer_naming_its_own_calls() -> None:
     with pytest.raises(UnsupportedOperationError, match=r"^next\(\w+\): a buffer is no iterator; buffer\.sample"):
         next(handle)
     assert len(handle) == 3 and bool(handle) and pickle.loads(pickle.dumps(handle)).device == torch.device("cpu")
+    assert handle.size == 3  # an int, as a local buffer's; SB3's size() names the fix (was "'int' is not callable")
+    with pytest.raises(UnsupportedOperationError, match=r"^buffer\.size\(\): size is a property"):
+        handle.size()
 
 
 def test_a_replay_service_refuses_as_a_buffer_naming_its_own_calls() -> None:
