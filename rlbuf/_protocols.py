@@ -211,14 +211,6 @@ def field_values(batch: Any) -> dict[str, Any]:
     return {name: value for name, value in values.items() if value is not missing}
 
 
-def _rows_of(batch: Any) -> int | None:
-    """Rows in ``batch`` (its ``len``), or ``None`` when no field tells (a batch of some fields only)."""
-    try:
-        return len(batch)
-    except (AttributeError, TypeError):
-        return None
-
-
 def shown_key(key: object) -> str:
     """``key`` as it was written between brackets (``1:3``, not ``slice(1, 3, None)``)."""
     if isinstance(key, slice):
@@ -248,7 +240,7 @@ def row_index(batch: Any, key: object) -> Any:
             raise UnsupportedOperationError(f"{shown}: a slice's step must be a positive int (torch's slices are "
                                             f"forward only); batch[torch.arange(len(batch) - 1, -1, -1)] reverses")
         return key
-    rows = _rows_of(batch)
+    rows = len(batch)  # a fields= batch's too: the rows of any field it holds
     try:
         index = torch.as_tensor(np.asarray(key, dtype=np.int64 if len(key) == 0 else None)
                                 if isinstance(key, Sequence) else key)
@@ -258,8 +250,6 @@ def row_index(batch: Any, key: object) -> Any:
     if index.dim() != 1 or not (index.dtype == torch.bool or not (index.is_floating_point() or index.is_complex())):
         raise UnsupportedOperationError(f"{shown}: rows are selected by a 1-d tensor of integer positions or a bool "
                                         f"mask; got dtype {index.dtype}, shape {tuple(index.shape)}")
-    if rows is None:
-        return index
     if index.dtype == torch.bool:
         if index.numel() != rows:
             raise StoredIndexError(f"{shown}: a mask of {index.numel()} values for a batch of {rows} rows")

@@ -196,10 +196,14 @@ class _ExtrasAccess:
 
     def __len__(self) -> int:
         """Rows in the batch: the first dim of its first field (of any field a ``fields=`` batch holds)."""
-        for value in self._present().values():
+        for name in cast(Any, self).__dataclass_fields__:  # the first held field, most often obs: no dict built
+            try:
+                value = object.__getattribute__(self, name)
+            except AttributeError:  # a slot a fields= batch left empty
+                continue
             if isinstance(value, (torch.Tensor, TensorDict)):
                 return int(value.shape[0])
-        return 0
+        return next((int(extra.shape[0]) for extra in self.extras.values()), 0)
 
     def __repr__(self) -> str:
         """Each field's shape and dtype, and the device: ``ReplayBatch(device=cpu, obs=[4, 2] float32, ...)``.

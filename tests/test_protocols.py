@@ -501,3 +501,6 @@ def test_a_batch_of_some_fields_has_a_len_a_truth_and_a_repr() -> None:
     assert (len(only), bool(only)) == (3, True)
     assert repr(only) == "ReplayBatch(device=cpu, reward=[3] float32, extras.cost=[3] float32)"
     assert len(buf.sample_by_index([2], fields=["cost"])) == 1
+    assert only[[2, 0]].reward.tolist() == [3.0, 3.0] and len(only[only.reward > 2]) == 2  # rows, checked by len
+    with pytest.raises(StoredIndexError, match=r"row 3 is outside the batch's 3 rows"):
+        only[[0, 3]]
