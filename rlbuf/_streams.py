@@ -226,8 +226,13 @@ class Streams:
                 "episode with terminated or truncated (resumed with envs reset anew: call buffer.truncate_episodes(), "
                 "or recorder.reset(), first)" + (", or build it with compact=False" if self.n_step == 1 else ""))
         if problem == SHIFT:
+            # CleanRL's loop adds every step of NEXT_STEP envs: their reset step (a final stack, then a reset one) lands here.
             return StreamError(f"{self.names[1]}: env {env}'s stack is not {self.names[0]} shifted by one frame (frame_stack="
-                               f"{self.frame_stack}, newest frame last), as gymnasium's FrameStackObservation gives")
+                               f"{self.frame_stack}, newest frame last), as gymnasium's FrameStackObservation gives: "
+                               f"expected {self.names[1]}[:-1] == {self.names[0]}[1:]; if env {env}'s previous step ended "
+                               "its episode, this is the reset step of gymnasium's NEXT_STEP autoreset (make_vec's "
+                               "default), no transition: record with rlbuf.gym.Recorder, which leaves it out, or pass "
+                               "env_mask=~(previous terminated | truncated)")
         what = "its first frame" if self.padding_type == "reset" else "zeros"
         return StreamError(f"{self.names[0]}: env {env} starts an episode (its previous step ended one, or it is its first "
                            f"step here), expected the older frames of its stack to be {what} "

@@ -293,6 +293,17 @@ def test_an_observation_that_breaks_its_stream_is_refused_and_nothing_changes() 
         buf.add(torch.tensor([[0.0], [5.0]]), 0.0, 1.0, torch.tensor([[5.0], [6.0]]), False, truncated=False)
 
 
+def test_a_next_step_reset_step_added_by_hand_is_refused_naming_the_recorder() -> None:
+    """CleanRL's loop adds every step of NEXT_STEP envs: the reset step (final stack, then a reset one) is no
+    transition, and the refusal says how to leave it out."""
+    buf = ReplayBuffer(10, obs_shape=(2, 1), action_shape=(), frame_stack=2, seed=0)
+    buf.add(torch.tensor([[1.0], [1.0]]), 0.0, 1.0, torch.tensor([[1.0], [2.0]]), False, truncated=True)
+    with pytest.raises(StreamError, match=r"if env 0's previous step ended its episode, this is the reset step of "
+                                          r"gymnasium's NEXT_STEP autoreset .* rlbuf\.gym\.Recorder.* env_mask="):
+        buf.add(torch.tensor([[1.0], [2.0]]), 0.0, 0.0, torch.tensor([[5.0], [5.0]]), False, truncated=False)
+    assert len(buf) == 1
+
+
 @pytest.mark.parametrize("num_envs", [1, 2])
 def test_a_step_refused_by_its_stream_or_another_field_changes_nothing_and_the_stream_is_named_first(
         num_envs: int) -> None:
