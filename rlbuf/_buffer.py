@@ -51,7 +51,8 @@ FOREIGN_OPTIONS = {
     "n_envs": "rlbuf's name is num_envs",
     "n_steps": "rlbuf's name is num_steps",
     "handle_timeout_termination": "always on in rlbuf: pass truncated= to add() and the timeout bootstraps",
-    "optimize_memory_usage": "rlbuf's ReplayBuffer takes compact=True (next_obs stored once; see frame_stack)",
+    "optimize_memory_usage": "rlbuf's ReplayBuffer takes compact=True (next_obs stored once); for frame stacks "
+                             "(FrameStackObservation) pass frame_stack=k, which stores each frame once",
     "gamma": "pass gamma to compute_returns_and_advantages() (ReplayBuffer: gamma goes with n_step)",
     "gae_lambda": "pass gae_lambda to compute_returns_and_advantages()",
     "env_dict": "declare obs_shape=/action_shape= (or observation_space=/action_space=) and extra_fields=",

@@ -451,8 +451,11 @@ def layout_options(obs_shape: tuple[int, ...], *, frame_stack: int, padding_type
         raise ConfigError(f"padding_type: expected 'reset' or 'zero' (gymnasium's FrameStackObservation modes), "
                           f"got {padding_type!r}")
     if frame_stack > 1 and (not obs_shape or obs_shape[0] != frame_stack):
+        # SB3's VecFrameStack stacks image channels last: (84, 84, 4), which VecTransposeImage puts first.
+        last = ("; a stack in the last dim (SB3's VecFrameStack) goes in stack first: wrap the VecEnv in "
+                "VecTransposeImage, or transpose obs and next_obs" if obs_shape and obs_shape[-1] == frame_stack else "")
         raise ConfigError(f"{option}: with frame_stack={frame_stack} the first dim holds the stack, expected "
-                          f"({frame_stack}, ...), got {obs_shape}")
+                          f"({frame_stack}, ...), got {obs_shape}{last}")
     if compact is None:
         return frame_stack > 1 or n_step > 1
     if not isinstance(compact, bool):

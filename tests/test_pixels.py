@@ -343,8 +343,11 @@ def test_after_clear_a_step_in_mid_episode_is_refused_with_the_fix() -> None:
 
 
 def test_options_are_checked() -> None:
-    with pytest.raises(ConfigError, match=r"obs_shape: with frame_stack=4 the first dim holds the stack"):
+    with pytest.raises(ConfigError, match=r"obs_shape: with frame_stack=4 the first dim holds the stack.*"
+                                          r"SB3's VecFrameStack\) goes in stack first: wrap the VecEnv in VecTransposeImage"):
         ReplayBuffer(10, obs_shape=(84, 84, 4), action_shape=(), frame_stack=4)
+    with pytest.raises(ConfigError, match=r"expected \(4, ...\), got \(84, 84, 3\)$"):  # no stack last: no hint
+        ReplayBuffer(10, obs_shape=(84, 84, 3), action_shape=(), frame_stack=4)
     with pytest.raises(ConfigError, match="need compact=True"):
         ReplayBuffer(10, obs_shape=(3,), action_shape=(), n_step=3, compact=False)
     with pytest.raises(ConfigError, match=r"gamma: expected a number in \[0, 1\], got 1.5"):
