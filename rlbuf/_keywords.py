@@ -293,6 +293,9 @@ def refuse_foreign_names(expected: Mapping[str, FieldSpec], given: Mapping[str, 
             raise MissingFieldError(f"{name}: not a field of this buffer; {FOREIGN_NAMES[name]}")
 
 
+_MINARI_EXACT = frozenset({"episode_id", "episode_seed", "dataset_reward"})
+
+
 def check_extras(expected: Mapping[str, FieldSpec], given: Mapping[str, Any]) -> None:
     """Raise [`MissingFieldError`][rlbuf.errors.MissingFieldError] when extras are missing or unknown.
 
@@ -308,6 +311,10 @@ def check_extras(expected: Mapping[str, FieldSpec], given: Mapping[str, Any]) ->
         Traceback (most recent call last):
         ...
         rlbuf.errors.MissingFieldError: dones: not a field of this buffer; pass terminated= and truncated= instead; done is derived (terminated | truncated)
+        >>> check_extras({"cost": FieldSpec("cost", "cost", (), "float32")}, {})
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.MissingFieldError: cost: missing; this buffer stores it with every row (an extra field, expected shape () float32 per row): pass cost= to add
     """
     refuse_foreign_names(expected, given)
     for name in given:
@@ -316,7 +323,13 @@ def check_extras(expected: Mapping[str, FieldSpec], given: Mapping[str, Any]) ->
                                     f"extra fields are {sorted(expected)}")
     for name in expected:
         if name not in given:
-            raise MissingFieldError(f"{name}: missing; this buffer stores it with every row")
+            spec = expected[name]
+            # from_minari's exact import declares these; a user adding online steps to it has no values for them.
+            minari = (" (from_minari's exact import stores episode_id, episode_seed and dataset_reward: import with "
+                      "exact=False to add online steps)" if name in _MINARI_EXACT else "")
+            raise MissingFieldError(f"{name}: missing; this buffer stores it with every row (an extra field, "
+                                    f"expected shape {spec.shape} {str(spec.dtype).removeprefix('torch.')} per row): "
+                                    f"pass {name}= to add{minari}")
 
 
 _M = TypeVar("_M")

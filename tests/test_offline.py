@@ -190,6 +190,11 @@ def test_each_row_is_a_step_and_a_truncated_episode_keeps_its_final_observation(
     assert rows["dataset_reward"].dtype == torch.float64
     assert np.array_equal(rows["dataset_reward"].numpy(), np.concatenate([e["rewards"] for e in episodes]))
     assert buffer.capacity == 5
+    step = {name: rows[name][0] for name in ("obs", "action", "reward", "next_obs")}
+    with pytest.raises(MissingFieldError, match=r"^episode_id: missing; .*expected shape \(\) int64 per row\): pass "
+                                                r"episode_id= to add \(from_minari's exact import .* exact=False"):
+        buffer.add(**step, terminated=False, truncated=False)  # adding online to the exact import
+    assert len(buffer) == 5
 
 
 @pytest.mark.parametrize("options", [{"compact": True}, {"storage": "memmap"}, {"exact": False}],
