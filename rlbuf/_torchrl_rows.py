@@ -123,7 +123,9 @@ class TorchRLRows:
         if batched and len(lead) > 1:  # TorchRL would store each [T] slice as one row, and fail part-way
             raise ShapeError(f"data: expected a TensorDict of rows (batch size [n]), got batch size {list(lead)}; "
                              f"give a collector's [num_envs, T] batch to the rlbuf buffer's extend(td), which "
-                             f"reads it env by env")
+                             f"reads it env by env (a Collector over a batched env built with "
+                             f"replay_buffer=buffer.torchrl writes such batches: iterate the collector and call "
+                             f"buffer.extend(td), or give each worker of a multi-process collector one env)")
         if not batched and lead:
             raise ShapeError(f"data: expected one row (a TensorDict of batch size []), got batch size {lead}; "
                              f"for several rows use extend")

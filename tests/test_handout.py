@@ -143,7 +143,8 @@ def test_a_given_done_must_equal_terminated_or_truncated(flags: list[tuple[bool,
     # A collector's [num_envs, T] batch: TorchRL stored [T] slices as rows and failed part-way, leaving
     # uninitialised rows (helper 42).
     (lambda rb: rb.extend(torch.stack([rows(3), rows(3)])), ShapeError,
-     r"^data: expected a TensorDict of rows \(batch size \[n\]\), got batch size \[2, 3\]; give a collector's"),
+     r"^data: expected a TensorDict of rows \(batch size \[n\]\), got batch size \[2, 3\]; give a collector's.*"
+     r"replay_buffer=buffer\.torchrl writes such batches: iterate the collector and call buffer\.extend\(td\)"),
 ])
 def test_add_and_extend_refuse_by_field_name(call: Callable[[Any], Any], error: type[RlbufError], match: str) -> None:
     buf = make()
