@@ -222,9 +222,12 @@ def as_array(name: str, value: object, error: type[RlbufError] | None = None) ->
     if value is None or isinstance(value, (str, bytes, Mapping)) or not isinstance(
             value, (np.ndarray, np.generic, list, tuple, int, float)):
         infos = isinstance(value, Mapping) and name in ("truncated", "terminated")  # gymnasium's info in its place
+        # MixedReplay.update_priority takes the batch itself; a buffer's takes its positions.
+        batch = name == "index" and isinstance(getattr(value, "index", None), torch.Tensor)
         raise (error or ShapeError)(f"{name}: expected a tensor, numpy array or number, got {type(value).__name__}"
                                     + ("; an info dict where the flags belong? add takes terminated, truncated and no "
-                                       "infos (the Recorder reads info['final_obs'])" if infos else ""))
+                                       "infos (the Recorder reads info['final_obs'])" if infos else "")
+                                    + ("; pass batch.index, the batch's storage positions" if batch else ""))
     if isinstance(value, np.ma.MaskedArray):
         masked = int(np.ma.getmaskarray(value).sum())
         if masked:

@@ -360,6 +360,9 @@ def test_priority_errors_change_nothing() -> None:
             buf.update_priority(index, priority)
     with pytest.raises(StoredIndexError):
         buf.update_priority([9], [1.0])
+    batch = buf.sample(2)  # MixedReplay.update_priority takes a batch; a buffer's is told to pass its index
+    with pytest.raises(StoredIndexError, match=r"^index: .*got ReplayBatch; pass batch\.index"):
+        buf.update_priority(batch, [1.0, 1.0])
     after = buf.torchrl.sampler.state_dict()
     assert all(torch.equal(torch.as_tensor(tree[k]), torch.as_tensor(after[k])) for k in tree if not isinstance(tree[k], (dict, type(None))))
     with pytest.raises(PriorityError, match="not prioritized"):
