@@ -374,6 +374,15 @@ def find_in_td(td: TensorDictBase, key: NestedKey) -> torch.Tensor | None:
     return None
 
 
+# What writes a rollout's policy outputs in a TorchRL collector's batch: a PPO port's policy often returns an action alone.
+_WRITTEN_BY = {
+    "state_value": ("; run the critic on the batch before extend (a TorchRL ValueOperator writes 'state_value'), "
+                    "and on td['next'] too where a time limit cut an episode (its bootstrap value)"),
+    "sample_log_prob": ("; the policy writes it at collection (TorchRL's ProbabilisticActor(..., "
+                        "return_log_prob=True): 'action_log_prob' is read too)"),
+}
+
+
 def missing_key(td: TensorDictBase, spec: FieldSpec) -> MissingFieldError:
     """The error of a field ``td`` lacks, with where TorchRL would have put it, or the keys ``td`` holds.
 
@@ -394,6 +403,7 @@ def missing_key(td: TensorDictBase, spec: FieldSpec) -> MissingFieldError:
             hint += ("; ('next', 'done') alone does not tell a time limit from a termination: set "
                      "td['next', 'terminated'] (and 'truncated' where a time limit cut the episode; "
                      "without it, done & ~terminated is taken as truncated)")
+        hint += _WRITTEN_BY.get(spec.key, "") if isinstance(spec.key, str) else ""
     return MissingFieldError(f"{spec.name}: key {spec.key!r} not found in the tensordict; {hint}")
 
 

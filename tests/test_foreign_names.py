@@ -218,6 +218,18 @@ def test_another_librarys_keyword_to_a_method_gets_rlbufs_word_and_changes_nothi
     assert all(same(snapshot(part), old) for part, old in zip(parts, before, strict=True))
 
 
+def _collected(*, value: bool = False, log_prob: bool = False) -> TensorDict:
+    """A TorchRL collector's [num_envs=2, T=1] batch for ``rollout()``, with or without the policy's outputs."""
+    td = TensorDict({"observation": torch.zeros(2, 1, 3), "action": torch.zeros(2, 1),
+                     ("next", "reward"): torch.zeros(2, 1, 1), ("next", "terminated"): torch.zeros(2, 1, 1, dtype=torch.bool),
+                     ("next", "truncated"): torch.zeros(2, 1, 1, dtype=torch.bool)}, [2, 1])
+    if value:
+        td["state_value"] = torch.zeros(2, 1, 1)
+    if log_prob:
+        td["sample_log_prob"] = torch.zeros(2, 1)
+    return td
+
+
 @pytest.mark.parametrize(("call", "error", "message"), [
     (lambda: filled(replay).sample(2, None), MissingFieldError,
      r"^sample: got 2 arguments by position, it takes 1 \(batch_size\); in SB3's version, env comes there"),
@@ -259,6 +271,12 @@ def test_another_librarys_keyword_to_a_method_gets_rlbufs_word_and_changes_nothi
      r"^reward: key \('next', 'reward'\) not found in the tensordict; it holds 'reward' at the top: TorchRL keeps"),
     (lambda: rollout().extend(TensorDict({"observation": torch.zeros(2, 1, 3)}, [2, 1])), MissingFieldError,
      r"^action: key 'action' not found in the tensordict; it holds 'observation'$"),
+    # A TorchRL PPO port whose collector's policy wrote no value or log-probability is told what writes them.
+    (lambda: rollout().extend(_collected(log_prob=True)), MissingFieldError,
+     r"^value: key 'state_value' not found .*; run the critic on the batch before extend \(a TorchRL ValueOperator"),
+    (lambda: rollout().extend(_collected(value=True)), MissingFieldError,
+     r"^log_prob: key 'sample_log_prob' not found .*ProbabilisticActor\(\.\.\., return_log_prob=True\): "
+     r"'action_log_prob' is read too\)$"),
 ])
 def test_other_libraries_habits_get_rlbufs_way(call: Callable[[], Any], error: type[Exception], message: str) -> None:
     # Each was a bare TypeError or AttributeError, or a message about something else (helper 42).
