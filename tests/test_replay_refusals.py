@@ -185,6 +185,14 @@ def test_foreign_replay_options_get_the_rlbuf_name(options: dict[str, Any], name
         ReplayBuffer(obs_shape=(3,), action_shape=(), **options)
 
 
+def test_an_sb3_constructor_ported_whole_is_answered_for_every_foreign_option_at_once() -> None:
+    with pytest.raises(ConfigError, match=r"^buffer_size: .*capacity; also n_envs: .*num_envs; also "
+                                          r"optimize_memory_usage: .*frame_stack=k.*; also handle_timeout_termination: "
+                                          r"not an option of ReplayBuffer; always on in rlbuf"):
+        ReplayBuffer(buffer_size=10, obs_shape=(3,), action_shape=(), n_envs=2, optimize_memory_usage=True,
+                     handle_timeout_termination=True)
+
+
 def test_the_state_sent_to_a_worker_carries_none_of_the_learners_own_attributes(monkeypatch: pytest.MonkeyPatch) -> None:
     import rlbuf._torchrl
 
