@@ -9,6 +9,7 @@ complete transitions must be sampleable.
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from rlbuf import (
     ConfigError,
     DtypeError,
     EmptyBufferError,
+    NextStepResetWarning,
     ReplayBuffer,
     ShapeError,
     StoredIndexError,
@@ -299,8 +301,12 @@ def test_a_next_step_reset_step_added_by_hand_is_refused_naming_the_recorder() -
     buf = ReplayBuffer(10, obs_shape=(2, 1), action_shape=(), frame_stack=2, seed=0)
     buf.add(torch.tensor([[1.0], [1.0]]), 0.0, 1.0, torch.tensor([[1.0], [2.0]]), False, truncated=True)
     with pytest.raises(StreamError, match=r"if env 0's previous step ended its episode, this is the reset step of "
-                                          r"gymnasium's NEXT_STEP autoreset .* rlbuf\.gym\.Recorder.* env_mask="):
+                                          r"gymnasium's NEXT_STEP autoreset .* rlbuf\.gym\.Recorder.* env_mask="), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         buf.add(torch.tensor([[1.0], [2.0]]), 0.0, 0.0, torch.tensor([[5.0], [5.0]]), False, truncated=False)
+    # warned first; the refusal says it again, where the traceback is
+    assert [warning.category for warning in caught] == [NextStepResetWarning]
     assert len(buf) == 1
 
 
