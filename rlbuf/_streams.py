@@ -220,11 +220,13 @@ class Streams:
     def _stream_error(self, problem: int, env: int) -> StreamError:
         """The error of what a check found first (``CONTINUITY``, ``SHIFT`` or ``PADDING``) at ``env``."""
         if problem == CONTINUITY:
+            # compact=False is refused with frame stacks or n-step returns: offered only where it would build.
+            plain = self.n_step == 1 and self.frame_stack == 1
             return StreamError(
                 f"{self.names[0]}: env {env}'s observation differs from the {self.names[1]} added with its previous step, whose "
                 "episode did not end; a buffer that stores next_obs once follows each env's stream: mark the end of every "
                 "episode with terminated or truncated (resumed with envs reset anew: call buffer.truncate_episodes(), "
-                "or recorder.reset(), first)" + (", or build it with compact=False" if self.n_step == 1 else ""))
+                "or recorder.reset(), first)" + (", or build it with compact=False" if plain else ""))
         if problem == SHIFT:
             # CleanRL's loop adds every step of NEXT_STEP envs: their reset step (a final stack, then a reset one) lands here.
             return StreamError(f"{self.names[1]}: env {env}'s stack is not {self.names[0]} shifted by one frame (frame_stack="
