@@ -37,6 +37,7 @@ from rlbuf._obs import leaf_names
 from rlbuf.batches import _OnPolicyFields, _torchrl_layout, _TransitionFields, set_hidden_state
 from rlbuf.errors import BatchSizeError, ConfigError
 from rlbuf.spec import positive_int
+from rlbuf.storage import check_batch_memory
 
 if TYPE_CHECKING:
     from rlbuf._obs import Layout
@@ -384,6 +385,11 @@ def sample_replay_sequences(ring: RowRing, batch_size: int, length: int, burn_in
     with ring.lock:
         batch_size = ring.require_rows(batch_size, without_replacement=False)
         span = positive_int("length", length, BatchSizeError) + burn_in_steps(burn_in)
+        try:  # a batch of batch_size * span rows: refused before anything is drawn, as sample's batch is
+            check_batch_memory(batch_size * span, ring.row_bytes)
+        except BatchSizeError as error:
+            raise BatchSizeError(f"batch_size, length: {batch_size} sequences of burn_in + length = {span} steps "
+                                 f"are {batch_size * span} rows ({error})") from None
         if not interleaved():
             raise ConfigError("sample_sequences: steps of one env are not num_envs rows apart: rows were "
                               "extended env-major (batch size (num_envs, T)), added with an env_mask that left "
