@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from rlbuf._manifest import (
     file_matches,
     inside_checkpoint,
     parse_manifest,
+    plain_file_text,
     read_manifest,
 )
 from rlbuf._manifest_state import check_manifest_state
@@ -60,20 +62,25 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     """
     root = Path(path)
     report: dict[str, Any] = {"path": str(root), "ok": False, "error": None, "demo": None, "files": []}
-    buffer_dir = buffer_checkpoint(root)
+    try:
+        buffer_dir = buffer_checkpoint(root)
+        exists = root.exists()
+    except OSError as error:  # a name too long, a directory without permission: said, not raised
+        report["error"] = f"{root}: unreadable ({error.strerror})"
+        return report
     if buffer_dir is None:
-        report["error"] = (f"{root}: not a checkpoint directory, demo checkpoint or demo output folder" if root.exists()
-                           else f"{root}: does not exist (expected a checkpoint directory, demo checkpoint or demo "
-                                f"output folder: check the path)")
+        report["error"] = (f"{root}: not a checkpoint directory, demo checkpoint or demo output folder (links inside "
+                           f"it are not followed)" if exists else f"{root}: does not exist (expected a checkpoint "
+                                                                  f"directory, demo checkpoint or demo output folder: check the path)")
         return report
     if buffer_dir != root:
         report["demo"] = _demo_part(buffer_dir.parent)
     report["path"] = str(buffer_dir)
-    try:
-        manifest = parse_manifest((buffer_dir / MANIFEST).read_text(encoding="utf-8"), buffer_dir / MANIFEST)
+    try:  # as load reads it: a plain file inside the checkpoint, of a manifest's size at most (never a link or a pipe)
+        manifest = parse_manifest(plain_file_text(buffer_dir / MANIFEST), buffer_dir / MANIFEST)
         if not isinstance(manifest, dict):
-            raise ValueError("not a JSON object")
-    except (OSError, ValueError, CheckpointError) as error:
+            raise CheckpointError("not a JSON object")
+    except CheckpointError as error:
         report["error"] = f"{buffer_dir / MANIFEST}: unreadable ({error})"
         return report
     try:
@@ -196,13 +203,15 @@ def inspect_main(path: str, *, as_json: bool) -> int:
 
 def _demo_part(checkpoint: Path) -> dict[str, Any]:
     try:
-        meta = parse_manifest((checkpoint / "meta.json").read_text(encoding="utf-8"), checkpoint / "meta.json")
+        meta = parse_manifest(plain_file_text(checkpoint / "meta.json"), checkpoint / "meta.json")
         if not isinstance(meta, dict):
-            raise ValueError("not a JSON object")
-    except (OSError, ValueError, CheckpointError):
-        return {"demo": None, "frames": None, "state_status": "missing meta.json"}
-    state = checkpoint / "state.pt"
-    status = "missing" if not state.is_file() else "ok" if file_digest(state, "sha256") == meta.get("state_sha256") else "failed"
+            raise CheckpointError("not a JSON object")
+    except CheckpointError as error:
+        status = "missing meta.json" if not os.path.lexists(checkpoint / "meta.json") else f"unreadable meta.json ({error})"
+        return {"demo": None, "frames": None, "state_status": status}
+    state = inside_checkpoint(checkpoint, "state.pt")
+    status = ("outside" if state is None else "missing" if not state.is_file()  # a link is never read
+              else "ok" if file_digest(state, "sha256") == meta.get("state_sha256") else "failed")
     return {"demo": meta.get("demo"), "frames": meta.get("frames"), "state_status": status}
 
 

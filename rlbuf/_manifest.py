@@ -115,18 +115,80 @@ def buffer_checkpoint(root: Path) -> Path | None:
     """The buffer checkpoint at ``root``: ``root`` itself, a demo checkpoint's ``buffer/``, or a demo output
     folder's newest checkpoint's ``buffer/``; ``None`` if none of these.
 
+    Below ``root`` no link is followed: a ``buffer/`` or a checkpoint linked from elsewhere is none of these.
+
     Example:
         >>> buffer_checkpoint(Path("/nonexistent")) is None
         True
     """
     if (root / MANIFEST).is_file():
         return root
-    if (root / "buffer" / MANIFEST).is_file():
-        return root / "buffer"
-    checkpoints = sorted((root / "checkpoints").glob("frames-*")) if (root / "checkpoints").is_dir() else []
-    if checkpoints and (checkpoints[-1] / "buffer" / MANIFEST).is_file():
-        return checkpoints[-1] / "buffer"
+    if (inner := inside_checkpoint(root, f"buffer/{MANIFEST}")) is not None and inner.is_file():
+        return inner.parent
+    checkpoints = inside_checkpoint(root, "checkpoints")
+    if checkpoints is not None and checkpoints.is_dir():
+        newest = max((entry.name for entry in checkpoints.glob("frames-*")), default=None)
+        inner = None if newest is None else inside_checkpoint(root, f"checkpoints/{newest}/buffer/{MANIFEST}")
+        if inner is not None and inner.is_file():
+            return inner.parent
     return None
+
+
+def plain_file_bytes(path: Path, *, limit: int = MAX_MANIFEST_BYTES) -> bytes:
+    """The bytes of the file at ``path``: a regular file, no link, at most ``limit`` bytes (a manifest, a demo's
+    ``meta.json``); a named pipe or a device is refused unread, never waited on.
+
+    Raises:
+        CheckpointError: a link, missing, not a regular file, larger than ``limit``, or unreadable.
+
+    Example:
+        >>> plain_file_bytes(Path("/dev/null"))
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.CheckpointError: /dev/null: not a regular file
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise CheckpointError(f"{path}: a symbolic link; rlbuf writes it as a plain file and follows no links "
+                                  "in a checkpoint") from None
+        raise CheckpointError(f"{path}: unreadable ({error.strerror})") from None
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise CheckpointError(f"{path}: not a regular file")
+        if status.st_size > limit:
+            raise CheckpointError(f"{path}: larger than {limit} bytes; refusing to read it")
+        chunks, size = [], 0
+        while size <= limit and (chunk := os.read(fd, min(CHUNK, limit + 1 - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:  # grown since the check
+            raise CheckpointError(f"{path}: larger than {limit} bytes; refusing to read it")
+        return b"".join(chunks)
+    except OSError as error:
+        raise CheckpointError(f"{path}: unreadable ({error.strerror})") from None
+    finally:
+        os.close(fd)
+
+
+def plain_file_text(path: Path, *, limit: int = MAX_MANIFEST_BYTES) -> str:
+    """[`plain_file_bytes`][rlbuf._manifest.plain_file_bytes] as UTF-8 text.
+
+    Raises:
+        CheckpointError: as ``plain_file_bytes``, or not UTF-8.
+
+    Example:
+        >>> plain_file_text(Path("/nonexistent"))
+        Traceback (most recent call last):
+        ...
+        rlbuf.errors.CheckpointError: /nonexistent: unreadable (No such file or directory)
+    """
+    try:
+        return plain_file_bytes(path, limit=limit).decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CheckpointError(f"{path}: unreadable ({error})") from None
 
 
 def unverified_manifest(path: Path, *, staging: bool = False) -> dict[str, Any]:
@@ -162,13 +224,7 @@ def unverified_manifest(path: Path, *, staging: bool = False) -> dict[str, Any]:
             raise CheckpointError(f"{path}: a demo's checkpoint or output folder, not a buffer's; its buffer's "
                                   f"checkpoint is {inner}: load that")
         raise CheckpointError(f"{manifest_path}: missing (an interrupted save, or not an rlbuf checkpoint)")
-    if manifest_path.stat().st_size > MAX_MANIFEST_BYTES:
-        raise CheckpointError(f"{manifest_path}: larger than {MAX_MANIFEST_BYTES} bytes; refusing to read it")
-    try:
-        text = manifest_path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{manifest_path}: unreadable ({error})") from None
-    manifest = parse_manifest(text, manifest_path)
+    manifest = parse_manifest(plain_file_text(manifest_path), manifest_path)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"{manifest_path}: not an rlbuf checkpoint manifest")
     version = manifest.get("format_version")
@@ -236,7 +292,7 @@ def file_digest(target: Path, algorithm: str) -> str:
         >>> file_digest(target, "sha256")[:16]
         'ba7816bf8f01cfea'
     """
-    fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+    fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)  # never a link's target or a pipe's wait
     try:
         _lock_shared(fd)
         return _fd_digest(fd, algorithm)

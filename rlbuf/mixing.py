@@ -543,9 +543,13 @@ class MixedReplay(MixerProtocols):
             rlbuf.errors.CheckpointError: ...: not a MixedReplay checkpoint directory (no mixer/ in it)
         """
         root = Path(path)
-        if not (root / _MIXER_DIR).exists():  # named as the path given, not as its missing mixer/ directory
+        try:
+            found = (root / _MIXER_DIR).exists(), root.exists()
+        except OSError as error:  # a name too long, a directory without permission
+            raise CheckpointError(f"{root}: unreadable ({error.strerror})") from None
+        if not found[0]:  # named as the path given, not as its missing mixer/ directory
             problem = ("does not exist (expected a MixedReplay checkpoint directory: check the path)"
-                       if not root.exists() else "not a MixedReplay checkpoint directory (no mixer/ in it)")
+                       if not found[1] else "not a MixedReplay checkpoint directory (no mixer/ in it)")
             raise CheckpointError(f"{root}: {problem}")
         try:
             state = load_state(root / _MIXER_DIR, kind=_KIND)
