@@ -188,9 +188,11 @@ def rows_problem(specs: Sequence[FieldSpec], fields: Mapping[str, torch.Tensor],
     return ""
 
 
-def sampler_problem(state: Mapping[str, Any], *, size: int, alpha: float | None, eps: float | None) -> str:
+def sampler_problem(state: Mapping[str, Any], *, size: int, alpha: float | None, eps: float | None,
+                    drop_last: bool | None = None) -> str:
     """Priorities that are NaN, negative or infinite, that do not match the stored rows, or
-    exponents other than the buffer's.
+    exponents other than the buffer's; a sampler without replacement's epoch that is not one of the rows
+    (see [`without_replacement_problem`][rlbuf._invariants.without_replacement_problem]).
 
     A prioritized sampler's leaves are written exactly for the stored rows (positions below
     ``size``): there the sum and min leaves hold the same ``(p + eps) ** alpha``; elsewhere the
@@ -204,6 +206,8 @@ def sampler_problem(state: Mapping[str, Any], *, size: int, alpha: float | None,
                 return f"{key} holds infinite values"
         elif isinstance(value, float) and not math.isfinite(value):
             return f"{key} is {value}"
+    if "_sample_list" in state:
+        return without_replacement_problem(state, size=size, drop_last=drop_last)
     sums, mins = state.get("sum_leaves"), state.get("min_leaves")
     if not isinstance(sums, torch.Tensor) or not isinstance(mins, torch.Tensor):
         return ""  # a uniform sampler
@@ -216,6 +220,33 @@ def sampler_problem(state: Mapping[str, Any], *, size: int, alpha: float | None,
     if not bool((sums[size:] == 0).all()) or not bool(torch.isinf(mins[size:]).all()):
         return f"rows from position {size} on are not stored but hold priorities"
     return max_priority_problem(state, sums[:size], capacity=len(sums))
+
+
+def without_replacement_problem(state: Mapping[str, Any], *, size: int, drop_last: bool | None) -> str:
+    """A state of TorchRL's ``SamplerWithoutReplacement`` (a rollout's, for ``buffer.torchrl.sample``) that it
+    could not have left: ``len_storage`` (the rows stored when it last drew) above the rows stored (a rollout only
+    grows until ``clear`` resets the sampler), ``_sample_list`` (the rows of that epoch not drawn yet) holding
+    anything but distinct rows below ``len_storage``, or options other than the buffer's sampler's.
+
+    Example:
+        >>> without_replacement_problem({"len_storage": 6, "_sample_list": torch.tensor([9]), "drop_last": False,
+        ...                              "_ran_out": False}, size=6, drop_last=False)
+        '_sample_list: expected distinct rows in [0, 6) (int64, one dim, at most 6), got torch.int64 (1,)'
+    """
+    stored = state.get("len_storage")
+    if type(stored) is not int or not 0 <= stored <= size:
+        return f"len_storage: expected an int in [0, {size}] (the rows stored), got {stored!r}"
+    rows = state.get("_sample_list")
+    if rows is not None and (not isinstance(rows, torch.Tensor) or rows.dtype != torch.int64 or rows.dim() != 1
+                             or rows.numel() > stored or bool(((rows < 0) | (rows >= stored)).any())
+                             or bool((rows.sort().values.diff() == 0).any())):
+        got = f"{rows.dtype} {tuple(rows.shape)}" if isinstance(rows, torch.Tensor) else type(rows).__name__
+        return f"_sample_list: expected distinct rows in [0, {stored}) (int64, one dim, at most {stored}), got {got}"
+    if type(state.get("drop_last")) is not bool or state.get("drop_last") != drop_last:
+        return f"drop_last is {state.get('drop_last')!r}, this buffer's is {drop_last!r}"
+    if type(state.get("_ran_out")) is not bool:
+        return f"_ran_out: expected True or False, got {state.get('_ran_out')!r}"
+    return ""
 
 
 def max_priority_problem(state: Mapping[str, Any], leaves: torch.Tensor, *, capacity: int) -> str:

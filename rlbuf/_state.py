@@ -305,9 +305,12 @@ class BufferState:
         trial = copy.deepcopy(sampler)
         refusing("sampler state", trial.load_state_dict, saved)
         own, loaded = sampler.state_dict(), trial.state_dict()
+        if "_sample_list" in loaded:  # as saved: TorchRL's load reads drop_last 'x' as True, _ran_out 7 as True
+            loaded = {key: saved.get(key) for key in loaded}
         if "max_priority" in loaded:  # as saved: the sampler reads a negative one as "none set"
             loaded = {**loaded, "max_priority": saved["max_priority"], "max_priority_index": saved["max_priority_index"]}
-        _raise_if("sampler state", sampler_problem(loaded, size=size, alpha=own.get("alpha"), eps=own.get("eps")))
+        _raise_if("sampler state", sampler_problem(loaded, size=size, alpha=own.get("alpha"), eps=own.get("eps"),
+                                                          drop_last=own.get("drop_last")))
 
     def _check_extra(self, extra: Any, fields: Mapping[str, torch.Tensor], size: int, count: int) -> None:
         """The extra state is what this buffer writes: its statistics and the compact layout's streams."""
