@@ -414,7 +414,7 @@ def open_verified(root: Path, files: dict[str, Any], version: object = FORMAT_VE
     try:
         for rel, entry in files.items():
             target = targets[rel]
-            if (not isinstance(entry, dict) or entry.get("dtype") not in DTYPE_BYTES
+            if (not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str) or entry["dtype"] not in DTYPE_BYTES
                     or not isinstance(entry.get("shape"), list) or not all(_is_count(d) for d in entry["shape"])
                     or not _is_count(entry.get("bytes"))):
                 raise CheckpointError(f"{target}: malformed manifest entry {str(entry)[:200]}")

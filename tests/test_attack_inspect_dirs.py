@@ -142,3 +142,19 @@ def test_a_path_the_system_cannot_name_is_an_rlbuf_error(tmp_path: Path, name: s
         MixedReplay.load(path)
     with pytest.raises(CheckpointError):
         ReplayBuffer.load(path)
+
+
+@pytest.mark.parametrize("dtype", [[], {}, ["float32"]])
+def test_a_file_entry_whose_dtype_is_no_name_is_refused_by_name(tmp_path: Path, dtype: Any,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # An unhashable dtype ([] or {}) raised TypeError inside the files check: a traceback from `rlbuf inspect`,
+    # "cannot load: TypeError: unhashable type" from load.
+    root = _saved(tmp_path / "ck")
+    manifest = json.loads((root / "manifest.json").read_text())
+    entry = next(entry for rel, entry in manifest["files"].items() if rel.endswith("reward.bin"))
+    entry["dtype"] = dtype
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["inspect", str(root)]) == 1
+    assert "malformed manifest entry" in capsys.readouterr().out
+    with pytest.raises(CheckpointError, match="malformed manifest entry"):
+        ReplayBuffer.load(root)
