@@ -48,6 +48,7 @@ from rlbuf.errors import (
     StreamError,
 )
 from rlbuf.hindsight import ACHIEVED, DESIRED_GOAL, GOAL_KEYS, Hindsight
+from rlbuf.spec import FieldSpec
 
 _Ints = npt.NDArray[np.int64]
 _Bools = npt.NDArray[np.bool_]
@@ -433,6 +434,9 @@ def with_reward_fn(options: dict[str, Any], reward_fn: Any) -> dict[str, Any]:
     return {**options, "hindsight": Hindsight(saved["strategy"], saved["ratio"], reward_fn)}
 
 
+_REWARD = FieldSpec("hindsight reward_fn", "reward", (), torch.float32, finite=True)
+
+
 def reward_values(value: Any, rows: int) -> torch.Tensor:
     """``reward_fn``'s result as ``[rows]`` finite float32.
 
@@ -465,12 +469,13 @@ def reward_values(value: Any, rows: int) -> torch.Tensor:
     if array.shape not in ((rows,), (rows, 1)):
         raise ShapeError(f"hindsight reward_fn: expected {rows} rewards (shape ({rows},)), got shape {array.shape}; "
                          "it is called with [B, *goal_shape] goals and must be vectorised over B")
-    array = array.reshape(rows).astype(np.float32)
-    if not np.isfinite(array).all():
+    array = array.reshape(rows)
+    if not np.isfinite(array).all():  # NaN or inf as returned, before the cast (which turns 1e300 into inf)
         bad = array[~np.isfinite(array)][0]
         raise NonFiniteError(f"hindsight reward_fn: expected finite rewards, got {bad} "
                              f"(of {int((~np.isfinite(array)).sum())} non-finite)")
-    return torch.from_numpy(array)
+    _REWARD.check_range(array)  # the stored reward column's check: overflow of float32 is a DtypeError
+    return torch.from_numpy(array.astype(np.float32))
 
 
 def _not_continued(env: int) -> StreamError:

@@ -3,16 +3,18 @@ leaves every buffer, cursor, table and random generator exactly as it was."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from _snapshot import same, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlbuf import ReplayBuffer
-from rlbuf.errors import BatchSizeError, RlbufError
+from rlbuf import Hindsight, ReplayBuffer
+from rlbuf.errors import BatchSizeError, DtypeError, NonFiniteError, RlbufError
 from rlbuf.mixing import MixedReplay
 
 
@@ -100,3 +102,34 @@ def test_a_refused_priority_update_of_a_pair_changes_neither_buffer(priority: li
             buffer.update_priority(index[rows], torch.tensor(priority, dtype=torch.float64)[rows])
     # The rows stored and both trees (state_dict: storage past the rows is uninitialised memory in each pair)
     assert [part["state"] for part in _states(mixed)[:2]] == [part["state"] for part in _states(reference)[:2]]
+
+
+# -- hindsight rewards --------------------------------------------------------------------------------
+def _goal_buffer(reward_fn: Any) -> ReplayBuffer:
+    buffer = ReplayBuffer(32, obs_shape={"observation": 2, "achieved_goal": 2, "desired_goal": 2}, action_shape=(),
+                          seed=0, hindsight=Hindsight("future", ratio=1.0, reward_fn=reward_fn))
+    for t in range(8):
+        obs = {"observation": torch.full((2,), t + 0.0), "achieved_goal": torch.full((2,), t + 0.0),
+               "desired_goal": torch.full((2,), 9.0)}
+        following = {key: value + (1.0 if key != "desired_goal" else 0.0) for key, value in obs.items()}
+        buffer.add(obs, 0.0, -1.0, following, False, truncated=t % 4 == 3)
+    return buffer
+
+
+@pytest.mark.parametrize(("reward", "error", "match"), [
+    (1e300, DtypeError, r"hindsight reward_fn: values up to 1e\+300 in magnitude do not fit torch.float32"),
+    (-1e39, DtypeError, r"hindsight reward_fn: values up to 1e\+39 in magnitude do not fit torch.float32"),
+    (float("nan"), NonFiniteError, "hindsight reward_fn: expected finite rewards, got nan"),
+    (float("-inf"), NonFiniteError, "hindsight reward_fn: expected finite rewards, got -inf"),
+])
+def test_relabelled_rewards_beyond_float32_are_refused_for_what_they_are(reward: float, error: type[Exception],
+                                                                          match: str) -> None:
+    # A reward_fn returning 1e300 was refused as "expected finite rewards, got inf" (the value after its cast to
+    # float32, not the one returned), with numpy's overflow warning; rlbuf names overflow as a DtypeError.
+    buffer = _goal_buffer(lambda achieved, desired, info: np.full(len(achieved), reward))
+    before = snapshot(buffer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(error, match=match):
+            buffer.sample(8)
+    assert same(snapshot(buffer), before)
