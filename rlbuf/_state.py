@@ -302,6 +302,8 @@ class BufferState:
 
     def _check_sampler(self, saved: Any, size: int) -> None:
         sampler = self._ring.rb.sampler
+        if not isinstance(saved, Mapping):  # TorchRL's uniform sampler would load anything, holding nothing
+            raise CheckpointError(f"sampler state: expected the table a sampler writes, got {type(saved).__name__}")
         trial = copy.deepcopy(sampler)
         refusing("sampler state", trial.load_state_dict, saved)
         own, loaded = sampler.state_dict(), trial.state_dict()

@@ -86,6 +86,21 @@ def test_every_sampler_state_a_rollout_writes_loads_and_samples_on_exactly() -> 
             assert torch.equal(target.torchrl.sample(1)["observation"], reference.torchrl.sample(1)["observation"])
 
 
+@pytest.mark.parametrize("sampler", [3, [1], None, "x"])
+def test_a_sampler_state_that_is_no_table_is_refused(sampler: Any) -> None:
+    # TorchRL's RandomSampler loads any value, holding nothing: a DistillationBuffer's checkpoint with sampler 3
+    # loaded, a state rlbuf never writes.
+    source = DistillationBuffer(8, obs_shape=(2,), action_shape=(), seed=0)
+    source.add(torch.zeros(3, 2), torch.zeros(3))
+    state = {**source.state_dict(), "sampler": sampler}
+    target = DistillationBuffer(8, obs_shape=(2,), action_shape=(), seed=0)
+    target.add(torch.ones(5, 2), torch.ones(5))
+    before = snapshot(target)
+    with pytest.raises(CheckpointError, match="sampler state: expected the table a sampler writes"):
+        target.load_state_dict(state)
+    assert same(snapshot(target), before)
+
+
 # -- DistillationBuffer: every way in, against a plain list -----------------------------------------
 @settings(max_examples=25, deadline=None, derandomize=True)
 @given(capacity=st.integers(1, 9), envs=st.integers(1, 9), data=st.data())
