@@ -41,6 +41,7 @@ from tensordict import TensorDict
 
 from rlbuf._convert import as_array, as_int, positive_int, stored_positions
 from rlbuf._keywords import keywords_checked, loader
+from rlbuf._manifest import plain_file_bytes
 from rlbuf._mix_pair import check_pair
 from rlbuf._priorities import priorities
 from rlbuf._protocols import MixerProtocols
@@ -146,7 +147,8 @@ def _reachable_min_online(min_online: int, online: ReplayBuffer, error: type[Rlb
 
 
 def _manifest_digest(part: Path) -> str:
-    return hashlib.sha256((part / "manifest.json").read_bytes()).hexdigest()
+    """The SHA-256 of a part's manifest, read as a load reads it (a plain file: never a link's target or a pipe)."""
+    return hashlib.sha256(plain_file_bytes(part / "manifest.json")).hexdigest()
 
 
 def _saved_part(part: Path) -> dict[str, Any]:

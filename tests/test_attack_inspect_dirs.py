@@ -5,6 +5,7 @@ never a traceback, a hang or a read of a file outside the directory given."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -53,15 +54,16 @@ def test_a_genuine_demo_checkpoint_passes(tmp_path: Path) -> None:
     assert report["demo"] == {"demo": "ppo", "frames": 64, "state_status": "ok"}
 
 
-def test_a_manifest_linked_from_outside_is_refused_unread(tmp_path: Path) -> None:
+def test_a_manifest_linked_from_outside_is_refused_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The report described the other checkpoint's manifest (kind, fields, files) before saying it was a link.
     outside = _saved(tmp_path / "outside")
     root = tmp_path / "ck"
     root.mkdir()
     (root / "manifest.json").symlink_to(outside / "manifest.json")
+    opened = _opened_files(monkeypatch)
     report = inspect_checkpoint(root)
     assert not report["ok"] and "symbolic link" in report["error"]
-    assert _described_nothing(report)
+    assert _described_nothing(report) and str(outside / "manifest.json") not in opened
 
 
 @pytest.mark.parametrize("where", ["buffer", "checkpoints/frames-000064"])
@@ -81,23 +83,26 @@ def test_a_buffer_or_checkpoint_directory_linked_from_outside_is_not_inspected(t
         ReplayBuffer.load(root)
 
 
-def test_a_state_file_linked_from_outside_is_never_hashed(tmp_path: Path) -> None:
+def test_a_state_file_linked_from_outside_is_never_hashed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # state.pt linked to a file elsewhere was read and hashed, and the checkpoint reported whole.
     root = _demo_checkpoint(tmp_path / "run")
     secret = tmp_path / "secret.pt"
     shutil.move(root / "state.pt", secret)
     (root / "state.pt").symlink_to(secret)
+    opened = _opened_files(monkeypatch)
     report = inspect_checkpoint(root)
-    assert report["demo"]["state_status"] == "outside"
+    assert report["demo"]["state_status"] == "outside" and str(secret) not in opened
     assert not report["ok"] and "state.pt" in report["error"]
 
 
-def test_a_meta_file_linked_from_outside_is_never_read(tmp_path: Path) -> None:
+def test_a_meta_file_linked_from_outside_is_never_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = _demo_checkpoint(tmp_path / "run")
     elsewhere = _demo_checkpoint(tmp_path / "elsewhere", demo="read-from-outside")
     (root / "meta.json").unlink()
     (root / "meta.json").symlink_to(elsewhere / "meta.json")
+    opened = _opened_files(monkeypatch)
     report = inspect_checkpoint(root)
+    assert str(elsewhere / "meta.json") not in opened
     assert report["demo"]["demo"] is None and "symbolic link" in report["demo"]["state_status"]
     assert not report["ok"]
 
@@ -158,3 +163,36 @@ def test_a_file_entry_whose_dtype_is_no_name_is_refused_by_name(tmp_path: Path, 
     assert "malformed manifest entry" in capsys.readouterr().out
     with pytest.raises(CheckpointError, match="malformed manifest entry"):
         ReplayBuffer.load(root)
+
+
+def _opened_files(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The real paths of the files opened from now on (by os.open and io.open: every read of rlbuf and pathlib)."""
+    opened: list[str] = []
+    for module in (os, io):
+        real = module.open
+
+        def spying(file: Any, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            result = _real(file, *args, **kwargs)
+            if isinstance(file, (str, Path)):
+                opened.append(os.path.realpath(file))
+            return result
+
+        monkeypatch.setattr(module, "open", spying)
+    return opened
+
+
+def test_a_mixed_checkpoints_part_manifest_linked_from_outside_is_never_read(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # MixedReplay.load hashed a part's manifest.json through a link (read_bytes) before the part's load refused it.
+    offline, online = (ReplayBuffer(8, obs_shape=(2,), action_shape=(), seed=0) for _ in range(2))
+    offline.add(torch.zeros(2), 1.0, 0.5, torch.ones(2), False, truncated=False)
+    root = tmp_path / "mixed"
+    MixedReplay(offline, online, seed=0).save(root)
+    part = next(root.glob("online-*")) / "manifest.json"
+    outside = tmp_path / "outside.json"
+    shutil.move(part, outside)
+    part.symlink_to(outside)
+    opened = _opened_files(monkeypatch)
+    with pytest.raises(CheckpointError, match="symbolic link"):
+        MixedReplay.load(root)
+    assert str(outside) not in opened
