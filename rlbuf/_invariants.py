@@ -130,6 +130,24 @@ def _same_json(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def same_json(saved: Any, own: Any) -> bool:
+    """Whether ``saved`` is ``own``, a plain JSON value (a spec, a counter), value for value and type for type.
+
+    ``==`` alone takes ``0`` for ``False`` and ``6.0`` for ``6``, and raises on a tensor of several values.
+
+    Example:
+        >>> same_json({"finite": 0}, {"finite": False}), same_json([{"shape": [2]}], [{"shape": [2]}])
+        (False, True)
+    """
+    if type(saved) is not type(own):
+        return False
+    if isinstance(own, list):
+        return len(saved) == len(own) and all(map(same_json, saved, own))
+    if isinstance(own, dict):
+        return saved.keys() == own.keys() and all(same_json(saved[key], own[key]) for key in own)
+    return bool(saved == own)
+
+
 def tensors_problem(state: Any, where: str = "") -> str:
     """A tensor anywhere in ``state`` that holds no data rlbuf can read: on the meta device (or a
     device other than CPU or CUDA), or not a dense strided tensor.

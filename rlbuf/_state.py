@@ -38,6 +38,7 @@ from rlbuf._invariants import (
     options_problem,
     refusing,
     rows_problem,
+    same_json,
     sampler_problem,
     steps_problem,
     tensors_problem,
@@ -277,9 +278,9 @@ class BufferState:
         saved_options, saved_specs = with_binary_range(saved_options, state.get("spec"), self._options, mine)
         # Options first: an option that differs (compression=) names itself, where the specs it sets would not.
         _raise_if("state", options_problem(saved_options, self._options))
-        if saved_specs != mine:
+        if not same_json(saved_specs, mine):
             raise CheckpointError(f"state: fields {saved_specs} differ from this buffer's {mine}")
-        if state.get("capacity") != ring.capacity:
+        if not same_json(state.get("capacity"), ring.capacity):
             raise CheckpointError(f"state: capacity {state.get('capacity')}, this buffer's is {ring.capacity}")
         sampler = type(ring.rb.sampler).__name__
         if state.get("sampler_kind") != sampler:

@@ -133,3 +133,26 @@ def test_distillation_rows_of_every_way_in_keep_the_newest_capacity_rows_in_orde
     assert rows_now["obs"].tolist() == [[float(v), -float(v)] for v in reference]
     assert rows_now["logit"].tolist() == [float(v) for v in reference]
     assert ring.write_count == counter and ring.cursor == counter % capacity
+
+
+@pytest.mark.parametrize(("path", "value", "match"), [
+    (("spec", 0, "finite"), torch.zeros(3), "differ from this buffer's"),
+    (("spec", 0, "finite"), 0, "differ from this buffer's"),
+    (("spec", 2, "finite"), 1, "differ from this buffer's"),
+    (("capacity",), torch.zeros(3), "capacity tensor"),
+    (("capacity",), 6.0, "capacity 6.0, this buffer's is 6"),
+])
+def test_spec_and_capacity_are_compared_value_and_type_as_rlbuf_writes_them(path: tuple[Any, ...], value: Any,
+                                                                             match: str) -> None:
+    # A tensor there raised torch's "Boolean value of Tensor with more than one value is ambiguous" out of
+    # load_state_dict (no CheckpointError); finite 0 and 1 loaded for False and True, 6.0 for the capacity 6.
+    state = _rollout().state_dict()
+    part = state
+    for key in path[:-1]:
+        part = part[key]
+    part[path[-1]] = value
+    target = _rollout(reward=7.0)
+    before = snapshot(target)
+    with pytest.raises(CheckpointError, match=match):
+        target.load_state_dict(state)
+    assert same(snapshot(target), before)
