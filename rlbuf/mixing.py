@@ -416,8 +416,9 @@ class MixedReplay(MixerProtocols):
     def _check_part(state: Mapping[str, Any], name: str, buffer_state: Mapping[str, Any]) -> None:
         """Refuse a part whose counters are not those the mixer recorded (a swapped or stale part)."""
         recorded, found = state["parts"][name], {key: buffer_state.get(key) for key in ("size", "write_count")}
-        if set(recorded) - {"directory", "manifest_sha256"} != set(found) or any(type(recorded[key]) is not int or
-                                                                               recorded[key] != found[key] for key in found):
+        if set(recorded) - {"directory", "manifest_sha256"} != set(found) or any(
+                type(recorded[key]) is not int or type(found[key]) is not int or recorded[key] != found[key]
+                for key in found):  # ints both: a tensor's != is no bool
             raise CheckpointError(f"{name}: the buffer holds size {found['size']} and write count {found['write_count']}, "
                                   f"the mixer was saved with {dict(recorded)} (a swapped or stale part)")
 

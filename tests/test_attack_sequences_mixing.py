@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlbuf import Hindsight, ReplayBuffer
-from rlbuf.errors import BatchSizeError, DtypeError, NonFiniteError, RlbufError
+from rlbuf.errors import BatchSizeError, CheckpointError, DtypeError, NonFiniteError, RlbufError
 from rlbuf.mixing import MixedReplay
 
 
@@ -133,3 +133,16 @@ def test_relabelled_rewards_beyond_float32_are_refused_for_what_they_are(reward:
         with pytest.raises(error, match=match):
             buffer.sample(8)
     assert same(snapshot(buffer), before)
+
+
+@pytest.mark.parametrize("key", ["size", "write_count"])
+def test_a_pair_state_whose_part_counter_is_a_tensor_is_refused_by_name(key: str) -> None:
+    # MixedReplay._check_part compared the recorded counter with the part's by != : a tensor of several values
+    # there raised torch's "Boolean value of Tensor ... is ambiguous" out of load_state_dict.
+    state = _pair().state_dict()
+    state["online"] = {**state["online"], key: torch.zeros(3)}
+    target = _pair()
+    before = _states(target)
+    with pytest.raises(CheckpointError, match="online: the buffer holds size"):
+        target.load_state_dict(state)
+    assert _states(target) == before
