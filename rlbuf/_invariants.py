@@ -86,7 +86,7 @@ def options_problem(saved: Any, own: Mapping[str, Any]) -> str:
     if unknown:
         return f"options {unknown} are not options of this buffer"
     for name, value in saved.items():
-        if name not in DEVICE_OPTIONS and not _same_json(value, own[name]):
+        if name not in DEVICE_OPTIONS and not same_json(value, own[name]):
             return f"options: {name} is {value!r} in the state, {own[name]!r} in this buffer"
     return ""
 
@@ -119,32 +119,22 @@ def with_binary_range(saved_options: Any, saved_specs: Any, own_options: Mapping
     return {**saved_options, "action_range": binary}, specs
 
 
-def _same_json(a: Any, b: Any) -> bool:
-    """JSON equality that tells ``True`` from ``1`` and ``1`` from ``1.0``."""
-    if type(a) is not type(b) and not (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple))):
-        return False
-    if isinstance(a, Mapping):
-        return a.keys() == b.keys() and all(_same_json(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b)
-
-
 def same_json(saved: Any, own: Any) -> bool:
-    """Whether ``saved`` is ``own``, a plain JSON value (a spec, a counter), value for value and type for type.
+    """Whether ``saved`` is ``own``, a plain JSON value (an option, a spec, a counter), value for value and type for
+    type (a list and a tuple alike).
 
     ``==`` alone takes ``0`` for ``False`` and ``6.0`` for ``6``, and raises on a tensor of several values.
 
     Example:
-        >>> same_json({"finite": 0}, {"finite": False}), same_json([{"shape": [2]}], [{"shape": [2]}])
+        >>> same_json({"finite": 0}, {"finite": False}), same_json([{"shape": [2]}], [{"shape": (2,)}])
         (False, True)
     """
-    if type(saved) is not type(own):
+    if type(saved) is not type(own) and not (isinstance(saved, (list, tuple)) and isinstance(own, (list, tuple))):
         return False
-    if isinstance(own, list):
-        return len(saved) == len(own) and all(map(same_json, saved, own))
-    if isinstance(own, dict):
+    if isinstance(own, Mapping):
         return saved.keys() == own.keys() and all(same_json(saved[key], own[key]) for key in own)
+    if isinstance(own, (list, tuple)):
+        return len(saved) == len(own) and all(map(same_json, saved, own))
     return bool(saved == own)
 
 
