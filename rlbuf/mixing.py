@@ -39,6 +39,7 @@ from typing import Any, Literal, TypeVar, get_args
 import torch
 from tensordict import TensorDict
 
+from rlbuf._buffer import refuse_foreign_options
 from rlbuf._convert import as_array, as_int, positive_int, stored_positions
 from rlbuf._keywords import keywords_checked, loader
 from rlbuf._manifest import plain_file_bytes
@@ -196,7 +197,8 @@ class MixedReplay(MixerProtocols):
     """
 
     def __init__(self, offline: ReplayBuffer, online: ReplayBuffer, *, offline_fraction: float = 0.5,
-                 split: Split = "exact", min_online: int = 1, seed: int | None = None) -> None:
+                 split: Split = "exact", min_online: int = 1, seed: int | None = None, **foreign: Any) -> None:
+        refuse_foreign_options(MixedReplay.__init__, foreign)  # TorchRL's and others' names answered with rlbuf's
         fraction = _checked_fraction(offline_fraction)
         if split not in _SPLITS:
             raise ConfigError(f"split: expected one of {list(_SPLITS)}, got {split!r}")

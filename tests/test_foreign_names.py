@@ -104,7 +104,7 @@ def test_a_missing_obs_is_refused_by_name(make: Callable[[], Any], keywords: dic
     (lambda: RolloutBuffer(4, 2, obs_shape=(3,), action_shape=(), batch_size=4),
      r"^batch_size: not an option of RolloutBuffer; pass it to minibatches\(batch_size=\.\.\.\)"),
     (lambda: ReplayBuffer(8, obs_shape=(3,), action_shape=(), bogus=1),
-     r"^bogus: not options of ReplayBuffer; it takes \['capacity', 'obs_shape', "),
+     r"^bogus: not an option of ReplayBuffer; it takes \['capacity', 'obs_shape', "),
 ])
 def test_each_buffer_class_answers_a_foreign_option_with_its_own_name(build: Callable[[], Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -464,3 +464,20 @@ def test_set_extras_refuses_a_stored_fields_foreign_spelling(name: str, field: s
     assert batch.extras == {} and torch.equal(batch.value, torch.zeros(8))
     buf.set_extras({"old_values": torch.ones(4, 2)})
     assert sorted(buf.get_all_data().extras) == ["old_values"]
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    (dict(ratio=0.3), r"^ratio: not an option of MixedReplay; rlbuf's name is offline_fraction, as TorchRL's "),
+    (dict(online_fraction=0.7, batch_size=4), r"^online_fraction: .*offline_fraction=1 - online_fraction.*; also "
+                                              r"batch_size: not an option of MixedReplay; pass it to sample"),
+    (dict(online_capacity=100), r"build the online ReplayBuffer and pass it"),
+    (dict(buffer_size=10), r"^buffer_size: not an option of MixedReplay; it takes \['offline', 'online', "),
+])
+def test_a_mixer_built_with_foreign_options_is_told_its_own(options: dict[str, Any], expected: str) -> None:
+    # A newcomer's port took MixedReplay(ratio=...) and got Python's bare TypeError (helper 103); a buffer's hints
+    # (buffer_size is a buffer's capacity) would mislead here.
+    offline, online = filled(replay), filled(replay)
+    before = (len(offline), offline.read_only)
+    with pytest.raises(ConfigError, match=expected):
+        MixedReplay(offline, online, **options)
+    assert (len(offline), offline.read_only) == before  # refused before the offline buffer is made read-only

@@ -178,7 +178,7 @@ def test_one_number_tensors_are_checked_like_any_input() -> None:
 @pytest.mark.parametrize(("options", "named"), [
     ({"buffer_size": 10}, "buffer_size: .*capacity"), ({"handle_timeout_termination": True}, "truncated="),
     ({"optimize_memory_usage": True}, r"compact=True .*pass frame_stack=k"),
-    ({"bogus": 1}, "bogus: not options of ReplayBuffer"),
+    ({"bogus": 1}, "bogus: not an option of ReplayBuffer"),
 ])
 def test_foreign_replay_options_get_the_rlbuf_name(options: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
