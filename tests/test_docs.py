@@ -24,7 +24,7 @@ def test_code_blocks_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": "__doc_example__"}
     for number, block in enumerate(_blocks(path), start=1):
-        code = compile(block, f"{path.name}[block {number}]", "exec")
+        code = compile(block, f"{path.relative_to(ROOT)}[block {number}]", "exec")  # docs/coming-from/gymnasium.md is not docs/gymnasium.md
         exec(code, namespace)
 
 

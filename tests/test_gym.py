@@ -20,6 +20,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from rlbuf import (
+    BatchedSpaceWarning,
     ConfigError,
     DistillationBuffer,
     DtypeError,
@@ -261,8 +262,9 @@ def test_a_truncation_without_bootstrap_is_refused_before_anything_is_stored() -
 
 def test_a_buffer_built_from_the_batched_space_is_refused_with_the_fix() -> None:
     envs = make_envs(AutoresetMode.SAME_STEP)
-    buffer = ReplayBuffer(100, observation_space=envs.observation_space, action_space=envs.single_action_space,
-                          num_envs=NUM_ENVS)
+    with pytest.warns(BatchedSpaceWarning, match="single_observation_space"):  # warned when built, refused when used
+        buffer = ReplayBuffer(100, observation_space=envs.observation_space, action_space=envs.single_action_space,
+                              num_envs=NUM_ENVS)
     with pytest.raises(ConfigError, match="single_observation_space"):
         Recorder(envs, buffer)
 
