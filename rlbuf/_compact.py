@@ -159,7 +159,7 @@ class CompactLayout:
             # Compressed and placed first (a larger arena allocated if needed); appended once stored.
             packed = self.log.compress(frames)
             at = self.log.place(packed)
-            store(np.array([len(blob) for blob in packed.blobs], np.int32), done, cut)()
+            store(packed.lengths.astype(np.int32), done, cut)()
             self.log.append(first, packed, at)
             # Recorded before a dictionary is trained: a training that fails (out of memory) leaves the stored rows
             # linked (their final frames recompressed with the rest once one is trained).

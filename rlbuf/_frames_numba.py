@@ -1,4 +1,8 @@
-"""The sample side of compressed frames, compiled by numba (imported when a compressed buffer samples).
+"""Compressed frames' bookkeeping, compiled by numba (imported at a compressed buffer's first add or sample).
+
+An add copies its compressed frames into the byte log and records their offsets in one compiled call
+(``append_frames``): between two adds a DQN loop's network evicts the caches, and there each numpy call
+it replaces cost 5-40 µs.
 
 A sample of a compressed buffer plans its stacks in one compiled pass (``plan_stacks``: which place
 of the batch decodes each distinct frame, which places copy one), and decodes the distinct frames
@@ -23,6 +27,33 @@ import numba
 import numpy as np
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / the golden ratio
+
+
+@numba.njit(cache=True, nogil=True)  # type: ignore[untyped-decorator]
+def append_frames(arena: Any, start: Any, length: Any, sums: Any, data: Any, lengths: Any, checksums: Any, at: int,
+                  first: int) -> int:  # pragma: no cover (compiled)
+    """Copy ``data`` (frames of ``lengths`` bytes, one after another) to ``arena[at:]`` and record frame ``i``'s
+    offset, size and checksum in ``start``, ``length`` and ``sums`` at ring position ``(first + i) % len(start)``
+    (in order: of more frames than positions, the newest are kept); returns where the frames end. A copy past the
+    arena's end is an error (numba refuses to assign a slice of another size).
+
+    Example:
+        >>> arena, start = np.zeros(8, np.uint8), np.zeros(2, np.int64)
+        >>> length, sums = np.zeros(2, np.int32), np.zeros(2, np.uint32)
+        >>> append_frames(arena, start, length, sums, np.arange(1, 6, dtype=np.uint8), np.array([2, 3]),
+        ...               np.array([7, 9], np.uint32), 1, 3)
+        6
+        >>> arena.tolist(), start.tolist(), length.tolist(), sums.tolist()
+        ([0, 1, 2, 3, 4, 5, 0, 0], [3, 1], [3, 2], [9, 7])
+    """
+    capacity = len(start)
+    arena[at:at + len(data)] = data
+    offset = at
+    for i in range(len(lengths)):
+        position = (first + i) % capacity
+        start[position], length[position], sums[position] = offset, lengths[i], checksums[i]
+        offset += lengths[i]
+    return offset
 
 
 @numba.njit(cache=True, nogil=True)  # type: ignore[untyped-decorator]
