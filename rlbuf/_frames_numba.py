@@ -69,6 +69,37 @@ def gather_bytes(arena: Any, starts: Any, lengths: Any, out: Any) -> None:  # pr
 
 
 @numba.njit(cache=True, nogil=True)  # type: ignore[untyped-decorator]
+def gather_runs(arena: Any, starts: Any, lengths: Any, rows: Any, size: int) -> tuple[Any, Any]:  # pragma: no cover
+    """``gather_bytes`` into new bytes, and the byte range ``[low, high)`` of each run of consecutive ``rows``
+    (ascending) in an output of rows of ``size`` bytes: ``(data, runs)``, ``runs`` of shape ``[runs, 2]`` (what
+    ``Codec.decode_rows`` reads into, one call a run).
+
+    Example:
+        >>> data, runs = gather_runs(np.arange(10, dtype=np.uint8), np.array([6, 1, 0]), np.array([2, 3, 1]),
+        ...                          np.array([0, 1, 3]), 4)
+        >>> data.tolist(), runs.tolist()
+        ([6, 7, 1, 2, 3, 0], [[0, 8], [12, 16]])
+    """
+    total = 0
+    for i in range(len(lengths)):
+        total += lengths[i]
+    data = np.empty(total, np.uint8)
+    gather_bytes(arena, starts, lengths, data)
+    count = 0
+    for i in range(len(rows)):
+        if i == 0 or rows[i] != rows[i - 1] + 1:
+            count += 1
+    runs = np.empty((count, 2), np.int64)
+    run = -1
+    for i in range(len(rows)):
+        if i == 0 or rows[i] != rows[i - 1] + 1:
+            run += 1
+            runs[run, 0] = rows[i] * size
+        runs[run, 1] = (rows[i] + 1) * size
+    return data, runs
+
+
+@numba.njit(cache=True, nogil=True)  # type: ignore[untyped-decorator]
 def plan_stacks(rows: Any, padded: Any, steps: Any, ended: Any, stack: int,
                 zero_pad: bool) -> tuple[Any, Any, Any, Any, Any]:  # pragma: no cover (compiled)
     """Where each frame of the ``obs`` and ``next_obs`` stacks of a walk (``rows``, ``padded``, ``steps``,
