@@ -65,7 +65,6 @@ FOREIGN_OPTIONS = {
 
 _ROLLOUT_SIZE = "rlbuf's name is num_steps (steps per env; SB3's buffer_size is num_steps too)"
 _NO_RETURNS = "a DistillationBuffer stores no rewards or returns (obs and expert_action only)"
-_OFFLINE_SHARE = "rlbuf's name is offline_fraction, as TorchRL's OfflineToOnlineReplayBuffer's: the share of each batch drawn from the offline buffer"
 FOREIGN_OPTIONS_OF = {
     "RolloutBuffer": {
         "buffer_size": _ROLLOUT_SIZE,
@@ -80,13 +79,6 @@ FOREIGN_OPTIONS_OF = {
         "n_steps": "rlbuf's ReplayBuffer has no num_steps (a RolloutBuffer option); n_step= sets n-step returns",
         "gae_lambda": "GAE is RolloutBuffer's: compute_returns_and_advantages(gamma=, gae_lambda=)",
     },
-    "MixedReplay": {
-        **dict.fromkeys(("ratio", "mix_ratio", "mixing_ratio", "offline_ratio"), _OFFLINE_SHARE),
-        **dict.fromkeys(("online_fraction", "online_ratio"), "pass offline_fraction=1 - online_fraction: rlbuf names the offline buffer's share of each batch"),
-        **dict.fromkeys(("online_capacity", "online_storage"), "build the online ReplayBuffer and pass it: "
-                                                               "MixedReplay(offline, online)"),
-        "batch_size": "pass it to sample(batch_size)",
-    },
     "DistillationBuffer": {
         "n_steps": "rlbuf's name is capacity (rows; a DistillationBuffer keeps no steps per env)",
         "gamma": _NO_RETURNS,
@@ -97,10 +89,13 @@ FOREIGN_OPTIONS_OF = {
 """Class name -> foreign constructor keyword -> what that class takes instead."""
 
 
-def refuse_foreign_options(owner: Callable[..., Any], given: Mapping[str, Any], positional: Sequence[Any] = ()) -> None:
+def refuse_foreign_options(owner: Callable[..., Any], given: Mapping[str, Any], positional: Sequence[Any] = (), *,
+                           hints: Mapping[str, str] | None = None) -> None:
     """Raise [`ConfigError`][rlbuf.ConfigError] for keywords ``owner`` does not take, with the rlbuf name, and
     [`MissingFieldError`][rlbuf.errors.MissingFieldError] (also a ``TypeError``, as Python's own) for
     arguments by position past its own (SB3's ``ReplayBuffer(size, observation_space, action_space)``).
+    ``hints``: foreign keyword -> what to pass instead (by default a buffer's: ``FOREIGN_OPTIONS`` and the
+    class's ``FOREIGN_OPTIONS_OF``).
 
     Example:
         >>> def build(capacity: int, *positional: object, **foreign: object) -> None:
@@ -125,8 +120,8 @@ def refuse_foreign_options(owner: Callable[..., Any], given: Mapping[str, Any], 
         raise MissingFieldError(
             f"{cls}: got {len(own) + len(positional)} arguments by position, it takes {len(own)} ({', '.join(own)}); "
             "pass the others by keyword (observation_space=, action_space= ...: SB3's buffers take them by position)")
-    # The general hints name a buffer's options: a mixer of two buffers has its own only.
-    hints = {**(FOREIGN_OPTIONS if cls != "MixedReplay" else {}), **FOREIGN_OPTIONS_OF.get(cls, {})}
+    if hints is None:
+        hints = {**FOREIGN_OPTIONS, **FOREIGN_OPTIONS_OF.get(cls, {})}
     # All at once: an SB3 constructor ported whole brings four of them, which one at a time took four runs.
     foreign = [f"{name}: not an option of {cls}; {hints[name]}" for name in given if name in hints]
     if foreign:

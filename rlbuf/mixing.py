@@ -147,6 +147,19 @@ def _reachable_min_online(min_online: int, online: ReplayBuffer, error: type[Rlb
                     "the online buffer never holds more, so every batch would come from the offline buffer")
 
 
+_OFFLINE_SHARE = ("rlbuf's name is offline_fraction, as TorchRL's OfflineToOnlineReplayBuffer's: the share of each "
+                  "batch drawn from the offline buffer")
+_FOREIGN_OPTIONS = {
+    **dict.fromkeys(("ratio", "mix_ratio", "mixing_ratio", "offline_ratio"), _OFFLINE_SHARE),
+    **dict.fromkeys(("online_fraction", "online_ratio"),
+                    "pass offline_fraction=1 - online_fraction: rlbuf names the offline buffer's share of each batch"),
+    **dict.fromkeys(("online_capacity", "online_storage"), "build the online ReplayBuffer and pass it: "
+                                                           "MixedReplay(offline, online)"),
+    "batch_size": "pass it to sample(batch_size)",
+}
+"""Other libraries' keywords for a mixer of offline and online replay -> what ``MixedReplay`` takes instead."""
+
+
 def _manifest_digest(part: Path) -> str:
     """The SHA-256 of a part's manifest, read as a load reads it (a plain file: never a link's target or a pipe)."""
     return hashlib.sha256(plain_file_bytes(part / "manifest.json")).hexdigest()
@@ -198,7 +211,7 @@ class MixedReplay(MixerProtocols):
 
     def __init__(self, offline: ReplayBuffer, online: ReplayBuffer, *, offline_fraction: float = 0.5,
                  split: Split = "exact", min_online: int = 1, seed: int | None = None, **foreign: Any) -> None:
-        refuse_foreign_options(MixedReplay.__init__, foreign)  # TorchRL's and others' names answered with rlbuf's
+        refuse_foreign_options(MixedReplay.__init__, foreign, hints=_FOREIGN_OPTIONS)  # not a buffer's hints
         fraction = _checked_fraction(offline_fraction)
         if split not in _SPLITS:
             raise ConfigError(f"split: expected one of {list(_SPLITS)}, got {split!r}")
